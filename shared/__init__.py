@@ -1,0 +1,1 @@
+"""Tensorant control-plane core: importable without any cloud SDK."""

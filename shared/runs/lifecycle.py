@@ -1,0 +1,77 @@
+"""The run state machine: one transition table, one transition function."""
+
+from __future__ import annotations
+
+from shared.models import Outcome, RunRecord, RunState
+
+S = RunState
+
+# Active states that a machine may exist in; each can fail over to releasing
+# (nothing worth keeping yet) or retaining (keep the disk for recovery).
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    S.draft: frozenset({S.queued, S.cancelled}),
+    S.queued: frozenset({S.provisioning, S.releasing}),
+    S.provisioning: frozenset({S.preparing, S.releasing, S.retaining}),
+    S.preparing: frozenset({S.training, S.releasing, S.retaining}),
+    S.training: frozenset({S.exporting, S.releasing, S.retaining}),
+    S.exporting: frozenset({S.verifying, S.releasing, S.retaining}),
+    S.verifying: frozenset({S.releasing, S.retaining}),
+    S.retaining: frozenset({S.retained, S.releasing}),
+    S.retained: frozenset({S.recovering, S.releasing}),
+    S.recovering: frozenset({S.releasing, S.retained}),
+    S.releasing: frozenset({S.succeeded, S.failed, S.cancelled}),
+    S.succeeded: frozenset(),
+    S.failed: frozenset(),
+    S.cancelled: frozenset(),
+}
+
+TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+# States in which the agent is expected to send heartbeats.
+ACTIVE = frozenset({S.provisioning, S.preparing, S.training, S.exporting})
+# States in which a machine may exist and must eventually be released or retained.
+HOLDS_MACHINE = frozenset(set(TRANSITIONS) - TERMINAL - {S.draft})
+# The order the agent walks through; heartbeats may skip ahead, never back.
+PHASE_ORDER = (S.provisioning, S.preparing, S.training, S.exporting, S.verifying)
+
+
+class IllegalTransition(Exception):
+    def __init__(self, current: RunState, target: RunState) -> None:
+        super().__init__(f"a run cannot go from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+def can_transition(current: RunState, target: RunState) -> bool:
+    return target in TRANSITIONS[current]
+
+
+def transition(
+    run: RunRecord, target: RunState, *, reason: str | None = None, outcome: Outcome | None = None
+) -> RunRecord:
+    """Return the run moved to `target`; raise IllegalTransition for a move the table forbids.
+
+    Entering `releasing` requires an outcome (where the run goes once the cloud confirms
+    the release); leaving it goes to exactly that outcome.
+    """
+    from shared.clock import now
+
+    if not can_transition(run.state, target):
+        raise IllegalTransition(run.state, target)
+    if run.state == S.releasing and target.value != (run.outcome.value if run.outcome else None):
+        raise IllegalTransition(run.state, target)
+    changes: dict[str, object] = {"state": target, "updated_at": now(), "state_changed_at": now()}
+    if target == S.releasing:
+        if outcome is None:
+            raise ValueError("entering releasing needs an outcome")
+        changes["outcome"] = outcome
+    if reason is not None:
+        changes["reason"] = reason
+    return run.model_copy(update=changes)
+
+
+def phase_path(current: RunState, target: RunState) -> list[RunState]:
+    """The states between current and target along the agent's phase order (target included)."""
+    if current not in PHASE_ORDER or target not in PHASE_ORDER:
+        raise IllegalTransition(current, target)
+    i, j = PHASE_ORDER.index(current), PHASE_ORDER.index(target)
+    return list(PHASE_ORDER[i + 1 : j + 1])

@@ -1,0 +1,62 @@
+"""What an owner saves as the organization's storage connection (one backend per org)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LocalStorageConfig(_Config):
+    kind: Literal["local"] = "local"
+    directory: str = ""  # empty = <TENSORANT_LOCAL_ROOT>/storage/<org>
+
+
+class S3StorageConfig(_Config):
+    kind: Literal["s3"] = "s3"
+    endpoint: str = Field(default="", description="https URL; empty for AWS S3 in `region`")
+    region: str = Field(min_length=2, max_length=40)
+    bucket: str = Field(min_length=3, max_length=63)
+    prefix: str = ""
+    access_key_id: str = Field(min_length=4, max_length=128)
+    secret_access_key: SecretStr
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if v and not re.match(r"^https?://[^\s/]+(:\d+)?/?$", v):
+            raise ValueError("endpoint must be a URL like https://s3.example.com (no path)")
+        return v.rstrip("/")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$", v):
+            raise ValueError("bucket must be a bucket name (lowercase letters, digits, dots, hyphens), not a URL or ARN")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        v = v.strip("/")
+        if ".." in v.split("/"):
+            raise ValueError("prefix may not contain '..'")
+        return v
+
+
+class RunPodVolumeConfig(_Config):
+    kind: Literal["runpod_volume"] = "runpod_volume"
+    volume_id: str = Field(min_length=4, max_length=64, pattern=r"^[a-z0-9]+$")
+    datacenter_id: str = Field(min_length=3, max_length=32, pattern=r"^[A-Z]{2}-[A-Z]{2,4}-\d+$")
+    access_key_id: str = Field(min_length=4, max_length=128)
+    secret_access_key: SecretStr
+
+
+StorageConfig = Annotated[
+    LocalStorageConfig | S3StorageConfig | RunPodVolumeConfig, Field(discriminator="kind")
+]

@@ -1,0 +1,73 @@
+"""Local-directory storage for running without a cloud (and for tests)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shared.models import Check, CheckStatus
+from shared.storage.base import ObjectMissing, adapter_key, logs_key
+from shared.storage.config import LocalStorageConfig
+
+
+class LocalStorage:
+    kind = "local"
+
+    def __init__(self, config: LocalStorageConfig, root: Path) -> None:
+        self.root = Path(config.directory) if config.directory else root
+        self.root = self.root.resolve()
+
+    def location(self) -> str:
+        return f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not str(path).startswith(str(self.root) + os.sep):
+            raise ValueError(f"key {key!r} escapes the storage directory")
+        return path
+
+    def validate(self) -> list[Check]:
+        key = ".tensorant-probe"
+        try:
+            self.put(key, b"probe")
+            write = Check(name="write", status=CheckStatus.ok, message=f"wrote a probe file in {self.root}")
+        except OSError as exc:
+            return [Check(name="write", status=CheckStatus.fail, message=f"cannot write in {self.root}: {exc}; "
+                          "choose a directory the control plane can write")]
+        ok = self.get(key, 100) == b"probe"
+        read = Check(name="read", status=CheckStatus.ok if ok else CheckStatus.fail,
+                     message="read the probe back" if ok else "the probe read back differently")
+        self.delete(key)
+        gone = not self._path(key).exists()
+        delete = Check(name="delete", status=CheckStatus.ok if gone else CheckStatus.fail,
+                       message="deleted the probe" if gone else "the probe is still there after delete")
+        return [write, read, delete]
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)  # readers never see half a file
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        path = self._path(key)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectMissing(key) from exc
+        if size > max_bytes:
+            raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+        return path.read_bytes()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def agent_env(self, run_id: str, dataset: str) -> tuple[dict[str, str], frozenset[str]]:
+        env = {
+            "TENSORANT_STORAGE_DIR": str(self.root),
+            "TENSORANT_DATASET_KEY": dataset,
+            "TENSORANT_ADAPTER_KEY": adapter_key(run_id),
+            "TENSORANT_LOGS_KEY": logs_key(run_id),
+        }
+        return env, frozenset()

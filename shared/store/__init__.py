@@ -1,0 +1,3 @@
+from shared.store.repo import Store, get_store
+
+__all__ = ["Store", "get_store"]

@@ -1,0 +1,203 @@
+"""Repositories for every record the control plane keeps, on Azure Table storage.
+
+Tables (prefix from settings): connections, catalogs, projects, datasets, runs,
+events (run events and logs), ledger (every cloud resource ever recorded for a run),
+audit (sweeper actions, poison discards).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+from typing import Any
+
+from shared.clock import now, now_ts
+from shared.errors import ConcurrencyError, NotFound
+from shared.models import (
+    CatalogRecord,
+    CloudResource,
+    ConnectionRecord,
+    DatasetVersionRecord,
+    ProjectRecord,
+    RunEvent,
+    RunRecord,
+    RunState,
+)
+from shared.store.tables import Table
+
+MAX_RACE_RETRIES = 8
+
+
+def _rk(key: str) -> str:
+    # Table keys may not contain / \ # ?
+    return key.replace(":", "~").replace("/", "|")
+
+
+def _event_key() -> str:
+    return f"{int(now_ts() * 1_000_000):020d}-{secrets.token_hex(3)}"
+
+
+class Store:
+    def __init__(self, connection_string: str, prefix: str) -> None:
+        from azure.data.tables import TableServiceClient
+
+        self._service = TableServiceClient.from_connection_string(connection_string)
+        self.prefix = prefix
+        names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "ledger", "audit")
+        self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
+
+    def table(self, name: str) -> Table:
+        return self._tables[name]
+
+    def drop_all(self) -> None:
+        """Tests only: delete this prefix's tables."""
+        for t in self._tables.values():
+            self._service.delete_table(t.name)
+            t._client = None
+
+    # ------------------------------------------------------------ connections
+    def get_connection(self, org: str, slot: str) -> tuple[ConnectionRecord, str] | None:
+        got = self.table("connections").get(org, _rk(slot))
+        return (ConnectionRecord.model_validate(got[0]), got[1]) if got else None
+
+    def put_connection(self, rec: ConnectionRecord, etag: str | None) -> str:
+        t = self.table("connections")
+        data = rec.model_dump(mode="json")
+        if etag is None:
+            return t.insert(rec.org, _rk(rec.slot), data, provider=rec.provider)
+        return t.update(rec.org, _rk(rec.slot), data, etag, provider=rec.provider)
+
+    def delete_connection(self, org: str, slot: str) -> None:
+        self.table("connections").delete(org, _rk(slot))
+
+    def list_connections(self, org: str | None = None) -> list[ConnectionRecord]:
+        q = self.table("connections").query("PartitionKey eq @org", org=org) if org else self.table("connections").query()
+        return [ConnectionRecord.model_validate(d) for d, _ in q]
+
+    # ------------------------------------------------------------ catalogs
+    def get_catalog(self, org: str, provider: str) -> CatalogRecord | None:
+        got = self.table("catalogs").get(org, provider)
+        return CatalogRecord.model_validate(got[0]) if got else None
+
+    def put_catalog(self, rec: CatalogRecord) -> None:
+        self.table("catalogs").upsert(rec.org, rec.provider, rec.model_dump(mode="json"))
+
+    # ------------------------------------------------------------ projects and datasets
+    def create_project(self, rec: ProjectRecord) -> None:
+        self.table("projects").insert(rec.org, rec.id, rec.model_dump(mode="json"))
+
+    def get_project(self, org: str, project_id: str) -> ProjectRecord:
+        got = self.table("projects").get(org, project_id)
+        if not got:
+            raise NotFound(f"project {project_id} not found")
+        return ProjectRecord.model_validate(got[0])
+
+    def list_projects(self, org: str) -> list[ProjectRecord]:
+        return [ProjectRecord.model_validate(d) for d, _ in self.table("projects").query("PartitionKey eq @org", org=org)]
+
+    def create_dataset(self, rec: DatasetVersionRecord) -> None:
+        self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
+
+    def get_dataset(self, org: str, dataset_id: str) -> DatasetVersionRecord:
+        got = self.table("datasets").get(org, dataset_id)
+        if not got:
+            raise NotFound(f"dataset version {dataset_id} not found")
+        return DatasetVersionRecord.model_validate(got[0])
+
+    def list_datasets(self, org: str, project_id: str) -> list[DatasetVersionRecord]:
+        q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=org, p=project_id)
+        return [DatasetVersionRecord.model_validate(d) for d, _ in q]
+
+    # ------------------------------------------------------------ runs
+    def create_run(self, rec: RunRecord) -> str:
+        return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value)
+
+    def get_run(self, org: str, run_id: str) -> tuple[RunRecord, str]:
+        got = self.table("runs").get(org, run_id)
+        if not got:
+            raise NotFound(f"run {run_id} not found")
+        return RunRecord.model_validate(got[0]), got[1]
+
+    def put_run(self, rec: RunRecord, etag: str) -> str:
+        return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value)
+
+    def list_runs(self, org: str | None = None, states: set[RunState] | None = None) -> list[RunRecord]:
+        clauses, params = [], {}
+        if org:
+            clauses.append("PartitionKey eq @org")
+            params["org"] = org
+        if states:
+            names = sorted(s.value for s in states)
+            clauses.append("(" + " or ".join(f"state eq @s{i}" for i in range(len(names))) + ")")
+            params.update({f"s{i}": n for i, n in enumerate(names)})
+        q = self.table("runs").query(" and ".join(clauses) if clauses else None, **params)
+        return [RunRecord.model_validate(d) for d, _ in q]
+
+    def mutate_run(
+        self, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None]
+    ) -> tuple[RunRecord, bool]:
+        """Read-modify-write with the ETag; `change` returns None to leave the run as it is.
+
+        Returns (run as stored now, whether this call wrote it). Lost races re-read and
+        call `change` again, so it must decide from the run it is given.
+        """
+        for _ in range(MAX_RACE_RETRIES):
+            run, etag = self.get_run(org, run_id)
+            new = change(run)
+            if new is None:
+                return run, False
+            try:
+                self.put_run(new, etag)
+            except ConcurrencyError:
+                continue
+            return new, True
+        raise ConcurrencyError(f"run {run_id} kept changing; try again")
+
+    # ------------------------------------------------------------ events, logs, ledger, audit
+    def add_event(self, run_id: str, event: RunEvent) -> None:
+        self.table("events").upsert(run_id, _event_key(), event.model_dump(mode="json"), kind=event.kind)
+
+    def list_events(self, run_id: str, kind: str | None = None) -> list[RunEvent]:
+        if kind:
+            q = self.table("events").query("PartitionKey eq @r and kind eq @k", r=run_id, k=kind)
+        else:
+            q = self.table("events").query("PartitionKey eq @r", r=run_id)
+        return [RunEvent.model_validate(d) for d, _ in q]
+
+    def record_resource(self, res: CloudResource) -> None:
+        data = res.model_dump(mode="json")
+        self.table("ledger").upsert(res.run_id or "-", _rk(f"{res.provider}:{res.kind}:{res.id}"), data, org=res.org)
+
+    def list_ledger(self, run_id: str) -> list[CloudResource]:
+        q = self.table("ledger").query("PartitionKey eq @r", r=run_id)
+        return [CloudResource.model_validate(d) for d, _ in q]
+
+    def audit(self, action: str, **data: Any) -> None:
+        event = {"at": now().isoformat(), "action": action, **data}
+        self.table("audit").upsert(now().strftime("%Y%m%d"), _event_key(), event, action=action)
+
+    def list_audit(self) -> Iterator[dict[str, Any]]:
+        for d, _ in self.table("audit").query():
+            yield d
+
+
+_override: Store | None = None
+
+
+@lru_cache(maxsize=1)
+def _default_store() -> Store:
+    from shared.settings import get_settings
+
+    s = get_settings()
+    return Store(s.storage_connection, s.table_prefix)
+
+
+def get_store() -> Store:
+    return _override or _default_store()
+
+
+def set_store(store: Store | None) -> None:
+    """Tests: point every service at a store with its own table prefix."""
+    global _override
+    _override = store

@@ -1,0 +1,91 @@
+"""A thin wrapper over Azure Table storage with ETag-guarded writes.
+
+Every record is stored as one JSON property (`data`) plus a few plain columns used
+in filters. Updates pass the ETag read earlier; a lost race raises ConcurrencyError
+(HTTP 412 from the service), and the caller re-reads and decides again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from shared.errors import ConcurrencyError, Conflict
+
+Entity = dict[str, Any]
+
+
+class Table:
+    def __init__(self, service: Any, name: str) -> None:
+        self._service = service
+        self.name = name
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from azure.core.exceptions import ResourceExistsError
+
+            client = self._service.get_table_client(self.name)
+            try:
+                client.create_table()
+            except ResourceExistsError:
+                pass
+            self._client = client
+        return self._client
+
+    def get(self, pk: str, rk: str) -> tuple[dict[str, Any], str] | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            entity = self.client.get_entity(partition_key=pk, row_key=rk)
+        except ResourceNotFoundError:
+            return None
+        return json.loads(entity["data"]), entity.metadata["etag"]
+
+    def insert(self, pk: str, rk: str, data: dict[str, Any], **columns: Any) -> str:
+        from azure.core.exceptions import ResourceExistsError
+
+        try:
+            meta = self.client.create_entity(entity=_entity(pk, rk, data, columns))
+        except ResourceExistsError as exc:
+            raise Conflict(f"{self.name} {pk}/{rk} already exists") from exc
+        return str(meta["etag"])
+
+    def update(self, pk: str, rk: str, data: dict[str, Any], etag: str, **columns: Any) -> str:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import HttpResponseError, ResourceModifiedError
+
+        try:
+            meta = self.client.update_entity(
+                entity=_entity(pk, rk, data, columns),
+                mode="replace",
+                etag=etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError as exc:
+            raise ConcurrencyError(f"{self.name} {pk}/{rk} changed since it was read") from exc
+        except HttpResponseError as exc:
+            if exc.status_code in (404, 412):
+                raise ConcurrencyError(f"{self.name} {pk}/{rk} changed since it was read") from exc
+            raise
+        return str(meta["etag"])
+
+    def upsert(self, pk: str, rk: str, data: dict[str, Any], **columns: Any) -> None:
+        self.client.upsert_entity(entity=_entity(pk, rk, data, columns), mode="replace")
+
+    def delete(self, pk: str, rk: str) -> None:
+        self.client.delete_entity(partition_key=pk, row_key=rk)
+
+    def query(self, filter: str | None = None, **params: Any) -> Iterator[tuple[dict[str, Any], str]]:
+        if filter is None:
+            entities = self.client.list_entities()
+        else:
+            entities = self.client.query_entities(query_filter=filter, parameters=params)
+        for entity in entities:
+            yield json.loads(entity["data"]), entity.metadata["etag"]
+
+
+def _entity(pk: str, rk: str, data: dict[str, Any], columns: dict[str, Any]) -> Entity:
+    return {"PartitionKey": pk, "RowKey": rk, "data": json.dumps(data, default=str), **columns}

@@ -1,0 +1,84 @@
+"""Start a real Azurite (from node_modules) on free loopback ports for a test session or `make run`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def azurite_bin() -> str:
+    local = ROOT / "node_modules" / ".bin" / "azurite"
+    if local.exists():
+        return str(local)
+    found = shutil.which("azurite")
+    if not found:
+        raise RuntimeError("Azurite is not installed: run `npm install` in the repository root (make does it)")
+    return found
+
+
+def connection_string(blob: int, queue: int, table: int) -> str:
+    return (
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        f"AccountKey={ACCOUNT_KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{blob}/devstoreaccount1;"
+        f"QueueEndpoint=http://127.0.0.1:{queue}/devstoreaccount1;"
+        f"TableEndpoint=http://127.0.0.1:{table}/devstoreaccount1;"
+    )
+
+
+class Azurite:
+    def __init__(self, ports: tuple[int, int, int] | None = None) -> None:
+        self.ports = ports or (free_port(), free_port(), free_port())
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workdir = tempfile.mkdtemp(prefix="azurite-")
+
+    @property
+    def connection_string(self) -> str:
+        return connection_string(*self.ports)
+
+    def start(self) -> Azurite:
+        blob, queue, table = self.ports
+        cmd = [azurite_bin(), "--silent", "--skipApiVersionCheck", "--inMemoryPersistence",
+               "--blobHost", "127.0.0.1", "--blobPort", str(blob),
+               "--queueHost", "127.0.0.1", "--queuePort", str(queue),
+               "--tableHost", "127.0.0.1", "--tablePort", str(table)]
+        log = open(os.path.join(self.workdir, "azurite.log"), "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Azurite exited: see {self.workdir}/azurite.log")
+            if all(_listening(p) for p in self.ports):
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("Azurite did not start within 30 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0

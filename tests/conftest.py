@@ -1,0 +1,49 @@
+"""Session fixtures: a real Azurite, a fresh table prefix per test, clean queues, a temp local root."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.azurite import Azurite
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    az = Azurite().start()
+    os.environ["AzureWebJobsStorage"] = az.connection_string
+    yield az
+    az.stop()
+
+
+@pytest.fixture
+def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """Settings for one test: its own tables, clean queues, a temporary local root."""
+    from shared import queues, settings
+    from shared.store import repo
+
+    values = {
+        "AzureWebJobsStorage": azurite.connection_string,
+        "TENSORANT_TABLE_PREFIX": "t" + secrets.token_hex(4),
+        "TENSORANT_LOCAL_ROOT": str(tmp_path / "local"),
+        "TENSORANT_DEPLOYMENT_ID": "test",
+    }
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    settings.reset_settings()
+    repo.set_store(None)
+    repo._default_store.cache_clear()
+    queues._default.cache_clear()
+    queues.get_queues().clear_all()
+    yield values
+    try:
+        repo.get_store().drop_all()
+    except Exception:
+        pass
+    settings.reset_settings()
+    repo._default_store.cache_clear()
+    queues._default.cache_clear()
