@@ -102,6 +102,8 @@ class Queues:
         for m in client.receive_messages(messages_per_page=32, visibility_timeout=30):
             if message_id is None or m.id == message_id:
                 taken.append(PoisonMessage(m.id, m.pop_receipt, decode(m.content), str(m.inserted_on), m.dequeue_count))
+            else:
+                client.update_message(m, visibility_timeout=0)  # not ours: visible again at once
         return taken
 
     def delete_poison(self, queue: Queue, msg: PoisonMessage) -> None:

@@ -1,0 +1,26 @@
+"""The Functions app: builds the FunctionApp and registers the blueprints, nothing else."""
+
+import azure.functions as func
+
+from functions import (
+    admin,
+    agent,
+    catalog,
+    connections,
+    docs,
+    heartbeat_check,
+    launch,
+    projects,
+    refresh_catalog,
+    release,
+    retain,
+    runs,
+    sweeper,
+    validate_connection,
+    verify_adapter,
+)
+
+app = func.FunctionApp()
+for module in (connections, catalog, projects, runs, agent, admin, docs, validate_connection, refresh_catalog,
+               launch, verify_adapter, retain, release, heartbeat_check, sweeper):
+    app.register_functions(module.bp)

@@ -1,0 +1,44 @@
+"""Platform admin API. Served under /api/platform/...: the Functions host reserves every
+route that starts with "admin" (even behind the /api prefix), so DESIGN.md's
+/api/admin paths cannot be registered on a real host."""
+
+import azure.functions as func
+
+from shared import http
+from shared.models import ReplayRequest, SweepRequest
+from shared.services import admin
+
+bp = func.Blueprint()
+ANON = func.AuthLevel.ANONYMOUS
+
+
+@bp.route(route="platform/queues", methods=["GET"], auth_level=ANON)
+@http.api(summary="Queue and poison-queue depths (admins)")
+def queues(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: admin.queues(http.principal(req)))
+
+
+@bp.route(route="platform/queues/{queue}/poison", methods=["GET"], auth_level=ANON)
+@http.api(summary="Poison messages with their run and last error (admins)")
+def poison(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: admin.poison(http.principal(req), req.route_params["queue"]))
+
+
+@bp.route(route="platform/queues/{queue}/poison/replay", methods=["POST"], auth_level=ANON)
+@http.api(summary="Replay one poison message (message_id) or all (null)", request=ReplayRequest)
+def replay(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: admin.replay(http.principal(req), req.route_params["queue"],
+                                             http.parse(req, ReplayRequest).message_id))
+
+
+@bp.route(route="platform/queues/{queue}/poison/{message_id}", methods=["DELETE"], auth_level=ANON)
+@http.api(summary="Discard one poison message (audited)")
+def discard(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: admin.discard(http.principal(req), req.route_params["queue"],
+                                              req.route_params["message_id"]))
+
+
+@bp.route(route="platform/sweep", methods=["POST"], auth_level=ANON)
+@http.api(summary="Run the sweeper now; dry_run reports without acting", request=SweepRequest)
+def sweep(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: admin.sweep(http.principal(req), http.parse(req, SweepRequest)))

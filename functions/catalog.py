@@ -1,0 +1,12 @@
+import azure.functions as func
+
+from shared import http
+from shared.services import catalog
+
+bp = func.Blueprint()
+
+
+@bp.route(route="catalog/gpus", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+@http.api(summary="GPU offers with compute, disk and total price per hour")
+def gpus(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: catalog.offers_view(http.principal(req), req.params.get("provider")))

@@ -1,0 +1,55 @@
+import azure.functions as func
+
+from shared import http
+from shared.models import ConnectionView
+from shared.services import connections
+from shared.services.common import STORAGE_SLOT, compute_slot
+
+bp = func.Blueprint()
+ANON = func.AuthLevel.ANONYMOUS
+
+
+@bp.route(route="connections/compute/{provider}", methods=["PUT"], auth_level=ANON)
+@http.api(summary="Save a compute connection (owners); checks run in the background",
+          request="provider config", response=ConnectionView, status=202)
+def save_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.save_compute(
+        http.principal(req), req.route_params["provider"], http.json_body(req)), status=202)
+
+
+@bp.route(route="connections/compute/{provider}", methods=["GET"], auth_level=ANON)
+@http.api(summary="Show a compute connection (secrets are never returned)", response=ConnectionView)
+def get_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.get_one(http.principal(req), compute_slot(req.route_params["provider"])))
+
+
+@bp.route(route="connections/compute/{provider}", methods=["DELETE"], auth_level=ANON)
+@http.api(summary="Delete a compute connection (owners; refused while runs hold machines)", status=204)
+def delete_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.delete_compute(http.principal(req), req.route_params["provider"]))
+
+
+@bp.route(route="connections/compute/{provider}/check", methods=["POST"], auth_level=ANON)
+@http.api(summary="Run the connection's checks again", response=ConnectionView, status=202)
+def check_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.request_check(http.principal(req), req.route_params["provider"]),
+                        status=202)
+
+
+@bp.route(route="connections/storage", methods=["PUT"], auth_level=ANON)
+@http.api(summary="Save the organization's storage connection (owners)", request="storage config",
+          response=ConnectionView, status=202)
+def save_storage(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.save_storage(http.principal(req), http.json_body(req)), status=202)
+
+
+@bp.route(route="connections/storage", methods=["GET"], auth_level=ANON)
+@http.api(summary="Show the storage connection", response=ConnectionView)
+def get_storage(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.get_one(http.principal(req), STORAGE_SLOT))
+
+
+@bp.route(route="connections", methods=["GET"], auth_level=ANON)
+@http.api(summary="All of the organization's connections")
+def list_connections(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.list_all(http.principal(req)))

@@ -1,0 +1,13 @@
+import azure.functions as func
+
+bp = func.Blueprint()
+
+
+# Every minute: deadlines are minutes long, and a missed one must stop billing soon.
+@bp.timer_trigger(arg_name="timer", schedule="0 * * * * *", run_on_startup=False)
+def heartbeat_check(timer: func.TimerRequest) -> None:
+    from shared.log import get_logger, log_context
+    from shared.services import watch
+
+    with log_context(step="heartbeat_check"):
+        get_logger().info("heartbeat check", extra=watch.check_all())

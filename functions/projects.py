@@ -1,0 +1,35 @@
+import azure.functions as func
+
+from shared import http
+from shared.models import DatasetVersionRecord, ProjectCreate, ProjectRecord
+from shared.services import projects
+
+bp = func.Blueprint()
+ANON = func.AuthLevel.ANONYMOUS
+
+
+@bp.route(route="projects", methods=["POST"], auth_level=ANON)
+@http.api(summary="Create a project", request=ProjectCreate, response=ProjectRecord, status=201)
+def create_project(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: projects.create_project(http.principal(req), http.parse(req, ProjectCreate)),
+                        status=201)
+
+
+@bp.route(route="projects", methods=["GET"], auth_level=ANON)
+@http.api(summary="List projects")
+def list_projects(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: projects.list_projects(http.principal(req)))
+
+
+@bp.route(route="projects/{id}/datasets", methods=["POST"], auth_level=ANON)
+@http.api(summary="Upload a JSONL dataset version (each line validated)", request="application/x-ndjson",
+          response=DatasetVersionRecord, status=201)
+def upload_dataset(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: projects.upload_dataset(http.principal(req), req.route_params["id"], req.get_body()),
+                        status=201)
+
+
+@bp.route(route="projects/{id}/datasets", methods=["GET"], auth_level=ANON)
+@http.api(summary="List a project's dataset versions")
+def list_datasets(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: projects.list_datasets(http.principal(req), req.route_params["id"]))

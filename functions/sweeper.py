@@ -1,0 +1,14 @@
+import azure.functions as func
+
+bp = func.Blueprint()
+
+
+# Every 5 minutes (Azure's network API throttles; LESSONS.md): leaks are found within
+# one grace period plus one tick.
+@bp.timer_trigger(arg_name="timer", schedule="30 */5 * * * *", run_on_startup=False)
+def sweeper(timer: func.TimerRequest) -> None:
+    from shared.log import log_context
+    from shared.services import sweeper as service
+
+    with log_context(step="sweeper"):
+        service.sweep(dry_run=False)

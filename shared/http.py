@@ -1,0 +1,111 @@
+"""HTTP plumbing shared by the blueprints: auth, body parsing, JSON and problem+json replies.
+
+Handlers stay thin: `respond(req, lambda: service_call(...))`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from shared.errors import AppError, InvalidInput
+from shared.log import get_logger, redact
+from shared.security import Principal, authenticate
+
+M = TypeVar("M", bound=BaseModel)
+PROBLEM = "application/problem+json"
+
+
+def api(*, summary: str, request: type[BaseModel] | str | None = None,
+        response: type[BaseModel] | str | None = None, status: int = 200) -> Callable[[Any], Any]:
+    """Describe a handler for /api/openapi.json (read back from the registered functions)."""
+
+    def mark(fn: Any) -> Any:
+        fn.__api__ = {"summary": summary, "request": request, "response": response, "status": status}
+        return fn
+
+    return mark
+
+
+def principal(req: Any) -> Principal:
+    return authenticate(req.headers.get("Authorization"))
+
+
+def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or True)
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append({"field": loc or "body", "message": msg})
+    return out
+
+
+def invalid(exc: ValidationError, prefix: str = "") -> InvalidInput:
+    errors = field_errors(exc)
+    if prefix:
+        errors = [{**e, "field": f"{prefix}.{e['field']}" if e["field"] != "body" else prefix} for e in errors]
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return InvalidInput(f"fix these fields and send again: {detail}", errors=errors)
+
+
+def json_body(req: Any) -> Any:
+    raw = req.get_body() or b"{}"
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise InvalidInput.field("body", f"the body is not valid JSON ({exc}); send a JSON object") from exc
+
+
+def parse(req: Any, model: type[M]) -> M:
+    data = json_body(req)
+    if not isinstance(data, dict):
+        raise InvalidInput.field("body", "send a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+
+
+def to_json(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, list):
+        return [to_json(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: to_json(v) for k, v in obj.items()}
+    return obj
+
+
+def reply(body: Any, status: int = 200, content_type: str = "application/json") -> Any:
+    import azure.functions as func
+
+    text = body if isinstance(body, str) else json.dumps(to_json(body), default=str)
+    return func.HttpResponse(text, status_code=status, mimetype=content_type.split(";")[0],
+                             headers={"Content-Type": content_type})
+
+
+def problem(status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None) -> Any:
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "errors": errors or []}
+    return reply(body, status, PROBLEM)
+
+
+def respond(call: Callable[[], Any], status: int = 200) -> Any:
+    """Run one service call; translate errors into problem+json."""
+    try:
+        result = call()
+    except AppError as exc:
+        return problem(exc.status, exc.title, redact(exc.detail), redact(exc.errors))
+    except ValidationError as exc:
+        err = invalid(exc)
+        return problem(err.status, err.title, redact(err.detail), redact(err.errors))
+    except Exception:
+        get_logger().exception("unhandled error")
+        return problem(500, "Internal error", "the control plane failed; the error is logged with this request")
+    if result is None:
+        return reply({}, 204 if status == 200 else status)
+    if hasattr(result, "get_body") and hasattr(result, "status_code"):
+        return result
+    return reply(result, status)

@@ -1,0 +1,83 @@
+"""The GPU price catalog per connection: cached with its time, last good copy kept.
+
+A refresh that fails records the error and keeps the previous offers (a price
+source outage must not block launches). A run records its price at launch; a later
+refresh never rewrites it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.clock import now
+from shared.errors import InvalidInput, NotFound
+from shared.log import get_logger
+from shared.models import CatalogRecord, ConnectionMessage, ConnectionStatus, GpuOffer
+from shared.providers.errors import ProviderError
+from shared.queues import Queue, get_queues
+from shared.security import Principal
+from shared.services.common import compute_for, compute_slot
+from shared.settings import get_settings
+from shared.store import get_store
+
+
+def refresh(org: str, provider: str) -> CatalogRecord:
+    store = get_store()
+    previous = store.get_catalog(org, provider)
+    try:
+        offers = compute_for(org, provider).offers()
+        rec = CatalogRecord(org=org, provider=provider, offers=offers, fetched_at=now())
+    except ProviderError as exc:
+        get_logger().warning("catalog refresh failed; serving the last good copy", extra={"provider": provider})
+        rec = CatalogRecord(org=org, provider=provider, offers=previous.offers if previous else [],
+                            fetched_at=previous.fetched_at if previous else None,
+                            last_error=exc.reason, last_error_at=now())
+    store.put_catalog(rec)
+    return rec
+
+
+def refresh_from_message(msg: ConnectionMessage) -> None:
+    refresh(msg.org, msg.slot.removeprefix("compute:"))
+
+
+def queue_all_refreshes() -> int:
+    """Timer: one refresh message per connected compute connection."""
+    count = 0
+    for rec in get_store().list_connections():
+        if rec.slot.startswith("compute:") and rec.status == ConnectionStatus.connected:
+            get_queues().send(Queue.refresh_catalog, ConnectionMessage(org=rec.org, slot=rec.slot))
+            count += 1
+    return count
+
+
+def offers_view(principal: Principal, provider: str | None) -> dict[str, Any]:
+    store = get_store()
+    if provider:
+        slots = [compute_slot(provider)]
+    else:
+        slots = [r.slot for r in store.list_connections(principal.org) if r.slot.startswith("compute:")]
+    items, catalogs = [], []
+    for slot in slots:
+        name = slot.removeprefix("compute:")
+        if store.get_connection(principal.org, slot) is None:
+            raise NotFound(f"no {name} compute connection is saved")
+        rec = store.get_catalog(principal.org, name)
+        stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > get_settings().catalog_max_age_s
+        if stale:
+            get_queues().send(Queue.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
+        if rec:
+            items.extend(rec.offers)
+        catalogs.append({"provider": name, "fetched_at": rec.fetched_at if rec else None,
+                         "last_error": rec.last_error if rec else "", "refreshing": stale})
+    return {"items": items, "catalogs": catalogs,
+            "note": "Prices are on-demand compute plus the job's disk per hour; network, data transfer, "
+                    "taxes and discounts are not included."}
+
+
+def find_offer(org: str, provider: str, offer_id: str) -> GpuOffer:
+    rec = get_store().get_catalog(org, provider)
+    for offer in rec.offers if rec else []:
+        if offer.offer_id == offer_id:
+            return offer
+    known = ", ".join(o.offer_id for o in (rec.offers if rec else [])[:10]) or "none (is the connection connected?)"
+    raise InvalidInput.field("offer_id", f"{offer_id!r} is not in the {provider} catalog now; choose one of: {known}")

@@ -1,0 +1,86 @@
+"""Helpers the services share: building a provider or storage backend for an org,
+run references and run events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from shared.clock import now
+from shared.errors import Conflict
+from shared.log import register_secret
+from shared.models import ConnectionRecord, ConnectionStatus, RunEvent, RunRecord, RunState
+from shared.providers import registry
+from shared.providers.base import ComputeProvider, RunRef
+from shared.security import unseal
+from shared.settings import get_settings
+from shared.storage.base import StorageBackend
+from shared.storage.registry import make_storage, parse_storage_config
+from shared.store import get_store
+
+STORAGE_SLOT = "storage"
+
+
+def compute_slot(provider: str) -> str:
+    return f"compute:{provider}"
+
+
+def unsealed_config(rec: ConnectionRecord) -> BaseModel:
+    data = unseal(rec.sealed, aad=f"{rec.org}|{rec.slot}")
+    config = parse_storage_config(data) if rec.slot == STORAGE_SLOT else registry.config_model(rec.provider).model_validate(data)
+    for secret in registry.secret_values(config):
+        register_secret(secret)
+    return config
+
+
+def storage_config(org: str) -> BaseModel | None:
+    got = get_store().get_connection(org, STORAGE_SLOT)
+    return unsealed_config(got[0]) if got else None
+
+
+def compute_for(org: str, provider: str, *, require_connected: bool = False) -> ComputeProvider:
+    got = get_store().get_connection(org, compute_slot(provider))
+    if not got:
+        raise Conflict(f"no {provider} compute connection is saved; an owner saves it under connections/compute/{provider}")
+    rec = got[0]
+    if require_connected and rec.status != ConnectionStatus.connected:
+        raise Conflict(f"the {provider} connection is {rec.status.value}; fix its failed checks first")
+    config = with_storage_context(provider, unsealed_config(rec), org)
+    return registry.make_compute(provider, config, get_settings())
+
+
+def with_storage_context(provider: str, config: BaseModel, org: str) -> BaseModel:
+    """RunPod pins pods to the org's network volume, which lives in the storage connection."""
+    if provider != "runpod":
+        return config
+    storage = storage_config(org)
+    if storage is None or getattr(storage, "kind", "") != "runpod_volume":
+        return config
+    fields = type(config).model_fields
+    if "network_volume_id" in fields and "datacenter_id" in fields:
+        return config.model_copy(update={
+            "network_volume_id": storage.volume_id,  # type: ignore[attr-defined]
+            "datacenter_id": storage.datacenter_id,  # type: ignore[attr-defined]
+        })
+    return config
+
+
+def storage_for(org: str) -> StorageBackend:
+    config = storage_config(org)
+    if config is None:
+        raise Conflict("no storage connection is saved; an owner saves one under connections/storage")
+    return make_storage(config, get_settings(), org)
+
+
+def ref_of(run: RunRecord) -> RunRef:
+    return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id)
+
+
+def event(run: RunRecord, kind: str, message: str, **data: Any) -> None:
+    get_store().add_event(run.id, RunEvent(at=now(), kind=kind, message=message, state=run.state, data=data))
+
+
+def transition_event(before: RunState, run: RunRecord) -> None:
+    msg = f"{before.value} -> {run.state.value}" + (f": {run.reason}" if run.reason else "")
+    event(run, "transition", msg)

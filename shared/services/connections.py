@@ -1,0 +1,188 @@
+"""Saving, showing and checking an organization's compute and storage connections.
+
+Saving validates the fields at once (a clear error naming the field), seals the
+secrets, stores the connection as `checking` and queues validate-connection; the
+checks run there and never create anything billable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from shared.clock import now
+from shared.errors import Conflict, InvalidInput, NotFound
+from shared.http import invalid
+from shared.log import get_logger, redact_text
+from shared.models import (
+    CatalogRecord,
+    Check,
+    CheckStatus,
+    ConnectionMessage,
+    ConnectionRecord,
+    ConnectionStatus,
+    ConnectionView,
+    Role,
+)
+from shared.providers import registry
+from shared.providers.errors import ProviderError
+from shared.queues import Queue, get_queues
+from shared.runs.lifecycle import HOLDS_MACHINE
+from shared.security import Principal, require, seal
+from shared.services.common import STORAGE_SLOT, compute_slot, storage_for, unsealed_config
+from shared.settings import get_settings
+from shared.storage.registry import make_storage, parse_storage_config
+from shared.store import get_store
+
+
+def view(rec: ConnectionRecord) -> ConnectionView:
+    return ConnectionView(slot=rec.slot, provider=rec.provider, status=rec.status, config=rec.config,
+                          checks=rec.checks, warnings=rec.warnings, saved_at=rec.saved_at, checked_at=rec.checked_at)
+
+
+def _keep_existing_secrets(body: dict[str, Any], model: type[BaseModel], existing: BaseModel | None) -> dict[str, Any]:
+    """Secrets are write-only: a save that omits one keeps the stored value."""
+    if existing is None or type(existing) is not model:
+        return body
+    merged = dict(body)
+    for name in model.model_fields:
+        value = getattr(existing, name)
+        if isinstance(value, SecretStr) and name not in merged:
+            merged[name] = value.get_secret_value()
+    return merged
+
+
+def _config_warnings(config: BaseModel) -> list[str]:
+    fn = getattr(config, "warnings", None)
+    return list(fn()) if callable(fn) else []
+
+
+def _save(principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
+    store = get_store()
+    got = store.get_connection(principal.org, slot)
+    rec = ConnectionRecord(
+        org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
+        config=registry.public_config(config),
+        sealed=seal(registry.sealed_config(config), aad=f"{principal.org}|{slot}"),
+        location=location, warnings=_config_warnings(config), saved_at=now(),
+        revision=(got[0].revision + 1) if got else 1,
+    )
+    store.put_connection(rec, got[1] if got else None)
+    get_queues().send(Queue.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    return view(rec)
+
+
+def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionView:
+    require(principal, Role.owner)
+    if not isinstance(body, dict):
+        raise InvalidInput.field("body", "send the connection fields as a JSON object")
+    model = registry.config_model(provider)
+    got = get_store().get_connection(principal.org, compute_slot(provider))
+    existing = unsealed_config(got[0]) if got else None
+    try:
+        config = model.model_validate(_keep_existing_secrets(body, model, existing))
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    return _save(principal, compute_slot(provider), provider, config)
+
+
+def save_storage(principal: Principal, body: Any) -> ConnectionView:
+    require(principal, Role.owner)
+    if not isinstance(body, dict) or "kind" not in body:
+        raise InvalidInput.field("kind", "say which storage: \"local\", \"s3\" or \"runpod_volume\"")
+    got = get_store().get_connection(principal.org, STORAGE_SLOT)
+    existing = unsealed_config(got[0]) if got else None
+    try:
+        config = parse_storage_config(body)
+        config = parse_storage_config(_keep_existing_secrets(body, type(config), existing))
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    location = make_storage(config, get_settings(), principal.org).location()
+    if got and got[0].location != location and get_store().list_projects(principal.org):
+        raise Conflict(
+            f"storage location cannot change once the organization has projects (saved: {got[0].location}, "
+            f"new: {location}); rotating credentials for the same location is allowed; moving existing data "
+            "needs a migration"
+        )
+    return _save(principal, STORAGE_SLOT, str(body["kind"]), config, location)
+
+
+def get_one(principal: Principal, slot: str) -> ConnectionView:
+    got = get_store().get_connection(principal.org, slot)
+    if not got:
+        raise NotFound(f"no {slot} connection is saved")
+    return view(got[0])
+
+
+def list_all(principal: Principal) -> dict[str, Any]:
+    return {"items": [view(r) for r in get_store().list_connections(principal.org)]}
+
+
+def delete_compute(principal: Principal, provider: str) -> None:
+    require(principal, Role.owner)
+    slot = compute_slot(provider)
+    if not get_store().get_connection(principal.org, slot):
+        raise NotFound(f"no {slot} connection is saved")
+    holding = [r.id for r in get_store().list_runs(principal.org, HOLDS_MACHINE) if r.provider == provider]
+    if holding:
+        raise Conflict(f"runs {', '.join(holding[:5])} still hold {provider} machines; release or recover them first, "
+                       "or the control plane could not clean them up")
+    get_store().delete_connection(principal.org, slot)
+
+
+def request_check(principal: Principal, provider: str) -> ConnectionView:
+    require(principal, Role.owner)
+    slot = compute_slot(provider)
+    got = get_store().get_connection(principal.org, slot)
+    if not got:
+        raise NotFound(f"no {slot} connection is saved")
+    get_queues().send(Queue.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    return view(got[0])
+
+
+# ------------------------------------------------------------------ the validate-connection step
+
+
+def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | None]:
+    from shared.services.common import compute_for
+
+    if rec.slot == STORAGE_SLOT:
+        return storage_for(rec.org).validate(), None
+    provider = compute_for(rec.org, rec.provider)
+    checks = list(provider.validate())
+    catalog = None
+    if not any(c.status == CheckStatus.fail for c in checks):
+        try:
+            offers = provider.offers()
+            catalog = CatalogRecord(org=rec.org, provider=rec.provider, offers=offers, fetched_at=now())
+            checks.append(Check(name="catalog", status=CheckStatus.ok if offers else CheckStatus.fail,
+                                message=f"{len(offers)} supported GPU offers priced" if offers else
+                                "no supported GPU offer is available with this setup; see the checks above"))
+        except ProviderError as exc:
+            checks.append(Check(name="catalog", status=CheckStatus.fail, message=f"the catalog did not load: {exc.reason}"))
+    return checks, catalog
+
+
+def validate_connection(org: str, slot: str) -> None:
+    store = get_store()
+    got = store.get_connection(org, slot)
+    if not got:
+        return  # deleted since the message was sent
+    rec, _ = got
+    try:
+        checks, catalog = _run_checks(rec)
+    except ProviderError as exc:
+        checks, catalog = [Check(name="connection", status=CheckStatus.fail, message=exc.reason)], None
+    except Exception as exc:  # a check must report, not crash the step into poison
+        get_logger().exception("connection check crashed")
+        checks, catalog = [Check(name="connection", status=CheckStatus.fail,
+                                 message=f"the check could not run: {redact_text(str(exc))}")], None
+    status = ConnectionStatus.failed if any(c.status == CheckStatus.fail for c in checks) else ConnectionStatus.connected
+    if catalog is not None:
+        store.put_catalog(catalog)
+    current = store.get_connection(org, slot)
+    if current is None or current[0].revision != rec.revision:
+        return  # saved again meanwhile: that save's own check reports
+    store.put_connection(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
+                         current[1])
