@@ -1,0 +1,45 @@
+"""What an owner saves as the RunPod compute connection. Imports no SDK."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class RunPodConfig(BaseModel):
+    """The RunPod compute connection.
+
+    `api_key` is the RunPod API key (Restricted, read/write on pods; network-volume
+    discovery when storage is a RunPod volume). It is not the S3 API key of the storage
+    connection: the two are not interchangeable.
+
+    `network_volume_id` and `datacenter_id` are not typed by the user on the compute
+    card: when the organization's storage connection is a RunPod network volume, the
+    service that builds the provider fills them from that storage config
+    (RunPodVolumeConfig.volume_id / .datacenter_id) before constructing RunPodCompute.
+    Then offers list only GPUs in that datacenter and every pod mounts the volume at
+    /workspace, pinned to that datacenter. Empty = custom S3 (pods get their own volume).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_key: SecretStr
+    # Network volumes exist only in Secure Cloud; COMMUNITY / ALL are allowed without one.
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"
+    network_volume_id: str = Field(default="", max_length=64, pattern=r"^([a-z0-9]{4,64})?$")
+    datacenter_id: str = Field(default="", max_length=32, pattern=r"^([A-Z]{2,3}-[A-Z]{2,4}-\d+)?$")
+    container_disk_gb: int = Field(default=40, ge=10, le=1000)
+    # Pod volume at /workspace when there is no network volume: it survives a stop, so a
+    # retained pod keeps /workspace/data/adapter.zip (the container disk is wiped on stop).
+    volume_gb: int = Field(default=50, ge=10, le=4000)
+
+    @model_validator(mode="after")
+    def _volume(self) -> RunPodConfig:
+        if not self.api_key.get_secret_value().strip():
+            raise ValueError("api_key is required: paste the RunPod API key")
+        if bool(self.network_volume_id) != bool(self.datacenter_id):
+            raise ValueError("network_volume_id and datacenter_id go together (the volume's datacenter)")
+        if self.network_volume_id and self.cloud_type != "SECURE":
+            raise ValueError("network volumes exist only in Secure Cloud: use cloud_type SECURE")
+        return self
