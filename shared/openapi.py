@@ -27,7 +27,9 @@ def build(app: Any) -> dict[str, Any]:
     components: dict[str, Any] = {}
     problem = _schema(Problem, components)
     paths: dict[str, Any] = {}
-    for fn in app.get_functions():
+    from shared.appindex import functions_of
+
+    for fn in functions_of(app):
         trigger = fn.get_trigger().get_dict_repr()
         if trigger.get("type") != "httpTrigger":
             continue

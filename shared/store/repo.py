@@ -129,7 +129,7 @@ class Store:
             params["org"] = org
         if states:
             names = sorted(s.value for s in states)
-            clauses.append("(" + " or ".join(f"state eq @s{i}" for i in range(len(names))) + ")")
+            clauses.append("( " + " or ".join(f"state eq @s{i}" for i in range(len(names))) + " )")
             params.update({f"s{i}": n for i, n in enumerate(names)})
         q = self.table("runs").query(" and ".join(clauses) if clauses else None, **params)
         return [RunRecord.model_validate(d) for d, _ in q]

@@ -1,0 +1,146 @@
+"""A hand-written in-memory compute provider (no emulator exists for "a cloud"): used by the
+flow tests and, with faults layered on, by the chaos test. It keeps the same contracts as
+the real providers: marks at creation, find-before-create, "not found" = released."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from shared.clock import now
+from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
+from shared.providers import registry
+from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
+from shared.settings import Settings
+
+
+class MemoryConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    account: str = "acct-1"
+
+
+@dataclass
+class Machine:
+    id: str
+    tags: dict[str, str]
+    state: str = "running"  # running | stopped | terminated
+    disk_id: str = ""
+    disk_exists: bool = True
+    created_at: Any = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Cloud:
+    """The fake account: machines and disks, shared by every provider instance."""
+
+    def __init__(self) -> None:
+        self.machines: dict[str, Machine] = {}
+        self.ids = itertools.count(1)
+        self.calls: list[str] = []
+        self.launch_error: Exception | None = None
+
+    def live(self) -> list[Machine]:
+        return [m for m in self.machines.values() if m.state != "terminated" or m.disk_exists]
+
+
+OFFER = GpuOffer(provider="memory", offer_id="mem-a10", gpu="A10", gpu_memory_gb=24, machine_type="mem.a10",
+                 region="local", compute_per_hour=1.0, disk_per_hour=0.01, total_per_hour=1.01)
+
+
+class MemoryCompute:
+    name = "memory"
+
+    def __init__(self, config: BaseModel, settings: Settings, cloud: Cloud) -> None:
+        self.cloud = cloud
+        self.deployment = settings.deployment_id
+
+    def validate(self) -> list[Check]:
+        self.cloud.calls.append("validate")
+        return [Check(name="credentials", status=CheckStatus.ok, message="fake account")]
+
+    def offers(self) -> list[GpuOffer]:
+        self.cloud.calls.append("offers")
+        return [OFFER]
+
+    def _find(self, ref: RunRef) -> Machine | None:
+        for m in self.cloud.machines.values():
+            if m.tags.get("tensorant:run") == ref.run_id and m.tags.get("tensorant:deployment") == ref.deployment \
+                    and m.state != "terminated":
+                return m
+        return None
+
+    def _res(self, m: Machine) -> list[CloudResource]:
+        base = {"provider": "memory", "run_id": m.tags.get("tensorant:run", ""), "org": m.tags.get("tensorant:org", ""),
+                "deployment": m.tags.get("tensorant:deployment", ""), "created_at": m.created_at,
+                "managed": m.tags.get("tensorant:managed") == "true"}
+        out = [CloudResource(kind="instance", id=m.id, state=m.state, **base)]
+        if m.disk_exists:
+            out.append(CloudResource(kind="volume", id=m.disk_id, **base))
+        return out
+
+    def launch(self, spec: LaunchSpec) -> list[CloudResource]:
+        self.cloud.calls.append("launch")
+        found = self._find(spec.ref)
+        if found:
+            return self._res(found)
+        if self.cloud.launch_error:
+            raise self.cloud.launch_error
+        n = next(self.cloud.ids)
+        m = Machine(id=f"i-{n:04d}", tags=dict(spec.ref.tags), disk_id=f"vol-{n:04d}", created_at=now(),
+                    env=dict(spec.bootstrap.env))
+        self.cloud.machines[m.id] = m
+        return self._res(m)
+
+    def _owned(self, ref: RunRef, resources: list[CloudResource]) -> list[Machine]:
+        ids = {r.id for r in resources if r.kind == "instance"}
+        ms = [m for m in self.cloud.machines.values() if m.id in ids or
+              (m.tags.get("tensorant:run") == ref.run_id and m.tags.get("tensorant:deployment") == ref.deployment)]
+        return [m for m in ms if m.tags.get("tensorant:deployment") == self.deployment]
+
+    def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
+        self.cloud.calls.append("describe")
+        ms = [m for m in self._owned(ref, resources) if m.state != "terminated"]
+        if not ms:
+            return Description(MachineState.gone)
+        return Description(MachineState.running if ms[0].state == "running" else MachineState.stopped)
+
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        self.cloud.calls.append("retain")
+        for m in self._owned(ref, resources):
+            if m.state == "running":
+                m.state = "stopped"
+        return Outcome(done=True, billing_note="compute stopped; the disk still bills")
+
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        self.cloud.calls.append("start")
+        for m in self._owned(ref, resources):
+            if m.state == "stopped":
+                m.state = "running"
+        return Outcome(done=True)
+
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        self.cloud.calls.append("release")
+        for m in self._owned(ref, resources):
+            m.state = "terminated"
+            m.disk_exists = False
+        return Outcome(done=True)
+
+    def list_managed(self) -> Iterable[CloudResource]:
+        self.cloud.calls.append("list")
+        for m in self.cloud.live():
+            if m.tags.get("tensorant:deployment") == self.deployment:
+                yield from self._res(m)
+
+
+def install_memory_provider(cloud: Cloud) -> None:
+    registry.CONFIGS["memory"] = MemoryConfig
+    registry.FACTORIES["memory"] = lambda config, settings: MemoryCompute(config, settings, cloud)
+
+
+def uninstall_memory_provider() -> None:
+    registry.CONFIGS.pop("memory", None)
+    registry.FACTORIES.pop("memory", None)

@@ -1,0 +1,237 @@
+"""Drive the real function app in-process: HTTP handlers and queue triggers called through
+FunctionApp.get_user_function with real HttpRequest / QueueMessage objects, queues on Azurite.
+
+Queue delays are scaled to 0 and the clock is simulated, so "not yet, ask again" loops
+run at once and deadlines can be passed without sleeping.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import azure.functions as func
+
+from shared import clock, queues
+from shared.models import Role
+from shared.queues import Queue, get_queues
+from shared.security import mint_agent_token, mint_user_token
+from shared.storage.base import adapter_key
+
+SMOKE_MODEL = "tensorant/smoke-tiny"
+
+
+def smoke_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
+    from shared.adapters.smoke import build_adapter_zip
+
+    return build_adapter_zip(base_model, **kw)
+
+
+class ApiError(AssertionError):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class Harness:
+    def __init__(self, org: str = "org-a", *, deliver_twice: bool = False, max_dequeue: int = 5) -> None:
+        import function_app
+
+        self.app = function_app.app
+        self.org = org
+        self.deliver_twice = deliver_twice
+        self.max_dequeue = max_dequeue
+        self.clock = clock.FakeClock(time.time())
+        clock.set_clock(self.clock)
+        queues.DELAY_SCALE = 0
+        self.routes: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = []
+        self.queue_fns: dict[str, Callable[..., Any]] = {}
+        self.timer_fns: dict[str, Callable[..., Any]] = {}
+        from shared.appindex import functions_of
+
+        for fn in functions_of(self.app):
+            trig = fn.get_trigger().get_dict_repr()
+            user = fn.get_user_function()
+            if trig["type"] == "httpTrigger":
+                pattern = re.sub(r"{(\w+)(:\w+)?}", r"(?P<\1>[^/]+)", trig["route"])
+                for m in trig["methods"]:
+                    self.routes.append((str(getattr(m, "value", m)), re.compile(f"^{pattern}$"), user))
+            elif trig["type"] == "queueTrigger":
+                self.queue_fns[trig["queueName"]] = user
+            elif trig["type"] == "timerTrigger":
+                self.timer_fns[fn.get_function_name()] = user
+        self.owner = mint_user_token("owner@a", org, Role.owner, ttl_s=90 * 86400)
+        self.member = mint_user_token("member@a", org, Role.member, ttl_s=90 * 86400)
+        self.admin = mint_user_token("admin@platform", org, Role.admin, ttl_s=90 * 86400)
+        self.step_errors: list[str] = []
+        self.deliveries = 0
+
+    def close(self) -> None:
+        clock.set_clock(None)
+        queues.DELAY_SCALE = 1.0
+
+    # ------------------------------------------------------------ HTTP
+    def call(self, method: str, path: str, *, token: str | None = "owner", json_body: Any = None,
+             body: bytes | None = None, content_type: str = "application/json",
+             params: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+        route = path.removeprefix("/api/").split("?")[0]
+        for m, rx, user in self.routes:
+            match = rx.match(route)
+            if m == method and match:
+                break
+        else:
+            raise AssertionError(f"no route for {method} {path}")
+        tok = {"owner": self.owner, "member": self.member, "admin": self.admin}.get(token or "", token)
+        headers = {"Content-Type": content_type}
+        if tok:
+            headers["Authorization"] = f"Bearer {tok}"
+        data = body if body is not None else (json.dumps(json_body).encode() if json_body is not None else b"")
+        req = func.HttpRequest(method, f"http://localhost:7071/api/{route}", headers=headers, params=params or {},
+                               route_params=match.groupdict(), body=data)
+        resp = user(req)
+        raw = resp.get_body()
+        parsed = json.loads(raw) if raw and (resp.mimetype or "").endswith("json") else raw
+        return resp.status_code, parsed, dict(resp.headers)
+
+    def ok(self, method: str, path: str, **kw: Any) -> Any:
+        status, body, _ = self.call(method, path, **kw)
+        if status >= 400:
+            raise ApiError(status, body)
+        return body
+
+    # ------------------------------------------------------------ queues
+    def drain(self, max_rounds: int = 200) -> int:
+        """Deliver every visible message until all queues are empty; returns deliveries."""
+        handled = 0
+        q = get_queues()
+        for _ in range(max_rounds):
+            progressed = False
+            for queue in Queue:
+                client = q.client(queue.value)
+                for m in client.receive_messages(messages_per_page=16, visibility_timeout=60):
+                    progressed = True
+                    handled += 1
+                    self._deliver(queue, client, m)
+            if not progressed:
+                return handled
+        raise AssertionError("queues did not drain: a step keeps re-sending itself")
+
+    def _deliver(self, queue: Queue, client: Any, m: Any) -> None:
+        body = base64.b64decode(m.content)
+        msg = func.QueueMessage(id=m.id, body=body, pop_receipt=m.pop_receipt)
+        fn = self.queue_fns[queue.value]
+        try:
+            for _ in range(2 if self.deliver_twice else 1):
+                self.deliveries += 1
+                fn(msg)
+        except Exception as exc:
+            self.step_errors.append(f"{queue.value}: {type(exc).__name__}: {exc}")
+            if m.dequeue_count >= self.max_dequeue:
+                get_queues().client(queue.poison).send_message(m.content)
+                client.delete_message(m.id, m.pop_receipt)
+            else:
+                client.update_message(m.id, m.pop_receipt, visibility_timeout=0)
+            return
+        client.delete_message(m.id, m.pop_receipt)
+
+    def tick(self, name: str) -> None:
+        from azure.functions.timer import TimerRequest
+
+        self.timer_fns[name](TimerRequest(past_due=False))
+
+    # ------------------------------------------------------------ flows
+    def save_compute(self, provider: str, body: dict[str, Any]) -> Any:
+        self.ok("PUT", f"/api/connections/compute/{provider}", json_body=body)
+        self.drain()
+        return self.ok("GET", f"/api/connections/compute/{provider}")
+
+    def save_storage(self, body: dict[str, Any]) -> Any:
+        self.ok("PUT", "/api/connections/storage", json_body=body)
+        self.drain()
+        return self.ok("GET", "/api/connections/storage")
+
+    def project_and_dataset(self, rows: int = 3) -> tuple[str, str]:
+        project = self.ok("POST", "/api/projects", json_body={"name": "demo"})
+        lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                          {"role": "assistant", "content": f"a{i}"}]}) for i in range(rows)]
+        ds = self.ok("POST", f"/api/projects/{project['id']}/datasets", body="\n".join(lines).encode(),
+                     content_type="application/x-ndjson")
+        return project["id"], ds["id"]
+
+    def create_run(self, provider: str, offer_id: str, *, base_model: str = SMOKE_MODEL,
+                   runtime_limit_s: int = 3600, price_limit: float = 100.0, project: tuple[str, str] | None = None) -> str:
+        pid, dsid = project or self.project_and_dataset()
+        run = self.ok("POST", "/api/runs", token="member", json_body={
+            "project_id": pid, "dataset_version_id": dsid, "provider": provider, "offer_id": offer_id,
+            "base_model": base_model, "price_limit_per_hour": price_limit, "runtime_limit_s": runtime_limit_s})
+        return str(run["id"])
+
+    def launch(self, run_id: str) -> Any:
+        self.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+        self.drain()
+        return self.get_run(run_id)
+
+    def get_run(self, run_id: str) -> Any:
+        return self.ok("GET", f"/api/runs/{run_id}")
+
+    def agent(self, run_id: str) -> TestAgent:
+        return TestAgent(self, run_id)
+
+    def expire(self, run_id: str) -> Any:
+        run = self.get_run(run_id)
+        self.clock.advance(run["runtime_limit_s"] + 24 * 3600)
+        self.tick("heartbeat_check")
+        self.drain()
+        return self.get_run(run_id)
+
+    def recover(self, run_id: str, upload: bytes | None = None) -> Any:
+        if upload is not None:
+            self.ok("POST", f"/api/runs/{run_id}/recover", body=upload, content_type="application/zip")
+        else:
+            self.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "verify_saved"})
+        self.drain()
+        return self.get_run(run_id)
+
+
+class TestAgent:
+    """Plays the machine's agent: the same HTTP calls the real agent makes, with the run's token."""
+
+    __test__ = False
+
+    def __init__(self, h: Harness, run_id: str) -> None:
+        self.h = h
+        self.run_id = run_id
+        self.token = mint_agent_token(h.org, run_id)
+
+    def heartbeat(self, phase: str, progress: float = 0.0, logs: list[str] | None = None) -> Any:
+        return self.h.ok("POST", f"/api/agent/runs/{self.run_id}/heartbeat", token=self.token,
+                         json_body={"phase": phase, "progress": progress, "logs": logs or []})
+
+    def upload(self, data: bytes) -> None:
+        from shared.services.common import storage_for
+
+        storage_for(self.h.org).put(adapter_key(self.run_id), data)
+
+    def complete_ok(self, data: bytes) -> Any:
+        self.upload(data)
+        out = self.h.ok("POST", f"/api/agent/runs/{self.run_id}/complete", token=self.token, json_body={
+            "status": "ok", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+        self.h.drain()
+        return out
+
+    def complete_failed(self, reason: str, exit_code: int = 1) -> Any:
+        out = self.h.ok("POST", f"/api/agent/runs/{self.run_id}/complete", token=self.token, json_body={
+            "status": "failed", "reason": reason, "exit_code": exit_code})
+        self.h.drain()
+        return out
+
+    def train(self, data: bytes) -> Any:
+        for phase, p in (("preparing", 0.0), ("training", 0.5), ("training", 1.0), ("exporting", 1.0)):
+            self.heartbeat(phase, p, [f"{phase} {p}"])
+        return self.complete_ok(data)

@@ -1,0 +1,132 @@
+"""Run flows through the real function handlers and Azurite, on the in-memory provider."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
+from tests.harness import Harness, smoke_adapter_zip
+
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    c = Cloud()
+    install_memory_provider(c)
+    yield c
+    uninstall_memory_provider()
+
+
+@pytest.fixture
+def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
+    harness = Harness()
+    harness.save_storage({"kind": "local"})
+    conn = harness.save_compute("memory", {})
+    assert conn["status"] == "connected", conn
+    yield harness
+    harness.close()
+
+
+def states(h: Harness, run_id: str) -> list[str]:
+    return [e["message"] for e in h.get_run(run_id)["events"] if e["kind"] == "transition"]
+
+
+def test_trial_succeeds_and_machine_is_released(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning"
+    assert [r["kind"] for r in run["resources"]] == ["instance", "volume"]
+    h.agent(run_id).train(smoke_adapter_zip())
+    run = h.get_run(run_id)
+    assert run["state"] == "succeeded", run["reason"]
+    assert not cloud.live()
+    walked = " ".join(states(h, run_id))
+    for a, b in [("draft", "queued"), ("queued", "provisioning"), ("provisioning", "preparing"),
+                 ("preparing", "training"), ("training", "exporting"), ("exporting", "verifying"),
+                 ("verifying", "releasing"), ("releasing", "succeeded")]:
+        assert f"{a} -> {b}" in walked
+    logs = h.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
+    assert "training 0.5" in logs
+
+
+def test_every_message_delivered_twice_gives_the_same_end(h: Harness, cloud: Cloud) -> None:
+    h.deliver_twice = True
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    assert len(cloud.machines) == 1
+    h.agent(run_id).train(smoke_adapter_zip())
+    assert h.get_run(run_id)["state"] == "succeeded"
+    assert len(cloud.machines) == 1 and not cloud.live()
+    assert not h.step_errors
+
+
+def test_trainer_failure_retains_then_upload_recovers(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    a = h.agent(run_id)
+    a.heartbeat("training", 0.3)
+    a.complete_failed("CUDA out of memory", exit_code=137)
+    run = h.get_run(run_id)
+    assert run["state"] == "retained"
+    assert "exit code 137" in run["reason"]
+    assert "still bills" in run["billing_note"]
+    [m] = cloud.machines.values()
+    assert m.state == "stopped" and m.disk_exists
+    bad = h.recover(run_id, upload=b"PK not really a zip")
+    assert bad["state"] == "retained" and "verification failed" in bad["reason"]
+    run = h.recover(run_id, upload=smoke_adapter_zip())
+    assert run["state"] == "succeeded", run["reason"]
+    assert not cloud.live()
+
+
+def test_bad_adapter_retains_with_reason(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).train(smoke_adapter_zip(base_model="meta-llama/Llama-3.2-1B"))
+    run = h.get_run(run_id)
+    assert run["state"] == "retained"
+    assert "base model" in run["reason"]
+
+
+def test_timeout_retains_and_saved_adapter_recovers(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    a = h.agent(run_id)
+    a.heartbeat("training", 0.9)
+    a.upload(smoke_adapter_zip())
+    run = h.expire(run_id)
+    assert run["state"] == "retained", run
+    assert "runtime limit" in run["reason"]
+    run = h.recover(run_id)
+    assert run["state"] == "succeeded", run["reason"]
+
+
+def test_launch_capacity_error_fails_run_and_leaves_nothing(h: Harness, cloud: Cloud) -> None:
+    from shared.providers.errors import CapacityError
+
+    cloud.launch_error = CapacityError("no A10 capacity in this zone now; try another zone or later")
+    run_id = h.create_run("memory", "mem-a10")
+    run = h.launch(run_id)
+    assert run["state"] == "failed"
+    assert "no A10 capacity" in run["reason"]
+    assert not cloud.live()
+
+
+def test_cancel_discard_releases(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
+    h.drain()
+    assert h.get_run(run_id)["state"] == "cancelled"
+    assert not cloud.live()
+
+
+def test_launch_refused_above_price_limit_and_without_confirm(h: Harness) -> None:
+    run_id = h.create_run("memory", "mem-a10", price_limit=0.5)
+    status, body, headers = h.call("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": True})
+    assert status == 409 and "limit" in body["detail"]
+    assert headers["Content-Type"] == "application/problem+json"
+    status, body, _ = h.call("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": False})
+    assert status == 422 and body["errors"][0]["field"] == "confirm"
+    assert h.get_run(run_id)["state"] == "draft"
