@@ -1,0 +1,610 @@
+"""The local host: runs exactly the functions a FunctionApp registered.
+
+- HTTP triggers are served on http://127.0.0.1:<port>/<routePrefix>/<route> (ThreadingHTTPServer).
+- Queue triggers poll Azure Storage queues with host.json semantics: batchSize messages
+  per poll processed concurrently, base64 message encoding, delete on success, release
+  for visibilityTimeout on failure, move the original text to `<queue>-poison` once
+  dequeueCount reaches maxDequeueCount, back off up to maxPollingInterval when idle.
+- Timer triggers fire on their NCRONTAB schedules (seconds first); runOnStartup honoured.
+
+Tests use `pump()` / `drain()` instead of the background pollers for determinism.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from shared.devhost.config import HostConfig, load_local_settings, timespan_s
+from shared.devhost.routes import RouteTemplate
+
+log = logging.getLogger("tensorant.devhost")
+if not log.handlers:
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+
+ALL_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE"})
+# How long a received message stays invisible while its function runs (the real host renews
+# its lease; a dev host just takes a long one).
+PROCESSING_LEASE_S = 600
+MIN_POLL_S = 0.1
+AZURITE_ALIAS = "UseDevelopmentStorage=true"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass
+class FunctionInfo:
+    """One registered function, as read from the FunctionApp (never from a second list)."""
+
+    name: str
+    kind: str  # http | queue | timer | other
+    trigger: dict[str, Any]
+    bindings: list[dict[str, Any]]
+    func: Callable[..., Any]
+    route: RouteTemplate | None = None
+    methods: frozenset[str] = ALL_METHODS
+    queue_name: str = ""
+    connection: str = "AzureWebJobsStorage"
+    schedule: str = ""
+    run_on_startup: bool = False
+
+    @property
+    def arg_name(self) -> str:
+        return str(self.trigger["name"])
+
+
+def load_app(spec: str = "function_app:app") -> Any:
+    """Import `module:attr` (attr defaults to `app`)."""
+    module_name, _, attr = spec.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr or "app")
+
+
+# FunctionApp.get_functions() refuses to run twice on one app (it re-checks names against its
+# own earlier result), so several hosts over one app (tests) share the first answer.
+_indexed: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def describe_functions(app: Any) -> list[FunctionInfo]:
+    if app not in _indexed:
+        _indexed[app] = list(app.get_functions())
+    out: list[FunctionInfo] = []
+    for fn in _indexed[app]:
+        trigger = {k: _plain(v) for k, v in fn.get_trigger().get_dict_repr().items()}
+        bindings = [{k: _plain(v) for k, v in b.get_dict_repr().items()} for b in fn.get_bindings()]
+        name = fn.get_function_name()
+        info = FunctionInfo(name=name, kind="other", trigger=trigger, bindings=bindings, func=fn.get_user_function())
+        ttype = trigger.get("type")
+        if ttype == "httpTrigger":
+            info.kind = "http"
+            info.route = RouteTemplate(trigger.get("route") or name)
+            if trigger.get("methods"):
+                info.methods = frozenset(str(m).upper() for m in trigger["methods"])
+        elif ttype == "queueTrigger":
+            info.kind = "queue"
+            info.queue_name = resolve_setting(str(trigger["queueName"]))
+            info.connection = str(trigger.get("connection") or "AzureWebJobsStorage")
+        elif ttype == "timerTrigger":
+            info.kind = "timer"
+            info.schedule = str(trigger["schedule"])
+            info.run_on_startup = bool(trigger.get("runOnStartup", False))
+        else:
+            log.warning("function %s: trigger %s is not supported by the dev host; skipped", name, ttype)
+        out.append(info)
+    return out
+
+
+def resolve_setting(value: str) -> str:
+    """`%NAME%` means the app setting NAME, as in function.json."""
+    if len(value) > 2 and value.startswith("%") and value.endswith("%"):
+        return os.environ.get(value[1:-1], "")
+    return value
+
+
+def next_fire(schedule: str, after: datetime) -> datetime:
+    """Next occurrence of an NCRONTAB (6 fields, seconds first; 5 fields accepted) or a TimeSpan schedule."""
+    schedule = resolve_setting(schedule).strip()
+    if ":" in schedule and " " not in schedule:
+        period = timespan_s(schedule, 0)
+        if period <= 0:
+            raise ValueError(f"timer schedule {schedule!r} must be positive")
+        return datetime.fromtimestamp(after.timestamp() + period, tz=UTC)
+    from croniter import croniter
+
+    fields = schedule.split()
+    if len(fields) not in (5, 6):
+        raise ValueError(f"timer schedule {schedule!r} is not NCRONTAB ({{second}} {{minute}} {{hour}} ...)")
+    it = croniter(schedule, after, second_at_beginning=len(fields) == 6)
+    result: datetime = it.get_next(datetime)
+    return result
+
+
+class _Out:
+    """An output binding value holder (azure.functions.Out)."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def set(self, val: Any) -> None:
+        self.value = val
+
+    def get(self) -> Any:
+        return self.value
+
+
+@dataclass
+class _Context:
+    invocation_id: str
+    function_name: str
+    function_directory: str
+    thread_local_storage: Any = field(default_factory=threading.local)
+    trace_context: Any = None
+    retry_context: Any = None
+
+
+class Host:
+    """Run a FunctionApp locally.
+
+    Host(app_or_spec, root=None, port=7071, host="127.0.0.1", config=None, load_settings=True,
+         cors=None, http=True, queues=True, timers=True)
+      .start() -> Host      serve HTTP, start queue pollers and timers (background threads)
+      .stop()               stop all of them, wait for running invocations
+      .pump() -> int        process the currently visible messages of every queue trigger once
+      .drain() -> int       pump until no queue has a visible message (bounded)
+      .run_timer(name)      invoke one timer function now
+      .url                  http://127.0.0.1:<port> (port=0 picks a free one on start)
+    """
+
+    def __init__(
+        self,
+        app: Any = "function_app:app",
+        *,
+        root: str | Path | None = None,
+        port: int = 7071,
+        host: str = "127.0.0.1",
+        config: HostConfig | None = None,
+        load_settings: bool = True,
+        cors: str | None = None,
+        http: bool = True,
+        queues: bool = True,
+        timers: bool = True,
+    ) -> None:
+        self.root = Path(root) if root is not None else Path.cwd()
+        host_section: dict[str, Any] = {}
+        if load_settings:
+            # Before importing the app: modules may read settings at import time, as under func start.
+            host_section = load_local_settings(self.root / "local.settings.json")
+        self.app = load_app(app) if isinstance(app, str) else app
+        self.config = config or HostConfig.load(self.root)
+        self.functions = describe_functions(self.app)
+        self.port = port
+        self.bind = host
+        self.cors = cors if cors is not None else host_section.get("CORS")
+        self.enable = {"http": http, "queue": queues, "timer": timers}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._server: ThreadingHTTPServer | None = None
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._clients_lock = threading.Lock()
+        self._pools: list[ThreadPoolExecutor] = []
+        # Routes in ASP.NET precedence: literal segments win over parameters.
+        self._routes = sorted((f for f in self.functions if f.kind == "http"), key=lambda f: f.route.precedence)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.bind}:{self.port}"
+
+    def by_kind(self, kind: str) -> list[FunctionInfo]:
+        return [f for f in self.functions if f.kind == kind]
+
+    def start(self) -> Host:
+        self._stop.clear()
+        if self.enable["http"] and self.by_kind("http"):
+            self._server = ThreadingHTTPServer((self.bind, self.port), _make_handler(self))
+            self._server.daemon_threads = True
+            self.port = int(self._server.server_address[1])
+            self._spawn(self._server.serve_forever, "devhost-http")
+        if self.enable["queue"]:
+            for f in self.by_kind("queue"):
+                self._spawn(functools.partial(self._listen, f), f"devhost-queue-{f.queue_name}")
+        if self.enable["timer"]:
+            for f in self.by_kind("timer"):
+                next_fire(f.schedule, datetime.now(UTC))  # a bad schedule fails start, not a thread
+                self._spawn(functools.partial(self._timer_loop, f), f"devhost-timer-{f.name}")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        for t in self._threads:
+            t.join(timeout=15)
+        self._threads.clear()
+        for pool in self._pools:
+            pool.shutdown(wait=True)
+        self._pools.clear()
+
+    def __enter__(self) -> Host:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    # ------------------------------------------------------------------ invocation
+
+    def invoke(self, f: FunctionInfo, trigger_value: Any, detail: str = "") -> Any:
+        """Call the user function with its trigger and output bindings; log name, duration, outcome."""
+        invocation_id = str(uuid.uuid4())
+        kwargs: dict[str, Any] = {f.arg_name: trigger_value}
+        outs: dict[str, _Out] = {}
+        for b in f.bindings:
+            if b.get("direction") == 1 and b.get("name") != "$return":  # OUT binding parameter
+                outs[b["name"]] = kwargs[b["name"]] = _Out()
+        params = inspect.signature(f.func).parameters
+        if "context" in params:
+            kwargs["context"] = _Context(invocation_id, f.name, str(self.root))
+        started = time.perf_counter()
+        log.info("Executing 'Functions.%s' (%s, Id=%s)", f.name, detail or f.kind, invocation_id)
+        try:
+            result = f.func(**kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_await(result))
+            for b in f.bindings:
+                if b.get("direction") == 1 and b.get("type") == "queue":
+                    value = result if b["name"] == "$return" else outs[b["name"]].get()
+                    self._send_output(b, value)
+        except Exception as exc:
+            ms = (time.perf_counter() - started) * 1000
+            log.error("Executed 'Functions.%s' (Failed, Id=%s, Duration=%.0fms): %s: %s\n%s", f.name,
+                      invocation_id, ms, type(exc).__name__, exc, traceback.format_exc().rstrip())
+            exc._devhost_logged = True  # type: ignore[attr-defined]
+            raise
+        ms = (time.perf_counter() - started) * 1000
+        log.info("Executed 'Functions.%s' (Succeeded, Id=%s, Duration=%.0fms)", f.name, invocation_id, ms)
+        return result
+
+    def _send_output(self, binding: dict[str, Any], value: Any) -> None:
+        if value is None:
+            return
+        client = self._queue_client(str(binding.get("connection") or "AzureWebJobsStorage"), binding["queueName"])
+        for item in value if isinstance(value, list) else [value]:
+            text = item if isinstance(item, str | bytes) else json.dumps(item)
+            raw = text.encode() if isinstance(text, str) else text
+            client.send_message(self._encode(raw))
+
+    def _encode(self, raw: bytes) -> str:
+        return base64.b64encode(raw).decode() if self.config.message_encoding == "base64" else raw.decode()
+
+    # ------------------------------------------------------------------ queues
+
+    def _queue_client(self, connection: str, queue_name: str) -> Any:
+        key = (connection, queue_name)
+        with self._clients_lock:
+            if key not in self._clients:
+                from azure.core.exceptions import ResourceExistsError
+                from azure.storage.queue import QueueClient
+
+                conn = os.environ.get(connection, "")
+                if not conn:
+                    raise RuntimeError(f"queue trigger on {queue_name!r}: app setting {connection!r} is not set "
+                                       "(put a storage connection string there, or run `make run`)")
+                if conn.strip() == AZURITE_ALIAS:
+                    from shared.settings import AZURITE
+
+                    conn = AZURITE
+                client = QueueClient.from_connection_string(conn, queue_name)
+                try:
+                    client.create_queue()
+                except ResourceExistsError:
+                    pass
+                self._clients[key] = client
+            return self._clients[key]
+
+    def _receive(self, f: FunctionInfo, count: int) -> list[Any]:
+        client = self._queue_client(f.connection, f.queue_name)
+        pages = client.receive_messages(messages_per_page=count, max_messages=count,
+                                        visibility_timeout=PROCESSING_LEASE_S)
+        return list(pages)
+
+    def _process(self, f: FunctionInfo, msg: Any, release_failed: bool = True) -> tuple[bool, Any]:
+        """Run one message; delete on success, poison or release on failure. Returns (ok, msg)."""
+        from azure.functions.queue import QueueMessage
+
+        client = self._queue_client(f.connection, f.queue_name)
+        max_count = self.config.max_dequeue_count
+        if msg.dequeue_count > max_count:
+            # Received more often than allowed without a recorded failure (a crash mid-run): poison it now.
+            self._poison(f, msg, "dequeue count over maxDequeueCount before processing")
+            return False, msg
+        ok = False
+        try:
+            body = self._decode(msg.content)
+            qm = QueueMessage(id=msg.id, body=body, dequeue_count=msg.dequeue_count, pop_receipt=msg.pop_receipt,
+                              insertion_time=msg.inserted_on, expiration_time=msg.expires_on,
+                              time_next_visible=msg.next_visible_on)
+            self.invoke(f, qm, f"queue={f.queue_name} id={msg.id} dequeueCount={msg.dequeue_count}")
+            ok = True
+        except Exception as exc:
+            if not getattr(exc, "_devhost_logged", False):
+                log.error("queue %s: message %s failed before its function ran: %s", f.queue_name, msg.id, exc)
+        try:
+            if ok:
+                client.delete_message(msg.id, msg.pop_receipt)
+            elif msg.dequeue_count >= max_count:
+                self._poison(f, msg, f"failed {msg.dequeue_count} times (maxDequeueCount={max_count})")
+            elif release_failed:
+                self.release(f, msg)
+        except Exception as exc:  # the message reappears after its lease; the host keeps going
+            log.error("queue %s: could not settle message %s: %s", f.queue_name, msg.id, exc)
+        return ok, msg
+
+    def release(self, f: FunctionInfo, msg: Any) -> None:
+        """Make a failed message visible again after visibilityTimeout."""
+        client = self._queue_client(f.connection, f.queue_name)
+        client.update_message(msg.id, msg.pop_receipt, visibility_timeout=int(self.config.visibility_timeout_s))
+
+    def _poison(self, f: FunctionInfo, msg: Any, why: str) -> None:
+        poison = self._queue_client(f.connection, f"{f.queue_name}-poison")
+        poison.send_message(msg.content)  # the original text, still encoded
+        self._queue_client(f.connection, f.queue_name).delete_message(msg.id, msg.pop_receipt)
+        log.warning("queue %s: message %s moved to %s-poison (%s)", f.queue_name, msg.id, f.queue_name, why)
+
+    def _decode(self, content: str | bytes) -> bytes:
+        raw = content.encode() if isinstance(content, str) else content
+        if self.config.message_encoding != "base64":
+            return raw
+        try:
+            return base64.b64decode(raw, validate=True)
+        except binascii.Error as exc:
+            raise ValueError("message decoding failed: the text is not base64 (host.json messageEncoding "
+                             "is base64; send with shared.queues)") from exc
+
+    def _listen(self, f: FunctionInfo) -> None:
+        pool = ThreadPoolExecutor(max_workers=self.config.batch_size, thread_name_prefix=f"devhost-{f.queue_name}")
+        self._pools.append(pool)
+        in_flight: set[Any] = set()
+        lock = threading.Lock()
+        delay = MIN_POLL_S
+
+        def done(fut: Any) -> None:
+            with lock:
+                in_flight.discard(fut)
+
+        while not self._stop.is_set():
+            with lock:
+                busy = len(in_flight)
+            if busy > self.config.new_batch_threshold:
+                self._stop.wait(0.05)
+                continue
+            try:
+                msgs = self._receive(f, self.config.batch_size)
+            except Exception as exc:
+                log.error("queue %s: receive failed: %s", f.queue_name, exc)
+                msgs = []
+                delay = self.config.max_polling_interval_s
+            for m in msgs:
+                fut = pool.submit(self._process, f, m)
+                with lock:
+                    in_flight.add(fut)
+                fut.add_done_callback(done)
+            if msgs:
+                delay = MIN_POLL_S
+                if len(msgs) == self.config.batch_size:
+                    continue  # probably more waiting: poll again at once
+            else:
+                delay = min(delay * 2, self.config.max_polling_interval_s)
+            self._stop.wait(delay)
+
+    def pump(self, max_messages: int = 1000) -> int:
+        """Process the messages now visible on every queue trigger, each at most once; return the count.
+
+        Batches of batchSize run concurrently, like the pollers. Failed messages are released only
+        when the pump is done, so a message that fails is not received twice by one pump.
+        """
+        count = 0
+        with ThreadPoolExecutor(max_workers=self.config.batch_size) as pool:
+            for f in self.by_kind("queue"):
+                failed: list[Any] = []
+                while count < max_messages:
+                    msgs = self._receive(f, min(self.config.batch_size, max_messages - count))
+                    if not msgs:
+                        break
+                    futures = [pool.submit(self._process, f, m, False) for m in msgs]
+                    wait(futures)
+                    count += len(msgs)
+                    for fut in futures:
+                        ok, msg = fut.result()
+                        if not ok and msg.dequeue_count < self.config.max_dequeue_count:
+                            failed.append(msg)
+                for msg in failed:
+                    try:
+                        self.release(f, msg)
+                    except Exception as exc:
+                        log.error("queue %s: could not release message %s: %s", f.queue_name, msg.id, exc)
+        return count
+
+    def drain(self, max_rounds: int = 50) -> int:
+        """Pump until a round finds nothing (follows chains of queue messages); return the total."""
+        total = 0
+        for _ in range(max_rounds):
+            n = self.pump()
+            total += n
+            if n == 0:
+                break
+        return total
+
+    # ------------------------------------------------------------------ timers
+
+    def run_timer(self, name: str, past_due: bool = False) -> None:
+        from azure.functions.timer import TimerRequest
+
+        f = next(x for x in self.functions if x.kind == "timer" and x.name == name)
+        self.invoke(f, TimerRequest(past_due=past_due, schedule={"AdjustForDST": True}), f"timer {f.schedule}")
+
+    def _timer_loop(self, f: FunctionInfo) -> None:
+        if f.run_on_startup:
+            self._fire(f, False)
+        nxt = next_fire(f.schedule, datetime.now(UTC))
+        while not self._stop.is_set():
+            wait_s = nxt.timestamp() - time.time()
+            if wait_s > 0:
+                self._stop.wait(min(wait_s, 1.0))
+                continue
+            self._fire(f, past_due=wait_s < -1.0)
+            nxt = next_fire(f.schedule, max(datetime.now(UTC), nxt))
+
+    def _fire(self, f: FunctionInfo, past_due: bool) -> None:
+        try:
+            self.run_timer(f.name, past_due)
+        except Exception as exc:  # the schedule goes on
+            if not getattr(exc, "_devhost_logged", False):
+                log.error("timer %s: could not fire: %s: %s", f.name, type(exc).__name__, exc)
+
+    # ------------------------------------------------------------------ http
+
+    def handle_http(
+        self, method: str, raw_path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Route one request to its function; return (status, headers, body)."""
+        split = urlsplit(raw_path)
+        prefix = "/" + self.config.route_prefix if self.config.route_prefix else ""
+        path = split.path
+        if prefix and not (path == prefix or path.startswith(prefix + "/")):
+            return _problem(404, "Not Found", f"no function serves {path} (routes start with {prefix}/)")
+        sub = path[len(prefix):]
+        matched: list[FunctionInfo] = []
+        for f in self._routes:
+            params = f.route.match(sub) if f.route else None
+            if params is None:
+                continue
+            matched.append(f)
+            if method in f.methods:
+                return self._call_http(f, method, split, headers, body, params)
+        if matched:
+            allowed = sorted(set().union(*(f.methods for f in matched)))
+            status, hdrs, out = _problem(405, "Method Not Allowed", f"{method} is not allowed on {path}")
+            hdrs["Allow"] = ", ".join(allowed)
+            return status, hdrs, out
+        return _problem(404, "Not Found", f"no function serves {method} {path}")
+
+    def _call_http(self, f: FunctionInfo, method: str, split: Any, headers: dict[str, str], body: bytes,
+                   params: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        import azure.functions as func
+
+        host = headers.get("host") or headers.get("Host") or f"localhost:{self.port}"
+        url = f"http://{host}{split.path}" + (f"?{split.query}" if split.query else "")
+        req = func.HttpRequest(method=method, url=url, headers=headers, params=dict(parse_qsl(split.query)),
+                               route_params=params, body=body)
+        try:
+            resp = self.invoke(f, req, f"{method} {split.path}")
+        except Exception as exc:
+            return _problem(500, "Internal Server Error", f"function {f.name} failed: {type(exc).__name__}")
+        if resp is None:
+            return 204, {}, b""
+        if isinstance(resp, str | bytes):
+            resp = func.HttpResponse(resp)
+        out = {k: v for k, v in resp.headers.items()}
+        if not any(k.lower() == "content-type" for k in out):
+            text_like = resp.mimetype.startswith("text/") or resp.mimetype.endswith("json")
+            out["Content-Type"] = f"{resp.mimetype}; charset={resp.charset}" if text_like else resp.mimetype
+        return int(resp.status_code), out, resp.get_body()
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _problem(status: int, title: str, detail: str) -> tuple[int, dict[str, str], bytes]:
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+    return status, {"Content-Type": "application/problem+json"}, body
+
+
+def _make_handler(host: Host) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "tensorant-devhost/1"
+
+        def _read_body(self) -> bytes:
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                chunks = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass
+                        break
+                    chunks.append(self.rfile.read(size))
+                    self.rfile.readline()
+                return b"".join(chunks)
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(length) if length else b""
+
+        def _handle(self) -> None:
+            body = self._read_body()
+            headers = {k: v for k, v in self.headers.items()}
+            if self.command == "OPTIONS" and host.cors and "Access-Control-Request-Method" in self.headers:
+                status, out, data = 204, dict[str, str](), b""
+            else:
+                status, out, data = host.handle_http(self.command, self.path, headers, body)
+            if host.cors:
+                origin = self.headers.get("Origin", "")
+                allowed = [o.strip() for o in str(host.cors).split(",")]
+                if origin and ("*" in allowed or origin in allowed):
+                    out["Access-Control-Allow-Origin"] = "*" if "*" in allowed else origin
+                    out["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+                    out["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+            self.send_response(status)
+            for k, v in out.items():
+                if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # invocations are logged by Host.invoke
+
+    return Handler

@@ -1,0 +1,235 @@
+"""The local Functions host against the session Azurite, with the sample app in tests/devhost_app."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import requests
+
+from shared.devhost import Host, HostConfig
+from shared.devhost.config import timespan_s
+from shared.devhost.host import next_fire
+from shared.devhost.routes import RouteTemplate
+from tests.azurite import Azurite
+from tests.devhost_app import app as sample
+
+SPEC = "tests.devhost_app.app:app"
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.fixture
+def root(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder with host.json, a unique queue for this test, and a clean call record."""
+    monkeypatch.setenv("AzureWebJobsStorage", azurite.connection_string)
+    monkeypatch.setenv("DEVHOST_QUEUE", "devhost-" + secrets.token_hex(4))
+    monkeypatch.setenv("DEVHOST_TIMER", "0 0 0 1 1 *")
+    (tmp_path / "host.json").write_text(json.dumps({
+        "version": "2.0",
+        "extensions": {"queues": {"batchSize": 4, "maxDequeueCount": 3, "visibilityTimeout": "00:00:00",
+                                  "maxPollingInterval": "00:00:00.200", "messageEncoding": "base64"}},
+    }))
+    sample.reset()
+    yield tmp_path
+
+
+def _queue(name: str) -> object:
+    import os
+
+    from azure.storage.queue import QueueClient
+
+    return QueueClient.from_connection_string(os.environ["AzureWebJobsStorage"], name)  # noqa: SIM112
+
+
+def _send(text: str) -> None:
+    import os
+
+    q = _queue(os.environ["DEVHOST_QUEUE"])
+    try:
+        q.create_queue()  # type: ignore[attr-defined]
+    except Exception:
+        pass
+    q.send_message(base64.b64encode(text.encode()).decode())  # type: ignore[attr-defined]
+
+
+def _visible(name: str) -> list[str]:
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        return [m.content for m in _queue(name).peek_messages(max_messages=32)]  # type: ignore[attr-defined]
+    except ResourceNotFoundError:
+        return []
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_host_json_settings_and_defaults() -> None:
+    cfg = HostConfig.from_host_json({"extensions": {"queues": {
+        "batchSize": 8, "maxDequeueCount": 4, "visibilityTimeout": "00:00:30", "maxPollingInterval": "00:00:02",
+        "messageEncoding": "base64"}}})
+    assert (cfg.batch_size, cfg.new_batch_threshold, cfg.max_dequeue_count) == (8, 4, 4)
+    assert (cfg.visibility_timeout_s, cfg.max_polling_interval_s, cfg.message_encoding) == (30.0, 2.0, "base64")
+    default = HostConfig.from_host_json({"version": "2.0"})
+    assert (default.batch_size, default.max_dequeue_count, default.route_prefix) == (16, 5, "api")
+    assert timespan_s("1.00:00:01", 0) == 86401 and timespan_s(1500, 0) == 1.5
+    with pytest.raises(ValueError):
+        HostConfig.from_host_json({"extensions": {"queues": {"batchSize": 64}}})
+
+
+def test_route_templates_constraints_and_precedence() -> None:
+    assert RouteTemplate("runs/{id}").match("runs/r-1") == {"id": "r-1"}
+    assert RouteTemplate("runs/{id}").match("runs/r-1/logs") is None
+    assert RouteTemplate("items/{id:int}").match("items/abc") is None
+    assert RouteTemplate("items/{id:int:min(2)}").match("items/1") is None
+    assert RouteTemplate("files/{*rest}").match("files/a/b.txt") == {"rest": "a/b.txt"}
+    assert RouteTemplate("runs/{id?}").match("runs") == {}
+    assert RouteTemplate("Admin/Queues").match("admin/queues") == {}
+    literal, param = RouteTemplate("runs/stats"), RouteTemplate("runs/{id}")
+    assert sorted([param, literal], key=lambda r: r.precedence)[0] is literal
+
+
+def test_ncrontab_has_seconds_first() -> None:
+    t0 = datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
+    assert next_fire("0 */5 * * * *", t0) == datetime(2026, 1, 1, 0, 5, 0, tzinfo=UTC)
+    assert next_fire("*/10 * * * * *", t0) == datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC)
+    assert next_fire("00:00:30", t0) == datetime(2026, 1, 1, 0, 0, 31, tzinfo=UTC)
+    with pytest.raises(ValueError):
+        next_fire("* * *", t0)
+
+
+# ---------------------------------------------------------------- http
+
+
+def test_http_routes_params_methods_and_problem_404(root: Path) -> None:
+    with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+        r = requests.get(f"{host.url}/api/items/42?q=x", headers={"Authorization": "Bearer t"}, timeout=5)
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("application/json")
+        assert r.json() == {"id": 42, "q": "x", "url": f"{host.url}/api/items/42?q=x", "auth": "Bearer t"}
+        assert requests.get(f"{host.url}/api/items/special", timeout=5).text == "special"
+
+        r = requests.post(f"{host.url}/api/echo", data=b"\x00raw", headers={"Content-Type": "application/x-ndjson"},
+                          timeout=5)
+        assert (r.status_code, r.content, r.headers["X-Echo-Method"]) == (201, b"\x00raw", "POST")
+        assert r.headers["Content-Type"].startswith("application/x-ndjson")
+        r = requests.put(f"{host.url}/api/echo", data=iter([b"chunk1", b"chunk2"]), timeout=5)  # chunked upload
+        assert r.content == b"chunk1chunk2"
+
+        for path in ("/api/items/abc", "/api/nothing/here", "/elsewhere"):
+            r = requests.get(host.url + path, timeout=5)
+            assert r.status_code == 404, path
+            assert r.headers["Content-Type"] == "application/problem+json"
+            assert r.json()["title"] == "Not Found" and r.json()["status"] == 404
+
+        r = requests.delete(f"{host.url}/api/items/1", timeout=5)
+        assert r.status_code == 405 and r.headers["Allow"] == "GET"
+
+        r = requests.get(f"{host.url}/api/boom", timeout=5)
+        assert r.status_code == 500 and r.json()["detail"] == "function boom failed: RuntimeError"
+
+
+def test_local_settings_values_loaded_without_overriding(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVHOST_PRESET", "from-env")
+    monkeypatch.delenv("DEVHOST_FROM_FILE", raising=False)
+    (root / "local.settings.json").write_text(json.dumps({
+        "IsEncrypted": False,
+        "Values": {"DEVHOST_FROM_FILE": "from-file", "DEVHOST_PRESET": "from-file"},
+        "Host": {"CORS": "*"},
+    }))
+    try:
+        with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+            assert requests.get(f"{host.url}/api/settings/DEVHOST_FROM_FILE", timeout=5).text == "from-file"
+            assert requests.get(f"{host.url}/api/settings/DEVHOST_PRESET", timeout=5).text == "from-env"
+            r = requests.get(f"{host.url}/api/items/1", headers={"Origin": "http://localhost:5173"}, timeout=5)
+            assert r.headers["Access-Control-Allow-Origin"] == "*"
+    finally:
+        monkeypatch.delenv("DEVHOST_FROM_FILE", raising=False)
+
+
+# ---------------------------------------------------------------- queues
+
+
+def test_queue_message_processed_once_and_deleted(root: Path) -> None:
+    import os
+
+    host = Host(SPEC, root=root, http=False, timers=False)
+    _send("hello")
+    assert host.pump() == 1
+    assert sample.CALLS == [("work", ("hello", 1))]
+    assert _visible(os.environ["DEVHOST_QUEUE"]) == []
+    assert host.pump() == 0
+    assert len(sample.CALLS) == 1
+
+
+def test_failing_message_moves_to_poison_with_original_text(root: Path) -> None:
+    import os
+
+    queue = os.environ["DEVHOST_QUEUE"]
+    host = Host(SPEC, root=root, http=False, timers=False)
+    _send('{"poison": true}')
+    original = _visible(queue)
+    assert host.pump() == 1 and _visible(queue) == original  # failed, released (visibilityTimeout 0)
+    assert host.pump() == 1 and _visible(queue) == original
+    assert _visible(queue + "-poison") == []
+    assert host.pump() == 1  # third failure = maxDequeueCount
+    assert _visible(queue) == []
+    assert _visible(queue + "-poison") == original
+    assert base64.b64decode(original[0]).decode() == '{"poison": true}'
+    assert [v[1] for _, v in sample.CALLS] == [1, 2, 3]  # type: ignore[index]
+
+
+def test_pollers_run_a_batch_concurrently_and_poll_again(root: Path) -> None:
+    import os
+
+    with Host(SPEC, root=root, http=False, timers=False):
+        for i in range(4):
+            _send(f"slow-{i}")
+        assert _wait_for(lambda: len(sample.CALLS) == 4)
+        assert sample.MAX_CONCURRENT >= 2  # batchSize 4: handled side by side, not one by one
+        _send("later")  # after going idle the poller backs off to at most 0.2 s
+        assert _wait_for(lambda: len(sample.CALLS) == 5, timeout=3)
+        assert _wait_for(lambda: _visible(os.environ["DEVHOST_QUEUE"]) == [])
+
+
+def test_undecodable_message_counts_as_failure(root: Path) -> None:
+    import os
+
+    queue = os.environ["DEVHOST_QUEUE"]
+    host = Host(SPEC, root=root, http=False, timers=False)
+    q = _queue(queue)
+    try:
+        q.create_queue()  # type: ignore[attr-defined]
+    except Exception:
+        pass
+    q.send_message("not base64 !")  # type: ignore[attr-defined]
+    for _ in range(3):
+        host.pump()
+    assert sample.CALLS == []
+    assert _visible(queue + "-poison") == ["not base64 !"]
+
+
+# ---------------------------------------------------------------- timers
+
+
+def test_timer_fires_on_schedule_and_run_on_startup(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVHOST_TIMER", "* * * * * *")  # every second
+    with Host(SPEC, root=root, http=False, queues=False):
+        assert _wait_for(lambda: any(name == "startup_tick" for name, _ in sample.CALLS), timeout=1)
+        assert _wait_for(lambda: any(name == "tick" for name, _ in sample.CALLS), timeout=2.5)
+    ticks = [v for name, v in sample.CALLS if name == "tick"]
+    assert ticks and ticks[0] is False  # not past due
+    assert [name for name, _ in sample.CALLS].count("startup_tick") == 1  # yearly schedule: startup only
