@@ -1,0 +1,181 @@
+"""The smoke adapter: a PEFT-shaped LoRA adapter with random small values and nothing learned.
+
+The smoke trainer (shared.agent.smoke_trainer) writes these files, and tests build valid
+and deliberately broken archives with `build_adapter_zip`. One code path for both, so the
+verifier is tested on exactly what the smoke trainer produces.
+
+The safetensors file is written by hand (8-byte little-endian header length, JSON header,
+raw little-endian tensor data): no torch or safetensors package is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+import zipfile
+from collections.abc import Iterable
+
+import numpy as np
+
+from shared.adapters.base_models import BaseModel, get_base_model
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+MANIFEST_NAME = "manifest.json"
+SMOKE_TRAINER = "smoke (no training)"
+
+_NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2"}
+_FIXED_TIME = (2026, 1, 1, 0, 0, 0)  # same inputs -> same archive bytes
+
+
+def tensor_name(layer: int, module: str, ab: str) -> str:
+    """PEFT's key for a Llama-style attention projection."""
+    return f"base_model.model.model.layers.{layer}.self_attn.{module}.lora_{ab}.weight"
+
+
+def _to_bytes(values: np.ndarray, dtype: str) -> bytes:
+    if dtype == "BF16":
+        # bfloat16 is the top half of a float32 (truncation is fine for random values).
+        bits = values.astype("<f4").view("<u4") >> 16
+        return bits.astype("<u2").tobytes()
+    return values.astype(_NUMPY_DTYPES[dtype]).tobytes()
+
+
+def write_safetensors(tensors: dict[str, tuple[str, list[int], bytes]],
+                      metadata: dict[str, str] | None = None) -> bytes:
+    """Serialize {name: (dtype, shape, raw bytes)} in the safetensors layout."""
+    header: dict[str, object] = {}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    offset = 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads the header to 8 bytes with spaces
+    return struct.pack("<Q", len(text)) + text + b"".join(raw for _, _, raw in tensors.values())
+
+
+def adapter_config(base_model: str, r: int, targets: Iterable[str]) -> dict[str, object]:
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": r,
+        "lora_alpha": 2 * r,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "target_modules": list(targets),
+        "inference_mode": True,
+    }
+
+
+def _declared(base_model: str) -> BaseModel:
+    model = get_base_model(base_model)
+    if model is None:
+        raise ValueError(f"base model {base_model!r} is not declared in shared.adapters.base_models; "
+                         "the smoke adapter needs its shapes")
+    return model
+
+
+def build_adapter_files(base_model: str, *, rows: int = 0, r: int = 8, dtype: str = "F32",
+                        seed: int = 0) -> dict[str, bytes]:
+    """adapter_config.json, adapter_model.safetensors and manifest.json for a declared model."""
+    model = _declared(base_model)
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, tuple[str, list[int], bytes]] = {}
+    for layer in range(model.num_layers):
+        for module in model.default_targets:
+            n_in, n_out = model.modules[module]
+            a = rng.normal(0.0, 0.01, size=(r, n_in))
+            b = rng.normal(0.0, 0.01, size=(n_out, r))
+            tensors[tensor_name(layer, module, "A")] = (dtype, [r, n_in], _to_bytes(a, dtype))
+            tensors[tensor_name(layer, module, "B")] = (dtype, [n_out, r], _to_bytes(b, dtype))
+    files = {
+        CONFIG_NAME: json.dumps(adapter_config(base_model, r, model.default_targets), indent=2).encode(),
+        WEIGHTS_NAME: write_safetensors(tensors, {"format": "pt"}),
+    }
+    files[MANIFEST_NAME] = manifest_bytes(base_model, files, rows=rows, trainer=SMOKE_TRAINER)
+    return files
+
+
+def manifest_bytes(base_model: str, files: dict[str, bytes], *, rows: int | None, trainer: str) -> bytes:
+    manifest = {
+        "format": 1,
+        "base_model": base_model,
+        "rows": rows,
+        "trainer": trainer,
+        "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                  for name, data in sorted(files.items())},
+    }
+    return json.dumps(manifest, indent=2).encode()
+
+
+def zip_files(entries: dict[str, bytes], *, compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, data in entries.items():
+            info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+            info.compress_type = compression
+            info.external_attr = 0o100644 << 16  # a regular file
+            zf.writestr(info, data)
+    return buf.getvalue()
+
+
+def build_adapter_zip(
+    base_model: str = "tensorant/smoke-tiny",
+    *,
+    rows: int = 0,
+    r: int = 8,
+    dtype: str = "F32",
+    seed: int = 0,
+    config_overrides: dict[str, object] | None = None,
+    nan: bool = False,
+    wrong_rank: bool = False,
+    missing: Iterable[str] = (),
+    extra: dict[str, bytes] | None = None,
+    weights: bytes | None = None,
+) -> bytes:
+    """A valid smoke adapter archive, or a broken one for tests (every corruption off by default).
+
+    config_overrides: keys replaced in adapter_config.json (None as a value deletes the key).
+    nan: a NaN in the first lora_A tensor. wrong_rank: the first lora_B has rank r+1.
+    missing: file names left out. extra: raw entries added as they are (e.g. "../evil").
+    weights: replaces adapter_model.safetensors with these bytes.
+    The manifest lists the files as they end up in the archive, so only the intended
+    corruption is wrong.
+    """
+    files = build_adapter_files(base_model, rows=rows, r=r, dtype=dtype, seed=seed)
+    model = _declared(base_model)
+    if config_overrides:
+        config = json.loads(files[CONFIG_NAME])
+        for key, value in config_overrides.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        files[CONFIG_NAME] = json.dumps(config, indent=2).encode()
+    if nan or wrong_rank:
+        rng = np.random.default_rng(seed)
+        tensors: dict[str, tuple[str, list[int], bytes]] = {}
+        for layer in range(model.num_layers):
+            for module in model.default_targets:
+                n_in, n_out = model.modules[module]
+                a = rng.normal(0.0, 0.01, size=(r, n_in))
+                rb = r + 1 if wrong_rank and not tensors else r
+                b = rng.normal(0.0, 0.01, size=(n_out, rb))
+                if nan and not tensors:
+                    a[0, 0] = np.nan
+                tensors[tensor_name(layer, module, "A")] = (dtype, [r, n_in], _to_bytes(a, dtype))
+                tensors[tensor_name(layer, module, "B")] = (dtype, [n_out, rb], _to_bytes(b, dtype))
+        files[WEIGHTS_NAME] = write_safetensors(tensors, {"format": "pt"})
+    if weights is not None:
+        files[WEIGHTS_NAME] = weights
+    payload = {name: data for name, data in files.items() if name != MANIFEST_NAME}
+    files[MANIFEST_NAME] = manifest_bytes(base_model, payload, rows=rows, trainer=SMOKE_TRAINER)
+    for name in missing:
+        files.pop(name, None)
+    files.update(extra or {})
+    return zip_files(files)

@@ -1,0 +1,5 @@
+"""`python -m shared.agent` runs the agent."""
+
+from shared.agent.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,482 @@
+"""The agent: runs beside the trainer on the machine (cloud VM, RunPod pod or local process).
+
+One code path everywhere. It reports to the control plane, runs the trainer, exports the
+adapter and reports completion:
+
+  heartbeat "preparing" -> fetch the dataset to DATA_DIR/dataset.jsonl
+  -> heartbeat "training": run TENSORANT_TRAINER_COMMAND, stream its output, send the
+     lines batched in heartbeats (every interval and at phase changes), progress from
+     `progress=<0..1>` lines
+  -> heartbeat "exporting": zip the output directory to DATA_DIR/adapter.zip, upload it
+     and the logs -> POST complete {status: ok, sha256, size}
+  A trainer that exits non-zero or writes no adapter -> POST complete {status: failed}.
+
+Afterwards it idles, sending nothing, until the control plane stops or deletes the
+machine (SIGTERM exits). The data directory survives a retained machine, so adapter.zip
+can be recovered from it.
+
+Environment: TENSORANT_RUN_ID, TENSORANT_API_URL, TENSORANT_RUN_TOKEN (never printed),
+TENSORANT_BASE_MODEL, TENSORANT_DATA_DIR (/workspace/data), TENSORANT_TRAINER_COMMAND
+(default: the smoke trainer), TENSORANT_HEARTBEAT_INTERVAL_S (30), and storage access:
+either TENSORANT_STORAGE_DIR with TENSORANT_DATASET_KEY / TENSORANT_ADAPTER_KEY /
+TENSORANT_LOGS_KEY, or presigned TENSORANT_DATASET_URL (GET), TENSORANT_ADAPTER_UPLOAD_URL
+(PUT) and TENSORANT_LOGS_UPLOAD_URL (PUT).
+
+Only the standard library (urllib) is used for HTTP, so the agent runs in any image that
+has Python and this package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from shared.log import redact_text, register_secret
+
+MAX_LINES_PER_HEARTBEAT = 500  # the API's limit (shared.models.Heartbeat)
+MAX_LINE_CHARS = 2000
+MAX_PENDING_LINES = 5000
+REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
+STATE_FILE = "agent-state.json"
+_PROGRESS = re.compile(r"\bprogress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)")
+# Never handed to the trainer: it is the customer's (or our smoke) code and has no business
+# talking to the control plane or storage.
+_TRAINER_HIDDEN = ("TENSORANT_RUN_TOKEN", "TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL",
+                   "TENSORANT_LOGS_UPLOAD_URL")
+
+
+def default_trainer_command() -> str:
+    return f"{shlex.quote(sys.executable)} -m shared.agent.smoke_trainer"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    run_id: str
+    api_url: str
+    token: str
+    base_model: str
+    data_dir: Path
+    trainer_command: str
+    heartbeat_interval_s: float = 30.0
+    storage_dir: str = ""
+    dataset_key: str = ""
+    adapter_key: str = ""
+    logs_key: str = ""
+    dataset_url: str = ""
+    adapter_upload_url: str = ""
+    logs_upload_url: str = ""
+    complete_retry_s: float = 1800.0  # how long to keep trying to report completion
+    heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
+        missing = [k for k in ("TENSORANT_RUN_ID", "TENSORANT_API_URL", "TENSORANT_RUN_TOKEN") if not env.get(k)]
+        if missing:
+            raise ValueError(f"agent: missing environment {', '.join(missing)}")
+        return cls(
+            run_id=env["TENSORANT_RUN_ID"],
+            api_url=env["TENSORANT_API_URL"].rstrip("/"),
+            token=env["TENSORANT_RUN_TOKEN"],
+            base_model=env.get("TENSORANT_BASE_MODEL", ""),
+            data_dir=Path(env.get("TENSORANT_DATA_DIR") or "/workspace/data"),
+            trainer_command=env.get("TENSORANT_TRAINER_COMMAND") or default_trainer_command(),
+            heartbeat_interval_s=float(env.get("TENSORANT_HEARTBEAT_INTERVAL_S") or 30),
+            storage_dir=env.get("TENSORANT_STORAGE_DIR", ""),
+            dataset_key=env.get("TENSORANT_DATASET_KEY", ""),
+            adapter_key=env.get("TENSORANT_ADAPTER_KEY", ""),
+            logs_key=env.get("TENSORANT_LOGS_KEY", ""),
+            dataset_url=env.get("TENSORANT_DATASET_URL", ""),
+            adapter_upload_url=env.get("TENSORANT_ADAPTER_UPLOAD_URL", ""),
+            logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
+            complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
+        )
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url) if s]
+
+
+# ---------------------------------------------------------------- HTTP with retries
+
+
+class Transient(Exception):
+    """A failure worth retrying: connection refused, timeout, 5xx, 429."""
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code == 429
+    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, OSError))
+
+
+def with_retries(action: Callable[[], Any], *, give_up_after_s: float, log: Callable[[str], None], what: str,
+                 sleep: Callable[[float], None] = time.sleep, max_backoff_s: float = 30.0) -> Any:
+    """Run action, retrying transient errors with capped exponential backoff until the deadline.
+    A non-transient error (a 4xx) is raised at once."""
+    deadline = time.monotonic() + give_up_after_s
+    delay = 0.5
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            if not _is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log(f"{what} failed ({describe_error(exc)}); retrying in {delay:.1f}s")
+            sleep(delay)
+            delay = min(delay * 2, max_backoff_s)
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error without the URL (presigned URLs are secrets)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        return f"connection error: {exc.reason}"
+    return redact_text(f"{type(exc).__name__}: {exc}")
+
+
+class ControlPlane:
+    """POSTs to /api/agent/runs/{id}/{heartbeat,complete} with the run's bearer token."""
+
+    def __init__(self, config: AgentConfig, log: Callable[[str], None]) -> None:
+        self.config = config
+        self.log = log
+
+    def post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> bool:
+        url = f"{self.config.api_url}/api/agent/runs/{self.config.run_id}/{what}"
+        data = json.dumps(body).encode()
+
+        def send() -> None:
+            request = urllib.request.Request(url, data=data, method="POST", headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.config.token}",
+            })
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+
+        try:
+            with_retries(send, give_up_after_s=give_up_after_s, log=self.log, what=what)
+            return True
+        except urllib.error.HTTPError as exc:
+            detail = exc.read(500).decode("utf-8", "replace") if exc.fp else ""
+            self.log(f"{what} rejected: HTTP {exc.code}: {redact_text(detail)}")
+            return False
+        except Exception as exc:
+            self.log(f"{what} gave up: {describe_error(exc)}")
+            return False
+
+
+# ---------------------------------------------------------------- storage
+
+
+class DirStorage:
+    """A directory: local storage or a mounted RunPod network volume."""
+
+    def __init__(self, root: str) -> None:
+        self.root = Path(root).resolve()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not str(path).startswith(str(self.root) + os.sep):
+            raise ValueError(f"storage key {key!r} escapes the storage directory")
+        return path
+
+    def fetch(self, key: str, dest: Path) -> None:
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.copyfile(self._path(key), tmp)
+        tmp.replace(dest)
+
+    def upload(self, key: str, src: Path) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.copyfile(src, tmp)
+        tmp.replace(path)  # readers never see half an adapter
+
+
+class UrlStorage:
+    """Presigned URLs: GET the dataset, PUT the adapter and logs."""
+
+    def __init__(self, log: Callable[[str], None], retry_s: float = 300.0) -> None:
+        self.log = log
+        self.retry_s = retry_s
+
+    def fetch(self, url: str, dest: Path) -> None:
+        tmp = dest.with_name(dest.name + ".tmp")
+
+        def get() -> None:
+            with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as f:
+                shutil.copyfileobj(response, f, 1024 * 1024)
+
+        with_retries(get, give_up_after_s=self.retry_s, log=self.log, what="dataset download")
+        tmp.replace(dest)
+
+    def upload(self, url: str, src: Path) -> None:
+        def put() -> None:
+            with open(src, "rb") as f:
+                request = urllib.request.Request(url, data=f, method="PUT", headers={
+                    "Content-Length": str(src.stat().st_size),
+                    "Content-Type": "application/octet-stream",
+                })
+                with urllib.request.urlopen(request, timeout=300) as response:
+                    response.read()
+
+        with_retries(put, give_up_after_s=self.retry_s, log=self.log, what=f"upload of {src.name}")
+
+
+# ---------------------------------------------------------------- the agent
+
+
+class Failed(Exception):
+    def __init__(self, reason: str, exit_code: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.environ = dict(os.environ if environ is None else environ)
+        for secret in config.secrets():
+            register_secret(secret)
+        self.data_dir = config.data_dir
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_path = self.data_dir / "logs.txt"
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.pending: list[str] = []
+        self.dropped = 0
+        self.progress = 0.0
+        self.phase = "preparing"
+        self.trainer: subprocess.Popen[bytes] | None = None
+        self.last_line = ""
+        self.api = ControlPlane(config, self.log)
+
+    # -- output
+
+    def log(self, message: str) -> None:
+        line = redact_text(f"agent: {message}")
+        print(line, file=sys.stderr, flush=True)
+        self._record(line)
+
+    def _record(self, line: str) -> None:
+        line = redact_text(line[:MAX_LINE_CHARS])
+        with self.lock:
+            self.pending.append(line)
+            if len(self.pending) > MAX_PENDING_LINES:
+                extra = len(self.pending) - MAX_PENDING_LINES
+                del self.pending[:extra]
+                self.dropped += extra
+            with open(self.logs_path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    def heartbeat(self, phase: str, progress: float | None = None) -> None:
+        """Send the phase, progress and every pending line (in batches the API accepts)."""
+        self.phase = phase
+        if progress is not None:
+            self.progress = progress
+        with self.lock:
+            lines, self.pending = self.pending, []
+            if self.dropped:
+                lines.insert(0, f"agent: {self.dropped} log lines were dropped (too many to send)")
+                self.dropped = 0
+        batches = [lines[i:i + MAX_LINES_PER_HEARTBEAT] for i in range(0, len(lines), MAX_LINES_PER_HEARTBEAT)]
+        for i, batch in enumerate(batches or [[]]):
+            body = {"phase": phase, "progress": round(min(max(self.progress, 0.0), 1.0), 4), "logs": batch}
+            if not self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s):
+                with self.lock:  # keep what did not get through for the next heartbeat
+                    self.pending[:0] = [line for b in batches[i:] for line in b]
+                return
+
+    def complete(self, body: dict[str, Any]) -> bool:
+        ok = self.api.post("complete", body, give_up_after_s=self.config.complete_retry_s)
+        if ok:
+            (self.data_dir / STATE_FILE).write_text(json.dumps({"completed": body}))
+        return ok
+
+    # -- steps
+
+    def run(self) -> int:
+        if (self.data_dir / STATE_FILE).exists():
+            self.log("this run already reported completion; idling")
+            return self.idle()
+        try:
+            self.heartbeat("preparing", 0.0)
+            dataset = self.fetch_dataset()
+            self.heartbeat("training", 0.0)
+            self.train(dataset)
+            if self.stop.is_set():
+                return 143
+            self.heartbeat("exporting", 1.0)
+            sha256, size = self.export()
+            self.upload_logs()
+            self.heartbeat("exporting", 1.0)
+            self.complete({"status": "ok", "sha256": sha256, "size": size})
+        except Failed as exc:
+            if self.stop.is_set():
+                return 143
+            self.log(exc.reason)
+            self.heartbeat(self.phase)
+            self.upload_logs()
+            self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code})
+        return self.idle()
+
+    def idle(self) -> int:
+        """Stay up like a VM would, until the control plane stops or deletes the machine."""
+        self.stop.wait()
+        return 0
+
+    def storage(self) -> DirStorage | UrlStorage:
+        if self.config.storage_dir:
+            return DirStorage(self.config.storage_dir)
+        if self.config.dataset_url:
+            return UrlStorage(self.log)
+        raise Failed("the agent has no storage access (neither TENSORANT_STORAGE_DIR nor TENSORANT_DATASET_URL)")
+
+    def fetch_dataset(self) -> Path:
+        dest = self.data_dir / "dataset.jsonl"
+        storage = self.storage()
+        source = self.config.dataset_key if isinstance(storage, DirStorage) else self.config.dataset_url
+        try:
+            storage.fetch(source, dest)
+        except Exception as exc:
+            raise Failed(f"could not download the dataset: {describe_error(exc)}") from exc
+        self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
+        return dest
+
+    def trainer_env(self, dataset: Path, output: Path) -> dict[str, str]:
+        env = {k: v for k, v in self.environ.items() if k not in _TRAINER_HIDDEN}
+        env.update(TENSORANT_OUTPUT_DIR=str(output), TENSORANT_DATASET_PATH=str(dataset),
+                   TENSORANT_BASE_MODEL=self.config.base_model, PYTHONUNBUFFERED="1")
+        return env
+
+    def train(self, dataset: Path) -> None:
+        output = self.data_dir / "adapter"
+        shutil.rmtree(output, ignore_errors=True)  # never export a previous attempt's files
+        self.log(f"starting trainer: {self.config.trainer_command}")
+        proc = subprocess.Popen(self.config.trainer_command, shell=True, cwd=self.data_dir,
+                                env=self.trainer_env(dataset, output), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.trainer = proc
+        reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
+        reader.start()
+        last = time.monotonic()
+        while proc.poll() is None:
+            if self.stop.wait(0.05):
+                proc.terminate()
+                proc.wait()
+                return
+            if time.monotonic() - last >= self.config.heartbeat_interval_s:
+                self.heartbeat("training")
+                last = time.monotonic()
+        reader.join(timeout=10)
+        code = proc.returncode
+        self.heartbeat("training")  # the phase's last lines and progress, before the phase changes
+        if code != 0:
+            tail = self._last_trainer_line()
+            raise Failed(f"the trainer exited with code {code}" + (f"; last output: {tail}" if tail else ""),
+                         exit_code=code)
+        missing = [name for name in REQUIRED_OUTPUT if not (output / name).is_file()]
+        if missing:
+            raise Failed(f"the trainer finished but wrote no {', '.join(missing)} to its output directory",
+                         exit_code=code)
+        self.log("trainer finished")
+
+    def _read_output(self, stream: BinaryIO) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            match = _PROGRESS.search(line)
+            if match:
+                self.progress = min(max(float(match.group(1)), 0.0), 1.0)
+            self.last_line = line
+            self._record(line)
+
+    def _last_trainer_line(self) -> str:
+        return redact_text(self.last_line)[:300]
+
+    def export(self) -> tuple[str, int]:
+        output = self.data_dir / "adapter"
+        if not (output / "manifest.json").exists():
+            self._write_manifest(output)
+        final = self.data_dir / "adapter.zip"
+        tmp = self.data_dir / "adapter.zip.tmp"
+        try:
+            with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
+                for path in sorted(output.rglob("*")):
+                    if path.is_symlink() or not path.is_file():
+                        continue  # links and special files never go into the archive
+                    compress = zipfile.ZIP_STORED if path.suffix == ".safetensors" else zipfile.ZIP_DEFLATED
+                    zf.write(path, path.relative_to(output).as_posix(), compress_type=compress)
+            tmp.replace(final)
+        except OSError as exc:
+            raise Failed(f"could not write adapter.zip: {describe_error(exc)}") from exc
+        sha256, size = file_sha256(final), final.stat().st_size
+        storage = self.storage()
+        target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
+        try:
+            storage.upload(target, final)
+        except Exception as exc:
+            raise Failed(f"could not upload adapter.zip: {describe_error(exc)}; it is kept on the machine") from exc
+        self.log(f"adapter uploaded ({size} bytes, sha256 {sha256})")
+        return sha256, size
+
+    def _write_manifest(self, output: Path) -> None:
+        """A trainer that writes no manifest gets one describing what it wrote."""
+        files = {p.relative_to(output).as_posix(): {"sha256": file_sha256(p), "size": p.stat().st_size}
+                 for p in sorted(output.rglob("*")) if p.is_file() and not p.is_symlink()}
+        manifest = {"format": 1, "base_model": self.config.base_model, "rows": None,
+                    "trainer": "unknown (manifest written by the agent)", "files": files}
+        (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+    def upload_logs(self) -> None:
+        try:
+            storage = self.storage()
+            target = self.config.logs_key if isinstance(storage, DirStorage) else self.config.logs_upload_url
+            if target and self.logs_path.exists():
+                storage.upload(target, self.logs_path)
+        except Exception as exc:
+            # Logs are a convenience; their loss must not fail the run.
+            self.log(f"could not upload logs: {describe_error(exc)}")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def main() -> int:
+    try:
+        config = AgentConfig.from_env(os.environ)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    agent = Agent(config)
+
+    def on_term(signum: int, frame: object) -> None:
+        agent.stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,413 @@
+"""The `local` compute provider: a run's "machine" is the agent running as a local process.
+
+For running the whole control plane without a cloud (and for tests). Linux only: the
+process table is read from /proc.
+
+- The machine: `python -m shared.agent`, started detached in its own session through a
+  short-lived launcher (so it is never our zombie), with the work directory
+  `<local_root>/machines/<ref.name>/` (marker.json; data/ is TENSORANT_DATA_DIR, the
+  machine's "disk").
+- Ownership marks live in the process environment (TENSORANT_MANAGED=true,
+  TENSORANT_DEPLOYMENT_ID, TENSORANT_ORG, TENSORANT_RUN_ID), set at exec and inherited by
+  the trainer; /proc/<pid>/environ is how list_managed and every operation find them.
+  A process is signalled only after its marks were read back: never anything else.
+- launch is idempotent: under a per-run file lock it looks for a live marked process
+  first; a "spawning" note is written to marker.json before the spawn, the pid after it.
+- retain = SIGSTOP (a stopped VM: process and directory kept); start = SIGCONT;
+  release = SIGKILL, then remove the directory; done only when neither is left.
+Nothing bills.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import shared
+from shared import clock
+from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
+from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
+from shared.providers.errors import PermanentError, RetryableError
+from shared.providers.local.config import LocalConfig
+from shared.settings import Settings
+
+MARK_MANAGED = "TENSORANT_MANAGED"
+MARK_DEPLOYMENT = "TENSORANT_DEPLOYMENT_ID"
+MARK_ORG = "TENSORANT_ORG"
+MARK_RUN = "TENSORANT_RUN_ID"
+BILLING_NOTE = "local: nothing bills"
+OFFER_ID = "local-smoke"
+REPO_ROOT = Path(shared.__file__).resolve().parent.parent
+# Environment the agent inherits from the control plane: only what a process needs to run,
+# never the control plane's own secrets (storage connection string, JWT secret, ...).
+_INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+
+# Starts the agent in a new session and exits at once, so the agent is reparented to init
+# (which reaps it) instead of becoming a zombie of the control plane. Prints the agent pid.
+_LAUNCHER = (
+    "import subprocess, sys\n"
+    "log = open(sys.argv[1], 'ab')\n"
+    "p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,\n"
+    "                     start_new_session=True, close_fds=True)\n"
+    "print(p.pid, flush=True)\n"
+)
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    pgid: int
+    state: str  # /proc state letter: R S D T t Z ...
+    deployment: str
+    org: str
+    run_id: str
+    started_at: datetime
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in ("T", "t")
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, start time in clock ticks) or None when the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 2:].split()  # the command name may hold spaces and ')'
+    return rest[0], int(rest[2]), int(rest[19])
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or another user's process: not ours either way
+        return {}
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def scan() -> tuple[list[Proc], dict[int, list[int]]]:
+    """Every live (non-zombie) marked process, and every process group's members."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot = _boot_time()
+    marked: list[Proc] = []
+    groups: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        stat = _stat(pid)
+        if stat is None or stat[0] in ("Z", "X"):
+            continue
+        state, pgid, start = stat
+        groups.setdefault(pgid, []).append(pid)
+        env = _environ(pid)
+        if env.get(MARK_MANAGED) != "true" or not env.get(MARK_DEPLOYMENT) or not env.get(MARK_RUN):
+            continue
+        marked.append(Proc(pid=pid, pgid=pgid, state=state, deployment=env[MARK_DEPLOYMENT],
+                           org=env.get(MARK_ORG, ""), run_id=env[MARK_RUN],
+                           started_at=datetime.fromtimestamp(boot + start / ticks, tz=UTC)))
+    return marked, groups
+
+
+class LocalCompute:
+    name = "local"
+
+    def __init__(self, config: LocalConfig, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.deployment = settings.deployment_id
+        self.root = Path(settings.local_root).resolve()
+        self.machines = self.root / "machines"
+
+    # ---------------------------------------------------------------- helpers
+
+    def trainer_command(self) -> str:
+        return self.config.trainer_command or self.settings.trainer_command
+
+    def workdir(self, ref: RunRef) -> Path:
+        return self.machines / ref.name
+
+    def _check_ref(self, ref: RunRef) -> None:
+        if ref.deployment != self.deployment:
+            raise PermanentError(f"run {ref.run_id} belongs to deployment {ref.deployment!r}, not "
+                                 f"{self.deployment!r}; this control plane does not touch it")
+
+    def _procs(self, ref: RunRef) -> tuple[list[Proc], dict[int, list[int]]]:
+        marked, groups = scan()
+        mine = [p for p in marked if p.deployment == self.deployment and p.run_id == ref.run_id]
+        return mine, groups
+
+    @contextmanager
+    def _lock(self, ref: RunRef) -> Iterator[None]:
+        """One launch per run at a time, across processes (queue messages may run twice at once)."""
+        locks = self.machines / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{ref.name}.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _marker(self, workdir: Path) -> dict[str, object]:
+        try:
+            value = json.loads((workdir / "marker.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _write_marker(self, workdir: Path, marker: dict[str, object]) -> None:
+        tmp = workdir / "marker.json.tmp"
+        tmp.write_text(json.dumps(marker, indent=2))
+        tmp.replace(workdir / "marker.json")
+
+    def _ensure_workdir(self, ref: RunRef) -> Path:
+        """Create the work directory with its marker in one rename, so no unmarked directory exists."""
+        workdir = self.workdir(ref)
+        if (workdir / "marker.json").exists():
+            return workdir
+        self.machines.mkdir(parents=True, exist_ok=True)
+        tmp = self.machines / f".creating-{ref.name}-{secrets.token_hex(4)}"
+        (tmp / "data").mkdir(parents=True)
+        self._write_marker(tmp, {"deployment": ref.deployment, "org": ref.org, "run_id": ref.run_id,
+                                 "name": ref.name, "created_at": clock.now().isoformat(), "spawns": []})
+        try:
+            tmp.rename(workdir)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (workdir / "marker.json").exists():
+                raise
+        return workdir
+
+    def _resources(self, ref: RunRef, procs: list[Proc]) -> list[CloudResource]:
+        out: list[CloudResource] = []
+        for leader in sorted({p.pgid for p in procs}):
+            members = [p for p in procs if p.pgid == leader]
+            head = next((p for p in members if p.pid == leader), members[0])
+            out.append(CloudResource(
+                provider=self.name, kind="process", id=str(leader), name=ref.name, region="local",
+                run_id=ref.run_id, org=head.org or ref.org, deployment=self.deployment,
+                created_at=head.started_at, state="stopped" if all(p.stopped for p in members) else "running",
+                extra={"pid": str(head.pid), "workdir": str(self.workdir(ref))}))
+        workdir = self.workdir(ref)
+        if workdir.exists():
+            out.append(self._workdir_resource(workdir, self._marker(workdir), ref.name))
+        return out
+
+    def _workdir_resource(self, workdir: Path, marker: dict[str, object], name: str) -> CloudResource:
+        created = marker.get("created_at")
+        return CloudResource(
+            provider=self.name, kind="workdir", id=str(workdir), name=name, region="local",
+            run_id=str(marker.get("run_id", "")), org=str(marker.get("org", "")),
+            deployment=str(marker.get("deployment", "")),
+            created_at=datetime.fromisoformat(created) if isinstance(created, str) else None, state="present")
+
+    def _signal(self, procs: list[Proc], groups: dict[int, list[int]], sig: signal.Signals) -> None:
+        """Signal the run's process groups: the whole group at once when every member carries
+        the run's marks, otherwise only the marked members (never an unmarked process)."""
+        marked_pids = {p.pid for p in procs}
+        for pgid in sorted({p.pgid for p in procs}):
+            if pgid in (os.getpgrp(), 0, 1):
+                continue  # never our own group (defensive: the agent always has its own session)
+            members = groups.get(pgid, [])
+            try:
+                if members and all(pid in marked_pids for pid in members):
+                    os.killpg(pgid, sig)
+                else:
+                    for pid in sorted(marked_pids & set(members)):
+                        os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # already gone
+            except PermissionError as exc:
+                raise PermanentError(f"not allowed to signal process group {pgid}: {exc}") from exc
+
+    def _agent_env(self, spec: LaunchSpec, workdir: Path) -> dict[str, str]:
+        env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+        env.update(spec.bootstrap.env)
+        env["TENSORANT_DATA_DIR"] = str(workdir / "data")
+        env.setdefault("TENSORANT_HEARTBEAT_INTERVAL_S", "1")
+        command = self.trainer_command() or env.get("TENSORANT_TRAINER_COMMAND", "")
+        if command:
+            env["TENSORANT_TRAINER_COMMAND"] = command
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        # The marks go last so nothing in the bootstrap can change them.
+        env.update({MARK_MANAGED: "true", MARK_DEPLOYMENT: spec.ref.deployment, MARK_ORG: spec.ref.org,
+                    MARK_RUN: spec.ref.run_id})
+        return env
+
+    # ---------------------------------------------------------------- Protocol
+
+    def validate(self) -> list[Check]:
+        checks: list[Check] = []
+        try:
+            self.machines.mkdir(parents=True, exist_ok=True)
+            probe = self.machines / f".probe-{secrets.token_hex(4)}"
+            probe.write_text("probe")
+            probe.unlink()
+            checks.append(Check(name="work_root", status=CheckStatus.ok,
+                                message=f"can create machine directories in {self.machines}"))
+        except OSError as exc:
+            checks.append(Check(name="work_root", status=CheckStatus.fail,
+                                message=f"cannot write in {self.machines} ({exc}); set TENSORANT_LOCAL_ROOT to a "
+                                        "directory the control plane can write"))
+        if not Path("/proc/self/environ").exists():
+            checks.append(Check(name="process_table", status=CheckStatus.fail,
+                                message="no /proc here; the local provider runs only on Linux"))
+        probe_env = {k: os.environ[k] for k in _INHERITED if k in os.environ} | {"PYTHONPATH": str(REPO_ROOT)}
+        result = subprocess.run([sys.executable, "-c", "import shared.agent.main, shared.agent.smoke_trainer"],
+                                env=probe_env, capture_output=True, text=True, timeout=60, check=False)
+        if result.returncode == 0:
+            checks.append(Check(name="agent", status=CheckStatus.ok, message="the agent module imports"))
+        else:
+            checks.append(Check(name="agent", status=CheckStatus.fail,
+                                message=f"the agent does not import ({result.stderr.strip()[-300:]}); "
+                                        "install the project's dependencies"))
+        if self.trainer_command():
+            checks.append(Check(name="trainer", status=CheckStatus.ok,
+                                message=f"runs use the trainer command {self.trainer_command()!r}"))
+        else:
+            checks.append(Check(name="trainer", status=CheckStatus.warn,
+                                message="no trainer command is configured: runs use the smoke trainer, which "
+                                        "trains nothing and writes a random adapter"))
+        return checks
+
+    def offers(self) -> list[GpuOffer]:
+        price = self.config.price_per_hour
+        return [GpuOffer(provider=self.name, offer_id=OFFER_ID, gpu="none (local CPU, smoke)", gpu_memory_gb=0,
+                         machine_type="local-process", region="local", compute_per_hour=price,
+                         disk_per_hour=0.0, total_per_hour=price,
+                         note="a local process on the control plane's host; for trying the flow, not training")]
+
+    def launch(self, spec: LaunchSpec) -> list[CloudResource]:
+        ref = spec.ref
+        self._check_ref(ref)
+        with self._lock(ref):
+            procs, _ = self._procs(ref)
+            if procs:
+                return self._resources(ref, procs)
+            workdir = self._ensure_workdir(ref)
+            marker = self._marker(workdir)
+            previous = marker.get("spawns")
+            spawns: list[dict[str, object]] = list(previous) if isinstance(previous, list) else []
+            # Write-ahead: a crash after the spawn still leaves a note (and a marked process
+            # the next launch finds) rather than an unexplained second agent.
+            spawns.append({"at": clock.now().isoformat(), "state": "spawning", "pid": None})
+            self._write_marker(workdir, marker | {"spawns": spawns})
+            try:
+                result = subprocess.run(
+                    [sys.executable, "-c", _LAUNCHER, str(workdir / "agent.log"), sys.executable, "-m", "shared.agent"],
+                    env=self._agent_env(spec, workdir), cwd=workdir, capture_output=True, text=True, timeout=60,
+                    check=True)
+                pid = int(result.stdout.strip())
+            except (OSError, subprocess.SubprocessError, ValueError) as exc:
+                raise RetryableError(f"could not start the local agent: {exc}", retry_after_s=5) from exc
+            spawns[-1] = spawns[-1] | {"state": "spawned", "pid": pid}
+            self._write_marker(workdir, marker | {"spawns": spawns})
+            procs, _ = self._procs(ref)
+            if not procs:
+                raise RetryableError(f"the local agent (pid {pid}) exited at once; see {workdir / 'agent.log'}",
+                                     retry_after_s=5)
+            return self._resources(ref, procs)
+
+    def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
+        procs, _ = self._procs(ref)
+        found = self._resources(ref, procs)
+        if not procs:
+            kept = " (its work directory is kept)" if self.workdir(ref).exists() else ""
+            return Description(state=MachineState.gone, detail=f"no agent process{kept}", resources=found)
+        if all(p.stopped for p in procs):
+            return Description(state=MachineState.stopped, detail="agent process stopped", resources=found)
+        if any(p.stopped for p in procs):
+            return Description(state=MachineState.stopping, detail="stopping", resources=found)
+        return Description(state=MachineState.running, detail="agent process running", resources=found)
+
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        self._check_ref(ref)
+        procs, groups = self._procs(ref)
+        if not procs:
+            return Outcome(done=True, detail="no agent process is running; the work directory is kept",
+                           billing_note=BILLING_NOTE)
+        if not all(p.stopped for p in procs):
+            self._signal(procs, groups, signal.SIGSTOP)
+            procs, _ = self._procs(ref)
+        if procs and not all(p.stopped for p in procs):
+            return Outcome(done=False, detail="stopping the agent process", retry_after_s=0.2,
+                           billing_note=BILLING_NOTE)
+        return Outcome(done=True, detail=f"agent process stopped; work directory {self.workdir(ref)} kept",
+                       billing_note=BILLING_NOTE)
+
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        self._check_ref(ref)
+        procs, groups = self._procs(ref)
+        if not procs:
+            raise PermanentError("the run's local agent process is gone and cannot be started again; "
+                                 "recover the adapter from storage or upload it instead")
+        if any(p.stopped for p in procs):
+            self._signal(procs, groups, signal.SIGCONT)
+            procs, _ = self._procs(ref)
+        if any(p.stopped for p in procs):
+            return Outcome(done=False, detail="resuming the agent process", retry_after_s=0.2)
+        return Outcome(done=True, detail="agent process running again", billing_note=BILLING_NOTE)
+
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        self._check_ref(ref)
+        procs, groups = self._procs(ref)
+        if procs:
+            self._signal(procs, groups, signal.SIGKILL)
+            procs, _ = self._procs(ref)
+            if procs:
+                return Outcome(done=False, detail=f"waiting for {len(procs)} agent process(es) to exit",
+                               retry_after_s=0.2, billing_note=BILLING_NOTE)
+        workdir = self.workdir(ref)
+        leftovers = [workdir, *self.machines.glob(f".creating-{ref.name}-*")] if self.machines.exists() else []
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True)
+        remaining = [p for p in leftovers if p.exists()]
+        if remaining:
+            return Outcome(done=False, detail=f"could not remove {remaining[0]} yet", retry_after_s=1.0,
+                           billing_note=BILLING_NOTE)
+        return Outcome(done=True, detail="agent process and work directory removed", billing_note=BILLING_NOTE)
+
+    def list_managed(self) -> Iterable[CloudResource]:
+        marked, _ = scan()
+        by_run: dict[tuple[str, str], list[Proc]] = {}
+        for p in marked:
+            if p.deployment == self.deployment:  # never another deployment's processes
+                by_run.setdefault((p.org, p.run_id), []).append(p)
+        for (org, run_id), procs in sorted(by_run.items()):
+            ref = RunRef(deployment=self.deployment, org=org, run_id=run_id)
+            yield from (r for r in self._resources(ref, procs) if r.kind == "process")
+        if not self.machines.exists():
+            return
+        for entry in sorted(self.machines.iterdir()):
+            if not entry.is_dir() or entry.name == ".locks":
+                continue
+            marker = self._marker(entry)
+            if marker.get("deployment") != self.deployment:
+                continue  # unmarked or another deployment's: not ours to report
+            yield self._workdir_resource(entry, marker, str(marker.get("name", entry.name)))

@@ -1,0 +1,293 @@
+"""The agent and the local compute provider, end to end on this host.
+
+The control plane's agent API is played by a small loopback HTTP server that records
+heartbeats and completions (a hand-written fake: the real handlers are tested elsewhere,
+and these tests must not depend on them). The agent runs as a real detached process
+started by LocalCompute, with the smoke trainer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.adapters.verify import verify_adapter
+from shared.agent.main import with_retries
+from shared.models import GpuOffer, MachineState
+from shared.providers.base import Bootstrap, LaunchSpec, RunRef
+from shared.providers.errors import PermanentError
+from shared.providers.local.compute import LocalCompute, scan
+from shared.providers.local.config import LocalConfig
+from shared.settings import Settings
+from shared.storage.base import ObjectMissing, adapter_key, dataset_key, logs_key
+from shared.storage.config import LocalStorageConfig
+from shared.storage.local import LocalStorage
+
+TOKEN = "run-token-" + "s3cr3t" * 4
+POLL = 0.05
+
+
+class FakeAgentApi:
+    """Records POST /api/agent/runs/{id}/{heartbeat,complete}; can fail the first N of a kind."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any], str]] = []  # (run, what, body, auth)
+        self.fail: dict[str, list[int]] = {}  # what -> status codes to answer first
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                parts = self.path.strip("/").split("/")  # api agent runs <id> <what>
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                what = parts[-1]
+                codes = api.fail.get(what, [])
+                status = codes.pop(0) if codes else 200
+                if status == 200:
+                    api.calls.append((parts[3], what, body, self.headers.get("Authorization", "")))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def of(self, run_id: str, what: str) -> list[dict[str, Any]]:
+        return [body for run, w, body, _ in list(self.calls) if run == run_id and w == what]
+
+    def wait_complete(self, run_id: str, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.of(run_id, "complete")
+            if done:
+                return done[0]
+            time.sleep(POLL)
+        raise AssertionError(f"no completion for {run_id}; calls: {self.calls}")
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAgentApi]:
+    fake = FakeAgentApi()
+    yield fake
+    fake.server.shutdown()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A deployment of its own (so other tests' processes are never seen), storage with a dataset."""
+    settings = Settings(deployment_id="lt" + secrets.token_hex(3), local_root=str(tmp_path / "local"))
+    storage = LocalStorage(LocalStorageConfig(directory=str(tmp_path / "storage")), tmp_path)
+    storage.put(dataset_key("p1", "d1"), b'{"text": "a"}\n{"text": "b"}\n\n{"text": "c"}\n')
+    yield {"settings": settings, "storage": storage, "tmp": tmp_path}
+    # Whatever a test left running for its deployment is killed and removed.
+    compute = LocalCompute(LocalConfig(), settings)
+    for res in list(compute.list_managed()):
+        compute.release(RunRef(settings.deployment_id, res.org or "o1", res.run_id), [])
+
+
+def spec_for(world: dict[str, Any], api: FakeAgentApi, run_id: str, **extra_env: str) -> LaunchSpec:
+    settings, storage = world["settings"], world["storage"]
+    ref = RunRef(deployment=settings.deployment_id, org="o1", run_id=run_id)
+    storage_env, _ = storage.agent_env(run_id, dataset_key("p1", "d1"))
+    env = {
+        "TENSORANT_RUN_ID": run_id,
+        "TENSORANT_API_URL": api.url,
+        "TENSORANT_RUN_TOKEN": TOKEN,
+        "TENSORANT_BASE_MODEL": "tensorant/smoke-tiny",
+        "TENSORANT_SMOKE_STEPS": "3",
+        "TENSORANT_SMOKE_STEP_SECONDS": "0.05",
+        **storage_env,
+        **extra_env,
+    }
+    offer = LocalCompute(LocalConfig(), settings).offers()[0]
+    assert isinstance(offer, GpuOffer)
+    return LaunchSpec(ref=ref, offer=offer, bootstrap=Bootstrap(container_image="none", env=env,
+                                                                secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"})))
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL)
+    raise AssertionError("condition not reached in time")
+
+
+def test_smoke_run_reports_phases_and_a_verifiable_adapter(world: dict[str, Any], api: FakeAgentApi) -> None:
+    compute = LocalCompute(LocalConfig(), world["settings"])
+    spec = spec_for(world, api, "run-ok")
+    resources = compute.launch(spec)
+    assert {r.kind for r in resources} == {"process", "workdir"}
+    process = next(r for r in resources if r.kind == "process")
+    assert process.run_id == "run-ok" and process.deployment == world["settings"].deployment_id
+
+    # Launching again while it runs finds the same process; no second agent.
+    again = compute.launch(spec)
+    assert [r.id for r in again if r.kind == "process"] == [process.id]
+
+    done = api.wait_complete("run-ok")
+    assert done["status"] == "ok"
+    stored = world["storage"].get(adapter_key("run-ok"), 10**8)
+    assert done["sha256"] == hashlib.sha256(stored).hexdigest() and done["size"] == len(stored)
+    result = verify_adapter(stored, base_model="tensorant/smoke-tiny", expected_sha256=done["sha256"])
+    assert result.ok, result.problems
+    assert result.summary["rows"] == 3 and result.summary["trainer"] == "smoke (no training)"
+
+    beats = api.of("run-ok", "heartbeat")
+    phases = [b["phase"] for b in beats]
+    order = {"preparing": 0, "training": 1, "exporting": 2}
+    assert phases[0] == "preparing" and phases[-1] == "exporting" and "training" in phases
+    assert [order[p] for p in phases] == sorted(order[p] for p in phases)
+    logs = [line for b in beats for line in b["logs"]]
+    assert any(line.startswith("progress=1.000 step=3") for line in logs)
+    assert max(b["progress"] for b in beats if b["phase"] == "training") == 1.0
+    assert all(auth == f"Bearer {TOKEN}" for _, _, _, auth in api.calls)
+
+    # The token never reaches a log; logs were uploaded; adapter.zip is on the machine's disk.
+    workdir = compute.workdir(spec.ref)
+    uploaded = world["storage"].get(logs_key("run-ok"), 10**7).decode()
+    assert "progress=" in uploaded
+    for text in (uploaded, (workdir / "agent.log").read_text(), "\n".join(logs)):
+        assert TOKEN not in text
+    assert (workdir / "data" / "adapter.zip").read_bytes() == stored
+
+    # After completing, the agent idles (a VM stays up until retained or released).
+    assert compute.describe(spec.ref, resources).state == MachineState.running
+    assert len([p for p in scan()[0] if p.run_id == "run-ok"]) == 1
+
+    # retain: the process is stopped, its directory kept.
+    outcome = wait_until(lambda: (o := compute.retain(spec.ref, resources)).done and o)
+    assert outcome.billing_note == "local: nothing bills"
+    assert compute.describe(spec.ref, resources).state == MachineState.stopped
+    assert (workdir / "data" / "adapter.zip").exists()
+    pid = int(process.id)
+    assert Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+    # start: running again.
+    wait_until(lambda: compute.start(spec.ref, resources).done)
+    assert compute.describe(spec.ref, resources).state == MachineState.running
+
+    # release: process gone and directory removed, confirmed; a second release is still done.
+    wait_until(lambda: compute.release(spec.ref, resources).done)
+    assert not workdir.exists()
+    assert not [p for p in scan()[0] if p.run_id == "run-ok"]
+    assert compute.describe(spec.ref, resources).state == MachineState.gone
+    assert compute.release(spec.ref, resources).done
+    with pytest.raises(PermanentError):
+        compute.start(spec.ref, resources)
+
+
+def test_failing_trainer_reports_failed_with_exit_code(world: dict[str, Any], api: FakeAgentApi) -> None:
+    compute = LocalCompute(LocalConfig(), world["settings"])
+    spec = spec_for(world, api, "run-fail", TENSORANT_SMOKE_FAIL="7")
+    compute.launch(spec)
+    done = api.wait_complete("run-fail")
+    assert done["status"] == "failed" and done["exit_code"] == 7
+    assert "exited with code 7" in done["reason"]
+    with pytest.raises(ObjectMissing):
+        world["storage"].get(adapter_key("run-fail"), 10**8)
+    assert wait_until(lambda: compute.release(spec.ref, []).done)
+
+
+def test_trainer_without_output_fails_and_transient_errors_are_retried(
+        world: dict[str, Any], api: FakeAgentApi) -> None:
+    # The configured trainer command wins over the smoke default; `true` writes nothing.
+    compute = LocalCompute(LocalConfig(trainer_command="true"), world["settings"])
+    api.fail["complete"] = [503, 502]  # the control plane is briefly down when the agent reports
+    spec = spec_for(world, api, "run-empty")
+    compute.launch(spec)
+    done = api.wait_complete("run-empty")
+    assert done["status"] == "failed" and done["exit_code"] == 0
+    assert "wrote no adapter_config.json" in done["reason"]
+    assert api.fail["complete"] == []  # both failures were seen, then it got through once
+    assert len(api.of("run-empty", "complete")) == 1
+
+
+def test_retries_stop_on_4xx_and_back_off_with_a_cap() -> None:
+    sleeps: list[float] = []
+    attempts = {"n": 0}
+
+    def flaky() -> str:
+        attempts["n"] += 1
+        if attempts["n"] < 8:
+            raise urllib.error.URLError(ConnectionRefusedError("refused"))
+        return "ok"
+
+    assert with_retries(flaky, give_up_after_s=3600, log=lambda _: None, what="x", sleep=sleeps.append,
+                        max_backoff_s=4) == "ok"
+    assert sleeps == [0.5, 1, 2, 4, 4, 4, 4]
+
+    def rejected() -> None:
+        attempts["n"] += 1
+        raise urllib.error.HTTPError("http://x", 409, "Conflict", None, None)  # type: ignore[arg-type]
+
+    attempts["n"] = 0
+    with pytest.raises(urllib.error.HTTPError):
+        with_retries(rejected, give_up_after_s=3600, log=lambda _: None, what="x", sleep=sleeps.append)
+    assert attempts["n"] == 1
+
+
+def _sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={"PATH": os.environ.get("PATH", ""), **env}, start_new_session=True)
+
+
+def test_list_managed_finds_only_this_deployments_marked_leaks(world: dict[str, Any]) -> None:
+    settings = world["settings"]
+    dep = settings.deployment_id
+    marks = {"TENSORANT_MANAGED": "true", "TENSORANT_ORG": "o1"}
+    leak = _sleeper({**marks, "TENSORANT_DEPLOYMENT_ID": dep, "TENSORANT_RUN_ID": "leaked"})
+    other = _sleeper({**marks, "TENSORANT_DEPLOYMENT_ID": dep + "x", "TENSORANT_RUN_ID": "leaked"})
+    plain = _sleeper({"TENSORANT_RUN_ID": "leaked"})  # no managed/deployment marks
+    machines = Path(settings.local_root) / "machines"
+    (machines / "someone-else").mkdir(parents=True)
+    (machines / "someone-else" / "marker.json").write_text(json.dumps({"deployment": dep + "x", "run_id": "r"}))
+    (machines / "unmarked").mkdir()
+    try:
+        compute = LocalCompute(LocalConfig(), settings)
+        # The process table is read back until the three children have exec'd.
+        found = wait_until(lambda: [r for r in compute.list_managed() if r.kind == "process"])
+        assert [(r.id, r.run_id, r.deployment, r.org) for r in found] == [(str(leak.pid), "leaked", dep, "o1")]
+        assert [r for r in compute.list_managed() if r.kind == "workdir"] == []
+
+        # Another deployment's run is refused outright; this one's leak is killed.
+        with pytest.raises(PermanentError):
+            compute.release(RunRef(dep + "x", "o1", "leaked"), [])
+        assert wait_until(lambda: compute.release(RunRef(dep, "o1", "leaked"), []).done)
+        assert leak.wait(timeout=5) == -signal.SIGKILL
+        assert other.poll() is None and plain.poll() is None  # untouched
+        assert (machines / "someone-else").exists() and (machines / "unmarked").exists()
+    finally:
+        for proc in (leak, other, plain):
+            proc.kill()
+            proc.wait()
+
+
+def test_validate_and_offers(world: dict[str, Any]) -> None:
+    compute = LocalCompute(LocalConfig(price_per_hour=0.25), world["settings"])
+    checks = {c.name: c for c in compute.validate()}
+    assert checks["work_root"].status == "ok" and checks["agent"].status == "ok"
+    assert checks["trainer"].status == "warn" and "smoke" in checks["trainer"].message
+    (offer,) = compute.offers()
+    assert (offer.offer_id, offer.gpu, offer.total_per_hour, offer.disk_per_hour) == (
+        "local-smoke", "none (local CPU, smoke)", 0.25, 0.0)
