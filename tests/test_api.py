@@ -1,0 +1,151 @@
+"""HTTP API behaviour through the real handlers: roles, org isolation, secrets, problem+json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from shared.models import Role
+from shared.providers import registry
+from shared.security import mint_agent_token, mint_user_token
+from tests.fakes import Cloud, MemoryCompute, install_memory_provider, uninstall_memory_provider
+from tests.harness import Harness
+
+SECRET = "sk-live-DO-NOT-LEAK-1234567890"
+
+
+class SecretConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    api_key: SecretStr
+    region: str = "r1"
+
+
+@pytest.fixture
+def h(env: dict[str, str]) -> Iterator[Harness]:
+    cloud = Cloud()
+    install_memory_provider(cloud)
+    registry.CONFIGS["secretive"] = SecretConfig
+    registry.FACTORIES["secretive"] = lambda config, settings: MemoryCompute(config, settings, cloud)
+    harness = Harness()
+    harness.save_storage({"kind": "local"})
+    yield harness
+    harness.close()
+    registry.CONFIGS.pop("secretive", None)
+    registry.FACTORIES.pop("secretive", None)
+    uninstall_memory_provider()
+
+
+def test_member_cannot_save_a_connection(h: Harness) -> None:
+    status, body, headers = h.call("PUT", "/api/connections/compute/memory", token="member", json_body={})
+    assert status == 403
+    assert headers["Content-Type"] == "application/problem+json"
+    assert "owner" in body["detail"]
+
+
+def test_no_token_is_401_with_a_hint(h: Harness) -> None:
+    status, body, _ = h.call("GET", "/api/runs", token=None)
+    assert status == 401 and "Bearer" in body["detail"]
+
+
+def test_another_org_sees_404(h: Harness) -> None:
+    h.save_compute("memory", {})
+    run_id = h.create_run("memory", "mem-a10")
+    other = mint_user_token("eve@b", "org-b", Role.owner)
+    for path in (f"/api/runs/{run_id}", f"/api/runs/{run_id}/logs"):
+        status, body, _ = h.call("GET", path, token=other)
+        assert status == 404, path
+    status, _, _ = h.call("POST", f"/api/runs/{run_id}/cancel", token=other, json_body={"discard": True})
+    assert status == 404
+    assert h.ok("GET", "/api/runs", token=other)["items"] == []
+    assert h.get_run(run_id)["state"] == "draft"
+
+
+def test_agent_endpoints_take_only_that_runs_token(h: Harness) -> None:
+    h.save_compute("memory", {})
+    run_a = h.create_run("memory", "mem-a10")
+    run_b = h.create_run("memory", "mem-a10")
+    h.launch(run_a)
+    hb = {"phase": "training", "progress": 0.1, "logs": []}
+    status, _, _ = h.call("POST", f"/api/agent/runs/{run_a}/heartbeat", token=mint_agent_token("org-a", run_b),
+                          json_body=hb)
+    assert status == 403
+    status, _, _ = h.call("POST", f"/api/agent/runs/{run_a}/heartbeat", token="owner", json_body=hb)
+    assert status == 403
+    status, _, _ = h.call("POST", f"/api/agent/runs/{run_a}/heartbeat", token=mint_agent_token("org-a", run_a),
+                          json_body=hb)
+    assert status == 200
+    assert h.get_run(run_a)["state"] == "training"
+
+
+def test_secrets_are_write_only_and_never_logged(h: Harness, caplog: pytest.LogCaptureFixture,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    caplog.set_level(logging.DEBUG)
+    saved = h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET})
+    h.drain()
+    shown = h.ok("GET", "/api/connections/compute/secretive")
+    listed = h.ok("GET", "/api/connections")
+    assert shown["config"]["api_key"] == {"set": True}
+    # A save without the secret keeps it (write-only field); a wrong type names the field.
+    h.ok("PUT", "/api/connections/compute/secretive", json_body={"region": "r2"})
+    status, bad, _ = h.call("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET, "region": 5})
+    assert status == 422 and bad["errors"][0]["field"] == "region"
+    from shared.services.common import compute_slot, unsealed_config
+    from shared.store import get_store
+
+    rec = get_store().get_connection("org-a", compute_slot("secretive"))
+    assert rec is not None
+    assert unsealed_config(rec[0]).api_key.get_secret_value() == SECRET  # type: ignore[attr-defined]
+    assert SECRET not in rec[0].sealed and SECRET not in json.dumps(rec[0].config)
+    from shared.log import get_logger
+
+    get_logger().info(f"provider said: bad key {SECRET}")
+    out = capsys.readouterr()
+    everything = json.dumps([saved, shown, listed, bad]) + caplog.text + out.out + out.err
+    assert SECRET not in everything
+
+
+def test_unknown_provider_and_bad_json_name_the_field(h: Harness) -> None:
+    status, body, _ = h.call("PUT", "/api/connections/compute/nimbus", json_body={})
+    assert status == 422 and body["errors"][0]["field"] == "provider"
+    status, body, _ = h.call("POST", "/api/projects", body=b"{not json")
+    assert status == 422 and body["errors"][0]["field"] == "body"
+    status, body, _ = h.call("POST", "/api/projects", json_body={"name": ""})
+    assert status == 422 and body["errors"][0]["field"] == "name"
+
+
+def test_dataset_lines_are_validated_with_line_numbers(h: Harness) -> None:
+    project = h.ok("POST", "/api/projects", json_body={"name": "p"})
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    data = "\n".join([good, "{broken", json.dumps({"messages": [{"role": "user", "content": "x"}]}), good,
+                      json.dumps({"prompt": "a", "completion": 3})]).encode()
+    status, body, _ = h.call("POST", f"/api/projects/{project['id']}/datasets", body=data,
+                             content_type="application/x-ndjson")
+    assert status == 422
+    assert [e["line"] for e in body["errors"]] == [2, 3, 5]
+    assert "assistant" in body["errors"][1]["message"]
+    ok = h.ok("POST", f"/api/projects/{project['id']}/datasets", body=(good + "\n" + good).encode(),
+              content_type="application/x-ndjson")
+    assert ok["rows"] == 2 and len(ok["sha256"]) == 64
+
+
+def test_storage_location_cannot_change_once_projects_exist(h: Harness, tmp_path: object) -> None:
+    h.ok("POST", "/api/projects", json_body={"name": "p"})
+    status, body, _ = h.call("PUT", "/api/connections/storage", json_body={"kind": "local", "directory": "/tmp/elsewhere"})
+    assert status == 409 and "migration" in body["detail"]
+    assert h.ok("GET", "/api/connections/storage")["config"]["directory"] == ""
+
+
+def test_openapi_lists_every_route_with_models(h: Harness) -> None:
+    spec = h.ok("GET", "/api/openapi.json", token=None)
+    assert "/api/runs/{id}/launch" in spec["paths"]
+    launch = spec["paths"]["/api/runs/{id}/launch"]["post"]
+    assert launch["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("RunLaunch")
+    assert "RunView" in spec["components"]["schemas"]
+    routes = {(m, p) for p, ops in spec["paths"].items() for m in ops}
+    assert len(routes) == len(h.routes)
+    status, page, _ = h.call("GET", "/api/docs", token=None)
+    assert status == 200 and b"openapi.json" in page and b"https://" not in page
