@@ -1,0 +1,105 @@
+"""Azure errors -> shared.providers.errors, with reasons a user can act on.
+
+Codes come from the ARM error body ({"error": {"code", "message"}}) of a failed request
+or of a failed long-running operation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.providers.errors import (
+    AuthError,
+    CapacityError,
+    PermanentError,
+    ProviderError,
+    QuotaError,
+    RetryableError,
+    ThrottledError,
+)
+
+QUOTA_CODES = {"QuotaExceeded", "OperationNotAllowed", "LowPriorityQuotaExceeded"}
+AUTH_CODES = {"AuthorizationFailed", "InvalidAuthenticationToken", "InvalidAuthenticationTokenTenant",
+              "AuthenticationFailed", "LinkedAuthorizationFailed", "ExpiredAuthenticationToken"}
+
+
+def error_code(err: Any) -> str:
+    inner = getattr(err, "error", None)
+    code = getattr(inner, "code", None) if inner is not None else None
+    if code:
+        return str(code)
+    resp = getattr(err, "response", None)
+    if resp is not None:
+        try:
+            body = resp.json()
+            return str((body.get("error") or {}).get("code") or "")
+        except Exception:
+            return ""
+    return ""
+
+
+def error_message(err: Any) -> str:
+    inner = getattr(err, "error", None)
+    msg = getattr(inner, "message", None) if inner is not None else None
+    return str(msg or getattr(err, "message", "") or err)[:500]
+
+
+def status_code(err: Any) -> int:
+    return int(getattr(err, "status_code", 0) or 0)
+
+
+def retry_after(err: Any, default: float = 30.0) -> float:
+    resp = getattr(err, "response", None)
+    headers = getattr(resp, "headers", None) or {}
+    for key in ("Retry-After", "retry-after", "x-ms-retry-after-ms"):
+        value = headers.get(key)
+        if value:
+            try:
+                seconds = float(value)
+                return seconds / 1000.0 if key == "x-ms-retry-after-ms" else seconds
+            except ValueError:
+                continue
+    return default
+
+
+def is_not_found(err: Any) -> bool:
+    return status_code(err) == 404
+
+
+def translate(err: Exception, doing: str) -> ProviderError:
+    """One Azure exception -> one ProviderError whose reason says what to do."""
+    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
+
+    if isinstance(err, ProviderError):
+        return err
+    code = error_code(err)
+    msg = error_message(err)
+    status = status_code(err)
+    if isinstance(err, ClientAuthenticationError) or status in (401, 403) or code in AUTH_CODES:
+        return AuthError(
+            f"Azure rejected the service principal while {doing} ({code or status or 'authentication'}): {msg}. "
+            "Check the tenant ID, client ID and secret value (not its ID, not expired), and that the Tensorant "
+            "roles are assigned to this application at the documented scopes.", code=code or "AuthFailed")
+    if status == 429:
+        return ThrottledError(f"Azure throttled {doing}; retrying after the interval it asked for",
+                              code=code or "TooManyRequests", retry_after_s=retry_after(err))
+    if code in ("AllocationFailed", "OverconstrainedAllocationRequest", "ZonalAllocationFailed",
+                "OverconstrainedZonalAllocationRequest"):
+        return CapacityError(
+            f"Azure has no capacity for this GPU size in the region right now ({code}). Try again later, "
+            "choose another GPU in the catalog, or use a region with capacity; quota does not reserve capacity.",
+            code=code)
+    if code == "SkuNotAvailable":
+        return CapacityError(
+            f"This VM size is not available to your subscription in the region ({code}: {msg}). Choose another "
+            "GPU in the catalog, or ask Azure support to enable the size for your subscription.", code=code)
+    if code in QUOTA_CODES:
+        return QuotaError(
+            f"Azure refused for quota or policy ({code}): {msg}. In Subscriptions -> Usage + quotas, request "
+            "enough vCPUs for the VM family and Total Regional vCPUs in this region; approval does not reserve "
+            "capacity.", code=code)
+    if isinstance(err, ServiceRequestError):
+        return RetryableError(f"Azure unreachable while {doing}: {type(err).__name__}", code="Unreachable")
+    if isinstance(err, HttpResponseError) and (status >= 500 or status == 409 or status == 0):
+        return RetryableError(f"Azure error while {doing} ({code or status}): {msg}", code=code or str(status))
+    return PermanentError(f"Azure refused {doing} ({code or status}): {msg}", code=code or str(status))

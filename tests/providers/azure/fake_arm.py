@@ -1,0 +1,524 @@
+"""A fake Azure Resource Manager (plus token endpoint and Retail Prices API) on loopback HTTPS.
+
+Hand-written because no ARM emulator exists. It speaks the wire protocol the real
+azure-mgmt-compute / azure-mgmt-network / azure-identity clients use: bearer tokens from
+an OpenID client-credentials endpoint, JSON resources, `nextLink` paging, long-running
+operations with Azure-AsyncOperation + Location headers (InProgress for `op_polls` polls,
+or held until released), ARM error bodies, 429 with Retry-After. It models what the
+adapter depends on: VM create makes the implicit OS disk (untagged, as Azure does),
+allocation failures leave the VM resource behind in a Failed state, deleteOption is
+honoured, a NIC in use or a disk attached cannot be deleted. Every request is recorded
+so tests can map it to the RBAC action it needs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import re
+import ssl
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+SUB = "11111111-2222-3333-4444-555555555555"
+TENANT = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
+CLIENT = "99999999-8888-7777-6666-555555555555"
+SECRET = "abc8Q~fake-secret-value-0123456789abcdefgh"
+
+
+def make_cert(directory: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (generated at test time), usable as its own CA bundle."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                    x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "arm-cert.pem", directory / "arm-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+@dataclass
+class Fault:
+    method: str
+    pattern: str  # regex searched in the lower-case path
+    status: int
+    code: str
+    message: str = "injected"
+    times: int = 1
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Op:
+    effect: Any  # callable applied when the operation completes
+    remaining: int
+    error: dict[str, str] | None = None
+    status: str = "InProgress"
+
+
+class ArmError(Exception):
+    def __init__(self, status: int, code: str, message: str = "") -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message or code
+
+
+# ------------------------------------------------------------------ a tiny OData $filter evaluator
+
+
+def _odata_match(expr: str, item: dict[str, Any]) -> bool:
+    tokens = re.findall(r"'(?:[^']|'')*'|\(|\)|,|[A-Za-z_][A-Za-z0-9_]*", expr)
+    pos = 0
+
+    def peek() -> str:
+        return tokens[pos] if pos < len(tokens) else ""
+
+    def take() -> str:
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def factor() -> bool:
+        tok = take()
+        if tok == "(":
+            value = disjunction()
+            take()  # ')'
+            return value
+        if tok == "contains":
+            take()
+            fld = take()
+            take()
+            lit = take()[1:-1].replace("''", "'")
+            take()
+            return lit in str(item.get(fld, ""))
+        op = take()
+        lit = take()[1:-1].replace("''", "'")
+        assert op == "eq", op
+        return str(item.get(tok, "")) == lit
+
+    def conjunction() -> bool:
+        value = factor()
+        while peek() == "and":
+            take()
+            value = factor() and value
+        return value
+
+    def disjunction() -> bool:
+        value = conjunction()
+        while peek() == "or":
+            take()
+            value = conjunction() or value
+        return value
+
+    return disjunction()
+
+
+# ------------------------------------------------------------------ the fake
+
+
+class FakeArm:
+    def __init__(self, tmp: Path, *, region: str = "eastus") -> None:
+        self.region = region
+        self.cert, self._key = make_cert(tmp)
+        self.resources: dict[str, dict[str, Any]] = {}
+        self.ops: dict[str, Op] = {}
+        self.requests: list[tuple[str, str, str, Any]] = []  # method, path, query, body
+        self.faults: list[Fault] = []
+        self.op_polls = 1
+        self.hold_ops = False
+        self.allocation_failure: str | None = None
+        self.keep_nic_on_vm_delete = False
+        self.page_size = 2
+        self.client_secret = SECRET
+        self.tokens: set[str] = set()
+        self.skus: list[dict[str, Any]] = []
+        self.usages: list[dict[str, Any]] = []
+        self.price_items: list[dict[str, Any]] = []
+        self.price_page_size = 3
+        self.price_queries: list[str] = []
+        self.lock = threading.RLock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert, self._key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> FakeArm:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.hold_ops = False
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ---------------------------------------------------------- test helpers
+
+    def rid(self, rg: str, provider_type: str, name: str, sub: str = SUB) -> str:
+        return f"/subscriptions/{sub}/resourceGroups/{rg}/providers/{provider_type}/{name}"
+
+    def put(self, rid: str, body: dict[str, Any]) -> dict[str, Any]:
+        body = {"id": rid, "name": rid.rsplit("/", 1)[-1], **body}
+        with self.lock:
+            self.resources[rid.lower()] = body
+        return body
+
+    def get(self, rid: str) -> dict[str, Any] | None:
+        return self.resources.get(rid.lower())
+
+    def fail(self, method: str, pattern: str, status: int, code: str, *, times: int = 1, message: str = "injected",
+             headers: dict[str, str] | None = None) -> None:
+        self.faults.append(Fault(method, pattern, status, code, message, times, headers or {}))
+
+    def of_type(self, provider_type: str) -> list[dict[str, Any]]:
+        marker = f"/providers/{provider_type.lower()}/"
+        return [r for k, r in self.resources.items() if marker in k and k.count("/") == 8]
+
+    # ---------------------------------------------------------- dispatch
+
+    def handle(self, method: str, raw_path: str, headers: Any, body: bytes) -> tuple[int, dict[str, str], Any]:
+        parts = urlsplit(raw_path)
+        path, query = parts.path, parse_qs(parts.query)
+        data: Any = None
+        if body:
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = body.decode()
+        with self.lock:
+            self.requests.append((method, path, parts.query, data))
+            try:
+                if path.endswith("/.well-known/openid-configuration"):
+                    return self._openid(path)
+                if path.endswith("/oauth2/v2.0/token"):
+                    return self._token(data if isinstance(data, str) else body.decode())
+                if path.startswith("/api/retail/prices"):
+                    return self._prices(query)
+                auth = headers.get("Authorization", "")
+                if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
+                    raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
+                for fault in self.faults:
+                    if fault.method == method and fault.times > 0 and re.search(fault.pattern, path.lower()):
+                        fault.times -= 1
+                        return fault.status, fault.headers, {"error": {"code": fault.code, "message": fault.message}}
+                return self._arm(method, path, query, data)
+            except ArmError as e:
+                return e.status, {}, {"error": {"code": e.code, "message": e.message}}
+
+    def _openid(self, path: str) -> tuple[int, dict[str, str], Any]:
+        tenant = path.strip("/").split("/")[0]
+        base = f"{self.url}/{tenant}"
+        return 200, {}, {
+            "token_endpoint": f"{base}/oauth2/v2.0/token",
+            "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
+            "device_authorization_endpoint": f"{base}/oauth2/v2.0/devicecode",
+            "issuer": f"{base}/v2.0",
+            "token_endpoint_auth_methods_supported": ["client_secret_post"],
+            "response_types_supported": ["code", "token"],
+            "tenant_region_scope": "NA",
+        }
+
+    def _token(self, form_text: str) -> tuple[int, dict[str, str], Any]:
+        form = {k: v[0] for k, v in parse_qs(form_text).items()}
+        if form.get("client_id") != CLIENT or form.get("client_secret") != self.client_secret:
+            return 401, {}, {"error": "invalid_client", "error_codes": [7000215],
+                             "error_description": "AADSTS7000215: Invalid client secret provided."}
+        token = uuid.uuid4().hex
+        self.tokens.add(token)
+        return 200, {}, {"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token}
+
+    def _prices(self, query: dict[str, list[str]]) -> tuple[int, dict[str, str], Any]:
+        flt = query.get("$filter", [""])[0]
+        self.price_queries.append(flt)
+        items = [it for it in self.price_items if _odata_match(flt, it)]
+        skip = int(query.get("$skip", ["0"])[0])
+        page = items[skip:skip + self.price_page_size]
+        nxt = None
+        if skip + self.price_page_size < len(items):
+            params = {"currencyCode": query.get("currencyCode", ["USD"])[0], "$filter": flt,
+                      "$skip": str(skip + self.price_page_size)}
+            nxt = f"{self.url}/api/retail/prices?{urlencode(params)}"
+        return 200, {}, {"BillingCurrency": "USD", "Items": page, "NextPageLink": nxt, "Count": len(page)}
+
+    # ---------------------------------------------------------- ARM
+
+    def _lro(self, effect: Any, provider: str, *, error: dict[str, str] | None = None,
+             location: bool = False) -> dict[str, str]:
+        op_id = uuid.uuid4().hex
+        self.ops[op_id] = Op(effect=effect, remaining=self.op_polls, error=error)
+        base = f"{self.url}/subscriptions/{SUB}/providers/{provider}/locations/{self.region}"
+        headers = {"Azure-AsyncOperation": f"{base}/operations/{op_id}?api-version=2024-01-01", "Retry-After": "0"}
+        if location:
+            headers["Location"] = f"{base}/operationResults/{op_id}?api-version=2024-01-01"
+        return headers
+
+    def _poll(self, op_id: str) -> Op:
+        op = self.ops.get(op_id)
+        if op is None:
+            raise ArmError(404, "NotFound", "no such operation")
+        if op.status == "InProgress" and not self.hold_ops:
+            op.remaining -= 1
+            if op.remaining <= 0:
+                op.effect()
+                op.status = "Failed" if op.error else "Succeeded"
+        return op
+
+    def _list(self, prefix: str, query: dict[str, list[str]], path: str,
+              items: list[dict[str, Any]] | None = None) -> tuple[int, dict[str, str], Any]:
+        if items is None:
+            low = prefix.lower() + "/"
+            items = [r for k, r in sorted(self.resources.items()) if k.startswith(low) and "/" not in k[len(low):]]
+        start = int(query.get("$skiptoken", ["0"])[0])
+        page = items[start:start + self.page_size]
+        out: dict[str, Any] = {"value": page}
+        if start + self.page_size < len(items):
+            out["nextLink"] = f"{self.url}{path}?api-version=2024-01-01&$skiptoken={start + self.page_size}"
+        return 200, {}, out
+
+    def _arm(self, method: str, path: str, query: dict[str, list[str]], data: Any) -> tuple[int, dict[str, str], Any]:
+        low = path.lower()
+        m = re.match(r"^/subscriptions/[^/]+/providers/microsoft\.(compute|network)/locations/[^/]+/"
+                     r"(operations|operationresults)/([0-9a-f]+)$", low)
+        if m:
+            op = self._poll(m.group(3))
+            retry = {"Retry-After": "1" if self.hold_ops else "0"}
+            if m.group(2) == "operationresults":
+                if op.status == "InProgress":
+                    return 202, {**retry, "Location": self.url + path}, None
+                return 200, {}, None
+            body: dict[str, Any] = {"status": op.status, "name": m.group(3)}
+            if op.status == "Failed":
+                body["error"] = op.error
+            return 200, retry, body
+        if re.match(r"^/subscriptions/[^/]+/providers/microsoft\.compute/skus$", low):
+            loc = re.search(r"location eq '([^']+)'", query.get("$filter", [""])[0])
+            items = [s for s in self.skus if not loc or loc.group(1) in [x.lower() for x in s.get("locations", [])]]
+            return self._list("", query, path, items)
+        if re.match(r"^/subscriptions/[^/]+/providers/microsoft\.compute/locations/[^/]+/usages$", low):
+            return self._list("", query, path, self.usages)
+        m = re.match(r"^(/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.(?:compute|network)/"
+                     r"(?:virtualmachines|disks|networkinterfaces))$", low)
+        if m and method == "GET":
+            return self._list(m.group(1), query, path)
+        m = re.match(r"^(.*/providers/microsoft\.compute/virtualmachines/[^/]+)/"
+                     r"(deallocate|start|poweroff|instanceview)$", low)
+        if m:
+            return self._vm_action(m.group(1), m.group(2), method)
+        rid = path
+        kind = _kind(low)
+        if method == "GET":
+            res = self.get(rid)
+            if res is None:
+                raise ArmError(404, "ResourceNotFound", f"The Resource '{rid}' was not found.")
+            if kind == "vm" and "instanceview" in query.get("$expand", [""])[0].lower():
+                return 200, {}, {**res, "properties": {**res["properties"], "instanceView": self._iv(res)}}
+            return 200, {}, res
+        if method == "PUT" and kind == "vm":
+            return self._put_vm(path, data)
+        if method == "PUT" and kind == "nic":
+            return self._put_nic(path, data)
+        if method == "PATCH" and kind == "disk":
+            res = self.get(rid)
+            if res is None:
+                raise ArmError(404, "ResourceNotFound", "disk not found")
+            res["tags"] = {**(res.get("tags") or {}), **(data.get("tags") or {})}
+            return 200, {}, res
+        if method == "DELETE":
+            return self._delete(rid, kind)
+        raise ArmError(400, "UnsupportedByFake", f"{method} {path}")
+
+    @staticmethod
+    def _iv(vm: dict[str, Any]) -> dict[str, Any]:
+        state = vm["_state"]
+        statuses = [{"code": f"ProvisioningState/{vm['properties']['provisioningState'].lower()}"}]
+        if state.get("fail"):
+            statuses = [{"code": f"ProvisioningState/failed/{state['fail']}", "message": "Allocation failed."}]
+        if state.get("power"):
+            statuses.append({"code": f"PowerState/{state['power']}"})
+        return {"statuses": statuses}
+
+    def _put_vm(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        existing = self.get(path)
+        if existing is not None:
+            return 200, {}, existing
+        props = body["properties"]
+        image_id = props["storageProfile"]["imageReference"]["id"]
+        if self.get(image_id) is None:
+            raise ArmError(404, "ImageNotFound", f"image {image_id} not found")
+        for ref in props["networkProfile"]["networkInterfaces"]:
+            nic = self.get(ref["id"])
+            if nic is None:
+                raise ArmError(400, "InvalidResourceReference", f"network interface {ref['id']} not found")
+            if nic["properties"].get("virtualMachine"):
+                raise ArmError(400, "NicInUse", "network interface is in use by another VM")
+        rg_prefix = path.rsplit("/providers/", 1)[0]
+        os_disk = props["storageProfile"]["osDisk"]
+        disk_id = f"{rg_prefix}/providers/Microsoft.Compute/disks/{os_disk['name']}"
+        vm = {
+            "id": path, "name": path.rsplit("/", 1)[-1], "type": "Microsoft.Compute/virtualMachines",
+            "location": body["location"], "tags": body.get("tags") or {},
+            "properties": {**json.loads(json.dumps(props)), "provisioningState": "Creating",
+                           "vmId": str(uuid.uuid4()), "timeCreated": dt.datetime.now(dt.UTC).isoformat()},
+            "_state": {"power": "starting"},
+        }
+        vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = disk_id
+        vm["properties"].pop("osProfile", None)  # never echoed with secrets; keep the fake simple
+        vm["_custom_data"] = props["osProfile"].get("customData")
+        vm["_os_profile"] = props["osProfile"]
+        self.resources[path.lower()] = vm
+        for ref in props["networkProfile"]["networkInterfaces"]:
+            self.get(ref["id"])["properties"]["virtualMachine"] = {"id": path}  # type: ignore[index]
+        failure = self.allocation_failure
+
+        def done() -> None:
+            # Azure creates the disk (untagged: VM tags do not propagate) whether or not allocation succeeds.
+            self.put(disk_id, {"type": "Microsoft.Compute/disks", "location": body["location"], "tags": {},
+                               "managedBy": path, "sku": {"name": os_disk["managedDisk"]["storageAccountType"]},
+                               "properties": {"diskSizeGB": os_disk.get("diskSizeGB"), "diskState": "Attached",
+                                              "provisioningState": "Succeeded",
+                                              "timeCreated": dt.datetime.now(dt.UTC).isoformat()}})
+            if failure:
+                vm["properties"]["provisioningState"] = "Failed"
+                vm["_state"] = {"fail": failure}
+            else:
+                vm["properties"]["provisioningState"] = "Succeeded"
+                vm["_state"] = {"power": "running"}
+
+        error = {"code": failure, "message": "Allocation failed. No sufficient capacity."} if failure else None
+        public = {k: v for k, v in vm.items() if not k.startswith("_")}
+        return 201, self._lro(done, "Microsoft.Compute", error=error), public
+
+    def _put_nic(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        for cfg in body["properties"]["ipConfigurations"]:
+            if "publicIPAddress" in cfg["properties"]:
+                raise ArmError(400, "FakeRefusesPublicIp", "the adapter must not attach a public IP")
+            if self.get(cfg["properties"]["subnet"]["id"]) is None:
+                raise ArmError(400, "InvalidResourceReference", "subnet not found")
+        existing = self.get(path)
+        nic = {"id": path, "name": path.rsplit("/", 1)[-1], "type": "Microsoft.Network/networkInterfaces",
+               "location": body["location"], "tags": body.get("tags") or {},
+               "properties": {**body["properties"], "provisioningState": "Succeeded"}}
+        if existing is not None:
+            nic["properties"]["virtualMachine"] = existing["properties"].get("virtualMachine")
+        self.resources[path.lower()] = nic
+        return 201, self._lro(lambda: None, "Microsoft.Network"), nic
+
+    def _vm_action(self, vm_id: str, action: str, method: str) -> tuple[int, dict[str, str], Any]:
+        vm = self.get(vm_id)
+        if vm is None:
+            raise ArmError(404, "ResourceNotFound", "vm not found")
+        if action == "instanceview":
+            return 200, {}, self._iv(vm)
+        transient, final = {"deallocate": ("deallocating", "deallocated"), "start": ("starting", "running"),
+                            "poweroff": ("stopping", "stopped")}[action]
+        vm["_state"] = {"power": transient}
+
+        def done() -> None:
+            vm["_state"] = {"power": final}
+
+        return 202, self._lro(done, "Microsoft.Compute", location=True), None
+
+    def _delete(self, rid: str, kind: str) -> tuple[int, dict[str, str], Any]:
+        res = self.get(rid)
+        if res is None:
+            return 204, {}, None
+        if kind == "disk" and res.get("managedBy"):
+            raise ArmError(409, "OperationNotAllowed", f"Disk is attached to VM {res['managedBy']}.")
+        if kind == "nic" and res["properties"].get("virtualMachine"):
+            raise ArmError(400, "NicInUse", "Network interface is in use by a virtual machine.")
+        if kind == "vm":
+            res["properties"]["provisioningState"] = "Deleting"
+        provider = "Microsoft.Network" if kind == "nic" else "Microsoft.Compute"
+
+        def done() -> None:
+            self.resources.pop(rid.lower(), None)
+            if kind != "vm":
+                return
+            os_disk = res["properties"]["storageProfile"]["osDisk"]
+            disk = self.get(os_disk["managedDisk"]["id"])
+            if disk is not None:
+                if os_disk.get("deleteOption") == "Delete":
+                    self.resources.pop(disk["id"].lower(), None)
+                else:
+                    disk["managedBy"] = None
+            for d in res["properties"]["storageProfile"].get("dataDisks") or []:
+                data_disk = self.get(d["managedDisk"]["id"])
+                if data_disk is not None:
+                    data_disk["managedBy"] = None
+            for ref in res["properties"]["networkProfile"]["networkInterfaces"]:
+                nic = self.get(ref["id"])
+                if nic is None:
+                    continue
+                if (ref.get("properties") or {}).get("deleteOption") == "Delete" and not self.keep_nic_on_vm_delete:
+                    self.resources.pop(nic["id"].lower(), None)
+                else:
+                    nic["properties"]["virtualMachine"] = None
+
+        return 202, self._lro(done, provider, location=True), None
+
+
+def _kind(low_path: str) -> str:
+    if "/providers/microsoft.compute/virtualmachines/" in low_path:
+        return "vm"
+    if "/providers/microsoft.compute/disks/" in low_path:
+        return "disk"
+    if "/providers/microsoft.network/networkinterfaces/" in low_path:
+        return "nic"
+    return "other"
+
+
+def _public(obj: Any) -> Any:
+    """Drop the fake's private bookkeeping keys (leading underscore) before sending."""
+    if isinstance(obj, dict):
+        return {k: _public(v) for k, v in obj.items() if not k.startswith("_")}
+    if isinstance(obj, list):
+        return [_public(v) for v in obj]
+    return obj
+
+
+def _handler(fake: FakeArm) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            status, headers, payload = fake.handle(self.command, self.path, self.headers, body)
+            raw = b"" if payload is None else json.dumps(_public(payload)).encode()
+            self.send_response(status)
+            if raw:
+                self.send_header("Content-Type", "application/json")
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("x-ms-request-id", uuid.uuid4().hex)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _serve
+
+    return Handler
