@@ -42,6 +42,7 @@ DISK_GB_MONTH = 0.10
 HOURS_PER_MONTH = 730.0
 VISIBILITY_GRACE_S = 120.0  # a just-created pod may not be visible yet
 POLL_S = 10.0
+_PRESIGNED = ("TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 # Ampere or newer, NVIDIA only (allow-list: an unknown GPU stays out of the catalog).
@@ -144,7 +145,7 @@ class RunPodCompute:
 
     def offers(self) -> list[GpuOffer]:
         dc = self.config.datacenter_id or None
-        cloud = self.config.cloud_type
+        cloud = self._cloud()
         secure = {"SECURE": True, "COMMUNITY": False}.get(cloud)
         data = self.api.query(_OFFERS, {"dc": dc, "secure": secure})
         pod_volume = 0 if self.config.network_volume_id else self.config.volume_gb
@@ -194,7 +195,7 @@ class RunPodCompute:
         existing = [p for p in self._list() if p.get("name") == ref.name]
         if existing:
             return [self._resource(ref, p) for p in existing]
-        env = {"TENSORANT_DATA_DIR": self._data_dir(ref), **spec.bootstrap.env}
+        env = self._pod_env(spec)
         for key, value in env.items():
             if not ENV_KEY.match(key):
                 raise PermanentError(f"environment name {key!r} is not valid for a pod", code="env")
@@ -205,7 +206,7 @@ class RunPodCompute:
             "imageName": spec.bootstrap.container_image,
             "gpuTypeId": gpu_id,
             "gpuCount": 1,
-            "cloudType": self.config.cloud_type,
+            "cloudType": self._cloud(),
             "containerDiskInGb": self.config.container_disk_gb,
             "volumeInGb": 0 if self.config.network_volume_id else (spec.disk_gb or self.config.volume_gb),
             "volumeMountPath": MOUNT,
@@ -226,6 +227,21 @@ class RunPodCompute:
         check_pod_id(str(pod.get("id") or ""))
         pod.setdefault("name", ref.name)
         return [self._resource(ref, pod, created_at=clock.now())]
+
+    def _cloud(self) -> str:
+        # Network volumes exist only in Secure Cloud (the service may add a volume to a saved config).
+        return "SECURE" if self.config.network_volume_id else self.config.cloud_type
+
+    def _pod_env(self, spec: LaunchSpec) -> dict[str, str]:
+        """The agent's environment. With the org's network volume mounted at /workspace the
+        agent reads and writes the storage keys as files there: the presigned URLs the
+        volume storage also offers are dropped, so the pod holds no storage credential."""
+        env = {"TENSORANT_DATA_DIR": self._data_dir(spec.ref), **spec.bootstrap.env}
+        if self.config.network_volume_id and "TENSORANT_ADAPTER_KEY" in env:
+            for key in _PRESIGNED:
+                env.pop(key, None)
+            env["TENSORANT_STORAGE_DIR"] = MOUNT
+        return env
 
     def _data_dir(self, ref: RunRef) -> str:
         # A network volume is shared by every pod of the org: keep each run's scratch apart.

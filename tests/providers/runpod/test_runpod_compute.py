@@ -306,3 +306,24 @@ def test_server_error_is_retryable_and_key_not_leaked(fake: FakeRunPod) -> None:
     assert KEY not in str(exc.value)
     with pytest.raises(RetryableError):
         provider().describe(REF, [])
+
+
+def test_mounted_volume_replaces_presigned_urls(fake: FakeRunPod) -> None:
+    env = {"TENSORANT_RUN_ID": "run-abc", "TENSORANT_DATASET_URL": "https://x/get?sig",
+           "TENSORANT_ADAPTER_UPLOAD_URL": "https://x/put?sig", "TENSORANT_LOGS_UPLOAD_URL": "https://x/logs?sig",
+           "TENSORANT_DATASET_KEY": "datasets/p/d.jsonl", "TENSORANT_ADAPTER_KEY": "runs/run-abc/adapter.zip",
+           "TENSORANT_LOGS_KEY": "runs/run-abc/logs.txt"}
+    volume_provider().launch(spec(env=env))
+    sent = {e["key"]: e["value"] for e in fake.creates()[0]["variables"]["input"]["env"]}
+    assert sent["TENSORANT_STORAGE_DIR"] == "/workspace"
+    assert sent["TENSORANT_ADAPTER_KEY"] == "runs/run-abc/adapter.zip"
+    assert not any(k.endswith("_URL") for k in sent)
+    assert sent["TENSORANT_DATA_DIR"] == "/workspace/data/run-abc"  # shared volume: per-run scratch
+
+
+def test_volume_from_storage_forces_secure_cloud(fake: FakeRunPod) -> None:
+    # The service fills the volume into a saved config with model_copy (no validation).
+    cfg = RunPodConfig(api_key=KEY, cloud_type="COMMUNITY")  # type: ignore[arg-type]
+    cfg = cfg.model_copy(update={"network_volume_id": "vol0abc123", "datacenter_id": "EU-RO-1"})
+    RunPodCompute(cfg, Settings(deployment_id="test")).launch(spec())
+    assert fake.creates()[0]["variables"]["input"]["cloudType"] == "SECURE"

@@ -1,0 +1,92 @@
+"""A RunPod network volume as storage, through RunPod's S3-compatible API.
+
+RunPod serves each datacenter's volumes at https://s3api-<datacenter, lowercased>.runpod.io
+(RunPod docs, "S3-compatible API"); the volume ID is the bucket and the datacenter ID the
+signing region. The S3 API key (access key `user_…`, secret `rps_…`) is created under
+RunPod → Settings → S3 API Keys and is separate from the compute API key (`rpa_…`).
+
+Everything S3 is delegated to an S3Storage built for that endpoint (composition).
+
+Agent access: agent_env returns presigned URLs (one object, one method, short-lived) for
+any compute, plus the keys relative to the volume root. A RunPod pod mounts the volume at
+/workspace, so RunPodCompute.launch replaces the URLs with TENSORANT_STORAGE_DIR=/workspace
+and the pod reads and writes the keys as files: the one case where the agent sees no
+presigned URL, and needs none, because the mount is the access.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shared.models import Check, CheckStatus
+from shared.storage.base import adapter_key, logs_key
+from shared.storage.config import RunPodVolumeConfig, S3StorageConfig
+from shared.storage.s3 import AGENT_URL_TTL_S, S3Storage
+
+_COMPUTE_KEY = re.compile(r"^(rpa_[A-Za-z0-9]+|[A-Z0-9]{32,})$")
+COMPUTE_KEY_MESSAGE = (
+    "This looks like the RunPod compute API key, not an S3 API key. Create an S3 API key under RunPod → "
+    "Settings → S3 API Keys and enter its access key (user_…) and secret (rps_…); the compute key manages pods "
+    "and does not open the network volume."
+)
+
+
+def volume_endpoint(datacenter_id: str) -> str:
+    return f"https://s3api-{datacenter_id.lower()}.runpod.io"
+
+
+def looks_like_compute_key(value: str) -> bool:
+    return bool(_COMPUTE_KEY.match(value.strip()))
+
+
+class RunPodVolumeStorage:
+    kind = "runpod_volume"
+
+    def __init__(self, config: RunPodVolumeConfig, *, endpoint: str | None = None,
+                 url_ttl_s: int = AGENT_URL_TTL_S) -> None:
+        """`endpoint` overrides the derived S3 endpoint (tests only)."""
+        self.config = config
+        self.endpoint = endpoint or volume_endpoint(config.datacenter_id)
+        self.s3 = S3Storage(
+            S3StorageConfig(endpoint=self.endpoint, region=config.datacenter_id, bucket=config.volume_id,
+                            access_key_id=config.access_key_id, secret_access_key=config.secret_access_key),
+            url_ttl_s=url_ttl_s, label="network volume",
+        )
+
+    def location(self) -> str:
+        return f"runpod-volume://{self.config.datacenter_id}/{self.config.volume_id}"
+
+    def validate(self) -> list[Check]:
+        secret = self.config.secret_access_key.get_secret_value()
+        if looks_like_compute_key(self.config.access_key_id) or looks_like_compute_key(secret):
+            return [Check(name="s3 key", status=CheckStatus.fail, message=COMPUTE_KEY_MESSAGE)]
+        checks: list[Check] = []
+        if not self.config.access_key_id.startswith("user_"):
+            checks.append(Check(name="s3 key", status=CheckStatus.warn, message=(
+                "RunPod S3 access keys look like user_… (your RunPod user ID); check that this is the S3 API key")))
+        probes = self.s3.validate()
+        for check in probes:
+            if check.status == CheckStatus.fail and "access key" in check.message:
+                check = check.model_copy(update={"message": check.message + ". Use the S3 API key (RunPod → "
+                                                 "Settings → S3 API Keys), not the compute API key."})
+            checks.append(check)
+        return checks
+
+    def put(self, key: str, data: bytes) -> None:
+        self.s3.put(key, data)
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        return self.s3.get(key, max_bytes)
+
+    def delete(self, key: str) -> None:
+        self.s3.delete(key)
+
+    def agent_env(self, run_id: str, dataset: str, *,
+                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
+        env, secret = self.s3.agent_env(run_id, dataset, ttl_s=ttl_s)
+        env.update({
+            "TENSORANT_DATASET_KEY": dataset,
+            "TENSORANT_ADAPTER_KEY": adapter_key(run_id),
+            "TENSORANT_LOGS_KEY": logs_key(run_id),
+        })
+        return env, secret

@@ -1,0 +1,227 @@
+"""Custom S3 storage (AWS S3 or any S3-compatible endpoint), through boto3 (imported lazily).
+
+Keys follow shared/storage/base.py's layout under the configured prefix. The control
+plane uses the organization's access key; the agent on a training machine never gets
+it: agent_env hands out presigned URLs, each for one object and one method, valid for
+AGENT_URL_TTL_S (12 hours by default, at most 7 days, SigV4's limit).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from shared.log import register_secret
+from shared.models import Check, CheckStatus
+from shared.providers.errors import AuthError, PermanentError, ProviderError, RetryableError
+from shared.storage.base import ObjectMissing, adapter_key, logs_key
+from shared.storage.config import S3StorageConfig
+
+AGENT_URL_TTL_S = 12 * 3600
+MAX_URL_TTL_S = 7 * 24 * 3600
+PROBE_PREFIX = ".tensorant-probe/"
+
+_WRONG_REGION = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_AUTH = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled",
+         "InvalidToken", "ExpiredToken", "AccountProblem"}
+
+
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str((response.get("Error") or {}).get("Code") or "")
+
+
+def _bucket_region(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    headers = (response.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    return str(headers.get("x-amz-bucket-region") or (response.get("Error") or {}).get("Region") or "")
+
+
+class S3Storage:
+    kind = "s3"
+
+    def __init__(self, config: S3StorageConfig, *, endpoint: str | None = None, url_ttl_s: int = AGENT_URL_TTL_S,
+                 label: str = "") -> None:
+        """`endpoint` overrides the config's (tests, and RunPodVolumeStorage which derives its own)."""
+        self.config = config
+        self.endpoint = (endpoint if endpoint is not None else config.endpoint).rstrip("/")
+        self.url_ttl_s = min(url_ttl_s, MAX_URL_TTL_S)
+        self.label = label or "bucket"
+        self._client: Any = None
+        register_secret(config.secret_access_key.get_secret_value())
+
+    # ------------------------------------------------------------ plumbing
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            # AWS: the regional endpoint, so presigned URLs are signed for the bucket's region.
+            endpoint = self.endpoint or f"https://s3.{self.config.region}.amazonaws.com"
+            self._client = boto3.client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name=self.config.region,
+                aws_access_key_id=self.config.access_key_id,
+                aws_secret_access_key=self.config.secret_access_key.get_secret_value(),
+                config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                              connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"}),
+            )
+        return self._client
+
+    def location(self) -> str:
+        where = self.endpoint or f"aws:{self.config.region}"
+        return f"s3://{self.config.bucket}/{self.config.prefix} at {where}"
+
+    def _key(self, key: str) -> str:
+        parts = key.split("/")
+        if not key or key.startswith("/") or ".." in parts or "" in parts:
+            raise ValueError(f"invalid storage key {key!r}")
+        return f"{self.config.prefix}/{key}" if self.config.prefix else key
+
+    def _translate(self, exc: Exception, action: str, key: str) -> Exception:
+        """boto errors -> the provider error tree, with what to fix."""
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+
+        if isinstance(exc, EndpointConnectionError) or (isinstance(exc, BotoCoreError)
+                                                         and not isinstance(exc, ClientError)):
+            return RetryableError(f"cannot reach {self.endpoint or 'AWS S3'} to {action} {key}: {type(exc).__name__}",
+                                  code="network")
+        code = _code(exc)
+        if code in _MISSING:
+            return ObjectMissing(key)
+        if code in _AUTH:
+            return AuthError(f"the storage refused to {action} {key} ({code}); {self._hint(exc)}", code=code)
+        status = int(((getattr(exc, "response", None) or {}).get("ResponseMetadata") or {}).get("HTTPStatusCode")
+                     or 0)
+        if status >= 500 or code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"):
+            return RetryableError(f"the storage failed to {action} {key} ({code or status})", code=code)
+        return PermanentError(f"the storage refused to {action} {key} ({code}); {self._hint(exc)}", code=code)
+
+    def _hint(self, exc: Exception) -> str:
+        """How to fix a failed probe, in the words of the setup page."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        c = self.config
+        if isinstance(exc, BotoCoreError) and not isinstance(exc, ClientError):
+            return (f"cannot reach the endpoint {self.endpoint or 's3.' + c.region + '.amazonaws.com'}: check the "
+                    "URL (https://host[:port], no path) and that it is reachable from the control plane")
+        code = _code(exc)
+        region = _bucket_region(exc)
+        if code == "NoSuchBucket":
+            return f"{self.label} {c.bucket} does not exist at this endpoint; check the name (and the endpoint)"
+        if code in _WRONG_REGION or (region and region != c.region):
+            return (f"{self.label} {c.bucket} is in another region{f' ({region})' if region else ''}; "
+                    f"set the region to the {self.label}'s region")
+        if code == "InvalidAccessKeyId":
+            return "the access key ID is not known to this endpoint; check it (and that it belongs to this provider)"
+        if code == "SignatureDoesNotMatch":
+            return "the secret access key does not match the access key ID; paste the secret again"
+        if code in ("AccessDenied", "403", "AllAccessDisabled"):
+            where = f"{c.bucket}/{c.prefix + '/' if c.prefix else ''}*"
+            return (f"the key lacks permission: allow s3:PutObject, s3:GetObject and s3:DeleteObject on {where}")
+        return f"error {code or type(exc).__name__}"
+
+    # ------------------------------------------------------------ the Protocol
+
+    def validate(self) -> list[Check]:
+        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        full = self._key(key)
+        body = b"tensorant storage probe " + key.encode()
+        where = f"{self.config.bucket}/{full}"
+        try:
+            self.client.put_object(Bucket=self.config.bucket, Key=full, Body=body)
+        except Exception as exc:
+            skipped = "not tried: the write failed"
+            return [Check(name="write", status=CheckStatus.fail, message=f"cannot write {where}: {self._hint(exc)}"),
+                    Check(name="read", status=CheckStatus.warn, message=skipped),
+                    Check(name="delete", status=CheckStatus.warn, message=skipped)]
+        checks = [Check(name="write", status=CheckStatus.ok, message=f"wrote a probe object {where}")]
+        try:
+            got = self.client.get_object(Bucket=self.config.bucket, Key=full)["Body"].read()
+            ok = got == body
+            checks.append(Check(name="read", status=CheckStatus.ok if ok else CheckStatus.fail,
+                                message="read the probe back" if ok else "the probe read back different bytes"))
+        except Exception as exc:
+            checks.append(Check(name="read", status=CheckStatus.fail,
+                                message=f"cannot read {where}: {self._hint(exc)}"))
+        try:
+            self.client.delete_object(Bucket=self.config.bucket, Key=full)
+            gone = not self._exists(full)
+            checks.append(Check(name="delete", status=CheckStatus.ok if gone else CheckStatus.fail,
+                                message="deleted the probe" if gone else f"{where} is still there after delete"))
+        except Exception as exc:
+            checks.append(Check(name="delete", status=CheckStatus.fail, message=(
+                f"cannot delete {where}: {self._hint(exc)}; delete is needed to remove run logs and old adapters")))
+        return checks
+
+    def _exists(self, full: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.config.bucket, Key=full)
+            return True
+        except Exception as exc:
+            if _code(exc) in _MISSING:
+                return False
+            raise
+
+    def put(self, key: str, data: bytes) -> None:
+        full = self._key(key)
+        try:
+            self.client.put_object(Bucket=self.config.bucket, Key=full, Body=data)
+        except Exception as exc:
+            raise self._translate(exc, "write", key) from exc
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        """HEAD for the size, then a ranged GET capped at max_bytes + 1 (the object may change between)."""
+        full = self._key(key)
+        try:
+            head = self.client.head_object(Bucket=self.config.bucket, Key=full)
+            size = int(head.get("ContentLength") or 0)
+            if size > max_bytes:
+                raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+            if size == 0:
+                return b""
+            resp = self.client.get_object(Bucket=self.config.bucket, Key=full, Range=f"bytes=0-{max_bytes}")
+            data = bytes(resp["Body"].read(max_bytes + 1))
+        except (ValueError, ProviderError, ObjectMissing):
+            raise
+        except Exception as exc:
+            raise self._translate(exc, "read", key) from exc
+        if len(data) > max_bytes:
+            raise ValueError(f"{key} is larger than the {max_bytes} bytes allowed")
+        return data
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.config.bucket, Key=self._key(key))
+        except Exception as exc:
+            err = self._translate(exc, "delete", key)
+            if not isinstance(err, ObjectMissing):
+                raise err from exc
+
+    def presign(self, method: str, key: str, ttl_s: int | None = None) -> str:
+        """A URL for one object and one method (GET or PUT), valid for ttl_s."""
+        op = {"GET": "get_object", "PUT": "put_object"}[method]
+        ttl = min(ttl_s or self.url_ttl_s, MAX_URL_TTL_S)
+        url: str = self.client.generate_presigned_url(
+            op, Params={"Bucket": self.config.bucket, "Key": self._key(key)}, ExpiresIn=ttl)
+        return url
+
+    def agent_env(self, run_id: str, dataset: str, *,
+                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
+        """Presigned URLs only (never the access key): GET the dataset, PUT the adapter and the logs.
+
+        Each URL works for its one key and method until it expires (ttl_s, default 12 h):
+        a full run longer than that needs ttl_s >= its runtime limit.
+        """
+        env = {
+            "TENSORANT_DATASET_URL": self.presign("GET", dataset, ttl_s),
+            "TENSORANT_ADAPTER_UPLOAD_URL": self.presign("PUT", adapter_key(run_id), ttl_s),
+            "TENSORANT_LOGS_UPLOAD_URL": self.presign("PUT", logs_key(run_id), ttl_s),
+        }
+        for url in env.values():
+            register_secret(url)
+        return env, frozenset(env)

@@ -1,0 +1,114 @@
+"""S3Storage against moto in server mode (real HTTP, real boto3 wire protocol)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import pytest
+import requests
+
+from shared.models import CheckStatus
+from shared.providers.errors import RetryableError
+from shared.storage.base import ObjectMissing, adapter_key
+from shared.storage.config import S3StorageConfig
+from shared.storage.s3 import S3Storage
+from tests.storage.moto_s3 import free_port, presigned_signature_valid, start_moto
+
+SECRET = "s3cr3t-Access-Key-For-Tests-0123456789ab"
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server, url = start_moto()
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+                 aws_secret_access_key="x" * 40).create_bucket(Bucket="tensorant-data")
+    yield url
+    server.stop()  # type: ignore[attr-defined]
+
+
+def storage(url: str, bucket: str = "tensorant-data", prefix: str = "org-a") -> S3Storage:
+    cfg = S3StorageConfig(endpoint=url, region="us-east-1", bucket=bucket, prefix=prefix,
+                          access_key_id="AKIATESTKEY00001", secret_access_key=SECRET)  # type: ignore[arg-type]
+    return S3Storage(cfg)
+
+
+def raw_keys(url: str) -> list[str]:
+    c = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+                     aws_secret_access_key="x" * 40)
+    return [o["Key"] for o in c.list_objects_v2(Bucket="tensorant-data").get("Contents", [])]
+
+
+def test_validate_probe_write_read_delete(moto_url: str) -> None:
+    checks = storage(moto_url).validate()
+    assert [(c.name, c.status) for c in checks] == [
+        ("write", CheckStatus.ok), ("read", CheckStatus.ok), ("delete", CheckStatus.ok)]
+    assert not [k for k in raw_keys(moto_url) if ".tensorant-probe" in k]
+
+
+def test_validate_missing_bucket_says_so(moto_url: str) -> None:
+    checks = storage(moto_url, bucket="no-such-bucket").validate()
+    assert checks[0].name == "write" and checks[0].status == CheckStatus.fail
+    assert "no-such-bucket does not exist" in checks[0].message
+    assert [c.status for c in checks[1:]] == [CheckStatus.warn, CheckStatus.warn]
+
+
+def test_validate_unreachable_endpoint(moto_url: str) -> None:
+    checks = storage(f"http://127.0.0.1:{free_port()}").validate()
+    assert checks[0].status == CheckStatus.fail and "cannot reach the endpoint" in checks[0].message
+
+
+def test_put_get_delete_under_prefix(moto_url: str) -> None:
+    s = storage(moto_url)
+    s.put(adapter_key("run-1"), b"zipbytes")
+    assert "org-a/runs/run-1/adapter.zip" in raw_keys(moto_url)
+    assert s.get(adapter_key("run-1"), 8) == b"zipbytes"
+    with pytest.raises(ValueError):
+        s.get(adapter_key("run-1"), 7)
+    s.delete(adapter_key("run-1"))
+    with pytest.raises(ObjectMissing):
+        s.get(adapter_key("run-1"), 100)
+    s.delete(adapter_key("run-1"))  # deleting a missing object is fine
+    with pytest.raises(ValueError):
+        s.put("../escape", b"x")
+
+
+def test_unreachable_put_is_retryable(moto_url: str) -> None:
+    with pytest.raises(RetryableError):
+        storage(f"http://127.0.0.1:{free_port()}").put("runs/r/logs.txt", b"x")
+
+
+def test_agent_env_presigned_urls_work_and_are_narrow(moto_url: str) -> None:
+    s = storage(moto_url)
+    s.put("datasets/p1/d1.jsonl", b'{"text": "hi"}\n')
+    env, secret_keys = s.agent_env("run-7", "datasets/p1/d1.jsonl")
+    assert set(env) == {"TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL"}
+    assert secret_keys == frozenset(env)
+    assert not any(SECRET in v for v in env.values())  # never the organization's secret
+    for url in env.values():
+        assert parse_qs(urlsplit(url).query)["X-Amz-Expires"] == ["43200"]  # 12 hours
+
+    assert requests.get(env["TENSORANT_DATASET_URL"], timeout=10).content == b'{"text": "hi"}\n'
+    assert requests.put(env["TENSORANT_ADAPTER_UPLOAD_URL"], data=b"ADAPTER", timeout=10).status_code == 200
+    assert s.get(adapter_key("run-7"), 100) == b"ADAPTER"
+    assert requests.put(env["TENSORANT_LOGS_UPLOAD_URL"], data=b"log\n", timeout=10).status_code == 200
+    assert "org-a/runs/run-7/logs.txt" in raw_keys(moto_url)
+
+    # Each URL is signed for one key and one method only.
+    put_url = env["TENSORANT_ADAPTER_UPLOAD_URL"]
+    assert presigned_signature_valid(put_url, "PUT", SECRET)
+    assert not presigned_signature_valid(put_url, "GET", SECRET)
+    assert not presigned_signature_valid(put_url.replace("run-7/adapter.zip", "run-8/adapter.zip"), "PUT", SECRET)
+    assert not presigned_signature_valid(put_url.replace("/org-a/", "/org-b/"), "PUT", SECRET)
+    get_url = env["TENSORANT_DATASET_URL"]
+    assert presigned_signature_valid(get_url, "GET", SECRET)
+    assert not presigned_signature_valid(get_url, "PUT", SECRET)
+    assert not presigned_signature_valid(get_url.replace("d1.jsonl", "d2.jsonl"), "GET", SECRET)
+
+
+def test_location_and_custom_ttl(moto_url: str) -> None:
+    s = storage(moto_url)
+    assert s.location() == f"s3://tensorant-data/org-a at {moto_url}"
+    env, _ = s.agent_env("run-9", "datasets/p/d.jsonl", ttl_s=3 * 86400)
+    assert parse_qs(urlsplit(env["TENSORANT_DATASET_URL"]).query)["X-Amz-Expires"] == [str(3 * 86400)]
