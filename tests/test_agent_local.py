@@ -135,7 +135,9 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> Any:
 
 def test_smoke_run_reports_phases_and_a_verifiable_adapter(world: dict[str, Any], api: FakeAgentApi) -> None:
     compute = LocalCompute(LocalConfig(), world["settings"])
-    spec = spec_for(world, api, "run-ok")
+    # Heartbeats every 0.1 s; the trainer runs 4 steps of 0.15 s.
+    spec = spec_for(world, api, "run-ok", TENSORANT_HEARTBEAT_INTERVAL_S="0.1", TENSORANT_SMOKE_STEPS="4",
+                    TENSORANT_SMOKE_STEP_SECONDS="0.15")
     resources = compute.launch(spec)
     assert {r.kind for r in resources} == {"process", "workdir"}
     process = next(r for r in resources if r.kind == "process")
@@ -146,6 +148,7 @@ def test_smoke_run_reports_phases_and_a_verifiable_adapter(world: dict[str, Any]
     assert [r.id for r in again if r.kind == "process"] == [process.id]
 
     done = api.wait_complete("run-ok")
+    calls_at_completion = len(api.calls)
     assert done["status"] == "ok"
     stored = world["storage"].get(adapter_key("run-ok"), 10**8)
     assert done["sha256"] == hashlib.sha256(stored).hexdigest() and done["size"] == len(stored)
@@ -159,7 +162,9 @@ def test_smoke_run_reports_phases_and_a_verifiable_adapter(world: dict[str, Any]
     assert phases[0] == "preparing" and phases[-1] == "exporting" and "training" in phases
     assert [order[p] for p in phases] == sorted(order[p] for p in phases)
     logs = [line for b in beats for line in b["logs"]]
-    assert any(line.startswith("progress=1.000 step=3") for line in logs)
+    assert any(line.startswith("progress=1.000 step=4") for line in logs)
+    # Beyond the two at the phase's start and end, the interval's own heartbeats came while it trained.
+    assert phases.count("training") >= 4
     assert max(b["progress"] for b in beats if b["phase"] == "training") == 1.0
     assert all(auth == f"Bearer {TOKEN}" for _, _, _, auth in api.calls)
 
@@ -186,6 +191,8 @@ def test_smoke_run_reports_phases_and_a_verifiable_adapter(world: dict[str, Any]
     # start: running again.
     wait_until(lambda: compute.start(spec.ref, resources).done)
     assert compute.describe(spec.ref, resources).state == MachineState.running
+
+    assert len(api.calls) == calls_at_completion  # idle after completing: nothing more was sent
 
     # release: process gone and directory removed, confirmed; a second release is still done.
     wait_until(lambda: compute.release(spec.ref, resources).done)
@@ -291,3 +298,105 @@ def test_validate_and_offers(world: dict[str, Any]) -> None:
     (offer,) = compute.offers()
     assert (offer.offer_id, offer.gpu, offer.total_per_hour, offer.disk_per_hour) == (
         "local-smoke", "none (local CPU, smoke)", 0.25, 0.0)
+
+
+class Bridge:
+    """Carries the real agent's HTTP calls into the harness on the test thread, one at a time,
+    so the function handlers never run concurrently with the harness's queue draining."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.requests: queue.Queue[tuple[str, dict[str, Any], str, dict[str, Any]]] = queue.Queue()
+        bridge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                slot: dict[str, Any] = {"done": threading.Event(), "status": 503}
+                bridge.requests.put((self.path, body, token, slot))
+                slot["done"].wait(30)
+                self.send_response(slot["status"])
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.e2e
+def test_local_run_through_the_function_app(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lead's handlers + the real agent process + the smoke trainer + verify + release."""
+    import queue
+
+    from shared import settings as settings_module
+    from tests.harness import Harness
+
+    bridge = Bridge()
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", bridge.url)
+    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "")
+    settings_module.reset_settings()
+    h = Harness()
+    run_id = ""
+    try:
+        h.save_storage({"kind": "local"})
+        conn = h.save_compute("local", {})
+        assert conn["status"] == "connected", conn
+        run_id = h.create_run("local", "local-smoke")
+        run = h.launch(run_id)
+        assert {r["kind"] for r in run["resources"]} == {"process", "workdir"}
+        phases: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                path, body, token, slot = bridge.requests.get(timeout=POLL)
+            except queue.Empty:
+                continue
+            status, _, _ = h.call("POST", path, token=token, json_body=body)
+            slot["status"] = status
+            slot["done"].set()
+            assert status == 200, (path, body)
+            phases.append(body.get("phase") or body["status"])
+            if path.endswith("/complete"):
+                break
+        h.drain()
+        run = h.get_run(run_id)
+        assert run["state"] == "succeeded", run["reason"]
+        assert phases[0] == "preparing" and phases[-1] == "ok" and "training" in phases and "exporting" in phases
+        assert any("progress=" in line for line in h.ok("GET", f"/api/runs/{run_id}/logs")["lines"])
+        assert not [p for p in scan()[0] if p.run_id == run_id]  # released: the agent is gone
+        machines = Path(env["TENSORANT_LOCAL_ROOT"]) / "machines"
+        assert not [d for d in machines.iterdir() if d.name != ".locks"]
+    finally:
+        if run_id:
+            LocalCompute(LocalConfig(), settings_module.get_settings()).release(
+                RunRef(settings_module.get_settings().deployment_id, h.org, run_id), [])
+        h.close()
+        bridge.server.shutdown()
+
+
+def test_concurrent_launches_start_one_agent(world: dict[str, Any], api: FakeAgentApi) -> None:
+    # At-least-once delivery can run the launch step twice at the same moment.
+    compute = LocalCompute(LocalConfig(), world["settings"])
+    spec = spec_for(world, api, "run-twice")
+    results: list[list[str]] = []
+
+    def launch() -> None:
+        results.append(sorted(r.id for r in compute.launch(spec) if r.kind == "process"))
+
+    threads = [threading.Thread(target=launch) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 3 and results[0] == results[1] == results[2] and len(results[0]) == 1
+    assert {p.pgid for p in scan()[0] if p.run_id == "run-twice"} == {int(results[0][0])}
+    marker = json.loads((compute.workdir(spec.ref) / "marker.json").read_text())
+    assert [s["state"] for s in marker["spawns"]] == ["spawned"]  # the write-ahead note, completed once
+    assert api.wait_complete("run-twice")["status"] == "ok"
+    assert len(api.of("run-twice", "complete")) == 1
+    assert wait_until(lambda: compute.release(spec.ref, []).done)

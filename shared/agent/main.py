@@ -265,6 +265,8 @@ class Agent:
         self.progress = 0.0
         self.phase = "preparing"
         self.trainer: subprocess.Popen[bytes] | None = None
+        self.send_lock = threading.Lock()  # one heartbeat at a time: batches stay in order
+        self.reported = threading.Event()  # set once complete was sent: heartbeats stop
         self.last_line = ""
         self.api = ControlPlane(config, self.log)
 
@@ -288,9 +290,20 @@ class Agent:
 
     def heartbeat(self, phase: str, progress: float | None = None) -> None:
         """Send the phase, progress and every pending line (in batches the API accepts)."""
-        self.phase = phase
-        if progress is not None:
-            self.progress = progress
+        with self.send_lock:
+            self.phase = phase
+            if progress is not None:
+                self.progress = progress
+            if not self.reported.is_set():
+                self._send_heartbeat(phase)
+
+    def _tick(self) -> None:
+        """Heartbeats every interval in every phase (a long download or upload included),
+        so the control plane knows the machine is alive; phase changes send one at once."""
+        while not self.stop.wait(self.config.heartbeat_interval_s) and not self.reported.is_set():
+            self.heartbeat(self.phase)
+
+    def _send_heartbeat(self, phase: str) -> None:
         with self.lock:
             lines, self.pending = self.pending, []
             if self.dropped:
@@ -305,6 +318,8 @@ class Agent:
                 return
 
     def complete(self, body: dict[str, Any]) -> bool:
+        with self.send_lock:
+            self.reported.set()
         ok = self.api.post("complete", body, give_up_after_s=self.config.complete_retry_s)
         if ok:
             (self.data_dir / STATE_FILE).write_text(json.dumps({"completed": body}))
@@ -316,6 +331,7 @@ class Agent:
         if (self.data_dir / STATE_FILE).exists():
             self.log("this run already reported completion; idling")
             return self.idle()
+        threading.Thread(target=self._tick, daemon=True).start()
         try:
             self.heartbeat("preparing", 0.0)
             dataset = self.fetch_dataset()
@@ -376,15 +392,11 @@ class Agent:
         self.trainer = proc
         reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
         reader.start()
-        last = time.monotonic()
         while proc.poll() is None:
             if self.stop.wait(0.05):
                 proc.terminate()
                 proc.wait()
                 return
-            if time.monotonic() - last >= self.config.heartbeat_interval_s:
-                self.heartbeat("training")
-                last = time.monotonic()
         reader.join(timeout=10)
         code = proc.returncode
         self.heartbeat("training")  # the phase's last lines and progress, before the phase changes
