@@ -77,8 +77,9 @@ def get_logger() -> Any:
 def log_context(*, step: str, run_id: str = "", org: str = "") -> Iterator[Any]:
     """Every line inside carries step, run_id and org."""
     log = get_logger()
-    log.append_keys(step=step, run_id=run_id or "-", org=org or "-")
+    # Thread-local keys: the host runs several invocations at once in one process.
+    log.thread_safe_append_keys(step=step, run_id=run_id or "-", org=org or "-")
     try:
         yield log
     finally:
-        log.remove_keys(["step", "run_id", "org"])
+        log.thread_safe_remove_keys(["step", "run_id", "org"])
