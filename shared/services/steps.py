@@ -76,14 +76,41 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
 # ------------------------------------------------------------------ launch
 
 
+# A create that crashed or timed out may have made a machine that listing does not show
+# yet (LESSONS.md: new instances are invisible for a while), so find-before-create alone
+# can create a second one. Each create attempt first claims the run (an ETag-guarded write
+# of updated_at), and a claim is granted only this long after the previous one.
+LAUNCH_SETTLE_S = 60
+
+
+def _claim_launch(run: RunRecord) -> tuple[RunRecord, bool]:
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.provisioning or r.resources:
+            return None
+        if (now() - r.updated_at).total_seconds() < LAUNCH_SETTLE_S:
+            return None
+        return r.model_copy(update={"updated_at": now()})
+
+    return get_store().mutate_run(run.org, run.id, change)
+
+
 def launch(msg: StepMessage) -> None:
     store = get_store()
     run, _ = store.get_run(msg.org, msg.run_id)
+    claimed = False
     if run.state == RunState.queued:
-        # Write-ahead: the run says which machine it owns before the cloud call.
-        run, _ = _move(run, RunState.provisioning, expect={RunState.queued}, machine_name=ref_of(run).name)
+        # Write-ahead: the run says which machine it owns before the cloud call (the first claim).
+        run, claimed = _move(run, RunState.provisioning, expect={RunState.queued}, machine_name=ref_of(run).name)
     if run.state != RunState.provisioning or run.resources:
         return  # moved on, or launched already (duplicate delivery)
+    if not claimed:
+        run, claimed = _claim_launch(run)
+        if run.state != RunState.provisioning or run.resources:
+            return
+        if not claimed:  # another attempt is recent: its machine may not be listed yet
+            wait = LAUNCH_SETTLE_S - (now() - run.updated_at).total_seconds()
+            get_queues().send(Queue.launch, msg, delay_s=max(1.0, wait))
+            return
     log = get_logger()
     try:
         resources = compute_for(run.org, run.provider).launch(
