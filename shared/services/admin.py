@@ -1,4 +1,11 @@
-"""Platform admin: queue depths, poison messages (list, replay, discard), sweep on demand."""
+"""Platform admin: queue depths, poison messages (list, replay, discard), sweep on demand.
+
+A step message that failed maxDequeueCount times sits in `<queue>-poison`. Admins see
+each with its run, the run's state and the last error the step recorded, then replay it
+(one by id, or all: it goes back on its queue as a fresh message and succeeds once the
+fault is gone; the steps are idempotent, so a replay of a message whose run has moved on
+does nothing) or discard it. Replays and discards are audit events.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,20 @@ from typing import Any
 
 from shared.errors import InvalidInput, NotFound
 from shared.models import Role, RunState, SweepRequest
-from shared.queues import PoisonMessage, Queue, get_queues
+from shared.queues import Queue, decode, get_queues
 from shared.security import Principal, require
 from shared.store import get_store
+
+PEEK_LIMIT = 32  # the queue service's most per peek
+TAKE_VISIBILITY_S = 60  # long enough to replay or discard what was taken
 
 
 def _queue(name: str) -> Queue:
     try:
         return Queue(name.removesuffix("-poison"))
     except ValueError as exc:
-        raise InvalidInput.field("queue", f"unknown queue {name!r}; use one of {', '.join(q.value for q in Queue)}") from exc
+        known = ", ".join(q.value for q in Queue)
+        raise InvalidInput.field("queue", f"unknown queue {name!r}; use one of {known}") from exc
 
 
 def queues(principal: Principal) -> dict[str, Any]:
@@ -25,50 +36,92 @@ def queues(principal: Principal) -> dict[str, Any]:
                       for x in Queue]}
 
 
-def _last_error(body: dict[str, Any]) -> str:
+def _run_info(body: dict[str, Any]) -> dict[str, str]:
     org, run_id = body.get("org"), body.get("run_id")
     if not org or not run_id:
-        return ""
+        return {"run_state": "", "last_error": ""}
     try:
         run, _ = get_store().get_run(str(org), str(run_id))
     except NotFound:
-        return "the run no longer exists"
+        return {"run_state": "", "last_error": "the run no longer exists"}
     errors = [e.message for e in get_store().list_events(run.id, kind="step-error")]
-    return errors[-1] if errors else (run.release_error if run.state == RunState.releasing else "")
+    last = errors[-1] if errors else (run.release_error if run.state == RunState.releasing else "")
+    return {"run_state": run.state.value, "last_error": last}
 
 
-def _item(m: PoisonMessage) -> dict[str, Any]:
-    return {"id": m.id, "run_id": m.body.get("run_id", ""), "org": m.body.get("org", ""), "body": m.body,
-            "dequeue_count": m.dequeue_count, "inserted_on": m.inserted_on, "last_error": _last_error(m.body)}
+def _item(m: Any) -> dict[str, Any]:
+    body = _body(m)
+    return {"id": m.id, "run_id": str(body.get("run_id", "")), "org": str(body.get("org", "")), "body": body,
+            "dequeue_count": m.dequeue_count, "inserted_on": str(m.inserted_on), **_run_info(body)}
+
+
+def _body(m: Any) -> dict[str, Any]:
+    try:
+        return decode(m.content)
+    except ValueError:
+        return {"unreadable": str(m.content)[:500]}
 
 
 def poison(principal: Principal, queue: str) -> dict[str, Any]:
+    """Peek (visibility unchanged, so a replay right after sees every message)."""
     require(principal, Role.admin)
-    return {"items": [_item(m) for m in get_queues().peek_poison(_queue(queue))]}
+    q = _queue(queue)
+    client = get_queues().client(q.poison)
+    items = [_item(m) for m in client.peek_messages(max_messages=PEEK_LIMIT)]
+    return {"queue": q.poison, "length": get_queues().length(q.poison), "items": items}
+
+
+def _take(q: Queue, message_id: str | None) -> list[Any]:
+    """Receive poison messages (one by id, or all), hidden while they are handled.
+
+    Messages passed over while looking for one id stay hidden until the search ends (so
+    the search cannot see them twice), then are made visible again.
+    """
+    client = get_queues().client(q.poison)
+    taken: list[Any] = []
+    passed: list[Any] = []
+    while not (message_id and taken):
+        batch = list(client.receive_messages(messages_per_page=PEEK_LIMIT, max_messages=PEEK_LIMIT,
+                                             visibility_timeout=TAKE_VISIBILITY_S))
+        if not batch:
+            break
+        for m in batch:
+            (taken if message_id is None or m.id == message_id else passed).append(m)
+    for m in passed:
+        client.update_message(m, visibility_timeout=0)
+    return taken
 
 
 def replay(principal: Principal, queue: str, message_id: str | None) -> dict[str, Any]:
     require(principal, Role.admin)
     q = _queue(queue)
-    taken = get_queues().take_poison(q, message_id)
+    queues_, store = get_queues(), get_store()
+    taken = _take(q, message_id)
     if message_id and not taken:
-        raise NotFound(f"no poison message {message_id} in {q.poison} (it may be invisible for a few seconds)")
+        raise NotFound(f"no poison message {message_id} in {q.poison}")
+    client = queues_.client(q.poison)
     for m in taken:
-        get_queues().send(q, m.body)  # send first: a crash here duplicates (harmless), never loses
-        get_queues().delete_poison(q, m)
-        get_store().audit("poison-replay", queue=q.value, message_id=m.id, by=principal.sub, run_id=m.body.get("run_id", ""))
+        body = _body(m)
+        queues_.send(q, body)  # sent first: a crash here duplicates (harmless), never loses
+        client.delete_message(m.id, m.pop_receipt)
+        store.audit("poison-replay", queue=q.value, message_id=m.id, by=principal.sub,
+                    run_id=str(body.get("run_id", "")), org=str(body.get("org", "")))
     return {"replayed": [m.id for m in taken]}
 
 
 def discard(principal: Principal, queue: str, message_id: str) -> dict[str, Any]:
     require(principal, Role.admin)
     q = _queue(queue)
-    taken = get_queues().take_poison(q, message_id)
+    taken = _take(q, message_id)
     if not taken:
         raise NotFound(f"no poison message {message_id} in {q.poison}")
+    client, store = get_queues().client(q.poison), get_store()
     for m in taken:
-        get_queues().delete_poison(q, m)
-        get_store().audit("poison-discard", queue=q.value, message_id=m.id, by=principal.sub, body=m.body)
+        body = _body(m)
+        # Audited before the delete: the body is the only record of what was dropped.
+        store.audit("poison-discard", queue=q.value, message_id=m.id, by=principal.sub,
+                    run_id=str(body.get("run_id", "")), org=str(body.get("org", "")), body=body)
+        client.delete_message(m.id, m.pop_receipt)
     return {"discarded": [m.id for m in taken]}
 
 

@@ -1,91 +1,237 @@
 """The sweeper: finds machines, disks and NICs that bill without a live run, and releases them.
 
-Order matters: list the cloud first, then read the runs, so a machine created during
-the sweep (its run already written) is never mistaken for a leak. Nothing younger
-than the grace period, and nothing whose run changed state within it, is touched.
-Only resources carrying this deployment's marks are ever considered.
+One tick, per organization with compute connections:
+1. list every connection's marked resources from the cloud (one paged listing each);
+2. then read the org's runs (one query) — in this order, so a machine created during
+   the sweep (its run already written ahead of the create) is never mistaken for a leak;
+3. diff, and act only past the grace period: nothing younger than settings.sweep_grace_s,
+   and nothing whose run changed state within it, is touched.
+
+What it does:
+- resources of a run that is missing, terminal (released) -> provider.release for that
+  run (deletes the machine and its job-created disk / NIC; "not found" is success);
+- a run stuck in releasing (its message lost or poisoned, or the cloud refusing) ->
+  release re-sent with capped exponential backoff (run.release_after, release_attempts),
+  the error shown on the run;
+- a live run whose recorded machine is no longer listed at all (deleted outside the
+  control plane) -> retaining with the reason; the retain step then confirms it is gone
+  and fails the run with "nothing to release".
+
+Only resources carrying this deployment's mark and this org's mark (or, for providers
+without tags such as RunPod, this deployment's name prefix and a run id that is ours)
+are ever considered. Every action and every dry-run finding is an audit event.
+The cost of a tick grows with listing pages and runs read in bulk, never with a describe
+per run.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from shared.clock import now
 from shared.log import get_logger
-from shared.models import CloudResource, ConnectionStatus, Outcome, RunRecord, RunState, StepMessage
-from shared.providers.base import RunRef
+from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
+from shared.providers.base import ComputeProvider, RunRef
 from shared.providers.errors import ProviderError
 from shared.queues import Queue, get_queues
-from shared.runs.lifecycle import TERMINAL
-from shared.services.common import compute_for
+from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
+from shared.services.common import compute_for, transition_event
 from shared.settings import get_settings
 from shared.store import get_store
 
+# Kinds that are the machine itself (the rest are disks, NICs, work directories).
+MACHINE_KINDS = frozenset({"instance", "vm", "pod", "process"})
 
-def sweep(*, dry_run: bool) -> dict[str, Any]:
+ProviderFactory = Callable[[str, str], ComputeProvider]
+
+
+def _release_delay(attempts: int) -> float:
+    from shared.services.steps import release_delay
+
+    return release_delay(attempts)
+
+
+def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str, Any]:
     settings, store = get_settings(), get_store()
-    grace = timedelta(seconds=settings.sweep_grace_s)
+    stats = {"connections": 0, "listed": 0, "list_calls": 0, "run_queries": 0}
     findings: list[dict[str, Any]] = []
-    listed = 0
+    by_org: dict[str, list[str]] = defaultdict(list)
     for conn in store.list_connections():
-        if not conn.slot.startswith("compute:") or conn.status == ConnectionStatus.checking:
-            continue
-        try:
-            provider = compute_for(conn.org, conn.provider)
-            cloud = [r for r in provider.list_managed()
-                     if r.deployment == settings.deployment_id and r.org in ("", conn.org)]
-        except ProviderError as exc:
-            findings.append({"org": conn.org, "provider": conn.provider, "action": "none",
-                             "reason": f"listing failed: {exc.reason}"})
-            continue
-        listed += len(cloud)
-        runs = {r.id: r for r in store.list_runs(conn.org)}  # read after listing the cloud
-        by_run: dict[str, list[CloudResource]] = defaultdict(list)
-        for res in cloud:
-            by_run[res.run_id].append(res)
+        if conn.slot.startswith("compute:") and conn.status != ConnectionStatus.checking:
+            by_org[conn.org].append(conn.provider)
+    for org, providers in sorted(by_org.items()):
+        listed: dict[str, list[CloudResource]] = {}
+        live: dict[str, ComputeProvider] = {}
+        for name in providers:
+            stats["connections"] += 1
+            try:
+                provider = compute(org, name)
+                stats["list_calls"] += 1
+                listed[name] = _ours(provider.list_managed(), settings.deployment_id, org)
+                live[name] = provider
+            except ProviderError as exc:
+                finding = {"org": org, "provider": name, "action": "none",
+                           "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
+                store.audit("sweep-list-failed", **finding)
+                findings.append(finding)
+        stats["listed"] += sum(len(v) for v in listed.values())
+        # Read after listing the cloud (see the module docstring).
+        stats["run_queries"] += 1
+        runs = {r.id: r for r in store.list_runs(org)}
         t = now()
-        for run_id, resources in by_run.items():
-            run = runs.get(run_id)
-            if any(r.created_at and t - r.created_at < grace for r in resources):
-                continue
-            if run is not None and t - run.state_changed_at < grace:
-                continue
-            if run is not None and run.state not in TERMINAL:
-                continue  # a live run owns it; its own steps release it
-            reason = "its run is missing" if run is None else f"its run is {run.state.value}"
-            finding = {"org": conn.org, "provider": conn.provider, "run_id": run_id, "reason": reason,
-                       "resources": [f"{r.kind}:{r.id}" for r in resources],
-                       "action": "would release" if dry_run else "release"}
-            if not dry_run:
-                try:
-                    out = provider.release(RunRef(settings.deployment_id, conn.org, run_id), resources)
-                    finding["done"] = out.done
-                    finding["detail"] = out.detail
-                except ProviderError as exc:
-                    finding["done"] = False
-                    finding["detail"] = exc.reason
-            store.audit("sweep" if not dry_run else "sweep-dry-run", **finding)
-            findings.append(finding)
-        findings.extend(_resend_stuck_releases(conn.org, runs.values(), dry_run))
-    get_logger().info("sweep finished", extra={"dry_run": dry_run, "listed": listed, "findings": len(findings)})
-    return {"dry_run": dry_run, "listed": listed, "findings": findings}
+        for name, resources in listed.items():
+            findings.extend(_leaks(org, name, live[name], resources, runs, t, dry_run))
+            findings.extend(_vanished(org, name, resources, runs, t, dry_run))
+        findings.extend(_stuck_releases(org, runs.values(), t, dry_run))
+    stats["findings"] = len(findings)
+    get_logger().info("sweep finished", extra={"dry_run": dry_run, **stats})
+    return {"dry_run": dry_run, **stats, "findings": findings}
 
 
-def _resend_stuck_releases(org: str, runs: Any, dry_run: bool) -> list[dict[str, Any]]:
+def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
+    # RunPod pods carry no tags: their name holds the deployment and run, not the org (org == "").
+    return [r for r in resources if r.managed and r.deployment == deployment and r.run_id and r.org in (org, "")]
+
+
+def _grace() -> timedelta:
+    return timedelta(seconds=get_settings().sweep_grace_s)
+
+
+def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
+           runs: dict[str, RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
+    grace, store, settings = _grace(), get_store(), get_settings()
+    by_run: dict[str, list[CloudResource]] = defaultdict(list)
+    for res in resources:
+        by_run[res.run_id].append(res)
     out = []
-    t = now()
-    for run in runs:
-        run = run  # type: RunRecord
-        if run.state != RunState.releasing or (run.release_after and run.release_after > t):
+    for run_id, found in sorted(by_run.items()):
+        run = runs.get(run_id)
+        if run is None and any(r.org == "" for r in found):
+            # Untagged (RunPod) and not this org's run: another org may share the account. Run
+            # ids are never deleted, so a real leak of this org always finds its run.
             continue
-        if t - run.state_changed_at < timedelta(seconds=60) and not run.release_after:
-            continue
-        finding = {"org": org, "run_id": run.id, "action": "would re-send release" if dry_run else "re-send release",
-                   "reason": run.release_error or "release not confirmed yet", "outcome": (run.outcome or Outcome.failed).value}
+        if run is not None and run.state not in TERMINAL:
+            continue  # a live run owns it; its own steps release or retain it
+        if run is None:
+            if any(r.created_at is None for r in found):
+                if not _seen_before(run_id, found, t):
+                    continue  # no creation time and no run to date it: count from the first sighting
+            elif any(t - r.created_at < grace for r in found if r.created_at):
+                continue  # being created right now, or listed late
+        else:
+            if any(r.created_at and t - r.created_at < grace for r in found):
+                continue
+            if t - run.state_changed_at < grace:
+                continue
+        reason = "its run is missing" if run is None else f"its run is {run.state.value} (released)"
+        finding: dict[str, Any] = {
+            "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
+            "resources": [f"{r.kind}:{r.id}" for r in found],
+            "action": "would release" if dry_run else "release",
+        }
         if not dry_run:
-            get_queues().send(Queue.release, StepMessage(org=org, run_id=run.id, reason="sweeper"))
-        get_store().audit("sweep-release" if not dry_run else "sweep-dry-run", **finding)
+            try:
+                got = provider.release(RunRef(settings.deployment_id, org, run_id), found)
+                finding["done"], finding["detail"] = got.done, got.detail
+            except ProviderError as exc:
+                finding["done"], finding["detail"] = False, exc.reason
+        store.audit("sweep-dry-run" if dry_run else "sweep-release", **finding)
         out.append(finding)
     return out
+
+
+def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
+    """For resources the cloud gives no creation time (RunPod pods): the first sighting is
+    written to the ledger, and the grace period counts from there."""
+    store, grace = get_store(), _grace()
+    ledger = {(r.kind, r.id): r for r in store.list_ledger(run_id)}
+    old = True
+    for res in found:
+        seen = ledger.get((res.kind, res.id))
+        if seen is None or seen.created_at is None:
+            store.record_resource(res.model_copy(update={"created_at": t, "state": "sighted by the sweeper"}))
+            old = False
+        elif t - seen.created_at < grace:
+            old = False
+    return old
+
+
+def _vanished(org: str, provider_name: str, resources: list[CloudResource], runs: dict[str, RunRecord],
+              t: datetime, dry_run: bool) -> list[dict[str, Any]]:
+    """A live run whose recorded machine is not in the listing at all was deleted outside
+    the control plane: retain it now rather than wait for the heartbeat deadline."""
+    grace, store = _grace(), get_store()
+    listed_runs = {r.run_id for r in resources}
+    out = []
+    for run in runs.values():
+        if run.provider != provider_name or run.state not in ACTIVE or run.id in listed_runs:
+            continue
+        machines = [r for r in run.resources if r.kind in MACHINE_KINDS]
+        if not machines or t - run.state_changed_at < grace:
+            continue
+        if any(r.created_at and t - r.created_at < grace for r in machines):
+            continue
+        why = ("the machine is no longer in the cloud's listing (deleted outside the control plane?); "
+               "retaining to confirm")
+        finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": why,
+                   "resources": [f"{r.kind}:{r.id}" for r in machines],
+                   "action": "would retain" if dry_run else "retain"}
+        if not dry_run:
+            new, wrote = store.mutate_run(org, run.id, _to_retaining(run.state, why))
+            if not wrote:
+                continue
+            transition_event(run.state, new)
+            get_queues().send(Queue.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
+        store.audit("sweep-dry-run" if dry_run else "sweep-retain", **finding)
+        out.append(finding)
+    return out
+
+
+def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
+    """Runs in releasing whose next attempt is due: re-send release, and push release_after
+    out by a capped exponential backoff so a release that keeps failing is not hammered."""
+    grace, store = _grace(), get_store()
+    out = []
+    for run in runs:
+        if run.state != RunState.releasing:
+            continue
+        if run.release_after is not None and run.release_after > t:
+            continue
+        if run.release_after is None and t - run.state_changed_at < grace:
+            continue  # its first release message is most likely still on its way
+        attempts = run.release_attempts + 1
+        delay = _release_delay(attempts)
+        error = run.release_error or "the release was not confirmed (its message may have been lost)"
+        finding = {"org": org, "provider": run.provider, "run_id": run.id, "reason": error,
+                   "resources": [f"{r.kind}:{r.id}" for r in run.resources], "attempt": attempts,
+                   "next_in_s": int(delay), "action": "would re-send release" if dry_run else "re-send release"}
+        if not dry_run:
+            update = {"release_attempts": attempts, "release_error": error, "updated_at": t,
+                      "release_after": t + timedelta(seconds=delay)}
+            _, wrote = store.mutate_run(org, run.id, _retry_due(run.release_after, update))
+            if not wrote:
+                continue
+            # Written before sent: a crash in between delays the retry by one backoff, never loses it.
+            get_queues().send(Queue.release, StepMessage(org=org, run_id=run.id, reason="sweeper"))
+        store.audit("sweep-dry-run" if dry_run else "sweep-release-retry", **finding)
+        out.append(finding)
+    return out
+
+
+def _to_retaining(state: RunState, why: str) -> Callable[[RunRecord], RunRecord | None]:
+    def change(r: RunRecord) -> RunRecord | None:
+        return transition(r, RunState.retaining, reason=why) if r.state == state else None
+
+    return change
+
+
+def _retry_due(due: datetime | None, update: dict[str, Any]) -> Callable[[RunRecord], RunRecord | None]:
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.releasing or r.release_after != due:
+            return None  # the step (or another sweep) got there first
+        return r.model_copy(update=update)
+
+    return change

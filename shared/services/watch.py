@@ -1,22 +1,33 @@
 """heartbeat-check: deadlines per phase, and re-sending messages a crash may have lost.
 
 Every limit is enforced here, by the control plane; no provider-side timer is trusted
-to stop billing. A missed deadline retains the run (the disk is kept for recovery).
+to stop billing. Deadlines (set on the run):
+- provisioning_by: the agent must report before it (machine start and image pull included);
+- heartbeat_by: pushed forward by every heartbeat; silence past it means the agent is gone;
+- runtime_by: the run's total runtime limit, counted from launch.
+A missed deadline retains the run with the reason (the machine is stopped, the disk kept
+for recovery). A run still queued at its provisioning deadline never got a machine (the
+launch step writes provisioning before any cloud call), so it fails with nothing to release.
+Whether the machine still exists is the retain step's question: one that vanished outside
+the control plane fails the run with "nothing to retain or release".
+
+One query per tick (the runs in the states watched), a write only for a run that acts.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from shared.clock import now
-from shared.models import RunRecord, RunState, StepMessage
+from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import Queue, get_queues
 from shared.runs.lifecycle import ACTIVE, transition
 from shared.services.common import transition_event
 from shared.store import get_store
 
-# A run sitting in one of these states longer than this lost its message (a crash
-# between the write and the send): send it again; the steps ignore duplicates.
+# A run sitting in one of these states this long without any write lost its message (a
+# crash between the write and the send, or a poisoned message): send it again, at most
+# once per this interval (the resend touches updated_at); the steps ignore duplicates.
 RESEND_AFTER_S = 300
 RESEND = {
     RunState.queued: Queue.launch,
@@ -39,25 +50,66 @@ def missed_deadline(run: RunRecord, t: datetime) -> str | None:
 
 
 def check_all() -> dict[str, int]:
-    store, queues, t = get_store(), get_queues(), now()
-    retained = resent = 0
+    store, t = get_store(), now()
+    counts = {"retained": 0, "failed": 0, "resent": 0}
     for run in store.list_runs(states=set(ACTIVE) | set(RESEND)):
         why = missed_deadline(run, t) if run.state in ACTIVE else None
         if why:
-            def change(r: RunRecord, why: str = why) -> RunRecord | None:
-                if r.state not in ACTIVE:
-                    return None
-                return transition(r, RunState.retaining, reason=why + "; the machine is stopped and its disk kept")
-
-            new, wrote = store.mutate_run(run.org, run.id, change)
-            if wrote:
-                transition_event(run.state, new)
-                queues.send(Queue.retain, StepMessage(org=run.org, run_id=run.id))
-                retained += 1
-            continue
-        if run.state in RESEND and (t - run.state_changed_at) > timedelta(seconds=RESEND_AFTER_S):
+            counts["retained"] += _retain(run, why)
+        elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
+            counts["failed"] += _fail_queued(run)
+        elif run.state in RESEND and _quiet_for(run, t) > RESEND_AFTER_S:
             if run.state == RunState.provisioning and run.resources:
                 continue  # launched; waiting for the agent is the deadlines' job
-            queues.send(RESEND[run.state], StepMessage(org=run.org, run_id=run.id, reason="resend"))
-            resent += 1
-    return {"retained": retained, "resent": resent}
+            counts["resent"] += _resend(run, t)
+    return counts
+
+
+def _quiet_for(run: RunRecord, t: datetime) -> float:
+    return (t - max(run.state_changed_at, run.updated_at)).total_seconds()
+
+
+def _retain(run: RunRecord, why: str) -> int:
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in ACTIVE:
+            return None
+        return transition(r, RunState.retaining, reason=why + "; the machine is stopped and its disk kept")
+
+    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    if not wrote:
+        return 0
+    transition_event(run.state, new)
+    get_queues().send(Queue.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    return 1
+
+
+def _fail_queued(run: RunRecord) -> int:
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.queued:
+            return None
+        return transition(r, RunState.releasing, outcome=Outcome.failed,
+                          reason="the launch never started before the provisioning deadline; no machine was "
+                                 "created, nothing bills")
+
+    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    if not wrote:
+        return 0
+    transition_event(RunState.queued, new)
+    get_queues().send(Queue.release, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    return 1
+
+
+def _resend(run: RunRecord, t: datetime) -> int:
+    seen = run.updated_at
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != run.state or r.updated_at != seen:
+            return None  # it moved or was written meanwhile: not lost
+        return r.model_copy(update={"updated_at": t})
+
+    _, wrote = get_store().mutate_run(run.org, run.id, change)
+    if not wrote:
+        return 0
+    # Written before sent: a crash in between delays the resend by one interval, never loses it.
+    get_queues().send(RESEND[run.state], StepMessage(org=run.org, run_id=run.id, reason="resend"))
+    return 1
