@@ -81,12 +81,11 @@ class Harness:
              body: bytes | None = None, content_type: str = "application/json",
              params: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
         route = path.removeprefix("/api/").split("?")[0]
-        for m, rx, user in self.routes:
-            match = rx.match(route)
-            if m == method and match:
-                break
-        else:
+        found = [(rx.match(route), fn) for m, rx, fn in self.routes if m == method and rx.match(route)]
+        if not found:
             raise AssertionError(f"no route for {method} {path}")
+        match, user = found[0]
+        assert match is not None
         tok = {"owner": self.owner, "member": self.member, "admin": self.admin}.get(token or "", token)
         headers = {"Content-Type": content_type}
         if tok:

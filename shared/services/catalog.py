@@ -62,7 +62,8 @@ def offers_view(principal: Principal, provider: str | None) -> dict[str, Any]:
         if store.get_connection(principal.org, slot) is None:
             raise NotFound(f"no {name} compute connection is saved")
         rec = store.get_catalog(principal.org, name)
-        stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > get_settings().catalog_max_age_s
+        max_age = get_settings().catalog_max_age_s
+        stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age
         if stale:
             get_queues().send(Queue.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
         if rec:

@@ -69,13 +69,13 @@ def validate_jsonl(data: bytes) -> int:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput.field("body", f"the dataset is not UTF-8 (byte {exc.start}); re-save it as UTF-8") from exc
-    rows, errors = 0, []
+    rows, errors = 0, list[dict[str, Any]]()
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             problem = line_problem(json.loads(line))
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             problem = f"is not valid JSON ({exc.msg})"
         if problem:
             errors.append({"field": f"line {n}", "line": n, "message": f"line {n} {problem}"})

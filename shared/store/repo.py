@@ -122,7 +122,7 @@ class Store:
     def put_run(self, rec: RunRecord, etag: str) -> str:
         return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value)
 
-    def list_runs(self, org: str | None = None, states: set[RunState] | None = None) -> list[RunRecord]:
+    def list_runs(self, org: str | None = None, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
         clauses, params = [], {}
         if org:
             clauses.append("PartitionKey eq @org")
