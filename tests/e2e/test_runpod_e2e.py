@@ -1,0 +1,110 @@
+"""End to end on RunPod with a network volume, through the real function handlers.
+
+RunPod is the fake GraphQL server on loopback; the volume's S3 API is moto in server
+mode (its derived endpoint is pointed at moto); a test-side agent plays the pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from tests.harness import ApiError, Harness, smoke_adapter_zip
+from tests.providers.runpod.fake_server import FakeRunPod
+from tests.storage.moto_s3 import start_moto
+
+pytestmark = pytest.mark.e2e
+
+KEY = "rpa_E2EKEY0123456789"
+VOLUME = {"kind": "runpod_volume", "volume_id": "vol0abc123", "datacenter_id": "EU-RO-1",
+          "access_key_id": "user_2f21CfO73Mm2Uq2lEGFiEF24IPw", "secret_access_key": "rps_E2ESECRET0123456789"}
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server, url = start_moto()
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+                 aws_secret_access_key="x" * 40).create_bucket(Bucket="vol0abc123")
+    yield url
+    server.stop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def runpod(monkeypatch: pytest.MonkeyPatch, moto_url: str) -> Iterator[FakeRunPod]:
+    from shared.storage import runpod_volume
+
+    fake = FakeRunPod(api_key=KEY).start()
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+    monkeypatch.setattr(runpod_volume, "volume_endpoint", lambda datacenter: moto_url)
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def h(env: dict[str, str], runpod: FakeRunPod) -> Iterator[Harness]:
+    harness = Harness()
+    storage = harness.save_storage(dict(VOLUME))
+    assert storage["status"] == "connected", storage["checks"]
+    compute = harness.save_compute("runpod", {"api_key": KEY})
+    assert compute["status"] == "connected", compute["checks"]
+    yield harness
+    harness.close()
+
+
+def offer_in_volume_datacenter(h: Harness) -> str:
+    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
+    assert offers and all(o["region"] == "EU-RO-1" for o in offers)
+    assert not any("T4" in o["gpu"] for o in offers)
+    return str(next(o for o in offers if o["machine_type"] == "NVIDIA A40")["offer_id"])
+
+
+def test_trial_on_runpod_volume_succeeds_and_pod_is_gone(h: Harness, runpod: FakeRunPod) -> None:
+    checks = {c["name"]: c for c in h.ok("GET", "/api/connections/compute/runpod")["checks"]}
+    assert "cannot prove write permissions" in checks["write permissions"]["message"]
+    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning", run["reason"]
+    assert [r["kind"] for r in run["resources"]] == ["pod"]
+    sent = runpod.creates()[0]["variables"]["input"]
+    assert sent["networkVolumeId"] == "vol0abc123" and sent["dataCenterId"] == "EU-RO-1"
+    env = {e["key"]: e["value"] for e in sent["env"]}
+    assert env["TENSORANT_STORAGE_DIR"] == "/workspace"
+    assert not {"TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL"} & set(env)
+    assert env["TENSORANT_ADAPTER_KEY"] == f"runs/{run_id}/adapter.zip"
+
+    h.agent(run_id).train(smoke_adapter_zip())
+    run = h.get_run(run_id)
+    assert run["state"] == "succeeded", run["reason"]
+    assert runpod.pods == {}  # terminated and confirmed gone
+    assert "podTerminate" in runpod.ops()
+
+
+def test_failed_export_stops_pod_then_saved_adapter_recovers(h: Harness, runpod: FakeRunPod) -> None:
+    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.9)
+    agent.upload(smoke_adapter_zip())  # the adapter made it to the volume, the export step then failed
+    agent.complete_failed("export failed: upload step crashed")
+    run = h.get_run(run_id)
+    assert run["state"] == "retained", run["reason"]
+    assert "still bill" in run["billing_note"]
+    (pod,) = runpod.pods.values()
+    assert pod["desiredStatus"] == "EXITED"  # stopped, files kept
+
+    run = h.recover(run_id)  # verify the saved adapter on the volume
+    assert run["state"] == "succeeded", run["reason"]
+    assert runpod.pods == {}
+
+
+def test_storage_location_cannot_change_once_a_project_exists(h: Harness) -> None:
+    h.project_and_dataset()
+    with pytest.raises(ApiError) as exc:
+        h.ok("PUT", "/api/connections/storage", json_body={**VOLUME, "volume_id": "vol0other99"})
+    assert exc.value.status == 409
+    assert "migration" in str(exc.value.body)
+    # Rotating the S3 credentials for the same volume is allowed.
+    rotated = h.save_storage({**VOLUME, "secret_access_key": "rps_ROTATED0123456789"})
+    assert rotated["status"] == "connected", rotated["checks"]
