@@ -47,9 +47,21 @@ class FakeAgentApi:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, dict[str, Any], str]] = []  # (run, what, body, auth)
         self.fail: dict[str, list[int]] = {}  # what -> status codes to answer first
+        self.objects: dict[str, bytes] = {}  # a presigned-URL object store: path -> bytes
         api = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                data = api.objects.get(self.path.split("?")[0])
+                self.send_response(200 if data is not None else 404)
+                self.end_headers()
+                self.wfile.write(data or b"")
+
+            def do_PUT(self) -> None:
+                api.objects[self.path.split("?")[0]] = self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.end_headers()
+
             def do_POST(self) -> None:
                 parts = self.path.strip("/").split("/")  # api agent runs <id> <what>
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -400,3 +412,48 @@ def test_concurrent_launches_start_one_agent(world: dict[str, Any], api: FakeAge
     assert api.wait_complete("run-twice")["status"] == "ok"
     assert len(api.of("run-twice", "complete")) == 1
     assert wait_until(lambda: compute.release(spec.ref, []).done)
+
+
+def test_agent_process_with_presigned_urls_hides_secrets_and_exits_on_sigterm(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    """The cloud path: presigned GET/PUT URLs instead of a directory; the agent run directly."""
+    signature = "?X-Amz-Signature=presigned" + "f00d" * 8
+    api.objects["/bucket/datasets/d1.jsonl"] = b'{"text": "a"}\n{"text": "b"}\n'
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "TENSORANT_RUN_ID": "run-url",
+        "TENSORANT_API_URL": api.url,
+        "TENSORANT_RUN_TOKEN": TOKEN,
+        "TENSORANT_BASE_MODEL": "tensorant/smoke-tiny",
+        "TENSORANT_DATA_DIR": str(tmp_path / "data"),
+        "TENSORANT_HEARTBEAT_INTERVAL_S": "0.2",
+        "TENSORANT_DATASET_URL": f"{api.url}/bucket/datasets/d1.jsonl{signature}",
+        "TENSORANT_ADAPTER_UPLOAD_URL": f"{api.url}/bucket/runs/run-url/adapter.zip{signature}",
+        "TENSORANT_LOGS_UPLOAD_URL": f"{api.url}/bucket/runs/run-url/logs.txt{signature}",
+        # The trainer says whether it can see the run token or an upload URL (it must not).
+        "TENSORANT_TRAINER_COMMAND": ('echo "token=${TENSORANT_RUN_TOKEN:-absent} '
+                                      'url=${TENSORANT_ADAPTER_UPLOAD_URL:-absent}"'
+                                      f" && {sys.executable} -m shared.agent.smoke_trainer"),
+        "TENSORANT_SMOKE_STEPS": "2",
+        "TENSORANT_SMOKE_STEP_SECONDS": "0.01",
+    }
+    agent = subprocess.Popen([sys.executable, "-m", "shared.agent"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    try:
+        done = api.wait_complete("run-url")
+        assert done["status"] == "ok", done
+        stored = api.objects["/bucket/runs/run-url/adapter.zip"]
+        assert hashlib.sha256(stored).hexdigest() == done["sha256"]
+        assert verify_adapter(stored, base_model="tensorant/smoke-tiny", expected_sha256=done["sha256"]).ok
+        assert "token=absent url=absent" in api.objects["/bucket/runs/run-url/logs.txt"].decode()
+        assert agent.poll() is None  # idling after completion
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=10) == 0
+        output = agent.stdout.read().decode() if agent.stdout else ""
+        sent = json.dumps([body for _, _, body, _ in api.calls])
+        for text in (output, sent, api.objects["/bucket/runs/run-url/logs.txt"].decode()):
+            assert TOKEN not in text and signature not in text
+    finally:
+        agent.kill()
+        agent.wait()

@@ -258,6 +258,7 @@ class Agent:
         self.data_dir = config.data_dir
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.logs_path = self.data_dir / "logs.txt"
+        self.logs_file = open(self.logs_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (lives as long as the agent)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.pending: list[str] = []
@@ -285,8 +286,7 @@ class Agent:
                 extra = len(self.pending) - MAX_PENDING_LINES
                 del self.pending[:extra]
                 self.dropped += extra
-            with open(self.logs_path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            self.logs_file.write(line + "\n")
 
     def heartbeat(self, phase: str, progress: float | None = None) -> None:
         """Send the phase, progress and every pending line (in batches the API accepts)."""
