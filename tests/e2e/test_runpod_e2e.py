@@ -108,3 +108,54 @@ def test_storage_location_cannot_change_once_a_project_exists(h: Harness) -> Non
     # Rotating the S3 credentials for the same volume is allowed.
     rotated = h.save_storage({**VOLUME, "secret_access_key": "rps_ROTATED0123456789"})
     assert rotated["status"] == "connected", rotated["checks"]
+
+
+# ---------------------------------------------------------------- RunPod compute with custom S3 storage
+
+
+@pytest.fixture
+def h_s3(env: dict[str, str], runpod: FakeRunPod, moto_url: str) -> Iterator[Harness]:
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+                 aws_secret_access_key="x" * 40).create_bucket(Bucket="tensorant-e2e")
+    harness = Harness()
+    storage = harness.save_storage({"kind": "s3", "endpoint": moto_url, "region": "us-east-1",
+                                    "bucket": "tensorant-e2e", "prefix": "org-a", "access_key_id": "AKIAE2ETEST0001",
+                                    "secret_access_key": "e2e-secret-0123456789abcdefghij"})
+    assert storage["status"] == "connected", storage["checks"]
+    assert harness.save_compute("runpod", {"api_key": KEY})["status"] == "connected"
+    yield harness
+    harness.close()
+
+
+def test_custom_s3_agent_uses_presigned_urls_and_upload_recovers(h_s3: Harness, runpod: FakeRunPod) -> None:
+    import hashlib
+
+    import requests
+
+    h = h_s3
+    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
+    offer = next(o for o in offers if o["machine_type"] == "NVIDIA A40")
+    run_id = h.create_run("runpod", offer["offer_id"])
+    h.launch(run_id)
+    sent = runpod.creates()[0]["variables"]["input"]
+    assert "networkVolumeId" not in sent and sent["volumeInGb"] > 0
+    env = {e["key"]: e["value"] for e in sent["env"]}
+    assert env["TENSORANT_DATA_DIR"] == "/workspace/data" and "TENSORANT_STORAGE_DIR" not in env
+    assert "e2e-secret-0123456789abcdefghij" not in str(env)
+
+    # The pod's agent works with plain HTTP on its presigned URLs only.
+    dataset = requests.get(env["TENSORANT_DATASET_URL"], timeout=10)
+    assert dataset.status_code == 200 and b"assistant" in dataset.content
+    assert requests.put(env["TENSORANT_LOGS_UPLOAD_URL"], data=b"step 1\n", timeout=10).status_code == 200
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.5)
+    agent.complete_failed("export failed")
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and "still bills" in run["billing_note"]
+
+    # Custom S3: the user retrieves /workspace/data/adapter.zip from the pod and uploads it.
+    zip_bytes = smoke_adapter_zip()
+    run = h.recover(run_id, upload=zip_bytes)
+    assert run["state"] == "succeeded", run["reason"]
+    assert run["adapter_sha256"] == hashlib.sha256(zip_bytes).hexdigest()
+    assert runpod.pods == {}

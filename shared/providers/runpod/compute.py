@@ -392,7 +392,9 @@ class RunPodCompute:
             return ("Pod stopped: GPU billing has stopped. The pod's container disk and the network volume "
                     f"{self.config.network_volume_id} still bill while it is stopped.")
         return (f"Pod stopped: GPU billing has stopped, but its {self.config.volume_gb} GB volume disk still bills "
-                "while stopped (RunPod charges idle volume disk at a higher rate) until the run is released.")
+                "while stopped (RunPod charges idle volume disk at a higher rate) until the run is released. "
+                "To retrieve /workspace/data/adapter.zip, restart the pod first: that resumes GPU billing and "
+                "depends on capacity.")
 
     def _resource(self, ref: RunRef, pod: dict[str, Any], created_at: datetime | None = None) -> CloudResource:
         extra = {k: str(pod[k]) for k in ("imageName", "costPerHr") if pod.get(k) is not None}
