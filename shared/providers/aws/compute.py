@@ -1,0 +1,677 @@
+"""AWS EC2 compute: one on-demand single-GPU instance per run, in the customer's account.
+
+How it meets the ComputeProvider contracts (shared/providers/base.py):
+- Vendor errors are translated by `errors.translate` at this boundary. Throttling is
+  retried here (bounded, exponential backoff with full jitter), then ThrottledError;
+  capacity errors are never retried.
+- launch is idempotent: DescribeInstances by the run's tags first, then RunInstances
+  with a ClientToken derived from the run (AWS returns the same instance for the same
+  token even when the tag lookup missed a brand-new instance). Tags are set in
+  RunInstances' TagSpecifications for the instance and its volume, never later.
+- retain stops (done at "stopped"), start starts, release terminates; each first reads
+  the instance and refuses one without this deployment's and run's tags. release is
+  done only when the instance is terminated (or not found) and the run's tagged root
+  volume is gone.
+- boto3 is imported only when a client is first needed.
+
+Endpoints: botocore honours AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_<SERVICE> natively;
+tests may also pass endpoint_url / pricing_endpoint_url.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from shared.log import get_logger, register_secret
+from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
+from shared.providers import cloudinit
+from shared.providers.aws import catalog, pricing
+from shared.providers.aws.config import AwsConfig
+from shared.providers.aws.errors import AUTH_CODES, NOT_FOUND_CODES, code_of, is_throttle, translate
+from shared.providers.base import (
+    TAG_DEPLOYMENT,
+    TAG_MANAGED,
+    TAG_ORG,
+    TAG_RUN,
+    Description,
+    LaunchSpec,
+    Outcome,
+    RunRef,
+)
+from shared.providers.errors import AuthError, PermanentError, ProviderError, ThrottledError
+from shared.settings import Settings
+
+# Test and metrics hook: each listener is called before every AWS API request as
+# listener(service, operation, params). A listener that returns (http, parsed) answers
+# the request itself (botocore's before-call short-circuit), which tests use to inject
+# errors moto cannot produce (InsufficientInstanceCapacity, VcpuLimitExceeded, ...).
+API_CALL_LISTENERS: list[Callable[[str, str, dict[str, Any]], Any]] = []
+
+THROTTLE_ATTEMPTS = 4
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 8.0
+LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+STATE_MAP = {
+    "pending": MachineState.pending,
+    "running": MachineState.running,
+    "stopping": MachineState.stopping,
+    "shutting-down": MachineState.stopping,
+    "stopped": MachineState.stopped,
+    "terminated": MachineState.gone,
+}
+ESTIMATE_NOTE = ("On-demand Linux instance plus gp3 root disk (monthly rate / 730). "
+                 "Excludes NAT gateway, data transfer, taxes and account-specific discounts.")
+RETAIN_BILLING = ("EC2 compute billing stopped when the instance reached 'stopped'; its root EBS volume "
+                  "({size}) still bills until the run is released.")
+START_BILLING = ("The instance is starting again: EC2 compute billing resumes while it runs. "
+                 "Training does not resume; recover the adapter, then stop or release the run.")
+
+
+def client_token(ref: RunRef) -> str:
+    """Deterministic per run (EC2 allows 64 ASCII characters)."""
+    return "tensorant-" + hashlib.sha256(f"{ref.deployment}:{ref.run_id}".encode()).hexdigest()[:48]
+
+
+def _tags(obj: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in obj.get("Tags") or []}
+
+
+class AwsCompute:
+    name = "aws"
+
+    def __init__(self, config: AwsConfig, settings: Settings, *, endpoint_url: str | None = None,
+                 pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = config
+        self.settings = settings
+        self.region = config.region
+        self.endpoint_url = endpoint_url
+        self.pricing_endpoint_url = pricing_endpoint_url
+        self.sleep = sleep
+        self._session: Any = None
+        self._clients: dict[str, Any] = {}
+        register_secret(config.secret_access_key.get_secret_value())
+        if config.session_token:
+            register_secret(config.session_token.get_secret_value())
+
+    # ------------------------------------------------------------------ wire
+
+    def client(self, service: str) -> Any:
+        if service in self._clients:
+            return self._clients[service]
+        import boto3
+        from botocore.config import Config
+
+        if self._session is None:
+            self._session = boto3.session.Session(
+                aws_access_key_id=self.config.access_key_id,
+                aws_secret_access_key=self.config.secret_access_key.get_secret_value(),
+                aws_session_token=(self.config.session_token.get_secret_value()
+                                   if self.config.session_token else None),
+                region_name=self.region,
+            )
+        # botocore's own retries are off: throttling is retried in `call`, so every
+        # request is counted once and capacity errors are never retried.
+        cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60,
+                     user_agent_extra="tensorant")
+        kwargs: dict[str, Any] = {"config": cfg}
+        if service == "pricing":
+            kwargs["region_name"] = pricing.PRICING_REGION
+            if self.pricing_endpoint_url:
+                kwargs["endpoint_url"] = self.pricing_endpoint_url
+        elif self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+        client = self._session.client(service, **kwargs)
+        client.meta.events.register("before-call", self._before_call)
+        self._clients[service] = client
+        return client
+
+    @staticmethod
+    def _before_call(model: Any, params: Any, **_: Any) -> Any:
+        service = model.service_model.signing_name
+        for listener in list(API_CALL_LISTENERS):
+            answer = listener(service, model.name, params)
+            if answer is not None:
+                return answer
+        return None
+
+    def call(self, service: str, operation: str, *, action: str = "", instance_type: str = "",
+             zone: str = "", **params: Any) -> dict[str, Any]:
+        """One API call, throttling retried with backoff and jitter; errors translated."""
+        method = getattr(self.client(service), operation)
+        for attempt in range(THROTTLE_ATTEMPTS):
+            try:
+                result: dict[str, Any] = method(**params)
+                return result
+            except Exception as exc:
+                if is_throttle(exc) and attempt + 1 < THROTTLE_ATTEMPTS:
+                    self.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)))
+                    continue
+                raise translate(exc, action=action or operation, region=self.region, zone=zone,
+                                instance_type=instance_type) from exc
+        raise ThrottledError(f"AWS throttled {operation}")  # not reached
+
+    def pages(self, service: str, operation: str, key: str, **params: Any) -> Iterator[Any]:
+        """Every item under `key` across NextToken pages."""
+        token = None
+        while True:
+            page = self.call(service, operation, **params, **({"NextToken": token} if token else {}))
+            yield from page.get(key) or []
+            token = page.get("NextToken")
+            if not token:
+                return
+
+    # ------------------------------------------------------------------ lookups
+
+    def _image(self) -> dict[str, Any]:
+        images = self.call("ec2", "describe_images", ImageIds=[self.config.ami_id],
+                           action="reading the AMI").get("Images") or []
+        if not images:
+            raise PermanentError(f"AMI {self.config.ami_id} was not found in {self.region}; "
+                                 "paste an AMI ID from this region or copy the image here.")
+        image: dict[str, Any] = images[0]
+        return image
+
+    @staticmethod
+    def _root_size_gb(image: dict[str, Any]) -> int:
+        root = image.get("RootDeviceName")
+        for m in image.get("BlockDeviceMappings") or []:
+            if m.get("DeviceName") == root and m.get("Ebs", {}).get("VolumeSize"):
+                return int(m["Ebs"]["VolumeSize"])
+        return 8  # AWS's smallest common root size; only used when the image does not say
+
+    def _subnet(self) -> dict[str, Any]:
+        subnets = self.call("ec2", "describe_subnets", SubnetIds=[self.config.subnet_id],
+                            action="reading the subnet").get("Subnets") or []
+        if not subnets:
+            raise PermanentError(f"subnet {self.config.subnet_id} was not found in {self.region}")
+        subnet: dict[str, Any] = subnets[0]
+        return subnet
+
+    def _gpu_types(self, zone: str) -> list[catalog.GpuType]:
+        offered = [o["InstanceType"] for o in self.pages(
+            "ec2", "describe_instance_type_offerings", "InstanceTypeOfferings",
+            LocationType="availability-zone", Filters=[{"Name": "location", "Values": [zone]}])]
+        candidates = sorted({t for t in offered if catalog.is_gpu_family(t)})
+        found: list[catalog.GpuType] = []
+        for i in range(0, len(candidates), 100):  # DescribeInstanceTypes takes at most 100 names
+            for info in self.pages("ec2", "describe_instance_types", "InstanceTypes",
+                                   InstanceTypes=candidates[i:i + 100]):
+                t = catalog.supported_type(info)
+                if t is not None:
+                    found.append(t)
+        return sorted(found, key=lambda t: t.instance_type)
+
+    def _pricing_pager(self, query: dict[str, Any]) -> Iterable[str]:
+        return self.pages("pricing", "get_products", "PriceList", MaxResults=100, **query)
+
+    def _price(self, types: list[catalog.GpuType], zone: str, root_gb: int) -> list[GpuOffer]:
+        hourly = pricing.hourly_prices(self._pricing_pager, self.region, [t.instance_type for t in types])
+        gb_month = pricing.gp3_per_gb_month(self._pricing_pager, self.region)
+        if gb_month is None:
+            raise ProviderError(f"the Pricing API returned no gp3 storage price for {self.region}")
+        disk_gb = root_gb + self.config.workspace_disk_gb
+        disk_hour = round(disk_gb * gb_month / pricing.HOURS_PER_MONTH, 6)
+        offers = []
+        for t in types:
+            if t.instance_type not in hourly:
+                continue  # not priced as on-demand Linux here: not offered
+            compute_hour = hourly[t.instance_type]
+            offers.append(GpuOffer(
+                provider="aws", offer_id=f"{self.region}/{zone}/{t.instance_type}", gpu=t.gpu,
+                gpu_memory_gb=t.gpu_memory_gb, gpu_count=1, machine_type=t.instance_type,
+                region=self.region, zone=zone, compute_per_hour=compute_hour, disk_per_hour=disk_hour,
+                total_per_hour=round(compute_hour + disk_hour, 6),
+                note=f"{ESTIMATE_NOTE} Disk: {disk_gb} GiB gp3 at ${gb_month}/GB-month."))
+        if not offers:
+            raise ProviderError(f"no supported GPU type in {zone} has an on-demand Linux price in {self.region}")
+        return offers
+
+    # ------------------------------------------------------------------ Protocol: validate / offers
+
+    def offers(self) -> list[GpuOffer]:
+        zone = self._subnet()["AvailabilityZone"]
+        types = self._gpu_types(zone)
+        if not types:
+            raise PermanentError(f"{zone} offers none of the supported GPU types (single A10G, L4, L40S, "
+                                 "A100, H100 class); use a subnet in another availability zone")
+        return self._price(types, zone, self._root_size_gb(self._image()))
+
+    def validate(self) -> list[Check]:
+        checks: list[Check] = []
+
+        def add(name: str, ok: bool | None, message: str) -> None:
+            status = CheckStatus.warn if ok is None else (CheckStatus.ok if ok else CheckStatus.fail)
+            checks.append(Check(name=name, status=status, message=message))
+
+        account = self._check_credentials(add)
+        if account is not None:
+            image = self._check_image(add)
+            subnet = self._check_network(add)
+            types: list[catalog.GpuType] = []
+            if subnet is not None:
+                types = self._check_zone(add, subnet["AvailabilityZone"])
+            if self.config.key_name:
+                self._check_key_pair(add)
+            if self.config.instance_profile_arn:
+                self._check_profile(add, account)
+            if types and image is not None:
+                try:
+                    offers = self._price(types, subnet["AvailabilityZone"] if subnet else "",
+                                         self._root_size_gb(image))
+                    cheapest = min(offers, key=lambda o: o.total_per_hour)
+                    add("catalog", True, f"{len(offers)} GPU types priced; from {cheapest.machine_type} "
+                        f"({cheapest.gpu}) at ${cheapest.total_per_hour:.3f}/hour.")
+                except ProviderError as exc:
+                    add("catalog", False, f"The GPU catalog could not be priced: {exc.reason} The Pricing API "
+                        "is called in us-east-1; check that pricing:GetProducts is allowed and that no "
+                        "account policy blocks us-east-1.")
+            else:
+                add("catalog", False, "The GPU catalog cannot load until the AMI and subnet checks pass.")
+        add("not_proven", None,
+            "Saving launches nothing, so it cannot prove that the image boots, that Docker and the NVIDIA "
+            "runtime work, that your GPU quota suffices, or that the subnet's outbound network works. "
+            "Verify them with a short training trial (connection guide, step 6).")
+        return checks
+
+    def _check_credentials(self, add: Callable[[str, bool | None, str], None]) -> str | None:
+        try:
+            ident = self.call("sts", "get_caller_identity", action="checking the credentials")
+        except ProviderError as exc:
+            add("credentials", False, f"{exc.reason}")
+            return None
+        arn = str(ident.get("Arn", ""))
+        account = str(ident.get("Account", ""))
+        if arn.endswith(":root"):
+            add("credentials", False, "These are root-account keys. Create a dedicated IAM user with the "
+                "connector policy and paste that user's access key instead (guide, step 4).")
+            return None
+        add("credentials", True, f"Authenticated as {arn} in account {account}.")
+        for warning in self.config.warnings():
+            add("session_token", None, warning)
+        return account
+
+    def _check_image(self, add: Callable[[str, bool | None, str], None]) -> dict[str, Any] | None:
+        ami = self.config.ami_id
+        try:
+            image = self._image()
+        except ProviderError as exc:
+            msg = exc.reason if exc.code != "InvalidAMIID.NotFound" else \
+                f"AMI {ami} was not found in {self.region}."
+            add("image", False, f"{msg} Paste an AMI ID from {self.region} (AMI IDs differ per region).")
+            return None
+        add("image", True, f"AMI {ami} ({image.get('Name', '')}) exists in {self.region}.")
+        state = image.get("State")
+        add("image_available", state == "available",
+            "The AMI is available." if state == "available" else
+            f"The AMI is {state}, not available; wait until it is available or use another AMI.")
+        arch = image.get("Architecture")
+        add("image_architecture", arch == "x86_64",
+            "The AMI is x86_64." if arch == "x86_64" else
+            f"The AMI is {arch}; Tensorant needs an x86_64 image (ARM/Graviton is not supported).")
+        root = image.get("RootDeviceType")
+        add("image_root_device", root == "ebs",
+            "The AMI has an EBS root disk." if root == "ebs" else
+            f"The AMI's root device is {root}; create an EBS-backed AMI (guide, step 3).")
+        details = image.get("PlatformDetails")
+        linux = image.get("Platform") != "windows" and (details in (None, "", "Linux/UNIX"))
+        add("image_platform", linux,
+            "The AMI is Linux/UNIX." if linux else
+            f"The AMI's platform is {details or image.get('Platform')}; use a Linux/UNIX AMI "
+            "such as the Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu).")
+        codes = [c.get("ProductCodeId", "") for c in image.get("ProductCodes") or []]
+        add("image_marketplace", not codes,
+            "The AMI carries no Marketplace product code." if not codes else
+            f"The AMI carries Marketplace product code {', '.join(codes)}; Tensorant rejects Marketplace "
+            "images. Use a plain AMI or build your own EBS-backed image.")
+        if state != "available" or arch != "x86_64" or root != "ebs" or not linux or codes:
+            return None
+        return image
+
+    def _check_network(self, add: Callable[[str, bool | None, str], None]) -> dict[str, Any] | None:
+        subnet: dict[str, Any] | None = None
+        try:
+            subnet = self._subnet()
+            add("subnet", True, f"Subnet {self.config.subnet_id} is in {subnet['AvailabilityZone']} "
+                f"(VPC {subnet['VpcId']}).")
+        except ProviderError as exc:
+            add("subnet", False, f"Subnet {self.config.subnet_id} was not found in {self.region} ({exc.code or exc.reason}). "
+                "Paste the private subnet's subnet-… ID from this region.")
+        try:
+            groups = self.call("ec2", "describe_security_groups", GroupIds=[self.config.security_group_id],
+                               action="reading the security group").get("SecurityGroups") or []
+        except ProviderError as exc:
+            groups = []
+            if exc.code not in ("InvalidGroup.NotFound", "InvalidGroupId.Malformed"):
+                add("security_group", False, exc.reason)
+                return subnet
+        if not groups:
+            add("security_group", False, f"Security group {self.config.security_group_id} was not found in "
+                f"{self.region}; paste the sg-… ID of a group in the subnet's VPC.")
+        elif subnet is not None and groups[0].get("VpcId") != subnet.get("VpcId"):
+            add("security_group", False, f"Security group {self.config.security_group_id} is in VPC "
+                f"{groups[0].get('VpcId')}, but the subnet is in VPC {subnet.get('VpcId')}; "
+                "use a security group from the subnet's VPC.")
+        else:
+            add("security_group", True, f"Security group {self.config.security_group_id} is in the subnet's VPC.")
+        return subnet
+
+    def _check_zone(self, add: Callable[[str, bool | None, str], None], zone: str) -> list[catalog.GpuType]:
+        try:
+            types = self._gpu_types(zone)
+        except ProviderError as exc:
+            add("zone_gpus", False, f"Could not list the GPU types of {zone}: {exc.reason}")
+            return []
+        if not types:
+            add("zone_gpus", False, f"{zone} offers none of the supported single-GPU types (A10G, L4, L40S, "
+                "A100, H100 class). Create the private subnet in an availability zone that offers one.")
+        else:
+            names = ", ".join(f"{t.instance_type} ({t.gpu})" for t in types[:6])
+            more = f" and {len(types) - 6} more" if len(types) > 6 else ""
+            add("zone_gpus", True, f"{zone} offers {names}{more}. A listing does not reserve capacity "
+                "or raise your quota.")
+        return types
+
+    def _check_key_pair(self, add: Callable[[str, bool | None, str], None]) -> None:
+        name = self.config.key_name
+        try:
+            found = self.call("ec2", "describe_key_pairs", KeyNames=[name],
+                              action="reading the key pair").get("KeyPairs") or []
+        except ProviderError as exc:
+            if isinstance(exc, AuthError) and exc.code in AUTH_CODES:
+                add("key_pair", None, f"Could not check key pair {name!r}: the policy does not grant "
+                    "ec2:DescribeKeyPairs. A wrong name will fail the launch.")
+                return
+            found = []
+        add("key_pair", bool(found), f"Key pair {name!r} exists in {self.region}." if found else
+            f"Key pair {name!r} was not found in {self.region}; enter the exact key-pair name from "
+            "EC2 → Key pairs in this region, or leave it empty.")
+
+    def _check_profile(self, add: Callable[[str, bool | None, str], None], account: str) -> None:
+        arn = self.config.instance_profile_arn or ""
+        profile_account = arn.split(":")[4]
+        if profile_account != account:
+            add("instance_profile", False, f"The instance profile belongs to account {profile_account}, "
+                f"but the credentials are for account {account}; use a profile from the same account.")
+            return
+        try:
+            profile = self.call("iam", "get_instance_profile", InstanceProfileName=self.config.instance_profile_name,
+                                action="reading the instance profile")["InstanceProfile"]
+        except ProviderError as exc:
+            if isinstance(exc, AuthError):
+                add("instance_profile", None, "Could not check the instance profile: the policy does not "
+                    "grant iam:GetInstanceProfile. A wrong ARN will fail the launch.")
+            else:
+                add("instance_profile", False, f"Instance profile {arn} was not found; paste the ARN shown on "
+                    "the role's page as 'Instance profile ARN'.")
+            return
+        roles = [r.get("Arn", "") for r in profile.get("Roles") or []]
+        if not roles:
+            add("instance_profile", False, f"Instance profile {arn} contains no role; add the SSM role to it.")
+            return
+        add("instance_profile", True, f"Instance profile exists with role {roles[0]}. The control-plane "
+            "policy also needs iam:PassRole for that role (guide, step 4).")
+
+    # ------------------------------------------------------------------ Protocol: launch
+
+    def launch(self, spec: LaunchSpec) -> list[CloudResource]:
+        ref = spec.ref
+        existing = self._instances_by_tags(ref, states=LIVE_STATES)
+        if existing:
+            return self._resources(ref, existing[0])
+        for key in spec.bootstrap.secret_env_keys:
+            register_secret(spec.bootstrap.env.get(key))
+        try:
+            user_data = cloudinit.render(spec.bootstrap)
+        except ValueError as exc:
+            raise PermanentError(f"cannot build the instance's user data: {exc}") from exc
+        image = self._image()
+        if image.get("RootDeviceType") != "ebs":
+            raise PermanentError(f"AMI {self.config.ami_id} has no EBS root disk; use an EBS-backed AMI")
+        workspace = spec.disk_gb or self.config.workspace_disk_gb
+        root_name = image.get("RootDeviceName") or "/dev/sda1"
+        mappings: list[dict[str, Any]] = [{
+            "DeviceName": root_name,
+            "Ebs": {"VolumeSize": self._root_size_gb(image) + workspace, "VolumeType": "gp3",
+                    "Encrypted": True, "DeleteOnTermination": True},
+        }]
+        # Secondary disks of the AMI are suppressed: they would be created untracked.
+        for m in image.get("BlockDeviceMappings") or []:
+            name = m.get("DeviceName")
+            if name and name != root_name:
+                mappings.append({"DeviceName": name, "NoDevice": ""})
+        tags = [{"Key": k, "Value": v} for k, v in ref.tags.items()] + [{"Key": "Name", "Value": ref.name}]
+        params: dict[str, Any] = {
+            "ImageId": self.config.ami_id,
+            "InstanceType": spec.offer.machine_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": client_token(ref),
+            "NetworkInterfaces": [{
+                "DeviceIndex": 0, "SubnetId": self.config.subnet_id, "Groups": [self.config.security_group_id],
+                "AssociatePublicIpAddress": False, "DeleteOnTermination": True,
+            }],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "BlockDeviceMappings": mappings,
+            # A shutdown from inside the VM stops it, so the disk with the adapter survives.
+            "InstanceInitiatedShutdownBehavior": "stop",
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                                  {"ResourceType": "volume", "Tags": tags}],
+            "UserData": user_data,
+        }
+        if self.config.key_name:
+            params["KeyName"] = self.config.key_name
+        if self.config.instance_profile_arn:
+            params["IamInstanceProfile"] = {"Arn": self.config.instance_profile_arn}
+        result = self.call("ec2", "run_instances", action=f"launching {spec.offer.machine_type}",
+                           instance_type=spec.offer.machine_type, zone=spec.offer.zone, **params)
+        instance = result["Instances"][0]
+        get_logger().info("aws instance launched", extra={"instance_id": instance["InstanceId"],
+                                                          "instance_type": spec.offer.machine_type})
+        return self._resources(ref, instance)
+
+    def _resources(self, ref: RunRef, instance: dict[str, Any]) -> list[CloudResource]:
+        """The instance and the volumes EC2 reports attached (at launch they may not be listed yet)."""
+        tags = _tags(instance)
+        common = {"provider": "aws", "region": self.region, "run_id": tags.get(TAG_RUN, ref.run_id),
+                  "org": tags.get(TAG_ORG, ref.org), "deployment": tags.get(TAG_DEPLOYMENT, ref.deployment)}
+        out = [CloudResource(
+            kind="instance", id=instance["InstanceId"], name=tags.get("Name", ref.name),
+            created_at=instance.get("LaunchTime"), state=instance.get("State", {}).get("Name", ""),
+            extra={"instance_type": instance.get("InstanceType", ""),
+                   "zone": instance.get("Placement", {}).get("AvailabilityZone", "")}, **common)]
+        for m in instance.get("BlockDeviceMappings") or []:
+            ebs = m.get("Ebs") or {}
+            if ebs.get("VolumeId"):
+                out.append(CloudResource(
+                    kind="volume", id=ebs["VolumeId"], name=tags.get("Name", ref.name),
+                    created_at=ebs.get("AttachTime") or instance.get("LaunchTime"), state=ebs.get("Status", ""),
+                    extra={"instance_id": instance["InstanceId"], "device": m.get("DeviceName", ""),
+                           "delete_on_termination": str(bool(ebs.get("DeleteOnTermination"))).lower()},
+                    **common))
+        return out
+
+    # ------------------------------------------------------------------ Protocol: describe / retain / start / release
+
+    def _instances_by_tags(self, ref: RunRef, states: list[str] | None = None) -> list[dict[str, Any]]:
+        filters = [{"Name": f"tag:{TAG_RUN}", "Values": [ref.run_id]},
+                   {"Name": f"tag:{TAG_DEPLOYMENT}", "Values": [ref.deployment]}]
+        if states:
+            filters.append({"Name": "instance-state-name", "Values": states})
+        return [i for r in self.pages("ec2", "describe_instances", "Reservations", Filters=filters)
+                for i in r.get("Instances") or []]
+
+    def _find(self, ref: RunRef, resources: list[CloudResource]) -> list[dict[str, Any]]:
+        """The run's instances: by recorded ID when known (checked for tags later), else by tags."""
+        ids = [r.id for r in resources if r.provider == "aws" and r.kind == "instance"]
+        if not ids:
+            return self._instances_by_tags(ref)
+        # A filter (not InstanceIds) so a vanished ID yields nothing instead of an error.
+        return [i for r in self.pages("ec2", "describe_instances", "Reservations",
+                                      Filters=[{"Name": "instance-id", "Values": ids}])
+                for i in r.get("Instances") or []]
+
+    @staticmethod
+    def _require_owned(instance: dict[str, Any], ref: RunRef, verb: str) -> None:
+        tags = _tags(instance)
+        if (tags.get(TAG_MANAGED) != "true" or tags.get(TAG_DEPLOYMENT) != ref.deployment
+                or tags.get(TAG_RUN) != ref.run_id):
+            raise PermanentError(
+                f"refusing to {verb} {instance['InstanceId']}: it does not carry this deployment's tags "
+                f"({TAG_MANAGED}=true, {TAG_DEPLOYMENT}={ref.deployment}, {TAG_RUN}={ref.run_id}); "
+                "Tensorant never touches instances it did not create.", code="NotOwned")
+
+    def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
+        instances = [i for i in self._find(ref, resources) if i["State"]["Name"] != "terminated"]
+        if not instances:
+            return Description(state=MachineState.gone, detail="no live instance for this run")
+        inst = instances[0]
+        name = inst["State"]["Name"]
+        return Description(state=STATE_MAP.get(name, MachineState.unknown), detail=f"EC2 state {name}",
+                           resources=self._resources(ref, inst))
+
+    @staticmethod
+    def _root_size_text(instance: dict[str, Any], resources: list[CloudResource]) -> str:
+        vols = [m["Ebs"]["VolumeId"] for m in instance.get("BlockDeviceMappings") or [] if m.get("Ebs")]
+        vols = vols or [r.id for r in resources if r.kind == "volume"]
+        return f"volume {', '.join(vols)}" if vols else "the root volume"
+
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        instances = self._find(ref, resources)
+        live = [i for i in instances if i["State"]["Name"] != "terminated"]
+        if not live:
+            return Outcome(done=True, detail="the instance is already terminated; its root disk is gone and "
+                           "nothing is retained", billing_note="Nothing of this run bills any more.")
+        inst = live[0]
+        self._require_owned(inst, ref, "stop")
+        iid = inst["InstanceId"]
+        state = inst["State"]["Name"]
+        note = RETAIN_BILLING.format(size=self._root_size_text(inst, resources))
+        if state == "stopped":
+            return Outcome(done=True, detail=f"{iid} is stopped", billing_note=note)
+        if state == "shutting-down":
+            return Outcome(done=True, detail=f"{iid} is being terminated; nothing can be retained",
+                           billing_note="The instance is terminating; its root disk is deleted with it.")
+        if state in ("pending", "running"):
+            try:
+                result = self.call("ec2", "stop_instances", InstanceIds=[iid], action=f"stopping {iid}")
+                state = result["StoppingInstances"][0]["CurrentState"]["Name"]
+            except ProviderError as exc:
+                if exc.code != "IncorrectInstanceState":  # still pending: ask again shortly
+                    raise
+        if state == "stopped":
+            return Outcome(done=True, detail=f"{iid} is stopped", billing_note=note)
+        return Outcome(done=False, detail=f"{iid} is {state}; waiting for EC2 to confirm 'stopped'",
+                       retry_after_s=15.0)
+
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        live = [i for i in self._find(ref, resources) if i["State"]["Name"] != "terminated"]
+        if not live:
+            raise PermanentError("the run's instance no longer exists; there is nothing to start")
+        inst = live[0]
+        self._require_owned(inst, ref, "start")
+        iid = inst["InstanceId"]
+        state = inst["State"]["Name"]
+        if state == "stopped":
+            itype = inst.get("InstanceType", "")
+            result = self.call("ec2", "start_instances", InstanceIds=[iid], action=f"starting {iid}",
+                               instance_type=itype, zone=inst.get("Placement", {}).get("AvailabilityZone", ""))
+            state = result["StartingInstances"][0]["CurrentState"]["Name"]
+        if state == "running":
+            return Outcome(done=True, detail=f"{iid} is running", billing_note=START_BILLING)
+        if state in ("stopping", "shutting-down"):
+            return Outcome(done=False, detail=f"{iid} is {state}; it can start once stopped", retry_after_s=15.0)
+        return Outcome(done=False, detail=f"{iid} is {state}", retry_after_s=10.0, billing_note=START_BILLING)
+
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        instances = self._find(ref, resources)
+        pending: list[str] = []
+        for inst in instances:
+            state = inst["State"]["Name"]
+            if state == "terminated":
+                continue
+            self._require_owned(inst, ref, "terminate")
+            iid = inst["InstanceId"]
+            if state != "shutting-down":
+                try:
+                    result = self.call("ec2", "terminate_instances", InstanceIds=[iid],
+                                       action=f"terminating {iid}")
+                    state = result["TerminatingInstances"][0]["CurrentState"]["Name"]
+                except ProviderError as exc:
+                    if code_of(exc.__cause__ or exc) not in NOT_FOUND_CODES:
+                        raise
+                    state = "terminated"
+            if state != "terminated":
+                pending.append(f"{iid} is {state}")
+        if pending:
+            return Outcome(done=False, detail="; ".join(pending) + "; waiting for EC2 to confirm 'terminated'",
+                           retry_after_s=10.0)
+        return self._confirm_volumes_gone(ref, resources, instances)
+
+    def _confirm_volumes_gone(self, ref: RunRef, resources: list[CloudResource],
+                              instances: list[dict[str, Any]]) -> Outcome:
+        filters = [{"Name": f"tag:{TAG_RUN}", "Values": [ref.run_id]},
+                   {"Name": f"tag:{TAG_DEPLOYMENT}", "Values": [ref.deployment]}]
+        try:
+            volumes = list(self.pages("ec2", "describe_volumes", "Volumes", Filters=filters))
+        except AuthError as exc:
+            if exc.code != "UnauthorizedOperation":
+                raise
+            # The guide's minimal policy lacks ec2:DescribeVolumes. The root volume was created
+            # with DeleteOnTermination=true, and EC2 deletes such volumes with the instance.
+            recorded = [r for r in resources if r.kind == "volume"]
+            if all(r.extra.get("delete_on_termination", "true") == "true" for r in recorded):
+                return Outcome(done=True, detail="instance terminated; its root volume was created with "
+                               "DeleteOnTermination and is deleted with it (ec2:DescribeVolumes is not granted, "
+                               "so the deletion was not read back)")
+            raise
+        left = [v for v in volumes if v.get("State") != "deleted"]
+        if not left:
+            done = ", ".join(i["InstanceId"] for i in instances) or "no instance found"
+            return Outcome(done=True, detail=f"terminated ({done}); the run's volumes are gone")
+        text = ", ".join(f"{v['VolumeId']} ({v.get('State')})" for v in left)
+        if all(v.get("State") == "deleting" for v in left):
+            return Outcome(done=False, detail=f"waiting for EC2 to delete {text}", retry_after_s=10.0)
+        return Outcome(done=False, detail=f"the instance is terminated but volume {text} still exists; delete it "
+                       "in EC2 → Volumes (it was kept, e.g. DeleteOnTermination was changed), then retry release",
+                       retry_after_s=60.0)
+
+    # ------------------------------------------------------------------ Protocol: list_managed
+
+    def list_managed(self) -> Iterable[CloudResource]:
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                   {"Name": f"tag:{TAG_DEPLOYMENT}", "Values": [self.settings.deployment_id]}]
+        for reservation in self.pages("ec2", "describe_instances", "Reservations",
+                                      Filters=filters, MaxResults=self.page_size):
+            for inst in reservation.get("Instances") or []:
+                if inst["State"]["Name"] == "terminated":
+                    continue
+                tags = _tags(inst)
+                yield self._managed(tags, kind="instance", id=inst["InstanceId"], created_at=inst.get("LaunchTime"),
+                                    state=inst["State"]["Name"],
+                                    extra={"instance_type": inst.get("InstanceType", "")})
+        try:
+            for vol in self.pages("ec2", "describe_volumes", "Volumes", Filters=filters, MaxResults=self.page_size):
+                tags = _tags(vol)
+                attached = [a.get("InstanceId", "") for a in vol.get("Attachments") or []]
+                yield self._managed(tags, kind="volume", id=vol["VolumeId"], created_at=vol.get("CreateTime"),
+                                    state=vol.get("State", ""),
+                                    extra={"instance_id": attached[0] if attached else "",
+                                           "size_gb": str(vol.get("Size", ""))})
+        except AuthError as exc:
+            if exc.code != "UnauthorizedOperation":
+                raise
+            get_logger().warning("aws list_managed: ec2:DescribeVolumes not granted; volumes not listed")
+
+    page_size = 100
+
+    def _managed(self, tags: dict[str, str], *, kind: str, id: str, created_at: datetime | None, state: str,
+                 extra: dict[str, str]) -> CloudResource:
+        return CloudResource(provider="aws", kind=kind, id=id, name=tags.get("Name", ""), region=self.region,
+                             run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
+                             deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
+                             created_at=created_at, state=state, extra=extra)

@@ -1,0 +1,99 @@
+"""On-demand prices from the AWS Pricing API (GetProducts), which answers only in us-east-1.
+
+Queries are filtered (service, region, OS, tenancy, pre-installed software, capacity
+status, and the instance types asked for) and paginated; only the OnDemand term of
+each product is read, never Reserved or Spot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+PRICING_REGION = "us-east-1"
+HOURS_PER_MONTH = 730  # AWS's own convention for turning a monthly rate into an hourly one
+TYPES_PER_QUERY = 20  # ANY_OF values are one comma-separated string; keep it short
+
+# (ServiceCode, filters, page key) -> iterator of PriceList items (JSON strings)
+Pager = Callable[[dict[str, Any]], Iterable[str]]
+
+
+def _term(field: str, value: str, kind: str = "TERM_MATCH") -> dict[str, str]:
+    return {"Type": kind, "Field": field, "Value": value}
+
+
+def compute_query(region: str, instance_types: list[str]) -> dict[str, Any]:
+    return {
+        "ServiceCode": "AmazonEC2",
+        "FormatVersion": "aws_v1",
+        "Filters": [
+            _term("regionCode", region),
+            _term("operatingSystem", "Linux"),
+            _term("tenancy", "Shared"),
+            _term("preInstalledSw", "NA"),
+            _term("capacitystatus", "Used"),
+            _term("instanceType", ",".join(instance_types), "ANY_OF"),
+        ],
+    }
+
+
+def gp3_query(region: str) -> dict[str, Any]:
+    return {
+        "ServiceCode": "AmazonEC2",
+        "FormatVersion": "aws_v1",
+        "Filters": [
+            _term("regionCode", region),
+            _term("productFamily", "Storage"),
+            _term("volumeApiName", "gp3"),
+        ],
+    }
+
+
+def on_demand_usd(item: dict[str, Any], unit: str) -> float | None:
+    """The USD price per `unit` from the item's OnDemand term, or None if it has none."""
+    terms = (item.get("terms") or {}).get("OnDemand") or {}
+    for term in terms.values():
+        for dim in (term.get("priceDimensions") or {}).values():
+            if dim.get("unit") != unit:
+                continue
+            usd = (dim.get("pricePerUnit") or {}).get("USD")
+            if usd is None:
+                continue
+            value = float(usd)
+            if value > 0:
+                return value
+    return None
+
+
+def _items(pages: Iterable[str]) -> Iterator[dict[str, Any]]:
+    for raw in pages:
+        yield json.loads(raw) if isinstance(raw, str) else raw
+
+
+def hourly_prices(pager: Pager, region: str, instance_types: list[str]) -> dict[str, float]:
+    """instance type -> on-demand Linux USD per hour, for the types AWS prices."""
+    out: dict[str, float] = {}
+    for i in range(0, len(instance_types), TYPES_PER_QUERY):
+        chunk = instance_types[i:i + TYPES_PER_QUERY]
+        for item in _items(pager(compute_query(region, chunk))):
+            attrs = (item.get("product") or {}).get("attributes") or {}
+            itype = attrs.get("instanceType", "")
+            if itype not in chunk or attrs.get("regionCode", region) != region:
+                continue
+            price = on_demand_usd(item, "Hrs")
+            if price is not None:
+                # Several SKUs can survive the filter; the lowest is the plain on-demand one.
+                out[itype] = min(price, out.get(itype, price))
+    return out
+
+
+def gp3_per_gb_month(pager: Pager, region: str) -> float | None:
+    for item in _items(pager(gp3_query(region))):
+        attrs = (item.get("product") or {}).get("attributes") or {}
+        if attrs.get("volumeApiName") != "gp3":
+            continue
+        price = on_demand_usd(item, "GB-Mo")
+        if price is not None:
+            return price
+    return None
