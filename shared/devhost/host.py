@@ -405,6 +405,7 @@ class Host:
         in_flight: set[Any] = set()
         lock = threading.Lock()
         delay = MIN_POLL_S
+        last_error = ""
 
         def done(fut: Any) -> None:
             with lock:
@@ -418,8 +419,11 @@ class Host:
                 continue
             try:
                 msgs = self._receive(f, self.config.batch_size)
+                last_error = ""
             except Exception as exc:
-                log.error("queue %s: receive failed: %s", f.queue_name, exc)
+                if str(exc) != last_error:  # say it once, not on every poll
+                    log.error("queue %s: receive failed (retrying): %s", f.queue_name, exc)
+                last_error = str(exc)
                 msgs = []
                 delay = self.config.max_polling_interval_s
             for m in msgs:

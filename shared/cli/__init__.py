@@ -1,0 +1,1 @@
+"""The `tensorant` command line (shared.cli.main:main)."""

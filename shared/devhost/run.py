@@ -1,0 +1,213 @@
+"""`make run`: Azurite + the function app in the dev host on http://localhost:7071, local providers.
+
+    python -m shared.devhost.run [--app function_app:app] [--port 7071] [--no-azurite]
+
+Azurite keeps its data in .tensorant/azurite, so a second run sees the first run's
+tables and queues. An Azurite already listening on 10000-10002 is reused (and left
+running); anything else on those ports stops the run with a message. Ctrl-C stops
+the host, calls every `on_stop` callback (the local provider registers one that ends
+its agent processes), and stops the Azurite this run started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shared.devhost.config import load_local_settings
+
+# Callbacks run on shutdown, after the host stopped and before Azurite stops.
+on_stop: list[Callable[[], None]] = []
+
+AZURITE_PORTS = {"Blob": 10000, "Queue": 10001, "Table": 10002}
+
+
+class RunError(Exception):
+    """A reason `make run` cannot start, said so the user can fix it."""
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _azurite_server(port: int) -> str:
+    """The Server header on a port ("Azurite-Queue/3.37.0"), or "" if it is not HTTP."""
+    import requests
+
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list", timeout=2).headers.get("Server", "")
+    except requests.RequestException:
+        return ""
+
+
+def _uses_local_azurite(conn: str) -> bool:
+    return not conn or conn.strip() == "UseDevelopmentStorage=true" or "127.0.0.1:10001" in conn \
+        or "localhost:10001" in conn
+
+
+def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
+    """Reuse an Azurite on the default ports or start one; return the process if this call started it."""
+    busy = {name: port for name, port in AZURITE_PORTS.items() if _listening(port)}
+    if busy:
+        foreign = [f"{port} ({name})" for name, port in busy.items()
+                   if not _azurite_server(port).startswith(f"Azurite-{name}")]
+        if foreign or len(busy) != len(AZURITE_PORTS):
+            taken = ", ".join(foreign or [f"{p} ({n})" for n, p in busy.items()])
+            raise RunError(f"ports {taken} are in use by something that is not a complete Azurite. Stop it, "
+                           "or set AzureWebJobsStorage in local.settings.json to the storage you want to use.")
+        print(f"Reusing the Azurite already listening on {', '.join(map(str, AZURITE_PORTS.values()))}", flush=True)
+        return None
+    data = root / ".tensorant" / "azurite"
+    data.mkdir(parents=True, exist_ok=True)
+    cmd = [_azurite_bin(root), "--silent", "--skipApiVersionCheck", "--location", str(data)]
+    for name, port in AZURITE_PORTS.items():
+        cmd += [f"--{name.lower()}Host", "127.0.0.1", f"--{name.lower()}Port", str(port)]
+    log = open(data / "azurite.log", "ab")  # noqa: SIM115 - lives as long as Azurite
+    # Own session: Ctrl-C reaches only us, and we stop Azurite after the host is down.
+    proc = subprocess.Popen(cmd, cwd=data, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunError(f"Azurite exited at start (code {proc.returncode}); see {data / 'azurite.log'}")
+        if all(_listening(p) for p in AZURITE_PORTS.values()):
+            print(f"Started Azurite (data in {data})", flush=True)
+            return proc
+        time.sleep(0.1)
+    stop_process(proc)
+    raise RunError(f"Azurite did not listen within 30 s; see {data / 'azurite.log'}")
+
+
+def _azurite_bin(root: Path) -> str:
+    local = root / "node_modules" / ".bin" / "azurite"
+    if local.exists():
+        return str(local)
+    found = shutil.which("azurite")
+    if not found:
+        raise RunError("Azurite is not installed: run `npm install` in the repository root (`make run` does it)")
+    return found
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """SIGTERM (Azurite saves its data on the way out; that takes it up to ~12 s), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def set_local_defaults(root: Path, port: int) -> None:
+    """App settings for running everything on this machine; what is already set wins."""
+    from shared.settings import AZURITE
+
+    defaults = {
+        "AzureWebJobsStorage": AZURITE,
+        "FUNCTIONS_WORKER_RUNTIME": "python",
+        "TENSORANT_ENV": "development",
+        "TENSORANT_DEPLOYMENT_ID": "dev",
+        "TENSORANT_LOCAL_ROOT": str(root / ".tensorant" / "local"),
+        "TENSORANT_PUBLIC_URL": f"http://localhost:{port}",
+    }
+    for key, value in defaults.items():
+        if not os.environ.get(key):
+            os.environ[key] = value
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shared.devhost.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--app", default="function_app:app", help="module:attr of the FunctionApp")
+    parser.add_argument("--port", type=int, default=0, help="HTTP port (default: local.settings.json or 7071)")
+    parser.add_argument("--no-azurite", action="store_true", help="use AzureWebJobsStorage as it is")
+    args = parser.parse_args(argv)
+
+    root = Path.cwd()
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    host_section = load_local_settings(root / "local.settings.json")
+    port = args.port or int(host_section.get("LocalHttpPort") or 7071)
+    if not _port_free(port):
+        print(f"error: port {port} is in use (another `make run`?). Stop it, or pass --port.", file=sys.stderr)
+        return 1
+
+    azurite: subprocess.Popen[bytes] | None = None
+    host = None
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        if not args.no_azurite and _uses_local_azurite(os.environ.get("AzureWebJobsStorage", "")):
+            azurite = ensure_azurite(root)
+            from shared.settings import AZURITE
+
+            os.environ["AzureWebJobsStorage"] = AZURITE
+        set_local_defaults(root, port)
+        from shared.settings import reset_settings
+
+        reset_settings()
+
+        from shared.devhost.host import Host
+
+        host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*").start()
+        _banner(host, port)
+        while not stopping.is_set():
+            stopping.wait(0.5)
+        print("\nStopping...", flush=True)
+        return 0
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if host is not None:
+            host.stop()
+        for callback in on_stop:
+            try:
+                callback()
+            except Exception as exc:
+                print(f"warning: a stop callback failed: {exc}", file=sys.stderr)
+        if azurite is not None:
+            print("Stopping Azurite (it saves its data; a few seconds)...", flush=True)
+            stop_process(azurite)
+
+
+def _banner(host: object, port: int) -> None:
+    from shared.devhost.host import resolve_setting
+    from shared.models import Role
+    from shared.security import mint_user_token
+
+    token = mint_user_token("dev-user", "dev-org", Role.owner)
+    functions = getattr(host, "functions", [])
+    lines = [f"  {f.name}: [{f.kind}] " + (
+        f"/api/{f.route.template}" if f.route else f.queue_name or resolve_setting(f.schedule))
+             for f in functions]
+    base = f"http://localhost:{port}"
+    print("\nFunctions:\n" + "\n".join(lines), flush=True)
+    print(f"\nTensorant control plane: {base}/api\nAPI docs: {base}/api/docs\n"
+          f"Dev owner token (org dev-org; `tensorant dev-token` mints others):\n"
+          f"  export TENSORANT_URL={base}\n  export TENSORANT_TOKEN={token}\n\nPress Ctrl-C to stop.", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
