@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import socket
+import subprocess
+import sys
+import time
 from urllib.parse import parse_qsl, quote, urlsplit
 
 
@@ -48,3 +52,20 @@ def presigned_signature_valid(url: str, method: str, secret: str) -> bool:
     to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = _hmac(_hmac(_hmac(_hmac(f"AWS4{secret}".encode(), date), region), service), "aws4_request")
     return hmac.compare_digest(hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest(), given)
+
+
+def start_moto_with_auth(no_auth_actions: int) -> tuple[subprocess.Popen[bytes], str]:
+    """moto server in its own process with IAM auth enforced after `no_auth_actions` requests
+    (the setting is process-wide, so it must not leak into other tests' moto)."""
+    port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(no_auth_actions)}
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"http://127.0.0.1:{port}"
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
