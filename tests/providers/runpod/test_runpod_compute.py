@@ -327,3 +327,13 @@ def test_volume_from_storage_forces_secure_cloud(fake: FakeRunPod) -> None:
     cfg = cfg.model_copy(update={"network_volume_id": "vol0abc123", "datacenter_id": "EU-RO-1"})
     RunPodCompute(cfg, Settings(deployment_id="test")).launch(spec())
     assert fake.creates()[0]["variables"]["input"]["cloudType"] == "SECURE"
+
+
+def test_importing_the_provider_loads_no_sdk() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, shared.providers.runpod.config, shared.providers.runpod.compute, shared.storage.s3, "
+            "shared.storage.runpod_volume; print(sorted(m for m in ('runpod', 'boto3', 'requests') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
