@@ -143,6 +143,13 @@ class RunPodCompute:
         return Check(name="network volume", status=CheckStatus.ok,
                      message=f"network volume {vid} ({match.get('name', '')}) is in {dc}; pods will run there")
 
+    def network_volumes(self) -> list[dict[str, Any]]:
+        """The account's network volumes (id, name, size GB, dataCenterId), for the storage card's
+        "pick a volume" list. Needs network-volume discovery on the key."""
+        volumes = (self.api.query(_VOLUMES).get("myself") or {}).get("networkVolumes") or []
+        return [{"id": str(v.get("id")), "name": str(v.get("name") or ""), "size_gb": int(v.get("size") or 0),
+                 "datacenter_id": str(v.get("dataCenterId") or "")} for v in volumes if isinstance(v, dict)]
+
     def offers(self) -> list[GpuOffer]:
         dc = self.config.datacenter_id or None
         cloud = self._cloud()

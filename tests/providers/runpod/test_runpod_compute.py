@@ -337,3 +337,8 @@ def test_importing_the_provider_loads_no_sdk() -> None:
             "shared.storage.runpod_volume; print(sorted(m for m in ('runpod', 'boto3', 'requests') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_network_volumes_for_the_picker(fake: FakeRunPod) -> None:
+    assert provider().network_volumes() == [
+        {"id": "vol0abc123", "name": "tensorant", "size_gb": 100, "datacenter_id": "EU-RO-1"}]
