@@ -220,10 +220,10 @@ class AzureCompute:
         """Wait for a long-running operation at most lro_wait_s. True = finished (raises if it failed)."""
         from azure.core.exceptions import AzureError
 
-        poller.wait(timeout=self.endpoints.lro_wait_s)
-        if not poller.done():
-            return False
         try:
+            poller.wait(timeout=self.endpoints.lro_wait_s)  # re-raises the operation's failure
+            if not poller.done():
+                return False
             poller.result()
         except AzureError as e:
             raise translate(e, doing) from None

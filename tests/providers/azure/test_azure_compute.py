@@ -1,0 +1,405 @@
+"""AzureCompute with the real azure-identity / azure-mgmt clients against the fake ARM server."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from shared.models import CheckStatus, GpuOffer, MachineState
+from shared.providers.azure.config import AzureConfig
+from shared.providers.base import Bootstrap, LaunchSpec, RunRef
+from shared.providers.errors import (
+    AuthError,
+    CapacityError,
+    PermanentError,
+    ProviderError,
+    QuotaError,
+    ThrottledError,
+)
+from tests.providers.azure.conftest import (
+    GALLERY_IMAGE,
+    GALLERY_VERSION_ID,
+    SUBNET_ID,
+    TRAIN_RG,
+    VNET_ID,
+    config_body,
+    make_compute,
+)
+from tests.providers.azure.fake_arm import SUB, FakeArm
+
+REF = RunRef(deployment="test", org="org1", run_id="run-abc")
+VM_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/virtualMachines/{REF.name}"
+DISK_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/disks/{REF.name}-osdisk"
+NIC_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Network/networkInterfaces/{REF.name}-nic"
+
+
+def offer(size: str = "Standard_NC24ads_A100_v4") -> GpuOffer:
+    return GpuOffer(provider="azure", offer_id=f"azure:eastus:{size}", gpu="A100", gpu_memory_gb=80,
+                    machine_type=size, region="eastus", compute_per_hour=3.6, disk_per_hour=0.03, total_per_hour=3.63)
+
+
+def spec(ref: RunRef = REF, size: str = "Standard_NC24ads_A100_v4") -> LaunchSpec:
+    boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:1",
+                     env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-secret-123456"},
+                     secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
+    return LaunchSpec(ref=ref, offer=offer(size), bootstrap=boot)
+
+
+def writes(fake: FakeArm) -> list[tuple[str, str]]:
+    return [(m, p) for m, p, _, _ in fake.requests if m in ("PUT", "PATCH", "DELETE", "POST")
+            and "/oauth2/" not in p]
+
+
+# ---------------------------------------------------------------- validate
+
+
+def checks(compute: Any) -> dict[str, Any]:
+    return {c.name: c for c in compute.validate()}
+
+
+def test_validate_all_good_and_starts_nothing(fake: FakeArm, compute: Any) -> None:
+    result = checks(compute)
+    assert [result[n].status for n in ("authentication", "image", "subnet", "gpu_sizes", "prices")] == \
+        [CheckStatus.ok] * 5
+    assert "Standard_NV36adms_A10_v5: NotAvailableForSubscription" in result["gpu_sizes"].message
+    assert "NV12ads" not in result["gpu_sizes"].message and "T4" not in result["gpu_sizes"].message
+    # H100 family quota is 0: a warning, and it says quota does not reserve capacity
+    assert result["quota"].status == CheckStatus.warn
+    assert "standardNCadsH100v5Family" in result["quota"].message
+    assert "does not reserve" in result["quota"].message
+    assert writes(fake) == []
+
+
+def test_validate_wrong_secret_fails_authentication_with_hint(fake: FakeArm) -> None:
+    fake.client_secret = "another-value~0123456789"
+    result = make_compute(fake).validate()
+    assert [c.name for c in result] == ["authentication"]
+    assert result[0].status == CheckStatus.fail and "Value (not its Secret ID)" in result[0].message
+
+
+def test_validate_missing_role_assignment(fake: FakeArm) -> None:
+    fake.fail("GET", r"/resourcegroups/tensorant-training/providers/microsoft.compute/virtualmachines$", 403,
+              "AuthorizationFailed", message="does not have authorization")
+    auth = make_compute(fake).validate()[0]
+    assert auth.status == CheckStatus.fail and "Tensorant Training Resources" in auth.message
+
+
+def test_validate_image_problems(fake: FakeArm) -> None:
+    image = fake.get(config_body()["image_id"])
+    assert image is not None
+    image["properties"]["hyperVGeneration"] = "V1"
+    image["properties"]["storageProfile"]["osDisk"]["osType"] = "Windows"
+    msg = checks(make_compute(fake))["image"].message
+    assert "Gen2" in msg and "not Linux" in msg
+
+
+def test_validate_gallery_version_not_replicated_and_arm(fake: FakeArm) -> None:
+    version, definition = fake.get(GALLERY_VERSION_ID), fake.get(GALLERY_IMAGE)
+    assert version and definition
+    version["properties"]["publishingProfile"]["targetRegions"] = [{"name": "West US 2"}]
+    definition["properties"]["architecture"] = "Arm64"
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.fail
+    assert "not replicated to eastus" in image.message and "x64" in image.message
+
+
+def test_validate_gallery_version_ok(fake: FakeArm) -> None:
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
+    assert checks(make_compute(fake, config=cfg))["image"].status == CheckStatus.ok
+
+
+def test_validate_subnet_in_other_region_and_missing(fake: FakeArm) -> None:
+    vnet = fake.get(VNET_ID)
+    assert vnet
+    vnet["location"] = "westeurope"
+    sub = checks(make_compute(fake))["subnet"]
+    assert sub.status == CheckStatus.fail and "westeurope" in sub.message
+    fake.resources.pop(SUBNET_ID.lower())
+    assert "not found" in checks(make_compute(fake))["subnet"].message
+
+
+def test_validate_subnet_without_nat_is_a_warning(fake: FakeArm) -> None:
+    subnet = fake.get(SUBNET_ID)
+    assert subnet
+    subnet["properties"].pop("natGateway")
+    assert checks(make_compute(fake))["subnet"].status == CheckStatus.warn
+
+
+def test_validate_no_supported_size_in_region(fake: FakeArm) -> None:
+    for sku in fake.skus:
+        sku["restrictions"] = [{"type": "Zone", "values": ["eastus"], "reasonCode": "NotAvailableForSubscription",
+                                "restrictionInfo": {"zones": ["1", "2", "3"]}}]
+    result = checks(make_compute(fake))
+    assert result["gpu_sizes"].status == CheckStatus.fail and "every zone" in result["gpu_sizes"].message
+
+
+# ---------------------------------------------------------------- offers
+
+
+def test_offers_supported_sizes_with_linux_on_demand_and_disk_price(fake: FakeArm, compute: Any) -> None:
+    offers = {o.machine_type: o for o in compute.offers()}
+    # fractional A10, multi-GPU A100, T4 and a size not available to the subscription are left out
+    assert set(offers) == {"Standard_NV36ads_A10_v5", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5"}
+    a100 = offers["Standard_NC24ads_A100_v4"]
+    assert a100.compute_per_hour == 3.673  # not Spot (0.73), Low Priority (0.9), Windows (4.5) or reserved
+    assert a100.disk_per_hour == round(19.71 / 730, 4)  # P10 covers 128 GiB
+    assert a100.total_per_hour == round(3.673 + 19.71 / 730, 4)
+    assert a100.gpu_memory_gb == 80 and a100.region == "eastus"
+    assert "network" in a100.note and "taxes" in a100.note and "discounts" in a100.note
+    # the VM price query was filtered and followed NextPageLink (page size 3 < matching items)
+    vm_queries = [q for q in fake.price_queries if "Virtual Machines" in q]
+    assert len(vm_queries) >= 2 and all("armRegionName eq 'eastus'" in q for q in vm_queries)
+    assert any("skuName eq 'P10 LRS'" in q for q in fake.price_queries)
+
+
+def test_offers_need_a_price(fake: FakeArm, compute: Any) -> None:
+    fake.price_items = [p for p in fake.price_items if p["armSkuName"] != "Standard_NC40ads_H100_v5"]
+    assert "Standard_NC40ads_H100_v5" not in {o.machine_type for o in compute.offers()}
+
+
+def test_offers_raise_when_prices_cannot_load(fake: FakeArm) -> None:
+    compute = make_compute(fake, prices_url="https://127.0.0.1:1/api/retail/prices")
+    with pytest.raises(ProviderError):
+        compute.offers()
+    fake.price_items = [p for p in fake.price_items if p["serviceName"] != "Storage"]
+    with pytest.raises(ProviderError, match="P10"):
+        make_compute(fake).offers()
+
+
+def test_bigger_disk_uses_bigger_tier(fake: FakeArm) -> None:
+    cfg = AzureConfig(**config_body(os_disk_gb=200))
+    offers = make_compute(fake, config=cfg).offers()
+    assert offers and all(o.disk_per_hour == round(38.01 / 730, 4) for o in offers)
+
+
+# ---------------------------------------------------------------- launch
+
+
+def test_launch_creates_private_vm_with_marks_and_is_idempotent(fake: FakeArm, compute: Any) -> None:
+    first = compute.launch(spec())
+    second = compute.launch(spec())
+    assert [r.id for r in first] == [r.id for r in second] == [VM_ID, DISK_ID, NIC_ID]
+    assert len(fake.of_type("Microsoft.Compute/virtualMachines")) == 1
+    assert len([1 for m, p in writes(fake) if m == "PUT" and "virtualmachines" in p.lower()]) == 1
+
+    vm, nic, disk = fake.get(VM_ID), fake.get(NIC_ID), fake.get(DISK_ID)
+    assert vm and nic and disk
+    for res in (vm, nic, disk):
+        assert res["tags"] == REF.tags
+    props = vm["properties"]
+    os_disk = props["storageProfile"]["osDisk"]
+    assert os_disk["managedDisk"]["storageAccountType"] == "Premium_LRS" and os_disk["diskSizeGB"] == 128
+    assert os_disk["deleteOption"] == "Delete" and os_disk["name"] == f"{REF.name}-osdisk"
+    assert props["storageProfile"]["dataDisks"] == []
+    assert props["storageProfile"]["imageReference"]["id"] == config_body()["image_id"]
+    assert props["networkProfile"]["networkInterfaces"][0]["properties"]["deleteOption"] == "Delete"
+    profile = vm["_os_profile"]
+    assert profile["adminUsername"] == "tensorant" and "adminPassword" not in profile
+    assert profile["linuxConfiguration"]["disablePasswordAuthentication"] is True
+    assert profile["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == config_body()["ssh_public_key"]
+    user_data = base64.b64decode(vm["_custom_data"]).decode()
+    assert user_data.startswith("#cloud-config") and "ghcr.io/tensorant/trainer:1" in user_data
+    ipcfg = nic["properties"]["ipConfigurations"][0]["properties"]
+    assert ipcfg["subnet"]["id"] == SUBNET_ID and "publicIPAddress" not in ipcfg
+    # the customer's network and image are only read
+    assert not [p for _, p in writes(fake) if "virtualnetworks" in p.lower() or "/images/" in p.lower()]
+
+
+def test_allocation_failure_cleans_up_vm_disk_and_nic(fake: FakeArm, compute: Any) -> None:
+    fake.allocation_failure = "AllocationFailed"
+    with pytest.raises(CapacityError) as info:
+        compute.launch(spec())
+    assert "capacity" in info.value.reason and info.value.code == "AllocationFailed"
+    assert fake.get(VM_ID) is None and fake.get(DISK_ID) is None and fake.get(NIC_ID) is None
+    # the VM resource existed (in a Failed state) and was deleted
+    assert ("DELETE", VM_ID) in writes(fake)
+
+
+def test_failed_vm_found_by_a_retried_launch_is_cleaned_up(fake: FakeArm) -> None:
+    fake.allocation_failure = "OverconstrainedAllocationRequest"
+    fake.hold_ops = True
+    compute = make_compute(fake, lro_wait_s=0.05)
+    resources = compute.launch(spec())  # Azure has not answered yet: resources are recorded, not failed
+    assert [r.kind for r in resources] == ["vm", "disk", "nic"]
+    fake.hold_ops = False
+    for op in fake.ops.values():  # let Azure finish: the allocation fails, leaving the VM resource
+        fake._poll(next(k for k, v in fake.ops.items() if v is op))
+    assert fake.get(VM_ID)["properties"]["provisioningState"] == "Failed"  # type: ignore[index]
+    assert compute.describe(REF, resources).state == MachineState.unknown
+    with pytest.raises(CapacityError):
+        make_compute(fake).launch(spec())
+    assert fake.get(VM_ID) is None and fake.get(NIC_ID) is None and fake.get(DISK_ID) is None
+
+
+def test_create_refusals_translate_and_leave_no_nic(fake: FakeArm) -> None:
+    cases = [(409, "SkuNotAvailable", CapacityError), (409, "QuotaExceeded", QuotaError),
+             (409, "OperationNotAllowed", QuotaError), (403, "AuthorizationFailed", AuthError),
+             (400, "InvalidParameter", PermanentError)]
+    for status, code, exc in cases:
+        fake.fail("PUT", r"/virtualmachines/", status, code, message=f"{code} happened")
+        with pytest.raises(exc) as info:
+            make_compute(fake).launch(spec())
+        assert info.value.code == code
+        if exc is not AuthError:  # without permission, cleanup cannot run either; release/sweeper retry
+            assert fake.get(NIC_ID) is None, code
+    assert fake.get(VM_ID) is None
+
+
+def test_throttling_honours_retry_after(fake: FakeArm) -> None:
+    slept: list[float] = []
+    fake.fail("GET", r"/virtualmachines/tensorant-test-run-abc$", 429, "TooManyRequests", times=2,
+              headers={"Retry-After": "3"})
+    compute = make_compute(fake, sleep=slept.append)
+    assert compute.describe(REF, []).state == MachineState.gone
+    assert slept == [3.0, 3.0]
+    fake.fail("GET", r"/virtualmachines/tensorant-test-run-abc$", 429, "TooManyRequests", times=5,
+              headers={"Retry-After": "120"})
+    with pytest.raises(ThrottledError) as info:
+        compute.describe(REF, [])
+    assert info.value.retry_after_s == 120.0
+
+
+def test_unsupported_size_refused_before_any_call(fake: FakeArm, compute: Any) -> None:
+    with pytest.raises(PermanentError, match="not a supported"):
+        compute.launch(spec(size="Standard_NV12ads_A10_v5"))
+    assert writes(fake) == []
+
+
+# ---------------------------------------------------------------- retain / start / release
+
+
+def test_retain_deallocates_and_keeps_disk_then_start(fake: FakeArm, compute: Any) -> None:
+    compute.launch(spec())
+    out = compute.retain(REF, [])
+    assert out.done and "deallocated" in out.detail
+    assert "disk" in out.billing_note and "still bill" in out.billing_note
+    assert fake.get(VM_ID)["_state"]["power"] == "deallocated"  # type: ignore[index]
+    assert fake.get(DISK_ID) is not None
+    assert any(p.lower().endswith("/deallocate") for _, p in writes(fake))
+    assert not any(p.lower().endswith("/poweroff") for _, p in writes(fake))
+    assert compute.describe(REF, []).state == MachineState.stopped
+    assert compute.retain(REF, []).done  # again: already deallocated, no second request
+    assert sum(1 for _, p in writes(fake) if p.lower().endswith("/deallocate")) == 1
+    started = compute.start(REF, [])
+    assert started.done and fake.get(VM_ID)["_state"]["power"] == "running"  # type: ignore[index]
+
+
+def test_retain_not_done_until_azure_confirms(fake: FakeArm) -> None:
+    make_compute(fake).launch(spec())
+    fake.hold_ops = True
+    compute = make_compute(fake, lro_wait_s=0.05)
+    out = compute.retain(REF, [])
+    assert not out.done and "deallocating" in out.detail
+    again = compute.retain(REF, [])  # still deallocating: no second deallocate request
+    assert not again.done
+    assert sum(1 for _, p in writes(fake) if p.lower().endswith("/deallocate")) == 1
+    fake.hold_ops = False
+    for op_id in list(fake.ops):
+        fake._poll(op_id)
+    assert compute.retain(REF, []).done
+
+
+def test_release_deletes_vm_then_confirms_disk_and_nic_gone(fake: FakeArm, compute: Any) -> None:
+    compute.launch(spec())
+    compute.retain(REF, [])
+    fake.keep_nic_on_vm_delete = True  # as if Azure had not applied the NIC's delete option
+    out = compute.release(REF, [])
+    assert out.done
+    assert fake.get(VM_ID) is None and fake.get(DISK_ID) is None and fake.get(NIC_ID) is None
+    deletes = [p for m, p in writes(fake) if m == "DELETE"]
+    assert deletes[0] == VM_ID and deletes[-1] == NIC_ID
+    # confirmation: a GET answering 404 for each resource after the deletes
+    gets_after = [p for m, p, _, _ in fake.requests[-6:] if m == "GET"]
+    assert {VM_ID, DISK_ID, NIC_ID} <= set(gets_after)
+    assert compute.release(REF, []).done  # missing = success
+
+
+def test_release_waits_while_nic_is_reserved(fake: FakeArm, compute: Any) -> None:
+    compute.launch(spec())
+    fake.keep_nic_on_vm_delete = True
+    fake.fail("DELETE", r"/networkinterfaces/", 409, "NicReservedForAnotherVm", times=2)
+    first = compute.release(REF, [])
+    assert not first.done and "reserved" in first.detail and first.retry_after_s >= 30
+    assert fake.get(VM_ID) is None and fake.get(NIC_ID) is not None
+    assert not compute.release(REF, []).done
+    assert compute.release(REF, []).done and fake.get(NIC_ID) is None
+
+
+def test_release_not_done_while_vm_delete_runs(fake: FakeArm) -> None:
+    make_compute(fake).launch(spec())
+    fake.hold_ops = True
+    out = make_compute(fake, lro_wait_s=0.05).release(REF, [])
+    assert not out.done and fake.get(VM_ID) is not None
+    fake.hold_ops = False
+    for op_id in list(fake.ops):
+        fake._poll(op_id)
+    assert make_compute(fake).release(REF, []).done
+
+
+def test_release_refuses_vm_whose_disk_was_swapped(fake: FakeArm, compute: Any) -> None:
+    compute.launch(spec())
+    compute.retain(REF, [])
+    vm = fake.get(VM_ID)
+    assert vm
+    swapped = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/disks/rescue-copy"
+    vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = swapped
+    with pytest.raises(PermanentError) as info:
+        compute.release(REF, [])
+    assert info.value.code == "AttachmentsChanged" and "OS disk was replaced" in info.value.reason
+    assert fake.get(VM_ID) is not None and not [m for m, _ in writes(fake) if m == "DELETE"]
+
+
+def test_release_refuses_vm_with_extra_data_disk(fake: FakeArm, compute: Any) -> None:
+    compute.launch(spec())
+    data_id = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/disks/extra"
+    fake.get(VM_ID)["properties"]["storageProfile"]["dataDisks"] = [  # type: ignore[index]
+        {"lun": 0, "name": "extra", "createOption": "Attach", "managedDisk": {"id": data_id}}]
+    with pytest.raises(PermanentError, match="data disk"):
+        compute.release(REF, [])
+    assert fake.get(VM_ID) is not None
+
+
+def test_release_refuses_disk_attached_to_a_helper_vm(fake: FakeArm, compute: Any) -> None:
+    compute.launch(spec())
+    fake.resources.pop(VM_ID.lower())  # the run VM went away by hand; its disk now serves a helper VM
+    fake.get(DISK_ID)["managedBy"] = VM_ID.replace(REF.name, "helper")  # type: ignore[index]
+    with pytest.raises(PermanentError, match="attached to"):
+        compute.release(REF, [])
+    assert fake.get(DISK_ID) is not None
+
+
+def test_never_touches_resources_without_our_tags(fake: FakeArm, compute: Any) -> None:
+    fake.put(VM_ID, {"location": "eastus", "tags": {"owner": "someone"}, "properties": {}})
+    with pytest.raises(PermanentError, match="without this run's tags"):
+        compute.launch(spec())
+    with pytest.raises(PermanentError):
+        compute.release(REF, [])
+    with pytest.raises(PermanentError):
+        compute.retain(REF, [])
+    assert writes(fake) == []
+
+
+# ---------------------------------------------------------------- list_managed
+
+
+def test_list_managed_pages_and_filters_by_deployment(fake: FakeArm, compute: Any) -> None:
+    for i in range(3):
+        compute.launch(spec(RunRef("test", "org1", f"r{i}")))
+    other = make_compute(fake)
+    other.settings = other.settings.model_copy(update={"deployment_id": "other"})
+    other.launch(spec(RunRef("other", "org9", "x1")))
+    # an OS disk not tagged yet (crash before the tag PATCH) is still found by its deterministic name
+    orphan = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/disks/tensorant-test-r9-osdisk"
+    fake.put(orphan, {"location": "eastus", "tags": {}, "properties": {"diskState": "Unattached"}})
+    fake.put(orphan.replace("tensorant-test-r9", "customer"), {"location": "eastus", "tags": {}, "properties": {}})
+    found = list(compute.list_managed())
+    kinds = sorted((r.kind, r.run_id) for r in found)
+    assert kinds == sorted([(k, f"r{i}") for i in range(3) for k in ("vm", "disk", "nic")] + [("disk", "r9")])
+    assert all(r.deployment == "test" and r.provider == "azure" for r in found)
+    assert all(r.org == "org1" for r in found if r.run_id != "r9")
+    assert any(r.created_at is not None for r in found if r.kind == "vm")
+    lists = [q for m, p, q, _ in fake.requests if m == "GET" and p.lower().endswith("/virtualmachines")]
+    assert any("skiptoken" in q for q in lists)  # followed nextLink (page size 2)

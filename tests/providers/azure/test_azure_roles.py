@@ -1,0 +1,157 @@
+"""Every ARM request the adapter makes needs an action granted by the infra/azure role assigned at its scope.
+
+The fake ARM server records each request; this test maps it to the RBAC action Azure
+would check (plus the linked actions Azure checks on referenced resources: joining a
+NIC or subnet, reading the image, writing the implicit OS disk) and looks that action
+up in the role the connection doc assigns at the request's scope.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.providers.azure.config import AzureConfig
+from shared.providers.base import RunRef
+from shared.providers.errors import CapacityError
+from tests.providers.azure.conftest import GALLERY_VERSION_ID, TRAIN_RG, config_body, make_compute
+from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.test_azure_compute import spec
+
+INFRA = Path(__file__).resolve().parents[3] / "infra" / "azure"
+ROLE_AT = {  # where the connection doc assigns each role (the fake keeps image and network in their own groups)
+    "training": "tensorant-training-role.json",
+    "images-rg": "tensorant-image-reader-role.json",
+    "net-rg": "tensorant-network-role.json",
+    "subscription": "tensorant-reader-role.json",
+}
+
+
+def role_actions(file: str) -> set[str]:
+    return {a.lower() for a in json.loads((INFRA / file).read_text())["Actions"]}
+
+
+def scope_of(resource_id: str) -> str:
+    m = re.match(r"^/subscriptions/[^/]+/resourcegroups/([^/]+)/", resource_id.lower())
+    if not m:
+        return "subscription"
+    return "training" if m.group(1) == TRAIN_RG else m.group(1)
+
+
+def resource_type(path: str) -> tuple[str, list[str]]:
+    """('Microsoft.Compute/virtualMachines', [trailing segments]) for a resource or collection path."""
+    after = path.split("/providers/", 1)[1].split("/")
+    namespace, rest = after[0], after[1:]
+    types, extra = [], []
+    i = 0
+    while i < len(rest):
+        types.append(rest[i])
+        if i + 1 >= len(rest):
+            break
+        if rest[i] == "virtualMachines" and i + 2 < len(rest):
+            extra = rest[i + 2:]
+            break
+        i += 2
+    return "/".join([namespace, *types]), extra
+
+
+def actions_for(method: str, path: str, query: str, body: Any) -> list[tuple[str, str]]:
+    """(action, scope) pairs Azure would authorize for one request."""
+    low = path.lower()
+    if "/oauth2/" in low or "openid-configuration" in low or low.startswith("/api/retail/prices"):
+        return []  # identity and public prices: no ARM authorization
+    m = re.search(r"/providers/(microsoft\.\w+)/locations/[^/]+/(operations|operationresults|usages)", low)
+    if m:
+        ns = {"microsoft.compute": "Microsoft.Compute", "microsoft.network": "Microsoft.Network"}[m.group(1)]
+        kind = {"operations": "operations", "operationresults": "operationResults", "usages": "usages"}[m.group(2)]
+        return [(f"{ns}/locations/{kind}/read", "subscription")]
+    rtype, extra = resource_type(path)
+    scope = scope_of(path)
+    out: list[tuple[str, str]] = []
+    if extra:  # a VM action or child view
+        if extra == ["instanceView"]:
+            out.append((f"{rtype}/instanceView/read", scope))
+        else:
+            out.append((f"{rtype}/{extra[0]}/action", scope))
+        return out
+    verb = {"GET": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}[method]
+    out.append((f"{rtype}/{verb}", scope))
+    if method == "GET" and "instanceview" in query.lower():
+        out.append((f"{rtype}/instanceView/read", scope))
+    if method == "PUT" and rtype == "Microsoft.Compute/virtualMachines":
+        props = body["properties"]
+        for nic in props["networkProfile"]["networkInterfaces"]:
+            out.append(("Microsoft.Network/networkInterfaces/join/action", scope_of(nic["id"])))
+        image_id = props["storageProfile"]["imageReference"]["id"]
+        image_type, _ = resource_type(image_id)
+        out.append((f"{image_type}/read", scope_of(image_id)))
+        out.append(("Microsoft.Compute/disks/write", scope))  # the implicit OS disk
+    if method == "PUT" and rtype == "Microsoft.Network/networkInterfaces":
+        for cfg in body["properties"]["ipConfigurations"]:
+            subnet = cfg["properties"]["subnet"]["id"]
+            out.append(("Microsoft.Network/virtualNetworks/subnets/join/action", scope_of(subnet)))
+    return out
+
+
+def exercise(fake: FakeArm, compute: Any) -> None:
+    ref = RunRef("test", "org1", "roles")
+    compute.validate()
+    compute.offers()
+    compute.launch(spec(ref))
+    compute.describe(ref, [])
+    compute.retain(ref, [])
+    compute.start(ref, [])
+    list(compute.list_managed())
+    fake.keep_nic_on_vm_delete = True
+    # as if Azure had not applied the disk's delete option either: release deletes the disk itself
+    vm = fake.get(compute._rid("Microsoft.Compute/virtualMachines", ref.name))
+    vm["properties"]["storageProfile"]["osDisk"]["deleteOption"] = "Detach"
+    assert compute.release(ref, []).done
+    fake.allocation_failure = "AllocationFailed"
+    with pytest.raises(CapacityError):
+        compute.launch(spec(RunRef("test", "org1", "alloc")))
+
+
+@pytest.mark.parametrize("image", ["managed", "gallery"])
+def test_every_action_used_is_granted_by_the_role_at_its_scope(fake: FakeArm, image: str) -> None:
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID)) if image == "gallery" else None
+    compute = make_compute(fake, **({"config": cfg} if cfg else {}))
+    exercise(fake, compute)
+    used: set[tuple[str, str]] = set()
+    for method, path, query, body in fake.requests:
+        used.update(actions_for(method, path, query, body))
+    missing = sorted((a, s) for a, s in used if a.lower() not in role_actions(ROLE_AT[s]))
+    assert not missing, f"actions not granted by infra/azure roles: {missing}"
+    names = {a for a, _ in used}
+    # the mapping is not vacuous: the lifecycle's key actions were seen
+    for action in ("Microsoft.Compute/virtualMachines/write", "Microsoft.Compute/virtualMachines/deallocate/action",
+                   "Microsoft.Compute/virtualMachines/start/action", "Microsoft.Compute/virtualMachines/delete",
+                   "Microsoft.Compute/disks/delete", "Microsoft.Compute/disks/write",
+                   "Microsoft.Network/networkInterfaces/delete", "Microsoft.Network/virtualNetworks/subnets/join/action",
+                   "Microsoft.Network/networkInterfaces/join/action", "Microsoft.Compute/skus/read",
+                   "Microsoft.Compute/locations/usages/read", "Microsoft.Network/virtualNetworks/read"):
+        assert action in names, action
+    if image == "gallery":
+        assert {"Microsoft.Compute/galleries/images/read", "Microsoft.Compute/galleries/images/versions/read"} <= names
+    else:
+        assert "Microsoft.Compute/images/read" in names
+
+
+def test_an_unlisted_action_would_fail_the_check() -> None:
+    used = actions_for("POST", "/subscriptions/s/resourceGroups/tensorant-training/providers/Microsoft.Compute/"
+                               "virtualMachines/v/powerOff", "", None)
+    assert used == [("Microsoft.Compute/virtualMachines/powerOff/action", "training")]
+    assert used[0][0].lower() not in role_actions(ROLE_AT["training"])
+
+
+def test_training_role_is_the_documented_template() -> None:
+    role = json.loads((INFRA / "tensorant-training-role.json").read_text())
+    assert role["Name"] == "Tensorant Training Resources" and role["IsCustom"] is True
+    assert role["AssignableScopes"] == ["/subscriptions/SUBSCRIPTION_ID"]
+    assert len(role["Actions"]) == 13 and role["NotActions"] == [] and role["DataActions"] == []
+    for file in ROLE_AT.values():
+        assert not [a for a in json.loads((INFRA / file).read_text())["Actions"] if "*" in a or "roleAssignments" in a]
