@@ -70,9 +70,9 @@ class Azurite:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.terminate()  # Azurite often ignores SIGTERM; in-memory data needs no clean exit
             try:
-                self.proc.wait(10)
+                self.proc.wait(2)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)

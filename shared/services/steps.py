@@ -57,7 +57,9 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
     token = mint_agent_token(run.org, run.id)
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
-    storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key)
+    # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
+    ttl = settings.provisioning_timeout_s + run.runtime_limit_s + 3600
+    storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl)
     env = {
         "TENSORANT_RUN_ID": run.id,
         "TENSORANT_API_URL": settings.public_url,

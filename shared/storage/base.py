@@ -49,7 +49,9 @@ class StorageBackend(Protocol):
 
     def delete(self, key: str) -> None: ...
 
-    def agent_env(self, run_id: str, dataset: str) -> tuple[dict[str, str], frozenset[str]]:
+    def agent_env(self, run_id: str, dataset: str, *,
+                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
         """Environment giving the agent short-lived, narrow access: download the dataset,
-        upload runs/<RUN_ID>/adapter.zip and logs. Returns (env, keys that are secret)."""
+        upload runs/<RUN_ID>/adapter.zip and logs, valid for ttl_s (the run's whole life).
+        Returns (env, keys that are secret)."""
         ...

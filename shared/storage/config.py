@@ -52,7 +52,7 @@ class S3StorageConfig(_Config):
 class RunPodVolumeConfig(_Config):
     kind: Literal["runpod_volume"] = "runpod_volume"
     volume_id: str = Field(min_length=4, max_length=64, pattern=r"^[a-z0-9]+$")
-    datacenter_id: str = Field(min_length=3, max_length=32, pattern=r"^[A-Z]{2}-[A-Z]{2,4}-\d+$")
+    datacenter_id: str = Field(min_length=3, max_length=32, pattern=r"^[A-Z]{2,3}-[A-Z]{2,4}-\d+$")
     access_key_id: str = Field(min_length=4, max_length=128)
     secret_access_key: SecretStr
 

@@ -63,7 +63,8 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def agent_env(self, run_id: str, dataset: str) -> tuple[dict[str, str], frozenset[str]]:
+    def agent_env(self, run_id: str, dataset: str, *,
+                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
         env = {
             "TENSORANT_STORAGE_DIR": str(self.root),
             "TENSORANT_DATASET_KEY": dataset,
