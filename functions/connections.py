@@ -53,3 +53,9 @@ def get_storage(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="All of the organization's connections")
 def list_connections(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: connections.list_all(http.principal(req)))
+
+
+@bp.route(route="connections/runpod/volumes", methods=["GET"], auth_level=ANON)
+@http.api(summary="The RunPod account's network volumes, to pick one as storage (owners)")
+def runpod_volumes(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.runpod_volumes(http.principal(req)))

@@ -186,3 +186,19 @@ def validate_connection(org: str, slot: str) -> None:
         return  # saved again meanwhile: that save's own check reports
     store.put_connection(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
                          current[1])
+
+
+def runpod_volumes(principal: Principal) -> dict[str, Any]:
+    """The RunPod account's network volumes, so an owner can pick one for storage."""
+    from shared.services.common import compute_for
+
+    require(principal, Role.owner)
+    provider = compute_for(principal.org, "runpod")
+    list_volumes = getattr(provider, "network_volumes", None)
+    if list_volumes is None:
+        raise NotFound("this provider cannot list network volumes")
+    try:
+        return {"items": list_volumes()}
+    except ProviderError as exc:
+        raise Conflict(f"RunPod did not list the volumes: {exc.reason}; enter the volume ID and datacenter "
+                       "ID instead") from exc
