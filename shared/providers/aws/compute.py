@@ -24,15 +24,16 @@ import hashlib
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from shared.clock import now
 from shared.log import get_logger, register_secret
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit
 from shared.providers.aws import catalog, pricing
 from shared.providers.aws.config import AwsConfig
-from shared.providers.aws.errors import AUTH_CODES, NOT_FOUND_CODES, code_of, is_throttle, translate
+from shared.providers.aws.errors import AUTH_CODES, NOT_FOUND_CODES, is_throttle, translate
 from shared.providers.base import (
     TAG_DEPLOYMENT,
     TAG_MANAGED,
@@ -79,6 +80,10 @@ def client_token(ref: RunRef) -> str:
 
 def _tags(obj: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in obj.get("Tags") or []}
+
+
+def _utc(value: Any) -> datetime | None:
+    return value.astimezone(UTC) if isinstance(value, datetime) else None
 
 
 class AwsCompute:
@@ -291,6 +296,11 @@ class AwsCompute:
                 "connector policy and paste that user's access key instead (guide, step 4).")
             return None
         add("credentials", True, f"Authenticated as {arn} in account {account}.")
+        expires = self.config.session_expires_at
+        if expires is not None and (expires if expires.tzinfo else expires.replace(tzinfo=UTC)) <= now():
+            add("session_token", False, "The session credentials have expired; paste fresh ones, or better an "
+                "IAM user's access key (Tensorant does not renew STS sessions).")
+            return None
         for warning in self.config.warnings():
             add("session_token", None, warning)
         return account
@@ -481,7 +491,7 @@ class AwsCompute:
                   "org": tags.get(TAG_ORG, ref.org), "deployment": tags.get(TAG_DEPLOYMENT, ref.deployment)}
         out = [CloudResource(
             kind="instance", id=instance["InstanceId"], name=tags.get("Name", ref.name),
-            created_at=instance.get("LaunchTime"), state=instance.get("State", {}).get("Name", ""),
+            created_at=_utc(instance.get("LaunchTime")), state=instance.get("State", {}).get("Name", ""),
             extra={"instance_type": instance.get("InstanceType", ""),
                    "zone": instance.get("Placement", {}).get("AvailabilityZone", "")}, **common)]
         for m in instance.get("BlockDeviceMappings") or []:
@@ -489,7 +499,7 @@ class AwsCompute:
             if ebs.get("VolumeId"):
                 out.append(CloudResource(
                     kind="volume", id=ebs["VolumeId"], name=tags.get("Name", ref.name),
-                    created_at=ebs.get("AttachTime") or instance.get("LaunchTime"), state=ebs.get("Status", ""),
+                    created_at=_utc(ebs.get("AttachTime") or instance.get("LaunchTime")), state=ebs.get("Status", ""),
                     extra={"instance_id": instance["InstanceId"], "device": m.get("DeviceName", ""),
                            "delete_on_termination": str(bool(ebs.get("DeleteOnTermination"))).lower()},
                     **common))
@@ -602,7 +612,7 @@ class AwsCompute:
                                        action=f"terminating {iid}")
                     state = result["TerminatingInstances"][0]["CurrentState"]["Name"]
                 except ProviderError as exc:
-                    if code_of(exc.__cause__ or exc) not in NOT_FOUND_CODES:
+                    if exc.code not in NOT_FOUND_CODES:  # vanished between describe and terminate: done
                         raise
                     state = "terminated"
             if state != "terminated":
@@ -651,14 +661,14 @@ class AwsCompute:
                 if inst["State"]["Name"] == "terminated":
                     continue
                 tags = _tags(inst)
-                yield self._managed(tags, kind="instance", id=inst["InstanceId"], created_at=inst.get("LaunchTime"),
+                yield self._managed(tags, kind="instance", id=inst["InstanceId"], created_at=_utc(inst.get("LaunchTime")),
                                     state=inst["State"]["Name"],
                                     extra={"instance_type": inst.get("InstanceType", "")})
         try:
             for vol in self.pages("ec2", "describe_volumes", "Volumes", Filters=filters, MaxResults=self.page_size):
                 tags = _tags(vol)
                 attached = [a.get("InstanceId", "") for a in vol.get("Attachments") or []]
-                yield self._managed(tags, kind="volume", id=vol["VolumeId"], created_at=vol.get("CreateTime"),
+                yield self._managed(tags, kind="volume", id=vol["VolumeId"], created_at=_utc(vol.get("CreateTime")),
                                     state=vol.get("State", ""),
                                     extra={"instance_id": attached[0] if attached else "",
                                            "size_gb": str(vol.get("Size", ""))})

@@ -124,3 +124,12 @@ def test_catalog_failure_is_a_failed_check(rig: Rig) -> None:
     checks = _by_name(rig.compute().validate())
     assert checks["catalog"].status == CheckStatus.fail
     assert "us-east-1" in checks["catalog"].message
+
+
+def test_expired_session_credentials_fail(rig: Rig) -> None:
+    from datetime import UTC, datetime
+
+    checks = _by_name(rig.compute(access_key_id="ASIAIOSFODNN7EXAMPLE", session_token="FQoGZXIvYXdz-token",
+                                  session_expires_at=datetime(2020, 1, 1, tzinfo=UTC)).validate())
+    assert checks["session_token"].status == CheckStatus.fail and "expired" in checks["session_token"].message
+    assert "image" not in checks
