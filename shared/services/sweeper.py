@@ -75,7 +75,7 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
             except ProviderError as exc:
                 finding = {"org": org, "provider": name, "action": "none",
                            "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
-                store.audit("sweep-list-failed", **finding)
+                _audit("sweep-list-failed", finding)
                 findings.append(finding)
         stats["listed"] += sum(len(v) for v in listed.values())
         # Read after listing the cloud (see the module docstring).
@@ -89,6 +89,11 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
     stats["findings"] = len(findings)
     get_logger().info("sweep finished", extra={"dry_run": dry_run, **stats})
     return {"dry_run": dry_run, **stats, "findings": findings}
+
+
+def _audit(kind: str, finding: dict[str, Any]) -> None:
+    # The audit record's own "action" is its kind; the finding's action goes in as "decision".
+    get_store().audit(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
 
 
 def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
@@ -138,7 +143,7 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
                 finding["done"], finding["detail"] = got.done, got.detail
             except ProviderError as exc:
                 finding["done"], finding["detail"] = False, exc.reason
-        store.audit("sweep-dry-run" if dry_run else "sweep-release", **finding)
+        _audit("sweep-dry-run" if dry_run else "sweep-release", finding)
         out.append(finding)
     return out
 
@@ -185,7 +190,7 @@ def _vanished(org: str, provider_name: str, resources: list[CloudResource], runs
                 continue
             transition_event(run.state, new)
             get_queues().send(Queue.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
-        store.audit("sweep-dry-run" if dry_run else "sweep-retain", **finding)
+        _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
         out.append(finding)
     return out
 
@@ -216,7 +221,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
                 continue
             # Written before sent: a crash in between delays the retry by one backoff, never loses it.
             get_queues().send(Queue.release, StepMessage(org=org, run_id=run.id, reason="sweeper"))
-        store.audit("sweep-dry-run" if dry_run else "sweep-release-retry", **finding)
+        _audit("sweep-dry-run" if dry_run else "sweep-release-retry", finding)
         out.append(finding)
     return out
 

@@ -1,0 +1,144 @@
+"""The sweeper through its HTTP handler and timer: grace, marks, leaks, stuck releases, audit."""
+
+from __future__ import annotations
+
+from shared.clock import now
+from shared.providers.base import RunRef
+from shared.settings import get_settings
+from tests.chaos import fixtures
+from tests.chaos.fixtures import audits, sweep
+from tests.chaos.provider import ChaosCloud
+from tests.harness import Harness, smoke_adapter_zip
+
+cloud, h = fixtures.cloud, fixtures.h  # the shared fixtures, used by name
+
+
+def finished_run(h: Harness) -> str:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).train(smoke_adapter_zip())
+    assert h.get_run(run_id)["state"] == "succeeded"
+    return run_id
+
+
+def grace() -> int:
+    return get_settings().sweep_grace_s
+
+
+def test_late_machine_of_a_finished_run_is_released_after_grace(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = finished_run(h)
+    ref = RunRef(get_settings().deployment_id, h.org, run_id)
+    late = cloud.add_foreign(ref.tags, now())
+    assert not sweep(h)["findings"]  # younger than the grace period
+    h.clock.advance(grace() + 1)
+    dry = sweep(h, dry_run=True)
+    assert [f["action"] for f in dry["findings"]] == ["would release"]
+    assert dry["findings"][0]["run_id"] == run_id and "succeeded" in dry["findings"][0]["reason"]
+    assert late.state == "running"  # a dry run changes nothing
+    assert audits("sweep-dry-run")[0]["resources"] == [f"instance:{late.id}", f"volume:{late.disk_id}"]
+    out = sweep(h)
+    assert out["findings"][0]["done"] is True and out["list_calls"] == 1 and out["run_queries"] == 1
+    assert late.state == "terminated" and not late.disk_exists
+    [a] = audits("sweep-release")
+    assert a["run_id"] == run_id and a["reason"] and a["resources"]
+    assert not sweep(h)["findings"]
+
+
+def test_never_touches_what_is_not_ours(h: Harness, cloud: ChaosCloud) -> None:
+    from shared.clock import now
+
+    d = get_settings().deployment_id
+    other_dep = cloud.add_foreign(RunRef("prod-other", h.org, "r-x").tags, now())
+    other_org = cloud.add_foreign(RunRef(d, "org-b", "r-y").tags, now())
+    unmanaged = cloud.add_foreign({**RunRef(d, h.org, "r-z").tags, "tensorant:managed": "false"}, now())
+    no_tags = cloud.add_foreign({}, now())
+    ghost = cloud.add_foreign(RunRef(d, h.org, "r-ghost").tags, now())  # ours, run missing
+    h.clock.advance(grace() + 1)
+    out = sweep(h)
+    assert [(f["run_id"], f["reason"]) for f in out["findings"]] == [("r-ghost", "its run is missing")]
+    assert ghost.state == "terminated"
+    for m in (other_dep, other_org, unmanaged, no_tags):
+        assert m.state == "running" and m.disk_exists
+
+
+def test_live_and_retained_runs_keep_their_machines(h: Harness, cloud: ChaosCloud) -> None:
+    live = h.create_run("memory", "mem-a10")
+    h.launch(live)
+    agent = h.agent(live)  # minted now: a token minted at a simulated future time is not yet valid
+    agent.heartbeat("training", 0.2)
+    kept = h.create_run("memory", "mem-a10")
+    h.launch(kept)
+    h.agent(kept).complete_failed("boom")
+    assert h.get_run(kept)["state"] == "retained"
+    h.clock.advance(grace() + 1)
+    agent.heartbeat("training", 0.3)
+    assert not sweep(h)["findings"]
+    assert len(cloud.live()) == 2 and all(m.disk_exists for m in cloud.live())
+
+
+def test_stuck_release_is_resent_with_backoff_and_error_shown(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    cloud.always["release"] = RuntimeError("API gateway crashed")  # not a provider error: the step dies
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
+    h.drain()  # five failed deliveries: the message is poisoned, the run stuck in releasing
+    assert h.get_run(run_id)["state"] == "releasing"
+    assert not sweep(h)["findings"]  # just entered releasing: within grace
+    h.clock.advance(grace() + 1)
+    [f] = sweep(h)["findings"]
+    assert f["action"] == "re-send release" and f["attempt"] == 1
+    run = h.get_run(run_id)
+    assert run["release_attempts"] == 1 and "not confirmed" in run["release_error"]
+    assert not sweep(h)["findings"]  # not due yet
+    h.drain()
+    delays = []
+    for _ in range(3):
+        before = h.get_run(run_id)["release_attempts"]
+        h.clock.advance(3600)
+        [f] = sweep(h)["findings"]
+        delays.append(f["next_in_s"])
+        assert h.get_run(run_id)["release_attempts"] == before + 1
+        h.drain()
+    assert delays[0] < delays[1] < delays[2] <= get_settings().release_backoff_max_s
+    del cloud.always["release"]
+    h.clock.advance(3600)
+    sweep(h)
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "cancelled" and not cloud.live() and run["release_error"] == ""
+    assert audits("sweep-release-retry")
+
+
+def test_machine_deleted_outside_fails_the_run_with_nothing_to_release(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.4)
+    [m] = cloud.machines.values()
+    m.state, m.disk_exists = "terminated", False  # someone deleted it in the console
+    h.clock.advance(grace() + 1)
+    [f] = sweep(h, dry_run=True)["findings"]
+    assert f["action"] == "would retain" and h.get_run(run_id)["state"] == "training"
+    [f] = sweep(h)["findings"]
+    assert f["action"] == "retain"
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "failed"
+    assert "nothing to retain or release" in run["reason"] and "listing" in run["reason"]
+
+
+def test_listing_failure_is_reported_not_fatal(h: Harness, cloud: ChaosCloud) -> None:
+    from shared.providers.errors import AuthError
+
+    cloud.always["list"] = AuthError("credentials expired")
+    out = sweep(h)
+    assert "credentials expired" in out["findings"][0]["reason"]
+    assert audits("sweep-list-failed")
+
+
+def test_timer_runs_the_sweeper(h: Harness, cloud: ChaosCloud) -> None:
+    from shared.clock import now
+
+    ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
+    h.clock.advance(grace() + 1)
+    h.tick("sweeper")
+    assert ghost.state == "terminated"

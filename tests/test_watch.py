@@ -1,0 +1,121 @@
+"""heartbeat-check: every deadline retains with its reason; lost messages are re-sent once per interval."""
+
+from __future__ import annotations
+
+from shared.queues import Queue, get_queues
+from shared.settings import get_settings
+from tests.chaos import fixtures
+from tests.chaos.provider import ChaosCloud
+from tests.harness import Harness
+
+cloud, h = fixtures.cloud, fixtures.h  # the shared fixtures, used by name
+
+
+def tick(h: Harness) -> None:
+    h.tick("heartbeat_check")
+    h.drain()
+
+
+def test_silent_heartbeat_retains_and_keeps_the_disk(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.2)
+    h.clock.advance(get_settings().heartbeat_timeout_s - 5)
+    tick(h)
+    assert h.get_run(run_id)["state"] == "training"
+    h.clock.advance(10)
+    tick(h)
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and "heartbeat went silent" in run["reason"]
+    [m] = cloud.machines.values()
+    assert m.state == "stopped" and m.disk_exists
+
+
+def test_provisioning_deadline_includes_image_pull(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    h.launch(run_id)  # the agent never reports (image pull hangs)
+    h.clock.advance(get_settings().provisioning_timeout_s + 1)
+    tick(h)
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and "provisioning deadline" in run["reason"]
+    assert [m.state for m in cloud.machines.values()] == ["stopped"]
+
+
+def test_runtime_limit_retains_even_with_heartbeats(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=1200)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    for _ in range(5):
+        agent.heartbeat("training", 0.5)
+        h.clock.advance(300)
+        tick(h)
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and "runtime limit of 1200 s" in run["reason"]
+
+
+def test_vanished_machine_fails_with_nothing_to_release(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("preparing")
+    cloud.machines.clear()  # deleted outside the control plane
+    h.clock.advance(get_settings().heartbeat_timeout_s + 1)
+    tick(h)
+    run = h.get_run(run_id)
+    assert run["state"] == "failed"
+    assert "gone" in run["reason"] and "nothing to retain or release" in run["reason"]
+    assert "heartbeat went silent" in run["reason"]
+
+
+def test_lost_launch_message_is_resent_once_per_interval(h: Harness, cloud: ChaosCloud) -> None:
+    from shared.services.watch import RESEND_AFTER_S
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    get_queues().client(Queue.launch.value).clear_messages()  # the message was lost
+    h.tick("heartbeat_check")
+    assert get_queues().length(Queue.launch.value) == 0  # not yet: it may still be on its way
+    h.clock.advance(RESEND_AFTER_S + 1)
+    h.tick("heartbeat_check")
+    h.tick("heartbeat_check")  # a second tick right away does not send again
+    assert get_queues().length(Queue.launch.value) == 1
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "provisioning" and len(cloud.machines) == 1
+
+
+def test_queued_past_the_provisioning_deadline_fails_with_nothing_billed(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    get_queues().client(Queue.launch.value).clear_messages()
+    h.clock.advance(get_settings().provisioning_timeout_s + 1)
+    tick(h)
+    run = h.get_run(run_id)
+    assert run["state"] == "failed" and "nothing bills" in run["reason"]
+    assert not cloud.machines
+
+
+def test_second_launch_waits_for_the_first_machine_to_be_listed(h: Harness, cloud: ChaosCloud) -> None:
+    """A create that timed out after the cloud made the machine, invisible to listing for a
+    while: the retry must not create a second machine."""
+    from shared.services.steps import LAUNCH_SETTLE_S
+
+    cloud.invisible_s = LAUNCH_SETTLE_S / 2
+    fired = []
+    cloud.pick = lambda method, run_id: "timeout" if method == "launch" and not fired and not fired.append(1) else None
+    run_id = h.create_run("memory", "mem-a10")
+    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    for _ in range(10):
+        _deliver_visible(h)
+        h.clock.advance(10)
+    run = h.get_run(run_id)
+    assert run["state"] == "provisioning" and len(run["resources"]) == 2
+    assert cloud.created[run_id] == 1 and len(cloud.machines) == 1
+
+
+def _deliver_visible(h: Harness) -> None:
+    """One round of deliveries (the harness's drain would spin: a waiting launch re-sends itself)."""
+    q = get_queues()
+    for queue in Queue:
+        client = q.client(queue.value)
+        for m in client.receive_messages(messages_per_page=16, max_messages=16, visibility_timeout=60):
+            h._deliver(queue, client, m)
