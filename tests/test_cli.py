@@ -185,19 +185,20 @@ def test_launch_needs_confirmation(api: FakeApi, capsys: pytest.CaptureFixture[s
 
 
 def test_admin_poison_and_cancel(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("GET", "/api/admin/queues/launch/poison", {"items": [
+    api.on("GET", "/api/platform/queues/launch/poison", {"items": [
         {"id": "m1", "run_id": "r1", "org": "o", "body": {}, "dequeue_count": 5, "inserted_on": "t",
          "last_error": "boom"}]})
     assert run_cli(api, "admin", "poison", "list", "launch") == 0
     assert "m1" in capsys.readouterr().out
-    api.on("POST", "/api/admin/queues/launch/poison/replay", {"replayed": 1})
+    api.on("POST", "/api/platform/queues/launch/poison/replay", {"replayed": ["m1"]})
     assert run_cli(api, "admin", "poison", "replay", "launch", "--id", "m1") == 0
-    assert json.loads(api.sent("POST", "/api/admin/queues/launch/poison/replay")[0]["body"]) == {"message_id": "m1"}
-    api.on("DELETE", "/api/admin/queues/launch/poison/m1", None, status=204)
+    assert "replayed 1 message(s) onto launch: m1" in capsys.readouterr().out
+    assert json.loads(api.sent("POST", "/api/platform/queues/launch/poison/replay")[0]["body"]) == {"message_id": "m1"}
+    api.on("DELETE", "/api/platform/queues/launch/poison/m1", None, status=204)
     assert run_cli(api, "admin", "poison", "discard", "launch", "--id", "m1") == 0
-    api.on("POST", "/api/admin/sweep", {"leaks": []})
+    api.on("POST", "/api/platform/sweep", {"leaks": []})
     assert run_cli(api, "admin", "sweep") == 0
-    assert json.loads(api.sent("POST", "/api/admin/sweep")[0]["body"]) == {"dry_run": True}
+    assert json.loads(api.sent("POST", "/api/platform/sweep")[0]["body"]) == {"dry_run": True}
     api.on("POST", "/api/runs/r1/cancel", _run("releasing"))
     assert run_cli(api, "runs", "cancel", "r1", "--keep") == 0
     assert json.loads(api.sent("POST", "/api/runs/r1/cancel")[0]["body"]) == {"discard": False}

@@ -52,7 +52,7 @@ def _queue(name: str) -> object:
 
     from azure.storage.queue import QueueClient
 
-    return QueueClient.from_connection_string(os.environ["AzureWebJobsStorage"], name)  # noqa: SIM112
+    return QueueClient.from_connection_string(os.environ["AzureWebJobsStorage"], name)
 
 
 def _send(text: str) -> None:
@@ -233,3 +233,36 @@ def test_timer_fires_on_schedule_and_run_on_startup(root: Path, monkeypatch: pyt
     ticks = [v for name, v in sample.CALLS if name == "tick"]
     assert ticks and ticks[0] is False  # not past due
     assert [name for name, _ in sample.CALLS].count("startup_tick") == 1  # yearly schedule: startup only
+
+
+def test_routes_under_admin_are_refused_like_the_real_host(root: Path) -> None:
+    import azure.functions as func
+
+    app = func.FunctionApp(http_auth_level=func.AuthLevel.ANONYMOUS)
+
+    @app.route(route="admin/queues")
+    def queues(req: func.HttpRequest) -> func.HttpResponse:
+        return func.HttpResponse("")
+
+    with pytest.raises(ValueError, match="reserves"):
+        Host(app, root=root, port=0)
+
+
+def test_output_binding_and_async_function(root: Path) -> None:
+    """A queue output binding is sent base64-encoded; an async HTTP function is awaited."""
+    import os
+
+    import azure.functions as func
+
+    out_queue = os.environ["DEVHOST_QUEUE"]
+    app = func.FunctionApp(http_auth_level=func.AuthLevel.ANONYMOUS)
+
+    @app.route(route="send/{text}", methods=["POST"])
+    @app.queue_output(arg_name="out", queue_name=out_queue, connection="AzureWebJobsStorage")
+    async def send(req: func.HttpRequest, out: func.Out[str]) -> func.HttpResponse:
+        out.set(req.route_params["text"])
+        return func.HttpResponse("sent", status_code=202)
+
+    with Host(app, root=root, port=0, queues=False) as host:
+        assert requests.post(f"{host.url}/api/send/hi", timeout=5).status_code == 202
+    assert [base64.b64decode(t).decode() for t in _visible(out_queue)] == ["hi"]

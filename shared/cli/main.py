@@ -176,9 +176,12 @@ def cmd_catalog(args: argparse.Namespace, client: Client) -> int:
     _table(offers, ["provider", "offer_id", "gpu", "gpu_memory_gb", "machine_type", "region", "zone",
                     "compute_per_hour", "disk_per_hour", "total_per_hour"], empty="(no offers)")
     if isinstance(data, dict):
-        for note in [data.get("note"), *(data.get("notes") or [])]:
-            if note:
-                print(f"note: {note}")
+        for cat in data.get("catalogs") or []:
+            status = "refreshing" if cat.get("refreshing") else f"fetched {cat.get('fetched_at') or 'never'}"
+            print(f"{cat.get('provider')}: {status}" + (f"; last error: {cat['last_error']}"
+                                                         if cat.get("last_error") else ""))
+        if data.get("note"):
+            print(f"note: {data['note']}")
     return 0
 
 
@@ -291,23 +294,30 @@ def _logs(args: argparse.Namespace, client: Client) -> int:
         time.sleep(args.interval)
 
 
+# The Functions host reserves routes that start with "admin", so the admin API lives here.
+ADMIN = "/api/platform"
+
+
 def cmd_admin(args: argparse.Namespace, client: Client) -> int:
     if args.action == "queues":
-        _table(_items(client.get("/api/admin/queues"), "queues"), ["name", "length", "poison_length"])
+        _table(_items(client.get(f"{ADMIN}/queues"), "queues"), ["name", "length", "poison_length"])
     elif args.action == "poison":
         q = args.queue
         if args.poison_action == "list":
-            _table(_items(client.get(f"/api/admin/queues/{q}/poison"), "messages"),
+            _table(_items(client.get(f"{ADMIN}/queues/{q}/poison"), "messages"),
                    ["id", "run_id", "org", "dequeue_count", "inserted_on", "last_error"], empty="(no poison messages)")
         elif args.poison_action == "replay":
-            result = client.post(f"/api/admin/queues/{q}/poison/replay", {"message_id": args.id})
+            result = client.post(f"{ADMIN}/queues/{q}/poison/replay", {"message_id": args.id})
             replayed = result.get("replayed") if isinstance(result, dict) else None
-            print(f"replayed {replayed} message(s) onto {q}" if replayed is not None else json.dumps(result))
+            if isinstance(replayed, list):
+                print(f"replayed {len(replayed)} message(s) onto {q}" + (f": {', '.join(replayed)}" if replayed else ""))
+            else:
+                print(json.dumps(result, default=str))
         else:
-            client.delete(f"/api/admin/queues/{q}/poison/{args.id}")
+            client.delete(f"{ADMIN}/queues/{q}/poison/{args.id}")
             print(f"discarded {args.id} from {q}-poison")
     elif args.action == "sweep":
-        _out(args, client.post("/api/admin/sweep", {"dry_run": not args.apply}))
+        _out(args, client.post(f"{ADMIN}/sweep", {"dry_run": not args.apply}))
     return 0
 
 

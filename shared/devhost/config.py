@@ -38,6 +38,16 @@ class HostConfig:
     max_polling_interval_s: float = 2.0
     message_encoding: str = "base64"
     route_prefix: str = "api"
+    function_timeout_s: float = 300.0
+
+    @property
+    def processing_lease_s(self) -> int:
+        """How long a received message stays invisible while its function runs.
+
+        The real host renews the lease while the function runs; this host takes one long
+        enough for functionTimeout instead.
+        """
+        return int(self.function_timeout_s) + 30
 
     @classmethod
     def from_host_json(cls, data: dict[str, Any]) -> HostConfig:
@@ -58,6 +68,7 @@ class HostConfig:
             max_polling_interval_s=max(0.1, timespan_s(q.get("maxPollingInterval"), cls.max_polling_interval_s)),
             message_encoding=encoding,
             route_prefix=str(http.get("routePrefix", cls.route_prefix)).strip("/"),
+            function_timeout_s=timespan_s(data.get("functionTimeout"), cls.function_timeout_s),
         )
 
     @classmethod

@@ -46,11 +46,10 @@ if not log.handlers:
     _handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s"))
     log.addHandler(_handler)
     log.setLevel(logging.INFO)
+    # The app's Powertools logger is named "tensorant": do not print every line twice through it.
+    log.propagate = False
 
 ALL_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE"})
-# How long a received message stays invisible while its function runs (the real host renews
-# its lease; a dev host just takes a long one).
-PROCESSING_LEASE_S = 600
 MIN_POLL_S = 0.1
 AZURITE_ALIAS = "UseDevelopmentStorage=true"
 
@@ -109,6 +108,10 @@ def describe_functions(app: Any) -> list[FunctionInfo]:
         if ttype == "httpTrigger":
             info.kind = "http"
             info.route = RouteTemplate(trigger.get("route") or name)
+            if info.route.template.lower().split("/")[0].startswith("admin"):
+                # The real host refuses these (its own admin API lives there); fail here too.
+                raise ValueError(f"function {name}: route {info.route.template!r} starts with 'admin', "
+                                 "which the Functions host reserves; choose another route")
             if trigger.get("methods"):
                 info.methods = frozenset(str(m).upper() for m in trigger["methods"])
         elif ttype == "queueTrigger":
@@ -258,6 +261,13 @@ class Host:
         for pool in self._pools:
             pool.shutdown(wait=True)
         self._pools.clear()
+        with self._clients_lock:
+            for client in self._clients.values():
+                try:
+                    client.close()  # idle keep-alive connections would hold up Azurite's shutdown
+                except Exception:
+                    pass
+            self._clients.clear()
 
     def __enter__(self) -> Host:
         return self.start()
@@ -343,7 +353,7 @@ class Host:
     def _receive(self, f: FunctionInfo, count: int) -> list[Any]:
         client = self._queue_client(f.connection, f.queue_name)
         pages = client.receive_messages(messages_per_page=count, max_messages=count,
-                                        visibility_timeout=PROCESSING_LEASE_S)
+                                        visibility_timeout=self.config.processing_lease_s)
         return list(pages)
 
     def _process(self, f: FunctionInfo, msg: Any, release_failed: bool = True) -> tuple[bool, Any]:

@@ -98,8 +98,12 @@ def _azurite_bin(root: Path) -> str:
     return found
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    """SIGTERM (Azurite saves its data on the way out; that takes it up to ~12 s), then SIGKILL."""
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 8) -> None:
+    """SIGTERM, then SIGKILL.
+
+    Azurite can take half a minute to honour SIGTERM. Its database autosaves every 5 s, so
+    once our writes stopped, waiting a little longer than that is enough to keep the data.
+    """
     if proc.poll() is not None:
         return
     proc.terminate()
@@ -170,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
         from shared.devhost.host import Host
 
-        host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*").start()
+        try:
+            host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*").start()
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise RunError(f"cannot load the function app {args.app!r}: {type(exc).__name__}: {exc}") from exc
         _banner(host, port)
         while not stopping.is_set():
             stopping.wait(0.5)
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 print(f"warning: a stop callback failed: {exc}", file=sys.stderr)
         if azurite is not None:
-            print("Stopping Azurite (it saves its data; a few seconds)...", flush=True)
+            print("Stopping Azurite (it saves its data; up to 8 s)...", flush=True)
             stop_process(azurite)
 
 
