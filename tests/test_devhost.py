@@ -266,3 +266,35 @@ def test_output_binding_and_async_function(root: Path) -> None:
     with Host(app, root=root, port=0, queues=False) as host:
         assert requests.post(f"{host.url}/api/send/hi", timeout=5).status_code == 202
     assert [base64.b64decode(t).decode() for t in _visible(out_queue)] == ["hi"]
+
+
+def test_make_run_reuses_an_azurite_and_refuses_a_foreign_server(azurite: Azurite, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from shared.devhost import run
+
+    blob, queue, table = azurite.ports
+    monkeypatch.setattr(run, "AZURITE_PORTS", {"Blob": blob, "Queue": queue, "Table": table})
+    assert run.ensure_azurite(tmp_path) is None  # reused, not started (and so not stopped later)
+    assert not (tmp_path / ".tensorant").exists()
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        monkeypatch.setattr(run, "AZURITE_PORTS", {"Blob": blob, "Queue": other.server_address[1], "Table": table})
+        with pytest.raises(run.RunError, match=r"not a complete Azurite"):
+            run.ensure_azurite(tmp_path)
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -81,6 +81,9 @@ def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
         if proc.poll() is not None:
             raise RunError(f"Azurite exited at start (code {proc.returncode}); see {data / 'azurite.log'}")
         if all(_listening(p) for p in AZURITE_PORTS.values()):
+            time.sleep(0.3)  # listening may be another Azurite that won the race; ours then exits
+            if proc.poll() is not None:
+                raise RunError(f"Azurite exited at start (code {proc.returncode}); see {data / 'azurite.log'}")
             print(f"Started Azurite (data in {data})", flush=True)
             return proc
         time.sleep(0.1)
