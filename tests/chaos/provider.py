@@ -4,7 +4,8 @@ Hand-written (no emulator exists for "a cloud"): it wraps tests.fakes.MemoryComp
 its contracts (marks at creation, find-before-create, "not found" = released), and adds what
 real clouds do to a control plane:
 - a fault per call, chosen by a callback: an error before the call, throttling, a timeout
-  after the call succeeded, or a crash of the handler after the call succeeded;
+  or a permanent error after the call succeeded (Azure creates the VM even when allocation
+  fails), or a crash of the handler before or after the call;
 - a new machine invisible to find-by-marks and to listing for a while (ids still work);
 - a lock, so concurrent deliveries see one consistent account;
 - a history of every machine ever created per run ("no run ever had two machines").
@@ -33,8 +34,8 @@ class Crash(Exception):
 
 
 # Fault kinds: raised before the cloud call, or after it succeeded.
-BEFORE = ("error", "permanent", "throttle")
-AFTER = ("timeout", "crash_after")
+BEFORE = ("crash", "error", "permanent", "throttle")
+AFTER = ("timeout", "crash_after", "permanent_after")
 
 FaultPicker = Callable[[str, str], str | None]  # (method, run_id) -> fault kind or None
 
@@ -75,6 +76,8 @@ class ChaosCompute(MemoryCompute):
         kind = self.cloud.pick(method, run_id)
         if kind:
             self.cloud.injected[kind] += 1
+        if kind == "crash":
+            raise Crash(f"crash before {method}")
         if kind == "error":
             raise RetryableError(f"injected {method} error", retry_after_s=30)
         if kind == "permanent":
@@ -89,6 +92,8 @@ class ChaosCompute(MemoryCompute):
             raise RetryableError(f"injected timeout after {method} succeeded", retry_after_s=30)
         if kind == "crash_after":
             raise Crash(f"crash after {method} succeeded")
+        if kind == "permanent_after":  # Azure AllocationFailed: the VM resource exists anyway
+            raise PermanentError(f"injected permanent {method} error after the cloud created the resource")
 
     def _find(self, ref: RunRef) -> Machine | None:
         m = super()._find(ref)

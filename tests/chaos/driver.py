@@ -1,0 +1,387 @@
+"""The chaos driver: many runs through the real queue handlers, timers and Azurite queues and
+tables, on a simulated clock, with faults everywhere.
+
+What it injects (all decided by one seeded random generator, so a run is repeatable up to
+thread scheduling):
+- a crash of the handler at a chosen point of a chosen step for each run: before or after
+  the k-th store write or provider call of that step (every run gets one such point, cycling
+  through steps x k x before/after, so each point of each step is hit);
+- random provider faults: an error, throttling, or a permanent error before the call; a
+  timeout or a crash after the call succeeded; a new machine invisible to listing for 50 s;
+- crashes inside the heartbeat-check and sweeper timers;
+- duplicate delivery of a message, one after the other or concurrently in two threads, and
+  several different messages handled concurrently (a thread pool).
+Messages that fail maxDequeueCount times go to `<queue>-poison` like on the host.
+
+The agent on each machine follows a script chosen per run (train and succeed, fail, upload
+a bad adapter, go silent, never report, lose its machine outside the control plane, or be
+cancelled by its user); it calls the agent and run services directly (the HTTP layer adds
+only JWT checks, and tokens minted at a simulated future time would not be valid yet).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import azure.functions as func
+
+from shared.errors import Conflict, NotFound
+from shared.models import AgentComplete, Heartbeat, Role, RunCancel, RunCreate, RunLaunch, RunRecord, RunState
+from shared.queues import Queue, decode, get_queues
+from shared.runs.lifecycle import ACTIVE, TERMINAL
+from shared.security import Principal
+from shared.settings import get_settings
+from shared.store.repo import Store, get_store, set_store
+from tests.chaos.provider import ChaosCloud, Crash
+from tests.harness import Harness, smoke_adapter_zip
+
+STEPS = (Queue.launch.value, Queue.verify_adapter.value, Queue.retain.value, Queue.release.value)
+MAX_POINT = 8  # crash points per step: the k-th store write or provider call, k = 1..MAX_POINT
+MAX_DEQUEUE = 5
+SCRIPTS = {"ok": 50, "fail": 10, "bad": 6, "silent": 8, "vanish": 8, "cancel": 10, "mute": 8}
+PROVIDER_FAULTS = {"error": 3, "throttle": 3, "timeout": 2, "crash_after": 2, "permanent": 1, "permanent_after": 1}
+STUBBORN_SHARE = 0.05  # runs whose release crashes more than maxDequeueCount times (poison, then replay)
+
+
+class Faults:
+    """Every fault decision. Crash points are counted per delivery (thread-local)."""
+
+    def __init__(self, rng: random.Random, provider_fault_rate: float) -> None:
+        self.rng = rng
+        self.rng_lock = threading.Lock()
+        self.local = threading.local()
+        self.on = True
+        self.rate = provider_fault_rate
+        self.plan: dict[tuple[str, str], tuple[int, str]] = {}  # (step, run id or "*") -> (k, before|after)
+        self.fired = Counter[tuple[str, int, str]]()
+        self.fired_ops = Counter[str]()
+        self.provider = Counter[str]()
+        self.max_ops = Counter[str]()
+        self.stubborn: dict[str, int] = {}  # run id -> release calls left that crash
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def delivery(self, step: str, run_id: str) -> Iterator[None]:
+        self.local.step, self.local.run_id, self.local.n = step, run_id, 0
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.max_ops[step] = max(self.max_ops[step], self.local.n)
+            self.local.step = None
+
+    def _take(self, when: str, op: str) -> bool:
+        step = getattr(self.local, "step", None)
+        if step is None or not self.on:
+            return False
+        with self.lock:
+            for key in ((step, self.local.run_id), (step, "*")):
+                if self.plan.get(key) == (self.local.n, when):
+                    del self.plan[key]
+                    self.fired[(step, self.local.n, when)] += 1
+                    self.fired_ops[op] += 1
+                    return True
+        return False
+
+    def before(self, op: str) -> None:
+        if getattr(self.local, "step", None) is not None:
+            self.local.n += 1
+        if self._take("before", op):
+            raise Crash(f"{self.local.step}: crash before {op} (point {self.local.n})")
+
+    def after(self, op: str) -> None:
+        if self._take("after", op):
+            raise Crash(f"{self.local.step}: crash after {op} (point {self.local.n})")
+
+    def pick(self, method: str, run_id: str) -> str | None:
+        """The provider's fault callback: planned crashes first, then random faults."""
+        self.before(f"provider.{method}")
+        if self._take("after", f"provider.{method}"):
+            return "crash_after"
+        if not self.on or getattr(self.local, "step", None) is None:
+            return None
+        with self.lock:
+            if method == "release" and self.stubborn.get(run_id, 0) > 0:
+                self.stubborn[run_id] -= 1
+                self.provider["stubborn release crash"] += 1
+                return "crash"
+        with self.rng_lock:
+            if self.rng.random() >= self.rate:
+                return None
+            kind = self.rng.choices(list(PROVIDER_FAULTS), weights=list(PROVIDER_FAULTS.values()))[0]
+        with self.lock:
+            self.provider[kind] += 1
+        return kind
+
+
+class CrashingStore(Store):
+    """The real table store; every write can crash the handler just before or just after it."""
+
+    faults: Faults
+
+    def _write(self, name: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+        self.faults.before(f"store.{name}")
+        out = fn(*a, **kw)
+        self.faults.after(f"store.{name}")
+        return out
+
+    def put_run(self, *a: Any, **kw: Any) -> Any:
+        return self._write("put_run", super().put_run, *a, **kw)
+
+    def create_run(self, *a: Any, **kw: Any) -> Any:
+        return self._write("create_run", super().create_run, *a, **kw)
+
+    def record_resource(self, *a: Any, **kw: Any) -> Any:
+        return self._write("record_resource", super().record_resource, *a, **kw)
+
+    def add_event(self, *a: Any, **kw: Any) -> Any:
+        return self._write("add_event", super().add_event, *a, **kw)
+
+    def audit(self, *a: Any, **kw: Any) -> Any:
+        return self._write("audit", super().audit, *a, **kw)
+
+
+@dataclass
+class Agent:
+    run_id: str
+    script: str
+    step: int = 0
+    done: bool = False
+
+
+@dataclass
+class Stats:
+    deliveries: int = 0
+    duplicates_sequential: int = 0
+    duplicates_concurrent: int = 0
+    failed_deliveries: int = 0
+    poisoned: int = 0
+    replayed: int = 0
+    timer_crashes: int = 0
+    rounds: int = 0
+    scripts: Counter[str] = field(default_factory=Counter)
+
+
+class Chaos:
+    def __init__(self, h: Harness, cloud: ChaosCloud, *, seed: int, runs: int, provider_fault_rate: float = 0.08,
+                 workers: int = 4) -> None:
+        self.h, self.cloud, self.n_runs = h, cloud, runs
+        self.rng = random.Random(seed)
+        self.faults = Faults(random.Random(seed + 1), provider_fault_rate)
+        self.stats = Stats()
+        self.stats_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.agents: dict[str, Agent] = {}
+        self.principal = Principal("member@a", h.org, Role.member)
+        self.good = smoke_adapter_zip()
+        self.bad = smoke_adapter_zip(base_model="meta-llama/Llama-3.2-1B")
+        s = get_settings()
+        store = CrashingStore(s.storage_connection, s.table_prefix)
+        store.faults = self.faults
+        set_store(store)
+        cloud.pick = self.faults.pick
+        cloud.invisible_s = 50.0  # under the launch settle period (60 s), over one round (30 s)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        set_store(None)
+
+    # ------------------------------------------------------------ runs and agents
+    def create_runs(self, project: tuple[str, str]) -> None:
+        from shared.services import runs
+
+        points = [(step, k, when) for step in STEPS for k in range(1, MAX_POINT + 1) for when in ("before", "after")]
+        self.rng.shuffle(points)
+        scripts = list(SCRIPTS)
+        weights = list(SCRIPTS.values())
+        for i in range(self.n_runs):
+            body = RunCreate(project_id=project[0], dataset_version_id=project[1], provider="memory",
+                             offer_id="mem-a10", base_model="tensorant/smoke-tiny", price_limit_per_hour=100.0,
+                             runtime_limit_s=3 * 3600)
+            run_id = runs.create(self.principal, body).id
+            step, k, when = points[i % len(points)]
+            self.faults.plan[(step, run_id)] = (k, when)
+            if self.rng.random() < STUBBORN_SHARE:
+                self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
+            script = self.rng.choices(scripts, weights=weights)[0]
+            self.agents[run_id] = Agent(run_id, script)
+            self.stats.scripts[script] += 1
+            runs.launch(self.principal, run_id, RunLaunch(confirm=True))
+
+    def machine_running(self, run_id: str) -> bool:
+        with self.cloud.lock:
+            return any(m.tags.get("tensorant:run") == run_id and m.state == "running"
+                       for m in self.cloud.machines.values())
+
+    def act_agents(self, runs: list[RunRecord]) -> None:
+        from shared.services import agent as agent_api
+        from shared.services import runs as run_api
+        from shared.services.common import storage_for
+        from shared.storage.base import adapter_key
+
+        for run in runs:
+            a = self.agents.get(run.id)
+            if a is None or a.done or run.state not in ACTIVE or not self.machine_running(run.id):
+                continue
+            if self.rng.random() < 0.3:
+                continue  # agents are not in lockstep
+            try:
+                if a.script == "mute":
+                    a.done = True
+                elif a.step == 0:
+                    agent_api.heartbeat(run.org, run.id, Heartbeat(phase="preparing", logs=["pulling image"]))
+                elif a.step == 1:
+                    agent_api.heartbeat(run.org, run.id, Heartbeat(phase="training", progress=0.5))
+                elif a.script in ("ok", "bad"):
+                    data = self.good if a.script == "ok" else self.bad
+                    storage_for(run.org).put(adapter_key(run.id), data)
+                    agent_api.complete(run.org, run.id, AgentComplete(
+                        status="ok", sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
+                    a.done = True
+                elif a.script == "fail":
+                    agent_api.complete(run.org, run.id, AgentComplete(status="failed", reason="OOM", exit_code=137))
+                    a.done = True
+                elif a.script == "silent":
+                    a.done = True
+                elif a.script == "vanish":
+                    with self.cloud.lock:  # deleted in the cloud console
+                        for m in self.cloud.machines.values():
+                            if m.tags.get("tensorant:run") == run.id:
+                                m.state, m.disk_exists = "terminated", False
+                    a.done = True
+                elif a.script == "cancel":
+                    run_api.cancel(self.principal, run.id, RunCancel(discard=True))
+                    a.done = True
+                a.step += 1
+            except (Conflict, NotFound):
+                a.done = True  # the run moved on under the agent
+
+    # ------------------------------------------------------------ queues
+    def receive(self) -> list[tuple[Queue, Any, Any]]:
+        out = []
+        q = get_queues()
+        for queue in Queue:
+            client = q.client(queue.value)
+            for m in client.receive_messages(messages_per_page=32, max_messages=32, visibility_timeout=60):
+                out.append((queue, client, m))
+        return out
+
+    def deliver_round(self) -> int:
+        msgs = self.receive()
+        modes = [self.rng.choices(("once", "twice", "concurrent"), weights=(80, 10, 10))[0] for _ in msgs]
+        list(self.pool.map(lambda args: self._handle(*args), [(*m, mode) for m, mode in zip(msgs, modes, strict=True)]))
+        return len(msgs)
+
+    def _invoke(self, queue: Queue, m: Any) -> bool:
+        body = base64.b64decode(m.content)
+        run_id = str(decode(m.content).get("run_id", ""))
+        fn = self.h.queue_fns[queue.value]
+        with self.faults.delivery(queue.value, run_id):
+            try:
+                fn(func.QueueMessage(id=m.id, body=body, pop_receipt=m.pop_receipt))
+                return True
+            except Exception:
+                return False
+
+    def _count(self, **deltas: int) -> None:
+        with self.stats_lock:
+            for name, d in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + d)
+
+    def _handle(self, queue: Queue, client: Any, m: Any, mode: str) -> None:
+        if mode == "concurrent":
+            results: list[bool] = []
+            other = threading.Thread(target=lambda: results.append(self._invoke(queue, m)))
+            other.start()
+            ok = self._invoke(queue, m)
+            other.join()
+            ok = ok or any(results)
+            self._count(deliveries=2, duplicates_concurrent=1)
+        elif mode == "twice":
+            ok = self._invoke(queue, m)
+            ok = self._invoke(queue, m) or ok
+            self._count(deliveries=2, duplicates_sequential=1)
+        else:
+            ok = self._invoke(queue, m)
+            self._count(deliveries=1)
+        if ok:  # any delivery that succeeded deletes the message, as on the host
+            client.delete_message(m.id, m.pop_receipt)
+            return
+        self._count(failed_deliveries=1)
+        if m.dequeue_count >= MAX_DEQUEUE:  # what the host does after maxDequeueCount
+            get_queues().client(queue.poison).send_message(m.content)
+            client.delete_message(m.id, m.pop_receipt)
+            self._count(poisoned=1)
+        else:
+            client.update_message(m.id, m.pop_receipt, visibility_timeout=0)
+
+    # ------------------------------------------------------------ timers
+    def tick(self, name: str) -> None:
+        if self.faults.on and self.rng.random() < 0.15:
+            self.faults.plan[(name, "*")] = (self.rng.randint(1, 4), self.rng.choice(("before", "after")))
+        with self.faults.delivery(name, "*"):
+            try:
+                self.h.tick(name)
+            except Exception:
+                self.stats.timer_crashes += 1
+        self.faults.plan.pop((name, "*"), None)
+
+    # ------------------------------------------------------------ phases
+    def runs(self) -> list[RunRecord]:
+        return get_store().list_runs(self.h.org)
+
+    def chaos_phase(self, rounds: int, step_s: float) -> None:
+        for i in range(rounds):
+            self.stats.rounds += 1
+            self.h.clock.advance(step_s)
+            self.act_agents(self.runs())
+            self.deliver_round()
+            self.tick("heartbeat_check")
+            if i % 4 == 3:
+                self.tick("sweeper")
+
+    def settle_phase(self, max_iterations: int = 80) -> int:
+        """Faults off, agents stopped: replay the poison queues, then let deadlines, retries and
+        the sweeper bring every run to rest. Returns the iterations it took."""
+        self.faults.on = False
+        self.faults.plan.clear()
+        self.replay_poison()
+        grace = get_settings().sweep_grace_s
+        quiet = 0
+        for it in range(max_iterations):
+            self.h.clock.advance(120)
+            self.tick("heartbeat_check")
+            for _ in range(6):
+                if not self.deliver_round():
+                    break
+            if it % 3 == 2:
+                self.tick("sweeper")
+            self.replay_poison()
+            resting = all(r.state in TERMINAL or r.state == RunState.retained for r in self.runs())
+            quiet = quiet + 1 if resting and not self.pending() else 0
+            if quiet * 120 > grace + 240:  # resting for longer than the grace period plus two sweeps
+                return it + 1
+        return max_iterations
+
+    def pending(self) -> int:
+        q = get_queues()
+        return sum(q.length(x.value) + q.length(x.poison) for x in Queue)
+
+    def replay_poison(self) -> None:
+        for q in Queue:
+            out = self.h.ok("POST", f"/api/platform/queues/{q.value}/poison/replay", token="admin", json_body={})
+            self.stats.replayed += len(out["replayed"])
+
+
+def wall() -> float:
+    return time.perf_counter()

@@ -1,0 +1,92 @@
+"""Chaos: randomized runs with crashes at every store write and provider call of every step,
+provider faults, invisible new machines, duplicate and concurrent deliveries. Afterwards
+nothing is leaked, stuck or duplicated. Seeded (CHAOS_SEED, CHAOS_RUNS to vary it)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from shared.runs.lifecycle import TERMINAL
+from shared.store import get_store
+from tests.chaos.driver import STEPS, Chaos, wall
+from tests.chaos.provider import ChaosCloud, install_chaos_provider, uninstall_chaos_provider
+from tests.harness import Harness
+
+SEED = int(os.environ.get("CHAOS_SEED", "20261201"))
+RUNS = int(os.environ.get("CHAOS_RUNS", "200"))
+
+
+@pytest.fixture
+def setup(env: dict[str, str]) -> Iterator[tuple[Harness, ChaosCloud]]:
+    cloud = ChaosCloud()
+    install_chaos_provider(cloud)
+    h = Harness()
+    try:
+        h.save_storage({"kind": "local"})
+        assert h.save_compute("memory", {})["status"] == "connected"
+        yield h, cloud
+    finally:
+        h.close()
+        uninstall_chaos_provider()
+
+
+def test_chaos_leaves_nothing_leaked_stuck_or_duplicated(setup: tuple[Harness, ChaosCloud]) -> None:
+    h, cloud = setup
+    started = wall()
+    chaos = Chaos(h, cloud, seed=SEED, runs=RUNS)
+    try:
+        chaos.create_runs(h.project_and_dataset())
+        created_s = wall() - started
+        chaos.chaos_phase(rounds=40, step_s=30)
+        chaos_s = wall() - started - created_s
+        iterations = chaos.settle_phase()
+    finally:
+        chaos.close()
+    store = get_store()
+    runs = {r.id: r for r in store.list_runs(h.org)}
+    audit = Counter(a["action"] for a in store.list_audit())
+    states = Counter(r.state.value for r in runs.values())
+    f = chaos.faults
+    crash_points = {step: sorted({(k, w) for (s, k, w) in f.fired if s == step}) for step in STEPS}
+    print(f"\nchaos seed={SEED} runs={len(runs)} scripts={dict(chaos.stats.scripts)}")
+    print(f"final states: {dict(states)}")
+    print(f"crashes injected at store writes / provider calls: {sum(f.fired.values())} "
+          f"by op {dict(f.fired_ops)}; points per step: "
+          + ", ".join(f"{s}={len(p)}/{2 * f.max_ops[s]}" for s, p in crash_points.items()))
+    print(f"provider faults injected: {dict(f.provider)}; timer crashes: {chaos.stats.timer_crashes}")
+    print(f"deliveries: {chaos.stats.deliveries}, duplicates: {chaos.stats.duplicates_sequential} sequential + "
+          f"{chaos.stats.duplicates_concurrent} concurrent; failed deliveries {chaos.stats.failed_deliveries}, "
+          f"poisoned {chaos.stats.poisoned}, replayed {chaos.stats.replayed}")
+    print(f"sweeper: leaks released {audit['sweep-release']}, vanished machines retained {audit['sweep-retain']}, "
+          f"releases re-sent {audit['sweep-release-retry']}, listing failures {audit['sweep-list-failed']}")
+    print(f"machines created {sum(cloud.created.values())}, max per run {max(cloud.created.values(), default=0)}; "
+          f"rounds {chaos.stats.rounds} + settle {iterations}; wall: create {created_s:.1f}s, "
+          f"chaos {chaos_s:.1f}s, total {wall() - started:.1f}s")
+
+    assert len(runs) == RUNS
+    stuck = {r.id: r.state.value for r in runs.values() if r.state not in TERMINAL and r.state.value != "retained"}
+    assert not stuck, f"runs not at rest: {stuck}"
+    assert chaos.pending() == 0, "messages left in the queues or poison queues"
+    twice = {run: n for run, n in cloud.created.items() if n > 1}
+    assert not twice, f"runs that had two machines: {twice}"
+    live = [m for m in cloud.live()]
+    for m in live:
+        run = runs.get(m.tags.get("tensorant:run", ""))
+        assert run is not None and run.state.value == "retained", \
+            f"machine {m.id} ({m.state}) bills without a live run: {run and run.state.value}"
+    for run in runs.values():
+        mine = [m for m in cloud.machines.values() if m.tags.get("tensorant:run") == run.id]
+        if run.state.value == "retained":
+            assert [(m.state, m.disk_exists) for m in mine] == [("stopped", True)], \
+                f"retained run {run.id} lost its disk or keeps computing: {run.reason}"
+        else:
+            assert all(m.state == "terminated" and not m.disk_exists for m in mine), run.id
+            assert not run.release_error, run.release_error
+    # The faults really happened: every step crashed, at several points, and providers failed.
+    assert all(len(p) >= 4 for p in crash_points.values()), crash_points
+    assert sum(f.provider.values()) >= 20 and chaos.stats.duplicates_concurrent >= 10
+    assert states["succeeded"] > 0 and states["retained"] > 0 and states["failed"] > 0 and states["cancelled"] > 0
