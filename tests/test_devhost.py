@@ -298,3 +298,17 @@ def test_make_run_reuses_an_azurite_and_refuses_a_foreign_server(azurite: Azurit
     finally:
         other.shutdown()
         other.server_close()
+
+
+def test_notify_skips_the_idle_backoff(root: Path) -> None:
+    from shared.devhost.host import notify
+
+    (root / "host.json").write_text(json.dumps({"version": "2.0", "extensions": {"queues": {
+        "batchSize": 4, "maxPollingInterval": "00:00:10"}}}))
+    with Host(SPEC, root=root, http=False, timers=False):
+        time.sleep(2.0)  # idle: polls at 0, 0.2, 0.6, 1.4 s; the next one would be at 3.0 s
+        _send("wake")
+        import os
+
+        notify(os.environ["DEVHOST_QUEUE"])
+        assert _wait_for(lambda: len(sample.CALLS) == 1, timeout=0.6)

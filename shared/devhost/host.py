@@ -153,6 +153,21 @@ def next_fire(schedule: str, after: datetime) -> datetime:
     return result
 
 
+_running: weakref.WeakSet[Host] = weakref.WeakSet()
+
+
+def notify(queue_name: str) -> None:
+    """A message was just sent to `queue_name`: wake the pollers of every running host in this process.
+
+    Like the Functions host's SharedQueueWatcher, this skips the idle backoff for messages
+    the process itself enqueues (output bindings do it automatically; other senders may call it).
+    """
+    for host in list(_running):
+        event = host._wake.get(queue_name)
+        if event is not None:
+            event.set()
+
+
 class _Out:
     """An output binding value holder (azure.functions.Out)."""
 
@@ -221,6 +236,7 @@ class Host:
         self._clients: dict[tuple[str, str], Any] = {}
         self._clients_lock = threading.Lock()
         self._pools: list[ThreadPoolExecutor] = []
+        self._wake: dict[str, threading.Event] = {}
         # Routes in ASP.NET precedence: literal segments win over parameters.
         self._routes = sorted((f for f in self.functions if f.kind == "http"), key=lambda f: f.route.precedence)  # type: ignore[union-attr]
 
@@ -240,8 +256,10 @@ class Host:
             self._server.daemon_threads = True
             self.port = int(self._server.server_address[1])
             self._spawn(self._server.serve_forever, "devhost-http")
+        _running.add(self)
         if self.enable["queue"]:
             for f in self.by_kind("queue"):
+                self._wake[f.queue_name] = threading.Event()
                 self._spawn(functools.partial(self._listen, f), f"devhost-queue-{f.queue_name}")
         if self.enable["timer"]:
             for f in self.by_kind("timer"):
@@ -251,6 +269,9 @@ class Host:
 
     def stop(self) -> None:
         self._stop.set()
+        _running.discard(self)
+        for event in self._wake.values():
+            event.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -321,6 +342,7 @@ class Host:
             text = item if isinstance(item, str | bytes) else json.dumps(item)
             raw = text.encode() if isinstance(text, str) else text
             client.send_message(self._encode(raw))
+        notify(str(binding["queueName"]))
 
     def _encode(self, raw: bytes) -> str:
         return base64.b64encode(raw).decode() if self.config.message_encoding == "base64" else raw.decode()
@@ -416,6 +438,7 @@ class Host:
         lock = threading.Lock()
         delay = MIN_POLL_S
         last_error = ""
+        wake = self._wake[f.queue_name]
 
         def done(fut: Any) -> None:
             with lock:
@@ -447,7 +470,9 @@ class Host:
                     continue  # probably more waiting: poll again at once
             else:
                 delay = min(delay * 2, self.config.max_polling_interval_s)
-            self._stop.wait(delay)
+            if wake.wait(delay):  # notify(): a message was sent here, poll at once
+                wake.clear()
+                delay = MIN_POLL_S
 
     def pump(self, max_messages: int = 1000) -> int:
         """Process the messages now visible on every queue trigger, each at most once; return the count.
