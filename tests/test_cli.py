@@ -202,3 +202,30 @@ def test_admin_poison_and_cancel(api: FakeApi, capsys: pytest.CaptureFixture[str
     api.on("POST", "/api/runs/r1/cancel", _run("releasing"))
     assert run_cli(api, "runs", "cancel", "r1", "--keep") == 0
     assert json.loads(api.sent("POST", "/api/runs/r1/cancel")[0]["body"]) == {"discard": False}
+
+
+def test_watch_refreshes_in_place_on_a_tty(api: FakeApi) -> None:
+    import io
+
+    from shared.cli.client import Client
+    from shared.cli.main import watch
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    api.on("GET", "/api/runs/r1", _run("training", 0.3, "training"), _run("training", 0.6, "training"),
+           _run("succeeded", 1.0))
+    out = Tty()
+    assert watch(Client(api.url, "t"), "r1", interval=0.01, stream=out) == 0
+    text = out.getvalue()
+    assert text.count("\r\033[K") == 3  # every poll redraws the same line
+    assert text.splitlines()[-1] == "run r1 succeeded"
+
+
+def test_logs_follow_prints_each_line_once(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    api.on("GET", "/api/runs/r1/logs", {"lines": ["step 1"]}, {"lines": ["step 1", "step 2"]},
+           {"lines": ["step 1", "step 2", "done"]})
+    api.on("GET", "/api/runs/r1", _run("training"), _run("succeeded"))
+    assert run_cli(api, "runs", "logs", "r1", "--follow", "--interval", "0.01") == 0
+    assert capsys.readouterr().out.splitlines() == ["step 1", "step 2", "done"]
