@@ -255,7 +255,7 @@ class Host:
             self._server = ThreadingHTTPServer((self.bind, self.port), _make_handler(self))
             self._server.daemon_threads = True
             self.port = int(self._server.server_address[1])
-            self._spawn(self._server.serve_forever, "devhost-http")
+            self._spawn(functools.partial(self._server.serve_forever, 0.1), "devhost-http")
         _running.add(self)
         if self.enable["queue"]:
             for f in self.by_kind("queue"):
@@ -624,7 +624,11 @@ def _make_handler(host: Host) -> type[BaseHTTPRequestHandler]:
             if self.command == "OPTIONS" and host.cors and "Access-Control-Request-Method" in self.headers:
                 status, out, data = 204, dict[str, str](), b""
             else:
-                status, out, data = host.handle_http(self.command, self.path, headers, body)
+                try:
+                    status, out, data = host.handle_http(self.command, self.path, headers, body)
+                except Exception as exc:  # a host bug must still answer, not drop the connection
+                    log.exception("devhost: %s %s failed before reaching a function", self.command, self.path)
+                    status, out, data = _problem(500, "Internal Server Error", f"dev host error: {type(exc).__name__}")
             if host.cors:
                 origin = self.headers.get("Origin", "")
                 allowed = [o.strip() for o in str(host.cors).split(",")]
