@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _SECRET_VALUES: set[str] = set()
