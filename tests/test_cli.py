@@ -129,7 +129,7 @@ def test_watch_exits_0_on_succeeded(api: FakeApi, capsys: pytest.CaptureFixture[
     # Not a TTY: one line per change, not per poll.
     assert [line.split()[1] for line in out[:3]] == ["state=provisioning", "state=training", "state=succeeded"]
     assert progress_bar(0.5) in out[1] and "phase=training" in out[1]
-    assert out[-1] == "run r1 succeeded (succeeded)"
+    assert out[-1] == "run r1 succeeded"
 
 
 @pytest.mark.parametrize("final", ["retained", "failed", "cancelled"])

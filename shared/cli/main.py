@@ -139,8 +139,10 @@ def _show_connection(c: Any) -> None:
     if not isinstance(c, dict):
         print(c)
         return
-    slot = c.get("slot") or c.get("kind") or ""
-    print(f"{slot or 'connection'} {c.get('provider', '')}: {c.get('status', '?')}".replace("  ", " "))
+    slot = str(c.get("slot") or "connection")
+    provider = str(c.get("provider") or "")
+    name = slot if provider in slot else f"{slot} {provider}".strip()
+    print(f"{name}: {c.get('status', '?')}")
     for key, value in (c.get("config") or {}).items():
         print(f"  {key}: {_cell(value)}")
     for check in c.get("checks") or []:
@@ -267,7 +269,8 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
                 out.write("\n")
             if run.get("billing_note"):
                 out.write(f"billing: {run['billing_note']}\n")
-            out.write(f"run {run_id} {state}" + (f" ({run['outcome']})" if run.get("outcome") else "") + "\n")
+            outcome = run.get("outcome")
+            out.write(f"run {run_id} {state}" + (f" (outcome: {outcome})" if outcome and outcome != state else "") + "\n")
             return 0 if state == "succeeded" else 1
         polls += 1
         if max_polls is not None and polls >= max_polls:
