@@ -19,7 +19,8 @@ _ACCESS_KEY = re.compile(r"^(AKIA|ASIA)[A-Z0-9]{12,124}$")
 _KEY_NAME = re.compile(r"^[\x20-\x7e]{1,255}$")
 # arn:aws:iam::<12 digits>:instance-profile/<optional path/>name
 _PROFILE_ARN = re.compile(r"^arn:aws:iam::(\d{12}):instance-profile/([\w+=,.@/-]{1,512})$")
-_ROLE_ARN = re.compile(r"^arn:aws[\w-]*:iam::(\d{12}):role/([\w+=,.@/-]{1,512})$")
+# Loose on purpose: anything shaped like a role ARN gets the "paste the profile ARN" hint.
+_ROLE_ARN = re.compile(r"^arn:aws[\w-]*:iam::(\d+):role/(.+)$")
 
 MIN_WORKSPACE_GB = 10
 MAX_WORKSPACE_GB = 16000 - 200  # gp3 maximum is 16 TiB; leave room for the image itself

@@ -58,6 +58,7 @@ def test_role_arn_rejected_with_the_profile_arn_to_paste() -> None:
     msg = _error(instance_profile_arn="arn:aws:iam::123456789012:role/service/TensorantSSM")
     assert "role ARN" in msg
     assert "arn:aws:iam::123456789012:instance-profile/TensorantSSM" in msg
+    assert "arn:aws:iam::123:instance-profile/x" in _error(instance_profile_arn="arn:aws:iam::123:role/x")
     assert "instance-profile" in _error(instance_profile_arn="TensorantSSM")
 
 
