@@ -1,0 +1,131 @@
+"""End to end on Azure through the real function handlers: the real azure-identity and
+azure-mgmt clients talk to the fake ARM server (HTTPS, self-signed certificate) on
+loopback, Retail Prices come from the same fake, and a test-side agent plays the VM.
+
+The adapter is built by the registry as AzureCompute(config, settings); the test points
+it at the fake through shared.providers.azure.compute.TEST_ENDPOINTS (a module attribute
+only tests set, so production cannot be redirected by configuration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.providers.azure import compute as compute_mod
+from tests.harness import Harness, smoke_adapter_zip
+from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, endpoints, seed
+from tests.providers.azure.fake_arm import SUB, FakeArm
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeArm]:
+    fake = FakeArm(tmp_path).start()
+    seed(fake)
+    monkeypatch.setattr(compute_mod, "TEST_ENDPOINTS", endpoints(fake))
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def h(env: dict[str, str], arm: FakeArm) -> Iterator[Harness]:
+    harness = Harness()
+    assert harness.save_storage({"kind": "local"})["status"] == "connected"
+    conn = harness.save_compute("azure", config_body())
+    assert conn["status"] == "connected", conn["checks"]
+    checks = {c["name"]: c["status"] for c in conn["checks"]}
+    assert checks["authentication"] == "ok" and checks["image"] == "ok" and checks["quota"] == "warn"
+    assert SECRET not in str(conn)  # write-only secret
+    assert any("rotate" in w for w in conn["warnings"])
+    yield harness
+    harness.close()
+
+
+def _rid(kind: str, name: str) -> str:
+    provider = "Microsoft.Network/networkInterfaces" if kind == "nic" else f"Microsoft.Compute/{kind}"
+    return f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/{provider}/{name}"
+
+
+def _launch(h: Harness, arm: FakeArm) -> tuple[str, dict[str, str]]:
+    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+    sizes = {o["machine_type"] for o in offers}
+    assert sizes == {"Standard_NV36ads_A10_v5", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5"}
+    offer = next(o for o in offers if o["machine_type"] == "Standard_NC24ads_A100_v4")
+    assert offer["total_per_hour"] == round(3.673 + 19.71 / 730, 4) and "taxes" in offer["note"]
+    run_id = h.create_run("azure", offer["offer_id"])
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    ids = {r["kind"]: r["id"] for r in run["resources"]}
+    name = f"tensorant-test-{run_id}"
+    assert ids == {"vm": _rid("virtualMachines", name), "disk": _rid("disks", f"{name}-osdisk"),
+                   "nic": _rid("nic", f"{name}-nic")}
+    for rid in ids.values():
+        tags = arm.get(rid)["tags"]  # type: ignore[index]
+        assert tags["tensorant:run"] == run_id and tags["tensorant:org"] == h.org
+        assert tags["tensorant:deployment"] == "test" and tags["tensorant:managed"] == "true"
+    assert len(arm.of_type("Microsoft.Compute/virtualMachines")) == 1
+    return run_id, ids
+
+
+def test_trial_succeeds_with_vm_disk_and_nic_gone(h: Harness, arm: FakeArm) -> None:
+    run_id, ids = _launch(h, arm)
+    assert arm.get(ids["vm"])["_state"]["power"] == "running"  # type: ignore[index]
+    h.agent(run_id).train(smoke_adapter_zip())
+    run = h.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
+    deletes = [p for m, p, _, _ in arm.requests if m == "DELETE"]
+    assert deletes and deletes[0] == ids["vm"]
+    # nothing of the customer's network or image was changed
+    assert not [p for m, p, _, _ in arm.requests if m != "GET" and ("virtualNetworks" in p or "/images/" in p)]
+
+
+def test_timed_out_trial_is_deallocated_with_its_disk_then_recovered(h: Harness, arm: FakeArm) -> None:
+    run_id, ids = _launch(h, arm)
+    h.agent(run_id).heartbeat("training", 0.4)
+    run = h.expire(run_id)
+    assert run["state"] == "retained", (run["reason"], h.step_errors)
+    assert arm.get(ids["vm"])["_state"]["power"] == "deallocated"  # type: ignore[index]
+    assert arm.get(ids["disk"]) is not None and arm.get(ids["nic"]) is not None  # the disk is kept
+    assert "deallocated" in run["billing_note"] and "still bill" in run["billing_note"]
+
+    # Recovery: start the VM on request (billing resumes, training does not) ...
+    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    h.drain()
+    assert arm.get(ids["vm"])["_state"]["power"] == "running"  # type: ignore[index]
+    # ... then hand in the adapter fetched from it: verified, and the VM, disk and NIC released.
+    run = h.recover(run_id, upload=smoke_adapter_zip())
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
+
+
+def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared import queues
+
+    run_id, ids = _launch(h, arm)
+    h.agent(run_id).heartbeat("training", 0.4)
+    assert h.expire(run_id)["state"] == "retained"
+    vm = arm.get(ids["vm"])
+    assert vm
+    original = vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"]
+    vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = _rid("disks", "helper-copy")
+    # Release retries a refusal with backoff; keep real delays here so the retry stays queued, not looping.
+    monkeypatch.setattr(queues, "DELAY_SCALE", 1.0)
+    run = h.recover(run_id, upload=smoke_adapter_zip())
+    assert run["state"] == "releasing", (run["reason"], h.step_errors)
+    assert "Automatic deletion refused" in run["release_error"] and "OS disk was replaced" in run["release_error"]
+    assert arm.get(ids["vm"]) is not None and arm.get(ids["disk"]) is not None
+    assert not [p for m, p, _, _ in arm.requests if m == "DELETE"]
+
+    # An administrator restores the original attachment and retries the release: now it completes.
+    vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = original
+    monkeypatch.setattr(queues, "DELAY_SCALE", 0)
+    h.ok("POST", f"/api/runs/{run_id}/release", token="member")
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
