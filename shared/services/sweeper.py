@@ -45,6 +45,8 @@ from shared.store import get_store
 # Kinds that are the machine itself (the rest are disks, NICs, work directories).
 MACHINE_KINDS = frozenset({"instance", "vm", "pod", "process"})
 
+GONE_STATES = frozenset({"terminated", "deleted"})
+
 ProviderFactory = Callable[[str, str], ComputeProvider]
 
 
@@ -98,7 +100,10 @@ def _audit(kind: str, finding: dict[str, Any]) -> None:
 
 def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
     # RunPod pods carry no tags: their name holds the deployment and run, not the org (org == "").
-    return [r for r in resources if r.managed and r.deployment == deployment and r.run_id and r.org in (org, "")]
+    # A resource listed as already terminated or deleted (EC2 shows terminated instances for
+    # a while) bills nothing and counts as absent.
+    return [r for r in resources if r.managed and r.deployment == deployment and r.run_id and r.org in (org, "")
+            and r.state.lower() not in GONE_STATES]
 
 
 def _grace() -> timedelta:
@@ -107,7 +112,7 @@ def _grace() -> timedelta:
 
 def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
            runs: dict[str, RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
-    grace, store, settings = _grace(), get_store(), get_settings()
+    grace, settings = _grace(), get_settings()
     by_run: dict[str, list[CloudResource]] = defaultdict(list)
     for res in resources:
         by_run[res.run_id].append(res)
