@@ -100,8 +100,15 @@ def test_second_launch_waits_for_the_first_machine_to_be_listed(h: Harness, clou
     from shared.services.steps import LAUNCH_SETTLE_S
 
     cloud.invisible_s = LAUNCH_SETTLE_S / 2
-    fired = []
-    cloud.pick = lambda method, run_id: "timeout" if method == "launch" and not fired and not fired.append(1) else None
+    fired: list[str] = []
+
+    def pick(method: str, run_id: str) -> str | None:
+        if method == "launch" and not fired:
+            fired.append(run_id)
+            return "timeout"  # the cloud made the machine; the call timed out anyway
+        return None
+
+    cloud.pick = pick
     run_id = h.create_run("memory", "mem-a10")
     h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     for _ in range(10):

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 SIZES = (1000, 10000, 20000)
@@ -126,13 +127,14 @@ class Queues:
 def build(n: int, t: datetime) -> tuple[MemStore, PagedCloud]:
     """n runs, n cloud resources. 90% live (training), 5% finished but their machine leaked,
     5% stuck in releasing; every resource older than the grace period."""
-    from shared.models import CloudResource, ConnectionRecord, ConnectionStatus, GpuOffer, RunRecord, RunState
+    from shared.models import CloudResource, ConnectionStatus, GpuOffer, RunRecord, RunState
     from shared.settings import get_settings
 
     dep = get_settings().deployment_id
     store = MemStore()
-    store.connections.append(ConnectionRecord.model_construct(org="org-a", slot="compute:bench", provider="bench",
-                                                              status=ConnectionStatus.connected))
+    # Only what the sweeper reads of a connection record (no sealed config: the provider is injected).
+    store.connections.append(SimpleNamespace(org="org-a", slot="compute:bench", provider="bench",
+                                             status=ConnectionStatus.connected))
     offer = GpuOffer(provider="bench", offer_id="o", gpu="A10", gpu_memory_gb=24, machine_type="m", region="r",
                      compute_per_hour=1.0, disk_per_hour=0.0, total_per_hour=1.0)
     old = t - timedelta(hours=2)
