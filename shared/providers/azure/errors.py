@@ -80,6 +80,14 @@ def translate(err: Exception, doing: str) -> ProviderError:
             f"Azure rejected the service principal while {doing} ({code or status or 'authentication'}): {msg}. "
             "Check the tenant ID, client ID and secret value (not its ID, not expired), and that the Tensorant "
             "roles are assigned to this application at the documented scopes.", code=code or "AuthFailed")
+    if code == "MissingSubscriptionRegistration":
+        return PermanentError(
+            f"The subscription is not registered for a resource provider ({msg}). Ask your subscription "
+            "administrator to register Microsoft.Compute and Microsoft.Network under Subscriptions -> Resource "
+            "providers.", code=code)
+    if code in ("SubscriptionNotFound", "InvalidSubscriptionId"):
+        return PermanentError(f"Subscription not found ({code}): copy the subscription ID from the subscription's "
+                              "overview again; only public-cloud subscriptions are supported.", code=code)
     if status == 429:
         return ThrottledError(f"Azure throttled {doing}; retrying after the interval it asked for",
                               code=code or "TooManyRequests", retry_after_s=retry_after(err))

@@ -136,6 +136,13 @@ def test_validate_no_supported_size_in_region(fake: FakeArm) -> None:
     assert result["gpu_sizes"].status == CheckStatus.fail and "every zone" in result["gpu_sizes"].message
 
 
+def test_validate_unregistered_resource_provider(fake: FakeArm) -> None:
+    fake.fail("GET", r"/providers/microsoft.compute/skus$", 409, "MissingSubscriptionRegistration",
+              message="The subscription is not registered to use namespace 'Microsoft.Compute'.")
+    sizes = checks(make_compute(fake))["gpu_sizes"]
+    assert sizes.status == CheckStatus.fail and "Resource providers" in sizes.message
+
+
 # ---------------------------------------------------------------- offers
 
 
