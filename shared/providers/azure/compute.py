@@ -76,8 +76,9 @@ class AzureEndpoints:
     authority: str | None = None  # None = login.microsoftonline.com (public cloud only)
     prices_url: str = RETAIL_PRICES_URL
     verify: bool | str = True
-    retry_total: int | None = 3
+    retry_total: int | None = 3  # connection errors; HTTP status retries are ours (see _call)
     polling_interval: float | None = None
+    read_timeout_s: float = 60.0  # no call may hang a step
     lro_wait_s: float = 90.0
     credential: Any = None  # a TokenCredential to use instead of ClientSecretCredential
     sleep: Callable[[float], None] = time.sleep
@@ -156,7 +157,9 @@ class AzureCompute:
         return self._cred
 
     def _client_kwargs(self) -> dict[str, Any]:
-        kw: dict[str, Any] = {}
+        # retry_status=0: the SDK would sleep out every Retry-After of a 429 (unbounded); _call retries
+        # short ones and turns long ones into ThrottledError so the step waits with a delayed message.
+        kw: dict[str, Any] = {"retry_status": 0, "connection_timeout": 20, "read_timeout": self.endpoints.read_timeout_s}
         if self.endpoints.arm_url:
             kw["base_url"] = self.endpoints.arm_url
             kw["credential_scopes"] = [ARM_SCOPE]

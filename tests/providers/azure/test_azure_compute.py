@@ -410,3 +410,17 @@ def test_list_managed_pages_and_filters_by_deployment(fake: FakeArm, compute: An
     assert any(r.created_at is not None for r in found if r.kind == "vm")
     lists = [q for m, p, q, _ in fake.requests if m == "GET" and p.lower().endswith("/virtualmachines")]
     assert any("skiptoken" in q for q in lists)  # followed nextLink (page size 2)
+
+
+def test_sdk_does_not_sleep_out_long_retry_after(fake: FakeArm) -> None:
+    """With production retry settings the SDK must not wait out a long Retry-After itself."""
+    import time
+
+    fake.fail("GET", r"/virtualmachines/tensorant-test-run-abc$", 429, "TooManyRequests", times=5,
+              headers={"Retry-After": "120"})
+    compute = make_compute(fake, retry_total=3)
+    started = time.monotonic()
+    with pytest.raises(ThrottledError):
+        compute.describe(REF, [])
+    assert time.monotonic() - started < 10
+    assert sum(1 for m, p, _, _ in fake.requests if m == "GET" and p.endswith("/tensorant-test-run-abc")) == 1
