@@ -399,6 +399,7 @@ class AzureCompute:
             if self.region not in targets:
                 problems.append(f"version {gallery['version']} is not replicated to {self.region}: add it as a "
                                 "target region of the version and wait for replication")
+            image_gb = _dig(version, "properties", "storageProfile", "osDiskImage", "sizeInGB")
             if _dig(version, "properties", "storageProfile", "dataDiskImages"):
                 problems.append("the image version has data disks; publish one with only an OS disk")
             if _dig(version, "properties", "provisioningState", default="Succeeded") != "Succeeded":
@@ -421,8 +422,12 @@ class AzureCompute:
             if _region_code(str(image.get("location", ""))) != self.region:
                 problems.append(f"a managed image can only create VMs in its own region ({image.get('location')}); "
                                 f"create the image in {self.region} or publish a gallery version replicated there")
+            image_gb = os_disk.get("diskSizeGB")
             if _dig(props, "storageProfile", "dataDisks"):
                 problems.append("the image has data disks; capture one with only an OS disk")
+        if image_gb and int(image_gb) > self.config.os_disk_gb:
+            problems.append(f"the image's OS disk is {image_gb} GiB, larger than the connection's OS disk size "
+                            f"({self.config.os_disk_gb} GiB): raise os_disk_gb to at least {image_gb}")
         if str(os_type).lower() != "linux":
             problems.append(f"the image's OS type is {os_type}, not Linux")
         if str(generation).upper() != "V2":

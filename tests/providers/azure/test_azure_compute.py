@@ -111,6 +111,12 @@ def test_validate_gallery_version_ok(fake: FakeArm) -> None:
     assert checks(make_compute(fake, config=cfg))["image"].status == CheckStatus.ok
 
 
+def test_validate_os_disk_smaller_than_image(fake: FakeArm) -> None:
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID, os_disk_gb=32))
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.fail and "at least 64" in image.message
+
+
 def test_validate_subnet_in_other_region_and_missing(fake: FakeArm) -> None:
     vnet = fake.get(VNET_ID)
     assert vnet
