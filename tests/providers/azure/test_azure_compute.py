@@ -430,3 +430,16 @@ def test_sdk_does_not_sleep_out_long_retry_after(fake: FakeArm) -> None:
         compute.describe(REF, [])
     assert time.monotonic() - started < 10
     assert sum(1 for m, p, _, _ in fake.requests if m == "GET" and p.endswith("/tensorant-test-run-abc")) == 1
+
+
+def test_slow_create_returns_resources_and_describe_tags_the_disk(fake: FakeArm) -> None:
+    fake.hold_ops = True
+    compute = make_compute(fake, lro_wait_s=0.05)
+    assert [r.kind for r in compute.launch(spec())] == ["vm", "disk", "nic"]  # bounded wait, no failure
+    assert compute.describe(REF, []).state == MachineState.pending
+    fake.hold_ops = False
+    for op_id in list(fake.ops):
+        fake._poll(op_id)
+    assert fake.get(DISK_ID)["tags"] == {}  # type: ignore[index]  # Azure made the disk without tags
+    assert compute.describe(REF, []).state == MachineState.running
+    assert fake.get(DISK_ID)["tags"] == REF.tags  # type: ignore[index]
