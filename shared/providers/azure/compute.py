@@ -42,7 +42,7 @@ from shared.providers import cloudinit
 from shared.providers.azure.config import AzureConfig
 from shared.providers.azure.errors import error_code, retry_after, status_code, translate
 from shared.providers.azure.prices import PRICE_NOTE, RETAIL_PRICES_URL, RetailPrices
-from shared.providers.azure.skus import SUPPORTED, disk_tier, supported
+from shared.providers.azure.skus import disk_tier, supported
 from shared.providers.base import (
     TAG_DEPLOYMENT,
     TAG_MANAGED,
@@ -696,10 +696,8 @@ class AzureCompute:
         }
 
     def _launched(self, ref: RunRef) -> list[CloudResource]:
-        out = []
-        for r in self._expected(ref):
-            out.append(r.model_copy(update={"created_at": None}))
-        return out
+        """What the run owns: recorded by deterministic ID, so a disk not yet made is still released."""
+        return self._expected(ref)
 
     def _tag_disk(self, ref: RunRef) -> None:
         """Mark the implicit OS disk (Azure cannot tag it in the VM request)."""
@@ -936,4 +934,4 @@ class _LroFailure(Exception):
         return str(self.error.message)
 
 
-__all__ = ["SUPPORTED", "TEST_ENDPOINTS", "AzureCompute", "AzureEndpoints"]
+__all__ = ["TEST_ENDPOINTS", "AzureCompute", "AzureEndpoints"]
