@@ -3,9 +3,9 @@ tables, on a simulated clock, with faults everywhere.
 
 What it injects (all decided by one seeded random generator, so a run is repeatable up to
 thread scheduling):
-- a crash of the handler at a chosen point of a chosen step for each run: before or after
-  the k-th store write or provider call of that step (every run gets one such point, cycling
-  through steps x k x before/after, so each point of each step is hit);
+- a crash of the handler in every step of every run: before or after the k-th store write
+  or provider call of that step (k cycles through 1..MAX_POINT per step, so each point of
+  each step is hit);
 - random provider faults: an error, throttling, or a permanent error before the call; a
   timeout or a crash after the call succeeded; a new machine invisible to listing for 50 s;
 - crashes inside the heartbeat-check and sweeper timers;
@@ -200,8 +200,12 @@ class Chaos:
     def create_runs(self, project: tuple[str, str]) -> None:
         from shared.services import runs
 
-        points = [(step, k, when) for step in STEPS for k in range(1, MAX_POINT + 1) for when in ("before", "after")]
-        self.rng.shuffle(points)
+        # Each run crashes once in every step it goes through, at a point that cycles through
+        # k = 1..MAX_POINT x before/after per step, so every point of every step is hit.
+        points = {step: [(k, when) for k in range(1, MAX_POINT + 1) for when in ("before", "after")]
+                  for step in STEPS}
+        for p in points.values():
+            self.rng.shuffle(p)
         scripts = list(SCRIPTS)
         weights = list(SCRIPTS.values())
         for i in range(self.n_runs):
@@ -209,8 +213,8 @@ class Chaos:
                              offer_id="mem-a10", base_model="tensorant/smoke-tiny", price_limit_per_hour=100.0,
                              runtime_limit_s=3 * 3600)
             run_id = runs.create(self.principal, body).id
-            step, k, when = points[i % len(points)]
-            self.faults.plan[(step, run_id)] = (k, when)
+            for step, cycle in points.items():
+                self.faults.plan[(step, run_id)] = cycle[i % len(cycle)]
             if self.rng.random() < STUBBORN_SHARE:
                 self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
             script = self.rng.choices(scripts, weights=weights)[0]
