@@ -123,7 +123,7 @@ def test_machine_deleted_outside_fails_the_run_with_nothing_to_release(h: Harnes
     h.drain()
     run = h.get_run(run_id)
     assert run["state"] == "failed"
-    assert "nothing to retain or release" in run["reason"] and "listing" in run["reason"]
+    assert "nothing to retain or release" in run["reason"] and "deleted outside" in run["reason"]
 
 
 def test_listing_failure_is_reported_not_fatal(h: Harness, cloud: ChaosCloud) -> None:
@@ -142,3 +142,16 @@ def test_timer_runs_the_sweeper(h: Harness, cloud: ChaosCloud) -> None:
     h.clock.advance(grace() + 1)
     h.tick("sweeper")
     assert ghost.state == "terminated"
+
+
+def test_a_listing_that_misses_a_live_machine_stops_nothing(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.4)
+    h.clock.advance(grace() + 1)
+    agent.heartbeat("training", 0.5)
+    cloud.visible_at = {m: float("inf") for m in cloud.machines}  # the listing misses it; describe finds it
+    assert not sweep(h)["findings"]
+    assert h.get_run(run_id)["state"] == "training"
+    assert [m.state for m in cloud.machines.values()] == ["running"]

@@ -13,15 +13,15 @@ What it does:
 - a run stuck in releasing (its message lost or poisoned, or the cloud refusing) ->
   release re-sent with capped exponential backoff (run.release_after, release_attempts),
   the error shown on the run;
-- a live run whose recorded machine is no longer listed at all (deleted outside the
-  control plane) -> retaining with the reason; the retain step then confirms it is gone
-  and fails the run with "nothing to release".
+- a live run whose recorded machine is no longer listed at all, and that a describe of
+  that run confirms gone (deleted outside the control plane) -> retaining with the reason;
+  the retain step then fails the run with "nothing to retain or release".
 
 Only resources carrying this deployment's mark and this org's mark (or, for providers
 without tags such as RunPod, this deployment's name prefix and a run id that is ours)
 are ever considered. Every action and every dry-run finding is an audit event.
 The cost of a tick grows with listing pages and runs read in bulk, never with a describe
-per run.
+per run (a describe is made only for a live run missing from the listing, an anomaly).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
         t = now()
         for name, resources in listed.items():
             findings.extend(_leaks(org, name, live[name], resources, runs, t, dry_run))
-            findings.extend(_vanished(org, name, resources, runs, t, dry_run))
+            findings.extend(_vanished(org, name, live[name], resources, runs, t, dry_run))
         findings.extend(_stuck_releases(org, runs.values(), t, dry_run))
     stats["findings"] = len(findings)
     get_logger().info("sweep finished", extra={"dry_run": dry_run, **stats})
@@ -169,11 +169,16 @@ def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
     return old
 
 
-def _vanished(org: str, provider_name: str, resources: list[CloudResource], runs: dict[str, RunRecord],
-              t: datetime, dry_run: bool) -> list[dict[str, Any]]:
-    """A live run whose recorded machine is not in the listing at all was deleted outside
-    the control plane: retain it now rather than wait for the heartbeat deadline."""
-    grace, store = _grace(), get_store()
+def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
+              runs: dict[str, RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
+    """A live run whose recorded machine is not in the listing at all may have been deleted
+    outside the control plane. A listing can be wrong (a filter, a region), so absence alone
+    never stops a machine: the cloud is asked about that run (a describe only for such runs,
+    which are rare), and only a confirmed "gone" moves it to retaining; the retain step then
+    fails it with "nothing to retain or release"."""
+    from shared.models import MachineState
+
+    grace, store, settings = _grace(), get_store(), get_settings()
     listed_runs = {r.run_id for r in resources}
     out = []
     for run in runs.values():
@@ -184,8 +189,13 @@ def _vanished(org: str, provider_name: str, resources: list[CloudResource], runs
             continue
         if any(r.created_at and t - r.created_at < grace for r in machines):
             continue
-        why = ("the machine is no longer in the cloud's listing (deleted outside the control plane?); "
-               "retaining to confirm")
+        try:
+            state = provider.describe(RunRef(settings.deployment_id, org, run.id), run.resources).state
+        except ProviderError:
+            continue  # not confirmed; the heartbeat deadline still covers it
+        if state != MachineState.gone:
+            continue
+        why = "the machine is gone from the cloud (deleted outside the control plane)"
         finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": why,
                    "resources": [f"{r.kind}:{r.id}" for r in machines],
                    "action": "would retain" if dry_run else "retain"}
