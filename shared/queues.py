@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
@@ -32,6 +33,9 @@ class Queue(StrEnum):
 MAX_DELAY_S = 7 * 24 * 3600 - 1  # the service's visibility-timeout ceiling
 # Tests that drive steps in-process with a simulated clock set this to 0.
 DELAY_SCALE = 1.0
+# Called with the queue name after each send without delay; the local host hooks in here
+# to wake its idle pollers (the real host polls; locally the wait is avoidable).
+on_send: list[Callable[[str], None]] = []
 
 
 def encode(body: BaseModel | dict[str, Any]) -> str:
@@ -81,6 +85,9 @@ class Queues:
     def send(self, queue: Queue | str, body: BaseModel | dict[str, Any], delay_s: float = 0) -> None:
         delay = max(0, min(int(delay_s * DELAY_SCALE), MAX_DELAY_S))
         self.client(str(queue)).send_message(encode(body), visibility_timeout=delay or None)
+        if not delay:
+            for hook in on_send:
+                hook(str(queue))
 
     def length(self, name: str) -> int:
         return int(self.client(name).get_queue_properties().approximate_message_count)

@@ -178,11 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         from shared import queues
         from shared.devhost.host import Host, notify
 
-        # If shared.queues offers a send hook, wake our pollers at once for in-process sends
-        # (the real host's SharedQueueWatcher does this for output bindings).
-        hooks = getattr(queues, "on_send", None)
-        if isinstance(hooks, list) and notify not in hooks:
-            hooks.append(notify)
+        # Wake our pollers at once for in-process sends (the real host's SharedQueueWatcher
+        # does this for output bindings).
+        if notify not in queues.on_send:
+            queues.on_send.append(notify)
 
         try:
             host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*").start()

@@ -43,7 +43,8 @@ def main() -> None:
         "TENSORANT_SMOKE_STEPS": "0",
     })
     import function_app
-    from shared.devhost.host import Host
+    from shared import queues
+    from shared.devhost.host import Host, notify
     from shared.models import Role
     from shared.security import mint_user_token
 
@@ -59,30 +60,39 @@ def main() -> None:
         project = s.post(f"{url}/projects", json={"name": "bench"}).json()["id"]
         line = json.dumps({"text": "hello"})
         ds = s.post(f"{url}/projects/{project}/datasets", data=line.encode()).json()["id"]
-        totals, hops = [], {name: [] for name, _, _ in HOPS}
-        for _ in range(args.runs):
-            run = s.post(f"{url}/runs", json={"project_id": project, "dataset_version_id": ds, "provider": "local",
-                                             "offer_id": "local-smoke", "base_model": "tensorant/smoke-tiny",
-                                             "price_limit_per_hour": 1}).json()
-            t0 = time.perf_counter()
-            s.post(f"{url}/runs/{run['id']}/launch", json={"confirm": True}).raise_for_status()
-            while (r := s.get(f"{url}/runs/{run['id']}").json())["state"] not in ("succeeded", "failed", "retained"):
-                time.sleep(0.05)
-            totals.append(time.perf_counter() - t0)
-            assert r["state"] == "succeeded", r
-            at = {e["message"].split(":")[0]: datetime.fromisoformat(e["at"]) for e in r["events"]
-                  if e["kind"] == "transition"}
-            for name, a, b in HOPS:
-                hops[name].append((at[b] - at[a]).total_seconds())
-        total = statistics.median(totals)
-        print(f"zero-length trial, launch -> succeeded: median {total:.2f} s over {args.runs} runs "
-              f"(min {min(totals):.2f}, max {max(totals):.2f})")
-        for name, values in hops.items():
-            med = statistics.median(values)
-            print(f"  {name:48s} {med:6.2f} s  ({med / total:5.1%} of total)")
+        for wake in (False, True):
+            if wake:
+                queues.on_send.append(notify)
+            measure(s, url, project, ds, args.runs,
+                    "woken on send (make run)" if wake else "polling only (host.json maxPollingInterval)")
     finally:
         host.stop()
         az.stop()
+
+
+def measure(s: requests.Session, url: str, project: str, ds: str, runs: int, label: str) -> None:
+    totals: list[float] = []
+    hops: dict[str, list[float]] = {name: [] for name, _, _ in HOPS}
+    for _ in range(runs):
+        run = s.post(f"{url}/runs", json={"project_id": project, "dataset_version_id": ds, "provider": "local",
+                                         "offer_id": "local-smoke", "base_model": "tensorant/smoke-tiny",
+                                         "price_limit_per_hour": 1}).json()
+        t0 = time.perf_counter()
+        s.post(f"{url}/runs/{run['id']}/launch", json={"confirm": True}).raise_for_status()
+        while (r := s.get(f"{url}/runs/{run['id']}").json())["state"] not in ("succeeded", "failed", "retained"):
+            time.sleep(0.05)
+        totals.append(time.perf_counter() - t0)
+        assert r["state"] == "succeeded", r
+        at = {e["message"].split(":")[0]: datetime.fromisoformat(e["at"]) for e in r["events"]
+              if e["kind"] == "transition"}
+        for name, a, b in HOPS:
+            hops[name].append((at[b] - at[a]).total_seconds())
+    total = statistics.median(totals)
+    print(f"zero-length trial, {label}: launch -> succeeded median {total:.2f} s over {runs} runs "
+          f"(min {min(totals):.2f}, max {max(totals):.2f})")
+    for name, values in hops.items():
+        med = statistics.median(values)
+        print(f"  {name:48s} {med:6.2f} s  ({med / total:5.1%} of total)")
 
 
 if __name__ == "__main__":
