@@ -136,6 +136,9 @@ def set_local_defaults(root: Path, port: int) -> None:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the HTTP server itself does: connections of a previous run in TIME_WAIT must not
+        # make the port look busy (a second `make run` right after the first).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
