@@ -129,10 +129,19 @@ def test_machine_deleted_outside_fails_the_run_with_nothing_to_release(h: Harnes
 def test_listing_failure_is_reported_not_fatal(h: Harness, cloud: ChaosCloud) -> None:
     from shared.providers.errors import AuthError
 
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).complete_failed("oom")
+    assert h.get_run(run_id)["state"] == "retained"
     cloud.always["list"] = AuthError("credentials expired")
     out = sweep(h)
     assert "credentials expired" in out["findings"][0]["reason"]
     assert audits("sweep-list-failed")
+    # A key that stops working while a run is retained is reported, not silently ignored.
+    conn = h.ok("GET", "/api/connections/compute/memory")
+    assert conn["status"] == "failed" and conn["checks"][0]["name"] == "credentials"
+    warnings = [e["message"] for e in h.get_run(run_id)["events"] if e["kind"] == "warning"]
+    assert any("credentials no longer work" in w for w in warnings)
 
 
 def test_timer_runs_the_sweeper(h: Harness, cloud: ChaosCloud) -> None:

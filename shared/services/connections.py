@@ -202,3 +202,28 @@ def runpod_volumes(principal: Principal) -> dict[str, Any]:
     except ProviderError as exc:
         raise Conflict(f"RunPod did not list the volumes: {exc.reason}; enter the volume ID and datacenter "
                        "ID instead") from exc
+
+
+def report_credential_failure(org: str, provider: str, reason: str) -> list[str]:
+    """The provider rejected the saved credentials outside a check (a key revoked or expired
+    while runs hold machines). Mark the connection failed and warn on every run that holds a
+    machine, since cleanup and recovery cannot work until an owner replaces the key.
+    Returns the ids of the warned runs."""
+    from shared.services.common import event
+
+    store = get_store()
+    slot = compute_slot(provider)
+    got = store.get_connection(org, slot)
+    if got is not None and got[0].status != ConnectionStatus.failed:
+        check = Check(name="credentials", status=CheckStatus.fail,
+                      message=f"the provider rejected the saved credentials: {reason}; replace them (save the "
+                              "connection again with a working key)")
+        store.put_connection(got[0].model_copy(update={
+            "status": ConnectionStatus.failed, "checks": [check, *got[0].checks], "checked_at": now()}), got[1])
+    warned = []
+    for run in store.list_runs(org, HOLDS_MACHINE):
+        if run.provider == provider:
+            event(run, "warning", f"the {provider} credentials no longer work ({reason}): this run's machine and "
+                                  "disk cannot be stopped, recovered or deleted until an owner replaces them")
+            warned.append(run.id)
+    return warned

@@ -35,10 +35,11 @@ from shared.clock import now
 from shared.log import get_logger
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
 from shared.providers.base import ComputeProvider, RunRef
-from shared.providers.errors import ProviderError
+from shared.providers.errors import AuthError, ProviderError
 from shared.queues import Queue, get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.services.common import compute_for, transition_event
+from shared.services.connections import report_credential_failure
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -77,6 +78,8 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
             except ProviderError as exc:
                 finding = {"org": org, "provider": name, "action": "none",
                            "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
+                if isinstance(exc, AuthError) and not dry_run:
+                    finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
                 _audit("sweep-list-failed", finding)
                 findings.append(finding)
         stats["listed"] += sum(len(v) for v in listed.values())
