@@ -21,13 +21,9 @@ def free_port() -> int:
 
 
 def azurite_bin() -> str:
-    local = ROOT / "node_modules" / ".bin" / "azurite"
-    if local.exists():
-        return str(local)
-    found = shutil.which("azurite")
-    if not found:
-        raise RuntimeError("Azurite is not installed: run `npm install` in the repository root (make does it)")
-    return found
+    from shared.devhost.run import _azurite_bin
+
+    return _azurite_bin(ROOT)
 
 
 def connection_string(blob: int, queue: int, table: int) -> str:
