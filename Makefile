@@ -45,12 +45,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Benchmarks live in tests/bench: a `python -m tests.bench` entry point if there is one,
-# else every tests/bench/*_bench.py module (each runnable with -m), else pytest files there.
+# Benchmarks: not part of `make test`; each prints ratios (this machine is noisy).
 bench: install
-	@if [ -f tests/bench/__main__.py ]; then $(PY) -m tests.bench; \
-	elif ls tests/bench/*_bench.py >/dev/null 2>&1; then \
-		for f in tests/bench/*_bench.py; do m=$$(basename $$f .py); echo "== tests.bench.$$m"; \
-			$(PY) -m tests.bench.$$m || exit 1; done; \
-	elif [ -d tests/bench ]; then $(PY) -m pytest tests/bench -q -s; \
-	else echo "no benchmarks yet: tests/bench does not exist"; fi
+	$(PY) -m tests.bench.import_bench
+	$(PY) -m tests.bench.overhead_bench
+	$(PY) -m tests.bench.sweeper_bench
