@@ -161,9 +161,13 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     mode = "upload" if upload is not None else (body.mode if body else "verify_saved")
     if mode == "start_machine":
         outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
-        event(run, "audit", "machine start requested for recovery: GPU billing resumes, training does not",
-              detail=outcome.detail)
-        return view(store.get_run(run.org, run.id)[0])
+        note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
+        event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail)
+
+        def change(r: RunRecord) -> RunRecord | None:
+            return r.model_copy(update={"billing_note": note, "updated_at": now()}) if r.state == RunState.retained else None
+
+        return view(store.mutate_run(run.org, run.id, change)[0])
     sha = ""
     if upload is not None:
         if not upload:

@@ -110,8 +110,9 @@ def test_timed_out_trial_is_stopped_with_its_disk_then_recovered(h: Harness, aws
     assert "compute billing stopped" in run["billing_note"] and "still bills" in run["billing_note"]
 
     # Recovery: start the machine on request (billing resumes, training does not) ...
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    started = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
     assert _instance(aws, instance_id)["State"]["Name"] in ("pending", "running")
+    assert started["state"] == "retained" and "billing resumes" in started["billing_note"]
     # ... then hand in the adapter fetched from it, which is verified, and the machine released.
     run = h.recover(run_id, upload=smoke_adapter_zip())
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
