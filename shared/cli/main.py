@@ -216,8 +216,11 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
             run = client.request("POST", f"/api/runs/{args.id}/recover", data=Path(args.upload).read_bytes(),
                                  content_type="application/zip")
         else:
-            run = client.post(f"/api/runs/{args.id}/recover", {"mode": "verify_saved"})
+            mode = "start_machine" if args.start_machine else "verify_saved"
+            run = client.post(f"/api/runs/{args.id}/recover", {"mode": mode})
         print(status_line(run) if isinstance(run, dict) else run)
+        if isinstance(run, dict) and run.get("billing_note"):
+            print(f"billing: {run['billing_note']}")
     elif a == "release":
         run = client.post(f"/api/runs/{args.id}/release")
         print(status_line(run) if isinstance(run, dict) else run)
@@ -401,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("id")
     how = rc.add_mutually_exclusive_group(required=True)
     how.add_argument("--upload", metavar="ADAPTER_ZIP")
-    how.add_argument("--verify-saved", action="store_true")
+    how.add_argument("--verify-saved", action="store_true", help="verify the adapter already in storage")
+    how.add_argument("--start-machine", action="store_true",
+                     help="start the retained machine to fetch files from it (GPU billing resumes; training does not)")
     for s in r.choices.values():
         s.set_defaults(fn=cmd_runs)
 
