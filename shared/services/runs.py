@@ -164,10 +164,10 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
         note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
         event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail)
 
-        def change(r: RunRecord) -> RunRecord | None:
+        def note_billing(r: RunRecord) -> RunRecord | None:
             return r.model_copy(update={"billing_note": note, "updated_at": now()}) if r.state == RunState.retained else None
 
-        return view(store.mutate_run(run.org, run.id, change)[0])
+        return view(store.mutate_run(run.org, run.id, note_billing)[0])
     sha = ""
     if upload is not None:
         if not upload:

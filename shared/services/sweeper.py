@@ -76,7 +76,7 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
                 listed[name] = _ours(provider.list_managed(), settings.deployment_id, org)
                 live[name] = provider
             except ProviderError as exc:
-                finding = {"org": org, "provider": name, "action": "none",
+                finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
                            "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
                 if isinstance(exc, AuthError) and not dry_run:
                     finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
