@@ -46,8 +46,9 @@ _PRESIGNED = ("TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORAN
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 # Ampere or newer, NVIDIA only (allow-list: an unknown GPU stays out of the catalog).
+# GeForce RTX x050-x090 only: "Quadro RTX 4000/5000" are Turing (RTX 4000/5000 *Ada* match \bAda\b).
 _SUPPORTED = re.compile(
-    r"\bA(2|10|10G|16|30|40|100)\b|\bA[2-6]\d{3}\b|\bRTX (30|40|50)\d0\b|\bL4\b|\bL40S?\b"
+    r"\bA(2|10|10G|16|30|40|100)\b|\bA[2-6]\d{3}\b|\bRTX (30|40|50)[5-9]0\b|\bL4\b|\bL40S?\b"
     r"|\bG?H(100|200)\b|\bG?B(100|200|300)\b|\bAda\b|\bBlackwell\b",
 )
 _NOT_NVIDIA = re.compile(r"\bAMD\b|\bInstinct\b|\bMI\d{3}", re.I)

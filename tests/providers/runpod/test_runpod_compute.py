@@ -123,8 +123,12 @@ def test_gpu_allow_list() -> None:
                "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 5090", "NVIDIA H200", "NVIDIA B200",
                "NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX PRO 6000 Blackwell Server Edition"):
         assert is_supported_gpu(ok), ok
+    for ok in ("NVIDIA GeForce RTX 3060", "NVIDIA GeForce RTX 4070 Ti", "NVIDIA RTX 4000 Ada Generation",
+               "NVIDIA RTX 5000 Ada Generation", "NVIDIA RTX A4000"):
+        assert is_supported_gpu(ok), ok
     for bad in ("Tesla T4", "Tesla V100-PCIE-16GB", "Tesla P100", "NVIDIA GeForce RTX 2080 Ti", "NVIDIA TITAN RTX",
-                "Quadro RTX 6000", "AMD Instinct MI300X OAM", "NVIDIA GeForce GTX 1080 Ti"):
+                "Quadro RTX 6000", "AMD Instinct MI300X OAM", "NVIDIA GeForce GTX 1080 Ti",
+                "Quadro RTX 4000", "Quadro RTX 5000", "NVIDIA RTX 3000"):  # Turing workstation cards
         assert not is_supported_gpu(bad), bad
 
 
