@@ -50,6 +50,9 @@ def supported_type(info: dict[str, Any]) -> GpuType | None:
     gpu = gpus[0]
     if gpu.get("Manufacturer") != "NVIDIA" or int(gpu.get("Count", 0)) != 1:
         return None
+    # Fractional GPUs (g6f/gr6f: 1/8 to 1/2 of an L4) report Count 1 and a GpuPartitionSize below 1.
+    if float(gpu.get("GpuPartitionSize") or 1) < 1:
+        return None
     name = str(gpu.get("Name", ""))
     if name not in SUPPORTED_GPUS:
         return None

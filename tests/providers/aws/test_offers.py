@@ -76,3 +76,20 @@ def test_fixture_pages_have_the_real_shape() -> None:
     item: dict[str, Any] = json.loads(pages[0]["PriceList"][0])
     assert {"product", "terms", "serviceCode"} <= set(item)
     assert "OnDemand" in item["terms"] and "Reserved" in item["terms"]
+
+
+def test_fractional_gpu_types_are_not_single_gpu_offers() -> None:
+    from shared.providers.aws.catalog import supported_type
+
+    def info(itype: str, **gpu: Any) -> dict[str, Any]:
+        return {"InstanceType": itype, "ProcessorInfo": {"SupportedArchitectures": ["x86_64"]},
+                "SupportedUsageClasses": ["on-demand", "spot"], "VCpuInfo": {"DefaultVCpus": 4},
+                "MemoryInfo": {"SizeInMiB": 16384},
+                "GpuInfo": {"Gpus": [{"Name": "L4", "Manufacturer": "NVIDIA", "Count": 1, **gpu}]}}
+
+    whole = supported_type(info("g6.xlarge", MemoryInfo={"SizeInMiB": 22888}))
+    assert whole is not None and whole.gpu == "NVIDIA L4"
+    assert supported_type(info("g6.xlarge", GpuPartitionSize=1.0, MemoryInfo={"SizeInMiB": 22888})) is not None
+    # g6f.large: one eighth of an L4, as DescribeInstanceTypes reports it.
+    assert supported_type(info("g6f.large", GpuPartitionSize=0.125, LogicalGpuCount=1,
+                               MemoryInfo={"SizeInMiB": 2861})) is None
