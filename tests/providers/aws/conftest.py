@@ -25,6 +25,7 @@ AMI_MARKETPLACE = "ami-0a1b2c3d4e5f60002"
 AMI_ARM = "ami-0a1b2c3d4e5f60003"
 AMI_INSTANCE_STORE = "ami-0a1b2c3d4e5f60004"
 AMI_WINDOWS = "ami-0a1b2c3d4e5f60005"
+AMI_PENDING = "ami-0a1b2c3d4e5f60006"
 
 
 def _ami(ami_id: str, name: str, **over: Any) -> dict[str, Any]:
@@ -43,6 +44,7 @@ SEEDED_AMIS = [
     _ami(AMI_ARM, "arm64-gpu-image", architecture="arm64"),
     _ami(AMI_INSTANCE_STORE, "instance-store-image", root_device_type="instance-store"),
     _ami(AMI_WINDOWS, "windows-gpu-image", platform="windows"),
+    _ami(AMI_PENDING, "still-being-created", state="pending"),
 ]
 
 

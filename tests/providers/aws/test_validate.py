@@ -12,6 +12,7 @@ from tests.providers.aws.conftest import (
     AMI_ARM,
     AMI_INSTANCE_STORE,
     AMI_MARKETPLACE,
+    AMI_PENDING,
     AMI_WINDOWS,
     Rig,
     add_injection,
@@ -49,6 +50,7 @@ def test_good_connection_passes_every_check_and_launches_nothing(rig: Rig) -> No
     (AMI_ARM, "image_architecture", "arm64"),
     (AMI_INSTANCE_STORE, "image_root_device", "instance-store"),
     (AMI_WINDOWS, "image_platform", "Linux/UNIX"),
+    (AMI_PENDING, "image_available", "pending, not available"),
     ("ami-0fffffffffffffff0", "image", "not found"),
 ])
 def test_each_bad_image_fails_its_own_check(rig: Rig, ami: str, check: str, phrase: str) -> None:
