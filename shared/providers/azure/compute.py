@@ -602,6 +602,12 @@ class AzureCompute:
                                  "choose an offer from the current catalog", code="RegionMismatch")
         vm_name, nic_name, _ = self.names(ref)
         log = get_logger()
+        # Rendered before anything is created: a bootstrap that cannot be rendered (over the
+        # 16 KB bound, a newline in a value) must not leave a NIC behind or escape untranslated.
+        try:
+            custom_data = base64.b64encode(cloudinit.render(spec.bootstrap).encode()).decode()
+        except ValueError as exc:
+            raise PermanentError(f"cannot build the VM's custom data: {exc}", code="BadBootstrap") from exc
 
         vm = self._get_vm(vm_name, instance_view=True)
         if vm is not None:
@@ -636,7 +642,6 @@ class AzureCompute:
             raise PermanentError(f"a network interface named {nic_name} exists in {self.rg} without this run's "
                                  "tags; Tensorant will not use it", code="NameTaken")
 
-        custom_data = base64.b64encode(cloudinit.render(spec.bootstrap).encode()).decode()
         for key in spec.bootstrap.secret_env_keys:
             register_secret(spec.bootstrap.env.get(key))
         vm_body = self._vm_body(ref, size.name, spec.disk_gb or self.config.os_disk_gb, custom_data)

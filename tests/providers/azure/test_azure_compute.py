@@ -247,6 +247,18 @@ def test_failed_vm_found_by_a_retried_launch_is_cleaned_up(fake: FakeArm) -> Non
     assert fake.get(VM_ID) is None and fake.get(NIC_ID) is None and fake.get(DISK_ID) is None
 
 
+def test_bootstrap_that_cannot_render_creates_nothing(fake: FakeArm, compute: Any) -> None:
+    for env in ({"TENSORANT_NOTE": "two\nlines"}, {"TENSORANT_BIG": "x" * (17 * 1024)}):
+        bad = spec()
+        bad = LaunchSpec(ref=bad.ref, offer=bad.offer,
+                         bootstrap=Bootstrap(container_image="ghcr.io/tensorant/trainer:1", env=env))
+        with pytest.raises(PermanentError) as info:
+            compute.launch(bad)
+        assert "custom data" in info.value.reason
+    assert writes(fake) == []  # no NIC (or anything else) was created
+    assert fake.get(NIC_ID) is None
+
+
 def test_create_refusals_translate_and_leave_no_nic(fake: FakeArm) -> None:
     cases = [(409, "SkuNotAvailable", CapacityError), (409, "QuotaExceeded", QuotaError),
              (409, "OperationNotAllowed", QuotaError), (403, "AuthorizationFailed", AuthError),
