@@ -96,6 +96,17 @@ def test_launch_parameters_on_the_wire(rig: Rig) -> None:
     assert client_token(spec.ref) != client_token(_spec(run="run-0002").ref)
 
 
+def test_user_data_over_16_kb_fails_before_run_instances(rig: Rig) -> None:
+    big = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
+                    env={"TENSORANT_RUN_ID": "run-0001", "TENSORANT_BIG": "x" * (17 * 1024)})
+    spec = LaunchSpec(ref=RunRef("test", "org-1", "run-0001"), offer=OFFER, bootstrap=big)
+    with pytest.raises(PermanentError) as info:
+        rig.compute().launch(spec)
+    assert "16 KB" in info.value.reason
+    assert "RunInstances" not in _ops(rig)
+    assert rig.ec2.describe_instances()["Reservations"] == []
+
+
 def test_secondary_ami_disks_are_suppressed() -> None:
     from shared.providers.aws.compute import AwsCompute
 
