@@ -51,13 +51,15 @@ def transition(
     """Return the run moved to `target`; raise IllegalTransition for a move the table forbids.
 
     Entering `releasing` requires an outcome (where the run goes once the cloud confirms
-    the release); leaving it goes to exactly that outcome.
+    the release); leaving it goes to exactly that outcome (failed when it has none).
     """
     from shared.clock import now
 
     if not can_transition(run.state, target):
         raise IllegalTransition(run.state, target)
-    if run.state == S.releasing and target.value != (run.outcome.value if run.outcome else None):
+    # A run in releasing without an outcome (a record written before outcomes existed, or
+    # by hand) ends failed, as the release step assumes; anything else would poison it.
+    if run.state == S.releasing and target.value != (run.outcome.value if run.outcome else S.failed.value):
         raise IllegalTransition(run.state, target)
     changes: dict[str, object] = {"state": target, "updated_at": now(), "state_changed_at": now()}
     if target == S.releasing:

@@ -8,6 +8,7 @@ from typing import Any
 
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput
+from shared.log import redact_text
 from shared.models import (
     Deadlines,
     Outcome,
@@ -21,6 +22,7 @@ from shared.models import (
     RunView,
     StepMessage,
 )
+from shared.providers.errors import ProviderError
 from shared.queues import Queue, get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.security import Principal, require
@@ -124,28 +126,39 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
 def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
     require(principal, Role.owner, Role.member)
     store = get_store()
-    run, _ = store.get_run(principal.org, run_id)
-    if run.state in TERMINAL or run.state == RunState.releasing:
-        return view(run)
-    if run.state == RunState.draft:
-        target, outcome, queue = RunState.cancelled, None, None
-    elif body.discard:
-        target, outcome, queue = RunState.releasing, Outcome.cancelled, Queue.release
-    elif run.state in ACTIVE or run.state in (RunState.queued, RunState.verifying):
-        target, outcome, queue = RunState.retaining, None, Queue.retain
-    else:
-        raise Conflict(f"the run is {run.state.value}; cancel with discard: true to release its machine and disk")
+
+    def plan(state: RunState) -> tuple[RunState, Outcome | None, Queue | None]:
+        if state == RunState.draft:
+            return RunState.cancelled, None, None
+        if body.discard or state == RunState.queued:
+            # A queued run has no machine yet (launch writes provisioning before any cloud
+            # call), so there is no disk to keep: it is released (nothing) and cancelled.
+            return RunState.releasing, Outcome.cancelled, Queue.release
+        if state in ACTIVE or state == RunState.verifying:
+            return RunState.retaining, None, Queue.retain
+        raise Conflict(f"the run is {state.value}; cancel with discard: true to release its machine and disk")
+
+    seen: list[RunState] = []
+    sent: list[Queue] = []
 
     def change(r: RunRecord) -> RunRecord | None:
-        if r.state != run.state:
+        # Decided from the run as stored now: a step may have moved it since the user saw it
+        # (queued -> provisioning), and the cancel must still apply to where it is.
+        seen[:], sent[:] = [r.state], []
+        if r.state in TERMINAL or r.state == RunState.releasing:
             return None
+        target, outcome, queue = plan(r.state)
+        if queue is not None:
+            sent.append(queue)
         return transition(r, target, reason=f"cancelled by {principal.sub}", outcome=outcome)
 
     new, wrote = store.mutate_run(principal.org, run_id, change)
     if wrote:
-        transition_event(run.state, new)
-    if queue is not None:
-        get_queues().send(queue, StepMessage(org=new.org, run_id=new.id))
+        transition_event(seen[0], new)
+        # Sent after the write: a crash in between leaves retaining to heartbeat-check's
+        # re-send and releasing to the sweeper.
+        for queue in sent:
+            get_queues().send(queue, StepMessage(org=new.org, run_id=new.id))
     return view(new)
 
 
@@ -160,7 +173,12 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
         raise Conflict(f"only a retained run can be recovered; this one is {run.state.value}")
     mode = "upload" if upload is not None else (body.mode if body else "verify_saved")
     if mode == "start_machine":
-        outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+        try:
+            outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+        except ProviderError as exc:
+            raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
+                           "retained: try mode start_machine again later, or recover with mode verify_saved or "
+                           "an adapter.zip upload") from exc
         note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
         event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail)
 

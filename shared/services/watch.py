@@ -37,6 +37,12 @@ RESEND = {
     RunState.retaining: Queue.retain,
 }
 
+# A run still verifying (or recovering) this long after it got there has a verify-adapter
+# step that keeps failing (storage unreachable, a message poisoned and re-sent above): the
+# re-sends alone would keep a verifying run's machine billing for ever. Give up: verifying
+# -> retaining (stop it, keep the disk), recovering -> retained, with the last step error.
+VERIFY_LIMIT_S = 1800
+
 
 def missed_deadline(run: RunRecord, t: datetime) -> str | None:
     d = run.deadlines
@@ -58,6 +64,8 @@ def check_all() -> dict[str, int]:
             counts["retained"] += _retain(run, why)
         elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
             counts["failed"] += _fail_queued(run)
+        elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
+            counts["retained"] += _give_up_verify(run)
         elif run.state in RESEND and _quiet_for(run, t) > RESEND_AFTER_S:
             if run.state == RunState.provisioning and run.resources:
                 continue  # launched; waiting for the agent is the deadlines' job
@@ -80,6 +88,34 @@ def _retain(run: RunRecord, why: str) -> int:
         return 0
     transition_event(run.state, new)
     get_queues().send(Queue.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    return 1
+
+
+VERIFY_GIVE_UP = {RunState.verifying: RunState.retaining, RunState.recovering: RunState.retained}
+
+
+def _give_up_verify(run: RunRecord) -> int:
+    errors = [e.message for e in get_store().list_events(run.id, kind="step-error")]
+    why = f"the adapter could not be verified within {VERIFY_LIMIT_S // 60} min"
+    why += f" (last error: {errors[-1]})" if errors else ""
+    if run.state == RunState.verifying:
+        why += "; the machine is stopped and its disk kept: recover once the cause is fixed"
+    else:
+        why += "; the machine and disk are still retained: recover again once the cause is fixed, or cancel " \
+               "with discard"
+    since = run.state_changed_at
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != run.state or r.state_changed_at != since:
+            return None
+        return transition(r, VERIFY_GIVE_UP[r.state], reason=why)
+
+    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    if not wrote:
+        return 0
+    transition_event(run.state, new)
+    if new.state == RunState.retaining:
+        get_queues().send(Queue.retain, StepMessage(org=run.org, run_id=run.id, reason="verify-timeout"))
     return 1
 
 
