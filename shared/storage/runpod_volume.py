@@ -69,6 +69,14 @@ class RunPodVolumeStorage:
             if check.status == CheckStatus.fail and "access key" in check.message:
                 check = check.model_copy(update={"message": check.message + ". Use the S3 API key (RunPod → "
                                                  "Settings → S3 API Keys), not the compute API key."})
+            elif check.status == CheckStatus.fail and "cannot reach the endpoint" in check.message:
+                # The owner typed no URL: the endpoint comes from the datacenter, and RunPod offers the
+                # S3-compatible API only in some datacenters, so say that instead of "check the URL".
+                check = check.model_copy(update={"message": (
+                    f"cannot reach RunPod's S3-compatible API for datacenter {self.config.datacenter_id} "
+                    f"({self.endpoint}). RunPod offers the S3 API only in some datacenters: check the datacenter "
+                    "ID (e.g. EU-RO-1, as shown on the volume) and that the volume is in a datacenter with S3 API "
+                    "support; otherwise create the volume in one that has it.")})
             checks.append(check)
         return checks
 

@@ -68,6 +68,19 @@ def test_missing_volume_named_as_volume(moto_url: str) -> None:
     assert checks[0].status == CheckStatus.fail and "network volume volmissing1 does not exist" in checks[0].message
 
 
+def test_unreachable_volume_endpoint_points_to_the_datacenter_not_a_url() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a loopback port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    checks = RunPodVolumeStorage(config(dc="US-TX-3"), endpoint=f"http://127.0.0.1:{port}").validate()
+    write = next(c for c in checks if c.name == "write")
+    assert write.status == CheckStatus.fail
+    assert "US-TX-3" in write.message and "S3 API only in some datacenters" in write.message
+    assert "check the URL" not in write.message  # the owner entered no URL
+
+
 def test_agent_env_urls_signed_for_datacenter_and_keys(moto_url: str) -> None:
     s = RunPodVolumeStorage(config(), endpoint=moto_url)
     s.put("datasets/p1/d1.jsonl", b"{}\n")
