@@ -186,3 +186,48 @@ def test_recovery_start_refused_by_the_cloud_says_what_to_do(h: Harness, cloud: 
     assert status == 409, body
     assert "no A10 capacity" in body["detail"] and "verify_saved" in body["detail"]
     assert h.get_run(run_id)["state"] == "retained"
+
+
+def test_a_provider_error_echoing_the_launch_request_does_not_leak_the_agent_token(
+        h: Harness, cloud: Cloud, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from shared.providers.errors import PermanentError
+
+    tokens: list[str] = []
+
+    def launch(self: Any, spec: Any) -> Any:
+        tokens.append(spec.bootstrap.env["TENSORANT_RUN_TOKEN"])
+        raise PermanentError(f"the API refused the request: {spec.bootstrap.env}")
+
+    monkeypatch.setattr(MemoryCompute, "launch", launch)
+    run_id = h.create_run("memory", "mem-a10")
+    run = h.launch(run_id)
+    assert run["state"] == "failed" and "the API refused the request" in run["reason"]
+    [token] = tokens
+    assert token not in str(run)
+    assert token not in caplog.text
+
+
+def test_retain_finds_a_machine_the_launch_step_never_recorded(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:
+    # Launch crashes after the cloud created the machine, before recording it; the agent's
+    # first heartbeat moves the run on before the redelivery, which then does nothing. A
+    # failure must still retain that machine's disk, not release it as "never created".
+    store = get_store()
+
+    def crash(res: Any) -> None:
+        raise RuntimeError("crash after the cloud call")
+
+    monkeypatch.setattr(store, "record_resource", crash)
+    run_id = h.create_run("memory", "mem-a10")
+    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    h.max_dequeue = 1
+    h.drain()
+    h.max_dequeue = 5
+    monkeypatch.undo()
+    [m] = cloud.machines.values()
+    assert h.get_run(run_id)["resources"] == []
+    a = h.agent(run_id)
+    a.heartbeat("preparing")
+    a.complete_failed("CUDA out of memory")
+    run = h.get_run(run_id)
+    assert run["state"] == "retained", run
+    assert m.state == "stopped" and m.disk_exists

@@ -11,7 +11,7 @@ import sys
 from datetime import timedelta
 
 from shared.clock import now
-from shared.log import get_logger
+from shared.log import get_logger, redact_text, register_secret
 from shared.models import CloudResource, Outcome, RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec
 from shared.providers.errors import PermanentError, ProviderError, RetryableError
@@ -43,7 +43,8 @@ def _move(run: RunRecord, target: RunState, *, expect: set[RunState], reason: st
 
 
 def _fail_to_release(run: RunRecord, reason: str) -> None:
-    run, _ = _move(run, RunState.releasing, expect={run.state}, reason=reason, outcome=Outcome.failed)
+    # Redacted: a provider's error text may echo the request (the bootstrap's token and keys).
+    run, _ = _move(run, RunState.releasing, expect={run.state}, reason=redact_text(reason), outcome=Outcome.failed)
     get_queues().send(Queue.release, StepMessage(org=run.org, run_id=run.id))
 
 
@@ -56,6 +57,7 @@ def _merge(existing: list[CloudResource], new: list[CloudResource]) -> list[Clou
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
     token = mint_agent_token(run.org, run.id)
+    register_secret(token)  # masked in logs and in any provider error text that echoes it
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + 3600
@@ -122,7 +124,7 @@ def launch(msg: StepMessage) -> None:
         if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
             _fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
             return
-        event(run, "warning", f"launch will be retried: {exc.reason}")
+        event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
         get_queues().send(Queue.launch, msg, delay_s=exc.retry_after_s)
         return
     except PermanentError as exc:
@@ -185,7 +187,11 @@ def retain(msg: StepMessage) -> None:
     provider = compute_for(run.org, run.provider)
     ref = ref_of(run)
     resources = _merge(get_store().list_ledger(run.id), run.resources)
-    if not resources or provider.describe(ref, resources).state == MachineState.gone:
+    # Asked even with nothing recorded: a launch that crashed between the cloud call and the
+    # record leaves a machine only its marks can find (every provider describes by the ref).
+    desc = provider.describe(ref, resources)
+    resources = _merge(resources, list(desc.resources))
+    if desc.state == MachineState.gone:
         # Vanished outside the control plane (or never created): nothing to stop, nothing to keep.
         reason = ("the machine is gone (deleted outside the control plane or never created); "
                   "nothing to retain or release. " + run.reason)
