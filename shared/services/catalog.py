@@ -60,7 +60,8 @@ def offers_view(principal: Principal, provider: str | None) -> dict[str, Any]:
     for slot in slots:
         name = slot.removeprefix("compute:")
         if store.get_connection(principal.org, slot) is None:
-            raise NotFound(f"no {name} compute connection is saved")
+            raise NotFound(f"no {name} compute connection is saved; an owner saves it under "
+                           f"connections/compute/{name}, then the catalog fills in")
         rec = store.get_catalog(principal.org, name)
         max_age = get_settings().catalog_max_age_s
         stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age
