@@ -11,6 +11,7 @@ from typing import Any
 
 from shared.clock import now_ts
 from shared.errors import Forbidden, Unauthorized
+from shared.log import register_secret
 from shared.models import Role
 from shared.settings import get_settings
 
@@ -36,7 +37,9 @@ def mint_agent_token(org: str, run_id: str, ttl_s: int = 8 * 24 * 3600) -> str:
     iat = int(now_ts())
     claims = {"sub": f"agent:{run_id}", "org": org, "run": run_id, "typ": "agent", "iat": iat, "exp": iat + ttl_s,
               "jti": base64.urlsafe_b64encode(os.urandom(12)).decode()}
-    return jwt.encode(claims, get_settings().jwt_secret, algorithm="HS256")
+    token = jwt.encode(claims, get_settings().jwt_secret, algorithm="HS256")
+    register_secret(token)  # masked in logs and in any provider error text that echoes it
+    return token
 
 
 def token_sha256(token: str) -> str:

@@ -42,6 +42,7 @@ class Cloud:
         self.ids = itertools.count(1)
         self.calls: list[str] = []
         self.launch_error: Exception | None = None
+        self.before_create: Any = None  # called inside launch, before the machine exists
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines.values() if m.state != "terminated" or m.disk_exists]
@@ -89,6 +90,8 @@ class MemoryCompute:
             return self._res(found)
         if self.cloud.launch_error:
             raise self.cloud.launch_error
+        if self.cloud.before_create:
+            self.cloud.before_create()
         n = next(self.cloud.ids)
         m = Machine(id=f"i-{n:04d}", tags=dict(spec.ref.tags), disk_id=f"vol-{n:04d}", created_at=now(),
                     env=dict(spec.bootstrap.env))

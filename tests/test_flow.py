@@ -130,3 +130,20 @@ def test_launch_refused_above_price_limit_and_without_confirm(h: Harness) -> Non
     status, body, _ = h.call("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": False})
     assert status == 422 and body["errors"][0]["field"] == "confirm"
     assert h.get_run(run_id)["state"] == "draft"
+
+
+def test_machine_created_after_its_run_was_cancelled_is_released_at_once(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+
+    def cancel_and_finish_release() -> None:
+        cloud.before_create = None
+        h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
+        h.drain()  # the release finds nothing yet and confirms: the run is cancelled
+        assert h.get_run(run_id)["state"] == "cancelled"
+
+    cloud.before_create = cancel_and_finish_release
+    h.launch(run_id)
+    assert len(cloud.machines) == 1
+    assert not cloud.live()  # released by the launch step itself, not left for the sweeper
+    events = [e["message"] for e in h.get_run(run_id)["events"]]
+    assert any("created after the run ended: released" in m for m in events)

