@@ -5,10 +5,11 @@ the real providers: marks at creation, find-before-create, "not found" = release
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from pydantic import BaseModel, ConfigDict
 
 from shared.clock import now
@@ -147,3 +148,28 @@ def install_memory_provider(cloud: Cloud) -> None:
 def uninstall_memory_provider() -> None:
     registry.CONFIGS.pop("memory", None)
     registry.FACTORIES.pop("memory", None)
+
+
+# ---------------------------------------------------------------- fixtures
+# Tests use them by name: `cloud, h = fakes.cloud, fakes.h`.
+
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    c = Cloud()
+    install_memory_provider(c)
+    yield c
+    uninstall_memory_provider()
+
+
+@pytest.fixture
+def h(env: dict[str, str], cloud: Cloud) -> Iterator[Any]:
+    """A harness with local storage and a connected memory compute connection."""
+    from tests.harness import Harness
+
+    harness = Harness()
+    harness.save_storage({"kind": "local"})
+    conn = harness.save_compute("memory", {})
+    assert conn["status"] == "connected", conn
+    yield harness
+    harness.close()

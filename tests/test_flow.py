@@ -2,30 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
+from tests import fakes
+from tests.fakes import Cloud
 from tests.harness import Harness, smoke_adapter_zip
 
-
-@pytest.fixture
-def cloud() -> Iterator[Cloud]:
-    c = Cloud()
-    install_memory_provider(c)
-    yield c
-    uninstall_memory_provider()
-
-
-@pytest.fixture
-def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    conn = harness.save_compute("memory", {})
-    assert conn["status"] == "connected", conn
-    yield harness
-    harness.close()
+cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def states(h: Harness, run_id: str) -> list[str]:

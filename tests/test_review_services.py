@@ -3,32 +3,17 @@ release without an outcome, recovery start errors. Real handlers, Azurite, the m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shared.models import RunState
 from shared.store import get_store
-from tests.fakes import Cloud, MemoryCompute, install_memory_provider, uninstall_memory_provider
+from tests import fakes
+from tests.fakes import Cloud, MemoryCompute
 from tests.harness import Harness, smoke_adapter_zip
 
-
-@pytest.fixture
-def cloud() -> Iterator[Cloud]:
-    c = Cloud()
-    install_memory_provider(c)
-    yield c
-    uninstall_memory_provider()
-
-
-@pytest.fixture
-def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    assert harness.save_compute("memory", {})["status"] == "connected"
-    yield harness
-    harness.close()
+cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def queued_run(h: Harness) -> str:
