@@ -50,6 +50,12 @@ class Harness:
         self.clock = clock.FakeClock(time.time())
         clock.set_clock(self.clock)
         queues.DELAY_SCALE = 0
+        # Delays are not waited for; instead a delayed message moves the simulated clock to its
+        # due time when it is delivered, so "ask again in 60 s" loops end as they would for real.
+        self._due: dict[str, float] = {}
+        self._queues = get_queues()
+        self._send = self._queues.send
+        self._queues.send = self._send_later  # type: ignore[method-assign]
         self.routes: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = []
         self.queue_fns: dict[str, Callable[..., Any]] = {}
         self.timer_fns: dict[str, Callable[..., Any]] = {}
@@ -75,6 +81,13 @@ class Harness:
     def close(self) -> None:
         clock.set_clock(None)
         queues.DELAY_SCALE = 1.0
+        self._queues.send = self._send  # type: ignore[method-assign]
+
+    def _send_later(self, queue: Any, body: Any, delay_s: float = 0) -> None:
+        if delay_s:
+            key = queues.encode(body)
+            self._due[key] = max(self._due.get(key, 0.0), self.clock() + delay_s)
+        self._send(queue, body, delay_s)
 
     # ------------------------------------------------------------ HTTP
     def call(self, method: str, path: str, *, token: str | None = "owner", json_body: Any = None,
@@ -122,6 +135,9 @@ class Harness:
         raise AssertionError("queues did not drain: a step keeps re-sending itself")
 
     def _deliver(self, queue: Queue, client: Any, m: Any) -> None:
+        due = self._due.pop(m.content, None)
+        if due is not None and due > self.clock.t:
+            self.clock.t = due
         body = base64.b64decode(m.content)
         msg = func.QueueMessage(id=m.id, body=body, pop_receipt=m.pop_receipt)
         fn = self.queue_fns[queue.value]

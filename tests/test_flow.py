@@ -128,3 +128,22 @@ def test_machine_created_after_its_run_was_cancelled_is_released_at_once(h: Harn
     assert not cloud.live()  # released by the launch step itself, not left for the sweeper
     events = [e["message"] for e in h.get_run(run_id)["events"]]
     assert any("created after the run ended: released" in m for m in events)
+
+
+def test_throttled_launch_is_retried_after_its_delay_and_succeeds(h: Harness, cloud: Cloud) -> None:
+    from shared.providers.errors import ThrottledError
+
+    calls: list[float] = []
+
+    def throttle_once() -> None:
+        calls.append(h.clock.t)
+        if len(calls) == 1:
+            raise ThrottledError("RequestLimitExceeded: slow down", retry_after_s=20)
+
+    cloud.before_create = throttle_once
+    run_id = h.create_run("memory", "mem-a10")
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning" and len(cloud.machines) == 1
+    # The retry waited for the cloud's delay and the launch claim's settle time, no less.
+    assert calls[1] - calls[0] >= 20
+    assert any("launch will be retried" in e["message"] for e in run["events"])
