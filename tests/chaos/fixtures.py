@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests import fakes
 from tests.chaos.provider import ChaosCloud, install_chaos_provider, uninstall_chaos_provider
 from tests.harness import Harness
 
@@ -19,14 +20,8 @@ def cloud() -> Iterator[ChaosCloud]:
     uninstall_chaos_provider()
 
 
-@pytest.fixture
-def h(env: dict[str, str], cloud: ChaosCloud) -> Iterator[Harness]:
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    conn = harness.save_compute("memory", {})
-    assert conn["status"] == "connected", conn
-    yield harness
-    harness.close()
+# The harness fixture is the memory one; it takes whichever `cloud` fixture is in scope.
+h = fakes.h
 
 
 def audits(action: str) -> list[dict[str, Any]]:
