@@ -14,7 +14,7 @@ ANON = func.AuthLevel.ANONYMOUS
 def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
     return http.respond(lambda: agent.heartbeat(
-        authenticate_agent(req.headers.get("Authorization"), run_id)[0], run_id, http.parse(req, Heartbeat)))
+        authenticate_agent(req.headers.get("Authorization"), run_id), run_id, http.parse(req, Heartbeat)))
 
 
 @bp.route(route="agent/runs/{id}/complete", methods=["POST"], auth_level=ANON)
@@ -22,4 +22,4 @@ def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
 def complete(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
     return http.respond(lambda: agent.complete(
-        authenticate_agent(req.headers.get("Authorization"), run_id)[0], run_id, http.parse(req, AgentComplete)))
+        authenticate_agent(req.headers.get("Authorization"), run_id), run_id, http.parse(req, AgentComplete)))

@@ -37,7 +37,7 @@ def principal(req: Any) -> Principal:
 def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
     out = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not isinstance(p, int) or True)
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         out.append({"field": loc or "body", "message": msg})
     return out

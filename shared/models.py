@@ -214,7 +214,6 @@ class RunRecord(Model):
     deadlines: Deadlines = Field(default_factory=Deadlines)
     machine_name: str = ""
     resources: list[CloudResource] = Field(default_factory=list)
-    agent_token_sha256: str = ""
     adapter_sha256: str = ""
     adapter_size: int = 0
     release_attempts: int = 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -42,10 +41,6 @@ def mint_agent_token(org: str, run_id: str, ttl_s: int = 8 * 24 * 3600) -> str:
     return token
 
 
-def token_sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def _decode(header: str | None) -> dict[str, Any]:
     import jwt
 
@@ -74,12 +69,12 @@ def authenticate(header: str | None) -> Principal:
         raise Unauthorized("the bearer token lacks sub, org or a known role") from exc
 
 
-def authenticate_agent(header: str | None, run_id: str) -> tuple[str, str]:
-    """Return (org, token sha256) for a token minted for exactly this run."""
+def authenticate_agent(header: str | None, run_id: str) -> str:
+    """Return the org of a token minted for exactly this run."""
     claims = _decode(header)
     if claims.get("typ") != "agent" or claims.get("run") != run_id:
         raise Forbidden("this token is not the token of this run")
-    return str(claims["org"]), token_sha256(claims["_raw"])
+    return str(claims["org"])
 
 
 def require(principal: Principal, *roles: Role) -> None:

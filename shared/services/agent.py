@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from shared.clock import now
-from shared.errors import Conflict
+from shared.errors import Conflict, InvalidInput
 from shared.models import AgentComplete, Heartbeat, RunRecord, RunState, StepMessage
 from shared.queues import Queue, get_queues
 from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, transition
@@ -54,8 +54,6 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
     run, _ = store.get_run(org, run_id)
     before = run.state
     if body.status == "ok" and not body.sha256:
-        from shared.errors import InvalidInput
-
         raise InvalidInput.field("sha256", "a successful completion reports the adapter archive's sha256")
 
     def change(r: RunRecord) -> RunRecord | None:

@@ -40,6 +40,7 @@ from shared.queues import Queue, get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.services.common import compute_for, transition_event
 from shared.services.connections import report_credential_failure
+from shared.services.steps import release_delay
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -49,12 +50,6 @@ MACHINE_KINDS = frozenset({"instance", "vm", "pod", "process"})
 GONE_STATES = frozenset({"terminated", "deleted"})
 
 ProviderFactory = Callable[[str, str], ComputeProvider]
-
-
-def _release_delay(attempts: int) -> float:
-    from shared.services.steps import release_delay
-
-    return release_delay(attempts)
 
 
 def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str, Any]:
@@ -226,7 +221,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
         if run.release_after is None and t - run.state_changed_at < grace:
             continue  # its first release message is most likely still on its way
         attempts = run.release_attempts + 1
-        delay = _release_delay(attempts)
+        delay = release_delay(attempts)
         error = run.release_error or "the release was not confirmed (its message may have been lost)"
         finding = {"org": org, "provider": run.provider, "run_id": run.id, "reason": error,
                    "resources": [f"{r.kind}:{r.id}" for r in run.resources], "attempt": attempts,
