@@ -2,9 +2,9 @@
 azure-mgmt clients talk to the fake ARM server (HTTPS, self-signed certificate) on
 loopback, Retail Prices come from the same fake, and a test-side agent plays the VM.
 
-The adapter is built by the registry as AzureCompute(config, settings); the test points
-it at the fake through shared.providers.azure.compute.TEST_ENDPOINTS (a module attribute
-only tests set, so production cannot be redirected by configuration).
+The registry builds the adapter; the test swaps its azure factory for one that passes the
+fake's endpoints as AzureCompute's keyword-only `endpoints` argument (route_registry_to).
+Production code has no module-level hook, so nothing can redirect it by configuration.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.providers.azure import compute as compute_mod
 from tests.harness import Harness, smoke_adapter_zip
-from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, endpoints, seed
+from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, route_registry_to, seed
 from tests.providers.azure.fake_arm import SUB, FakeArm
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.e2e
 def arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeArm]:
     fake = FakeArm(tmp_path).start()
     seed(fake)
-    monkeypatch.setattr(compute_mod, "TEST_ENDPOINTS", endpoints(fake))
+    route_registry_to(fake, monkeypatch)
     yield fake
     fake.stop()
 

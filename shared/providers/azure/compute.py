@@ -1,4 +1,8 @@
-"""Azure compute: one private GPU VM per run, from the customer's image, in the customer's subnet.
+"""Azure compute lifecycle: one private GPU VM per run, from the customer's image, in the customer's subnet.
+
+The provider's other roles live beside this module: config.py (what a user saves), client.py
+(the one door to the SDK: lazy clients, bounded waits, 429 handling), errors.py (translation),
+catalog.py (sizes and offers), pricing.py (Retail Prices API), checks.py (connection checks).
 
 How it meets the ComputeProvider contracts (shared/providers/base.py):
 - Names are deterministic from RunRef.name: VM `<name>`, NIC `<name>-nic`, OS disk
@@ -21,8 +25,8 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   when the VM's OS disk or NIC is not the job-created one or extra data disks are
   attached: the release step shows the reason on the run, nothing is retried in a loop,
   and "retry release" works once the attachments are restored.
-- Throttling (429): up to MAX_THROTTLE_RETRIES inline retries when Retry-After is short,
-  then ThrottledError(retry_after_s=Retry-After).
+- Throttling (429): see client.py (short Retry-After retried inline, long ones raise
+  ThrottledError(retry_after_s=Retry-After)).
 - Only the training resource group's VMs, disks and NICs with this deployment's marks are
   ever changed; the resource group, image, subnet, VNet, NSG and NAT gateway are only read.
 """
@@ -30,19 +34,18 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
 from __future__ import annotations
 
 import base64
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from shared.log import get_logger, register_secret
-from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
+from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit
+from shared.providers.azure import catalog, checks
+from shared.providers.azure.client import AzureClient, AzureEndpoints, as_dict, dig, region_code, same_id
 from shared.providers.azure.config import AzureConfig
-from shared.providers.azure.errors import error_code, retry_after, status_code, translate
-from shared.providers.azure.prices import PRICE_NOTE, RETAIL_PRICES_URL, RetailPrices
-from shared.providers.azure.skus import disk_tier, supported
+from shared.providers.azure.errors import ProvisioningFailure, translate
+from shared.providers.azure.pricing import disk_tier
 from shared.providers.base import (
     TAG_DEPLOYMENT,
     TAG_MANAGED,
@@ -56,61 +59,31 @@ from shared.providers.base import (
 from shared.providers.errors import PermanentError, ProviderError, RetryableError
 from shared.settings import Settings
 
-ARM_SCOPE = "https://management.azure.com/.default"
 ADMIN_USER = "tensorant"
-MAX_THROTTLE_RETRIES = 2
-MAX_INLINE_RETRY_AFTER_S = 10.0
-QUOTA_NOTE = "Quota approval does not reserve GPU capacity."
+NIC_RESERVED = "NicReservedForAnotherVm"
+
+# The instance view's PowerState/<x> -> MachineState.
+STATE_MAP: dict[str, MachineState] = {
+    "running": MachineState.running,
+    "starting": MachineState.pending,
+    "stopping": MachineState.stopping,
+    "deallocating": MachineState.stopping,
+    "stopped": MachineState.stopped,  # powered off but not deallocated: still bills compute
+    "deallocated": MachineState.stopped,
+}
+# No power state yet: the provisioning state decides (a VM being created or updated is pending;
+# "Failed" is reported by describe with its reason; anything else is unknown).
+PROVISIONING_STATE_MAP: dict[str, MachineState] = {
+    "": MachineState.pending,
+    "Creating": MachineState.pending,
+    "Updating": MachineState.pending,
+}
 
 
-@dataclass(frozen=True)
-class AzureEndpoints:
-    """Where the clients talk to and how long they wait. Defaults = public Azure.
-
-    Tests point everything at a fake ARM server on loopback: arm_url/authority/prices_url
-    at https://127.0.0.1:PORT, verify = the self-signed certificate's path, retry_total=0,
-    polling_interval=0 and a short lro_wait_s.
-    """
-
-    arm_url: str | None = None
-    authority: str | None = None  # None = login.microsoftonline.com (public cloud only)
-    prices_url: str = RETAIL_PRICES_URL
-    verify: bool | str = True
-    retry_total: int | None = 3  # connection errors; HTTP status retries are ours (see _call)
-    polling_interval: float | None = None
-    read_timeout_s: float = 60.0  # no call may hang a step
-    lro_wait_s: float = 90.0
-    credential: Any = None  # a TokenCredential to use instead of ClientSecretCredential
-    sleep: Callable[[float], None] = time.sleep
-
-
-# Tests only: registry-constructed instances (AzureCompute(config, settings)) use this when set.
-TEST_ENDPOINTS: AzureEndpoints | None = None
-
-
-def _dig(d: Any, *path: str, default: Any = None) -> Any:
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return default
-        d = d[key]
-    return d
-
-
-def _same_id(a: str | None, b: str | None) -> bool:
-    return bool(a) and bool(b) and str(a).rstrip("/").lower() == str(b).rstrip("/").lower()
-
-
-def _region_code(name: str) -> str:
-    return name.lower().replace(" ", "")
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if obj is None:
-        return {}
-    if isinstance(obj, dict):
-        return obj
-    out: dict[str, Any] = obj.as_dict()
-    return out
+def machine_state(power: str, provisioning: str) -> MachineState:
+    if power in STATE_MAP:
+        return STATE_MAP[power]
+    return PROVISIONING_STATE_MAP.get(provisioning, MachineState.unknown)
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -123,114 +96,17 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 class AzureCompute:
+    """The ComputeProvider for Azure (one connection: subscription, training resource group, region)."""
+
     name = "azure"
 
     def __init__(self, config: AzureConfig, settings: Settings, *, endpoints: AzureEndpoints | None = None) -> None:
+        """endpoints: where the SDK talks and how long it waits; None = public Azure (tests pass a fake ARM)."""
         self.config = config
         self.settings = settings
-        self.endpoints = endpoints or TEST_ENDPOINTS or AzureEndpoints()
-        register_secret(config.client_secret.get_secret_value())
-        self._cred: Any = None
-        self._compute_clients: dict[str, Any] = {}
-        self._network: Any = None
+        self.client = AzureClient(config, endpoints or AzureEndpoints())
         self.rg = config.resource_group
         self.region = config.region
-
-    # ------------------------------------------------------------ clients (SDKs imported lazily)
-
-    def credential(self) -> Any:
-        if self._cred is None:
-            if self.endpoints.credential is not None:
-                self._cred = self.endpoints.credential
-            else:
-                from azure.identity import ClientSecretCredential
-
-                kw: dict[str, Any] = {}
-                if self.endpoints.authority:
-                    kw.update(authority=self.endpoints.authority, disable_instance_discovery=True)
-                if self.endpoints.verify is not True:
-                    kw["connection_verify"] = self.endpoints.verify
-                if self.endpoints.retry_total is not None:
-                    kw["retry_total"] = self.endpoints.retry_total
-                self._cred = ClientSecretCredential(
-                    self.config.tenant_id, self.config.client_id, self.config.client_secret.get_secret_value(), **kw)
-        return self._cred
-
-    def _client_kwargs(self) -> dict[str, Any]:
-        # retry_status=0: the SDK would sleep out every Retry-After of a 429 (unbounded); _call retries
-        # short ones and turns long ones into ThrottledError so the step waits with a delayed message.
-        kw: dict[str, Any] = {"retry_status": 0, "connection_timeout": 20, "read_timeout": self.endpoints.read_timeout_s}
-        if self.endpoints.arm_url:
-            kw["base_url"] = self.endpoints.arm_url
-            kw["credential_scopes"] = [ARM_SCOPE]
-        if self.endpoints.verify is not True:
-            kw["connection_verify"] = self.endpoints.verify
-        if self.endpoints.retry_total is not None:
-            kw["retry_total"] = self.endpoints.retry_total
-        if self.endpoints.polling_interval is not None:
-            kw["polling_interval"] = self.endpoints.polling_interval
-        return kw
-
-    def compute(self, subscription_id: str | None = None) -> Any:
-        sub = (subscription_id or self.config.subscription_id).lower()
-        if sub not in self._compute_clients:
-            from azure.mgmt.compute import ComputeManagementClient
-
-            self._compute_clients[sub] = ComputeManagementClient(self.credential(), sub, **self._client_kwargs())
-        return self._compute_clients[sub]
-
-    def network(self) -> Any:
-        if self._network is None:
-            from azure.mgmt.network import NetworkManagementClient
-
-            self._network = NetworkManagementClient(self.credential(), self.config.subscription_id,
-                                                    **self._client_kwargs())
-        return self._network
-
-    # ------------------------------------------------------------ call helpers
-
-    def _call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One Azure call: short 429s retried inline (bounded), everything else translated."""
-        from azure.core.exceptions import AzureError
-
-        for attempt in range(MAX_THROTTLE_RETRIES + 1):
-            try:
-                return fn(*args, **kwargs)
-            except AzureError as e:
-                wait = retry_after(e, default=1.0)
-                if status_code(e) == 429 and attempt < MAX_THROTTLE_RETRIES and wait <= MAX_INLINE_RETRY_AFTER_S:
-                    self.endpoints.sleep(wait)
-                    continue
-                raise translate(e, doing) from None
-        raise AssertionError("unreachable")
-
-    def _get(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        """A GET where 404 means "not there" (None)."""
-        from azure.core.exceptions import AzureError
-
-        def get() -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except AzureError as e:
-                if status_code(e) == 404:
-                    return None
-                raise
-
-        found = self._call(doing, get)
-        return _as_dict(found) if found is not None else None
-
-    def _wait(self, doing: str, poller: Any) -> bool:
-        """Wait for a long-running operation at most lro_wait_s. True = finished (raises if it failed)."""
-        from azure.core.exceptions import AzureError
-
-        try:
-            poller.wait(timeout=self.endpoints.lro_wait_s)  # re-raises the operation's failure
-            if not poller.done():
-                return False
-            poller.result()
-        except AzureError as e:
-            raise translate(e, doing) from None
-        return True
 
     # ------------------------------------------------------------ names and marks
 
@@ -253,7 +129,7 @@ class AzureCompute:
         props = body.get("properties") or {}
         return CloudResource(
             provider=self.name, kind=kind, id=str(body.get("id", "")), name=str(body.get("name", "")),
-            region=_region_code(str(body.get("location", self.region))), run_id=tags.get(TAG_RUN, ""),
+            region=region_code(str(body.get("location", self.region))), run_id=tags.get(TAG_RUN, ""),
             org=tags.get(TAG_ORG, ""), deployment=tags.get(TAG_DEPLOYMENT, ""),
             managed=tags.get(TAG_MANAGED) == "true", created_at=_parse_time(props.get("timeCreated")),
             state=state or str(props.get("provisioningState", "")),
@@ -273,17 +149,17 @@ class AzureCompute:
 
     def _get_vm(self, name: str, *, instance_view: bool = False) -> dict[str, Any] | None:
         kw = {"expand": "instanceView"} if instance_view else {}
-        return self._get(f"reading VM {name}", self.compute().virtual_machines.get, self.rg, name, **kw)
+        return self.client.get(f"reading VM {name}", self.client.compute().virtual_machines.get, self.rg, name, **kw)
 
     def _get_disk(self, name: str) -> dict[str, Any] | None:
-        return self._get(f"reading disk {name}", self.compute().disks.get, self.rg, name)
+        return self.client.get(f"reading disk {name}", self.client.compute().disks.get, self.rg, name)
 
     def _get_nic(self, name: str) -> dict[str, Any] | None:
-        return self._get(f"reading network interface {name}", self.network().network_interfaces.get, self.rg, name)
+        return self.client.get(f"reading network interface {name}", self.client.network().network_interfaces.get, self.rg, name)
 
     @staticmethod
     def _statuses(vm: dict[str, Any]) -> list[str]:
-        return [str(s.get("code", "")) for s in _dig(vm, "properties", "instanceView", "statuses", default=[]) or []]
+        return [str(s.get("code", "")) for s in dig(vm, "properties", "instanceView", "statuses", default=[]) or []]
 
     @classmethod
     def _power(cls, vm: dict[str, Any]) -> str:
@@ -295,305 +171,43 @@ class AzureCompute:
     @classmethod
     def _failure(cls, vm: dict[str, Any]) -> tuple[str, str]:
         """(code, message) of a VM whose provisioning failed, from its instance view."""
-        for s in _dig(vm, "properties", "instanceView", "statuses", default=[]) or []:
+        for s in dig(vm, "properties", "instanceView", "statuses", default=[]) or []:
             code = str(s.get("code", ""))
             if code.startswith("ProvisioningState/failed"):
                 return code.split("/")[-1], str(s.get("message", ""))
         return "ProvisioningFailed", "the VM's provisioning failed"
 
-    # ------------------------------------------------------------ validate
+    # ------------------------------------------------------------ validate / offers
 
     def validate(self) -> list[Check]:
-        """Read-only checks with fix hints; creates nothing billable."""
-        checks = [self._check_auth()]
-        if checks[0].status == CheckStatus.fail:
-            return checks
-        for fn in (self._check_image, self._check_subnet):
-            checks.append(self._guarded(fn))
-        available: dict[str, dict[str, Any]] = {}
+        """Read-only connection checks with fix hints (checks.py); creates nothing billable.
 
-        def sizes() -> Check:
-            nonlocal available
-            available, unavailable = self._available_sizes()
-            if not available:
-                why = "; ".join(f"{k}: {v}" for k, v in unavailable.items()) or "none offered in this region"
-                return Check(name="gpu_sizes", status=CheckStatus.fail,
-                             message=f"No supported GPU size is available to this subscription in {self.region} "
-                                     f"({why}). Choose another region, or ask Azure support to enable a size.")
-            names = ", ".join(s["name"] for s in available.values())
-            gone = "; ".join(f"{k}: {v}" for k, v in unavailable.items())
-            extra = f" Not available: {gone}." if unavailable else ""
-            return Check(name="gpu_sizes", status=CheckStatus.ok,
-                         message=f"Available in {self.region}: {names}.{extra}")
-
-        checks.append(self._guarded(sizes, name="gpu_sizes"))
-        checks.append(self._guarded(lambda: self._check_prices(available), name="prices"))
-        checks.append(self._guarded(lambda: self._check_quota(available), name="quota"))
-        return checks
-
-    def _guarded(self, fn: Callable[[], Check], name: str = "") -> Check:
-        try:
-            return fn()
-        except ProviderError as e:
-            check_name = name or fn.__name__.removeprefix("_check_")
-            return Check(name=check_name, status=CheckStatus.fail, message=e.reason)
-
-    def _check_auth(self) -> Check:
-        from azure.core.exceptions import ClientAuthenticationError
-
-        try:
-            self.credential().get_token(ARM_SCOPE)
-        except ClientAuthenticationError as e:
-            text = str(e)
-            hint = "Check the tenant ID, client ID and the secret's Value."
-            if "AADSTS7000215" in text:
-                hint = "The client secret is wrong: paste the secret's Value (not its Secret ID)."
-            elif "AADSTS7000222" in text:
-                hint = "The client secret has expired: create a new one and replace the connection."
-            elif "AADSTS700016" in text:
-                hint = "No application with this client ID in the tenant: copy the Application (client) ID again."
-            elif "AADSTS90002" in text:
-                hint = "Tenant not found: copy the Directory (tenant) ID again (public Azure only)."
-            return Check(name="authentication", status=CheckStatus.fail,
-                         message=f"Microsoft Entra ID refused the service principal. {hint}")
-        try:
-            self._call("listing VMs in the training resource group",
-                       lambda: next(iter(self.compute().virtual_machines.list(self.rg)), None))
-        except ProviderError as e:
-            if e.code in ("ResourceGroupNotFound",):
-                msg = (f"Resource group {self.rg} does not exist in subscription {self.config.subscription_id}: "
-                       "create the dedicated training resource group.")
-            elif e.code in ("AuthorizationFailed",) or "rejected" in e.reason:
-                msg = ("Signed in, but the service principal may not read VMs in the training resource group: assign "
-                       f"the Tensorant Training Resources role at resource group {self.rg} and allow a few minutes "
-                       "for role assignments to propagate.")
-            else:
-                msg = e.reason
-            return Check(name="authentication", status=CheckStatus.fail, message=msg)
-        return Check(name="authentication", status=CheckStatus.ok,
-                     message=f"Signed in and can read resource group {self.rg}.")
-
-    def _check_image(self) -> Check:
-        problems: list[str] = []
-        gallery = self.config.gallery_parts
-        reader_hint = ("assign the Tensorant Image Reader role at the image (or its gallery / resource group) "
-                       "and wait for the assignment to propagate")
-        if gallery:
-            client = self.compute(gallery["sub"])
-            try:
-                definition = self._get("reading the gallery image definition", client.gallery_images.get,
-                                       gallery["rg"], gallery["gallery"], gallery["image"])
-                version = self._get("reading the gallery image version", client.gallery_image_versions.get,
-                                    gallery["rg"], gallery["gallery"], gallery["image"], gallery["version"])
-            except ProviderError as e:
-                return Check(name="image", status=CheckStatus.fail, message=f"{e.reason} Fix: {reader_hint}.")
-            if definition is None or version is None:
-                return Check(name="image", status=CheckStatus.fail,
-                             message="The gallery image version was not found: check the ID, or "
-                                     f"{reader_hint} (both definition and version reads are needed).")
-            props = definition.get("properties") or {}
-            os_type, os_state = props.get("osType"), props.get("osState")
-            generation, arch = props.get("hyperVGeneration"), props.get("architecture") or "x64"
-            targets = {_region_code(str(t.get("name", "")))
-                       for t in _dig(version, "properties", "publishingProfile", "targetRegions", default=[]) or []}
-            if self.region not in targets:
-                problems.append(f"version {gallery['version']} is not replicated to {self.region}: add it as a "
-                                "target region of the version and wait for replication")
-            image_gb = _dig(version, "properties", "storageProfile", "osDiskImage", "sizeInGB")
-            if _dig(version, "properties", "storageProfile", "dataDiskImages"):
-                problems.append("the image version has data disks; publish one with only an OS disk")
-            if _dig(version, "properties", "provisioningState", default="Succeeded") != "Succeeded":
-                problems.append("the image version has not finished publishing")
-        else:
-            managed = self.config.managed_image_parts
-            assert managed
-            try:
-                image = self._get("reading the managed image", self.compute().images.get, managed["rg"],
-                                  managed["name"])
-            except ProviderError as e:
-                return Check(name="image", status=CheckStatus.fail, message=f"{e.reason} Fix: {reader_hint}.")
-            if image is None:
-                return Check(name="image", status=CheckStatus.fail,
-                             message=f"The managed image was not found: check the ID, or {reader_hint}.")
-            props = image.get("properties") or {}
-            os_disk = _dig(props, "storageProfile", "osDisk", default={}) or {}
-            os_type, os_state = os_disk.get("osType"), os_disk.get("osState")
-            generation, arch = props.get("hyperVGeneration"), "x64"  # managed images are x64 only
-            if _region_code(str(image.get("location", ""))) != self.region:
-                problems.append(f"a managed image can only create VMs in its own region ({image.get('location')}); "
-                                f"create the image in {self.region} or publish a gallery version replicated there")
-            image_gb = os_disk.get("diskSizeGB")
-            if _dig(props, "storageProfile", "dataDisks"):
-                problems.append("the image has data disks; capture one with only an OS disk")
-        if image_gb and int(image_gb) > self.config.os_disk_gb:
-            problems.append(f"the image's OS disk is {image_gb} GiB, larger than the connection's OS disk size "
-                            f"({self.config.os_disk_gb} GiB): raise os_disk_gb to at least {image_gb}")
-        if str(os_type).lower() != "linux":
-            problems.append(f"the image's OS type is {os_type}, not Linux")
-        if str(generation).upper() != "V2":
-            problems.append(f"the image is Hyper-V generation {generation or 'V1'}; capture a Gen2 (V2) image")
-        if str(arch).lower() != "x64":
-            problems.append(f"the image architecture is {arch}; ARM images are not supported, use x64")
-        if os_state and str(os_state).lower() != "generalized":
-            problems.append("the image is specialized; generalize the builder VM (waagent -deprovision+user) "
-                            "and capture again")
-        if problems:
-            return Check(name="image", status=CheckStatus.fail,
-                         message="Image not usable: " + "; ".join(problems) + ".")
-        return Check(name="image", status=CheckStatus.ok, message="The image exists and is a Linux x64 Gen2 image"
-                     + (f" replicated to {self.region}." if gallery else f" in {self.region}."))
-
-    def _check_subnet(self) -> Check:
-        parts = self.config.subnet_parts
-        net_hint = ("assign the Tensorant Network role at the VNet (or its resource group) and wait for it "
-                    "to propagate")
-        try:
-            subnet = self._get("reading the subnet", self.network().subnets.get, parts["rg"], parts["vnet"],
-                               parts["subnet"])
-        except ProviderError as e:
-            return Check(name="subnet", status=CheckStatus.fail, message=f"{e.reason} Fix: {net_hint}.")
-        if subnet is None:
-            return Check(name="subnet", status=CheckStatus.fail,
-                         message=f"The subnet was not found: check the subnet resource ID, or {net_hint}.")
-        try:
-            vnet = self._get("reading the VNet", self.network().virtual_networks.get, parts["rg"], parts["vnet"])
-        except ProviderError as e:
-            return Check(name="subnet", status=CheckStatus.fail,
-                         message=f"The subnet exists but its VNet's region could not be read ({e.reason}). "
-                                 f"Fix: {net_hint}.")
-        location = _region_code(str((vnet or {}).get("location", "")))
-        if location != self.region:
-            return Check(name="subnet", status=CheckStatus.fail,
-                         message=f"The subnet's VNet is in {location or 'an unknown region'}, not {self.region}: a "
-                                 "VM's network interface must use a subnet in the VM's region. Choose a subnet in "
-                                 f"{self.region} or change the region.")
-        if not _dig(subnet, "properties", "natGateway"):
-            return Check(name="subnet", status=CheckStatus.warn,
-                         message=f"The subnet exists in {self.region} but has no NAT gateway: make sure it has "
-                                 "explicit outbound internet access (DNS and HTTPS) through a firewall route, or "
-                                 "associate a NAT gateway.")
-        return Check(name="subnet", status=CheckStatus.ok,
-                     message=f"The subnet exists in {self.region} and has a NAT gateway for outbound access.")
-
-    def _check_prices(self, available: dict[str, dict[str, Any]]) -> Check:
-        if not available:
-            return Check(name="prices", status=CheckStatus.warn, message="No available GPU size to price.")
-        prices = self._prices().vm_hourly(self.region, [s["name"] for s in available.values()])
-        disk = self._prices().os_disk(self.region, self.config.os_disk_gb)
-        missing = [s["name"] for k, s in available.items() if k not in prices]
-        if len(missing) == len(available):
-            return Check(name="prices", status=CheckStatus.fail,
-                         message=f"No on-demand Linux price found for the available sizes in {self.region}; the "
-                                 "catalog will be empty. Try again later or choose another region.")
-        msg = (f"Prices loaded for {len(prices)} size(s); OS disk Premium SSD {disk.tier} "
-               f"${disk.per_month:.2f}/month.")
-        if missing:
-            msg += f" No price for: {', '.join(missing)} (left out of the catalog)."
-        return Check(name="prices", status=CheckStatus.ok, message=msg)
-
-    def _check_quota(self, available: dict[str, dict[str, Any]]) -> Check:
-        if not available:
-            return Check(name="quota", status=CheckStatus.warn,
-                         message=f"No available GPU size to compare. {QUOTA_NOTE}")
-        usages = self._call("reading compute quota", lambda: [_as_dict(u) for u in
-                                                               self.compute().usage.list(self.region)])
-        free: dict[str, tuple[int, int]] = {}
-        for u in usages:
-            key = str(_dig(u, "name", "value", default="")).lower()
-            limit, current = int(u.get("limit", 0)), int(u.get("currentValue", 0))
-            free[key] = (limit - current, limit)
-        short: list[str] = []
-        enough: list[str] = []
-        total_free, _total_limit = free.get("cores", (0, 0))
-        for s in available.values():
-            family_free, family_limit = free.get(str(s["family"]).lower(), (0, 0))
-            if family_free < s["vcpus"]:
-                short.append(f"{s['name']} needs {s['vcpus']} vCPUs of {s['family']} (limit {family_limit}, "
-                             f"free {max(family_free, 0)})")
-            elif total_free < s["vcpus"]:
-                short.append(f"{s['name']} needs {s['vcpus']} Total Regional vCPUs (free {max(total_free, 0)})")
-            else:
-                enough.append(s["name"])
-        if short:
-            return Check(name="quota", status=CheckStatus.warn,
-                         message="Quota shortfall: " + "; ".join(short) + ". Request more in Subscriptions -> "
-                                 "Usage + quotas (VM family and Total Regional vCPUs) for "
-                                 f"{self.region}. {QUOTA_NOTE}")
-        return Check(name="quota", status=CheckStatus.ok,
-                     message=f"Quota covers one VM of: {', '.join(enough)}. {QUOTA_NOTE}")
-
-    # ------------------------------------------------------------ catalog
-
-    def _prices(self) -> RetailPrices:
-        return RetailPrices(self.endpoints.prices_url, verify=self.endpoints.verify)
-
-    def _available_sizes(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-        """Supported sizes this subscription may use in the region (by Resource SKUs and their restrictions)."""
-        skus = self._call("listing VM sizes (resource SKUs)", lambda: [
-            _as_dict(s) for s in self.compute().resource_skus.list(filter=f"location eq '{self.region}'")])
-        available: dict[str, dict[str, Any]] = {}
-        unavailable: dict[str, str] = {}
-        for sku in skus:
-            size = supported(str(sku.get("name", "")))
-            if size is None or sku.get("resourceType") != "virtualMachines":
-                continue
-            if self.region not in {_region_code(str(loc)) for loc in sku.get("locations") or []}:
-                continue
-            caps = {str(c.get("name")): str(c.get("value")) for c in sku.get("capabilities") or []}
-            if caps.get("GPUs", "1") != "1" or caps.get("CpuArchitectureType", "x64") != "x64":
-                continue  # the table says single-GPU x64; the SKU's own record must agree
-            if "V2" not in caps.get("HyperVGenerations", "V2"):
-                unavailable[size.name] = "no Gen2 support"
-                continue
-            zones = set()
-            for info in sku.get("locationInfo") or []:
-                if _region_code(str(info.get("location", ""))) == self.region:
-                    zones |= set(info.get("zones") or [])
-            reason = ""
-            for r in sku.get("restrictions") or []:
-                why = str(r.get("reasonCode", "restricted"))
-                if r.get("type") == "Location" and self.region in {_region_code(str(v)) for v in r.get("values") or []}:
-                    reason = why
-                elif r.get("type") == "Zone":
-                    blocked = set(_dig(r, "restrictionInfo", "zones", default=[]) or [])
-                    if zones and zones <= blocked:
-                        reason = f"{why} in every zone"
-            if reason:
-                unavailable[size.name] = reason
-                continue
-            available[size.name.lower()] = {
-                "name": size.name, "family": sku.get("family", ""),
-                "vcpus": int(caps.get("vCPUs", size.vcpus)), "size": size,
-            }
-        return available, unavailable
+        Not idempotent in a meaningful sense: it reads the cloud as it is now. Vendor errors become
+        failed checks, not exceptions (except an identity endpoint that cannot be reached at all).
+        """
+        return checks.run_checks(self.client, self.config)
 
     def offers(self) -> list[GpuOffer]:
-        available, _ = self._available_sizes()
-        if not available:
-            return []
-        prices = self._prices()
-        hourly = prices.vm_hourly(self.region, [s["name"] for s in available.values()])
-        disk = prices.os_disk(self.region, self.config.os_disk_gb)
-        out = []
-        for key, s in sorted(available.items()):
-            if key not in hourly:
-                continue  # no price, no offer: an estimate must never be blank
-            size = s["size"]
-            compute = round(hourly[key], 4)
-            disk_h = round(disk.per_hour, 4)
-            out.append(GpuOffer(
-                provider=self.name, offer_id=f"azure:{self.region}:{size.name}", gpu=size.gpu,
-                gpu_memory_gb=size.gpu_memory_gb, machine_type=size.name, region=self.region,
-                compute_per_hour=compute, disk_per_hour=disk_h, total_per_hour=round(compute + disk_h, 4),
-                note=f"{PRICE_NOTE} OS disk: Premium SSD {disk.tier} ({disk.size_gb} GiB).",
-            ))
-        return out
+        """Supported single-GPU sizes this subscription may use in the region, priced (catalog.py).
+
+        A read; a size without a price is left out. Raises RetryableError/ProviderError when the
+        prices cannot be loaded (the catalog keeps its previous entries).
+        """
+        return catalog.offers(self.client, self.client.prices(), self.region, self.config.os_disk_gb)
 
     # ------------------------------------------------------------ launch
 
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
+        """Create (or find) the run's VM, NIC and OS disk; return the three resources recorded for it.
+
+        Idempotent per run: the deterministic names are looked up first, so a repeated launch finds
+        the same VM (a VM whose provisioning failed is cleaned up and its failure raised). A VM or NIC
+        of that name without this run's tags raises PermanentError(code="NameTaken"). When Azure has
+        not finished within lro_wait_s the resources are returned anyway (describe reports progress).
+        A permanent failure deletes what was created before raising; errors are shared.providers.errors.
+        """
         ref = spec.ref
-        size = supported(spec.offer.machine_type)
+        size = catalog.supported(spec.offer.machine_type)
         if size is None:
             raise PermanentError(f"{spec.offer.machine_type} is not a supported Azure GPU size; choose an offer "
                                  "from the current catalog", code="UnsupportedSize")
@@ -614,10 +228,10 @@ class AzureCompute:
             if not self._ours(vm.get("tags"), ref):
                 raise PermanentError(f"a VM named {vm_name} exists in {self.rg} without this run's tags; "
                                      "Tensorant will not use or change it", code="NameTaken")
-            if _dig(vm, "properties", "provisioningState") == "Failed":
+            if dig(vm, "properties", "provisioningState") == "Failed":
                 code, message = self._failure(vm)
                 self._cleanup_failed(ref)
-                raise translate(_LroFailure(code, message), f"creating VM {vm_name}")
+                raise translate(ProvisioningFailure(code, message), f"creating VM {vm_name}")
             self._tag_disk(ref)
             return self._launched(ref)
 
@@ -635,9 +249,10 @@ class AzureCompute:
                     "enableAcceleratedNetworking": True,
                 },
             }
-            poller = self._call(f"creating network interface {nic_name}",
-                                self.network().network_interfaces.begin_create_or_update, self.rg, nic_name, nic_body)
-            self._wait(f"creating network interface {nic_name}", poller)
+            poller = self.client.call(f"creating network interface {nic_name}",
+                                      self.client.network().network_interfaces.begin_create_or_update, self.rg,
+                                      nic_name, nic_body)
+            self.client.wait(f"creating network interface {nic_name}", poller)
         elif not self._ours(nic.get("tags"), ref):
             raise PermanentError(f"a network interface named {nic_name} exists in {self.rg} without this run's "
                                  "tags; Tensorant will not use it", code="NameTaken")
@@ -648,9 +263,9 @@ class AzureCompute:
         doing = f"creating VM {vm_name} ({size.name})"
         log.info("azure: creating VM", extra={"vm": vm_name, "size": size.name})
         try:
-            poller = self._call(doing, self.compute().virtual_machines.begin_create_or_update, self.rg, vm_name,
-                                vm_body)
-            done = self._wait(doing, poller)
+            poller = self.client.call(doing, self.client.compute().virtual_machines.begin_create_or_update,
+                                      self.rg, vm_name, vm_body)
+            done = self.client.wait(doing, poller)
         except PermanentError:
             # Azure can leave the VM resource (and its disk) after a failed allocation, and the NIC exists
             # already: remove them now so nothing bills; release/sweeper finish anything not yet confirmed.
@@ -712,27 +327,30 @@ class AzureCompute:
             return
         if disk.get("tags") and not self._ours(disk.get("tags")):
             return  # someone else's marks: never overwrite
-        poller = self._call(f"tagging disk {disk_name}", self.compute().disks.begin_update, self.rg, disk_name,
-                            {"tags": ref.tags})
-        self._wait(f"tagging disk {disk_name}", poller)
+        poller = self.client.call(f"tagging disk {disk_name}", self.client.compute().disks.begin_update, self.rg,
+                                  disk_name, {"tags": ref.tags})
+        self.client.wait(f"tagging disk {disk_name}", poller)
 
     def _cleanup_failed(self, ref: RunRef) -> None:
         """Best effort after a failed create: delete VM, then OS disk and NIC; never raises."""
         try:
-            self.release(ref, [], _after_failed_create=True)
+            self.release(ref, [])
         except ProviderError as e:
             get_logger().warning("azure: cleanup after failed create incomplete", extra={"reason": e.reason})
 
     # ------------------------------------------------------------ describe / retain / start
 
     def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
+        """The VM's state from its instance view (STATE_MAP); a read, except that it tags the OS disk
+        once provisioning has succeeded (idempotent). Not found = MachineState.gone; a VM without this
+        run's tags or whose provisioning failed = MachineState.unknown with the reason in detail."""
         vm_name, _, _ = self.names(ref)
         vm = self._get_vm(vm_name, instance_view=True)
         if vm is None:
             return Description(state=MachineState.gone, detail=f"VM {vm_name} not found")
         if not self._ours(vm.get("tags"), ref):
             return Description(state=MachineState.unknown, detail=f"VM {vm_name} lacks this run's tags")
-        provisioning = _dig(vm, "properties", "provisioningState", default="")
+        provisioning = dig(vm, "properties", "provisioningState", default="")
         res = [self._resource("vm", vm, state=self._power(vm) or provisioning)]
         if provisioning == "Failed":
             code, message = self._failure(vm)
@@ -741,11 +359,7 @@ class AzureCompute:
         if provisioning == "Succeeded":
             self._tag_disk(ref)
         power = self._power(vm)
-        state = {
-            "running": MachineState.running, "starting": MachineState.pending,
-            "stopping": MachineState.stopping, "deallocating": MachineState.stopping,
-            "stopped": MachineState.stopped, "deallocated": MachineState.stopped,
-        }.get(power, MachineState.pending if provisioning in ("Creating", "Updating", "") else MachineState.unknown)
+        state = machine_state(power, provisioning)
         detail = f"provisioning {provisioning}, power {power or 'unknown'}"
         if power == "stopped":
             detail += " (stopped without deallocation still bills compute)"
@@ -765,7 +379,13 @@ class AzureCompute:
         return vm
 
     def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        """Deallocate (not just power off); done only when the instance view says PowerState/deallocated."""
+        """Deallocate (not just power off) and keep the OS disk; done only when the instance view says
+        PowerState/deallocated.
+
+        Idempotent: an already deallocated VM is done without a request, one deallocating is not asked
+        again. Not found = done (nothing to keep). done=False = Azure has not confirmed yet; ask again
+        after retry_after_s. A VM without this run's tags raises PermanentError(code="NotOurs").
+        """
         vm = self._owned_vm(ref)
         if vm is None:
             return Outcome(done=True, detail="VM not found: nothing to deallocate; no disk was kept")
@@ -773,9 +393,9 @@ class AzureCompute:
         if power == "deallocated":
             return Outcome(done=True, detail="Stopped (deallocated); OS disk kept", billing_note=self._billing_note())
         if power != "deallocating":
-            poller = self._call(f"deallocating VM {ref.name}", self.compute().virtual_machines.begin_deallocate,
-                                self.rg, ref.name)
-            self._wait(f"deallocating VM {ref.name}", poller)
+            poller = self.client.call(f"deallocating VM {ref.name}",
+                                      self.client.compute().virtual_machines.begin_deallocate, self.rg, ref.name)
+            self.client.wait(f"deallocating VM {ref.name}", poller)
             vm = self._owned_vm(ref) or {}
             if self._power(vm) == "deallocated":
                 return Outcome(done=True, detail="Stopped (deallocated); OS disk kept",
@@ -784,6 +404,12 @@ class AzureCompute:
                        retry_after_s=30)
 
     def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        """Start a retained (deallocated) VM again, for recovery; done when its power state is running.
+
+        Idempotent: a running VM is done without a request, one starting is not asked again. Not found
+        raises PermanentError(code="NotFound") (there is nothing to start). done=False = not running yet;
+        ask again after retry_after_s. A VM without this run's tags raises PermanentError(code="NotOurs").
+        """
         vm = self._owned_vm(ref)
         if vm is None:
             raise PermanentError(f"VM {ref.name} no longer exists; it cannot be started", code="NotFound")
@@ -791,9 +417,9 @@ class AzureCompute:
         if power == "running":
             return Outcome(done=True, detail="running; compute billing has resumed")
         if power != "starting":
-            poller = self._call(f"starting VM {ref.name}", self.compute().virtual_machines.begin_start, self.rg,
-                                ref.name)
-            self._wait(f"starting VM {ref.name}", poller)
+            poller = self.client.call(f"starting VM {ref.name}", self.client.compute().virtual_machines.begin_start,
+                                      self.rg, ref.name)
+            self.client.wait(f"starting VM {ref.name}", poller)
             vm = self._owned_vm(ref) or {}
             if self._power(vm) == "running":
                 return Outcome(done=True, detail="running; compute billing has resumed")
@@ -802,8 +428,14 @@ class AzureCompute:
 
     # ------------------------------------------------------------ release
 
-    def release(self, ref: RunRef, resources: list[CloudResource], *, _after_failed_create: bool = False) -> Outcome:
-        """Delete the VM, then the job-created OS disk and NIC; done only when each GET answers 404."""
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+        """Delete the VM, then the job-created OS disk and NIC; done only when each GET answers 404.
+
+        Idempotent; not found = done (a missing VM, disk or NIC counts as deleted). done=False = a delete
+        is still running, or the NIC is still reserved for the deleted VM; ask again after retry_after_s.
+        Changed attachments (another OS disk, data disks, other NICs) or resources without this run's
+        tags raise PermanentError (code "AttachmentsChanged" / "NotOurs") and nothing is deleted.
+        """
         vm_name, nic_name, disk_name = self.names(ref)
         disk_id = self._rid("Microsoft.Compute/disks", disk_name)
         nic_id = self._rid("Microsoft.Network/networkInterfaces", nic_name)
@@ -811,10 +443,10 @@ class AzureCompute:
         vm = self._owned_vm(ref)
         if vm is not None:
             self._refuse_changed_attachments(vm, disk_id, nic_id)
-            if _dig(vm, "properties", "provisioningState") != "Deleting":
-                poller = self._call(f"deleting VM {vm_name}", self.compute().virtual_machines.begin_delete,
-                                    self.rg, vm_name)
-                self._wait(f"deleting VM {vm_name}", poller)
+            if dig(vm, "properties", "provisioningState") != "Deleting":
+                poller = self.client.call(f"deleting VM {vm_name}",
+                                          self.client.compute().virtual_machines.begin_delete, self.rg, vm_name)
+                self.client.wait(f"deleting VM {vm_name}", poller)
             if self._get_vm(vm_name) is not None:
                 return Outcome(done=False, detail=f"waiting for Azure to delete VM {vm_name}", retry_after_s=30)
 
@@ -823,15 +455,15 @@ class AzureCompute:
             if disk.get("tags") and not self._ours(disk.get("tags"), ref):
                 raise PermanentError(f"disk {disk_name} carries other tags; Tensorant will not delete it",
                                      code="NotOurs")
-            managed_by = disk.get("managedBy") or _dig(disk, "properties", "managedBy")
-            if managed_by and not _same_id(managed_by, self._rid("Microsoft.Compute/virtualMachines", vm_name)):
+            managed_by = disk.get("managedBy") or dig(disk, "properties", "managedBy")
+            if managed_by and not same_id(managed_by, self._rid("Microsoft.Compute/virtualMachines", vm_name)):
                 raise PermanentError(
                     f"Automatic deletion refused: the run's OS disk {disk_name} is attached to {managed_by}. Detach "
                     "it (keep a copy if you need its data), then retry release.", code="AttachmentsChanged")
             if not managed_by:
-                poller = self._call(f"deleting disk {disk_name}", self.compute().disks.begin_delete, self.rg,
-                                    disk_name)
-                self._wait(f"deleting disk {disk_name}", poller)
+                poller = self.client.call(f"deleting disk {disk_name}", self.client.compute().disks.begin_delete,
+                                          self.rg, disk_name)
+                self.client.wait(f"deleting disk {disk_name}", poller)
             if self._get_disk(disk_name) is not None:
                 return Outcome(done=False, detail=f"waiting for Azure to delete OS disk {disk_name}",
                                retry_after_s=30)
@@ -841,8 +473,8 @@ class AzureCompute:
             if not self._ours(nic.get("tags"), ref):
                 raise PermanentError(f"network interface {nic_name} lacks this run's tags; Tensorant will not "
                                      "delete it", code="NotOurs")
-            attached = _dig(nic, "properties", "virtualMachine", "id")
-            if attached and not _same_id(attached, self._rid("Microsoft.Compute/virtualMachines", vm_name)):
+            attached = dig(nic, "properties", "virtualMachine", "id")
+            if attached and not same_id(attached, self._rid("Microsoft.Compute/virtualMachines", vm_name)):
                 raise PermanentError(
                     f"Automatic deletion refused: the run's network interface {nic_name} is attached to {attached}. "
                     "Detach it, then retry release.", code="AttachmentsChanged")
@@ -855,41 +487,44 @@ class AzureCompute:
         return Outcome(done=True, detail="VM, OS disk and network interface confirmed deleted")
 
     def _delete_nic(self, nic_name: str) -> Outcome | None:
-        from azure.core.exceptions import AzureError
-
+        """Delete the NIC; None = deleted or already gone, an Outcome = not yet."""
         doing = f"deleting network interface {nic_name}"
+        reserved = Outcome(done=False, retry_after_s=60,
+                           detail=f"network interface {nic_name} is still reserved for the deleted VM; "
+                                  "Azure releases it within a few minutes, retrying")
         try:
-            poller = self.network().network_interfaces.begin_delete(self.rg, nic_name)
-            self._wait(doing, poller)
-        except (AzureError, ProviderError) as e:
-            code = e.code if isinstance(e, ProviderError) else error_code(e)
-            if code == "NicReservedForAnotherVm":
+            # One request, no inline retry: a refusal worth retrying becomes "not yet" for the release step.
+            poller = self.client.call_once(doing, self.client.network().network_interfaces.begin_delete, self.rg,
+                                           nic_name)
+        except ProviderError as e:
+            if e.code == NIC_RESERVED:
                 # Azure keeps a NIC reserved for ~180 s after its VM goes: not an error, just "not yet".
-                return Outcome(done=False, retry_after_s=60,
-                               detail=f"network interface {nic_name} is still reserved for the deleted VM; "
-                                      "Azure releases it within a few minutes, retrying")
-            if isinstance(e, AzureError):
-                if status_code(e) == 404:
-                    return None
-                err = translate(e, doing)
-                if isinstance(err, RetryableError):
-                    return Outcome(done=False, detail=err.reason, retry_after_s=err.retry_after_s)
-                raise err from None
+                return reserved
+            if isinstance(e, RetryableError):
+                return Outcome(done=False, detail=e.reason, retry_after_s=e.retry_after_s)
+            raise
+        if poller is None:
+            return None  # already gone
+        try:
+            self.client.wait(doing, poller)
+        except ProviderError as e:
+            if e.code == NIC_RESERVED:
+                return reserved
             raise
         return None
 
     def _refuse_changed_attachments(self, vm: dict[str, Any], disk_id: str, nic_id: str) -> None:
         props = vm.get("properties") or {}
-        os_disk_id = _dig(props, "storageProfile", "osDisk", "managedDisk", "id")
-        data_disks = _dig(props, "storageProfile", "dataDisks", default=[]) or []
-        nics = [n.get("id") for n in _dig(props, "networkProfile", "networkInterfaces", default=[]) or []]
+        os_disk_id = dig(props, "storageProfile", "osDisk", "managedDisk", "id")
+        data_disks = dig(props, "storageProfile", "dataDisks", default=[]) or []
+        nics = [n.get("id") for n in dig(props, "networkProfile", "networkInterfaces", default=[]) or []]
         problems = []
-        if os_disk_id and not _same_id(os_disk_id, disk_id):
+        if os_disk_id and not same_id(os_disk_id, disk_id):
             problems.append(f"its OS disk was replaced ({os_disk_id.rsplit('/', 1)[-1]} instead of "
                             f"{disk_id.rsplit('/', 1)[-1]})")
         if data_disks:
             problems.append(f"{len(data_disks)} data disk(s) are attached")
-        if nics and (len(nics) != 1 or not _same_id(nics[0], nic_id)):
+        if nics and (len(nics) != 1 or not same_id(nics[0], nic_id)):
             problems.append("its network interfaces were changed")
         if problems:
             raise PermanentError(
@@ -903,40 +538,30 @@ class AzureCompute:
     def list_managed(self) -> Iterable[CloudResource]:
         """VMs, disks and NICs in the training resource group with this deployment's marks (all pages).
 
-        An OS disk that is not tagged yet (see the module docstring) is listed when its name is this
-        deployment's deterministic OS disk name, so an orphaned one is found too.
+        A read. An OS disk that is not tagged yet (see the module docstring) is listed when its name is
+        this deployment's deterministic OS disk name, so an orphaned one is found too. Nothing found =
+        nothing yielded; errors are shared.providers.errors.
         """
-        compute, network = self.compute(), self.network()
+        compute, network = self.client.compute(), self.client.network()
         prefix = f"tensorant-{self.settings.deployment_id}-"
-        for vm in self._call("listing VMs", lambda: [_as_dict(v) for v in compute.virtual_machines.list(self.rg)]):
+        for vm in self.client.call("listing VMs",
+                                   lambda: [as_dict(v) for v in compute.virtual_machines.list(self.rg)]):
             if self._ours(vm.get("tags")):
                 yield self._resource("vm", vm)
-        for disk in self._call("listing disks",
-                               lambda: [_as_dict(d) for d in compute.disks.list_by_resource_group(self.rg)]):
+        for disk in self.client.call("listing disks",
+                                     lambda: [as_dict(d) for d in compute.disks.list_by_resource_group(self.rg)]):
             name = str(disk.get("name", ""))
             if self._ours(disk.get("tags")):
-                yield self._resource("disk", disk, state=str(_dig(disk, "properties", "diskState", default="")))
+                yield self._resource("disk", disk, state=str(dig(disk, "properties", "diskState", default="")))
             elif not disk.get("tags") and name.startswith(prefix) and name.endswith("-osdisk"):
-                res = self._resource("disk", disk, state=str(_dig(disk, "properties", "diskState", default="")))
+                res = self._resource("disk", disk, state=str(dig(disk, "properties", "diskState", default="")))
                 run_id = name[len(prefix):-len("-osdisk")]
                 yield res.model_copy(update={"run_id": run_id, "deployment": self.settings.deployment_id,
                                              "managed": True, "extra": {"tagged": "false"}})
-        for nic in self._call("listing network interfaces",
-                              lambda: [_as_dict(n) for n in network.network_interfaces.list(self.rg)]):
+        for nic in self.client.call("listing network interfaces",
+                                    lambda: [as_dict(n) for n in network.network_interfaces.list(self.rg)]):
             if self._ours(nic.get("tags")):
                 yield self._resource("nic", nic)
 
 
-class _LroFailure(Exception):
-    """A failed provisioning seen in a VM's instance view, shaped like an ARM error for translate()."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.error = type("E", (), {"code": code, "message": message})()
-        self.status_code = 0
-
-    def __str__(self) -> str:
-        return str(self.error.message)
-
-
-__all__ = ["TEST_ENDPOINTS", "AzureCompute", "AzureEndpoints"]
+__all__ = ["STATE_MAP", "AzureCompute", "AzureEndpoints", "machine_state"]

@@ -15,7 +15,7 @@ import struct
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from shared.providers.azure.skus import KNOWN_GPU_REGIONS, disk_tier
+from shared.providers.azure.pricing import disk_tier
 
 GUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 RG_NAME = re.compile(r"^[-\w._()]{1,90}$")
@@ -37,6 +37,16 @@ EXPLICIT_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 # Sovereign clouds use other management and identity endpoints; this connector speaks public Azure only.
 SOVEREIGN_REGION = re.compile(r"^(usgov|usdod|ussec|usnat|china|germanycentral$|germanynortheast$)")
 SOVEREIGN_TENANT_DOMAIN = re.compile(r"\.(onmicrosoft\.us|partner\.onmschina\.cn|onmicrosoft\.de)$", re.I)
+
+# Regions where at least one of the sizes in catalog.SUPPORTED is commonly offered (a hint only; the
+# connection check asks Azure which sizes this subscription can really use).
+KNOWN_GPU_REGIONS = frozenset({
+    "eastus", "eastus2", "southcentralus", "westus2", "westus3", "centralus", "northcentralus", "westus",
+    "westeurope", "northeurope", "uksouth", "swedencentral", "francecentral", "germanywestcentral",
+    "switzerlandnorth", "norwayeast", "polandcentral", "italynorth", "spaincentral", "canadacentral",
+    "canadaeast", "japaneast", "koreacentral", "southeastasia", "eastasia", "australiaeast", "centralindia",
+    "southindia", "uaenorth", "qatarcentral", "brazilsouth", "southafricanorth",
+})
 
 SUBNET_HINT = (
     "paste the subnet's complete resource ID, e.g. /subscriptions/SUBSCRIPTION_ID/resourceGroups/NETWORK_RG/"

@@ -1,7 +1,8 @@
 """Azure errors -> shared.providers.errors, with reasons a user can act on.
 
-Codes come from the ARM error body ({"error": {"code", "message"}}) of a failed request
-or of a failed long-running operation.
+Codes come from the ARM error body ({"error": {"code", "message"}}) of a failed request,
+of a failed long-running operation, or of a VM's instance view (ProvisioningFailure).
+Only client.py calls the SDK; it passes every failure through translate().
 """
 
 from __future__ import annotations
@@ -111,3 +112,15 @@ def translate(err: Exception, doing: str) -> ProviderError:
     if isinstance(err, HttpResponseError) and (status >= 500 or status == 409 or status == 0):
         return RetryableError(f"Azure error while {doing} ({code or status}): {msg}", code=code or str(status))
     return PermanentError(f"Azure refused {doing} ({code or status}): {msg}", code=code or str(status))
+
+
+class ProvisioningFailure(Exception):
+    """A failed provisioning seen in a VM's instance view, shaped like an ARM error for translate()."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.error = type("E", (), {"code": code, "message": message})()
+        self.status_code = 0
+
+    def __str__(self) -> str:
+        return str(self.error.message)

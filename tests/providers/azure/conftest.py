@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
+from shared.models import GpuOffer
+from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from tests.providers.azure.fake_arm import CLIENT, SECRET, SUB, TENANT, FakeArm
 
 TRAIN_RG = "tensorant-training"
@@ -141,7 +144,8 @@ def fake(tmp_path: Path) -> Iterator[FakeArm]:
 
 
 def endpoints(fake: FakeArm, **over: Any) -> Any:
-    from shared.providers.azure.compute import AzureEndpoints
+    """AzureEndpoints pointing every client at the fake (the keyword-only `endpoints` of AzureCompute)."""
+    from shared.providers.azure.client import AzureEndpoints
 
     values: dict[str, Any] = dict(arm_url=fake.url, authority=fake.url, prices_url=f"{fake.url}/api/retail/prices",
                                   verify=fake.cert, retry_total=0, polling_interval=0, lro_wait_s=5.0,
@@ -164,5 +168,50 @@ def compute(fake: FakeArm) -> Any:
     return make_compute(fake)
 
 
+def route_registry_to(fake: FakeArm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the registry build azure providers as AzureCompute(config, settings, endpoints=<the fake>).
+
+    SHIM until shared/providers/registry.override(name, factory=...) lands (contracts.md): then this
+    body becomes `undo = registry.override("azure", factory=factory)` with undo() at teardown
+    (monkeypatch.setitem undoes itself today). Only tests ever do this.
+    """
+    from shared.providers import registry
+    from shared.providers.azure.compute import AzureCompute
+    from shared.providers.azure.config import AzureConfig
+    from shared.providers.base import ComputeProvider
+    from shared.settings import Settings
+
+    def factory(config: BaseModel, settings: Settings) -> ComputeProvider:
+        assert isinstance(config, AzureConfig)
+        return AzureCompute(config, settings, endpoints=endpoints(fake))
+
+    monkeypatch.setitem(registry.FACTORIES, "azure", factory)
+
+
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+# ---------------------------------------------------------------- one run's names and launch spec
+
+REF = RunRef(deployment="test", org="org1", run_id="run-abc")
+VM_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/virtualMachines/{REF.name}"
+DISK_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/disks/{REF.name}-osdisk"
+NIC_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Network/networkInterfaces/{REF.name}-nic"
+
+
+def offer(size: str = "Standard_NC24ads_A100_v4") -> GpuOffer:
+    return GpuOffer(provider="azure", offer_id=f"azure:eastus:{size}", gpu="A100", gpu_memory_gb=80,
+                    machine_type=size, region="eastus", compute_per_hour=3.6, disk_per_hour=0.03, total_per_hour=3.63)
+
+
+def spec(ref: RunRef = REF, size: str = "Standard_NC24ads_A100_v4") -> LaunchSpec:
+    boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:1",
+                     env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-secret-123456"},
+                     secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
+    return LaunchSpec(ref=ref, offer=offer(size), bootstrap=boot)
+
+
+def writes(fake: FakeArm) -> list[tuple[str, str]]:
+    return [(m, p) for m, p, _, _ in fake.requests if m in ("PUT", "PATCH", "DELETE", "POST")
+            and "/oauth2/" not in p]

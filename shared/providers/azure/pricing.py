@@ -4,7 +4,8 @@ Queries are filtered by service, region and SKU (an unfiltered walk is ~150 page
 takes minutes) and follow NextPageLink up to a bound. The estimate is the Linux
 pay-as-you-go VM price plus the Premium SSD OS disk's monthly price / 730; Spot and
 Low Priority meters and Windows products are excluded. Network, transfer, taxes and
-discounts are not part of it.
+discounts are not part of it. The Premium SSD tier table (what a disk size is billed as)
+lives here too: the connection's warnings and the offers' disk price both use it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.providers.azure.skus import disk_tier
 from shared.providers.errors import ProviderError, RetryableError
 
 RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
@@ -20,6 +20,19 @@ HOURS_PER_MONTH = 730
 MAX_PAGES = 20  # a filtered query is one or two pages; the bound stops a runaway walk
 PRICE_NOTE = ("On-demand Linux VM price plus the Premium SSD OS disk's monthly price / 730, from the Azure Retail "
               "Prices API; network services, data transfer, taxes and discounts are not included.")
+
+# Premium SSD managed disk tiers: (tier, size in GiB). A disk is billed as the smallest tier that holds it.
+PREMIUM_TIERS: tuple[tuple[str, int], ...] = (
+    ("P1", 4), ("P2", 8), ("P3", 16), ("P4", 32), ("P6", 64), ("P10", 128), ("P15", 256), ("P20", 512),
+    ("P30", 1024), ("P40", 2048), ("P50", 4096), ("P60", 8192), ("P70", 16384), ("P80", 32767),
+)
+
+
+def disk_tier(size_gb: int) -> tuple[str, int]:
+    for tier, size in PREMIUM_TIERS:
+        if size_gb <= size:
+            return tier, size
+    raise ValueError(f"{size_gb} GiB is larger than any Premium SSD tier")
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,8 @@ class DiskPrice:
 
 
 class RetailPrices:
+    """The Retail Prices API client (plain HTTPS via requests, imported lazily; no credentials)."""
+
     def __init__(self, base_url: str = RETAIL_PRICES_URL, *, verify: bool | str = True, timeout_s: float = 20.0,
                  currency: str = "USD") -> None:
         self.base_url = base_url

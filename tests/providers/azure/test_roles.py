@@ -18,9 +18,8 @@ import pytest
 from shared.providers.azure.config import AzureConfig
 from shared.providers.base import RunRef
 from shared.providers.errors import CapacityError
-from tests.providers.azure.conftest import GALLERY_VERSION_ID, TRAIN_RG, config_body, make_compute
-from tests.providers.azure.fake_arm import FakeArm
-from tests.providers.azure.test_azure_compute import spec
+from tests.providers.azure.conftest import GALLERY_VERSION_ID, TRAIN_RG, config_body, make_compute, spec
+from tests.providers.azure.fake_arm import SUB, FakeArm
 
 INFRA = Path(__file__).resolve().parents[3] / "infra" / "azure"
 ROLE_AT = {  # where the connection doc assigns each role (the fake keeps image and network in their own groups)
@@ -108,7 +107,7 @@ def exercise(fake: FakeArm, compute: Any) -> None:
     list(compute.list_managed())
     fake.keep_nic_on_vm_delete = True
     # as if Azure had not applied the disk's delete option either: release deletes the disk itself
-    vm = fake.get(compute._rid("Microsoft.Compute/virtualMachines", ref.name))
+    vm = fake.get(f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/virtualMachines/{ref.name}")
     vm["properties"]["storageProfile"]["osDisk"]["deleteOption"] = "Detach"
     assert compute.release(ref, []).done
     fake.allocation_failure = "AllocationFailed"

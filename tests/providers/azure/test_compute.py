@@ -1,4 +1,4 @@
-"""AzureCompute with the real azure-identity / azure-mgmt clients against the fake ARM server."""
+"""The lifecycle (compute.py) with the real azure-identity / azure-mgmt clients against the fake ARM server."""
 
 from __future__ import annotations
 
@@ -7,186 +7,27 @@ from typing import Any
 
 import pytest
 
-from shared.models import CheckStatus, GpuOffer, MachineState
-from shared.providers.azure.config import AzureConfig
+from shared.models import MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.errors import (
     AuthError,
     CapacityError,
     PermanentError,
-    ProviderError,
     QuotaError,
-    ThrottledError,
 )
 from tests.providers.azure.conftest import (
-    GALLERY_IMAGE,
-    GALLERY_VERSION_ID,
+    DISK_ID,
+    NIC_ID,
+    REF,
     SUBNET_ID,
     TRAIN_RG,
-    VNET_ID,
+    VM_ID,
     config_body,
     make_compute,
+    spec,
+    writes,
 )
 from tests.providers.azure.fake_arm import SUB, FakeArm
-
-REF = RunRef(deployment="test", org="org1", run_id="run-abc")
-VM_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/virtualMachines/{REF.name}"
-DISK_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/disks/{REF.name}-osdisk"
-NIC_ID = f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Network/networkInterfaces/{REF.name}-nic"
-
-
-def offer(size: str = "Standard_NC24ads_A100_v4") -> GpuOffer:
-    return GpuOffer(provider="azure", offer_id=f"azure:eastus:{size}", gpu="A100", gpu_memory_gb=80,
-                    machine_type=size, region="eastus", compute_per_hour=3.6, disk_per_hour=0.03, total_per_hour=3.63)
-
-
-def spec(ref: RunRef = REF, size: str = "Standard_NC24ads_A100_v4") -> LaunchSpec:
-    boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:1",
-                     env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-secret-123456"},
-                     secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
-    return LaunchSpec(ref=ref, offer=offer(size), bootstrap=boot)
-
-
-def writes(fake: FakeArm) -> list[tuple[str, str]]:
-    return [(m, p) for m, p, _, _ in fake.requests if m in ("PUT", "PATCH", "DELETE", "POST")
-            and "/oauth2/" not in p]
-
-
-# ---------------------------------------------------------------- validate
-
-
-def checks(compute: Any) -> dict[str, Any]:
-    return {c.name: c for c in compute.validate()}
-
-
-def test_validate_all_good_and_starts_nothing(fake: FakeArm, compute: Any) -> None:
-    result = checks(compute)
-    assert [result[n].status for n in ("authentication", "image", "subnet", "gpu_sizes", "prices")] == \
-        [CheckStatus.ok] * 5
-    assert "Standard_NV36adms_A10_v5: NotAvailableForSubscription" in result["gpu_sizes"].message
-    assert "NV12ads" not in result["gpu_sizes"].message and "T4" not in result["gpu_sizes"].message
-    # H100 family quota is 0: a warning, and it says quota does not reserve capacity
-    assert result["quota"].status == CheckStatus.warn
-    assert "standardNCadsH100v5Family" in result["quota"].message
-    assert "does not reserve" in result["quota"].message
-    assert writes(fake) == []
-
-
-def test_validate_wrong_secret_fails_authentication_with_hint(fake: FakeArm) -> None:
-    fake.client_secret = "another-value~0123456789"
-    result = make_compute(fake).validate()
-    assert [c.name for c in result] == ["authentication"]
-    assert result[0].status == CheckStatus.fail and "Value (not its Secret ID)" in result[0].message
-
-
-def test_validate_missing_role_assignment(fake: FakeArm) -> None:
-    fake.fail("GET", r"/resourcegroups/tensorant-training/providers/microsoft.compute/virtualmachines$", 403,
-              "AuthorizationFailed", message="does not have authorization")
-    auth = make_compute(fake).validate()[0]
-    assert auth.status == CheckStatus.fail and "Tensorant Training Resources" in auth.message
-
-
-def test_validate_image_problems(fake: FakeArm) -> None:
-    image = fake.get(config_body()["image_id"])
-    assert image is not None
-    image["properties"]["hyperVGeneration"] = "V1"
-    image["properties"]["storageProfile"]["osDisk"]["osType"] = "Windows"
-    msg = checks(make_compute(fake))["image"].message
-    assert "Gen2" in msg and "not Linux" in msg
-
-
-def test_validate_gallery_version_not_replicated_and_arm(fake: FakeArm) -> None:
-    version, definition = fake.get(GALLERY_VERSION_ID), fake.get(GALLERY_IMAGE)
-    assert version and definition
-    version["properties"]["publishingProfile"]["targetRegions"] = [{"name": "West US 2"}]
-    definition["properties"]["architecture"] = "Arm64"
-    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
-    image = checks(make_compute(fake, config=cfg))["image"]
-    assert image.status == CheckStatus.fail
-    assert "not replicated to eastus" in image.message and "x64" in image.message
-
-
-def test_validate_gallery_version_ok(fake: FakeArm) -> None:
-    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
-    assert checks(make_compute(fake, config=cfg))["image"].status == CheckStatus.ok
-
-
-def test_validate_os_disk_smaller_than_image(fake: FakeArm) -> None:
-    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID, os_disk_gb=32))
-    image = checks(make_compute(fake, config=cfg))["image"]
-    assert image.status == CheckStatus.fail and "at least 64" in image.message
-
-
-def test_validate_subnet_in_other_region_and_missing(fake: FakeArm) -> None:
-    vnet = fake.get(VNET_ID)
-    assert vnet
-    vnet["location"] = "westeurope"
-    sub = checks(make_compute(fake))["subnet"]
-    assert sub.status == CheckStatus.fail and "westeurope" in sub.message
-    fake.resources.pop(SUBNET_ID.lower())
-    assert "not found" in checks(make_compute(fake))["subnet"].message
-
-
-def test_validate_subnet_without_nat_is_a_warning(fake: FakeArm) -> None:
-    subnet = fake.get(SUBNET_ID)
-    assert subnet
-    subnet["properties"].pop("natGateway")
-    assert checks(make_compute(fake))["subnet"].status == CheckStatus.warn
-
-
-def test_validate_no_supported_size_in_region(fake: FakeArm) -> None:
-    for sku in fake.skus:
-        sku["restrictions"] = [{"type": "Zone", "values": ["eastus"], "reasonCode": "NotAvailableForSubscription",
-                                "restrictionInfo": {"zones": ["1", "2", "3"]}}]
-    result = checks(make_compute(fake))
-    assert result["gpu_sizes"].status == CheckStatus.fail and "every zone" in result["gpu_sizes"].message
-
-
-def test_validate_unregistered_resource_provider(fake: FakeArm) -> None:
-    fake.fail("GET", r"/providers/microsoft.compute/skus$", 409, "MissingSubscriptionRegistration",
-              message="The subscription is not registered to use namespace 'Microsoft.Compute'.")
-    sizes = checks(make_compute(fake))["gpu_sizes"]
-    assert sizes.status == CheckStatus.fail and "Resource providers" in sizes.message
-
-
-# ---------------------------------------------------------------- offers
-
-
-def test_offers_supported_sizes_with_linux_on_demand_and_disk_price(fake: FakeArm, compute: Any) -> None:
-    offers = {o.machine_type: o for o in compute.offers()}
-    # fractional A10, multi-GPU A100, T4 and a size not available to the subscription are left out
-    assert set(offers) == {"Standard_NV36ads_A10_v5", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5"}
-    a100 = offers["Standard_NC24ads_A100_v4"]
-    assert a100.compute_per_hour == 3.673  # not Spot (0.73), Low Priority (0.9), Windows (4.5) or reserved
-    assert a100.disk_per_hour == round(19.71 / 730, 4)  # P10 covers 128 GiB
-    assert a100.total_per_hour == round(3.673 + 19.71 / 730, 4)
-    assert a100.gpu_memory_gb == 80 and a100.region == "eastus"
-    assert "network" in a100.note and "taxes" in a100.note and "discounts" in a100.note
-    # the VM price query was filtered and followed NextPageLink (page size 3 < matching items)
-    vm_queries = [q for q in fake.price_queries if "Virtual Machines" in q]
-    assert len(vm_queries) >= 2 and all("armRegionName eq 'eastus'" in q for q in vm_queries)
-    assert any("skuName eq 'P10 LRS'" in q for q in fake.price_queries)
-
-
-def test_offers_need_a_price(fake: FakeArm, compute: Any) -> None:
-    fake.price_items = [p for p in fake.price_items if p["armSkuName"] != "Standard_NC40ads_H100_v5"]
-    assert "Standard_NC40ads_H100_v5" not in {o.machine_type for o in compute.offers()}
-
-
-def test_offers_raise_when_prices_cannot_load(fake: FakeArm) -> None:
-    compute = make_compute(fake, prices_url="https://127.0.0.1:1/api/retail/prices")
-    with pytest.raises(ProviderError):
-        compute.offers()
-    fake.price_items = [p for p in fake.price_items if p["serviceName"] != "Storage"]
-    with pytest.raises(ProviderError, match="P10"):
-        make_compute(fake).offers()
-
-
-def test_bigger_disk_uses_bigger_tier(fake: FakeArm) -> None:
-    cfg = AzureConfig(**config_body(os_disk_gb=200))
-    offers = make_compute(fake, config=cfg).offers()
-    assert offers and all(o.disk_per_hour == round(38.01 / 730, 4) for o in offers)
-
 
 # ---------------------------------------------------------------- launch
 
@@ -271,20 +112,6 @@ def test_create_refusals_translate_and_leave_no_nic(fake: FakeArm) -> None:
         if exc is not AuthError:  # without permission, cleanup cannot run either; release/sweeper retry
             assert fake.get(NIC_ID) is None, code
     assert fake.get(VM_ID) is None
-
-
-def test_throttling_honours_retry_after(fake: FakeArm) -> None:
-    slept: list[float] = []
-    fake.fail("GET", r"/virtualmachines/tensorant-test-run-abc$", 429, "TooManyRequests", times=2,
-              headers={"Retry-After": "3"})
-    compute = make_compute(fake, sleep=slept.append)
-    assert compute.describe(REF, []).state == MachineState.gone
-    assert slept == [3.0, 3.0]
-    fake.fail("GET", r"/virtualmachines/tensorant-test-run-abc$", 429, "TooManyRequests", times=5,
-              headers={"Retry-After": "120"})
-    with pytest.raises(ThrottledError) as info:
-        compute.describe(REF, [])
-    assert info.value.retry_after_s == 120.0
 
 
 def test_unsupported_size_refused_before_any_call(fake: FakeArm, compute: Any) -> None:
@@ -428,20 +255,6 @@ def test_list_managed_pages_and_filters_by_deployment(fake: FakeArm, compute: An
     assert any(r.created_at is not None for r in found if r.kind == "vm")
     lists = [q for m, p, q, _ in fake.requests if m == "GET" and p.lower().endswith("/virtualmachines")]
     assert any("skiptoken" in q for q in lists)  # followed nextLink (page size 2)
-
-
-def test_sdk_does_not_sleep_out_long_retry_after(fake: FakeArm) -> None:
-    """With production retry settings the SDK must not wait out a long Retry-After itself."""
-    import time
-
-    fake.fail("GET", r"/virtualmachines/tensorant-test-run-abc$", 429, "TooManyRequests", times=5,
-              headers={"Retry-After": "120"})
-    compute = make_compute(fake, retry_total=3)
-    started = time.monotonic()
-    with pytest.raises(ThrottledError):
-        compute.describe(REF, [])
-    assert time.monotonic() - started < 10
-    assert sum(1 for m, p, _, _ in fake.requests if m == "GET" and p.endswith("/tensorant-test-run-abc")) == 1
 
 
 def test_slow_create_returns_resources_and_describe_tags_the_disk(fake: FakeArm) -> None:

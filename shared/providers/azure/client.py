@@ -1,0 +1,219 @@
+"""The one door to the Azure SDK: credential and azure-mgmt clients, built lazily, with bounded waits.
+
+Nothing else in shared.providers.azure imports azure.* (errors.translate imports
+azure.core's exception types, lazily, to classify). Every call goes through AzureClient:
+- timeouts: connection 20 s, read AzureEndpoints.read_timeout_s, long-running operations
+  waited on at most AzureEndpoints.lro_wait_s (the caller reports "not yet" after that);
+- 429: the SDK's own status retries are off (it would sleep out any Retry-After); `call`
+  retries short ones inline (MAX_THROTTLE_RETRIES, Retry-After <= MAX_INLINE_RETRY_AFTER_S)
+  and turns long ones into ThrottledError(retry_after_s) so the step waits with a delayed message;
+- errors leave as shared.providers.errors through errors.translate.
+Helpers for the plain-dict ARM bodies (dig, as_dict, region_code, same_id) live here too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shared.log import register_secret
+from shared.providers.azure.config import AzureConfig
+from shared.providers.azure.errors import retry_after, status_code, translate
+from shared.providers.azure.pricing import RETAIL_PRICES_URL, RetailPrices
+
+ARM_SCOPE = "https://management.azure.com/.default"
+MAX_THROTTLE_RETRIES = 2
+MAX_INLINE_RETRY_AFTER_S = 10.0
+
+
+@dataclass(frozen=True)
+class AzureEndpoints:
+    """Where the clients talk to and how long they wait. Defaults = public Azure.
+
+    Tests point everything at a fake ARM server on loopback: arm_url/authority/prices_url
+    at https://127.0.0.1:PORT, verify = the self-signed certificate's path, retry_total=0,
+    polling_interval=0 and a short lro_wait_s. Production never sets any of these: they
+    reach AzureCompute only as its keyword-only `endpoints` argument.
+    """
+
+    arm_url: str | None = None
+    authority: str | None = None  # None = login.microsoftonline.com (public cloud only)
+    prices_url: str = RETAIL_PRICES_URL
+    verify: bool | str = True
+    retry_total: int | None = 3  # connection errors; HTTP status retries are ours (see AzureClient.call)
+    polling_interval: float | None = None
+    read_timeout_s: float = 60.0  # no call may hang a step
+    lro_wait_s: float = 90.0
+    credential: Any = None  # a TokenCredential to use instead of ClientSecretCredential
+    sleep: Callable[[float], None] = time.sleep
+
+
+# ------------------------------------------------------------ ARM body helpers
+
+
+def dig(d: Any, *path: str, default: Any = None) -> Any:
+    """d[path[0]][path[1]]..., or default where a level is missing or not a dict."""
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return default
+        d = d[key]
+    return d
+
+
+def same_id(a: str | None, b: str | None) -> bool:
+    """ARM IDs compare case-insensitively, ignoring a trailing slash; empty never matches."""
+    return bool(a) and bool(b) and str(a).rstrip("/").lower() == str(b).rstrip("/").lower()
+
+
+def region_code(name: str) -> str:
+    """'East US' or 'eastus' -> 'eastus' (ARM answers either form depending on the API)."""
+    return name.lower().replace(" ", "")
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """An SDK model (or None, or a dict already) as the ARM JSON-shaped dict."""
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return obj
+    out: dict[str, Any] = obj.as_dict()
+    return out
+
+
+# ------------------------------------------------------------ the client
+
+
+class AzureClient:
+    """One connection's SDK clients and the call discipline around them."""
+
+    def __init__(self, config: AzureConfig, endpoints: AzureEndpoints) -> None:
+        self.config = config
+        self.endpoints = endpoints
+        register_secret(config.client_secret.get_secret_value())
+        self._cred: Any = None
+        self._compute_clients: dict[str, Any] = {}
+        self._network: Any = None
+
+    def credential(self) -> Any:
+        if self._cred is None:
+            if self.endpoints.credential is not None:
+                self._cred = self.endpoints.credential
+            else:
+                from azure.identity import ClientSecretCredential
+
+                kw: dict[str, Any] = {}
+                if self.endpoints.authority:
+                    kw.update(authority=self.endpoints.authority, disable_instance_discovery=True)
+                if self.endpoints.verify is not True:
+                    kw["connection_verify"] = self.endpoints.verify
+                if self.endpoints.retry_total is not None:
+                    kw["retry_total"] = self.endpoints.retry_total
+                self._cred = ClientSecretCredential(
+                    self.config.tenant_id, self.config.client_id, self.config.client_secret.get_secret_value(), **kw)
+        return self._cred
+
+    def sign_in_error(self) -> str | None:
+        """Ask Microsoft Entra ID for an ARM token: None when it is granted, else the refusal's text
+        (it carries the AADSTS code that says what is wrong). Other failures propagate."""
+        from azure.core.exceptions import ClientAuthenticationError
+
+        try:
+            self.credential().get_token(ARM_SCOPE)
+        except ClientAuthenticationError as e:
+            return str(e)
+        return None
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        # retry_status=0: the SDK would sleep out every Retry-After of a 429 (unbounded); call() retries
+        # short ones and turns long ones into ThrottledError so the step waits with a delayed message.
+        kw: dict[str, Any] = {"retry_status": 0, "connection_timeout": 20, "read_timeout": self.endpoints.read_timeout_s}
+        if self.endpoints.arm_url:
+            kw["base_url"] = self.endpoints.arm_url
+            kw["credential_scopes"] = [ARM_SCOPE]
+        if self.endpoints.verify is not True:
+            kw["connection_verify"] = self.endpoints.verify
+        if self.endpoints.retry_total is not None:
+            kw["retry_total"] = self.endpoints.retry_total
+        if self.endpoints.polling_interval is not None:
+            kw["polling_interval"] = self.endpoints.polling_interval
+        return kw
+
+    def compute(self, subscription_id: str | None = None) -> Any:
+        """ComputeManagementClient for the connection's subscription (or another one: a gallery's)."""
+        sub = (subscription_id or self.config.subscription_id).lower()
+        if sub not in self._compute_clients:
+            from azure.mgmt.compute import ComputeManagementClient
+
+            self._compute_clients[sub] = ComputeManagementClient(self.credential(), sub, **self._client_kwargs())
+        return self._compute_clients[sub]
+
+    def network(self) -> Any:
+        if self._network is None:
+            from azure.mgmt.network import NetworkManagementClient
+
+            self._network = NetworkManagementClient(self.credential(), self.config.subscription_id,
+                                                    **self._client_kwargs())
+        return self._network
+
+    def prices(self) -> RetailPrices:
+        """The Retail Prices API client at this connection's endpoint (public, no credentials)."""
+        return RetailPrices(self.endpoints.prices_url, verify=self.endpoints.verify)
+
+    # ------------------------------------------------------------ calls
+
+    def call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One Azure call: short 429s retried inline (bounded), everything else translated."""
+        from azure.core.exceptions import AzureError
+
+        for attempt in range(MAX_THROTTLE_RETRIES + 1):
+            try:
+                return fn(*args, **kwargs)
+            except AzureError as e:
+                wait = retry_after(e, default=1.0)
+                if status_code(e) == 429 and attempt < MAX_THROTTLE_RETRIES and wait <= MAX_INLINE_RETRY_AFTER_S:
+                    self.endpoints.sleep(wait)
+                    continue
+                raise translate(e, doing) from None
+        raise AssertionError("unreachable")
+
+    def get(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """A GET where 404 means "not there" (None); otherwise as call()."""
+        from azure.core.exceptions import AzureError
+
+        def get() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except AzureError as e:
+                if status_code(e) == 404:
+                    return None
+                raise
+
+        found = self.call(doing, get)
+        return as_dict(found) if found is not None else None
+
+    def call_once(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any | None:
+        """One request without inline retries, for callers that answer "not yet" themselves
+        (release turns a refusal into Outcome(done=False)). 404 = None; other errors translated."""
+        from azure.core.exceptions import AzureError
+
+        try:
+            return fn(*args, **kwargs)
+        except AzureError as e:
+            if status_code(e) == 404:
+                return None
+            raise translate(e, doing) from None
+
+    def wait(self, doing: str, poller: Any) -> bool:
+        """Wait for a long-running operation at most lro_wait_s. True = finished (raises if it failed)."""
+        from azure.core.exceptions import AzureError
+
+        try:
+            poller.wait(timeout=self.endpoints.lro_wait_s)  # re-raises the operation's failure
+            if not poller.done():
+                return False
+            poller.result()
+        except AzureError as e:
+            raise translate(e, doing) from None
+        return True

@@ -1,0 +1,112 @@
+"""The connection checks (checks.py) through AzureCompute.validate, against the fake ARM server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.models import CheckStatus
+from shared.providers.azure.config import AzureConfig
+from tests.providers.azure.conftest import (
+    GALLERY_IMAGE,
+    GALLERY_VERSION_ID,
+    SUBNET_ID,
+    VNET_ID,
+    config_body,
+    make_compute,
+    writes,
+)
+from tests.providers.azure.fake_arm import FakeArm
+
+
+def checks(compute: Any) -> dict[str, Any]:
+    return {c.name: c for c in compute.validate()}
+
+
+def test_validate_all_good_and_starts_nothing(fake: FakeArm, compute: Any) -> None:
+    result = checks(compute)
+    assert [result[n].status for n in ("authentication", "image", "subnet", "gpu_sizes", "prices")] == \
+        [CheckStatus.ok] * 5
+    assert "Standard_NV36adms_A10_v5: NotAvailableForSubscription" in result["gpu_sizes"].message
+    assert "NV12ads" not in result["gpu_sizes"].message and "T4" not in result["gpu_sizes"].message
+    # H100 family quota is 0: a warning, and it says quota does not reserve capacity
+    assert result["quota"].status == CheckStatus.warn
+    assert "standardNCadsH100v5Family" in result["quota"].message
+    assert "does not reserve" in result["quota"].message
+    assert writes(fake) == []
+
+
+def test_validate_wrong_secret_fails_authentication_with_hint(fake: FakeArm) -> None:
+    fake.client_secret = "another-value~0123456789"
+    result = make_compute(fake).validate()
+    assert [c.name for c in result] == ["authentication"]
+    assert result[0].status == CheckStatus.fail and "Value (not its Secret ID)" in result[0].message
+
+
+def test_validate_missing_role_assignment(fake: FakeArm) -> None:
+    fake.fail("GET", r"/resourcegroups/tensorant-training/providers/microsoft.compute/virtualmachines$", 403,
+              "AuthorizationFailed", message="does not have authorization")
+    auth = make_compute(fake).validate()[0]
+    assert auth.status == CheckStatus.fail and "Tensorant Training Resources" in auth.message
+
+
+def test_validate_image_problems(fake: FakeArm) -> None:
+    image = fake.get(config_body()["image_id"])
+    assert image is not None
+    image["properties"]["hyperVGeneration"] = "V1"
+    image["properties"]["storageProfile"]["osDisk"]["osType"] = "Windows"
+    msg = checks(make_compute(fake))["image"].message
+    assert "Gen2" in msg and "not Linux" in msg
+
+
+def test_validate_gallery_version_not_replicated_and_arm(fake: FakeArm) -> None:
+    version, definition = fake.get(GALLERY_VERSION_ID), fake.get(GALLERY_IMAGE)
+    assert version and definition
+    version["properties"]["publishingProfile"]["targetRegions"] = [{"name": "West US 2"}]
+    definition["properties"]["architecture"] = "Arm64"
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.fail
+    assert "not replicated to eastus" in image.message and "x64" in image.message
+
+
+def test_validate_gallery_version_ok(fake: FakeArm) -> None:
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
+    assert checks(make_compute(fake, config=cfg))["image"].status == CheckStatus.ok
+
+
+def test_validate_os_disk_smaller_than_image(fake: FakeArm) -> None:
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID, os_disk_gb=32))
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.fail and "at least 64" in image.message
+
+
+def test_validate_subnet_in_other_region_and_missing(fake: FakeArm) -> None:
+    vnet = fake.get(VNET_ID)
+    assert vnet
+    vnet["location"] = "westeurope"
+    sub = checks(make_compute(fake))["subnet"]
+    assert sub.status == CheckStatus.fail and "westeurope" in sub.message
+    fake.resources.pop(SUBNET_ID.lower())
+    assert "not found" in checks(make_compute(fake))["subnet"].message
+
+
+def test_validate_subnet_without_nat_is_a_warning(fake: FakeArm) -> None:
+    subnet = fake.get(SUBNET_ID)
+    assert subnet
+    subnet["properties"].pop("natGateway")
+    assert checks(make_compute(fake))["subnet"].status == CheckStatus.warn
+
+
+def test_validate_no_supported_size_in_region(fake: FakeArm) -> None:
+    for sku in fake.skus:
+        sku["restrictions"] = [{"type": "Zone", "values": ["eastus"], "reasonCode": "NotAvailableForSubscription",
+                                "restrictionInfo": {"zones": ["1", "2", "3"]}}]
+    result = checks(make_compute(fake))
+    assert result["gpu_sizes"].status == CheckStatus.fail and "every zone" in result["gpu_sizes"].message
+
+
+def test_validate_unregistered_resource_provider(fake: FakeArm) -> None:
+    fake.fail("GET", r"/providers/microsoft.compute/skus$", 409, "MissingSubscriptionRegistration",
+              message="The subscription is not registered to use namespace 'Microsoft.Compute'.")
+    sizes = checks(make_compute(fake))["gpu_sizes"]
+    assert sizes.status == CheckStatus.fail and "Resource providers" in sizes.message
