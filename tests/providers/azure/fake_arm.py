@@ -193,6 +193,12 @@ class FakeArm:
              headers: dict[str, str] | None = None) -> None:
         self.faults.append(Fault(method, pattern, status, code, message, times, headers or {}))
 
+    def finish_ops(self) -> None:
+        """Stop holding long-running operations and let every one of them complete now."""
+        self.hold_ops = False
+        for op_id in list(self.ops):
+            self._poll(op_id)
+
     def of_type(self, provider_type: str) -> list[dict[str, Any]]:
         marker = f"/providers/{provider_type.lower()}/"
         return [r for k, r in self.resources.items() if marker in k and k.count("/") == 8]

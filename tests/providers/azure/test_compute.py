@@ -78,9 +78,7 @@ def test_failed_vm_found_by_a_retried_launch_is_cleaned_up(fake: FakeArm) -> Non
     compute = make_compute(fake, lro_wait_s=0.05)
     resources = compute.launch(spec())  # Azure has not answered yet: resources are recorded, not failed
     assert [r.kind for r in resources] == ["vm", "disk", "nic"]
-    fake.hold_ops = False
-    for op in fake.ops.values():  # let Azure finish: the allocation fails, leaving the VM resource
-        fake._poll(next(k for k, v in fake.ops.items() if v is op))
+    fake.finish_ops()  # let Azure finish: the allocation fails, leaving the VM resource
     assert fake.get(VM_ID)["properties"]["provisioningState"] == "Failed"  # type: ignore[index]
     assert compute.describe(REF, resources).state == MachineState.unknown
     with pytest.raises(CapacityError):
@@ -148,9 +146,7 @@ def test_retain_not_done_until_azure_confirms(fake: FakeArm) -> None:
     again = compute.retain(REF, [])  # still deallocating: no second deallocate request
     assert not again.done
     assert sum(1 for _, p in writes(fake) if p.lower().endswith("/deallocate")) == 1
-    fake.hold_ops = False
-    for op_id in list(fake.ops):
-        fake._poll(op_id)
+    fake.finish_ops()
     assert compute.retain(REF, []).done
 
 
@@ -185,9 +181,7 @@ def test_release_not_done_while_vm_delete_runs(fake: FakeArm) -> None:
     fake.hold_ops = True
     out = make_compute(fake, lro_wait_s=0.05).release(REF, [])
     assert not out.done and fake.get(VM_ID) is not None
-    fake.hold_ops = False
-    for op_id in list(fake.ops):
-        fake._poll(op_id)
+    fake.finish_ops()
     assert make_compute(fake).release(REF, []).done
 
 
@@ -262,9 +256,7 @@ def test_slow_create_returns_resources_and_describe_tags_the_disk(fake: FakeArm)
     compute = make_compute(fake, lro_wait_s=0.05)
     assert [r.kind for r in compute.launch(spec())] == ["vm", "disk", "nic"]  # bounded wait, no failure
     assert compute.describe(REF, []).state == MachineState.pending
-    fake.hold_ops = False
-    for op_id in list(fake.ops):
-        fake._poll(op_id)
+    fake.finish_ops()
     assert fake.get(DISK_ID)["tags"] == {}  # type: ignore[index]  # Azure made the disk without tags
     assert compute.describe(REF, []).state == MachineState.running
     assert fake.get(DISK_ID)["tags"] == REF.tags  # type: ignore[index]

@@ -108,6 +108,7 @@ def exercise(fake: FakeArm, compute: Any) -> None:
     fake.keep_nic_on_vm_delete = True
     # as if Azure had not applied the disk's delete option either: release deletes the disk itself
     vm = fake.get(f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/virtualMachines/{ref.name}")
+    assert vm
     vm["properties"]["storageProfile"]["osDisk"]["deleteOption"] = "Detach"
     assert compute.release(ref, []).done
     fake.allocation_failure = "AllocationFailed"
