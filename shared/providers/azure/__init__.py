@@ -1,1 +1,2 @@
-"""Azure compute provider: config (no SDK import), SKU table, retail prices, and the adapter (lazy SDK imports)."""
+"""Azure compute provider, one module per role: config (what a user saves, no SDK), client (the one
+door to the SDK), errors, catalog, pricing, checks, compute (lifecycle)."""
