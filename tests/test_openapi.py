@@ -133,3 +133,16 @@ def test_a_body_the_builder_does_not_know_is_refused() -> None:
 
     with pytest.raises(ValueError, match="not a pydantic model"):
         _content("provider confg", _Doc())
+
+
+def test_docs_describe_the_app_they_are_given_without_importing_function_app() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, azure.functions as func; from functions import docs, projects; "
+            "from shared.openapi import build; app = func.FunctionApp(); app.register_functions(projects.bp); "
+            "docs.attach(app); paths = build(app)['paths']; "
+            "assert '/api/projects' in paths and '/api/docs' in paths and '/api/runs' not in paths, paths; "
+            "assert 'function_app' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
