@@ -21,6 +21,8 @@ from functions import (
 )
 
 app = func.FunctionApp()
-for module in (connections, catalog, projects, runs, agent, admin, docs, validate_connection, refresh_catalog,
+for module in (connections, catalog, projects, runs, agent, admin, validate_connection, refresh_catalog,
                launch, verify_adapter, retain, release, heartbeat_check, sweeper):
     app.register_functions(module.bp)
+# The API reference describes this app's own functions: it is given the app, it does not import it.
+docs.attach(app)

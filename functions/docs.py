@@ -1,23 +1,84 @@
+"""The API reference: /api/openapi.json, the /api/docs page and its vendored renderer files.
+
+`attach(app)` registers these routes on the app it is given, and the OpenAPI document is built
+from that app's registered functions, so this module needs no import of function_app.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
 import azure.functions as func
 
 from shared import http
 
-bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS
+ASSETS = Path(__file__).parent / "docs_assets"
+# The only files /api/docs/assets/<name> serves (no path from the request reaches the disk).
+ASSET_FILES: dict[str, tuple[str, str]] = {
+    "swagger-ui-bundle.js": ("swagger-ui/swagger-ui-bundle.js", "text/javascript"),
+    "swagger-ui.css": ("swagger-ui/swagger-ui.css", "text/css"),
+    "tensorant-docs.js": ("tensorant-docs.js", "text/javascript"),
+    "LICENSE": ("swagger-ui/LICENSE", "text/plain"),
+}
+ASSET_CACHE = "public, max-age=3600"
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Tensorant control plane API</title><link rel="icon" href="data:,">
+<link rel="stylesheet" href="/api/docs/assets/swagger-ui.css">
+<style>body{margin:0}.intro{font:14px system-ui,sans-serif;max-width:1460px;margin:0 auto;padding:12px 20px 0}
+.intro code{background:#f4f4f4;padding:1px 4px}</style></head>
+<body><div class="intro"><p>Tensorant control plane API, rendered locally from
+<a href="/api/openapi.json">/api/openapi.json</a>. Send <code>Authorization: Bearer &lt;token&gt;</code>
+(mint one with <code>tensorant dev-token</code>); errors are <code>application/problem+json</code>
+naming the field to fix.</p></div>
+<div id="swagger-ui"><noscript>This page needs JavaScript; the raw document is at /api/openapi.json.</noscript></div>
+<script src="/api/docs/assets/swagger-ui-bundle.js"></script>
+<script src="/api/docs/assets/tensorant-docs.js"></script>
+</body></html>
+"""
 
 
-@bp.route(route="openapi.json", methods=["GET"], auth_level=ANON)
-@http.api(summary="This API's OpenAPI document")
-def openapi(req: func.HttpRequest) -> func.HttpResponse:
-    from function_app import app
-    from shared.openapi import build
-
-    return http.respond(lambda: build(app))
+def _public(fn: Any) -> Any:
+    """Mark a documented handler as needing no token (read by shared.openapi)."""
+    fn.__api__ = {**fn.__api__, "auth": None}
+    return fn
 
 
-@bp.route(route="docs", methods=["GET"], auth_level=ANON)
-@http.api(summary="API documentation page (served locally, no CDN)")
-def docs(req: func.HttpRequest) -> func.HttpResponse:
-    from shared.openapi import DOCS_PAGE
+@functools.cache
+def _asset(name: str) -> bytes:
+    return (ASSETS / ASSET_FILES[name][0]).read_bytes()
 
-    return func.HttpResponse(DOCS_PAGE, mimetype="text/html")
+
+def attach(app: func.FunctionApp) -> None:
+    """Register the docs routes on `app`; the OpenAPI document describes `app`'s functions."""
+    bp = func.Blueprint()
+
+    @bp.route(route="openapi.json", methods=["GET"], auth_level=ANON)
+    @_public
+    @http.api(summary="This API's OpenAPI document", response="application/json")
+    def openapi(req: func.HttpRequest) -> func.HttpResponse:
+        from shared.openapi import build
+
+        return http.respond(lambda: build(app))
+
+    @bp.route(route="docs", methods=["GET"], auth_level=ANON)
+    @_public
+    @http.api(summary="API reference page (Swagger UI, served by this app: no CDN)", response="text/html")
+    def docs(req: func.HttpRequest) -> func.HttpResponse:
+        return func.HttpResponse(PAGE, mimetype="text/html", charset="utf-8")
+
+    @bp.route(route="docs/assets/{name}", methods=["GET"], auth_level=ANON)
+    @_public
+    @http.api(summary="A file of the docs page's vendored renderer", response="text/plain")
+    def docs_asset(req: func.HttpRequest) -> func.HttpResponse:
+        name = req.route_params.get("name", "")
+        if name not in ASSET_FILES:
+            return http.problem(404, "Not found", f"no docs asset {name!r}; the page uses {', '.join(ASSET_FILES)}")
+        return func.HttpResponse(_asset(name), mimetype=ASSET_FILES[name][1],
+                                 headers={"Cache-Control": ASSET_CACHE})
+
+    app.register_functions(bp)

@@ -51,7 +51,7 @@ def cancel_run(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="runs/{id}/recover", methods=["POST"], auth_level=ANON)
 @http.api(summary="Recover a retained run: upload adapter.zip (application/zip) or verify the saved one",
-          request=RunRecover, response=RunView, status=202)
+          request=(RunRecover, "application/zip"), response=RunView, status=202)
 def recover_run(req: func.HttpRequest) -> func.HttpResponse:
     is_zip = (req.headers.get("Content-Type") or "").startswith(("application/zip", "application/octet-stream"))
     return http.respond(lambda: runs.recover(

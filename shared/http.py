@@ -19,9 +19,15 @@ M = TypeVar("M", bound=BaseModel)
 PROBLEM = "application/problem+json"
 
 
-def api(*, summary: str, request: type[BaseModel] | str | None = None,
-        response: type[BaseModel] | str | None = None, status: int = 200) -> Callable[[Any], Any]:
-    """Describe a handler for /api/openapi.json (read back from the registered functions)."""
+Body = type[BaseModel] | str  # a model, or a media type / named body (see shared.openapi)
+
+
+def api(*, summary: str, request: Body | tuple[Body, ...] | None = None,
+        response: Body | None = None, status: int = 200) -> Callable[[Any], Any]:
+    """Describe a handler for /api/openapi.json (read back from the registered functions).
+
+    A tuple `request` lists every body the handler accepts, e.g. (RunRecover, "application/zip").
+    """
 
     def mark(fn: Any) -> Any:
         fn.__api__ = {"summary": summary, "request": request, "response": response, "status": status}
