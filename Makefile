@@ -21,10 +21,12 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Re-install when pyproject.toml changes; output goes to a log shown only on failure.
-$(STAMP): pyproject.toml | $(PY)
+# Re-install when a pyproject.toml changes; output goes to a log shown only on failure.
+# The app, and the two tools beside it (tools/: never deployed): the CLI and the dev host.
+$(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml | $(PY)
 	@echo "Installing Python dependencies into $(VENV)..."
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' >$(INSTALL_LOG) 2>&1 \
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e tools/cli -e tools/devhost \
+		>$(INSTALL_LOG) 2>&1 \
 		|| { cat $(INSTALL_LOG); exit 1; }
 	@touch $@
 
@@ -36,7 +38,7 @@ $(AZURITE):
 install: $(STAMP) $(AZURITE)
 
 run: install
-	$(PY) -m shared.devhost.run
+	$(PY) -m tensorant_devhost.run
 
 test: install
 	$(PY) -m pytest

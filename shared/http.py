@@ -1,6 +1,6 @@
 """HTTP plumbing shared by the blueprints: auth, body parsing, JSON and problem+json replies.
 
-Handlers stay thin: `respond(req, lambda: service_call(...))`.
+Handlers stay thin: `respond(lambda: service_call(principal(req), parse(req, Model)))`.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ def free_port() -> int:
 
 
 def azurite_bin() -> str:
-    from shared.devhost.run import _azurite_bin
+    from tensorant_devhost.run import azurite_bin
 
-    return _azurite_bin(ROOT)
+    return azurite_bin(ROOT)
 
 
 def connection_string(blob: int, queue: int, table: int) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from shared.models import Role
 from shared.queues import Queue, get_queues
 from shared.security import mint_agent_token, mint_user_token
 from shared.storage.base import adapter_key
+from tensorant_devhost.routes import RouteTemplate
 
 SMOKE_MODEL = "tensorant/smoke-tiny"
 
@@ -56,7 +56,8 @@ class Harness:
         self._queues = get_queues()
         self._send = self._queues.send
         self._queues.send = self._send_later  # type: ignore[method-assign]
-        self.routes: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = []
+        # Matched as the dev host matches them: the Functions route syntax, in ASP.NET precedence.
+        self.routes: list[tuple[str, RouteTemplate, Callable[..., Any]]] = []
         self.queue_fns: dict[str, Callable[..., Any]] = {}
         self.timer_fns: dict[str, Callable[..., Any]] = {}
         from shared.appindex import functions_of
@@ -65,13 +66,14 @@ class Harness:
             trig = fn.get_trigger().get_dict_repr()
             user = fn.get_user_function()
             if trig["type"] == "httpTrigger":
-                pattern = re.sub(r"{(\w+)(:\w+)?}", r"(?P<\1>[^/]+)", trig["route"])
+                template = RouteTemplate(trig["route"])
                 for m in trig["methods"]:
-                    self.routes.append((str(getattr(m, "value", m)), re.compile(f"^{pattern}$"), user))
+                    self.routes.append((str(getattr(m, "value", m)), template, user))
             elif trig["type"] == "queueTrigger":
                 self.queue_fns[trig["queueName"]] = user
             elif trig["type"] == "timerTrigger":
                 self.timer_fns[fn.get_function_name()] = user
+        self.routes.sort(key=lambda r: r[1].precedence)
         self.owner = mint_user_token("owner@a", org, Role.owner, ttl_s=90 * 86400)
         self.member = mint_user_token("member@a", org, Role.member, ttl_s=90 * 86400)
         self.admin = mint_user_token("admin@platform", org, Role.admin, ttl_s=90 * 86400)
@@ -94,18 +96,18 @@ class Harness:
              body: bytes | None = None, content_type: str = "application/json",
              params: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
         route = path.removeprefix("/api/").split("?")[0]
-        found = [(rx.match(route), fn) for m, rx, fn in self.routes if m == method and rx.match(route)]
+        found = [(params, fn) for m, template, fn in self.routes
+                 if m == method and (params := template.match(route)) is not None]
         if not found:
             raise AssertionError(f"no route for {method} {path}")
-        match, user = found[0]
-        assert match is not None
+        route_params, user = found[0]
         tok = {"owner": self.owner, "member": self.member, "admin": self.admin}.get(token or "", token)
         headers = {"Content-Type": content_type}
         if tok:
             headers["Authorization"] = f"Bearer {tok}"
         data = body if body is not None else (json.dumps(json_body).encode() if json_body is not None else b"")
         req = func.HttpRequest(method, f"http://localhost:7071/api/{route}", headers=headers, params=params or {},
-                               route_params=match.groupdict(), body=data)
+                               route_params=route_params, body=data)
         resp = user(req)
         raw = resp.get_body()
         parsed = json.loads(raw) if raw and (resp.mimetype or "").endswith("json") else raw

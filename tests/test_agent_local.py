@@ -8,7 +8,9 @@ started by LocalCompute, with the smoke trainer.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import os
 import secrets
@@ -26,7 +28,7 @@ from typing import Any
 import pytest
 
 from shared.adapters.verify import verify_adapter
-from shared.agent.main import with_retries
+from shared.agent.main import Agent, AgentConfig, BootstrapError, overlay_bootstrap, with_retries
 from shared.models import GpuOffer, MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.errors import PermanentError
@@ -434,7 +436,7 @@ def test_agent_process_with_presigned_urls_hides_secrets_and_exits_on_sigterm(
         # The trainer says whether it can see the run token or an upload URL (it must not).
         "TENSORANT_TRAINER_COMMAND": ('echo "token=${TENSORANT_RUN_TOKEN:-absent} '
                                       'url=${TENSORANT_ADAPTER_UPLOAD_URL:-absent}"'
-                                      f" && {sys.executable} -m shared.agent.smoke_trainer"),
+                                      f" && {sys.executable} -m shared.trainer.smoke"),
         "TENSORANT_SMOKE_STEPS": "2",
         "TENSORANT_SMOKE_STEP_SECONDS": "0.01",
     }
@@ -454,6 +456,111 @@ def test_agent_process_with_presigned_urls_hides_secrets_and_exits_on_sigterm(
         sent = json.dumps([body for _, _, body, _ in api.calls])
         for text in (output, sent, api.objects["/bucket/runs/run-url/logs.txt"].decode()):
             assert TOKEN not in text and signature not in text
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def _bootstrap(values: dict[str, Any]) -> str:
+    return base64.b64encode(json.dumps(values).encode()).decode()
+
+
+def test_bootstrap_is_decoded_and_laid_over_the_environment() -> None:
+    env = overlay_bootstrap({"PATH": "/bin", "TENSORANT_RUN_ID": "old",
+                             "TENSORANT_BOOTSTRAP": _bootstrap({"TENSORANT_RUN_ID": "r1", "X": "a\nb"}) + "\n"})
+    assert env == {"PATH": "/bin", "TENSORANT_RUN_ID": "r1", "X": "a\nb"}  # its values win; it is gone itself
+    assert overlay_bootstrap({"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("c2VjcmV0LXZhbHVl!", "not base64"),  # a character outside the alphabet
+    (base64.b64encode(b"\xff" + TOKEN.encode()).decode(), "not base64 of UTF-8"),
+    (base64.b64encode(b"token=" + TOKEN.encode()).decode(), "does not decode to JSON"),
+    (base64.b64encode(json.dumps([TOKEN]).encode()).decode(), "JSON object, not list"),
+    (base64.b64encode(json.dumps({"TENSORANT_RUN_TOKEN": TOKEN, "N": 1}).encode()).decode(), "N are not"),
+])
+def test_a_malformed_bootstrap_is_refused_without_echoing_it(raw: str, problem: str) -> None:
+    with pytest.raises(BootstrapError, match=problem) as caught:
+        overlay_bootstrap({"TENSORANT_BOOTSTRAP": raw})
+    assert TOKEN not in str(caught.value) and raw not in str(caught.value)
+
+
+def test_the_agent_process_exits_on_a_malformed_bootstrap(tmp_path: Path) -> None:
+    raw = base64.b64encode(("not json " + TOKEN).encode()).decode()
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "TENSORANT_BOOTSTRAP": raw, "TENSORANT_DATA_DIR": str(tmp_path / "data")}
+    result = subprocess.run([sys.executable, "-m", "shared.agent"], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 2
+    assert "TENSORANT_BOOTSTRAP does not decode to JSON" in result.stderr
+    assert TOKEN not in result.stdout + result.stderr and raw not in result.stdout + result.stderr
+    assert not (tmp_path / "data").exists()  # refused before doing anything
+
+
+def test_progress_is_read_from_the_line_start_with_other_fields_after_it(tmp_path: Path) -> None:
+    config = AgentConfig(run_id="r", api_url="http://127.0.0.1:9", token=TOKEN, base_model="m",
+                         data_dir=tmp_path, trainer_command="true")
+    agent = Agent(config, environ={})
+    try:
+        lines = [b"progress=0.25 step=3 loss=1.2000 lr=0.0002\n"]
+        agent._read_output(io.BytesIO(b"".join(lines)))
+        assert agent.progress == 0.25
+        # Not a progress line: the key is not at the start, or the value is not a number on its own.
+        agent._read_output(io.BytesIO(b"eval: progress=0.9\nprogress=0.9x step=4\nprogressive=1\n"))
+        assert agent.progress == 0.25
+        agent._read_output(io.BytesIO(b"progress=1e0\r\n"))
+        assert agent.progress == 1.0
+    finally:
+        agent.logs_file.close()
+
+
+def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    """The cloud machine's shape: one TENSORANT_BOOTSTRAP variable and nothing else of the run."""
+    hf_token = "hf_" + "Zq9" * 12
+    storage = tmp_path / "storage"
+    (storage / "datasets").mkdir(parents=True)
+    (storage / "datasets" / "d1.jsonl").write_text('{"text": "a"}\n')
+    training = json.dumps({"lora_r": 8, "kind": "trial"})
+    bootstrap = {
+        "TENSORANT_RUN_ID": "run-boot",
+        "TENSORANT_API_URL": api.url,
+        "TENSORANT_RUN_TOKEN": TOKEN,
+        "TENSORANT_BASE_MODEL": "tensorant/smoke-tiny",
+        "TENSORANT_BASE_MODEL_PATH": str(tmp_path / "models" / "smoke"),
+        "TENSORANT_TRAINING": training,
+        "HF_TOKEN": hf_token,
+        "TENSORANT_DATA_DIR": str(tmp_path / "data"),
+        "TENSORANT_STORAGE_DIR": str(storage),
+        "TENSORANT_DATASET_KEY": "datasets/d1.jsonl",
+        "TENSORANT_ADAPTER_KEY": "runs/run-boot/adapter.zip",
+        "TENSORANT_LOGS_KEY": "runs/run-boot/logs.txt",
+        "TENSORANT_TRAINER_COMMAND": (
+            'echo "hf=$HF_TOKEN training=$TENSORANT_TRAINING path=$TENSORANT_BASE_MODEL_PATH '
+            'boot=${TENSORANT_BOOTSTRAP:-absent} token=${TENSORANT_RUN_TOKEN:-absent}"'
+            ' && echo "progress=0.5 step=1 loss=1.5000 lr=0.0002"'
+            f" && {sys.executable} -m shared.trainer.smoke"),
+        "TENSORANT_SMOKE_STEPS": "2",
+        "TENSORANT_SMOKE_STEP_SECONDS": "0.01",
+    }
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           "TENSORANT_BOOTSTRAP": _bootstrap(bootstrap)}
+    agent = subprocess.Popen([sys.executable, "-m", "shared.agent"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    try:
+        done = api.wait_complete("run-boot")
+        assert done["status"] == "ok", done
+        lines = [line for body in api.of("run-boot", "heartbeat") for line in body["logs"]]
+        assert (f"hf=*** training={training} path={tmp_path / 'models' / 'smoke'} boot=absent token=absent"
+                in lines), lines
+        assert "progress=0.5 step=1 loss=1.5000 lr=0.0002" in lines
+        uploaded = (storage / "runs" / "run-boot" / "logs.txt").read_text()
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=10) == 0
+        output = agent.stdout.read().decode() if agent.stdout else ""
+        sent = json.dumps([body for _, _, body, _ in api.calls])
+        for text in (output, sent, uploaded):
+            assert hf_token not in text and TOKEN not in text, text
     finally:
         agent.kill()
         agent.wait()

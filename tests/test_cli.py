@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shared.cli.main import main, progress_bar
+from tensorant_cli.main import main, progress_bar
 
 
 class FakeApi:
@@ -207,8 +207,8 @@ def test_admin_poison_and_cancel(api: FakeApi, capsys: pytest.CaptureFixture[str
 def test_watch_refreshes_in_place_on_a_tty(api: FakeApi) -> None:
     import io
 
-    from shared.cli.client import Client
-    from shared.cli.main import watch
+    from tensorant_cli.client import Client
+    from tensorant_cli.main import watch
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

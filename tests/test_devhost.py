@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from shared.devhost import Host, HostConfig
-from shared.devhost.config import timespan_s
-from shared.devhost.host import next_fire
-from shared.devhost.routes import RouteTemplate
+from tensorant_devhost import Host, HostConfig
+from tensorant_devhost.config import timespan_s
+from tensorant_devhost.host import next_fire
+from tensorant_devhost.routes import RouteTemplate
 from tests.azurite import Azurite
 from tests.devhost_app import app as sample
 
@@ -273,7 +273,7 @@ def test_make_run_reuses_an_azurite_and_refuses_a_foreign_server(azurite: Azurit
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from shared.devhost import run
+    from tensorant_devhost import run
 
     blob, queue, table = azurite.ports
     monkeypatch.setattr(run, "AZURITE_PORTS", {"Blob": blob, "Queue": queue, "Table": table})
@@ -301,7 +301,7 @@ def test_make_run_reuses_an_azurite_and_refuses_a_foreign_server(azurite: Azurit
 
 
 def test_notify_skips_the_idle_backoff(root: Path) -> None:
-    from shared.devhost.host import notify
+    from tensorant_devhost.host import notify
 
     (root / "host.json").write_text(json.dumps({"version": "2.0", "extensions": {"queues": {
         "batchSize": 4, "maxPollingInterval": "00:00:10"}}}))

@@ -1,13 +1,21 @@
-"""Packaging facts: requirements.txt matches pyproject, and importing the app loads no cloud SDK."""
+"""Packaging facts: requirements.txt matches pyproject, importing the app loads no cloud SDK and no
+tool, and the agent and the CLI import in a bare virtual environment (their own files only)."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ("tensorant_cli", "tensorant_devhost", "croniter")
+HEAVY = re.compile(r"^(boto3|botocore|azure.*|numpy|pydantic.*|runpod)$", re.I)
 
 
 def test_requirements_txt_matches_pyproject() -> None:
@@ -23,6 +31,97 @@ def test_import_function_app_loads_no_provider_sdk() -> None:
             "or m.startswith('azure.mgmt') or m.startswith('azure.identity'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_requirements_txt_holds_no_tool_dependency() -> None:
+    reqs = (ROOT / "requirements.txt").read_text().lower()
+    assert "croniter" not in reqs
+
+
+def test_import_function_app_loads_no_tool_module() -> None:
+    # The tools are importable here, so an import of one from the app would succeed and show.
+    code = ("import sys, json, function_app; "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {TOOLS!r})))")
+    env = {"PATH": "", "PYTHONPATH": f"{ROOT}:{ROOT / 'tools' / 'cli'}:{ROOT / 'tools' / 'devhost'}"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", req.strip(), maxsplit=1)[0]
+
+
+def test_the_cli_declares_no_cloud_sdk_numpy_or_pydantic() -> None:
+    project = tomllib.loads((ROOT / "tools" / "cli" / "pyproject.toml").read_text())["project"]
+    names = [_requirement_name(r) for r in project["dependencies"]]
+    for extra in (project.get("optional-dependencies") or {}).values():
+        names += [_requirement_name(r) for r in extra]
+    assert names and not [n for n in names if HEAVY.match(n)], names
+    assert project["scripts"]["tensorant"] == "tensorant_cli.main:main"
+    # The suite checks the HEAVY pattern itself, so a broken pattern cannot make this pass.
+    assert all(HEAVY.match(n) for n in ("boto3", "azure-mgmt-compute", "numpy", "pydantic"))
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment with nothing installed (no pip either)."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return venv / "bin" / "python"
+
+
+# Run with -I (isolated: no PYTHONPATH, no user site, not the current directory): it imports
+# the package from `root`, lists every loaded module that is not the standard library or the
+# package itself, then runs the package's `--help`.
+_PROBE = """
+import importlib.util, json, runpy, sys
+root, package, main = sys.argv[1:4]
+assert importlib.util.find_spec("pydantic") is None, "the environment is not bare"
+sys.path.insert(0, root)
+module = __import__(main, fromlist=["main"])
+allowed = {"__main__", *package.split(",")}
+foreign = sorted(m for m in sys.modules
+                 if m.split(".")[0] not in sys.stdlib_module_names and m not in allowed
+                 and not any(m.startswith(p + ".") for p in allowed))
+print(json.dumps(foreign))
+sys.stdout.flush()
+module.main(["--help"])
+"""
+
+
+def _probe(python: Path, root: Path, package: str, main: str) -> tuple[list[str], str]:
+    result = subprocess.run([str(python), "-I", "-c", _PROBE, str(root), package, main],
+                            capture_output=True, text=True, timeout=120, check=False, env={"PATH": ""})
+    assert result.returncode == 0, result.stderr
+    first, _, rest = result.stdout.partition("\n")
+    return json.loads(first), rest
+
+
+def _copy_py(src: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in src.glob("*.py"):
+        shutil.copyfile(path, dest / path.name)
+
+
+def test_the_agent_runs_with_the_standard_library_and_its_own_files(bare_python: Path, tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    shutil.copyfile(ROOT / "shared" / "__init__.py", tmp_path / "shared" / "__init__.py")
+    _copy_py(ROOT / "shared" / "agent", tmp_path / "shared" / "agent")
+    foreign, help_text = _probe(bare_python, tmp_path, "shared.agent,shared", "shared.agent.main")
+    assert foreign == []
+    assert "usage: python -m shared.agent" in help_text and "TENSORANT_BOOTSTRAP" in help_text
+
+
+def test_the_cli_imports_with_the_standard_library_alone(bare_python: Path, tmp_path: Path) -> None:
+    _copy_py(ROOT / "tools" / "cli" / "tensorant_cli", tmp_path / "tensorant_cli")
+    foreign, help_text = _probe(bare_python, tmp_path, "tensorant_cli", "tensorant_cli.main")
+    assert foreign == []
+    assert "usage: tensorant" in help_text
+    # The one command that needs the control plane's code says so instead of a traceback.
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from tensorant_cli.main import main; sys.exit(main(['dev-token']))"
+    result = subprocess.run([str(bare_python), "-I", "-c", code, str(tmp_path)], capture_output=True, text=True,
+                            timeout=120, check=False, env={"PATH": ""})
+    assert result.returncode == 2 and "dev-token needs the control plane" in result.stderr, result.stderr
 
 
 def test_host_json_queue_settings() -> None:

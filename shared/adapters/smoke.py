@@ -1,6 +1,6 @@
 """The smoke adapter: a PEFT-shaped LoRA adapter with random small values and nothing learned.
 
-The smoke trainer (shared.agent.smoke_trainer) writes these files, and tests build valid
+The smoke trainer (shared.trainer.smoke) writes these files, and tests build valid
 and deliberately broken archives with `build_adapter_zip`. One code path for both, so the
 verifier is tested on exactly what the smoke trainer produces.
 

@@ -17,17 +17,25 @@ can be recovered from it.
 
 Environment: TENSORANT_RUN_ID, TENSORANT_API_URL, TENSORANT_RUN_TOKEN (never printed),
 TENSORANT_BASE_MODEL, TENSORANT_DATA_DIR (/workspace/data), TENSORANT_TRAINER_COMMAND
-(default: the smoke trainer), TENSORANT_HEARTBEAT_INTERVAL_S (30), and storage access:
-either TENSORANT_STORAGE_DIR with TENSORANT_DATASET_KEY / TENSORANT_ADAPTER_KEY /
-TENSORANT_LOGS_KEY, or presigned TENSORANT_DATASET_URL (GET), TENSORANT_ADAPTER_UPLOAD_URL
-(PUT) and TENSORANT_LOGS_UPLOAD_URL (PUT).
+(default: the smoke trainer, `python -m shared.trainer.smoke`), TENSORANT_HEARTBEAT_INTERVAL_S
+(30), and storage access: either TENSORANT_STORAGE_DIR with TENSORANT_DATASET_KEY /
+TENSORANT_ADAPTER_KEY / TENSORANT_LOGS_KEY, or presigned TENSORANT_DATASET_URL (GET),
+TENSORANT_ADAPTER_UPLOAD_URL (PUT) and TENSORANT_LOGS_UPLOAD_URL (PUT).
+On cloud machines all of it may come as one TENSORANT_BOOTSTRAP = base64(JSON object of
+strings), decoded at start and laid over the environment (its values win).
 
-Only the standard library (urllib) is used for HTTP, so the agent runs in any image that
-has Python and this package.
+The trainer gets TENSORANT_OUTPUT_DIR, TENSORANT_DATASET_PATH, TENSORANT_BASE_MODEL and,
+when set, TENSORANT_BASE_MODEL_PATH, TENSORANT_TRAINING (JSON settings) and HF_TOKEN (a
+secret: masked in every forwarded line), but never the run token or the storage URLs.
+
+Only the standard library (urllib) and this package are imported, so the agent runs in
+any image that has Python and these files (shared/__init__.py and shared/agent/).
 """
 
 from __future__ import annotations
 
+import argparse
+import base64
 import hashlib
 import json
 import os
@@ -47,22 +55,56 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shared.log import redact_text, register_secret
+from shared.agent.redact import redact_text, register_secret
 
 MAX_LINES_PER_HEARTBEAT = 500  # the API's limit (shared.models.Heartbeat)
 MAX_LINE_CHARS = 2000
 MAX_PENDING_LINES = 5000
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 STATE_FILE = "agent-state.json"
-_PROGRESS = re.compile(r"\bprogress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)")
+# `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
+_PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
+BOOTSTRAP_VAR = "TENSORANT_BOOTSTRAP"
 # Never handed to the trainer: it is the customer's (or our smoke) code and has no business
-# talking to the control plane or storage.
+# talking to the control plane or storage. The bootstrap holds all of those at once.
 _TRAINER_HIDDEN = ("TENSORANT_RUN_TOKEN", "TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL",
-                   "TENSORANT_LOGS_UPLOAD_URL")
+                   "TENSORANT_LOGS_UPLOAD_URL", BOOTSTRAP_VAR)
 
 
 def default_trainer_command() -> str:
-    return f"{shlex.quote(sys.executable)} -m shared.agent.smoke_trainer"
+    return f"{shlex.quote(sys.executable)} -m shared.trainer.smoke"
+
+
+class BootstrapError(ValueError):
+    """TENSORANT_BOOTSTRAP is not base64 of a JSON object of strings. The message never holds the value."""
+
+
+def overlay_bootstrap(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment with TENSORANT_BOOTSTRAP decoded and laid over it (and itself removed).
+
+    One variable carries the whole bootstrap so that no value can break the env file it
+    is written to (base64 has no line breaks). Its values hold the run token and presigned
+    URLs, so errors say what is wrong with it, never what it holds.
+    """
+    out = dict(env)
+    raw = out.pop(BOOTSTRAP_VAR, None)
+    if raw is None:
+        return out
+    try:
+        text = base64.b64decode(raw.strip(), validate=True).decode("utf-8")
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} is not base64 of UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} does not decode to JSON") from None
+    if not isinstance(data, dict):
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} must decode to a JSON object, not {type(data).__name__}")
+    bad = sorted(k for k, v in data.items() if not isinstance(v, str))
+    if bad:
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} values must be strings; {', '.join(bad[:10])} are not")
+    out.update(data)
+    return out
 
 
 @dataclass(frozen=True)
@@ -81,6 +123,9 @@ class AgentConfig:
     dataset_url: str = ""
     adapter_upload_url: str = ""
     logs_upload_url: str = ""
+    base_model_path: str = ""  # a local directory holding the base model, for the trainer
+    training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
+    hf_token: str = ""  # for gated base models; a secret
     complete_retry_s: float = 1800.0  # how long to keep trying to report completion
     heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
 
@@ -104,11 +149,15 @@ class AgentConfig:
             dataset_url=env.get("TENSORANT_DATASET_URL", ""),
             adapter_upload_url=env.get("TENSORANT_ADAPTER_UPLOAD_URL", ""),
             logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
+            base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
+            training=env.get("TENSORANT_TRAINING", ""),
+            hf_token=env.get("HF_TOKEN", ""),
             complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
         )
 
     def secrets(self) -> list[str]:
-        return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url) if s]
+        return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,
+                            self.hf_token) if s]
 
 
 # ---------------------------------------------------------------- HTTP with retries
@@ -380,6 +429,11 @@ class Agent:
         env = {k: v for k, v in self.environ.items() if k not in _TRAINER_HIDDEN}
         env.update(TENSORANT_OUTPUT_DIR=str(output), TENSORANT_DATASET_PATH=str(dataset),
                    TENSORANT_BASE_MODEL=self.config.base_model, PYTHONUNBUFFERED="1")
+        # The contract's optional inputs, set only when given (unset = the trainer's defaults).
+        for key, value in (("TENSORANT_BASE_MODEL_PATH", self.config.base_model_path),
+                           ("TENSORANT_TRAINING", self.config.training), ("HF_TOKEN", self.config.hf_token)):
+            if value:
+                env[key] = value
         return env
 
     def train(self, dataset: Path) -> None:
@@ -413,7 +467,7 @@ class Agent:
     def _read_output(self, stream: BinaryIO) -> None:
         for raw in stream:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            match = _PROGRESS.search(line)
+            match = _PROGRESS.match(line)
             if match:
                 self.progress = min(max(float(match.group(1)), 0.0), 1.0)
             self.last_line = line
@@ -475,13 +529,18 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    summary, _, details = (__doc__ or "").partition("\n\n")
+    parser = argparse.ArgumentParser(prog="python -m shared.agent", description=summary,
+                                     epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)  # no options: the environment configures the agent; --help describes it
     try:
-        config = AgentConfig.from_env(os.environ)
+        environ = overlay_bootstrap(os.environ)
+        config = AgentConfig.from_env(environ)
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    agent = Agent(config)
+    agent = Agent(config, environ=environ)
 
     def on_term(signum: int, frame: object) -> None:
         agent.stop.set()

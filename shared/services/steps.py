@@ -71,7 +71,7 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     if settings.trainer_command:
         env["TENSORANT_TRAINER_COMMAND"] = settings.trainer_command
     elif run.provider == "local":
-        env["TENSORANT_TRAINER_COMMAND"] = f"{sys.executable} -m shared.agent.smoke_trainer"
+        env["TENSORANT_TRAINER_COMMAND"] = f"{sys.executable} -m shared.trainer.smoke"
     return Bootstrap(container_image=settings.container_image, env=env,
                      secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN", *secret_keys}))
 

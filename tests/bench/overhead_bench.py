@@ -44,9 +44,9 @@ def main() -> None:
     })
     import function_app
     from shared import queues
-    from shared.devhost.host import Host, notify
     from shared.models import Role
     from shared.security import mint_user_token
+    from tensorant_devhost.host import Host, notify
 
     host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
     s = requests.Session()

@@ -42,8 +42,8 @@ class Client:
 @pytest.fixture
 def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
     from shared import settings
-    from shared.devhost.host import Host
     from shared.security import mint_user_token
+    from tensorant_devhost.host import Host
 
     port = free_port()
     monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")

@@ -279,7 +279,7 @@ class LocalCompute:
             checks.append(Check(name="process_table", status=CheckStatus.fail,
                                 message="no /proc here; the local provider runs only on Linux"))
         probe_env = {k: os.environ[k] for k in _INHERITED if k in os.environ} | {"PYTHONPATH": str(REPO_ROOT)}
-        result = subprocess.run([sys.executable, "-c", "import shared.agent.main, shared.agent.smoke_trainer"],
+        result = subprocess.run([sys.executable, "-c", "import shared.agent.main, shared.trainer.smoke"],
                                 env=probe_env, capture_output=True, text=True, timeout=60, check=False)
         if result.returncode == 0:
             checks.append(Check(name="agent", status=CheckStatus.ok, message="the agent module imports"))

@@ -1,12 +1,13 @@
 """`make run`: Azurite + the function app in the dev host on http://localhost:7071, local providers.
 
-    python -m shared.devhost.run [--app function_app:app] [--port 7071] [--no-azurite]
+    python -m tensorant_devhost.run [--app function_app:app] [--port 7071] [--no-azurite]
 
 Azurite keeps its data in .tensorant/azurite, so a second run sees the first run's
 tables and queues. An Azurite already listening on 10000-10002 is reused (and left
 running); anything else on those ports stops the run with a message. Ctrl-C stops
-the host, calls every `on_stop` callback (the local provider registers one that ends
-its agent processes), and stops the Azurite this run started.
+the host and the Azurite this run started. The local provider's agent processes are
+detached and outlive the host, as cloud machines outlive the control plane: the next
+run finds them, and a run's release (or the sweeper) ends them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from shared.devhost.config import load_local_settings
-
-# Callbacks run on shutdown, after the host stopped and before Azurite stops.
-on_stop: list[Callable[[], None]] = []
+from tensorant_devhost.config import load_local_settings
 
 AZURITE_PORTS = {"Blob": 10000, "Queue": 10001, "Table": 10002}
 
@@ -70,7 +67,7 @@ def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
         return None
     data = root / ".tensorant" / "azurite"
     data.mkdir(parents=True, exist_ok=True)
-    cmd = [_azurite_bin(root), "--silent", "--skipApiVersionCheck", "--location", str(data)]
+    cmd = [azurite_bin(root), "--silent", "--skipApiVersionCheck", "--location", str(data)]
     for name, port in AZURITE_PORTS.items():
         cmd += [f"--{name.lower()}Host", "127.0.0.1", f"--{name.lower()}Port", str(port)]
     log = open(data / "azurite.log", "ab")  # noqa: SIM115 - lives as long as Azurite
@@ -91,7 +88,8 @@ def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
     raise RunError(f"Azurite did not listen within 30 s; see {data / 'azurite.log'}")
 
 
-def _azurite_bin(root: Path) -> str:
+def azurite_bin(root: Path) -> str:
+    """The Azurite executable: the repository's node_modules one, else one on PATH."""
     local = root / "node_modules" / ".bin" / "azurite"
     if local.exists():
         return str(local)
@@ -147,7 +145,7 @@ def _port_free(port: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shared.devhost.run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tensorant_devhost.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--app", default="function_app:app", help="module:attr of the FunctionApp")
     parser.add_argument("--port", type=int, default=0, help="HTTP port (default: local.settings.json or 7071)")
     parser.add_argument("--no-azurite", action="store_true", help="use AzureWebJobsStorage as it is")
@@ -179,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         reset_settings()
 
         from shared import queues
-        from shared.devhost.host import Host, notify
+        from tensorant_devhost.host import Host, notify
 
         # Wake our pollers at once for in-process sends (the real host's SharedQueueWatcher
         # does this for output bindings).
@@ -201,20 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if host is not None:
             host.stop()
-        for callback in on_stop:
-            try:
-                callback()
-            except Exception as exc:
-                print(f"warning: a stop callback failed: {exc}", file=sys.stderr)
         if azurite is not None:
             print("Stopping Azurite (it saves its data; up to 8 s)...", flush=True)
             stop_process(azurite)
 
 
 def _banner(host: object, port: int) -> None:
-    from shared.devhost.host import resolve_setting
     from shared.models import Role
     from shared.security import mint_user_token
+    from tensorant_devhost.host import resolve_setting
 
     token = mint_user_token("dev-user", "dev-org", Role.owner)
     functions = getattr(host, "functions", [])

@@ -5,6 +5,6 @@ functions the app registered, with host.json's queue semantics. Where Core Tools
 exist, `func start` runs the same app unchanged.
 """
 
-from shared.devhost.host import Host, HostConfig, load_local_settings
+from tensorant_devhost.host import Host, HostConfig, load_local_settings
 
 __all__ = ["Host", "HostConfig", "load_local_settings"]

@@ -1,4 +1,4 @@
-"""Smoke trainer: it does NOT train anything.
+"""Smoke trainer: it does NOT train anything (`python -m shared.trainer.smoke`).
 
 It exists so the whole path (agent, heartbeats, export, upload, verification, release)
 can run on a machine without a GPU. It counts the dataset's rows, prints progress lines

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from shared.cli.client import ApiError, Client
+from tensorant_cli.client import ApiError, Client
 
 # Where `runs watch` stops: terminal states, and `retained` (the run waits for a person).
 STOP_STATES = {"succeeded", "failed", "cancelled", "retained"}
@@ -102,10 +102,17 @@ def status_line(run: dict[str, Any]) -> str:
 
 
 def cmd_dev_token(args: argparse.Namespace, client: Client) -> int:
-    from shared.devhost.config import load_local_settings
-    from shared.models import Role
-    from shared.security import mint_user_token
-    from shared.settings import reset_settings
+    # Minted by the control plane's own code with its settings, so the token is exactly what
+    # the local host accepts; those modules exist only where the app and dev host are installed.
+    try:
+        from shared.models import Role
+        from shared.security import mint_user_token
+        from shared.settings import reset_settings
+        from tensorant_devhost.config import load_local_settings
+    except ImportError as exc:
+        print(f"error: dev-token needs the control plane and its dev host installed beside the CLI ({exc}); "
+              "run it in the repository's environment (`make install`)", file=sys.stderr)
+        return 2
 
     # The same JWT secret as the local host, which reads local.settings.json too.
     load_local_settings(Path.cwd() / "local.settings.json")

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from shared.devhost.config import HostConfig, load_local_settings, timespan_s
-from shared.devhost.routes import RouteTemplate
+from tensorant_devhost.config import HostConfig, load_local_settings, timespan_s
+from tensorant_devhost.routes import RouteTemplate
 
 log = logging.getLogger("tensorant.devhost")
 if not log.handlers:

@@ -1,1 +1,0 @@
-"""The `tensorant` command line (shared.cli.main:main)."""

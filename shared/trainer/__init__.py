@@ -1,0 +1,1 @@
+"""Trainer processes the agent runs as TENSORANT_TRAINER_COMMAND."""

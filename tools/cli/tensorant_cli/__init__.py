@@ -1,0 +1,1 @@
+"""The `tensorant` command line (tensorant_cli.main:main)."""
