@@ -1,0 +1,1 @@
+"""The trainers the agent runs: the real LoRA trainer (lora) and the smoke trainer."""
