@@ -264,10 +264,10 @@ def test_links_and_directories_posing_as_files(attr: int, fragment: str) -> None
 
 def _peft_files(base_model: str, targets: list[str], r: int = 4, skip: int = 0) -> dict[str, bytes]:
     """An adapter laid out as PEFT saves it: attention under self_attn, gate/up/down under mlp."""
+    import numpy as np
+
     from shared.adapters.base_models import get_base_model
     from shared.adapters.smoke import adapter_config, manifest_bytes
-
-    import numpy as np
 
     spec = get_base_model(base_model)
     assert spec is not None

@@ -125,10 +125,9 @@ class BaseModel:
                         gradient_checkpointing: bool = True) -> int:
         """Peak GPU bytes of a LoRA run at these settings (formula in the module docstring)."""
         linear = self.num_layers * self.layer_linear_params()
-        if load_in_4bit:
-            weights = int(linear * _NF4_BITS / 8) + (self.param_count() - linear) * 2
-        else:
-            weights = self.param_count() * 2
+        # 4-bit quantizes the decoder's linear weights only; embeddings, head, norms stay bf16.
+        weights = (int(linear * _NF4_BITS / 8) + (self.param_count() - linear) * 2 if load_in_4bit
+                   else self.param_count() * 2)
         lora = self.lora_params(lora_r, self.targets(target_modules)) * 16
         tokens = batch_size * seq_len
         working = tokens * (6 * self.hidden_size + 2 * self.q_dim + 2 * self.kv_dim + 4 * self.intermediate_size) * 2

