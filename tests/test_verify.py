@@ -212,3 +212,108 @@ def test_manifest_checksum_mismatch() -> None:
     config = json.loads(files[CONFIG_NAME]) | {"lora_alpha": 32}
     files[CONFIG_NAME] = json.dumps(config).encode()  # changed after the manifest was written
     rejected(check(zip_files(files)), f"{CONFIG_NAME} does not match the sha256 in manifest.json")
+
+
+# ---------------------------------------------------------------- provider, writestr, real PEFT layouts
+
+
+def test_smoke_adapter_refused_off_local() -> None:
+    data = build_adapter_zip(TINY)
+    assert verify_adapter(data, base_model=TINY, expected_sha256=None, provider="local").ok
+    assert verify_adapter(data, base_model=TINY, expected_sha256=None).ok  # provider unknown: not checked
+    for provider in ("aws", "azure", "runpod"):
+        rejected(verify_adapter(data, base_model=TINY, expected_sha256=None, provider=provider),
+                 "written by the smoke trainer", f"not {provider!r}")
+
+
+def test_writestr_entries_without_file_type_bits_are_files() -> None:
+    # zipfile.writestr(name, data) stores mode 0o600 with no S_IFREG bit; Windows tools store 0.
+    files = build_adapter_files(TINY)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, content in files.items():
+            zf.writestr(name, content)
+        zf.writestr("notes/", b"")  # a real directory entry is fine
+    assert {i.external_attr >> 16 for i in zipfile.ZipFile(buf).infolist() if not i.is_dir()} == {0o600}
+    assert check(buf.getvalue()).ok, check(buf.getvalue()).problems
+    plain = io.BytesIO()
+    with zipfile.ZipFile(plain, "w") as zf:
+        for name, content in files.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0
+            zf.writestr(info, content)
+    assert check(plain.getvalue()).ok
+
+
+@pytest.mark.parametrize(("attr", "fragment"), [
+    ((stat.S_IFDIR | 0o755) << 16, "is marked as a directory but named like a file"),
+    (0o644 << 16 | 0x10, "is marked as a directory but named like a file"),  # the MS-DOS directory bit
+    ((stat.S_IFIFO | 0o644) << 16, "is not a regular file"),
+    ((stat.S_IFLNK | 0o777) << 16, "is a symbolic link"),
+])
+def test_links_and_directories_posing_as_files(attr: int, fragment: str) -> None:
+    files = build_adapter_files(TINY)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name, content in files.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = attr if name == CONFIG_NAME else 0o644 << 16
+            zf.writestr(info, content)
+    rejected(check(buf.getvalue()), f"'{CONFIG_NAME}' {fragment}")
+
+
+def _peft_files(base_model: str, targets: list[str], r: int = 4, skip: int = 0) -> dict[str, bytes]:
+    """An adapter laid out as PEFT saves it: attention under self_attn, gate/up/down under mlp."""
+    import numpy as np
+
+    from shared.adapters.base_models import get_base_model
+    from shared.adapters.smoke import adapter_config, manifest_bytes
+
+    spec = get_base_model(base_model)
+    assert spec is not None
+    rng = np.random.default_rng(0)
+
+    def values(shape: tuple[int, int]) -> bytes:  # random: constant bytes would compress like a zip bomb
+        return rng.normal(0, 0.01, size=shape).astype("<f4").tobytes()
+
+    tensors: dict[str, tuple[str, list[int], bytes]] = {}
+    for layer in range(spec.num_layers):
+        for module in targets:
+            if skip and layer == 0 and module == targets[0]:
+                continue
+            block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            (a, b) = spec.lora_shapes(r, [module])[module]
+            key = f"base_model.model.model.layers.{layer}.{block}.{module}"
+            tensors[f"{key}.lora_A.weight"] = ("F32", list(a), values(a))
+            tensors[f"{key}.lora_B.weight"] = ("F32", list(b), values(b))
+    files = {CONFIG_NAME: json.dumps(adapter_config(base_model, r, sorted(targets))).encode(),
+             WEIGHTS_NAME: write_safetensors(tensors, {"format": "pt"})}
+    files[MANIFEST_NAME] = manifest_bytes(base_model, files, rows=1, trainer="lora")
+    return files
+
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def test_all_linear_peft_layout_with_q_dim_not_hidden() -> None:
+    result = verify_adapter(zip_files(_peft_files("tensorant/tiny-llama", ALL)), base_model="tensorant/tiny-llama",
+                            expected_sha256=None, provider="aws")
+    assert result.ok, result.problems
+    assert result.summary["modules"] == 14
+    big = verify_adapter(zip_files(_peft_files("meta-llama/Llama-3.1-8B-Instruct", ALL, r=1)),
+                         base_model="meta-llama/Llama-3.1-8B-Instruct", expected_sha256=None, provider="runpod")
+    assert big.ok, big.problems
+
+
+def test_mlp_shapes_and_missing_layers_are_checked() -> None:
+    # The tiny Qwen2's adapter under the tiny Llama's name: same hidden and MLP sizes, but the Llama's
+    # q/o use q_dim = 4 heads x 32 = 128, not 64.
+    files = _peft_files("tensorant/tiny-qwen2", ALL)
+    config = json.loads(files[CONFIG_NAME]) | {"base_model_name_or_path": "tensorant/tiny-llama"}
+    files[CONFIG_NAME] = json.dumps(config).encode()
+    files[MANIFEST_NAME] = json.dumps({"base_model": "tensorant/tiny-llama"}).encode()
+    rejected(verify_adapter(zip_files(files), base_model="tensorant/tiny-llama", expected_sha256=None),
+             "q_proj: lora_A [4, 64] and lora_B [64, 4] do not fit tensorant/tiny-llama, whose q_proj maps 64 -> 128",
+             "o_proj maps 128 -> 64")
+    rejected(check(zip_files(_peft_files("tensorant/tiny-llama", ALL, skip=1)), base_model="tensorant/tiny-llama"),
+             "no LoRA weights for 1 of the 2 x 7 adapted modules", "layer 0 q_proj")

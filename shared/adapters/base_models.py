@@ -1,68 +1,196 @@
-"""Declared base models: the layer count and the in/out size of each LoRA target module.
+"""Declared base models: full decoder shapes, parameter counts, and GPU memory for a LoRA run.
 
-The verifier uses this table to check lora_A [r, in] and lora_B [out, r] against the
-model the run names. A base model that is not declared here is still accepted; only
-its in/out sizes and layer count go unchecked (the verifier says so in its summary).
+The verifier checks every lora_A [r, in] / lora_B [out, r] pair against `modules` of the
+model the run names; the control plane lists these models (GET /api/base-models) and
+checks that an offer's GPU can hold a run (`estimate_memory`). A base model that is not
+declared here is still accepted by the verifier; only its in/out sizes and layer count go
+unchecked (the verifier says so in its summary).
+
+Shapes are those of the published config.json of each model; tests/trainer/test_base_models.py
+builds each architecture on the meta device and compares parameter counts.
+
+GPU memory of a LoRA run (`estimate_memory`, bytes; documented so the figure can be argued with):
+
+  weights      bf16: 2 x params.  4-bit (bitsandbytes NF4, double quant): the decoder layers'
+               linear weights at 4.13 bits each (absmax constants included); embeddings, lm_head,
+               norms and biases stay bf16.
+  LoRA         r x (in + out) per adapted module per layer, trained in fp32: weight 4 + grad 4 +
+               Adam moments 8 = 16 bytes per trainable parameter.
+  activations  gradient checkpointing keeps each layer's input, b x s x hidden x 2 bytes x layers,
+               plus one layer recomputed at a time, b x s x (6 x hidden + 2 x q_dim + 2 x kv_dim +
+               4 x intermediate) x 2 bytes (SDPA attention: no s x s score matrix is stored).
+               Without checkpointing every layer keeps that working set.
+  logits       b x s x vocab x 12 bytes: the bf16 logits (2), their fp32 copy for the loss (4),
+               the log-softmax saved for backward (4) and a bf16 gradient (2). For small models
+               with a 150k vocabulary this term, not the weights, dominates.
+  overhead     1 GiB (CUDA context, cuBLAS workspace) + 10 % allocator fragmentation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
+
+Architecture = Literal["llama", "qwen2", "mistral"]
+GiB = 1024**3
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+ALL_LINEAR = ATTENTION + MLP
+_NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double quantization)
 
 
 @dataclass(frozen=True)
 class BaseModel:
     name: str
+    architecture: Architecture
     hidden_size: int
     num_layers: int
-    modules: dict[str, tuple[int, int]]  # module name -> (in_features, out_features)
-    default_targets: tuple[str, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_embeddings: bool
+    attention_bias: bool = False  # Qwen2: q/k/v carry a bias
+    rope_theta: float = 10000.0
+    max_position: int = 4096
+    rms_norm_eps: float = 1e-5
+    default_targets: tuple[str, ...] = ATTENTION
+    note: str = ""
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def modules(self) -> dict[str, tuple[int, int]]:
+        """LoRA-targetable linear module name -> (in_features, out_features), per layer."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        return {
+            "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
+        }
+
+    def layer_linear_params(self) -> int:
+        """Weights of the linear layers of one decoder layer (what 4-bit quantizes)."""
+        return sum(n_in * n_out for n_in, n_out in self.modules.values())
+
+    def param_count(self) -> int:
+        per_layer = self.layer_linear_params() + 2 * self.hidden_size  # + two RMSNorms
+        if self.attention_bias:
+            per_layer += self.q_dim + 2 * self.kv_dim
+        embeddings = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_embeddings else embeddings
+        return self.num_layers * per_layer + embeddings + head + self.hidden_size  # + final norm
+
+    def lora_params(self, r: int, targets: tuple[str, ...] | list[str]) -> int:
+        mods = self.modules
+        return self.num_layers * sum(r * (mods[t][0] + mods[t][1]) for t in targets)
+
+    def lora_shapes(self, r: int, targets: tuple[str, ...] | list[str]) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+        """module -> (lora_A shape [r, in], lora_B shape [out, r])."""
+        return {t: ((r, self.modules[t][0]), (self.modules[t][1], r)) for t in targets}
+
+    def targets(self, target_modules: str) -> tuple[str, ...]:
+        """The module names of a TENSORANT_TRAINING target_modules value."""
+        if target_modules == "all-linear":
+            return ALL_LINEAR
+        if target_modules == "attention":
+            return ATTENTION
+        raise ValueError(f"target_modules must be 'attention' or 'all-linear', not {target_modules!r}")
+
+    def hf_config(self) -> Any:
+        """The transformers config of this architecture (imports transformers)."""
+        import transformers
+
+        common: dict[str, Any] = dict(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
+            max_position_embeddings=self.max_position, rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta, tie_word_embeddings=self.tie_embeddings,
+        )
+        if self.architecture == "llama":
+            return transformers.LlamaConfig(attention_bias=self.attention_bias, mlp_bias=False, **common)
+        if self.architecture == "qwen2":
+            return transformers.Qwen2Config(**common)
+        return transformers.MistralConfig(sliding_window=None, **common)
+
+    def estimate_memory(self, *, batch_size: int = 4, seq_len: int = 1024, lora_r: int = 16,
+                        target_modules: str = "attention", load_in_4bit: bool = False,
+                        gradient_checkpointing: bool = True) -> int:
+        """Peak GPU bytes of a LoRA run at these settings (formula in the module docstring)."""
+        linear = self.num_layers * self.layer_linear_params()
+        # 4-bit quantizes the decoder's linear weights only; embeddings, head, norms stay bf16.
+        weights = (int(linear * _NF4_BITS / 8) + (self.param_count() - linear) * 2 if load_in_4bit
+                   else self.param_count() * 2)
+        lora = self.lora_params(lora_r, self.targets(target_modules)) * 16
+        tokens = batch_size * seq_len
+        working = tokens * (6 * self.hidden_size + 2 * self.q_dim + 2 * self.kv_dim + 4 * self.intermediate_size) * 2
+        if gradient_checkpointing:
+            activations = tokens * self.hidden_size * 2 * self.num_layers + working
+        else:
+            activations = working * self.num_layers
+        logits = tokens * self.vocab_size * 12
+        return int((weights + lora + activations + logits) * 1.1) + GiB
+
+    def describe(self, **settings: Any) -> dict[str, Any]:
+        """A JSON-ready summary for listings (GET /api/base-models)."""
+        return {
+            "name": self.name, "architecture": self.architecture, "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "q_dim": self.q_dim, "kv_dim": self.kv_dim,
+            "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
+            "tie_embeddings": self.tie_embeddings, "params": self.param_count(),
+            "memory_gb_bf16": round(self.estimate_memory(**settings) / GiB, 1),
+            "memory_gb_4bit": round(self.estimate_memory(load_in_4bit=True, **settings) / GiB, 1),
+            "note": self.note,
+        }
 
 
-def _attention(hidden: int, kv_dim: int) -> dict[str, tuple[int, int]]:
-    """q/k/v/o projections of a grouped-query attention block."""
-    return {
-        "q_proj": (hidden, hidden),
-        "k_proj": (hidden, kv_dim),
-        "v_proj": (hidden, kv_dim),
-        "o_proj": (hidden, hidden),
-    }
-
-
-BASE_MODELS: dict[str, BaseModel] = {
-    # Exists only so the smoke trainer and the verifier have shapes to check; no weights.
-    "tensorant/smoke-tiny": BaseModel(
-        name="tensorant/smoke-tiny",
-        hidden_size=64,
-        num_layers=2,
-        modules={"q_proj": (64, 64), "v_proj": (64, 64)},
-        default_targets=("q_proj", "v_proj"),
-    ),
-    # 32 heads x 64, 8 key/value heads -> k/v project to 512.
-    "meta-llama/Llama-3.2-1B": BaseModel(
-        name="meta-llama/Llama-3.2-1B",
-        hidden_size=2048,
-        num_layers=16,
-        modules=_attention(2048, 512),
-        default_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
-    ),
-    # 14 heads x 64, 2 key/value heads -> k/v project to 128.
-    "Qwen/Qwen2.5-0.5B": BaseModel(
-        name="Qwen/Qwen2.5-0.5B",
-        hidden_size=896,
-        num_layers=24,
-        modules=_attention(896, 128),
-        default_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
-    ),
-    # 32 heads x 128, 8 key/value heads -> k/v project to 1024.
-    "mistralai/Mistral-7B-v0.1": BaseModel(
-        name="mistralai/Mistral-7B-v0.1",
-        hidden_size=4096,
-        num_layers=32,
-        modules=_attention(4096, 1024),
-        default_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
-    ),
-}
+_MODELS = [
+    # Exists so the smoke trainer and the verifier have shapes to check; no weights anywhere.
+    BaseModel("tensorant/smoke-tiny", "llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
+              head_dim=16, intermediate_size=128, vocab_size=512, tie_embeddings=True,
+              default_targets=("q_proj", "v_proj"), note="smoke tests only (no weights)"),
+    # Tiny random-initialised models of real architectures for the CPU trainer tests. tiny-llama has
+    # heads x head_dim (4 x 32 = 128) != hidden (64), so q/o shapes differ from hidden x hidden.
+    BaseModel("tensorant/tiny-llama", "llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+              head_dim=32, intermediate_size=128, vocab_size=512, tie_embeddings=True,
+              note="random weights, built locally for tests"),
+    BaseModel("tensorant/tiny-qwen2", "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+              head_dim=16, intermediate_size=128, vocab_size=512, tie_embeddings=True, attention_bias=True,
+              note="random weights, built locally for tests"),
+    BaseModel("HuggingFaceTB/SmolLM2-135M-Instruct", "llama", hidden_size=576, num_layers=30, num_heads=9,
+              num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152, tie_embeddings=True,
+              rope_theta=100000.0, max_position=8192),
+    BaseModel("Qwen/Qwen2.5-0.5B-Instruct", "qwen2", hidden_size=896, num_layers=24, num_heads=14,
+              num_kv_heads=2, head_dim=64, intermediate_size=4864, vocab_size=151936, tie_embeddings=True,
+              attention_bias=True, rope_theta=1000000.0, max_position=32768, rms_norm_eps=1e-6),
+    BaseModel("Qwen/Qwen2.5-0.5B", "qwen2", hidden_size=896, num_layers=24, num_heads=14,
+              num_kv_heads=2, head_dim=64, intermediate_size=4864, vocab_size=151936, tie_embeddings=True,
+              attention_bias=True, rope_theta=1000000.0, max_position=32768, rms_norm_eps=1e-6),
+    BaseModel("Qwen/Qwen2.5-7B-Instruct", "qwen2", hidden_size=3584, num_layers=28, num_heads=28,
+              num_kv_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064, tie_embeddings=False,
+              attention_bias=True, rope_theta=1000000.0, max_position=32768, rms_norm_eps=1e-6),
+    BaseModel("meta-llama/Llama-3.2-1B", "llama", hidden_size=2048, num_layers=16, num_heads=32,
+              num_kv_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256, tie_embeddings=True,
+              rope_theta=500000.0, max_position=131072, note="gated on the Hugging Face hub: needs a token"),
+    BaseModel("meta-llama/Llama-3.1-8B-Instruct", "llama", hidden_size=4096, num_layers=32, num_heads=32,
+              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256, tie_embeddings=False,
+              rope_theta=500000.0, max_position=131072, note="gated on the Hugging Face hub: needs a token"),
+    BaseModel("mistralai/Mistral-7B-Instruct-v0.3", "mistral", hidden_size=4096, num_layers=32, num_heads=32,
+              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32768, tie_embeddings=False,
+              rope_theta=1000000.0, max_position=32768),
+    BaseModel("mistralai/Mistral-7B-v0.1", "mistral", hidden_size=4096, num_layers=32, num_heads=32,
+              num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000, tie_embeddings=False,
+              max_position=32768),
+]
+BASE_MODELS: dict[str, BaseModel] = {m.name: m for m in _MODELS}
 
 
 def get_base_model(name: str) -> BaseModel | None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from shared.adapters.base_models import get_base_model
-from shared.adapters.smoke import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME
+from shared.adapters.smoke import CONFIG_NAME, MANIFEST_NAME, SMOKE_TRAINER, WEIGHTS_NAME
 
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME)
 MAX_ENTRIES = 64
@@ -37,6 +37,11 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_JSON_BYTES = 1024 * 1024
 _CHUNK = 1024 * 1024
 MAX_PROBLEMS = 20
+# Providers on which an untrained smoke adapter may pass: the local provider (a developer's own
+# machine) and "memory", the in-process test provider of tests/fakes.py. Any cloud run must
+# carry a real trainer's adapter: a smoke manifest there means the image ran the wrong trainer.
+SMOKE_PROVIDERS = frozenset({"local", "memory"})
+_DOS_DIRECTORY = 0x10  # MS-DOS attribute bit in the low byte of external_attr
 
 # dtype -> (item size, unsigned view, exponent mask): a value is non-finite when all its
 # exponent bits are set (inf or NaN). For BF16 this is the same test as widening the
@@ -69,11 +74,15 @@ def verify_adapter(
     max_entries: int = MAX_ENTRIES,
     max_total_bytes: int = MAX_TOTAL_BYTES,
     max_ratio: float = MAX_RATIO,
+    provider: str | None = None,
 ) -> VerifyResult:
+    """provider: the run's compute provider; a smoke-trainer adapter is refused unless it is one of
+    SMOKE_PROVIDERS. None skips that check (callers that do not know the run)."""
     problems: list[str] = []
     summary: dict[str, Any] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "base_model": base_model}
     try:
-        _verify(data, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio, problems, summary)
+        _verify(data, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio, provider, problems,
+                summary)
     except _Stop:
         pass
     if len(problems) > MAX_PROBLEMS:  # one broken export can repeat a problem per module
@@ -82,7 +91,7 @@ def verify_adapter(
 
 
 def _verify(data: bytes, base_model: str, expected_sha256: str | None, max_entries: int, max_total_bytes: int,
-            max_ratio: float, problems: list[str], summary: dict[str, Any]) -> None:
+            max_ratio: float, provider: str | None, problems: list[str], summary: dict[str, Any]) -> None:
     if expected_sha256 is not None and summary["sha256"] != expected_sha256.lower():
         problems.append(f"The archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent reported; "
                         "the upload is incomplete or was replaced, so upload the adapter again.")
@@ -95,7 +104,7 @@ def _verify(data: bytes, base_model: str, expected_sha256: str | None, max_entri
     if problems:
         raise _Stop
     config = _check_config(files[CONFIG_NAME], base_model, problems, summary)
-    _check_manifest(files[MANIFEST_NAME], files, base_model, problems, summary)
+    _check_manifest(files[MANIFEST_NAME], files, base_model, provider, problems, summary)
     tensors = _parse_safetensors(files[WEIGHTS_NAME], problems, summary)
     if tensors is None:
         raise _Stop
@@ -140,11 +149,22 @@ def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: 
         why = _unsafe_name(name)
         if why:
             problems.append(f"Archive entry {name!r} {why}; rebuild the archive with plain relative paths.")
+        # Unix mode in the high 16 bits. zipfile.writestr(name, data) writes 0o600 with no file-type
+        # bits at all, and Windows tools write 0: both are plain files. A link, device, FIFO or socket
+        # type is refused, and so is a directory (Unix type or DOS attribute) whose name does not end
+        # in "/", which zipfile would otherwise read as a file.
         mode = info.external_attr >> 16
+        kind = stat.S_IFMT(mode)
+        is_dir_attr = stat.S_ISDIR(mode) or bool(info.external_attr & _DOS_DIRECTORY)
         if stat.S_ISLNK(mode):
             problems.append(f"Archive entry {name!r} is a symbolic link; zip the files themselves, not links.")
-        elif mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        elif kind and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             problems.append(f"Archive entry {name!r} is not a regular file; zip only regular files.")
+        elif is_dir_attr and not name.endswith("/"):
+            problems.append(f"Archive entry {name!r} is marked as a directory but named like a file; "
+                            "zip only regular files.")
+        elif name.endswith("/") and info.file_size:
+            problems.append(f"Archive entry {name!r} is a directory that holds data; rebuild the archive.")
         if name in seen:
             problems.append(f"Archive entry {name!r} appears twice; keep one copy of each file.")
         seen.add(name)
@@ -254,11 +274,15 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
     return config if len(problems) == before else None
 
 
-def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, problems: list[str],
-                    summary: dict[str, Any]) -> None:
+def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provider: str | None,
+                    problems: list[str], summary: dict[str, Any]) -> None:
     manifest = _load_json(raw, MANIFEST_NAME, problems)
     if manifest is None:
         return
+    if manifest.get("trainer") == SMOKE_TRAINER and provider is not None and provider not in SMOKE_PROVIDERS:
+        problems.append(f"{MANIFEST_NAME} says the adapter was written by the smoke trainer, which trains nothing; "
+                        f"it is accepted only on the local provider, not {provider!r}. Run the real trainer "
+                        "(the training image's default TENSORANT_TRAINER_COMMAND).")
     if "base_model" in manifest and manifest["base_model"] != base_model:
         problems.append(f"{MANIFEST_NAME} names base model {manifest['base_model']!r}, but this run trains "
                         f"{base_model!r}.")
@@ -368,6 +392,8 @@ def _rank_for(module: str, config: dict[str, Any]) -> int:
 
 
 def _targeted(module: str, targets: str | list[str]) -> bool:
+    if targets == "all-linear":  # PEFT's shorthand, when a config keeps it unexpanded
+        return True
     if isinstance(targets, str):
         return re.fullmatch(targets, module) is not None
     return module.rsplit(".", 1)[-1] in targets
@@ -420,6 +446,16 @@ def _check_pairs(config: dict[str, Any], tensors: list[_Tensor], base_model: str
                                 f"{base_model}, whose {short} maps {dims[0]} -> {dims[1]}; was it trained on "
                                 "another model?")
     summary["modules"] = len(pairs)
+    if declared is not None and isinstance(targets, list) and not problems:
+        # Every layer of every declared target should be adapted: a hole means a partial export.
+        names = [t for t in targets if t in declared.modules]
+        found = {(int(m.group(1)), module.rsplit(".", 1)[-1]) for module in pairs if (m := _LAYER.search("." + module + "."))}
+        missing = [f"layer {layer} {name}" for layer in range(declared.num_layers) for name in names
+                   if (layer, name) not in found]
+        if missing:
+            problems.append(f"{WEIGHTS_NAME} has no LoRA weights for {len(missing)} of the {declared.num_layers} x "
+                            f"{len(names)} adapted modules of {base_model} (first: {', '.join(missing[:3])}); "
+                            "the export is incomplete, so export the adapter again.")
 
 
 def _check_finite(raw: bytes, tensors: list[_Tensor], problems: list[str]) -> None:

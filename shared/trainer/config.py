@@ -1,0 +1,107 @@
+"""The trainer's settings: TENSORANT_TRAINING parsed and checked (no torch needed).
+
+Field names, defaults and ranges are the cross-team contract (the control plane validates the
+same names at POST /api/runs). The trainer checks them again because it can also be run by hand;
+an unknown field is reported and ignored so an older trainer image accepts a newer control plane.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+class SettingsError(ValueError):
+    """TENSORANT_TRAINING is malformed; the message names the field and the allowed values."""
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: str = "attention"
+    learning_rate: float = 2e-4
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 4
+    gradient_accumulation: int = 1
+    warmup_ratio: float = 0.03
+    max_seq_len: int = 1024
+    precision: str = "auto"
+    load_in_4bit: bool = False
+    gradient_checkpointing: bool = True
+    seed: int = 42
+    eval_fraction: float = 0.1
+    sample_prompts: int = 3
+    max_examples: int | None = None
+    kind: str = "full"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# name -> (kind, low, high, low_open): ranges as in the contract; None = unbounded on that side.
+_INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "batch_size": (1, 256),
+        "gradient_accumulation": (1, 256), "max_seq_len": (16, 32768), "seed": (0, 2**32 - 1),
+        "sample_prompts": (0, 10), "max_examples": (1, None)}
+_FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
+          "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False)}
+_CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),
+            "kind": ("trial", "full")}
+_BOOL = ("load_in_4bit", "gradient_checkpointing")
+_NULLABLE = ("max_steps", "max_examples")
+
+
+def parse_settings(raw: str | None) -> tuple[TrainingSettings, list[str]]:
+    """(settings, warnings) from the TENSORANT_TRAINING JSON text; missing or empty = defaults."""
+    if not raw or not raw.strip():
+        return TrainingSettings(), []
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"TENSORANT_TRAINING is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise SettingsError("TENSORANT_TRAINING must be a JSON object of training settings")
+    known = {f.name for f in fields(TrainingSettings)}
+    warnings = [f"TENSORANT_TRAINING field {k!r} is not known to this trainer and was ignored"
+                for k in sorted(data) if k not in known]
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in known:
+            continue
+        if value is None and name in _NULLABLE:
+            values[name] = None
+        elif name in _INT:
+            values[name] = _int(name, value, *_INT[name])
+        elif name in _FLOAT:
+            values[name] = _float(name, value, *_FLOAT[name])
+        elif name in _CHOICES:
+            if value not in _CHOICES[name]:
+                raise SettingsError(f"training.{name} must be one of {', '.join(_CHOICES[name])}, not {value!r}")
+            values[name] = value
+        elif name in _BOOL:
+            if not isinstance(value, bool):
+                raise SettingsError(f"training.{name} must be true or false, not {value!r}")
+            values[name] = value
+    return TrainingSettings(**values), warnings
+
+
+def _int(name: str, value: Any, low: int, high: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SettingsError(f"training.{name} must be a whole number, not {value!r}")
+    if value < low or (high is not None and value > high):
+        raise SettingsError(f"training.{name} must be between {low} and {high if high is not None else 'any'}, "
+                            f"not {value}")
+    return value
+
+
+def _float(name: str, value: Any, low: float, high: float, low_open: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SettingsError(f"training.{name} must be a number, not {value!r}")
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise SettingsError(f"training.{name} must be in {bracket}{low}, {high}], not {value}")
+    return float(value)

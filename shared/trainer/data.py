@@ -1,0 +1,181 @@
+"""Dataset rows -> token ids and labels, with the loss on assistant/completion tokens only.
+
+Three row shapes (the ones dataset upload accepts):
+  {"messages": [{"role", "content"}, ...]}  chat; loss on every assistant turn
+  {"prompt": ..., "completion": ...}        rendered as one user turn + one assistant turn
+  {"text": ...}                             plain text; loss on every token
+
+Chat rows go through the tokenizer's chat template, or, when it has none, FALLBACK_TEMPLATE,
+which adds no special tokens (a base model's tokenizer may have none to add). Assistant spans
+are found in characters by rendering the conversation turn by turn (the text up to and
+including the generation prompt, then up to the end of the assistant turn), and mapped to
+tokens with the fast tokenizer's offsets, so any template that renders prefixes consistently
+works without a {% generation %} block. Labels are -100 everywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+IGNORE = -100
+# No special tokens on purpose: with no chat template we cannot know what the model expects.
+FALLBACK_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+class DatasetError(ValueError):
+    """A dataset row is not one of the three accepted shapes; the message names the line."""
+
+
+@dataclass
+class Example:
+    """One row, normalised: either a conversation or plain text."""
+
+    messages: list[dict[str, str]] | None = None
+    text: str | None = None
+
+
+@dataclass
+class Tokenized:
+    input_ids: list[int]
+    labels: list[int]
+    truncated: bool = False
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(1 for x in self.labels if x != IGNORE)
+
+
+@dataclass
+class Encoded:
+    examples: list[Tokenized] = field(default_factory=list)
+    truncated: int = 0
+    dropped: int = 0  # rows with no trained token left after truncation
+
+
+def load_examples(path: str | Path) -> list[Example]:
+    out: list[Example] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"dataset line {number} is not valid JSON ({exc.msg})") from exc
+            out.append(normalise(row, number))
+    if not out:
+        raise DatasetError("the dataset has no rows")
+    return out
+
+
+def normalise(row: Any, number: int = 0) -> Example:
+    where = f"dataset line {number}"
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where} must be a JSON object")
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise DatasetError(f"{where}: messages must be a non-empty list")
+        clean = []
+        for m in messages:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DatasetError(f"{where}: every message needs a string role and content")
+            clean.append({"role": m["role"], "content": m["content"]})
+        if not any(m["role"] == "assistant" for m in clean):
+            raise DatasetError(f"{where}: a conversation needs at least one assistant message to learn from")
+        return Example(messages=clean)
+    if "prompt" in row and "completion" in row:
+        if not (isinstance(row["prompt"], str) and isinstance(row["completion"], str)):
+            raise DatasetError(f"{where}: prompt and completion must be strings")
+        return Example(messages=[{"role": "user", "content": row["prompt"]},
+                                 {"role": "assistant", "content": row["completion"]}])
+    if "text" in row:
+        if not isinstance(row["text"], str):
+            raise DatasetError(f"{where}: text must be a string")
+        return Example(text=row["text"])
+    raise DatasetError(f"{where} has none of messages, prompt+completion, text")
+
+
+def chat_template(tokenizer: Any) -> str:
+    return getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
+
+
+def render(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
+    text = tokenizer.apply_chat_template(messages, chat_template=chat_template(tokenizer), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+    return str(text)
+
+
+def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the [start, end) character spans of its assistant turns."""
+    full = render(tokenizer, messages, add_generation_prompt=False)
+    spans: list[tuple[int, int]] = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = render(tokenizer, messages[:i], add_generation_prompt=True) if i else ""
+        through = render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if full.startswith(through) and through.startswith(before):
+            start, end = len(before), len(through)
+        else:
+            # A template that renders prefixes differently (e.g. it drops earlier reasoning):
+            # fall back to the content itself, searched after the previous span.
+            start = full.find(m["content"], spans[-1][1] if spans else 0)
+            if start < 0:
+                continue
+            end = start + len(m["content"])
+        spans.append((start, end))
+    return full, spans
+
+
+def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
+    """Token ids and labels for one example, truncated to max_seq_len tokens."""
+    if example.text is not None:
+        ids = list(tokenizer(example.text, add_special_tokens=True)["input_ids"])
+        labels = list(ids)
+    else:
+        assert example.messages is not None
+        text, spans = assistant_spans(tokenizer, example.messages)
+        # The template already holds any special tokens (BOS, turn markers): add none.
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        labels = []
+        for token, (start, _end) in zip(ids, enc["offset_mapping"], strict=True):
+            # A token belongs to the turn its first character is in (the turn's end marker included).
+            labels.append(token if any(s <= start < e for s, e in spans) else IGNORE)
+    truncated = len(ids) > max_seq_len
+    return Tokenized(ids[:max_seq_len], labels[:max_seq_len], truncated)
+
+
+def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
+    out = Encoded()
+    for ex in examples:
+        t = encode(tokenizer, ex, max_seq_len)
+        out.truncated += t.truncated
+        if t.trained_tokens == 0:
+            out.dropped += 1
+            continue
+        out.examples.append(t)
+    return out
+
+
+def sample_prompt(tokenizer: Any, example: Example) -> tuple[str, str]:
+    """(prompt text to generate from, the dataset's own answer) for a held-out example."""
+    if example.messages is not None:
+        last = max(i for i, m in enumerate(example.messages) if m["role"] == "assistant")
+        prompt = render(tokenizer, example.messages[:last], add_generation_prompt=True) if last else ""
+        return prompt, example.messages[last]["content"]
+    assert example.text is not None
+    words = example.text.split()
+    cut = max(1, min(12, len(words) // 2))
+    return " ".join(words[:cut]), " ".join(words[cut:])

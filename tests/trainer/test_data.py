@@ -1,0 +1,88 @@
+"""Dataset encoding: the loss mask covers assistant/completion tokens only, all three shapes,
+truncation counted, settings validated. Needs only tokenizers + transformers (no model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.trainer.config import SettingsError, parse_settings
+from shared.trainer.data import IGNORE, DatasetError, encode, encode_all, normalise
+from tests.trainer.conftest import need_torch
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    need_torch()
+    from shared.trainer.random_model import build_tokenizer
+
+    return build_tokenizer(400)
+
+
+def learned(tok: Any, ids: list[int], labels: list[int]) -> str:
+    return "".join(tok.decode([i]) for i, lab in zip(ids, labels, strict=True) if lab != IGNORE)
+
+
+def test_mask_covers_every_assistant_turn_only(tokenizer: Any) -> None:
+    ex = normalise({"messages": [{"role": "system", "content": "Be brief."},
+                                 {"role": "user", "content": "Hi?"},
+                                 {"role": "assistant", "content": "Hello."},
+                                 {"role": "user", "content": "Bye?"},
+                                 {"role": "assistant", "content": "Farewell."}]})
+    t = encode(tokenizer, ex, 1000)
+    assert learned(tokenizer, t.input_ids, t.labels) == "Hello.<|im_end|>\nFarewell.<|im_end|>\n"
+    assert t.labels[: len(t.labels) // 3] == [IGNORE] * (len(t.labels) // 3)
+    assert all(lab in (IGNORE, i) for i, lab in zip(t.input_ids, t.labels, strict=True))
+
+
+def test_prompt_completion_and_fallback_template(tokenizer: Any) -> None:
+    ex = normalise({"prompt": "2+2?", "completion": "Four"})
+    assert learned(tokenizer, *_ids(encode(tokenizer, ex, 1000))) == "Four<|im_end|>\n"
+    saved, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        t = encode(tokenizer, ex, 1000)
+        text = tokenizer.decode(t.input_ids)
+        assert text == "User: 2+2?\nAssistant: Four\n"  # the fallback adds no special token
+        assert learned(tokenizer, t.input_ids, t.labels) == " Four\n"
+    finally:
+        tokenizer.chat_template = saved
+
+
+def _ids(t: Any) -> tuple[list[int], list[int]]:
+    return t.input_ids, t.labels
+
+
+def test_text_rows_learn_every_token_and_truncation_is_counted(tokenizer: Any) -> None:
+    rows = [normalise({"text": "the quick brown fox " * 20}), normalise({"text": "short"}),
+            normalise({"messages": [{"role": "user", "content": "x " * 50}, {"role": "assistant", "content": "y"}]})]
+    enc = encode_all(tokenizer, rows, 16)
+    assert enc.truncated == 2 and enc.dropped == 1  # the chat row lost its answer to truncation
+    assert [len(e.input_ids) for e in enc.examples] == [16, len(tokenizer("short")["input_ids"])]
+    assert enc.examples[0].labels == enc.examples[0].input_ids
+
+
+@pytest.mark.parametrize(("row", "fragment"), [
+    ({"messages": []}, "non-empty list"),
+    ({"messages": [{"role": "user", "content": "q"}]}, "at least one assistant"),
+    ({"prompt": "p"}, "none of messages"),
+    ({"text": 3}, "text must be a string"),
+    ([1], "must be a JSON object"),
+])
+def test_bad_rows(row: Any, fragment: str) -> None:
+    with pytest.raises(DatasetError, match=fragment):
+        normalise(row, 7)
+
+
+def test_settings() -> None:
+    s, warnings = parse_settings('{"lora_r": 8, "target_modules": "all-linear", "max_steps": null, "new": 1}')
+    assert s.lora_r == 8 and s.target_modules == "all-linear" and s.max_steps is None and s.lora_alpha == 32
+    assert warnings == ["TENSORANT_TRAINING field 'new' is not known to this trainer and was ignored"]
+    assert parse_settings(None)[0].learning_rate == 2e-4
+    for raw, fragment in [('{"learning_rate": 0}', "learning_rate must be in (0.0"),
+                          ('{"lora_r": true}', "lora_r must be a whole number"),
+                          ('{"precision": "fp16"}', "precision must be one of auto, bf16, fp32"),
+                          ('{"load_in_4bit": 1}', "load_in_4bit must be true or false"),
+                          ("[1]", "must be a JSON object"), ("{", "not valid JSON")]:
+        with pytest.raises(SettingsError, match=fragment.replace("(", r"\(")):
+            parse_settings(raw)

@@ -1,0 +1,138 @@
+"""The real trainer end to end on the CPU: `python -m shared.trainer.lora` with the agent's
+environment contract, on a tiny random Llama (heads x head_dim != hidden) and a local tokenizer.
+
+Two trainer subprocesses in all (imports dominate on a busy CPU): the same settings twice, which
+must give the same adapter bytes; each run covers all three dataset shapes, all-linear targets,
+truncation, the eval split, samples, and an output the verifier accepts with shapes checked.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from shared.adapters.base_models import get_base_model
+from shared.adapters.smoke import zip_files
+from shared.adapters.verify import verify_adapter
+from tests.trainer.conftest import TINY, need_torch, pirate_rows, run_trainer, start_trainer, trainer_env, write_jsonl
+
+SETTINGS = {"max_steps": 24, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4, "lora_alpha": 8,
+            "target_modules": "all-linear", "max_seq_len": 40, "warmup_ratio": 0.1, "lora_dropout": 0.0,
+            "sample_prompts": 1, "seed": 7, "kind": "trial"}
+FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, str]]:
+    need_torch()
+    base = tmp_path_factory.mktemp("runs")
+    dataset = write_jsonl(base / "data.jsonl", pirate_rows(30))
+    # Both at once: on a busy CPU the imports wait for the scheduler, so two processes finish
+    # in little more than the time of one.
+    targets = [base / "out0", base / "out1"]
+    procs = [start_trainer(trainer_env(tiny_model, dataset, t, SETTINGS)) for t in targets]
+    out = []
+    for target, proc in zip(targets, procs, strict=True):
+        log, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, log[-4000:]
+        out.append((target, log))
+    return out
+
+
+def test_loss_falls_and_progress_lines(runs: list[tuple[Path, str]]) -> None:
+    out, log = runs[0]
+    progress = [line for line in log.splitlines() if line.startswith("progress=")]
+    assert len(progress) == 24
+    fields = dict(kv.split("=") for kv in progress[-1].split())
+    assert fields["progress"] == "1.0000" and fields["step"] == "24" and "lr" in fields and "loss" in fields
+    manifest = json.loads((out / "manifest.json").read_text())
+    loss = manifest["loss"]
+    assert len(loss) == 24
+    # Noisy per step: compare the first and last quarter.
+    assert sum(loss[-6:]) / 6 < sum(loss[:6]) / 6 - 0.3, loss
+    assert manifest["eval_loss"] < manifest["eval_loss_before"]
+    assert manifest["trainer"] == "lora" and manifest["base_model"] == TINY and manifest["steps"] == 24
+    assert manifest["eval_examples"] == 3 and manifest["rows"] == 30  # 30 >= 20 rows: 10 % held out
+    assert manifest["truncated"] > 0  # the doubled text rows exceed max_seq_len=40
+    assert "were truncated" in log and "trial run" in log
+    assert manifest["precision"] == "fp32" and manifest["device"].startswith("cpu")
+    assert {"torch", "transformers", "peft"} <= set(manifest["versions"])
+    assert manifest["settings"]["lora_r"] == 4 and manifest["tokens"] > 0
+    assert "sample with adapter:" in log and len(manifest["samples"]) == 1
+
+
+def _tensors(raw: bytes) -> dict[str, tuple[list[int], bytes]]:
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8: 8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["shape"], raw[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]]) for k, v in header.items()}
+
+
+def test_every_lora_b_trained_and_shapes_match(runs: list[tuple[Path, str]]) -> None:
+    out, _ = runs[0]
+    tensors = _tensors((out / "adapter_model.safetensors").read_bytes())
+    spec = get_base_model(TINY)
+    assert spec is not None
+    assert len(tensors) == 2 * spec.num_layers * 7  # all-linear: q,k,v,o,gate,up,down
+    shapes = spec.lora_shapes(4, list(spec.modules))
+    for name, (shape, data) in tensors.items():
+        module = name.split(".")[-3]
+        a_shape, b_shape = shapes[module]
+        if ".lora_B." in name:
+            assert shape == list(b_shape), name
+            assert any(data), f"{name} is still all zero: it never trained"
+        else:
+            assert shape == list(a_shape), name
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == TINY
+    assert config["target_modules"] == sorted(config["target_modules"])
+
+
+def test_verifier_accepts_the_output(runs: list[tuple[Path, str]], tmp_path: Path) -> None:
+    out, _ = runs[0]
+    # As the agent exports it, and as zipfile.writestr(name, data) writes it (mode 0o600, no type bits).
+    archive = tmp_path / "adapter.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name in FILES:
+            zf.writestr(name, (out / name).read_bytes())
+    for data in (archive.read_bytes(), zip_files({n: (out / n).read_bytes() for n in FILES})):
+        result = verify_adapter(data, base_model=TINY, expected_sha256=None, provider="aws")
+        assert result.ok, result.problems
+        assert result.summary["base_model_declared"] is True and result.summary["modules"] == 14
+        assert result.summary["trainer"] == "lora"
+    # The same adapter named for another declared model fails the shape check.
+    config = json.loads((out / "adapter_config.json").read_text()) | {"base_model_name_or_path": "tensorant/tiny-qwen2"}
+    files = {n: (out / n).read_bytes() for n in FILES} | {"adapter_config.json": json.dumps(config).encode()}
+    files["manifest.json"] = json.dumps({"base_model": "tensorant/tiny-qwen2"}).encode()
+    result = verify_adapter(zip_files(files), base_model="tensorant/tiny-qwen2", expected_sha256=None)
+    assert not result.ok and any("q_proj maps 64 -> 64" in p for p in result.problems), result.problems
+
+
+def test_same_seed_same_adapter_bytes(runs: list[tuple[Path, str]]) -> None:
+    (a, _), (b, _) = runs
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_bad_settings_exit_2(tiny_model: Path, tmp_path: Path) -> None:
+    # Settings are checked before torch is imported, so this run is cheap.
+    dataset = write_jsonl(tmp_path / "d.jsonl", pirate_rows(3))
+    proc = run_trainer(tiny_model, dataset, tmp_path / "out", {"lora_r": 0})
+    assert proc.returncode == 2 and "training.lora_r must be between 1 and 256" in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_gpu_check_helpers_on_the_trainer_output(runs: list[tuple[Path, str]]) -> None:
+    # tests/gpu/check_training.py's export and dataset, on this run's output (its --tiny mode runs
+    # the whole path on the CPU: python -m tests.gpu.check_training --tiny).
+    from tests.gpu.check_training import TINY as CASES
+    from tests.gpu.check_training import dataset_rows, export_zip
+
+    out, _ = runs[0]
+    result = verify_adapter(export_zip(out), base_model=TINY, expected_sha256=None, provider="azure")
+    assert result.ok, result.problems
+    assert CASES[0].base_model == TINY and len(dataset_rows(5)) == 5

@@ -1,0 +1,66 @@
+"""One source of truth for the trainer's pins: shared/trainer/requirements.txt. Every third-party
+import in shared/trainer/ is pinned there exactly, and the Dockerfile installs from it.
+(No torch needed: the imports are read with ast.)"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIREMENTS = REPO / "shared" / "trainer" / "requirements.txt"
+# import name -> distribution name, where they differ
+DIST = {"yaml": "pyyaml", "huggingface_hub": "huggingface-hub"}
+# Imported only on request and installed only in the CUDA image (the Dockerfile pins it).
+IMAGE_ONLY = {"bitsandbytes"}
+
+
+def pins() -> dict[str, str]:
+    out = {}
+    for line in REQUIREMENTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and re.fullmatch(r"[0-9][0-9A-Za-z.]*", version), f"{line!r} is not an exact == pin"
+            out[name.strip().lower()] = version
+    return out
+
+
+def trainer_imports() -> set[str]:
+    names: set[str] = set()
+    for path in (REPO / "shared" / "trainer").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return {n for n in names if n not in sys.stdlib_module_names and n not in ("shared", "__future__")}
+
+
+def test_every_trainer_import_is_pinned() -> None:
+    pinned = pins()
+    assert pinned["torch"] == "2.13.0"  # any other version downloads a 3 GB CUDA build in CI
+    missing = sorted(n for n in trainer_imports() - IMAGE_ONLY if DIST.get(n, n).replace("_", "-") not in pinned)
+    assert not missing, f"imported by shared/trainer but not pinned in {REQUIREMENTS.name}: {missing}"
+
+
+def test_dockerfile_installs_the_pins_and_runs_the_agent() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert instructions[0].startswith("FROM ")
+    assert "COPY shared/trainer/requirements.txt" in text
+    assert re.search(r"pip install -r \S*requirements\.txt", text)
+    assert re.search(r"bitsandbytes==[0-9.]+", text), "bitsandbytes must be pinned exactly in the image"
+    # The pins live in one place: no other version pin of a pinned package in the Dockerfile.
+    for name in pins():
+        assert not re.search(rf"\b{re.escape(name)}==", text), f"{name} is pinned in the Dockerfile too"
+    copies = [line.split()[1] for line in instructions if line.startswith("COPY ")]
+    assert sorted(copies) == sorted(["shared/trainer/requirements.txt", "shared/__init__.py", "shared/agent/",
+                                     "shared/trainer/"])
+    assert re.search(r"useradd .*\btrainer\b", text)
+    assert 'TENSORANT_TRAINER_COMMAND="python -m shared.trainer.lora"' in text
+    assert instructions[-1] == 'ENTRYPOINT ["python", "-m", "shared.agent"]'
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*") + 1:][:3] == ["!shared/__init__.py", "!shared/agent/", "!shared/trainer/"]
