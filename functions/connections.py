@@ -3,7 +3,7 @@ import azure.functions as func
 from shared import http
 from shared.models import ConnectionView
 from shared.services import connections
-from shared.services.common import STORAGE_SLOT, compute_slot
+from shared.services.backends import STORAGE_SLOT, compute_slot
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

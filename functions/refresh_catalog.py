@@ -1,17 +1,16 @@
+"""The refresh-catalog step's queue trigger (shared/runs/steps.py), and its hourly timer."""
+
 import azure.functions as func
 
-from shared.models import ConnectionMessage
-from shared.queues import Queue
-from shared.services.stepctx import run_step
+from shared.runs.steps import Step
+from shared.services.step_runner import run_step
 
 bp = func.Blueprint()
 
 
-@bp.queue_trigger(arg_name="msg", queue_name=Queue.refresh_catalog.value, connection="AzureWebJobsStorage")
+@bp.queue_trigger(arg_name="msg", queue_name=Step.refresh_catalog.value, connection="AzureWebJobsStorage")
 def refresh_catalog(msg: func.QueueMessage) -> None:
-    from shared.services import catalog
-
-    run_step("refresh_catalog", msg.get_body(), ConnectionMessage, catalog.refresh_from_message)
+    run_step(Step.refresh_catalog, msg.get_body())
 
 
 # Hourly: prices change rarely; a failed refresh keeps the last good copy.

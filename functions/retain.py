@@ -1,14 +1,13 @@
+"""The retain step's queue trigger (shared/runs/steps.py: its message, handler and states)."""
+
 import azure.functions as func
 
-from shared.models import StepMessage
-from shared.queues import Queue
-from shared.services.stepctx import run_step
+from shared.runs.steps import Step
+from shared.services.step_runner import run_step
 
 bp = func.Blueprint()
 
 
-@bp.queue_trigger(arg_name="msg", queue_name=Queue.retain.value, connection="AzureWebJobsStorage")
+@bp.queue_trigger(arg_name="msg", queue_name=Step.retain.value, connection="AzureWebJobsStorage")
 def retain(msg: func.QueueMessage) -> None:
-    from shared.services import steps as service
-
-    run_step("retain", msg.get_body(), StepMessage, service.retain)
+    run_step(Step.retain, msg.get_body())

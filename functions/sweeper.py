@@ -3,7 +3,7 @@ import azure.functions as func
 bp = func.Blueprint()
 
 
-# Every 5 minutes (Azure's network API throttles; LESSONS.md): leaks are found within
+# Every 5 minutes (Azure's network API throttles frequent listing): leaks are found within
 # one grace period plus one tick.
 @bp.timer_trigger(arg_name="timer", schedule="30 */5 * * * *", run_on_startup=False)
 def sweeper(timer: func.TimerRequest) -> None:

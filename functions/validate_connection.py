@@ -1,15 +1,13 @@
+"""The validate-connection step's queue trigger (shared/runs/steps.py: its message, handler and states)."""
+
 import azure.functions as func
 
-from shared.models import ConnectionMessage
-from shared.queues import Queue
-from shared.services.stepctx import run_step
+from shared.runs.steps import Step
+from shared.services.step_runner import run_step
 
 bp = func.Blueprint()
 
 
-@bp.queue_trigger(arg_name="msg", queue_name=Queue.validate_connection.value, connection="AzureWebJobsStorage")
+@bp.queue_trigger(arg_name="msg", queue_name=Step.validate_connection.value, connection="AzureWebJobsStorage")
 def validate_connection(msg: func.QueueMessage) -> None:
-    from shared.services import connections
-
-    run_step("validate_connection", msg.get_body(), ConnectionMessage,
-             lambda m: connections.validate_connection(m.org, m.slot))
+    run_step(Step.validate_connection, msg.get_body())

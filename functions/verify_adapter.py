@@ -1,14 +1,13 @@
+"""The verify-adapter step's queue trigger (shared/runs/steps.py: its message, handler and states)."""
+
 import azure.functions as func
 
-from shared.models import StepMessage
-from shared.queues import Queue
-from shared.services.stepctx import run_step
+from shared.runs.steps import Step
+from shared.services.step_runner import run_step
 
 bp = func.Blueprint()
 
 
-@bp.queue_trigger(arg_name="msg", queue_name=Queue.verify_adapter.value, connection="AzureWebJobsStorage")
+@bp.queue_trigger(arg_name="msg", queue_name=Step.verify_adapter.value, connection="AzureWebJobsStorage")
 def verify_adapter(msg: func.QueueMessage) -> None:
-    from shared.services import steps as service
-
-    run_step("verify_adapter", msg.get_body(), StepMessage, service.verify)
+    run_step(Step.verify_adapter, msg.get_body())

@@ -1,41 +1,32 @@
-"""Queue names (one enum) and helpers that encode like the Functions host.
+"""The queues (one per step, named as the step) and helpers that encode like the Functions host.
 
 The host's queue trigger expects base64 message text (host.json messageEncoding:
 base64), so everything sent here is UTF-8 JSON, base64-encoded.
+
+The process's queues are built from settings on first use. `configure()` is the one place
+that changes how they send (tests: no delays; the dev host: wake its pollers on send), and
+`reset_queues()` forgets them (tests, after changing settings).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import StrEnum
-from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel
 
+from shared.runs.steps import Step
 
-class Queue(StrEnum):
-    validate_connection = "validate-connection"
-    refresh_catalog = "refresh-catalog"
-    launch = "launch"
-    verify_adapter = "verify-adapter"
-    retain = "retain"
-    release = "release"
-
-    @property
-    def poison(self) -> str:
-        return f"{self.value}-poison"
-
+# Every step has its own queue, of the same name.
+Queue = Step
 
 MAX_DELAY_S = 7 * 24 * 3600 - 1  # the service's visibility-timeout ceiling
-# Tests that drive steps in-process with a simulated clock set this to 0.
-DELAY_SCALE = 1.0
-# Called with the queue name after each send without delay; the local host hooks in here
-# to wake its idle pollers (the real host polls; locally the wait is avoidable).
-on_send: list[Callable[[str], None]] = []
+
+SendHook = Callable[[str], None]
 
 
 def encode(body: BaseModel | dict[str, Any]) -> str:
@@ -64,11 +55,16 @@ class PoisonMessage:
 class Queues:
     """Send, and the admin operations on poison queues."""
 
-    def __init__(self, connection_string: str) -> None:
+    def __init__(self, connection_string: str, *, delay_scale: float = 1.0, on_send: Iterable[SendHook] = ()) -> None:
+        """delay_scale multiplies every delay (0: tests that drive steps in-process on a simulated
+        clock); on_send hooks are called with the queue name after each send without delay (the
+        dev host wakes its idle pollers: the real host polls, locally the wait is avoidable)."""
         from azure.storage.queue import QueueServiceClient
 
         self._service = QueueServiceClient.from_connection_string(connection_string)
         self._clients: dict[str, Any] = {}
+        self.delay_scale = delay_scale
+        self.on_send: tuple[SendHook, ...] = tuple(on_send)
 
     def client(self, name: str) -> Any:
         if name not in self._clients:
@@ -83,10 +79,10 @@ class Queues:
         return self._clients[name]
 
     def send(self, queue: Queue | str, body: BaseModel | dict[str, Any], delay_s: float = 0) -> None:
-        delay = max(0, min(int(delay_s * DELAY_SCALE), MAX_DELAY_S))
+        delay = max(0, min(int(delay_s * self.delay_scale), MAX_DELAY_S))
         self.client(str(queue)).send_message(encode(body), visibility_timeout=delay or None)
         if not delay:
-            for hook in on_send:
+            for hook in self.on_send:
                 hook(str(queue))
 
     def length(self, name: str) -> int:
@@ -122,20 +118,65 @@ class Queues:
                 self.client(name).clear_messages()
 
 
+@dataclass(frozen=True)
+class _Options:
+    delay_scale: float = 1.0
+    on_send: tuple[SendHook, ...] = ()
+
+
+_options = _Options()
+_default: Queues | None = None
 _override: Queues | None = None
+_lock = threading.Lock()  # the chaos test sends from several threads
 
 
-@lru_cache(maxsize=1)
-def _default() -> Queues:
-    from shared.settings import get_settings
+def configure(*, delay_scale: float | None = None, on_send: Iterable[SendHook] | None = None) -> Callable[[], None]:
+    """Set how the process's queues send (see Queues); None leaves a setting as it is.
 
-    return Queues(get_settings().storage_connection)
+    Applies to the queues in use now and to any built later. Returns an undo that restores
+    the settings as they were before this call.
+    """
+    global _options
+    before = _options
+    _options = _Options(before.delay_scale if delay_scale is None else delay_scale,
+                        before.on_send if on_send is None else tuple(on_send))
+    _apply()
+
+    def undo() -> None:
+        global _options
+        _options = before
+        _apply()
+
+    return undo
+
+
+def _apply() -> None:
+    if _default is not None:
+        _default.delay_scale, _default.on_send = _options.delay_scale, _options.on_send
 
 
 def get_queues() -> Queues:
-    return _override or _default()
+    global _default
+    if _override is not None:
+        return _override
+    with _lock:
+        if _default is None:
+            from shared.settings import get_settings
+
+            _default = Queues(get_settings().storage_connection, delay_scale=_options.delay_scale,
+                              on_send=_options.on_send)
+        return _default
 
 
 def set_queues(q: Queues | None) -> None:
+    """Benchmarks: use these queues instead of the ones built from settings."""
     global _override
     _override = q
+
+
+def reset_queues() -> None:
+    """Tests: forget the queues (the next get_queues() builds them from the current settings)
+    and every configure()d setting."""
+    global _default, _override, _options
+    _default = _override = None
+    _options = _Options()

@@ -24,7 +24,7 @@ def azurite() -> Iterator[Azurite]:
 def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """Settings for one test: its own tables, clean queues, a temporary local root."""
     from shared import queues, settings
-    from shared.store import repo
+    from shared.store import reset_store
 
     values = {
         "AzureWebJobsStorage": azurite.connection_string,
@@ -35,15 +35,16 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     for k, v in values.items():
         monkeypatch.setenv(k, v)
     settings.reset_settings()
-    repo.set_store(None)
-    repo._default_store.cache_clear()
-    queues._default.cache_clear()
+    reset_store()
+    queues.reset_queues()
     queues.get_queues().clear_all()
     yield values
     try:
-        repo.get_store().drop_all()
+        from shared.store import get_store
+
+        get_store().drop_all()
     except Exception:
         pass
     settings.reset_settings()
-    repo._default_store.cache_clear()
-    queues._default.cache_clear()
+    reset_store()
+    queues.reset_queues()

@@ -49,7 +49,7 @@ class Harness:
         self.max_dequeue = max_dequeue
         self.clock = clock.FakeClock(time.time())
         clock.set_clock(self.clock)
-        queues.DELAY_SCALE = 0
+        self._undo_queues = queues.configure(delay_scale=0)
         # Delays are not waited for; instead a delayed message moves the simulated clock to its
         # due time when it is delivered, so "ask again in 60 s" loops end as they would for real.
         self._due: dict[str, float] = {}
@@ -82,7 +82,7 @@ class Harness:
 
     def close(self) -> None:
         clock.set_clock(None)
-        queues.DELAY_SCALE = 1.0
+        self._undo_queues()
         self._queues.send = self._send  # type: ignore[method-assign]
 
     def _send_later(self, queue: Any, body: Any, delay_s: float = 0) -> None:
@@ -231,7 +231,7 @@ class TestAgent:
                          json_body={"phase": phase, "progress": progress, "logs": logs or []})
 
     def upload(self, data: bytes) -> None:
-        from shared.services.common import storage_for
+        from shared.services.backends import storage_for
 
         storage_for(self.h.org).put(adapter_key(self.run_id), data)
 

@@ -8,9 +8,10 @@ from typing import Any
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput
 from shared.models import AgentComplete, Heartbeat, RunRecord, RunState, StepMessage
-from shared.queues import Queue, get_queues
+from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, transition
-from shared.services.common import event, transition_event
+from shared.runs.steps import Step
+from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -73,7 +74,7 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         transition_event(before, run)
     # Re-sent on a repeated completion too: the step ignores a run that has moved on.
     if run.state == RunState.verifying:
-        get_queues().send(Queue.verify_adapter, StepMessage(org=org, run_id=run_id))
+        get_queues().send(Step.verify_adapter, StepMessage(org=org, run_id=run_id))
     elif run.state == RunState.retaining:
-        get_queues().send(Queue.retain, StepMessage(org=org, run_id=run_id))
+        get_queues().send(Step.retain, StepMessage(org=org, run_id=run_id))
     return {"state": run.state.value}

@@ -14,9 +14,10 @@ from shared.errors import InvalidInput, NotFound
 from shared.log import get_logger
 from shared.models import CatalogRecord, ConnectionMessage, ConnectionStatus, GpuOffer
 from shared.providers.errors import ProviderError
-from shared.queues import Queue, get_queues
+from shared.queues import get_queues
+from shared.runs.steps import Step
 from shared.security import Principal
-from shared.services.common import compute_for, compute_slot
+from shared.services.backends import compute_for, compute_slot
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -36,7 +37,8 @@ def refresh(org: str, provider: str) -> CatalogRecord:
     return rec
 
 
-def refresh_from_message(msg: ConnectionMessage) -> None:
+def refresh_catalog(msg: ConnectionMessage) -> None:
+    """The refresh-catalog step."""
     refresh(msg.org, msg.slot.removeprefix("compute:"))
 
 
@@ -45,7 +47,7 @@ def queue_all_refreshes() -> int:
     count = 0
     for rec in get_store().list_connections():
         if rec.slot.startswith("compute:") and rec.status == ConnectionStatus.connected:
-            get_queues().send(Queue.refresh_catalog, ConnectionMessage(org=rec.org, slot=rec.slot))
+            get_queues().send(Step.refresh_catalog, ConnectionMessage(org=rec.org, slot=rec.slot))
             count += 1
     return count
 
@@ -66,7 +68,7 @@ def offers_view(principal: Principal, provider: str | None) -> dict[str, Any]:
         max_age = get_settings().catalog_max_age_s
         stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age
         if stale:
-            get_queues().send(Queue.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
+            get_queues().send(Step.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
         if rec:
             items.extend(rec.offers)
         catalogs.append({"provider": name, "fetched_at": rec.fetched_at if rec else None,

@@ -27,10 +27,11 @@ from shared.models import (
 )
 from shared.providers import registry
 from shared.providers.errors import ProviderError
-from shared.queues import Queue, get_queues
+from shared.queues import get_queues
 from shared.runs.lifecycle import HOLDS_MACHINE
+from shared.runs.steps import Step
 from shared.security import Principal, require, seal
-from shared.services.common import STORAGE_SLOT, compute_slot, storage_for, unsealed_config
+from shared.services.backends import STORAGE_SLOT, compute_slot, storage_for, unsealed_config
 from shared.settings import get_settings
 from shared.storage.registry import make_storage, parse_storage_config
 from shared.store import get_store
@@ -69,7 +70,7 @@ def _save(principal: Principal, slot: str, provider: str, config: BaseModel, loc
         revision=(got[0].revision + 1) if got else 1,
     )
     store.put_connection(rec, got[1] if got else None)
-    get_queues().send(Queue.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(rec)
 
 
@@ -137,7 +138,7 @@ def request_check(principal: Principal, provider: str) -> ConnectionView:
     got = get_store().get_connection(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")
-    get_queues().send(Queue.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(got[0])
 
 
@@ -145,7 +146,7 @@ def request_check(principal: Principal, provider: str) -> ConnectionView:
 
 
 def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | None]:
-    from shared.services.common import compute_for
+    from shared.services.backends import compute_for
 
     if rec.slot == STORAGE_SLOT:
         return storage_for(rec.org).validate(), None
@@ -164,7 +165,9 @@ def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | Non
     return checks, catalog
 
 
-def validate_connection(org: str, slot: str) -> None:
+def validate_connection(msg: ConnectionMessage) -> None:
+    """The validate-connection step: run the checks, record each result on the connection."""
+    org, slot = msg.org, msg.slot
     store = get_store()
     got = store.get_connection(org, slot)
     if not got:
@@ -190,7 +193,7 @@ def validate_connection(org: str, slot: str) -> None:
 
 def runpod_volumes(principal: Principal) -> dict[str, Any]:
     """The RunPod account's network volumes, so an owner can pick one for storage."""
-    from shared.services.common import compute_for
+    from shared.services.backends import compute_for
 
     require(principal, Role.owner)
     provider = compute_for(principal.org, "runpod")
@@ -209,7 +212,7 @@ def report_credential_failure(org: str, provider: str, reason: str) -> list[str]
     while runs hold machines). Mark the connection failed and warn on every run that holds a
     machine, since cleanup and recovery cannot work until an owner replaces the key.
     Returns the ids of the warned runs."""
-    from shared.services.common import event
+    from shared.services.run_events import event
 
     store = get_store()
     slot = compute_slot(provider)

@@ -11,7 +11,7 @@ from shared.clock import now
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
 from shared.security import Principal, require
-from shared.services.common import storage_for
+from shared.services.backends import storage_for
 from shared.storage.base import dataset_key
 from shared.store import get_store
 

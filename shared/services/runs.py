@@ -23,12 +23,14 @@ from shared.models import (
     StepMessage,
 )
 from shared.providers.errors import ProviderError
-from shared.queues import Queue, get_queues
+from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
+from shared.runs.steps import Step
 from shared.security import Principal, require
+from shared.services.backends import compute_for, compute_slot, ref_of, storage_for
 from shared.services.catalog import find_offer
-from shared.services.common import compute_for, compute_slot, event, ref_of, storage_for, transition_event
 from shared.services.projects import new_id
+from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
 from shared.storage.base import adapter_key
 from shared.store import get_store
@@ -119,7 +121,7 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     if wrote:
         transition_event(RunState.draft, run)
     # Sent after the write: a crash in between leaves a queued run that heartbeat-check re-sends.
-    get_queues().send(Queue.launch, StepMessage(org=run.org, run_id=run.id))
+    get_queues().send(Step.launch, StepMessage(org=run.org, run_id=run.id))
     return view(run)
 
 
@@ -127,19 +129,19 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
     require(principal, Role.owner, Role.member)
     store = get_store()
 
-    def plan(state: RunState) -> tuple[RunState, Outcome | None, Queue | None]:
+    def plan(state: RunState) -> tuple[RunState, Outcome | None, Step | None]:
         if state == RunState.draft:
             return RunState.cancelled, None, None
         if body.discard or state == RunState.queued:
             # A queued run has no machine yet (launch writes provisioning before any cloud
             # call), so there is no disk to keep: it is released (nothing) and cancelled.
-            return RunState.releasing, Outcome.cancelled, Queue.release
+            return RunState.releasing, Outcome.cancelled, Step.release
         if state in ACTIVE or state == RunState.verifying:
-            return RunState.retaining, None, Queue.retain
+            return RunState.retaining, None, Step.retain
         raise Conflict(f"the run is {state.value}; cancel with discard: true to release its machine and disk")
 
     seen: list[RunState] = []
-    sent: list[Queue] = []
+    sent: list[Step] = []
 
     def change(r: RunRecord) -> RunRecord | None:
         # Decided from the run as stored now: a step may have moved it since the user saw it
@@ -204,7 +206,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     new, wrote = store.mutate_run(run.org, run.id, change)
     if wrote:
         transition_event(RunState.retained, new)
-    get_queues().send(Queue.verify_adapter, StepMessage(org=new.org, run_id=new.id, reason="recovery"))
+    get_queues().send(Step.verify_adapter, StepMessage(org=new.org, run_id=new.id, reason="recovery"))
     return view(new)
 
 
@@ -214,5 +216,5 @@ def retry_release(principal: Principal, run_id: str) -> RunView:
     if run.state != RunState.releasing:
         raise Conflict(f"only a run in releasing can retry its release; this one is {run.state.value}")
     event(run, "audit", f"release retry requested by {principal.sub}")
-    get_queues().send(Queue.release, StepMessage(org=run.org, run_id=run.id, reason="retry"))
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retry"))
     return view(run)

@@ -36,11 +36,13 @@ from shared.log import get_logger
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.providers.errors import AuthError, ProviderError
-from shared.queues import Queue, get_queues
+from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
-from shared.services.common import compute_for, transition_event
+from shared.runs.steps import Resender, Step, resent_by
+from shared.services.backends import compute_for
 from shared.services.connections import report_credential_failure
-from shared.services.steps import release_delay
+from shared.services.release import release_delay
+from shared.services.run_events import transition_event
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -48,6 +50,9 @@ from shared.store import get_store
 MACHINE_KINDS = frozenset({"instance", "vm", "pod", "process"})
 
 GONE_STATES = frozenset({"terminated", "deleted"})
+
+# The run states whose lost step message the sweeper re-sends (the step table's: releasing).
+RESENDS: dict[RunState, Step] = resent_by(Resender.sweeper)
 
 ProviderFactory = Callable[[str, str], ComputeProvider]
 
@@ -202,7 +207,7 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
             if not wrote:
                 continue
             transition_event(run.state, new)
-            get_queues().send(Queue.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
+            get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
         _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
         out.append(finding)
     return out
@@ -214,7 +219,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
     grace, store = _grace(), get_store()
     out = []
     for run in runs:
-        if run.state != RunState.releasing:
+        if run.state not in RESENDS:
             continue
         if run.release_after is not None and run.release_after > t:
             continue
@@ -233,7 +238,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
             if not wrote:
                 continue
             # Written before sent: a crash in between delays the retry by one backoff, never loses it.
-            get_queues().send(Queue.release, StepMessage(org=org, run_id=run.id, reason="sweeper"))
+            get_queues().send(RESENDS[run.state], StepMessage(org=org, run_id=run.id, reason="sweeper"))
         _audit("sweep-dry-run" if dry_run else "sweep-release-retry", finding)
         out.append(finding)
     return out
@@ -248,7 +253,7 @@ def _to_retaining(state: RunState, why: str) -> Callable[[RunRecord], RunRecord 
 
 def _retry_due(due: datetime | None, update: dict[str, Any]) -> Callable[[RunRecord], RunRecord | None]:
     def change(r: RunRecord) -> RunRecord | None:
-        if r.state != RunState.releasing or r.release_after != due:
+        if r.state not in RESENDS or r.release_after != due:
             return None  # the step (or another sweep) got there first
         return r.model_copy(update=update)
 

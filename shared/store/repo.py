@@ -154,6 +154,25 @@ class Store:
             return new, True
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
 
+    def claim_launch(self, org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
+        """Claim a provisioning run with no recorded resources for one create attempt.
+
+        The claim is an ETag-guarded write of updated_at, granted only settle_s after the
+        run's previous write (its move to provisioning, or the previous claim): a create that
+        crashed or timed out may have made a machine that listing does not show yet, so two
+        attempts closer together could each create one. Returns (run as stored now, whether
+        this call claimed it).
+        """
+
+        def change(r: RunRecord) -> RunRecord | None:
+            if r.state != RunState.provisioning or r.resources:
+                return None
+            if (now() - r.updated_at).total_seconds() < settle_s:
+                return None
+            return r.model_copy(update={"updated_at": now()})
+
+        return self.mutate_run(org, run_id, change)
+
     # ------------------------------------------------------------ events, logs, ledger, audit
     def add_event(self, run_id: str, event: RunEvent) -> None:
         self.table("events").upsert(run_id, _event_key(), event.model_dump(mode="json"), kind=event.kind)
@@ -185,7 +204,7 @@ class Store:
 _override: Store | None = None
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=1)  # one client per process, built on first use
 def _default_store() -> Store:
     from shared.settings import get_settings
 
@@ -201,3 +220,10 @@ def set_store(store: Store | None) -> None:
     """Tests: point every service at a store with its own table prefix."""
     global _override
     _override = store
+
+
+def reset_store() -> None:
+    """Tests: forget the store in use (set or built); the next get_store() builds one from
+    the current settings (connection string, table prefix)."""
+    set_store(None)
+    _default_store.cache_clear()

@@ -62,7 +62,7 @@ def main() -> None:
         ds = s.post(f"{url}/projects/{project}/datasets", data=line.encode()).json()["id"]
         for wake in (False, True):
             if wake:
-                queues.on_send.append(notify)
+                queues.configure(on_send=[notify])
             measure(s, url, project, ds, args.runs,
                     "woken on send (make run)" if wake else "polling only (host.json maxPollingInterval)")
     finally:

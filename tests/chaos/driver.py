@@ -39,13 +39,14 @@ from shared.errors import Conflict, NotFound
 from shared.models import AgentComplete, Heartbeat, Role, RunCancel, RunCreate, RunLaunch, RunRecord, RunState
 from shared.queues import Queue, decode, get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL
+from shared.runs.steps import RUN_STEPS
 from shared.security import Principal
 from shared.settings import get_settings
 from shared.store.repo import Store, get_store, set_store
 from tests.chaos.provider import ChaosCloud, Crash
 from tests.harness import Harness, smoke_adapter_zip
 
-STEPS = (Queue.launch.value, Queue.verify_adapter.value, Queue.retain.value, Queue.release.value)
+STEPS = tuple(step.value for step in RUN_STEPS)  # the step table's run steps
 MAX_POINT = 8  # crash points per step: the k-th store write or provider call, k = 1..MAX_POINT
 MAX_DEQUEUE = 5
 SCRIPTS = {"ok": 50, "fail": 10, "bad": 6, "silent": 8, "vanish": 8, "cancel": 10, "mute": 8}
@@ -230,7 +231,7 @@ class Chaos:
     def act_agents(self, runs: list[RunRecord]) -> None:
         from shared.services import agent as agent_api
         from shared.services import runs as run_api
-        from shared.services.common import storage_for
+        from shared.services.backends import storage_for
         from shared.storage.base import adapter_key
 
         for run in runs:

@@ -1,4 +1,4 @@
-"""Fixtures the sweeper, watch and poison tests share: a harness on the chaos provider."""
+"""Fixtures the sweeper, heartbeat-check and poison tests share: a harness on the chaos provider."""
 
 from __future__ import annotations
 

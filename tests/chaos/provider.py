@@ -1,4 +1,4 @@
-"""A fault-injecting in-memory provider for the chaos, sweeper, watch and poison tests.
+"""A fault-injecting in-memory provider for the chaos, sweeper, heartbeat-check and poison tests.
 
 Hand-written (no emulator exists for "a cloud"): it wraps tests.fakes.MemoryCompute, keeps
 its contracts (marks at creation, find-before-create, "not found" = released), and adds what

@@ -113,7 +113,7 @@ def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeyp
     original = vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"]
     vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = _rid("disks", "helper-copy")
     # Release retries a refusal with backoff; keep real delays here so the retry stays queued, not looping.
-    monkeypatch.setattr(queues, "DELAY_SCALE", 1.0)
+    queues.configure(delay_scale=1.0)
     run = h.recover(run_id, upload=smoke_adapter_zip())
     assert run["state"] == "releasing", (run["reason"], h.step_errors)
     assert "Automatic deletion refused" in run["release_error"] and "OS disk was replaced" in run["release_error"]
@@ -122,7 +122,7 @@ def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeyp
 
     # An administrator restores the original attachment and retries the release: now it completes.
     vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = original
-    monkeypatch.setattr(queues, "DELAY_SCALE", 0)
+    queues.configure(delay_scale=0)
     h.ok("POST", f"/api/runs/{run_id}/release", token="member")
     h.drain()
     run = h.get_run(run_id)

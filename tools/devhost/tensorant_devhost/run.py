@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # Wake our pollers at once for in-process sends (the real host's SharedQueueWatcher
         # does this for output bindings).
-        if notify not in queues.on_send:
-            queues.on_send.append(notify)
+        queues.configure(on_send=[notify])
 
         try:
             host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*").start()

@@ -20,28 +20,26 @@ from datetime import datetime
 
 from shared.clock import now
 from shared.models import Outcome, RunRecord, RunState, StepMessage
-from shared.queues import Queue, get_queues
+from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, transition
-from shared.services.common import transition_event
+from shared.runs.steps import Resender, Step, resent_by
+from shared.services.run_events import transition_event
 from shared.store import get_store
 
 # A run sitting in one of these states this long without any write lost its message (a
 # crash between the write and the send, or a poisoned message): send it again, at most
 # once per this interval (the resend touches updated_at); the steps ignore duplicates.
+# Which step serves which state is the step table's (releasing is the sweeper's, with backoff).
 RESEND_AFTER_S = 300
-RESEND = {
-    RunState.queued: Queue.launch,
-    RunState.provisioning: Queue.launch,
-    RunState.verifying: Queue.verify_adapter,
-    RunState.recovering: Queue.verify_adapter,
-    RunState.retaining: Queue.retain,
-}
+RESEND: dict[RunState, Step] = resent_by(Resender.heartbeat_check)
 
 # A run still verifying (or recovering) this long after it got there has a verify-adapter
 # step that keeps failing (storage unreachable, a message poisoned and re-sent above): the
 # re-sends alone would keep a verifying run's machine billing for ever. Give up: verifying
 # -> retaining (stop it, keep the disk), recovering -> retained, with the last step error.
 VERIFY_LIMIT_S = 1800
+# Keyed by the states the verify-adapter step serves (tests/test_steps.py checks they agree).
+VERIFY_GIVE_UP = {RunState.verifying: RunState.retaining, RunState.recovering: RunState.retained}
 
 
 def missed_deadline(run: RunRecord, t: datetime) -> str | None:
@@ -87,11 +85,8 @@ def _retain(run: RunRecord, why: str) -> int:
     if not wrote:
         return 0
     transition_event(run.state, new)
-    get_queues().send(Queue.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
     return 1
-
-
-VERIFY_GIVE_UP = {RunState.verifying: RunState.retaining, RunState.recovering: RunState.retained}
 
 
 def _give_up_verify(run: RunRecord) -> int:
@@ -115,7 +110,7 @@ def _give_up_verify(run: RunRecord) -> int:
         return 0
     transition_event(run.state, new)
     if new.state == RunState.retaining:
-        get_queues().send(Queue.retain, StepMessage(org=run.org, run_id=run.id, reason="verify-timeout"))
+        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="verify-timeout"))
     return 1
 
 
@@ -131,7 +126,7 @@ def _fail_queued(run: RunRecord) -> int:
     if not wrote:
         return 0
     transition_event(RunState.queued, new)
-    get_queues().send(Queue.release, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
     return 1
 
 

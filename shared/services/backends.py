@@ -1,16 +1,17 @@
-"""Helpers the services share: building a provider or storage backend for an org,
-run references and run events."""
+"""An org's backends, built from its saved connections: the compute provider per cloud, the
+storage backend, and the reference by which providers know a run.
+
+Connections are saved in slots: `storage`, and `compute:<provider>` per cloud. Their sealed
+configuration is opened here, and every secret in it is registered for log redaction.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel
 
-from shared.clock import now
 from shared.errors import Conflict
 from shared.log import register_secret
-from shared.models import ConnectionRecord, ConnectionStatus, RunEvent, RunRecord, RunState
+from shared.models import ConnectionRecord, ConnectionStatus, RunRecord
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, RunRef
 from shared.security import unseal
@@ -74,13 +75,5 @@ def storage_for(org: str) -> StorageBackend:
 
 
 def ref_of(run: RunRecord) -> RunRef:
+    """How providers find and mark the run's resources (this deployment, the org, the run)."""
     return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id)
-
-
-def event(run: RunRecord, kind: str, message: str, **data: Any) -> None:
-    get_store().add_event(run.id, RunEvent(at=now(), kind=kind, message=message, state=run.state, data=data))
-
-
-def transition_event(before: RunState, run: RunRecord) -> None:
-    msg = f"{before.value} -> {run.state.value}" + (f": {run.reason}" if run.reason else "")
-    event(run, "transition", msg)

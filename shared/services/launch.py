@@ -1,0 +1,115 @@
+"""The launch step: create the run's machine, idempotently, and record every resource.
+
+It serves a run in queued (first moved to provisioning, with the machine's name written
+ahead of any cloud call) or in provisioning with nothing recorded yet. Every provider
+launch is find-before-create by the run's marks; "try again later" is a message to itself
+with a delay. Waiting for the agent is the heartbeat-check's job (its deadlines).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+
+from shared.clock import now
+from shared.log import get_logger, redact_text
+from shared.models import RunRecord, RunState, StepMessage
+from shared.providers.base import Bootstrap, LaunchSpec
+from shared.providers.errors import PermanentError, ProviderError, RetryableError
+from shared.queues import get_queues
+from shared.runs.lifecycle import TERMINAL
+from shared.runs.resources import merge_resources
+from shared.runs.steps import Step
+from shared.security import mint_agent_token
+from shared.services.backends import compute_for, ref_of, storage_for
+from shared.services.run_events import event
+from shared.services.transitions import fail_to_release, move
+from shared.settings import get_settings
+from shared.store import get_store
+
+
+def bootstrap_for(run: RunRecord) -> Bootstrap:
+    settings = get_settings()
+    token = mint_agent_token(run.org, run.id)
+    dataset = get_store().get_dataset(run.org, run.dataset_version_id)
+    # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
+    ttl = settings.provisioning_timeout_s + run.runtime_limit_s + 3600
+    storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl)
+    env = {
+        "TENSORANT_RUN_ID": run.id,
+        "TENSORANT_API_URL": settings.public_url,
+        "TENSORANT_RUN_TOKEN": token,
+        "TENSORANT_BASE_MODEL": run.base_model,
+        **storage_env,
+    }
+    if settings.trainer_command:
+        env["TENSORANT_TRAINER_COMMAND"] = settings.trainer_command
+    elif run.provider == "local":
+        env["TENSORANT_TRAINER_COMMAND"] = f"{sys.executable} -m shared.trainer.smoke"
+    return Bootstrap(container_image=settings.container_image, env=env,
+                     secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN", *secret_keys}))
+
+
+# A create that crashed or timed out may have made a machine that listing does not show
+# yet (new instances are invisible to listing for a while), so find-before-create alone
+# can create a second one. Each create attempt first claims the run (Store.claim_launch),
+# and a claim is granted only this long after the previous one.
+LAUNCH_SETTLE_S = 60
+
+
+def launch(msg: StepMessage) -> None:
+    store = get_store()
+    run, _ = store.get_run(msg.org, msg.run_id)
+    if run.state not in Step.launch.serves:
+        return  # moved on (a duplicate or late delivery)
+    claimed = False
+    if run.state == RunState.queued:
+        # Write-ahead: the run says which machine it owns before the cloud call (the first claim).
+        run, claimed = move(run, RunState.provisioning, expect={RunState.queued}, machine_name=ref_of(run).name)
+    if run.state != RunState.provisioning or run.resources:
+        return  # moved on, or launched already (duplicate delivery)
+    if not claimed:
+        run, claimed = store.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
+        if run.state != RunState.provisioning or run.resources:
+            return
+        if not claimed:  # another attempt is recent: its machine may not be listed yet
+            wait = LAUNCH_SETTLE_S - (now() - run.updated_at).total_seconds()
+            get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
+            return
+    log = get_logger()
+    provider = compute_for(run.org, run.provider)
+    try:
+        resources = provider.launch(LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run)))
+    except RetryableError as exc:
+        deadline = run.deadlines.provisioning_by
+        if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
+            fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
+            return
+        event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
+        get_queues().send(Step.launch, msg, delay_s=exc.retry_after_s)
+        return
+    except PermanentError as exc:
+        log.warning("launch failed permanently", extra={"reason": exc.reason})
+        fail_to_release(run, f"launch failed: {exc.reason}")
+        return
+    for res in resources:
+        store.record_resource(res)
+
+    def change(r: RunRecord) -> RunRecord | None:
+        merged = merge_resources(r.resources, resources)
+        return None if merged == r.resources else r.model_copy(update={"resources": merged, "updated_at": now()})
+
+    run, _ = store.mutate_run(run.org, run.id, change)
+    event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))
+    if run.state == RunState.releasing:
+        # Its release may have looked before these resources existed: look again.
+        get_queues().send(Step.release, msg)
+    elif run.state in TERMINAL:
+        # The run ended (cancelled, failed) while the cloud was still creating: release now rather
+        # than leave the machine billing until the sweeper's grace period has passed.
+        try:
+            out = provider.release(ref_of(run), resources)
+            detail = "released" if out.done else f"release started, not confirmed yet ({out.detail})"
+        except ProviderError as exc:
+            detail = f"release failed ({redact_text(exc.reason)}); the sweeper will retry"
+        event(run, "audit", f"the machine was created after the run ended: {detail}")

@@ -1,0 +1,59 @@
+"""The release step: delete the run's machine, disk and NIC, confirm with the cloud, end the run.
+
+It serves a run in releasing, which ends at its outcome once the cloud confirms nothing of
+the run is left. An unconfirmed or failed release is retried by a message to itself with
+backoff (release_after, release_attempts); if that message is lost, the sweeper re-sends it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from shared.clock import now
+from shared.models import RunRecord, RunState, StepMessage
+from shared.providers.errors import ProviderError
+from shared.queues import get_queues
+from shared.runs.resources import merge_resources
+from shared.runs.steps import Step
+from shared.services.backends import compute_for, ref_of
+from shared.services.run_events import event
+from shared.services.transitions import move
+from shared.settings import get_settings
+from shared.store import get_store
+
+
+def release_delay(attempts: int) -> float:
+    """Capped exponential backoff between release attempts (the sweeper uses it too)."""
+    return float(min(get_settings().release_backoff_max_s, 15 * 2 ** min(attempts, 10)))
+
+
+def release(msg: StepMessage) -> None:
+    store = get_store()
+    run, _ = store.get_run(msg.org, msg.run_id)
+    if run.state not in Step.release.serves:
+        return
+    resources = merge_resources(store.list_ledger(run.id), run.resources)
+    try:
+        out = compute_for(run.org, run.provider).release(ref_of(run), resources)
+        detail = out.detail
+    except ProviderError as exc:
+        out, detail = None, exc.reason
+    if out is not None and out.done:
+        for res in resources:
+            store.record_resource(res.model_copy(update={"state": "deleted"}))
+        target = RunState(run.outcome.value) if run.outcome else RunState.failed
+        move(run, target, expect=Step.release.serves, release_error="", billing_note="")
+        return
+    attempts = run.release_attempts + 1
+    delay = out.retry_after_s if out is not None and attempts < 4 else release_delay(attempts)
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.releasing:
+            return None
+        return r.model_copy(update={"release_attempts": attempts, "release_error": detail, "updated_at": now(),
+                                    "release_after": now() + timedelta(seconds=delay)})
+
+    run, wrote = store.mutate_run(run.org, run.id, change)
+    if wrote and out is None:
+        event(run, "warning", f"release attempt {attempts} failed: {detail}; retrying in {int(delay)} s")
+    get_queues().send(Step.release, msg, delay_s=delay)

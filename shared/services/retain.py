@@ -1,0 +1,46 @@
+"""The retain step: stop the run's machine and keep its disk, so the run can be recovered.
+
+It serves a run in retaining. A machine that is already gone leaves nothing to keep: the
+run fails through releasing. "Not stopped yet" is a message to itself with a delay.
+"""
+
+from __future__ import annotations
+
+from shared.models import MachineState, Outcome, RunState, StepMessage
+from shared.providers.errors import ProviderError
+from shared.queues import get_queues
+from shared.runs.resources import merge_resources
+from shared.runs.steps import Step
+from shared.services.backends import compute_for, ref_of
+from shared.services.run_events import event
+from shared.services.transitions import move
+from shared.store import get_store
+
+
+def retain(msg: StepMessage) -> None:
+    run, _ = get_store().get_run(msg.org, msg.run_id)
+    if run.state not in Step.retain.serves:
+        return
+    provider = compute_for(run.org, run.provider)
+    ref = ref_of(run)
+    resources = merge_resources(get_store().list_ledger(run.id), run.resources)
+    # Asked even with nothing recorded: a launch that crashed between the cloud call and the
+    # record leaves a machine only its marks can find (every provider describes by the ref).
+    desc = provider.describe(ref, resources)
+    resources = merge_resources(resources, list(desc.resources))
+    if desc.state == MachineState.gone:
+        # Vanished outside the control plane (or never created): nothing to stop, nothing to keep.
+        reason = ("the machine is gone (deleted outside the control plane or never created); "
+                  "nothing to retain or release. " + run.reason)
+        run, _ = move(run, RunState.releasing, expect=Step.retain.serves, reason=reason, outcome=Outcome.failed)
+        get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
+        return
+    try:
+        out = provider.retain(ref, resources)
+    except ProviderError as exc:
+        event(run, "warning", f"stopping the machine failed: {exc.reason}; it may still be billing")
+        raise
+    if not out.done:
+        get_queues().send(Step.retain, msg, delay_s=out.retry_after_s)
+        return
+    move(run, RunState.retained, expect=Step.retain.serves, billing_note=out.billing_note)

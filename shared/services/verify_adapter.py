@@ -1,0 +1,50 @@
+"""The verify-adapter step: check the adapter archive the agent uploaded, then release or retain.
+
+It serves a run in verifying (the agent reported completion) or recovering (an owner asked
+to recover a retained run). A good archive ends the run succeeded through releasing; a bad
+one retains the machine and disk (verifying) or leaves the run retained (recovering), with
+the problems as the reason.
+"""
+
+from __future__ import annotations
+
+from shared.models import Outcome, RunState, StepMessage
+from shared.queues import get_queues
+from shared.runs.steps import Step
+from shared.services.backends import storage_for
+from shared.services.run_events import event
+from shared.services.transitions import move
+from shared.storage.base import ObjectMissing, adapter_key
+from shared.store import get_store
+
+MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
+
+
+def verify_adapter(msg: StepMessage) -> None:
+    from shared.adapters.verify import verify_adapter as check_archive
+
+    run, _ = get_store().get_run(msg.org, msg.run_id)
+    if run.state not in Step.verify_adapter.serves:
+        return
+    key = adapter_key(run.id)
+    try:
+        data = storage_for(run.org).get(key, MAX_ADAPTER_BYTES)
+        result = check_archive(data, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None)
+        problems = list(result.problems)
+    except ObjectMissing:
+        problems = [f"no adapter archive at {key} in storage"]
+    except ValueError as exc:
+        problems = [str(exc)]
+    if not problems:
+        run, _ = move(run, RunState.releasing, expect={run.state}, reason="adapter verified",
+                       outcome=Outcome.succeeded)
+        event(run, "audit", "adapter verified", sha256=run.adapter_sha256)
+        get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
+        return
+    why = "adapter verification failed: " + "; ".join(problems)
+    if run.state == RunState.recovering:
+        move(run, RunState.retained, expect={RunState.recovering}, reason=why + "; the machine and disk are still "
+              "retained, so fix the archive and recover again, or cancel with discard")
+        return
+    run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=why)
+    get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))

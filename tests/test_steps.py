@@ -1,0 +1,117 @@
+"""The step table (shared/runs/steps.py) and everything derived from it agree: the function
+app's queue triggers, the handlers, the heartbeat-check's and the sweeper's re-sends; and a
+step delivered for a run in a state it does not serve leaves the run as it is."""
+
+from __future__ import annotations
+
+import base64
+import importlib
+from pathlib import Path
+
+import azure.functions as func
+import pytest
+
+from shared.models import RunState, StepMessage
+from shared.queues import Queue, encode
+from shared.runs.lifecycle import HOLDS_MACHINE, PHASE_ORDER
+from shared.runs.steps import RUN_STEPS, TABLE, Resender, Step, resent_by
+from tests import fakes
+from tests.fakes import Cloud
+from tests.harness import Harness
+
+cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def queue_functions() -> dict[str, list[tuple[str, str]]]:
+    """queue name -> [(function name, module)] for every queue trigger function_app registers."""
+    import function_app
+    from shared.appindex import functions_of
+
+    found: dict[str, list[tuple[str, str]]] = {}
+    for fn in functions_of(function_app.app):
+        trig = fn.get_trigger().get_dict_repr()
+        if trig["type"] == "queueTrigger":
+            user = fn.get_user_function()
+            found.setdefault(trig["queueName"], []).append((fn.get_function_name(), user.__module__))
+    return found
+
+
+def test_every_queue_trigger_is_a_step_and_every_step_has_one() -> None:
+    found = queue_functions()
+    assert set(found) <= {s.value for s in Step}, f"queue triggers on queues the step table lacks: {found}"
+    for step in Step:
+        assert found.get(step.value) == [(step.snake, f"functions.{step.snake}")], (
+            f"step {step.value}: expected one function {step.snake} in functions/{step.snake}.py, got "
+            f"{found.get(step.value)}")
+
+
+def test_queue_names_are_the_step_names() -> None:
+    assert Queue is Step
+    assert [s.value for s in Step] == ["validate-connection", "refresh-catalog", "launch", "verify-adapter",
+                                       "retain", "release"]
+
+
+@pytest.mark.parametrize("step", list(Step), ids=str)
+def test_handler_is_named_as_the_step_and_exists(step: Step) -> None:
+    spec = TABLE[step]
+    module, _, name = spec.handler.partition(":")
+    assert name == step.snake
+    assert callable(getattr(importlib.import_module(module), name))
+    if spec.serves:  # a run step has its own service module, named as the step
+        assert module == f"shared.services.{step.snake}"
+        assert (ROOT / "shared" / "services" / f"{step.snake}.py").is_file()
+
+
+def test_resends_derive_from_the_table() -> None:
+    from shared.services import heartbeat_check, sweeper
+
+    S = RunState
+    assert heartbeat_check.RESEND == {S.queued: Step.launch, S.provisioning: Step.launch,
+                                      S.verifying: Step.verify_adapter, S.recovering: Step.verify_adapter,
+                                      S.retaining: Step.retain}
+    assert sweeper.RESENDS == {S.releasing: Step.release}
+    assert set(heartbeat_check.VERIFY_GIVE_UP) == Step.verify_adapter.serves
+    # Every state that served is re-sent by someone; no state is left to nobody.
+    assert set(resent_by(Resender.heartbeat_check)) | set(resent_by(Resender.sweeper)) == \
+        {s for spec in TABLE.values() for s in spec.serves}
+
+
+def test_every_state_holding_a_machine_has_an_owner() -> None:
+    # The agent's phases are the agent's (and the heartbeat deadlines'); retained waits for a user.
+    agent_phases = set(PHASE_ORDER) - {RunState.provisioning, RunState.verifying}
+    served = {s for spec in TABLE.values() for s in spec.serves}
+    assert served | agent_phases | {RunState.retained} == set(HOLDS_MACHINE)
+    assert RUN_STEPS == (Step.launch, Step.verify_adapter, Step.retain, Step.release)
+
+
+@pytest.mark.parametrize("step", RUN_STEPS, ids=str)
+def test_a_step_ignores_a_run_in_a_state_it_does_not_serve(h: Harness, cloud: Cloud, step: Step) -> None:
+    run_id = h.create_run("memory", "mem-a10")  # a draft: no step serves it
+    before = h.get_run(run_id)
+    body = base64.b64decode(encode(StepMessage(org=h.org, run_id=run_id)))
+    h.queue_fns[step.value](func.QueueMessage(id="m-1", body=body, pop_receipt="r"))
+    after = h.get_run(run_id)
+    assert after["state"] == "draft" and after["updated_at"] == before["updated_at"]
+    assert after["events"] == before["events"]
+    assert not cloud.calls[2:], cloud.calls  # only the connection check's validate and offers ran
+
+
+def test_launch_claim_is_granted_once_per_settle_period(h: Harness, cloud: Cloud) -> None:
+    from shared.models import CloudResource
+    from shared.services.launch import LAUNCH_SETTLE_S
+    from shared.store import get_store
+
+    store = get_store()
+    run_id = h.create_run("memory", "mem-a10")
+    run, _ = store.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.provisioning}))
+    assert store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (run, False)  # just written
+    h.clock.advance(LAUNCH_SETTLE_S + 1)
+    claimed, granted = store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S)
+    assert granted and claimed.updated_at > run.updated_at
+    assert store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (claimed, False)  # claimed just now
+    h.clock.advance(LAUNCH_SETTLE_S + 1)
+    res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=h.org)
+    launched, _ = store.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
+    assert store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (launched, False)  # launched already
