@@ -13,8 +13,19 @@ class _Config(BaseModel):
 
 
 class LocalStorageConfig(_Config):
+    """Always <TENSORANT_LOCAL_ROOT>/storage/<org>: the control plane's own root, never a path an
+    owner names (one could otherwise read and write another org's data or any host directory)."""
+
     kind: Literal["local"] = "local"
-    directory: str = ""  # empty = <TENSORANT_LOCAL_ROOT>/storage/<org>
+    directory: str = Field(default="", description="always empty: the directory is the operator's, per org")
+
+    @field_validator("directory")
+    @classmethod
+    def _directory(cls, v: str) -> str:
+        if v:
+            raise ValueError("local storage always lives under the control plane's TENSORANT_LOCAL_ROOT, one "
+                             "directory per organization; leave directory empty")
+        return v
 
 
 class S3StorageConfig(_Config):
