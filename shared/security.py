@@ -42,7 +42,7 @@ def mint_user_token(sub: str, org: str, role: Role, ttl_s: int = 12 * 3600) -> s
     max_ttl = get_settings().user_token_max_ttl
     if ttl_s > max_ttl:
         raise ValueError(f"a user token's lifetime may be at most {max_ttl} s here; ask for a shorter one")
-    if not ORG_RE.match(org) or not SUB_RE.match(sub):
+    if not ORG_RE.fullmatch(org) or not SUB_RE.fullmatch(sub):
         raise ValueError("org and sub must match their id patterns")
     iat = int(now_ts())
     claims = {"sub": sub, "org": org, "role": role.value, "typ": "user", "iat": iat, "exp": iat + ttl_s,
@@ -69,7 +69,7 @@ def _number(value: Any) -> bool:
 
 def _claim(claims: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:
     value = claims.get(name)
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise Unauthorized(f"the bearer token's {name} claim is missing or malformed")
     return value
 

@@ -16,10 +16,10 @@ from tests.harness import Harness
 
 cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
-BAD_IDS = ["a#b", "a\\b", "a\x01b", "a\x7fb", "x" * 100_000, "a b", "a\u2028b", "\u00e9t\u00e9"]
+BAD_IDS = ["abc\n", "a#b", "a\\b", "a\x01b", "a\x7fb", "x" * 100_000, "a b", "a\u2028b", "\u00e9t\u00e9"]
 
 
-@pytest.mark.parametrize("org", ["", None, [], ["org-a"], 0, "Org/A"], ids=repr)
+@pytest.mark.parametrize("org", ["", None, [], ["org-a"], 0, "Org/A", "org-a\n"], ids=repr)
 def test_store_has_no_falsy_org_means_all_orgs(h: Harness, org: Any) -> None:
     h.create_run("memory", "mem-a10")
     store = get_store()

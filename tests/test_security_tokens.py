@@ -46,7 +46,8 @@ def h(env: dict[str, str]) -> Iterator[Harness]:
 @pytest.mark.parametrize("claims", [
     {"exp": "never"}, {"exp": None}, {"exp": True}, {"iat": "x"},
     {"org": ""}, {"org": 7}, {"org": ["org-a", "org-b"]}, {"org": None}, {"org": {"x": 1}}, {"org": "Org/A"},
-    {"org": "org-a\u2028"}, {"sub": ""}, {"sub": ["a"]}, {"sub": "a" * 300}, {"role": "root"}, {"role": ["owner"]},
+    {"org": "org-a\u2028"}, {"org": "org-a\n"}, {"sub": "eve\n"},
+    {"sub": ""}, {"sub": ["a"]}, {"sub": "a" * 300}, {"role": "root"}, {"role": ["owner"]},
     {"typ": "agent"}, {"typ": None}, {"aud": None}, {"aud": "tensorant-agent"}, {"iss": "someone-else"},
     # Tokens shaped like the ones minted before audiences existed: 500 and "every org" before the fix.
     {"exp": "never", "aud": None, "iss": None}, {"org": "", "aud": None, "iss": None},

@@ -24,7 +24,7 @@ KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 def encode(env: dict[str, str]) -> str:
     """base64 of the JSON object; refuses names that are not environment names."""
     for key, value in env.items():
-        if not isinstance(key, str) or not KEY.match(key):
+        if not isinstance(key, str) or not KEY.fullmatch(key):
             raise ValueError(f"environment name {key!r} is not valid")
         if not isinstance(value, str):
             raise ValueError(f"environment value for {key} must be a string")

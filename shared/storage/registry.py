@@ -24,7 +24,8 @@ def make_storage(config: BaseModel, settings: Settings, org: str) -> StorageBack
     if isinstance(config, LocalStorageConfig):
         from shared.storage.local import LocalStorage
 
-        if not re.match(ORG_PATTERN, org):  # the org names a directory: no '..', '/', '\\'
+        # The org names a directory: no "..", "/" or "\\"; fullmatch, as "$" allows a trailing newline.
+        if not re.fullmatch(ORG_PATTERN, org):
             raise ValueError(f"org {org!r:.80} is not a valid organization id")
         return LocalStorage(config, Path(settings.local_root).resolve() / "storage" / org)
     if isinstance(config, S3StorageConfig):

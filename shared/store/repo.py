@@ -36,7 +36,7 @@ _KEY = re.compile(KEY_PATTERN)
 
 def _org(org: object) -> str:
     """Every per-org call names one org: an empty or malformed org is a bug, never "all orgs"."""
-    if not isinstance(org, str) or not _ORG.match(org):
+    if not isinstance(org, str) or not _ORG.fullmatch(org):
         raise ValueError(f"a store call needs one valid org, not {org!r:.80}")
     return org
 
@@ -46,7 +46,7 @@ _SLOT = re.compile(r"^(storage|compute:[a-z][a-z0-9_-]{0,31})$")
 
 def _id(value: str, what: str) -> str:
     """An id that cannot be a table key (/, #, ?, \\, control characters, too long) names nothing."""
-    if not isinstance(value, str) or not _KEY.match(value):
+    if not isinstance(value, str) or not _KEY.fullmatch(value):
         raise NotFound(f"{what} not found")
     return value
 
@@ -80,7 +80,7 @@ class Store:
 
     # ------------------------------------------------------------ connections
     def get_connection(self, org: str, slot: str) -> tuple[ConnectionRecord, str] | None:
-        if not isinstance(slot, str) or not _SLOT.match(slot):
+        if not isinstance(slot, str) or not _SLOT.fullmatch(slot):
             return None  # no provider has such a name: nothing is saved under it
         got = self.table("connections").get(_org(org), _rk(slot))
         return (ConnectionRecord.model_validate(got[0]), got[1]) if got else None
@@ -93,7 +93,7 @@ class Store:
         return t.update(rec.org, _rk(rec.slot), data, etag, provider=rec.provider)
 
     def delete_connection(self, org: str, slot: str) -> None:
-        if isinstance(slot, str) and _SLOT.match(slot):
+        if isinstance(slot, str) and _SLOT.fullmatch(slot):
             self.table("connections").delete(_org(org), _rk(slot))
 
     def list_connections(self, org: str) -> list[ConnectionRecord]:

@@ -47,7 +47,7 @@ def test_each_org_gets_its_own_directory_under_the_root(tmp_path: Path) -> None:
             a.put(key, b"x")
 
 
-@pytest.mark.parametrize("org", ["", "..", "org/../../x", "Org-A", "a\\b"])
+@pytest.mark.parametrize("org", ["", "..", "org/../../x", "Org-A", "a\\b", "org-a\n"])
 def test_org_name_cannot_leave_the_root(tmp_path: Path, org: str) -> None:
     with pytest.raises(ValueError):
         make_storage(LocalStorageConfig(), Settings(local_root=str(tmp_path)), org)
