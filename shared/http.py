@@ -17,6 +17,9 @@ from shared.security import Principal, authenticate
 
 M = TypeVar("M", bound=BaseModel)
 PROBLEM = "application/problem+json"
+# No API body nests deeper than a few levels; deeper JSON is refused before it can reach
+# recursive code (pydantic, to_json, the store) and raise RecursionError (issue 12.12).
+MAX_JSON_DEPTH = 64
 
 
 Body = type[BaseModel] | str  # a model, or a media type / named body (see shared.openapi)
@@ -57,12 +60,34 @@ def invalid(exc: ValidationError, prefix: str = "") -> InvalidInput:
     return InvalidInput(f"fix these fields and send again: {detail}", errors=errors)
 
 
+def _too_deep() -> InvalidInput:
+    return InvalidInput.field("body", f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels; send a flat object")
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def json_body(req: Any) -> Any:
     raw = req.get_body() or b"{}"
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
+    except RecursionError as exc:
+        raise _too_deep() from exc
     except ValueError as exc:
         raise InvalidInput.field("body", f"the body is not valid JSON ({exc}); send a JSON object") from exc
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise _too_deep()
+    return data
 
 
 def parse(req: Any, model: type[M]) -> M:

@@ -11,10 +11,20 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 1
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{2,62}$"
+# Strict patterns for every id that reaches a table key, a URL, a cloud API or a machine's
+# environment (issue 11.2, 11.12): no '/', '#', '?', '\\', whitespace or control characters,
+# and a bounded length. Table keys are checked again in the store (shared/store/repo.py).
+KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+ORG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+PROVIDER_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
+# An offer id is built by a provider: region/zone/type (AWS), azure:region:size, runpod-... slugs.
+OFFER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
+# A declared base model id: "name" or "owner/name", Hugging Face style.
+BASE_MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
 
 
 class Model(BaseModel):
@@ -251,14 +261,21 @@ class ProjectCreate(Model):
 
 
 class RunCreate(Model):
-    project_id: str
+    project_id: str = Field(pattern=KEY_PATTERN)
     kind: RunKind = RunKind.trial
-    provider: str
-    offer_id: str
+    provider: str = Field(pattern=PROVIDER_PATTERN)
+    offer_id: str = Field(pattern=OFFER_PATTERN)
     price_limit_per_hour: float = Field(gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
-    dataset_version_id: str
-    base_model: str = Field(min_length=1, max_length=200)
+    dataset_version_id: str = Field(pattern=KEY_PATTERN)
+    base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
+
+    @field_validator("offer_id", "base_model")
+    @classmethod
+    def _no_dot_segments(cls, v: str) -> str:
+        if ".." in v or "//" in v:
+            raise ValueError("may not contain '..' or '//'")
+        return v
 
 
 class RunLaunch(Model):

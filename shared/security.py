@@ -5,14 +5,24 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from shared.clock import now_ts
-from shared.errors import Forbidden, Unauthorized
+from shared.errors import Conflict, Forbidden, Unauthorized
 from shared.log import register_secret
-from shared.models import Role
-from shared.settings import get_settings
+from shared.models import KEY_PATTERN, ORG_PATTERN, Role
+from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
+
+# Audiences: a user token is refused on the agent API and an agent token on the user API,
+# even if its typ claim were forged. The issuer names the deployment.
+USER_AUDIENCE = "tensorant-api"
+AGENT_AUDIENCE = "tensorant-agent"
+ORG_RE = re.compile(ORG_PATTERN)
+SUB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}$")
+RUN_RE = re.compile(KEY_PATTERN)
+CLOCK_SKEW_S = 60
 
 
 @dataclass(frozen=True)
@@ -22,57 +32,99 @@ class Principal:
     role: Role
 
 
+def _issuer() -> str:
+    return f"tensorant:{get_settings().deployment_id}"
+
+
 def mint_user_token(sub: str, org: str, role: Role, ttl_s: int = 12 * 3600) -> str:
     import jwt
 
+    max_ttl = get_settings().user_token_max_ttl
+    if ttl_s > max_ttl:
+        raise ValueError(f"a user token's lifetime may be at most {max_ttl} s here; ask for a shorter one")
+    if not ORG_RE.fullmatch(org) or not SUB_RE.fullmatch(sub):
+        raise ValueError("org and sub must match their id patterns")
     iat = int(now_ts())
-    claims = {"sub": sub, "org": org, "role": role.value, "typ": "user", "iat": iat, "exp": iat + ttl_s}
+    claims = {"sub": sub, "org": org, "role": role.value, "typ": "user", "iat": iat, "exp": iat + ttl_s,
+              "aud": USER_AUDIENCE, "iss": _issuer()}
     return jwt.encode(claims, get_settings().jwt_secret, algorithm="HS256")
 
 
-def mint_agent_token(org: str, run_id: str, ttl_s: int = 8 * 24 * 3600) -> str:
+def mint_agent_token(org: str, run_id: str, ttl_s: int = AGENT_TOKEN_MAX_TTL_S) -> str:
     import jwt
 
+    if ttl_s > AGENT_TOKEN_MAX_TTL_S:
+        raise ValueError(f"an agent token's lifetime may be at most {AGENT_TOKEN_MAX_TTL_S} s")
     iat = int(now_ts())
     claims = {"sub": f"agent:{run_id}", "org": org, "run": run_id, "typ": "agent", "iat": iat, "exp": iat + ttl_s,
-              "jti": base64.urlsafe_b64encode(os.urandom(12)).decode()}
+              "aud": AGENT_AUDIENCE, "iss": _issuer(), "jti": base64.urlsafe_b64encode(os.urandom(12)).decode()}
     token = jwt.encode(claims, get_settings().jwt_secret, algorithm="HS256")
     register_secret(token)  # masked in logs and in any provider error text that echoes it
     return token
 
 
-def _decode(header: str | None) -> dict[str, Any]:
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _claim(claims: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:
+    value = claims.get(name)
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise Unauthorized(f"the bearer token's {name} claim is missing or malformed")
+    return value
+
+
+def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
+            wrong_kind: type[Unauthorized] | type[Forbidden] = Unauthorized) -> dict[str, Any]:
+    """Verify signature, audience, issuer and every claim's type and shape; never a 500.
+
+    `wrong_kind`: the error for a valid token of the other kind (user vs agent)."""
     import jwt
 
     if not header or not header.lower().startswith("bearer "):
         raise Unauthorized("send Authorization: Bearer <token> (mint one with `tensorant dev-token`)")
     token = header.split(" ", 1)[1].strip()
     try:
+        # exp is checked below against the control plane's clock (tests simulate it).
         claims: dict[str, Any] = jwt.decode(
-            token, get_settings().jwt_secret, algorithms=["HS256"], options={"verify_exp": False}
+            token, get_settings().jwt_secret, algorithms=["HS256"], audience=audience, issuer=_issuer(),
+            options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "aud", "iss"]},
         )
+    except jwt.InvalidAudienceError as exc:
+        wanted = "a user token" if audience == USER_AUDIENCE else "this run's agent token"
+        raise wrong_kind(f"this endpoint needs {wanted}") from exc
     except jwt.PyJWTError as exc:
         raise Unauthorized(f"the bearer token is invalid ({type(exc).__name__})") from exc
-    if claims.get("exp", 0) < now_ts():
+    if not isinstance(claims, dict) or claims.get("typ") != typ:
+        raise wrong_kind(f"this endpoint needs a {typ} token")
+    if not _number(claims.get("exp")) or not _number(claims.get("iat")):
+        raise Unauthorized("the bearer token's exp and iat claims must be numbers")
+    exp, iat = float(claims["exp"]), float(claims["iat"])
+    if exp - iat > max_ttl_s:
+        raise Unauthorized(f"the bearer token's lifetime is over the {max_ttl_s} s allowed; mint a shorter one")
+    if iat > now_ts() + CLOCK_SKEW_S:
+        raise Unauthorized("the bearer token was issued in the future")
+    if exp < now_ts():
         raise Unauthorized("the bearer token has expired; mint a new one")
+    _claim(claims, "org", ORG_RE)
+    _claim(claims, "sub", SUB_RE)
     claims["_raw"] = token
     return claims
 
 
 def authenticate(header: str | None) -> Principal:
-    claims = _decode(header)
-    if claims.get("typ") != "user":
-        raise Unauthorized("this endpoint needs a user token, not an agent token")
-    try:
-        return Principal(sub=str(claims["sub"]), org=str(claims["org"]), role=Role(claims["role"]))
-    except (KeyError, ValueError) as exc:
-        raise Unauthorized("the bearer token lacks sub, org or a known role") from exc
+    claims = _decode(header, USER_AUDIENCE, "user", get_settings().user_token_max_ttl)
+    role = claims.get("role")
+    if not isinstance(role, str) or role not in Role.__members__:
+        raise Unauthorized("the bearer token lacks a known role")
+    return Principal(sub=claims["sub"], org=claims["org"], role=Role(role))
 
 
 def authenticate_agent(header: str | None, run_id: str) -> str:
     """Return the org of a token minted for exactly this run."""
-    claims = _decode(header)
-    if claims.get("typ") != "agent" or claims.get("run") != run_id:
+    claims = _decode(header, AGENT_AUDIENCE, "agent", AGENT_TOKEN_MAX_TTL_S, wrong_kind=Forbidden)
+    run = _claim(claims, "run", RUN_RE)
+    if run != run_id:
         raise Forbidden("this token is not the token of this run")
     return str(claims["org"])
 
@@ -94,12 +146,26 @@ def seal(data: dict[str, Any], aad: str) -> str:
     return "v1." + base64.b64encode(nonce + ct).decode()
 
 
+class SealedSecretError(Conflict):
+    """A sealed secret that does not open: another row's (org|slot is the associated data),
+    another encryption key, or damaged. Answered as 409 with what to do."""
+
+
 def unseal(blob: str, aad: str) -> dict[str, Any]:
+    from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    if not blob.startswith("v1."):
-        raise ValueError("unknown sealed format")
-    raw = base64.b64decode(blob[3:])
-    plain = AESGCM(get_settings().encryption_key_bytes).decrypt(raw[:12], raw[12:], aad.encode())
-    result: dict[str, Any] = json.loads(plain)
+    what = aad.split("|", 1)[-1]
+    fix = f"an owner saves the {what} connection again with its credentials"
+    if not isinstance(blob, str) or not blob.startswith("v1."):
+        raise SealedSecretError(f"the saved secret of {what} is in an unknown format; {fix}")
+    try:
+        raw = base64.b64decode(blob[3:], validate=True)
+        plain = AESGCM(get_settings().encryption_key_bytes).decrypt(raw[:12], raw[12:], aad.encode())
+        result: dict[str, Any] = json.loads(plain)
+    except (InvalidTag, ValueError) as exc:
+        # The org and slot are the associated data: a blob copied from another org's (or
+        # another slot's) row fails here, as does one sealed under another key.
+        raise SealedSecretError(f"the saved secret of {what} does not open for this organization (it was sealed "
+                                f"for another row or with another encryption key); {fix}") from exc
     return result

@@ -7,10 +7,11 @@ loads local.settings.json's Values into the environment, so both paths meet here
 from __future__ import annotations
 
 import base64
+import binascii
 import os
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 AZURITE = (
     "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
@@ -22,6 +23,13 @@ AZURITE = (
 # Development-only defaults: the local host refuses to use them when TENSORANT_ENV=production.
 DEV_JWT_SECRET = "dev-only-jwt-secret-change-me-0123456789abcdef"
 DEV_ENCRYPTION_KEY = base64.b64encode(b"dev-only-aes-key-32-bytes-long!!").decode()
+# The placeholders in local.settings.example.json: copied as they are, they are no secret.
+EXAMPLE_JWT_SECRET = "replace-with-a-long-random-secret"
+EXAMPLE_ENCRYPTION_KEY = "replace-with-base64-of-32-random-bytes"
+MIN_JWT_SECRET_BYTES = 32
+PRODUCTION_USER_TOKEN_MAX_TTL_S = 24 * 3600
+DEV_USER_TOKEN_MAX_TTL_S = 10 * 366 * 86400  # `tensorant dev-token` mints long-lived dev tokens
+AGENT_TOKEN_MAX_TTL_S = 8 * 24 * 3600
 
 
 class Settings(BaseModel):
@@ -45,12 +53,36 @@ class Settings(BaseModel):
     sweep_grace_s: int = 300
     release_backoff_max_s: int = 900
     catalog_max_age_s: int = 3600
+    # Longest user token accepted (exp - iat); 0 = the default: 24 h in production.
+    user_token_max_ttl_s: int = Field(default=0, ge=0)
+    # Tests only: lets a custom S3 endpoint be http:// on a loopback/private address (moto,
+    # local servers). Production refuses to start with it.
+    allow_private_endpoints: bool = False
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        # "Production" must not skip the production checks.
+        return v.strip().lower()
+
+    @property
+    def is_production(self) -> bool:
+        return self.env == "production"
+
+    @property
+    def user_token_max_ttl(self) -> int:
+        if self.user_token_max_ttl_s:
+            return self.user_token_max_ttl_s
+        return PRODUCTION_USER_TOKEN_MAX_TTL_S if self.is_production else DEV_USER_TOKEN_MAX_TTL_S
 
     @property
     def encryption_key_bytes(self) -> bytes:
-        key = base64.b64decode(self.encryption_key)
+        try:
+            key = base64.b64decode(self.encryption_key, validate=True)
+        except (binascii.Error, ValueError):
+            key = b""
         if len(key) != 32:
-            raise ValueError("TENSORANT_ENCRYPTION_KEY must be 32 bytes, base64-encoded")
+            raise ValueError("TENSORANT_ENCRYPTION_KEY must be 32 random bytes, base64-encoded")
         return key
 
 
@@ -72,6 +104,8 @@ _ENV = {
     "sweep_grace_s": "TENSORANT_SWEEP_GRACE_S",
     "release_backoff_max_s": "TENSORANT_RELEASE_BACKOFF_MAX_S",
     "catalog_max_age_s": "TENSORANT_CATALOG_MAX_AGE_S",
+    "user_token_max_ttl_s": "TENSORANT_USER_TOKEN_MAX_TTL_S",
+    "allow_private_endpoints": "TENSORANT_ALLOW_PRIVATE_ENDPOINTS",
 }
 
 
@@ -80,11 +114,33 @@ def load_settings() -> Settings:
     if values.get("storage_connection") == "UseDevelopmentStorage=true":
         values["storage_connection"] = AZURITE
     settings = Settings(**values)  # type: ignore[arg-type]
-    if settings.env == "production" and DEV_JWT_SECRET in (settings.jwt_secret,):
-        raise ValueError("TENSORANT_JWT_SECRET must be set in production")
-    if settings.env == "production" and settings.encryption_key == DEV_ENCRYPTION_KEY:
-        raise ValueError("TENSORANT_ENCRYPTION_KEY must be set in production")
+    if settings.is_production:
+        problems = production_problems(settings)
+        if problems:
+            raise ValueError("refusing to start in production: " + "; ".join(problems))
     return settings
+
+
+def production_problems(s: Settings) -> list[str]:
+    """What makes these settings unsafe for production (never echoing a secret)."""
+    problems = []
+    if s.jwt_secret in (DEV_JWT_SECRET, EXAMPLE_JWT_SECRET):
+        problems.append("TENSORANT_JWT_SECRET is the development default or the example placeholder; "
+                        "set a random secret")
+    elif len(s.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
+        problems.append(f"TENSORANT_JWT_SECRET is shorter than {MIN_JWT_SECRET_BYTES} bytes")
+    if s.encryption_key in (DEV_ENCRYPTION_KEY, EXAMPLE_ENCRYPTION_KEY):
+        problems.append("TENSORANT_ENCRYPTION_KEY is the development default or the example placeholder")
+    else:
+        try:
+            _ = s.encryption_key_bytes
+        except ValueError as exc:
+            problems.append(str(exc))
+    if s.allow_private_endpoints:
+        problems.append("TENSORANT_ALLOW_PRIVATE_ENDPOINTS is a test-only allowance")
+    if s.user_token_max_ttl > PRODUCTION_USER_TOKEN_MAX_TTL_S:
+        problems.append(f"TENSORANT_USER_TOKEN_MAX_TTL_S may be at most {PRODUCTION_USER_TOKEN_MAX_TTL_S}")
+    return problems
 
 
 @lru_cache(maxsize=1)

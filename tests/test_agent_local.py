@@ -108,7 +108,7 @@ def api() -> Iterator[FakeAgentApi]:
 def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A deployment of its own (so other tests' processes are never seen), storage with a dataset."""
     settings = Settings(deployment_id="lt" + secrets.token_hex(3), local_root=str(tmp_path / "local"))
-    storage = LocalStorage(LocalStorageConfig(directory=str(tmp_path / "storage")), tmp_path)
+    storage = LocalStorage(LocalStorageConfig(), tmp_path / "storage")
     storage.put(dataset_key("p1", "d1"), b'{"text": "a"}\n{"text": "b"}\n\n{"text": "c"}\n')
     yield {"settings": settings, "storage": storage, "tmp": tmp_path}
     # Whatever a test left running for its deployment is killed and removed.

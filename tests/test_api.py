@@ -134,9 +134,11 @@ def test_dataset_lines_are_validated_with_line_numbers(h: Harness) -> None:
 
 def test_storage_location_cannot_change_once_projects_exist(h: Harness, tmp_path: object) -> None:
     h.ok("POST", "/api/projects", json_body={"name": "p"})
-    status, body, _ = h.call("PUT", "/api/connections/storage", json_body={"kind": "local", "directory": "/tmp/elsewhere"})
+    status, body, _ = h.call("PUT", "/api/connections/storage", json_body={
+        "kind": "s3", "endpoint": "https://s3.example.com", "region": "us-east-1", "bucket": "elsewhere",
+        "access_key_id": "AKIAEXAMPLE0", "secret_access_key": "x" * 40})
     assert status == 409 and "migration" in body["detail"]
-    assert h.ok("GET", "/api/connections/storage")["config"]["directory"] == ""
+    assert h.ok("GET", "/api/connections/storage")["provider"] == "local"
 
 
 def test_openapi_lists_every_route_with_models(h: Harness) -> None:

@@ -110,7 +110,7 @@ def test_dev_token_decodes_with_org_role_and_sub(capsys: pytest.CaptureFixture[s
         assert main(["dev-token", "--org", "acme", "--role", "admin", "--sub", "ann"]) == 0
         token = capsys.readouterr().out.strip()
         assert "\n" not in token
-        claims = jwt.decode(token, get_settings().jwt_secret, algorithms=["HS256"])
+        claims = jwt.decode(token, get_settings().jwt_secret, algorithms=["HS256"], audience="tensorant-api")
         assert (claims["org"], claims["role"], claims["sub"], claims["typ"]) == ("acme", "admin", "ann", "user")
     finally:
         monkeypatch.delenv("TENSORANT_JWT_SECRET")

@@ -2,13 +2,16 @@
 
 The host keeps its output under /var/lib/tensorant/data (mounted at /workspace/data in
 the container), so a retained VM still holds adapter.zip for recovery. The environment
-file is written root-only; nothing secret is put on a command line.
+file is written root-only and holds one line, TENSORANT_BOOTSTRAP=<base64 JSON> (see
+shared/providers/bootstrap_env.py), so no value can add a variable; nothing secret is put
+on a command line.
 """
 
 from __future__ import annotations
 
 import shlex
 
+from shared.providers import bootstrap_env
 from shared.providers.base import Bootstrap
 
 HOST_DATA_DIR = "/var/lib/tensorant/data"
@@ -16,17 +19,10 @@ CONTAINER_DATA_DIR = "/workspace/data"
 MAX_USER_DATA = 16 * 1024  # EC2's limit; Azure's custom data allows more, the tighter bound serves both
 
 
-def _env_line(key: str, value: str) -> str:
-    if "\n" in value or "\0" in value:
-        raise ValueError(f"environment value for {key} may not contain a newline")
-    return f"{key}={value}"
-
-
 def render(bootstrap: Bootstrap) -> str:
     env = dict(bootstrap.env)
     env.setdefault("TENSORANT_DATA_DIR", CONTAINER_DATA_DIR)
-    env_file = "\n".join(_env_line(k, v) for k, v in sorted(env.items()))
-    indented = "\n".join("      " + line for line in env_file.splitlines())
+    indented = "      " + bootstrap_env.env_file(env).rstrip("\n")  # one line: the name and base64
     image = shlex.quote(bootstrap.container_image)
     script = (
         "#!/bin/bash\n"

@@ -45,7 +45,7 @@ def refresh_catalog(msg: ConnectionMessage) -> None:
 def queue_all_refreshes() -> int:
     """Timer: one refresh message per connected compute connection."""
     count = 0
-    for rec in get_store().list_connections():
+    for rec in get_store().list_connections_all_orgs():
         if rec.slot.startswith("compute:") and rec.status == ConnectionStatus.connected:
             get_queues().send(Step.refresh_catalog, ConnectionMessage(org=rec.org, slot=rec.slot))
             count += 1

@@ -56,7 +56,7 @@ def missed_deadline(run: RunRecord, t: datetime) -> str | None:
 def check_all() -> dict[str, int]:
     store, t = get_store(), now()
     counts = {"retained": 0, "failed": 0, "resent": 0}
-    for run in store.list_runs(states=set(ACTIVE) | set(RESEND)):
+    for run in store.list_runs_all_orgs(states=set(ACTIVE) | set(RESEND)):
         why = missed_deadline(run, t) if run.state in ACTIVE else None
         if why:
             counts["retained"] += _retain(run, why)

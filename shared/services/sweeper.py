@@ -62,7 +62,7 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
     stats = {"connections": 0, "listed": 0, "list_calls": 0, "run_queries": 0}
     findings: list[dict[str, Any]] = []
     by_org: dict[str, list[str]] = defaultdict(list)
-    for conn in store.list_connections():
+    for conn in store.list_connections_all_orgs():
         if conn.slot.startswith("compute:") and conn.status != ConnectionStatus.checking:
             by_org[conn.org].append(conn.provider)
     for org, providers in sorted(by_org.items()):

@@ -13,14 +13,26 @@ class _Config(BaseModel):
 
 
 class LocalStorageConfig(_Config):
+    """Always <TENSORANT_LOCAL_ROOT>/storage/<org>: the control plane's own root, never a path an
+    owner names (one could otherwise read and write another org's data or any host directory)."""
+
     kind: Literal["local"] = "local"
-    directory: str = ""  # empty = <TENSORANT_LOCAL_ROOT>/storage/<org>
+    directory: str = Field(default="", description="always empty: the directory is the operator's, per org")
+
+    @field_validator("directory")
+    @classmethod
+    def _directory(cls, v: str) -> str:
+        if v:
+            raise ValueError("local storage always lives under the control plane's TENSORANT_LOCAL_ROOT, one "
+                             "directory per organization; leave directory empty")
+        return v
 
 
 class S3StorageConfig(_Config):
     kind: Literal["s3"] = "s3"
     endpoint: str = Field(default="", description="https URL; empty for AWS S3 in `region`")
-    region: str = Field(min_length=2, max_length=40)
+    # The region goes into the AWS endpoint's host name: letters, digits and hyphens only.
+    region: str = Field(min_length=2, max_length=40, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]$")
     bucket: str = Field(min_length=3, max_length=63)
     prefix: str = ""
     access_key_id: str = Field(min_length=4, max_length=128)
@@ -29,8 +41,15 @@ class S3StorageConfig(_Config):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
-        if v and not re.match(r"^https?://[^\s/]+(:\d+)?/?$", v):
+        if not v:
+            return v
+        if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$", v):
             raise ValueError("endpoint must be a URL like https://s3.example.com (no path)")
+        if not v.startswith("https://"):
+            from shared.settings import get_settings
+
+            if not get_settings().allow_private_endpoints:  # test-only allowance (moto on loopback http)
+                raise ValueError("endpoint must be an https:// URL")
         return v.rstrip("/")
 
     @field_validator("bucket")

@@ -1,4 +1,8 @@
-"""Local-directory storage for running without a cloud (and for tests)."""
+"""Local-directory storage for running without a cloud (and for tests).
+
+The directory is always the one make_storage builds, <TENSORANT_LOCAL_ROOT>/storage/<org>;
+a saved config cannot name another (shared/storage/config.py refuses `directory`).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ class LocalStorage:
     kind = "local"
 
     def __init__(self, config: LocalStorageConfig, root: Path) -> None:
-        self.root = Path(config.directory) if config.directory else root
-        self.root = self.root.resolve()
+        self.config = config
+        self.root = root.resolve()
 
     def location(self) -> str:
         return f"file://{self.root}"
@@ -30,10 +34,13 @@ class LocalStorage:
         key = ".tensorant-probe"
         try:
             self.put(key, b"probe")
-            write = Check(name="write", status=CheckStatus.ok, message=f"wrote a probe file in {self.root}")
-        except OSError as exc:
-            return [Check(name="write", status=CheckStatus.fail, message=f"cannot write in {self.root}: {exc}; "
-                          "choose a directory the control plane can write")]
+            write = Check(name="write", status=CheckStatus.ok,
+                          message="wrote a probe file in the organization's local storage directory")
+        except OSError:
+            # No errno text and no path: the message is shown to the org's owner.
+            return [Check(name="write", status=CheckStatus.fail, message=(
+                "cannot write in the organization's local storage directory; the operator checks that "
+                "TENSORANT_LOCAL_ROOT is a directory the control plane can write"))]
         ok = self.get(key, 100) == b"probe"
         read = Check(name="read", status=CheckStatus.ok if ok else CheckStatus.fail,
                      message="read the probe back" if ok else "the probe read back differently")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, TypeAdapter
 
+from shared.models import ORG_PATTERN
 from shared.settings import Settings
 from shared.storage.base import StorageBackend
 from shared.storage.config import LocalStorageConfig, RunPodVolumeConfig, S3StorageConfig, StorageConfig
@@ -22,7 +24,10 @@ def make_storage(config: BaseModel, settings: Settings, org: str) -> StorageBack
     if isinstance(config, LocalStorageConfig):
         from shared.storage.local import LocalStorage
 
-        return LocalStorage(config, Path(settings.local_root) / "storage" / org)
+        # The org names a directory: no "..", "/" or "\\"; fullmatch, as "$" allows a trailing newline.
+        if not re.fullmatch(ORG_PATTERN, org):
+            raise ValueError(f"org {org!r:.80} is not a valid organization id")
+        return LocalStorage(config, Path(settings.local_root).resolve() / "storage" / org)
     if isinstance(config, S3StorageConfig):
         from shared.storage.s3 import S3Storage
 

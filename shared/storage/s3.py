@@ -16,6 +16,13 @@ from shared.models import Check, CheckStatus
 from shared.providers.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.storage.base import ObjectMissing, adapter_key, logs_key
 from shared.storage.config import S3StorageConfig
+from shared.storage.endpoint_guard import (
+    ENDPOINT_UNREACHABLE,
+    EndpointRefused,
+    PinnedSender,
+    Resolver,
+    system_resolver,
+)
 
 AGENT_URL_TTL_S = 12 * 3600
 MAX_URL_TTL_S = 7 * 24 * 3600
@@ -42,13 +49,20 @@ class S3Storage:
     kind = "s3"
 
     def __init__(self, config: S3StorageConfig, *, endpoint: str | None = None, url_ttl_s: int = AGENT_URL_TTL_S,
-                 label: str = "") -> None:
-        """`endpoint` overrides the config's (tests, and RunPodVolumeStorage which derives its own)."""
+                 label: str = "", resolver: Resolver = system_resolver, allow_private: bool | None = None) -> None:
+        """`endpoint` overrides the config's (tests, and RunPodVolumeStorage which derives its own).
+        `allow_private` defaults to the test-only setting TENSORANT_ALLOW_PRIVATE_ENDPOINTS."""
         self.config = config
         self.endpoint = (endpoint if endpoint is not None else config.endpoint).rstrip("/")
         self.url_ttl_s = min(url_ttl_s, MAX_URL_TTL_S)
         self.label = label or "bucket"
         self._client: Any = None
+        if allow_private is None:
+            from shared.settings import get_settings
+
+            allow_private = get_settings().allow_private_endpoints
+        # Every request goes to an address checked to be public, pinned for that connection.
+        self._sender = PinnedSender(allow_private=allow_private, resolver=resolver)
         register_secret(config.secret_access_key.get_secret_value())
 
     # ------------------------------------------------------------ plumbing
@@ -70,7 +84,11 @@ class S3Storage:
                 config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
                               connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"}),
             )
+            self._client.meta.events.register_first("before-send.s3", self._sender)
         return self._client
+
+    def _unreachable(self) -> str:
+        return ENDPOINT_UNREACHABLE.format(endpoint=self.endpoint or f"https://s3.{self.config.region}.amazonaws.com")
 
     def location(self) -> str:
         where = self.endpoint or f"aws:{self.config.region}"
@@ -86,10 +104,11 @@ class S3Storage:
         """boto errors -> the provider error tree, with what to fix."""
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
 
+        if isinstance(exc, EndpointRefused):
+            return PermanentError(f"cannot {action} {key}: {self._unreachable()}", code="endpoint")
         if isinstance(exc, EndpointConnectionError) or (isinstance(exc, BotoCoreError)
                                                          and not isinstance(exc, ClientError)):
-            return RetryableError(f"cannot reach {self.endpoint or 'AWS S3'} to {action} {key}: {type(exc).__name__}",
-                                  code="network")
+            return RetryableError(f"cannot {action} {key}: {self._unreachable()}", code="network")
         code = _code(exc)
         if code in _MISSING:
             return ObjectMissing(key)
@@ -103,12 +122,12 @@ class S3Storage:
 
     def _hint(self, exc: Exception) -> str:
         """How to fix a failed probe, in the words of the setup page."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import ClientError
 
         c = self.config
-        if isinstance(exc, BotoCoreError) and not isinstance(exc, ClientError):
-            return (f"cannot reach the endpoint {self.endpoint or 's3.' + c.region + '.amazonaws.com'}: check the "
-                    "URL (https://host[:port], no path) and that it is reachable from the control plane")
+        if isinstance(exc, EndpointRefused) or not isinstance(exc, ClientError):
+            # One message for refused, timed out, TLS failure and blocked address alike.
+            return self._unreachable()
         code = _code(exc)
         region = _bucket_region(exc)
         if code == "NoSuchBucket":
@@ -123,7 +142,7 @@ class S3Storage:
         if code in ("AccessDenied", "403", "AllAccessDisabled"):
             where = f"{c.bucket}/{c.prefix + '/' if c.prefix else ''}*"
             return (f"the key lacks permission: allow s3:PutObject, s3:GetObject and s3:DeleteObject on {where}")
-        return f"error {code or type(exc).__name__}"
+        return f"the endpoint did not answer as S3 storage (error {code or 'unknown'})"
 
     # ------------------------------------------------------------ the Protocol
 

@@ -7,6 +7,7 @@ audit (sweeper actions, poison discards).
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from functools import lru_cache
@@ -15,6 +16,8 @@ from typing import Any
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, NotFound
 from shared.models import (
+    KEY_PATTERN,
+    ORG_PATTERN,
     CatalogRecord,
     CloudResource,
     ConnectionRecord,
@@ -27,6 +30,25 @@ from shared.models import (
 from shared.store.tables import Table
 
 MAX_RACE_RETRIES = 8
+_ORG = re.compile(ORG_PATTERN)
+_KEY = re.compile(KEY_PATTERN)
+
+
+def _org(org: object) -> str:
+    """Every per-org call names one org: an empty or malformed org is a bug, never "all orgs"."""
+    if not isinstance(org, str) or not _ORG.fullmatch(org):
+        raise ValueError(f"a store call needs one valid org, not {org!r:.80}")
+    return org
+
+
+_SLOT = re.compile(r"^(storage|compute:[a-z][a-z0-9_-]{0,31})$")
+
+
+def _id(value: str, what: str) -> str:
+    """An id that cannot be a table key (/, #, ?, \\, control characters, too long) names nothing."""
+    if not isinstance(value, str) or not _KEY.fullmatch(value):
+        raise NotFound(f"{what} not found")
+    return value
 
 
 def _rk(key: str) -> str:
@@ -58,7 +80,9 @@ class Store:
 
     # ------------------------------------------------------------ connections
     def get_connection(self, org: str, slot: str) -> tuple[ConnectionRecord, str] | None:
-        got = self.table("connections").get(org, _rk(slot))
+        if not isinstance(slot, str) or not _SLOT.fullmatch(slot):
+            return None  # no provider has such a name: nothing is saved under it
+        got = self.table("connections").get(_org(org), _rk(slot))
         return (ConnectionRecord.model_validate(got[0]), got[1]) if got else None
 
     def put_connection(self, rec: ConnectionRecord, etag: str | None) -> str:
@@ -69,11 +93,16 @@ class Store:
         return t.update(rec.org, _rk(rec.slot), data, etag, provider=rec.provider)
 
     def delete_connection(self, org: str, slot: str) -> None:
-        self.table("connections").delete(org, _rk(slot))
+        if isinstance(slot, str) and _SLOT.fullmatch(slot):
+            self.table("connections").delete(_org(org), _rk(slot))
 
-    def list_connections(self, org: str | None = None) -> list[ConnectionRecord]:
-        q = self.table("connections").query("PartitionKey eq @org", org=org) if org else self.table("connections").query()
+    def list_connections(self, org: str) -> list[ConnectionRecord]:
+        q = self.table("connections").query("PartitionKey eq @org", org=_org(org))
         return [ConnectionRecord.model_validate(d) for d, _ in q]
+
+    def list_connections_all_orgs(self) -> list[ConnectionRecord]:
+        """Every org's connections: the sweeper and the catalog timer only, never a user request."""
+        return [ConnectionRecord.model_validate(d) for d, _ in self.table("connections").query()]
 
     # ------------------------------------------------------------ catalogs
     def get_catalog(self, org: str, provider: str) -> CatalogRecord | None:
@@ -88,25 +117,26 @@ class Store:
         self.table("projects").insert(rec.org, rec.id, rec.model_dump(mode="json"))
 
     def get_project(self, org: str, project_id: str) -> ProjectRecord:
-        got = self.table("projects").get(org, project_id)
+        got = self.table("projects").get(_org(org), _id(project_id, f"project {project_id!r:.80}"))
         if not got:
             raise NotFound(f"project {project_id} not found")
         return ProjectRecord.model_validate(got[0])
 
     def list_projects(self, org: str) -> list[ProjectRecord]:
-        return [ProjectRecord.model_validate(d) for d, _ in self.table("projects").query("PartitionKey eq @org", org=org)]
+        q = self.table("projects").query("PartitionKey eq @org", org=_org(org))
+        return [ProjectRecord.model_validate(d) for d, _ in q]
 
     def create_dataset(self, rec: DatasetVersionRecord) -> None:
         self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
 
     def get_dataset(self, org: str, dataset_id: str) -> DatasetVersionRecord:
-        got = self.table("datasets").get(org, dataset_id)
+        got = self.table("datasets").get(_org(org), _id(dataset_id, f"dataset version {dataset_id!r:.80}"))
         if not got:
             raise NotFound(f"dataset version {dataset_id} not found")
         return DatasetVersionRecord.model_validate(got[0])
 
     def list_datasets(self, org: str, project_id: str) -> list[DatasetVersionRecord]:
-        q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=org, p=project_id)
+        q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=_org(org), p=project_id)
         return [DatasetVersionRecord.model_validate(d) for d, _ in q]
 
     # ------------------------------------------------------------ runs
@@ -114,7 +144,7 @@ class Store:
         return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value)
 
     def get_run(self, org: str, run_id: str) -> tuple[RunRecord, str]:
-        got = self.table("runs").get(org, run_id)
+        got = self.table("runs").get(_org(org), _id(run_id, f"run {run_id!r:.80}"))
         if not got:
             raise NotFound(f"run {run_id} not found")
         return RunRecord.model_validate(got[0]), got[1]
@@ -122,9 +152,16 @@ class Store:
     def put_run(self, rec: RunRecord, etag: str) -> str:
         return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value)
 
-    def list_runs(self, org: str | None = None, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
+    def list_runs(self, org: str, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
+        return self._query_runs(_org(org), states)
+
+    def list_runs_all_orgs(self, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
+        """Every org's runs: the heartbeat check, the sweeper and admin services only."""
+        return self._query_runs(None, states)
+
+    def _query_runs(self, org: str | None, states: set[RunState] | frozenset[RunState] | None) -> list[RunRecord]:
         clauses, params = [], {}
-        if org:
+        if org is not None:
             clauses.append("PartitionKey eq @org")
             params["org"] = org
         if states:

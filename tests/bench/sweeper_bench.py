@@ -45,6 +45,12 @@ class MemStore:
         self.calls["list_connections"] += 1
         return [c for c in self.connections if org is None or c.org == org]
 
+    def list_connections_all_orgs(self) -> list[Any]:
+        return self.list_connections()
+
+    def list_runs_all_orgs(self, states: set[Any] | None = None) -> list[Any]:
+        return self.list_runs(None, states)
+
     def list_runs(self, org: str | None = None, states: set[Any] | None = None) -> list[Any]:
         from shared.models import RunRecord
 

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
+from shared.providers.bootstrap_env import from_pod_env
+from shared.settings import reset_settings
 from tests.harness import ApiError, Harness, smoke_adapter_zip
 from tests.providers.runpod.fake_server import FakeRunPod
 from tests.storage.moto_s3 import start_moto
@@ -37,6 +39,8 @@ def runpod(monkeypatch: pytest.MonkeyPatch, moto_url: str) -> Iterator[FakeRunPo
 
     fake = FakeRunPod(api_key=KEY).start()
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+    monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto listens on loopback http
+    reset_settings()
     monkeypatch.setattr(runpod_volume, "volume_endpoint", lambda datacenter: moto_url)
     yield fake
     fake.stop()
@@ -69,7 +73,7 @@ def test_trial_on_runpod_volume_succeeds_and_pod_is_gone(h: Harness, runpod: Fak
     assert [r["kind"] for r in run["resources"]] == ["pod"]
     sent = runpod.creates()[0]["variables"]["input"]
     assert sent["networkVolumeId"] == "vol0abc123" and sent["dataCenterId"] == "EU-RO-1"
-    env = {e["key"]: e["value"] for e in sent["env"]}
+    env = from_pod_env(sent["env"])
     assert env["TENSORANT_STORAGE_DIR"] == "/workspace"
     assert not {"TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL"} & set(env)
     assert env["TENSORANT_ADAPTER_KEY"] == f"runs/{run_id}/adapter.zip"
@@ -139,7 +143,7 @@ def test_custom_s3_agent_uses_presigned_urls_and_upload_recovers(h_s3: Harness, 
     h.launch(run_id)
     sent = runpod.creates()[0]["variables"]["input"]
     assert "networkVolumeId" not in sent and sent["volumeInGb"] > 0
-    env = {e["key"]: e["value"] for e in sent["env"]}
+    env = from_pod_env(sent["env"])
     assert env["TENSORANT_DATA_DIR"] == "/workspace/data" and "TENSORANT_STORAGE_DIR" not in env
     assert "e2e-secret-0123456789abcdefghij" not in str(env)
 

@@ -26,6 +26,7 @@ from typing import Any
 from shared import clock
 from shared.log import register_secret
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
+from shared.providers import bootstrap_env
 from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
 from shared.providers.errors import AuthError, CapacityError, PermanentError, ProviderError
 from shared.providers.runpod.config import RunPodConfig
@@ -218,7 +219,7 @@ class RunPodCompute:
             "containerDiskInGb": self.config.container_disk_gb,
             "volumeInGb": 0 if self.config.network_volume_id else (spec.disk_gb or self.config.volume_gb),
             "volumeMountPath": MOUNT,
-            "env": [{"key": k, "value": v} for k, v in env.items()],
+            "env": bootstrap_env.pod_env(env),
             "ports": "",  # no public ports: the agent only calls out
             "supportPublicIp": False,
             "startSsh": True,  # RunPod's basic SSH proxy for manual recovery; opens no port

@@ -10,6 +10,7 @@ import pytest
 from shared import clock
 from shared.models import CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
+from shared.providers.bootstrap_env import from_pod_env
 from shared.providers.errors import AuthError, CapacityError, PermanentError, RetryableError
 from shared.providers.runpod.compute import RunPodCompute, is_supported_gpu
 from shared.providers.runpod.config import RunPodConfig
@@ -149,7 +150,7 @@ def test_launch_creates_one_pod_and_is_idempotent(fake: FakeRunPod) -> None:
     assert inp["ports"] == "" and inp["supportPublicIp"] is False
     assert inp["allowedCudaVersions"] == ["13.0"]
     assert "networkVolumeId" not in inp and inp["volumeInGb"] >= 10 and inp["volumeMountPath"] == "/workspace"
-    env = {e["key"]: e["value"] for e in inp["env"]}
+    env = from_pod_env(inp["env"])
     assert env["TENSORANT_DATA_DIR"] == "/workspace/data" and env["TENSORANT_RUN_ID"] == "run-abc"
 
 
@@ -165,7 +166,7 @@ def test_env_value_cannot_change_the_request(fake: FakeRunPod) -> None:
     provider().launch(spec(env={"TENSORANT_NOTE": nasty, "TENSORANT_RUN_ID": "run-abc"}))
     req = fake.creates()[0]
     inp = req["variables"]["input"]
-    env = {e["key"]: e["value"] for e in inp["env"]}
+    env = from_pod_env(inp["env"])
     assert env["TENSORANT_NOTE"] == nasty  # arrived intact
     assert set(env) == {"TENSORANT_NOTE", "TENSORANT_RUN_ID", "TENSORANT_DATA_DIR"}
     assert inp["gpuCount"] == 1 and inp["name"] == "tensorant-test-run-abc"
@@ -173,7 +174,7 @@ def test_env_value_cannot_change_the_request(fake: FakeRunPod) -> None:
     raw = next(r["raw"] for r in fake.requests if b"podFindAndDeployOnDemand" in r["raw"])
     assert json.loads(raw)["variables"]["input"]["env"] == inp["env"]
     stored = next(iter(fake.pods.values()))
-    assert {e["key"]: e["value"] for e in stored["env"]}["TENSORANT_NOTE"] == nasty
+    assert from_pod_env(stored["env"])["TENSORANT_NOTE"] == nasty
 
 
 def test_runpod_package_formatting_would_be_injectable() -> None:
@@ -318,7 +319,7 @@ def test_mounted_volume_replaces_presigned_urls(fake: FakeRunPod) -> None:
            "TENSORANT_DATASET_KEY": "datasets/p/d.jsonl", "TENSORANT_ADAPTER_KEY": "runs/run-abc/adapter.zip",
            "TENSORANT_LOGS_KEY": "runs/run-abc/logs.txt"}
     volume_provider().launch(spec(env=env))
-    sent = {e["key"]: e["value"] for e in fake.creates()[0]["variables"]["input"]["env"]}
+    sent = from_pod_env(fake.creates()[0]["variables"]["input"]["env"])
     assert sent["TENSORANT_STORAGE_DIR"] == "/workspace"
     assert sent["TENSORANT_ADAPTER_KEY"] == "runs/run-abc/adapter.zip"
     assert not any(k.endswith("_URL") for k in sent)

@@ -1,0 +1,64 @@
+"""The agent's bootstrap environment as ONE variable that no value can split.
+
+contracts.md: the control plane hands the agent TENSORANT_BOOTSTRAP = base64(JSON object
+str -> str). A cloud-init env file and a RunPod pod env both carry only that line, so a run
+field holding \\r, \\v, \\x85, \\u2028 or any other line break cannot add a variable: base64's
+alphabet has no line-breaking character, and JSON escapes every control character.
+The agent decodes it at start (shared/agent) and overlays it on its environment.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any
+
+from shared.log import register_secret
+
+VAR = "TENSORANT_BOOTSTRAP"
+KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def encode(env: dict[str, str]) -> str:
+    """base64 of the JSON object; refuses names that are not environment names."""
+    for key, value in env.items():
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise ValueError(f"environment name {key!r} is not valid")
+        if not isinstance(value, str):
+            raise ValueError(f"environment value for {key} must be a string")
+    # ensure_ascii: every non-ASCII code point (U+2028, U+0085...) becomes a \\uXXXX escape.
+    raw = json.dumps(env, ensure_ascii=True, sort_keys=True, separators=(",", ":")).encode()
+    blob = base64.b64encode(raw).decode()
+    register_secret(blob)  # it carries the run token and presigned URLs
+    return blob
+
+
+def decode(blob: str) -> dict[str, str]:
+    """The inverse of encode; a malformed blob raises ValueError (the agent exits with it)."""
+    try:
+        data: Any = json.loads(base64.b64decode(blob.encode(), validate=True))
+    except (binascii.Error, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{VAR} is not base64 JSON ({type(exc).__name__})") from exc
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise ValueError(f"{VAR} must be a JSON object of strings")
+    return data
+
+
+def env_file(env: dict[str, str]) -> str:
+    """The whole env file: one line."""
+    return f"{VAR}={encode(env)}\n"
+
+
+def pod_env(env: dict[str, str]) -> list[dict[str, str]]:
+    """RunPod's env input: the same single variable."""
+    return [{"key": VAR, "value": encode(env)}]
+
+
+def from_pod_env(entries: list[dict[str, str]]) -> dict[str, str]:
+    """Tests and diagnostics: the environment a pod env input hands the agent."""
+    found = {e["key"]: e["value"] for e in entries}
+    if set(found) != {VAR}:
+        raise ValueError(f"a pod env must hold only {VAR}, not {sorted(found)}")
+    return decode(found[VAR])
