@@ -32,6 +32,12 @@ def smoke_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
     return build_adapter_zip(base_model, **kw)
 
 
+def trained_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
+    """What a cloud machine's real trainer exports, as the fake machine of a cloud test plays it:
+    the smoke shapes with the real trainer's name (the verifier accepts "smoke" only on local)."""
+    return smoke_adapter_zip(base_model, trainer="lora", **kw)
+
+
 class ApiError(AssertionError):
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")

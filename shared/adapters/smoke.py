@@ -137,6 +137,7 @@ def build_adapter_zip(
     missing: Iterable[str] = (),
     extra: dict[str, bytes] | None = None,
     weights: bytes | None = None,
+    trainer: str = SMOKE_TRAINER,
 ) -> bytes:
     """A valid smoke adapter archive, or a broken one for tests (every corruption off by default).
 
@@ -144,6 +145,8 @@ def build_adapter_zip(
     nan: a NaN in the first lora_A tensor. wrong_rank: the first lora_B has rank r+1.
     missing: file names left out. extra: raw entries added as they are (e.g. "../evil").
     weights: replaces adapter_model.safetensors with these bytes.
+    trainer: the manifest's trainer name; tests whose fake machine plays the real trainer's
+    output on a cloud provider say "lora" (the verifier refuses "smoke" there).
     The manifest lists the files as they end up in the archive, so only the intended
     corruption is wrong.
     """
@@ -174,7 +177,7 @@ def build_adapter_zip(
     if weights is not None:
         files[WEIGHTS_NAME] = weights
     payload = {name: data for name, data in files.items() if name != MANIFEST_NAME}
-    files[MANIFEST_NAME] = manifest_bytes(base_model, payload, rows=rows, trainer=SMOKE_TRAINER)
+    files[MANIFEST_NAME] = manifest_bytes(base_model, payload, rows=rows, trainer=trainer)
     for name in missing:
         files.pop(name, None)
     files.update(extra or {})

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from shared.providers.aws import compute as compute_mod
-from tests.harness import Harness, smoke_adapter_zip
+from tests.harness import Harness, trained_adapter_zip
 from tests.providers.aws.conftest import AMI_GOOD, REGION, ZONE, CallLog, moto_server, pricing_server
 
 pytestmark = pytest.mark.e2e
@@ -89,7 +89,7 @@ def _launch(h: Harness, aws: dict[str, Any]) -> tuple[str, str, list[str]]:
 def test_trial_succeeds_and_instance_and_volume_are_gone(h: Harness, aws: dict[str, Any]) -> None:
     run_id, instance_id, volumes = _launch(h, aws)
     assert _instance(aws, instance_id)["State"]["Name"] in ("pending", "running")
-    h.agent(run_id).train(smoke_adapter_zip())
+    h.agent(run_id).train(trained_adapter_zip())
     release_calls = aws["log"].take()
     run = h.get_run(run_id)
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
@@ -114,7 +114,7 @@ def test_timed_out_trial_is_stopped_with_its_disk_then_recovered(h: Harness, aws
     assert _instance(aws, instance_id)["State"]["Name"] in ("pending", "running")
     assert started["state"] == "retained" and "billing resumes" in started["billing_note"]
     # ... then hand in the adapter fetched from it, which is verified, and the machine released.
-    run = h.recover(run_id, upload=smoke_adapter_zip())
+    run = h.recover(run_id, upload=trained_adapter_zip())
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
     assert _instance(aws, instance_id)["State"]["Name"] == "terminated"
     assert _volumes(aws, volumes) == []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Harness, smoke_adapter_zip
+from tests.harness import Harness, trained_adapter_zip
 from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, route_registry_to, seed
 from tests.providers.azure.fake_arm import SUB, FakeArm
 
@@ -73,7 +73,7 @@ def _launch(h: Harness, arm: FakeArm) -> tuple[str, dict[str, str]]:
 def test_trial_succeeds_with_vm_disk_and_nic_gone(h: Harness, arm: FakeArm) -> None:
     run_id, ids = _launch(h, arm)
     assert arm.get(ids["vm"])["_state"]["power"] == "running"  # type: ignore[index]
-    h.agent(run_id).train(smoke_adapter_zip())
+    h.agent(run_id).train(trained_adapter_zip())
     run = h.get_run(run_id)
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
@@ -97,7 +97,7 @@ def test_timed_out_trial_is_deallocated_with_its_disk_then_recovered(h: Harness,
     h.drain()
     assert arm.get(ids["vm"])["_state"]["power"] == "running"  # type: ignore[index]
     # ... then hand in the adapter fetched from it: verified, and the VM, disk and NIC released.
-    run = h.recover(run_id, upload=smoke_adapter_zip())
+    run = h.recover(run_id, upload=trained_adapter_zip())
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
 
@@ -114,7 +114,7 @@ def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeyp
     vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = _rid("disks", "helper-copy")
     # Release retries a refusal with backoff; keep real delays here so the retry stays queued, not looping.
     queues.configure(delay_scale=1.0)
-    run = h.recover(run_id, upload=smoke_adapter_zip())
+    run = h.recover(run_id, upload=trained_adapter_zip())
     assert run["state"] == "releasing", (run["reason"], h.step_errors)
     assert "Automatic deletion refused" in run["release_error"] and "OS disk was replaced" in run["release_error"]
     assert arm.get(ids["vm"]) is not None and arm.get(ids["disk"]) is not None

@@ -13,7 +13,7 @@ import pytest
 
 from shared.providers.bootstrap_env import from_pod_env
 from shared.settings import reset_settings
-from tests.harness import ApiError, Harness, smoke_adapter_zip
+from tests.harness import ApiError, Harness, trained_adapter_zip
 from tests.providers.runpod.fake_server import FakeRunPod
 from tests.storage.moto_s3 import start_moto
 
@@ -78,7 +78,7 @@ def test_trial_on_runpod_volume_succeeds_and_pod_is_gone(h: Harness, runpod: Fak
     assert not {"TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL"} & set(env)
     assert env["TENSORANT_ADAPTER_KEY"] == f"runs/{run_id}/adapter.zip"
 
-    h.agent(run_id).train(smoke_adapter_zip())
+    h.agent(run_id).train(trained_adapter_zip())
     run = h.get_run(run_id)
     assert run["state"] == "succeeded", run["reason"]
     assert runpod.pods == {}  # terminated and confirmed gone
@@ -90,7 +90,7 @@ def test_failed_export_stops_pod_then_saved_adapter_recovers(h: Harness, runpod:
     h.launch(run_id)
     agent = h.agent(run_id)
     agent.heartbeat("training", 0.9)
-    agent.upload(smoke_adapter_zip())  # the adapter made it to the volume, the export step then failed
+    agent.upload(trained_adapter_zip())  # the adapter made it to the volume, the export step then failed
     agent.complete_failed("export failed: upload step crashed")
     run = h.get_run(run_id)
     assert run["state"] == "retained", run["reason"]
@@ -158,7 +158,7 @@ def test_custom_s3_agent_uses_presigned_urls_and_upload_recovers(h_s3: Harness, 
     assert run["state"] == "retained" and "still bills" in run["billing_note"]
 
     # Custom S3: the user retrieves /workspace/data/adapter.zip from the pod and uploads it.
-    zip_bytes = smoke_adapter_zip()
+    zip_bytes = trained_adapter_zip()
     run = h.recover(run_id, upload=zip_bytes)
     assert run["state"] == "succeeded", run["reason"]
     assert run["adapter_sha256"] == hashlib.sha256(zip_bytes).hexdigest()
