@@ -62,7 +62,7 @@ def ensure_local_model(base_model: str, cache_dir: str | Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The model came through the GGUF quantizer; without this save_pretrained refuses to write it.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     (partial / _DONE).write_text(f"converted from {gguf.name}\n")

@@ -130,7 +130,7 @@ def load_model(s: TrainingSettings, source: str, precision: str, cuda: bool, tok
         kwargs["device_map"] = {"": 0}
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if cuda and not s.load_in_4bit:
-        model.to("cuda")
+        model.to("cuda")  # type: ignore[arg-type]  # transformers types .to() as a wrapped method
     return model
 
 
