@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit
@@ -38,6 +40,7 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
+    ComputeProvider,
     Description,
     LaunchSpec,
     Outcome,
@@ -46,11 +49,11 @@ from shared.providers.base import (
 from shared.providers.errors import AuthError, PermanentError, ProviderError, ThrottledError
 from shared.settings import Settings
 
-# Test and metrics hook: each listener is called before every AWS API request as
-# listener(service, operation, params). A listener that returns (http, parsed) answers
-# the request itself (botocore's before-call short-circuit), which tests use to inject
-# errors moto cannot produce (InsufficientInstanceCapacity, VcpuLimitExceeded, ...).
-API_CALL_LISTENERS: list[Callable[[str, str, dict[str, Any]], Any]] = []
+# on_api_call(service, operation, params) runs before every AWS API request (metrics,
+# tests). Returning (http, parsed) answers the request itself (botocore's before-call
+# short-circuit), which tests use to inject errors moto cannot produce
+# (InsufficientInstanceCapacity, VcpuLimitExceeded, ...); None lets it go to AWS.
+ApiCallHook = Callable[[str, str, dict[str, Any]], Any]
 
 THROTTLE_ATTEMPTS = 4
 BACKOFF_BASE_S = 0.5
@@ -89,13 +92,16 @@ class AwsCompute:
     name = "aws"
 
     def __init__(self, config: AwsConfig, settings: Settings, *, endpoint_url: str | None = None,
-                 pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep,
+                 on_api_call: ApiCallHook | None = None, page_size: int = 100) -> None:
         self.config = config
         self.settings = settings
         self.region = config.region
         self.endpoint_url = endpoint_url
         self.pricing_endpoint_url = pricing_endpoint_url
         self.sleep = sleep
+        self.on_api_call = on_api_call
+        self.page_size = page_size  # MaxResults of list_managed's pages (EC2 allows 5..1000)
         self._session: Any = None
         self._clients: dict[str, Any] = {}
         register_secret(config.secret_access_key.get_secret_value())
@@ -134,14 +140,10 @@ class AwsCompute:
         self._clients[service] = client
         return client
 
-    @staticmethod
-    def _before_call(model: Any, params: Any, **_: Any) -> Any:
-        service = model.service_model.signing_name
-        for listener in list(API_CALL_LISTENERS):
-            answer = listener(service, model.name, params)
-            if answer is not None:
-                return answer
-        return None
+    def _before_call(self, model: Any, params: Any, **_: Any) -> Any:
+        if self.on_api_call is None:
+            return None
+        return self.on_api_call(model.service_model.signing_name, model.name, params)
 
     def call(self, service: str, operation: str, *, action: str = "", instance_type: str = "",
              zone: str = "", **params: Any) -> dict[str, Any]:
@@ -502,11 +504,16 @@ class AwsCompute:
                 raise
             get_logger().warning("aws list_managed: ec2:DescribeVolumes not granted; volumes not listed")
 
-    page_size = 100
-
     def _managed(self, tags: dict[str, str], *, kind: str, id: str, created_at: datetime | None, state: str,
                  extra: dict[str, str]) -> CloudResource:
         return CloudResource(provider="aws", kind=kind, id=id, name=tags.get("Name", ""), region=self.region,
                              run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
                              deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
                              created_at=created_at, state=state, extra=extra)
+
+
+def build(config: BaseModel, settings: Settings, **deps: Any) -> ComputeProvider:
+    """The registry's factory: mypy checks AwsCompute against the Protocol here."""
+    if not isinstance(config, AwsConfig):
+        raise TypeError(f"aws needs an AwsConfig, not {type(config).__name__}")
+    return AwsCompute(config, settings, **deps)

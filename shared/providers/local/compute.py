@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import BaseModel
+
 import shared
 from shared import clock
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
-from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
+from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
 from shared.providers.errors import PermanentError, RetryableError
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
@@ -411,3 +413,10 @@ class LocalCompute:
             if marker.get("deployment") != self.deployment:
                 continue  # unmarked or another deployment's: not ours to report
             yield self._workdir_resource(entry, marker, str(marker.get("name", entry.name)))
+
+
+def build(config: BaseModel, settings: Settings) -> ComputeProvider:
+    """The registry's factory: mypy checks LocalCompute against the Protocol here."""
+    if not isinstance(config, LocalConfig):
+        raise TypeError(f"local needs a LocalConfig, not {type(config).__name__}")
+    return LocalCompute(config, settings)

@@ -23,10 +23,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 from shared import clock
 from shared.log import register_secret
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
-from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
+from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
 from shared.providers.errors import AuthError, CapacityError, PermanentError, ProviderError
 from shared.providers.runpod.config import RunPodConfig
 from shared.providers.runpod.graphql import POD_ID, NotFound, RunPodApi, check_pod_id
@@ -442,3 +444,10 @@ def _terminate(pod_id: str) -> str:
     from runpod.api.mutations.pods import generate_pod_terminate_mutation
 
     return str(generate_pod_terminate_mutation(check_pod_id(pod_id)))
+
+
+def build(config: BaseModel, settings: Settings) -> ComputeProvider:
+    """The registry's factory: mypy checks RunPodCompute against the Protocol here."""
+    if not isinstance(config, RunPodConfig):
+        raise TypeError(f"runpod needs a RunPodConfig, not {type(config).__name__}")
+    return RunPodCompute(config, settings)

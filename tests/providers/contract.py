@@ -1,0 +1,165 @@
+"""The provider contract suite: the promises of shared/providers/base.py, tested once for every cloud.
+
+How a provider plugs in (one file, tests/providers/<name>/test_contract.py):
+
+    from tests.providers.contract import ProviderContract, ProviderEnv
+
+    class TestAzureContract(ProviderContract):
+        @pytest.fixture
+        def provider_env(self, <your fake cloud fixtures>) -> Iterator[ProviderEnv]:
+            yield ProviderEnv(provider=..., ref=..., spec=..., machines=..., disks=...,
+                              everything=..., add_foreign=..., page_size=..., list_requests=...,
+                              slow_release=...)
+
+The fixture points the real provider class at the provider's fake cloud (moto server, the
+fake ARM, the fake RunPod GraphQL server, the local process table) and says how to look
+into that cloud *without* going through the provider, so every assertion reads the
+cloud's own view. Each field of ProviderEnv documents what it must return. A provider
+that cannot offer a hook (say, no way to delay deletion) passes None and the one test
+that needs it is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Literal
+
+import pytest
+
+from shared.providers.base import ComputeProvider, LaunchSpec, Outcome, RunRef
+
+Foreign = Literal["unmarked", "other-deployment"]
+MAX_POLLS = 30  # outcome polls before a test gives up (fakes confirm within a few)
+
+
+@dataclasses.dataclass
+class ProviderEnv:
+    provider: ComputeProvider
+    """The provider under test, built for `ref.deployment` and pointed at the fake cloud."""
+    ref: RunRef
+    """A run of this deployment that has no machine yet."""
+    spec: Callable[[RunRef], LaunchSpec]
+    """A launchable spec for any run of this deployment."""
+    machines: Callable[[RunRef], list[str]]
+    """Ids of the run's machines that exist in the fake cloud (not yet deleted; stopped counts)."""
+    disks: Callable[[RunRef], list[str]]
+    """Ids of the run's disks that exist in the fake cloud (where the disk is part of the
+    machine, as on RunPod or local, the id of what holds it)."""
+    everything: Callable[[], dict[str, str]]
+    """Every resource the fake cloud holds (this test's ones at least): id -> state."""
+    add_foreign: Callable[[Foreign, RunRef], list[str]]
+    """Create, directly in the fake cloud, a machine that is not this deployment's:
+    "unmarked" (no ownership marks at all) or "other-deployment" (marks of another
+    deployment, same org and run id as the given ref). Returns the ids it created."""
+    page_size: int
+    """The list page size the fixture set on the provider (the provider's smallest allowed)."""
+    list_requests: Callable[[], int] | None = None
+    """How many list requests the fake cloud has answered so far; None where the cloud
+    has no paging (the provider reads everything in one answer)."""
+    slow_release: Callable[[], AbstractContextManager[None]] | None = None
+    """A context in which the fake cloud accepts deletion but does not confirm it (the
+    machine or its disk stays visible); leaving it lets the deletion finish."""
+
+
+def poll(action: Callable[[], Outcome]) -> Outcome:
+    """Call an Outcome-returning method until done (the fakes need no real waiting)."""
+    out = action()
+    for _ in range(MAX_POLLS):
+        if out.done:
+            return out
+        out = action()
+    raise AssertionError(f"never done: {out.detail}")
+
+
+def _ref(env: ProviderEnv, run_id: str) -> RunRef:
+    return RunRef(env.ref.deployment, env.ref.org, run_id)
+
+
+class ProviderContract:
+    """Subclass as `class TestXContract(ProviderContract)` and supply the `provider_env` fixture."""
+
+    @pytest.fixture
+    def provider_env(self) -> Iterator[ProviderEnv]:
+        raise NotImplementedError("the provider's test module supplies the provider_env fixture")
+        yield  # pragma: no cover
+
+    def test_launch_twice_is_one_machine(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        first = env.provider.launch(env.spec(env.ref))
+        second = env.provider.launch(env.spec(env.ref))
+        [machine] = env.machines(env.ref)
+        assert machine in {r.id for r in first} and machine in {r.id for r in second}
+
+    def test_release_of_a_missing_machine_is_done(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        never = _ref(env, env.ref.run_id + "-never")
+        assert env.provider.release(never, []).done
+        # A recorded machine that has vanished since is "not found", which is success too.
+        resources = env.provider.launch(env.spec(env.ref))
+        poll(lambda: env.provider.release(env.ref, resources))
+        assert env.machines(env.ref) == []
+        assert env.provider.release(env.ref, resources).done
+
+    def test_foreign_resources_are_untouched(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        # The most dangerous foreign machines carry our run's id: only the marks tell them apart.
+        foreign = env.add_foreign("unmarked", env.ref) + env.add_foreign("other-deployment", env.ref)
+        assert foreign
+        before = {k: v for k, v in env.everything().items() if k in foreign}
+        assert set(before) == set(foreign)
+        assert not {r.id for r in env.provider.list_managed()} & set(foreign)
+        # Nothing of our own yet: retain/release must find nothing to act on.
+        poll(lambda: env.provider.retain(env.ref, []))
+        poll(lambda: env.provider.release(env.ref, []))
+        resources = env.provider.launch(env.spec(env.ref))
+        assert not {r.id for r in resources} & set(foreign)
+        poll(lambda: env.provider.retain(env.ref, resources))
+        assert not {r.id for r in env.provider.list_managed()} & set(foreign)
+        poll(lambda: env.provider.release(env.ref, resources))
+        after = {k: v for k, v in env.everything().items() if k in foreign}
+        assert after == before
+        assert env.machines(env.ref) == []
+
+    def test_retain_keeps_the_disk(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        resources = env.provider.launch(env.spec(env.ref))
+        disks = env.disks(env.ref)
+        assert disks
+        poll(lambda: env.provider.retain(env.ref, resources))
+        assert env.disks(env.ref) == disks
+        assert env.machines(env.ref)  # stopped, not deleted
+        assert env.provider.retain(env.ref, resources).done  # idempotent
+        poll(lambda: env.provider.release(env.ref, resources))
+        assert env.disks(env.ref) == [] and env.machines(env.ref) == []
+
+    def test_list_managed_pages_through_everything(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        refs = [_ref(env, f"{env.ref.run_id}-p{i}") for i in range(env.page_size + 1)]
+        for ref in refs:
+            env.provider.launch(env.spec(ref))
+        expected = {m for ref in refs for m in env.machines(ref)}
+        assert len(expected) == len(refs)
+        asked = env.list_requests() if env.list_requests else 0
+        listed = list(env.provider.list_managed())
+        assert expected <= {r.id for r in listed}
+        assert {r.run_id for r in listed if r.id in expected} == {ref.run_id for ref in refs}
+        assert all(r.deployment == env.ref.deployment for r in listed)
+        if env.list_requests is not None:
+            assert env.list_requests() - asked > 1, "more machines than one page, but list_managed read one page"
+        for ref in refs:
+            poll(lambda ref=ref: env.provider.release(ref, []))  # type: ignore[misc]
+
+    def test_release_is_done_only_after_the_cloud_confirms(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        if env.slow_release is None:
+            pytest.skip("this fake cloud cannot delay a deletion")
+        resources = env.provider.launch(env.spec(env.ref))
+        with env.slow_release():
+            first = env.provider.release(env.ref, resources)
+            assert not first.done, first.detail
+            assert first.retry_after_s > 0
+            assert env.machines(env.ref) or env.disks(env.ref)
+        poll(lambda: env.provider.release(env.ref, resources))
+        assert env.machines(env.ref) == [] and env.disks(env.ref) == []
