@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,12 +133,13 @@ class Rig:
         values.update(over)
         return AwsConfig(**values)
 
-    def compute(self, deployment: str = "test", page_size: int = 100, **over: Any) -> Any:
+    def compute(self, deployment: str = "test", page_size: int = 100,
+                sleep: Callable[[float], None] = lambda s: None, **over: Any) -> Any:
         from shared.providers.aws.compute import AwsCompute
         from shared.settings import Settings
 
         return AwsCompute(self.config(**over), Settings(deployment_id=deployment), endpoint_url=self.url,
-                          pricing_endpoint_url=self.pricing.url, sleep=lambda s: None, on_api_call=self.on_api_call,
+                          pricing_endpoint_url=self.pricing.url, sleep=sleep, on_api_call=self.on_api_call,
                           page_size=page_size)
 
 
