@@ -23,6 +23,14 @@ def _schema(model: Any, components: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "description": str(model)}
 
 
+def _path_schema(param: str) -> dict[str, Any]:
+    if param == "provider":  # the provider names come from the registry, never a second list
+        from shared.providers.registry import compute_names
+
+        return {"type": "string", "enum": compute_names()}
+    return {"type": "string"}
+
+
 def build(app: Any) -> dict[str, Any]:
     components: dict[str, Any] = {}
     problem = _schema(Problem, components)
@@ -35,7 +43,7 @@ def build(app: Any) -> dict[str, Any]:
             continue
         route = "/api/" + trigger["route"]
         mark = getattr(fn.get_user_function(), "__api__", {})
-        params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+        params = [{"name": p, "in": "path", "required": True, "schema": _path_schema(p)}
                   for p in re.findall(r"{(\w+)", route)]
         for method in trigger.get("methods") or ["GET"]:
             m = str(getattr(method, "value", method)).lower()

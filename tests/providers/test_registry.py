@@ -124,3 +124,14 @@ def test_mypy_rejects_a_provider_missing_a_protocol_method(tmp_path: Path) -> No
     assert 'Incompatible return value type (got "Broken", expected "ComputeProvider")' in out.stdout
     assert "list_managed" in out.stdout
     assert out.stdout.count("error:") == 1, out.stdout  # the complete provider (Renamed) passes
+
+
+def test_openapi_provider_parameter_lists_the_registry(env: dict[str, str]) -> None:
+    import function_app
+    from shared.openapi import build
+
+    doc = build(function_app.app)
+    enums = [p["schema"]["enum"] for path in doc["paths"].values() for op in path.values()
+             for p in op.get("parameters", []) if p["name"] == "provider"]
+    assert enums and all(e == registry.compute_names() for e in enums)
+    assert {"aws", "azure", "local", "runpod"} <= set(enums[0])
