@@ -140,14 +140,17 @@ class MemoryCompute:
                 yield from self._res(m)
 
 
+_undo: list[registry.Undo] = []  # what install_memory_provider did
+
+
 def install_memory_provider(cloud: Cloud) -> None:
-    registry.CONFIGS["memory"] = MemoryConfig
-    registry.FACTORIES["memory"] = lambda config, settings: MemoryCompute(config, settings, cloud)
+    _undo.append(registry.override("memory", factory=lambda config, settings: MemoryCompute(config, settings, cloud),
+                                   config_model=MemoryConfig))
 
 
 def uninstall_memory_provider() -> None:
-    registry.CONFIGS.pop("memory", None)
-    registry.FACTORIES.pop("memory", None)
+    while _undo:
+        _undo.pop()()
 
 
 # ---------------------------------------------------------------- fixtures

@@ -28,14 +28,13 @@ class SecretConfig(BaseModel):
 def h(env: dict[str, str]) -> Iterator[Harness]:
     cloud = Cloud()
     install_memory_provider(cloud)
-    registry.CONFIGS["secretive"] = SecretConfig
-    registry.FACTORIES["secretive"] = lambda config, settings: MemoryCompute(config, settings, cloud)
+    undo = registry.override("secretive", factory=lambda config, settings: MemoryCompute(config, settings, cloud),
+                             config_model=SecretConfig)
     harness = Harness()
     harness.save_storage({"kind": "local"})
     yield harness
     harness.close()
-    registry.CONFIGS.pop("secretive", None)
-    registry.FACTORIES.pop("secretive", None)
+    undo()
     uninstall_memory_provider()
 
 

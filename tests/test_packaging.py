@@ -26,9 +26,10 @@ def test_requirements_txt_matches_pyproject() -> None:
 
 
 def test_import_function_app_loads_no_provider_sdk() -> None:
-    code = ("import sys, function_app; "
-            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3','botocore','runpod') "
-            "or m.startswith('azure.mgmt') or m.startswith('azure.identity'))))")
+    from shared.providers.registry import sdk_modules
+
+    code = (f"import sys, function_app; sdks = {tuple(sdk_modules())!r}; "
+            "print(','.join(sorted(m for m in sys.modules if any(m == s or m.startswith(s + '.') for s in sdks))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 

@@ -82,35 +82,85 @@ class Description:
 
 
 class ComputeProvider(Protocol):
+    """One cloud's compute, built by the registry as `build(config, settings)`.
+
+    Errors: every method raises only shared.providers.errors (vendor errors are translated
+    inside the provider): PermanentError and its kinds (AuthError, QuotaError,
+    CapacityError) when retrying cannot help, RetryableError / ThrottledError when a later
+    call may succeed. "Owned" below means the resource carries this deployment's marks
+    (tags, or the deterministic name RunRef.name where the cloud has no tags).
+    """
+
     name: str
 
     def validate(self) -> list[Check]:
-        """Check credentials and setup without creating anything billable."""
+        """Check credentials and setup without creating anything billable.
+
+        Idempotent (reads only). Problems are returned as failed/warn Checks with a fix hint,
+        not raised; raises only when the provider cannot run checks at all.
+        """
         ...
 
     def offers(self) -> list[GpuOffer]:
-        """Supported single-GPU offers with compute + disk price per hour."""
+        """Supported single-GPU offers with compute + disk price per hour.
+
+        Idempotent (reads only). An empty catalog (no supported GPU where the connection
+        points) raises PermanentError with what to change; pricing outages raise
+        ProviderError/RetryableError.
+        """
         ...
 
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
-        """Create (or find) the run's machine; return every resource recorded for it."""
+        """Create (or find) the run's machine; return every resource recorded for it.
+
+        Idempotent per run: first looks for an owned machine of spec.ref and returns it
+        instead of creating a second one; marks are set at creation, never later. A
+        concurrent or retried call yields the same machine. Raises CapacityError/QuotaError
+        when the cloud cannot give the machine, AuthError on rejected credentials,
+        RetryableError when a retry may succeed.
+        """
         ...
 
     def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
+        """The run's machine state, from the recorded resources or, without them, its marks.
+
+        Idempotent (reads only). Not found = Description(state=MachineState.gone), never an
+        error. Raises only for errors reading the cloud.
+        """
         ...
 
     def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        """Stop/deallocate the machine, keep its disk."""
+        """Stop/deallocate the machine, keep its disk.
+
+        Idempotent: a stopped machine is done=True again. Not found = done=True (nothing
+        left to stop; the detail says nothing is retained). done=False = the cloud has not
+        confirmed the stop yet: call again after retry_after_s. Raises PermanentError for a
+        machine that is not owned (it is never touched).
+        """
         ...
 
     def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        """Start a retained machine again (recovery)."""
+        """Start a retained machine again (recovery).
+
+        Idempotent: a running machine is done=True. Not found raises PermanentError (there
+        is nothing to start). done=False = starting or still stopping: call again after
+        retry_after_s. CapacityError when the host has no GPU for it now.
+        """
         ...
 
     def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        """Delete machine, job-created disk and NIC; done only when the cloud confirms."""
+        """Delete machine, job-created disk and NIC; done only when the cloud confirms.
+
+        Idempotent. Not found = done=True (success). done=False = deletion asked but the
+        cloud still shows the machine or its disk: call again after retry_after_s. Raises
+        PermanentError for a machine that is not owned (never deleted).
+        """
         ...
 
     def list_managed(self) -> Iterable[CloudResource]:
-        """This deployment's marked resources, paged, for the sweeper."""
+        """This deployment's marked resources, paged, for the sweeper.
+
+        Idempotent (reads only). Pages through the whole account and yields only owned
+        resources (never another deployment's or an unmarked one); nothing found = empty.
+        """
         ...

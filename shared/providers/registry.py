@@ -1,14 +1,27 @@
-"""Which provider module serves which name: a table of import paths, loaded lazily.
+"""Which provider serves which name: one table, loaded lazily, typed against ComputeProvider.
 
-Config models (what a user saves) live in `<provider>/config.py` and import no SDK;
-the implementation module is imported only when a step needs the provider.
+Each entry says where the provider's config model (what a user saves: `<provider>/config.py`,
+no SDK) and its factory (`<provider>/compute.py:build`) live, and which SDK top-level
+modules the provider imports. The implementation module is imported only when a step
+needs the provider. Everything else that lists providers derives from PROVIDERS: the
+API's and the docs' provider choices (compute_names), the packaging test and the
+import bench (sdk_modules).
+
+Typing: every factory is `build(config: BaseModel, settings: Settings) -> ComputeProvider`;
+mypy checks the class it returns against the Protocol at that return, and the
+TYPE_CHECKING block below checks each table entry's factory has that type, so a provider
+with a missing or renamed Protocol method fails mypy.
+
+Tests swap a provider through the one configuration point, `override(...)`.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, SecretStr
 
@@ -16,17 +29,73 @@ from shared.errors import InvalidInput
 from shared.providers.base import ComputeProvider
 from shared.settings import Settings
 
-# name -> (config model, implementation class), as "module:attr"
-COMPUTE: dict[str, tuple[str, str]] = {
-    "local": ("shared.providers.local.config:LocalConfig", "shared.providers.local.compute:LocalCompute"),
-    "aws": ("shared.providers.aws.config:AwsConfig", "shared.providers.aws.compute:AwsCompute"),
-    "azure": ("shared.providers.azure.config:AzureConfig", "shared.providers.azure.compute:AzureCompute"),
-    "runpod": ("shared.providers.runpod.config:RunPodConfig", "shared.providers.runpod.compute:RunPodCompute"),
-}
+ComputeFactory = Callable[[BaseModel, Settings], ComputeProvider]
 
-# Tests register extra providers (the chaos test's fault-injecting one) here.
-FACTORIES: dict[str, Callable[[BaseModel, Settings], ComputeProvider]] = {}
-CONFIGS: dict[str, type[BaseModel]] = {}
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    name: str
+    config_model: str  # "module:attr" of the pydantic model a user saves
+    factory: str  # "module:attr" of a ComputeFactory
+    sdk_modules: tuple[str, ...]  # SDK top-level modules it imports (lazily); never loaded by function_app
+
+
+PROVIDERS: dict[str, ProviderInfo] = {p.name: p for p in (
+    ProviderInfo("local", "shared.providers.local.config:LocalConfig", "shared.providers.local.compute:build", ()),
+    ProviderInfo("aws", "shared.providers.aws.config:AwsConfig", "shared.providers.aws.compute:build",
+                 ("boto3", "botocore")),
+    ProviderInfo("azure", "shared.providers.azure.config:AzureConfig", "shared.providers.azure.compute:build",
+                 ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network")),
+    ProviderInfo("runpod", "shared.providers.runpod.config:RunPodConfig", "shared.providers.runpod.compute:build",
+                 ("runpod",)),
+)}
+
+if TYPE_CHECKING:  # mypy only: each factory must be a ComputeFactory; nothing is imported at run time
+    from shared.providers.aws.compute import build as _aws
+    from shared.providers.azure.compute import build as _azure
+    from shared.providers.local.compute import build as _local
+    from shared.providers.runpod.compute import build as _runpod
+
+    _TYPED: dict[str, ComputeFactory] = {"aws": _aws, "azure": _azure, "local": _local, "runpod": _runpod}
+
+# Test overrides: name -> (factory, config model). Changed only through override().
+_overrides: dict[str, tuple[ComputeFactory, type[BaseModel]]] = {}
+
+
+class Undo:
+    """What override() returns: call it, or use it as a context manager, to restore."""
+
+    def __init__(self, name: str, previous: tuple[ComputeFactory, type[BaseModel]] | None) -> None:
+        self._name = name
+        self._previous = previous
+
+    def __call__(self) -> None:
+        if self._previous is None:
+            _overrides.pop(self._name, None)
+        else:
+            _overrides[self._name] = self._previous
+
+    def __enter__(self) -> Undo:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self()
+
+
+def override(name: str, *, factory: ComputeFactory, config_model: type[BaseModel] | None = None) -> Undo:
+    """Serve `name` with `factory` (and `config_model`, default: the table's) until undone.
+
+    The one test hook of the provider wiring: the chaos test's fault-injecting provider,
+    a memory provider under a new name, e2e tests that point a real provider at a fake.
+    """
+    if config_model is None:
+        if name not in PROVIDERS:
+            raise ValueError(f"override of unknown provider {name!r} needs a config_model")
+        config_model = _load(PROVIDERS[name].config_model)
+    undo = Undo(name, _overrides.get(name))
+    _overrides[name] = (factory, config_model)
+    return undo
 
 
 def _load(path: str) -> Any:
@@ -35,24 +104,32 @@ def _load(path: str) -> Any:
 
 
 def compute_names() -> list[str]:
-    return sorted(set(COMPUTE) | set(FACTORIES))
+    return sorted(set(PROVIDERS) | set(_overrides))
+
+
+def sdk_modules() -> list[str]:
+    """Every provider SDK's top-level module, for the packaging test and the import bench."""
+    return sorted({m for p in PROVIDERS.values() for m in p.sdk_modules})
 
 
 def config_model(provider: str) -> type[BaseModel]:
-    if provider in CONFIGS:
-        return CONFIGS[provider]
-    if provider not in COMPUTE:
+    if provider in _overrides:
+        return _overrides[provider][1]
+    if provider not in PROVIDERS:
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of {', '.join(compute_names())}")
-    model: type[BaseModel] = _load(COMPUTE[provider][0])
+    model: type[BaseModel] = _load(PROVIDERS[provider].config_model)
     return model
 
 
+def factory(provider: str) -> ComputeFactory:
+    if provider in _overrides:
+        return _overrides[provider][0]
+    built: ComputeFactory = _load(PROVIDERS[provider].factory)
+    return built
+
+
 def make_compute(provider: str, config: BaseModel, settings: Settings) -> ComputeProvider:
-    if provider in FACTORIES:
-        return FACTORIES[provider](config, settings)
-    cls = _load(COMPUTE[provider][1])
-    instance: ComputeProvider = cls(config, settings)
-    return instance
+    return factory(provider)(config, settings)
 
 
 def public_config(config: BaseModel) -> dict[str, Any]:

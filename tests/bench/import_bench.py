@@ -10,11 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shared.providers.registry import sdk_modules
+
 ROOT = Path(__file__).resolve().parents[2]
-SDKS = "import boto3, azure.identity, azure.mgmt.compute, azure.mgmt.network, runpod"
+SDKS = "import " + ", ".join(sdk_modules())
 PROBE = ("import time, sys; t = time.perf_counter(); {stmt}; d = time.perf_counter() - t; "
-         "print(d, ','.join(sorted({{m.split('.')[0] if not m.startswith('azure.') else '.'.join(m.split('.')[:2]) "
-         "for m in sys.modules if m.split('.')[0] in ('boto3', 'runpod') or m.startswith(('azure.mgmt', 'azure.identity'))}})))")
+         "print(d, ','.join(s for s in " + repr(sdk_modules()) + " if s in sys.modules))")
 
 
 def measure(stmt: str, repeat: int = 5) -> tuple[float, str]:

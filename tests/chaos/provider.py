@@ -147,11 +147,14 @@ class ChaosCompute(MemoryCompute):
         return out
 
 
+_undo: list[registry.Undo] = []  # what install_chaos_provider did
+
+
 def install_chaos_provider(cloud: ChaosCloud) -> None:
-    registry.CONFIGS["memory"] = MemoryConfig
-    registry.FACTORIES["memory"] = lambda config, settings: ChaosCompute(config, settings, cloud)
+    _undo.append(registry.override("memory", factory=lambda config, settings: ChaosCompute(config, settings, cloud),
+                                   config_model=MemoryConfig))
 
 
 def uninstall_chaos_provider() -> None:
-    registry.CONFIGS.pop("memory", None)
-    registry.FACTORIES.pop("memory", None)
+    while _undo:
+        _undo.pop()()

@@ -1,8 +1,9 @@
 """End to end on AWS through the real function handlers: EC2 is moto in server mode on
 loopback, the Pricing API is the recorded-pages fake, a test-side agent plays the VM.
 
-The adapter is built by the registry as AwsCompute(config, settings), so the endpoints
-come from AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_PRICING, which botocore honours natively.
+The registry builds the real AwsCompute; the endpoints come from AWS_ENDPOINT_URL /
+AWS_ENDPOINT_URL_PRICING, which botocore honours natively, and registry.override only adds
+the call counter (on_api_call).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from shared.providers.aws import compute as compute_mod
+from shared.providers import registry
+from shared.providers.aws.compute import build
 from tests.harness import Harness, trained_adapter_zip
 from tests.providers.aws.conftest import AMI_GOOD, REGION, ZONE, CallLog, moto_server, pricing_server
 
@@ -34,14 +36,11 @@ def aws(moto_server: str, pricing_server: Any, monkeypatch: pytest.MonkeyPatch) 
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.60.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
     sg = ec2.create_security_group(GroupName="train", Description="train", VpcId=vpc)["GroupId"]
     log = CallLog()
-    compute_mod.API_CALL_LISTENERS.append(log)
-    try:
+    with registry.override("aws", factory=lambda config, settings: build(config, settings, on_api_call=log)):
         yield {"ec2": ec2, "log": log, "body": {
             "region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
             "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
             "subnet_id": subnet, "security_group_id": sg, "workspace_disk_gb": 50}}
-    finally:
-        compute_mod.API_CALL_LISTENERS.remove(log)
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.e2e
 def arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeArm]:
     fake = FakeArm(tmp_path).start()
     seed(fake)
-    route_registry_to(fake, monkeypatch)
+    undo = route_registry_to(fake)
     yield fake
+    undo()
     fake.stop()
 
 

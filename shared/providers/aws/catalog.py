@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shared.providers.aws.client import AwsClient
+from shared.providers.errors import PermanentError
+
 # GPU name as DescribeInstanceTypes reports it -> architecture (for the offer label).
 SUPPORTED_GPUS: dict[str, str] = {
     "A10G": "Ampere",
@@ -69,3 +72,51 @@ def supported_type(info: dict[str, Any]) -> GpuType | None:
         vcpus=int((info.get("VCpuInfo") or {}).get("DefaultVCpus", 0)),
         memory_gb=round(float((info.get("MemoryInfo") or {}).get("SizeInMiB", 0)) / 1024, 1),
     )
+
+
+# ---------------------------------------------------------------- lookups in the account
+
+
+def image(client: AwsClient, ami_id: str) -> dict[str, Any]:
+    """The AMI (DescribeImages); PermanentError when it does not exist in the region."""
+    images = client.call("ec2", "describe_images", ImageIds=[ami_id], action="reading the AMI").get("Images") or []
+    if not images:
+        raise PermanentError(f"AMI {ami_id} was not found in {client.region}; "
+                             "paste an AMI ID from this region or copy the image here.")
+    found: dict[str, Any] = images[0]
+    return found
+
+
+def root_size_gb(image: dict[str, Any]) -> int:
+    """The AMI's root volume size; the workspace is added to it."""
+    root = image.get("RootDeviceName")
+    for m in image.get("BlockDeviceMappings") or []:
+        if m.get("DeviceName") == root and m.get("Ebs", {}).get("VolumeSize"):
+            return int(m["Ebs"]["VolumeSize"])
+    return 8  # AWS's smallest common root size; only used when the image does not say
+
+
+def subnet(client: AwsClient, subnet_id: str) -> dict[str, Any]:
+    """The subnet (DescribeSubnets); PermanentError when it does not exist in the region."""
+    subnets = client.call("ec2", "describe_subnets", SubnetIds=[subnet_id],
+                          action="reading the subnet").get("Subnets") or []
+    if not subnets:
+        raise PermanentError(f"subnet {subnet_id} was not found in {client.region}")
+    found: dict[str, Any] = subnets[0]
+    return found
+
+
+def gpu_types(client: AwsClient, zone: str) -> list[GpuType]:
+    """The supported GPU types offered in `zone`, by instance type."""
+    offered = [o["InstanceType"] for o in client.pages(
+        "ec2", "describe_instance_type_offerings", "InstanceTypeOfferings",
+        LocationType="availability-zone", Filters=[{"Name": "location", "Values": [zone]}])]
+    candidates = sorted({t for t in offered if is_gpu_family(t)})
+    found: list[GpuType] = []
+    for i in range(0, len(candidates), 100):  # DescribeInstanceTypes takes at most 100 names
+        for info in client.pages("ec2", "describe_instance_types", "InstanceTypes",
+                                 InstanceTypes=candidates[i:i + 100]):
+            t = supported_type(info)
+            if t is not None:
+                found.append(t)
+    return sorted(found, key=lambda t: t.instance_type)

@@ -8,27 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shared.clock import now
 from shared.models import Check, CheckStatus
-from shared.providers.aws import catalog
+from shared.providers.aws import catalog, pricing
+from shared.providers.aws.client import AwsClient
+from shared.providers.aws.config import AwsConfig
 from shared.providers.aws.errors import AUTH_CODES
 from shared.providers.errors import AuthError, ProviderError
 
-if TYPE_CHECKING:
-    from shared.providers.aws.compute import AwsCompute
 
-
-def run_checks(aws: AwsCompute) -> list[Check]:
-    return _Checks(aws).run()
+def run_checks(client: AwsClient, config: AwsConfig) -> list[Check]:
+    """Every connection check, through the client; creates nothing."""
+    return _Checks(client, config).run()
 
 
 class _Checks:
-    def __init__(self, aws: AwsCompute) -> None:
-        self.aws = aws
-        self.config = aws.config
-        self.region = aws.region
+    def __init__(self, client: AwsClient, config: AwsConfig) -> None:
+        self.aws = client
+        self.config = config
+        self.region = config.region
 
     def run(self) -> list[Check]:
         checks: list[Check] = []
@@ -50,8 +50,9 @@ class _Checks:
                 self._check_profile(add, account)
             if types and image is not None:
                 try:
-                    offers = self.aws._price(types, subnet["AvailabilityZone"] if subnet else "",
-                                         self.aws._root_size_gb(image))
+                    disk_gb = catalog.root_size_gb(image) + self.config.workspace_disk_gb
+                    offers = pricing.gpu_offers(pricing.pager(self.aws), self.region,
+                                                subnet["AvailabilityZone"] if subnet else "", types, disk_gb)
                     cheapest = min(offers, key=lambda o: o.total_per_hour)
                     add("catalog", True, f"{len(offers)} GPU types priced; from {cheapest.machine_type} "
                         f"({cheapest.gpu}) at ${cheapest.total_per_hour:.3f}/hour.")
@@ -92,7 +93,7 @@ class _Checks:
     def _check_image(self, add: Callable[[str, bool | None, str], None]) -> dict[str, Any] | None:
         ami = self.config.ami_id
         try:
-            image = self.aws._image()
+            image = catalog.image(self.aws, ami)
         except ProviderError as exc:
             msg = exc.reason if exc.code != "InvalidAMIID.NotFound" else \
                 f"AMI {ami} was not found in {self.region}."
@@ -129,7 +130,7 @@ class _Checks:
     def _check_network(self, add: Callable[[str, bool | None, str], None]) -> dict[str, Any] | None:
         subnet: dict[str, Any] | None = None
         try:
-            subnet = self.aws._subnet()
+            subnet = catalog.subnet(self.aws, self.config.subnet_id)
             add("subnet", True, f"Subnet {self.config.subnet_id} is in {subnet['AvailabilityZone']} "
                 f"(VPC {subnet['VpcId']}).")
         except ProviderError as exc:
@@ -156,7 +157,7 @@ class _Checks:
 
     def _check_zone(self, add: Callable[[str, bool | None, str], None], zone: str) -> list[catalog.GpuType]:
         try:
-            types = self.aws._gpu_types(zone)
+            types = catalog.gpu_types(self.aws, zone)
         except ProviderError as exc:
             add("zone_gpus", False, f"Could not list the GPU types of {zone}: {exc.reason}")
             return []

@@ -1,9 +1,9 @@
 """AWS EC2 compute: one on-demand single-GPU instance per run, in the customer's account.
 
 How it meets the ComputeProvider contracts (shared/providers/base.py):
-- Vendor errors are translated by `errors.translate` at this boundary. Throttling is
-  retried here (bounded, exponential backoff with full jitter), then ThrottledError;
-  capacity errors are never retried.
+- Every AWS request goes through client.AwsClient (the one door to boto3), which retries
+  throttling (bounded, exponential backoff with full jitter, then ThrottledError) and
+  translates vendor errors (errors.translate); capacity errors are never retried.
 - launch is idempotent: DescribeInstances by the run's tags first, then RunInstances
   with a ClientToken derived from the run (AWS returns the same instance for the same
   token even when the tag lookup missed a brand-new instance). Tags are set in
@@ -12,49 +12,41 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   the instance and refuses one without this deployment's and run's tags. release is
   done only when the instance is terminated (or not found) and the run's tagged root
   volume is gone.
-- boto3 is imported only when a client is first needed.
-
-Endpoints: botocore honours AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_<SERVICE> natively;
-tests may also pass endpoint_url / pricing_endpoint_url.
+- boto3 is imported only when a client is first needed (client.py); lookups live in
+  catalog.py, prices in pricing.py, connection checks in checks.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import BaseModel
 
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit
-from shared.providers.aws import catalog, pricing
+from shared.providers.aws import catalog, checks, pricing
+from shared.providers.aws.client import ApiCallHook, AwsClient
 from shared.providers.aws.config import AwsConfig
-from shared.providers.aws.errors import NOT_FOUND_CODES, is_throttle, translate
+from shared.providers.aws.errors import NOT_FOUND_CODES
 from shared.providers.base import (
     TAG_DEPLOYMENT,
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
+    ComputeProvider,
     Description,
     LaunchSpec,
     Outcome,
     RunRef,
 )
-from shared.providers.errors import AuthError, PermanentError, ProviderError, ThrottledError
+from shared.providers.errors import AuthError, PermanentError, ProviderError
 from shared.settings import Settings
 
-# Test and metrics hook: each listener is called before every AWS API request as
-# listener(service, operation, params). A listener that returns (http, parsed) answers
-# the request itself (botocore's before-call short-circuit), which tests use to inject
-# errors moto cannot produce (InsufficientInstanceCapacity, VcpuLimitExceeded, ...).
-API_CALL_LISTENERS: list[Callable[[str, str, dict[str, Any]], Any]] = []
-
-THROTTLE_ATTEMPTS = 4
-BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 8.0
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
 STATE_MAP = {
     "pending": MachineState.pending,
@@ -64,12 +56,26 @@ STATE_MAP = {
     "stopped": MachineState.stopped,
     "terminated": MachineState.gone,
 }
-ESTIMATE_NOTE = ("On-demand Linux instance plus gp3 root disk (monthly rate / 730). "
-                 "Excludes NAT gateway, data transfer, taxes and account-specific discounts.")
 RETAIN_BILLING = ("EC2 compute billing stopped when the instance reached 'stopped'; its root EBS volume "
                   "({size}) still bills until the run is released.")
 START_BILLING = ("The instance is starting again: EC2 compute billing resumes while it runs. "
                  "Training does not resume; recover the adapter, then stop or release the run.")
+
+
+def block_device_mappings(image: dict[str, Any], workspace_gb: int) -> list[dict[str, Any]]:
+    """One encrypted gp3 root disk (the AMI's root size plus the workspace), deleted with the
+    instance; the AMI's secondary disks are suppressed: they would be created untracked."""
+    root_name = image.get("RootDeviceName") or "/dev/sda1"
+    mappings: list[dict[str, Any]] = [{
+        "DeviceName": root_name,
+        "Ebs": {"VolumeSize": catalog.root_size_gb(image) + workspace_gb, "VolumeType": "gp3",
+                "Encrypted": True, "DeleteOnTermination": True},
+    }]
+    for m in image.get("BlockDeviceMappings") or []:
+        name = m.get("DeviceName")
+        if name and name != root_name:
+            mappings.append({"DeviceName": name, "NoDevice": ""})
+    return mappings
 
 
 def client_token(ref: RunRef) -> str:
@@ -89,167 +95,32 @@ class AwsCompute:
     name = "aws"
 
     def __init__(self, config: AwsConfig, settings: Settings, *, endpoint_url: str | None = None,
-                 pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+                 pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep,
+                 on_api_call: ApiCallHook | None = None, page_size: int = 100) -> None:
         self.config = config
         self.settings = settings
         self.region = config.region
-        self.endpoint_url = endpoint_url
-        self.pricing_endpoint_url = pricing_endpoint_url
-        self.sleep = sleep
-        self._session: Any = None
-        self._clients: dict[str, Any] = {}
-        register_secret(config.secret_access_key.get_secret_value())
-        if config.session_token:
-            register_secret(config.session_token.get_secret_value())
-
-    # ------------------------------------------------------------------ wire
-
-    def client(self, service: str) -> Any:
-        if service in self._clients:
-            return self._clients[service]
-        import boto3
-        from botocore.config import Config
-
-        if self._session is None:
-            self._session = boto3.session.Session(
-                aws_access_key_id=self.config.access_key_id,
-                aws_secret_access_key=self.config.secret_access_key.get_secret_value(),
-                aws_session_token=(self.config.session_token.get_secret_value()
-                                   if self.config.session_token else None),
-                region_name=self.region,
-            )
-        # botocore's own retries are off: throttling is retried in `call`, so every
-        # request is counted once and capacity errors are never retried.
-        cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60,
-                     user_agent_extra="tensorant")
-        kwargs: dict[str, Any] = {"config": cfg}
-        if service == "pricing":
-            kwargs["region_name"] = pricing.PRICING_REGION
-            if self.pricing_endpoint_url:
-                kwargs["endpoint_url"] = self.pricing_endpoint_url
-        elif self.endpoint_url:
-            kwargs["endpoint_url"] = self.endpoint_url
-        client = self._session.client(service, **kwargs)
-        client.meta.events.register("before-call", self._before_call)
-        self._clients[service] = client
-        return client
-
-    @staticmethod
-    def _before_call(model: Any, params: Any, **_: Any) -> Any:
-        service = model.service_model.signing_name
-        for listener in list(API_CALL_LISTENERS):
-            answer = listener(service, model.name, params)
-            if answer is not None:
-                return answer
-        return None
-
-    def call(self, service: str, operation: str, *, action: str = "", instance_type: str = "",
-             zone: str = "", **params: Any) -> dict[str, Any]:
-        """One API call, throttling retried with backoff and jitter; errors translated."""
-        method = getattr(self.client(service), operation)
-        for attempt in range(THROTTLE_ATTEMPTS):
-            try:
-                result: dict[str, Any] = method(**params)
-                return result
-            except Exception as exc:
-                if is_throttle(exc) and attempt + 1 < THROTTLE_ATTEMPTS:
-                    self.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)))
-                    continue
-                raise translate(exc, action=action or operation, region=self.region, zone=zone,
-                                instance_type=instance_type) from exc
-        raise ThrottledError(f"AWS throttled {operation}")  # not reached
-
-    def pages(self, service: str, operation: str, key: str, **params: Any) -> Iterator[Any]:
-        """Every item under `key` across NextToken pages."""
-        token = None
-        while True:
-            page = self.call(service, operation, **params, **({"NextToken": token} if token else {}))
-            yield from page.get(key) or []
-            token = page.get("NextToken")
-            if not token:
-                return
-
-    # ------------------------------------------------------------------ lookups
-
-    def _image(self) -> dict[str, Any]:
-        images = self.call("ec2", "describe_images", ImageIds=[self.config.ami_id],
-                           action="reading the AMI").get("Images") or []
-        if not images:
-            raise PermanentError(f"AMI {self.config.ami_id} was not found in {self.region}; "
-                                 "paste an AMI ID from this region or copy the image here.")
-        image: dict[str, Any] = images[0]
-        return image
-
-    @staticmethod
-    def _root_size_gb(image: dict[str, Any]) -> int:
-        root = image.get("RootDeviceName")
-        for m in image.get("BlockDeviceMappings") or []:
-            if m.get("DeviceName") == root and m.get("Ebs", {}).get("VolumeSize"):
-                return int(m["Ebs"]["VolumeSize"])
-        return 8  # AWS's smallest common root size; only used when the image does not say
-
-    def _subnet(self) -> dict[str, Any]:
-        subnets = self.call("ec2", "describe_subnets", SubnetIds=[self.config.subnet_id],
-                            action="reading the subnet").get("Subnets") or []
-        if not subnets:
-            raise PermanentError(f"subnet {self.config.subnet_id} was not found in {self.region}")
-        subnet: dict[str, Any] = subnets[0]
-        return subnet
-
-    def _gpu_types(self, zone: str) -> list[catalog.GpuType]:
-        offered = [o["InstanceType"] for o in self.pages(
-            "ec2", "describe_instance_type_offerings", "InstanceTypeOfferings",
-            LocationType="availability-zone", Filters=[{"Name": "location", "Values": [zone]}])]
-        candidates = sorted({t for t in offered if catalog.is_gpu_family(t)})
-        found: list[catalog.GpuType] = []
-        for i in range(0, len(candidates), 100):  # DescribeInstanceTypes takes at most 100 names
-            for info in self.pages("ec2", "describe_instance_types", "InstanceTypes",
-                                   InstanceTypes=candidates[i:i + 100]):
-                t = catalog.supported_type(info)
-                if t is not None:
-                    found.append(t)
-        return sorted(found, key=lambda t: t.instance_type)
-
-    def _pricing_pager(self, query: dict[str, Any]) -> Iterable[str]:
-        return self.pages("pricing", "get_products", "PriceList", MaxResults=100, **query)
-
-    def _price(self, types: list[catalog.GpuType], zone: str, root_gb: int) -> list[GpuOffer]:
-        hourly = pricing.hourly_prices(self._pricing_pager, self.region, [t.instance_type for t in types])
-        gb_month = pricing.gp3_per_gb_month(self._pricing_pager, self.region)
-        if gb_month is None:
-            raise ProviderError(f"the Pricing API returned no gp3 storage price for {self.region}")
-        disk_gb = root_gb + self.config.workspace_disk_gb
-        disk_hour = round(disk_gb * gb_month / pricing.HOURS_PER_MONTH, 6)
-        offers = []
-        for t in types:
-            if t.instance_type not in hourly:
-                continue  # not priced as on-demand Linux here: not offered
-            compute_hour = hourly[t.instance_type]
-            offers.append(GpuOffer(
-                provider="aws", offer_id=f"{self.region}/{zone}/{t.instance_type}", gpu=t.gpu,
-                gpu_memory_gb=t.gpu_memory_gb, gpu_count=1, machine_type=t.instance_type,
-                region=self.region, zone=zone, compute_per_hour=compute_hour, disk_per_hour=disk_hour,
-                total_per_hour=round(compute_hour + disk_hour, 6),
-                note=f"{ESTIMATE_NOTE} Disk: {disk_gb} GiB gp3 at ${gb_month}/GB-month."))
-        if not offers:
-            raise ProviderError(f"no supported GPU type in {zone} has an on-demand Linux price in {self.region}")
-        return offers
+        self.page_size = page_size  # MaxResults of list_managed's pages (EC2 allows 5..1000)
+        self.aws = AwsClient(config, endpoint_url=endpoint_url, pricing_endpoint_url=pricing_endpoint_url,
+                             sleep=sleep, on_api_call=on_api_call)
+        # The client's two verbs, under the names every method below uses.
+        self.call = self.aws.call
+        self.pages = self.aws.pages
 
     # ------------------------------------------------------------------ Protocol: validate / offers
 
     def offers(self) -> list[GpuOffer]:
-        zone = self._subnet()["AvailabilityZone"]
-        types = self._gpu_types(zone)
+        zone = catalog.subnet(self.aws, self.config.subnet_id)["AvailabilityZone"]
+        types = catalog.gpu_types(self.aws, zone)
         if not types:
             raise PermanentError(f"{zone} offers none of the supported GPU types (single A10G, L4, L40S, "
                                  "A100, H100 class); use a subnet in another availability zone")
-        return self._price(types, zone, self._root_size_gb(self._image()))
+        disk_gb = catalog.root_size_gb(catalog.image(self.aws, self.config.ami_id)) + self.config.workspace_disk_gb
+        return pricing.gpu_offers(pricing.pager(self.aws), self.region, zone, types, disk_gb)
 
     def validate(self) -> list[Check]:
         """Every connection check (see checks.py); launches nothing."""
-        from shared.providers.aws.checks import run_checks
-
-        return run_checks(self)
+        return checks.run_checks(self.aws, self.config)
 
     # ------------------------------------------------------------------ Protocol: launch
 
@@ -264,21 +135,10 @@ class AwsCompute:
             user_data = cloudinit.render(spec.bootstrap)
         except ValueError as exc:
             raise PermanentError(f"cannot build the instance's user data: {exc}") from exc
-        image = self._image()
+        image = catalog.image(self.aws, self.config.ami_id)
         if image.get("RootDeviceType") != "ebs":
             raise PermanentError(f"AMI {self.config.ami_id} has no EBS root disk; use an EBS-backed AMI")
-        workspace = spec.disk_gb or self.config.workspace_disk_gb
-        root_name = image.get("RootDeviceName") or "/dev/sda1"
-        mappings: list[dict[str, Any]] = [{
-            "DeviceName": root_name,
-            "Ebs": {"VolumeSize": self._root_size_gb(image) + workspace, "VolumeType": "gp3",
-                    "Encrypted": True, "DeleteOnTermination": True},
-        }]
-        # Secondary disks of the AMI are suppressed: they would be created untracked.
-        for m in image.get("BlockDeviceMappings") or []:
-            name = m.get("DeviceName")
-            if name and name != root_name:
-                mappings.append({"DeviceName": name, "NoDevice": ""})
+        mappings = block_device_mappings(image, spec.disk_gb or self.config.workspace_disk_gb)
         tags = [{"Key": k, "Value": v} for k, v in ref.tags.items()] + [{"Key": "Name", "Value": ref.name}]
         params: dict[str, Any] = {
             "ImageId": self.config.ami_id,
@@ -502,11 +362,16 @@ class AwsCompute:
                 raise
             get_logger().warning("aws list_managed: ec2:DescribeVolumes not granted; volumes not listed")
 
-    page_size = 100
-
     def _managed(self, tags: dict[str, str], *, kind: str, id: str, created_at: datetime | None, state: str,
                  extra: dict[str, str]) -> CloudResource:
         return CloudResource(provider="aws", kind=kind, id=id, name=tags.get("Name", ""), region=self.region,
                              run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
                              deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
                              created_at=created_at, state=state, extra=extra)
+
+
+def build(config: BaseModel, settings: Settings, **deps: Any) -> ComputeProvider:
+    """The registry's factory: mypy checks AwsCompute against the Protocol here."""
+    if not isinstance(config, AwsConfig):
+        raise TypeError(f"aws needs an AwsConfig, not {type(config).__name__}")
+    return AwsCompute(config, settings, **deps)

@@ -1,6 +1,6 @@
 """Translate botocore errors into shared.providers.errors, with reasons a user can act on.
 
-Throttling is the only error retried here (by calls.call, with backoff and jitter);
+Throttling is the only error retried (by client.AwsClient.call, with backoff and jitter);
 everything else is classified once and raised.
 """
 

@@ -1,4 +1,5 @@
-"""On-demand prices from the AWS Pricing API (GetProducts), which answers only in us-east-1.
+"""On-demand prices from the AWS Pricing API (GetProducts), which answers only in
+client.PRICING_REGION (us-east-1).
 
 Queries are filtered (service, region, OS, tenancy, pre-installed software, capacity
 status, and the instance types asked for) and paginated; only the OnDemand term of
@@ -11,7 +12,11 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-PRICING_REGION = "us-east-1"
+from shared.models import GpuOffer
+from shared.providers.aws.catalog import GpuType
+from shared.providers.aws.client import AwsClient
+from shared.providers.errors import ProviderError
+
 HOURS_PER_MONTH = 730  # AWS's own convention for turning a monthly rate into an hourly one
 TYPES_PER_QUERY = 20  # ANY_OF values are one comma-separated string; keep it short
 
@@ -97,3 +102,39 @@ def gp3_per_gb_month(pager: Pager, region: str) -> float | None:
         if price is not None:
             return price
     return None
+
+
+ESTIMATE_NOTE = ("On-demand Linux instance plus gp3 root disk (monthly rate / 730). "
+                 "Excludes NAT gateway, data transfer, taxes and account-specific discounts.")
+
+
+def gpu_offers(pager: Pager, region: str, zone: str, types: list[GpuType], disk_gb: int) -> list[GpuOffer]:
+    """Priced offers for `types` in `zone`: on-demand compute plus a gp3 disk of `disk_gb`.
+
+    A type without an on-demand Linux price in the region is not offered; no price at all
+    (or no gp3 price) is a ProviderError.
+    """
+    hourly = hourly_prices(pager, region, [t.instance_type for t in types])
+    gb_month = gp3_per_gb_month(pager, region)
+    if gb_month is None:
+        raise ProviderError(f"the Pricing API returned no gp3 storage price for {region}")
+    disk_hour = round(disk_gb * gb_month / HOURS_PER_MONTH, 6)
+    offers = []
+    for t in types:
+        if t.instance_type not in hourly:
+            continue  # not priced as on-demand Linux here: not offered
+        compute_hour = hourly[t.instance_type]
+        offers.append(GpuOffer(
+            provider="aws", offer_id=f"{region}/{zone}/{t.instance_type}", gpu=t.gpu,
+            gpu_memory_gb=t.gpu_memory_gb, gpu_count=1, machine_type=t.instance_type,
+            region=region, zone=zone, compute_per_hour=compute_hour, disk_per_hour=disk_hour,
+            total_per_hour=round(compute_hour + disk_hour, 6),
+            note=f"{ESTIMATE_NOTE} Disk: {disk_gb} GiB gp3 at ${gb_month}/GB-month."))
+    if not offers:
+        raise ProviderError(f"no supported GPU type in {zone} has an on-demand Linux price in {region}")
+    return offers
+
+
+def pager(client: AwsClient) -> Pager:
+    """GetProducts pages through the client (which sends them to PRICING_REGION)."""
+    return lambda query: client.pages("pricing", "get_products", "PriceList", MaxResults=100, **query)

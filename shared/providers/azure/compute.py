@@ -38,6 +38,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit
@@ -51,6 +53,7 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
+    ComputeProvider,
     Description,
     LaunchSpec,
     Outcome,
@@ -565,3 +568,10 @@ class AzureCompute:
 
 
 __all__ = ["STATE_MAP", "AzureCompute", "AzureEndpoints", "machine_state"]
+
+
+def build(config: BaseModel, settings: Settings, **deps: Any) -> ComputeProvider:
+    """The registry's factory: mypy checks AzureCompute against the Protocol here."""
+    if not isinstance(config, AzureConfig):
+        raise TypeError(f"azure needs an AzureConfig, not {type(config).__name__}")
+    return AzureCompute(config, settings, **deps)

@@ -34,11 +34,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import BaseModel
+
 import shared
 from shared import clock
-from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
-from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
+from shared.models import Check, CloudResource, GpuOffer, MachineState
+from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
 from shared.providers.errors import PermanentError, RetryableError
+from shared.providers.local import catalog, checks
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
 
@@ -47,11 +50,14 @@ MARK_DEPLOYMENT = "TENSORANT_DEPLOYMENT_ID"
 MARK_ORG = "TENSORANT_ORG"
 MARK_RUN = "TENSORANT_RUN_ID"
 BILLING_NOTE = "local: nothing bills"
-OFFER_ID = "local-smoke"
+# What the run's agent processes look like -> machine state (see describe).
+STATE_MAP = {
+    "none": MachineState.gone,  # no marked process left (the work directory may be kept)
+    "all stopped": MachineState.stopped,  # SIGSTOP: a stopped VM
+    "some stopped": MachineState.stopping,
+    "running": MachineState.running,
+}
 REPO_ROOT = Path(shared.__file__).resolve().parent.parent
-# Environment the agent inherits from the control plane: only what a process needs to run,
-# never the control plane's own secrets (storage connection string, JWT secret, ...).
-_INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 
 # Starts the agent in a new session and exits at once, so the agent is reparented to init
 # (which reaps it) instead of becoming a zombie of the control plane. Prints the agent pid.
@@ -246,7 +252,8 @@ class LocalCompute:
                 raise PermanentError(f"not allowed to signal process group {pgid}: {exc}") from exc
 
     def _agent_env(self, spec: LaunchSpec, workdir: Path) -> dict[str, str]:
-        env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+        # Only what a process needs to run, never the control plane's own secrets (JWT secret, ...).
+        env = {k: os.environ[k] for k in checks.INHERITED if k in os.environ}
         env.update(spec.bootstrap.env)
         env["TENSORANT_DATA_DIR"] = str(workdir / "data")
         env.setdefault("TENSORANT_HEARTBEAT_INTERVAL_S", "1")
@@ -263,45 +270,11 @@ class LocalCompute:
     # ---------------------------------------------------------------- Protocol
 
     def validate(self) -> list[Check]:
-        checks: list[Check] = []
-        try:
-            self.machines.mkdir(parents=True, exist_ok=True)
-            probe = self.machines / f".probe-{secrets.token_hex(4)}"
-            probe.write_text("probe")
-            probe.unlink()
-            checks.append(Check(name="work_root", status=CheckStatus.ok,
-                                message=f"can create machine directories in {self.machines}"))
-        except OSError as exc:
-            checks.append(Check(name="work_root", status=CheckStatus.fail,
-                                message=f"cannot write in {self.machines} ({exc}); set TENSORANT_LOCAL_ROOT to a "
-                                        "directory the control plane can write"))
-        if not Path("/proc/self/environ").exists():
-            checks.append(Check(name="process_table", status=CheckStatus.fail,
-                                message="no /proc here; the local provider runs only on Linux"))
-        probe_env = {k: os.environ[k] for k in _INHERITED if k in os.environ} | {"PYTHONPATH": str(REPO_ROOT)}
-        result = subprocess.run([sys.executable, "-c", "import shared.agent.main, shared.trainer.smoke"],
-                                env=probe_env, capture_output=True, text=True, timeout=60, check=False)
-        if result.returncode == 0:
-            checks.append(Check(name="agent", status=CheckStatus.ok, message="the agent module imports"))
-        else:
-            checks.append(Check(name="agent", status=CheckStatus.fail,
-                                message=f"the agent does not import ({result.stderr.strip()[-300:]}); "
-                                        "install the project's dependencies"))
-        if self.trainer_command():
-            checks.append(Check(name="trainer", status=CheckStatus.ok,
-                                message=f"runs use the trainer command {self.trainer_command()!r}"))
-        else:
-            checks.append(Check(name="trainer", status=CheckStatus.warn,
-                                message="no trainer command is configured: runs use the smoke trainer, which "
-                                        "trains nothing and writes a random adapter"))
-        return checks
+        """Every connection check (see checks.py); starts no agent."""
+        return checks.run_checks(self.machines, self.trainer_command(), REPO_ROOT)
 
     def offers(self) -> list[GpuOffer]:
-        price = self.config.price_per_hour
-        return [GpuOffer(provider=self.name, offer_id=OFFER_ID, gpu="none (local CPU, smoke)", gpu_memory_gb=0,
-                         machine_type="local-process", region="local", compute_per_hour=price,
-                         disk_per_hour=0.0, total_per_hour=price,
-                         note="a local process on the control plane's host; for trying the flow, not training")]
+        return catalog.offers(self.config)
 
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         ref = spec.ref
@@ -337,14 +310,12 @@ class LocalCompute:
     def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
         procs, _ = self._procs(ref)
         found = self._resources(ref, procs)
-        if not procs:
-            kept = " (its work directory is kept)" if self.workdir(ref).exists() else ""
-            return Description(state=MachineState.gone, detail=f"no agent process{kept}", resources=found)
-        if all(p.stopped for p in procs):
-            return Description(state=MachineState.stopped, detail="agent process stopped", resources=found)
-        if any(p.stopped for p in procs):
-            return Description(state=MachineState.stopping, detail="stopping", resources=found)
-        return Description(state=MachineState.running, detail="agent process running", resources=found)
+        stopped = [p.stopped for p in procs]
+        key = "none" if not procs else "all stopped" if all(stopped) else "some stopped" if any(stopped) else "running"
+        detail = {"none": "no agent process" + (" (its work directory is kept)" if self.workdir(ref).exists() else ""),
+                  "all stopped": "agent process stopped", "some stopped": "stopping",
+                  "running": "agent process running"}[key]
+        return Description(state=STATE_MAP[key], detail=detail, resources=found)
 
     def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
         self._check_ref(ref)
@@ -411,3 +382,10 @@ class LocalCompute:
             if marker.get("deployment") != self.deployment:
                 continue  # unmarked or another deployment's: not ours to report
             yield self._workdir_resource(entry, marker, str(marker.get("name", entry.name)))
+
+
+def build(config: BaseModel, settings: Settings) -> ComputeProvider:
+    """The registry's factory: mypy checks LocalCompute against the Protocol here."""
+    if not isinstance(config, LocalConfig):
+        raise TypeError(f"local needs a LocalConfig, not {type(config).__name__}")
+    return LocalCompute(config, settings)

@@ -12,7 +12,7 @@ How it meets shared/providers/base.py's contracts:
 - retain = podStop (the pod's /workspace volume is kept; it still bills while stopped);
   start = podResume; release = podTerminate, done only once RunPod no longer returns the
   pod. "Not found" is success.
-- Every call goes through graphql.RunPodApi, which translates vendor errors; see there
+- Every call goes through client.RunPodApi, which translates vendor errors (errors.py); see there
   for which calls use the runpod package and which send GraphQL variables.
 """
 
@@ -23,71 +23,50 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from pydantic import BaseModel
+
 from shared import clock
 from shared.log import register_secret
-from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
+from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import bootstrap_env
-from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
-from shared.providers.errors import AuthError, CapacityError, PermanentError, ProviderError
+from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
+from shared.providers.errors import CapacityError, PermanentError
+from shared.providers.runpod import catalog, checks
+from shared.providers.runpod.catalog import PROVIDER, is_supported_gpu
+from shared.providers.runpod.client import (
+    CREATE,
+    OFFERS,
+    POD_ID,
+    VOLUMES,
+    RunPodApi,
+    check_pod_id,
+    get_pod_query,
+    list_pods,
+    resume_mutation,
+    stop_mutation,
+    terminate_mutation,
+)
 from shared.providers.runpod.config import RunPodConfig
-from shared.providers.runpod.graphql import POD_ID, NotFound, RunPodApi, check_pod_id
+from shared.providers.runpod.errors import NotFound
 from shared.settings import Settings
 
-PROVIDER = "runpod"
 # A CUDA 13-compatible host: RunPod filters hosts by the CUDA version of their driver.
 CUDA_VERSIONS = ["13.0"]
 DATA_DIR = "/workspace/data"
 MOUNT = "/workspace"
-# RunPod list prices (USD per GB-month): container disk and running pod volume.
-DISK_GB_MONTH = 0.10
-HOURS_PER_MONTH = 730.0
+# RunPod desiredStatus -> machine state (RUNNING without a runtime is still pending, see _state).
+STATE_MAP = {
+    "CREATED": MachineState.pending,
+    "RUNNING": MachineState.running,
+    "EXITED": MachineState.stopped,
+    "TERMINATED": MachineState.stopping,  # still returned until RunPod forgets it
+}
 VISIBILITY_GRACE_S = 120.0  # a just-created pod may not be visible yet
 POLL_S = 10.0
 _PRESIGNED = ("TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL")
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
-# Ampere or newer, NVIDIA only (allow-list: an unknown GPU stays out of the catalog).
-# GeForce RTX x050-x090 only: "Quadro RTX 4000/5000" are Turing (RTX 4000/5000 *Ada* match \bAda\b).
-_SUPPORTED = re.compile(
-    r"\bA(2|10|10G|16|30|40|100)\b|\bA[2-6]\d{3}\b|\bRTX (30|40|50)[5-9]0\b|\bL4\b|\bL40S?\b"
-    r"|\bG?H(100|200)\b|\bG?B(100|200|300)\b|\bAda\b|\bBlackwell\b",
-)
-_NOT_NVIDIA = re.compile(r"\bAMD\b|\bInstinct\b|\bMI\d{3}", re.I)
-EXCLUDED_NOTE = ("T4, V100, P100, RTX 20xx and other pre-Ampere or non-NVIDIA GPUs are not offered "
-                 "(the trainer needs Ampere or newer)")
 
-_POD_FIELDS = "id name desiredStatus imageName costPerHr gpuCount volumeInGb containerDiskInGb"
-
-_LIST_PODS = "query Pods { myself { pods { " + _POD_FIELDS + " runtime { uptimeInSeconds } } } }"
-_ACCOUNT = "query Account { myself { id } }"
-_CREATE = (
-    "mutation Create($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) { "
-    + _POD_FIELDS + " } }"
-)
-_OFFERS = """query Offers($dc: String, $secure: Boolean) {
-  gpuTypes { id displayName memoryInGb secureCloud communityCloud securePrice communityPrice
-    lowestPrice(input: {gpuCount: 1, dataCenterId: $dc, secureCloud: $secure}) { uninterruptablePrice stockStatus } }
-}"""
-_VOLUMES = "query Volumes { myself { networkVolumes { id name size dataCenterId } } }"
-
-
-def _get_pod(pod_id: str) -> str:
-    pod_id = check_pod_id(pod_id)  # the only value in this query text, checked to be a plain id
-    return 'query Pod { pod(input: {podId: "' + pod_id + '"}) { ' + _POD_FIELDS + " runtime { uptimeInSeconds } } }"
-
-
-def is_supported_gpu(gpu_id: str, display: str = "") -> bool:
-    text = f"{gpu_id} {display}"
-    return bool(_SUPPORTED.search(text)) and not _NOT_NVIDIA.search(text)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def looks_like_s3_key(key: str) -> bool:
-    """RunPod S3 API keys are `user_...` (access key) and `rps_...` (secret); AWS keys start AKIA/ASIA."""
-    return bool(re.match(r"^(rps_|user_|AKIA|ASIA)", key.strip()))
 
 
 class RunPodCompute:
@@ -102,53 +81,13 @@ class RunPodCompute:
     # ------------------------------------------------------------ validate / offers
 
     def validate(self) -> list[Check]:
-        key = self.config.api_key.get_secret_value()
-        if looks_like_s3_key(key):
-            return [Check(name="api key", status=CheckStatus.fail, message=(
-                "This looks like an S3 API key (access key user_…, secret rps_…), not a RunPod API key. "
-                "The compute connection needs an API key from RunPod → Settings → API Keys; the S3 key belongs "
-                "to the storage connection. They are not interchangeable."))]
-        checks: list[Check] = []
-        try:
-            account = self.api.sdk(_ACCOUNT).get("myself") or {}
-            pods = self._list()
-        except AuthError as exc:
-            return [Check(name="api key", status=CheckStatus.fail, message=exc.reason)]
-        except ProviderError as exc:
-            return [Check(name="api key", status=CheckStatus.fail, message=f"{exc.reason}; check again later")]
-        ours = sum(1 for p in pods if str(p.get("name", "")).startswith(self.prefix))
-        checks.append(Check(name="api key", status=CheckStatus.ok,
-                            message=f"RunPod accepted the key (account {account.get('id', '?')})"))
-        checks.append(Check(name="list pods", status=CheckStatus.ok,
-                            message=f"the key can list pods ({len(pods)} in the account, {ours} managed here)"))
-        checks.append(Check(name="write permissions", status=CheckStatus.warn, message=(
-            "This check cannot prove write permissions (create, start, stop and delete pods) because it creates "
-            "nothing. Give the key read/write access to pods: a read-only key cannot launch or clean up runs.")))
-        if self.config.network_volume_id:
-            checks.append(self._check_volume())
-        return checks
-
-    def _check_volume(self) -> Check:
-        vid, dc = self.config.network_volume_id, self.config.datacenter_id
-        try:
-            volumes = (self.api.query(_VOLUMES).get("myself") or {}).get("networkVolumes") or []
-        except ProviderError as exc:
-            return Check(name="network volume", status=CheckStatus.fail, message=(
-                f"cannot list network volumes: {exc.reason}. Allow network-volume discovery on the API key."))
-        match = next((v for v in volumes if v.get("id") == vid), None)
-        if match is None:
-            return Check(name="network volume", status=CheckStatus.fail, message=(
-                f"network volume {vid} is not in this RunPod account; check the volume ID in RunPod → Storage"))
-        if match.get("dataCenterId") != dc:
-            return Check(name="network volume", status=CheckStatus.fail, message=(
-                f"network volume {vid} is in {match.get('dataCenterId')}, not {dc}; fix the storage connection"))
-        return Check(name="network volume", status=CheckStatus.ok,
-                     message=f"network volume {vid} ({match.get('name', '')}) is in {dc}; pods will run there")
+        """Every connection check (see checks.py); creates nothing."""
+        return checks.run_checks(self.api, self.config, self.prefix)
 
     def network_volumes(self) -> list[dict[str, Any]]:
         """The account's network volumes (id, name, size GB, dataCenterId), for the storage card's
         "pick a volume" list. Needs network-volume discovery on the key."""
-        volumes = (self.api.query(_VOLUMES).get("myself") or {}).get("networkVolumes") or []
+        volumes = (self.api.query(VOLUMES).get("myself") or {}).get("networkVolumes") or []
         return [{"id": str(v.get("id")), "name": str(v.get("name") or ""), "size_gb": int(v.get("size") or 0),
                  "datacenter_id": str(v.get("dataCenterId") or "")} for v in volumes if isinstance(v, dict)]
 
@@ -156,42 +95,10 @@ class RunPodCompute:
         dc = self.config.datacenter_id or None
         cloud = self._cloud()
         secure = {"SECURE": True, "COMMUNITY": False}.get(cloud)
-        data = self.api.query(_OFFERS, {"dc": dc, "secure": secure})
+        data = self.api.query(OFFERS, {"dc": dc, "secure": secure})
         pod_volume = 0 if self.config.network_volume_id else self.config.volume_gb
-        disk_gb = self.config.container_disk_gb + pod_volume
-        disk_per_hour = round(disk_gb * DISK_GB_MONTH / HOURS_PER_MONTH, 4)
-        note = f"Single GPU. {EXCLUDED_NOTE}. Disk: {disk_gb} GB of container disk and pod volume."
-        if dc:
-            note += f" Only GPUs in the network volume's datacenter {dc}; the volume is billed separately."
-        offers: list[GpuOffer] = []
-        for gpu in data.get("gpuTypes") or []:
-            gpu_id = str(gpu.get("id") or "")
-            if not gpu_id or not is_supported_gpu(gpu_id, str(gpu.get("displayName") or "")):
-                continue
-            lowest = gpu.get("lowestPrice") or {}
-            if dc and not lowest.get("stockStatus"):
-                continue  # not available in the volume's datacenter
-            offered = {"SECURE": gpu.get("secureCloud"), "COMMUNITY": gpu.get("communityCloud")}.get(cloud, True)
-            if not offered:
-                continue
-            price = lowest.get("uninterruptablePrice") or (
-                gpu.get("communityPrice") if cloud == "COMMUNITY" else gpu.get("securePrice"))
-            if not price or float(price) <= 0:
-                continue
-            compute = round(float(price), 4)
-            offers.append(GpuOffer(
-                provider=PROVIDER,
-                offer_id=f"runpod-{_slug(cloud)}-{_slug(dc or 'any')}-{_slug(gpu_id)}",
-                gpu=str(gpu.get("displayName") or gpu_id),
-                gpu_memory_gb=float(gpu.get("memoryInGb") or 0),
-                machine_type=gpu_id,
-                region=dc or "any",
-                compute_per_hour=compute,
-                disk_per_hour=disk_per_hour,
-                total_per_hour=round(compute + disk_per_hour, 4),
-                note=note,
-            ))
-        return sorted(offers, key=lambda o: (o.total_per_hour, o.gpu))
+        return catalog.gpu_offers(data.get("gpuTypes") or [], cloud=cloud, dc=dc,
+                                  disk_gb=self.config.container_disk_gb + pod_volume)
 
     # ------------------------------------------------------------ launch
 
@@ -229,7 +136,7 @@ class RunPodCompute:
             pod_input["networkVolumeId"] = self.config.network_volume_id
             pod_input["dataCenterId"] = self.config.datacenter_id
         try:
-            data = self.api.query(_CREATE, {"input": pod_input})
+            data = self.api.query(CREATE, {"input": pod_input})
         except CapacityError as exc:
             raise CapacityError(self._capacity_reason(spec.offer.gpu or gpu_id), code="capacity") from exc
         pod = data.get("podFindAndDeployOnDemand") or {}
@@ -290,7 +197,7 @@ class RunPodCompute:
         for pod in pods:
             if pod.get("desiredStatus") not in ("EXITED", "TERMINATED"):
                 try:
-                    self.api.sdk(_stop(pod["id"]))
+                    self.api.sdk(stop_mutation(pod["id"]))
                 except NotFound:
                     pass
         after = self._pods(ref, resources)
@@ -310,7 +217,7 @@ class RunPodCompute:
         for pod in pods:
             if pod.get("desiredStatus") == "EXITED":
                 try:
-                    self.api.sdk(_resume(pod["id"]))
+                    self.api.sdk(resume_mutation(pod["id"]))
                 except CapacityError as exc:
                     raise CapacityError(
                         "RunPod cannot restart the pod now: its host has no free GPU. Try again later; with a "
@@ -331,7 +238,7 @@ class RunPodCompute:
             if pod.get("desiredStatus") == "TERMINATED":
                 continue  # asked before; wait for RunPod to stop returning it
             try:
-                self.api.sdk(_terminate(pod["id"]))
+                self.api.sdk(terminate_mutation(pod["id"]))
             except NotFound:
                 pass  # already gone: success
         left = self._pods(ref, resources)
@@ -361,12 +268,11 @@ class RunPodCompute:
                                  "its pod is not touched here", code="foreign")
 
     def _list(self) -> list[dict[str, Any]]:
-        pods = (self.api.sdk(_LIST_PODS).get("myself") or {}).get("pods") or []
-        return [p for p in pods if isinstance(p, dict) and _has_pod_id(p)]
+        return list_pods(self.api)
 
     def _get(self, pod_id: str) -> dict[str, Any] | None:
         try:
-            pod = self.api.sdk(_get_pod(pod_id)).get("pod")
+            pod = self.api.sdk(get_pod_query(pod_id)).get("pod")
         except NotFound:
             return None
         return pod if isinstance(pod, dict) and pod.get("id") else None
@@ -420,26 +326,14 @@ def _has_pod_id(pod: dict[str, Any]) -> bool:
 
 
 def _state(pod: dict[str, Any]) -> MachineState:
-    status = pod.get("desiredStatus")
-    if status == "RUNNING":
-        return MachineState.running if pod.get("runtime") else MachineState.pending
-    return {"CREATED": MachineState.pending, "EXITED": MachineState.stopped,
-            "TERMINATED": MachineState.stopping}.get(str(status), MachineState.unknown)
+    status = str(pod.get("desiredStatus"))
+    if status == "RUNNING" and not pod.get("runtime"):
+        return MachineState.pending  # asked to run, no container up yet
+    return STATE_MAP.get(status, MachineState.unknown)
 
 
-def _stop(pod_id: str) -> str:
-    from runpod.api.mutations.pods import generate_pod_stop_mutation
-
-    return str(generate_pod_stop_mutation(check_pod_id(pod_id)))
-
-
-def _resume(pod_id: str) -> str:
-    from runpod.api.mutations.pods import generate_pod_resume_mutation
-
-    return str(generate_pod_resume_mutation(check_pod_id(pod_id), 1))
-
-
-def _terminate(pod_id: str) -> str:
-    from runpod.api.mutations.pods import generate_pod_terminate_mutation
-
-    return str(generate_pod_terminate_mutation(check_pod_id(pod_id)))
+def build(config: BaseModel, settings: Settings) -> ComputeProvider:
+    """The registry's factory: mypy checks RunPodCompute against the Protocol here."""
+    if not isinstance(config, RunPodConfig):
+        raise TypeError(f"runpod needs a RunPodConfig, not {type(config).__name__}")
+    return RunPodCompute(config, settings)

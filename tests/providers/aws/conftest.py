@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,6 +111,16 @@ class Rig:
     subnet_id: str
     sg_id: str
     vpc_id: str
+    # Called in order before every AWS request of computes built by `compute()`; the first
+    # that answers short-circuits the request (see inject). The call counter comes first.
+    listeners: list[Any] = field(default_factory=list)
+
+    def on_api_call(self, service: str, operation: str, params: dict[str, Any]) -> Any:
+        for listener in list(self.listeners):
+            answer = listener(service, operation, params)
+            if answer is not None:
+                return answer
+        return None
 
     def config(self, **over: Any) -> Any:
         from shared.providers.aws.config import AwsConfig
@@ -123,20 +133,20 @@ class Rig:
         values.update(over)
         return AwsConfig(**values)
 
-    def compute(self, deployment: str = "test", **over: Any) -> Any:
+    def compute(self, deployment: str = "test", page_size: int = 100,
+                sleep: Callable[[float], None] = lambda s: None, **over: Any) -> Any:
         from shared.providers.aws.compute import AwsCompute
         from shared.settings import Settings
 
         return AwsCompute(self.config(**over), Settings(deployment_id=deployment), endpoint_url=self.url,
-                          pricing_endpoint_url=self.pricing.url, sleep=lambda s: None)
+                          pricing_endpoint_url=self.pricing.url, sleep=sleep, on_api_call=self.on_api_call,
+                          page_size=page_size)
 
 
 @pytest.fixture
 def rig(moto_server: str, pricing_server: PricingServer) -> Iterator[Rig]:
     import boto3
     import requests
-
-    from shared.providers.aws import compute as compute_mod
 
     requests.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
     pricing_server.requests.clear()
@@ -149,11 +159,7 @@ def rig(moto_server: str, pricing_server: PricingServer) -> Iterator[Rig]:
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
     sg = ec2.create_security_group(GroupName="tensorant-train", Description="training", VpcId=vpc)["GroupId"]
     log = CallLog()
-    compute_mod.API_CALL_LISTENERS.append(log)
-    try:
-        yield Rig(moto_server, pricing_server, log, ec2, iam, subnet, sg, vpc)
-    finally:
-        compute_mod.API_CALL_LISTENERS.remove(log)
+    yield Rig(moto_server, pricing_server, log, ec2, iam, subnet, sg, vpc, listeners=[log])
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -199,20 +205,11 @@ def inject(service: str, operation: str, code: str = "", message: str = "", *, s
 
 
 @pytest.fixture
-def injected() -> Iterator[list[Any]]:
-    """Append inject(...) listeners here; they run before the call counter sees the call."""
-    from shared.providers.aws import compute as compute_mod
-
-    added: list[Any] = []
-    yield added
-    for listener in added:
-        if listener in compute_mod.API_CALL_LISTENERS:
-            compute_mod.API_CALL_LISTENERS.remove(listener)
+def injected(rig: Rig) -> list[Any]:
+    """The rig's listener list: add inject(...) listeners with add_injection."""
+    return rig.listeners
 
 
 def add_injection(injected: list[Any], listener: Any) -> None:
-    from shared.providers.aws import compute as compute_mod
-
-    # After the counter (appended by `rig`), so injected calls are still counted.
-    compute_mod.API_CALL_LISTENERS.append(listener)
+    # After the counter (first in the rig's list), so injected calls are still counted.
     injected.append(listener)

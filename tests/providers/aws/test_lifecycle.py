@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from shared.models import CloudResource, GpuOffer, MachineState
-from shared.providers.aws.compute import THROTTLE_ATTEMPTS, client_token
+from shared.providers.aws.client import THROTTLE_ATTEMPTS
+from shared.providers.aws.compute import block_device_mappings, client_token
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.errors import AuthError, CapacityError, PermanentError, QuotaError, ThrottledError
 from tests.providers.aws.conftest import AMI_GOOD, ZONE, Rig, add_injection, inject
@@ -108,32 +109,13 @@ def test_user_data_over_16_kb_fails_before_run_instances(rig: Rig) -> None:
 
 
 def test_secondary_ami_disks_are_suppressed() -> None:
-    from shared.providers.aws.compute import AwsCompute
+    from shared.providers.aws.catalog import root_size_gb
 
     image = {"RootDeviceName": "/dev/xvda", "BlockDeviceMappings": [
         {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 60}},
         {"DeviceName": "/dev/sdb", "Ebs": {"VolumeSize": 500}}, {"DeviceName": "/dev/sdc", "VirtualName": "ephemeral0"}]}
-    assert AwsCompute._root_size_gb(image) == 60
-    captured: dict[str, Any] = {}
-
-    class Fake(AwsCompute):
-        def _instances_by_tags(self, ref: RunRef, states: list[str] | None = None) -> list[dict[str, Any]]:
-            return []
-
-        def _image(self) -> dict[str, Any]:
-            return {**image, "RootDeviceType": "ebs"}
-
-        def call(self, service: str, operation: str, **params: Any) -> dict[str, Any]:
-            captured.update(params)
-            return {"Instances": [{"InstanceId": "i-0123456789abcdef0", "State": {"Name": "pending"}}]}
-
-    from shared.providers.aws.config import AwsConfig
-    from shared.settings import Settings
-
-    cfg = AwsConfig(region="us-east-1", access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="s" * 40,
-                    ami_id=AMI_GOOD, subnet_id="subnet-0123456789abcdef0", security_group_id="sg-0123456789abcdef0")
-    Fake(cfg, Settings(deployment_id="test")).launch(_spec())
-    assert captured["BlockDeviceMappings"] == [
+    assert root_size_gb(image) == 60
+    assert block_device_mappings(image, 100) == [
         {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 160, "VolumeType": "gp3", "Encrypted": True,
                                             "DeleteOnTermination": True}},
         {"DeviceName": "/dev/sdb", "NoDevice": ""}, {"DeviceName": "/dev/sdc", "NoDevice": ""}]
@@ -187,8 +169,7 @@ def test_quota_names_the_p_family_quota(rig: Rig, injected: list[Any]) -> None:
 
 def test_throttling_is_retried_with_backoff_then_gives_up(rig: Rig, injected: list[Any]) -> None:
     sleeps: list[float] = []
-    compute = rig.compute()
-    compute.sleep = sleeps.append
+    compute = rig.compute(sleep=sleeps.append)
     add_injection(injected, inject("ec2", "RunInstances", "RequestLimitExceeded", "Request limit exceeded.", times=2))
     compute.launch(_spec())
     assert _ops(rig).count("RunInstances") == 3

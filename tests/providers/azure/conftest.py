@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,13 +168,9 @@ def compute(fake: FakeArm) -> Any:
     return make_compute(fake)
 
 
-def route_registry_to(fake: FakeArm, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the registry build azure providers as AzureCompute(config, settings, endpoints=<the fake>).
-
-    SHIM until shared/providers/registry.override(name, factory=...) lands (contracts.md): then this
-    body becomes `undo = registry.override("azure", factory=factory)` with undo() at teardown
-    (monkeypatch.setitem undoes itself today). Only tests ever do this.
-    """
+def route_registry_to(fake: FakeArm) -> Callable[[], None]:
+    """Make the registry build azure providers as AzureCompute(config, settings, endpoints=<the fake>),
+    through its one test hook, registry.override; returns the undo for the fixture's teardown."""
     from shared.providers import registry
     from shared.providers.azure.compute import AzureCompute
     from shared.providers.azure.config import AzureConfig
@@ -185,7 +181,7 @@ def route_registry_to(fake: FakeArm, monkeypatch: pytest.MonkeyPatch) -> None:
         assert isinstance(config, AzureConfig)
         return AzureCompute(config, settings, endpoints=endpoints(fake))
 
-    monkeypatch.setitem(registry.FACTORIES, "azure", factory)
+    return registry.override("azure", factory=factory)
 
 
 def b64(text: str) -> str:

@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_ in (("save-compute", "save a compute connection"), ("save-storage", "save the storage")):
         s = c.add_parser(name, help=help_)
         if name == "save-compute":
-            s.add_argument("provider", choices=["aws", "azure", "runpod", "local"])
+            s.add_argument("provider", help="a compute provider the control plane registers (aws, azure, runpod, local, ...)")
         s.add_argument("--file", help="JSON body")
         s.add_argument("--set", action="append", metavar="KEY=VALUE", help="set a field (repeatable; a.b=c nests)")
     c.add_parser("show", help="all of the organization's connections and their checks")

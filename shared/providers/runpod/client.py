@@ -1,4 +1,5 @@
-"""Talking to RunPod's GraphQL API, with vendor errors translated at this boundary.
+"""The one door to RunPod's GraphQL API (and the runpod package, imported lazily); every
+answer is translated by errors.py at this boundary.
 
 Two paths, both to `$RUNPOD_API_BASE_URL/graphql` (read on every call, default
 https://api.runpod.io) with the API key as a bearer token:
@@ -21,28 +22,12 @@ import re
 from typing import Any
 
 from shared.log import register_secret
-from shared.providers.errors import (
-    AuthError,
-    CapacityError,
-    PermanentError,
-    ProviderError,
-    RetryableError,
-    ThrottledError,
-)
+from shared.providers.errors import AuthError, PermanentError, RetryableError
+from shared.providers.runpod.errors import AUTH_HINT, from_status, translate
 
 DEFAULT_BASE_URL = "https://api.runpod.io"
 POD_ID = re.compile(r"^[a-z0-9]{6,40}$")
 TIMEOUT_S = 30.0
-
-AUTH_HINT = (
-    "Replace the key on the RunPod card in Settings → Connections with a RunPod API key (Restricted, "
-    "read/write access to pods). The S3 API key of a network volume is a different key and does not work here."
-)
-
-
-class NotFound(PermanentError):
-    """RunPod says the pod (or other object) does not exist."""
-
 
 def base_url() -> str:
     return os.environ.get("RUNPOD_API_BASE_URL", DEFAULT_BASE_URL).rstrip("/")
@@ -53,48 +38,6 @@ def check_pod_id(pod_id: str) -> str:
     if not POD_ID.match(pod_id or ""):
         raise PermanentError(f"{pod_id!r} is not a RunPod pod id", code="bad_pod_id")
     return pod_id
-
-
-_NOT_FOUND = re.compile(r"not found|does not exist|no pod with", re.I)
-_AUTH = re.compile(r"unauthori[sz]ed|not authori[sz]ed|forbidden|permission|invalid api key|access denied", re.I)
-_CAPACITY = re.compile(
-    r"no longer any instances available|not have the resources|not enough free gpu|no instances? available"
-    r"|insufficient capacity|no available",
-    re.I,
-)
-_FUNDS = re.compile(r"balance|insufficient funds|not enough funds|credit", re.I)
-_THROTTLED = re.compile(r"rate limit|too many requests", re.I)
-_SCHEMA = re.compile(r"cannot query field|unknown argument|unknown type|expected type|variable \"\$|syntax error", re.I)
-
-
-def translate(message: str) -> ProviderError:
-    """One GraphQL error message -> the error tree. Unknown messages are retryable."""
-    text = f"RunPod: {message}"
-    if _NOT_FOUND.search(message):
-        return NotFound(text, code="not_found")
-    if _AUTH.search(message):
-        return AuthError(f"RunPod refused the API key ({message}). {AUTH_HINT}", code="auth")
-    if _CAPACITY.search(message):
-        return CapacityError(text, code="capacity")
-    if _FUNDS.search(message):
-        return PermanentError(f"{text}. Add credit in RunPod Billing, then try again.", code="funds")
-    if _THROTTLED.search(message):
-        return ThrottledError(text, code="throttled", retry_after_s=30.0)
-    if _SCHEMA.search(message):
-        return PermanentError(f"{text} (the RunPod API rejected the request's shape)", code="schema")
-    return RetryableError(text, code="graphql", retry_after_s=30.0)
-
-
-def _from_status(status: int, body: str) -> ProviderError | None:
-    if status in (401, 403):
-        return AuthError(f"RunPod refused the API key (HTTP {status}). {AUTH_HINT}", code="auth")
-    if status == 429:
-        return ThrottledError("RunPod is throttling requests (HTTP 429)", code="throttled", retry_after_s=60.0)
-    if status >= 500:
-        return RetryableError(f"RunPod API error (HTTP {status})", code=f"http_{status}")
-    if status >= 400:
-        return PermanentError(f"RunPod API refused the request (HTTP {status}): {body[:200]}", code=f"http_{status}")
-    return None
 
 
 class RunPodApi:
@@ -115,7 +58,7 @@ class RunPodApi:
             )
         except requests.RequestException as exc:
             raise RetryableError(f"cannot reach the RunPod API: {type(exc).__name__}", code="network") from exc
-        err = _from_status(resp.status_code, resp.text)
+        err = from_status(resp.status_code, resp.text)
         if err:
             raise err
         return _data(_json(resp))
@@ -159,3 +102,52 @@ def _data(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RetryableError("RunPod API answered without data", code="no_data")
     return data
+
+
+# ---------------------------------------------------------------- the queries Tensorant sends
+
+POD_FIELDS = "id name desiredStatus imageName costPerHr gpuCount volumeInGb containerDiskInGb"
+
+LIST_PODS = "query Pods { myself { pods { " + POD_FIELDS + " runtime { uptimeInSeconds } } } }"
+ACCOUNT = "query Account { myself { id } }"
+CREATE = (
+    "mutation Create($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) { "
+    + POD_FIELDS + " } }"
+)
+OFFERS = """query Offers($dc: String, $secure: Boolean) {
+  gpuTypes { id displayName memoryInGb secureCloud communityCloud securePrice communityPrice
+    lowestPrice(input: {gpuCount: 1, dataCenterId: $dc, secureCloud: $secure}) { uninterruptablePrice stockStatus } }
+}"""
+VOLUMES = "query Volumes { myself { networkVolumes { id name size dataCenterId } } }"
+
+
+def get_pod_query(pod_id: str) -> str:
+    pod_id = check_pod_id(pod_id)  # the only value in this query text, checked to be a plain id
+    return 'query Pod { pod(input: {podId: "' + pod_id + '"}) { ' + POD_FIELDS + " runtime { uptimeInSeconds } } }"
+
+
+def list_pods(api: RunPodApi) -> list[dict[str, Any]]:
+    """Every pod of the account that has a plain pod id (RunPod answers them all at once)."""
+    pods = (api.sdk(LIST_PODS).get("myself") or {}).get("pods") or []
+    return [p for p in pods if isinstance(p, dict) and POD_ID.match(str(p.get("id") or ""))]
+
+
+# The runpod package formats these mutations (pod ids only, checked first).
+
+
+def stop_mutation(pod_id: str) -> str:
+    from runpod.api.mutations.pods import generate_pod_stop_mutation
+
+    return str(generate_pod_stop_mutation(check_pod_id(pod_id)))
+
+
+def resume_mutation(pod_id: str) -> str:
+    from runpod.api.mutations.pods import generate_pod_resume_mutation
+
+    return str(generate_pod_resume_mutation(check_pod_id(pod_id), 1))
+
+
+def terminate_mutation(pod_id: str) -> str:
+    from runpod.api.mutations.pods import generate_pod_terminate_mutation
+
+    return str(generate_pod_terminate_mutation(check_pod_id(pod_id)))
