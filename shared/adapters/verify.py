@@ -1,4 +1,4 @@
-"""Strict verification of an adapter archive (DESIGN.md "Agent and adapter contract").
+"""Strict verification of an adapter archive (docs/architecture.md: verify-adapter).
 
 `verify_adapter(data, base_model=..., expected_sha256=...)` never extracts to disk and
 never trusts a size the archive declares: every entry is read in bounded chunks. Each

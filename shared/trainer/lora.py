@@ -1,6 +1,6 @@
 """The real trainer: a LoRA fine-tune with transformers + peft (`python -m shared.trainer.lora`).
 
-Environment (the agent -> trainer contract, /work/notes/contracts.md and DESIGN.md):
+Environment (the agent -> trainer contract; shared/agent passes it):
   TENSORANT_OUTPUT_DIR       writes adapter_config.json, adapter_model.safetensors, manifest.json
   TENSORANT_DATASET_PATH     JSONL; rows {"messages"}, {"prompt","completion"} or {"text"}
   TENSORANT_BASE_MODEL       the run's declared base model id (written into adapter_config.json)
