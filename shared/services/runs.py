@@ -247,12 +247,13 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
             raise InvalidInput.field("body", "the upload is over 1 GiB; that is not a LoRA adapter archive")
         storage_for(run.org).put(adapter_key(run.id), upload)
         sha = hashlib.sha256(upload).hexdigest()
+    size = len(upload) if upload else 0
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.retained:
             return None
         r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}")
-        return r.model_copy(update={"adapter_sha256": sha}) if sha else r
+        return r.model_copy(update={"adapter_sha256": sha, "adapter_size": size}) if sha else r
 
     new, wrote = store.mutate_run(run.org, run.id, change)
     if wrote:
