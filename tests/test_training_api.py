@@ -219,3 +219,17 @@ def test_bootstrap_carries_the_resolved_training_json(h: Harness, cloud: Cloud) 
     parsed, warnings = parse_settings(machine.env["TENSORANT_TRAINING"])
     assert warnings == [] and parsed.lora_r == 4 and parsed.max_examples == 64
 
+
+
+def test_cli_training_flags_and_new_subcommands_parse() -> None:
+    from tensorant_cli.main import build_parser, cmd_base_models, cmd_runs_download, training_from
+
+    args = build_parser().parse_args([
+        "runs", "create", "--project", "p", "--dataset", "d", "--provider", "local", "--offer", "local-smoke",
+        "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--price-limit", "1",
+        "--training-json", '{"lora_r": 8, "precision": "fp32"}', "--set-training", "max_steps=20",
+        "--set-training", "target_modules=all-linear", "--set-training", "lora_r=4"])
+    assert training_from(args) == {"lora_r": 4, "precision": "fp32", "max_steps": 20, "target_modules": "all-linear"}
+    dl = build_parser().parse_args(["runs", "download", "r-1", "-o", "out.zip"])
+    assert (dl.fn, dl.id, dl.output) == (cmd_runs_download, "r-1", "out.zip")
+    assert build_parser().parse_args(["base-models"]).fn is cmd_base_models

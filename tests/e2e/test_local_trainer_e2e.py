@@ -82,6 +82,13 @@ def test_real_trainer_run_succeeds_and_the_downloaded_adapter_loads_with_peft(ap
     r = requests.get(f"{api.url}/api/runs/{run['id']}/adapter", headers=dict(api.s.headers), timeout=30)
     assert r.status_code == 200 and r.headers["Content-Type"] == "application/zip"
     assert r.headers["X-Adapter-Sha256"] == hashlib.sha256(r.content).hexdigest() == done["adapter_sha256"]
+    # The CLI saves the same bytes.
+    from tensorant_cli.main import main as cli
+
+    token = api.s.headers["Authorization"].removeprefix("Bearer ")
+    saved = tmp_path / "cli-adapter.zip"
+    assert cli(["--url", api.url, "--token", token, "runs", "download", run["id"], "-o", str(saved)]) == 0
+    assert saved.read_bytes() == r.content
     out = tmp_path / "adapter"
     with zipfile.ZipFile(io.BytesIO(r.content)) as z:
         z.extractall(out)
