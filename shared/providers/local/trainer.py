@@ -82,6 +82,9 @@ def prepare(base_model: str, cache: Path) -> Path | None:
 
 
 def main() -> int:
+    # Progress bars (conversion, weight loading) are carriage-return noise in a run's log.
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     env = dict(os.environ)
     base_model, cache = env.get("TENSORANT_BASE_MODEL", ""), env.get("TENSORANT_MODEL_CACHE", "")
     if base_model and cache and not env.get("TENSORANT_BASE_MODEL_PATH"):
