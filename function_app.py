@@ -5,11 +5,13 @@ import azure.functions as func
 from functions import (
     admin,
     agent,
+    base_models,
     catalog,
     connections,
     docs,
     heartbeat_check,
     launch,
+    org_secrets,
     projects,
     refresh_catalog,
     release,
@@ -22,7 +24,8 @@ from functions import (
 
 app = func.FunctionApp()
 for module in (connections, catalog, projects, runs, agent, admin, validate_connection, refresh_catalog,
-               launch, verify_adapter, retain, release, heartbeat_check, sweeper):
+               launch, verify_adapter, retain, release, heartbeat_check, sweeper,
+               base_models, org_secrets):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

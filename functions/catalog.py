@@ -7,6 +7,7 @@ bp = func.Blueprint()
 
 
 @bp.route(route="catalog/gpus", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
-@http.api(summary="GPU offers with compute, disk and total price per hour")
+@http.api(summary="GPU offers with compute, disk and total price per hour; with base_model, whether each fits")
 def gpus(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: catalog.offers_view(http.principal(req), req.params.get("provider")))
+    return http.respond(lambda: catalog.offers_view(http.principal(req), req.params.get("provider"),
+                                                    req.params.get("base_model") or None))

@@ -64,3 +64,18 @@ def recover_run(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Retry a release that the cloud has not confirmed yet", response=RunView, status=202)
 def release_run(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: runs.retry_release(http.principal(req), req.route_params["id"]), status=202)
+
+
+@bp.route(route="runs/{id}/adapter", methods=["GET"], auth_level=ANON)
+@http.api(summary="The verified adapter of a succeeded run: application/zip (local storage, header "
+                  "X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before")
+def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
+    def call() -> object:
+        got = runs.adapter(http.principal(req), req.route_params["id"])
+        if isinstance(got, runs.AdapterStream):
+            return func.HttpResponse(got.data, status_code=200, mimetype="application/zip", headers={
+                "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,
+                "Content-Disposition": f'attachment; filename="{got.filename}"'})
+        return got
+
+    return http.respond(call)

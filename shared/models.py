@@ -142,6 +142,69 @@ class RunEvent(Model):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+# ---------------------------------------------------------------- training settings (issue 10)
+
+
+class TrainingSettings(Model):
+    """A run's training settings: the TENSORANT_TRAINING fields of the cross-team contract
+    (names, defaults and ranges as shared/trainer/config.py checks them again on the machine).
+
+    In POST /api/runs every field is optional; the run stores the resolved settings (trial
+    bounds applied, `kind` set from the run's kind) and hands them to the trainer as JSON."""
+
+    lora_r: int = Field(default=16, ge=1, le=256, strict=True)
+    lora_alpha: int = Field(default=32, ge=1, le=1024, strict=True)
+    lora_dropout: float = Field(default=0.05, ge=0.0, le=0.5)
+    target_modules: Literal["attention", "all-linear"] = Field(
+        default="attention", description="attention = q, k, v, o projections; all-linear adds gate, up, down")
+    learning_rate: float = Field(default=2e-4, gt=0.0, le=0.01)
+    epochs: float = Field(default=1.0, gt=0.0, le=20.0)
+    max_steps: int | None = Field(default=None, ge=1, le=100000, strict=True, description="overrides epochs")
+    batch_size: int = Field(default=4, ge=1, le=256, strict=True)
+    gradient_accumulation: int = Field(default=1, ge=1, le=256, strict=True)
+    warmup_ratio: float = Field(default=0.03, ge=0.0, le=0.5)
+    max_seq_len: int = Field(default=1024, ge=16, le=32768, strict=True)
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="auto: bf16 on a GPU that supports it, else fp32")
+    load_in_4bit: bool = Field(default=False, strict=True, description="QLoRA via bitsandbytes; needs a CUDA GPU")
+    gradient_checkpointing: bool = Field(default=True, strict=True)
+    seed: int = Field(default=42, ge=0, le=2**32 - 1, strict=True)
+    eval_fraction: float = Field(default=0.1, ge=0.0, le=0.5,
+                                 description="held-out split, only when the dataset has >= 20 examples")
+    sample_prompts: int = Field(default=3, ge=0, le=10, strict=True)
+    max_examples: int | None = Field(default=None, ge=1, le=10_000_000, strict=True,
+                                     description="train on at most this many examples (trial runs: set for you)")
+    kind: Literal["trial", "full"] | None = Field(default=None, description="set from the run's kind")
+
+    @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        # pydantic would read "0.1" or true as a number; the trainer would not.
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError("must be a number")
+        return v
+
+
+class OrgSecretSet(Model):
+    """PUT /api/org/secrets/huggingface-token: write-only, never returned."""
+
+    token: str = Field(min_length=8, max_length=512, pattern=r"^[A-Za-z0-9_\-.]+$",
+                       description="a Hugging Face access token (hf_...)", repr=False)
+
+
+class OrgSecretsView(Model):
+    huggingface_token: dict[str, bool]
+
+
+class OrgSecretRecord(Model):
+    v: int = SCHEMA_VERSION
+    org: str
+    name: str
+    sealed: str  # AES-GCM of {"value": ...} with "<org>|secret:<name>" as associated data
+    saved_at: datetime
+    saved_by: str = ""
+
+
 # ---------------------------------------------------------------- records
 
 
@@ -231,6 +294,8 @@ class RunRecord(Model):
     release_after: datetime | None = None
     log_lines: int = 0
     created_by: str = ""
+    # issue 10: the resolved training settings (stored at create, handed to the trainer)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
 
 
 # ---------------------------------------------------------------- queue messages
@@ -269,6 +334,8 @@ class RunCreate(Model):
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str = Field(pattern=KEY_PATTERN)
     base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
+    # issue 10: training settings; omitted fields take the defaults, a trial run is bounded
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
 
     @field_validator("offer_id", "base_model")
     @classmethod
@@ -339,6 +406,8 @@ class RunView(Model):
     created_at: datetime
     updated_at: datetime
     events: list[RunEvent] = Field(default_factory=list)
+    # issue 10: the resolved training settings
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
 
 
 class ConnectionView(Model):

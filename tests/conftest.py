@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         "TENSORANT_TABLE_PREFIX": "t" + secrets.token_hex(4),
         "TENSORANT_LOCAL_ROOT": str(tmp_path / "local"),
         "TENSORANT_DEPLOYMENT_ID": "test",
+        # The local provider's default is the real LoRA trainer; tests run the fast smoke trainer
+        # unless they unset this (tests/e2e/test_local_trainer_e2e.py).
+        "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m shared.trainer.smoke",
     }
     for k, v in values.items():
         monkeypatch.setenv(k, v)

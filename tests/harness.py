@@ -102,8 +102,10 @@ class Harness:
              body: bytes | None = None, content_type: str = "application/json",
              params: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
         route = path.removeprefix("/api/").split("?")[0]
-        found = [(params, fn) for m, template, fn in self.routes
-                 if m == method and (params := template.match(route)) is not None]
+        # (`matched`, not `params`: a walrus in a comprehension binds in this scope and would
+        # overwrite the query parameters)
+        found = [(matched, fn) for m, template, fn in self.routes
+                 if m == method and (matched := template.match(route)) is not None]
         if not found:
             raise AssertionError(f"no route for {method} {path}")
         route_params, user = found[0]
@@ -188,11 +190,13 @@ class Harness:
         return project["id"], ds["id"]
 
     def create_run(self, provider: str, offer_id: str, *, base_model: str = SMOKE_MODEL,
-                   runtime_limit_s: int = 3600, price_limit: float = 100.0, project: tuple[str, str] | None = None) -> str:
+                   runtime_limit_s: int = 3600, price_limit: float = 100.0, project: tuple[str, str] | None = None,
+                   training: dict[str, Any] | None = None) -> str:
         pid, dsid = project or self.project_and_dataset()
         run = self.ok("POST", "/api/runs", token="member", json_body={
             "project_id": pid, "dataset_version_id": dsid, "provider": provider, "offer_id": offer_id,
-            "base_model": base_model, "price_limit_per_hour": price_limit, "runtime_limit_s": runtime_limit_s})
+            "base_model": base_model, "price_limit_per_hour": price_limit, "runtime_limit_s": runtime_limit_s,
+            **({"training": training} if training is not None else {})})
         return str(run["id"])
 
     def launch(self, run_id: str) -> Any:

@@ -107,7 +107,8 @@ def api() -> Iterator[FakeAgentApi]:
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A deployment of its own (so other tests' processes are never seen), storage with a dataset."""
-    settings = Settings(deployment_id="lt" + secrets.token_hex(3), local_root=str(tmp_path / "local"))
+    settings = Settings(deployment_id="lt" + secrets.token_hex(3), local_root=str(tmp_path / "local"),
+                        trainer_command=f"{sys.executable} -m shared.trainer.smoke")  # the fast trainer
     storage = LocalStorage(LocalStorageConfig(), tmp_path / "storage")
     storage.put(dataset_key("p1", "d1"), b'{"text": "a"}\n{"text": "b"}\n\n{"text": "c"}\n')
     yield {"settings": settings, "storage": storage, "tmp": tmp_path}
@@ -311,7 +312,7 @@ def test_validate_and_offers(world: dict[str, Any]) -> None:
     assert checks["trainer"].status == "warn" and "smoke" in checks["trainer"].message
     (offer,) = compute.offers()
     assert (offer.offer_id, offer.gpu, offer.total_per_hour, offer.disk_per_hour) == (
-        "local-smoke", "none (local CPU, smoke)", 0.25, 0.0)
+        "local-smoke", "none (local CPU)", 0.25, 0.0)
 
 
 class Bridge:
@@ -352,7 +353,6 @@ def test_local_run_through_the_function_app(env: dict[str, str], monkeypatch: py
 
     bridge = Bridge()
     monkeypatch.setenv("TENSORANT_PUBLIC_URL", bridge.url)
-    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "")
     settings_module.reset_settings()
     h = Harness()
     run_id = ""

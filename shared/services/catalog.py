@@ -12,7 +12,7 @@ from typing import Any
 from shared.clock import now
 from shared.errors import InvalidInput, NotFound
 from shared.log import get_logger
-from shared.models import CatalogRecord, ConnectionMessage, ConnectionStatus, GpuOffer
+from shared.models import CatalogRecord, ConnectionMessage, ConnectionStatus, GpuOffer, TrainingSettings
 from shared.providers.errors import ProviderError
 from shared.queues import get_queues
 from shared.runs.steps import Step
@@ -52,7 +52,12 @@ def queue_all_refreshes() -> int:
     return count
 
 
-def offers_view(principal: Principal, provider: str | None) -> dict[str, Any]:
+def offers_view(principal: Principal, provider: str | None, base_model: str | None = None) -> dict[str, Any]:
+    """The cached offers; with base_model, each offer says whether it `fits` a LoRA run of that
+    model at the default training settings, and the `memory_needed_gb`."""
+    from shared.services import base_models
+
+    model = base_models.declared(base_model) if base_model else None
     store = get_store()
     if provider:
         slots = [compute_slot(provider)]
@@ -73,9 +78,22 @@ def offers_view(principal: Principal, provider: str | None) -> dict[str, Any]:
             items.extend(rec.offers)
         catalogs.append({"provider": name, "fetched_at": rec.fetched_at if rec else None,
                          "last_error": rec.last_error if rec else "", "refreshing": stale})
-    return {"items": items, "catalogs": catalogs,
+    shown: list[Any] = list(items)
+    if model is not None:
+        defaults = TrainingSettings()
+        shown = []
+        for offer in items:
+            f = base_models.fit(model, offer, defaults)
+            shown.append({**offer.model_dump(mode="json"), "fits": f.fits, "memory_needed_gb": f.memory_needed_gb,
+                          **({"fit_note": f.why} if f.why else {})})
+    return {"items": shown, "catalogs": catalogs,
             "note": "Prices are on-demand compute plus the job's disk per hour; network, data transfer, "
                     "taxes and discounts are not included."}
+
+
+def cached_offers(org: str, provider: str) -> list[GpuOffer]:
+    rec = get_store().get_catalog(org, provider)
+    return list(rec.offers) if rec else []
 
 
 def find_offer(org: str, provider: str, offer_id: str) -> GpuOffer:

@@ -8,7 +8,7 @@ with a delay. Waiting for the agent is the heartbeat-check's job (its deadlines)
 
 from __future__ import annotations
 
-import sys
+import json
 from datetime import timedelta
 
 from shared.clock import now
@@ -21,6 +21,7 @@ from shared.runs.lifecycle import TERMINAL
 from shared.runs.resources import merge_resources
 from shared.runs.steps import Step
 from shared.security import mint_agent_token
+from shared.services import org_secrets
 from shared.services.backends import compute_for, ref_of, storage_for
 from shared.services.run_events import event
 from shared.services.transitions import fail_to_release, move
@@ -40,14 +41,22 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         "TENSORANT_API_URL": settings.public_url,
         "TENSORANT_RUN_TOKEN": token,
         "TENSORANT_BASE_MODEL": run.base_model,
+        # The resolved settings (trial bounds applied); the agent hands them to the trainer.
+        "TENSORANT_TRAINING": json.dumps(run.training.model_dump(mode="json"), sort_keys=True,
+                                         separators=(",", ":")),
         **storage_env,
     }
+    secret = {"TENSORANT_RUN_TOKEN", *secret_keys}
+    hf_token = org_secrets.hf_token(run.org)
+    if hf_token:
+        # For gated models; the agent gives it to the trainer only and masks it in forwarded logs.
+        env["HF_TOKEN"] = hf_token
+        secret.add("HF_TOKEN")
     if settings.trainer_command:
+        # The operator's choice (tests: the smoke trainer); otherwise the machine's default
+        # (the local provider: the real trainer; cloud: the container's agent default).
         env["TENSORANT_TRAINER_COMMAND"] = settings.trainer_command
-    elif run.provider == "local":
-        env["TENSORANT_TRAINER_COMMAND"] = f"{sys.executable} -m shared.trainer.smoke"
-    return Bootstrap(container_image=settings.container_image, env=env,
-                     secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN", *secret_keys}))
+    return Bootstrap(container_image=settings.container_image, env=env, secret_env_keys=frozenset(secret))
 
 
 # A create that crashed or timed out may have made a machine that listing does not show

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -11,28 +12,32 @@ from shared.errors import Conflict, InvalidInput
 from shared.log import redact_text
 from shared.models import (
     Deadlines,
+    GpuOffer,
     Outcome,
     Role,
     RunCancel,
     RunCreate,
+    RunKind,
     RunLaunch,
     RunRecord,
     RunRecover,
     RunState,
     RunView,
     StepMessage,
+    TrainingSettings,
 )
 from shared.providers.errors import ProviderError
 from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.steps import Step
 from shared.security import Principal, require
+from shared.services import base_models
 from shared.services.backends import compute_for, compute_slot, ref_of, storage_for
-from shared.services.catalog import find_offer
+from shared.services.catalog import cached_offers, find_offer
 from shared.services.projects import new_id
 from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
-from shared.storage.base import adapter_key
+from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 
 MAX_UPLOAD = 1024 * 1024 * 1024
@@ -47,12 +52,48 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         runtime_limit_s=run.runtime_limit_s, base_model=run.base_model, dataset_version_id=run.dataset_version_id,
         resources=run.resources, adapter_sha256=run.adapter_sha256, release_error=run.release_error,
         release_attempts=run.release_attempts, created_at=run.created_at, updated_at=run.updated_at, events=events,
+        training=run.training,
     )
+
+
+# Trial runs (issue 10): a small sample, a few steps, a short default time limit, so a user sees
+# the whole flow and a first adapter in minutes. A user's smaller values win.
+TRIAL_MAX_EXAMPLES = 64
+TRIAL_MAX_STEPS = 30
+TRIAL_RUNTIME_LIMIT_S = 20 * 60
+
+
+def resolve_training(kind: RunKind, training: TrainingSettings) -> TrainingSettings:
+    """The settings the trainer gets: `kind` from the run, trial bounds applied."""
+    if training.kind is not None and training.kind != kind.value:
+        raise InvalidInput.field("training.kind", f"is {training.kind!r} but the run's kind is {kind.value!r}; "
+                                 "leave it out (it is set from the run's kind)")
+    update: dict[str, Any] = {"kind": kind.value}
+    if kind == RunKind.trial:
+        update["max_examples"] = min(training.max_examples or TRIAL_MAX_EXAMPLES, TRIAL_MAX_EXAMPLES)
+        update["max_steps"] = min(training.max_steps or TRIAL_MAX_STEPS, TRIAL_MAX_STEPS)
+    return training.model_copy(update=update)
+
+
+def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
+    """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
+    model = base_models.declared(base_model)
+    got = base_models.fit(model, offer, training)
+    if got.fits:
+        return
+    eligible = [o.offer_id for o in cached_offers(org, provider) if base_models.fit(model, o, training).fits]
+    choose = (f"offers that fit: {', '.join(eligible[:20])}" if eligible
+              else f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit")
+    raise InvalidInput(f"offer_id: {got.why}; {choose}", errors=[{
+        "field": "offer_id", "message": got.why, "memory_needed_gb": got.memory_needed_gb,
+        "eligible_offer_ids": eligible}])
 
 
 def create(principal: Principal, body: RunCreate) -> RunView:
     require(principal, Role.owner, Role.member)
     store = get_store()
+    base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
+    training = resolve_training(body.kind, body.training)
     store.get_project(principal.org, body.project_id)
     dataset = store.get_dataset(principal.org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
@@ -60,17 +101,27 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     if store.get_connection(principal.org, compute_slot(body.provider)) is None:
         raise InvalidInput.field("provider", f"no {body.provider} compute connection is saved; an owner saves it first")
     offer = find_offer(principal.org, body.provider, body.offer_id)
+    _check_fit(principal.org, body.provider, offer, body.base_model, training)
+    default_limit = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
     t = now()
     run = RunRecord(
         org=principal.org, id=new_id("r"), project_id=body.project_id, kind=body.kind, provider=body.provider,
         offer=offer, price_limit_per_hour=body.price_limit_per_hour,
-        runtime_limit_s=body.runtime_limit_s or get_settings().default_runtime_limit_s,
+        runtime_limit_s=body.runtime_limit_s or default_limit,
         dataset_version_id=body.dataset_version_id, base_model=body.base_model, created_at=t, updated_at=t,
-        state_changed_at=t, created_by=principal.sub,
+        state_changed_at=t, created_by=principal.sub, training=training,
     )
     store.create_run(run)
     event(run, "transition", "draft saved; nothing is rented until launch",
           estimate_per_hour=offer.total_per_hour)
+    if body.kind == RunKind.trial:
+        event(run, "audit", f"trial run: trains on at most {training.max_examples} of the dataset's "
+                            f"{dataset.rows} examples and {training.max_steps} steps, runtime limit "
+                            f"{run.runtime_limit_s // 60} min; a full run uses the whole dataset",
+              max_examples=training.max_examples, max_steps=training.max_steps)
+    else:
+        event(run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
+                            f"{run.runtime_limit_s // 60} min")
     return view(run)
 
 
@@ -196,12 +247,13 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
             raise InvalidInput.field("body", "the upload is over 1 GiB; that is not a LoRA adapter archive")
         storage_for(run.org).put(adapter_key(run.id), upload)
         sha = hashlib.sha256(upload).hexdigest()
+    size = len(upload) if upload else 0
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.retained:
             return None
         r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}")
-        return r.model_copy(update={"adapter_sha256": sha}) if sha else r
+        return r.model_copy(update={"adapter_sha256": sha, "adapter_size": size}) if sha else r
 
     new, wrote = store.mutate_run(run.org, run.id, change)
     if wrote:
@@ -218,3 +270,44 @@ def retry_release(principal: Principal, run_id: str) -> RunView:
     event(run, "audit", f"release retry requested by {principal.sub}")
     get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retry"))
     return view(run)
+
+
+# ---------------------------------------------------------------- the adapter (issue 10)
+
+ADAPTER_URL_TTL_S = 15 * 60  # long enough to start a download, short enough that a leaked link dies soon
+
+
+@dataclass(frozen=True)
+class AdapterStream:
+    """The adapter archive itself (local storage has no URLs), checked against the verified sha256."""
+
+    data: bytes
+    sha256: str
+    filename: str
+
+
+def adapter(principal: Principal, run_id: str) -> AdapterStream | dict[str, Any]:
+    """The verified adapter of a succeeded run: its bytes (local storage) or a short-lived URL."""
+    require(principal, Role.owner, Role.member)
+    run, _ = get_store().get_run(principal.org, run_id)
+    if run.state != RunState.succeeded or not run.adapter_sha256:
+        raise Conflict(f"the adapter is not available: the run is {run.state.value}; it can be downloaded once "
+                       "the run has succeeded with a verified adapter")
+    storage = storage_for(run.org)
+    key = adapter_key(run.id)
+    url = storage.download_url(key, ADAPTER_URL_TTL_S)
+    if url is not None:
+        event(run, "audit", f"adapter download link issued to {principal.sub} (valid {ADAPTER_URL_TTL_S // 60} min)")
+        return {"url": url, "expires_at": now() + timedelta(seconds=ADAPTER_URL_TTL_S),
+                "sha256": run.adapter_sha256, "size": run.adapter_size}
+    try:
+        data = storage.get(key, MAX_UPLOAD)
+    except ObjectMissing as exc:
+        raise Conflict("the verified adapter is no longer in the organization's storage (deleted outside the "
+                       "control plane?)") from exc
+    sha = hashlib.sha256(data).hexdigest()
+    if sha != run.adapter_sha256:
+        # Never hand out bytes that are not the ones the verifier accepted.
+        raise Conflict(f"the stored adapter has changed since it was verified (sha256 {sha[:12]}..., verified "
+                       f"{run.adapter_sha256[:12]}...); it is not served")
+    return AdapterStream(data=data, sha256=sha, filename=f"{run.id}-adapter.zip")

@@ -49,6 +49,11 @@ class StorageBackend(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def download_url(self, key: str, ttl_s: int) -> str | None:
+        """A short-lived GET URL for one object (a secret until it expires), or None when the
+        backend has no URLs (local directory: the API streams the object instead)."""
+        ...
+
     def agent_env(self, run_id: str, dataset: str, *,
                   ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
         """Environment giving the agent short-lived, narrow access: download the dataset,

@@ -70,6 +70,9 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def download_url(self, key: str, ttl_s: int) -> str | None:
+        return None  # a directory has no URLs: GET /api/runs/{id}/adapter streams the file
+
     def agent_env(self, run_id: str, dataset: str, *,
                   ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
         env = {

@@ -89,6 +89,9 @@ class RunPodVolumeStorage:
     def delete(self, key: str) -> None:
         self.s3.delete(key)
 
+    def download_url(self, key: str, ttl_s: int) -> str | None:
+        return self.s3.download_url(key, ttl_s)
+
     def agent_env(self, run_id: str, dataset: str, *,
                   ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
         env, secret = self.s3.agent_env(run_id, dataset, ttl_s=ttl_s)

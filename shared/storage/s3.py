@@ -234,6 +234,12 @@ class S3Storage:
             op, Params={"Bucket": self.config.bucket, "Key": self._key(key)}, ExpiresIn=ttl)
         return url
 
+    def download_url(self, key: str, ttl_s: int) -> str | None:
+        """A presigned GET of one object for ttl_s (registered as a secret: never logged)."""
+        url = self.presign("GET", key, ttl_s)
+        register_secret(url)
+        return url
+
     def agent_env(self, run_id: str, dataset: str, *,
                   ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
         """Presigned URLs only (never the access key): GET the dataset, PUT the adapter and the logs.

@@ -22,6 +22,7 @@ from shared.models import (
     CloudResource,
     ConnectionRecord,
     DatasetVersionRecord,
+    OrgSecretRecord,
     ProjectRecord,
     RunEvent,
     RunRecord,
@@ -66,7 +67,7 @@ class Store:
 
         self._service = TableServiceClient.from_connection_string(connection_string)
         self.prefix = prefix
-        names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "ledger", "audit")
+        names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "ledger", "audit", "secrets")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
 
     def table(self, name: str) -> Table:
@@ -103,6 +104,17 @@ class Store:
     def list_connections_all_orgs(self) -> list[ConnectionRecord]:
         """Every org's connections: the sweeper and the catalog timer only, never a user request."""
         return [ConnectionRecord.model_validate(d) for d, _ in self.table("connections").query()]
+
+    # ------------------------------------------------------------ org secrets (sealed; issue 10)
+    def get_org_secret(self, org: str, name: str) -> OrgSecretRecord | None:
+        got = self.table("secrets").get(_org(org), _id(name, "secret"))
+        return OrgSecretRecord.model_validate(got[0]) if got else None
+
+    def put_org_secret(self, rec: OrgSecretRecord) -> None:
+        self.table("secrets").upsert(_org(rec.org), _id(rec.name, "secret"), rec.model_dump(mode="json"))
+
+    def delete_org_secret(self, org: str, name: str) -> None:
+        self.table("secrets").delete(_org(org), _id(name, "secret"))
 
     # ------------------------------------------------------------ catalogs
     def get_catalog(self, org: str, provider: str) -> CatalogRecord | None:

@@ -117,3 +117,20 @@ def test_timed_out_trial_is_stopped_with_its_disk_then_recovered(h: Harness, aws
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
     assert _instance(aws, instance_id)["State"]["Name"] == "terminated"
     assert _volumes(aws, volumes) == []
+
+
+def test_launch_sends_the_real_image_and_the_runs_training_settings(h: Harness, aws: dict[str, Any]) -> None:
+    from shared.settings import get_settings
+    from tests.e2e.wire import TRAINING, assert_training_sent, from_user_data
+
+    h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_awsWireToken0123456789"})
+    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
+    offer = next(o for o in offers if o["machine_type"] == "g6.xlarge")
+    run_id = h.create_run("aws", offer["offer_id"], training=TRAINING)
+    run = h.launch(run_id)
+    instance_id = next(r["id"] for r in run["resources"] if r["kind"] == "instance")
+    user_data = aws["ec2"].describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    image, env = from_user_data(user_data["UserData"]["Value"])
+    assert image == get_settings().container_image
+    assert_training_sent(env, run)
+    assert env["TENSORANT_BASE_MODEL"] == run["base_model"] and env["HF_TOKEN"] == "hf_awsWireToken0123456789"

@@ -129,3 +129,18 @@ def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeyp
     run = h.get_run(run_id)
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
+
+
+def test_launch_sends_the_real_image_and_the_runs_training_settings(h: Harness, arm: FakeArm) -> None:
+    from shared.settings import get_settings
+    from tests.e2e.wire import TRAINING, assert_training_sent, from_user_data
+
+    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+    offer = next(o for o in offers if o["machine_type"] == "Standard_NC24ads_A100_v4")
+    run_id = h.create_run("azure", offer["offer_id"], training=TRAINING)
+    run = h.launch(run_id)
+    vm = next(r["id"] for r in run["resources"] if r["kind"] == "vm")
+    image, env = from_user_data(arm.get(vm)["_custom_data"])  # type: ignore[index]
+    assert image == get_settings().container_image
+    assert_training_sent(env, run)
+    assert "HF_TOKEN" not in env  # none saved for this org

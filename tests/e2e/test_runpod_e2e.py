@@ -163,3 +163,21 @@ def test_custom_s3_agent_uses_presigned_urls_and_upload_recovers(h_s3: Harness, 
     assert run["state"] == "succeeded", run["reason"]
     assert run["adapter_sha256"] == hashlib.sha256(zip_bytes).hexdigest()
     assert runpod.pods == {}
+    # S3 storage: the adapter is handed out as a short-lived presigned GET.
+    link = h.ok("GET", f"/api/runs/{run_id}/adapter", token="member")
+    assert (link["sha256"], link["size"]) == (run["adapter_sha256"], len(zip_bytes)) and link["expires_at"]
+    assert requests.get(link["url"], timeout=10).content == zip_bytes
+
+
+def test_launch_sends_the_real_image_and_the_runs_training_settings(h: Harness, runpod: FakeRunPod) -> None:
+    from shared.settings import get_settings
+    from tests.e2e.wire import TRAINING, assert_training_sent
+
+    h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_podWireToken0123456789"})
+    run_id = h.create_run("runpod", offer_in_volume_datacenter(h), training=TRAINING)
+    run = h.launch(run_id)
+    sent = runpod.creates()[0]["variables"]["input"]
+    assert sent["imageName"] == get_settings().container_image
+    env = from_pod_env(sent["env"])
+    assert_training_sent(env, run)
+    assert env["HF_TOKEN"] == "hf_podWireToken0123456789"

@@ -40,11 +40,12 @@ def run_checks(machines: Path, trainer_command: str, repo_root: Path) -> list[Ch
         checks.append(Check(name="agent", status=CheckStatus.fail,
                             message=f"the agent does not import ({result.stderr.strip()[-300:]}); "
                                     "install the project's dependencies"))
-    if trainer_command:
+    if "shared.trainer.smoke" not in trainer_command:
         checks.append(Check(name="trainer", status=CheckStatus.ok,
-                            message=f"runs use the trainer command {trainer_command!r}"))
+                            message=f"runs use the trainer command {trainer_command!r} (by default the real LoRA "
+                                    "trainer on this host's CPU: models up to 1B parameters, no hub access)"))
     else:
         checks.append(Check(name="trainer", status=CheckStatus.warn,
-                            message="no trainer command is configured: runs use the smoke trainer, which "
-                                    "trains nothing and writes a random adapter"))
+                            message=f"runs use the smoke trainer ({trainer_command!r}), which trains nothing "
+                                    "and writes a random adapter"))
     return checks

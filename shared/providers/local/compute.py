@@ -57,6 +57,8 @@ STATE_MAP = {
     "some stopped": MachineState.stopping,
     "running": MachineState.running,
 }
+# The real trainer, preparing the base model in the local model cache first (see that module).
+DEFAULT_TRAINER = f"{sys.executable} -m shared.providers.local.trainer"
 REPO_ROOT = Path(shared.__file__).resolve().parent.parent
 
 # Starts the agent in a new session and exits at once, so the agent is reparented to init
@@ -152,7 +154,9 @@ class LocalCompute:
     # ---------------------------------------------------------------- helpers
 
     def trainer_command(self) -> str:
-        return self.config.trainer_command or self.settings.trainer_command
+        """The connection's command, else the operator's (TENSORANT_TRAINER_COMMAND; tests: the smoke
+        trainer), else the real LoRA trainer on this host's CPU (shared/providers/local/trainer.py)."""
+        return self.config.trainer_command or self.settings.trainer_command or DEFAULT_TRAINER
 
     def workdir(self, ref: RunRef) -> Path:
         return self.machines / ref.name
@@ -257,9 +261,15 @@ class LocalCompute:
         env.update(spec.bootstrap.env)
         env["TENSORANT_DATA_DIR"] = str(workdir / "data")
         env.setdefault("TENSORANT_HEARTBEAT_INTERVAL_S", "1")
-        command = self.trainer_command() or env.get("TENSORANT_TRAINER_COMMAND", "")
-        if command:
-            env["TENSORANT_TRAINER_COMMAND"] = command
+        # Precedence: the connection's command, the bootstrap's (which carries the operator's setting),
+        # the operator's setting, the real trainer.
+        env["TENSORANT_TRAINER_COMMAND"] = (self.config.trainer_command or env.get("TENSORANT_TRAINER_COMMAND")
+                                            or self.settings.trainer_command or DEFAULT_TRAINER)
+        # Where the local trainer keeps converted / built base models, shared by every run.
+        env["TENSORANT_MODEL_CACHE"] = str(self.root / "models")
+        if os.environ.get("TENSORANT_TORCH_THREADS"):
+            # The operator may cap the trainer's CPU threads (a busy host trains tiny models faster on one).
+            env["TENSORANT_TORCH_THREADS"] = os.environ["TENSORANT_TORCH_THREADS"]
         env["PYTHONPATH"] = str(REPO_ROOT)
         env["PYTHONUNBUFFERED"] = "1"
         # The marks go last so nothing in the bootstrap can change them.

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from tensorant_cli.client import ApiError, Client
+from tensorant_cli.client import ApiError, Client, _error
 
 # Where `runs watch` stops: terminal states, and `retained` (the run waits for a person).
 STOP_STATES = {"succeeded", "failed", "cancelled", "retained"}
@@ -202,6 +202,9 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
                                 "price_limit_per_hour": args.price_limit, "kind": args.kind}
         if args.runtime_limit is not None:
             body["runtime_limit_s"] = args.runtime_limit
+        training = training_from(args)
+        if training:
+            body["training"] = training
         run = client.post("/api/runs", body)
         print(f"created run {run.get('id')} (state {run.get('state')})" if isinstance(run, dict) else run)
     elif a == "list":
@@ -231,6 +234,74 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
     elif a == "release":
         run = client.post(f"/api/runs/{args.id}/release")
         print(status_line(run) if isinstance(run, dict) else run)
+    return 0
+
+
+# ---------------------------------------------------------------- training, base models, adapter (issue 10)
+
+
+def training_from(args: argparse.Namespace) -> dict[str, Any]:
+    """`--training-json '{...}'` and `--set-training key=value` (value read as JSON when it parses:
+    8 -> 8, true -> true, null -> null; otherwise as text: all-linear)."""
+    training: dict[str, Any] = {}
+    if getattr(args, "training_json", None):
+        loaded = json.loads(args.training_json)
+        if not isinstance(loaded, dict):
+            raise SystemExit("--training-json must be a JSON object, e.g. '{\"lora_r\": 8}'")
+        training.update(loaded)
+    for item in getattr(args, "set_training", None) or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set-training takes key=value, not {item!r}")
+        try:
+            training[key.strip()] = json.loads(raw)
+        except ValueError:
+            training[key.strip()] = raw
+    return training
+
+
+def cmd_base_models(args: argparse.Namespace, client: Client) -> int:
+    data = client.get("/api/base-models")
+    rows = [{**m, "params_m": round(m.get("params", 0) / 1e6), "gpu_gb_bf16": (m.get("memory_gb") or {}).get("bf16"),
+             "gpu_gb_4bit": (m.get("memory_gb") or {}).get("four_bit")} for m in _items(data, "models")]
+    _table(rows, ["id", "architecture", "params_m", "layers", "hidden", "gpu_gb_bf16", "gpu_gb_4bit", "local_cpu"],
+           empty="(no base models)")
+    if isinstance(data, dict) and data.get("note"):
+        print(f"note: {data['note']}")
+    return 0
+
+
+def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
+    """Save the run's verified adapter: streamed (local storage) or fetched from its short-lived URL."""
+    import hashlib
+
+    import requests
+
+    headers = {"Accept": "application/zip, application/json, application/problem+json"}
+    if client.token:
+        headers["Authorization"] = f"Bearer {client.token}"
+    try:
+        resp = requests.get(f"{client.url}/api/runs/{args.id}/adapter", headers=headers, timeout=client.timeout)
+    except requests.ConnectionError:
+        raise ApiError(0, f"cannot reach {client.url}", "is the control plane running? (`make run`)") from None
+    if resp.status_code >= 400:
+        raise _error(resp)
+    if resp.headers.get("Content-Type", "").startswith("application/zip"):
+        data, expected = resp.content, resp.headers.get("X-Adapter-Sha256", "")
+    else:
+        link = resp.json()
+        got = requests.get(link["url"], timeout=max(client.timeout, 300))  # presigned: no Authorization header
+        if got.status_code >= 400:
+            raise ApiError(got.status_code, "the download link was refused",
+                           "it is short-lived: run `tensorant runs download` again")
+        data, expected = got.content, str(link.get("sha256") or "")
+    sha = hashlib.sha256(data).hexdigest()
+    if expected and sha != expected:
+        raise ApiError(0, "the download does not match the verified adapter",
+                       f"sha256 {sha}, expected {expected}; nothing was saved")
+    out = Path(args.output or f"{args.id}-adapter.zip")
+    out.write_bytes(data)
+    print(f"saved {out} ({len(data)} bytes, sha256 {sha})")
     return 0
 
 
@@ -391,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--price-limit", type=float, required=True, help="USD per hour")
     cr.add_argument("--runtime-limit", type=int, help="seconds")
     cr.add_argument("--kind", choices=["trial", "full"], default="trial")
+    cr.add_argument("--training-json", metavar="JSON", help='training settings, e.g. \'{"lora_r": 8}\'')
+    cr.add_argument("--set-training", action="append", metavar="KEY=VALUE",
+                    help="one training setting (repeatable), e.g. --set-training max_steps=20")
     r.add_parser("list")
     for name in ("get", "release"):
         r.add_parser(name).add_argument("id")
@@ -416,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start the retained machine to fetch files from it (GPU billing resumes; training does not)")
     for s in r.choices.values():
         s.set_defaults(fn=cmd_runs)
+    dl = r.add_parser("download", help="save the verified adapter of a succeeded run (adapter.zip)")
+    dl.add_argument("id")
+    dl.add_argument("-o", "--output", metavar="FILE", help="default: <RUN_ID>-adapter.zip")
+    dl.set_defaults(fn=cmd_runs_download)
+    bm = sub.add_parser("base-models", help="declared base models: shapes, parameters, GPU memory of a LoRA run")
+    bm.set_defaults(fn=cmd_base_models)
 
     ad = sub.add_parser("admin", help="platform admin: queues, poison messages, sweeper").add_subparsers(
         dest="action", required=True)

@@ -1,0 +1,78 @@
+"""Declared base models for the API, and whether an offer's GPU can hold a run.
+
+The shapes and the memory formula live in shared/adapters/base_models.py. Memory is the
+peak GPU memory of a LoRA run at the run's settings (batch, sequence length, rank, targets,
+4-bit, gradient checkpointing).
+
+Local offers (provider `local`) have no GPU: the trainer runs on the host's CPU in fp32.
+They are treated as fitting small models only, up to LOCAL_MAX_PARAMS parameters (SmolLM2-135M,
+Qwen2.5-0.5B and the tiny test models; a 1B+ model trains too slowly on a CPU to be useful),
+and never with load_in_4bit (bitsandbytes needs CUDA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shared.adapters.base_models import BASE_MODELS, BaseModel, GiB
+from shared.errors import InvalidInput
+from shared.models import GpuOffer, TrainingSettings
+
+LOCAL_PROVIDER = "local"
+LOCAL_MAX_PARAMS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Fit:
+    fits: bool
+    memory_needed_gb: float
+    why: str = ""  # when it does not fit
+
+
+def declared(name: str) -> BaseModel:
+    """The declared model, or 422 on base_model listing the declared ids."""
+    model = BASE_MODELS.get(name)
+    if model is None:
+        raise InvalidInput.field("base_model", f"{name!r} is not a declared base model; declared: "
+                                 f"{', '.join(sorted(BASE_MODELS))} (GET /api/base-models)")
+    return model
+
+
+def memory_needed(model: BaseModel, training: TrainingSettings) -> int:
+    return model.estimate_memory(batch_size=training.batch_size, seq_len=training.max_seq_len,
+                                 lora_r=training.lora_r, target_modules=training.target_modules,
+                                 load_in_4bit=training.load_in_4bit,
+                                 gradient_checkpointing=training.gradient_checkpointing)
+
+
+def fit(model: BaseModel, offer: GpuOffer, training: TrainingSettings) -> Fit:
+    needed = memory_needed(model, training)
+    gb = round(needed / GiB, 1)
+    if offer.provider == LOCAL_PROVIDER:
+        if training.load_in_4bit:
+            return Fit(False, gb, "load_in_4bit needs a CUDA GPU; the local provider trains on the CPU")
+        if model.param_count() > LOCAL_MAX_PARAMS:
+            return Fit(False, gb, f"the local provider trains on the CPU, for models up to "
+                                  f"{LOCAL_MAX_PARAMS / 1e9:g}B parameters; {model.name} has "
+                                  f"{model.param_count() / 1e9:.2f}B")
+        return Fit(True, gb)
+    if needed > offer.gpu_memory_gb * GiB:
+        return Fit(False, gb, f"{model.name} needs about {gb} GiB of GPU memory at these settings; "
+                              f"{offer.gpu} has {offer.gpu_memory_gb:g} GiB")
+    return Fit(True, gb)
+
+
+def list_view() -> dict[str, Any]:
+    items = []
+    for model in BASE_MODELS.values():
+        d = model.describe()
+        bf16, four_bit = d.pop("memory_gb_bf16"), d.pop("memory_gb_4bit")
+        items.append({"id": d.pop("name"), **d, "layers": model.num_layers, "hidden": model.hidden_size,
+                      "memory_gb": {"bf16": bf16, "four_bit": four_bit},
+                      "local_cpu": model.param_count() <= LOCAL_MAX_PARAMS})
+    defaults = TrainingSettings()
+    return {"items": items,
+            "note": f"memory_gb: peak GPU memory of a LoRA run at the default settings (batch "
+                    f"{defaults.batch_size}, max_seq_len {defaults.max_seq_len}, rank {defaults.lora_r}, "
+                    f"attention targets, gradient checkpointing); local_cpu: trainable on the local provider"}

@@ -1,0 +1,107 @@
+"""End to end with the REAL trainer: the local host serving the app on Azurite, the local provider
+running the agent with its default trainer (shared/providers/local/trainer.py -> shared.trainer.lora)
+on the declared tiny Llama (random weights built once in the local model cache), a verified
+adapter, downloaded through the API and loaded with peft on that base model."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.models import Role
+from tests.azurite import free_port
+from tests.e2e.test_local_e2e import ROOT, TERMINAL_OR_RETAINED, Client
+
+pytestmark = pytest.mark.e2e
+BASE = "tensorant/tiny-llama"
+
+
+@pytest.fixture
+def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    from shared import settings
+    from shared.security import mint_user_token
+    from tensorant_devhost.host import Host
+
+    port = free_port()
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("TENSORANT_TRAINER_COMMAND")  # the local provider's default: the real trainer
+    monkeypatch.setenv("TENSORANT_TORCH_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest
+    settings.reset_settings()
+    import function_app
+
+    host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
+    yield Client(host.url, mint_user_token("owner@a", "org-a", Role.owner))
+    host.stop()
+    from shared.providers.base import RunRef
+    from shared.providers.local.compute import LocalCompute
+    from shared.providers.local.config import LocalConfig
+
+    local = LocalCompute(LocalConfig(), settings.get_settings())
+    leaks = list(local.list_managed())
+    for res in leaks:
+        local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
+    assert not leaks, leaks
+
+
+def test_real_trainer_run_succeeds_and_the_downloaded_adapter_loads_with_peft(api: Client, tmp_path: Path) -> None:
+    import requests
+
+    api("PUT", "/api/connections/storage", json={"kind": "local"})
+    api("PUT", "/api/connections/compute/local", json={})
+    conn = api.wait("/api/connections/compute/local", lambda c: c["status"] != "checking", 30)
+    assert conn["status"] == "connected", conn
+    assert "real LoRA trainer" in {c["name"]: c for c in conn["checks"]}["trainer"]["message"]
+    project = api("POST", "/api/projects", json={"name": "real"})
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
+                                     {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]})
+            for i in range(12)]
+    ds = api("POST", f"/api/projects/{project['id']}/datasets", data="\n".join(rows).encode(),
+             headers={"Content-Type": "application/x-ndjson"})
+    offer = api("GET", f"/api/catalog/gpus?provider=local&base_model={BASE}")["items"][0]
+    assert offer["fits"] is True
+    run = api("POST", "/api/runs", json={
+        "project_id": project["id"], "dataset_version_id": ds["id"], "provider": "local",
+        "offer_id": offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0,
+        "training": {"max_steps": 4, "batch_size": 4, "max_seq_len": 64, "learning_rate": 0.005,
+                     "sample_prompts": 1}})
+    r = requests.get(f"{api.url}/api/runs/{run['id']}/adapter", headers=dict(api.s.headers), timeout=10)
+    assert r.status_code == 409
+    api("POST", f"/api/runs/{run['id']}/launch", json={"confirm": True})
+    done = api.wait(f"/api/runs/{run['id']}", lambda x: x["state"] in TERMINAL_OR_RETAINED, timeout=120)
+    lines = api("GET", f"/api/runs/{run['id']}/logs")["lines"]
+    assert done["state"] == "succeeded", (done["reason"], lines[-30:])
+    assert any("trainer: lora kind=trial" in line for line in lines), lines
+    assert any(line.startswith("progress=") and "loss=" in line for line in lines), lines
+
+    r = requests.get(f"{api.url}/api/runs/{run['id']}/adapter", headers=dict(api.s.headers), timeout=30)
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/zip"
+    assert r.headers["X-Adapter-Sha256"] == hashlib.sha256(r.content).hexdigest() == done["adapter_sha256"]
+    # The CLI saves the same bytes.
+    from tensorant_cli.main import main as cli
+
+    token = api.s.headers["Authorization"].removeprefix("Bearer ")
+    saved = tmp_path / "cli-adapter.zip"
+    assert cli(["--url", api.url, "--token", token, "runs", "download", run["id"], "-o", str(saved)]) == 0
+    assert saved.read_bytes() == r.content
+    out = tmp_path / "adapter"
+    with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+        z.extractall(out)
+    adapter_dir = next(p.parent for p in out.rglob("adapter_config.json"))
+    manifest = json.loads(next(out.rglob("manifest.json")).read_text())
+    assert (manifest["trainer"], manifest["base_model"], manifest["kind"]) == ("lora", BASE, "trial")
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from shared import settings
+
+    base_dir = Path(settings.get_settings().local_root) / "models" / BASE.replace("/", "--")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter_dir)
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and all(float(p.abs().sum()) > 0 for p in lora_b)  # trained: every lora_B moved off zero

@@ -1,0 +1,235 @@
+"""Issue 10 through the real handlers: the run's `training` settings, base models and the GPU fit
+check, the write-only Hugging Face token, and the adapter download (409 until verified)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shared.models import GpuOffer
+from shared.providers import registry
+from shared.settings import Settings
+from tests.fakes import OFFER, Cloud, MemoryCompute, MemoryConfig
+from tests.harness import Harness, trained_adapter_zip
+
+H100 = GpuOffer(provider="memory", offer_id="mem-h100", gpu="H100", gpu_memory_gb=80, machine_type="mem.h100",
+                region="local", compute_per_hour=3.0, disk_per_hour=0.01, total_per_hour=3.01)
+HF_SECRET = "hf_DoNotLeakThisToken0123456789abcdef"
+BIG = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class TwoOffers(MemoryCompute):
+    def offers(self) -> list[GpuOffer]:
+        return [OFFER, H100]
+
+
+@pytest.fixture
+def cloud() -> Cloud:
+    return Cloud()
+
+
+@pytest.fixture
+def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
+    registry.CONFIGS["memory"] = MemoryConfig
+
+    def factory(config: Any, settings: Settings) -> TwoOffers:
+        return TwoOffers(config, settings, cloud)
+
+    registry.FACTORIES["memory"] = factory
+    harness = Harness()
+    harness.save_storage({"kind": "local"})
+    harness.save_compute("memory", {})
+    yield harness
+    harness.close()
+    registry.CONFIGS.pop("memory", None)
+    registry.FACTORIES.pop("memory", None)
+
+
+def draft(h: Harness, **fields: Any) -> tuple[int, Any]:
+    pid, dsid = h.project_and_dataset(rows=100)
+    body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
+            "base_model": "tensorant/tiny-llama", "price_limit_per_hour": 10.0, **fields}
+    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    return status, got
+
+
+def test_defaults_trial_bounds_and_full_runs(h: Harness) -> None:
+    status, run = draft(h)
+    assert status == 201, run
+    t = run["training"]
+    assert (t["lora_r"], t["lora_alpha"], t["target_modules"], t["learning_rate"]) == (16, 32, "attention", 2e-4)
+    assert (t["kind"], t["max_examples"], t["max_steps"]) == ("trial", 64, 30)
+    assert run["runtime_limit_s"] == 20 * 60  # the trial's short default
+    assert any("trial run: trains on at most 64 of the dataset's 100 examples" in e["message"] for e in run["events"])
+    # A user's smaller bounds win; a larger max_steps is capped for a trial.
+    _, run = draft(h, training={"max_steps": 5, "max_examples": 10})
+    assert (run["training"]["max_steps"], run["training"]["max_examples"]) == (5, 10)
+    _, run = draft(h, training={"max_steps": 500})
+    assert run["training"]["max_steps"] == 30
+    status, run = draft(h, kind="full", training={"lora_r": 8, "target_modules": "all-linear", "epochs": 2})
+    assert status == 201, run
+    t = run["training"]
+    assert (t["kind"], t["max_examples"], t["max_steps"], t["lora_r"], t["epochs"]) == ("full", None, None, 8, 2.0)
+    assert run["runtime_limit_s"] == 3600
+    assert h.get_run(run["id"])["training"] == t  # stored on the run
+
+
+@pytest.mark.parametrize(("training", "field"), [
+    ({"lora_r": 0}, "training.lora_r"),
+    ({"lora_r": "16"}, "training.lora_r"),
+    ({"learning_rate": 0.5}, "training.learning_rate"),
+    ({"learning_rate": "0.001"}, "training.learning_rate"),
+    ({"target_modules": "mlp"}, "training.target_modules"),
+    ({"precision": "fp16"}, "training.precision"),
+    ({"max_seq_len": 8}, "training.max_seq_len"),
+    ({"load_in_4bit": "yes"}, "training.load_in_4bit"),
+    ({"lora_rank": 8}, "training.lora_rank"),
+    ({"kind": "full"}, "training.kind"),  # the run is a trial
+])
+def test_bad_training_field_is_422_naming_it(h: Harness, training: dict[str, Any], field: str) -> None:
+    status, body = draft(h, training=training)
+    assert status == 422, body
+    assert field in [e["field"] for e in body["errors"]], body
+
+
+def test_base_models_listing(h: Harness) -> None:
+    items = {m["id"]: m for m in h.ok("GET", "/api/base-models", token="member")["items"]}
+    for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
+                 BIG, "mistralai/Mistral-7B-Instruct-v0.3"):
+        assert name in items
+    smol = items["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert 130e6 < smol["params"] < 140e6 and smol["layers"] == 30 and smol["hidden"] == 576
+    assert smol["local_cpu"] is True and items[BIG]["local_cpu"] is False
+    big = items[BIG]["memory_gb"]
+    assert big["four_bit"] < big["bf16"] and 16 < big["bf16"] < 80
+
+
+def test_undeclared_model_and_an_offer_too_small_are_refused(h: Harness) -> None:
+    status, body = draft(h, base_model="gpt2")
+    assert status == 422 and body["errors"][0]["field"] == "base_model"
+    assert "tensorant/tiny-llama" in body["errors"][0]["message"]  # lists the declared ids
+    status, body = draft(h, base_model=BIG)
+    assert status == 422, body
+    err = body["errors"][0]
+    assert err["field"] == "offer_id" and err["eligible_offer_ids"] == ["mem-h100"]
+    assert err["memory_needed_gb"] > 24 and "mem-h100" in body["detail"]
+    # The same model in 4-bit fits the 24 GB card; a huge batch at a long length fits nothing.
+    assert draft(h, base_model=BIG, training={"load_in_4bit": True})[0] == 201
+    status, body = draft(h, base_model=BIG, offer_id="mem-h100", training={"batch_size": 64, "max_seq_len": 8192})
+    assert status == 422 and body["errors"][0]["eligible_offer_ids"] == []
+    # The catalog says which offers fit.
+    offers = {o["offer_id"]: o for o in h.ok("GET", "/api/catalog/gpus",
+                                            params={"provider": "memory", "base_model": BIG})["items"]}
+    assert (offers["mem-a10"]["fits"], offers["mem-h100"]["fits"]) == (False, True)
+    assert offers["mem-a10"]["memory_needed_gb"] == err["memory_needed_gb"]
+    assert "fits" not in h.ok("GET", "/api/catalog/gpus", params={"provider": "memory"})["items"][0]
+    status, body, _ = h.call("GET", "/api/catalog/gpus", params={"provider": "memory", "base_model": "nope"})
+    assert status == 422 and body["errors"][0]["field"] == "base_model"
+
+
+def test_local_offers_fit_small_models_only(h: Harness) -> None:
+    h.save_compute("local", {})
+    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "local", "base_model": BIG})["items"]
+    assert [o["fits"] for o in offers] == [False] and "CPU" in offers[0]["fit_note"]
+    offers = h.ok("GET", "/api/catalog/gpus",
+                  params={"provider": "local", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})["items"]
+    assert [o["fits"] for o in offers] == [True]
+    status, body = draft(h, provider="local", offer_id="local-smoke", training={"load_in_4bit": True})
+    assert status == 422 and "CUDA" in body["errors"][0]["message"]
+
+
+def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
+        h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    caplog.set_level(logging.DEBUG)
+    assert h.ok("GET", "/api/org/secrets") == {"huggingface_token": {"set": False}}
+    status, _, _ = h.call("PUT", "/api/org/secrets/huggingface-token", token="member", json_body={"token": HF_SECRET})
+    assert status == 403
+    status, bad, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf bad\n" + HF_SECRET})
+    assert status == 422 and bad["errors"][0]["field"] == "token"
+    saved = h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": HF_SECRET})
+    assert saved == {"huggingface_token": {"set": True}}
+    shown = h.ok("GET", "/api/org/secrets")
+    assert shown == {"huggingface_token": {"set": True}}
+    from shared.store import get_store
+
+    rec = get_store().get_org_secret("org-a", "huggingface-token")
+    assert rec is not None and HF_SECRET not in rec.model_dump_json()
+    # Sealed for this org: the blob copied to another org's row does not open.
+    from shared.security import SealedSecretError
+    from shared.services import org_secrets
+
+    get_store().put_org_secret(rec.model_copy(update={"org": "org-b"}))
+    with pytest.raises(SealedSecretError):
+        org_secrets.hf_token("org-b")
+
+    _, run = draft(h)
+    launched = h.launch(run["id"])
+    (machine,) = cloud.machines.values()
+    assert machine.env["HF_TOKEN"] == HF_SECRET  # handed to the machine, for the trainer
+    assert json.loads(machine.env["TENSORANT_TRAINING"]) == run["training"]
+    from shared.log import get_logger
+
+    get_logger().info(f"something echoed {HF_SECRET}")
+    out = capsys.readouterr()
+    events = h.ok("GET", f"/api/runs/{run['id']}")
+    everything = json.dumps([saved, shown, bad, run, launched, events]) + caplog.text + out.out + out.err
+    assert HF_SECRET not in everything
+    status, _, _ = h.call("DELETE", "/api/org/secrets/huggingface-token")
+    assert status == 204
+    assert h.ok("GET", "/api/org/secrets") == {"huggingface_token": {"set": False}}
+
+
+def test_adapter_is_409_until_succeeded_then_streamed_with_its_sha(h: Harness) -> None:
+    _, run = draft(h)
+    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
+    assert status == 409 and "draft" in body["detail"]
+    h.launch(run["id"])
+    agent = h.agent(run["id"])
+    agent.heartbeat("training", 0.5)
+    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter")
+    assert status == 409 and "training" in body["detail"]
+    data = trained_adapter_zip(base_model="tensorant/tiny-llama")
+    agent.train(data)
+    assert h.get_run(run["id"])["state"] == "succeeded"
+    status, got, headers = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
+    assert status == 200 and got == data
+    assert headers["Content-Type"] == "application/zip"
+    assert headers["X-Adapter-Sha256"] == hashlib.sha256(data).hexdigest()
+    # Bytes changed in storage after verification are never served.
+    agent.upload(data + b"tampered")
+    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter")
+    assert status == 409 and "changed since it was verified" in body["detail"]
+
+
+def test_bootstrap_carries_the_resolved_training_json(h: Harness, cloud: Cloud) -> None:
+    _, run = draft(h, training={"lora_r": 4, "seed": 7})
+    h.launch(run["id"])
+    (machine,) = cloud.machines.values()
+    sent = json.loads(machine.env["TENSORANT_TRAINING"])
+    assert sent["lora_r"] == 4 and sent["seed"] == 7 and sent["kind"] == "trial" and sent["max_steps"] == 30
+    assert "HF_TOKEN" not in machine.env  # none saved
+    # The trainer parses exactly what the control plane sends.
+    from shared.trainer.config import parse_settings
+
+    parsed, warnings = parse_settings(machine.env["TENSORANT_TRAINING"])
+    assert warnings == [] and parsed.lora_r == 4 and parsed.max_examples == 64
+
+
+
+def test_cli_training_flags_and_new_subcommands_parse() -> None:
+    from tensorant_cli.main import build_parser, cmd_base_models, cmd_runs_download, training_from
+
+    args = build_parser().parse_args([
+        "runs", "create", "--project", "p", "--dataset", "d", "--provider", "local", "--offer", "local-smoke",
+        "--base-model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--price-limit", "1",
+        "--training-json", '{"lora_r": 8, "precision": "fp32"}', "--set-training", "max_steps=20",
+        "--set-training", "target_modules=all-linear", "--set-training", "lora_r=4"])
+    assert training_from(args) == {"lora_r": 4, "precision": "fp32", "max_steps": 20, "target_modules": "all-linear"}
+    dl = build_parser().parse_args(["runs", "download", "r-1", "-o", "out.zip"])
+    assert (dl.fn, dl.id, dl.output) == (cmd_runs_download, "r-1", "out.zip")
+    assert build_parser().parse_args(["base-models"]).fn is cmd_base_models
