@@ -626,7 +626,8 @@ def _shutdown(server: Any) -> None:
     def close_all() -> None:  # runs on the server's own loop thread: never under a select() in progress
         for channel in list(server._map.values()):
             try:
-                channel.handle_close()
+                # The listener has no close handler of its own (it would log "unhandled close event").
+                channel.close() if channel is server else channel.handle_close()
             except Exception:
                 pass
         closed.set()
