@@ -28,9 +28,10 @@ def get_run(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="runs/{id}/logs", methods=["GET"], auth_level=ANON)
-@http.api(summary="Training log lines reported by the agent")
+@http.api(summary="Training log lines reported by the agent, a page at a time (after=<next cursor>, limit<=5000)")
 def run_logs(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.logs(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda: runs.logs(http.principal(req), req.route_params["id"],
+                                          after=req.params.get("after"), limit=req.params.get("limit")))
 
 
 @bp.route(route="runs/{id}/launch", methods=["POST"], auth_level=ANON)

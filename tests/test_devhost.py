@@ -312,3 +312,107 @@ def test_notify_skips_the_idle_backoff(root: Path) -> None:
 
         notify(os.environ["DEVHOST_QUEUE"])
         assert _wait_for(lambda: len(sample.CALLS) == 1, timeout=0.6)
+
+
+# ---------------------------------------------------------------- the HTTP server (issue 12.10)
+
+
+def _raw(host: Host, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send raw bytes on a new connection; return what came back before the server closed it or timeout."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", host.port), timeout=timeout) as sock:
+        sock.sendall(request)
+        out = b""
+        try:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                out += data
+                if b"\r\n\r\n" in out and b"Connection: close" in out.split(b"\r\n\r\n")[0]:
+                    break
+        except TimeoutError:
+            pass
+        return out
+
+
+def test_thirty_simultaneous_connections_are_all_answered(root: Path) -> None:
+    import socket
+    import threading
+
+    with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+        # Every client connects first (the barrier), then all send at once: with a listen
+        # backlog of 5 the surplus connections were reset.
+        n = 30
+        barrier = threading.Barrier(n)
+        answers: list[bytes | str] = [b""] * n
+
+        def client(i: int) -> None:
+            try:
+                barrier.wait(timeout=10)
+                with socket.create_connection(("127.0.0.1", host.port), timeout=15) as sock:
+                    sock.sendall(b"GET /api/slow?s=0.3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    data = b""
+                    while chunk := sock.recv(4096):
+                        data += chunk
+                    answers[i] = data
+            except OSError as exc:
+                answers[i] = f"{type(exc).__name__}: {exc}"
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        bad = [a for a in answers if not (isinstance(a, bytes) and a.startswith(b"HTTP/1.1 200") and a.endswith(b"done"))]
+        assert not bad, bad
+
+
+def test_a_204_has_no_body_and_keep_alive_goes_on(root: Path) -> None:
+    import http.client
+
+    with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+        conn = http.client.HTTPConnection("127.0.0.1", host.port, timeout=5)
+        conn.request("POST", "/api/nothing", body=b"{}")
+        r = conn.getresponse()
+        assert r.status == 204 and r.read() == b"" and r.getheader("Content-Length") is None
+        # On the same connection: a stray body would be read as this response's status line.
+        conn.request("GET", "/api/items/7")
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["id"] == 7
+        conn.close()
+        raw = _raw(host, b"POST /api/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        assert raw.startswith(b"HTTP/1.1 204") and raw.endswith(b"\r\n\r\n"), raw
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /api/echo HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\nabc",
+    b"POST /api/echo HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\nabc",
+    b"POST /api/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    b"POST /api/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcdef\r\n0\r\n\r\n",
+], ids=["negative-length", "text-length", "bad-chunk-size", "chunk-overrun"])
+def test_malformed_framing_gets_a_quick_400(root: Path, request_bytes: bytes) -> None:
+    with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+        start = time.monotonic()
+        raw = _raw(host, request_bytes, timeout=5)
+        assert raw.startswith(b"HTTP/1.1 400"), raw  # before: no answer, or a hang until the timeout
+        assert time.monotonic() - start < 2.0
+
+
+def test_keep_alive_requests_are_fast(root: Path) -> None:
+    import http.client
+    import statistics
+
+    with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+        conn = http.client.HTTPConnection("127.0.0.1", host.port, timeout=5)
+        took = []
+        for _ in range(40):
+            start = time.perf_counter()
+            conn.request("POST", "/api/echo", body=b"x" * 200, headers={"Content-Type": "text/plain"})
+            r = conn.getresponse()
+            assert r.status == 201 and r.read() == b"x" * 200
+            took.append(time.perf_counter() - start)
+        conn.close()
+        # Before: about 40 ms each (headers and body in two writes meet Nagle and the delayed ACK).
+        assert statistics.median(took) < 0.02, f"median {statistics.median(took) * 1000:.1f} ms"

@@ -60,6 +60,8 @@ from shared.agent.redact import redact_text, register_secret
 MAX_LINES_PER_HEARTBEAT = 500  # the API's limit (shared.models.Heartbeat)
 MAX_LINE_CHARS = 2000
 MAX_PENDING_LINES = 5000
+# Half the API's per-heartbeat limit on log bytes (shared.services.agent.MAX_HEARTBEAT_LOG_BYTES).
+MAX_BYTES_PER_HEARTBEAT = 128 * 1024
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 STATE_FILE = "agent-state.json"
 # `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
@@ -163,6 +165,20 @@ class AgentConfig:
 # ---------------------------------------------------------------- HTTP with retries
 
 
+def _batches(lines: list[str]) -> list[list[str]]:
+    """Heartbeat batches within the API's limits on lines and bytes (lines are capped already)."""
+    out: list[list[str]] = []
+    size = 0
+    for line in lines:
+        n = len(line.encode()) + 4
+        if not out or len(out[-1]) >= MAX_LINES_PER_HEARTBEAT or size + n > MAX_BYTES_PER_HEARTBEAT:
+            out.append([])
+            size = 0
+        out[-1].append(line)
+        size += n
+    return out
+
+
 class Transient(Exception):
     """A failure worth retrying: connection refused, timeout, 5xx, 429."""
 
@@ -205,6 +221,7 @@ class ControlPlane:
     def __init__(self, config: AgentConfig, log: Callable[[str], None]) -> None:
         self.config = config
         self.log = log
+        self.rejected = 0  # the HTTP status of the last post the control plane refused (a 4xx), else 0
 
     def post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> bool:
         url = f"{self.config.api_url}/api/agent/runs/{self.config.run_id}/{what}"
@@ -218,10 +235,12 @@ class ControlPlane:
             with urllib.request.urlopen(request, timeout=30) as response:
                 response.read()
 
+        self.rejected = 0
         try:
             with_retries(send, give_up_after_s=give_up_after_s, log=self.log, what=what)
             return True
         except urllib.error.HTTPError as exc:
+            self.rejected = exc.code if 400 <= exc.code < 500 else 0
             detail = exc.read(500).decode("utf-8", "replace") if exc.fp else ""
             self.log(f"{what} rejected: HTTP {exc.code}: {redact_text(detail)}")
             return False
@@ -358,12 +377,17 @@ class Agent:
             if self.dropped:
                 lines.insert(0, f"agent: {self.dropped} log lines were dropped (too many to send)")
                 self.dropped = 0
-        batches = [lines[i:i + MAX_LINES_PER_HEARTBEAT] for i in range(0, len(lines), MAX_LINES_PER_HEARTBEAT)]
-        for i, batch in enumerate(batches or [[]]):
+        for i, batch in enumerate(_batches(lines) or [[]]):
             body = {"phase": phase, "progress": round(min(max(self.progress, 0.0), 1.0), 4), "logs": batch}
             if not self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s):
+                if self.api.rejected not in (0, 409, 429):
+                    # Refused as it is (too large, invalid): sending it again would be refused
+                    # again forever. Drop it; the full log is uploaded with the adapter.
+                    self.log(f"dropped {len(batch)} log lines the control plane refused "
+                             f"(HTTP {self.api.rejected}); they stay in logs.txt")
+                    continue
                 with self.lock:  # keep what did not get through for the next heartbeat
-                    self.pending[:0] = [line for b in batches[i:] for line in b]
+                    self.pending[:0] = [line for b in _batches(lines)[i:] for line in b]
                 return
 
     def complete(self, body: dict[str, Any]) -> bool:

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from shared.clock import now
-from shared.errors import Conflict, InvalidInput
+from shared.errors import ConcurrencyError, Conflict, InvalidInput
 from shared.models import AgentComplete, Heartbeat, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, transition
@@ -24,29 +24,67 @@ def _walk(run: RunRecord, target: RunState) -> RunRecord:
     return run
 
 
+# Agent logs are bounded at every step (issue 11.7): a line, a heartbeat, a stored chunk, a run.
+MAX_LINE_CHARS = 2000
+TRUNCATED_MARK = " [truncated]"
+# Far below the table's 1 MiB entity limit, and the few chunks it makes are cheap to write.
+MAX_HEARTBEAT_LOG_BYTES = 256 * 1024
+MAX_RUN_LOG_LINES = 20_000
+LOG_LIMIT_LINE = f"[tensorant] this run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped"
+# Heartbeats of one run racing each other (or a step) retry this often before answering 409.
+HEARTBEAT_ATTEMPTS = 16
+
+
+def _cap_line(line: str) -> str:
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + TRUNCATED_MARK
+
+
 def heartbeat(org: str, run_id: str, hb: Heartbeat) -> dict[str, Any]:
+    """One read and one ETag-guarded write of the run, plus one write per log chunk (and an
+    event only when the state moves or the run's log limit is first reached)."""
     store = get_store()
     t = now()
-    before = store.get_run(org, run_id)[0].state
+    lines = [_cap_line(line) for line in hb.logs]
+    size = sum(len(line.encode()) for line in lines)
+    if size > MAX_HEARTBEAT_LOG_BYTES:
+        # Refused before any write, as a 4xx: the agent drops the batch instead of resending it.
+        raise InvalidInput.field("logs", f"{size} bytes of log lines in one heartbeat; at most "
+                                 f"{MAX_HEARTBEAT_LOG_BYTES} are accepted: send them in smaller batches")
     target = RunState(hb.phase)
+    decided: dict[str, Any] = {}
 
     def change(r: RunRecord) -> RunRecord | None:
+        decided.update(before=r.state, start=r.log_lines, lines=[], warn=False)
         if r.state not in ACTIVE:
             return None
+        # Lines past the run's cap are dropped; the first time, one marker line says so.
+        keep = lines[:max(0, MAX_RUN_LOG_LINES - r.log_lines)]
+        if len(keep) < len(lines) and r.log_lines + len(keep) == MAX_RUN_LOG_LINES:
+            keep = [*keep, LOG_LIMIT_LINE]
+            decided["warn"] = True
+        decided["lines"] = keep
         if PHASE_ORDER.index(target) > PHASE_ORDER.index(r.state):
             r = _walk(r, target)
         return r.model_copy(update={
             "phase": hb.phase, "progress": max(hb.progress, r.progress if r.state == target else 0.0),
-            "last_heartbeat_at": t, "updated_at": t, "log_lines": r.log_lines + len(hb.logs),
+            "last_heartbeat_at": t, "updated_at": t, "log_lines": r.log_lines + len(keep),
             "deadlines": r.deadlines.model_copy(
                 update={"heartbeat_by": t + timedelta(seconds=get_settings().heartbeat_timeout_s)}),
         })
 
-    run, wrote = store.mutate_run(org, run_id, change)
-    if wrote and run.state != before:
-        transition_event(before, run)
-    if wrote and hb.logs:
-        event(run, "log", f"{len(hb.logs)} lines", lines=hb.logs)
+    try:
+        run, wrote = store.mutate_run(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS)
+    except ConcurrencyError as exc:
+        # Nothing was written: the agent sends its state again with the next heartbeat.
+        raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc
+    if wrote and run.state != decided["before"]:
+        transition_event(decided["before"], run)
+    if wrote and decided["lines"]:
+        # Numbered from the run's count at the write that won: concurrent heartbeats never share numbers.
+        store.add_log_lines(run_id, decided["start"], decided["lines"])
+    if wrote and decided["warn"]:
+        event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
+              "(the full log is uploaded with the adapter)")
     return {"state": run.state.value, "stop": run.state not in ACTIVE}
 
 

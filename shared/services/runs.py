@@ -43,8 +43,12 @@ from shared.store import get_store
 MAX_UPLOAD = 1024 * 1024 * 1024
 
 
+# A run view reads one bounded page of events (its timeline), never the whole partition.
+VIEW_EVENTS = 200
+
+
 def view(run: RunRecord, with_events: bool = True) -> RunView:
-    events = [e for e in get_store().list_events(run.id) if e.kind != "log"] if with_events else []
+    events = get_store().list_events(run.id, exclude_kind="log", limit=VIEW_EVENTS) if with_events else []
     return RunView(
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
         outcome=run.outcome, phase=run.phase, progress=run.progress, reason=run.reason, billing_note=run.billing_note,
@@ -135,10 +139,31 @@ def list_runs(principal: Principal) -> dict[str, Any]:
     return {"items": [view(r, with_events=False) for r in runs]}
 
 
-def logs(principal: Principal, run_id: str) -> dict[str, Any]:
-    get_store().get_run(principal.org, run_id)
-    lines = [line for e in get_store().list_events(run_id, kind="log") for line in e.data.get("lines", [])]
-    return {"lines": lines}
+LOG_PAGE_DEFAULT = 1000
+LOG_PAGE_MAX = 5000
+
+
+def logs(principal: Principal, run_id: str, after: str | None = None, limit: str | None = None) -> dict[str, Any]:
+    """One page of the run's log lines after the cursor (a line number; none = from the start).
+
+    `next` is the cursor for the following lines; null once the run is terminal and every
+    stored line was returned (while it runs, polling with `next` picks up new lines)."""
+    run, _ = get_store().get_run(principal.org, run_id)
+    if after is None or after == "":
+        start = 0
+    elif after.isascii() and after.isdigit() and len(after) <= 10:
+        start = int(after)
+    else:
+        raise InvalidInput.field("after", "a cursor from a previous page's `next`")
+    if limit is None or limit == "":
+        count = LOG_PAGE_DEFAULT
+    elif limit.isascii() and limit.isdigit() and len(limit) <= 4 and 1 <= int(limit) <= LOG_PAGE_MAX:
+        count = int(limit)
+    else:
+        raise InvalidInput.field("limit", f"a whole number from 1 to {LOG_PAGE_MAX}")
+    lines, cursor = get_store().read_logs(run.id, start, count)
+    done = len(lines) < count and run.state in TERMINAL
+    return {"lines": lines, "next": None if done else str(cursor), "state": run.state.value}
 
 
 def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:

@@ -1,14 +1,17 @@
 """Repositories for every record the control plane keeps, on Azure Table storage.
 
 Tables (prefix from settings): connections, catalogs, projects, datasets, runs,
-events (run events and logs), ledger (every cloud resource ever recorded for a run),
+events (run events), logs (agent log lines in bounded chunks), ledger (every cloud resource ever recorded for a run),
 audit (sweeper actions, poison discards).
 """
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
@@ -31,6 +34,12 @@ from shared.models import (
 from shared.store.tables import Table
 
 MAX_RACE_RETRIES = 8
+# One log chunk is one entity whose `data` property (JSON, ASCII: json.dumps escapes the rest)
+# stays under the service's 32K UTF-16 characters per string property, with room for the rest.
+LOG_CHUNK_CHARS = 28_000
+# A chunk's RowKey is the line number after its last line, zero-padded: `RowKey gt <cursor>`
+# then finds the chunk that holds line <cursor> first, in key order.
+_LINE_KEY = "{:010d}"
 _ORG = re.compile(ORG_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
 
@@ -67,7 +76,8 @@ class Store:
 
         self._service = TableServiceClient.from_connection_string(connection_string)
         self.prefix = prefix
-        names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "ledger", "audit", "secrets")
+        names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
+                 "secrets")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
 
     def table(self, name: str) -> Table:
@@ -172,7 +182,8 @@ class Store:
         return self._query_runs(None, states)
 
     def _query_runs(self, org: str | None, states: set[RunState] | frozenset[RunState] | None) -> list[RunRecord]:
-        clauses, params = [], {}
+        clauses: list[str] = []
+        params: dict[str, Any] = {}
         if org is not None:
             clauses.append("PartitionKey eq @org")
             params["org"] = org
@@ -184,14 +195,16 @@ class Store:
         return [RunRecord.model_validate(d) for d, _ in q]
 
     def mutate_run(
-        self, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None]
+        self, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None],
+        *, attempts: int = MAX_RACE_RETRIES,
     ) -> tuple[RunRecord, bool]:
         """Read-modify-write with the ETag; `change` returns None to leave the run as it is.
 
         Returns (run as stored now, whether this call wrote it). Lost races re-read and
-        call `change` again, so it must decide from the run it is given.
+        call `change` again, so it must decide from the run it is given. Each call is one
+        read and at most one write per attempt.
         """
-        for _ in range(MAX_RACE_RETRIES):
+        for attempt in range(attempts):
             run, etag = self.get_run(org, run_id)
             new = change(run)
             if new is None:
@@ -199,6 +212,9 @@ class Store:
             try:
                 self.put_run(new, etag)
             except ConcurrencyError:
+                # Someone else wrote in between: a short random pause spreads the writers out,
+                # so a crowd of them converges instead of colliding again on every retry.
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
                 continue
             return new, True
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
@@ -226,12 +242,49 @@ class Store:
     def add_event(self, run_id: str, event: RunEvent) -> None:
         self.table("events").upsert(run_id, _event_key(), event.model_dump(mode="json"), kind=event.kind)
 
-    def list_events(self, run_id: str, kind: str | None = None) -> list[RunEvent]:
+    def list_events(self, run_id: str, kind: str | None = None, *, exclude_kind: str | None = None,
+                    limit: int | None = None) -> list[RunEvent]:
+        """A run's events, oldest first; `limit` bounds the read (one page of at most `limit`)."""
+        clauses, params = ["PartitionKey eq @r"], {"r": run_id}
         if kind:
-            q = self.table("events").query("PartitionKey eq @r and kind eq @k", r=run_id, k=kind)
-        else:
-            q = self.table("events").query("PartitionKey eq @r", r=run_id)
+            clauses.append("kind eq @k")
+            params["k"] = kind
+        if exclude_kind:
+            clauses.append("kind ne @x")  # logs of older runs were events of kind "log"
+            params["x"] = exclude_kind
+        q = self.table("events").query(" and ".join(clauses), top=limit, **params)
         return [RunEvent.model_validate(d) for d, _ in q]
+
+    def add_log_lines(self, run_id: str, start: int, lines: list[str]) -> int:
+        """Store lines numbered start, start+1, ... in chunks (one entity each, every property
+        under the table's limit); returns the number of chunks written (one write each)."""
+        chunks = log_chunks(lines)
+        first = start
+        for chunk in chunks:
+            end = first + len(chunk)
+            data = {"start": first, "at": now().isoformat(), "lines": chunk}
+            self.table("logs").upsert(run_id, _LINE_KEY.format(end), data)
+            first = end
+        return len(chunks)
+
+    def read_logs(self, run_id: str, after: int, limit: int) -> tuple[list[str], int]:
+        """Up to `limit` stored lines numbered >= after, in order; returns (lines, the number
+        of the line after the last one returned, or `after` when none was). Reads only the
+        chunks it returns lines from (plus the rest of the page they came in)."""
+        out: list[str] = []
+        cursor = after
+        q = self.table("logs").pages("PartitionKey eq @r and RowKey gt @k", per_page=min(max(limit // 100, 4), 100),
+                                     r=run_id, k=_LINE_KEY.format(after))
+        for data, _ in q:
+            start, lines = int(data["start"]), list(data["lines"])
+            skip = max(0, cursor - start)
+            take = lines[skip:skip + limit - len(out)]
+            out.extend(take)
+            # A chunk lost between its run write and its own write leaves a gap in the numbers.
+            cursor = start + skip + len(take)
+            if len(out) >= limit:
+                break
+        return out, cursor
 
     def record_resource(self, res: CloudResource) -> None:
         data = res.model_dump(mode="json")
@@ -248,6 +301,27 @@ class Store:
     def list_audit(self) -> Iterator[dict[str, Any]]:
         for d, _ in self.table("audit").query():
             yield d
+
+
+def log_chunks(lines: list[str], budget: int = LOG_CHUNK_CHARS) -> list[list[str]]:
+    """Split lines into chunks whose JSON stays within budget characters (a line longer than
+    the budget alone is cut to fit: callers cap lines far below it)."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = 2  # the list's brackets
+    for line in lines:
+        n = len(json.dumps(line)) + 1  # + the separating comma
+        if n > budget - 2:
+            line = line[: (budget - 16) // 12]  # 12 = the longest escape (a surrogate pair) of one character
+            n = len(json.dumps(line)) + 1
+        if current and size + n > budget:
+            chunks.append(current)
+            current, size = [], 2
+        current.append(line)
+        size += n
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 _override: Store | None = None

@@ -78,11 +78,25 @@ class Table:
     def delete(self, pk: str, rk: str) -> None:
         self.client.delete_entity(partition_key=pk, row_key=rk)
 
-    def query(self, filter: str | None = None, **params: Any) -> Iterator[tuple[dict[str, Any], str]]:
+    def query(
+        self, filter: str | None = None, *, top: int | None = None, **params: Any
+    ) -> Iterator[tuple[dict[str, Any], str]]:
+        """Entities in key order. `top` bounds the read: pages of `top` entities (the service's
+        $top), and at most `top` entities in all, so a bounded view never pages through a partition."""
+        page = {"results_per_page": top} if top else {}
         if filter is None:
-            entities = self.client.list_entities()
+            entities = self.client.list_entities(**page)
         else:
-            entities = self.client.query_entities(query_filter=filter, parameters=params)
+            entities = self.client.query_entities(query_filter=filter, parameters=params, **page)
+        for n, entity in enumerate(entities):
+            if top is not None and n >= top:
+                return
+            yield json.loads(entity["data"]), entity.metadata["etag"]
+
+    def pages(self, filter: str, *, per_page: int, **params: Any) -> Iterator[tuple[dict[str, Any], str]]:
+        """Entities in key order, fetched `per_page` at a time, lazily: the caller stops reading
+        when it has enough (a paginated read costs the pages it uses, not the partition)."""
+        entities = self.client.query_entities(query_filter=filter, parameters=params, results_per_page=per_page)
         for entity in entities:
             yield json.loads(entity["data"]), entity.metadata["etag"]
 

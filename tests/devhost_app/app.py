@@ -61,6 +61,18 @@ def boom(req: func.HttpRequest) -> func.HttpResponse:
     raise RuntimeError("kaboom")
 
 
+@app.route(route="nothing", methods=["POST"])
+def nothing(req: func.HttpRequest) -> func.HttpResponse:
+    # A 204 that carries a body, as the control plane's reply({}, 204) does: the host must drop it.
+    return func.HttpResponse("{}", status_code=204, mimetype="application/json")
+
+
+@app.route(route="slow", methods=["GET"])
+def slow(req: func.HttpRequest) -> func.HttpResponse:
+    time.sleep(float(req.params.get("s") or 0.2))
+    return func.HttpResponse("done")
+
+
 @app.queue_trigger(arg_name="msg", queue_name="%DEVHOST_QUEUE%", connection="AzureWebJobsStorage")
 def work(msg: func.QueueMessage) -> None:
     global _running, MAX_CONCURRENT

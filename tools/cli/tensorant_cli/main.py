@@ -361,8 +361,29 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
 
 def _logs(args: argparse.Namespace, client: Client) -> int:
     printed = 0
+    after = ""
+    follow = bool(args.follow)
     while True:
-        lines = _items(client.get(f"/api/runs/{args.id}/logs"), "lines") or []
+        page = client.get(f"/api/runs/{args.id}/logs" + (f"?after={after}" if after else ""))
+        if isinstance(page, dict) and "next" in page:
+            # Paginated: each page holds the lines after the cursor; null = the log is complete.
+            for line in _items(page, "lines") or []:
+                print(line if isinstance(line, str) else json.dumps(line, default=str))
+            if page["next"] is None:
+                return 0
+            more = str(page["next"]) != after
+            after = str(page["next"])
+            if more:
+                continue  # read on at once: more lines may be waiting
+            if not follow:
+                return 0
+            if str(client.get(f"/api/runs/{args.id}").get("state")) in STOP_STATES:
+                follow = False  # one more read for the last lines, then stop
+                continue
+            sys.stdout.flush()
+            time.sleep(args.interval)
+            continue
+        lines = _items(page, "lines") or []
         for line in lines[printed:]:
             print(line if isinstance(line, str) else json.dumps(line, default=str))
         printed = max(printed, len(lines))

@@ -1,6 +1,9 @@
 """The local host: runs exactly the functions a FunctionApp registered.
 
-- HTTP triggers are served on http://127.0.0.1:<port>/<routePrefix>/<route> (ThreadingHTTPServer).
+- HTTP triggers are served on http://127.0.0.1:<port>/<routePrefix>/<route> by waitress (a
+  maintained WSGI server: a bounded thread pool, a real listen backlog, idle-connection
+  timeouts, strict Content-Length / chunked parsing that answers 400, TCP_NODELAY, headers
+  and small bodies in one write). http.server had none of these.
 - Queue triggers poll Azure Storage queues with host.json semantics: batchSize messages
   per poll processed concurrently, base64 message encoding, delete on success, release
   for visibilityTimeout on failure, move the original text to `<queue>-poison` once
@@ -32,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -51,6 +54,13 @@ if not log.handlers:
 
 ALL_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE"})
 MIN_POLL_S = 0.1
+# HTTP serving limits: invocations run on at most HTTP_THREADS threads at once; connections
+# beyond them wait in the listen backlog (http.server's was 5) instead of being reset.
+HTTP_THREADS = 16
+HTTP_BACKLOG = 1024
+HTTP_CONNECTION_LIMIT = 256
+HTTP_IDLE_TIMEOUT_S = 120  # an idle keep-alive connection is closed after this
+MAX_REQUEST_BODY = 1024 * 1024 * 1024 + 1024 * 1024  # the app's largest upload (1 GiB) and its envelope
 AZURITE_ALIAS = "UseDevelopmentStorage=true"
 
 
@@ -232,7 +242,7 @@ class Host:
         self.enable = {"http": http, "queue": queues, "timer": timers}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server: ThreadingHTTPServer | None = None
+        self._server: Any = None  # waitress's server
         self._clients: dict[tuple[str, str], Any] = {}
         self._clients_lock = threading.Lock()
         self._pools: list[ThreadPoolExecutor] = []
@@ -252,10 +262,9 @@ class Host:
     def start(self) -> Host:
         self._stop.clear()
         if self.enable["http"] and self.by_kind("http"):
-            self._server = ThreadingHTTPServer((self.bind, self.port), _make_handler(self))
-            self._server.daemon_threads = True
-            self.port = int(self._server.server_address[1])
-            self._spawn(functools.partial(self._server.serve_forever, 0.1), "devhost-http")
+            self._server = _serve(self)
+            self.port = int(self._server.effective_port)
+            self._spawn(self._server.run, "devhost-http")
         _running.add(self)
         if self.enable["queue"]:
             for f in self.by_kind("queue"):
@@ -273,8 +282,7 @@ class Host:
         for event in self._wake.values():
             event.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            _shutdown(self._server)
             self._server = None
         for t in self._threads:
             t.join(timeout=15)
@@ -598,56 +606,87 @@ def _problem(status: int, title: str, detail: str) -> tuple[int, dict[str, str],
     return status, {"Content-Type": "application/problem+json"}, body
 
 
-def _make_handler(host: Host) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "tensorant-devhost/1"
+def _serve(host: Host) -> Any:
+    """A waitress server bound to host's address, not yet running (run() serves until shutdown)."""
+    from waitress.server import create_server
 
-        def _read_body(self) -> bytes:
-            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                chunks = []
-                while True:
-                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                            pass
-                        break
-                    chunks.append(self.rfile.read(size))
-                    self.rfile.readline()
-                return b"".join(chunks)
-            length = int(self.headers.get("Content-Length") or 0)
-            return self.rfile.read(length) if length else b""
+    return create_server(
+        functools.partial(_wsgi, host), host=host.bind, port=host.port, threads=HTTP_THREADS,
+        backlog=HTTP_BACKLOG, connection_limit=HTTP_CONNECTION_LIMIT, channel_timeout=HTTP_IDLE_TIMEOUT_S,
+        max_request_body_size=MAX_REQUEST_BODY, ident="tensorant-devhost/2", clear_untrusted_proxy_headers=True,
+        expose_tracebacks=False,
+    )
 
-        def _handle(self) -> None:
-            body = self._read_body()
-            headers = {k: v for k, v in self.headers.items()}
-            if self.command == "OPTIONS" and host.cors and "Access-Control-Request-Method" in self.headers:
-                status, out, data = 204, dict[str, str](), b""
-            else:
-                try:
-                    status, out, data = host.handle_http(self.command, self.path, headers, body)
-                except Exception as exc:  # a host bug must still answer, not drop the connection
-                    log.exception("devhost: %s %s failed before reaching a function", self.command, self.path)
-                    status, out, data = _problem(500, "Internal Server Error", f"dev host error: {type(exc).__name__}")
-            if host.cors:
-                origin = self.headers.get("Origin", "")
-                allowed = [o.strip() for o in str(host.cors).split(",")]
-                if origin and ("*" in allowed or origin in allowed):
-                    out["Access-Control-Allow-Origin"] = "*" if "*" in allowed else origin
-                    out["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-                    out["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
-            self.send_response(status)
-            for k, v in out.items():
-                if k.lower() not in ("content-length", "transfer-encoding", "connection"):
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
 
-        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
+def _shutdown(server: Any) -> None:
+    """Stop a waitress server started by _serve: close the listener and every connection (its
+    loop ends once none is left), then the worker threads (running invocations finish first)."""
+    closed = threading.Event()
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # invocations are logged by Host.invoke
+    def close_all() -> None:  # runs on the server's own loop thread: never under a select() in progress
+        for channel in list(server._map.values()):
+            try:
+                # The listener has no close handler of its own (it would log "unhandled close event").
+                channel.close() if channel is server else channel.handle_close()
+            except Exception:
+                pass
+        closed.set()
 
-    return Handler
+    server.trigger.pull_trigger(close_all)
+    closed.wait(10)
+    server.task_dispatcher.shutdown(cancel_pending=True, timeout=15)
+
+
+# Response headers the server sets itself (framing is its job, never a function's).
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
+def _wsgi(host: Host, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """One request: the same routing and invocation as before, behind WSGI."""
+    method = str(environ["REQUEST_METHOD"]).upper()
+    # REQUEST_URI is the path as sent (PATH_INFO is decoded): routes match the raw path, as before.
+    raw_path = str(environ.get("REQUEST_URI") or environ.get("PATH_INFO") or "/")
+    headers = _request_headers(environ)
+    length = int(environ.get("CONTENT_LENGTH") or 0)  # waitress validated it (and de-chunked the body)
+    body = environ["wsgi.input"].read(length) if length else b""
+    if method == "OPTIONS" and host.cors and "Access-Control-Request-Method" in headers:
+        status, out, data = 204, dict[str, str](), b""
+    else:
+        try:
+            status, out, data = host.handle_http(method, raw_path, headers, body)
+        except Exception as exc:  # a host bug must still answer, not drop the connection
+            log.exception("devhost: %s %s failed before reaching a function", method, raw_path)
+            status, out, data = _problem(500, "Internal Server Error", f"dev host error: {type(exc).__name__}")
+    if host.cors:
+        origin = headers.get("Origin", "")
+        allowed = [o.strip() for o in str(host.cors).split(",")]
+        if origin and ("*" in allowed or origin in allowed):
+            out["Access-Control-Allow-Origin"] = "*" if "*" in allowed else origin
+            out["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            out["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+    pairs = [(k, v) for k, v in out.items() if k.lower() not in _FRAMING]
+    # 1xx, 204 and 304 carry no body (RFC 9110): one sent anyway is read as the start of the
+    # next response on a keep-alive connection. HEAD gets the headers only.
+    no_body = status < 200 or status in (204, 304)
+    if no_body or method == "HEAD":
+        data = b""
+    if not no_body:
+        pairs.append(("Content-Length", str(len(data))))
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Status"
+    start_response(f"{status} {phrase}", pairs)
+    return [data]
+
+
+def _request_headers(environ: dict[str, Any]) -> dict[str, str]:
+    """WSGI's HTTP_* keys back to header names (Title-Case; the Functions request is case-insensitive)."""
+    out: dict[str, str] = {}
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            out["-".join(part.capitalize() for part in key[5:].split("_"))] = str(value)
+    for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length")):
+        if environ.get(key):
+            out[name] = str(environ[key])
+    return out

@@ -1,0 +1,210 @@
+"""Heartbeat benchmark (issue 12.9): heartbeats/s and p99 latency at 1, 8 and 32 clients
+against the dev host (waitress) serving the real app on Azurite, with Azurite's own
+sequential upsert rate measured in the same run as the yardstick.
+
+Run: .venv/bin/python -m tests.bench.heartbeat_bench  [--seconds 4] [--clients 1,8,32] [--logs 0]
+
+Each client is one agent: its own run (in `training`, made through the real handlers on
+the in-memory provider), one keep-alive connection, heartbeats back to back. The clients
+run in a separate process (threads), so they do not share the host's interpreter lock.
+A second pass puts every client on ONE run (contention): lost races must answer 409 or be
+retried, never 5xx. Goal: 8 clients >= 0.8 x Azurite's sequential upsert rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- client process
+
+
+def _client_main() -> None:
+    """Reads {port, targets: [[run_id, token]...], seconds, logs} on stdin; prints the results."""
+    spec = json.loads(sys.stdin.read())
+    stop_at = time.monotonic() + float(spec["seconds"])
+    results: list[tuple[list[float], Counter[int]]] = []
+    lock = threading.Lock()
+
+    def connect() -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection("127.0.0.1", int(spec["port"]), timeout=30)
+        conn.connect()
+        # http.client sends the headers and the body in two writes: without this the client's
+        # Nagle waits for the server's delayed ACK (~40 ms) on every keep-alive request.
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def agent(run_id: str, token: str) -> None:
+        conn = connect()
+        took: list[float] = []
+        codes: Counter[int] = Counter()
+        n = 0
+        while time.monotonic() < stop_at:
+            n += 1
+            body = json.dumps({"phase": "training", "progress": 0.5,
+                               "logs": [f"step={n} loss=1.0 lr=0.0002"] * int(spec["logs"])})
+            start = time.perf_counter()
+            try:
+                conn.request("POST", f"/api/agent/runs/{run_id}/heartbeat", body=body,
+                             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                codes[r.status] += 1
+            except (OSError, http.client.HTTPException):
+                codes[0] += 1  # a reset or a dropped connection
+                conn.close()
+                conn = connect()
+            took.append(time.perf_counter() - start)
+        conn.close()
+        with lock:
+            results.append((took, codes))
+
+    threads = [threading.Thread(target=agent, args=tuple(t)) for t in spec["targets"]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = [x for r in results for x in r[0]]
+    codes = sum((r[1] for r in results), Counter())
+    print(json.dumps({"latencies": took, "codes": {str(k): v for k, v in codes.items()}}))
+
+
+def run_clients(port: int, targets: list[tuple[str, str]], seconds: float, logs: int) -> dict[str, Any]:
+    spec = {"port": port, "targets": targets, "seconds": seconds, "logs": logs}
+    out = subprocess.run([sys.executable, "-m", "tests.bench.heartbeat_bench", "--client"], input=json.dumps(spec),
+                         capture_output=True, text=True, cwd=ROOT, check=True, timeout=seconds + 120)
+    data = json.loads(out.stdout)
+    lat = sorted(data["latencies"])
+    total = len(lat)
+    p99 = lat[min(total - 1, int(total * 0.99))] if lat else 0.0
+    return {"n": total, "rate": total / seconds, "p50_ms": statistics.median(lat) * 1000 if lat else 0.0,
+            "p99_ms": p99 * 1000, "codes": data["codes"]}
+
+
+# ---------------------------------------------------------------- the yardstick
+
+
+def azurite_upsert_rate(connection: str, seconds: float) -> float:
+    """Sequential upserts of a run-sized entity (one JSON property of about 2 KB), as fast as one caller goes."""
+    from azure.data.tables import TableServiceClient
+
+    service = TableServiceClient.from_connection_string(connection)
+    table = service.create_table_if_not_exists("bench" + secrets.token_hex(4))
+    data = json.dumps({"filler": "x" * 2000})
+    n = 0
+    stop_at = time.monotonic() + seconds
+    started = time.perf_counter()
+    while time.monotonic() < stop_at:
+        table.upsert_entity({"PartitionKey": "org", "RowKey": f"r{n % 32}", "data": data, "state": "training"},
+                            mode="replace")
+        n += 1
+    rate = n / (time.perf_counter() - started)
+    service.delete_table(table.table_name)
+    return rate
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--logs", type=int, default=0, help="log lines per heartbeat (each chunk is one more write)")
+    args = parser.parse_args()
+    if args.client:
+        _client_main()
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.azurite import Azurite
+
+    az = Azurite().start()
+    try:
+        _bench(az.connection_string, args)
+    finally:
+        az.stop()
+
+
+def _bench(connection: str, args: argparse.Namespace) -> None:
+    import tempfile
+
+    env = {"AzureWebJobsStorage": connection, "TENSORANT_TABLE_PREFIX": "hb" + secrets.token_hex(4),
+           "TENSORANT_LOCAL_ROOT": tempfile.mkdtemp(prefix="hb-bench-"), "TENSORANT_DEPLOYMENT_ID": "bench"}
+    os.environ.update(env)
+    from shared import queues, settings
+    from shared.store import get_store, reset_store
+    from tensorant_devhost.host import Host
+    from tests import fakes
+    from tests.harness import Harness
+
+    settings.reset_settings()
+    reset_store()
+    queues.reset_queues()
+    counts = [int(c) for c in args.clients.split(",")]
+    cloud = fakes.Cloud()
+    fakes.install_memory_provider(cloud)
+    h = Harness()
+    try:
+        h.save_storage({"kind": "local"})
+        h.save_compute("memory", {})
+        targets: list[tuple[str, str]] = []
+        for _ in range(max(counts)):
+            run_id = h.create_run("memory", "mem-a10")
+            h.launch(run_id)
+            agent = h.agent(run_id)
+            agent.heartbeat("training", 0.1)
+            targets.append((run_id, agent.token))
+    finally:
+        h.close()  # the real clock again: the host below serves in real time
+
+    import logging
+
+    import function_app
+
+    logging.getLogger("tensorant.devhost").setLevel(logging.WARNING)  # a line per invocation otherwise
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth": the point of 32 clients
+
+    host = Host(function_app.app, root=ROOT, port=0, load_settings=False, queues=False, timers=False).start()
+    try:
+        run_clients(host.port, targets[:1], 1.0, args.logs)  # warm-up: imports, connections, table creation
+        upsert = azurite_upsert_rate(connection, args.seconds)
+        print(f"heartbeat bench: {args.seconds:.0f} s per point, {args.logs} log lines per heartbeat")
+        print(f"Azurite sequential upsert rate: {upsert:.0f}/s")
+        print(f"{'clients':>8} {'runs':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x upsert':>9}  answers")
+        ratios = {}
+        for n in counts:
+            r = run_clients(host.port, targets[:n], args.seconds, args.logs)
+            ratios[n] = r["rate"] / upsert
+            print(f"{n:>8} {n:>5} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {ratios[n]:>9.2f}  "
+                  f"{r['codes']}")
+        for n in counts[1:]:
+            r = run_clients(host.port, [targets[0]] * n, args.seconds, args.logs)
+            print(f"{n:>8} {1:>5} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+                  f"{r['rate'] / upsert:>9.2f}  {r['codes']}  (all on one run)")
+        if 8 in ratios:
+            verdict = "meets" if ratios[8] >= 0.8 else "MISSES"
+            print(f"8 clients / Azurite upserts = {ratios[8]:.2f} ({verdict} the 0.8 goal)")
+    finally:
+        host.stop()
+        get_store().drop_all()
+        fakes.uninstall_memory_provider()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What a heartbeat costs in table calls, and heartbeats racing on one run (issue 12.9).
+
+The store is the real one on Azurite; its tables are wrapped to count the calls each
+request makes (the calls still go through).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from shared.models import RunEvent
+from shared.services import runs as run_service
+from shared.store import get_store
+from tests import fakes
+from tests.fakes import Cloud
+from tests.harness import Harness, TestAgent
+
+cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
+
+WRITES = ("insert", "update", "upsert", "delete")
+READS = ("get", "query", "pages")
+
+
+class Calls:
+    """Counts every call on every table of the store: (table, method) -> n."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.kwargs: list[tuple[str, str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+
+    def take(self) -> Counter[tuple[str, str]]:
+        with self.lock:
+            out, self.counts = self.counts, Counter()
+            self.kwargs = []
+            return out
+
+    def writes(self, counts: Counter[tuple[str, str]]) -> int:
+        return sum(n for (_, m), n in counts.items() if m in WRITES)
+
+    def reads(self, counts: Counter[tuple[str, str]]) -> int:
+        return sum(n for (_, m), n in counts.items() if m in READS)
+
+
+@pytest.fixture
+def calls(h: Harness) -> Iterator[Calls]:
+    rec = Calls()
+    undo: list[Callable[[], None]] = []
+    store = get_store()
+    for name in ("runs", "events", "logs", "ledger", "audit", "connections", "catalogs", "projects", "datasets"):
+        table = store.table(name)
+        for method in WRITES + READS:
+            real = getattr(table, method)
+
+            def counted(*args: Any, _real: Any = real, _key: tuple[str, str] = (name, method), **kw: Any) -> Any:
+                with rec.lock:
+                    rec.counts[_key] += 1
+                    rec.kwargs.append((*_key, kw))
+                return _real(*args, **kw)
+
+            setattr(table, method, counted)
+            undo.append(lambda t=table, m=method: delattr(t, m))
+    yield rec
+    for u in undo:
+        u()
+
+
+def training_run(h: Harness) -> tuple[str, TestAgent]:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.1)
+    return run_id, agent
+
+
+def test_a_heartbeat_is_one_write_plus_one_per_log_chunk(h: Harness, cloud: Cloud, calls: Calls) -> None:
+    run_id, agent = training_run(h)
+    calls.take()
+    agent.heartbeat("training", 0.2)
+    counts = calls.take()
+    assert calls.writes(counts) == 1 and counts[("runs", "update")] == 1, counts
+    assert calls.reads(counts) == 1, counts  # the run, once
+
+    agent.heartbeat("training", 0.3, ["step 1", "step 2", "step 3"])
+    counts = calls.take()
+    assert calls.writes(counts) == 2, counts
+    assert counts[("logs", "upsert")] == 1 and counts[("events", "upsert")] == 0, counts
+
+    # 150 lines of 1500 characters (225 KB): more than one property can hold, so several chunks,
+    # each one write; before, one event with every line failed with a 500 after the run was written.
+    big = [f"{i:04d} " + "x" * 1495 for i in range(150)]
+    agent.heartbeat("training", 0.4, big)
+    counts = calls.take()
+    chunks = counts[("logs", "upsert")]
+    assert chunks >= 7 and calls.writes(counts) == 1 + chunks, counts
+    page = h.ok("GET", f"/api/runs/{run_id}/logs", params={"limit": "5000"})
+    assert page["lines"] == ["step 1", "step 2", "step 3", *big]
+
+
+def test_a_phase_change_adds_only_its_transition_event(h: Harness, cloud: Cloud, calls: Calls) -> None:
+    _, agent = training_run(h)
+    calls.take()
+    agent.heartbeat("exporting", 1.0)
+    counts = calls.take()
+    assert counts[("runs", "update")] == 1 and counts[("events", "upsert")] == 1, counts
+    assert calls.writes(counts) == 2, counts
+
+
+def test_a_run_view_reads_a_bounded_page_of_events(h: Harness, cloud: Cloud, calls: Calls) -> None:
+    run_id, agent = training_run(h)
+    store = get_store()
+    run, _ = store.get_run(h.org, run_id)
+    for i in range(run_service.VIEW_EVENTS + 50):
+        store.add_event(run_id, RunEvent(at=run.updated_at, kind="warning", message=f"w{i}"))
+    calls.take()
+    view = h.ok("GET", f"/api/runs/{run_id}")
+    assert len(view["events"]) == run_service.VIEW_EVENTS
+    queries = [kw for table, method, kw in calls.kwargs if table == "events" and method == "query"]
+    assert queries and all(kw.get("top") == run_service.VIEW_EVENTS for kw in queries), queries
+
+
+def test_concurrent_heartbeats_on_one_run_never_answer_5xx(h: Harness, cloud: Cloud) -> None:
+    run_id, _ = training_run(h)
+    token = h.agent(run_id).token
+
+    def beat(i: int) -> tuple[int, int]:
+        status, _, _ = h.call("POST", f"/api/agent/runs/{run_id}/heartbeat", token=token,
+                              json_body={"phase": "training", "progress": 0.5, "logs": [f"line {i}"]})
+        return i, status
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(beat, range(160)))
+    statuses = Counter(status for _, status in answers)
+    assert set(statuses) <= {200, 409}, statuses
+    # Every accepted heartbeat's line is stored once, numbered without collisions; a 409 stored nothing.
+    accepted = sorted(f"line {i}" for i, status in answers if status == 200)
+    page = h.ok("GET", f"/api/runs/{run_id}/logs", params={"limit": "5000"})
+    assert sorted(page["lines"]) == accepted
+    assert get_store().get_run(h.org, run_id)[0].log_lines == len(accepted)
+    assert statuses[200] >= 80, statuses  # a lost race is retried, not simply refused
