@@ -16,12 +16,13 @@ from functions import (
     retain,
     runs,
     sweeper,
+    usage,
     validate_connection,
     verify_adapter,
 )
 
 app = func.FunctionApp()
-for module in (connections, catalog, projects, runs, agent, admin, validate_connection, refresh_catalog,
+for module in (connections, catalog, projects, runs, usage, agent, admin, validate_connection, refresh_catalog,
                launch, verify_adapter, retain, release, heartbeat_check, sweeper):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
