@@ -87,7 +87,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
     t = usage.timing(run, [] if run.state == RunState.draft else (events if with_events else None))
     return RunView(
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
-        outcome=run.outcome, phase="" if run.state in TERMINAL else run.phase, progress=run.progress,
+        outcome=run.outcome, phase=run.phase if run.state in ACTIVE else "", progress=run.progress,
         reason=run.reason, billing_note=run.billing_note,
         offer=run.offer, estimate_per_hour=run.offer.total_per_hour, price_limit_per_hour=run.price_limit_per_hour,
         runtime_limit_s=run.runtime_limit_s, base_model=run.base_model, dataset_version_id=run.dataset_version_id,

@@ -476,10 +476,10 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
         else:
             for line in lines:
                 out.write(line + "\n")
-            status = block[0]
-            if status != last_status:
-                out.write(status + "\n")
-                last_status = status
+            # Printed when where the run is changes (not every poll), with its time and cost then.
+            if block[0] != last_status:
+                out.write(block[0] + "   " + block[1].strip() + "\n")
+                last_status = block[0]
         out.flush()
         state = str(run.get("state", ""))
         if state in STOP_STATES:

@@ -81,11 +81,13 @@ def status_block(run: dict[str, Any]) -> list[str]:
     phase = run.get("phase") or ""
     head = f"run {run.get('id', '?')}  {state}" + (f" ({phase})" if phase and phase != state else "")
     head += "  " + progress_bar(float(run.get("progress") or 0.0), width=24)
-    cost = run.get("final_cost") if run.get("final_cost") is not None else run.get("cost_so_far")
+    final = run.get("final_cost") is not None
+    cost = run.get("final_cost") if final else run.get("cost_so_far")
     rate = offer.get("total_per_hour")
     lines = [
         head,
-        f"  elapsed {duration(run.get('elapsed_s'))}   cost so far {money(cost, currency)}"
+        f"  elapsed {duration(run.get('elapsed_s'))}   {'final cost' if final else 'cost so far'} "
+        f"{money(cost, currency)}"
         + (f" (at {money(rate, currency)}/h)" if rate is not None else "")
         + f"   billed machine {duration(run.get('billed_machine_s'))}",
         f"  provider {run.get('provider', '?')}   machine {offer.get('machine_type', '?')} "
