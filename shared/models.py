@@ -283,6 +283,9 @@ class RunRecord(Model):
     updated_at: datetime
     state_changed_at: datetime
     launched_at: datetime | None = None
+    # Billing timeline (issue 13.1): the create call, and the cloud's confirmed release.
+    machine_up_at: datetime | None = None
+    released_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
     deadlines: Deadlines = Field(default_factory=Deadlines)
     machine_name: str = ""
@@ -341,6 +344,25 @@ class RunCreate(Model):
     @classmethod
     def _no_dot_segments(cls, v: str) -> str:
         if ".." in v or "//" in v:
+            raise ValueError("may not contain '..' or '//'")
+        return v
+
+
+class RunPatch(Model):
+    """An edit of a draft: the fields of RunCreate, all optional (project_id is fixed)."""
+
+    kind: RunKind | None = None
+    provider: str | None = Field(default=None, pattern=PROVIDER_PATTERN)
+    offer_id: str | None = Field(default=None, pattern=OFFER_PATTERN)
+    price_limit_per_hour: float | None = Field(default=None, gt=0, le=1000)
+    runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
+    dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN)
+    base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
+
+    @field_validator("offer_id", "base_model")
+    @classmethod
+    def _no_dot_segments(cls, v: str | None) -> str | None:
+        if v is not None and (".." in v or "//" in v):
             raise ValueError("may not contain '..' or '//'")
         return v
 
@@ -408,6 +430,18 @@ class RunView(Model):
     events: list[RunEvent] = Field(default_factory=list)
     # issue 10: the resolved training settings
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+    # Time and cost (issue 13.1): seconds, and money in the offer's currency at the price
+    # recorded at launch. Billed machine time runs from the create call to the confirmed
+    # release, less the time the machine was stopped with only its disk kept.
+    started_at: datetime | None = None
+    machine_up_at: datetime | None = None
+    released_at: datetime | None = None
+    elapsed_s: float | None = None
+    billed_machine_s: float = 0.0
+    billed_disk_only_s: float = 0.0
+    cost_so_far: float = 0.0
+    final_cost: float | None = None
+    warnings: list[str] = Field(default_factory=list)
 
 
 class ConnectionView(Model):

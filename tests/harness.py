@@ -102,8 +102,7 @@ class Harness:
              body: bytes | None = None, content_type: str = "application/json",
              params: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
         route = path.removeprefix("/api/").split("?")[0]
-        # (`matched`, not `params`: a walrus in a comprehension binds in this scope and would
-        # overwrite the query parameters)
+        # (The walrus name must not be `params`: it would overwrite the query parameters.)
         found = [(matched, fn) for m, template, fn in self.routes
                  if m == method and (matched := template.match(route)) is not None]
         if not found:

@@ -1,95 +1,261 @@
-"""The `tensorant` CLI against a fake API server on loopback.
+"""The real `tensorant` CLI against the local host serving the real app on Azurite.
 
-The fake is hand-written (no emulator exists for our own API): it answers scripted
-responses per (method, path) and records every request, so the tests check what the
-CLI sends and how it shows what comes back.
+The local provider runs the real agent with the smoke trainer, so a run goes through every
+state for real in a few seconds; the CLI is called in-process (main()) or, where a pipe or a
+terminal matters, as a subprocess.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import threading
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tensorant_cli.main import main, progress_bar
+from shared.models import Role
+from tensorant_cli.main import build_parser, main, watch
+from tests.azurite import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
 
 
-class FakeApi:
-    def __init__(self) -> None:
-        # (method, path) -> list of (status, content_type, body); the last one repeats.
-        self.routes: dict[tuple[str, str], list[tuple[int, str, Any]]] = {}
-        self.requests: list[dict[str, Any]] = []
-        api = self
+class LocalHost:
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
 
-        class Handler(BaseHTTPRequestHandler):
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                path = self.path.split("?")[0]
-                api.requests.append({"method": self.command, "path": self.path, "body": body,
-                                     "headers": dict(self.headers.items())})
-                answers = api.routes.get((self.command, path))
-                if not answers:
-                    status, ctype, payload = 404, "application/problem+json", {"title": "Not found", "status": 404}
-                else:
-                    status, ctype, payload = answers.pop(0) if len(answers) > 1 else answers[0]
-                data = json.dumps(payload).encode() if payload is not None else b""
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def cli(self, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+        code = main(["--url", self.url, "--token", self.token, *argv])
+        got = capsys.readouterr()
+        return code, got.out, got.err
 
-            do_GET = do_POST = do_PUT = do_DELETE = _handle
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def on(self, method: str, path: str, *answers: Any, status: int = 200,
-           ctype: str = "application/json") -> None:
-        self.routes[(method, path)] = [(status, ctype, a) for a in answers]
-
-    def sent(self, method: str, path: str) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["method"] == method and r["path"].split("?")[0] == path]
+    def env(self) -> dict[str, str]:
+        """The environment for a CLI subprocess (or a shell script) against this host."""
+        path = os.pathsep.join([str(ROOT), str(ROOT / "tools" / "cli"), str(ROOT / "tools" / "devhost")])
+        return {**os.environ, "TENSORANT_URL": self.url, "TENSORANT_TOKEN": self.token, "PYTHONPATH": path}
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApi]:
-    fake = FakeApi()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalHost]:
+    from shared import settings
+    from shared.security import mint_user_token
+    from tensorant_devhost.host import Host
+
+    port = free_port()
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", f"{sys.executable} -m shared.trainer.smoke")
+    settings.reset_settings()
+    import function_app
+
+    host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
+    yield LocalHost(host.url, mint_user_token("owner@a", "org-a", Role.owner))
+    host.stop()
+    from shared.providers.base import RunRef
+    from shared.providers.local.compute import LocalCompute
+    from shared.providers.local.config import LocalConfig
+
+    local = LocalCompute(LocalConfig(), settings.get_settings())
+    leaks = list(local.list_managed())
+    for res in leaks:
+        local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
+    assert not leaks, leaks
 
 
-def run_cli(api: FakeApi, *argv: str) -> int:
-    return main(["--url", api.url, "--token", "tok-123", *argv])
+def setup_org(h: LocalHost, capsys: pytest.CaptureFixture[str], *compute_set: str) -> tuple[str, str]:
+    """Storage, a local connection, a project and a dataset, all through the CLI; (project, dataset)."""
+    import time
+
+    assert h.cli(capsys, "connections", "save-storage", "--set", "kind=local")[0] == 0
+    assert h.cli(capsys, "connections", "save-compute", "local", "--set", "price_per_hour=0.5", *compute_set)[0] == 0
+    deadline = time.monotonic() + 30
+    while "local-smoke" not in h.cli(capsys, "catalog", "--provider", "local", "-q")[1]:
+        assert time.monotonic() < deadline, "the local catalog never filled in"
+        time.sleep(0.2)
+    code, project, _ = h.cli(capsys, "projects", "create", "demo", "-q")
+    assert code == 0 and project.strip().startswith("p-") and "\n" not in project.strip()
+    data = Path(os.environ["TENSORANT_LOCAL_ROOT"]).parent / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"q{i}", "completion": "a"}) for i in range(4)) + "\n")
+    code, dataset, _ = h.cli(capsys, "datasets", "upload", project.strip(), str(data), "-q")
+    assert code == 0 and dataset.strip().startswith("d-")
+    return project.strip(), dataset.strip()
 
 
-def test_problem_json_error_prints_title_detail_and_fields(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("POST", "/api/runs", {
-        "type": "about:blank", "title": "Invalid input", "status": 422, "detail": "2 fields are invalid",
-        "errors": [{"field": "price_limit_per_hour", "message": "must be greater than 0"},
-                   {"field": "offer_id", "message": "no such offer in the catalog"}],
-    }, status=422, ctype="application/problem+json")
-    code = run_cli(api, "runs", "create", "--project", "p1", "--dataset", "d1", "--provider", "local",
-                   "--offer", "nope", "--base-model", "m", "--price-limit", "0")
-    err = capsys.readouterr().err
+def create_run(h: LocalHost, capsys: pytest.CaptureFixture[str], project: str, dataset: str,
+               limit: str = "1") -> tuple[int, str, str]:
+    return h.cli(capsys, "runs", "create", "--project", project, "--dataset", dataset, "--provider", "local",
+                 "--offer", "local-smoke", "--base-model", "tensorant/smoke-tiny", "--price-limit", limit)
+
+
+def test_a_run_end_to_end_with_q_last_watch_get_list_logs(local_host: LocalHost,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    h = local_host
+    project, dataset = setup_org(h, capsys)
+    code, out, _ = h.cli(capsys, "datasets", "list", "--json")
+    assert code == 0 and [d["id"] for d in json.loads(out)["items"]] == [dataset]
+    code, out, _ = create_run(h, capsys, project, dataset)
+    assert code == 0 and out.startswith("created run r-")
+    run_id = out.split()[2]
+    code, out, err = h.cli(capsys, "runs", "launch", "--last", "--yes", "-q")
+    assert (code, out.strip()) == (0, run_id)
+
+    code, out, _ = h.cli(capsys, "runs", "watch", "--last", "--interval", "0.2")
+    assert code == 0, out
+    lines = out.splitlines()
+    # One line per state change with its time (HH:MM:SS), in order, each once.
+    changes = [line.split("  ", 1)[1] for line in lines if line[:2].isdigit() and " -> " in line]
+    walked = [c.split(":")[0] for c in changes]
+    for step in ("draft -> queued", "queued -> provisioning", "provisioning -> preparing", "preparing -> training",
+                 "training -> exporting", "exporting -> verifying", "verifying -> releasing",
+                 "releasing -> succeeded"):
+        assert walked.count(step) == 1, (step, walked)
+    assert any(line.startswith("  | progress=") for line in lines)  # the trainer's log lines, streamed
+    assert any("cost so far" in line and "elapsed" in line for line in lines)
+    assert any("provider local" in line and "machine" in line and "region" in line for line in lines)
+    assert lines[-1].startswith(f"run {run_id} succeeded after ")
+
+    code, out, _ = h.cli(capsys, "runs", "get", "--last")
+    assert code == 0
+    assert "loss " in out and any(c in out for c in "▁▂▃▄▅▆▇█")  # the sparkline
+    assert "final cost" in out and ": released" in out
+    assert "phase" not in out.splitlines()[0]  # "succeeded", not "succeeded (exporting)"
+    code, out, _ = h.cli(capsys, "runs", "get", run_id, "--json")
+    run = json.loads(out)
+    assert run["state"] == "succeeded" and run["released_at"] and run["final_cost"] is not None
+    assert run["billed_machine_s"] > 0 and {r["state"] for r in run["resources"]} == {"released"}
+
+    code, out, _ = h.cli(capsys, "runs", "list")
+    header, row = out.splitlines()[0], out.splitlines()[1]
+    for col in ("PROGRESS", "COST", "DURATION", "REASON"):
+        assert col in header
+    assert "100%" in row and "$" in row and "0.999" not in row
+
+    code, out, _ = h.cli(capsys, "runs", "logs", "--last", "-f", "--interval", "0.1")
+    assert code == 0 and out.splitlines()[-1].startswith(f"run {run_id} succeeded")
+
+    code, out, err = h.cli(capsys, "runs", "launch", run_id, "--yes")
+    assert code == 1 and "nothing was launched" in err and "launched:" not in out
+    code, out, _ = h.cli(capsys, "usage", "--since", "2000-01-01", "--json")
+    assert json.loads(out)["total"]["runs"] == 1
+
+
+def test_failing_run_watch_exits_1_and_recover_waits_for_the_verdict(local_host: LocalHost,
+                                                                     capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Path) -> None:
+    h = local_host
+    project, dataset = setup_org(h, capsys, "--set", "trainer_command=sh -c 'echo boom; exit 3'")
+    create_run(h, capsys, project, dataset)
+    assert h.cli(capsys, "runs", "launch", "--last", "--yes")[0] == 0
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    from tensorant_cli.client import Client
+
+    screen = Tty()
+    run_id = json.loads(h.cli(capsys, "runs", "list", "--json")[1])["items"][0]["id"]
+    assert watch(Client(h.url, h.token), run_id, interval=0.2, stream=screen) == 1
+    text = screen.getvalue()
+    assert "\033[" in text and "F\033[J" in text  # the status block is redrawn in place
+    assert "retained" in text.splitlines()[-1]
+
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(b"PK not a zip")
+    code, out, _ = h.cli(capsys, "runs", "recover", "--last", "--upload", str(bad), "--interval", "0.2")
+    assert code == 1 and out.startswith("recovery failed:") and "stays retained" in out
+    from tests.harness import smoke_adapter_zip
+
+    good = tmp_path / "adapter.zip"
+    good.write_bytes(smoke_adapter_zip())
+    code, out, _ = h.cli(capsys, "runs", "recover", "--last", "--upload", str(good), "--interval", "0.2")
+    assert code == 0 and out.startswith("recovery verified"), out
+    code, out, _ = h.cli(capsys, "runs", "watch", "--last", "--no-logs", "--interval", "0.2")
+    assert code == 0 and "  | " not in out and out.splitlines()[-1].startswith(f"run {run_id} succeeded")
+
+
+def test_set_is_typed_by_the_schema_and_from_file(local_host: LocalHost, capsys: pytest.CaptureFixture[str],
+                                                  tmp_path: Path) -> None:
+    h = local_host
+    code, out, err = h.cli(capsys, "connections", "save-compute", "local", "--set", "trainer_command=false",
+                           "--set", "price_per_hour=2", "--json")
+    assert code == 0, err
+    conn = json.loads(out)
+    assert conn["config"]["trainer_command"] == "false" and conn["config"]["price_per_hour"] == 2.0
+    code, _, err = h.cli(capsys, "connections", "save-compute", "local", "--set", "price_per_hour=cheap")
+    assert code == 2 and "price_per_hour takes number" in err
+    code, _, err = h.cli(capsys, "connections", "save-compute", "local", "--set", "gpus=2")
+    assert code == 2 and "no field 'gpus'" in err and "trainer_command" in err
+    body = tmp_path / "local.json"
+    body.write_text(json.dumps({"price_per_hour": 0.25, "trainer_command": "echo hi"}))
+    code, out, _ = h.cli(capsys, "connections", "save-compute", "local", "--from-file", str(body), "--json")
+    assert code == 0 and json.loads(out)["config"]["price_per_hour"] == 0.25
+
+
+def test_drafts_warn_edit_and_delete(local_host: LocalHost, capsys: pytest.CaptureFixture[str]) -> None:
+    h = local_host
+    project, dataset = setup_org(h, capsys)  # the local offer costs 0.5/h
+    code, out, _ = create_run(h, capsys, project, dataset, limit="0.1")
+    assert code == 0 and "warning: the estimate" in out and "above the price limit" in out
+    code, _, err = h.cli(capsys, "runs", "launch", "--last", "--yes")
+    assert code == 1 and "nothing was launched" in err and "now costs" not in err
+    code, out, _ = h.cli(capsys, "runs", "edit", "--last", "--price-limit", "1", "--json")
+    assert code == 0 and json.loads(out)["warnings"] == [] and json.loads(out)["price_limit_per_hour"] == 1.0
+    code, out, _ = h.cli(capsys, "runs", "delete", "--last")
+    assert code == 0 and out.startswith("deleted draft r-")
+    code, out, _ = h.cli(capsys, "runs", "list", "-q")
+    assert out.strip() == ""
+
+
+def test_error_texts(local_host: LocalHost, capsys: pytest.CaptureFixture[str]) -> None:
+    h = local_host
+    code, _, err = h.cli(capsys, "catalog", "--provider", "gcp")
+    assert code == 1 and "unknown provider 'gcp'" in err and "aws" in err and "connection is saved" not in err
+    code, _, err = h.cli(capsys, "catalog", "--provider", "aws")
+    assert code == 1 and "tensorant connections save-compute aws" in err and "connections/compute" not in err
+    h.cli(capsys, "connections", "save-storage", "--set", "kind=local")
+    code, project, _ = h.cli(capsys, "projects", "create", "demo", "-q")
+    data = Path(os.environ["TENSORANT_LOCAL_ROOT"]).parent / "bad.jsonl"
+    data.write_text('{"text": "ok"}\nnot json\n[1]\n')
+    code, _, err = h.cli(capsys, "datasets", "upload", project.strip(), str(data))
     assert code == 1
-    assert "Invalid input (HTTP 422)" in err and "2 fields are invalid" in err
-    assert "price_limit_per_hour: must be greater than 0" in err
-    assert "offer_id: no such offer in the catalog" in err
-    sent = json.loads(api.sent("POST", "/api/runs")[0]["body"])
-    assert sent == {"project_id": "p1", "dataset_version_id": "d1", "provider": "local", "offer_id": "nope",
-                    "base_model": "m", "price_limit_per_hour": 0.0, "kind": "trial"}
-    assert api.requests[0]["headers"]["Authorization"] == "Bearer tok-123"
+    assert err.count("line 2") == 1 and err.count("line 3") == 1, err
+    assert "line 2: line 2" not in err and "- line 2: is not valid JSON" in err
+
+
+def test_catalog_into_head_prints_no_broken_pipe(local_host: LocalHost, capsys: pytest.CaptureFixture[str]) -> None:
+    setup_org(local_host, capsys)
+    cli = f"{sys.executable} -m tensorant_cli catalog"
+    # `head -n 0` has exited before the answer comes back, so the CLI writes into a closed pipe.
+    for reader in ("head -n 1", "head -n 0"):
+        proc = subprocess.run(f"{cli} | {reader}", shell=True, capture_output=True, text=True,
+                              env=local_host.env(), timeout=60)
+        assert "Broken pipe" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "PROVIDER" in subprocess.run(f"{cli} | head -n 1", shell=True, capture_output=True, text=True,
+                                        env=local_host.env(), timeout=60).stdout
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    def leaves(parser: Any, path: str) -> Iterator[tuple[str, Any]]:
+        subs = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not subs:
+            yield path, parser
+        for action in subs:
+            for name, child in action.choices.items():
+                yield from leaves(child, f"{path} {name}")
+
+    found = list(leaves(build_parser(), "tensorant"))
+    assert len(found) > 25
+    for path, parser in found:
+        text = parser.format_help()
+        assert "example:" in text and "tensorant " in text.split("example:")[1], path
+        if any(w in path for w in ("list", " get", "create", " show")):
+            assert "--json" in text and "-q" in text, path
 
 
 def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,117 +281,3 @@ def test_dev_token_decodes_with_org_role_and_sub(capsys: pytest.CaptureFixture[s
     finally:
         monkeypatch.delenv("TENSORANT_JWT_SECRET")
         reset_settings()
-
-
-def _run(state: str, progress: float = 0.0, phase: str = "", **extra: Any) -> dict[str, Any]:
-    return {"id": "r1", "state": state, "phase": phase, "progress": progress, "reason": "", **extra}
-
-
-def test_watch_exits_0_on_succeeded(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("GET", "/api/runs/r1", _run("provisioning"), _run("training", 0.5, "training"),
-           _run("training", 0.5, "training"), _run("succeeded", 1.0, outcome="succeeded"))
-    assert run_cli(api, "runs", "watch", "r1", "--interval", "0.01") == 0
-    out = capsys.readouterr().out.splitlines()
-    # Not a TTY: one line per change, not per poll.
-    assert [line.split()[1] for line in out[:3]] == ["state=provisioning", "state=training", "state=succeeded"]
-    assert progress_bar(0.5) in out[1] and "phase=training" in out[1]
-    assert out[-1] == "run r1 succeeded"
-
-
-@pytest.mark.parametrize("final", ["retained", "failed", "cancelled"])
-def test_watch_exits_1_otherwise(api: FakeApi, capsys: pytest.CaptureFixture[str], final: str) -> None:
-    api.on("GET", "/api/runs/r1", _run("training", 0.2, "training"),
-           _run(final, 0.2, reason="heartbeat lost", billing_note="disk kept: about $0.01/hour"))
-    assert run_cli(api, "runs", "watch", "r1", "--interval", "0.01") == 1
-    out = capsys.readouterr().out
-    assert f"state={final}" in out and "reason: heartbeat lost" in out and "billing: disk kept" in out
-
-
-def test_uploads_and_json_bodies(api: FakeApi, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    data = tmp_path / "train.jsonl"
-    data.write_bytes(b'{"prompt": "a", "completion": "b"}\n{"prompt": "c", "completion": "d"}\n')
-    api.on("POST", "/api/projects/p1/datasets", {"id": "dv1", "rows": 2, "sha256": "ab"}, status=201)
-    assert run_cli(api, "datasets", "upload", "p1", str(data)) == 0
-    req = api.sent("POST", "/api/projects/p1/datasets")[0]
-    assert req["body"] == data.read_bytes() and req["headers"]["Content-Type"] == "application/x-ndjson"
-    assert "dv1: 2 rows" in capsys.readouterr().out
-
-    body = tmp_path / "aws.json"
-    body.write_text(json.dumps({"region": "us-east-1", "credentials": {"kind": "role"}}))
-    api.on("PUT", "/api/connections/compute/aws", {"provider": "aws", "status": "checking", "checks": []})
-    assert run_cli(api, "connections", "save-compute", "aws", "--file", str(body),
-                   "--set", "credentials.role_arn=arn:aws:iam::123456789012:role/t", "--set", "max_gpus=2") == 0
-    sent = json.loads(api.sent("PUT", "/api/connections/compute/aws")[0]["body"])
-    assert sent == {"region": "us-east-1", "max_gpus": 2,
-                    "credentials": {"kind": "role", "role_arn": "arn:aws:iam::123456789012:role/t"}}
-
-    adapter = tmp_path / "adapter.zip"
-    adapter.write_bytes(b"PK\x03\x04zip")
-    api.on("POST", "/api/runs/r1/recover", _run("recovering"))
-    assert run_cli(api, "runs", "recover", "r1", "--upload", str(adapter)) == 0
-    req = api.sent("POST", "/api/runs/r1/recover")[0]
-    assert req["body"] == b"PK\x03\x04zip" and req["headers"]["Content-Type"] == "application/zip"
-    assert run_cli(api, "runs", "recover", "r1", "--verify-saved") == 0
-    assert json.loads(api.sent("POST", "/api/runs/r1/recover")[1]["body"]) == {"mode": "verify_saved"}
-
-
-def test_launch_needs_confirmation(api: FakeApi, capsys: pytest.CaptureFixture[str],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import io
-
-    api.on("GET", "/api/runs/r1", _run("draft", estimate_per_hour=1.25, price_limit_per_hour=2.0,
-                                        offer={"gpu": "L4", "machine_type": "g6.xlarge", "region": "us-east-1"}))
-    api.on("POST", "/api/runs/r1/launch", _run("queued"))
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # not a TTY: no prompt possible
-    assert run_cli(api, "runs", "launch", "r1") == 1
-    assert api.sent("POST", "/api/runs/r1/launch") == []
-    assert "Estimate: 1.25 USD/hour" in capsys.readouterr().out
-    assert run_cli(api, "runs", "launch", "r1", "--yes") == 0
-    assert json.loads(api.sent("POST", "/api/runs/r1/launch")[0]["body"]) == {"confirm": True}
-
-
-def test_admin_poison_and_cancel(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("GET", "/api/platform/queues/launch/poison", {"items": [
-        {"id": "m1", "run_id": "r1", "org": "o", "body": {}, "dequeue_count": 5, "inserted_on": "t",
-         "last_error": "boom"}]})
-    assert run_cli(api, "admin", "poison", "list", "launch") == 0
-    assert "m1" in capsys.readouterr().out
-    api.on("POST", "/api/platform/queues/launch/poison/replay", {"replayed": ["m1"]})
-    assert run_cli(api, "admin", "poison", "replay", "launch", "--id", "m1") == 0
-    assert "replayed 1 message(s) onto launch: m1" in capsys.readouterr().out
-    assert json.loads(api.sent("POST", "/api/platform/queues/launch/poison/replay")[0]["body"]) == {"message_id": "m1"}
-    api.on("DELETE", "/api/platform/queues/launch/poison/m1", None, status=204)
-    assert run_cli(api, "admin", "poison", "discard", "launch", "--id", "m1") == 0
-    api.on("POST", "/api/platform/sweep", {"leaks": []})
-    assert run_cli(api, "admin", "sweep") == 0
-    assert json.loads(api.sent("POST", "/api/platform/sweep")[0]["body"]) == {"dry_run": True}
-    api.on("POST", "/api/runs/r1/cancel", _run("releasing"))
-    assert run_cli(api, "runs", "cancel", "r1", "--keep") == 0
-    assert json.loads(api.sent("POST", "/api/runs/r1/cancel")[0]["body"]) == {"discard": False}
-
-
-def test_watch_refreshes_in_place_on_a_tty(api: FakeApi) -> None:
-    import io
-
-    from tensorant_cli.client import Client
-    from tensorant_cli.main import watch
-
-    class Tty(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    api.on("GET", "/api/runs/r1", _run("training", 0.3, "training"), _run("training", 0.6, "training"),
-           _run("succeeded", 1.0))
-    out = Tty()
-    assert watch(Client(api.url, "t"), "r1", interval=0.01, stream=out) == 0
-    text = out.getvalue()
-    assert text.count("\r\033[K") == 3  # every poll redraws the same line
-    assert text.splitlines()[-1] == "run r1 succeeded"
-
-
-def test_logs_follow_prints_each_line_once(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("GET", "/api/runs/r1/logs", {"lines": ["step 1"]}, {"lines": ["step 1", "step 2"]},
-           {"lines": ["step 1", "step 2", "done"]})
-    api.on("GET", "/api/runs/r1", _run("training"), _run("succeeded"))
-    assert run_cli(api, "runs", "logs", "r1", "--follow", "--interval", "0.01") == 0
-    assert capsys.readouterr().out.splitlines() == ["step 1", "step 2", "done"]

@@ -60,6 +60,11 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
     model = base_models.declared(base_model) if base_model else None
     store = get_store()
     if provider:
+        from shared.providers import registry
+
+        if provider not in registry.compute_names():
+            raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
+                                     f"{', '.join(registry.compute_names())}")
         slots = [compute_slot(provider)]
     else:
         slots = [r.slot for r in store.list_connections(principal.org) if r.slot.startswith("compute:")]
@@ -67,8 +72,9 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
     for slot in slots:
         name = slot.removeprefix("compute:")
         if store.get_connection(principal.org, slot) is None:
-            raise NotFound(f"no {name} compute connection is saved; an owner saves it under "
-                           f"connections/compute/{name}, then the catalog fills in")
+            raise NotFound(f"no {name} compute connection is saved; an owner saves it with "
+                           f"`tensorant connections save-compute {name} --from-file {name}.json`, "
+                           "then the catalog fills in")
         rec = store.get_catalog(principal.org, name)
         max_age = get_settings().catalog_max_age_s
         stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age

@@ -87,6 +87,7 @@ def launch(msg: StepMessage) -> None:
             return
     log = get_logger()
     provider = compute_for(run.org, run.provider)
+    create_called_at = now()  # billing counts from the create call (issue 13.1)
     try:
         resources = provider.launch(LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run)))
     except RetryableError as exc:
@@ -106,7 +107,10 @@ def launch(msg: StepMessage) -> None:
 
     def change(r: RunRecord) -> RunRecord | None:
         merged = merge_resources(r.resources, resources)
-        return None if merged == r.resources else r.model_copy(update={"resources": merged, "updated_at": now()})
+        if merged == r.resources:
+            return None
+        return r.model_copy(update={"resources": merged, "updated_at": now(),
+                                    "machine_up_at": r.machine_up_at or create_called_at})
 
     run, _ = store.mutate_run(run.org, run.id, change)
     event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))

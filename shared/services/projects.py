@@ -78,13 +78,15 @@ def validate_jsonl(data: bytes) -> int:
         except json.JSONDecodeError as exc:
             problem = f"is not valid JSON ({exc.msg})"
         if problem:
-            errors.append({"field": f"line {n}", "line": n, "message": f"line {n} {problem}"})
+            # The field names the line; the message is only what is wrong with it, so a client
+            # that prints "field: message" says "line 2: is not valid JSON", once.
+            errors.append({"field": f"line {n}", "line": n, "message": problem})
         rows += 1
     if errors:
         shown = errors[:MAX_REPORTED_LINES]
-        more = f" (and {len(errors) - len(shown)} more)" if len(errors) > len(shown) else ""
-        raise InvalidInput(f"{len(errors)} of {rows} lines are not valid examples{more}; fix them and upload again: "
-                           + "; ".join(e["message"] for e in shown), errors=shown)
+        listed = f"the first {len(shown)} are listed" if len(errors) > len(shown) else "each is listed"
+        raise InvalidInput(f"{len(errors)} of {rows} lines are not valid examples ({listed}); fix them and "
+                           "upload again", errors=shown)
     return rows
 
 

@@ -42,7 +42,7 @@ def release(msg: StepMessage) -> None:
         for res in resources:
             store.record_resource(res.model_copy(update={"state": "deleted"}))
         target = RunState(run.outcome.value) if run.outcome else RunState.failed
-        move(run, target, expect=Step.release.serves, release_error="", billing_note="")
+        move(run, target, expect=Step.release.serves, release_error="", billing_note="", released_at=now())
         return
     attempts = run.release_attempts + 1
     delay = out.retry_after_s if out is not None and attempts < 4 else release_delay(attempts)

@@ -11,6 +11,7 @@ from shared.clock import now
 from shared.errors import Conflict, InvalidInput
 from shared.log import redact_text
 from shared.models import (
+    CloudResource,
     Deadlines,
     GpuOffer,
     Outcome,
@@ -19,6 +20,7 @@ from shared.models import (
     RunCreate,
     RunKind,
     RunLaunch,
+    RunPatch,
     RunRecord,
     RunRecover,
     RunState,
@@ -31,7 +33,7 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.steps import Step
 from shared.security import Principal, require
-from shared.services import base_models
+from shared.services import base_models, usage
 from shared.services.backends import compute_for, compute_slot, ref_of, storage_for
 from shared.services.catalog import cached_offers, find_offer
 from shared.services.projects import new_id
@@ -47,16 +49,61 @@ MAX_UPLOAD = 1024 * 1024 * 1024
 VIEW_EVENTS = 200
 
 
+# Resource kinds that are the machine itself (stopped on retain); the others are its disk,
+# volume, NIC or work directory (kept on retain).
+MACHINE_KINDS = {"instance", "vm", "pod", "process"}
+
+
+def resource_states(run: RunRecord, t: usage.Timing) -> list[CloudResource]:
+    """Each recorded resource with its current state, from where the run is now.
+
+    The state recorded at launch ("running") goes stale: the run's state says what the
+    steps have done to the machine since (stopped and kept, being released, released).
+    """
+    out = []
+    for res in run.resources:
+        if run.state in TERMINAL or t.released_at is not None:
+            state = "released"
+        elif run.state == RunState.releasing:
+            state = "releasing"
+        elif run.state == RunState.retaining:
+            state = "stopping" if res.kind in MACHINE_KINDS else "kept"
+        elif run.state in (RunState.retained, RunState.recovering):
+            if res.kind in MACHINE_KINDS:
+                state = "running (started for recovery)" if t.machine_running else "stopped"
+            else:
+                state = "kept"
+        elif res.kind in MACHINE_KINDS:
+            state = res.state or "running"
+        else:
+            state = "in use"
+        out.append(res.model_copy(update={"state": state}))
+    return out
+
+
+def warnings_of(run: RunRecord) -> list[str]:
+    if run.state == RunState.draft and run.offer.total_per_hour > run.price_limit_per_hour:
+        return [f"the estimate {run.offer.total_per_hour:.4f} {run.offer.currency}/h is above the price limit "
+                f"{run.price_limit_per_hour:.4f}/h: launch will be refused until price_limit_per_hour is raised "
+                "or another offer is chosen"]
+    return []
+
+
 def view(run: RunRecord, with_events: bool = True) -> RunView:
     events = get_store().list_events(run.id, exclude_kind="log", limit=VIEW_EVENTS) if with_events else []
+    t = usage.timing(run, [] if run.state == RunState.draft else (events if with_events else None))
     return RunView(
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
-        outcome=run.outcome, phase=run.phase, progress=run.progress, reason=run.reason, billing_note=run.billing_note,
+        outcome=run.outcome, phase=run.phase if run.state in ACTIVE else "", progress=run.progress,
+        reason=run.reason, billing_note=run.billing_note,
         offer=run.offer, estimate_per_hour=run.offer.total_per_hour, price_limit_per_hour=run.price_limit_per_hour,
         runtime_limit_s=run.runtime_limit_s, base_model=run.base_model, dataset_version_id=run.dataset_version_id,
-        resources=run.resources, adapter_sha256=run.adapter_sha256, release_error=run.release_error,
+        resources=resource_states(run, t), adapter_sha256=run.adapter_sha256, release_error=run.release_error,
         release_attempts=run.release_attempts, created_at=run.created_at, updated_at=run.updated_at, events=events,
         training=run.training,
+        started_at=t.started_at, machine_up_at=t.machine_up_at, released_at=t.released_at, elapsed_s=t.elapsed_s,
+        billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
+        final_cost=t.final_cost, warnings=warnings_of(run),
     )
 
 
@@ -93,6 +140,17 @@ def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, traini
         "eligible_offer_ids": eligible}])
 
 
+def _check_provider(org: str, provider: str) -> None:
+    from shared.providers import registry
+
+    if provider not in registry.compute_names():
+        raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
+                                 f"{', '.join(registry.compute_names())}")
+    if get_store().get_connection(org, compute_slot(provider)) is None:
+        raise InvalidInput.field("provider", f"no {provider} compute connection is saved; an owner saves it first "
+                                 f"(`tensorant connections save-compute {provider} ...`)")
+
+
 def create(principal: Principal, body: RunCreate) -> RunView:
     require(principal, Role.owner, Role.member)
     store = get_store()
@@ -102,8 +160,7 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     dataset = store.get_dataset(principal.org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
-    if store.get_connection(principal.org, compute_slot(body.provider)) is None:
-        raise InvalidInput.field("provider", f"no {body.provider} compute connection is saved; an owner saves it first")
+    _check_provider(principal.org, body.provider)
     offer = find_offer(principal.org, body.provider, body.offer_id)
     _check_fit(principal.org, body.provider, offer, body.base_model, training)
     default_limit = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
@@ -126,7 +183,57 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     else:
         event(run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
                             f"{run.runtime_limit_s // 60} min")
+    for warning in warnings_of(run):
+        event(run, "warning", warning)
     return view(run)
+
+
+def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
+    """Edit a draft: the fields given replace the draft's; the offer is looked up again."""
+    require(principal, Role.owner, Role.member)
+    store = get_store()
+    run, _ = store.get_run(principal.org, run_id)
+    if run.state != RunState.draft:
+        raise Conflict(f"only a draft can be edited; this run is {run.state.value}")
+    fields = body.model_dump(exclude_none=True)
+    if not fields:
+        raise InvalidInput.field("body", "send at least one field to change (the fields of a run create)")
+    provider = fields.get("provider", run.provider)
+    if "provider" in fields:
+        _check_provider(principal.org, provider)
+    if "dataset_version_id" in fields:
+        dataset = store.get_dataset(principal.org, fields["dataset_version_id"])
+        if dataset.project_id != run.project_id:
+            raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
+    offer = run.offer
+    if "offer_id" in fields or "provider" in fields:
+        offer = find_offer(principal.org, provider, fields.get("offer_id", run.offer.offer_id))
+    updates = {k: v for k, v in fields.items() if k != "offer_id"} | {"offer": offer, "updated_at": now()}
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.draft:
+            return None
+        return r.model_copy(update=updates)
+
+    new, wrote = store.mutate_run(principal.org, run_id, change)
+    if not wrote:
+        raise Conflict(f"only a draft can be edited; this run is {new.state.value} now")
+    event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}")
+    for warning in warnings_of(new):
+        event(new, "warning", warning)
+    return view(new)
+
+
+def delete(principal: Principal, run_id: str) -> None:
+    """Delete a draft (nothing was rented for it); any other run is kept as a record."""
+    require(principal, Role.owner, Role.member)
+    store = get_store()
+    run, etag = store.get_run(principal.org, run_id)
+    if run.state != RunState.draft:
+        raise Conflict(f"only a draft can be deleted; this run is {run.state.value} "
+                       "(cancel it instead; ended runs stay as a record of what was billed)")
+    store.delete_run(run.org, run.id, etag)  # ETag-guarded: a launch in between wins
+    return None
 
 
 def get(principal: Principal, run_id: str) -> RunView:
@@ -166,6 +273,64 @@ def logs(principal: Principal, run_id: str, after: str | None = None, limit: str
     return {"lines": lines, "next": None if done else str(cursor), "state": run.state.value}
 
 
+# /metrics reads at most this many points (the newest kept), so a long run stays cheap to plot.
+MAX_METRIC_POINTS = 2000
+MAX_LOG_LINES_READ = 20000  # the per-run line cap of the log store
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def parse_metric_line(line: str) -> dict[str, Any] | None:
+    """A trainer line `progress=.. step=<n> loss=<x> [lr=<y>]` as a point, else None."""
+    text = line.strip()
+    if not text.startswith("progress="):
+        return None
+    pairs = dict(p.split("=", 1) for p in text.split() if "=" in p)
+    try:
+        step = int(pairs.get("step", ""))
+    except ValueError:
+        return None
+    loss = _number(pairs.get("loss", ""))
+    if loss is None:
+        return None
+    lr = _number(pairs["lr"]) if "lr" in pairs else None
+    return {"step": step, "loss": loss, "lr": lr}
+
+
+def _eval_loss(line: str) -> float | None:
+    # lora.py prints "trainer: eval_loss after training = 1.2345"; accept eval_loss=<x> too.
+    text = line.strip()
+    if "eval_loss after training" in text:
+        return _number(text.rsplit("=", 1)[-1].strip())
+    for part in text.split():
+        if part.startswith("eval_loss="):
+            return _number(part.removeprefix("eval_loss="))
+    return None
+
+
+def metrics(principal: Principal, run_id: str) -> dict[str, Any]:
+    """Per-step loss from the trainer's progress lines in the run's stored logs."""
+    get_store().get_run(principal.org, run_id)
+    points: dict[int, dict[str, Any]] = {}
+    eval_loss: float | None = None
+    lines, _ = get_store().read_logs(run_id, 0, MAX_LOG_LINES_READ)
+    for line in lines:
+        point = parse_metric_line(line)
+        if point is not None:
+            points[point["step"]] = point  # a step repeated (a restarted agent) keeps its last value
+        elif "eval_loss" in line and (value := _eval_loss(line)) is not None:
+            eval_loss = value
+    ordered = [points[k] for k in sorted(points)]
+    return {"points": ordered[-MAX_METRIC_POINTS:], "eval_loss": eval_loss,
+            "truncated": len(ordered) > MAX_METRIC_POINTS}
+
+
 def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     require(principal, Role.owner, Role.member)
     if not body.confirm:
@@ -173,11 +338,15 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     store = get_store()
     run, _ = store.get_run(principal.org, run_id)
     if run.state != RunState.draft:
-        return view(run)  # launched already: a repeated click changes nothing
+        raise Conflict(f"nothing was launched: the run is {run.state.value}"
+                       + (" (launched already)" if run.launched_at else "") + "; only a draft can be launched")
     offer = find_offer(principal.org, run.provider, run.offer.offer_id)
     if offer.total_per_hour > run.price_limit_per_hour:
-        raise Conflict(f"the offer now costs {offer.total_per_hour:.4f}/h, above the run's limit of "
-                       f"{run.price_limit_per_hour:.4f}/h; raise price_limit_per_hour or choose another offer")
+        changed = abs(offer.total_per_hour - run.offer.total_per_hour) > 1e-9
+        price = (f"the offer now costs {offer.total_per_hour:.4f}/h (it was {run.offer.total_per_hour:.4f}/h "
+                 "when the draft was saved)" if changed else f"the estimate is {offer.total_per_hour:.4f}/h")
+        raise Conflict(f"nothing was launched: {price}, above the run's limit of {run.price_limit_per_hour:.4f}/h; "
+                       "raise price_limit_per_hour (PATCH the draft) or choose another offer")
     compute_for(principal.org, run.provider, require_connected=True)
     t = now()
 
@@ -194,8 +363,9 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
         })
 
     run, wrote = store.mutate_run(principal.org, run_id, change)
-    if wrote:
-        transition_event(RunState.draft, run)
+    if not wrote:  # a concurrent launch (or cancel) got there first
+        raise Conflict(f"nothing was launched: the run is {run.state.value}; only a draft can be launched")
+    transition_event(RunState.draft, run)
     # Sent after the write: a crash in between leaves a queued run that heartbeat-check re-sends.
     get_queues().send(Step.launch, StepMessage(org=run.org, run_id=run.id))
     return view(run)

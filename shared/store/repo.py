@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from shared.clock import now, now_ts
-from shared.errors import ConcurrencyError, NotFound
+from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.models import (
     KEY_PATTERN,
     ORG_PATTERN,
@@ -173,6 +173,14 @@ class Store:
 
     def put_run(self, rec: RunRecord, etag: str) -> str:
         return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value)
+
+    def delete_run(self, org: str, run_id: str, etag: str) -> None:
+        """Delete a run record as read (ETag); a run changed since then raises Conflict."""
+        try:
+            self.table("runs").delete(_org(org), _id(run_id, f"run {run_id!r:.80}"), etag=etag)
+        except ConcurrencyError as exc:
+            raise Conflict(f"run {run_id} changed while it was being deleted (launched?); nothing was deleted") \
+                from exc
 
     def list_runs(self, org: str, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
         return self._query_runs(_org(org), states)

@@ -75,8 +75,22 @@ class Table:
     def upsert(self, pk: str, rk: str, data: dict[str, Any], **columns: Any) -> None:
         self.client.upsert_entity(entity=_entity(pk, rk, data, columns), mode="replace")
 
-    def delete(self, pk: str, rk: str) -> None:
-        self.client.delete_entity(partition_key=pk, row_key=rk)
+    def delete(self, pk: str, rk: str, etag: str | None = None) -> None:
+        if etag is None:
+            self.client.delete_entity(partition_key=pk, row_key=rk)
+            return
+        from azure.core import MatchConditions
+        from azure.core.exceptions import HttpResponseError, ResourceModifiedError
+
+        try:
+            self.client.delete_entity(partition_key=pk, row_key=rk, etag=etag,
+                                      match_condition=MatchConditions.IfNotModified)
+        except ResourceModifiedError as exc:
+            raise ConcurrencyError(f"{self.name} {pk}/{rk} changed since it was read") from exc
+        except HttpResponseError as exc:
+            if exc.status_code == 412:
+                raise ConcurrencyError(f"{self.name} {pk}/{rk} changed since it was read") from exc
+            raise
 
     def query(
         self, filter: str | None = None, *, top: int | None = None, **params: Any

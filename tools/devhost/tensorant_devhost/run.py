@@ -1,6 +1,6 @@
 """`make run`: Azurite + the function app in the dev host on http://localhost:7071, local providers.
 
-    python -m tensorant_devhost.run [--app function_app:app] [--port 7071] [--no-azurite]
+    python -m tensorant_devhost.run [--app function_app:app] [--port 7071] [--azurite-port 10000] [--no-azurite]
 
 Azurite keeps its data in .tensorant/azurite, so a second run sees the first run's
 tables and queues. An Azurite already listening on 10000-10002 is reused (and left
@@ -28,6 +28,20 @@ from tensorant_devhost.config import load_local_settings
 AZURITE_PORTS = {"Blob": 10000, "Queue": 10001, "Table": 10002}
 
 
+def use_azurite_ports(blob: int) -> str:
+    """Blob on `blob`, Queue and Table on the next two ports (a second checkout beside the
+    first: `make run PORT=7081 AZURITE_PORT=10010`); returns the connection string for them."""
+    from shared.settings import AZURITE
+
+    global AZURITE_PORTS
+    AZURITE_PORTS = {"Blob": blob, "Queue": blob + 1, "Table": blob + 2}
+    conn = AZURITE
+    for name, default in (("Blob", 10000), ("Queue", 10001), ("Table", 10002)):
+        port = blob + default - 10000
+        conn = conn.replace(f"{name}Endpoint=http://127.0.0.1:{default}/", f"{name}Endpoint=http://127.0.0.1:{port}/")
+    return conn
+
+
 class RunError(Exception):
     """A reason `make run` cannot start, said so the user can fix it."""
 
@@ -49,8 +63,9 @@ def _azurite_server(port: int) -> str:
 
 
 def _uses_local_azurite(conn: str) -> bool:
-    return not conn or conn.strip() == "UseDevelopmentStorage=true" or "127.0.0.1:10001" in conn \
-        or "localhost:10001" in conn
+    queue = AZURITE_PORTS["Queue"]
+    return not conn or conn.strip() == "UseDevelopmentStorage=true" or f"127.0.0.1:{queue}" in conn \
+        or f"localhost:{queue}" in conn or "127.0.0.1:10001" in conn or "localhost:10001" in conn
 
 
 def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
@@ -148,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tensorant_devhost.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--app", default="function_app:app", help="module:attr of the FunctionApp")
     parser.add_argument("--port", type=int, default=0, help="HTTP port (default: local.settings.json or 7071)")
+    parser.add_argument("--azurite-port", type=int, default=int(os.environ.get("TENSORANT_AZURITE_PORT") or 10000),
+                        help="Azurite's blob port; queue and table use the next two (default 10000)")
     parser.add_argument("--no-azurite", action="store_true", help="use AzureWebJobsStorage as it is")
     args = parser.parse_args(argv)
+    azurite_conn = use_azurite_ports(args.azurite_port)
 
     root = Path.cwd()
     if str(root) not in sys.path:
@@ -168,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_azurite and _uses_local_azurite(os.environ.get("AzureWebJobsStorage", "")):
             azurite = ensure_azurite(root)
-            from shared.settings import AZURITE
-
-            os.environ["AzureWebJobsStorage"] = AZURITE
+            os.environ["AzureWebJobsStorage"] = azurite_conn
         set_local_defaults(root, port)
         from shared.settings import reset_settings
 

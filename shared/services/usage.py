@@ -1,0 +1,148 @@
+"""Time and cost of runs (issue 13.1): one run's billing timeline, and the org's usage summary.
+
+Billed machine time runs from the create call (machine_up_at, written by the launch step) to
+the cloud's confirmed release (released_at, written by the release step). Within it, the time
+the machine was stopped with only its disk kept (entering `retained`, until a recovery start)
+is counted apart as disk-only time. Both are derived from the run's transition and audit
+events, so no step has to keep a running total. Money is the price recorded at launch: the
+offer's total_per_hour while the machine runs, its disk_per_hour while only the disk is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.clock import now
+from shared.errors import InvalidInput
+from shared.models import RunEvent, RunRecord, RunState
+from shared.runs.lifecycle import TERMINAL
+from shared.security import Principal
+from shared.store import get_store
+
+# Audit lines that change whether a retained machine runs (recovery starts it; stop stops it).
+MACHINE_STARTED = "machine start requested"
+MACHINE_STOPPED = ("machine stopped", "machine stop requested")
+
+
+@dataclass(frozen=True)
+class Timing:
+    started_at: datetime | None
+    machine_up_at: datetime | None
+    released_at: datetime | None
+    elapsed_s: float | None
+    machine_s: float
+    disk_only_s: float
+    cost: float
+    final_cost: float | None
+    machine_running: bool  # at the end of the timeline: False once stopped (disk kept) or released
+
+
+def timeline_events(run_id: str) -> list[RunEvent]:
+    """The events the timeline needs (transitions and audit lines; never the log lines)."""
+    q = get_store().table("events").query("PartitionKey eq @r and ( kind eq @t or kind eq @a )",
+                                          r=run_id, t="transition", a="audit")
+    return [RunEvent.model_validate(d) for d, _ in q]
+
+
+def _release_confirmed_at(run: RunRecord, events: list[RunEvent]) -> datetime | None:
+    """When the release was confirmed, for runs recorded before released_at existed."""
+    if run.released_at or run.state not in TERMINAL or run.state == RunState.draft:
+        return run.released_at
+    ends = [e.at for e in events if e.kind == "transition" and e.message.startswith("releasing -> ")]
+    return max(ends) if ends else None
+
+
+def _machine_up_at(run: RunRecord, events: list[RunEvent]) -> datetime | None:
+    if run.machine_up_at or not run.resources:
+        return run.machine_up_at
+    # Recorded before machine_up_at existed: the move to provisioning precedes the create call.
+    ups = [e.at for e in events if e.kind == "transition" and e.message.startswith("queued -> provisioning")]
+    return min(ups) if ups else run.launched_at
+
+
+def timing(run: RunRecord, events: list[RunEvent] | None = None, at: datetime | None = None) -> Timing:
+    """The run's time and cost now (`at`), from its record and its transition/audit events."""
+    at = at or now()
+    events = sorted(events if events is not None else timeline_events(run.id), key=lambda e: e.at)
+    up = _machine_up_at(run, events)
+    released = _release_confirmed_at(run, events)
+    ended = run.state in TERMINAL
+    end = released or (run.state_changed_at if ended else at)
+    machine_s = disk_s = 0.0
+    running = False
+    if up is not None and end > up:
+        running, cursor = True, up
+        for e in events:
+            if e.at <= up or e.at > end:
+                continue
+            stops = (e.kind == "transition" and e.state == RunState.retained) or (
+                e.kind == "audit" and e.message.startswith(MACHINE_STOPPED))
+            starts = e.kind == "audit" and e.message.startswith(MACHINE_STARTED)
+            if not (stops or starts):
+                continue
+            span = (e.at - cursor).total_seconds()
+            if running:
+                machine_s += span
+            else:
+                disk_s += span
+            cursor, running = e.at, starts or (running and not stops)
+        span = (end - cursor).total_seconds()
+        if running:
+            machine_s += span
+        else:
+            disk_s += span
+        if released is not None or ended:
+            running = False
+    offer = run.offer
+    cost = round((machine_s * offer.total_per_hour + disk_s * offer.disk_per_hour) / 3600, 6)
+    started = run.launched_at
+    elapsed = None
+    if started is not None:
+        stop = released or (run.state_changed_at if ended else at)
+        elapsed = max(0.0, (stop - started).total_seconds())
+    return Timing(started_at=started, machine_up_at=up, released_at=released, elapsed_s=elapsed,
+                  machine_s=round(machine_s, 3), disk_only_s=round(disk_s, 3), cost=cost,
+                  final_cost=cost if ended else None, machine_running=running)
+
+
+def parse_since(since: str | None) -> datetime:
+    """An ISO date or date-time; default 30 days ago."""
+    if not since:
+        return now() - timedelta(days=30)
+    try:
+        parsed = datetime.fromisoformat(since.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise InvalidInput.field("since", f"{since!r} is not an ISO date (e.g. 2026-01-31 or "
+                                 "2026-01-31T12:00:00Z)") from exc
+    if parsed.tzinfo is None:
+        from datetime import UTC
+
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def usage(principal: Principal, since: str | None) -> dict[str, Any]:
+    """Runs launched since `since`, their GPU hours and cost, per provider and in total.
+
+    A run counts in full (its whole cost so far) when it was launched at or after `since`.
+    """
+    start = parse_since(since)
+    per: dict[str, dict[str, Any]] = {}
+    for run in get_store().list_runs(principal.org):
+        if run.launched_at is None or run.launched_at < start:
+            continue
+        t = timing(run)
+        row = per.setdefault(run.provider, {"provider": run.provider, "runs": 0, "gpu_hours": 0.0, "cost": 0.0,
+                                            "currency": run.offer.currency})
+        row["runs"] += 1
+        row["gpu_hours"] += t.machine_s * max(1, run.offer.gpu_count) / 3600
+        row["cost"] += t.cost
+    providers = sorted(per.values(), key=lambda r: r["provider"])
+    for row in providers:
+        row["gpu_hours"], row["cost"] = round(row["gpu_hours"], 4), round(row["cost"], 4)
+    total = {"runs": sum(r["runs"] for r in providers),
+             "gpu_hours": round(sum(r["gpu_hours"] for r in providers), 4),
+             "cost": round(sum(r["cost"] for r in providers), 4)}
+    return {"since": start.isoformat(), "providers": providers, "total": total}

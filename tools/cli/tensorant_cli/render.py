@@ -1,0 +1,98 @@
+"""How runs read on a terminal: durations, money, progress, the loss sparkline, the status block."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def duration(seconds: Any) -> str:
+    if seconds is None:
+        return "-"
+    s = round(float(seconds))
+    if s < 60:
+        return f"{float(seconds):.1f}s" if float(seconds) < 10 else f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+def money(value: Any, currency: str = "USD") -> str:
+    if value is None:
+        return "-"
+    v = float(value)
+    sign = "$" if currency == "USD" else ""
+    tail = "" if sign else f" {currency}"
+    return f"{sign}{v:.4f}{tail}" if v < 1 else f"{sign}{v:.2f}{tail}"
+
+
+def percent(progress: Any) -> str:
+    p = min(max(float(progress or 0.0), 0.0), 1.0)
+    return f"{p * 100:.0f}%"
+
+
+def progress_bar(progress: float, width: int = 30) -> str:
+    p = min(max(progress or 0.0, 0.0), 1.0)
+    filled = round(p * width)
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {p * 100:5.1f}%"
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    """A one-line chart of the values (downsampled to `width` by averaging buckets)."""
+    if not values:
+        return ""
+    if len(values) > width:
+        size = len(values) / width
+        values = [sum(chunk) / len(chunk) for i in range(width)
+                  if (chunk := values[int(i * size):max(int((i + 1) * size), int(i * size) + 1)])]
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARKS[min(len(SPARKS) - 1, int((v - lo) / span * (len(SPARKS) - 1) + 0.5))] for v in values)
+
+
+def clock(at: Any) -> str:
+    """An event time as HH:MM:SS (local time), or the text as it came."""
+    try:
+        return datetime.fromisoformat(str(at).replace("Z", "+00:00")).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return str(at)
+
+
+def status_line(run: dict[str, Any]) -> str:
+    """One line: id, state, phase, progress, reason (the short form, for cancel/release/recover)."""
+    parts = [f"{run.get('id', '?')}", f"state={run.get('state', '?')}"]
+    if run.get("phase"):
+        parts.append(f"phase={run['phase']}")
+    parts.append(progress_bar(float(run.get("progress") or 0.0)))
+    if run.get("reason"):
+        parts.append(f"reason: {run['reason']}")
+    return "  ".join(parts)
+
+
+def status_block(run: dict[str, Any]) -> list[str]:
+    """The live block of `runs watch`: where the run is, what it has cost, where it runs."""
+    offer = run.get("offer") or {}
+    currency = str(offer.get("currency") or "USD")
+    state = str(run.get("state", "?"))
+    phase = run.get("phase") or ""
+    head = f"run {run.get('id', '?')}  {state}" + (f" ({phase})" if phase and phase != state else "")
+    head += "  " + progress_bar(float(run.get("progress") or 0.0), width=24)
+    final = run.get("final_cost") is not None
+    cost = run.get("final_cost") if final else run.get("cost_so_far")
+    rate = offer.get("total_per_hour")
+    lines = [
+        head,
+        f"  elapsed {duration(run.get('elapsed_s'))}   {'final cost' if final else 'cost so far'} "
+        f"{money(cost, currency)}"
+        + (f" (at {money(rate, currency)}/h)" if rate is not None else "")
+        + f"   billed machine {duration(run.get('billed_machine_s'))}",
+        f"  provider {run.get('provider', '?')}   machine {offer.get('machine_type', '?')} "
+        f"({offer.get('gpu', '?')})   region {offer.get('region') or '-'}",
+    ]
+    if run.get("reason"):
+        lines.append(f"  reason: {run['reason']}")
+    return lines
