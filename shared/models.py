@@ -289,6 +289,9 @@ class RunRecord(Model):
     last_heartbeat_at: datetime | None = None
     deadlines: Deadlines = Field(default_factory=Deadlines)
     machine_name: str = ""
+    # Where the machine was created (shared.providers.base.scope_of at launch: account, region,
+    # resource group): release, retain and the sweeper act only in this scope.
+    scope: dict[str, str] = Field(default_factory=dict)
     resources: list[CloudResource] = Field(default_factory=list)
     adapter_sha256: str = ""
     adapter_size: int = 0

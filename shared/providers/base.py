@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from datetime import datetime
+from typing import Any, Protocol
 
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 
@@ -64,6 +65,13 @@ class LaunchSpec:
     offer: GpuOffer
     bootstrap: Bootstrap
     disk_gb: int = 0  # 0 = the connection's configured size
+    # What the run may cost and how long its machine must stay manageable: a provider
+    # refuses a launch it already knows it could not finish or clean up (AWS session
+    # credentials that expire before must_work_until, RunPod credit that cannot cover
+    # price_limit_per_hour x runtime_limit_s). 0 / None = unknown, not checked.
+    price_limit_per_hour: float = 0.0
+    runtime_limit_s: int = 0
+    must_work_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,27 @@ class Description:
     state: MachineState
     detail: str = ""
     resources: list[CloudResource] = field(default_factory=list)
+    # The cloud's own words on why the machine is where it is (EC2 StateReason, Azure instance
+    # view statuses and boot diagnostics, RunPod desiredStatus and lastStatusChange): shown on
+    # the run when its machine never reported. Empty = the cloud gave no reason.
+    reason: str = ""
+
+
+def scope_of(provider: Any) -> dict[str, str]:
+    """Where a provider's connection creates machines: the account (AWS account + region,
+    Azure subscription + resource group + region, RunPod account). A run records it at
+    launch; a connection re-saved into another scope cannot see or delete that run's
+    machine. Providers offer it as an optional `scope()` method (it may call the cloud, e.g.
+    STS for the AWS account id, and raise ProviderError); without one the scope is {} and
+    nothing is compared."""
+    fn = getattr(provider, "scope", None)
+    return dict(fn()) if callable(fn) else {}
+
+
+def scope_differs(recorded: dict[str, str], current: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """The keys whose values differ between a run's recorded scope and a connection's scope
+    ({} = same scope, or nothing to compare: a key missing on either side is not compared)."""
+    return {k: (recorded[k], current[k]) for k in sorted(recorded) if k in current and recorded[k] != current[k]}
 
 
 class ComputeProvider(Protocol):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from shared.clock import now
+from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, transition
@@ -59,7 +60,7 @@ def check_all() -> dict[str, int]:
     for run in store.list_runs_all_orgs(states=set(ACTIVE) | set(RESEND)):
         why = missed_deadline(run, t) if run.state in ACTIVE else None
         if why:
-            counts["retained"] += _retain(run, why)
+            counts["retained"] += _retain(run, why + _cloud_reason(run))
         elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
             counts["failed"] += _fail_queued(run)
         elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
@@ -69,6 +70,24 @@ def check_all() -> dict[str, int]:
                 continue  # launched; waiting for the agent is the deadlines' job
             counts["resent"] += _resend(run, t)
     return counts
+
+
+def _cloud_reason(run: RunRecord) -> str:
+    """For a machine that never reported (still provisioning at a deadline): the cloud's own account of
+    it (EC2 StateReason, Azure instance view and boot diagnostics, RunPod pod status), so the reason
+    says more than "it never reported". One describe, only for such runs; never fails the tick."""
+    if run.state != RunState.provisioning:
+        return ""
+    from shared.runs.resources import merge_resources
+    from shared.services.backends import compute_for, ref_of
+
+    try:
+        provider = compute_for(run.org, run.provider)
+        desc = provider.describe(ref_of(run), merge_resources(get_store().list_ledger(run.id), run.resources))
+    except Exception as exc:  # a cloud outage must not stop the deadlines of every other run
+        return f" (the cloud's state of the machine could not be read: {redact_text(str(exc))})"
+    said = desc.reason or desc.detail
+    return f" (the cloud says: {said})" if said else ""
 
 
 def _quiet_for(run: RunRecord, t: datetime) -> float:

@@ -14,7 +14,7 @@ from datetime import timedelta
 from shared.clock import now
 from shared.log import get_logger, redact_text
 from shared.models import RunRecord, RunState, StepMessage
-from shared.providers.base import Bootstrap, LaunchSpec
+from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.providers.errors import PermanentError, ProviderError, RetryableError
 from shared.queues import get_queues
 from shared.runs.lifecycle import TERMINAL
@@ -28,13 +28,25 @@ from shared.services.transitions import fail_to_release, move
 from shared.settings import get_settings
 from shared.store import get_store
 
+EXPORT_MARGIN_S = 3600  # after the runtime limit: time to export, verify and release
+
+
+def launch_spec(run: RunRecord) -> LaunchSpec:
+    """What the provider gets: the machine to make, and the run's limits, so it can refuse a launch it
+    could not finish or clean up (credentials expiring first, credit too low)."""
+    start = run.launched_at or now()
+    until = start + timedelta(seconds=get_settings().provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S)
+    return LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run),
+                      price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=run.runtime_limit_s,
+                      must_work_until=until)
+
 
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
     token = mint_agent_token(run.org, run.id)
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
-    ttl = settings.provisioning_timeout_s + run.runtime_limit_s + 3600
+    ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S
     storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl)
     env = {
         "TENSORANT_RUN_ID": run.id,
@@ -89,7 +101,8 @@ def launch(msg: StepMessage) -> None:
     provider = compute_for(run.org, run.provider)
     create_called_at = now()  # billing counts from the create call (issue 13.1)
     try:
-        resources = provider.launch(LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run)))
+        scope = scope_of(provider)  # where the machine is made: release and the sweeper act only there
+        resources = provider.launch(launch_spec(run))
     except RetryableError as exc:
         deadline = run.deadlines.provisioning_by
         if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
@@ -107,9 +120,9 @@ def launch(msg: StepMessage) -> None:
 
     def change(r: RunRecord) -> RunRecord | None:
         merged = merge_resources(r.resources, resources)
-        if merged == r.resources:
+        if merged == r.resources and (r.scope or not scope):
             return None
-        return r.model_copy(update={"resources": merged, "updated_at": now(),
+        return r.model_copy(update={"resources": merged, "scope": r.scope or scope, "updated_at": now(),
                                     "machine_up_at": r.machine_up_at or create_called_at})
 
     run, _ = store.mutate_run(run.org, run.id, change)

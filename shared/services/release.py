@@ -16,6 +16,7 @@ from shared.queues import get_queues
 from shared.runs.resources import merge_resources
 from shared.runs.steps import Step
 from shared.services.backends import compute_for, ref_of
+from shared.services.connections import refuse_other_scope
 from shared.services.run_events import event
 from shared.services.transitions import move
 from shared.settings import get_settings
@@ -34,7 +35,9 @@ def release(msg: StepMessage) -> None:
         return
     resources = merge_resources(store.list_ledger(run.id), run.resources)
     try:
-        out = compute_for(run.org, run.provider).release(ref_of(run), resources)
+        provider = compute_for(run.org, run.provider)
+        refuse_other_scope(run, provider)  # a connection moved to another scope would "release" nothing
+        out = provider.release(ref_of(run), resources)
         detail = out.detail
     except ProviderError as exc:
         out, detail = None, exc.reason

@@ -12,6 +12,7 @@ from shared.queues import get_queues
 from shared.runs.resources import merge_resources
 from shared.runs.steps import Step
 from shared.services.backends import compute_for, ref_of
+from shared.services.connections import refuse_other_scope
 from shared.services.run_events import event
 from shared.services.transitions import move
 from shared.store import get_store
@@ -22,6 +23,12 @@ def retain(msg: StepMessage) -> None:
     if run.state not in Step.retain.serves:
         return
     provider = compute_for(run.org, run.provider)
+    try:
+        refuse_other_scope(run, provider)  # in another scope the machine reads as gone: never judge it there
+    except ProviderError as exc:
+        # Not stopped: heartbeat-check re-sends retain until the connection points back at the machine.
+        event(run, "warning", f"the machine was not stopped and may still be billing: {exc.reason}")
+        return
     ref = ref_of(run)
     resources = merge_resources(get_store().list_ledger(run.id), run.resources)
     # Asked even with nothing recorded: a launch that crashed between the cloud call and the

@@ -40,9 +40,9 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.steps import Resender, Step, resent_by
 from shared.services.backends import compute_for
-from shared.services.connections import report_credential_failure
+from shared.services.connections import refuse_other_scope, report_credential_failure
 from shared.services.release import release_delay
-from shared.services.run_events import transition_event
+from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -90,6 +90,7 @@ def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str,
         for name, resources in listed.items():
             findings.extend(_leaks(org, name, live[name], resources, runs, t, dry_run))
             findings.extend(_vanished(org, name, live[name], resources, runs, t, dry_run))
+            findings.extend(_low_credit(org, name, live[name], runs, t, dry_run))
         findings.extend(_stuck_releases(org, runs.values(), t, dry_run))
     stats["findings"] = len(findings)
     get_logger().info("sweep finished", extra={"dry_run": dry_run, **stats})
@@ -183,7 +184,7 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
 
     grace, store, settings = _grace(), get_store(), get_settings()
     listed_runs = {r.run_id for r in resources}
-    out = []
+    out: list[dict[str, Any]] = []
     for run in runs.values():
         if run.provider != provider_name or run.state not in ACTIVE or run.id in listed_runs:
             continue
@@ -191,6 +192,14 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
         if not machines or t - run.state_changed_at < grace:
             continue
         if any(r.created_at and t - r.created_at < grace for r in machines):
+            continue
+        try:
+            # Launched in another scope (the connection was moved since): not listed here and "gone"
+            # here, but alive where it was made. Never judged from the wrong account.
+            refuse_other_scope(run, provider)
+        except ProviderError as exc:
+            out.append({"org": org, "provider": provider_name, "run_id": run.id, "action": "none",
+                        "reason": exc.reason})
             continue
         try:
             state = provider.describe(RunRef(settings.deployment_id, org, run.id), run.resources).state
@@ -209,6 +218,38 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
             transition_event(run.state, new)
             get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
         _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
+        out.append(finding)
+    return out
+
+
+# A low-credit warning is repeated on a retained run at most this often.
+CREDIT_WARNING_EVERY_S = 24 * 3600
+
+
+def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: dict[str, RunRecord], t: datetime,
+                dry_run: bool) -> list[dict[str, Any]]:
+    """Prepaid accounts (RunPod) stop and then delete pods when the credit runs out, retained disks
+    included: warn on each retained run while the provider says its credit is low (one read per
+    tick and connection, only when a run is retained; at most one warning a day per run)."""
+    warning_of = getattr(provider, "credit_warning", None)
+    retained = [r for r in runs.values() if r.provider == provider_name and r.state == RunState.retained]
+    if not callable(warning_of) or not retained:
+        return []
+    try:
+        message = str(warning_of() or "")
+    except ProviderError:
+        return []
+    out: list[dict[str, Any]] = []
+    for run in retained if message else []:
+        recent = [e for e in get_store().list_events(run.id, kind="warning")
+                  if e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S]
+        if recent:
+            continue
+        finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": message,
+                   "action": "would warn" if dry_run else "warn"}
+        if not dry_run:
+            event(run, "warning", message + " This run is retained: recover or release it soon.", credit=True)
+        _audit("sweep-dry-run" if dry_run else "sweep-credit-warning", finding)
         out.append(finding)
     return out
 

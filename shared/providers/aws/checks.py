@@ -19,16 +19,25 @@ from shared.providers.aws.errors import AUTH_CODES
 from shared.providers.errors import AuthError, ProviderError
 
 
-def run_checks(client: AwsClient, config: AwsConfig) -> list[Check]:
-    """Every connection check, through the client; creates nothing."""
-    return _Checks(client, config).run()
+def run_checks(client: AwsClient, config: AwsConfig, public_url: str = "") -> list[Check]:
+    """Every connection check, through the client; creates nothing. public_url is the control
+    plane's URL (TENSORANT_PUBLIC_URL), which the instances must reach for heartbeats."""
+    return _Checks(client, config, public_url).run()
+
+
+def egress_text(public_url: str) -> str:
+    """The outbound destinations a training instance needs (the same list as infra/aws/README.md)."""
+    plane = f"the Tensorant control plane at {public_url}" if public_url else "the Tensorant control plane URL"
+    return (f"{plane} (heartbeats and completion: without it every run stops at its provisioning deadline), the "
+            "training container registry, model downloads, the storage endpoint, and DNS")
 
 
 class _Checks:
-    def __init__(self, client: AwsClient, config: AwsConfig) -> None:
+    def __init__(self, client: AwsClient, config: AwsConfig, public_url: str = "") -> None:
         self.aws = client
         self.config = config
         self.region = config.region
+        self.public_url = public_url
 
     def run(self) -> list[Check]:
         checks: list[Check] = []
@@ -48,6 +57,11 @@ class _Checks:
                 self._check_key_pair(add)
             if self.config.instance_profile_arn:
                 self._check_profile(add, account)
+            if not self.config.key_name and not self.config.instance_profile_arn:
+                add("recovery_login", None, "Neither an EC2 key pair nor an instance profile is set, so there is "
+                    "no recovery login: a retained instance can be restarted but nobody can log in to fetch its "
+                    "adapter. Add a key pair name (SSH) or an instance profile ARN (Systems Manager); see the "
+                    "guide's 'Arrange a recovery login'.")
             if types and image is not None:
                 try:
                     disk_gb = catalog.root_size_gb(image) + self.config.workspace_disk_gb
@@ -64,7 +78,8 @@ class _Checks:
                 add("catalog", False, "The GPU catalog cannot load until the AMI and subnet checks pass.")
         add("not_proven", None,
             "Saving launches nothing, so it cannot prove that the image boots, that Docker and the NVIDIA "
-            "runtime work, that your GPU quota suffices, or that the subnet's outbound network works. "
+            "runtime work, that your GPU quota suffices, or that the subnet's outbound network works. The "
+            f"security group and subnet must allow outbound HTTPS to {egress_text(self.public_url)}. "
             "Verify them with a short training trial (connection guide, step 6).")
         return checks
 

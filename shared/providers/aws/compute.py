@@ -106,6 +106,17 @@ class AwsCompute:
         # The client's two verbs, under the names every method below uses.
         self.call = self.aws.call
         self.pages = self.aws.pages
+        self._account = ""
+
+    # ------------------------------------------------------------------ scope
+
+    def scope(self) -> dict[str, str]:
+        """The account and region these credentials create instances in (STS GetCallerIdentity,
+        which needs no permission; read once per provider)."""
+        if not self._account:
+            ident = self.call("sts", "get_caller_identity", action="reading the account of the credentials")
+            self._account = str(ident.get("Account", ""))
+        return {"account": self._account, "region": self.region}
 
     # ------------------------------------------------------------------ Protocol: validate / offers
 
@@ -120,12 +131,31 @@ class AwsCompute:
 
     def validate(self) -> list[Check]:
         """Every connection check (see checks.py); launches nothing."""
-        return checks.run_checks(self.aws, self.config)
+        return checks.run_checks(self.aws, self.config, self.settings.public_url)
 
     # ------------------------------------------------------------------ Protocol: launch
 
+    def _refuse_short_session(self, spec: LaunchSpec) -> None:
+        """Temporary credentials that expire before the run's deadlines end would leave an
+        instance nobody can stop or terminate: refuse, with the figures."""
+        expires = self.config.session_expires_at
+        if expires is None or spec.must_work_until is None or self.config.session_token is None:
+            return
+        expires = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+        if expires >= spec.must_work_until:
+            return
+        fmt = "%Y-%m-%d %H:%M UTC"
+        short = int((spec.must_work_until - expires).total_seconds() // 60)
+        raise PermanentError(
+            f"the connection's temporary credentials expire at {expires.astimezone(UTC).strftime(fmt)}, but the run "
+            f"must stay manageable until {spec.must_work_until.astimezone(UTC).strftime(fmt)} (provisioning + runtime "
+            f"limit of {spec.runtime_limit_s} s + export margin), {short} min longer; nothing was launched. Save the "
+            "connection with credentials valid that long (better: an IAM user's access key), or lower the runtime "
+            "limit", code="CredentialsExpireTooSoon")
+
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         ref = spec.ref
+        self._refuse_short_session(spec)
         existing = self._instances_by_tags(ref, states=LIVE_STATES)
         if existing:
             return self._resources(ref, existing[0])
@@ -227,7 +257,21 @@ class AwsCompute:
         inst = instances[0]
         name = inst["State"]["Name"]
         return Description(state=STATE_MAP.get(name, MachineState.unknown), detail=f"EC2 state {name}",
-                           resources=self._resources(ref, inst))
+                           resources=self._resources(ref, inst), reason=self._reason(inst))
+
+    @staticmethod
+    def _reason(inst: dict[str, Any]) -> str:
+        """EC2's own account of the instance: its state, StateReason and StateTransitionReason."""
+        parts = [f"EC2 instance {inst.get('InstanceId', '?')} is {inst['State']['Name']}"]
+        why = inst.get("StateReason") or {}
+        if why.get("Code") or why.get("Message"):
+            parts.append(f"state reason {why.get('Code', '')}: {why.get('Message', '')}".rstrip(": "))
+        if inst.get("StateTransitionReason"):
+            parts.append(f"transition: {inst['StateTransitionReason']}")
+        if len(parts) == 1:
+            parts.append("EC2 gives no state reason (the instance runs: check its console output in EC2 for a "
+                         "boot, cloud-init, Docker or network problem; the VM must reach the control-plane URL)")
+        return "; ".join(parts)
 
     @staticmethod
     def _root_size_text(instance: dict[str, Any], resources: list[CloudResource]) -> str:

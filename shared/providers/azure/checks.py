@@ -27,15 +27,24 @@ SIGN_IN_HINTS = {
 }
 
 
-def run_checks(client: AzureClient, config: AzureConfig) -> list[Check]:
-    """Read-only checks with fix hints, in order: authentication, image, subnet, gpu_sizes, prices, quota."""
-    return _Checks(client, config).run()
+def run_checks(client: AzureClient, config: AzureConfig, public_url: str = "") -> list[Check]:
+    """Read-only checks with fix hints, in order: authentication, image, subnet, gpu_sizes, prices, quota.
+    public_url is the control plane's URL (TENSORANT_PUBLIC_URL): the VMs must reach it for heartbeats."""
+    return _Checks(client, config, public_url).run()
+
+
+def egress_text(public_url: str) -> str:
+    """The outbound destinations a training VM needs (the same list as infra/azure/README.md)."""
+    plane = f"the Tensorant control plane at {public_url}" if public_url else "the Tensorant control plane URL"
+    return (f"{plane} (heartbeats: without it every run stops at its provisioning deadline), container "
+            "registries, model downloads and your S3 service, plus DNS")
 
 
 class _Checks:
-    def __init__(self, client: AzureClient, config: AzureConfig) -> None:
+    def __init__(self, client: AzureClient, config: AzureConfig, public_url: str = "") -> None:
         self.client = client
         self.config = config
+        self.egress = egress_text(public_url)
         self.rg = config.resource_group
         self.region = config.region
 
@@ -187,9 +196,10 @@ class _Checks:
             return Check(name="subnet", status=CheckStatus.warn,
                          message=f"The subnet exists in {self.region} but has no NAT gateway: make sure it has "
                                  "explicit outbound internet access (DNS and HTTPS) through a firewall route, or "
-                                 "associate a NAT gateway.")
+                                 f"associate a NAT gateway. Outbound HTTPS must reach {self.egress}.")
         return Check(name="subnet", status=CheckStatus.ok,
-                     message=f"The subnet exists in {self.region} and has a NAT gateway for outbound access.")
+                     message=f"The subnet exists in {self.region} and has a NAT gateway for outbound access; its "
+                             f"NSG and routes must let HTTPS reach {self.egress}.")
 
     def check_sizes(self, available: dict[str, AvailableSize], unavailable: dict[str, str]) -> Check:
         if not available:

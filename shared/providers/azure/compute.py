@@ -111,6 +111,14 @@ class AzureCompute:
         self.rg = config.resource_group
         self.region = config.region
 
+    # ------------------------------------------------------------ scope
+
+    def scope(self) -> dict[str, str]:
+        """Where this connection creates VMs: subscription, training resource group, region (from the
+        config; resource-group names compare case-insensitively in Azure)."""
+        return {"subscription": self.config.subscription_id, "resource_group": self.rg.lower(),
+                "region": self.region}
+
     # ------------------------------------------------------------ names and marks
 
     def _rid(self, provider_type: str, name: str) -> str:
@@ -188,7 +196,7 @@ class AzureCompute:
         Not idempotent in a meaningful sense: it reads the cloud as it is now. Vendor errors become
         failed checks, not exceptions (except an identity endpoint that cannot be reached at all).
         """
-        return checks.run_checks(self.client, self.config)
+        return checks.run_checks(self.client, self.config, self.settings.public_url)
 
     def offers(self) -> list[GpuOffer]:
         """Supported single-GPU sizes this subscription may use in the region, priced (catalog.py).
@@ -355,10 +363,11 @@ class AzureCompute:
             return Description(state=MachineState.unknown, detail=f"VM {vm_name} lacks this run's tags")
         provisioning = dig(vm, "properties", "provisioningState", default="")
         res = [self._resource("vm", vm, state=self._power(vm) or provisioning)]
+        reason = self._reason(vm)
         if provisioning == "Failed":
             code, message = self._failure(vm)
             return Description(state=MachineState.unknown, detail=f"provisioning failed ({code}): {message}",
-                               resources=res)
+                               resources=res, reason=reason)
         if provisioning == "Succeeded":
             self._tag_disk(ref)
         power = self._power(vm)
@@ -366,7 +375,35 @@ class AzureCompute:
         detail = f"provisioning {provisioning}, power {power or 'unknown'}"
         if power == "stopped":
             detail += " (stopped without deallocation still bills compute)"
-        return Description(state=state, detail=detail, resources=res)
+        return Description(state=state, detail=detail, resources=res, reason=reason)
+
+    @staticmethod
+    def _reason(vm: dict[str, Any]) -> str:
+        """Azure's own account of the VM, from its instance view: every status (code, display status,
+        message), the VM agent's statuses and the boot diagnostics status."""
+
+        def text(statuses: Any) -> list[str]:
+            out = []
+            for st in statuses or []:
+                words = str(st.get("displayStatus") or st.get("code") or "")
+                if st.get("message"):
+                    words += f" ({st['message']})"
+                if words:
+                    out.append(words)
+            return out
+
+        iv = dig(vm, "properties", "instanceView", default={}) or {}
+        parts = [f"VM {vm.get('name', '?')}: " + (", ".join(text(iv.get("statuses"))) or "no instance view status")]
+        agent = text(dig(iv, "vmAgent", "statuses", default=[]))
+        parts.append("VM agent: " + (", ".join(agent) if agent else "not reporting (the guest agent or cloud-init "
+                                     "has not started: check the image and boot diagnostics)"))
+        boot = dig(iv, "bootDiagnostics", "status", default=None)
+        if isinstance(boot, dict) and (boot.get("code") or boot.get("message")):
+            parts.append(f"boot diagnostics: {boot.get('displayStatus') or boot.get('code')}"
+                         + (f" ({boot['message']})" if boot.get("message") else ""))
+        elif not dig(vm, "properties", "diagnosticsProfile", "bootDiagnostics", "enabled", default=False):
+            parts.append("boot diagnostics: not enabled on the VM")
+        return "; ".join(parts)
 
     def _billing_note(self) -> str:
         tier, size = disk_tier(self.config.os_disk_gb)

@@ -7,7 +7,7 @@ import re
 
 from shared.models import Check, CheckStatus
 from shared.providers.errors import AuthError, ProviderError
-from shared.providers.runpod.client import ACCOUNT, VOLUMES, RunPodApi, list_pods
+from shared.providers.runpod.client import VOLUMES, RunPodApi, account, balance_of, list_pods
 from shared.providers.runpod.config import RunPodConfig
 
 
@@ -25,7 +25,7 @@ def run_checks(api: RunPodApi, config: RunPodConfig, prefix: str) -> list[Check]
             "to the storage connection. They are not interchangeable."))]
     checks: list[Check] = []
     try:
-        account = api.sdk(ACCOUNT).get("myself") or {}
+        acct = account(api)
         pods = list_pods(api)
     except AuthError as exc:
         return [Check(name="api key", status=CheckStatus.fail, message=exc.reason)]
@@ -33,7 +33,8 @@ def run_checks(api: RunPodApi, config: RunPodConfig, prefix: str) -> list[Check]
         return [Check(name="api key", status=CheckStatus.fail, message=f"{exc.reason}; check again later")]
     ours = sum(1 for p in pods if str(p.get("name", "")).startswith(prefix))
     checks.append(Check(name="api key", status=CheckStatus.ok,
-                        message=f"RunPod accepted the key (account {account.get('id', '?')})"))
+                        message=f"RunPod accepted the key (account {acct.get('id', '?')})"))
+    checks.append(balance_check(balance_of(acct)))
     checks.append(Check(name="list pods", status=CheckStatus.ok,
                         message=f"the key can list pods ({len(pods)} in the account, {ours} managed here)"))
     checks.append(Check(name="write permissions", status=CheckStatus.warn, message=(
@@ -42,6 +43,27 @@ def run_checks(api: RunPodApi, config: RunPodConfig, prefix: str) -> list[Check]
     if config.network_volume_id:
         checks.append(_check_volume(api, config))
     return checks
+
+# Below this much prepaid credit the balance check warns: a retained pod's disk, or one short trial,
+# can use it up, and RunPod stops (then deletes) pods of an account without credit.
+LOW_BALANCE_USD = 10.0
+
+
+def balance_check(balance: float | None) -> Check:
+    """RunPod accounts run on prepaid credit: show it on the connection, warn when it is low."""
+    if balance is None:
+        return Check(name="balance", status=CheckStatus.warn, message=(
+            "RunPod did not report the account's credit balance; launches check it again and are refused "
+            "when it cannot cover the run's price limit x runtime limit."))
+    if balance < LOW_BALANCE_USD:
+        return Check(name="balance", status=CheckStatus.warn, message=(
+            f"the account has ${balance:.2f} of prepaid credit, below ${LOW_BALANCE_USD:.0f}: add credit in "
+            "RunPod → Billing. A launch is refused when the credit cannot cover its price limit x runtime limit, "
+            "and retained pods keep billing storage."))
+    return Check(name="balance", status=CheckStatus.ok, message=(
+        f"the account has ${balance:.2f} of prepaid credit; each launch must be covered by it "
+        "(price limit x runtime limit)"))
+
 
 def _check_volume(api: RunPodApi, config: RunPodConfig) -> Check:
     vid, dc = config.network_volume_id, config.datacenter_id

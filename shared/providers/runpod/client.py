@@ -106,10 +106,23 @@ def _data(body: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the queries Tensorant sends
 
-POD_FIELDS = "id name desiredStatus imageName costPerHr gpuCount volumeInGb containerDiskInGb"
+POD_FIELDS = "id name desiredStatus lastStatusChange imageName costPerHr gpuCount volumeInGb containerDiskInGb"
 
 LIST_PODS = "query Pods { myself { pods { " + POD_FIELDS + " runtime { uptimeInSeconds } } } }"
-ACCOUNT = "query Account { myself { id } }"
+ACCOUNT = "query Account { myself { id clientBalance } }"
+
+
+def account(api: RunPodApi) -> dict[str, Any]:
+    """The account's id and its prepaid credit (clientBalance, USD)."""
+    return api.sdk(ACCOUNT).get("myself") or {}
+
+
+def balance_of(acct: dict[str, Any]) -> float | None:
+    value = acct.get("clientBalance")
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 CREATE = (
     "mutation Create($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) { "
     + POD_FIELDS + " } }"

@@ -39,6 +39,8 @@ from shared.providers.runpod.client import (
     POD_ID,
     VOLUMES,
     RunPodApi,
+    account,
+    balance_of,
     check_pod_id,
     get_pod_query,
     list_pods,
@@ -78,6 +80,40 @@ class RunPodCompute:
         self.api = RunPodApi(config.api_key.get_secret_value())
         self.prefix = f"tensorant-{settings.deployment_id}-"
 
+    # ------------------------------------------------------------ scope and credit
+
+    def scope(self) -> dict[str, str]:
+        """The RunPod account the key belongs to (myself.id). A new key of the same account can
+        manage the same pods (rotation); a key of another account cannot."""
+        acct_id = str(account(self.api).get("id") or "")
+        return {"account": acct_id} if acct_id else {}
+
+    def balance(self) -> float | None:
+        """The account's prepaid credit in USD (myself.clientBalance); None when RunPod does not say."""
+        return balance_of(account(self.api))
+
+    def credit_warning(self) -> str:
+        """A warning while the prepaid credit is low ("" = enough, or RunPod did not say)."""
+        have = self.balance()
+        if have is None or have >= checks.LOW_BALANCE_USD:
+            return ""
+        return (f"The RunPod account has only ${have:.2f} of prepaid credit left (below "
+                f"${checks.LOW_BALANCE_USD:.0f}): stopped pods keep billing their disk, and RunPod stops and then "
+                "deletes the pods of an account without credit. Add credit in RunPod → Billing.")
+
+    def _refuse_without_credit(self, spec: LaunchSpec) -> None:
+        """RunPod accounts run on prepaid credit: refuse a launch that the credit cannot cover."""
+        if spec.runtime_limit_s <= 0:
+            return
+        per_hour = spec.price_limit_per_hour or spec.offer.total_per_hour
+        need = per_hour * spec.runtime_limit_s / 3600
+        have = self.balance()
+        if have is not None and have < need:
+            raise PermanentError(
+                f"the RunPod account has ${have:.2f} of prepaid credit, less than the run may cost: price limit "
+                f"${per_hour:.2f}/h x runtime limit {spec.runtime_limit_s / 3600:.2f} h = ${need:.2f}; nothing was "
+                "launched. Add credit in RunPod → Billing, or lower the price or runtime limit", code="credit")
+
     # ------------------------------------------------------------ validate / offers
 
     def validate(self) -> list[Check]:
@@ -111,6 +147,7 @@ class RunPodCompute:
         existing = [p for p in self._list() if p.get("name") == ref.name]
         if existing:
             return [self._resource(ref, p) for p in existing]
+        self._refuse_without_credit(spec)
         env = self._pod_env(spec)
         for key, value in env.items():
             if not ENV_KEY.match(key):
@@ -186,7 +223,8 @@ class RunPodCompute:
         detail = f"pod {pod['id']} is {pod.get('desiredStatus', '?')}"
         if len(pods) > 1:
             detail += f"; {len(pods) - 1} more pod(s) carry this run's name and will be released with it"
-        return Description(state=state, detail=detail, resources=[self._resource(ref, p) for p in pods])
+        return Description(state=state, detail=detail, resources=[self._resource(ref, p) for p in pods],
+                           reason=_reason(pod))
 
     def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
         self._check_ref(ref)
@@ -319,6 +357,19 @@ class RunPodCompute:
                              region=self.config.datacenter_id, run_id=ref.run_id, org=ref.org,
                              deployment=ref.deployment, created_at=created_at,
                              state=str(pod.get("desiredStatus") or ""), extra=extra)
+
+
+def _reason(pod: dict[str, Any]) -> str:
+    """RunPod's own account of the pod: desiredStatus, lastStatusChange and whether a container runs."""
+    parts = [f"RunPod pod {pod.get('id', '?')} desiredStatus {pod.get('desiredStatus', '?')}"]
+    if pod.get("lastStatusChange"):
+        parts.append(f"last status change: {pod['lastStatusChange']}")
+    runtime = pod.get("runtime")
+    if isinstance(runtime, dict):
+        parts.append(f"container up {runtime.get('uptimeInSeconds', '?')} s")
+    else:
+        parts.append("no container running (the image is still being pulled, or the host could not start it)")
+    return "; ".join(parts)
 
 
 def _has_pod_id(pod: dict[str, Any]) -> bool:

@@ -366,8 +366,10 @@ class FakeArm:
         if state.get("fail"):
             statuses = [{"code": f"ProvisioningState/failed/{state['fail']}", "message": "Allocation failed."}]
         if state.get("power"):
-            statuses.append({"code": f"PowerState/{state['power']}"})
-        return {"statuses": statuses}
+            statuses.append({"code": f"PowerState/{state['power']}",
+                             "displayStatus": f"VM {state['power']}"})
+        # A test sets vm["_iv_extra"] to what Azure adds about the guest: vmAgent statuses, bootDiagnostics.
+        return {"statuses": statuses, **vm.get("_iv_extra", {})}
 
     def _put_vm(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
         existing = self.get(path)

@@ -2,7 +2,7 @@
 
 Hand-written: RunPod publishes no emulator. It understands exactly the operations
 shared/providers/runpod sends (podFindAndDeployOnDemand with variables; pod, myself
-{ pods | id | networkVolumes }, podStop, podResume, podTerminate as the runpod package
+{ pods | id clientBalance | networkVolumes }, podStop, podResume, podTerminate as the runpod package
 formats them; gpuTypes with lowestPrice variables), answers like RunPod does (401 for a
 bad key, GraphQL `errors` otherwise), and records every raw request body so a test can
 check what arrived. Point the code at it with RUNPOD_API_BASE_URL=fake.url.
@@ -48,6 +48,8 @@ class FakeRunPod:
         self.volumes: list[dict[str, Any]] = [
             {"id": "vol0abc123", "name": "tensorant", "size": 100, "dataCenterId": "EU-RO-1"}]
         self.requests: list[dict[str, Any]] = []  # {"raw": bytes, "auth": str, "body": parsed}
+        self.balance: float | None = 100.0  # myself.clientBalance (prepaid credit, USD); None = not answered
+        self.account_id = "user_fake"
         self.lock = threading.Lock()
         # Fault injection.
         self.create_error = ""  # GraphQL error message for the next creates
@@ -94,6 +96,7 @@ class FakeRunPod:
                 "costPerHr": extra.get("costPerHr", 0.4), "gpuCount": 1, "volumeInGb": extra.get("volumeInGb", 0),
                 "containerDiskInGb": extra.get("containerDiskInGb", 20),
                 "runtime": {"uptimeInSeconds": 1} if status == "RUNNING" else None,
+                "lastStatusChange": extra.get("lastStatusChange", f"Rented by User: {status.lower()}"),
                 "env": extra.get("env", []), "input": extra.get("input", {}), "_gone_after": -1}
 
     def _public(self, pod: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +147,10 @@ class FakeRunPod:
                 self._expire(listed["id"], count=True)
             return {"data": {"myself": {"pods": pods}}}
         if "myself" in query:
-            return {"data": {"myself": {"id": "user_fake", "email": "owner@example.com"}}}
+            myself: dict[str, Any] = {"id": self.account_id, "email": "owner@example.com"}
+            if "clientBalance" in query:
+                myself["clientBalance"] = self.balance
+            return {"data": {"myself": myself}}
         return {"errors": [{"message": f"Cannot query field in: {query[:60]}"}]}
 
     def _expire(self, pod_id: str, count: bool = False) -> None:

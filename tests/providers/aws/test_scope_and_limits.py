@@ -1,0 +1,76 @@
+"""Issue 12 on moto: the scope a run records (account + region), EC2's own reason in describe,
+launches refused when temporary credentials expire before the run's deadlines, the recovery-login
+warning and the control-plane URL in the egress list the checks show."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from shared.models import CheckStatus
+from shared.providers.base import LaunchSpec, RunRef, scope_of
+from shared.providers.errors import PermanentError
+from tests.providers.aws.conftest import ACCOUNT, REGION, Rig
+from tests.providers.aws.test_lifecycle import BOOT, OFFER
+
+REF = RunRef("test", "org-1", "run-scope")
+
+
+def test_scope_is_the_account_and_region_of_the_credentials(rig: Rig) -> None:
+    compute = rig.compute()
+    assert scope_of(compute) == {"account": ACCOUNT, "region": REGION}
+    scope_of(compute)
+    assert [op for _, op in rig.log.take()] == ["GetCallerIdentity"]  # read once per provider
+
+
+def test_describe_carries_ec2s_state_reason(rig: Rig) -> None:
+    compute = rig.compute()
+    resources = compute.launch(LaunchSpec(ref=REF, offer=OFFER, bootstrap=BOOT))
+    iid = next(r.id for r in resources if r.kind == "instance")
+    running = compute.describe(REF, resources)
+    assert running.reason.startswith(f"EC2 instance {iid} is running")
+    assert "console output" in running.reason  # no reason given: say where to look
+    rig.ec2.stop_instances(InstanceIds=[iid])
+    stopped = compute.describe(REF, resources)
+    assert "state reason Client.UserInitiatedShutdown" in stopped.reason, stopped.reason
+    assert "transition: User initiated" in stopped.reason
+
+
+def _session(expires_in: timedelta) -> dict[str, object]:
+    return {"access_key_id": "ASIAIOSFODNN7EXAMPLE", "session_token": "FwoGZXIvYXdzEXAMPLETOKEN",
+            "session_expires_at": datetime.now(UTC) + expires_in}
+
+
+def test_launch_refused_when_the_session_expires_before_the_deadlines(rig: Rig) -> None:
+    compute = rig.compute(**_session(timedelta(hours=1)))
+    until = datetime.now(UTC) + timedelta(hours=3)
+    spec = LaunchSpec(ref=REF, offer=OFFER, bootstrap=BOOT, runtime_limit_s=7200, must_work_until=until)
+    with pytest.raises(PermanentError) as err:
+        compute.launch(spec)
+    reason = err.value.reason
+    assert err.value.code == "CredentialsExpireTooSoon"
+    assert "expire at" in reason and until.strftime("%Y-%m-%d %H:%M UTC") in reason and "7200 s" in reason
+    assert "120 min longer" in reason or "119 min longer" in reason
+    assert "RunInstances" not in [op for _, op in rig.log.take()]  # nothing was launched
+    # Credentials that outlive the deadlines launch.
+    ok = rig.compute(**_session(timedelta(hours=4)))
+    assert "instance" in {r.kind for r in ok.launch(spec)}
+
+
+def test_no_key_pair_and_no_instance_profile_warns_no_recovery_login(rig: Rig) -> None:
+    checks = {c.name: c for c in rig.compute().validate()}
+    assert checks["recovery_login"].status == CheckStatus.warn
+    assert "no recovery login" in checks["recovery_login"].message
+    rig.ec2.create_key_pair(KeyName="ops")
+    assert "recovery_login" not in {c.name for c in rig.compute(key_name="ops").validate()}
+
+
+def test_egress_list_names_the_control_plane_url(rig: Rig) -> None:
+    from shared.providers.aws.compute import AwsCompute
+    from shared.settings import Settings
+
+    compute = AwsCompute(rig.config(), Settings(deployment_id="test", public_url="https://tensorant.example.com"),
+                         endpoint_url=rig.url, pricing_endpoint_url=rig.pricing.url, sleep=lambda s: None)
+    message = {c.name: c for c in compute.validate()}["not_proven"].message
+    assert "control plane at https://tensorant.example.com" in message and "heartbeats" in message
