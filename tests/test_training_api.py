@@ -35,19 +35,16 @@ def cloud() -> Cloud:
 
 @pytest.fixture
 def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
-    registry.CONFIGS["memory"] = MemoryConfig
-
     def factory(config: Any, settings: Settings) -> TwoOffers:
         return TwoOffers(config, settings, cloud)
 
-    registry.FACTORIES["memory"] = factory
+    undo = registry.override("memory", factory=factory, config_model=MemoryConfig)
     harness = Harness()
     harness.save_storage({"kind": "local"})
     harness.save_compute("memory", {})
     yield harness
     harness.close()
-    registry.CONFIGS.pop("memory", None)
-    registry.FACTORIES.pop("memory", None)
+    undo()
 
 
 def draft(h: Harness, **fields: Any) -> tuple[int, Any]:

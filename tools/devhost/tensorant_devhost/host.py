@@ -632,8 +632,13 @@ def _shutdown(server: Any) -> None:
                 pass
         closed.set()
 
-    server.trigger.pull_trigger(close_all)
-    closed.wait(10)
+    try:
+        server.trigger.pull_trigger(close_all)
+        closed.wait(10)
+    except OSError:
+        # The loop already ended and closed its trigger (a connection error took it down):
+        # no select() is running any more, so closing here is safe.
+        close_all()
     server.task_dispatcher.shutdown(cancel_pending=True, timeout=15)
 
 
