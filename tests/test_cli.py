@@ -77,6 +77,10 @@ def setup_org(h: LocalHost, capsys: pytest.CaptureFixture[str], *compute_set: st
     while "local-smoke" not in h.cli(capsys, "catalog", "--provider", "local", "-q")[1]:
         assert time.monotonic() < deadline, "the local catalog never filled in"
         time.sleep(0.2)
+    # Launch needs the compute connection connected; its check may still run (a busy host).
+    while any(c["status"] == "checking" for c in json.loads(h.cli(capsys, "connections", "show", "--json")[1])["items"]):
+        assert time.monotonic() < deadline + 30, "the connections never finished their checks"
+        time.sleep(0.2)
     code, project, _ = h.cli(capsys, "projects", "create", "demo", "-q")
     assert code == 0 and project.strip().startswith("p-") and "\n" not in project.strip()
     data = Path(os.environ["TENSORANT_LOCAL_ROOT"]).parent / "train.jsonl"
@@ -102,7 +106,7 @@ def test_a_run_end_to_end_with_q_last_watch_get_list_logs(local_host: LocalHost,
     assert code == 0 and out.startswith("created run r-")
     run_id = out.split()[2]
     code, out, err = h.cli(capsys, "runs", "launch", "--last", "--yes", "-q")
-    assert (code, out.strip()) == (0, run_id)
+    assert (code, out.strip()) == (0, run_id), err
 
     code, out, _ = h.cli(capsys, "runs", "watch", "--last", "--interval", "0.2")
     assert code == 0, out

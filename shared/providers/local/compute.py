@@ -49,6 +49,10 @@ MARK_MANAGED = "TENSORANT_MANAGED"
 MARK_DEPLOYMENT = "TENSORANT_DEPLOYMENT_ID"
 MARK_ORG = "TENSORANT_ORG"
 MARK_RUN = "TENSORANT_RUN_ID"
+# The machines directory of the control plane that started the process: two control planes on
+# one host (two checkouts, two test sessions) with the same deployment id never touch each
+# other's agents.
+MARK_ROOT = "TENSORANT_LOCAL_MACHINES"
 BILLING_NOTE = "local: nothing bills"
 # What the run's agent processes look like -> machine state (see describe).
 STATE_MAP = {
@@ -81,6 +85,7 @@ class Proc:
     org: str
     run_id: str
     started_at: datetime
+    root: str = ""
 
     @property
     def stopped(self) -> bool:
@@ -137,7 +142,8 @@ def scan() -> tuple[list[Proc], dict[int, list[int]]]:
             continue
         marked.append(Proc(pid=pid, pgid=pgid, state=state, deployment=env[MARK_DEPLOYMENT],
                            org=env.get(MARK_ORG, ""), run_id=env[MARK_RUN],
-                           started_at=datetime.fromtimestamp(boot + start / ticks, tz=UTC)))
+                           started_at=datetime.fromtimestamp(boot + start / ticks, tz=UTC),
+                           root=env.get(MARK_ROOT, "")))
     return marked, groups
 
 
@@ -158,6 +164,10 @@ class LocalCompute:
         trainer), else the real LoRA trainer on this host's CPU (shared/providers/local/trainer.py)."""
         return self.config.trainer_command or self.settings.trainer_command or DEFAULT_TRAINER
 
+    def _ours(self, p: Proc) -> bool:
+        # A process without the root mark predates it: judged by its deployment alone.
+        return p.deployment == self.deployment and p.root in ("", str(self.machines))
+
     def workdir(self, ref: RunRef) -> Path:
         return self.machines / ref.name
 
@@ -168,7 +178,7 @@ class LocalCompute:
 
     def _procs(self, ref: RunRef) -> tuple[list[Proc], dict[int, list[int]]]:
         marked, groups = scan()
-        mine = [p for p in marked if p.deployment == self.deployment and p.run_id == ref.run_id]
+        mine = [p for p in marked if self._ours(p) and p.run_id == ref.run_id]
         return mine, groups
 
     @contextmanager
@@ -274,7 +284,7 @@ class LocalCompute:
         env["PYTHONUNBUFFERED"] = "1"
         # The marks go last so nothing in the bootstrap can change them.
         env.update({MARK_MANAGED: "true", MARK_DEPLOYMENT: spec.ref.deployment, MARK_ORG: spec.ref.org,
-                    MARK_RUN: spec.ref.run_id})
+                    MARK_ROOT: str(self.machines), MARK_RUN: spec.ref.run_id})
         return env
 
     # ---------------------------------------------------------------- Protocol
@@ -378,7 +388,7 @@ class LocalCompute:
         marked, _ = scan()
         by_run: dict[tuple[str, str], list[Proc]] = {}
         for p in marked:
-            if p.deployment == self.deployment:  # never another deployment's processes
+            if self._ours(p):  # never another deployment's or another control plane's processes
                 by_run.setdefault((p.org, p.run_id), []).append(p)
         for (org, run_id), procs in sorted(by_run.items()):
             ref = RunRef(deployment=self.deployment, org=org, run_id=run_id)
