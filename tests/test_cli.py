@@ -59,9 +59,13 @@ def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator
     from shared.providers.base import RunRef
     from shared.providers.local.compute import LocalCompute
     from shared.providers.local.config import LocalConfig
+    from shared.store import get_store
 
+    # Only this test's runs (its own tables): other test sessions on the same machine run
+    # local agents under the same deployment id, and those are not ours to judge or end.
+    mine = {r.id for org in ("org-a", "demo") for r in get_store().list_runs(org)}
     local = LocalCompute(LocalConfig(), settings.get_settings())
-    leaks = list(local.list_managed())
+    leaks = [res for res in local.list_managed() if res.run_id in mine]
     for res in leaks:
         local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
     assert not leaks, leaks
@@ -69,18 +73,11 @@ def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 def setup_org(h: LocalHost, capsys: pytest.CaptureFixture[str], *compute_set: str) -> tuple[str, str]:
     """Storage, a local connection, a project and a dataset, all through the CLI; (project, dataset)."""
-    import time
-
     assert h.cli(capsys, "connections", "save-storage", "--set", "kind=local")[0] == 0
-    assert h.cli(capsys, "connections", "save-compute", "local", "--set", "price_per_hour=0.5", *compute_set)[0] == 0
-    deadline = time.monotonic() + 30
-    while "local-smoke" not in h.cli(capsys, "catalog", "--provider", "local", "-q")[1]:
-        assert time.monotonic() < deadline, "the local catalog never filled in"
-        time.sleep(0.2)
-    # Launch needs the compute connection connected; its check may still run (a busy host).
-    while any(c["status"] == "checking" for c in json.loads(h.cli(capsys, "connections", "show", "--json")[1])["items"]):
-        assert time.monotonic() < deadline + 30, "the connections never finished their checks"
-        time.sleep(0.2)
+    code, out, err = h.cli(capsys, "connections", "save-compute", "local", "--set", "price_per_hour=0.5",
+                           *compute_set, "--wait")
+    assert code == 0 and "compute:local: connected" in out, (out, err)
+    assert "local-smoke" in h.cli(capsys, "catalog", "--provider", "local", "-q")[1]  # loaded with the checks
     code, project, _ = h.cli(capsys, "projects", "create", "demo", "-q")
     assert code == 0 and project.strip().startswith("p-") and "\n" not in project.strip()
     data = Path(os.environ["TENSORANT_LOCAL_ROOT"]).parent / "train.jsonl"
@@ -154,7 +151,8 @@ def test_failing_run_watch_exits_1_and_recover_waits_for_the_verdict(local_host:
     h = local_host
     project, dataset = setup_org(h, capsys, "--set", "trainer_command=sh -c 'echo boom; exit 3'")
     create_run(h, capsys, project, dataset)
-    assert h.cli(capsys, "runs", "launch", "--last", "--yes")[0] == 0
+    code, out, err = h.cli(capsys, "runs", "launch", "--last", "--yes")
+    assert code == 0, (out, err)
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -177,6 +177,8 @@ def cmd_dev_token(args: argparse.Namespace, client: Client) -> int:
 def cmd_connections(args: argparse.Namespace, client: Client) -> int:
     if args.action == "save-compute":
         conn = client.put(f"/api/connections/compute/{args.provider}", _body_from(args, client, args.provider))
+        if args.wait:
+            return _wait_connected(args, client, conn)
         _emit(args, conn, lambda: _show_connection(conn), ids=[])
     elif args.action == "save-storage":
         conn = client.put("/api/connections/storage", _body_from(args, client, "storage"))
@@ -195,11 +197,26 @@ def cmd_connections(args: argparse.Namespace, client: Client) -> int:
         _emit(args, data, text, ids=[str(c.get("slot")) for c in conns])
     elif args.action == "check":
         conn = client.post(f"/api/connections/compute/{args.provider}/check")
+        if args.wait:
+            return _wait_connected(args, client, conn)
         _emit(args, conn, lambda: _show_connection(conn), ids=[])
     elif args.action == "delete":
         client.delete(f"/api/connections/compute/{args.provider}")
         print(f"deleted the {args.provider} connection")
     return 0
+
+
+def _wait_connected(args: argparse.Namespace, client: Client, conn: Any, timeout: float = 120) -> int:
+    """Wait until the checks have run (and the catalog is loaded); 0 if connected, 1 if failed."""
+    deadline = time.monotonic() + timeout
+    while isinstance(conn, dict) and conn.get("status") == "checking":
+        if time.monotonic() > deadline:
+            print(f"error: the checks did not finish within {timeout:.0f} s", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+        conn = client.get(f"/api/connections/compute/{args.provider}")
+    _emit(args, conn, lambda: _show_connection(conn), ids=[])
+    return 0 if isinstance(conn, dict) and conn.get("status") == "connected" else 1
 
 
 def _show_connection(c: Any) -> None:
@@ -732,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = _group(sub, "connections", "compute and storage connections")
     for name, help_, example in (
             ("save-compute", "save a compute connection (values typed by the API schema)",
-             "tensorant connections save-compute local --set price_per_hour=0\n"
+             "tensorant connections save-compute local --set price_per_hour=0 --wait\n"
              "tensorant connections save-compute aws --from-file aws.json --set workspace_disk_gb=200"),
             ("save-storage", "save the organization's storage",
              "tensorant connections save-storage --set kind=local")):
@@ -743,8 +760,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the whole connection body as a JSON file")
         s.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="set a field, typed by the schema (repeatable; a.b=c nests)")
+        if name == "save-compute":
+            s.add_argument("--wait", action="store_true",
+                           help="wait for the checks and the catalog; exit 1 if the connection failed")
     _leaf(c, "show", "all of the organization's connections and their checks", "tensorant connections show")
-    _leaf(c, "check", "check a compute connection again", "tensorant connections check aws").add_argument("provider")
+    ck = _leaf(c, "check", "check a compute connection again", "tensorant connections check aws --wait")
+    ck.add_argument("provider")
+    ck.add_argument("--wait", action="store_true", help="wait for the verdict; exit 1 if the connection failed")
     _leaf(c, "delete", "delete a compute connection", "tensorant connections delete aws",
           objects=False).add_argument("provider")
     for s in c.choices.values():
