@@ -64,3 +64,10 @@ def recover_run(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Retry a release that the cloud has not confirmed yet", response=RunView, status=202)
 def release_run(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: runs.retry_release(http.principal(req), req.route_params["id"]), status=202)
+
+
+@bp.route(route="runs/{id}/stop", methods=["POST"], auth_level=ANON)
+@http.api(summary="Stop a retained run's machine that was started for recovery (its disk is kept)",
+          response=RunView, status=202)
+def stop_run(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: runs.stop(http.principal(req), req.route_params["id"]), status=202)
