@@ -216,8 +216,12 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
     elif a == "logs":
         return _logs(args, client)
     elif a == "cancel":
-        run = client.post(f"/api/runs/{args.id}/cancel", {"discard": not args.keep})
+        return _cancel(args, client)
+    elif a == "stop":
+        run = client.post(f"/api/runs/{args.id}/stop")
         print(status_line(run) if isinstance(run, dict) else run)
+        if isinstance(run, dict) and run.get("billing_note"):
+            print(f"billing: {run['billing_note']}")
     elif a == "recover":
         if args.upload:
             run = client.request("POST", f"/api/runs/{args.id}/recover", data=Path(args.upload).read_bytes(),
@@ -231,6 +235,28 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
     elif a == "release":
         run = client.post(f"/api/runs/{args.id}/release")
         print(status_line(run) if isinstance(run, dict) else run)
+    return 0
+
+
+def _cancel(args: argparse.Namespace, client: Client) -> int:
+    """--keep keeps the disk; --discard deletes machine, disk and any output on them (asked
+    first on a terminal); neither: the API decides, and refuses for a run that may hold output."""
+    body: dict[str, Any] = {}
+    if args.keep:
+        body["discard"] = False
+    elif args.discard:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print("error: not confirmed; --discard deletes the machine, its disk and any adapter on it: "
+                      "pass --yes as well to discard without a prompt", file=sys.stderr)
+                return 1
+            answer = input(f"Discard run {args.id}: delete its machine and disk, with any adapter on them? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("not cancelled")
+                return 1
+        body["discard"] = True
+    run = client.post(f"/api/runs/{args.id}/cancel", body)
+    print(status_line(run) if isinstance(run, dict) else run)
     return 0
 
 
@@ -404,9 +430,15 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("id")
     lg.add_argument("--follow", "-f", action="store_true")
     lg.add_argument("--interval", type=float, default=2.0)
-    ca = r.add_parser("cancel", help="cancel; the machine and disk are deleted unless --keep")
+    ca = r.add_parser("cancel", help="cancel; a run that may hold output needs --discard or --keep")
     ca.add_argument("id")
-    ca.add_argument("--keep", action="store_true", help="keep the disk (retain) instead of discarding")
+    what = ca.add_mutually_exclusive_group()
+    what.add_argument("--keep", action="store_true", help="stop the machine and keep its disk for recovery")
+    what.add_argument("--discard", action="store_true",
+                      help="delete the machine and disk with any output on them (asks unless --yes)")
+    ca.add_argument("--yes", action="store_true", help="discard without a prompt")
+    st = r.add_parser("stop", help="stop a retained machine that was started for recovery (its disk is kept)")
+    st.add_argument("id")
     rc = r.add_parser("recover", help="recover a retained run")
     rc.add_argument("id")
     how = rc.add_mutually_exclusive_group(required=True)
