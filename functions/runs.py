@@ -98,3 +98,10 @@ def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
         return got
 
     return http.respond(call)
+
+
+@bp.route(route="runs/{id}/stop", methods=["POST"], auth_level=ANON)
+@http.api(summary="Stop a retained run's machine that was started for recovery (its disk is kept)",
+          response=RunView, status=202)
+def stop_run(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: runs.stop(http.principal(req), req.route_params["id"]), status=202)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -279,6 +279,9 @@ class RunRecord(Model):
     progress: float = 0.0
     reason: str = ""
     billing_note: str = ""
+    # When the retained machine was started for recovery (GPU billing resumed); None once
+    # it is stopped again (POST /api/runs/{id}/stop, or heartbeat-check's idle stop).
+    machine_started_at: datetime | None = None
     created_at: datetime
     updated_at: datetime
     state_changed_at: datetime
@@ -375,7 +378,12 @@ class RunLaunch(Model):
 
 
 class RunCancel(Model):
-    discard: bool = True
+    # No default: a run that may hold output (training and later) loses its only copy of
+    # the adapter on a discard, so the caller says which (issue 12.2). Drafts, queued runs
+    # and runs whose machine has not trained yet need none.
+    discard: bool | None = Field(default=None, description=(
+        "true: release the machine and disk and delete any output on them; false: stop the machine and keep "
+        "its disk for recovery. Required for a run that may hold output."))
 
 
 class RunRecover(Model):
@@ -396,6 +404,21 @@ class AgentComplete(Model):
     size: int = Field(default=0, ge=0)
     reason: str = Field(default="", max_length=2000)
     exit_code: int | None = None
+    # status failed: whether the machine holds output worth recovering (files in the output
+    # directory, an adapter.zip). None (an agent that does not say) = maybe: the run is retained.
+    output_exists: bool | None = None
+    last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
+
+
+class HeartbeatReply(Model):
+    """The control plane's answer to a heartbeat."""
+
+    state: RunState
+    stop: bool = Field(description="true: the run no longer trains; stop the trainer and keep the output")
+    # A fresh agent token, sent while the current one has less than half its life left: the
+    # agent switches to it (tokens are short-lived and refused once the run has ended).
+    token: str = ""
+    token_expires_at: datetime | None = None
 
 
 class SweepRequest(Model):

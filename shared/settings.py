@@ -58,6 +58,12 @@ class Settings(BaseModel):
     # Tests only: lets a custom S3 endpoint be http:// on a loopback/private address (moto,
     # local servers). Production refuses to start with it.
     allow_private_endpoints: bool = False
+    # A retained machine started for recovery is stopped again by heartbeat-check after this
+    # long (GPU billing resumed when it started), with a warning event on the run.
+    recovery_idle_stop_s: int = Field(default=3600, ge=60)
+    # Agent tokens live this long and are renewed through heartbeats; the first one also
+    # covers the provisioning timeout (image pull before the first heartbeat).
+    agent_token_ttl_s: int = Field(default=2 * 3600, ge=300, le=AGENT_TOKEN_MAX_TTL_S)
 
     @field_validator("env")
     @classmethod
@@ -106,6 +112,8 @@ _ENV = {
     "catalog_max_age_s": "TENSORANT_CATALOG_MAX_AGE_S",
     "user_token_max_ttl_s": "TENSORANT_USER_TOKEN_MAX_TTL_S",
     "allow_private_endpoints": "TENSORANT_ALLOW_PRIVATE_ENDPOINTS",
+    "recovery_idle_stop_s": "TENSORANT_RECOVERY_IDLE_STOP_S",
+    "agent_token_ttl_s": "TENSORANT_AGENT_TOKEN_TTL_S",
 }
 
 

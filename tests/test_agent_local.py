@@ -50,6 +50,8 @@ class FakeAgentApi:
         self.calls: list[tuple[str, str, dict[str, Any], str]] = []  # (run, what, body, auth)
         self.fail: dict[str, list[int]] = {}  # what -> status codes to answer first
         self.objects: dict[str, bytes] = {}  # a presigned-URL object store: path -> bytes
+        # what -> reply bodies to answer in turn (the last one repeats); none: {}
+        self.replies: dict[str, list[dict[str, Any]]] = {}
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,10 +74,12 @@ class FakeAgentApi:
                 status = codes.pop(0) if codes else 200
                 if status == 200:
                     api.calls.append((parts[3], what, body, self.headers.get("Authorization", "")))
+                answers = api.replies.get(what) or [{}]
+                reply = answers.pop(0) if len(answers) > 1 else answers[0]
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
-                self.wfile.write(b"{}")
+                self.wfile.write(json.dumps(reply).encode())
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -564,3 +568,216 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
     finally:
         agent.kill()
         agent.wait()
+
+
+# ---------------------------------------------------------------- restarts, stop, failures, tokens (issues 11, 12)
+
+REPO = str(Path(__file__).resolve().parent.parent)
+SMOKE = f"{sys.executable} -m shared.trainer.smoke"
+
+
+def in_process_agent(tmp_path: Path, api: FakeAgentApi, run_id: str, trainer_command: str,
+                     **extra: Any) -> Agent:
+    """An agent on a directory storage (a mounted volume), as the local provider gives it."""
+    storage = tmp_path / "storage"
+    (storage / "datasets").mkdir(parents=True, exist_ok=True)
+    (storage / "datasets" / "d1.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n')
+    fields: dict[str, Any] = {
+        "run_id": run_id, "api_url": api.url, "token": TOKEN, "base_model": "tensorant/smoke-tiny",
+        "data_dir": tmp_path / "data", "trainer_command": trainer_command, "heartbeat_interval_s": 0.05,
+        "storage_dir": str(storage), "dataset_key": "datasets/d1.jsonl", "adapter_key": f"runs/{run_id}/adapter.zip",
+        "logs_key": f"runs/{run_id}/logs.txt", "complete_retry_s": 5.0, "heartbeat_retry_s": 1.0, **extra}
+    environ = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": REPO, "TENSORANT_SMOKE_STEPS": "2",
+               "TENSORANT_SMOKE_STEP_SECONDS": "0.01", "TENSORANT_STOP_GRACE_S": "0.5"}
+    return Agent(AgentConfig(**fields), environ=environ)
+
+
+class Running:
+    """agent.run() on a thread; stop() ends its idling as SIGTERM would."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.code: list[int] = []
+        self.thread = threading.Thread(target=lambda: self.code.append(agent.run()), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> int:
+        self.agent.stop.set()
+        self.thread.join(timeout=30)
+        self.agent.logs_file.close()
+        assert self.code, "the agent did not return"
+        return self.code[0]
+
+
+def state_of(tmp_path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((tmp_path / "data" / "agent-state.json").read_text())
+    return data
+
+
+def test_stop_in_a_heartbeat_reply_stops_the_trainer_and_a_restart_never_trains_again(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    # The trainer writes a checkpoint, then ignores SIGTERM: the agent must SIGKILL it after the grace.
+    trainer = ('echo partial > "$TENSORANT_OUTPUT_DIR/checkpoint-1.txt" && '
+               f'{sys.executable} -c "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); '
+               "print('trainer pid', os.getpid(), flush=True); time.sleep(120)\"")
+    running = Running(in_process_agent(tmp_path, api, "run-stop", trainer))
+    agent = running.agent
+    line = wait_until(lambda: next((x for x in list(agent.tail) if x.startswith("trainer pid")), None))
+    pid = int(line.split()[-1])
+    api.replies["heartbeat"] = [{"state": "retaining", "stop": True}]
+    t0 = time.monotonic()
+    wait_until(lambda: state_of(tmp_path).get("stopped"), timeout=15)
+    assert time.monotonic() - t0 < 10
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or
+               Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX")
+    state = state_of(tmp_path)
+    assert state["phase"] == "training" and "control plane said stop" in state["stop_reason"]
+    assert running.thread.is_alive()  # idles: the machine is the control plane's to stop
+    assert api.of("run-stop", "complete") == []
+    calls = len(api.calls)
+    time.sleep(0.3)
+    assert len(api.calls) == calls  # no heartbeats once stopped
+    assert running.stop() == 0
+    checkpoint = tmp_path / "data" / "adapter" / "checkpoint-1.txt"
+    assert checkpoint.read_text() == "partial\n"
+
+    # A RunPod resume / VM restart: the same disk, a new agent. It neither trains nor wipes.
+    again = Running(in_process_agent(tmp_path, api, "run-stop", "touch ran-again"))
+    time.sleep(0.5)
+    assert again.thread.is_alive() and len(api.calls) == calls
+    assert not (tmp_path / "data" / "ran-again").exists() and checkpoint.exists()
+    assert again.stop() == 0
+
+
+def test_a_restart_after_the_trainer_finished_exports_without_training_again(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    from shared.adapters.smoke import build_adapter_zip
+
+    output = tmp_path / "data" / "adapter"
+    output.mkdir(parents=True)
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(build_adapter_zip("tensorant/smoke-tiny"))) as zf:
+        zf.extractall(output)
+    (tmp_path / "data" / "agent-state.json").write_text(json.dumps(
+        {"run_id": "run-resume", "phase": "trained", "trainer_exit": 0}))
+    running = Running(in_process_agent(tmp_path, api, "run-resume", "exit 9"))  # would fail if run
+    done = api.wait_complete("run-resume")
+    assert done["status"] == "ok", done
+    stored = (tmp_path / "storage" / "runs" / "run-resume" / "adapter.zip").read_bytes()
+    assert done["sha256"] == hashlib.sha256(stored).hexdigest()
+    assert verify_adapter(stored, base_model="tensorant/smoke-tiny", expected_sha256=done["sha256"]).ok
+    assert "training" not in [b["phase"] for b in api.of("run-resume", "heartbeat")]
+    wait_until(lambda: state_of(tmp_path).get("completion_sent"))
+    assert state_of(tmp_path)["adapter_sha256"] == done["sha256"]
+    assert running.stop() == 0
+
+
+def test_a_restart_mid_training_reports_and_keeps_the_output(tmp_path: Path, api: FakeAgentApi) -> None:
+    output = tmp_path / "data" / "adapter"
+    output.mkdir(parents=True)
+    (output / "partial.bin").write_bytes(b"x" * 10)
+    (tmp_path / "data" / "agent-state.json").write_text(json.dumps({"run_id": "run-mid", "phase": "training"}))
+    running = Running(in_process_agent(tmp_path, api, "run-mid", "touch ran-again"))
+    done = api.wait_complete("run-mid")
+    assert done["status"] == "failed" and done["output_exists"] is True
+    assert "restarted while the trainer was running" in done["reason"]
+    assert (output / "partial.bin").exists() and not (tmp_path / "data" / "ran-again").exists()
+    assert running.stop() == 0
+
+    # A completion recorded but never sent (the agent died while reporting) is sent on restart.
+    api.calls.clear()
+    (tmp_path / "data" / "agent-state.json").write_text(json.dumps(
+        {"run_id": "run-mid", "phase": "exported", "completion": {"status": "failed", "reason": "x"}}))
+    again = Running(in_process_agent(tmp_path, api, "run-mid", "touch ran-again"))
+    assert api.wait_complete("run-mid") == {"status": "failed", "reason": "x"}
+    assert api.of("run-mid", "heartbeat") == []
+    assert again.stop() == 0
+
+
+def test_a_trainer_failing_before_any_output_says_so_with_its_last_lines(tmp_path: Path, api: FakeAgentApi) -> None:
+    trainer = 'echo "loading model" && echo "RuntimeError: CUDA out of memory" >&2 && exit 3'
+    running = Running(in_process_agent(tmp_path, api, "run-oom", trainer))
+    done = api.wait_complete("run-oom")
+    assert done["status"] == "failed" and done["exit_code"] == 3 and done["output_exists"] is False
+    assert done["last_lines"] == ["loading model", "RuntimeError: CUDA out of memory"]
+    assert running.stop() == 0
+
+
+def test_a_renewed_token_from_a_heartbeat_reply_is_used_and_kept(tmp_path: Path, api: FakeAgentApi) -> None:
+    renewed = "renewed-token-" + "Q7" * 10
+    api.replies["heartbeat"] = [{"state": "preparing", "stop": False, "token": renewed}, {"stop": False}]
+    running = Running(in_process_agent(tmp_path, api, "run-tok", SMOKE))
+    api.wait_complete("run-tok")
+    auths = [auth for run, _, _, auth in api.calls if run == "run-tok"]
+    assert auths[0] == f"Bearer {TOKEN}" and set(auths[1:]) == {f"Bearer {renewed}"}
+    state_file = tmp_path / "data" / "agent-state.json"
+    assert state_of(tmp_path)["token"] == renewed and state_file.stat().st_mode & 0o077 == 0
+    assert running.stop() == 0
+    assert renewed not in (tmp_path / "data" / "logs.txt").read_text()
+
+
+def test_archive_path_follows_the_docs_for_runpod_network_storage_on_a_cloud_host(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    """RunPod volume storage from an AWS/Azure host: presigned URLs plus the volume's keys."""
+    signature = "?X-Amz-Signature=" + "ab" * 16
+    api.objects["/vol/datasets/d1.jsonl"] = b'{"text": "a"}\n'
+    urls = {"storage_dir": "", "dataset_url": f"{api.url}/vol/datasets/d1.jsonl{signature}",
+            "adapter_upload_url": f"{api.url}/vol/runs/run-vol/adapter.zip{signature}",
+            "logs_upload_url": f"{api.url}/vol/runs/run-vol/logs.txt{signature}"}
+    running = Running(in_process_agent(tmp_path, api, "run-vol", SMOKE, **urls))
+    assert api.wait_complete("run-vol")["status"] == "ok"
+    kept = tmp_path / "data" / "runs" / "run-vol" / "adapter.zip"
+    assert kept.read_bytes() == api.objects["/vol/runs/run-vol/adapter.zip"]
+    assert not (tmp_path / "data" / "adapter.zip").exists()
+    assert running.stop() == 0
+    # Custom S3 (no volume keys) and a mounted directory keep DATA_DIR/adapter.zip.
+    s3 = in_process_agent(tmp_path / "s3", api, "run-s3", SMOKE, **{**urls, "adapter_key": ""})
+    mounted = in_process_agent(tmp_path / "dir", api, "run-dir", SMOKE)
+    try:
+        assert s3.archive_path() == tmp_path / "s3" / "data" / "adapter.zip"
+        assert mounted.archive_path() == tmp_path / "dir" / "data" / "adapter.zip"
+    finally:
+        s3.logs_file.close()
+        mounted.logs_file.close()
+
+
+def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeAgentApi) -> None:
+    import pwd as pwd_module
+
+    from shared.agent.main import Failed
+
+    agent = in_process_agent(tmp_path, api, "run-user", SMOKE)
+    agent.environ["TENSORANT_TRAINER_USER"] = "trainer"
+    chowned: list[tuple[Path, int, int]] = []
+    agent.chown = lambda path, uid, gid: chowned.append((path, uid, gid))
+    agent.getpwnam = lambda name: pwd_module.struct_passwd(
+        (name, "x", 10001, 10002, "", "/home/trainer", "/bin/sh"))
+    dataset, output = tmp_path / "data" / "dataset.jsonl", tmp_path / "data" / "adapter"
+    dataset.write_text("{}\n")
+    output.mkdir()
+    try:
+        agent.geteuid = lambda: 0
+        kwargs = agent.trainer_popen_kwargs(dataset, output)
+        assert (kwargs["user"], kwargs["group"], kwargs["extra_groups"]) == (10001, 10002, [])
+        assert kwargs["env"]["HOME"] == "/home/trainer" and kwargs["env"]["USER"] == "trainer"
+        assert "TENSORANT_RUN_TOKEN" not in kwargs["env"]
+        assert chowned == [(output, 10001, 10002)]
+        # Not root: no switch possible (and none attempted).
+        agent.geteuid = lambda: 1000
+        kwargs = agent.trainer_popen_kwargs(dataset, output)
+        assert "user" not in kwargs and "group" not in kwargs and len(chowned) == 1
+        # Root without the variable: as before.
+        agent.geteuid = lambda: 0
+        del agent.environ["TENSORANT_TRAINER_USER"]
+        assert "user" not in agent.trainer_popen_kwargs(dataset, output)
+        agent.environ["TENSORANT_TRAINER_USER"] = "nobody-here"
+
+        def unknown(name: str) -> Any:
+            raise KeyError(name)
+
+        agent.getpwnam = unknown
+        with pytest.raises(Failed, match="is not a user on this machine"):
+            agent.trainer_popen_kwargs(dataset, output)
+    finally:
+        agent.logs_file.close()

@@ -7,13 +7,29 @@ adapter and reports completion:
   -> heartbeat "training": run TENSORANT_TRAINER_COMMAND, stream its output, send the
      lines batched in heartbeats (every interval and at phase changes), progress from
      `progress=<0..1>` lines
-  -> heartbeat "exporting": zip the output directory to DATA_DIR/adapter.zip, upload it
+  -> heartbeat "exporting": zip the output directory to the archive path, upload it
      and the logs -> POST complete {status: ok, sha256, size}
-  A trainer that exits non-zero or writes no adapter -> POST complete {status: failed}.
+  A trainer that exits non-zero or writes no adapter -> POST complete {status: failed,
+  output_exists, last_lines}: the control plane retains the machine only if output exists.
+
+The archive path is DATA_DIR/adapter.zip, except with RunPod network storage on an AWS or
+Azure host (presigned URLs plus the volume's keys): DATA_DIR/runs/<RUN_ID>/adapter.zip.
 
 Afterwards it idles, sending nothing, until the control plane stops or deletes the
-machine (SIGTERM exits). The data directory survives a retained machine, so adapter.zip
+machine (SIGTERM exits). The data directory survives a retained machine, so the archive
 can be recovered from it.
+
+Restarts (a RunPod resume, a VM restart) start the agent again on the same data directory:
+DATA_DIR/agent-state.json (written atomically) records the phase reached, the trainer's
+exit, the adapter's sha256, the completion and whether it was sent, and a stop. A finished
+or stopped phase is never run again and the output folder is never wiped: a stopped or
+completed run idles, a finished trainer goes straight to export, a trainer interrupted
+without a recorded stop is reported failed with its output kept. A heartbeat reply with
+`stop: true` stops the trainer (SIGTERM, SIGKILL after TENSORANT_STOP_GRACE_S, 30), records
+the stop and idles; a reply's `token` replaces the run token (tokens are short-lived).
+
+Running as root with TENSORANT_TRAINER_USER set, the trainer runs as that user (its own
+HOME, owning the output directory), so it cannot read the agent's environment or state.
 
 Environment: TENSORANT_RUN_ID, TENSORANT_API_URL, TENSORANT_RUN_TOKEN (never printed),
 TENSORANT_BASE_MODEL, TENSORANT_DATA_DIR (/workspace/data), TENSORANT_TRAINER_COMMAND
@@ -39,6 +55,7 @@ import base64
 import hashlib
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -50,6 +67,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +82,7 @@ MAX_PENDING_LINES = 5000
 MAX_BYTES_PER_HEARTBEAT = 128 * 1024
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 STATE_FILE = "agent-state.json"
+TAIL_LINES = 20  # the trainer lines a failure report carries
 # `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
 _PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
 BOOTSTRAP_VAR = "TENSORANT_BOOTSTRAP"
@@ -215,38 +234,95 @@ def describe_error(exc: BaseException) -> str:
     return redact_text(f"{type(exc).__name__}: {exc}")
 
 
-class ControlPlane:
-    """POSTs to /api/agent/runs/{id}/{heartbeat,complete} with the run's bearer token."""
+@dataclass
+class Answer:
+    ok: bool
+    body: dict[str, Any]
+    rejected: bool = False  # a 4xx: sending the same again will not help
 
-    def __init__(self, config: AgentConfig, log: Callable[[str], None]) -> None:
+
+class ControlPlane:
+    """POSTs to /api/agent/runs/{id}/{heartbeat,complete} with the run's bearer token.
+
+    The token is short-lived: a heartbeat reply may carry a fresh one, which replaces it
+    (and is kept in the state file, so a restarted agent still holds a valid one)."""
+
+    def __init__(self, config: AgentConfig, log: Callable[[str], None], token: str = "") -> None:
         self.config = config
         self.log = log
         self.rejected = 0  # the HTTP status of the last post the control plane refused (a 4xx), else 0
+        self.token = token or config.token
 
-    def post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> bool:
+    def switch_token(self, token: str) -> None:
+        register_secret(token)
+        self.token = token
+
+    def post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> Answer:
         url = f"{self.config.api_url}/api/agent/runs/{self.config.run_id}/{what}"
         data = json.dumps(body).encode()
 
-        def send() -> None:
+        def send() -> dict[str, Any]:
             request = urllib.request.Request(url, data=data, method="POST", headers={
                 "Content-Type": "application/json",
-                "Authorization": f"Bearer {self.config.token}",
+                "Authorization": f"Bearer {self.token}",
             })
             with urllib.request.urlopen(request, timeout=30) as response:
-                response.read()
+                raw = response.read()
+            try:
+                reply = json.loads(raw) if raw else {}
+            except ValueError:
+                reply = {}
+            return reply if isinstance(reply, dict) else {}
 
         self.rejected = 0
         try:
-            with_retries(send, give_up_after_s=give_up_after_s, log=self.log, what=what)
-            return True
+            return Answer(True, with_retries(send, give_up_after_s=give_up_after_s, log=self.log, what=what))
         except urllib.error.HTTPError as exc:
             self.rejected = exc.code if 400 <= exc.code < 500 else 0
             detail = exc.read(500).decode("utf-8", "replace") if exc.fp else ""
             self.log(f"{what} rejected: HTTP {exc.code}: {redact_text(detail)}")
-            return False
+            return Answer(False, {}, rejected=400 <= exc.code < 500 and exc.code != 429)
         except Exception as exc:
             self.log(f"{what} gave up: {describe_error(exc)}")
-            return False
+            return Answer(False, {})
+
+
+class AgentState:
+    """The agent's progress on the persistent data directory (DATA_DIR/agent-state.json).
+
+    A RunPod resume or a VM restart starts the agent again on the same disk: what it reached
+    decides what it does (issue 12.3). Fields: run_id, phase (preparing, training, trained,
+    exporting, exported), trainer_exit, adapter_sha256, adapter_size, completion (the body
+    to send), completion_sent, stopped + stop_reason, token (the latest renewed one).
+    Written atomically (temporary file, fsync, rename), mode 0600: it holds the token.
+    """
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {}
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            loaded = None
+        if isinstance(loaded, dict):
+            if "completed" in loaded and "completion" not in loaded:  # the earlier format
+                loaded = {"completion": loaded["completed"], "completion_sent": True}
+            if loaded.get("run_id", run_id) == run_id:
+                self.data = loaded
+        self.data["run_id"] = run_id
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def update(self, **values: Any) -> None:
+        self.data.update(values)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
 
 
 # ---------------------------------------------------------------- storage
@@ -311,10 +387,11 @@ class UrlStorage:
 
 
 class Failed(Exception):
-    def __init__(self, reason: str, exit_code: int | None = None) -> None:
+    def __init__(self, reason: str, exit_code: int | None = None, *, output_exists: bool | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.exit_code = exit_code
+        self.output_exists = output_exists  # None: look at the output directory
 
 
 class Agent:
@@ -325,9 +402,13 @@ class Agent:
             register_secret(secret)
         self.data_dir = config.data_dir
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.output = self.data_dir / "adapter"
         self.logs_path = self.data_dir / "logs.txt"
         self.logs_file = open(self.logs_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (lives as long as the agent)
-        self.stop = threading.Event()
+        self.state = AgentState(self.data_dir / STATE_FILE, config.run_id)
+        self.stop = threading.Event()  # SIGTERM: the machine is stopping; the agent exits
+        self.halted = threading.Event()  # a heartbeat reply said stop: the agent stops training and idles
+        self.halt_reason = ""
         self.lock = threading.Lock()
         self.pending: list[str] = []
         self.dropped = 0
@@ -337,7 +418,16 @@ class Agent:
         self.send_lock = threading.Lock()  # one heartbeat at a time: batches stay in order
         self.reported = threading.Event()  # set once complete was sent: heartbeats stop
         self.last_line = ""
-        self.api = ControlPlane(config, self.log)
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # the trainer's last lines, for a failure report
+        self.stop_grace_s = float(self.environ.get("TENSORANT_STOP_GRACE_S") or 30)
+        saved_token = self.state.get("token")
+        if isinstance(saved_token, str) and saved_token:
+            register_secret(saved_token)
+        self.api = ControlPlane(config, self.log, token=saved_token if isinstance(saved_token, str) else "")
+        # Seams for the trainer-user tests (they cannot run as root).
+        self.geteuid: Callable[[], int] = os.geteuid
+        self.getpwnam: Callable[[str], Any] = pwd.getpwnam
+        self.chown: Callable[[Path, int, int], None] = os.chown
 
     # -- output
 
@@ -368,7 +458,8 @@ class Agent:
     def _tick(self) -> None:
         """Heartbeats every interval in every phase (a long download or upload included),
         so the control plane knows the machine is alive; phase changes send one at once."""
-        while not self.stop.wait(self.config.heartbeat_interval_s) and not self.reported.is_set():
+        while not self.stop.wait(self.config.heartbeat_interval_s) and not self.reported.is_set() \
+                and not self.halted.is_set():
             self.heartbeat(self.phase)
 
     def _send_heartbeat(self, phase: str) -> None:
@@ -379,7 +470,8 @@ class Agent:
                 self.dropped = 0
         for i, batch in enumerate(_batches(lines) or [[]]):
             body = {"phase": phase, "progress": round(min(max(self.progress, 0.0), 1.0), 4), "logs": batch}
-            if not self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s):
+            answer = self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s)
+            if not answer.ok:
                 if self.api.rejected not in (0, 409, 429):
                     # Refused as it is (too large, invalid): sending it again would be refused
                     # again forever. Drop it; the full log is uploaded with the adapter.
@@ -389,47 +481,109 @@ class Agent:
                 with self.lock:  # keep what did not get through for the next heartbeat
                     self.pending[:0] = [line for b in _batches(lines)[i:] for line in b]
                 return
+            self._obey(answer.body)
+
+    def _obey(self, reply: dict[str, Any]) -> None:
+        token = reply.get("token")
+        if isinstance(token, str) and token:
+            self.api.switch_token(token)
+            self.state.update(token=token)
+        if reply.get("stop") is True and not self.halted.is_set():
+            # The run left the active phases (cancelled with keep, a deadline, retained): training
+            # must stop, and its output stay on the disk for recovery.
+            self.halt_reason = f"the control plane said stop (the run is {reply.get('state') or 'no longer active'})"
+            self.halted.set()
 
     def complete(self, body: dict[str, Any]) -> bool:
+        # Recorded before it is sent: an agent restarted meanwhile sends this, never trains again.
+        self.state.update(completion=body)
         with self.send_lock:
             self.reported.set()
-        ok = self.api.post("complete", body, give_up_after_s=self.config.complete_retry_s)
-        if ok:
-            (self.data_dir / STATE_FILE).write_text(json.dumps({"completed": body}))
-        return ok
+        answer = self.api.post("complete", body, give_up_after_s=self.config.complete_retry_s)
+        if answer.ok or answer.rejected:  # a 4xx: the run has moved on; sending it again would not help
+            self.state.update(completion_sent=True)
+        return answer.ok
+
+    def _interrupted(self) -> bool:
+        return self.stop.is_set() or self.halted.is_set()
+
+    def _record_stop(self) -> None:
+        if not self.state.get("completion"):
+            reason = self.halt_reason if self.halted.is_set() else "SIGTERM (the machine is stopping)"
+            self.state.update(stopped=True, stop_reason=reason)
+            self.log(f"stopped: {reason}; training is not run again and the output is kept")
 
     # -- steps
 
     def run(self) -> int:
-        if (self.data_dir / STATE_FILE).exists():
+        st = self.state
+        if st.get("completion_sent"):
             self.log("this run already reported completion; idling")
+            return self.idle()
+        if st.get("stopped"):
+            self.log(f"this run was stopped earlier ({st.get('stop_reason') or 'no reason recorded'}); "
+                     "not training again, the output is kept; idling")
+            return self.idle()
+        if st.get("completion"):
+            self.log("sending the completion recorded before the restart")
+            self.complete(st.get("completion"))
             return self.idle()
         threading.Thread(target=self._tick, daemon=True).start()
         try:
-            self.heartbeat("preparing", 0.0)
-            dataset = self.fetch_dataset()
-            self.heartbeat("training", 0.0)
-            self.train(dataset)
-            if self.stop.is_set():
-                return 143
+            if st.get("phase") == "training" and st.get("trainer_exit") is None:
+                # Restarted while the trainer ran (no stop recorded: a crash or a reboot). Training
+                # again would overwrite its output: report instead, and let the control plane keep it.
+                raise Failed("the agent restarted while the trainer was running (the machine restarted?); "
+                             "training is not run again, so whatever it wrote is kept")
+            if st.get("phase") not in ("trained", "exporting", "exported"):
+                self.heartbeat("preparing", 0.0)
+                st.update(phase="preparing")
+                dataset = self.fetch_dataset()
+                if self._interrupted():
+                    return self._stopped()
+                self.heartbeat("training", 0.0)
+                st.update(phase="training")
+                self.train(dataset)
+                if self._interrupted():
+                    return self._stopped()
+                st.update(phase="trained", trainer_exit=0)
+            else:
+                self.log(f"resuming after a restart: the trainer finished earlier (phase {st.get('phase')}); "
+                         "exporting its output")
             self.heartbeat("exporting", 1.0)
+            st.update(phase="exporting")
             sha256, size = self.export()
+            st.update(phase="exported", adapter_sha256=sha256, adapter_size=size)
             self.upload_logs()
             self.heartbeat("exporting", 1.0)
             self.complete({"status": "ok", "sha256": sha256, "size": size})
         except Failed as exc:
-            if self.stop.is_set():
-                return 143
+            if self._interrupted():
+                return self._stopped()
             self.log(exc.reason)
             self.heartbeat(self.phase)
             self.upload_logs()
-            self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code})
+            exists = self.output_exists() if exc.output_exists is None else exc.output_exists
+            self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code,
+                           "output_exists": exists, "last_lines": [line[:500] for line in self.tail]})
+        return self.idle()
+
+    def _stopped(self) -> int:
+        self._record_stop()
+        if self.stop.is_set():
+            return 143
         return self.idle()
 
     def idle(self) -> int:
         """Stay up like a VM would, until the control plane stops or deletes the machine."""
         self.stop.wait()
         return 0
+
+    def output_exists(self) -> bool:
+        """Whether the machine holds anything worth recovering: a file the trainer wrote, an archive."""
+        if self.archive_path().is_file():
+            return True
+        return self.output.is_dir() and any(p.is_file() for p in self.output.rglob("*"))
 
     def storage(self) -> DirStorage | UrlStorage:
         if self.config.storage_dir:
@@ -445,7 +599,7 @@ class Agent:
         try:
             storage.fetch(source, dest)
         except Exception as exc:
-            raise Failed(f"could not download the dataset: {describe_error(exc)}") from exc
+            raise Failed(f"could not download the dataset: {describe_error(exc)}", output_exists=False) from exc
         self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
         return dest
 
@@ -460,23 +614,48 @@ class Agent:
                 env[key] = value
         return env
 
+    def trainer_popen_kwargs(self, dataset: Path, output: Path) -> dict[str, Any]:
+        """Everything subprocess.Popen gets besides the command. An agent running as root with
+        TENSORANT_TRAINER_USER set (the image sets it) runs the trainer as that user, owning its
+        output directory: the trainer executes the customer's model code and must not read
+        /proc/<agent>/environ (the run token, storage URLs) nor the state file (issue 11.11)."""
+        env = self.trainer_env(dataset, output)
+        kwargs: dict[str, Any] = {"shell": True, "cwd": self.data_dir, "env": env, "stdin": subprocess.DEVNULL,
+                                  "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        name = self.environ.get("TENSORANT_TRAINER_USER", "")
+        if not name:
+            return kwargs
+        if self.geteuid() != 0:
+            self.log(f"not running as root: the trainer runs as the agent's user, not {name}")
+            return kwargs
+        try:
+            pw = self.getpwnam(name)
+        except KeyError:
+            raise Failed(f"TENSORANT_TRAINER_USER {name!r} is not a user on this machine", output_exists=False) \
+                from None
+        self.chown(output, pw.pw_uid, pw.pw_gid)
+        os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
+        env.update(HOME=pw.pw_dir, USER=name, LOGNAME=name)
+        kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+        return kwargs
+
     def train(self, dataset: Path) -> None:
-        output = self.data_dir / "adapter"
-        shutil.rmtree(output, ignore_errors=True)  # never export a previous attempt's files
+        output = self.output
+        shutil.rmtree(output, ignore_errors=True)  # the first attempt only: a restart never gets here
+        output.mkdir(parents=True)
+        kwargs = self.trainer_popen_kwargs(dataset, output)
         self.log(f"starting trainer: {self.config.trainer_command}")
-        proc = subprocess.Popen(self.config.trainer_command, shell=True, cwd=self.data_dir,
-                                env=self.trainer_env(dataset, output), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(self.config.trainer_command, **kwargs)
         self.trainer = proc
         reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
         reader.start()
         while proc.poll() is None:
-            if self.stop.wait(0.05):
-                proc.terminate()
-                proc.wait()
+            if self.stop.wait(0.05) or self.halted.is_set():
+                self.stop_trainer(proc)
                 return
         reader.join(timeout=10)
         code = proc.returncode
+        self.state.update(trainer_exit=code)
         self.heartbeat("training")  # the phase's last lines and progress, before the phase changes
         if code != 0:
             tail = self._last_trainer_line()
@@ -484,9 +663,26 @@ class Agent:
                          exit_code=code)
         missing = [name for name in REQUIRED_OUTPUT if not (output / name).is_file()]
         if missing:
-            raise Failed(f"the trainer finished but wrote no {', '.join(missing)} to its output directory",
-                         exit_code=code)
+            raise Failed(f"the trainer exited with code 0 but wrote no {', '.join(missing)} to its output "
+                         "directory", exit_code=code)
         self.log("trainer finished")
+
+    def stop_trainer(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM to the trainer and everything it started, SIGKILL after the grace period.
+        The trainer stays in the agent's process group (the local provider signals the group),
+        so its processes are found by parentage."""
+        self.log(f"stopping the trainer (SIGTERM, SIGKILL after {self.stop_grace_s:g} s)")
+        victims = [proc.pid, *_descendants(proc.pid)]
+        _signal_all(victims, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + self.stop_grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in victims[1:]):
+            time.sleep(0.05)
+        _signal_all([pid for pid in [proc.pid, *victims[1:], *_descendants(proc.pid)] if _alive(pid)], signal.SIGKILL)
+        proc.wait()
 
     def _read_output(self, stream: BinaryIO) -> None:
         for raw in stream:
@@ -495,18 +691,32 @@ class Agent:
             if match:
                 self.progress = min(max(float(match.group(1)), 0.0), 1.0)
             self.last_line = line
+            self.tail.append(redact_text(line))
             self._record(line)
 
     def _last_trainer_line(self) -> str:
         return redact_text(self.last_line)[:300]
 
+    def archive_path(self) -> Path:
+        """Where adapter.zip is kept on the machine (the product docs' recovery paths): with RunPod
+        network storage reached through its S3 API (presigned URLs plus the volume's keys, i.e. an
+        AWS or Azure host) it is DATA_DIR/runs/<RUN_ID>/adapter.zip, the volume's own layout;
+        otherwise DATA_DIR/adapter.zip."""
+        key = self.config.adapter_key
+        if key and not self.config.storage_dir and self.config.adapter_upload_url:
+            path = (self.data_dir / key).resolve()
+            if str(path).startswith(str(self.data_dir.resolve()) + os.sep):
+                return path
+        return self.data_dir / "adapter.zip"
+
     def export(self) -> tuple[str, int]:
-        output = self.data_dir / "adapter"
+        output = self.output
         if not (output / "manifest.json").exists():
             self._write_manifest(output)
-        final = self.data_dir / "adapter.zip"
-        tmp = self.data_dir / "adapter.zip.tmp"
+        final = self.archive_path()
+        tmp = final.with_name(final.name + ".tmp")
         try:
+            final.parent.mkdir(parents=True, exist_ok=True)
             with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
                 for path in sorted(output.rglob("*")):
                     if path.is_symlink() or not path.is_file():
@@ -515,14 +725,15 @@ class Agent:
                     zf.write(path, path.relative_to(output).as_posix(), compress_type=compress)
             tmp.replace(final)
         except OSError as exc:
-            raise Failed(f"could not write adapter.zip: {describe_error(exc)}") from exc
+            raise Failed(f"could not write adapter.zip: {describe_error(exc)}", output_exists=True) from exc
         sha256, size = file_sha256(final), final.stat().st_size
         storage = self.storage()
         target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
         try:
             storage.upload(target, final)
         except Exception as exc:
-            raise Failed(f"could not upload adapter.zip: {describe_error(exc)}; it is kept on the machine") from exc
+            raise Failed(f"could not upload adapter.zip: {describe_error(exc)}; it is kept on the machine at "
+                         f"{final}", output_exists=True) from exc
         self.log(f"adapter uploaded ({size} bytes, sha256 {sha256})")
         return sha256, size
 
@@ -543,6 +754,47 @@ class Agent:
         except Exception as exc:
             # Logs are a convenience; their loss must not fail the run.
             self.log(f"could not upload logs: {describe_error(exc)}")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc (Linux: the agent's only platform)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def file_sha256(path: Path) -> str:

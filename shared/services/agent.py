@@ -1,15 +1,21 @@
-"""What the agent on the machine reports: heartbeats (phase, progress, logs) and completion."""
+"""What the agent on the machine reports: heartbeats (phase, progress, logs) and completion.
+
+Agent tokens are short-lived (settings.agent_token_ttl_s) and renewed through heartbeat
+replies while the run is active; a run that has ended refuses its agent's calls whatever
+the token's expiry (issue 11.10). A failed completion retains the machine only where it may
+hold recoverable output; otherwise the run is released and failed (issue 12.5).
+"""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
-from shared.clock import now
-from shared.errors import ConcurrencyError, Conflict, InvalidInput
-from shared.models import AgentComplete, Heartbeat, RunRecord, RunState, StepMessage
+from shared.clock import now, now_ts
+from shared.errors import ConcurrencyError, Conflict, InvalidInput, Unauthorized
+from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
-from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, transition
+from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition
 from shared.runs.steps import Step
 from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
@@ -22,6 +28,12 @@ def _walk(run: RunRecord, target: RunState) -> RunRecord:
         nxt = PHASE_ORDER[PHASE_ORDER.index(run.state) + 1]
         run = transition(run, nxt, reason="")
     return run
+
+
+def refuse_ended(run: RunRecord) -> None:
+    """An ended run's agent token no longer authenticates, whatever its expiry."""
+    if run.state in TERMINAL:
+        raise Unauthorized(f"the run is {run.state.value}: its agent token is no longer accepted")
 
 
 # Agent logs are bounded at every step (issue 11.7): a line, a heartbeat, a stored chunk, a run.
@@ -39,9 +51,12 @@ def _cap_line(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + TRUNCATED_MARK
 
 
-def heartbeat(org: str, run_id: str, hb: Heartbeat) -> dict[str, Any]:
+def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None = None) -> dict[str, Any]:
     """One read and one ETag-guarded write of the run, plus one write per log chunk (and an
-    event only when the state moves or the run's log limit is first reached)."""
+    event only when the state moves or the run's log limit is first reached).
+
+    `token_exp`: the expiry of the token the agent sent; a fresh one is handed out in the reply
+    while the run is active and less than half of a token's lifetime is left."""
     store = get_store()
     t = now()
     lines = [_cap_line(line) for line in hb.logs]
@@ -85,12 +100,36 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat) -> dict[str, Any]:
     if wrote and decided["warn"]:
         event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
               "(the full log is uploaded with the adapter)")
-    return {"state": run.state.value, "stop": run.state not in ACTIVE}
+    if not wrote:
+        refuse_ended(run)
+    reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE}
+    ttl = get_settings().agent_token_ttl_s
+    if run.state in ACTIVE and token_exp is not None and token_exp - now_ts() < ttl / 2:
+        from shared.security import mint_agent_token
+
+        reply["token"] = mint_agent_token(org, run_id, ttl_s=ttl)
+        reply["token_expires_at"] = (t + timedelta(seconds=ttl)).isoformat()
+    return reply
+
+
+def _failure_reason(body: AgentComplete) -> str:
+    if body.exit_code == 0:
+        # Not "training failed (exit code 0)": the trainer said it succeeded but left no adapter.
+        head = "the trainer exited with code 0 but wrote no adapter"
+    else:
+        head = "training failed" + (f" (exit code {body.exit_code})" if body.exit_code is not None else "")
+    return f"{head}: {body.reason or 'no reason given'}"
+
+
+def _last_lines(body: AgentComplete) -> str:
+    lines = [line for line in body.last_lines if line.strip()][-10:]
+    return ("; the trainer's last lines:\n" + "\n".join(lines)) if lines else ""
 
 
 def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
     store = get_store()
     run, _ = store.get_run(org, run_id)
+    refuse_ended(run)
     before = run.state
     if body.status == "ok" and not body.sha256:
         raise InvalidInput.field("sha256", "a successful completion reports the adapter archive's sha256")
@@ -101,12 +140,18 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         if body.status == "ok":
             r = _walk(r, RunState.verifying)
             return r.model_copy(update={"adapter_sha256": body.sha256, "adapter_size": body.size, "progress": 1.0})
-        code = f" (exit code {body.exit_code})" if body.exit_code is not None else ""
-        return transition(r, RunState.retaining, reason=f"training failed{code}: {body.reason or 'no reason given'}; "
-                          "the machine is stopped and its disk kept so output can be recovered")
+        if body.output_exists is False:
+            # Nothing on the machine to recover: keeping its disk would only bill.
+            return transition(r, RunState.releasing, outcome=Outcome.failed, reason=(
+                _failure_reason(body) + "; the trainer left no output to recover, so the machine and disk are "
+                "released" + _last_lines(body))[:4000])
+        return transition(r, RunState.retaining, reason=_failure_reason(body) + "; the machine is stopped and its "
+                          "disk kept so output can be recovered" + _last_lines(body)[:2000])
 
     run, wrote = store.mutate_run(org, run_id, change)
-    if not wrote and run.state not in (RunState.verifying, RunState.retaining) and before not in ACTIVE:
+    repeated = run.state in (RunState.verifying, RunState.retaining) or (
+        run.state == RunState.releasing and run.outcome == Outcome.failed and body.status == "failed")
+    if not wrote and not repeated and before not in ACTIVE:
         raise Conflict(f"the run is {run.state.value}; it no longer takes a completion")
     if wrote:
         transition_event(before, run)
@@ -115,4 +160,6 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         get_queues().send(Step.verify_adapter, StepMessage(org=org, run_id=run_id))
     elif run.state == RunState.retaining:
         get_queues().send(Step.retain, StepMessage(org=org, run_id=run_id))
+    elif run.state == RunState.releasing and (wrote or repeated):
+        get_queues().send(Step.release, StepMessage(org=org, run_id=run_id))
     return {"state": run.state.value}

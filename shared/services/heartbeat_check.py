@@ -11,6 +11,9 @@ launch step writes provisioning before any cloud call), so it fails with nothing
 Whether the machine still exists is the retain step's question: one that vanished outside
 the control plane fails the run with "nothing to retain or release".
 
+A retained machine started for recovery bills for its GPU: it is stopped again once it has
+been up settings.recovery_idle_stop_s, with a warning event (issue 12.4).
+
 One query per tick (the runs in the states watched), a write only for a run that acts.
 """
 
@@ -24,7 +27,8 @@ from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, transition
 from shared.runs.steps import Resender, Step, resent_by
-from shared.services.run_events import transition_event
+from shared.services.run_events import event, transition_event
+from shared.settings import get_settings
 from shared.store import get_store
 
 # A run sitting in one of these states this long without any write lost its message (a
@@ -56,10 +60,15 @@ def missed_deadline(run: RunRecord, t: datetime) -> str | None:
 
 def check_all() -> dict[str, int]:
     store, t = get_store(), now()
-    counts = {"retained": 0, "failed": 0, "resent": 0}
-    for run in store.list_runs_all_orgs(states=set(ACTIVE) | set(RESEND)):
+    counts = {"retained": 0, "failed": 0, "resent": 0, "stopped": 0}
+    idle_stop_s = get_settings().recovery_idle_stop_s
+    for run in store.list_runs_all_orgs(states=set(ACTIVE) | set(RESEND) | {RunState.retained}):
         why = missed_deadline(run, t) if run.state in ACTIVE else None
-        if why:
+        if run.state == RunState.retained:
+            started = run.machine_started_at
+            if started is not None and (t - started).total_seconds() > idle_stop_s:
+                counts["stopped"] += _stop_idle_machine(run, idle_stop_s)
+        elif why:
             counts["retained"] += _retain(run, why + _cloud_reason(run))
         elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
             counts["failed"] += _fail_queued(run)
@@ -163,3 +172,19 @@ def _resend(run: RunRecord, t: datetime) -> int:
     # Written before sent: a crash in between delays the resend by one interval, never loses it.
     get_queues().send(RESEND[run.state], StepMessage(org=run.org, run_id=run.id, reason="resend"))
     return 1
+
+
+def _stop_idle_machine(run: RunRecord, idle_stop_s: int) -> int:
+    from shared.providers.errors import ProviderError
+    from shared.services.runs import stop_machine
+
+    why = (f"the machine started for recovery was stopped automatically after {idle_stop_s} s "
+           "(TENSORANT_RECOVERY_IDLE_STOP_S); start it again with recover mode start_machine if you need it")
+    try:
+        new = stop_machine(run, why="idle stop")
+    except ProviderError as exc:
+        event(run, "warning", f"the idle stop of the machine started for recovery failed: {redact_text(exc.reason)}; "
+              "it may still be billing; the next tick tries again")
+        return 0
+    event(new, "warning", why)
+    return 1 if new.machine_started_at is None else 0

@@ -25,7 +25,7 @@ from shared.services import org_secrets
 from shared.services.backends import compute_for, ref_of, storage_for
 from shared.services.run_events import event
 from shared.services.transitions import fail_to_release, move
-from shared.settings import get_settings
+from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
 from shared.store import get_store
 
 EXPORT_MARGIN_S = 3600  # after the runtime limit: time to export, verify and release
@@ -43,7 +43,9 @@ def launch_spec(run: RunRecord) -> LaunchSpec:
 
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
-    token = mint_agent_token(run.org, run.id)
+    # Short-lived, renewed through heartbeats (issue 11.10); the first covers the image pull too.
+    token = mint_agent_token(run.org, run.id, ttl_s=min(settings.provisioning_timeout_s + settings.agent_token_ttl_s,
+                                                        AGENT_TOKEN_MAX_TTL_S))
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S

@@ -43,6 +43,9 @@ from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 
 MAX_UPLOAD = 1024 * 1024 * 1024
+# A cancel of a run in these states must say discard true or false (issue 12.2).
+MAY_HOLD_OUTPUT = frozenset({RunState.training, RunState.exporting, RunState.verifying, RunState.retaining,
+                             RunState.retained, RunState.recovering})
 
 
 # A run view reads one bounded page of events (its timeline), never the whole partition.
@@ -378,7 +381,16 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
     def plan(state: RunState) -> tuple[RunState, Outcome | None, Step | None]:
         if state == RunState.draft:
             return RunState.cancelled, None, None
-        if body.discard or state == RunState.queued:
+        discard = body.discard
+        if discard is None:
+            if state in MAY_HOLD_OUTPUT:
+                # A bare cancel must never delete the only copy of an adapter (issue 12.2).
+                raise InvalidInput.field("discard", (
+                    f"the run is {state.value} and its machine may hold the only copy of its output; send "
+                    "discard: true (release the machine and disk, deleting any output on them) or discard: false "
+                    "(stop the machine and keep its disk for recovery)"))
+            discard = True  # not trained yet: nothing on the machine to keep
+        if discard or state == RunState.queued:
             # A queued run has no machine yet (launch writes provisioning before any cloud
             # call), so there is no disk to keep: it is released (nothing) and cancelled.
             return RunState.releasing, Outcome.cancelled, Step.release
@@ -428,10 +440,15 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
                            "retained: try mode start_machine again later, or recover with mode verify_saved or "
                            "an adapter.zip upload") from exc
         note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
+        note += (f"; it is stopped automatically after {get_settings().recovery_idle_stop_s} s, or stop it with "
+                 f"POST /api/runs/{run.id}/stop (`tensorant runs stop {run.id}`)")
         event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail)
+        started = now()
 
         def note_billing(r: RunRecord) -> RunRecord | None:
-            return r.model_copy(update={"billing_note": note, "updated_at": now()}) if r.state == RunState.retained else None
+            if r.state != RunState.retained:
+                return None
+            return r.model_copy(update={"billing_note": note, "machine_started_at": started, "updated_at": started})
 
         return view(store.mutate_run(run.org, run.id, note_billing)[0])
     sha = ""
@@ -506,3 +523,62 @@ def adapter(principal: Principal, run_id: str) -> AdapterStream | dict[str, Any]
         raise Conflict(f"the stored adapter has changed since it was verified (sha256 {sha[:12]}..., verified "
                        f"{run.adapter_sha256[:12]}...); it is not served")
     return AdapterStream(data=data, sha256=sha, filename=f"{run.id}-adapter.zip")
+
+
+# ---------------------------------------------------------------- stopping a machine started for recovery
+
+
+def stop(principal: Principal, run_id: str) -> RunView:
+    """Stop a retained run's machine again (provider.retain once more): a machine started for
+    recovery bills for its GPU until then. Safe to repeat; the disk is kept."""
+    require(principal, Role.owner, Role.member)
+    run, _ = get_store().get_run(principal.org, run_id)
+    if run.state not in (RunState.retained, RunState.recovering):
+        raise Conflict(f"only a retained run's machine can be stopped; this one is {run.state.value}"
+                       + ("" if run.state in TERMINAL else " (its machine is the control plane's to stop)"))
+    try:
+        run = stop_machine(run, why=f"stopped by {principal.sub}")
+    except ProviderError as exc:
+        raise Conflict(f"the cloud refused to stop the machine: {redact_text(exc.reason)}; it may still be "
+                       "billing: try again, or stop it in the cloud console") from exc
+    return view(run)
+
+
+def stop_machine(run: RunRecord, *, why: str) -> RunRecord:
+    """provider.retain on a retained run's machine; clears machine_started_at once the cloud confirms.
+    Raises ProviderError. Used by stop() and heartbeat-check's idle stop."""
+    from shared.runs.resources import merge_resources
+
+    resources = merge_resources(get_store().list_ledger(run.id), run.resources)
+    out = compute_for(run.org, run.provider).retain(ref_of(run), resources)
+    if out.done:
+        note = out.billing_note or "the machine is stopped; its disk still bills"
+        update: dict[str, Any] = {"billing_note": note, "machine_started_at": None}
+    else:
+        # Left started: a repeated stop (or the idle stop) asks the cloud again.
+        note = f"the machine is stopping; the cloud has not confirmed it yet ({out.detail or 'no detail'})"
+        update = {"billing_note": note}
+    event(run, "audit", f"{why}: {note}", detail=out.detail)
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in (RunState.retained, RunState.recovering):
+            return None
+        return r.model_copy(update={**update, "updated_at": now()})
+
+    return get_store().mutate_run(run.org, run.id, change)[0]
+
+
+def adapter_for_use(run: RunRecord, max_bytes: int = MAX_UPLOAD) -> bytes:
+    """The run's adapter archive as stored, refused unless its sha256 is the one recorded at
+    completion (the agent's report) or recovery. The agent's presigned upload URL outlives the
+    run, so an archive written after verification must never be served or verified as the run's."""
+    if not run.adapter_sha256:
+        raise Conflict("the run has no recorded adapter sha256; verify or recover it first")
+    data = storage_for(run.org).get(adapter_key(run.id), max_bytes)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != run.adapter_sha256:
+        event(run, "warning", "the stored adapter archive changed after it was recorded", expected=run.adapter_sha256,
+              actual=actual)
+        raise Conflict(f"the stored adapter archive (sha256 {actual}) is not the one recorded for this run "
+                       f"(sha256 {run.adapter_sha256}): it was replaced after the run reported it, and is refused")
+    return data

@@ -109,7 +109,9 @@ def test_trial_reaches_succeeded_over_http(api: Client) -> None:
 
 
 def test_failing_trainer_is_retained_then_recovered_by_upload(api: Client, tmp_path: Path) -> None:
-    project, dataset = setup_org(api, trainer_command="sh -c 'echo boom; exit 3'")
+    # It writes some output before failing: only then is there something to retain (issue 12.5).
+    project, dataset = setup_org(api, trainer_command="sh -c 'echo partial > \"$TENSORANT_OUTPUT_DIR/ckpt\"; "
+                                                      "echo boom; exit 3'")
     run_id = start_run(api, project, dataset)
     run = api.wait(f"/api/runs/{run_id}", lambda r: r["state"] in TERMINAL_OR_RETAINED)
     assert run["state"] == "retained", run

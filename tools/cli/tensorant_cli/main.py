@@ -397,9 +397,12 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
     elif a == "logs":
         return _logs(args, client)
     elif a == "cancel":
-        args.id = _run_id(args, client)
-        run = client.post(f"/api/runs/{args.id}/cancel", {"discard": not args.keep})
+        return _cancel(args, client)
+    elif a == "stop":
+        run = client.post(f"/api/runs/{_run_id(args, client)}/stop")
         print(status_line(run) if isinstance(run, dict) else run)
+        if isinstance(run, dict) and run.get("billing_note"):
+            print(f"billing: {run['billing_note']}")
     elif a == "recover":
         return _recover(args, client)
     elif a == "release":
@@ -478,6 +481,29 @@ def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
     out = Path(args.output or f"{args.id}-adapter.zip")
     out.write_bytes(data)
     print(f"saved {out} ({len(data)} bytes, sha256 {sha})")
+    return 0
+
+
+def _cancel(args: argparse.Namespace, client: Client) -> int:
+    """--keep keeps the disk; --discard deletes machine, disk and any output on them (asked
+    first on a terminal); neither: the API decides, and refuses for a run that may hold output."""
+    args.id = _run_id(args, client)
+    body: dict[str, Any] = {}
+    if args.keep:
+        body["discard"] = False
+    elif args.discard:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                print("error: not confirmed; --discard deletes the machine, its disk and any adapter on it: "
+                      "pass --yes as well to discard without a prompt", file=sys.stderr)
+                return 1
+            answer = input(f"Discard run {args.id}: delete its machine and disk, with any adapter on them? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("not cancelled")
+                return 1
+        body["discard"] = True
+    run = client.post(f"/api/runs/{args.id}/cancel", body)
+    print(status_line(run) if isinstance(run, dict) else run)
     return 0
 
 
@@ -822,9 +848,16 @@ def build_parser() -> argparse.ArgumentParser:
                objects=False, run_id=True)
     lg.add_argument("--follow", "-f", action="store_true")
     lg.add_argument("--interval", type=float, default=2.0)
-    ca = _leaf(r, "cancel", "cancel; the machine and disk are deleted unless --keep",
-               "tensorant runs cancel --last", objects=False, run_id=True)
-    ca.add_argument("--keep", action="store_true", help="keep the disk (retain) instead of discarding")
+    ca = _leaf(r, "cancel", "cancel; a run that may hold output needs --discard or --keep",
+               "tensorant runs cancel --last --keep\ntensorant runs cancel --last --discard --yes",
+               objects=False, run_id=True)
+    what = ca.add_mutually_exclusive_group()
+    what.add_argument("--keep", action="store_true", help="stop the machine and keep its disk for recovery")
+    what.add_argument("--discard", action="store_true",
+                      help="delete the machine and disk with any output on them (asks unless --yes)")
+    ca.add_argument("--yes", action="store_true", help="discard without a prompt")
+    _leaf(r, "stop", "stop a retained machine that was started for recovery (its disk is kept)",
+          "tensorant runs stop --last", objects=False, run_id=True)
     rc = _leaf(r, "recover", "recover a retained run; waits for the verification verdict",
                "tensorant runs recover --last --upload adapter.zip", run_id=True)
     how = rc.add_mutually_exclusive_group(required=True)

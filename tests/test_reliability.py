@@ -1,0 +1,254 @@
+"""Never lose a machine or an adapter (issue 12.2, 12.4, 12.5) and agent tokens tied to the
+run's life (issue 11.10): the real handlers on Azurite with the in-memory provider, and the
+real CLI against the loopback fake API of tests/test_cli.py."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shared.clock import now_ts
+from shared.errors import Conflict
+from shared.security import mint_agent_token
+from shared.store import get_store
+from tests import fakes
+from tests.fakes import Cloud
+from tests.harness import Harness, smoke_adapter_zip
+from tests.test_cli import FakeApi, run_cli
+
+cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
+
+
+def retained_run(h: Harness) -> str:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).complete_failed("boom")  # an agent that does not say whether output exists
+    assert h.get_run(run_id)["state"] == "retained"
+    return run_id
+
+
+def the_machine(cloud: Cloud) -> fakes.Machine:
+    [m] = cloud.machines.values()
+    return m
+
+
+# ---------------------------------------------------------------- 12.2 cancel needs an explicit discard
+
+
+@pytest.mark.parametrize("state", ["training", "retained"])
+def test_a_bare_cancel_of_a_run_that_may_hold_output_is_refused(h: Harness, cloud: Cloud, state: str) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    if state == "training":
+        h.agent(run_id).heartbeat("training", 0.5)
+    else:
+        h.agent(run_id).complete_failed("boom")
+    status, body, _ = h.call("POST", f"/api/runs/{run_id}/cancel", json_body={})
+    h.drain()
+    assert status == 422, body
+    assert body["errors"][0]["field"] == "discard"
+    assert "discard: true" in body["detail"] and "discard: false" in body["detail"]
+    assert h.get_run(run_id)["state"] == state
+    assert the_machine(cloud).disk_exists  # the only copy of the output is still there
+
+
+def test_runs_without_output_cancel_without_discard(h: Harness, cloud: Cloud) -> None:
+    draft = h.create_run("memory", "mem-a10")
+    h.ok("POST", f"/api/runs/{draft}/cancel", json_body={})
+    assert h.get_run(draft)["state"] == "cancelled"
+    provisioning = h.create_run("memory", "mem-a10")
+    h.launch(provisioning)
+    assert h.get_run(provisioning)["state"] == "provisioning"
+    h.ok("POST", f"/api/runs/{provisioning}/cancel", json_body={})
+    h.drain()
+    assert h.get_run(provisioning)["state"] == "cancelled" and not cloud.live()
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApi]:
+    fake = FakeApi()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+def _view(state: str) -> dict[str, Any]:
+    return {"id": "r1", "state": state, "phase": "", "progress": 0.0, "reason": ""}
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_cli_cancel_asks_before_a_discard(api: FakeApi, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    api.on("POST", "/api/runs/r1/cancel", _view("releasing"))
+    sent = lambda: [json.loads(r["body"]) for r in api.sent("POST", "/api/runs/r1/cancel")]  # noqa: E731
+    # Not a terminal and no --yes: refused, nothing sent.
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert run_cli(api, "runs", "cancel", "r1", "--discard") == 1
+    assert "--yes" in capsys.readouterr().err and sent() == []
+    # A terminal: asked; "n" sends nothing, "y" discards.
+    monkeypatch.setattr("sys.stdin", _Tty("n\n"))
+    assert run_cli(api, "runs", "cancel", "r1", "--discard") == 1
+    assert sent() == []
+    monkeypatch.setattr("sys.stdin", _Tty("y\n"))
+    assert run_cli(api, "runs", "cancel", "r1", "--discard") == 0
+    assert sent() == [{"discard": True}]
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert run_cli(api, "runs", "cancel", "r1", "--discard", "--yes") == 0
+    assert run_cli(api, "runs", "cancel", "r1", "--keep") == 0
+    # Neither: nothing is decided for the user (the API refuses where output may exist).
+    assert run_cli(api, "runs", "cancel", "r1") == 0
+    assert sent()[1:] == [{"discard": True}, {"discard": False}, {}]
+
+
+# ---------------------------------------------------------------- 12.4 stopping a machine started for recovery
+
+
+def test_stop_a_machine_started_for_recovery(h: Harness, cloud: Cloud) -> None:
+    run_id = retained_run(h)
+    m = the_machine(cloud)
+    assert m.state == "stopped"
+    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    assert m.state == "running"
+    assert "billing resumes" in run["billing_note"] and f"runs stop {run_id}" in run["billing_note"]
+    assert get_store().get_run(h.org, run_id)[0].machine_started_at is not None
+
+    status, run, _ = h.call("POST", f"/api/runs/{run_id}/stop", token="member")
+    assert status == 202, run
+    assert m.state == "stopped" and m.disk_exists
+    assert run["state"] == "retained" and run["billing_note"] == "compute stopped; the disk still bills"
+    assert get_store().get_run(h.org, run_id)[0].machine_started_at is None
+    # Only a retained run's machine is the user's to stop.
+    other = h.create_run("memory", "mem-a10")
+    status, body, _ = h.call("POST", f"/api/runs/{other}/stop")
+    assert status == 409 and "draft" in body["detail"]
+
+
+def test_an_idle_started_machine_is_stopped_with_a_warning(h: Harness, cloud: Cloud,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared import settings
+
+    monkeypatch.setenv("TENSORANT_RECOVERY_IDLE_STOP_S", "900")
+    settings.reset_settings()
+    run_id = retained_run(h)
+    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    m = the_machine(cloud)
+    h.clock.advance(600)
+    h.tick("heartbeat_check")
+    assert m.state == "running"  # inside the window
+    h.clock.advance(400)
+    h.tick("heartbeat_check")
+    assert m.state == "stopped" and m.disk_exists
+    run = h.get_run(run_id)
+    assert run["state"] == "retained"
+    warnings = [e["message"] for e in run["events"] if e["kind"] == "warning"]
+    assert any("stopped automatically after 900 s" in w for w in warnings), warnings
+    assert get_store().get_run(h.org, run_id)[0].machine_started_at is None
+
+
+def test_cli_runs_stop(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    api.on("POST", "/api/runs/r1/stop", {**_view("retained"), "billing_note": "compute stopped"})
+    assert run_cli(api, "runs", "stop", "r1") == 0
+    assert api.sent("POST", "/api/runs/r1/stop")
+    assert "billing: compute stopped" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- 12.5 retain only what can be recovered
+
+
+def _complete(h: Harness, run_id: str, **body: Any) -> Any:
+    a = h.agent(run_id)
+    out = h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=a.token, json_body={"status": "failed", **body})
+    h.drain()
+    return out
+
+
+def test_a_failure_with_nothing_to_recover_is_released(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.1)
+    _complete(h, run_id, reason="the trainer exited with code 1", exit_code=1, output_exists=False,
+              last_lines=["loading model", "RuntimeError: CUDA out of memory"])
+    run = h.get_run(run_id)
+    assert run["state"] == "failed", run
+    assert "CUDA out of memory" in run["reason"] and "no output to recover" in run["reason"]
+    assert not cloud.live()  # machine and disk gone: nothing bills
+
+
+def test_a_failure_after_output_is_retained(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    _complete(h, run_id, reason="could not upload adapter.zip", exit_code=None, output_exists=True)
+    assert h.get_run(run_id)["state"] == "retained"
+    assert the_machine(cloud).disk_exists
+
+
+def test_exit_code_0_without_an_adapter_says_so(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    _complete(h, run_id, reason="no adapter_config.json", exit_code=0, output_exists=False)
+    reason = h.get_run(run_id)["reason"]
+    assert "training failed (exit code 0)" not in reason
+    assert reason.startswith("the trainer exited with code 0 but wrote no adapter")
+
+
+# ---------------------------------------------------------------- 11.10 agent tokens and the adapter
+
+
+def _claims(token: str) -> dict[str, Any]:
+    import jwt
+
+    claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
+    return claims
+
+
+def test_agent_tokens_are_short_lived_renewed_and_refused_once_the_run_ended(h: Harness, cloud: Cloud) -> None:
+    from shared.settings import get_settings
+
+    s = get_settings()
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    boot = _claims(the_machine(cloud).env["TENSORANT_RUN_TOKEN"])
+    assert boot["exp"] - boot["iat"] == s.provisioning_timeout_s + s.agent_token_ttl_s  # not 8 days
+
+    young = mint_agent_token(h.org, run_id, ttl_s=s.agent_token_ttl_s)
+    path = f"/api/agent/runs/{run_id}/heartbeat"
+    reply = h.ok("POST", path, token=young, json_body={"phase": "preparing"})
+    assert reply["stop"] is False and "token" not in reply  # plenty of life left: no renewal
+    old = mint_agent_token(h.org, run_id, ttl_s=60)
+    reply = h.ok("POST", path, token=old, json_body={"phase": "training"})
+    fresh = reply["token"]
+    claims = _claims(fresh)
+    assert claims["run"] == run_id and claims["exp"] - now_ts() > s.agent_token_ttl_s - 60
+    assert h.ok("POST", path, token=fresh, json_body={"phase": "training"})["state"] == "training"
+
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
+    h.drain()
+    assert h.get_run(run_id)["state"] == "cancelled"
+    for what, body in (("heartbeat", {"phase": "training"}), ("complete", {"status": "failed"})):
+        status, problem, _ = h.call("POST", f"/api/agent/runs/{run_id}/{what}", token=fresh, json_body=body)
+        assert status == 401 and "cancelled" in problem["detail"], (what, problem)
+
+
+def test_an_adapter_replaced_after_verification_is_refused(h: Harness, cloud: Cloud) -> None:
+    from shared.services.runs import adapter_for_use
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    data = smoke_adapter_zip()
+    h.agent(run_id).train(data)
+    run = get_store().get_run(h.org, run_id)[0]
+    assert run.state.value == "succeeded"
+    assert adapter_for_use(run) == data
+    # The agent's presigned upload URL outlives the run: a late PUT replaces the object.
+    h.agent(run_id).upload(smoke_adapter_zip(rows=99))
+    with pytest.raises(Conflict, match=hashlib.sha256(data).hexdigest()):
+        adapter_for_use(run)
