@@ -17,9 +17,9 @@ from shared.errors import Conflict
 from shared.security import mint_agent_token
 from shared.store import get_store
 from tests import fakes
+from tests.fake_api import FakeApi, run_cli
 from tests.fakes import Cloud
 from tests.harness import Harness, smoke_adapter_zip
-from tests.test_cli import FakeApi, run_cli
 
 cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
