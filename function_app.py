@@ -19,6 +19,11 @@ from functions import (
     validate_connection,
     verify_adapter,
 )
+from shared.settings import get_settings
+
+# Settings are checked at start: a bad production setting fails the host here, at import,
+# not the first request (get_settings only reads the environment; no I/O).
+get_settings()
 
 app = func.FunctionApp()
 for module in (connections, catalog, projects, runs, agent, admin, validate_connection, refresh_catalog,
