@@ -102,8 +102,9 @@ class Harness:
              body: bytes | None = None, content_type: str = "application/json",
              params: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
         route = path.removeprefix("/api/").split("?")[0]
-        found = [(params, fn) for m, template, fn in self.routes
-                 if m == method and (params := template.match(route)) is not None]
+        # (`matched`, not `params`: the walrus binds in this scope and would drop the query.)
+        found = [(matched, fn) for m, template, fn in self.routes
+                 if m == method and (matched := template.match(route)) is not None]
         if not found:
             raise AssertionError(f"no route for {method} {path}")
         route_params, user = found[0]
