@@ -10,6 +10,7 @@ from functions import (
     docs,
     heartbeat_check,
     launch,
+    org_limits,
     projects,
     refresh_catalog,
     release,
@@ -26,7 +27,7 @@ from shared.settings import get_settings
 get_settings()
 
 app = func.FunctionApp()
-for module in (connections, catalog, projects, runs, agent, admin, validate_connection, refresh_catalog,
+for module in (connections, catalog, projects, runs, org_limits, agent, admin, validate_connection, refresh_catalog,
                launch, verify_adapter, retain, release, heartbeat_check, sweeper):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.

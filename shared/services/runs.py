@@ -27,6 +27,7 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.steps import Step
 from shared.security import Principal, require
+from shared.services import quotas
 from shared.services.backends import compute_for, compute_slot, ref_of, storage_for
 from shared.services.catalog import find_offer
 from shared.services.projects import new_id
@@ -52,6 +53,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
 
 def create(principal: Principal, body: RunCreate) -> RunView:
     require(principal, Role.owner, Role.member)
+    quotas.check_create(principal, body)  # 11.8: org limits and the run rate limit
     store = get_store()
     store.get_project(principal.org, body.project_id)
     dataset = store.get_dataset(principal.org, body.dataset_version_id)
@@ -98,6 +100,7 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     run, _ = store.get_run(principal.org, run_id)
     if run.state != RunState.draft:
         return view(run)  # launched already: a repeated click changes nothing
+    quotas.check_launch(principal, run)  # 11.8: org limits, active runs and the rate limit
     offer = find_offer(principal.org, run.provider, run.offer.offer_id)
     if offer.total_per_hour > run.price_limit_per_hour:
         raise Conflict(f"the offer now costs {offer.total_per_hour:.4f}/h, above the run's limit of "
