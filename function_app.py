@@ -11,6 +11,7 @@ from functions import (
     docs,
     heartbeat_check,
     launch,
+    org_limits,
     org_secrets,
     projects,
     refresh_catalog,
@@ -22,10 +23,16 @@ from functions import (
     validate_connection,
     verify_adapter,
 )
+from shared.settings import get_settings
+
+# Settings are checked at start: a bad production setting fails the host here, at import,
+# not the first request (get_settings only reads the environment; no I/O).
+get_settings()
 
 app = func.FunctionApp()
-for module in (connections, catalog, projects, runs, usage, agent, admin, validate_connection, refresh_catalog,
-               launch, verify_adapter, retain, release, heartbeat_check, sweeper, base_models, org_secrets):
+for module in (connections, catalog, projects, runs, usage, org_limits, agent, admin, validate_connection,
+               refresh_catalog, launch, verify_adapter, retain, release, heartbeat_check, sweeper, base_models,
+               org_secrets):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

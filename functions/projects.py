@@ -3,6 +3,7 @@ import azure.functions as func
 from shared import http
 from shared.models import DatasetVersionRecord, ProjectCreate, ProjectRecord
 from shared.services import projects
+from shared.services.projects import DatasetCommit
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS
@@ -25,8 +26,27 @@ def list_projects(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Upload a JSONL dataset version (each line validated)", request="application/x-ndjson",
           response=DatasetVersionRecord, status=201)
 def upload_dataset(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.upload_dataset(http.principal(req), req.route_params["id"], req.get_body()),
-                        status=201)
+    # The principal first: an anonymous caller learns nothing about the limits.
+    return http.respond(lambda: projects.upload_dataset(
+        http.principal(req), req.route_params["id"],
+        http.upload_body(req, what="the dataset", larger=LARGER)), status=201)
+
+
+LARGER = "upload larger datasets directly to storage: POST /api/projects/{id}/datasets/upload-url, then .../commit"
+
+
+@bp.route(route="projects/{id}/datasets/upload-url", methods=["POST"], auth_level=ANON)
+@http.api(summary="A presigned PUT URL for a dataset too large for the API (S3 / RunPod volume storage)")
+def dataset_upload_url(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: projects.dataset_upload_url(http.principal(req), req.route_params["id"]))
+
+
+@bp.route(route="projects/{id}/datasets/commit", methods=["POST"], auth_level=ANON)
+@http.api(summary="Validate a directly uploaded dataset (streamed from storage) and save it as a version",
+          request=DatasetCommit, response=DatasetVersionRecord, status=201)
+def commit_dataset(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: projects.commit_dataset(http.principal(req), req.route_params["id"],
+                                                        http.parse(req, DatasetCommit).model_dump()), status=201)
 
 
 @bp.route(route="projects/{id}/datasets", methods=["GET"], auth_level=ANON)

@@ -75,7 +75,8 @@ def recover_run(req: func.HttpRequest) -> func.HttpResponse:
     is_zip = (req.headers.get("Content-Type") or "").startswith(("application/zip", "application/octet-stream"))
     return http.respond(lambda: runs.recover(
         http.principal(req), req.route_params["id"],
-        upload=req.get_body() if is_zip else None,
+        upload=http.upload_body(req, what="the adapter archive", larger=(
+            "put it in storage at runs/<RUN_ID>/adapter.zip and recover with mode verify_saved")) if is_zip else None,
         body=None if is_zip else http.parse(req, RunRecover)), status=202)
 
 

@@ -20,9 +20,34 @@ PROBLEM = "application/problem+json"
 # No API body nests deeper than a few levels; deeper JSON is refused before it can reach
 # recursive code (pydantic, to_json, the store) and raise RecursionError (issue 12.12).
 MAX_JSON_DEPTH = 64
+# Bodies are held whole by the Functions host and the worker: every limit stays under the host's
+# request limit (100 MB by default), and is checked from Content-Length before the body is read.
+MAX_JSON_BYTES = 1024 * 1024
+MAX_UPLOAD_BYTES = 90 * 1024 * 1024  # datasets and adapter recovery uploads through the API
 
 
 Body = type[BaseModel] | str  # a model, or a media type / named body (see shared.openapi)
+
+
+class TooManyRequests(AppError):
+    """429 with Retry-After: a rate limit (shared/services/quotas.py)."""
+
+    status = 429
+    title = "Too many requests"
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.headers = {"Retry-After": str(max(1, int(retry_after_s)))}
+
+
+class PayloadTooLarge(AppError):
+    status = 413
+    title = "Payload too large"
+
+
+class LengthRequired(AppError):
+    status = 411
+    title = "Length required"
 
 
 def api(*, summary: str, request: Body | tuple[Body, ...] | None = None,
@@ -77,8 +102,38 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
+def declared_length(req: Any, limit: int, *, required: bool, what: str = "the body", larger: str = "") -> int | None:
+    """The request's Content-Length, checked before the body is read: 413 over `limit`,
+    400 when it is not a number, 411 when `required` and missing (uploads)."""
+    raw = req.headers.get("Content-Length")
+    if raw is None or raw == "":
+        if required:
+            raise LengthRequired(f"send a Content-Length header with {what} (uploads are not chunked); "
+                                 f"at most {limit // 2**20} MiB")
+        return None
+    if not raw.strip().isdigit() or len(raw.strip()) > 20:
+        raise AppError("Content-Length must be the body's size in bytes")
+    size = int(raw)
+    if size > limit:
+        raise PayloadTooLarge(f"{what} is {size} bytes, over the {limit // 2**20} MiB this endpoint takes"
+                              + (f"; {larger}" if larger else ""))
+    return size
+
+
+def upload_body(req: Any, limit: int = MAX_UPLOAD_BYTES, what: str = "the upload", larger: str = "") -> bytes:
+    """An upload's bytes, refused (411/413/400) before reading when its Content-Length says so."""
+    size = declared_length(req, limit, required=True, what=what, larger=larger)
+    body: bytes = req.get_body() or b""
+    if len(body) > limit or len(body) != size:
+        raise AppError(f"{what} has {len(body)} bytes, not the {size} its Content-Length says")
+    return body
+
+
 def json_body(req: Any) -> Any:
+    declared_length(req, MAX_JSON_BYTES, required=False, what="the JSON body")
     raw = req.get_body() or b"{}"
+    if len(raw) > MAX_JSON_BYTES:
+        raise PayloadTooLarge(f"the JSON body is over {MAX_JSON_BYTES // 2**20} MiB")
     try:
         data = json.loads(raw)
     except RecursionError as exc:
@@ -110,17 +165,19 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
-def reply(body: Any, status: int = 200, content_type: str = "application/json") -> Any:
+def reply(body: Any, status: int = 200, content_type: str = "application/json",
+          headers: dict[str, str] | None = None) -> Any:
     import azure.functions as func
 
     text = body if isinstance(body, str) else json.dumps(to_json(body), default=str)
     return func.HttpResponse(text, status_code=status, mimetype=content_type.split(";")[0],
-                             headers={"Content-Type": content_type})
+                             headers={"Content-Type": content_type, **(headers or {})})
 
 
-def problem(status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None) -> Any:
+def problem(status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None,
+            headers: dict[str, str] | None = None) -> Any:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "errors": errors or []}
-    return reply(body, status, PROBLEM)
+    return reply(body, status, PROBLEM, headers)
 
 
 def respond(call: Callable[[], Any], status: int = 200) -> Any:
@@ -128,7 +185,7 @@ def respond(call: Callable[[], Any], status: int = 200) -> Any:
     try:
         result = call()
     except AppError as exc:
-        return problem(exc.status, exc.title, redact(exc.detail), redact(exc.errors))
+        return problem(exc.status, exc.title, redact(exc.detail), redact(exc.errors), getattr(exc, "headers", None))
     except ValidationError as exc:
         err = invalid(exc)
         return problem(err.status, err.title, redact(err.detail), redact(err.errors))

@@ -85,7 +85,7 @@ EXAMPLES: dict[str, Any] = {
     "SweepRequest": {"dry_run": True},
     "ReplayRequest": {"message_id": None},
     # compute connections
-    "LocalConfig": {"price_per_hour": 0.0, "trainer_command": ""},
+    "LocalConfig": {"price_per_hour": 0.0},
     "AwsConfig": {"region": "us-east-1", "access_key_id": "AKIAIOSFODNN7EXAMPLE",
                   "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": "ami-0123456789abcdef0",
                   "subnet_id": "subnet-0123456789abcdef0", "security_group_id": "sg-0123456789abcdef0"},
@@ -144,14 +144,21 @@ def _provider_config(doc: _Doc) -> dict[str, Any]:
 
 
 def _storage_config(doc: _Doc) -> dict[str, Any]:
-    from typing import get_args
+    from typing import Annotated, Union, get_args
 
+    from pydantic import Field
+
+    from shared.settings import get_settings
     from shared.storage.config import StorageConfig
+    from shared.storage.registry import storage_config_models
 
-    members = get_args(get_args(StorageConfig)[0])
+    # In production without the dev-only kinds (local storage), as the save refuses them there.
+    members = storage_config_models(get_settings())
     examples = {m.__name__: {"summary": f"kind {m.model_fields['kind'].default}", "value": EXAMPLES[m.__name__]}
                 for m in members if m.__name__ in EXAMPLES}
-    return {"application/json": {"schema": doc.adapter(TypeAdapter(StorageConfig)), "examples": examples}}
+    union: Any = StorageConfig if len(members) == len(get_args(get_args(StorageConfig)[0])) else \
+        Annotated[Union[tuple(members)], Field(discriminator="kind")]  # noqa: UP007 (a runtime union)
+    return {"application/json": {"schema": doc.adapter(TypeAdapter(union)), "examples": examples}}
 
 
 NAMED_BODIES: dict[str, Callable[[_Doc], dict[str, Any]]] = {

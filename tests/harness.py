@@ -113,6 +113,8 @@ class Harness:
         if tok:
             headers["Authorization"] = f"Bearer {tok}"
         data = body if body is not None else (json.dumps(json_body).encode() if json_body is not None else b"")
+        if data:
+            headers["Content-Length"] = str(len(data))  # as every HTTP client sends it
         req = func.HttpRequest(method, f"http://localhost:7071/api/{route}", headers=headers, params=params or {},
                                route_params=route_params, body=data)
         resp = user(req)

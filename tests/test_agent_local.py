@@ -238,7 +238,7 @@ def test_failing_trainer_reports_failed_with_exit_code(world: dict[str, Any], ap
 def test_trainer_without_output_fails_and_transient_errors_are_retried(
         world: dict[str, Any], api: FakeAgentApi) -> None:
     # The configured trainer command wins over the smoke default; `true` writes nothing.
-    compute = LocalCompute(LocalConfig(trainer_command="true"), world["settings"])
+    compute = LocalCompute(LocalConfig(), world["settings"].model_copy(update={"trainer_command": "true"}))
     api.fail["complete"] = [503, 502]  # the control plane is briefly down when the agent reports
     spec = spec_for(world, api, "run-empty")
     compute.launch(spec)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, SecretStr
 
 from shared.errors import InvalidInput
 from shared.providers.base import ComputeProvider
+from shared.providers.errors import PermanentError
 from shared.settings import Settings
 
 ComputeFactory = Callable[[BaseModel, Settings], ComputeProvider]
@@ -38,10 +39,14 @@ class ProviderInfo:
     config_model: str  # "module:attr" of the pydantic model a user saves
     factory: str  # "module:attr" of a ComputeFactory
     sdk_modules: tuple[str, ...]  # SDK top-level modules it imports (lazily); never loaded by function_app
+    # Exists only outside production (TENSORANT_ENV=production): the local provider runs its
+    # "machine" as a process on the control plane's own host, which no tenant may have there.
+    dev_only: bool = False
 
 
 PROVIDERS: dict[str, ProviderInfo] = {p.name: p for p in (
-    ProviderInfo("local", "shared.providers.local.config:LocalConfig", "shared.providers.local.compute:build", ()),
+    ProviderInfo("local", "shared.providers.local.config:LocalConfig", "shared.providers.local.compute:build", (),
+                 dev_only=True),
     ProviderInfo("aws", "shared.providers.aws.config:AwsConfig", "shared.providers.aws.compute:build",
                  ("boto3", "botocore")),
     ProviderInfo("azure", "shared.providers.azure.config:AzureConfig", "shared.providers.azure.compute:build",
@@ -103,8 +108,31 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def compute_names() -> list[str]:
-    return sorted(set(PROVIDERS) | set(_overrides))
+def _settings(settings: Settings | None) -> Settings:
+    if settings is not None:
+        return settings
+    from shared.settings import get_settings
+
+    return get_settings()
+
+
+def available(provider: str, settings: Settings | None = None) -> bool:
+    """Whether `provider` exists in this deployment: a dev-only one is absent in production."""
+    info = PROVIDERS.get(provider)
+    return not (info is not None and info.dev_only and _settings(settings).is_production)
+
+
+def compute_names(settings: Settings | None = None) -> list[str]:
+    """The provider names this deployment offers (default: the app's settings); in production
+    without the dev-only ones, so the API, the OpenAPI and the docs never offer them there."""
+    return sorted(n for n in set(PROVIDERS) | set(_overrides) if available(n, settings))
+
+
+def refuse_unavailable(provider: str, settings: Settings | None = None) -> None:
+    """422 naming the provider when it does not exist in this deployment (saving a connection)."""
+    if not available(provider, settings):
+        raise InvalidInput.field("provider", f"the {provider} provider exists only outside production (it runs on "
+                                 f"the control plane's own host); use one of {', '.join(compute_names(settings))}")
 
 
 def sdk_modules() -> list[str]:
@@ -129,6 +157,10 @@ def factory(provider: str) -> ComputeFactory:
 
 
 def make_compute(provider: str, config: BaseModel, settings: Settings) -> ComputeProvider:
+    if not available(provider, settings):
+        # A row saved before production (or copied in): never run it on the production host.
+        raise PermanentError(f"the {provider} provider exists only outside production; this connection cannot be "
+                             "used here")
     return factory(provider)(config, settings)
 
 

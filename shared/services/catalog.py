@@ -13,6 +13,7 @@ from shared.clock import now
 from shared.errors import InvalidInput, NotFound
 from shared.log import get_logger
 from shared.models import CatalogRecord, ConnectionMessage, ConnectionStatus, GpuOffer, TrainingSettings
+from shared.providers import registry
 from shared.providers.errors import ProviderError
 from shared.queues import get_queues
 from shared.runs.steps import Step
@@ -60,14 +61,11 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
     model = base_models.declared(base_model) if base_model else None
     store = get_store()
     if provider:
-        from shared.providers import registry
-
-        if provider not in registry.compute_names():
-            raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
-                                     f"{', '.join(registry.compute_names())}")
+        registry.refuse_unavailable(provider)  # 11.1: no `local` offers in production
         slots = [compute_slot(provider)]
     else:
-        slots = [r.slot for r in store.list_connections(principal.org) if r.slot.startswith("compute:")]
+        slots = [r.slot for r in store.list_connections(principal.org) if r.slot.startswith("compute:")
+                 and registry.available(r.slot.removeprefix("compute:"))]
     items, catalogs = [], []
     for slot in slots:
         name = slot.removeprefix("compute:")

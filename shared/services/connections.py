@@ -37,7 +37,7 @@ from shared.runs.steps import Step
 from shared.security import Principal, require, seal
 from shared.services.backends import STORAGE_SLOT, compute_slot, storage_for, unsealed_config
 from shared.settings import get_settings
-from shared.storage.registry import make_storage, parse_storage_config
+from shared.storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
 from shared.store import get_store
 
 
@@ -82,6 +82,10 @@ def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionVi
     require(principal, Role.owner)
     if not isinstance(body, dict):
         raise InvalidInput.field("body", "send the connection fields as a JSON object")
+    registry.refuse_unavailable(provider)  # 11.1: `local` exists only outside production
+    if provider == "local" and "trainer_command" in body:
+        raise InvalidInput.field("trainer_command", "the trainer command is an operator setting "
+                                 "(TENSORANT_TRAINER_COMMAND), not part of a connection; remove the field")
     model = registry.config_model(provider)
     got = get_store().get_connection(principal.org, compute_slot(provider))
     existing = unsealed_config(got[0]) if got else None
@@ -97,6 +101,7 @@ def save_storage(principal: Principal, body: Any) -> ConnectionView:
     require(principal, Role.owner)
     if not isinstance(body, dict) or "kind" not in body:
         raise InvalidInput.field("kind", "say which storage: \"local\", \"s3\" or \"runpod_volume\"")
+    refuse_unavailable_storage(str(body["kind"]), get_settings())  # 11.1: local storage is dev-only
     got = get_store().get_connection(principal.org, STORAGE_SLOT)
     existing = unsealed_config(got[0]) if got else None
     try:

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
 import secrets
-from typing import Any
+from typing import Any, BinaryIO
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import now
-from shared.errors import InvalidInput
-from shared.models import DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
+from shared.errors import Conflict, InvalidInput
+from shared.http import MAX_UPLOAD_BYTES
+from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
 from shared.security import Principal, require
 from shared.services.backends import storage_for
-from shared.storage.base import dataset_key
+from shared.storage.base import STREAM_CHUNK, ObjectMissing, dataset_key, upload_key
 from shared.store import get_store
 
+# Through the API a dataset is at most shared.http.MAX_UPLOAD_BYTES (90 MiB, under the Functions
+# host's request limit); a direct upload to storage (upload-url + commit) up to this.
 MAX_DATASET_BYTES = 256 * 1024 * 1024
+MAX_LINE_BYTES = 16 * 1024 * 1024
+DIRECT_UPLOAD_TTL_S = 3600
 MAX_REPORTED_LINES = 20
 ROLES = {"system", "user", "assistant", "tool"}
 
@@ -60,48 +69,174 @@ def line_problem(obj: Any) -> str | None:
     return "needs \"messages\", \"prompt\"+\"completion\" or \"text\""
 
 
-def validate_jsonl(data: bytes) -> int:
-    if not data.strip():
-        raise InvalidInput.field("body", "the dataset is empty; upload JSONL with one example per line")
-    if len(data) > MAX_DATASET_BYTES:
-        raise InvalidInput.field("body", f"the dataset is over {MAX_DATASET_BYTES // 2**20} MiB; split it")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput.field("body", f"the dataset is not UTF-8 (byte {exc.start}); re-save it as UTF-8") from exc
-    rows, errors = 0, list[dict[str, Any]]()
-    for n, line in enumerate(text.splitlines(), start=1):
+class DatasetCommit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset_id: str = Field(pattern=ID_PATTERN, description="the dataset_id upload-url returned")
+
+
+class CheckedJsonl:
+    """A reader over a JSONL source that hashes every byte and checks each line as it passes,
+    so a dataset streams to storage in one pass without a second copy in memory.
+
+    Errors: a non-UTF-8 line or a dataset over max_bytes raise at once (from read());
+    invalid example lines are collected and reported by finish(), all of them at once.
+    """
+
+    def __init__(self, source: BinaryIO, max_bytes: int) -> None:
+        self.source = source
+        self.max_bytes = max_bytes
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.rows = 0
+        self.bad = 0
+        self.errors: list[dict[str, Any]] = []  # the first MAX_REPORTED_LINES only
+        self._partial = b""
+        self._line_no = 0
+        self._line_start = 0  # byte offset of the partial line
+
+    def read(self, n: int = -1) -> bytes:
+        chunk: bytes = self.source.read(n if n and n > 0 else STREAM_CHUNK)
+        if chunk:
+            self._feed(chunk)
+        return chunk
+
+    def _feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.max_bytes:
+            raise InvalidInput.field("body", f"the dataset is over {self.max_bytes // 2**20} MiB; split it")
+        self.sha.update(chunk)
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            line = self._partial + chunk[start:end] if self._partial else chunk[start:end]
+            self._partial = b""
+            self._line(line)
+            self._line_start += len(line) + 1
+            start = end + 1
+        if start < len(chunk):
+            self._partial += chunk[start:]
+            if len(self._partial) > MAX_LINE_BYTES:
+                raise InvalidInput.field("body", f"line {self._line_no + 1} is longer than "
+                                         f"{MAX_LINE_BYTES // 2**20} MiB; one example per line")
+
+    def _line(self, raw: bytes) -> None:
+        self._line_no += 1
+        n = self._line_no
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput.field("body", f"the dataset is not UTF-8 (byte {self._line_start + exc.start}); "
+                                     "re-save it as UTF-8") from exc
         if not line.strip():
-            continue
+            return
         try:
             problem = line_problem(json.loads(line))
         except json.JSONDecodeError as exc:
             problem = f"is not valid JSON ({exc.msg})"
         if problem:
-            # The field names the line; the message is only what is wrong with it, so a client
-            # that prints "field: message" says "line 2: is not valid JSON", once.
-            errors.append({"field": f"line {n}", "line": n, "message": problem})
-        rows += 1
-    if errors:
-        shown = errors[:MAX_REPORTED_LINES]
-        listed = f"the first {len(shown)} are listed" if len(errors) > len(shown) else "each is listed"
-        raise InvalidInput(f"{len(errors)} of {rows} lines are not valid examples ({listed}); fix them and "
-                           "upload again", errors=shown)
-    return rows
+            self.bad += 1
+            if len(self.errors) < MAX_REPORTED_LINES:
+                self.errors.append({"field": f"line {n}", "line": n, "message": problem})
+        self.rows += 1
+
+    def finish(self) -> int:
+        """After the source is read to its end: the rows, or the invalid lines as one 422."""
+        if self._partial:
+            self._line(self._partial)
+            self._partial = b""
+        if not self.rows:
+            raise InvalidInput.field("body", "the dataset is empty; upload JSONL with one example per line")
+        if self.bad:
+            shown = self.errors
+            more = f" (and {self.bad - len(shown)} more)" if self.bad > len(shown) else ""
+            raise InvalidInput(f"{self.bad} of {self.rows} lines are not valid examples{more}; fix them and upload "
+                               "again: " + "; ".join(f"{e['field']}: {e['message']}" for e in shown), errors=shown)
+        return self.rows
+
+
+def validate_jsonl(data: bytes, max_bytes: int = MAX_DATASET_BYTES) -> int:
+    """Check a whole dataset held in memory (no copy of it is made)."""
+    checked = CheckedJsonl(io.BytesIO(data), max_bytes)
+    while checked.read(STREAM_CHUNK):
+        pass
+    return checked.finish()
+
+
+def _store_checked(org: str, key: str, source: BinaryIO, max_bytes: int) -> CheckedJsonl:
+    """Stream `source` into storage at `key` while checking it; nothing is kept if it is invalid."""
+    storage = storage_for(org)
+    checked = CheckedJsonl(source, max_bytes)
+    storage.put_stream(key, checked)  # a line error raised while streaming leaves no object
+    try:
+        checked.finish()
+    except InvalidInput:
+        storage.delete(key)
+        raise
+    return checked
+
+
+def _record(principal: Principal, project_id: str, dataset_id: str, key: str, checked: CheckedJsonl
+            ) -> DatasetVersionRecord:
+    rec = DatasetVersionRecord(org=principal.org, project_id=project_id, id=dataset_id, rows=checked.rows,
+                               sha256=checked.sha.hexdigest(), size_bytes=checked.size, storage_key=key,
+                               created_at=now())
+    get_store().create_dataset(rec)  # after the object: a crash leaves an unused object, not a dangling record
+    return rec
 
 
 def upload_dataset(principal: Principal, project_id: str, data: bytes) -> DatasetVersionRecord:
+    """A dataset sent in the request body (the HTTP layer caps it at MAX_UPLOAD_BYTES)."""
+    require(principal, Role.owner, Role.member)
+    get_store().get_project(principal.org, project_id)
+    dataset_id = new_id("d")
+    key = dataset_key(project_id, dataset_id)
+    checked = _store_checked(principal.org, key, io.BytesIO(data), MAX_DATASET_BYTES)
+    return _record(principal, project_id, dataset_id, key, checked)
+
+
+def dataset_upload_url(principal: Principal, project_id: str) -> dict[str, Any]:
+    """A presigned PUT URL for a dataset too large for the API (S3 / RunPod volume storage);
+    POST .../datasets/commit then validates the object in storage by streaming it."""
+    require(principal, Role.owner, Role.member)
+    get_store().get_project(principal.org, project_id)
+    dataset_id = new_id("d")
+    url = storage_for(principal.org).upload_url(upload_key(project_id, dataset_id), DIRECT_UPLOAD_TTL_S)
+    if url is None:
+        raise Conflict("this organization's storage takes no direct uploads (local storage); send the dataset "
+                       f"in the body of POST /api/projects/{project_id}/datasets (up to "
+                       f"{MAX_UPLOAD_BYTES // 2**20} MiB)")
+    return {"dataset_id": dataset_id, "method": "PUT", "url": url, "expires_in_s": DIRECT_UPLOAD_TTL_S,
+            "max_bytes": MAX_DATASET_BYTES,
+            "commit": {"path": f"/api/projects/{project_id}/datasets/commit", "body": {"dataset_id": dataset_id}}}
+
+
+def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetVersionRecord:
+    """Validate a direct upload by streaming it from storage into the dataset's own key."""
     require(principal, Role.owner, Role.member)
     store = get_store()
     store.get_project(principal.org, project_id)
-    rows = validate_jsonl(data)
-    dataset_id = new_id("d")
+    dataset_id = body.get("dataset_id") if isinstance(body, dict) else None
+    if not isinstance(dataset_id, str) or not re.fullmatch(ID_PATTERN, dataset_id):
+        raise InvalidInput.field("dataset_id", "send the dataset_id that upload-url returned")
+    staged = upload_key(project_id, dataset_id)
+    storage = storage_for(principal.org)
+    try:
+        source = storage.open_stream(staged, MAX_DATASET_BYTES)
+    except ObjectMissing as exc:
+        raise Conflict(f"nothing was uploaded for dataset {dataset_id}: PUT the file to the upload URL first "
+                       "(or it was committed already)") from exc
+    except ValueError as exc:
+        storage.delete(staged)
+        raise InvalidInput.field("body", f"the dataset is over {MAX_DATASET_BYTES // 2**20} MiB; split it") from exc
     key = dataset_key(project_id, dataset_id)
-    storage_for(principal.org).put(key, data)  # stored before the record: a crash leaves an unused object, not a dangling record
-    rec = DatasetVersionRecord(org=principal.org, project_id=project_id, id=dataset_id, rows=rows,
-                               sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data), storage_key=key,
-                               created_at=now())
-    store.create_dataset(rec)
+    try:
+        with source:
+            checked = _store_checked(principal.org, key, source, MAX_DATASET_BYTES)
+    except InvalidInput:
+        storage.delete(staged)
+        raise
+    rec = _record(principal, project_id, dataset_id, key, checked)
+    storage.delete(staged)
     return rec
 
 

@@ -33,7 +33,7 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.steps import Step
 from shared.security import Principal, require
-from shared.services import base_models, usage
+from shared.services import base_models, quotas, usage
 from shared.services.backends import compute_for, compute_slot, ref_of, storage_for
 from shared.services.catalog import cached_offers, find_offer
 from shared.services.projects import new_id
@@ -156,6 +156,7 @@ def _check_provider(org: str, provider: str) -> None:
 
 def create(principal: Principal, body: RunCreate) -> RunView:
     require(principal, Role.owner, Role.member)
+    quotas.check_create(principal, body)  # 11.8: org limits and the run rate limit
     store = get_store()
     base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
     training = resolve_training(body.kind, body.training)
@@ -343,6 +344,7 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     if run.state != RunState.draft:
         raise Conflict(f"nothing was launched: the run is {run.state.value}"
                        + (" (launched already)" if run.launched_at else "") + "; only a draft can be launched")
+    quotas.check_launch(principal, run)  # 11.8: org limits, active runs and the rate limit
     offer = find_offer(principal.org, run.provider, run.offer.offer_id)
     if offer.total_per_hour > run.price_limit_per_hour:
         changed = abs(offer.total_per_hour - run.offer.total_per_hour) > 1e-9

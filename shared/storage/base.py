@@ -8,7 +8,7 @@ Layout inside the backend (under an optional prefix):
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from shared.models import Check
 
@@ -23,6 +23,21 @@ def adapter_key(run_id: str) -> str:
 
 def logs_key(run_id: str) -> str:
     return f"runs/{run_id}/logs.txt"
+
+
+def upload_key(project_id: str, dataset_id: str) -> str:
+    """Where a direct (presigned) dataset upload lands before its commit validates and copies it:
+    never the dataset's own key, so the URL cannot change a dataset after it was validated."""
+    return f"uploads/{project_id}/{dataset_id}.jsonl"
+
+
+STREAM_CHUNK = 1024 * 1024
+
+
+class Readable(Protocol):
+    """What put_stream reads from: a file, a request body in a BytesIO, a checking wrapper."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class ObjectMissing(Exception):
@@ -42,6 +57,19 @@ class StorageBackend(Protocol):
         ...
 
     def put(self, key: str, data: bytes) -> None: ...
+
+    def put_stream(self, key: str, stream: Readable) -> int:
+        """Write what `stream.read(n)` yields until b"", never holding it whole (bounded
+        chunks); an exception from the stream leaves no object. Returns the bytes written."""
+        ...
+
+    def open_stream(self, key: str, max_bytes: int) -> BinaryIO:
+        """A reader of the object: ObjectMissing when absent, ValueError when over max_bytes."""
+        ...
+
+    def upload_url(self, key: str, ttl_s: int) -> str | None:
+        """A presigned PUT URL for one object (direct uploads), or None when the backend has none."""
+        ...
 
     def get(self, key: str, max_bytes: int) -> bytes:
         """Raise ObjectMissing when absent, ValueError when larger than max_bytes."""

@@ -7,10 +7,12 @@ a saved config cannot name another (shared/storage/config.py refuses `directory`
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.storage.base import ObjectMissing, adapter_key, logs_key
+from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key
 from shared.storage.config import LocalStorageConfig
 
 
@@ -56,6 +58,33 @@ class LocalStorage:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_bytes(data)
         tmp.replace(path)  # readers never see half a file
+
+    def put_stream(self, key: str, stream: Readable) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                shutil.copyfileobj(stream, f, STREAM_CHUNK)
+                size = f.tell()
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.replace(path)
+        return size
+
+    def open_stream(self, key: str, max_bytes: int) -> BinaryIO:
+        path = self._path(key)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectMissing(key) from exc
+        if size > max_bytes:
+            raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+        return open(path, "rb")
+
+    def upload_url(self, key: str, ttl_s: int) -> str | None:
+        return None  # a directory on the control plane's host: uploads go through the API
 
     def get(self, key: str, max_bytes: int) -> bytes:
         path = self._path(key)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 from pydantic import BaseModel, TypeAdapter
 
+from shared.errors import InvalidInput
 from shared.models import ORG_PATTERN
+from shared.providers.errors import PermanentError
 from shared.settings import Settings
 from shared.storage.base import StorageBackend
 from shared.storage.config import LocalStorageConfig, RunPodVolumeConfig, S3StorageConfig, StorageConfig
@@ -20,8 +23,32 @@ def parse_storage_config(data: object) -> BaseModel:
     return result
 
 
+# Storage kinds that exist only outside production: local storage is a directory on the
+# control plane's own host.
+DEV_ONLY_KINDS = frozenset({"local"})
+
+
+def storage_kinds(settings: Settings) -> list[str]:
+    """The storage kinds this deployment offers (the OpenAPI and the save check derive from it)."""
+    return [str(m.model_fields["kind"].default) for m in storage_config_models(settings)]
+
+
+def storage_config_models(settings: Settings) -> list[type[BaseModel]]:
+    members: tuple[type[BaseModel], ...] = get_args(get_args(StorageConfig)[0])
+    return [m for m in members if not (settings.is_production and m.model_fields["kind"].default in DEV_ONLY_KINDS)]
+
+
+def refuse_unavailable_storage(kind: str, settings: Settings) -> None:
+    """422 naming the kind when it does not exist in this deployment."""
+    if settings.is_production and kind in DEV_ONLY_KINDS:
+        raise InvalidInput.field("kind", f"{kind} storage exists only outside production (it is a directory on the "
+                                 f"control plane's own host); use one of {', '.join(storage_kinds(settings))}")
+
+
 def make_storage(config: BaseModel, settings: Settings, org: str) -> StorageBackend:
     if isinstance(config, LocalStorageConfig):
+        if settings.is_production:  # a row saved before production: never the production host's disk
+            raise PermanentError("local storage exists only outside production; save another storage connection")
         from shared.storage.local import LocalStorage
 
         # The org names a directory: no "..", "/" or "\\"; fullmatch, as "$" allows a trailing newline.

@@ -17,9 +17,10 @@ presigned URL, and needs none, because the mount is the access.
 from __future__ import annotations
 
 import re
+from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.storage.base import adapter_key, logs_key
+from shared.storage.base import Readable, adapter_key, logs_key
 from shared.storage.config import RunPodVolumeConfig, S3StorageConfig
 from shared.storage.s3 import AGENT_URL_TTL_S, S3Storage
 
@@ -82,6 +83,15 @@ class RunPodVolumeStorage:
 
     def put(self, key: str, data: bytes) -> None:
         self.s3.put(key, data)
+
+    def put_stream(self, key: str, stream: Readable) -> int:
+        return self.s3.put_stream(key, stream)
+
+    def open_stream(self, key: str, max_bytes: int) -> BinaryIO:
+        return self.s3.open_stream(key, max_bytes)
+
+    def upload_url(self, key: str, ttl_s: int) -> str | None:
+        return self.s3.upload_url(key, ttl_s)
 
     def get(self, key: str, max_bytes: int) -> bytes:
         return self.s3.get(key, max_bytes)

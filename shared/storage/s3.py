@@ -9,12 +9,12 @@ AGENT_URL_TTL_S (12 hours by default, at most 7 days, SigV4's limit).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, BinaryIO
 
 from shared.log import register_secret
 from shared.models import Check, CheckStatus
 from shared.providers.errors import AuthError, PermanentError, ProviderError, RetryableError
-from shared.storage.base import ObjectMissing, adapter_key, logs_key
+from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key
 from shared.storage.config import S3StorageConfig
 from shared.storage.endpoint_guard import (
     ENDPOINT_UNREACHABLE,
@@ -198,6 +198,42 @@ class S3Storage:
         except Exception as exc:
             raise self._translate(exc, "write", key) from exc
 
+    def put_stream(self, key: str, stream: Readable) -> int:
+        """Multipart upload in 8 MiB parts read one at a time (no threads, so at most one part
+        is held); a stream that raises aborts the upload, leaving no object."""
+        from boto3.s3.transfer import TransferConfig
+
+        full = self._key(key)
+        counted = _Counting(stream)
+        part = 8 * 1024 * 1024
+        config = TransferConfig(multipart_threshold=part, multipart_chunksize=part, use_threads=False)
+        try:
+            self.client.upload_fileobj(counted, self.config.bucket, full, Config=config)
+        except Exception as exc:
+            if counted.error is not None:  # the stream's own error (e.g. a dataset line check)
+                raise counted.error from None
+            raise self._translate(exc, "write", key) from exc
+        return counted.size
+
+    def open_stream(self, key: str, max_bytes: int) -> BinaryIO:
+        full = self._key(key)
+        try:
+            head = self.client.head_object(Bucket=self.config.bucket, Key=full)
+            size = int(head.get("ContentLength") or 0)
+            if size > max_bytes:
+                raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+            body = self.client.get_object(Bucket=self.config.bucket, Key=full)["Body"]
+        except (ValueError, ProviderError, ObjectMissing):
+            raise
+        except Exception as exc:
+            raise self._translate(exc, "read", key) from exc
+        return _Capped(body, max_bytes, key)  # type: ignore[return-value]
+
+    def upload_url(self, key: str, ttl_s: int) -> str | None:
+        url = self.presign("PUT", key, ttl_s)
+        register_secret(url)
+        return url
+
     def get(self, key: str, max_bytes: int) -> bytes:
         """HEAD for the size, then a ranged GET capped at max_bytes + 1 (the object may change between)."""
         full = self._key(key)
@@ -255,3 +291,44 @@ class S3Storage:
         for url in env.values():
             register_secret(url)
         return env, frozenset(env)
+
+
+class _Counting:
+    """A reader that counts what passed and keeps the stream's own exception (boto3 wraps it)."""
+
+    def __init__(self, stream: Readable) -> None:
+        self.stream = stream
+        self.size = 0
+        self.error: BaseException | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            chunk = self.stream.read(n if n and n > 0 else STREAM_CHUNK)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        self.size += len(chunk)
+        return chunk
+
+
+class _Capped:
+    """An object body that refuses to yield more than max_bytes (it may have grown since HEAD)."""
+
+    def __init__(self, body: Any, max_bytes: int, key: str) -> None:
+        self.body, self.left, self.key = body, max_bytes, key
+
+    def read(self, n: int = -1) -> bytes:
+        chunk: bytes = self.body.read(n if n and n > 0 else STREAM_CHUNK)
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise ValueError(f"{self.key} grew past the size allowed while it was read")
+        return chunk
+
+    def close(self) -> None:
+        self.body.close()
+
+    def __enter__(self) -> _Capped:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -77,7 +77,7 @@ class Store:
         self._service = TableServiceClient.from_connection_string(connection_string)
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
-                 "secrets")
+                 "secrets", "quotas")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
 
     def table(self, name: str) -> Table:

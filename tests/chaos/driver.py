@@ -199,7 +199,10 @@ class Chaos:
 
     # ------------------------------------------------------------ runs and agents
     def create_runs(self, project: tuple[str, str]) -> None:
-        from shared.services import runs
+        from shared.services import quotas, runs
+
+        # Hundreds of runs at one simulated instant: far above the default quotas (issue 11.8).
+        quotas.set_limits(self.principal.org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
 
         # Each run crashes once in every step it goes through, at a point that cycles through
         # k = 1..MAX_POINT x before/after per step, so every point of every step is hit.

@@ -66,9 +66,9 @@ def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client
     assert not leaks, leaks
 
 
-def setup_org(api: Client, trainer_command: str = "") -> tuple[str, str]:
+def setup_org(api: Client) -> tuple[str, str]:
     api("PUT", "/api/connections/storage", json={"kind": "local"})
-    api("PUT", "/api/connections/compute/local", json={"trainer_command": trainer_command})
+    api("PUT", "/api/connections/compute/local", json={})
     conn = api.wait("/api/connections/compute/local", lambda c: c["status"] != "checking", 30)
     assert conn["status"] == "connected", conn
     project = api("POST", "/api/projects", json={"name": "demo"})
@@ -108,10 +108,15 @@ def test_trial_reaches_succeeded_over_http(api: Client) -> None:
     assert any("progress=" in line for line in api("GET", f"/api/runs/{run_id}/logs")["lines"])
 
 
-def test_failing_trainer_is_retained_then_recovered_by_upload(api: Client, tmp_path: Path) -> None:
-    # It writes some output before failing: only then is there something to retain (issue 12.5).
-    project, dataset = setup_org(api, trainer_command="sh -c 'echo partial > \"$TENSORANT_OUTPUT_DIR/ckpt\"; "
-                                                      "echo boom; exit 3'")
+def test_failing_trainer_is_retained_then_recovered_by_upload(api: Client, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared import settings
+
+    # The trainer command is the operator's setting (issue 11.1), not a connection field.
+    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "sh -c 'echo partial > \"$TENSORANT_OUTPUT_DIR/ckpt\"; echo boom; exit 3'")
+    # (It writes some output before failing: only then is there something to retain, issue 12.5.)
+    settings.reset_settings()
+    project, dataset = setup_org(api)
     run_id = start_run(api, project, dataset)
     run = api.wait(f"/api/runs/{run_id}", lambda r: r["state"] in TERMINAL_OR_RETAINED)
     assert run["state"] == "retained", run

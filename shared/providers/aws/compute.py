@@ -180,7 +180,10 @@ class AwsCompute:
                 "DeviceIndex": 0, "SubnetId": self.config.subnet_id, "Groups": [self.config.security_group_id],
                 "AssociatePublicIpAddress": False, "DeleteOnTermination": True,
             }],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            # IMDSv2 only, and a hop limit of 1: the token PUT's answer cannot cross the docker
+            # bridge, so the training container cannot reach the instance profile's credentials
+            # (the agent on the host still can). The container runs on the default bridge network.
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "BlockDeviceMappings": mappings,
             # A shutdown from inside the VM stops it, so the disk with the adapter survives.
             "InstanceInitiatedShutdownBehavior": "stop",

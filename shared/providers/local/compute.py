@@ -64,6 +64,7 @@ STATE_MAP = {
 # The real trainer, preparing the base model in the local model cache first (see that module).
 DEFAULT_TRAINER = f"{sys.executable} -m shared.providers.local.trainer"
 REPO_ROOT = Path(shared.__file__).resolve().parent.parent
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 
 # Starts the agent in a new session and exits at once, so the agent is reparented to init
 # (which reaps it) instead of becoming a zombie of the control plane. Prints the agent pid.
@@ -147,6 +148,24 @@ def scan() -> tuple[list[Proc], dict[int, list[int]]]:
     return marked, groups
 
 
+def protect_host() -> None:
+    """Make this (control-plane) process non-dumpable before it starts local agents.
+
+    The agent and trainer run as the same user as the host, and any same-user process may
+    read /proc/<pid>/environ of another: the host's environment holds the JWT secret, the
+    encryption key and the storage connection string. A non-dumpable process's /proc files
+    belong to root, so a trainer cannot read them (nor attach to its memory). Exec resets the
+    flag, so the agents we start stay readable for scan(). Linux only; best effort elsewhere.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalCompute:
     name = "local"
 
@@ -160,9 +179,9 @@ class LocalCompute:
     # ---------------------------------------------------------------- helpers
 
     def trainer_command(self) -> str:
-        """The connection's command, else the operator's (TENSORANT_TRAINER_COMMAND; tests: the smoke
-        trainer), else the real LoRA trainer on this host's CPU (shared/providers/local/trainer.py)."""
-        return self.config.trainer_command or self.settings.trainer_command or DEFAULT_TRAINER
+        """The operator's setting only (TENSORANT_TRAINER_COMMAND; tests: the smoke trainer), else
+        the real LoRA trainer on this host's CPU (shared/providers/local/trainer.py); never per org."""
+        return self.settings.trainer_command or DEFAULT_TRAINER
 
     def _ours(self, p: Proc) -> bool:
         # A process without the root mark predates it: judged by its deployment alone.
@@ -266,15 +285,15 @@ class LocalCompute:
                 raise PermanentError(f"not allowed to signal process group {pgid}: {exc}") from exc
 
     def _agent_env(self, spec: LaunchSpec, workdir: Path) -> dict[str, str]:
-        # Only what a process needs to run, never the control plane's own secrets (JWT secret, ...).
+        # Built from nothing: only what a process needs to run (checks.INHERITED) and the run's
+        # bootstrap, never the control plane's own environment (JWT secret, encryption key,
+        # storage connection string).
         env = {k: os.environ[k] for k in checks.INHERITED if k in os.environ}
         env.update(spec.bootstrap.env)
         env["TENSORANT_DATA_DIR"] = str(workdir / "data")
         env.setdefault("TENSORANT_HEARTBEAT_INTERVAL_S", "1")
-        # Precedence: the connection's command, the bootstrap's (which carries the operator's setting),
-        # the operator's setting, the real trainer.
-        env["TENSORANT_TRAINER_COMMAND"] = (self.config.trainer_command or env.get("TENSORANT_TRAINER_COMMAND")
-                                            or self.settings.trainer_command or DEFAULT_TRAINER)
+        # The operator's command only; nothing from the bootstrap or the org chooses it.
+        env["TENSORANT_TRAINER_COMMAND"] = self.trainer_command()
         # Where the local trainer keeps converted / built base models, shared by every run.
         env["TENSORANT_MODEL_CACHE"] = str(self.root / "models")
         if os.environ.get("TENSORANT_TORCH_THREADS"):
@@ -310,6 +329,7 @@ class LocalCompute:
             # Write-ahead: a crash after the spawn still leaves a note (and a marked process
             # the next launch finds) rather than an unexplained second agent.
             spawns.append({"at": clock.now().isoformat(), "state": "spawning", "pid": None})
+            protect_host()
             self._write_marker(workdir, marker | {"spawns": spawns})
             try:
                 result = subprocess.run(

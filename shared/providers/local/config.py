@@ -1,13 +1,27 @@
-"""What a user saves for the local provider (no secrets, no SDK)."""
+"""What a user saves for the local provider (no secrets, no SDK).
+
+The trainer command is an operator setting (TENSORANT_TRAINER_COMMAND), never per org: an
+owner could otherwise run any shell command on the control plane's host.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Saved by older versions; dropped when a stored row is read (saves refuse it, see connections.py).
+REMOVED_FIELDS = ("trainer_command",)
 
 
 class LocalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     price_per_hour: float = Field(default=0.0, ge=0.0, le=1000.0)
-    # Shell command the agent runs as the trainer; empty = settings.trainer_command, or the real LoRA trainer.
-    trainer_command: str = Field(default="", max_length=2000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(k in data for k in REMOVED_FIELDS):
+            return {k: v for k, v in data.items() if k not in REMOVED_FIELDS}
+        return data

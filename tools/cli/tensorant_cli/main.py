@@ -170,7 +170,24 @@ def cmd_dev_token(args: argparse.Namespace, client: Client) -> int:
     # The same JWT secret as the local host, which reads local.settings.json too.
     load_local_settings(Path.cwd() / "local.settings.json")
     reset_settings()
-    print(mint_user_token(args.sub, args.org, Role(args.role), ttl_s=args.ttl))
+    from shared.settings import get_settings
+
+    try:
+        settings = get_settings()
+    except ValueError as exc:  # production settings that fail their checks: production either way
+        print(f"error: dev-token does not run here: {exc}", file=sys.stderr)
+        return 2
+    if settings.is_production:
+        # Minting with the production secret would hand out a valid admin token with no login.
+        print("error: dev-token refuses to mint tokens with production settings (TENSORANT_ENV=production); "
+              "production users get their tokens from the identity provider", file=sys.stderr)
+        return 2
+    try:
+        token = mint_user_token(args.sub, args.org, Role(args.role), ttl_s=args.ttl)
+    except ValueError as exc:  # --ttl over the maximum lifetime, or an org/sub that is no id
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(token)
     return 0
 
 

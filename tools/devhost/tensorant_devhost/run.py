@@ -188,9 +188,16 @@ def main(argv: list[str] | None = None) -> int:
             azurite = ensure_azurite(root)
             os.environ["AzureWebJobsStorage"] = azurite_conn
         set_local_defaults(root, port)
-        from shared.settings import reset_settings
+        from shared.settings import get_settings, reset_settings
 
         reset_settings()
+        try:
+            production = get_settings().is_production
+        except ValueError:  # production settings that fail their checks
+            production = True
+        if production:
+            raise RunError("the dev host is for development only and refuses TENSORANT_ENV=production; "
+                           "deploy the function app to Azure Functions instead")
 
         from shared import queues
         from tensorant_devhost.host import Host, notify
@@ -222,18 +229,22 @@ def main(argv: list[str] | None = None) -> int:
 def _banner(host: object, port: int) -> None:
     from shared.models import Role
     from shared.security import mint_user_token
+    from shared.settings import get_settings
     from tensorant_devhost.host import resolve_setting
 
-    token = mint_user_token("dev-user", "dev-org", Role.owner)
+    # Never a token minted with production settings (main refuses production anyway).
+    token = "" if get_settings().is_production else mint_user_token("dev-user", "dev-org", Role.owner)
     functions = getattr(host, "functions", [])
     lines = [f"  {f.name}: [{f.kind}] " + (
         f"/api/{f.route.template}" if f.route else f.queue_name or resolve_setting(f.schedule))
              for f in functions]
     base = f"http://localhost:{port}"
     print("\nFunctions:\n" + "\n".join(lines), flush=True)
-    print(f"\nTensorant control plane: {base}/api\nAPI docs: {base}/api/docs\n"
-          f"Dev owner token (org dev-org; `tensorant dev-token` mints others):\n"
-          f"  export TENSORANT_URL={base}\n  export TENSORANT_TOKEN={token}\n\nPress Ctrl-C to stop.", flush=True)
+    auth = (f"Dev owner token (org dev-org; `tensorant dev-token` mints others):\n"
+            f"  export TENSORANT_URL={base}\n  export TENSORANT_TOKEN={token}" if token else
+            f"  export TENSORANT_URL={base}  (production settings: no dev token is printed)")
+    print(f"\nTensorant control plane: {base}/api\nAPI docs: {base}/api/docs\n{auth}\n\nPress Ctrl-C to stop.",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""Per-organization quotas and the run rate limit (issue 11.8).
+
+Owners set the org's limits (PUT /api/org/limits); every org has safe defaults until then.
+Enforced with one call each in runs.create() and runs.launch():
+- price_limit_per_hour above max_price_limit_per_hour, or a runtime limit above
+  max_runtime_limit_s: 422 naming the field;
+- max_active_runs launched runs that are not finished yet (anything holding or about to
+  hold a machine or disk): 409;
+- more than runs_per_minute creates (or launches) in one minute: 429 with Retry-After.
+
+The rate limit is a fixed one-minute window counted in the `quotas` table with ETag-guarded
+writes, so it holds across host instances (a per-process counter would not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.clock import now_ts
+from shared.errors import ConcurrencyError, Conflict, InvalidInput
+from shared.http import TooManyRequests, invalid
+from shared.models import Role, RunCreate, RunRecord
+from shared.runs.lifecycle import HOLDS_MACHINE
+from shared.security import Principal, require
+from shared.settings import get_settings
+from shared.store import get_store
+
+LIMITS_KEY = "limits"
+WINDOW_S = 60
+MAX_RACE_RETRIES = 8
+
+
+class OrgLimits(BaseModel):
+    """What an owner may set; the defaults hold until then."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_active_runs: int = Field(default=5, ge=1, le=1000,
+                                 description="launched runs not finished yet (holding a machine or disk)")
+    max_price_limit_per_hour: float = Field(default=100.0, gt=0, le=1000,
+                                            description="highest price_limit_per_hour a run may have")
+    max_runtime_limit_s: int = Field(default=24 * 3600, ge=60, le=7 * 24 * 3600,
+                                     description="highest runtime_limit_s a run may have")
+    runs_per_minute: int = Field(default=10, ge=1, le=1000,
+                                 description="run creations (and, separately, launches) per minute")
+
+
+def get_limits(org: str) -> OrgLimits:
+    got = get_store().table("quotas").get(org, LIMITS_KEY)
+    return OrgLimits.model_validate(got[0]) if got else OrgLimits()
+
+
+def set_limits(org: str, limits: OrgLimits) -> OrgLimits:
+    get_store().table("quotas").upsert(org, LIMITS_KEY, limits.model_dump(mode="json"))
+    return limits
+
+
+def view(principal: Principal) -> OrgLimits:
+    return get_limits(principal.org)
+
+
+def put(principal: Principal, body: Any) -> OrgLimits:
+    require(principal, Role.owner)
+    if not isinstance(body, dict):
+        raise InvalidInput.field("body", "send the limits as a JSON object")
+    try:
+        # Fields left out keep their current value.
+        limits = OrgLimits.model_validate(get_limits(principal.org).model_dump() | body)
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    get_store().audit("org limits set", org=principal.org, by=principal.sub, **limits.model_dump())
+    return set_limits(principal.org, limits)
+
+
+def _take(org: str, action: str, per_minute: int) -> None:
+    """Count one `action` in this minute's window; 429 when the window is full."""
+    table = get_store().table("quotas")
+    key = f"rate-{action}"
+    for _ in range(MAX_RACE_RETRIES):
+        t = now_ts()
+        window = int(t // WINDOW_S)
+        got = table.get(org, key)
+        count = int(got[0].get("count", 0)) if got and got[0].get("window") == window else 0
+        if count >= per_minute:
+            retry = int((window + 1) * WINDOW_S - t) + 1
+            raise TooManyRequests(f"more than {per_minute} run {action}s in a minute for this organization; "
+                                  f"try again in {retry} s (an owner sets runs_per_minute under /api/org/limits)",
+                                  retry_after_s=retry)
+        data = {"window": window, "count": count + 1}
+        try:
+            if got is None:
+                table.insert(org, key, data)
+            else:
+                table.update(org, key, data, got[1])
+            return
+        except (ConcurrencyError, Conflict):
+            continue  # another instance counted meanwhile: read again
+    raise TooManyRequests("too many run requests at once for this organization; try again", retry_after_s=1)
+
+
+def _check_limits(limits: OrgLimits, price: float, runtime_s: int) -> None:
+    errors = []
+    if price > limits.max_price_limit_per_hour:
+        errors.append({"field": "price_limit_per_hour", "message": (
+            f"{price:g}/h is above the organization's limit of {limits.max_price_limit_per_hour:g}/h; "
+            "lower it, or an owner raises max_price_limit_per_hour under /api/org/limits")})
+    if runtime_s > limits.max_runtime_limit_s:
+        errors.append({"field": "runtime_limit_s", "message": (
+            f"{runtime_s} s is above the organization's limit of {limits.max_runtime_limit_s} s; "
+            "lower it, or an owner raises max_runtime_limit_s under /api/org/limits")})
+    if errors:
+        raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
+
+
+def _check_active(org: str, limits: OrgLimits) -> None:
+    active = get_store().list_runs(org, HOLDS_MACHINE)
+    if len(active) >= limits.max_active_runs:
+        raise Conflict(f"the organization has {len(active)} launched runs that are not finished (limit "
+                       f"{limits.max_active_runs}); wait for one to finish, cancel one, or an owner raises "
+                       "max_active_runs under /api/org/limits")
+
+
+def check_create(principal: Principal, body: RunCreate) -> None:
+    limits = get_limits(principal.org)
+    _check_limits(limits, body.price_limit_per_hour, body.runtime_limit_s or get_settings().default_runtime_limit_s)
+    _take(principal.org, "create", limits.runs_per_minute)
+
+
+def check_launch(principal: Principal, run: RunRecord) -> None:
+    limits = get_limits(principal.org)
+    _check_limits(limits, run.price_limit_per_hour, run.runtime_limit_s)  # limits may have changed since
+    _check_active(principal.org, limits)
+    _take(principal.org, "launch", limits.runs_per_minute)

@@ -1,0 +1,107 @@
+"""Issue 11.8: owner-set per-org limits, enforced at create and launch, and a run rate limit.
+
+Before: a member created 25 drafts with a 1000 $/h price limit and a 7-day runtime in 4 s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shared.services import quotas
+from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
+from tests.harness import SMOKE_MODEL, Harness
+
+
+@pytest.fixture
+def h(env: dict[str, str]) -> Iterator[Harness]:
+    install_memory_provider(Cloud())
+    harness = Harness()
+    harness.save_storage({"kind": "local"})
+    harness.save_compute("memory", {})
+    yield harness
+    harness.close()
+    uninstall_memory_provider()
+
+
+def _create(h: Harness, project: tuple[str, str], **over: Any) -> tuple[int, Any, dict[str, str]]:
+    body = {"project_id": project[0], "dataset_version_id": project[1], "provider": "memory", "offer_id": "mem-a10",
+            "base_model": SMOKE_MODEL, "price_limit_per_hour": 5.0, "runtime_limit_s": 3600} | over
+    return h.call("POST", "/api/runs", token="member", json_body=body)
+
+
+def test_org_limits_have_safe_defaults_and_only_owners_set_them(h: Harness) -> None:
+    assert h.ok("GET", "/api/org/limits", token="member") == quotas.OrgLimits().model_dump()
+    assert quotas.OrgLimits().max_price_limit_per_hour < 1000 and quotas.OrgLimits().max_runtime_limit_s < 7 * 86400
+    status, _, _ = h.call("PUT", "/api/org/limits", token="member", json_body={"max_active_runs": 50})
+    assert status == 403
+    got = h.ok("PUT", "/api/org/limits", json_body={"max_active_runs": 2})
+    assert got["max_active_runs"] == 2 and got["runs_per_minute"] == quotas.OrgLimits().runs_per_minute
+    status, body, _ = h.call("PUT", "/api/org/limits", json_body={"max_active_runs": 0, "surprise": 1})
+    assert status == 422 and {e["field"] for e in body["errors"]} == {"max_active_runs", "surprise"}
+
+
+def test_create_refuses_price_and_runtime_above_the_limits(h: Harness) -> None:
+    project = h.project_and_dataset()
+    h.ok("PUT", "/api/org/limits", json_body={"max_price_limit_per_hour": 10, "max_runtime_limit_s": 7200})
+    status, body, _ = _create(h, project, price_limit_per_hour=1000.0, runtime_limit_s=7 * 86400)
+    assert status == 422
+    assert {e["field"] for e in body["errors"]} == {"price_limit_per_hour", "runtime_limit_s"}
+    assert "organization's limit of 10/h" in body["detail"]
+    status, _, _ = _create(h, project, price_limit_per_hour=10.0, runtime_limit_s=7200)
+    assert status == 201
+
+
+def test_launch_enforces_active_runs_and_lowered_limits(h: Harness) -> None:
+    project = h.project_and_dataset()
+    h.ok("PUT", "/api/org/limits", json_body={"max_active_runs": 1})
+    first = _create(h, project)[1]["id"]
+    second = _create(h, project)[1]["id"]
+    h.ok("POST", f"/api/runs/{first}/launch", token="member", json_body={"confirm": True})
+    status, body, _ = h.call("POST", f"/api/runs/{second}/launch", token="member", json_body={"confirm": True})
+    assert status == 409 and "limit 1" in body["detail"], body
+    assert h.ok("GET", f"/api/runs/{second}")["state"] == "draft"
+    # A draft saved under looser limits is checked again at launch.
+    h.ok("PUT", "/api/org/limits", json_body={"max_active_runs": 5, "max_price_limit_per_hour": 1})
+    status, body, _ = h.call("POST", f"/api/runs/{second}/launch", token="member", json_body={"confirm": True})
+    assert status == 422 and body["errors"][0]["field"] == "price_limit_per_hour"
+
+
+def test_run_creation_is_rate_limited_with_retry_after_across_instances(h: Harness) -> None:
+    from shared.store import reset_store
+
+    project = h.project_and_dataset()
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 3})
+    h.clock.t = (int(h.clock.t // 60) * 60) + 1.0  # the start of a window
+    for _ in range(2):
+        assert _create(h, project)[0] == 201
+    reset_store()  # another host instance: a new store client, the same table
+    assert _create(h, project)[0] == 201
+    status, body, headers = _create(h, project)
+    assert status == 429 and body["title"] == "Too many requests"
+    assert "more than 3 run creates in a minute" in body["detail"]
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    h.clock.t += 60  # the next window
+    assert _create(h, project)[0] == 201
+
+
+def test_rate_limit_counts_exactly_under_concurrency(h: Harness) -> None:
+    h.clock.t = (int(h.clock.t // 60) * 60) + 1.0
+    results: list[str] = []
+
+    def take() -> None:
+        try:
+            quotas._take(h.org, "create", 4)
+            results.append("ok")
+        except quotas.TooManyRequests:
+            results.append("429")
+
+    threads = [threading.Thread(target=take) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["429"] * 6 + ["ok"] * 4
