@@ -202,7 +202,8 @@ def test_set_is_typed_by_the_schema_and_from_file(local_host: LocalHost, capsys:
     doc = requests.get(f"{h.url}/api/openapi.json", timeout=10).json()
     runpod = compute_schema(doc, "runpod")
     assert runpod is not None
-    assert coerce(doc, runpod, "api_key", "false") == "false" and coerce(doc, runpod, "api_key", "123") == "123"
+    key = runpod["properties"]["api_key"]
+    assert coerce(doc, key, "api_key", "false") == "false" and coerce(doc, key, "api_key", "123") == "123"
     code, _, err = h.cli(capsys, "connections", "save-compute", "local", "--set", "price_per_hour=cheap")
     assert code == 2 and "price_per_hour takes number" in err
     code, _, err = h.cli(capsys, "connections", "save-compute", "local", "--set", "gpus=2")

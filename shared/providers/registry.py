@@ -129,7 +129,10 @@ def compute_names(settings: Settings | None = None) -> list[str]:
 
 
 def refuse_unavailable(provider: str, settings: Settings | None = None) -> None:
-    """422 naming the provider when it does not exist in this deployment (saving a connection)."""
+    """422 naming the provider when it does not exist, or not in this deployment."""
+    if provider not in PROVIDERS and provider not in _overrides:
+        raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
+                                 f"{', '.join(compute_names(settings))}")
     if not available(provider, settings):
         raise InvalidInput.field("provider", f"the {provider} provider exists only outside production (it runs on "
                                  f"the control plane's own host); use one of {', '.join(compute_names(settings))}")

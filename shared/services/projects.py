@@ -148,9 +148,9 @@ class CheckedJsonl:
             raise InvalidInput.field("body", "the dataset is empty; upload JSONL with one example per line")
         if self.bad:
             shown = self.errors
-            more = f" (and {self.bad - len(shown)} more)" if self.bad > len(shown) else ""
-            raise InvalidInput(f"{self.bad} of {self.rows} lines are not valid examples{more}; fix them and upload "
-                               "again: " + "; ".join(f"{e['field']}: {e['message']}" for e in shown), errors=shown)
+            listed = f"the first {len(shown)} are listed" if self.bad > len(shown) else "each is listed"
+            raise InvalidInput(f"{self.bad} of {self.rows} lines are not valid examples ({listed}); fix them and "
+                               "upload again", errors=shown)
         return self.rows
 
 
