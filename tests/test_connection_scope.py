@@ -6,7 +6,6 @@ prepaid credit is checked at launch and watched on retained runs."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,19 +15,11 @@ from shared.security import Principal
 from shared.settings import reset_settings
 from shared.store import get_store
 from tests.harness import ApiError, Harness
-from tests.providers.azure.conftest import SUB, TRAIN_RG, config_body, route_registry_to, seed
+from tests.providers.azure.conftest import SUB, TRAIN_RG, config_body, fake, routed_arm
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.runpod.fake_server import FakeRunPod
 
-
-@pytest.fixture
-def arm(tmp_path: Path) -> Iterator[FakeArm]:
-    fake = FakeArm(tmp_path).start()
-    seed(fake)
-    undo = route_registry_to(fake)
-    yield fake
-    undo()
-    fake.stop()
+__all__ = ["fake", "routed_arm"]  # fixtures shared with tests/providers/azure
 
 
 @pytest.fixture

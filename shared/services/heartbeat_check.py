@@ -28,6 +28,7 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, transition
 from shared.runs.steps import Resender, Step, resent_by
 from shared.services.run_events import event, transition_event
+from shared.services.transitions import move
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -104,15 +105,9 @@ def _quiet_for(run: RunRecord, t: datetime) -> float:
 
 
 def _retain(run: RunRecord, why: str) -> int:
-    def change(r: RunRecord) -> RunRecord | None:
-        if r.state not in ACTIVE:
-            return None
-        return transition(r, RunState.retaining, reason=why + "; the machine is stopped and its disk kept")
-
-    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    _, wrote = move(run, RunState.retaining, expect=ACTIVE, reason=why + "; the machine is stopped and its disk kept")
     if not wrote:
         return 0
-    transition_event(run.state, new)
     get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
     return 1
 
@@ -143,17 +138,11 @@ def _give_up_verify(run: RunRecord) -> int:
 
 
 def _fail_queued(run: RunRecord) -> int:
-    def change(r: RunRecord) -> RunRecord | None:
-        if r.state != RunState.queued:
-            return None
-        return transition(r, RunState.releasing, outcome=Outcome.failed,
-                          reason="the launch never started before the provisioning deadline; no machine was "
-                                 "created, nothing bills")
-
-    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    _, wrote = move(run, RunState.releasing, expect={RunState.queued}, outcome=Outcome.failed,
+                    reason="the launch never started before the provisioning deadline; no machine was created, "
+                           "nothing bills")
     if not wrote:
         return 0
-    transition_event(RunState.queued, new)
     get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
     return 1
 

@@ -87,14 +87,8 @@ class LocalStorage:
         return None  # a directory on the control plane's host: uploads go through the API
 
     def get(self, key: str, max_bytes: int) -> bytes:
-        path = self._path(key)
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError as exc:
-            raise ObjectMissing(key) from exc
-        if size > max_bytes:
-            raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
-        return path.read_bytes()
+        with self.open_stream(key, max_bytes) as f:
+            return f.read()
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

@@ -215,13 +215,18 @@ class S3Storage:
             raise self._translate(exc, "write", key) from exc
         return counted.size
 
+    def _checked_size(self, key: str, full: str, max_bytes: int) -> int:
+        """HEAD for the object's size; ValueError above max_bytes (the caller translates SDK errors)."""
+        head = self.client.head_object(Bucket=self.config.bucket, Key=full)
+        size = int(head.get("ContentLength") or 0)
+        if size > max_bytes:
+            raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+        return size
+
     def open_stream(self, key: str, max_bytes: int) -> BinaryIO:
         full = self._key(key)
         try:
-            head = self.client.head_object(Bucket=self.config.bucket, Key=full)
-            size = int(head.get("ContentLength") or 0)
-            if size > max_bytes:
-                raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+            self._checked_size(key, full, max_bytes)
             body = self.client.get_object(Bucket=self.config.bucket, Key=full)["Body"]
         except (ValueError, ProviderError, ObjectMissing):
             raise
@@ -238,11 +243,7 @@ class S3Storage:
         """HEAD for the size, then a ranged GET capped at max_bytes + 1 (the object may change between)."""
         full = self._key(key)
         try:
-            head = self.client.head_object(Bucket=self.config.bucket, Key=full)
-            size = int(head.get("ContentLength") or 0)
-            if size > max_bytes:
-                raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
-            if size == 0:
+            if self._checked_size(key, full, max_bytes) == 0:
                 return b""
             resp = self.client.get_object(Bucket=self.config.bucket, Key=full, Range=f"bytes=0-{max_bytes}")
             data = bytes(resp["Body"].read(max_bytes + 1))

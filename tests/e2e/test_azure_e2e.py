@@ -10,25 +10,16 @@ Production code has no module-level hook, so nothing can redirect it by configur
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.harness import Harness, trained_adapter_zip
-from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, route_registry_to, seed
+from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, fake, routed_arm
 from tests.providers.azure.fake_arm import SUB, FakeArm
 
+__all__ = ["fake", "routed_arm"]  # fixtures shared with tests/providers/azure
+
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeArm]:
-    fake = FakeArm(tmp_path).start()
-    seed(fake)
-    undo = route_registry_to(fake)
-    yield fake
-    undo()
-    fake.stop()
 
 
 @pytest.fixture

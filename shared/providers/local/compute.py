@@ -20,7 +20,6 @@ Nothing bills.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -28,8 +27,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +42,7 @@ from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outc
 from shared.providers.errors import PermanentError, RetryableError
 from shared.providers.local import catalog, checks
 from shared.providers.local.config import LocalConfig
+from shared.providers.local.locks import file_lock
 from shared.settings import Settings
 
 MARK_MANAGED = "TENSORANT_MANAGED"
@@ -200,17 +200,9 @@ class LocalCompute:
         mine = [p for p in marked if self._ours(p) and p.run_id == ref.run_id]
         return mine, groups
 
-    @contextmanager
-    def _lock(self, ref: RunRef) -> Iterator[None]:
+    def _lock(self, ref: RunRef) -> AbstractContextManager[None]:
         """One launch per run at a time, across processes (queue messages may run twice at once)."""
-        locks = self.machines / ".locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{ref.name}.lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return file_lock(self.machines / ".locks" / f"{ref.name}.lock")
 
     def _marker(self, workdir: Path) -> dict[str, object]:
         try:

@@ -20,30 +20,18 @@ once).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from shared.providers.local.locks import file_lock
 
 _BUILT = ".tensorant-built"
 
 
 def log(message: str) -> None:
     print(message, flush=True)
-
-
-@contextmanager
-def _locked(cache: Path, name: str) -> Iterator[None]:
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f".{name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _random_model(base_model: str, cache: Path) -> Path:
@@ -69,14 +57,14 @@ def prepare(base_model: str, cache: Path) -> Path | None:
 
     name = base_model.replace("/", "--")
     if base_model in gguf_models.PACKAGES:
-        with _locked(cache, name):
+        with file_lock(cache / f".{name}.lock"):
             done = gguf_models.model_dir(base_model, cache)
             if not done.exists():
                 log(f"converting {base_model} from the {gguf_models.PACKAGES[base_model]} package's GGUF into the "
                     "local model cache, once (a minute or two)")
             return gguf_models.ensure_local_model(base_model, cache)
     if base_model.startswith("tensorant/") and get_base_model(base_model) is not None:
-        with _locked(cache, name):
+        with file_lock(cache / f".{name}.lock"):
             return _random_model(base_model, cache)
     return None
 

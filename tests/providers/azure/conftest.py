@@ -184,6 +184,15 @@ def route_registry_to(fake: FakeArm) -> Callable[[], None]:
     return registry.override("azure", factory=factory)
 
 
+@pytest.fixture(name="arm")
+def routed_arm(fake: FakeArm) -> Iterator[FakeArm]:
+    """The seeded fake ARM with the registry's azure provider pointed at it, for tests that go
+    through the function app (import `fake` and `routed_arm`; the fixture is named `arm`)."""
+    undo = route_registry_to(fake)
+    yield fake
+    undo()
+
+
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
