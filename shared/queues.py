@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ class Queues:
         return self._clients[name]
 
     def send(self, queue: Queue | str, body: BaseModel | dict[str, Any], delay_s: float = 0) -> None:
-        delay = max(0, min(int(delay_s * self.delay_scale), MAX_DELAY_S))
+        # Rounded up: the service counts whole seconds, and a scaled delay must not vanish.
+        delay = max(0, min(math.ceil(delay_s * self.delay_scale), MAX_DELAY_S))
         self.client(str(queue)).send_message(encode(body), visibility_timeout=delay or None)
         if not delay:
             for hook in self.on_send:

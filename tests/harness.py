@@ -38,6 +38,33 @@ def trained_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
     return smoke_adapter_zip(base_model, trainer="lora", **kw)
 
 
+Route = tuple[str, RouteTemplate, Callable[..., Any]]
+
+
+def app_functions(app: Any) -> tuple[list[Route], dict[str, Callable[..., Any]], dict[str, Callable[..., Any]]]:
+    """The app's user functions: HTTP routes (method, template, function) matched as the dev
+    host matches them (the Functions route syntax, in ASP.NET precedence), queue functions
+    by queue name, timer functions by function name."""
+    from shared.appindex import functions_of
+
+    routes: list[Route] = []
+    queue_fns: dict[str, Callable[..., Any]] = {}
+    timer_fns: dict[str, Callable[..., Any]] = {}
+    for fn in functions_of(app):
+        trig = fn.get_trigger().get_dict_repr()
+        user = fn.get_user_function()
+        if trig["type"] == "httpTrigger":
+            template = RouteTemplate(trig["route"])
+            for m in trig["methods"]:
+                routes.append((str(getattr(m, "value", m)), template, user))
+        elif trig["type"] == "queueTrigger":
+            queue_fns[trig["queueName"]] = user
+        elif trig["type"] == "timerTrigger":
+            timer_fns[fn.get_function_name()] = user
+    routes.sort(key=lambda r: r[1].precedence)
+    return routes, queue_fns, timer_fns
+
+
 class ApiError(AssertionError):
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
@@ -62,24 +89,7 @@ class Harness:
         self._queues = get_queues()
         self._send = self._queues.send
         self._queues.send = self._send_later  # type: ignore[method-assign]
-        # Matched as the dev host matches them: the Functions route syntax, in ASP.NET precedence.
-        self.routes: list[tuple[str, RouteTemplate, Callable[..., Any]]] = []
-        self.queue_fns: dict[str, Callable[..., Any]] = {}
-        self.timer_fns: dict[str, Callable[..., Any]] = {}
-        from shared.appindex import functions_of
-
-        for fn in functions_of(self.app):
-            trig = fn.get_trigger().get_dict_repr()
-            user = fn.get_user_function()
-            if trig["type"] == "httpTrigger":
-                template = RouteTemplate(trig["route"])
-                for m in trig["methods"]:
-                    self.routes.append((str(getattr(m, "value", m)), template, user))
-            elif trig["type"] == "queueTrigger":
-                self.queue_fns[trig["queueName"]] = user
-            elif trig["type"] == "timerTrigger":
-                self.timer_fns[fn.get_function_name()] = user
-        self.routes.sort(key=lambda r: r[1].precedence)
+        self.routes, self.queue_fns, self.timer_fns = app_functions(self.app)
         self.owner = mint_user_token("owner@a", org, Role.owner, ttl_s=90 * 86400)
         self.member = mint_user_token("member@a", org, Role.member, ttl_s=90 * 86400)
         self.admin = mint_user_token("admin@platform", org, Role.admin, ttl_s=90 * 86400)

@@ -54,6 +54,22 @@ PROVIDER_FAULTS = {"error": 3, "throttle": 3, "timeout": 2, "crash_after": 2, "p
 STUBBORN_SHARE = 0.05  # runs whose release crashes more than maxDequeueCount times (poison, then replay)
 
 
+def run_body(project: tuple[str, str]) -> RunCreate:
+    return RunCreate(project_id=project[0], dataset_version_id=project[1], provider="memory", offer_id="mem-a10",
+                     base_model="tensorant/smoke-tiny", price_limit_per_hour=100.0, runtime_limit_s=3 * 3600)
+
+
+def lift_quotas(org: str) -> None:
+    """Hundreds of runs at one simulated instant: far above the default quotas (issue 11.8)."""
+    from shared.services import quotas
+
+    quotas.set_limits(org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
+
+
+def pick_script(rng: random.Random) -> str:
+    return rng.choices(list(SCRIPTS), weights=list(SCRIPTS.values()))[0]
+
+
 class Faults:
     """Every fault decision. Crash points are counted per delivery (thread-local)."""
 
@@ -160,86 +176,34 @@ class Agent:
     done: bool = False
 
 
-@dataclass
-class Stats:
-    deliveries: int = 0
-    duplicates_sequential: int = 0
-    duplicates_concurrent: int = 0
-    failed_deliveries: int = 0
-    poisoned: int = 0
-    replayed: int = 0
-    timer_crashes: int = 0
-    rounds: int = 0
-    scripts: Counter[str] = field(default_factory=Counter)
+class Agents:
+    """The agents on the machines, one script per run, acting through the agent and run
+    services (what the HTTP layer adds is JWT checks). Shared by both chaos variants."""
 
-
-class Chaos:
-    def __init__(self, h: Harness, cloud: ChaosCloud, *, seed: int, runs: int, provider_fault_rate: float = 0.08,
-                 workers: int = 4) -> None:
-        self.h, self.cloud, self.n_runs = h, cloud, runs
-        self.rng = random.Random(seed)
-        self.faults = Faults(random.Random(seed + 1), provider_fault_rate)
-        self.stats = Stats()
-        self.stats_lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=workers)
-        self.agents: dict[str, Agent] = {}
-        self.principal = Principal("member@a", h.org, Role.member)
+    def __init__(self, cloud: ChaosCloud, principal: Principal, rng: random.Random) -> None:
+        self.cloud, self.principal, self.rng = cloud, principal, rng
+        self.by_run: dict[str, Agent] = {}
         self.good = smoke_adapter_zip()
         self.bad = smoke_adapter_zip(base_model="meta-llama/Llama-3.2-1B")
-        s = get_settings()
-        store = CrashingStore(s.storage_connection, s.table_prefix)
-        store.faults = self.faults
-        set_store(store)
-        cloud.pick = self.faults.pick
-        cloud.invisible_s = 50.0  # under the launch settle period (60 s), over one round (30 s)
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-        set_store(None)
+    def add(self, run_id: str, script: str) -> None:
+        self.by_run[run_id] = Agent(run_id, script)
 
-    # ------------------------------------------------------------ runs and agents
-    def create_runs(self, project: tuple[str, str]) -> None:
-        from shared.services import quotas, runs
-
-        # Hundreds of runs at one simulated instant: far above the default quotas (issue 11.8).
-        quotas.set_limits(self.principal.org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
-
-        # Each run crashes once in every step it goes through, at a point that cycles through
-        # k = 1..MAX_POINT x before/after per step, so every point of every step is hit.
-        points = {step: [(k, when) for k in range(1, MAX_POINT + 1) for when in ("before", "after")]
-                  for step in STEPS}
-        for p in points.values():
-            self.rng.shuffle(p)
-        scripts = list(SCRIPTS)
-        weights = list(SCRIPTS.values())
-        for i in range(self.n_runs):
-            body = RunCreate(project_id=project[0], dataset_version_id=project[1], provider="memory",
-                             offer_id="mem-a10", base_model="tensorant/smoke-tiny", price_limit_per_hour=100.0,
-                             runtime_limit_s=3 * 3600)
-            run_id = runs.create(self.principal, body).id
-            for step, cycle in points.items():
-                self.faults.plan[(step, run_id)] = cycle[i % len(cycle)]
-            if self.rng.random() < STUBBORN_SHARE:
-                self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
-            script = self.rng.choices(scripts, weights=weights)[0]
-            self.agents[run_id] = Agent(run_id, script)
-            self.stats.scripts[script] += 1
-            runs.launch(self.principal, run_id, RunLaunch(confirm=True))
-
-    def machine_running(self, run_id: str) -> bool:
+    def running(self) -> set[str]:
+        """The runs whose machine is running (an agent acts only on a running machine)."""
         with self.cloud.lock:
-            return any(m.tags.get("tensorant:run") == run_id and m.state == "running"
-                       for m in self.cloud.machines.values())
+            return {m.tags.get("tensorant:run", "") for m in self.cloud.machines.values() if m.state == "running"}
 
-    def act_agents(self, runs: list[RunRecord]) -> None:
+    def act(self, runs: list[RunRecord]) -> None:
         from shared.services import agent as agent_api
         from shared.services import runs as run_api
         from shared.services.backends import storage_for
         from shared.storage.base import adapter_key
 
+        running = self.running()
         for run in runs:
-            a = self.agents.get(run.id)
-            if a is None or a.done or run.state not in ACTIVE or not self.machine_running(run.id):
+            a = self.by_run.get(run.id)
+            if a is None or a.done or run.state not in ACTIVE or run.id not in running:
                 continue
             if self.rng.random() < 0.3:
                 continue  # agents are not in lockstep
@@ -273,6 +237,65 @@ class Chaos:
                 a.step += 1
             except (Conflict, NotFound):
                 a.done = True  # the run moved on under the agent
+
+
+@dataclass
+class Stats:
+    deliveries: int = 0
+    duplicates_sequential: int = 0
+    duplicates_concurrent: int = 0
+    failed_deliveries: int = 0
+    poisoned: int = 0
+    replayed: int = 0
+    timer_crashes: int = 0
+    rounds: int = 0
+    scripts: Counter[str] = field(default_factory=Counter)
+
+
+class Chaos:
+    def __init__(self, h: Harness, cloud: ChaosCloud, *, seed: int, runs: int, provider_fault_rate: float = 0.08,
+                 workers: int = 4) -> None:
+        self.h, self.cloud, self.n_runs = h, cloud, runs
+        self.rng = random.Random(seed)
+        self.faults = Faults(random.Random(seed + 1), provider_fault_rate)
+        self.stats = Stats()
+        self.stats_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.principal = Principal("member@a", h.org, Role.member)
+        self.agents = Agents(cloud, self.principal, random.Random(seed + 2))
+        s = get_settings()
+        store = CrashingStore(s.storage_connection, s.table_prefix)
+        store.faults = self.faults
+        set_store(store)
+        cloud.pick = self.faults.pick
+        cloud.invisible_s = 50.0  # under the launch settle period (60 s), over one round (30 s)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        set_store(None)
+
+    # ------------------------------------------------------------ runs and agents
+    def create_runs(self, project: tuple[str, str]) -> None:
+        from shared.services import runs
+
+        lift_quotas(self.principal.org)
+
+        # Each run crashes once in every step it goes through, at a point that cycles through
+        # k = 1..MAX_POINT x before/after per step, so every point of every step is hit.
+        points = {step: [(k, when) for k in range(1, MAX_POINT + 1) for when in ("before", "after")]
+                  for step in STEPS}
+        for p in points.values():
+            self.rng.shuffle(p)
+        for i in range(self.n_runs):
+            run_id = runs.create(self.principal, run_body(project)).id
+            for step, cycle in points.items():
+                self.faults.plan[(step, run_id)] = cycle[i % len(cycle)]
+            if self.rng.random() < STUBBORN_SHARE:
+                self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
+            script = pick_script(self.rng)
+            self.agents.add(run_id, script)
+            self.stats.scripts[script] += 1
+            runs.launch(self.principal, run_id, RunLaunch(confirm=True))
 
     # ------------------------------------------------------------ queues
     def receive(self) -> list[tuple[Queue, Any, Any]]:
@@ -352,7 +375,7 @@ class Chaos:
         for i in range(rounds):
             self.stats.rounds += 1
             self.h.clock.advance(step_s)
-            self.act_agents(self.runs())
+            self.agents.act(self.runs())
             self.deliver_round()
             self.tick("heartbeat_check")
             if i % 4 == 3:
@@ -389,6 +412,30 @@ class Chaos:
         for q in Queue:
             out = self.h.ok("POST", f"/api/platform/queues/{q.value}/poison/replay", token="admin", json_body={})
             self.stats.replayed += len(out["replayed"])
+
+
+def assert_at_rest(runs: dict[str, RunRecord], cloud: ChaosCloud) -> None:
+    """The chaos invariants: every run terminal or retained; no run ever had two machines;
+    nothing bills without a live run; every retained run keeps its (stopped) machine's disk;
+    every other run's machines and disks are gone, with no release error left."""
+    stuck = {r.id: r.state.value for r in runs.values() if r.state not in TERMINAL and r.state != RunState.retained}
+    assert not stuck, f"runs not at rest: {stuck}"
+    with cloud.lock:
+        created, machines, live = dict(cloud.created), list(cloud.machines.values()), cloud.live()
+    twice = {run: n for run, n in created.items() if n > 1}
+    assert not twice, f"runs that had two machines: {twice}"
+    for m in live:
+        run = runs.get(m.tags.get("tensorant:run", ""))
+        assert run is not None and run.state == RunState.retained, \
+            f"machine {m.id} ({m.state}) bills without a live run: {run and run.state.value}"
+    for run in runs.values():
+        mine = [m for m in machines if m.tags.get("tensorant:run") == run.id]
+        if run.state == RunState.retained:
+            assert [(m.state, m.disk_exists) for m in mine] == [("stopped", True)], \
+                f"retained run {run.id} lost its disk or keeps computing: {run.reason}"
+        else:
+            assert all(m.state == "terminated" and not m.disk_exists for m in mine), run.id
+            assert not run.release_error, run.release_error
 
 
 def wall() -> float:

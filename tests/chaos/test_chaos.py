@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.runs.lifecycle import TERMINAL
 from shared.store import get_store
-from tests.chaos.driver import STEPS, Chaos, wall
+from tests.chaos.driver import STEPS, Chaos, assert_at_rest, wall
 from tests.chaos.provider import ChaosCloud, install_chaos_provider, uninstall_chaos_provider
 from tests.harness import Harness
 
@@ -68,24 +67,8 @@ def test_chaos_leaves_nothing_leaked_stuck_or_duplicated(setup: tuple[Harness, C
           f"chaos {chaos_s:.1f}s, total {wall() - started:.1f}s")
 
     assert len(runs) == RUNS
-    stuck = {r.id: r.state.value for r in runs.values() if r.state not in TERMINAL and r.state.value != "retained"}
-    assert not stuck, f"runs not at rest: {stuck}"
     assert chaos.pending() == 0, "messages left in the queues or poison queues"
-    twice = {run: n for run, n in cloud.created.items() if n > 1}
-    assert not twice, f"runs that had two machines: {twice}"
-    live = [m for m in cloud.live()]
-    for m in live:
-        run = runs.get(m.tags.get("tensorant:run", ""))
-        assert run is not None and run.state.value == "retained", \
-            f"machine {m.id} ({m.state}) bills without a live run: {run and run.state.value}"
-    for run in runs.values():
-        mine = [m for m in cloud.machines.values() if m.tags.get("tensorant:run") == run.id]
-        if run.state.value == "retained":
-            assert [(m.state, m.disk_exists) for m in mine] == [("stopped", True)], \
-                f"retained run {run.id} lost its disk or keeps computing: {run.reason}"
-        else:
-            assert all(m.state == "terminated" and not m.disk_exists for m in mine), run.id
-            assert not run.release_error, run.release_error
+    assert_at_rest(runs, cloud)
     # The faults really happened: every step crashed, at several points, and providers failed.
     for step, points in crash_points.items():  # crashes before and after several points of every step
         assert len({k for k, _ in points}) >= 3 and {w for _, w in points} == {"before", "after"}, (step, points)
