@@ -1,26 +1,12 @@
-from typing import Any
-
 import azure.functions as func
 
 from shared import http
 from shared.models import AgentComplete, Heartbeat, HeartbeatReply
-from shared.security import authenticate_agent
+from shared.security import authenticate_agent, verify_agent
 from shared.services import agent
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS
-
-
-def _token_exp(header: str | None) -> float | None:
-    """The expiry of a token authenticate_agent has verified already (so it is read unverified here)."""
-    import jwt
-
-    try:
-        claims: dict[str, Any] = jwt.decode((header or "").split(" ", 1)[-1].strip(),
-                                            options={"verify_signature": False})
-        return float(claims["exp"])
-    except (jwt.PyJWTError, KeyError, TypeError, ValueError):
-        return None
 
 
 @bp.route(route="agent/runs/{id}/heartbeat", methods=["POST"], auth_level=ANON)
@@ -28,9 +14,12 @@ def _token_exp(header: str | None) -> float | None:
           "whether to stop and may carry a renewed token", request=Heartbeat, response=HeartbeatReply)
 def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
-    header = req.headers.get("Authorization")
-    return http.respond(lambda: agent.heartbeat(
-        authenticate_agent(header, run_id), run_id, http.parse(req, Heartbeat), token_exp=_token_exp(header)))
+
+    def beat() -> dict[str, object]:
+        token = verify_agent(req.headers.get("Authorization"), run_id)
+        return agent.heartbeat(token.org, run_id, http.parse(req, Heartbeat), token_exp=token.expires_at)
+
+    return http.respond(beat)
 
 
 @bp.route(route="agent/runs/{id}/complete", methods=["POST"], auth_level=ANON)

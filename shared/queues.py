@@ -62,7 +62,11 @@ class Queues:
         dev host wakes its idle pollers: the real host polls, locally the wait is avoidable)."""
         from azure.storage.queue import QueueServiceClient
 
-        self._service = QueueServiceClient.from_connection_string(connection_string)
+        from shared.storage_transport import storage_transport
+
+        transport = storage_transport()
+        self._service = QueueServiceClient.from_connection_string(
+            connection_string, **({"transport": transport} if transport else {}))
         self._clients: dict[str, Any] = {}
         self.delay_scale = delay_scale
         self.on_send: tuple[SendHook, ...] = tuple(on_send)

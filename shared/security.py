@@ -120,13 +120,24 @@ def authenticate(header: str | None) -> Principal:
     return Principal(sub=claims["sub"], org=claims["org"], role=Role(role))
 
 
-def authenticate_agent(header: str | None, run_id: str) -> str:
-    """Return the org of a token minted for exactly this run."""
+@dataclass(frozen=True)
+class AgentToken:
+    org: str
+    expires_at: float  # the token's exp (heartbeats renew it when half its life is gone)
+
+
+def verify_agent(header: str | None, run_id: str) -> AgentToken:
+    """A token minted for exactly this run: its org and expiry (one verification)."""
     claims = _decode(header, AGENT_AUDIENCE, "agent", AGENT_TOKEN_MAX_TTL_S, wrong_kind=Forbidden)
     run = _claim(claims, "run", RUN_RE)
     if run != run_id:
         raise Forbidden("this token is not the token of this run")
-    return str(claims["org"])
+    return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]))
+
+
+def authenticate_agent(header: str | None, run_id: str) -> str:
+    """Return the org of a token minted for exactly this run."""
+    return verify_agent(header, run_id).org
 
 
 def require(principal: Principal, *roles: Role) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.models import RunEvent
+from shared.models import RunEvent, RunState
 from shared.services import runs as run_service
 from shared.store import get_store
 from tests import fakes
@@ -85,7 +85,7 @@ def test_a_heartbeat_is_one_write_plus_one_per_log_chunk(h: Harness, cloud: Clou
     agent.heartbeat("training", 0.2)
     counts = calls.take()
     assert calls.writes(counts) == 1 and counts[("runs", "update")] == 1, counts
-    assert calls.reads(counts) == 1, counts  # the run, once
+    assert calls.reads(counts) == 0, counts  # this process wrote the run last: its copy is current
 
     agent.heartbeat("training", 0.3, ["step 1", "step 2", "step 3"])
     counts = calls.take()
@@ -101,6 +101,26 @@ def test_a_heartbeat_is_one_write_plus_one_per_log_chunk(h: Harness, cloud: Clou
     assert chunks >= 7 and calls.writes(counts) == 1 + chunks, counts
     page = h.ok("GET", f"/api/runs/{run_id}/logs", params={"limit": "5000"})
     assert page["lines"] == ["step 1", "step 2", "step 3", *big]
+
+
+def test_a_heartbeat_after_another_write_reads_the_run_again(h: Harness, cloud: Cloud, calls: Calls) -> None:
+    run_id, agent = training_run(h)
+    # Another instance changed the run (here: a write through a second store, with its own copies).
+    from shared.settings import get_settings
+    from shared.store.repo import Store
+
+    other = Store(get_settings().storage_connection, get_settings().table_prefix)
+    other.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"progress": 0.15}))
+    calls.take()
+    reply = agent.heartbeat("training", 0.2)
+    counts = calls.take()
+    # The stale copy's write is refused by its ETag, then one read and one write.
+    assert counts[("runs", "update")] == 2 and counts[("runs", "get")] == 1, counts
+    assert reply["stop"] is False and get_store().get_run(h.org, run_id)[0].progress == 0.2
+
+    # A run stopped elsewhere: the copy says "training", the stored run says stop; the reply follows the store.
+    other.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.retaining}))
+    assert agent.heartbeat("training", 0.3)["stop"] is True
 
 
 def test_a_phase_change_adds_only_its_transition_event(h: Harness, cloud: Cloud, calls: Calls) -> None:

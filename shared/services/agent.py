@@ -52,8 +52,9 @@ def _cap_line(line: str) -> str:
 
 
 def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None = None) -> dict[str, Any]:
-    """One read and one ETag-guarded write of the run, plus one write per log chunk (and an
-    event only when the state moves or the run's log limit is first reached).
+    """One ETag-guarded write of the run (after a read only when this process has no current
+    copy of it), plus one write per log chunk (and an event only when the state moves or the
+    run's log limit is first reached).
 
     `token_exp`: the expiry of the token the agent sent; a fresh one is handed out in the reply
     while the run is active and less than half of a token's lifetime is left."""
@@ -88,7 +89,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
         })
 
     try:
-        run, wrote = store.mutate_run(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS)
+        run, wrote = store.mutate_run(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
     except ConcurrencyError as exc:
         # Nothing was written: the agent sends its state again with the next heartbeat.
         raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc

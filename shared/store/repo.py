@@ -11,7 +11,9 @@ import json
 import random
 import re
 import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import Any
@@ -34,6 +36,7 @@ from shared.models import (
 from shared.store.tables import Table
 
 MAX_RACE_RETRIES = 8
+LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
 # One log chunk is one entity whose `data` property (JSON, ASCII: json.dumps escapes the rest)
 # stays under the service's 32K UTF-16 characters per string property, with room for the rest.
 LOG_CHUNK_CHARS = 28_000
@@ -74,11 +77,17 @@ class Store:
     def __init__(self, connection_string: str, prefix: str) -> None:
         from azure.data.tables import TableServiceClient
 
-        self._service = TableServiceClient.from_connection_string(connection_string)
+        from shared.storage_transport import storage_transport
+
+        transport = storage_transport()
+        self._service = TableServiceClient.from_connection_string(
+            connection_string, **({"transport": transport} if transport else {}))
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
                  "secrets", "quotas")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
+        self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
+        self._runs_lock = threading.Lock()
 
     def table(self, name: str) -> Table:
         return self._tables[name]
@@ -204,28 +213,60 @@ class Store:
 
     def mutate_run(
         self, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None],
-        *, attempts: int = MAX_RACE_RETRIES,
+        *, attempts: int = MAX_RACE_RETRIES, from_last_write: bool = False,
     ) -> tuple[RunRecord, bool]:
         """Read-modify-write with the ETag; `change` returns None to leave the run as it is.
 
         Returns (run as stored now, whether this call wrote it). Lost races re-read and
         call `change` again, so it must decide from the run it is given. Each call is one
         read and at most one write per attempt.
+
+        from_last_write (heartbeats): first try the write on the run as this process last read
+        or wrote it, with that ETag, skipping the read. A stale copy only costs a lost race
+        (the service refuses the ETag) and the usual read; a decision not to write is never
+        taken on the copy, always on the stored run. Not counted as an attempt.
         """
-        for attempt in range(attempts):
-            run, etag = self.get_run(org, run_id)
+        attempt = 0
+        cached = self._recall_run(org, run_id) if from_last_write else None
+        while attempt < attempts:
+            run, etag = cached or self.get_run(org, run_id)
+            from_copy, cached = cached is not None, None
             new = change(run)
             if new is None:
+                if from_copy:
+                    continue  # decide again on the stored run
+                self._remember_run(run, etag)
                 return run, False
             try:
-                self.put_run(new, etag)
+                etag = self.put_run(new, etag)
             except ConcurrencyError:
+                self._forget_run(org, run_id)
+                if from_copy:
+                    continue
                 # Someone else wrote in between: a short random pause spreads the writers out,
                 # so a crowd of them converges instead of colliding again on every retry.
-                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+                attempt += 1
+                time.sleep(random.uniform(0, 0.002 * attempt))
                 continue
+            self._remember_run(new, etag)
             return new, True
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
+
+    # The runs this process last read or wrote through mutate_run, with their ETags (bounded).
+    def _remember_run(self, run: RunRecord, etag: str) -> None:
+        with self._runs_lock:
+            self._last_runs.pop((run.org, run.id), None)
+            self._last_runs[(run.org, run.id)] = (run, etag)
+            while len(self._last_runs) > LAST_RUNS_KEPT:
+                self._last_runs.popitem(last=False)
+
+    def _recall_run(self, org: str, run_id: str) -> tuple[RunRecord, str] | None:
+        with self._runs_lock:
+            return self._last_runs.get((org, run_id))
+
+    def _forget_run(self, org: str, run_id: str) -> None:
+        with self._runs_lock:
+            self._last_runs.pop((org, run_id), None)
 
     def claim_launch(self, org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
         """Claim a provisioning run with no recorded resources for one create attempt.

@@ -103,7 +103,11 @@ def azurite_upsert_rate(connection: str, seconds: float) -> float:
     """Sequential upserts of a run-sized entity (one JSON property of about 2 KB), as fast as one caller goes."""
     from azure.data.tables import TableServiceClient
 
-    service = TableServiceClient.from_connection_string(connection)
+    from shared.storage_transport import storage_transport
+
+    # Through the app's own transport: its speed-up must not count as the app's gain.
+    transport = storage_transport()
+    service = TableServiceClient.from_connection_string(connection, **({"transport": transport} if transport else {}))
     table = service.create_table_if_not_exists("bench" + secrets.token_hex(4))
     data = json.dumps({"filler": "x" * 2000})
     n = 0
@@ -163,6 +167,10 @@ def _bench(connection: str, args: argparse.Namespace) -> None:
     try:
         h.save_storage({"kind": "local"})
         h.save_compute("memory", {})
+        from shared.services import quotas
+
+        # 32 runs at once: above the default org limits (issue 11.8).
+        quotas.set_limits(h.org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
         targets: list[tuple[str, str]] = []
         for _ in range(max(counts)):
             run_id = h.create_run("memory", "mem-a10")
@@ -183,20 +191,21 @@ def _bench(connection: str, args: argparse.Namespace) -> None:
     host = Host(function_app.app, root=ROOT, port=0, load_settings=False, queues=False, timers=False).start()
     try:
         run_clients(host.port, targets[:1], 1.0, args.logs)  # warm-up: imports, connections, table creation
-        upsert = azurite_upsert_rate(connection, args.seconds)
-        print(f"heartbeat bench: {args.seconds:.0f} s per point, {args.logs} log lines per heartbeat")
-        print(f"Azurite sequential upsert rate: {upsert:.0f}/s")
-        print(f"{'clients':>8} {'runs':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x upsert':>9}  answers")
+        print(f"heartbeat bench: {args.seconds:.0f} s per point, {args.logs} log lines per heartbeat; Azurite's "
+              "sequential upsert rate measured just before each point (this machine's speed drifts)")
+        print(f"{'clients':>8} {'runs':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'cpu ms':>7} {'upsert/s':>9} "
+              f"{'x upsert':>9}  answers")
         ratios = {}
-        for n in counts:
-            r = run_clients(host.port, targets[:n], args.seconds, args.logs)
-            ratios[n] = r["rate"] / upsert
-            print(f"{n:>8} {n:>5} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {ratios[n]:>9.2f}  "
-                  f"{r['codes']}")
-        for n in counts[1:]:
-            r = run_clients(host.port, [targets[0]] * n, args.seconds, args.logs)
-            print(f"{n:>8} {1:>5} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-                  f"{r['rate'] / upsert:>9.2f}  {r['codes']}  (all on one run)")
+        for n, one_run in [(n, False) for n in counts] + [(n, True) for n in counts[1:]]:
+            upsert = azurite_upsert_rate(connection, args.seconds / 2)
+            cpu = time.process_time()
+            r = run_clients(host.port, [targets[0]] * n if one_run else targets[:n], args.seconds, args.logs)
+            cpu_ms = (time.process_time() - cpu) * 1000 / max(1, r["n"])  # this process serves the requests
+            ratio = r["rate"] / upsert
+            if not one_run:
+                ratios[n] = ratio
+            print(f"{n:>8} {1 if one_run else n:>5} {r['rate']:>8.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {cpu_ms:>7.2f} "
+                  f"{upsert:>9.0f} {ratio:>9.2f}  {r['codes']}" + ("  (all on one run)" if one_run else ""))
         if 8 in ratios:
             verdict = "meets" if ratios[8] >= 0.8 else "MISSES"
             print(f"8 clients / Azurite upserts = {ratios[8]:.2f} ({verdict} the 0.8 goal)")
