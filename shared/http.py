@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from shared.errors import AppError, InvalidInput
+from shared.errors import AppError, ConcurrencyError, InvalidInput
 from shared.log import get_logger, redact
 from shared.security import Principal, authenticate
 
@@ -189,6 +189,10 @@ def respond(call: Callable[[], Any], status: int = 200) -> Any:
     except ValidationError as exc:
         err = invalid(exc)
         return problem(err.status, err.title, redact(err.detail), redact(err.errors))
+    except ConcurrencyError:
+        # Writers kept racing on one record past the retries: nothing of this request was written.
+        return problem(409, "Conflict", "the record changed at the same time as this request, again and again; "
+                       "this request's change was not saved: send it again", [], {"Retry-After": "1"})
     except Exception:
         get_logger().exception("unhandled error")
         return problem(500, "Internal error", "the control plane failed; the error is logged with this request")

@@ -37,7 +37,9 @@ class Settings(BaseModel):
 
     env: str = "development"
     storage_connection: str = AZURITE
-    deployment_id: str = Field(default="dev", pattern=r"^[a-z0-9][a-z0-9-]{1,30}$")
+    # No hyphen: names are `tensorant-<deployment>-<run>`, and with hyphens one deployment's
+    # prefix could begin another's (`test` and `test-b`), so its pods would look like ours.
+    deployment_id: str = Field(default="dev", pattern=r"^[a-z0-9]{2,31}$")
     table_prefix: str = "ta"
     queue_prefix: str = ""
     jwt_secret: str = DEV_JWT_SECRET

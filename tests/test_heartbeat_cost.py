@@ -164,3 +164,19 @@ def test_concurrent_heartbeats_on_one_run_never_answer_5xx(h: Harness, cloud: Cl
     assert sorted(page["lines"]) == accepted
     assert get_store().get_run(h.org, run_id)[0].log_lines == len(accepted)
     assert statuses[200] >= 80, statuses  # a lost race is retried, not simply refused
+
+
+def test_a_race_lost_past_the_retries_answers_409_not_500(h: Harness, cloud: Cloud,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.errors import ConcurrencyError
+    from shared.store.repo import Store
+
+    run_id, _ = training_run(h)
+
+    def always_lost(self: Store, *a: Any, **kw: Any) -> Any:
+        raise ConcurrencyError("run kept changing")
+
+    monkeypatch.setattr(Store, "mutate_run", always_lost)
+    status, body, headers = h.call("POST", f"/api/runs/{run_id}/cancel", token="member", json_body={})
+    assert status == 409 and body["title"] == "Conflict" and "send it again" in body["detail"], body
+    assert headers.get("Retry-After") == "1"

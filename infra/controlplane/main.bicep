@@ -9,7 +9,7 @@
 // Not deployed from this repository's CI (no Azure account there); tests/test_infra.py
 // checks that every setting the app requires in production is set here.
 
-@description('Short id written into every ownership tag; the sweeper touches only resources carrying it.')
+@description('Short id (2-31 lowercase letters and digits, no hyphen) written into every ownership tag; the sweeper touches only resources carrying it.')
 @minLength(2)
 @maxLength(31)
 param deploymentId string

@@ -347,3 +347,13 @@ def test_importing_the_provider_loads_no_sdk() -> None:
 def test_network_volumes_for_the_picker(fake: FakeRunPod) -> None:
     assert provider().network_volumes() == [
         {"id": "vol0abc123", "name": "tensorant", "size_gb": 100, "datacenter_id": "EU-RO-1"}]
+
+
+def test_a_deployment_id_cannot_begin_another_deployments_pod_names(fake: FakeRunPod) -> None:
+    # With hyphens, deployment `test` would read `tensorant-test-b-run-4` (deployment `test-b`) as its run `b-run-4`.
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="deployment_id"):
+        Settings(deployment_id="test-b")
+    fake.add_pod("tensorant-testb-run-4")
+    assert list(provider().list_managed()) == []
