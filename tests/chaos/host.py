@@ -53,7 +53,8 @@ class HostConfig:
     workdir: str  # holds cloud.json, events.jsonl and the calm and stop files
     clock: tuple[float, float, float]  # (wall start, simulated start, speed): see SpeedClock
     seed: int
-    crash_rate: float  # per store write and per provider call: the process dies there
+    crash_rate: float  # per store write: the process dies just before or just after it
+    provider_crash_rate: float  # per provider call, before it and again after it succeeded
     fault_rate: float  # per provider call: an injected provider error
     duplicate_rate: float  # per delivery: a copy sent first; per success: delivered again
     visibility_s: int  # wall seconds a received message stays invisible (returns after a crash)
@@ -134,10 +135,11 @@ class HostFaults:
 
     # The chaos provider's fault callback, before every provider call.
     def pick(self, method: str, run_id: str) -> str | None:
-        self.before(f"provider.{method}")
         if getattr(self.local, "step", None) is None or self.calm():
             return None
-        if self.roll(self.cfg.crash_rate):
+        if self.roll(self.cfg.provider_crash_rate):
+            self.die("before", f"provider.{method}")
+        if self.roll(self.cfg.provider_crash_rate):
             return "die_after"
         if not self.roll(self.cfg.fault_rate):
             return None

@@ -50,8 +50,8 @@ def two_hosts(env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPat
     start = time.time()
     clock.set_clock(SpeedClock(start, start, SPEED))
     config = HostConfig(name="", workdir=str(tmp_path), clock=(start, start, SPEED), seed=SEED, crash_rate=0.015,
-                        fault_rate=0.15, duplicate_rate=0.1, visibility_s=3, heartbeat_check_every_s=0.5,
-                        sweep_every_s=2.0)
+                        provider_crash_rate=0.03, fault_rate=0.15, duplicate_rate=0.1, visibility_s=3,
+                        heartbeat_check_every_s=0.5, sweep_every_s=2.0)
     chaos = TwoHosts(tmp_path, cloud, project, h.org, runs=RUNS, seed=SEED, config=config)
     try:
         yield chaos
