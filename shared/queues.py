@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -186,3 +187,12 @@ def reset_queues() -> None:
     global _default, _override, _options
     _default = _override = None
     _options = _Options()
+
+
+def _after_fork_in_child() -> None:
+    # A forked process must not share the parent's pooled connections; the settings stay.
+    global _default, _override
+    _default = _override = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -416,3 +416,31 @@ def test_keep_alive_requests_are_fast(root: Path) -> None:
         conn.close()
         # Before: about 40 ms each (headers and body in two writes meet Nagle and the delayed ACK).
         assert statistics.median(took) < 0.02, f"median {statistics.median(took) * 1000:.1f} ms"
+
+
+def test_http_worker_processes_share_one_socket_and_stop_with_the_host(root: Path) -> None:
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    with pytest.raises(ValueError):
+        Host(SPEC, root=root, port=0, http_workers=0)
+    host = Host(SPEC, root=root, port=0, queues=False, timers=False, http_workers=3).start()
+    try:
+        children = list(host._children)
+        assert len(children) == 2
+
+        def get(_: int) -> str:
+            r = requests.get(f"{host.url}/api/pid", headers={"Connection": "close"}, timeout=10)
+            assert r.status_code == 200
+            return r.text
+
+        with ThreadPoolExecutor(12) as pool:
+            served = {int(p) for p in pool.map(get, range(120))}
+    finally:
+        host.stop()
+    assert served <= {os.getpid(), *children} and len(served) >= 2, (served, children)
+    for pid in children:  # reaped: no process, no zombie
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -8,6 +8,7 @@ audit (sweeper actions, poison discards).
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import secrets
@@ -399,3 +400,12 @@ def reset_store() -> None:
     the current settings (connection string, table prefix)."""
     set_store(None)
     _default_store.cache_clear()
+
+
+def _after_fork_in_child() -> None:
+    # A forked process (the dev host's extra HTTP workers) must not share the parent's pooled
+    # connections: it builds its own store on first use.
+    reset_store()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -67,6 +67,12 @@ def nothing(req: func.HttpRequest) -> func.HttpResponse:
     return func.HttpResponse("{}", status_code=204, mimetype="application/json")
 
 
+@app.route(route="pid", methods=["GET"])
+def pid(req: func.HttpRequest) -> func.HttpResponse:
+    time.sleep(0.02)  # long enough that concurrent connections land on several worker processes
+    return func.HttpResponse(str(os.getpid()))
+
+
 @app.route(route="slow", methods=["GET"])
 def slow(req: func.HttpRequest) -> func.HttpResponse:
     time.sleep(float(req.params.get("s") or 0.2))

@@ -24,6 +24,8 @@ import inspect
 import json
 import logging
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -227,7 +229,16 @@ class Host:
         http: bool = True,
         queues: bool = True,
         timers: bool = True,
+        http_workers: int = 1,
     ) -> None:
+        """http_workers: processes serving HTTP on one listening socket, as the Functions host's
+        FUNCTIONS_WORKER_PROCESS_COUNT spreads invocations over Python workers (one interpreter
+        lock each). The extra ones are forked at start() and serve HTTP only; queues and timers
+        stay in this process."""
+        if http_workers < 1:
+            raise ValueError("http_workers must be at least 1")
+        self.http_workers = http_workers
+        self._children: list[int] = []
         self.root = Path(root) if root is not None else Path.cwd()
         host_section: dict[str, Any] = {}
         if load_settings:
@@ -262,7 +273,13 @@ class Host:
     def start(self) -> Host:
         self._stop.clear()
         if self.enable["http"] and self.by_kind("http"):
-            self._server = _serve(self)
+            sock = None
+            if self.http_workers > 1:
+                # Forked before this host starts any thread: a child gets no half-held lock.
+                sock = _listen_socket(self.bind, self.port)
+                self.port = int(sock.getsockname()[1])
+                self._children = [_fork_http_worker(self, sock) for _ in range(self.http_workers - 1)]
+            self._server = _serve(self, sock)
             self.port = int(self._server.effective_port)
             self._spawn(self._server.run, "devhost-http")
         _running.add(self)
@@ -281,6 +298,13 @@ class Host:
         _running.discard(self)
         for event in self._wake.values():
             event.set()
+        for pid in self._children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self._children.clear()
         if self._server is not None:
             _shutdown(self._server)
             self._server = None
@@ -606,12 +630,44 @@ def _problem(status: int, title: str, detail: str) -> tuple[int, dict[str, str],
     return status, {"Content-Type": "application/problem+json"}, body
 
 
-def _serve(host: Host) -> Any:
-    """A waitress server bound to host's address, not yet running (run() serves until shutdown)."""
+def _listen_socket(bind: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((bind, port))
+    sock.listen(HTTP_BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def _fork_http_worker(host: Host, sock: socket.socket) -> int:
+    """A child process serving HTTP on sock until SIGTERM or until its parent is gone."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
+
+        def orphaned() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(0)
+
+        threading.Thread(target=orphaned, daemon=True).start()
+        _serve(host, sock).run()
+    finally:
+        os._exit(0)  # never return into the parent's code
+
+
+def _serve(host: Host, sock: socket.socket | None = None) -> Any:
+    """A waitress server bound to host's address (or serving a listening socket), not yet running
+    (run() serves until shutdown)."""
     from waitress.server import create_server
 
+    where: dict[str, Any] = {"sockets": [sock]} if sock is not None else {"host": host.bind, "port": host.port}
     return create_server(
-        functools.partial(_wsgi, host), host=host.bind, port=host.port, threads=HTTP_THREADS,
+        functools.partial(_wsgi, host), **where, threads=HTTP_THREADS,
         backlog=HTTP_BACKLOG, connection_limit=HTTP_CONNECTION_LIMIT, channel_timeout=HTTP_IDLE_TIMEOUT_S,
         max_request_body_size=MAX_REQUEST_BODY, ident="tensorant-devhost/2", clear_untrusted_proxy_headers=True,
         expose_tracebacks=False,

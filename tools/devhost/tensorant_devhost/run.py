@@ -206,8 +206,14 @@ def main(argv: list[str] | None = None) -> int:
         # does this for output bindings).
         queues.configure(on_send=[notify])
 
+        # As the Functions host: FUNCTIONS_WORKER_PROCESS_COUNT worker processes (1-10, default 1).
+        raw = os.environ.get("FUNCTIONS_WORKER_PROCESS_COUNT") or "1"
+        if not raw.isdigit() or not 1 <= int(raw) <= 10:
+            raise RunError(f"FUNCTIONS_WORKER_PROCESS_COUNT is {raw!r}: set a whole number from 1 to 10")
+        workers = int(raw)
         try:
-            host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*").start()
+            host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*",
+                        http_workers=workers).start()
         except (ImportError, AttributeError, ValueError) as exc:
             raise RunError(f"cannot load the function app {args.app!r}: {type(exc).__name__}: {exc}") from exc
         _banner(host, port)
