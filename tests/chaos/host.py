@@ -203,7 +203,8 @@ class Host:
         due = {"heartbeat_check": time.time() + rng.uniform(0, cfg.heartbeat_check_every_s),
                "sweeper": time.time() + rng.uniform(0, cfg.sweep_every_s)}
         every = {"heartbeat_check": cfg.heartbeat_check_every_s, "sweeper": cfg.sweep_every_s}
-        while not self.stop_path.exists():
+        parent = os.getppid()
+        while not self.stop_path.exists() and os.getppid() == parent:  # the test itself died: stop too
             for name, at in due.items():
                 if time.time() >= at:
                     self.tick(name)
