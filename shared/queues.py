@@ -63,11 +63,9 @@ class Queues:
         dev host wakes its idle pollers: the real host polls, locally the wait is avoidable)."""
         from azure.storage.queue import QueueServiceClient
 
-        from shared.storage_transport import storage_transport
+        from shared.storage_transport import storage_client_kwargs
 
-        transport = storage_transport()
-        self._service = QueueServiceClient.from_connection_string(
-            connection_string, **({"transport": transport} if transport else {}))
+        self._service = QueueServiceClient.from_connection_string(connection_string, **storage_client_kwargs())
         self._clients: dict[str, Any] = {}
         self.delay_scale = delay_scale
         self.on_send: tuple[SendHook, ...] = tuple(on_send)

@@ -17,6 +17,12 @@ from typing import Any
 POOL_SIZE = 32  # connections kept per host: concurrent calls beyond requests' default 10 reconnect
 
 
+def storage_client_kwargs() -> dict[str, Any]:
+    """Keyword arguments for a Storage client's from_connection_string: this transport, or none."""
+    transport = storage_transport()
+    return {"transport": transport} if transport is not None else {}
+
+
 def storage_transport() -> Any:
     """A RequestsTransport for Storage clients, or None for the SDK's default."""
     if urllib.request.getproxies():

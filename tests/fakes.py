@@ -143,6 +143,15 @@ class MemoryCompute:
 _undo: list[registry.Undo] = []  # what install_memory_provider did
 
 
+def training_run(h: Any) -> tuple[str, Any]:
+    """A run on the memory provider whose agent has reported `training`: (run id, its TestAgent)."""
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.1)
+    return run_id, agent
+
+
 def install_memory_provider(cloud: Cloud) -> None:
     _undo.append(registry.override("memory", factory=lambda config, settings: MemoryCompute(config, settings, cloud),
                                    config_model=MemoryConfig))

@@ -18,8 +18,8 @@ from shared.models import RunEvent, RunState
 from shared.services import runs as run_service
 from shared.store import get_store
 from tests import fakes
-from tests.fakes import Cloud
-from tests.harness import Harness, TestAgent
+from tests.fakes import Cloud, training_run
+from tests.harness import Harness
 
 cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
@@ -69,14 +69,6 @@ def calls(h: Harness) -> Iterator[Calls]:
     yield rec
     for u in undo:
         u()
-
-
-def training_run(h: Harness) -> tuple[str, TestAgent]:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
-    agent.heartbeat("training", 0.1)
-    return run_id, agent
 
 
 def test_a_heartbeat_is_one_write_plus_one_per_log_chunk(h: Harness, cloud: Cloud, calls: Calls) -> None:

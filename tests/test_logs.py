@@ -18,18 +18,10 @@ from shared.services import agent as agent_service
 from shared.store import get_store
 from shared.store.repo import LOG_CHUNK_CHARS, log_chunks
 from tests import fakes
-from tests.fakes import Cloud
+from tests.fakes import Cloud, training_run
 from tests.harness import Harness, TestAgent, smoke_adapter_zip
 
 cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
-
-
-def training(h: Harness) -> tuple[str, TestAgent]:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
-    agent.heartbeat("training", 0.1)
-    return run_id, agent
 
 
 def beat(h: Harness, agent: TestAgent, logs: list[str]) -> tuple[int, Any]:
@@ -39,7 +31,7 @@ def beat(h: Harness, agent: TestAgent, logs: list[str]) -> tuple[int, Any]:
 
 
 def test_long_lines_are_cut_and_marked(h: Harness, cloud: Cloud) -> None:
-    run_id, agent = training(h)
+    run_id, agent = training_run(h)
     agent.heartbeat("training", 0.2, ["short", "y" * 50_000])
     lines = h.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
     assert lines[0] == "short"
@@ -47,7 +39,7 @@ def test_long_lines_are_cut_and_marked(h: Harness, cloud: Cloud) -> None:
 
 
 def test_a_heartbeat_over_the_byte_limit_is_refused_before_any_write(h: Harness, cloud: Cloud) -> None:
-    run_id, agent = training(h)
+    run_id, agent = training_run(h)
     before, _ = get_store().get_run(h.org, run_id)
     # 500 lines of 2000 characters: 1 MB, the table entity's limit. Before: a 500 after the run was written.
     status, body = beat(h, agent, ["z" * 2000] * 500)
@@ -69,7 +61,7 @@ def test_chunks_keep_every_property_under_the_table_limit() -> None:
 def test_a_run_keeps_at_most_its_line_cap_with_one_warning(h: Harness, cloud: Cloud,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_service, "MAX_RUN_LOG_LINES", 30)
-    run_id, agent = training(h)
+    run_id, agent = training_run(h)
     agent.heartbeat("training", 0.2, [f"a{i}" for i in range(25)])
     agent.heartbeat("training", 0.3, [f"b{i}" for i in range(10)])
     agent.heartbeat("training", 0.4, [f"c{i}" for i in range(10)])
@@ -82,7 +74,7 @@ def test_a_run_keeps_at_most_its_line_cap_with_one_warning(h: Harness, cloud: Cl
 
 
 def test_logs_are_paginated_with_a_cursor(h: Harness, cloud: Cloud) -> None:
-    run_id, agent = training(h)
+    run_id, agent = training_run(h)
     sent = [f"line {i}" for i in range(1200)]
     for i in range(0, len(sent), 400):
         agent.heartbeat("training", 0.5, sent[i:i + 400])
@@ -117,7 +109,7 @@ def test_the_cursor_ends_when_the_run_is_terminal(h: Harness, cloud: Cloud) -> N
 @pytest.mark.parametrize("params", [{"after": "x"}, {"after": "-1"}, {"after": "1" * 11}, {"limit": "0"},
                                     {"limit": "5001"}, {"limit": "ten"}])
 def test_bad_cursor_or_limit_is_422(h: Harness, cloud: Cloud, params: dict[str, str]) -> None:
-    run_id, _ = training(h)
+    run_id, _ = training_run(h)
     status, body, _ = h.call("GET", f"/api/runs/{run_id}/logs", params=params)
     assert status == 422 and body["errors"][0]["field"] in params
 

@@ -78,11 +78,9 @@ class Store:
     def __init__(self, connection_string: str, prefix: str) -> None:
         from azure.data.tables import TableServiceClient
 
-        from shared.storage_transport import storage_transport
+        from shared.storage_transport import storage_client_kwargs
 
-        transport = storage_transport()
-        self._service = TableServiceClient.from_connection_string(
-            connection_string, **({"transport": transport} if transport else {}))
+        self._service = TableServiceClient.from_connection_string(connection_string, **storage_client_kwargs())
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
                  "secrets", "quotas")

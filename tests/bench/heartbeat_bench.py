@@ -109,10 +109,9 @@ def azurite_upsert_rate(connection: str, seconds: float, *, app_transport: bool)
     (shared/storage_transport.py: faster, so a stricter yardstick)."""
     from azure.data.tables import TableServiceClient
 
-    from shared.storage_transport import storage_transport
+    from shared.storage_transport import storage_client_kwargs
 
-    transport = storage_transport() if app_transport else None
-    service = TableServiceClient.from_connection_string(connection, **({"transport": transport} if transport else {}))
+    service = TableServiceClient.from_connection_string(connection, **(storage_client_kwargs() if app_transport else {}))
     table = service.create_table_if_not_exists("bench" + secrets.token_hex(4))
     data = json.dumps({"filler": "x" * 2000})
     n = 0
@@ -162,7 +161,7 @@ def _bench(connection: str, args: argparse.Namespace) -> None:
     from shared.store import get_store, reset_store
     from tensorant_devhost.host import Host
     from tests import fakes
-    from tests.harness import Harness
+    from tests.harness import Harness, lift_quotas
 
     settings.reset_settings()
     reset_store()
@@ -174,10 +173,7 @@ def _bench(connection: str, args: argparse.Namespace) -> None:
     try:
         h.save_storage({"kind": "local"})
         h.save_compute("memory", {})
-        from shared.services import quotas
-
-        # 32 runs at once: above the default org limits (issue 11.8).
-        quotas.set_limits(h.org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
+        lift_quotas(h.org)  # 32 runs at once
         targets: list[tuple[str, str]] = []
         for _ in range(max(counts)):
             run_id = h.create_run("memory", "mem-a10")

@@ -44,7 +44,7 @@ from shared.security import Principal
 from shared.settings import get_settings
 from shared.store.repo import Store, get_store, set_store
 from tests.chaos.provider import ChaosCloud, Crash
-from tests.harness import Harness, smoke_adapter_zip
+from tests.harness import Harness, lift_quotas, smoke_adapter_zip
 
 STEPS = tuple(step.value for step in RUN_STEPS)  # the step table's run steps
 MAX_POINT = 8  # crash points per step: the k-th store write or provider call, k = 1..MAX_POINT
@@ -57,13 +57,6 @@ STUBBORN_SHARE = 0.05  # runs whose release crashes more than maxDequeueCount ti
 def run_body(project: tuple[str, str]) -> RunCreate:
     return RunCreate(project_id=project[0], dataset_version_id=project[1], provider="memory", offer_id="mem-a10",
                      base_model="tensorant/smoke-tiny", price_limit_per_hour=100.0, runtime_limit_s=3 * 3600)
-
-
-def lift_quotas(org: str) -> None:
-    """Hundreds of runs at one simulated instant: far above the default quotas (issue 11.8)."""
-    from shared.services import quotas
-
-    quotas.set_limits(org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
 
 
 def pick_script(rng: random.Random) -> str:

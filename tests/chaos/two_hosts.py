@@ -30,9 +30,10 @@ from shared.queues import Queue, get_queues
 from shared.runs.lifecycle import TERMINAL
 from shared.security import Principal
 from shared.store import get_store
-from tests.chaos.driver import Agents, lift_quotas, pick_script, run_body
+from tests.chaos.driver import Agents, pick_script, run_body
 from tests.chaos.file_cloud import FileCloud
 from tests.chaos.host import CONFIG_ENV, CRASH_EXIT, HostConfig
+from tests.harness import lift_quotas
 
 
 @dataclass
@@ -98,6 +99,8 @@ class TwoHosts:
             self._threads.append(t)
 
     def stop(self) -> None:
+        if self.stopping.is_set():
+            return  # stopped already (the test, then its fixture)
         (self.workdir / "stop").touch()
         self.stopping.set()
         self.agents_on.clear()

@@ -277,7 +277,6 @@ class Host:
             if self.http_workers > 1:
                 # Forked before this host starts any thread: a child gets no half-held lock.
                 sock = _listen_socket(self.bind, self.port)
-                self.port = int(sock.getsockname()[1])
                 self._children = [_fork_http_worker(self, sock) for _ in range(self.http_workers - 1)]
             self._server = _serve(self, sock)
             self.port = int(self._server.effective_port)
