@@ -1,9 +1,9 @@
 import azure.functions as func
 
 from shared import http
-from shared.models import AgentComplete, Heartbeat, HeartbeatReply
+from shared.models import AgentComplete, BootFailure, Heartbeat, HeartbeatReply
 from shared.security import authenticate_agent, verify_agent
-from shared.services import agent
+from shared.services import agent, boot
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS
@@ -29,3 +29,12 @@ def complete(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
     return http.respond(lambda: agent.complete(
         authenticate_agent(req.headers.get("Authorization"), run_id), run_id, http.parse(req, AgentComplete)))
+
+
+@bp.route(route="agent/runs/{id}/boot-failed", methods=["POST"], auth_level=ANON)
+@http.api(summary="The machine's own report that training never started (image pull, container start or agent "
+          "failed before the agent reported): the run is released as failed", request=BootFailure)
+def boot_failed(req: func.HttpRequest) -> func.HttpResponse:
+    run_id = req.route_params["id"]
+    return http.respond(lambda: boot.boot_failed(
+        authenticate_agent(req.headers.get("Authorization"), run_id), run_id, http.parse(req, BootFailure)))

@@ -410,6 +410,19 @@ class AgentComplete(Model):
     last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
 
 
+class BootFailure(Model):
+    """The machine's own report that training never started (cloud-init's bootstrap script,
+    shared/providers/cloudinit.py): the image pull, the container start or the agent failed
+    before the agent reported. Sent with the run's agent token."""
+
+    stage: Literal["pull", "start", "agent"] = Field(description=(
+        "pull: docker pull failed after its retries; start: docker could not start the container "
+        "(e.g. no NVIDIA runtime); agent: the agent exited before it reported"))
+    exit_code: int = Field(ge=-1, le=255)
+    attempts: int = Field(default=1, ge=1, le=100)
+    last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
+
+
 class HeartbeatReply(Model):
     """The control plane's answer to a heartbeat."""
 

@@ -60,6 +60,9 @@ class Settings(BaseModel):
     # Tests only: lets a custom S3 endpoint be http:// on a loopback/private address (moto,
     # local servers). Production refuses to start with it.
     allow_private_endpoints: bool = False
+    # Tests only: cloud runs may name the declared test models (tensorant/*, random weights built
+    # on the machine); a real cloud machine would ask the hub for them and get 404.
+    allow_test_models: bool = False
     # A retained machine started for recovery is stopped again by heartbeat-check after this
     # long (GPU billing resumed when it started), with a warning event on the run.
     recovery_idle_stop_s: int = Field(default=3600, ge=60)
@@ -114,6 +117,7 @@ _ENV = {
     "catalog_max_age_s": "TENSORANT_CATALOG_MAX_AGE_S",
     "user_token_max_ttl_s": "TENSORANT_USER_TOKEN_MAX_TTL_S",
     "allow_private_endpoints": "TENSORANT_ALLOW_PRIVATE_ENDPOINTS",
+    "allow_test_models": "TENSORANT_ALLOW_TEST_MODELS",
     "recovery_idle_stop_s": "TENSORANT_RECOVERY_IDLE_STOP_S",
     "agent_token_ttl_s": "TENSORANT_AGENT_TOKEN_TTL_S",
 }
@@ -148,6 +152,8 @@ def production_problems(s: Settings) -> list[str]:
             problems.append(str(exc))
     if s.allow_private_endpoints:
         problems.append("TENSORANT_ALLOW_PRIVATE_ENDPOINTS is a test-only allowance")
+    if s.allow_test_models:
+        problems.append("TENSORANT_ALLOW_TEST_MODELS is a test-only allowance")
     if s.user_token_max_ttl > PRODUCTION_USER_TOKEN_MAX_TTL_S:
         problems.append(f"TENSORANT_USER_TOKEN_MAX_TTL_S may be at most {PRODUCTION_USER_TOKEN_MAX_TTL_S}")
     return problems

@@ -12,7 +12,7 @@ import pytest
 
 from shared.models import Role
 from shared.security import Principal
-from shared.settings import reset_settings
+from shared.settings import get_settings, reset_settings
 from shared.store import get_store
 from tests.harness import ApiError, Harness
 from tests.providers.azure.conftest import SUB, TRAIN_RG, config_body, fake, routed_arm
@@ -167,11 +167,12 @@ def test_provisioning_deadline_reason_has_the_clouds_words(h: Harness, arm: Fake
     assert vm is not None
     vm["_iv_extra"] = {"vmAgent": {"statuses": [{"code": "ProvisioningState/Unavailable",
                                                  "displayStatus": "Not Ready"}]}}
-    h.clock.advance(1801)  # past the provisioning deadline, the agent never reported
+    h.clock.advance(get_settings().provisioning_timeout_s + 1)  # past the boot deadline, the agent never reported
     h.tick("heartbeat_check")
     h.drain()
-    reason = h.get_run(run_id)["reason"]
-    assert "before the provisioning deadline" in reason
+    run = h.get_run(run_id)
+    reason = run["reason"]
+    assert run["state"] == "failed" and "boot deadline" in reason
     assert "the cloud says: VM tensorant-test-" in reason and "VM agent: Not Ready" in reason, reason
 
 

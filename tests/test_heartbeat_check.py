@@ -31,14 +31,19 @@ def test_silent_heartbeat_retains_and_keeps_the_disk(h: Harness, cloud: ChaosClo
     assert m.state == "stopped" and m.disk_exists
 
 
-def test_provisioning_deadline_includes_image_pull(h: Harness, cloud: ChaosCloud) -> None:
+def test_boot_deadline_releases_a_machine_that_never_reported(h: Harness, cloud: ChaosCloud) -> None:
     run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
     h.launch(run_id)  # the agent never reports (image pull hangs)
-    h.clock.advance(get_settings().provisioning_timeout_s + 1)
+    h.clock.advance(get_settings().provisioning_timeout_s - 1)
+    tick(h)
+    assert h.get_run(run_id)["state"] == "provisioning"
+    h.clock.advance(2)
     tick(h)
     run = h.get_run(run_id)
-    assert run["state"] == "retained" and "provisioning deadline" in run["reason"]
-    assert [m.state for m in cloud.machines.values()] == ["stopped"]
+    # Nothing ran, so nothing can be recovered: released and failed, not retained (stopped, disk billing).
+    assert run["state"] == "failed" and "boot deadline" in run["reason"] and "released" in run["reason"], run
+    assert [m.state for m in cloud.machines.values()] == ["terminated"]
+    assert not cloud.live()
 
 
 def test_runtime_limit_retains_even_with_heartbeats(h: Harness, cloud: ChaosCloud) -> None:

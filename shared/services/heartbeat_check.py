@@ -2,17 +2,20 @@
 
 Every limit is enforced here, by the control plane; no provider-side timer is trusted
 to stop billing. Deadlines (set on the run):
-- provisioning_by: the agent must report before it (machine start and image pull included);
+- provisioning_by, the boot deadline: the agent must report before it (machine start and
+  image pull included). A machine that misses it never started training, so nothing on it
+  can be recovered: the run is released and failed, not retained, and the release step adds
+  the cloud's account of the machine to the reason (shared/services/boot.py);
 - heartbeat_by: pushed forward by every heartbeat; silence past it means the agent is gone;
 - runtime_by: the run's total runtime limit, counted from launch.
-A missed deadline retains the run with the reason (the machine is stopped, the disk kept
-for recovery). A run still queued at its provisioning deadline never got a machine (the
-launch step writes provisioning before any cloud call), so it fails with nothing to release.
-Whether the machine still exists is the retain step's question: one that vanished outside
-the control plane fails the run with "nothing to retain or release".
+A missed deadline after the agent reported retains the run with the reason (the machine is
+stopped, the disk kept for recovery). A run still queued at its provisioning deadline never
+got a machine (the launch step writes provisioning before any cloud call), so it fails with
+nothing to release. Whether the machine still exists is the retain step's question: one that
+vanished outside the control plane fails the run with "nothing to retain or release".
 
 A retained machine started for recovery bills for its GPU: it is stopped again once it has
-been up settings.recovery_idle_stop_s, with a warning event (issue 12.4).
+been up settings.recovery_idle_stop_s, with a warning event.
 
 One query per tick (the runs in the states watched), a write only for a run that acts.
 """
@@ -27,6 +30,7 @@ from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, transition
 from shared.runs.steps import Resender, Step, resent_by
+from shared.services.boot import BOOT_FAILED
 from shared.services.run_events import event, transition_event
 from shared.services.transitions import move
 from shared.settings import get_settings
@@ -53,7 +57,8 @@ def missed_deadline(run: RunRecord, t: datetime) -> str | None:
     if d.runtime_by and t > d.runtime_by:
         return f"the run's runtime limit of {run.runtime_limit_s} s was reached"
     if run.state == RunState.provisioning and d.provisioning_by and t > d.provisioning_by:
-        return "the machine did not start the agent before the provisioning deadline (image pull included)"
+        return (f"the agent did not report within the boot deadline of {get_settings().provisioning_timeout_s} s "
+                "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)")
     if run.state in ACTIVE and run.state != RunState.provisioning and d.heartbeat_by and t > d.heartbeat_by:
         return "the agent's heartbeat went silent"
     return None
@@ -69,8 +74,10 @@ def check_all() -> dict[str, int]:
             started = run.machine_started_at
             if started is not None and (t - started).total_seconds() > idle_stop_s:
                 counts["stopped"] += _stop_idle_machine(run, idle_stop_s)
+        elif why and run.state == RunState.provisioning:
+            counts["failed"] += _release_unstarted(run, why)
         elif why:
-            counts["retained"] += _retain(run, why + _cloud_reason(run))
+            counts["retained"] += _retain(run, why)
         elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
             counts["failed"] += _fail_queued(run)
         elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
@@ -82,24 +89,6 @@ def check_all() -> dict[str, int]:
     return counts
 
 
-def _cloud_reason(run: RunRecord) -> str:
-    """For a machine that never reported (still provisioning at a deadline): the cloud's own account of
-    it (EC2 StateReason, Azure instance view and boot diagnostics, RunPod pod status), so the reason
-    says more than "it never reported". One describe, only for such runs; never fails the tick."""
-    if run.state != RunState.provisioning:
-        return ""
-    from shared.runs.resources import merge_resources
-    from shared.services.backends import compute_for, ref_of
-
-    try:
-        provider = compute_for(run.org, run.provider)
-        desc = provider.describe(ref_of(run), merge_resources(get_store().list_ledger(run.id), run.resources))
-    except Exception as exc:  # a cloud outage must not stop the deadlines of every other run
-        return f" (the cloud's state of the machine could not be read: {redact_text(str(exc))})"
-    said = desc.reason or desc.detail
-    return f" (the cloud says: {said})" if said else ""
-
-
 def _quiet_for(run: RunRecord, t: datetime) -> float:
     return (t - max(run.state_changed_at, run.updated_at)).total_seconds()
 
@@ -109,6 +98,15 @@ def _retain(run: RunRecord, why: str) -> int:
     if not wrote:
         return 0
     get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    return 1
+
+
+def _release_unstarted(run: RunRecord, why: str) -> int:
+    _, wrote = move(run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
+                    reason=why + "; nothing ran on the machine, so it is released with its disk, not kept")
+    if not wrote:
+        return 0
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason=BOOT_FAILED))
     return 1
 
 

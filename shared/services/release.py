@@ -16,6 +16,7 @@ from shared.queues import get_queues
 from shared.runs.resources import merge_resources
 from shared.runs.steps import Step
 from shared.services.backends import compute_for, ref_of
+from shared.services.boot import BOOT_FAILED, note_cloud_account
 from shared.services.connections import refuse_other_scope
 from shared.services.run_events import event
 from shared.services.transitions import move
@@ -33,6 +34,8 @@ def release(msg: StepMessage) -> None:
     run, _ = store.get_run(msg.org, msg.run_id)
     if run.state not in Step.release.serves:
         return
+    if msg.reason == BOOT_FAILED and run.release_attempts == 0:
+        run = note_cloud_account(run)  # before the machine, and what the cloud knows of it, is gone
     resources = merge_resources(store.list_ledger(run.id), run.resources)
     try:
         provider = compute_for(run.org, run.provider)

@@ -17,7 +17,7 @@ def from_user_data(user_data_b64: str) -> tuple[str, dict[str, str]]:
     """(image, bootstrap env) from base64 cloud-init user data."""
     text = base64.b64decode(user_data_b64).decode()
     blob = re.search(rf"^\s*{bootstrap_env.VAR}=(\S+)$", text, re.M)
-    image = re.search(r"^\s*docker pull (\S+)$", text, re.M)
+    image = re.search(r"^\s*IMAGE=(\S+)$", text, re.M)
     assert blob and image, text
     return image.group(1).strip("'"), bootstrap_env.decode(blob.group(1))
 
