@@ -35,6 +35,9 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         # The local provider's default is the real LoRA trainer; tests run the fast smoke trainer
         # unless they unset this (tests/e2e/test_local_trainer_e2e.py).
         "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m shared.trainer.smoke",
+        # Cloud tests run the test models (tensorant/*) on fake clouds; without this a cloud run refuses
+        # them (tests/test_training_api.py checks that refusal with the setting off).
+        "TENSORANT_ALLOW_TEST_MODELS": "1",
     }
     for k, v in values.items():
         monkeypatch.setenv(k, v)
