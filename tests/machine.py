@@ -135,7 +135,8 @@ class Machine:
             **{f"SHIM_{k.upper()}": v for k, v in shim.items()},
         }
         docker = self.bin / "docker"
-        docker.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'tests/docker_shim.py'))} \"$@\"\n")
+        shim_py = shlex.quote(str(REPO / "tests/docker_shim.py"))
+        docker.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shim_py} \"$@\"\n")
         sleep = self.bin / "sleep"
         sleep.write_text(f"#!/bin/sh\necho \"$1\" >> {shlex.quote(str(clock_.ledger))}\n")
         for shim_file in (docker, sleep):

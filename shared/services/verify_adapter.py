@@ -14,8 +14,8 @@ from shared.runs.steps import Step
 from shared.services.backends import storage_for
 from shared.services.run_events import event
 from shared.services.transitions import move
-from shared.storage.base import ObjectMissing, adapter_key
 from shared.settings import get_settings
+from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024

@@ -45,7 +45,6 @@ RUNPOD_KEY = "rpa_BOOTKEY0123456789"
 def plane(env: dict[str, str], moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """The control plane as a machine sees it: the app's HTTP routes on a loopback port (queues are
     drained by the test's Harness, on a simulated clock), custom S3 storage on moto."""
-    import boto3
 
     import function_app
     from tensorant_devhost.host import Host
