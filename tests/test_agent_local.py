@@ -763,10 +763,17 @@ def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeA
         assert kwargs["env"]["HOME"] == "/home/trainer" and kwargs["env"]["USER"] == "trainer"
         assert "TENSORANT_RUN_TOKEN" not in kwargs["env"]
         assert chowned == [(output, 10001, 10002)]
+        # The Hugging Face cache on the data disk (the image's HF_HOME) is made and given to the trainer.
+        cache = tmp_path / "data" / "cache" / "huggingface"
+        agent.environ["HF_HOME"] = str(cache)
+        chowned.clear()
+        kwargs = agent.trainer_popen_kwargs(dataset, output)
+        assert cache.is_dir() and chowned == [(output, 10001, 10002), (cache, 10001, 10002)]
+        assert kwargs["env"]["HF_HOME"] == str(cache)
         # Not root: no switch possible (and none attempted).
         agent.geteuid = lambda: 1000
         kwargs = agent.trainer_popen_kwargs(dataset, output)
-        assert "user" not in kwargs and "group" not in kwargs and len(chowned) == 1
+        assert "user" not in kwargs and "group" not in kwargs and len(chowned) == 2
         # Root without the variable: as before.
         agent.geteuid = lambda: 0
         del agent.environ["TENSORANT_TRAINER_USER"]

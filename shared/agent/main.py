@@ -620,6 +620,11 @@ class Agent:
         output directory: the trainer executes the customer's model code and must not read
         /proc/<agent>/environ (the run token, storage URLs) nor the state file (issue 11.11)."""
         env = self.trainer_env(dataset, output)
+        # The image puts the Hugging Face cache on the data disk (HF_HOME=/workspace/data/cache/...):
+        # a retained or resumed machine keeps the downloaded base model. The trainer must write it.
+        cache = Path(env["HF_HOME"]) if env.get("HF_HOME") else None
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
         kwargs: dict[str, Any] = {"shell": True, "cwd": self.data_dir, "env": env, "stdin": subprocess.DEVNULL,
                                   "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
         name = self.environ.get("TENSORANT_TRAINER_USER", "")
@@ -633,7 +638,9 @@ class Agent:
         except KeyError:
             raise Failed(f"TENSORANT_TRAINER_USER {name!r} is not a user on this machine", output_exists=False) \
                 from None
-        self.chown(output, pw.pw_uid, pw.pw_gid)
+        for owned in (output, cache):
+            if owned is not None:
+                self.chown(owned, pw.pw_uid, pw.pw_gid)
         os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
         env.update(HOME=pw.pw_dir, USER=name, LOGNAME=name)
         kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
