@@ -8,6 +8,13 @@ Stages: checksum -> safe unzip -> required files (each stops the later ones when
 fails: no point reading tensors from an archive that is not safe to open) -> config,
 manifest, safetensors header -> LoRA pairs and shapes (when the config and header parsed)
 and finite values (when the header parsed).
+
+The archive is the uploader's, so no text in it is ever compiled as a regular expression
+(a pattern such as "(a+)+" backtracks for minutes with the GIL held, and "(" raises):
+target_modules and rank_pattern / alpha_pattern are matched as PEFT matches them, by plain
+string and dict operations, and only the pattern shapes PEFT users write are accepted
+(issue 18). The work is bounded: at most MAX_TENSORS tensors with names of at most
+MAX_TENSOR_NAME characters, and the zip's entry count is checked before its directory is read.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import re
 import stat
 import struct
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -36,6 +44,14 @@ MAX_RATIO = 100.0
 RATIO_FLOOR_BYTES = 1024 * 1024  # a small JSON file may compress well; a bomb is big
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_JSON_BYTES = 1024 * 1024
+# A 70B model with every linear layer adapted has 80 x 7 x 2 = 1,120 LoRA tensors; the caps keep a
+# crafted header from making the pair, rank and finite-value checks run for long.
+MAX_TENSORS = 20_000
+MAX_TENSOR_NAME = 512  # PEFT's keys are under 150 characters
+MAX_PATTERN_CHARS = 1024  # a target_modules string (see _target_matcher)
+# A central directory record is 46 bytes + name + extra fields + comment; an adapter file's is
+# under 200. Bounds what zipfile reads before the entry count can be checked (_declared_directory).
+DIRECTORY_BYTES_PER_ENTRY = 1024
 _CHUNK = 1024 * 1024
 MAX_PROBLEMS = 20
 # Providers on which an untrained smoke adapter may pass: the local provider (a developer's own
@@ -131,8 +147,51 @@ def _unsafe_name(name: str) -> str:
     return ""
 
 
+# The records that end a zip: (signature, layout). zipfile reads the central directory whose size
+# they declare, whatever the entry count says, so both the count and the size are checked.
+_EOCD = (b"PK\x05\x06", struct.Struct("<4s4H2LH"))  # entries on this disk, in all, directory size, offset
+_ZIP64_LOCATOR = (b"PK\x06\x07", struct.Struct("<4sLQL"))
+_ZIP64_EOCD = (b"PK\x06\x06", struct.Struct("<4sQ2H2L4Q"))
+
+
+def _declared_directory(data: bytes) -> tuple[int, int] | None:
+    """(entries, central directory bytes) as the end-of-central-directory record, or the ZIP64
+    record before it, declares them; found where zipfile.ZipFile looks (the last 22 bytes, else the
+    last match within 64 KiB of comment), so this is the directory it would read. None without such
+    a record: zipfile then says what is wrong."""
+    signature, eocd = _EOCD
+    if data[-eocd.size:].startswith(signature) and data[-2:] == b"\0\0":
+        at = len(data) - eocd.size
+    else:
+        at = data.rfind(signature, max(len(data) - eocd.size - 0xFFFF, 0))
+    if at < 0 or at + eocd.size > len(data):
+        return None
+    _, _, _, on_disk, total, size, _, _ = eocd.unpack_from(data, at)
+    entries = max(on_disk, total)
+    locator_sig, locator = _ZIP64_LOCATOR
+    zip64_sig, zip64 = _ZIP64_EOCD
+    record = at - locator.size - zip64.size
+    if record >= 0 and data.startswith(locator_sig, at - locator.size) and data.startswith(zip64_sig, record):
+        _, _, _, _, _, _, on_disk, total, size, _ = zip64.unpack_from(data, record)
+        entries = max(on_disk, total)
+    return entries, size
+
+
 def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: float,
                 problems: list[str], summary: dict[str, Any]) -> dict[str, bytes]:
+    # Before zipfile parses the directory: 400,000 entries took it 13 s and 150 MiB (issue 18.2).
+    declared = _declared_directory(data)
+    if declared is not None:
+        entries, directory_bytes = declared
+        if entries > max_entries:
+            summary["entries"] = entries
+            problems.append(f"The archive has {entries} entries, more than the {max_entries} allowed; "
+                            "zip only the adapter files.")
+            raise _Stop
+        if directory_bytes > max_entries * DIRECTORY_BYTES_PER_ENTRY:  # an entry count that lies
+            problems.append(f"The archive's central directory is {directory_bytes} bytes, more than "
+                            f"{max_entries} entries need; zip only the adapter files.")
+            raise _Stop
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
@@ -241,7 +300,124 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dict[str, Any]) -> dict[str, Any] | None:
+def _is_number(v: Any) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _brief(value: Any, width: int = 80) -> str:
+    """repr(value), cut short: a config may hold a 1 MiB list, and a message may repeat per module."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# ---------------------------------------------------------------- PEFT's module matching, without regexes
+
+_END = None  # a trie node's key for "a name ends here"; parts are strings, so it never collides
+
+
+class _DottedNames:
+    """Names matched as PEFT matches a module key against a target_modules list (and, in recent
+    PEFT, a rank_pattern key): the key equals the name or ends with "." + name. The names sit in a
+    trie of their dot-separated parts, last part first, so a key costs one dict lookup per part
+    however many names the config lists."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self._root: dict[str | None, Any] = {}
+        for place, name in enumerate(names):
+            node = self._root
+            for part in reversed(name.split(".")):
+                node = node.setdefault(part, {})
+            node.setdefault(_END, place)  # of two equal names the first counts, as in PEFT
+
+    def first(self, key: str, *, proper: bool = False) -> int | None:
+        """The place of the first-listed name that matches key, or None. proper: only a name with
+        a dot before it in key (what a `.*\\.name` pattern matches)."""
+        found: int | None = None
+        node = self._root
+        parts = key.split(".")
+        for depth, part in enumerate(reversed(parts), start=1):
+            child = node.get(part)
+            if child is None:
+                break
+            node = child
+            place = node.get(_END)
+            if place is not None and not (proper and depth == len(parts)) and (found is None or place < found):
+                found = place
+        return found
+
+
+# Our own fixed patterns, run on config text of bounded length; each repetition starts with a
+# character the one before cannot match, so they do not backtrack.
+_PATTERN_NAME = re.compile(r"[A-Za-z0-9_]+(?:\\\.[A-Za-z0-9_]+)*")  # q_proj, self_attn\.q_proj
+_DOTTED_NAME = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")  # q_proj, layers.0.self_attn.q_proj
+
+
+def _target_matcher(targets: Any) -> Callable[[str], bool] | None:
+    """target_modules as PEFT applies it to a module key, or None when the verifier will not judge it.
+
+    A list: the key equals a name or ends with "." + name. "all-linear": every module. Any other
+    string is a regular expression that PEFT fullmatches; of those only the shapes PEFT users write
+    are accepted, parsed by hand: an optional `.*` or `.*\\.`, then one name or a group `(a|b)` /
+    `(?:a|b)` of names (parts joined by `\\.`), then an optional `$`."""
+    if isinstance(targets, list):
+        listed = _DottedNames(targets)
+        return lambda key: listed.first(key) is not None
+    if not isinstance(targets, str) or len(targets) > MAX_PATTERN_CHARS:
+        return None
+    if targets.lower() == "all-linear":  # PEFT's shorthand, when a config keeps it unexpanded
+        return lambda key: True
+    body = targets.removesuffix("$")  # fullmatch anchors the end anyway
+    prefix = next((p for p in (".*\\.", ".*") if body.startswith(p)), "")
+    body = body[len(prefix):]
+    group = next((g for g in ("(?:", "(") if body.startswith(g) and body.endswith(")")), None)
+    # Outside a group "|" would split the whole pattern ("a|.*\\.b"), so it is not a name character.
+    parts = body[len(group):-1].split("|") if group else [body]
+    if not all(_PATTERN_NAME.fullmatch(part) for part in parts):
+        return None
+    names = [part.replace("\\.", ".") for part in parts]
+    if prefix == ".*\\.":
+        dotted = _DottedNames(names)
+        return lambda key: dotted.first(key, proper=True) is not None
+    if prefix == ".*":
+        ends = tuple(names)
+        return lambda key: key.endswith(ends)
+    whole = frozenset(names)
+    return lambda key: key in whole
+
+
+def _pattern_keys(config: dict[str, Any], field_name: str, problems: list[str]) -> list[str]:
+    """rank_pattern / alpha_pattern keys as dotted module names. PEFT matches each key as a regex
+    against the module key's end; here a key is a literal dotted suffix (an escaped `\\.` is a dot),
+    and a key with any other regex syntax is refused rather than compiled."""
+    pattern = config.get(field_name) or {}
+    ranks = field_name == "rank_pattern"
+    if not isinstance(pattern, dict) or not all((_is_int(v) if ranks else _is_number(v)) and v > 0
+                                                for v in pattern.values()):
+        what = "ranks" if ranks else "alphas"
+        problems.append(f"{CONFIG_NAME} has an invalid {field_name}; it must map module names to {what} above 0.")
+        return []
+    keys = [key.replace("\\.", ".") for key in pattern]
+    bad = next((k for k, plain in zip(pattern, keys, strict=True) if not _DOTTED_NAME.fullmatch(plain)), None)
+    if bad is not None:
+        problems.append(f"{CONFIG_NAME} has {field_name} key {_brief(bad)}, which is not a module name; the verifier "
+                        "does not evaluate regular expressions, so name each module by its dotted path "
+                        "(for example \"q_proj\" or \"layers.0.self_attn.q_proj\").")
+        return []
+    return keys
+
+
+@dataclass(frozen=True)
+class _Lora:
+    """What the pair checks need from a sane adapter_config.json."""
+
+    r: int
+    targets: Any  # as written: for messages and the missing-layers check
+    targeted: Callable[[str], bool]  # of a PEFT module key (_peft_key)
+    ranks: _DottedNames  # rank_pattern's keys, in order
+    rank_values: list[int]
+
+
+def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dict[str, Any]) -> _Lora | None:
     config = _load_json(raw, CONFIG_NAME, problems)
     if config is None:
         return None
@@ -253,26 +429,30 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
     if not (isinstance(r, int) and not isinstance(r, bool) and r > 0):
         problems.append(f"{CONFIG_NAME} has r = {r!r}; the LoRA rank must be a whole number above 0.")
     alpha = config.get("lora_alpha")
-    if not (isinstance(alpha, int | float) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0):
+    if not (_is_number(alpha) and alpha > 0):
         problems.append(f"{CONFIG_NAME} has lora_alpha = {alpha!r}; it must be a number above 0.")
     targets = config.get("target_modules")
-    if isinstance(targets, str):
-        valid_targets = bool(targets)
-    else:
-        valid_targets = (isinstance(targets, list) and bool(targets)
-                         and all(isinstance(t, str) and t for t in targets))
-    if not valid_targets:
-        problems.append(f"{CONFIG_NAME} has target_modules = {targets!r}; name the modules LoRA adapts "
+    targeted = None
+    if not ((isinstance(targets, str) and targets) or (isinstance(targets, list) and targets and all(
+            isinstance(t, str) and t for t in targets))):
+        problems.append(f"{CONFIG_NAME} has target_modules = {_brief(targets)}; name the modules LoRA adapts "
                         "(for example [\"q_proj\", \"v_proj\"]).")
+    elif (targeted := _target_matcher(targets)) is None:
+        problems.append(f"{CONFIG_NAME} has target_modules = {_brief(targets)}, a regular expression the verifier "
+                        "does not evaluate (it accepts \"all-linear\" and plain alternations such as "
+                        "\".*\\\\.(q_proj|v_proj)\"); write target_modules as a list of module names, for example "
+                        "[\"q_proj\", \"v_proj\"].")
     found = config.get("base_model_name_or_path")
     if found != base_model:
         problems.append(f"{CONFIG_NAME} names base model {found!r}, but this run trains {base_model!r}; "
                         "train the adapter on the run's base model.")
-    rank_pattern = config.get("rank_pattern") or {}
-    if not isinstance(rank_pattern, dict) or not all(_is_int(v) and v > 0 for v in rank_pattern.values()):
-        problems.append(f"{CONFIG_NAME} has an invalid rank_pattern; it must map module names to ranks above 0.")
+    rank_keys = _pattern_keys(config, "rank_pattern", problems)
+    _pattern_keys(config, "alpha_pattern", problems)  # alphas do not change shapes: checked, not used
     summary.update(r=r, lora_alpha=alpha, target_modules=targets)
-    return config if len(problems) == before else None
+    if len(problems) != before or targeted is None:
+        return None
+    return _Lora(r=config["r"], targets=targets, targeted=targeted, ranks=_DottedNames(rank_keys),
+                 rank_values=[int(v) for v in (config.get("rank_pattern") or {}).values()])
 
 
 def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provider: str | None,
@@ -335,12 +515,21 @@ def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any])
     if not isinstance(header, dict):
         problems.append(f"{name} has a header that is not a JSON object; the file is corrupt.")
         return None
+    count = len(header) - ("__metadata__" in header)
+    if count > MAX_TENSORS:
+        problems.append(f"{name} holds {count} tensors, more than the {MAX_TENSORS} allowed; "
+                        "save only the LoRA adapter weights.")
+        return None
     base = 8 + header_len
     buffer_len = len(raw) - base
     tensors: list[_Tensor] = []
     before = len(problems)
     for key, entry in header.items():
         if key == "__metadata__":
+            continue
+        if len(key) > MAX_TENSOR_NAME:
+            problems.append(f"{name}: tensor {_brief(key)} has a {len(key)}-character name, more than the "
+                            f"{MAX_TENSOR_NAME} allowed; the file is corrupt or not a PEFT adapter.")
             continue
         if not isinstance(entry, dict):
             problems.append(f"{name}: tensor {key} has a malformed header entry.")
@@ -385,22 +574,18 @@ def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any])
 # ---------------------------------------------------------------- LoRA pairs
 
 
-def _rank_for(module: str, config: dict[str, Any]) -> int:
-    for pattern, rank in (config.get("rank_pattern") or {}).items():
-        if re.search(rf"(^|\.){pattern}$", module):
-            return int(rank)
-    return int(config["r"])
+def _peft_key(module: str) -> str:
+    """The module's name in the base model, which PEFT matches its config against: the saved key
+    without the "base_model.model." that PeftModel puts before it."""
+    return module.removeprefix("base_model.model.")
 
 
-def _targeted(module: str, targets: str | list[str]) -> bool:
-    if targets == "all-linear":  # PEFT's shorthand, when a config keeps it unexpanded
-        return True
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module) is not None
-    return module.rsplit(".", 1)[-1] in targets
+def _rank_for(module: str, lora: _Lora) -> int:
+    place = lora.ranks.first(_peft_key(module))  # the first matching key, as PEFT's lookup
+    return lora.r if place is None else lora.rank_values[place]
 
 
-def _check_pairs(config: dict[str, Any], tensors: list[_Tensor], base_model: str, problems: list[str],
+def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems: list[str],
                  summary: dict[str, Any]) -> None:
     declared = get_base_model(base_model)
     summary["base_model_declared"] = declared is not None
@@ -414,7 +599,7 @@ def _check_pairs(config: dict[str, Any], tensors: list[_Tensor], base_model: str
         pairs.setdefault(match["module"], {})[match["ab"]] = t
     if not pairs and not problems:
         problems.append(f"{WEIGHTS_NAME} holds no LoRA weights; the export wrote an empty adapter.")
-    targets = config["target_modules"]
+    targets = lora.targets
     for module, pair in sorted(pairs.items()):
         if set(pair) != {"A", "B"}:
             have = next(iter(pair))
@@ -424,12 +609,12 @@ def _check_pairs(config: dict[str, Any], tensors: list[_Tensor], base_model: str
             continue
         a, b = pair["A"], pair["B"]
         short = module.rsplit(".", 1)[-1]
-        if not _targeted(module, targets):
-            problems.append(f"{WEIGHTS_NAME} adapts {module}, which is not in target_modules {targets!r}.")
+        if not lora.targeted(_peft_key(module)):
+            problems.append(f"{WEIGHTS_NAME} adapts {module}, which is not in target_modules {_brief(targets)}.")
         if len(a.shape) != 2 or len(b.shape) != 2:
             problems.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} must both be 2-D.")
             continue
-        rank = _rank_for(module, config)
+        rank = _rank_for(module, lora)
         if a.shape[0] != rank or b.shape[1] != rank:
             problems.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not have the "
                             f"rank r = {rank} from {CONFIG_NAME} (expected A [r, in] and B [out, r]).")
@@ -449,7 +634,7 @@ def _check_pairs(config: dict[str, Any], tensors: list[_Tensor], base_model: str
     summary["modules"] = len(pairs)
     if declared is not None and isinstance(targets, list) and not problems:
         # Every layer of every declared target should be adapted: a hole means a partial export.
-        names = [t for t in targets if t in declared.modules]
+        names = [t for t in dict.fromkeys(targets) if t in declared.modules]  # a repeated name counts once
         found = {(int(m.group(1)), module.rsplit(".", 1)[-1]) for module in pairs if (m := _LAYER.search("." + module + "."))}
         missing = [f"layer {layer} {name}" for layer in range(declared.num_layers) for name in names
                    if (layer, name) not in found]

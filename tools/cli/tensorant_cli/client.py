@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tensorant_cli.render import printable
+
 
 class ApiError(Exception):
     """An error answer (application/problem+json: title, status, detail, errors[{field, message}])."""
@@ -24,7 +26,8 @@ class ApiError(Exception):
         for e in self.errors:
             field = e.get("field") or e.get("name") or "?"
             lines.append(f"  - {field}: {e.get('message') or e.get('detail') or ''}")
-        return "\n".join(lines)
+        # The detail may quote a run's reason or an upstream error: printed line by line, made printable.
+        return "\n".join(printable(line) for line in lines)
 
 
 class Client:

@@ -22,6 +22,7 @@ from tensorant_cli.render import (
     duration,
     money,
     percent,
+    printable,
     progress_bar,
     sparkline,
     status_block,
@@ -42,8 +43,15 @@ class UsageError(Exception):
 # ---------------------------------------------------------------- output helpers
 
 
+def _say(text: Any = "", file: TextIO | None = None) -> None:
+    """print for every line of text output: most of it came from a run or a cloud (log lines,
+    reasons, events, check messages), and an escape sequence in it would drive the user's terminal
+    (retitle it, clear it, overwrite a line with a fake "succeeded"); control characters show as \\xNN."""
+    print(printable(text), file=file)
+
+
 def _out(args: argparse.Namespace, value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
+    print(json.dumps(value, indent=2, default=str))  # JSON escapes control characters itself
 
 
 def _emit(args: argparse.Namespace, value: Any, text: Any, ids: Any = None) -> None:
@@ -52,11 +60,11 @@ def _emit(args: argparse.Namespace, value: Any, text: Any, ids: Any = None) -> N
         _out(args, value)
     elif getattr(args, "quiet", False):
         for i in (ids if ids is not None else _ids(value)):
-            print(i)
+            _say(i)
     elif callable(text):
         text()
     else:
-        print(text)
+        _say(text)
 
 
 def _ids(value: Any) -> list[str]:
@@ -78,14 +86,14 @@ def _items(value: Any, *keys: str) -> list[dict[str, Any]]:
 def _table(rows: list[dict[str, Any]], columns: list[str], empty: str = "(none)",
            headers: dict[str, str] | None = None) -> None:
     if not rows:
-        print(empty)
+        _say(empty)
         return
     names = [(headers or {}).get(c, c) for c in columns]
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(n), *(len(row[i]) for row in cells)) for i, n in enumerate(names)]
-    print("  ".join(n.upper().ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
+    _say("  ".join(n.upper().ljust(w) for n, w in zip(names, widths, strict=True)).rstrip())
     for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+        _say("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _cell(v: Any) -> str:
@@ -95,7 +103,7 @@ def _cell(v: Any) -> str:
         return f"{v:.4g}"
     if isinstance(v, dict | list):
         return json.dumps(v, default=str)
-    return str(v)
+    return printable(v)  # before padding: an escaped character is as wide as it prints
 
 
 def _short(text: Any, width: int = 60) -> str:
@@ -163,7 +171,7 @@ def cmd_dev_token(args: argparse.Namespace, client: Client) -> int:
         from shared.settings import reset_settings
         from tensorant_devhost.config import load_local_settings
     except ImportError as exc:
-        print(f"error: dev-token needs the control plane and its dev host installed beside the CLI ({exc}); "
+        _say(f"error: dev-token needs the control plane and its dev host installed beside the CLI ({exc}); "
               "run it in the repository's environment (`make install`)", file=sys.stderr)
         return 2
 
@@ -175,19 +183,19 @@ def cmd_dev_token(args: argparse.Namespace, client: Client) -> int:
     try:
         settings = get_settings()
     except ValueError as exc:  # production settings that fail their checks: production either way
-        print(f"error: dev-token does not run here: {exc}", file=sys.stderr)
+        _say(f"error: dev-token does not run here: {exc}", file=sys.stderr)
         return 2
     if settings.is_production:
         # Minting with the production secret would hand out a valid admin token with no login.
-        print("error: dev-token refuses to mint tokens with production settings (TENSORANT_ENV=production); "
+        _say("error: dev-token refuses to mint tokens with production settings (TENSORANT_ENV=production); "
               "production users get their tokens from the identity provider", file=sys.stderr)
         return 2
     try:
         token = mint_user_token(args.sub, args.org, Role(args.role), ttl_s=args.ttl)
     except ValueError as exc:  # --ttl over the maximum lifetime, or an org/sub that is no id
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}", file=sys.stderr)
         return 2
-    print(token)
+    _say(token)
     return 0
 
 
@@ -209,7 +217,7 @@ def cmd_connections(args: argparse.Namespace, client: Client) -> int:
                 _out(args, data)
             for c in conns:
                 _show_connection(c)
-                print()
+                _say()
 
         _emit(args, data, text, ids=[str(c.get("slot")) for c in conns])
     elif args.action == "check":
@@ -219,7 +227,7 @@ def cmd_connections(args: argparse.Namespace, client: Client) -> int:
         _emit(args, conn, lambda: _show_connection(conn), ids=[])
     elif args.action == "delete":
         client.delete(f"/api/connections/compute/{args.provider}")
-        print(f"deleted the {args.provider} connection")
+        _say(f"deleted the {args.provider} connection")
     return 0
 
 
@@ -228,7 +236,7 @@ def _wait_connected(args: argparse.Namespace, client: Client, conn: Any, timeout
     deadline = time.monotonic() + timeout
     while isinstance(conn, dict) and conn.get("status") == "checking":
         if time.monotonic() > deadline:
-            print(f"error: the checks did not finish within {timeout:.0f} s", file=sys.stderr)
+            _say(f"error: the checks did not finish within {timeout:.0f} s", file=sys.stderr)
             return 1
         time.sleep(0.5)
         conn = client.get(f"/api/connections/compute/{args.provider}")
@@ -238,19 +246,19 @@ def _wait_connected(args: argparse.Namespace, client: Client, conn: Any, timeout
 
 def _show_connection(c: Any) -> None:
     if not isinstance(c, dict):
-        print(c)
+        _say(c)
         return
     slot = str(c.get("slot") or "connection")
     provider = str(c.get("provider") or "")
     name = slot if provider in slot else f"{slot} {provider}".strip()
-    print(f"{name}: {c.get('status', '?')}")
+    _say(f"{name}: {c.get('status', '?')}")
     for key, value in (c.get("config") or {}).items():
-        print(f"  {key}: {_cell(value)}")
+        _say(f"  {key}: {_cell(value)}")
     for check in c.get("checks") or []:
         mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}.get(str(check.get("status")), str(check.get("status")))
-        print(f"  [{mark}] {check.get('name')}: {check.get('message', '')}")
+        _say(f"  [{mark}] {check.get('name')}: {check.get('message', '')}")
     for w in c.get("warnings") or []:
-        print(f"  warning: {w}")
+        _say(f"  warning: {w}")
 
 
 def cmd_projects(args: argparse.Namespace, client: Client) -> int:
@@ -290,10 +298,10 @@ def cmd_catalog(args: argparse.Namespace, client: Client) -> int:
         if isinstance(data, dict):
             for cat in data.get("catalogs") or []:
                 status = "refreshing" if cat.get("refreshing") else f"fetched {cat.get('fetched_at') or 'never'}"
-                print(f"{cat.get('provider')}: {status}" + (f"; last error: {cat['last_error']}"
+                _say(f"{cat.get('provider')}: {status}" + (f"; last error: {cat['last_error']}"
                                                              if cat.get("last_error") else ""))
             if data.get("note"):
-                print(f"note: {data['note']}")
+                _say(f"note: {data['note']}")
 
     _emit(args, data, text, ids=[str(o.get("offer_id")) for o in offers])
     return 0
@@ -303,7 +311,7 @@ def cmd_usage(args: argparse.Namespace, client: Client) -> int:
     data = client.get("/api/usage", since=args.since or "")
 
     def text() -> None:
-        print(f"usage since {data.get('since')}")
+        _say(f"usage since {data.get('since')}")
         rows = list(data.get("providers") or [])
         total = data.get("total") or {}
         if rows:
@@ -331,26 +339,26 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
     offer = run.get("offer") or {}
     currency = str(offer.get("currency") or "USD")
     for line in status_block(run):
-        print(line)
-    print(f"  estimate {money(run.get('estimate_per_hour'), currency)}/h (limit "
+        _say(line)
+    _say(f"  estimate {money(run.get('estimate_per_hour'), currency)}/h (limit "
           f"{money(run.get('price_limit_per_hour'), currency)}/h); runtime limit "
           f"{duration(run.get('runtime_limit_s'))}; base model {run.get('base_model')}; kind {run.get('kind')}")
     if run.get("final_cost") is not None:
-        print(f"  final cost {money(run['final_cost'], currency)}: machine {duration(run.get('billed_machine_s'))}"
+        _say(f"  final cost {money(run['final_cost'], currency)}: machine {duration(run.get('billed_machine_s'))}"
               f", disk only {duration(run.get('billed_disk_only_s'))}")
     for key in ("started_at", "machine_up_at", "released_at"):
         if run.get(key):
-            print(f"  {key.replace('_at', '').replace('_', ' ')}: {run[key]}")
+            _say(f"  {key.replace('_at', '').replace('_', ' ')}: {run[key]}")
     for w in run.get("warnings") or []:
-        print(f"  warning: {w}")
+        _say(f"  warning: {w}")
     if run.get("billing_note"):
-        print(f"  billing: {run['billing_note']}")
+        _say(f"  billing: {run['billing_note']}")
     if run.get("release_error"):
-        print(f"  release error (attempt {run.get('release_attempts')}): {run['release_error']}")
+        _say(f"  release error (attempt {run.get('release_attempts')}): {run['release_error']}")
     for res in run.get("resources") or []:
-        print(f"  resource {res.get('kind')} {res.get('id')}: {res.get('state') or '-'}")
+        _say(f"  resource {res.get('kind')} {res.get('id')}: {res.get('state') or '-'}")
     if run.get("adapter_sha256"):
-        print(f"  adapter sha256 {run['adapter_sha256']}")
+        _say(f"  adapter sha256 {run['adapter_sha256']}")
     if client is not None and run.get("state") != "draft":
         try:
             points = _items(client.get(f"/api/runs/{run['id']}/metrics"), "points")
@@ -358,12 +366,12 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
             points = []
         losses = [float(p["loss"]) for p in points if isinstance(p, dict) and p.get("loss") is not None]
         if losses:
-            print(f"  loss {sparkline(losses)}  {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps")
+            _say(f"  loss {sparkline(losses)}  {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps")
     events = [e for e in run.get("events") or [] if e.get("kind") in ("transition", "warning")]
     if events:
-        print("  history:")
+        _say("  history:")
         for e in events:
-            print(f"    {clock(e.get('at'))}  {e.get('message')}")
+            _say(f"    {clock(e.get('at'))}  {e.get('message')}")
 
 
 def _run_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -382,10 +390,10 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
         run = client.post("/api/runs", _run_create_body(args, partial=False))
 
         def text() -> None:
-            print(f"created run {run.get('id')} (state {run.get('state')}); estimate "
+            _say(f"created run {run.get('id')} (state {run.get('state')}); estimate "
                   f"{money(run.get('estimate_per_hour'))}/h")
             for w in run.get("warnings") or []:
-                print(f"warning: {w}")
+                _say(f"warning: {w}")
 
         _emit(args, run, text)
     elif a == "list":
@@ -417,9 +425,9 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
         return _cancel(args, client)
     elif a == "stop":
         run = client.post(f"/api/runs/{_run_id(args, client)}/stop")
-        print(status_line(run) if isinstance(run, dict) else run)
+        _say(status_line(run) if isinstance(run, dict) else run)
         if isinstance(run, dict) and run.get("billing_note"):
-            print(f"billing: {run['billing_note']}")
+            _say(f"billing: {run['billing_note']}")
     elif a == "recover":
         return _recover(args, client)
     elif a == "release":
@@ -461,7 +469,7 @@ def cmd_base_models(args: argparse.Namespace, client: Client) -> int:
     _table(rows, ["id", "architecture", "params_m", "layers", "hidden", "gpu_gb_bf16", "gpu_gb_4bit", "local_cpu"],
            empty="(no base models)")
     if isinstance(data, dict) and data.get("note"):
-        print(f"note: {data['note']}")
+        _say(f"note: {data['note']}")
     return 0
 
 
@@ -497,7 +505,7 @@ def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
                        f"sha256 {sha}, expected {expected}; nothing was saved")
     out = Path(args.output or f"{args.id}-adapter.zip")
     out.write_bytes(data)
-    print(f"saved {out} ({len(data)} bytes, sha256 {sha})")
+    _say(f"saved {out} ({len(data)} bytes, sha256 {sha})")
     return 0
 
 
@@ -511,16 +519,16 @@ def _cancel(args: argparse.Namespace, client: Client) -> int:
     elif args.discard:
         if not args.yes:
             if not sys.stdin.isatty():
-                print("error: not confirmed; --discard deletes the machine, its disk and any adapter on it: "
+                _say("error: not confirmed; --discard deletes the machine, its disk and any adapter on it: "
                       "pass --yes as well to discard without a prompt", file=sys.stderr)
                 return 1
             answer = input(f"Discard run {args.id}: delete its machine and disk, with any adapter on them? [y/N] ")
             if answer.strip().lower() not in ("y", "yes"):
-                print("not cancelled")
+                _say("not cancelled")
                 return 1
         body["discard"] = True
     run = client.post(f"/api/runs/{args.id}/cancel", body)
-    print(status_line(run) if isinstance(run, dict) else run)
+    _say(status_line(run) if isinstance(run, dict) else run)
     return 0
 
 
@@ -533,23 +541,23 @@ def _launch(args: argparse.Namespace, client: Client) -> int:
     talk = sys.stderr if (args.json or args.quiet) else sys.stdout
     if run.get("state") != "draft":
         # Said before any prompt: nothing would be launched (the API answers 409 too).
-        print(f"error: nothing was launched: run {run_id} is {run.get('state')}; only a draft can be launched",
+        _say(f"error: nothing was launched: run {run_id} is {run.get('state')}; only a draft can be launched",
               file=sys.stderr)
         return 1
-    print(f"Run {run_id}: {offer.get('gpu', '?')} on {run.get('provider', '?')} "
+    _say(f"Run {run_id}: {offer.get('gpu', '?')} on {run.get('provider', '?')} "
           f"({offer.get('machine_type', '?')}, {offer.get('region', '?')})", file=talk)
-    print(f"Estimate: {_cell(estimate)} {offer.get('currency', 'USD')}/hour (your limit: {_cell(limit)}/hour); "
+    _say(f"Estimate: {_cell(estimate)} {offer.get('currency', 'USD')}/hour (your limit: {_cell(limit)}/hour); "
           f"runtime limit {_cell(run.get('runtime_limit_s'))} s", file=talk)
     for w in run.get("warnings") or []:
-        print(f"Warning: {w}", file=talk)
+        _say(f"Warning: {w}", file=talk)
     if run.get("billing_note"):
-        print(f"Note: {run['billing_note']}", file=talk)
+        _say(f"Note: {run['billing_note']}", file=talk)
     if not args.yes:
         if not sys.stdin.isatty():
-            print("error: not confirmed; pass --yes to launch without a prompt", file=sys.stderr)
+            _say("error: not confirmed; pass --yes to launch without a prompt", file=sys.stderr)
             return 1
         if input("Launch and start billing in your account? [y/N] ").strip().lower() not in ("y", "yes"):
-            print("not launched")
+            _say("not launched")
             return 1
     run = client.post(f"/api/runs/{run_id}/launch", {"confirm": True})
     _emit(args, run, f"launched: {status_line(run)}" if isinstance(run, dict) else run)
@@ -603,6 +611,7 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
                 lines.append(f"{clock(e.get('at'))}  {mark}{e.get('message')}")
         if cursor is not None:
             lines.extend(f"  | {line}" for line in cursor.new_lines())
+        lines = [printable(line) for line in lines]  # the block is printable already
         block = status_block(run)
         if tty:
             if drawn:
@@ -624,11 +633,11 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
                 for line in block[1:]:
                     out.write(line + "\n")
             if run.get("billing_note"):
-                out.write(f"billing: {run['billing_note']}\n")
+                out.write(printable(f"billing: {run['billing_note']}") + "\n")
             outcome = run.get("outcome")
             cost = run.get("final_cost") if run.get("final_cost") is not None else run.get("cost_so_far")
-            out.write(f"run {run_id} {state}" + (f" (outcome: {outcome})" if outcome and outcome != state else "")
-                      + f" after {duration(run.get('elapsed_s'))}, cost {money(cost)}\n")
+            out.write(printable(f"run {run_id} {state}" + (f" (outcome: {outcome})" if outcome and outcome != state else "")
+                                + f" after {duration(run.get('elapsed_s'))}, cost {money(cost)}") + "\n")
             out.flush()
             return 0 if state == "succeeded" else 1
         polls += 1
@@ -642,16 +651,16 @@ def _logs(args: argparse.Namespace, client: Client) -> int:
     cursor = _LogCursor(client, run_id)
     while True:
         for line in cursor.new_lines():
-            print(line)
+            _say(line)
         if not args.follow:
             return 0
         run = client.get(f"/api/runs/{run_id}")
         state = str(run.get("state"))
         if state in STOP_STATES:
             for line in cursor.new_lines():
-                print(line)
+                _say(line)
             # The end of a followed log says how the run ended (it may have ended long ago).
-            print(f"run {run_id} {state}" + (f": {run['reason']}" if run.get("reason") else ""))
+            _say(f"run {run_id} {state}" + (f": {run['reason']}" if run.get("reason") else ""))
             return 0 if state == "succeeded" else 1
         sys.stdout.flush()
         time.sleep(args.interval)
@@ -667,11 +676,15 @@ def _recover(args: argparse.Namespace, client: Client) -> int:
         mode = "start_machine" if args.start_machine else "verify_saved"
         run = client.post(f"/api/runs/{run_id}/recover", {"mode": mode})
     if not isinstance(run, dict):
-        print(run)
+        _say(run)
         return 0
     if args.start_machine or args.no_wait:
-        _emit(args, run, lambda: (print(status_line(run)), run.get("billing_note") and print(
-            f"billing: {run['billing_note']}")))
+        def started() -> None:
+            _say(status_line(run))
+            if run.get("billing_note"):
+                _say(f"billing: {run['billing_note']}")
+
+        _emit(args, run, started)
         return 0
     # Wait for the verdict: verification moves the run on (releasing -> succeeded) or back
     # to retained with the reason. A verdict is a new state change after our request.
@@ -684,7 +697,7 @@ def _recover(args: argparse.Namespace, client: Client) -> int:
         if state in ("releasing", "succeeded", "failed", "cancelled") or (state == "retained" and fresh):
             break
         if time.monotonic() > deadline:
-            print(f"error: no verdict within {args.timeout:.0f} s; the run is {state} "
+            _say(f"error: no verdict within {args.timeout:.0f} s; the run is {state} "
                   f"(`tensorant runs get {run_id}` shows it later)", file=sys.stderr)
             return 1
         time.sleep(args.interval)
@@ -693,12 +706,12 @@ def _recover(args: argparse.Namespace, client: Client) -> int:
 
     def text() -> None:
         if ok:
-            print(f"recovery verified: the adapter is good; run {run_id} is {state}"
+            _say(f"recovery verified: the adapter is good; run {run_id} is {state}"
                   + (" (the machine is being released)" if state == "releasing" else ""))
         else:
-            print(f"recovery failed: {run.get('reason') or 'the adapter was refused'}; run {run_id} stays {state}")
+            _say(f"recovery failed: {run.get('reason') or 'the adapter was refused'}; run {run_id} stays {state}")
             if run.get("billing_note"):
-                print(f"billing: {run['billing_note']}")
+                _say(f"billing: {run['billing_note']}")
 
     _emit(args, run, text)
     return 0 if ok else 1
@@ -723,12 +736,12 @@ def cmd_admin(args: argparse.Namespace, client: Client) -> int:
             result = client.post(f"{ADMIN}/queues/{q}/poison/replay", {"message_id": args.id})
             replayed = result.get("replayed") if isinstance(result, dict) else None
             if isinstance(replayed, list):
-                print(f"replayed {len(replayed)} message(s) onto {q}" + (f": {', '.join(replayed)}" if replayed else ""))
+                _say(f"replayed {len(replayed)} message(s) onto {q}" + (f": {', '.join(replayed)}" if replayed else ""))
             else:
                 print(json.dumps(result, default=str))
         else:
             client.delete(f"{ADMIN}/queues/{q}/poison/{args.id}")
-            print(f"discarded {args.id} from {q}-poison")
+            _say(f"discarded {args.id} from {q}-poison")
     elif args.action == "sweep":
         _out(args, client.post(f"{ADMIN}/sweep", {"dry_run": not args.apply}))
     return 0
@@ -926,10 +939,10 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.fn(args, client)
         sys.stdout.flush()
     except ApiError as exc:
-        print(exc.render(), file=sys.stderr)
+        print(exc.render(), file=sys.stderr)  # rendered line by line
         return 1
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -940,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except OSError as exc:  # a file that cannot be read
-        print(f"error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}", file=sys.stderr)
         return 1
     return code
 

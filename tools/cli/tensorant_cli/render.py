@@ -7,6 +7,18 @@ from typing import Any
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
+# C0 controls but tab, DEL, and the C1 controls (U+0080-U+009F; U+009B alone starts a CSI sequence
+# on many terminals), each shown as \xNN. Other Unicode text is kept as it is.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c != 0x09}
+
+
+def printable(text: Any) -> str:
+    """Text that came from a run or the API (log lines, reasons, events), safe to print: an escape
+    sequence in it could otherwise retitle or clear the user's terminal, move the cursor, or
+    overwrite a line (\\r) with a fake "succeeded" (issue 18.3). Idempotent: the result has no
+    control characters left."""
+    return str(text).translate(_CONTROLS)
+
 
 def duration(seconds: Any) -> str:
     if seconds is None:
@@ -70,7 +82,7 @@ def status_line(run: dict[str, Any]) -> str:
     parts.append(progress_bar(float(run.get("progress") or 0.0)))
     if run.get("reason"):
         parts.append(f"reason: {run['reason']}")
-    return "  ".join(parts)
+    return printable("  ".join(parts))
 
 
 def status_block(run: dict[str, Any]) -> list[str]:
@@ -95,4 +107,4 @@ def status_block(run: dict[str, Any]) -> list[str]:
     ]
     if run.get("reason"):
         lines.append(f"  reason: {run['reason']}")
-    return lines
+    return [printable(line) for line in lines]
