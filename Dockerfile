@@ -2,31 +2,42 @@
 #   docker build -t ghcr.io/tensorant/trainer:2026.11 .
 # PyPI's torch 2.13.0 wheel bundles the CUDA 13 runtime, so a slim Python base is enough;
 # the host needs an NVIDIA driver 580+ and the NVIDIA container toolkit (docker run --gpus all).
-FROM python:3.11-slim
+# BASE_IMAGE: the published image always uses the default; tools/image/build.sh passes a stand-in
+# built from Debian bookworm (same Python 3.11) where no registry is reachable (`make image`).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
+# HF_HOME: the Hugging Face cache (downloaded base models, tens of GB) lives on the data volume,
+# which is kept with the run's disk, not on the container's layer; the agent creates the folder
+# at run time, after the volume is mounted at /workspace/data.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HOME=/var/cache/huggingface
+    PIP_ROOT_USER_ACTION=ignore \
+    HF_HOME=/workspace/data/cache/huggingface
 
 WORKDIR /opt/tensorant
 # One source of truth for the pins; bitsandbytes only here (4-bit needs CUDA, no CPU test uses it).
 COPY shared/trainer/requirements.txt /opt/tensorant/requirements.txt
 RUN pip install -r /opt/tensorant/requirements.txt bitsandbytes==0.50.2
 
-COPY shared/__init__.py /opt/tensorant/shared/__init__.py
-COPY shared/agent/ /opt/tensorant/shared/agent/
-COPY shared/trainer/ /opt/tensorant/shared/trainer/
-
 # The trainer runs as its own unprivileged user: it executes the customer's model code (custom
 # architectures, chat templates) and must not read the agent's run token or storage credentials.
 RUN useradd --system --create-home --uid 10001 trainer \
-    && mkdir -p /var/cache/huggingface /workspace/data \
-    && chown trainer /var/cache/huggingface
+    && mkdir -p /workspace/data
 
+# The code last, so a code change rebuilds only these small layers. shared.adapters: the
+# declared base models and the adapter format, which the trainers import.
+COPY shared/__init__.py /opt/tensorant/shared/__init__.py
+COPY shared/adapters/ /opt/tensorant/shared/adapters/
+COPY shared/agent/ /opt/tensorant/shared/agent/
+COPY shared/trainer/ /opt/tensorant/shared/trainer/
+
+# shared.trainer.run: prepares the declared tensorant/* test models (random weights) and GGUF
+# packages locally when TENSORANT_BASE_MODEL_PATH is not set, then runs shared.trainer.lora.
 ENV PYTHONPATH=/opt/tensorant \
-    TENSORANT_TRAINER_COMMAND="python -m shared.trainer.lora" \
+    TENSORANT_TRAINER_COMMAND="python -m shared.trainer.run" \
     TENSORANT_TRAINER_USER=trainer
 
 ENTRYPOINT ["python", "-m", "shared.agent"]

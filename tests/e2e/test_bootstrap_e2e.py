@@ -141,7 +141,7 @@ def test_aws_user_data_runs_the_agent_to_succeeded(aws_h: tuple[Harness, Any], t
     machine = Machine(tmp_path / "vm", h.clock)
     machine.boot(user_data)
     run = finish(h, run_id, machine)
-    assert run["state"] == "succeeded", (run["reason"], h.step_errors, machine.console()[-3000:])
+    assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-3000:]}"
     assert _state(ec2, instance) == "terminated"
     calls = machine.docker_calls()
     assert [c[0] for c in calls] == ["pull", "rm", "run"], calls
@@ -180,7 +180,7 @@ def test_aws_failed_start_is_reported_and_released_within_minutes(aws_h: tuple[H
     machine.boot(user_data)
     wait_for(lambda: machine.exited() is not None, "the bootstrap script to end", machine=machine)
     run = finish(h, run_id, machine)
-    assert run["state"] == "failed", (run["reason"], h.step_errors, machine.console()[-3000:])
+    assert run["state"] == "failed", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-3000:]}"
     assert stage in run["reason"] and "released" in run["reason"], run["reason"]
     for word in words:
         assert word in run["reason"], run["reason"]
@@ -246,7 +246,7 @@ def test_azure_custom_data_runs_the_agent_to_succeeded(azure_h: Harness, arm: Fa
     machine = Machine(tmp_path / "vm", azure_h.clock)
     machine.boot(user_data)
     run = finish(azure_h, run_id, machine)
-    assert run["state"] == "succeeded", (run["reason"], azure_h.step_errors, machine.console()[-3000:])
+    assert run["state"] == "succeeded", f"{run['reason']}\n{azure_h.step_errors}\n{machine.console()[-3000:]}"
     assert arm.get(vm) is None
 
 
@@ -292,7 +292,7 @@ def test_runpod_pod_request_runs_the_agent_to_succeeded(runpod_h: tuple[Harness,
     machine = Machine(tmp_path / "pod", h.clock)
     machine.start_pod(pod_input)
     run = finish(h, run_id, machine)
-    assert run["state"] == "succeeded", (run["reason"], h.step_errors, machine.console()[-3000:])
+    assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-3000:]}"
     [call] = machine.docker_calls()
     assert call[-1] == get_settings().container_image and call[-2].endswith(":/workspace")
     assert (machine.root / "fs/runpod-volume/data/adapter.zip").is_file()  # the pod's volume: /workspace/data

@@ -63,7 +63,7 @@ def test_the_images_own_trainer_trains_through_its_entrypoint(aws_h: tuple[Harne
     settings.reset_settings()
     h, ec2 = aws_h
     run, machine, took = _run_in_image(h, ec2, tmp_path, "tensorant/tiny-llama")
-    assert run["state"] == "succeeded", (run["reason"], h.step_errors, machine.console()[-4000:])
+    assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-4000:]}"
     manifest = _manifest(machine)
     assert manifest["trainer"] != "smoke (no training)" and manifest["steps"] == 4, manifest
     # The Hugging Face cache (and the model the trainer prepared) is on the kept data disk.
@@ -77,6 +77,6 @@ def test_the_smoke_trainer_runs_inside_the_image(aws_h: tuple[Harness, Any], tmp
     settings.reset_settings()
     h, ec2 = aws_h
     run, machine, took = _run_in_image(h, ec2, tmp_path, "tensorant/smoke-tiny")
-    assert run["state"] == "succeeded", (run["reason"], h.step_errors, machine.console()[-4000:])
+    assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-4000:]}"
     assert _manifest(machine)["trainer"] == "smoke (no training)"
     print(f"\nimage-check: smoke run through the image's entrypoint: {took:.0f} s")

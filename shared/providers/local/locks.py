@@ -1,20 +1,8 @@
-"""An exclusive lock on a file, held across processes (the local provider's launches, and the
-local trainer's model cache: queue messages and runs may race each other on one host)."""
+"""The local provider's file lock: shared.trainer.locks.file_lock (moved there so the training image,
+which has shared/trainer but not shared/providers, holds it too)."""
 
 from __future__ import annotations
 
-import fcntl
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from shared.trainer.locks import file_lock
 
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+__all__ = ["file_lock"]
