@@ -49,7 +49,11 @@ class Settings(BaseModel):
     trainer_command: str = ""
     container_image: str = "ghcr.io/tensorant/trainer:2026.11"
     # Time limits the control plane enforces itself (never a provider-side timer).
-    provisioning_timeout_s: int = 1800
+    # The boot deadline: launch to the agent's first report. A machine that misses it is released
+    # (nothing ran on it). 15 min covers a VM's boot and a cold pull of the training image (1.5 GB
+    # with the CPU torch as `make image-check` builds it; about 6-7 GB with PyPI's CUDA torch, a few
+    # minutes at cloud registry speeds) with a wide margin; a failed pull reports itself sooner.
+    provisioning_timeout_s: int = Field(default=900, ge=120)
     heartbeat_timeout_s: int = 600
     default_runtime_limit_s: int = 3600
     sweep_grace_s: int = 300

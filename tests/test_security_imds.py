@@ -13,7 +13,9 @@ from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from tests.providers.aws.conftest import Rig, moto_server, pricing_server, rig  # noqa: F401
 from tests.providers.aws.test_lifecycle import OFFER
 
-BOOT = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11", env={"TENSORANT_RUN_ID": "run-imds"},
+BOOT = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
+                 env={"TENSORANT_RUN_ID": "run-imds", "TENSORANT_RUN_TOKEN": "tok",
+                      "TENSORANT_API_URL": "https://cp.example.com"},
                  secret_env_keys=frozenset())
 
 

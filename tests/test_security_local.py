@@ -53,6 +53,7 @@ def _go_production(h: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Switch the app to production settings, with tokens within production's 24 h limit."""
     for k, v in PRODUCTION.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TENSORANT_ALLOW_TEST_MODELS")  # a test-only allowance production refuses
     reset_settings()
     h.owner = mint_user_token("owner@a", h.org, Role.owner, ttl_s=3600)
     h.member = mint_user_token("member@a", h.org, Role.member, ttl_s=3600)

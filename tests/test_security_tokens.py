@@ -87,6 +87,7 @@ def production(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv("TENSORANT_ENV", "production")
     monkeypatch.setenv("TENSORANT_JWT_SECRET", GOOD_SECRET)
     monkeypatch.setenv("TENSORANT_ENCRYPTION_KEY", GOOD_KEY)
+    monkeypatch.delenv("TENSORANT_ALLOW_TEST_MODELS")  # a test-only allowance production refuses
     reset_settings()
     yield
     reset_settings()

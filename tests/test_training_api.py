@@ -140,6 +140,38 @@ def test_local_offers_fit_small_models_only(h: Harness) -> None:
     assert status == 422 and "CUDA" in body["errors"][0]["message"]
 
 
+def test_test_models_only_on_local_unless_the_test_setting_allows_them(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tensorant/* models have no weights on the hub: a cloud run is refused them (create and a draft's
+    edit) with the models to use instead; the local provider builds them and still accepts them."""
+    from shared.settings import reset_settings
+
+    allowed_draft = draft(h, base_model="tensorant/smoke-tiny")[1]["id"]  # the conftest's test setting is on
+    monkeypatch.setenv("TENSORANT_ALLOW_TEST_MODELS", "0")
+    reset_settings()
+    status, body = draft(h, base_model="tensorant/smoke-tiny")
+    assert status == 422, body
+    err = body["errors"][0]
+    assert err["field"] == "base_model" and "tensorant/smoke-tiny is a test model" in err["message"]
+    assert "local provider" in err["message"] and "HuggingFaceTB/SmolLM2-135M-Instruct" in err["message"]
+    assert "tensorant/tiny-llama" not in err["message"]  # only real models are suggested
+    assert draft(h, base_model="tensorant/tiny-qwen2")[0] == 422
+    assert draft(h, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")[0] == 201
+    # A draft's edit is checked the same way: naming a test model, or moving a test model's draft to a cloud.
+    real = draft(h, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")[1]["id"]
+    status, body, _ = h.call("PATCH", f"/api/runs/{real}", token="member", json_body={"base_model": "tensorant/tiny-llama"})
+    assert status == 422 and body["errors"][0]["field"] == "base_model"
+    status, body, _ = h.call("PATCH", f"/api/runs/{allowed_draft}", token="member", json_body={"offer_id": "mem-h100"})
+    assert status == 422 and body["errors"][0]["field"] == "base_model"
+    # Local builds the test models (random weights): accepted there.
+    h.save_compute("local", {})
+    status, run = draft(h, provider="local", offer_id="local-smoke", base_model="tensorant/smoke-tiny")
+    assert status == 201, run
+    status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", token="member",
+                             json_body={"base_model": "tensorant/tiny-llama"})
+    assert status == 200, body
+
+
 def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
         h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)

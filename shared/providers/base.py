@@ -104,6 +104,32 @@ def scope_of(provider: Any) -> dict[str, str]:
     return dict(fn()) if callable(fn) else {}
 
 
+def console_of(provider: Any, ref: RunRef, resources: list[CloudResource]) -> str:
+    """The last lines of the run's machine console as the cloud keeps them (EC2 console output, the
+    Azure boot diagnostics serial log), for a machine that never reported; "" when the provider
+    has none (RunPod, local) or no machine exists.
+
+    Providers offer it as an optional `console_output(ref, resources) -> str` method (like
+    `scope()`: not in the Protocol, so fakes and providers without a console need nothing). It is a
+    separate read, not part of describe(), because describe is called often (retain, the sweeper,
+    connection checks) and a console read costs extra cloud calls; callers ask for it only where a
+    machine failed to start (heartbeat-check's deadline, a boot-failed release). Never raises: a
+    failure reads "console output unavailable: <why>". The text is scrubbed of secrets and bounded
+    (shared/providers/console.py) here as well as by the provider.
+    """
+    from shared.providers.console import MAX_CHARS, UNAVAILABLE, bounded
+
+    fn = getattr(provider, "console_output", None)
+    if not callable(fn):
+        return ""
+    try:
+        text = str(fn(ref, resources) or "")
+    except Exception as exc:  # a provider bug or an untranslated error must not fail the caller
+        reason = getattr(exc, "reason", "") or type(exc).__name__
+        return bounded(UNAVAILABLE + str(reason), 300)
+    return bounded(text, MAX_CHARS + 200)
+
+
 def scope_differs(recorded: dict[str, str], current: dict[str, str]) -> dict[str, tuple[str, str]]:
     """The keys whose values differ between a run's recorded scope and a connection's scope
     ({} = same scope, or nothing to compare: a key missing on either side is not compared)."""

@@ -139,7 +139,13 @@ def _indent(text: str) -> str:
     return "\n".join(("      " + line) if line else "" for line in text.rstrip("\n").splitlines())
 
 
+REQUIRED = ("TENSORANT_RUN_ID", "TENSORANT_API_URL", "TENSORANT_RUN_TOKEN")  # the boot-failed report needs them
+
+
 def render(bootstrap: Bootstrap) -> str:
+    missing = [k for k in REQUIRED if not bootstrap.env.get(k)]
+    if missing:
+        raise ValueError(f"the bootstrap has no {', '.join(missing)}")
     env = dict(bootstrap.env)
     env.setdefault("TENSORANT_DATA_DIR", CONTAINER_DATA_DIR)
     token = env["TENSORANT_RUN_TOKEN"]

@@ -8,6 +8,11 @@ Local offers (provider `local`) have no GPU: the trainer runs on the host's CPU 
 They are treated as fitting small models only, up to LOCAL_MAX_PARAMS parameters (SmolLM2-135M,
 Qwen2.5-0.5B and the tiny test models; a 1B+ model trains too slowly on a CPU to be useful),
 and never with load_in_4bit (bitsandbytes needs CUDA).
+
+The test models (`tensorant/*`: random weights, built on the machine by the trainer) exist only
+for the local provider: a cloud machine would ask the Hugging Face hub for them and get 404. A
+cloud run naming one is refused at create (and at a draft's edit), unless the test-only setting
+TENSORANT_ALLOW_TEST_MODELS allows it (production refuses to start with it).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from shared.models import GpuOffer, TrainingSettings
 
 LOCAL_PROVIDER = "local"
 LOCAL_MAX_PARAMS = 1_000_000_000
+TEST_MODEL_PREFIX = "tensorant/"
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,23 @@ def declared(name: str) -> BaseModel:
         raise InvalidInput.field("base_model", f"{name!r} is not a declared base model; declared: "
                                  f"{', '.join(sorted(BASE_MODELS))} (GET /api/base-models)")
     return model
+
+
+def is_test_model(model: BaseModel) -> bool:
+    return model.name.startswith(TEST_MODEL_PREFIX)
+
+
+def refuse_test_model_off_local(model: BaseModel, provider: str) -> None:
+    """422 on base_model when a cloud run names a test model (see the module docstring)."""
+    from shared.settings import get_settings
+
+    if provider == LOCAL_PROVIDER or not is_test_model(model) or get_settings().allow_test_models:
+        return
+    real = [m.name for m in sorted(BASE_MODELS.values(), key=lambda m: m.param_count()) if not is_test_model(m)]
+    raise InvalidInput.field("base_model", (
+        f"{model.name} is a test model (random weights built on the machine; the Hugging Face hub has no such "
+        f"model), accepted only on the local provider. For a {provider} run choose a real model: "
+        f"{', '.join(real)} (GET /api/base-models)"))
 
 
 def memory_needed(model: BaseModel, training: TrainingSettings) -> int:

@@ -62,16 +62,20 @@ def boot_failed(org: str, run_id: str, body: BootFailure) -> dict[str, Any]:
 def cloud_account(run: RunRecord) -> str:
     """What the cloud says of the run's machine (one describe), or why that could not be read.
     Never raises: a cloud outage must not stop a deadline or a release."""
+    from shared.providers.base import console_of
     from shared.runs.resources import merge_resources
     from shared.services.backends import compute_for, ref_of
 
     try:
         provider = compute_for(run.org, run.provider)
-        desc = provider.describe(ref_of(run), merge_resources(get_store().list_ledger(run.id), run.resources))
+        ref, resources = ref_of(run), merge_resources(get_store().list_ledger(run.id), run.resources)
+        desc = provider.describe(ref, resources)
     except Exception as exc:
         return f"the cloud's state of the machine could not be read: {redact_text(str(exc))[:300]}"
-    said = " ".join(part for part in (desc.reason, desc.detail) if part)
-    return (CLOUD_SAYS + redact_text(said)[:2000]) if said else ""
+    said = redact_text(" ".join(part for part in (desc.reason, desc.detail) if part))[:1000]
+    console = console_of(provider, ref, resources)  # bounded and scrubbed of secrets
+    said += f"; its console's last lines:\n{console}" if console else ""
+    return (CLOUD_SAYS + said) if said.strip("; ") else ""
 
 
 def note_cloud_account(run: RunRecord) -> RunRecord:

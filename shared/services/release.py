@@ -19,6 +19,7 @@ from shared.services.backends import compute_for, ref_of
 from shared.services.boot import BOOT_FAILED, note_cloud_account
 from shared.services.connections import refuse_other_scope
 from shared.services.run_events import event
+from shared.services.scratch import remove_after_release
 from shared.services.transitions import move
 from shared.settings import get_settings
 from shared.store import get_store
@@ -42,6 +43,8 @@ def release(msg: StepMessage) -> None:
         refuse_other_scope(run, provider)  # a connection moved to another scope would "release" nothing
         out = provider.release(ref_of(run), resources)
         detail = out.detail
+        if out.done:
+            remove_after_release(run, resources)  # the pod's files on a network volume; nothing writes there now
     except ProviderError as exc:
         out, detail = None, exc.reason
     if out is not None and out.done:

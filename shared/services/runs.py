@@ -165,6 +165,7 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
     _check_provider(principal.org, body.provider)
+    base_models.refuse_test_model_off_local(base_models.declared(body.base_model), body.provider)
     offer = find_offer(principal.org, body.provider, body.offer_id)
     _check_fit(principal.org, body.provider, offer, body.base_model, training)
     default_limit = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
@@ -212,6 +213,11 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     offer = run.offer
     if "offer_id" in fields or "provider" in fields:
         offer = find_offer(principal.org, provider, fields.get("offer_id", run.offer.offer_id))
+    if {"base_model", "provider", "offer_id"} & set(fields):
+        # The model, the provider and the offer as the edited draft will have them, checked as at create.
+        base_model = fields.get("base_model", run.base_model)
+        base_models.refuse_test_model_off_local(base_models.declared(base_model), provider)
+        _check_fit(principal.org, provider, offer, base_model, run.training)
     updates = {k: v for k, v in fields.items() if k != "offer_id"} | {"offer": offer, "updated_at": now()}
 
     def change(r: RunRecord) -> RunRecord | None:

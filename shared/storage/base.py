@@ -2,8 +2,9 @@
 
 Layout inside the backend (under an optional prefix):
   datasets/<PROJECT_ID>/<DATASET_VERSION_ID>.jsonl
-  runs/<RUN_ID>/adapter.zip
+  runs/<RUN_ID>/adapter.zip      the verified adapter GET /api/runs/{id}/adapter serves
   runs/<RUN_ID>/logs.txt
+  data/<RUN_ID>/...              RunPod network volume only: the pod's working directory (see scratch_key)
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ def adapter_key(run_id: str) -> str:
 
 def logs_key(run_id: str) -> str:
     return f"runs/{run_id}/logs.txt"
+
+
+def scratch_key(run_id: str) -> str:
+    """A RunPod pod's working directory on the org's network volume, relative to the volume root.
+
+    The volume is mounted at /workspace, and a pod's agent data directory is /workspace/data/<RUN_ID>
+    (each run apart: every pod of the org shares the volume). It holds the dataset copy, output/,
+    adapter.zip, logs.txt and agent-state.json (which holds a run token), and outlives the pod. It is
+    not where the verified adapter is served from (adapter_key). Kept while the run may be recovered;
+    removed by the release step once the run ends succeeded or cancelled (shared/services/scratch.py).
+    """
+    return f"data/{run_id}"
 
 
 def upload_key(project_id: str, dataset_id: str) -> str:
@@ -76,6 +89,12 @@ class StorageBackend(Protocol):
         ...
 
     def delete(self, key: str) -> None: ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object whose key starts with prefix, a folder ending in "/" (anything else
+        is a ValueError: "runs/r1" would also match "runs/r10"). Idempotent: nothing there = 0.
+        Returns how many objects it deleted."""
+        ...
 
     def download_url(self, key: str, ttl_s: int) -> str | None:
         """A short-lived GET URL for one object (a secret until it expires), or None when the

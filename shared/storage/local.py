@@ -93,6 +93,16 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def delete_prefix(self, prefix: str) -> int:
+        if not prefix.endswith("/"):
+            raise ValueError(f"a prefix to delete must end with '/', not {prefix!r}")
+        folder = self._path(prefix.rstrip("/"))
+        if not folder.is_dir():
+            return 0
+        count = sum(1 for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+        shutil.rmtree(folder, ignore_errors=True)
+        return count
+
     def download_url(self, key: str, ttl_s: int) -> str | None:
         return None  # a directory has no URLs: GET /api/runs/{id}/adapter streams the file
 

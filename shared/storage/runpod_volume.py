@@ -99,6 +99,9 @@ class RunPodVolumeStorage:
     def delete(self, key: str) -> None:
         self.s3.delete(key)
 
+    def delete_prefix(self, prefix: str) -> int:
+        return self.s3.delete_prefix(prefix)
+
     def download_url(self, key: str, ttl_s: int) -> str | None:
         return self.s3.download_url(key, ttl_s)
 

@@ -263,6 +263,27 @@ class S3Storage:
             if not isinstance(err, ObjectMissing):
                 raise err from exc
 
+    def delete_prefix(self, prefix: str) -> int:
+        """ListObjectsV2 under the folder, then one DeleteObject per key (RunPod's S3 API, which this
+        class also serves, is not known to support the batch DeleteObjects), the listing's order
+        reversed: on a file-system-backed store (a RunPod volume) a folder's entry comes before its
+        files, and goes after them."""
+        if not prefix.endswith("/"):
+            raise ValueError(f"a prefix to delete must end with '/', not {prefix!r}")
+        full = self._key(prefix.rstrip("/")) + "/"
+        deleted = 0
+        try:
+            keys = [obj["Key"] for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.config.bucket, Prefix=full) for obj in page.get("Contents") or []]
+            for key in reversed(keys):
+                self.client.delete_object(Bucket=self.config.bucket, Key=key)
+                deleted += 1
+        except Exception as exc:
+            err = self._translate(exc, "delete", prefix)
+            if not isinstance(err, ObjectMissing):
+                raise err from exc
+        return deleted
+
     def presign(self, method: str, key: str, ttl_s: int | None = None) -> str:
         """A URL for one object and one method (GET or PUT), valid for ttl_s."""
         op = {"GET": "get_object", "PUT": "put_object"}[method]

@@ -7,6 +7,7 @@ mode (its derived endpoint is pointed at moto); a test-side agent plays the pod.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -101,6 +102,83 @@ def test_failed_export_stops_pod_then_saved_adapter_recovers(h: Harness, runpod:
     run = h.recover(run_id)  # verify the saved adapter on the volume
     assert run["state"] == "succeeded", run["reason"]
     assert runpod.pods == {}
+
+
+# ---------------------------------------------------------------- the pod's working files on the volume
+
+
+def volume_s3(moto_url: str) -> Any:
+    return boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+                        aws_secret_access_key="x" * 40)
+
+
+SCRATCH_FILES = ("dataset.jsonl", "adapter.zip", "logs.txt", "agent-state.json", "adapter/adapter_model.safetensors",
+                 "adapter/adapter_config.json")
+
+
+def pod_writes_scratch(s3: Any, run_id: str, env: dict[str, str]) -> list[str]:
+    """What the pod's agent leaves in its data directory on the volume (mounted at /workspace)."""
+    assert env["TENSORANT_DATA_DIR"] == f"/workspace/data/{run_id}"
+    folder = env["TENSORANT_DATA_DIR"].removeprefix("/workspace/")
+    keys = [f"{folder}/{name}" for name in SCRATCH_FILES]
+    for key in keys:
+        s3.put_object(Bucket="vol0abc123", Key=key, Body=b'{"run_token": "secret"}')
+    return keys
+
+
+def volume_keys(s3: Any, prefix: str) -> list[str]:
+    return [o["Key"] for o in s3.list_objects_v2(Bucket="vol0abc123", Prefix=prefix).get("Contents") or []]
+
+
+def test_success_removes_the_pods_working_files_but_serves_the_adapter(
+        h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
+    import hashlib
+
+    import requests
+
+    s3 = volume_s3(moto_url)
+    other = "r0neighbour"  # another run's working files: never touched
+    s3.put_object(Bucket="vol0abc123", Key=f"data/{other}/agent-state.json", Body=b"{}")
+    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
+    h.launch(run_id)
+    pod_writes_scratch(s3, run_id, from_pod_env(runpod.creates()[0]["variables"]["input"]["env"]))
+    zip_bytes = trained_adapter_zip()
+    h.agent(run_id).train(zip_bytes)
+    run = h.get_run(run_id)
+    assert run["state"] == "succeeded", run["reason"]
+    assert volume_keys(s3, f"data/{run_id}") == []
+    assert volume_keys(s3, f"data/{other}/") == [f"data/{other}/agent-state.json"]
+    assert volume_keys(s3, f"runs/{run_id}/") == [f"runs/{run_id}/adapter.zip"]
+    assert any("removed the pod's working files" in e["message"] for e in run["events"])
+    link = h.ok("GET", f"/api/runs/{run_id}/adapter", token="member")
+    got = requests.get(link["url"], timeout=10).content
+    assert got == zip_bytes and hashlib.sha256(got).hexdigest() == run["adapter_sha256"]
+    # A redelivered release message finds nothing more to remove, and the run stays succeeded.
+    from shared.models import StepMessage
+    from shared.queues import get_queues
+    from shared.runs.steps import Step
+
+    get_queues().send(Step.release, StepMessage(org=h.org, run_id=run_id))
+    h.drain()
+    assert h.get_run(run_id)["state"] == "succeeded"
+
+
+def test_retained_run_keeps_the_pods_working_files_until_recovered(
+        h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
+    s3 = volume_s3(moto_url)
+    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
+    h.launch(run_id)
+    keys = pod_writes_scratch(s3, run_id, from_pod_env(runpod.creates()[0]["variables"]["input"]["env"]))
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.9)
+    agent.upload(trained_adapter_zip())
+    agent.complete_failed("export failed: upload step crashed")
+    assert h.get_run(run_id)["state"] == "retained"
+    assert sorted(volume_keys(s3, f"data/{run_id}/")) == sorted(keys)  # recovery may need them
+    run = h.recover(run_id)
+    assert run["state"] == "succeeded", run["reason"]
+    assert volume_keys(s3, f"data/{run_id}/") == []
+    assert volume_keys(s3, f"runs/{run_id}/") == [f"runs/{run_id}/adapter.zip"]
 
 
 def test_storage_location_cannot_change_once_a_project_exists(h: Harness) -> None:

@@ -62,3 +62,15 @@ def test_check_messages_carry_no_errno_text_or_path(tmp_path: Path) -> None:
     for leak in ("Not a directory", "Errno", str(tmp_path), "not-a-dir", "Permission denied"):
         assert leak not in text
     assert "operator" in text
+
+
+def test_delete_prefix_removes_one_folder_inside_the_org(tmp_path: Path) -> None:
+    s = make_storage(LocalStorageConfig(), Settings(local_root=str(tmp_path / "root")), "org-a")
+    for key in ("data/r1/agent-state.json", "data/r1/adapter/a.safetensors", "data/r10/x", "runs/r1/adapter.zip"):
+        s.put(key, b"x")
+    assert s.delete_prefix("data/r1/") == 2
+    assert s.get("data/r10/x", 10) == b"x" and s.get("runs/r1/adapter.zip", 10) == b"x"
+    assert s.delete_prefix("data/r1/") == 0
+    for bad in ("data/r1", "../org-b/", "/etc/"):
+        with pytest.raises(ValueError):
+            s.delete_prefix(bad)

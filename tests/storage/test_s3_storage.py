@@ -74,6 +74,22 @@ def test_put_get_delete_under_prefix(moto_url: str) -> None:
         s.put("../escape", b"x")
 
 
+def test_delete_prefix_removes_one_folder_only(moto_url: str) -> None:
+    s = storage(moto_url)
+    for key in ("data/r1/agent-state.json", "data/r1/adapter/adapter_model.safetensors", "data/r10/logs.txt",
+                "runs/r1/adapter.zip"):
+        s.put(key, b"x")
+    assert s.delete_prefix("data/r1/") == 2
+    left = raw_keys(moto_url)
+    assert "org-a/data/r10/logs.txt" in left and "org-a/runs/r1/adapter.zip" in left
+    assert not [k for k in left if k.startswith("org-a/data/r1/")]
+    assert s.delete_prefix("data/r1/") == 0  # nothing there: done
+    with pytest.raises(ValueError):
+        s.delete_prefix("data/r1")  # would also match data/r10
+    with pytest.raises(ValueError):
+        s.delete_prefix("../data/")
+
+
 def test_unreachable_put_is_retryable(moto_url: str) -> None:
     with pytest.raises(RetryableError):
         storage(f"http://127.0.0.1:{free_port()}").put("runs/r/logs.txt", b"x")

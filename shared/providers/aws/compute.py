@@ -14,6 +14,8 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   volume is gone.
 - boto3 is imported only when a client is first needed (client.py); lookups live in
   catalog.py, prices in pricing.py, connection checks in checks.py.
+- console_output (optional, see base.console_of): the last lines of GetConsoleOutput for an
+  instance that never reported, scrubbed and bounded (shared/providers/console.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import BaseModel
 
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers import cloudinit
+from shared.providers import cloudinit, console
 from shared.providers.aws import catalog, checks, pricing
 from shared.providers.aws.client import ApiCallHook, AwsClient
 from shared.providers.aws.config import AwsConfig
@@ -274,7 +276,35 @@ class AwsCompute:
         if len(parts) == 1:
             parts.append("EC2 gives no state reason (the instance runs: check its console output in EC2 for a "
                          "boot, cloud-init, Docker or network problem; the VM must reach the control-plane URL)")
-        return "; ".join(parts)
+        return console.bounded("; ".join(parts))
+
+    def console_output(self, ref: RunRef, resources: list[CloudResource]) -> str:
+        """The last lines of the instance's console (GetConsoleOutput, Latest=True: the newest 64 KB on
+        Nitro instances, every GPU type offered), for a machine that never reported; see
+        base.console_of. Read only from an instance with this run's tags. "" when no instance is
+        left; never raises ("console output unavailable: <why>")."""
+        try:
+            live = [i for i in self._find(ref, resources) if i["State"]["Name"] != "terminated"]
+            if not live:
+                return ""
+            inst = live[0]
+            self._require_owned(inst, ref, "read the console of")
+            iid = inst["InstanceId"]
+            try:
+                out = self.call("ec2", "get_console_output", InstanceId=iid, Latest=True,
+                                action=f"reading the console output of {iid}")
+            except ProviderError as exc:
+                if exc.code != "UnsupportedOperation":  # not a Nitro instance: no "latest", the boot-time copy
+                    raise
+                out = self.call("ec2", "get_console_output", InstanceId=iid,
+                                action=f"reading the console output of {iid}")
+        except ProviderError as exc:
+            hint = " (the IAM policy needs ec2:GetConsoleOutput, see infra/aws)" if isinstance(exc, AuthError) else ""
+            return console.UNAVAILABLE + console.bounded(exc.reason, 300) + hint
+        text = str(out.get("Output") or "")  # EC2 sends it base64-encoded; botocore decodes it (after-call handler)
+        if not text.strip():
+            return f"EC2 has no console output for {iid} yet (it is kept from shortly after boot)"
+        return f"EC2 console output of {iid} (last lines):\n" + console.tail_lines(text)
 
     @staticmethod
     def _root_size_text(instance: dict[str, Any], resources: list[CloudResource]) -> str:

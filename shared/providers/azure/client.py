@@ -22,10 +22,12 @@ from shared.log import register_secret
 from shared.providers.azure.config import AzureConfig
 from shared.providers.azure.errors import retry_after, status_code, translate
 from shared.providers.azure.pricing import RETAIL_PRICES_URL, RetailPrices
+from shared.providers.errors import RetryableError
 
 ARM_SCOPE = "https://management.azure.com/.default"
 MAX_THROTTLE_RETRIES = 2
 MAX_INLINE_RETRY_AFTER_S = 10.0
+MAX_BLOB_READ = 4 * 1024 * 1024  # read_tail's bound when a server answers a ranged GET with the whole blob
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,37 @@ class AzureClient:
             if status_code(e) == 404:
                 return None
             raise translate(e, doing) from None
+
+    def read_tail(self, url: str, max_bytes: int, timeout_s: float) -> str:
+        """The last max_bytes of the blob at a SAS URL (a boot diagnostics serial log), decoded as
+        UTF-8: HEAD for its size, then one ranged GET (read in chunks, keeping only the tail, should a
+        server ignore the range). The URL grants read access: it is registered as a secret and never
+        appears in an error. Errors are RetryableError."""
+        import requests
+
+        register_secret(url)
+        verify = self.endpoints.verify
+        try:
+            head = requests.head(url, timeout=timeout_s, verify=verify)
+            if head.status_code != 200:
+                raise RetryableError(f"the serial console log answered HTTP {head.status_code}", code="BlobRead")
+            size = int(head.headers.get("Content-Length") or 0)
+            if size == 0:
+                return ""
+            start = max(0, size - max_bytes)
+            with requests.get(url, headers={"Range": f"bytes={start}-{size - 1}"}, timeout=timeout_s, verify=verify,
+                              stream=True) as resp:
+                if resp.status_code not in (200, 206):
+                    raise RetryableError(f"the serial console log answered HTTP {resp.status_code}", code="BlobRead")
+                tail, seen = b"", 0
+                for chunk in resp.iter_content(64 * 1024):
+                    tail, seen = (tail + chunk)[-max_bytes:], seen + len(chunk)
+                    if seen >= MAX_BLOB_READ:
+                        break
+        except requests.RequestException as exc:
+            raise RetryableError(f"cannot read the serial console log ({type(exc).__name__})",
+                                 code="BlobRead") from None
+        return tail.decode("utf-8", "replace")
 
     def wait(self, doing: str, poller: Any) -> bool:
         """Wait for a long-running operation at most lro_wait_s. True = finished (raises if it failed)."""

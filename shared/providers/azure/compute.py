@@ -29,6 +29,9 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   ThrottledError(retry_after_s=Retry-After)).
 - Only the training resource group's VMs, disks and NICs with this deployment's marks are
   ever changed; the resource group, image, subnet, VNet, NSG and NAT gateway are only read.
+- VMs get managed boot diagnostics (nothing to create: Azure keeps the serial log); describe's
+  reason carries the instance view, and console_output (optional, see base.console_of) the
+  serial console log's last lines for a VM that never reported.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pydantic import BaseModel
 
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers import cloudinit
+from shared.providers import cloudinit, console
 from shared.providers.azure import catalog, checks
 from shared.providers.azure.client import AzureClient, AzureEndpoints, as_dict, dig, region_code, same_id
 from shared.providers.azure.config import AzureConfig
@@ -59,11 +62,13 @@ from shared.providers.base import (
     Outcome,
     RunRef,
 )
-from shared.providers.errors import PermanentError, ProviderError, RetryableError
+from shared.providers.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.settings import Settings
 
 ADMIN_USER = "tensorant"
 NIC_RESERVED = "NicReservedForAnotherVm"
+BOOT_LOG_ACTION = "Microsoft.Compute/virtualMachines/retrieveBootDiagnosticsData/action"
+SAS_MINUTES = 5  # the serial log's SAS URI is read at once
 
 # The instance view's PowerState/<x> -> MachineState.
 STATE_MAP: dict[str, MachineState] = {
@@ -323,6 +328,10 @@ class AzureCompute:
                     }],
                 },
                 "securityProfile": {"securityType": "Standard"},
+                # Managed boot diagnostics (no storage URI: Azure keeps the serial log and screenshot in
+                # storage it manages, nothing to create or pay for here): the serial console log is what
+                # console_output reads for a VM that never reported.
+                "diagnosticsProfile": {"bootDiagnostics": {"enabled": True}},
             },
         }
 
@@ -403,7 +412,38 @@ class AzureCompute:
                          + (f" ({boot['message']})" if boot.get("message") else ""))
         elif not dig(vm, "properties", "diagnosticsProfile", "bootDiagnostics", "enabled", default=False):
             parts.append("boot diagnostics: not enabled on the VM")
-        return "; ".join(parts)
+        return console.bounded("; ".join(parts))  # Azure's messages are free text: scrubbed and bounded
+
+    def console_output(self, ref: RunRef, resources: list[CloudResource]) -> str:
+        """The last lines of the VM's serial console log (managed boot diagnostics: POST
+        retrieveBootDiagnosticsData gives a short-lived SAS URI, read from its end), for a VM that never
+        reported; see base.console_of. Only the run's own tagged VM is read. "" when there is no VM;
+        never raises ("console output unavailable: <why>").
+
+        The action it needs, Microsoft.Compute/virtualMachines/retrieveBootDiagnosticsData/action, is not
+        in the connection doc's training role (infra/azure/README.md): without it the answer says so.
+        """
+        vm_name, _, _ = self.names(ref)
+        doing = f"reading the boot diagnostics of VM {vm_name}"
+        try:
+            vm = self._owned_vm(ref)
+            if vm is None:
+                return ""
+            if not dig(vm, "properties", "diagnosticsProfile", "bootDiagnostics", "enabled", default=False):
+                return f"{console.UNAVAILABLE}boot diagnostics are not enabled on VM {vm_name}"
+            got = self.client.call(doing, self.client.compute().virtual_machines.retrieve_boot_diagnostics_data,
+                                   self.rg, vm_name, sas_uri_expiration_time_in_minutes=SAS_MINUTES)
+            uri = str(as_dict(got).get("serialConsoleLogBlobUri") or "")
+            if not uri:
+                return f"Azure has no serial console log for VM {vm_name} yet"
+            text = self.client.read_tail(uri, console.TAIL_BYTES, console.READ_TIMEOUT_S)
+        except ProviderError as exc:
+            hint = (f" (the training role needs {BOOT_LOG_ACTION} to read it; see infra/azure/README.md)"
+                    if isinstance(exc, AuthError) else "")
+            return console.UNAVAILABLE + console.bounded(exc.reason, 300) + hint
+        if not text.strip():
+            return f"the serial console log of VM {vm_name} is empty so far"
+        return f"Azure boot diagnostics, serial console log of VM {vm_name} (last lines):\n" + console.tail_lines(text)
 
     def _billing_note(self) -> str:
         tier, size = disk_tier(self.config.os_disk_gb)

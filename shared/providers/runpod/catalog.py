@@ -21,6 +21,23 @@ _NOT_NVIDIA = re.compile(r"\bAMD\b|\bInstinct\b|\bMI\d{3}", re.I)
 EXCLUDED_NOTE = ("T4, V100, P100, RTX 20xx and other pre-Ampere or non-NVIDIA GPUs are not offered "
                  "(the trainer needs Ampere or newer)")
 
+# The training image needs a host driver for CUDA MIN_CUDA or newer. RunPod filters hosts by the
+# CUDA version their driver reports, against an exact list (allowedCudaVersions), so the list names
+# every version from the minimum up that RunPod's API knows: a host reporting 13.1 is as good as one
+# reporting 13.0. Add a version here when RunPod starts reporting it. The same list filters the
+# catalog's prices and stock (lowestPrice) and the pod create, so an offered GPU can be rented.
+MIN_CUDA = "13.0"
+RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9",
+                        "13.0", "13.1")
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+CUDA_VERSIONS = [v for v in RUNPOD_CUDA_VERSIONS if _version(v) >= _version(MIN_CUDA)]
+
+
 def is_supported_gpu(gpu_id: str, display: str = "") -> bool:
     text = f"{gpu_id} {display}"
     return bool(_SUPPORTED.search(text)) and not _NOT_NVIDIA.search(text)
@@ -35,7 +52,8 @@ def slug(text: str) -> str:
 
 
 def gpu_offers(gpu_types: list[dict[str, Any]], *, cloud: str, dc: str | None, disk_gb: int) -> list[GpuOffer]:
-    """Priced single-GPU offers from RunPod's gpuTypes answer, cheapest first."""
+    """Priced single-GPU offers from RunPod's gpuTypes answer, cheapest first (lowestPrice asked for
+    hosts with one of CUDA_VERSIONS: see client.OFFERS)."""
     disk_per_hour = pricing.disk_per_hour(disk_gb)
     note = f"Single GPU. {EXCLUDED_NOTE}. Disk: {disk_gb} GB of container disk and pod volume."
     if dc:

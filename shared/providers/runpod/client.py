@@ -127,9 +127,12 @@ CREATE = (
     "mutation Create($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) { "
     + POD_FIELDS + " } }"
 )
-OFFERS = """query Offers($dc: String, $secure: Boolean) {
+# $cuda: the host CUDA versions the training image accepts (catalog.CUDA_VERSIONS), the same list the
+# pod create sends, so price and stock are those of hosts a pod of the run could be placed on.
+OFFERS = """query Offers($dc: String, $secure: Boolean, $cuda: [String]) {
   gpuTypes { id displayName memoryInGb secureCloud communityCloud securePrice communityPrice
-    lowestPrice(input: {gpuCount: 1, dataCenterId: $dc, secureCloud: $secure}) { uninterruptablePrice stockStatus } }
+    lowestPrice(input: {gpuCount: 1, dataCenterId: $dc, secureCloud: $secure, allowedCudaVersions: $cuda}) {
+      uninterruptablePrice stockStatus } }
 }"""
 VOLUMES = "query Volumes { myself { networkVolumes { id name size dataCenterId } } }"
 

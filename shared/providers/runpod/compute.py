@@ -28,11 +28,11 @@ from pydantic import BaseModel
 from shared import clock
 from shared.log import register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers import bootstrap_env
+from shared.providers import bootstrap_env, console
 from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
 from shared.providers.errors import CapacityError, PermanentError
 from shared.providers.runpod import catalog, checks
-from shared.providers.runpod.catalog import PROVIDER, is_supported_gpu
+from shared.providers.runpod.catalog import CUDA_VERSIONS, PROVIDER, is_supported_gpu
 from shared.providers.runpod.client import (
     CREATE,
     OFFERS,
@@ -51,11 +51,10 @@ from shared.providers.runpod.client import (
 from shared.providers.runpod.config import RunPodConfig
 from shared.providers.runpod.errors import NotFound
 from shared.settings import Settings
+from shared.storage.base import scratch_key
 
-# A CUDA 13-compatible host: RunPod filters hosts by the CUDA version of their driver.
-CUDA_VERSIONS = ["13.0"]
 DATA_DIR = "/workspace/data"
-MOUNT = "/workspace"
+MOUNT = "/workspace"  # where a pod mounts its volume (the org's network volume, or its own)
 # RunPod desiredStatus -> machine state (RUNNING without a runtime is still pending, see _state).
 STATE_MAP = {
     "CREATED": MachineState.pending,
@@ -131,7 +130,7 @@ class RunPodCompute:
         dc = self.config.datacenter_id or None
         cloud = self._cloud()
         secure = {"SECURE": True, "COMMUNITY": False}.get(cloud)
-        data = self.api.query(OFFERS, {"dc": dc, "secure": secure})
+        data = self.api.query(OFFERS, {"dc": dc, "secure": secure, "cuda": CUDA_VERSIONS})
         pod_volume = 0 if self.config.network_volume_id else self.config.volume_gb
         return catalog.gpu_offers(data.get("gpuTypes") or [], cloud=cloud, dc=dc,
                                   disk_gb=self.config.container_disk_gb + pod_volume)
@@ -167,7 +166,7 @@ class RunPodCompute:
             "ports": "",  # no public ports: the agent only calls out
             "supportPublicIp": False,
             "startSsh": True,  # RunPod's basic SSH proxy for manual recovery; opens no port
-            "allowedCudaVersions": CUDA_VERSIONS,
+            "allowedCudaVersions": CUDA_VERSIONS,  # a host whose driver supports CUDA MIN_CUDA or newer
         }
         if self.config.network_volume_id:
             pod_input["networkVolumeId"] = self.config.network_volume_id
@@ -197,8 +196,9 @@ class RunPodCompute:
         return env
 
     def _data_dir(self, ref: RunRef) -> str:
-        # A network volume is shared by every pod of the org: keep each run's scratch apart.
-        return f"{DATA_DIR}/{ref.run_id}" if self.config.network_volume_id else DATA_DIR
+        # A network volume is shared by every pod of the org: keep each run's scratch apart, at the key
+        # storage.base.scratch_key names (/workspace/data/<run id>), which the release step removes.
+        return f"{MOUNT}/{scratch_key(ref.run_id)}" if self.config.network_volume_id else DATA_DIR
 
     def _capacity_reason(self, gpu: str) -> str:
         where = f" in datacenter {self.config.datacenter_id}" if self.config.datacenter_id else ""
@@ -363,13 +363,13 @@ def _reason(pod: dict[str, Any]) -> str:
     """RunPod's own account of the pod: desiredStatus, lastStatusChange and whether a container runs."""
     parts = [f"RunPod pod {pod.get('id', '?')} desiredStatus {pod.get('desiredStatus', '?')}"]
     if pod.get("lastStatusChange"):
-        parts.append(f"last status change: {pod['lastStatusChange']}")
+        parts.append(f"last status change: {console.bounded(str(pod['lastStatusChange']), 500)}")
     runtime = pod.get("runtime")
     if isinstance(runtime, dict):
         parts.append(f"container up {runtime.get('uptimeInSeconds', '?')} s")
     else:
         parts.append("no container running (the image is still being pulled, or the host could not start it)")
-    return "; ".join(parts)
+    return console.bounded("; ".join(parts))  # RunPod's free text, scrubbed and bounded
 
 
 def _has_pod_id(pod: dict[str, Any]) -> bool:

@@ -31,7 +31,8 @@ class TestAwsContract(ProviderContract):
 
         def spec(ref: RunRef) -> LaunchSpec:
             boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
-                             env={"TENSORANT_RUN_ID": ref.run_id})
+                             env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok",
+                                  "TENSORANT_API_URL": "https://cp.example.com"})
             return LaunchSpec(ref=ref, offer=OFFER, bootstrap=boot)
 
         def machines(ref: RunRef) -> list[str]:

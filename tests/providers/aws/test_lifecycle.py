@@ -22,7 +22,8 @@ OFFER = GpuOffer(provider="aws", offer_id=f"us-east-1/{ZONE}/g6.xlarge", gpu="NV
                  machine_type="g6.xlarge", region="us-east-1", zone=ZONE, compute_per_hour=0.8048,
                  disk_per_hour=0.0126, total_per_hour=0.8174)
 BOOT = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
-                 env={"TENSORANT_RUN_ID": "run-0001", "TENSORANT_RUN_TOKEN": "tok-secret-123456"},
+                 env={"TENSORANT_RUN_ID": "run-0001", "TENSORANT_RUN_TOKEN": "tok-secret-123456",
+                      "TENSORANT_API_URL": "https://cp.example.com"},
                  secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
 
 
@@ -99,7 +100,8 @@ def test_launch_parameters_on_the_wire(rig: Rig) -> None:
 
 def test_user_data_over_16_kb_fails_before_run_instances(rig: Rig) -> None:
     big = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
-                    env={"TENSORANT_RUN_ID": "run-0001", "TENSORANT_BIG": "x" * (17 * 1024)})
+                    env={"TENSORANT_RUN_ID": "run-0001", "TENSORANT_BIG": "x" * (17 * 1024),
+                         "TENSORANT_RUN_TOKEN": "tok", "TENSORANT_API_URL": "https://cp.example.com"})
     spec = LaunchSpec(ref=RunRef("test", "org-1", "run-0001"), offer=OFFER, bootstrap=big)
     with pytest.raises(PermanentError) as info:
         rig.compute().launch(spec)

@@ -1,17 +1,21 @@
-"""Issue 12 on moto: the scope a run records (account + region), EC2's own reason in describe,
+"""Issue 12 on moto: the scope a run records (account + region), EC2's own reason in describe and
+its console output (console_of),
 launches refused when temporary credentials expire before the run's deadlines, the recovery-login
 warning and the control-plane URL in the egress list the checks show."""
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
-from shared.models import CheckStatus
-from shared.providers.base import LaunchSpec, RunRef, scope_of
+from shared.log import register_secret
+from shared.models import CheckStatus, CloudResource
+from shared.providers.base import LaunchSpec, RunRef, console_of, scope_of
 from shared.providers.errors import PermanentError
-from tests.providers.aws.conftest import ACCOUNT, REGION, Rig
+from tests.providers.aws.conftest import ACCOUNT, AMI_GOOD, REGION, Rig, add_injection, inject
 from tests.providers.aws.test_lifecycle import BOOT, OFFER
 
 REF = RunRef("test", "org-1", "run-scope")
@@ -35,6 +39,55 @@ def test_describe_carries_ec2s_state_reason(rig: Rig) -> None:
     stopped = compute.describe(REF, resources)
     assert "state reason Client.UserInitiatedShutdown" in stopped.reason, stopped.reason
     assert "transition: User initiated" in stopped.reason
+
+
+def _run_instance(rig: Rig, tags: dict[str, str]) -> list[CloudResource]:
+    """The run's instance as launch leaves it (tagged at creation), made directly on moto."""
+    inst = rig.ec2.run_instances(ImageId=AMI_GOOD, MinCount=1, MaxCount=1, InstanceType="g6.xlarge",
+                                 TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                     {"Key": k, "Value": v} for k, v in tags.items()]}])["Instances"][0]
+    return [CloudResource(provider="aws", kind="instance", id=inst["InstanceId"], run_id=REF.run_id)]
+
+
+def test_console_output_is_the_last_lines_of_ec2s_console(rig: Rig) -> None:
+    compute = rig.compute()
+    assert console_of(compute, REF, []) == ""  # no instance: nothing to read
+    resources = _run_instance(rig, REF.tags)
+    iid = resources[0].id
+    text = console_of(compute, REF, resources)
+    assert text.startswith(f"EC2 console output of {iid} (last lines):\n"), text
+    assert text.endswith("Kernel command line: root=/dev/sda1 ro 4\nEnabling fast FPU save and restore... done.")
+    assert ("ec2", "GetConsoleOutput") in rig.log.calls
+
+
+def test_console_output_is_scrubbed_and_bounded(rig: Rig, injected: list[Any]) -> None:
+    compute = rig.compute()
+    resources = _run_instance(rig, REF.tags)
+    register_secret("run-token-value-0123456789")
+    lines = [f"boot line {i} " + "x" * 200 for i in range(40)]
+    lines += ["\x1b[31mdocker: pull failed\x1b[0m", "curl -H 'Authorization: Bearer run-token-value-0123456789'",
+              "TENSORANT_BOOTSTRAP=eyJydW4iOiAicjEifQ==", "", "\x07last line"]
+    # As EC2 sends it (base64); botocore's after-call handler decodes it for the adapter.
+    sent = {"InstanceId": "i-x", "Output": base64.b64encode("\r\n".join(lines).encode()).decode()}
+    add_injection(injected, inject("ec2", "GetConsoleOutput", response=sent))
+    text = console_of(compute, REF, resources)
+    assert text.endswith("docker: pull failed\ncurl -H 'Authorization: Bearer ***'\nTENSORANT_BOOTSTRAP=***\n"
+                         "last line"), text
+    assert "run-token-value" not in text and "\x1b" not in text and "boot line 29" not in text
+    assert len(text) <= 1600
+
+
+def test_console_output_unavailable_never_raises(rig: Rig, injected: list[Any]) -> None:
+    compute = rig.compute()
+    resources = _run_instance(rig, REF.tags)
+    add_injection(injected, inject("ec2", "GetConsoleOutput", "UnauthorizedOperation", "not allowed", status=403))
+    text = console_of(compute, REF, resources)
+    assert text.startswith("console output unavailable: ") and "ec2:GetConsoleOutput" in text, text
+    # Another deployment's instance (recorded by id, tags differ): its console is never read.
+    foreign = _run_instance(rig, {**REF.tags, "tensorant:deployment": "other"})
+    calls = len(rig.log.calls)
+    assert console_of(compute, REF, foreign).startswith("console output unavailable: refusing to read")
+    assert ("ec2", "GetConsoleOutput") not in rig.log.calls[calls:]
 
 
 def _session(expires_in: timedelta) -> dict[str, object]:

@@ -212,7 +212,8 @@ def offer(size: str = "Standard_NC24ads_A100_v4") -> GpuOffer:
 
 def spec(ref: RunRef = REF, size: str = "Standard_NC24ads_A100_v4") -> LaunchSpec:
     boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:1",
-                     env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-secret-123456"},
+                     env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-secret-123456",
+                          "TENSORANT_API_URL": "https://cp.example.com"},
                      secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
     return LaunchSpec(ref=ref, offer=offer(size), bootstrap=boot)
 

@@ -8,7 +8,10 @@ or held until released), ARM error bodies, 429 with Retry-After. It models what 
 adapter depends on: VM create makes the implicit OS disk (untagged, as Azure does),
 allocation failures leave the VM resource behind in a Failed state, deleteOption is
 honoured, a NIC in use or a disk attached cannot be deleted. Every request is recorded
-so tests can map it to the RBAC action it needs.
+so tests can map it to the RBAC action it needs. Managed boot diagnostics: a VM created with
+diagnosticsProfile.bootDiagnostics.enabled answers POST .../retrieveBootDiagnosticsData with
+SAS URIs that this server serves itself (GET and HEAD, byte ranges, no bearer token, the SAS
+signature checked), with the VM's console text (`set_console`, else a short boot log).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import datetime as dt
 import ipaddress
 import json
 import re
+import secrets
 import socket
 import ssl
 import threading
@@ -157,6 +161,8 @@ class FakeArm:
         self.price_items: list[dict[str, Any]] = []
         self.price_page_size = 3
         self.price_queries: list[str] = []
+        self.sas: dict[str, str] = {}  # SAS signature -> the VM id whose serial log it reads
+        self.blob_reads: list[tuple[str, str]] = []  # (method, Range header) of every serial log read
         self.lock = threading.RLock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -199,6 +205,12 @@ class FakeArm:
         for op_id in list(self.ops):
             self._poll(op_id)
 
+    def set_console(self, vm_id: str, text: str) -> None:
+        """What the VM's serial console log holds (the boot diagnostics blob)."""
+        vm = self.get(vm_id)
+        assert vm is not None, vm_id
+        vm["_console"] = text
+
     def of_type(self, provider_type: str) -> list[dict[str, Any]]:
         marker = f"/providers/{provider_type.lower()}/"
         return [r for k, r in self.resources.items() if marker in k and k.count("/") == 8]
@@ -223,6 +235,8 @@ class FakeArm:
                     return self._token(data if isinstance(data, str) else body.decode())
                 if path.startswith("/api/retail/prices"):
                     return self._prices(query)
+                if path.startswith("/bootdiag/"):
+                    return self._serial_log(method, query, headers)
                 auth = headers.get("Authorization", "")
                 if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
                     raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
@@ -332,7 +346,7 @@ class FakeArm:
         if m and method == "GET":
             return self._list(m.group(1), query, path)
         m = re.match(r"^(.*/providers/microsoft\.compute/virtualmachines/[^/]+)/"
-                     r"(deallocate|start|poweroff|instanceview)$", low)
+                     r"(deallocate|start|poweroff|instanceview|retrievebootdiagnosticsdata)$", low)
         if m:
             return self._vm_action(m.group(1), m.group(2), method)
         rid = path
@@ -443,6 +457,17 @@ class FakeArm:
             raise ArmError(404, "ResourceNotFound", "vm not found")
         if action == "instanceview":
             return 200, {}, self._iv(vm)
+        if action == "retrievebootdiagnosticsdata":
+            if method != "POST":
+                raise ArmError(405, "MethodNotAllowed", "POST only")
+            if not ((vm["properties"].get("diagnosticsProfile") or {}).get("bootDiagnostics") or {}).get("enabled"):
+                raise ArmError(409, "OperationNotAllowed", "Boot diagnostics is not enabled for this virtual machine.")
+            sig = secrets.token_urlsafe(24)
+            self.sas[sig] = vm_id.lower()
+            base = f"{self.url}/bootdiag/{vm['name']}"
+            sas = f"sv=2024-08-04&sr=b&sp=r&se=2099-01-01T00%3A00%3A00Z&sig={sig}"
+            return 200, {}, {"consoleScreenshotBlobUri": f"{base}/screenshot.bmp?{sas}",
+                             "serialConsoleLogBlobUri": f"{base}/serialconsole.log?{sas}"}
         transient, final = {"deallocate": ("deallocating", "deallocated"), "start": ("starting", "running"),
                             "poweroff": ("stopping", "stopped")}[action]
         vm["_state"] = {"power": transient}
@@ -451,6 +476,26 @@ class FakeArm:
             vm["_state"] = {"power": final}
 
         return 202, self._lro(done, "Microsoft.Compute", location=True), None
+
+    def _serial_log(self, method: str, query: dict[str, list[str]], headers: Any) -> tuple[int, dict[str, str], Any]:
+        """A boot diagnostics blob behind its SAS URI: 403 without a signature this server issued."""
+        vm_id = self.sas.get(query.get("sig", [""])[0])
+        if vm_id is None:
+            return 403, {}, {"error": {"code": "AuthenticationFailed", "message": "Signature did not match."}}
+        vm = self.resources.get(vm_id) or {}
+        data = str(vm.get("_console", "[    0.000000] Linux version 6.8.0-azure\ncloud-init: modules:final "
+                                       "finished\n")).encode()
+        wanted = headers.get("Range", "")
+        self.blob_reads.append((method, wanted))
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted)
+        if method == "HEAD" or not m:
+            return 200, {"Content-Type": "text/plain"}, data
+        start, end = int(m.group(1)), int(m.group(2) or len(data) - 1)
+        if start >= len(data):
+            return 416, {}, {"error": {"code": "InvalidRange", "message": "The range specified is invalid."}}
+        part = data[start:end + 1]
+        return 206, {"Content-Type": "text/plain",
+                     "Content-Range": f"bytes {start}-{start + len(part) - 1}/{len(data)}"}, part
 
     def _delete(self, rid: str, kind: str) -> tuple[int, dict[str, str], Any]:
         res = self.get(rid)
@@ -526,17 +571,20 @@ def _handler(fake: FakeArm) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             status, headers, payload = fake.handle(self.command, self.path, self.headers, body)
-            raw = b"" if payload is None else json.dumps(_public(payload)).encode()
+            # bytes: a blob (the boot diagnostics serial log); anything else is ARM JSON
+            raw = payload if isinstance(payload, bytes) else b"" if payload is None else json.dumps(
+                _public(payload)).encode()
             self.send_response(status)
-            if raw:
+            if raw and "Content-Type" not in headers:
                 self.send_header("Content-Type", "application/json")
             for k, v in headers.items():
                 self.send_header(k, v)
             self.send_header("x-ms-request-id", uuid.uuid4().hex)
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
-            self.wfile.write(raw)
+            if self.command != "HEAD":
+                self.wfile.write(raw)
 
-        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _serve
+        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _serve
 
     return Handler

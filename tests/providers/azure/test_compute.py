@@ -90,7 +90,8 @@ def test_bootstrap_that_cannot_render_creates_nothing(fake: FakeArm, compute: An
     for env in ({"NOT A NAME": "x"}, {"TENSORANT_BIG": "x" * (17 * 1024)}):
         bad = spec()
         bad = LaunchSpec(ref=bad.ref, offer=bad.offer,
-                         bootstrap=Bootstrap(container_image="ghcr.io/tensorant/trainer:1", env=env))
+                         bootstrap=Bootstrap(container_image="ghcr.io/tensorant/trainer:1",
+                                             env={**bad.bootstrap.env, **env}))
         with pytest.raises(PermanentError) as info:
             compute.launch(bad)
         assert "custom data" in info.value.reason

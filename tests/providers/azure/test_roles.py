@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,8 @@ def actions_for(method: str, path: str, query: str, body: Any) -> list[tuple[str
     low = path.lower()
     if "/oauth2/" in low or "openid-configuration" in low or low.startswith("/api/retail/prices"):
         return []  # identity and public prices: no ARM authorization
+    if low.startswith("/bootdiag/"):
+        return []  # a boot diagnostics blob read through its SAS URI: the signature is the authorization
     m = re.search(r"/providers/(microsoft\.\w+)/locations/[^/]+/(operations|operationresults|usages)", low)
     if m:
         ns = {"microsoft.compute": "Microsoft.Compute", "microsoft.network": "Microsoft.Network"}[m.group(1)]
@@ -146,6 +149,25 @@ def test_an_unlisted_action_would_fail_the_check() -> None:
                                "virtualMachines/v/powerOff", "", None)
     assert used == [("Microsoft.Compute/virtualMachines/powerOff/action", "training")]
     assert used[0][0].lower() not in role_actions(ROLE_AT["training"])
+
+
+def test_the_serial_log_read_needs_an_action_the_documented_role_lacks(fake: FakeArm) -> None:
+    """console_output (a VM that never reported) is the one read outside the doc's roles: its action is
+    named in infra/azure/README.md as optional, and without it the answer says what is missing."""
+    from shared.providers.azure.compute import BOOT_LOG_ACTION
+    from shared.providers.base import console_of
+
+    compute = make_compute(fake)
+    ref = RunRef("test", "org1", "roles")
+    boot = spec(ref).bootstrap
+    compute.launch(replace(spec(ref), bootstrap=replace(boot, env={**boot.env, "TENSORANT_API_URL": "https://cp"})))
+    fake.requests.clear()
+    assert console_of(compute, ref, []).startswith("Azure boot diagnostics, serial console log")
+    used = {a for m, p, q, b in fake.requests for a, _ in actions_for(m, p, q, b)}
+    assert BOOT_LOG_ACTION in used and BOOT_LOG_ACTION.lower() not in role_actions(ROLE_AT["training"])
+    assert BOOT_LOG_ACTION in (INFRA / "README.md").read_text()
+    fake.fail("POST", r"/retrievebootdiagnosticsdata$", 403, "AuthorizationFailed")
+    assert BOOT_LOG_ACTION in console_of(compute, ref, [])
 
 
 def test_training_role_is_the_documented_template() -> None:

@@ -5,7 +5,9 @@ shared/providers/runpod sends (podFindAndDeployOnDemand with variables; pod, mys
 { pods | id clientBalance | networkVolumes }, podStop, podResume, podTerminate as the runpod package
 formats them; gpuTypes with lowestPrice variables), answers like RunPod does (401 for a
 bad key, GraphQL `errors` otherwise), and records every raw request body so a test can
-check what arrived. Point the code at it with RUNPOD_API_BASE_URL=fake.url.
+check what arrived. Each GPU type's hosts report one CUDA version (its "cuda", else HOST_CUDA);
+an allowedCudaVersions filter (pod create, lowestPrice) matches it exactly, as RunPod does.
+Point the code at it with RUNPOD_API_BASE_URL=fake.url.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ DEFAULT_GPUS: list[dict[str, Any]] = [
 ]
 
 CAPACITY_MESSAGE = "There are no longer any instances available with the requested specifications. Please refresh."
+# The CUDA version a GPU type's hosts report when the GPU does not say ("cuda" in its entry). RunPod
+# matches a pod's allowedCudaVersions (and lowestPrice's) exactly against it, as strings.
+HOST_CUDA = "13.0"
 
 
 class FakeRunPod:
@@ -138,7 +143,7 @@ class FakeRunPod:
                 self._expire(pod_id, count=True)
             return {"data": {"pod": pod}}
         if "gpuTypes" in query:
-            return {"data": {"gpuTypes": self._gpu_types(variables)}}
+            return {"data": {"gpuTypes": self._gpu_types(query, variables)}}
         if "networkVolumes" in query:
             return {"data": {"myself": {"networkVolumes": self.volumes}}}
         if "pods" in query:
@@ -172,6 +177,8 @@ class FakeRunPod:
         dc = inp.get("dataCenterId")
         if dc and dc not in gpu["dcs"]:
             return {"errors": [{"message": CAPACITY_MESSAGE}]}
+        if not _cuda_ok(gpu, inp.get("allowedCudaVersions")):
+            return {"errors": [{"message": CAPACITY_MESSAGE}]}  # no host with an allowed CUDA version
         pod_id = secrets.token_hex(7)
         pod = self._pod(pod_id, inp.get("name", ""), "RUNNING", imageName=inp.get("imageName"),
                         env=inp.get("env", []), input=inp, volumeInGb=inp.get("volumeInGb", 0),
@@ -180,11 +187,14 @@ class FakeRunPod:
             self.pods[pod_id] = pod
         return {"data": {"podFindAndDeployOnDemand": self._public(pod)}}
 
-    def _gpu_types(self, variables: dict[str, Any]) -> list[dict[str, Any]]:
+    def _gpu_types(self, query: str, variables: dict[str, Any]) -> list[dict[str, Any]]:
         dc = variables.get("dc")
+        cuda_var = re.search(r"allowedCudaVersions:\s*\$(\w+)", query)  # lowestPrice's host CUDA filter
+        allowed = variables.get(cuda_var.group(1)) if cuda_var else None
         out = []
         for g in self.gpus:
-            stock = "High" if (dc is None or dc in g["dcs"]) else None
+            in_stock = (dc is None or dc in g["dcs"]) and _cuda_ok(g, allowed)
+            stock = "High" if in_stock else None
             out.append({"id": g["id"], "displayName": g["displayName"], "memoryInGb": g["memoryInGb"],
                         "secureCloud": g["securePrice"] > 0, "communityCloud": g["communityPrice"] > 0,
                         "securePrice": g["securePrice"], "communityPrice": g["communityPrice"],
@@ -224,3 +234,8 @@ class FakeRunPod:
                 self.wfile.write(data)
 
         return Handler
+
+
+def _cuda_ok(gpu: dict[str, Any], allowed: list[str] | None) -> bool:
+    """Whether the GPU's hosts pass an allowedCudaVersions filter (None or empty = no filter)."""
+    return not allowed or gpu.get("cuda", HOST_CUDA) in allowed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.models import CheckStatus
-from shared.providers.base import scope_of
+from shared.providers.base import console_of, scope_of
 from shared.providers.errors import PermanentError
 from tests.providers.runpod.fake_server import FakeRunPod
 from tests.providers.runpod.test_runpod_compute import REF, fake, provider, spec
@@ -26,6 +26,15 @@ def test_describe_reason_has_desired_status_and_last_change(fake: FakeRunPod) ->
     assert f"RunPod pod {pod_id} desiredStatus CREATED" in reason
     assert "last status change: Rented by User: Mon Dec 01 2026 10:00:00 GMT" in reason
     assert "no container running" in reason
+
+
+def test_describe_reason_is_scrubbed_and_bounded_and_there_is_no_console(fake: FakeRunPod) -> None:
+    pod_id = fake.add_pod(REF.name, status="RUNNING")
+    fake.pods[pod_id]["lastStatusChange"] = "Error: pull https://r.example/v2/x?X-Amz-Signature=abc123 " + "y" * 3000
+    reason = provider().describe(REF, []).reason
+    assert f"RunPod pod {pod_id} desiredStatus RUNNING" in reason and "container up 1 s" in reason
+    assert "abc123" not in reason and len(reason) <= 1500
+    assert console_of(provider(), REF, []) == ""  # RunPod keeps no console the API can read
 
 
 def test_balance_check_at_save(fake: FakeRunPod) -> None:
