@@ -30,6 +30,7 @@ MIN_JWT_SECRET_BYTES = 32
 PRODUCTION_USER_TOKEN_MAX_TTL_S = 24 * 3600
 DEV_USER_TOKEN_MAX_TTL_S = 10 * 366 * 86400  # `tensorant dev-token` mints long-lived dev tokens
 AGENT_TOKEN_MAX_TTL_S = 8 * 24 * 3600
+ENVIRONMENTS = ("production", "development", "test")
 
 
 class Settings(BaseModel):
@@ -77,8 +78,22 @@ class Settings(BaseModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: str) -> str:
-        # "Production" must not skip the production checks.
-        return v.strip().lower()
+        # "Production" must not skip the production checks, and a misspelling ("prod", a zero-width
+        # space) must not silently mean development: only the known names are accepted.
+        name = v.strip().lower()
+        if name not in ENVIRONMENTS:
+            raise ValueError(f"TENSORANT_ENV must be one of {', '.join(ENVIRONMENTS)}, not {v!r}")
+        return name
+
+    @field_validator("jwt_secret", "encryption_key", "storage_connection")
+    @classmethod
+    def _resolved(cls, v: str) -> str:
+        # App Service leaves a Key Vault reference as is when it cannot resolve it (no access, a
+        # wrong name): used as a secret, the reference text itself would become the key.
+        if v.strip().startswith("@Microsoft.KeyVault("):
+            raise ValueError("a Key Vault reference was not resolved (the app's identity cannot read the secret, "
+                             "or the reference is wrong): fix it in the app settings")
+        return v
 
     @property
     def is_production(self) -> bool:

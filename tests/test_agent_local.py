@@ -788,3 +788,35 @@ def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeA
             agent.trainer_popen_kwargs(dataset, output)
     finally:
         agent.logs_file.close()
+
+
+def test_a_secret_straddling_the_line_cut_is_redacted_whole(tmp_path: Path, api: FakeAgentApi) -> None:
+    from shared.agent.main import MAX_LINE_CHARS
+
+    agent = in_process_agent(tmp_path, api, "run-cut", SMOKE)
+    try:
+        secret = agent.config.token  # registered by the agent as a secret
+        line = "x" * (MAX_LINE_CHARS - 10) + secret
+        agent._record(line)
+        [kept] = agent.pending
+        assert secret[:10] not in kept and len(kept) <= MAX_LINE_CHARS
+    finally:
+        agent.logs_file.close()
+
+
+def test_export_opens_only_regular_files_never_links(tmp_path: Path) -> None:
+    from shared.agent.main import open_regular
+
+    secret = tmp_path / "agent-state.json"
+    secret.write_text('{"token": "run-token"}')
+    out = tmp_path / "adapter"
+    out.mkdir()
+    (out / "weights.bin").write_bytes(b"w")
+    (out / "link").symlink_to(secret)
+    os.link(secret, out / "hard")
+    os.mkfifo(out / "fifo")
+    regular = open_regular(out / "weights.bin")
+    assert regular is not None and regular.read() == b"w"
+    regular.close()
+    for name in ("link", "hard", "fifo", "missing"):
+        assert open_regular(out / name) is None, name

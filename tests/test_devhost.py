@@ -444,3 +444,23 @@ def test_http_worker_processes_share_one_socket_and_stop_with_the_host(root: Pat
     for pid in children:  # reaped: no process, no zombie
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# ---------------------------------------------------------------- CORS of `make run`
+
+
+def test_make_run_allows_only_its_own_local_origins(root: Path) -> None:
+    from tensorant_devhost.run import RunError, cors_origins
+
+    allowed = cors_origins(None, 7071)
+    assert allowed == "http://localhost:7071,http://127.0.0.1:7071"
+    assert cors_origins("https://app.example.com", 7071) == "https://app.example.com"
+    with pytest.raises(RunError, match="any web page"):
+        cors_origins("http://localhost:3000, *", 7071)
+    with Host(SPEC, root=root, port=0, queues=False, timers=False, cors=allowed) as host:
+        evil = requests.options(f"{host.url}/api/items/1", timeout=5, headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "authorization"})
+        assert "Access-Control-Allow-Origin" not in evil.headers  # the browser refuses the page's request
+        own = requests.get(f"{host.url}/api/items/1", headers={"Origin": "http://localhost:7071"}, timeout=5)
+        assert own.headers["Access-Control-Allow-Origin"] == "http://localhost:7071"

@@ -134,3 +134,18 @@ def test_production_accepts_strong_settings(monkeypatch: pytest.MonkeyPatch) -> 
     s = load_settings()
     assert s.env == "production" and s.is_production
     assert s.user_token_max_ttl == 24 * 3600
+
+
+@pytest.mark.parametrize("name", ["prod", "production\u200b", "staging", "dev"])
+def test_an_unknown_environment_name_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # Not silently "development" (which skips every production check).
+    monkeypatch.setenv("TENSORANT_ENV", name)
+    with pytest.raises(ValueError, match="TENSORANT_ENV must be one of production, development, test"):
+        load_settings()
+
+
+@pytest.mark.parametrize("var", ["TENSORANT_JWT_SECRET", "TENSORANT_ENCRYPTION_KEY", "AzureWebJobsStorage"])
+def test_an_unresolved_key_vault_reference_is_refused_as_a_secret(monkeypatch: pytest.MonkeyPatch, var: str) -> None:
+    monkeypatch.setenv(var, "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/jwt/)")
+    with pytest.raises(ValueError, match="Key Vault reference was not resolved"):
+        load_settings()

@@ -60,6 +60,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -437,7 +438,8 @@ class Agent:
         self._record(line)
 
     def _record(self, line: str) -> None:
-        line = redact_text(line[:MAX_LINE_CHARS])
+        # Redacted before the cut: a secret straddling the cut would otherwise keep its prefix.
+        line = redact_text(line)[:MAX_LINE_CHARS]
         with self.lock:
             self.pending.append(line)
             if len(self.pending) > MAX_PENDING_LINES:
@@ -728,8 +730,14 @@ class Agent:
                 for path in sorted(output.rglob("*")):
                     if path.is_symlink() or not path.is_file():
                         continue  # links and special files never go into the archive
-                    compress = zipfile.ZIP_STORED if path.suffix == ".safetensors" else zipfile.ZIP_DEFLATED
-                    zf.write(path, path.relative_to(output).as_posix(), compress_type=compress)
+                    src = open_regular(path)
+                    if src is None:
+                        continue  # swapped for a link or a special file since the check: skipped too
+                    info = zipfile.ZipInfo(path.relative_to(output).as_posix(),
+                                           time.localtime(os.fstat(src.fileno()).st_mtime)[:6])
+                    info.compress_type = zipfile.ZIP_STORED if path.suffix == ".safetensors" else zipfile.ZIP_DEFLATED
+                    with src, zf.open(info, "w", force_zip64=True) as dst:
+                        shutil.copyfileobj(src, dst, 1024 * 1024)
             tmp.replace(final)
         except OSError as exc:
             raise Failed(f"could not write adapter.zip: {describe_error(exc)}", output_exists=True) from exc
@@ -802,6 +810,22 @@ def _signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def open_regular(path: Path) -> BinaryIO | None:
+    """The file opened for reading only if it is a regular file and not a link, checked on the open
+    descriptor: the trainer (another user, the customer's code) owns the output directory and could
+    swap a checked file for a link (symbolic or hard) to the agent's state file, which holds the run
+    token, or for a FIFO that would block the export."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a hard link could name the state file too
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
 
 
 def file_sha256(path: Path) -> str:

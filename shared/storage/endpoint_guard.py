@@ -56,10 +56,18 @@ def _unwrap(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4
     return ip
 
 
+# Public by the registry, but not a tenant's S3 endpoint: Azure's WireServer (168.63.129.16, the
+# host's agent channel, reachable from every Azure VM and the Functions host) and IPv6 site-local
+# fec0::/10 (deprecated, still routed inside some private networks).
+_REFUSED = (ipaddress.ip_network("168.63.129.16/32"), ipaddress.ip_network("fec0::/10"))
+
+
 def is_public(address: str) -> bool:
     try:
         ip = _unwrap(ipaddress.ip_address(address.split("%", 1)[0]))
     except ValueError:
+        return False
+    if any(ip in net for net in _REFUSED if net.version == ip.version):
         return False
     return not (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
                 or ip.is_unspecified or not ip.is_global)

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RunError(f"FUNCTIONS_WORKER_PROCESS_COUNT is {raw!r}: set a whole number from 1 to 10")
         workers = int(raw)
         try:
-            host = Host(args.app, root=root, port=port, cors=host_section.get("CORS") or "*",
+            host = Host(args.app, root=root, port=port, cors=cors_origins(host_section.get("CORS"), port),
                         http_workers=workers).start()
         except (ImportError, AttributeError, ValueError) as exc:
             raise RunError(f"cannot load the function app {args.app!r}: {type(exc).__name__}: {exc}") from exc
@@ -230,6 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         if azurite is not None:
             print("Stopping Azurite (it saves its data; up to 8 s)...", flush=True)
             stop_process(azurite)
+
+
+def cors_origins(configured: str | None, port: int) -> str:
+    """The browser origins allowed to call this host: the local ones of its own docs page unless
+    local.settings.json's Host.CORS lists others. Never "*": the development JWT secret is public,
+    so any web page a developer visits could otherwise mint a token and drive their control plane."""
+    origins = [o.strip() for o in (configured or "").split(",") if o.strip()]
+    if "*" in origins:
+        raise RunError('local.settings.json sets Host.CORS to "*": any web page could then use this control '
+                       "plane (the development token secret is public); list the origins instead, e.g. "
+                       f"http://localhost:{port}")
+    return ",".join(origins or [f"http://localhost:{port}", f"http://127.0.0.1:{port}"])
 
 
 def _banner(host: object, port: int) -> None:
