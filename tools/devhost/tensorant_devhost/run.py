@@ -193,14 +193,21 @@ def main(argv: list[str] | None = None) -> int:
         reset_settings()
         try:
             production = get_settings().is_production
-        except ValueError:  # production settings that fail their checks
-            production = True
+        except ValueError as exc:
+            if os.environ.get("TENSORANT_ENV", "").strip().lower() != "production":
+                raise RunError(f"the app settings are not valid: {exc}") from exc
+            production = True  # production settings that fail their checks
         if production:
             raise RunError("the dev host is for development only and refuses TENSORANT_ENV=production; "
                            "deploy the function app to Azure Functions instead")
 
         from shared import queues
+        from shared.providers.local.compute import protect_host
         from tensorant_devhost.host import Host, notify
+
+        # Before the HTTP workers are forked (they inherit it): the local provider's agents and
+        # trainers run as this user and must not read this host's environment (the JWT secret).
+        protect_host()
 
         # Wake our pollers at once for in-process sends (the real host's SharedQueueWatcher
         # does this for output bindings).
