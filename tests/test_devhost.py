@@ -464,3 +464,30 @@ def test_make_run_allows_only_its_own_local_origins(root: Path) -> None:
         assert "Access-Control-Allow-Origin" not in evil.headers  # the browser refuses the page's request
         own = requests.get(f"{host.url}/api/items/1", headers={"Origin": "http://localhost:7071"}, timeout=5)
         assert own.headers["Access-Control-Allow-Origin"] == "http://localhost:7071"
+
+
+def test_a_request_to_no_route_is_answered_without_reading_its_body(root: Path) -> None:
+    import io
+
+    from tensorant_devhost.host import _wsgi
+
+    class Unread(io.RawIOBase):
+        def read(self, n: int = -1) -> bytes:
+            raise AssertionError("the body of a request no function serves was read")
+
+    host = Host(SPEC, root=root, port=0, queues=False, timers=False)
+    answered: list[str] = []
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/no/such/route", "CONTENT_LENGTH": str(300 * 2**20),
+               "CONTENT_TYPE": "application/octet-stream", "wsgi.input": Unread()}
+    _wsgi(host, environ, lambda status, headers: answered.append(status))
+    assert answered and answered[0].startswith("404")
+
+
+def test_a_chunked_request_reaches_the_function_without_a_content_length() -> None:
+    from tensorant_devhost.host import _request_headers
+
+    # waitress de-chunks and sets CONTENT_LENGTH; the function must still see no length (its 411 rule).
+    headers = _request_headers({"HTTP_TRANSFER_ENCODING": "chunked", "CONTENT_LENGTH": "5",
+                                "CONTENT_TYPE": "application/zip"})
+    assert "Content-Length" not in headers and headers["Transfer-Encoding"] == "chunked"
+    assert _request_headers({"CONTENT_LENGTH": "5"})["Content-Length"] == "5"

@@ -573,9 +573,11 @@ class Host:
     # ------------------------------------------------------------------ http
 
     def handle_http(
-        self, method: str, raw_path: str, headers: dict[str, str], body: bytes
+        self, method: str, raw_path: str, headers: dict[str, str], body: bytes | Callable[[], bytes]
     ) -> tuple[int, dict[str, str], bytes]:
-        """Route one request to its function; return (status, headers, body)."""
+        """Route one request to its function; return (status, headers, body). `body` may be a reader,
+        called only once a function serves the request: a request to no route (or a refused method)
+        is answered without reading what it sent."""
         split = urlsplit(raw_path)
         prefix = "/" + self.config.route_prefix if self.config.route_prefix else ""
         path = split.path
@@ -589,7 +591,7 @@ class Host:
                 continue
             matched.append(f)
             if method in f.methods:
-                return self._call_http(f, method, split, headers, body, params)
+                return self._call_http(f, method, split, headers, body() if callable(body) else body, params)
         if matched:
             allowed = sorted(set().union(*(f.methods for f in matched)))
             status, hdrs, out = _problem(405, "Method Not Allowed", f"{method} is not allowed on {path}")
@@ -708,7 +710,10 @@ def _wsgi(host: Host, environ: dict[str, Any], start_response: Callable[..., Any
     raw_path = str(environ.get("REQUEST_URI") or environ.get("PATH_INFO") or "/")
     headers = _request_headers(environ)
     length = int(environ.get("CONTENT_LENGTH") or 0)  # waitress validated it (and de-chunked the body)
-    body = environ["wsgi.input"].read(length) if length else b""
+
+    def body() -> bytes:  # read only once a function serves the request
+        return environ["wsgi.input"].read(length) if length else b""
+
     if method == "OPTIONS" and host.cors and "Access-Control-Request-Method" in headers:
         status, out, data = 204, dict[str, str](), b""
     else:
@@ -749,4 +754,8 @@ def _request_headers(environ: dict[str, Any]) -> dict[str, str]:
     for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length")):
         if environ.get(key):
             out[name] = str(environ[key])
+    if "chunked" in out.get("Transfer-Encoding", "").lower():
+        # waitress de-chunks and counts the body; the function must see the request as the client sent
+        # it, without a length (a rule that asks for Content-Length before reading must see it missing).
+        out.pop("Content-Length", None)
     return out
