@@ -6,6 +6,7 @@ Handlers stay thin: `respond(lambda: service_call(principal(req), parse(req, Mod
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -142,7 +143,25 @@ def json_body(req: Any) -> Any:
         raise InvalidInput.field("body", f"the body is not valid JSON ({exc}); send a JSON object") from exc
     if json_depth(data) > MAX_JSON_DEPTH:
         raise _too_deep()
+    if _SURROGATE_ESCAPE.search(raw):
+        data = _without_lone_surrogates(data)
     return data
+
+
+# JSON may escape a lone UTF-16 surrogate ("\ud800"): such a string cannot be encoded as UTF-8, so
+# storing or answering it fails. Escaped pairs are joined by the parser; what is left alone is
+# replaced with U+FFFD, as a UTF-8 decoder does with invalid bytes (a log line keeps the rest).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def parse(req: Any, model: type[M]) -> M:

@@ -393,9 +393,11 @@ class RunRecover(Model):
 
 
 class Heartbeat(Model):
-    phase: Literal["provisioning", "preparing", "training", "exporting"]
-    progress: float = Field(default=0.0, ge=0.0, le=1.0)
-    logs: list[str] = Field(default_factory=list, max_length=500)
+    phase: Literal["provisioning", "preparing", "training", "exporting"] = Field(description=(
+        "the phase the agent is in; a phase behind the run's (a late or repeated heartbeat) does not move it back"))
+    # Strict: "0.5" or true is a broken agent, refused with 422 rather than read as a number.
+    progress: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
+    logs: list[Annotated[str, Field(strict=True)]] = Field(default_factory=list, max_length=500)
 
 
 class AgentComplete(Model):
