@@ -410,6 +410,8 @@ class AgentComplete(Model):
     # directory, an adapter.zip). None (an agent that does not say) = maybe: the run is retained.
     output_exists: bool | None = None
     last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
+    # status failed: what failed, when the agent knows (the run's reason names it); absent = the trainer.
+    stage: Literal["dataset", "training", "export", "upload"] | None = None
 
 
 class BootFailure(Model):

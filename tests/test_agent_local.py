@@ -820,3 +820,12 @@ def test_export_opens_only_regular_files_never_links(tmp_path: Path) -> None:
     regular.close()
     for name in ("link", "hard", "fifo", "missing"):
         assert open_regular(out / name) is None, name
+
+
+def test_a_failed_adapter_upload_is_reported_as_such(tmp_path: Path, api: FakeAgentApi) -> None:
+    # The storage refuses the adapter's key (outside the volume): the trainer succeeded, the upload did not.
+    running = Running(in_process_agent(tmp_path, api, "run-up", SMOKE, adapter_key="../../outside/adapter.zip"))
+    done = api.wait_complete("run-up")
+    assert done["status"] == "failed" and done["stage"] == "upload" and done["output_exists"] is True, done
+    assert done["reason"].startswith("could not upload adapter.zip")
+    assert running.stop() == 0

@@ -252,3 +252,12 @@ def test_an_adapter_replaced_after_verification_is_refused(h: Harness, cloud: Cl
     h.agent(run_id).upload(smoke_adapter_zip(rows=99))
     with pytest.raises(Conflict, match=hashlib.sha256(data).hexdigest()):
         adapter_for_use(run)
+
+
+def test_a_failed_upload_says_so_not_training_failed(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    _complete(h, run_id, reason="could not upload adapter.zip: HTTP 403 Forbidden", exit_code=None,
+              output_exists=True, stage="upload")
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and run["reason"].startswith("the adapter upload failed: could not upload"), run

@@ -388,11 +388,13 @@ class UrlStorage:
 
 
 class Failed(Exception):
-    def __init__(self, reason: str, exit_code: int | None = None, *, output_exists: bool | None = None) -> None:
+    def __init__(self, reason: str, exit_code: int | None = None, *, output_exists: bool | None = None,
+                 stage: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.exit_code = exit_code
         self.output_exists = output_exists  # None: look at the output directory
+        self.stage = stage  # what failed, for the run's reason: dataset, training, export, upload
 
 
 class Agent:
@@ -567,7 +569,8 @@ class Agent:
             self.upload_logs()
             exists = self.output_exists() if exc.output_exists is None else exc.output_exists
             self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code,
-                           "output_exists": exists, "last_lines": [line[:500] for line in self.tail]})
+                           "output_exists": exists, "last_lines": [line[:500] for line in self.tail],
+                           **({"stage": exc.stage} if exc.stage else {})})
         return self.idle()
 
     def _stopped(self) -> int:
@@ -601,7 +604,8 @@ class Agent:
         try:
             storage.fetch(source, dest)
         except Exception as exc:
-            raise Failed(f"could not download the dataset: {describe_error(exc)}", output_exists=False) from exc
+            raise Failed(f"could not download the dataset: {describe_error(exc)}", output_exists=False,
+                         stage="dataset") from exc
         self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
         return dest
 
@@ -740,7 +744,8 @@ class Agent:
                         shutil.copyfileobj(src, dst, 1024 * 1024)
             tmp.replace(final)
         except OSError as exc:
-            raise Failed(f"could not write adapter.zip: {describe_error(exc)}", output_exists=True) from exc
+            raise Failed(f"could not write adapter.zip: {describe_error(exc)}", output_exists=True,
+                         stage="export") from exc
         sha256, size = file_sha256(final), final.stat().st_size
         storage = self.storage()
         target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
@@ -748,7 +753,7 @@ class Agent:
             storage.upload(target, final)
         except Exception as exc:
             raise Failed(f"could not upload adapter.zip: {describe_error(exc)}; it is kept on the machine at "
-                         f"{final}", output_exists=True) from exc
+                         f"{final}", output_exists=True, stage="upload") from exc
         self.log(f"adapter uploaded ({size} bytes, sha256 {sha256})")
         return sha256, size
 

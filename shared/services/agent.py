@@ -113,7 +113,17 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
     return reply
 
 
+# What failed, when the agent says (older agents do not): the run's reason starts with it.
+_STAGE_HEADS = {
+    "dataset": "the dataset download failed",
+    "export": "writing adapter.zip failed",
+    "upload": "the adapter upload failed",
+}
+
+
 def _failure_reason(body: AgentComplete) -> str:
+    if body.stage in _STAGE_HEADS:
+        return f"{_STAGE_HEADS[body.stage]}: {body.reason or 'no reason given'}"
     if body.exit_code == 0:
         # Not "training failed (exit code 0)": the trainer said it succeeded but left no adapter.
         head = "the trainer exited with code 0 but wrote no adapter"
