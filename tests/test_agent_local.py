@@ -829,3 +829,18 @@ def test_a_failed_adapter_upload_is_reported_as_such(tmp_path: Path, api: FakeAg
     assert done["status"] == "failed" and done["stage"] == "upload" and done["output_exists"] is True, done
     assert done["reason"].startswith("could not upload adapter.zip")
     assert running.stop() == 0
+
+
+def test_a_dataset_that_changed_after_validation_is_refused(tmp_path: Path, api: FakeAgentApi) -> None:
+    import hashlib
+
+    data = b'{"text": "a"}\n{"text": "b"}\n'  # what in_process_agent stores
+    good = Running(in_process_agent(tmp_path / "good", api, "run-ds-ok", SMOKE,
+                                    dataset_sha256=hashlib.sha256(data).hexdigest()))
+    assert api.wait_complete("run-ds-ok")["status"] == "ok"
+    assert good.stop() == 0
+    bad = Running(in_process_agent(tmp_path / "bad", api, "run-ds-bad", SMOKE, dataset_sha256="0" * 64))
+    done = api.wait_complete("run-ds-bad")
+    assert done["status"] == "failed" and done["stage"] == "dataset" and done["output_exists"] is False, done
+    assert "not the validated one" in done["reason"]
+    assert bad.stop() == 0

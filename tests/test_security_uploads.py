@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from shared import http
+from shared.store import get_store
 from tests.harness import Harness
 from tests.storage.moto_s3 import start_moto
 
@@ -176,12 +177,15 @@ def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, st
         rec = h.ok("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])
         assert rec["id"] == grant["dataset_id"] and rec["rows"] == data.count(b"\n")
         assert rec["sha256"] == hashlib.sha256(data).hexdigest() and rec["size_bytes"] == len(data)
+        stored = get_store().get_dataset(h.org, rec["id"]).storage_key
         keys = [o["Key"] for o in boto3.client(
             "s3", endpoint_url=moto_bucket, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
             aws_secret_access_key="x" * 40).list_objects_v2(Bucket="tensorant-data").get("Contents", [])]
-        assert f"org-a/datasets/{project}/{rec['id']}.jsonl" in keys
+        # The commit's own key (issue 18.4: a later commit of the same dataset cannot write over it).
+        assert [k for k in keys if k.startswith(f"org-a/datasets/{project}/{rec['id']}.")] == [f"org-a/{stored}"]
         assert not [k for k in keys if k.startswith("org-a/uploads/")]  # the staged object is gone
-        # The URL wrote only the staging key: using it again cannot change the committed dataset.
+        # The URL wrote only the staging key: using it again cannot change the committed dataset
+        # (tests/test_security_datasets.py checks the object and the 409's words).
         assert requests.put(grant["url"], data=b'{"text": "swapped"}\n', timeout=60).status_code == 200
         status, _, _ = h.call("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])
         assert status == 409  # committed already

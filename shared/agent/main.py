@@ -36,7 +36,8 @@ TENSORANT_BASE_MODEL, TENSORANT_DATA_DIR (/workspace/data), TENSORANT_TRAINER_CO
 (default: the smoke trainer, `python -m shared.trainer.smoke`), TENSORANT_HEARTBEAT_INTERVAL_S
 (30), and storage access: either TENSORANT_STORAGE_DIR with TENSORANT_DATASET_KEY /
 TENSORANT_ADAPTER_KEY / TENSORANT_LOGS_KEY, or presigned TENSORANT_DATASET_URL (GET),
-TENSORANT_ADAPTER_UPLOAD_URL (PUT) and TENSORANT_LOGS_UPLOAD_URL (PUT).
+TENSORANT_ADAPTER_UPLOAD_URL (PUT) and TENSORANT_LOGS_UPLOAD_URL (PUT); TENSORANT_DATASET_SHA256,
+when set, is the dataset's validated sha256: a download that differs fails the run.
 On cloud machines all of it may come as one TENSORANT_BOOTSTRAP = base64(JSON object of
 strings), decoded at start and laid over the environment (its values win).
 
@@ -147,6 +148,7 @@ class AgentConfig:
     logs_upload_url: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
+    dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
     hf_token: str = ""  # for gated base models; a secret
     complete_retry_s: float = 1800.0  # how long to keep trying to report completion
     heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
@@ -173,6 +175,7 @@ class AgentConfig:
             logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
             training=env.get("TENSORANT_TRAINING", ""),
+            dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
             hf_token=env.get("HF_TOKEN", ""),
             complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
         )
@@ -606,6 +609,12 @@ class Agent:
         except Exception as exc:
             raise Failed(f"could not download the dataset: {describe_error(exc)}", output_exists=False,
                          stage="dataset") from exc
+        if self.config.dataset_sha256:
+            got = file_sha256(dest)
+            if got != self.config.dataset_sha256:
+                raise Failed(f"the downloaded dataset is not the validated one (sha256 {got}, validated "
+                             f"{self.config.dataset_sha256}): it changed in storage; upload a new version",
+                             output_exists=False, stage="dataset")
         self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
         return dest
 

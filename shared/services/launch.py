@@ -23,6 +23,7 @@ from shared.runs.steps import Step
 from shared.security import mint_agent_token
 from shared.services import org_secrets
 from shared.services.backends import compute_for, ref_of, storage_for
+from shared.services.projects import check_stored_dataset
 from shared.services.run_events import event
 from shared.services.transitions import fail_to_release, move
 from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
@@ -47,6 +48,8 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     token = mint_agent_token(run.org, run.id, ttl_s=min(settings.provisioning_timeout_s + settings.agent_token_ttl_s,
                                                         AGENT_TOKEN_MAX_TTL_S))
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
+    # The object must still be the one validated (issue 18): refused with its reason if it changed.
+    check_stored_dataset(run.org, dataset)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S
     storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl)
@@ -56,6 +59,8 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         "TENSORANT_RUN_TOKEN": token,
         "TENSORANT_BASE_MODEL": run.base_model,
         # The resolved settings (trial bounds applied); the agent hands them to the trainer.
+        # The agent hashes what it downloads: an object replaced after this check is refused there too.
+        "TENSORANT_DATASET_SHA256": dataset.sha256,
         "TENSORANT_TRAINING": json.dumps(run.training.model_dump(mode="json"), sort_keys=True,
                                          separators=(",", ":")),
         **storage_env,

@@ -12,12 +12,13 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import now
-from shared.errors import Conflict, InvalidInput
+from shared.errors import Conflict, InvalidInput, NotFound
 from shared.http import MAX_UPLOAD_BYTES
 from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
+from shared.providers.errors import PermanentError
 from shared.security import Principal, require
 from shared.services.backends import storage_for
-from shared.storage.base import STREAM_CHUNK, ObjectMissing, dataset_key, upload_key
+from shared.storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key
 from shared.store import get_store
 
 # Through the API a dataset is at most shared.http.MAX_UPLOAD_BYTES (90 MiB, under the Functions
@@ -180,8 +181,17 @@ def _record(principal: Principal, project_id: str, dataset_id: str, key: str, ch
     rec = DatasetVersionRecord(org=principal.org, project_id=project_id, id=dataset_id, rows=checked.rows,
                                sha256=checked.sha.hexdigest(), size_bytes=checked.size, storage_key=key,
                                created_at=now())
-    get_store().create_dataset(rec)  # after the object: a crash leaves an unused object, not a dangling record
+    try:
+        get_store().create_dataset(rec)  # after the object: a crash leaves an unused object, not a dangling record
+    except Conflict as exc:
+        # Another commit of this dataset won. The store's text names its table: say what happened instead.
+        raise _already_committed(dataset_id) from exc
     return rec
+
+
+def _already_committed(dataset_id: str) -> Conflict:
+    return Conflict(f"dataset version {dataset_id} is already committed and cannot change; to add other data, ask "
+                    "for a new upload URL (a new dataset version)")
 
 
 def upload_dataset(principal: Principal, project_id: str, data: bytes) -> DatasetVersionRecord:
@@ -211,7 +221,12 @@ def dataset_upload_url(principal: Principal, project_id: str) -> dict[str, Any]:
 
 
 def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetVersionRecord:
-    """Validate a direct upload by streaming it from storage into the dataset's own key."""
+    """Validate a direct upload by streaming it from its staging key into a key of this commit's own.
+
+    A committed dataset never changes: a commit of a dataset that has a record is refused before it
+    reads the upload or writes any dataset object, and a commit never writes an existing object
+    (committed_dataset_key is new per attempt), so neither a second PUT through the upload URL nor a
+    concurrent commit can overwrite or delete the object a record names."""
     require(principal, Role.owner, Role.member)
     store = get_store()
     store.get_project(principal.org, project_id)
@@ -220,26 +235,77 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
         raise InvalidInput.field("dataset_id", "send the dataset_id that upload-url returned")
     staged = upload_key(project_id, dataset_id)
     storage = storage_for(principal.org)
+    if _dataset_exists(principal.org, dataset_id):
+        # What the URL wrote after the commit is read by nobody: remove it rather than keep it.
+        storage.delete(staged)
+        raise _already_committed(dataset_id)
     try:
         source = storage.open_stream(staged, MAX_DATASET_BYTES)
     except ObjectMissing as exc:
-        raise Conflict(f"nothing was uploaded for dataset {dataset_id}: PUT the file to the upload URL first "
-                       "(or it was committed already)") from exc
+        raise Conflict(f"nothing was uploaded for dataset {dataset_id}: PUT the file to the upload URL first") from exc
     except ValueError as exc:
         storage.delete(staged)
         raise InvalidInput.field("body", f"the dataset is over {MAX_DATASET_BYTES // 2**20} MiB; split it") from exc
-    key = dataset_key(project_id, dataset_id)
+    key = committed_dataset_key(project_id, dataset_id, secrets.token_hex(6))
     try:
         with source:
             checked = _store_checked(principal.org, key, source, MAX_DATASET_BYTES)
     except InvalidInput:
         storage.delete(staged)
         raise
-    rec = _record(principal, project_id, dataset_id, key, checked)
+    try:
+        rec = _record(principal, project_id, dataset_id, key, checked)
+    except Conflict:
+        # A concurrent commit won: remove this attempt's own copy (no record names it) and the staged
+        # object (the dataset is committed, so nothing reads it again).
+        storage.delete(key)
+        storage.delete(staged)
+        raise
     storage.delete(staged)
     return rec
+
+
+def _dataset_exists(org: str, dataset_id: str) -> bool:
+    try:
+        get_store().get_dataset(org, dataset_id)
+    except NotFound:
+        return False
+    return True
 
 
 def list_datasets(principal: Principal, project_id: str) -> dict[str, Any]:
     get_store().get_project(principal.org, project_id)
     return {"items": get_store().list_datasets(principal.org, project_id)}
+
+
+def check_stored_dataset(org: str, dataset: DatasetVersionRecord) -> None:
+    """Before a run gets a dataset: hash the object as stored and compare it with the sha256 recorded
+    when it was validated; PermanentError (the launch step ends the run with this reason) if it changed.
+
+    Streamed and hashed here rather than read from object metadata: S3 keeps no full-object sha256 of
+    a multipart upload, RunPod's S3 API and a directory keep none at all, and a hash of the bytes is
+    the only proof covering records made before this check. It reads at most MAX_DATASET_BYTES once per
+    launch attempt, in STREAM_CHUNK pieces (seconds, against minutes to start a GPU machine). The
+    machine downloads the dataset after this check, so an object replaced in between is caught only
+    by the agent hashing what it downloaded (not done yet)."""
+    def changed(now_is: str) -> PermanentError:
+        return PermanentError(f"dataset version {dataset.id} changed in storage after it was validated ({now_is}, "
+                              f"validated sha256 {dataset.sha256[:12]}...); the run does not train on it: upload the "
+                              "dataset again as a new version and create a run with that version")
+
+    try:
+        source = storage_for(org).open_stream(dataset.storage_key, MAX_DATASET_BYTES)
+    except ObjectMissing as exc:
+        raise PermanentError(f"dataset version {dataset.id} is missing from storage; upload the dataset again as a "
+                             "new version and create a run with that version") from exc
+    except ValueError as exc:
+        raise changed(f"now over {MAX_DATASET_BYTES // 2**20} MiB") from exc
+    sha = hashlib.sha256()
+    try:
+        with source:
+            while chunk := source.read(STREAM_CHUNK):
+                sha.update(chunk)
+    except ValueError as exc:  # it grew past the limit while it was read
+        raise changed(f"now over {MAX_DATASET_BYTES // 2**20} MiB") from exc
+    if sha.hexdigest() != dataset.sha256:
+        raise changed(f"sha256 now {sha.hexdigest()[:12]}...")

@@ -1,7 +1,9 @@
 """The storage backend Protocol (local directory, custom S3, RunPod network volume).
 
 Layout inside the backend (under an optional prefix):
-  datasets/<PROJECT_ID>/<DATASET_VERSION_ID>.jsonl
+  datasets/<PROJECT_ID>/<DATASET_VERSION_ID>.jsonl           a dataset sent through the API
+  datasets/<PROJECT_ID>/<DATASET_VERSION_ID>.<COMMIT>.jsonl  a direct upload, as its commit validated it
+  uploads/<PROJECT_ID>/<DATASET_VERSION_ID>.jsonl            a direct upload before its commit (upload_key)
   runs/<RUN_ID>/adapter.zip      the verified adapter GET /api/runs/{id}/adapter serves
   runs/<RUN_ID>/logs.txt
   data/<RUN_ID>/...              RunPod network volume only: the pod's working directory (see scratch_key)
@@ -40,8 +42,17 @@ def scratch_key(run_id: str) -> str:
 
 def upload_key(project_id: str, dataset_id: str) -> str:
     """Where a direct (presigned) dataset upload lands before its commit validates and copies it:
-    never the dataset's own key, so the URL cannot change a dataset after it was validated."""
+    never the dataset's own key, so the URL cannot change a dataset after it was validated. One
+    dataset id (so one key) per upload URL; once the dataset is committed nothing reads this key
+    again, so a PUT through the URL after the commit writes an object nobody uses."""
     return f"uploads/{project_id}/{dataset_id}.jsonl"
+
+
+def committed_dataset_key(project_id: str, dataset_id: str, commit_id: str) -> str:
+    """Where one commit of a direct upload writes the validated copy: a key of its own (commit_id is
+    new per attempt), so a second or concurrent commit of the same dataset writes beside the
+    committed object, never over it; the dataset record names the key of the commit that won."""
+    return f"datasets/{project_id}/{dataset_id}.{commit_id}.jsonl"
 
 
 STREAM_CHUNK = 1024 * 1024
