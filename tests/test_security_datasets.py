@@ -201,3 +201,23 @@ def test_an_import_error_is_named_without_its_file() -> None:
              "ImportError: cannot import name 'x' from 'shared.agent' (/srv/app/shared/agent/__init__.py)\n")
     assert import_error(trace) == "ImportError"
     assert import_error("") == "it failed"
+
+
+def test_the_storage_location_conflict_names_no_host_path(env: dict[str, str], moto_bucket: str,
+                                                          tmp_path: Path) -> None:
+    from tests.harness import ApiError
+
+    harness = Harness()
+    try:
+        harness.save_storage({"kind": "local"})
+        harness.project_and_dataset()
+        with pytest.raises(ApiError) as err:
+            harness.ok("PUT", "/api/connections/storage", json_body={
+                "kind": "s3", "endpoint": moto_bucket, "region": "us-east-1", "bucket": "tensorant-data",
+                "access_key_id": "AKIATESTKEY00001", "secret_access_key": "s3cr3t-Access-Key-For-Tests-0123456789ab"})
+        text = json.dumps(err.value.body)
+        assert err.value.status == 409 and "local storage directory" in text, text
+        for path in _host_paths(tmp_path):
+            assert path not in text, path
+    finally:
+        harness.close()

@@ -112,11 +112,16 @@ def save_storage(principal: Principal, body: Any) -> ConnectionView:
     location = make_storage(config, get_settings(), principal.org).location()
     if got and got[0].location != location and get_store().list_projects(principal.org):
         raise Conflict(
-            f"storage location cannot change once the organization has projects (saved: {got[0].location}, "
-            f"new: {location}); rotating credentials for the same location is allowed; moving existing data "
+            f"storage location cannot change once the organization has projects (saved: {_shown(got[0].location)}, "
+            f"new: {_shown(location)}); rotating credentials for the same location is allowed; moving existing data "
             "needs a migration"
         )
     return _save(principal, STORAGE_SLOT, str(body["kind"]), config, location)
+
+
+def _shown(location: str) -> str:
+    # A local directory's location is a path on the control plane's host: not the caller's business.
+    return "the control plane's local storage directory" if location.startswith("file:") else location
 
 
 def get_one(principal: Principal, slot: str) -> ConnectionView:
