@@ -305,6 +305,10 @@ class RunRecord(Model):
     created_by: str = ""
     # issue 10: the resolved training settings (stored at create, handed to the trainer)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+    # The draft as the user asked for it (before defaults and trial bounds; training.kind left
+    # out): a draft's edit applies its fields to this and checks the result as a create
+    # (issue 18.2), so a kind switch re-resolves the trial's bounds. None on older records.
+    request: RunCreate | None = None
 
 
 # ---------------------------------------------------------------- queue messages
@@ -354,8 +358,12 @@ class RunCreate(Model):
         return v
 
 
+RunRecord.model_rebuild()  # its `request` is a RunCreate, defined after it
+
+
 class RunPatch(Model):
-    """An edit of a draft: the fields of RunCreate, all optional (project_id is fixed)."""
+    """An edit of a draft: the fields of RunCreate, all optional (project_id is fixed). The
+    edited draft is checked whole, as a create of it would be (issue 18.2)."""
 
     kind: RunKind | None = None
     provider: str | None = Field(default=None, pattern=PROVIDER_PATTERN)
@@ -364,6 +372,8 @@ class RunPatch(Model):
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN)
     base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
+    training: TrainingSettings | None = Field(default=None, description=(
+        "the training settings to change; the ones left out keep the draft's (null clears an optional one)"))
 
     @field_validator("offer_id", "base_model")
     @classmethod

@@ -1,15 +1,19 @@
 """Per-organization quotas and the run rate limit (issue 11.8).
 
 Owners set the org's limits (PUT /api/org/limits); every org has safe defaults until then.
-Enforced with one call each in runs.create() and runs.launch():
+Enforced in runs.create(), runs.patch() (a draft's edit) and runs.launch():
 - price_limit_per_hour above max_price_limit_per_hour, or a runtime limit above
-  max_runtime_limit_s: 422 naming the field;
+  max_runtime_limit_s: 422 naming the field (create, edit, launch);
 - max_active_runs launched runs that are not finished yet (anything holding or about to
-  hold a machine or disk): 409;
+  hold a machine or disk): 409 at launch;
 - more than runs_per_minute creates (or launches) in one minute: 429 with Retry-After.
 
 The rate limit is a fixed one-minute window counted in the `quotas` table with ETag-guarded
-writes, so it holds across host instances (a per-process counter would not).
+writes, so it holds across host instances (a per-process counter would not). max_active_runs
+is a reservation per launched run in one ETag-guarded row of that table
+(Store.reserve_active_slot): reading a count and then writing the launch would let concurrent
+launches all see the same free slot (issue 18.3). The reservation is freed when the run ends
+(the store, on its move to a terminal state) or when the launch that took it fails.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.clock import now_ts
-from shared.errors import ConcurrencyError, Conflict, InvalidInput
+from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound
 from shared.http import TooManyRequests, invalid
 from shared.models import Role, RunCreate, RunRecord
 from shared.runs.lifecycle import HOLDS_MACHINE
@@ -114,22 +118,50 @@ def _check_limits(limits: OrgLimits, price: float, runtime_s: int) -> None:
         raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
 
 
-def _check_active(org: str, limits: OrgLimits) -> None:
-    active = get_store().list_runs(org, HOLDS_MACHINE)
-    if len(active) >= limits.max_active_runs:
-        raise Conflict(f"the organization has {len(active)} launched runs that are not finished (limit "
-                       f"{limits.max_active_runs}); wait for one to finish, cancel one, or an owner raises "
-                       "max_active_runs under /api/org/limits")
+def _check_request(limits: OrgLimits, body: RunCreate) -> None:
+    _check_limits(limits, body.price_limit_per_hour, body.runtime_limit_s or get_settings().default_runtime_limit_s)
 
 
 def check_create(principal: Principal, body: RunCreate) -> None:
     limits = get_limits(principal.org)
-    _check_limits(limits, body.price_limit_per_hour, body.runtime_limit_s or get_settings().default_runtime_limit_s)
+    _check_request(limits, body)
     _take(principal.org, "create", limits.runs_per_minute)
 
 
-def check_launch(principal: Principal, run: RunRecord) -> None:
+def check_edit(principal: Principal, body: RunCreate) -> None:
+    """A draft's edit (the draft as it would be): the org's limits as at create; not rate limited."""
+    _check_request(get_limits(principal.org), body)
+
+
+def check_launch(principal: Principal, run: RunRecord) -> OrgLimits:
     limits = get_limits(principal.org)
     _check_limits(limits, run.price_limit_per_hour, run.runtime_limit_s)  # limits may have changed since
-    _check_active(principal.org, limits)
+    return limits
+
+
+def reserve_active(principal: Principal, run: RunRecord, limits: OrgLimits) -> bool:
+    """Take one of the org's max_active_runs slots for this run, or 409. Returns whether this
+    call took it (False: the run held one already, from a launch attempt of it under way or
+    one that died); a launch that fails after taking its slot frees it (free_unless_launched)."""
+    slot = get_store().reserve_active_slot(principal.org, run.id, limits.max_active_runs)
+    if not slot.granted:
+        raise Conflict(f"nothing was launched: the organization has {slot.active} launched runs that are not "
+                       f"finished (limit {limits.max_active_runs}); wait for one to finish, cancel one, or an "
+                       "owner raises max_active_runs under /api/org/limits")
+    return slot.added
+
+
+def take_launch(principal: Principal, limits: OrgLimits) -> None:
     _take(principal.org, "launch", limits.runs_per_minute)
+
+
+def free_unless_launched(org: str, run_id: str) -> None:
+    """After a launch failed: free the run's slot unless the run holds a machine after all (a
+    concurrent launch of the same run won, or the write landed before the error)."""
+    store = get_store()
+    try:
+        run, _ = store.get_run(org, run_id)
+    except NotFound:
+        run = None
+    if run is None or run.state not in HOLDS_MACHINE:
+        store.release_active_slot(org, run_id)

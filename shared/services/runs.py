@@ -7,11 +7,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput
+from shared.http import invalid
 from shared.log import redact_text
 from shared.models import (
     CloudResource,
+    DatasetVersionRecord,
     Deadlines,
     GpuOffer,
     Outcome,
@@ -154,81 +158,133 @@ def _check_provider(org: str, provider: str) -> None:
                                  f"(`tensorant connections save-compute {provider} ...`)")
 
 
-def create(principal: Principal, body: RunCreate) -> RunView:
-    require(principal, Role.owner, Role.member)
-    quotas.check_create(principal, body)  # 11.8: org limits and the run rate limit
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A run request that passed every check a draft must pass, resolved as the run stores it."""
+
+    offer: GpuOffer
+    training: TrainingSettings
+    runtime_limit_s: int
+    dataset: DatasetVersionRecord
+
+
+def check_request(org: str, body: RunCreate) -> CheckedRequest:
+    """Every check a draft passes, the one path for create and a draft's edit (issue 18.2: an edit
+    that skipped them saved an undeclared model, which the machine then fetched from the hub with
+    the org's token). The org's limits and the rate limit are the caller's (quotas)."""
     store = get_store()
-    base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
+    model = base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
     training = resolve_training(body.kind, body.training)
-    store.get_project(principal.org, body.project_id)
-    dataset = store.get_dataset(principal.org, body.dataset_version_id)
+    store.get_project(org, body.project_id)
+    dataset = store.get_dataset(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
-    _check_provider(principal.org, body.provider)
-    base_models.refuse_test_model_off_local(base_models.declared(body.base_model), body.provider)
-    offer = find_offer(principal.org, body.provider, body.offer_id)
-    _check_fit(principal.org, body.provider, offer, body.base_model, training)
+    _check_provider(org, body.provider)
+    base_models.refuse_test_model_off_local(model, body.provider)
+    offer = find_offer(org, body.provider, body.offer_id)
+    _check_fit(org, body.provider, offer, body.base_model, training)
     default_limit = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
-    t = now()
-    run = RunRecord(
-        org=principal.org, id=new_id("r"), project_id=body.project_id, kind=body.kind, provider=body.provider,
-        offer=offer, price_limit_per_hour=body.price_limit_per_hour,
-        runtime_limit_s=body.runtime_limit_s or default_limit,
-        dataset_version_id=body.dataset_version_id, base_model=body.base_model, created_at=t, updated_at=t,
-        state_changed_at=t, created_by=principal.sub, training=training,
-    )
-    store.create_run(run)
-    event(run, "transition", "draft saved; nothing is rented until launch",
-          estimate_per_hour=offer.total_per_hour)
-    if body.kind == RunKind.trial:
-        event(run, "audit", f"trial run: trains on at most {training.max_examples} of the dataset's "
-                            f"{dataset.rows} examples and {training.max_steps} steps, runtime limit "
+    return CheckedRequest(offer=offer, training=training, runtime_limit_s=body.runtime_limit_s or default_limit,
+                          dataset=dataset)
+
+
+def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
+    """What a draft stores of a checked request (create and edit alike)."""
+    return {
+        "kind": body.kind, "provider": body.provider, "offer": checked.offer,
+        "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
+        "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
+        # training.kind is the run's kind (checked above): kept out, so a later kind switch applies.
+        "request": body.model_copy(update={"training": body.training.model_copy(update={"kind": None})}),
+    }
+
+
+def _kind_event(run: RunRecord, dataset: DatasetVersionRecord) -> None:
+    if run.kind == RunKind.trial:
+        event(run, "audit", f"trial run: trains on at most {run.training.max_examples} of the dataset's "
+                            f"{dataset.rows} examples and {run.training.max_steps} steps, runtime limit "
                             f"{run.runtime_limit_s // 60} min; a full run uses the whole dataset",
-              max_examples=training.max_examples, max_steps=training.max_steps)
+              max_examples=run.training.max_examples, max_steps=run.training.max_steps)
     else:
         event(run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
                             f"{run.runtime_limit_s // 60} min")
+
+
+def create(principal: Principal, body: RunCreate) -> RunView:
+    require(principal, Role.owner, Role.member)
+    quotas.check_create(principal, body)  # 11.8: org limits and the run rate limit
+    checked = check_request(principal.org, body)
+    t = now()
+    run = RunRecord(
+        org=principal.org, id=new_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
+        state_changed_at=t, created_by=principal.sub, **_draft_fields(body, checked),
+    )
+    get_store().create_run(run)
+    event(run, "transition", "draft saved; nothing is rented until launch",
+          estimate_per_hour=checked.offer.total_per_hour)
+    _kind_event(run, checked.dataset)
     for warning in warnings_of(run):
         event(run, "warning", warning)
     return view(run)
 
 
+def request_of(run: RunRecord) -> RunCreate:
+    """The draft's request as the user sent it. Records from before it was stored: rebuilt from
+    the draft, the values that a trial's defaults and bounds put there taken out again."""
+    if run.request is not None:
+        return run.request
+    training = run.training.model_copy(update={"kind": None})
+    runtime: int | None = run.runtime_limit_s
+    if run.kind == RunKind.trial:
+        training = training.model_copy(update={
+            "max_examples": None if training.max_examples == TRIAL_MAX_EXAMPLES else training.max_examples,
+            "max_steps": None if training.max_steps == TRIAL_MAX_STEPS else training.max_steps})
+        runtime = None if runtime == TRIAL_RUNTIME_LIMIT_S else runtime
+    return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
+                     price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
+                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training)
+
+
 def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
-    """Edit a draft: the fields given replace the draft's; the offer is looked up again."""
+    """Edit a draft: the fields given replace the draft's request (training: the settings given),
+    and the result is checked whole, exactly as a create of it would be (issue 18.2); a refused
+    edit changes nothing."""
     require(principal, Role.owner, Role.member)
     store = get_store()
     run, _ = store.get_run(principal.org, run_id)
     if run.state != RunState.draft:
         raise Conflict(f"only a draft can be edited; this run is {run.state.value}")
-    fields = body.model_dump(exclude_none=True)
+    fields = body.model_dump(exclude_none=True, exclude={"training"})
+    if body.training is not None:
+        fields["training"] = body.training.model_dump(exclude_unset=True)
     if not fields:
         raise InvalidInput.field("body", "send at least one field to change (the fields of a run create)")
-    provider = fields.get("provider", run.provider)
-    if "provider" in fields:
-        _check_provider(principal.org, provider)
-    if "dataset_version_id" in fields:
-        dataset = store.get_dataset(principal.org, fields["dataset_version_id"])
-        if dataset.project_id != run.project_id:
-            raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
-    offer = run.offer
-    if "offer_id" in fields or "provider" in fields:
-        offer = find_offer(principal.org, provider, fields.get("offer_id", run.offer.offer_id))
-    if {"base_model", "provider", "offer_id"} & set(fields):
-        # The model, the provider and the offer as the edited draft will have them, checked as at create.
-        base_model = fields.get("base_model", run.base_model)
-        base_models.refuse_test_model_off_local(base_models.declared(base_model), provider)
-        _check_fit(principal.org, provider, offer, base_model, run.training)
-    updates = {k: v for k, v in fields.items() if k != "offer_id"} | {"offer": offer, "updated_at": now()}
+    request = request_of(run)
+    merged = request.model_dump() | fields
+    merged["training"] = request.training.model_dump() | fields.get("training", {})
+    try:
+        edited = RunCreate.model_validate(merged)
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    quotas.check_edit(principal, edited)  # 11.8: the org's limits, as at create
+    checked = check_request(principal.org, edited)
+    updates = _draft_fields(edited, checked) | {"updated_at": now()}
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.draft:
             return None
+        if r != run:
+            # Checked as read: an edit in between (say, another model) was not checked with this one.
+            raise Conflict("the draft was changed by another request while this edit was checked; nothing was "
+                           "changed by this one: read the draft and send the edit again")
         return r.model_copy(update=updates)
 
     new, wrote = store.mutate_run(principal.org, run_id, change)
     if not wrote:
         raise Conflict(f"only a draft can be edited; this run is {new.state.value} now")
     event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}")
+    if new.kind != run.kind or new.training != run.training or new.runtime_limit_s != run.runtime_limit_s:
+        _kind_event(new, checked.dataset)
     for warning in warnings_of(new):
         event(new, "warning", warning)
     return view(new)
@@ -350,7 +406,27 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     if run.state != RunState.draft:
         raise Conflict(f"nothing was launched: the run is {run.state.value}"
                        + (" (launched already)" if run.launched_at else "") + "; only a draft can be launched")
-    quotas.check_launch(principal, run)  # 11.8: org limits, active runs and the rate limit
+    limits = quotas.check_launch(principal, run)  # 11.8: org limits (they may have changed since the draft)
+    # One of max_active_runs slots, taken atomically before the run is written queued (18.3);
+    # every refusal or error after this frees it again.
+    added = quotas.reserve_active(principal, run, limits)
+    try:
+        run = _launch_reserved(principal, run_id, run, limits)
+    except BaseException:
+        if added:
+            quotas.free_unless_launched(principal.org, run_id)
+        raise
+    transition_event(RunState.draft, run)
+    # Sent after the write: a crash in between leaves a queued run that heartbeat-check re-sends.
+    get_queues().send(Step.launch, StepMessage(org=run.org, run_id=run.id))
+    return view(run)
+
+
+def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: quotas.OrgLimits) -> RunRecord:
+    """The rest of a launch, once the run holds an active-run slot: the rate limit, the offer's
+    price now, the connection, then the draft -> queued write. Returns the run as queued."""
+    store = get_store()
+    quotas.take_launch(principal, limits)
     offer = find_offer(principal.org, run.provider, run.offer.offer_id)
     if offer.total_per_hour > run.price_limit_per_hour:
         changed = abs(offer.total_per_hour - run.offer.total_per_hour) > 1e-9
@@ -365,21 +441,18 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
         if r.state != RunState.draft:
             return None
         r = transition(r, RunState.queued, reason="")
-        limits = get_settings()
+        settings = get_settings()
         return r.model_copy(update={
             "offer": offer,  # the price at launch is what the run records
             "launched_at": t,
-            "deadlines": Deadlines(provisioning_by=t + timedelta(seconds=limits.provisioning_timeout_s),
+            "deadlines": Deadlines(provisioning_by=t + timedelta(seconds=settings.provisioning_timeout_s),
                                    runtime_by=t + timedelta(seconds=r.runtime_limit_s)),
         })
 
     run, wrote = store.mutate_run(principal.org, run_id, change)
     if not wrote:  # a concurrent launch (or cancel) got there first
         raise Conflict(f"nothing was launched: the run is {run.state.value}; only a draft can be launched")
-    transition_event(RunState.draft, run)
-    # Sent after the write: a crash in between leaves a queued run that heartbeat-check re-sends.
-    get_queues().send(Step.launch, StepMessage(org=run.org, run_id=run.id))
-    return view(run)
+    return run
 
 
 def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:

@@ -2,7 +2,8 @@
 
 Tables (prefix from settings): connections, catalogs, projects, datasets, runs,
 events (run events), logs (agent log lines in bounded chunks), ledger (every cloud resource ever recorded for a run),
-audit (sweeper actions, poison discards).
+audit (sweeper actions, poison discards), secrets, quotas (org limits, rate-limit windows, and
+the active-run reservations that hold max_active_runs: reserve_active_slot).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -34,6 +36,7 @@ from shared.models import (
     RunRecord,
     RunState,
 )
+from shared.runs.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.store.tables import Table
 
 MAX_RACE_RETRIES = 8
@@ -44,6 +47,11 @@ LOG_CHUNK_CHARS = 28_000
 # A chunk's RowKey is the line number after its last line, zero-padded: `RowKey gt <cursor>`
 # then finds the chunk that holds line <cursor> first, in key order.
 _LINE_KEY = "{:010d}"
+# The quotas-table row of an org's active-run reservations, and how long a reservation whose
+# run is still a draft counts: a launch reserves before it writes the run queued, and that
+# takes seconds (an HTTP request); one older is a launch that died in between.
+ACTIVE_RUNS_KEY = "active-runs"
+LAUNCH_GRACE_S = 600
 _ORG = re.compile(ORG_PATTERN)
 _KEY = re.compile(KEY_PATTERN)
 
@@ -72,6 +80,13 @@ def _rk(key: str) -> str:
 
 def _event_key() -> str:
     return f"{int(now_ts() * 1_000_000):020d}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class ActiveSlot:
+    granted: bool
+    added: bool  # this call wrote the reservation (a failed launch frees only what it added)
+    active: int  # the org's active runs as counted, this one included when added
 
 
 class Store:
@@ -248,6 +263,10 @@ class Store:
                 time.sleep(random.uniform(0, 0.002 * attempt))
                 continue
             self._remember_run(new, etag)
+            if new.state in TERMINAL and run.state not in TERMINAL:
+                # The run has ended: its active-run slot is free. A crash before this line leaves
+                # the reservation of an ended run, which the next reservation drops.
+                self.release_active_slot(org, run_id)
             return new, True
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
 
@@ -285,6 +304,79 @@ class Store:
             return r.model_copy(update={"updated_at": now()})
 
         return self.mutate_run(org, run_id, change)
+
+    # ------------------------------------------------------------ active-run reservations
+    # max_active_runs is one atomic decision (issue 18.3): the org's reservations, keyed by run
+    # id, are one quotas-table row written with its ETag, so two launches that both saw a free
+    # slot cannot both take it (the second write is refused, re-reads and counts again). Keyed
+    # by run id, a repeated reservation or release is a no-op; a reservation left behind by a
+    # crash is dropped when counting once its run has ended (or, still a draft, after
+    # LAUNCH_GRACE_S). The row holds at most max_active_runs (<= 1000) ids with a timestamp,
+    # about 30 characters each: under the 32K-character property limit.
+
+    def reserve_active_slot(self, org: str, run_id: str, limit: int) -> ActiveSlot:
+        """Reserve one of the org's `limit` active-run slots for run_id (or find it reserved).
+
+        Active = a reservation still in force, or a run holding a machine (a run launched
+        before reservations existed counts too). Granted when run_id holds a slot already or
+        fewer than `limit` are active; the write is ETag-guarded, a lost race counts again.
+        """
+        table = self.table("quotas")
+        for attempt in range(MAX_RACE_RETRIES):
+            got = table.get(_org(org), ACTIVE_RUNS_KEY)
+            held: dict[str, int] = dict(got[0].get("runs", {})) if got else {}
+            holding = {r.id for r in self.list_runs(org, HOLDS_MACHINE)}
+            kept = {rid: at for rid, at in held.items() if rid in holding or self._launching(org, rid, at)}
+            active = len(set(kept) | holding)
+            if run_id in kept:
+                return ActiveSlot(granted=True, added=False, active=active)
+            if active >= limit:
+                return ActiveSlot(granted=False, added=False, active=active)
+            kept[run_id] = int(now_ts())  # the ended runs' reservations dropped above go with this write
+            try:
+                if got is None:
+                    table.insert(org, ACTIVE_RUNS_KEY, {"runs": kept})
+                else:
+                    table.update(org, ACTIVE_RUNS_KEY, {"runs": kept}, got[1])
+            except (ConcurrencyError, Conflict):
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # spread a crowd of launches out
+                continue
+            return ActiveSlot(granted=True, added=True, active=active + 1)
+        raise ConcurrencyError("the organization's active runs kept changing; try again")
+
+    def _launching(self, org: str, run_id: str, reserved_at: int) -> bool:
+        """A reservation whose run held no machine when the runs were listed: still in force
+        when its launch has written the run since, or may still be under way (the run is a
+        draft and the reservation recent). Its run ended, or was deleted: dropped."""
+        try:
+            run, _ = self.get_run(org, run_id)
+        except NotFound:
+            return False
+        if run.state in HOLDS_MACHINE:
+            return True
+        return run.state == RunState.draft and now_ts() - reserved_at < LAUNCH_GRACE_S
+
+    def release_active_slot(self, org: str, run_id: str) -> None:
+        """Free run_id's reservation; releasing one that is gone (released twice) changes nothing."""
+        table = self.table("quotas")
+        for _ in range(MAX_RACE_RETRIES):
+            got = table.get(_org(org), ACTIVE_RUNS_KEY)
+            held = dict(got[0].get("runs", {})) if got else {}
+            if got is None or run_id not in held:
+                return
+            del held[run_id]
+            try:
+                table.update(org, ACTIVE_RUNS_KEY, {"runs": held}, got[1])
+                return
+            except ConcurrencyError:
+                continue
+        # Still racing after the retries: left for the next reservation, which drops the
+        # reservations of ended runs. Never raised: the caller's run write has succeeded.
+
+    def active_reservations(self, org: str) -> dict[str, int]:
+        """The org's reservations as stored (run id -> reserved at, epoch seconds), for tests and admins."""
+        got = self.table("quotas").get(_org(org), ACTIVE_RUNS_KEY)
+        return dict(got[0].get("runs", {})) if got else {}
 
     # ------------------------------------------------------------ events, logs, ledger, audit
     def add_event(self, run_id: str, event: RunEvent) -> None:

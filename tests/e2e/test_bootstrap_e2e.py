@@ -202,6 +202,7 @@ def test_aws_machine_that_never_reports_is_released_at_the_boot_deadline(aws_h: 
     assert run["state"] == "failed" and "boot deadline" in run["reason"], run["reason"]
     assert _state(ec2, instance) == "terminated"
     assert deadline <= run["billed_machine_s"] <= deadline + 60, run["billed_machine_s"]
+    print(f"\nno report (AWS): billed {run['billed_machine_s']:.0f} simulated s")
 
 
 def test_a_late_boot_report_does_not_end_a_running_run(aws_h: tuple[Harness, Any]) -> None:
@@ -260,6 +261,7 @@ def test_azure_failed_pull_is_released_with_the_clouds_account(azure_h: Harness,
     assert "the cloud says: " in run["reason"], run["reason"]
     assert arm.get(vm) is None
     assert run["billed_machine_s"] <= 15 + 30 + 60 + 30, run["billed_machine_s"]
+    print(f"\npull fails (Azure): billed {run['billed_machine_s']:.0f} simulated s")
 
 
 # ---------------------------------------------------------------- RunPod
@@ -308,3 +310,4 @@ def test_runpod_pod_that_never_reports_is_released_at_the_boot_deadline(runpod_h
     assert run["state"] == "failed" and "boot deadline" in run["reason"], run["reason"]
     assert "the cloud says: " in run["reason"], run["reason"]
     assert deadline <= run["billed_machine_s"] <= deadline + 60, run["billed_machine_s"]
+    print(f"\nno report (RunPod): billed {run['billed_machine_s']:.0f} simulated s")
