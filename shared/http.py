@@ -9,11 +9,13 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from shared.errors import AppError, ConcurrencyError, InvalidInput
+from shared.errors import AppError, ConcurrencyError, Forbidden, InvalidInput
 from shared.log import get_logger, redact
+from shared.models import Role
 from shared.security import Principal, authenticate
 
 M = TypeVar("M", bound=BaseModel)
@@ -65,8 +67,17 @@ def api(*, summary: str, request: Body | tuple[Body, ...] | None = None,
     return mark
 
 
+PLATFORM_ROUTES = "/api/platform/"
+
+
 def principal(req: Any) -> Principal:
-    return authenticate(req.headers.get("Authorization"))
+    """The caller. A platform admin acts on queues and the sweeper (/api/platform/...), never on an
+    organization's data: its token is refused on every other route, whatever org it names."""
+    found = authenticate(req.headers.get("Authorization"))
+    if found.role == Role.admin and PLATFORM_ROUTES not in urlsplit(str(req.url)).path:
+        raise Forbidden("a platform admin token acts on queues and the sweeper (/api/platform/...), not on an "
+                        "organization's runs, connections, projects or logs; use an owner or member token of that org")
+    return found
 
 
 def field_errors(exc: ValidationError) -> list[dict[str, Any]]:

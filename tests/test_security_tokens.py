@@ -149,3 +149,17 @@ def test_an_unresolved_key_vault_reference_is_refused_as_a_secret(monkeypatch: p
     monkeypatch.setenv(var, "@Microsoft.KeyVault(SecretUri=https://kv.vault.azure.net/secrets/jwt/)")
     with pytest.raises(ValueError, match="Key Vault reference was not resolved"):
         load_settings()
+
+
+def test_a_platform_admin_acts_on_queues_not_on_an_orgs_data(env: dict[str, str]) -> None:
+    from tests.harness import Harness
+
+    h = Harness()
+    try:
+        for method, path in (("GET", "/api/runs"), ("GET", "/api/connections/storage"), ("POST", "/api/projects"),
+                             ("GET", "/api/org/limits")):
+            status, body, _ = h.call(method, path, token="admin", json_body={"name": "x"} if method == "POST" else None)
+            assert status == 403 and "platform admin" in body["detail"], (path, body)
+        assert h.ok("GET", "/api/platform/queues", token="admin")  # its own routes still work
+    finally:
+        h.close()
