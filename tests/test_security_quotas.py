@@ -105,3 +105,49 @@ def test_rate_limit_counts_exactly_under_concurrency(h: Harness) -> None:
     for t in threads:
         t.join()
     assert sorted(results) == ["429"] * 6 + ["ok"] * 4
+
+
+def test_no_429_below_the_limit_under_contention(h: Harness) -> None:
+    # 30 requests at once with room for all of them: losing an ETag race is not "too many" (issue 20.3).
+    h.clock.t = (int(h.clock.t // 60) * 60) + 1.0
+    results: list[str] = []
+    start = threading.Barrier(30)
+
+    def take() -> None:
+        start.wait()
+        try:
+            quotas._take(h.org, "launch", 1000)
+            results.append("ok")
+        except quotas.TooManyRequests as exc:
+            results.append(f"429: {exc}")
+
+    threads = [threading.Thread(target=take) for _ in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["ok"] * 30, [r for r in results if r != "ok"]
+
+
+def test_release_check_recover_and_upload_url_are_rate_limited(h: Harness) -> None:
+    from tests.harness import smoke_adapter_zip
+
+    project = h.project_and_dataset()
+    retained = []
+    for _ in range(2):
+        run_id = h.create_run("memory", "mem-a10", project=project)
+        h.launch(run_id)
+        h.agent(run_id).heartbeat("training", 0.5)
+        retained.append(run_id)
+    for run_id in retained:
+        assert h.expire(run_id)["state"] == "retained"
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1})
+    h.clock.t = (int(h.clock.t // 60) * 60) + 1.0
+    for path in ("/api/connections/compute/memory/check", f"/api/projects/{project[0]}/datasets/upload-url"):
+        first, second = (h.call("POST", path)[0] for _ in range(2))
+        assert first != 429 and second == 429, (path, first, second)
+    archive = smoke_adapter_zip()
+    first = h.call("POST", f"/api/runs/{retained[0]}/recover", body=archive, content_type="application/zip")
+    second = h.call("POST", f"/api/runs/{retained[1]}/recover", body=archive, content_type="application/zip")
+    assert first[0] < 400 and second[0] == 429, (first[:2], second[:2])
+    assert "recoveries in a minute" in second[1]["detail"]

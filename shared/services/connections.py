@@ -35,6 +35,7 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import HOLDS_MACHINE
 from shared.runs.steps import Step
 from shared.security import Principal, require, seal
+from shared.services import quotas
 from shared.services.backends import STORAGE_SLOT, compute_slot, storage_for, unsealed_config
 from shared.settings import get_settings
 from shared.storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
@@ -153,6 +154,7 @@ def request_check(principal: Principal, provider: str) -> ConnectionView:
     got = get_store().get_connection(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")
+    quotas.take(principal, "check")  # each check calls the cloud with the org's credentials
     get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(got[0])
 

@@ -17,6 +17,7 @@ from shared.http import MAX_UPLOAD_BYTES
 from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
 from shared.providers.errors import PermanentError
 from shared.security import Principal, require
+from shared.services import quotas
 from shared.services.backends import storage_for
 from shared.storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key
 from shared.store import get_store
@@ -209,6 +210,7 @@ def dataset_upload_url(principal: Principal, project_id: str) -> dict[str, Any]:
     POST .../datasets/commit then validates the object in storage by streaming it."""
     require(principal, Role.owner, Role.member)
     get_store().get_project(principal.org, project_id)
+    quotas.take(principal, "upload-url")
     dataset_id = new_id("d")
     url = storage_for(principal.org).upload_url(upload_key(project_id, dataset_id), DIRECT_UPLOAD_TTL_S)
     if url is None:

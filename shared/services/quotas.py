@@ -6,7 +6,9 @@ Enforced in runs.create(), runs.patch() (a draft's edit) and runs.launch():
   max_runtime_limit_s: 422 naming the field (create, edit, launch);
 - max_active_runs launched runs that are not finished yet (anything holding or about to
   hold a machine or disk): 409 at launch;
-- more than runs_per_minute creates (or launches) in one minute: 429 with Retry-After.
+- more than runs_per_minute requests of one kind in one minute: 429 with Retry-After. The kinds:
+  run creates and launches, and the other requests that make the control plane call a cloud or
+  storage for the org (release retries, connection checks, recoveries, dataset upload URLs).
 
 The rate limit is a fixed one-minute window counted in the `quotas` table with ETag-guarded
 writes, so it holds across host instances (a per-process counter would not). max_active_runs
@@ -33,7 +35,9 @@ from shared.store import get_store
 
 LIMITS_KEY = "limits"
 WINDOW_S = 60
-MAX_RACE_RETRIES = 8
+# Losing the ETag race means another request of the same window was counted: retrying is bounded by
+# the window's capacity (once full, the answer is an honest 429), plus a few for a window's rollover.
+EXTRA_RACE_RETRIES = 16
 
 
 class OrgLimits(BaseModel):
@@ -79,19 +83,19 @@ def put(principal: Principal, body: Any) -> OrgLimits:
 
 
 def _take(org: str, action: str, per_minute: int) -> None:
-    """Count one `action` in this minute's window; 429 when the window is full."""
+    """Count one `action` in this minute's window; 429 only when the window is full."""
     table = get_store().table("quotas")
     key = f"rate-{action}"
-    for _ in range(MAX_RACE_RETRIES):
+    for _ in range(per_minute + EXTRA_RACE_RETRIES):
         t = now_ts()
         window = int(t // WINDOW_S)
         got = table.get(org, key)
         count = int(got[0].get("count", 0)) if got and got[0].get("window") == window else 0
         if count >= per_minute:
             retry = int((window + 1) * WINDOW_S - t) + 1
-            raise TooManyRequests(f"more than {per_minute} run {action}s in a minute for this organization; "
-                                  f"try again in {retry} s (an owner sets runs_per_minute under /api/org/limits)",
-                                  retry_after_s=retry)
+            raise TooManyRequests(f"more than {per_minute} {_WHAT.get(action, action)} in a minute for this "
+                                  f"organization; try again in {retry} s (an owner sets runs_per_minute under "
+                                  "/api/org/limits)", retry_after_s=retry)
         data = {"window": window, "count": count + 1}
         try:
             if got is None:
@@ -101,7 +105,16 @@ def _take(org: str, action: str, per_minute: int) -> None:
             return
         except (ConcurrencyError, Conflict):
             continue  # another instance counted meanwhile: read again
-    raise TooManyRequests("too many run requests at once for this organization; try again", retry_after_s=1)
+    raise TooManyRequests("too many requests at once for this organization; try again", retry_after_s=1)
+
+
+_WHAT = {"create": "run creates", "launch": "run launches", "release": "release retries",
+         "check": "connection checks", "recover": "recoveries", "upload-url": "dataset upload URLs"}
+
+
+def take(principal: Principal, action: str) -> None:
+    """The org's rate limit for one more `action` (a key of _WHAT)."""
+    _take(principal.org, action, get_limits(principal.org).runs_per_minute)
 
 
 def _check_limits(limits: OrgLimits, price: float, runtime_s: int) -> None:

@@ -510,6 +510,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     run, _ = store.get_run(principal.org, run_id)
     if run.state == RunState.recovering:
         return view(run)
+    quotas.take(principal, "recover")  # a recovery verifies an archive or starts a machine
     if run.state != RunState.retained:
         raise Conflict(f"only a retained run can be recovered; this one is {run.state.value}")
     mode = "upload" if upload is not None else (body.mode if body else "verify_saved")
@@ -560,6 +561,7 @@ def retry_release(principal: Principal, run_id: str) -> RunView:
     run, _ = get_store().get_run(principal.org, run_id)
     if run.state != RunState.releasing:
         raise Conflict(f"only a run in releasing can retry its release; this one is {run.state.value}")
+    quotas.take(principal, "release")
     event(run, "audit", f"release retry requested by {principal.sub}")
     get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retry"))
     return view(run)
