@@ -210,6 +210,19 @@ def problem(status: int, title: str, detail: str, errors: list[dict[str, Any]] |
     return reply(body, status, PROBLEM, headers)
 
 
+STORE_RETRY_AFTER_S = 5
+
+
+def _store_unreachable(exc: BaseException) -> bool:
+    """The Storage SDK could not reach the account (refused, timed out, reset) or the account said it
+    is busy: not the request's fault and not the control plane's bug, so 503, not 500."""
+    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+
+    if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
+        return True
+    return isinstance(exc, HttpResponseError) and exc.status_code in (500, 503)
+
+
 def respond(call: Callable[[], Any], status: int = 200) -> Any:
     """Run one service call; translate errors into problem+json."""
     try:
@@ -223,7 +236,12 @@ def respond(call: Callable[[], Any], status: int = 200) -> Any:
         # Writers kept racing on one record past the retries: nothing of this request was written.
         return problem(409, "Conflict", "the record changed at the same time as this request, again and again; "
                        "this request's change was not saved: send it again", [], {"Retry-After": "1"})
-    except Exception:
+    except Exception as exc:
+        if _store_unreachable(exc):
+            get_logger().warning("state store unreachable", extra={"error": type(exc).__name__})
+            return problem(503, "Service unavailable", "the control plane's state store (Azure Storage tables "
+                           "and queues) cannot be reached; the request may not have completed: send it again in "
+                           f"{STORE_RETRY_AFTER_S} s", [], {"Retry-After": str(STORE_RETRY_AFTER_S)})
         get_logger().exception("unhandled error")
         return problem(500, "Internal error", "the control plane failed; the error is logged with this request")
     if result is None:

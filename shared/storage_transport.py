@@ -15,12 +15,19 @@ import urllib.request
 from typing import Any
 
 POOL_SIZE = 32  # connections kept per host: concurrent calls beyond requests' default 10 reconnect
+# Bounded retries: the SDK's default (10 retries, exponential backoff) kept an HTTP request waiting
+# about 5 s when the storage account was unreachable before it failed. Three quick retries ride out a
+# blip; a longer outage is answered 503 with Retry-After (shared.http.respond) and a queue step is
+# retried by the host after its visibility timeout.
+RETRIES = {"retry_total": 3, "retry_backoff_factor": 0.2, "retry_backoff_max": 1,
+           "connection_timeout": 3, "read_timeout": 20}
 
 
 def storage_client_kwargs() -> dict[str, Any]:
-    """Keyword arguments for a Storage client's from_connection_string: this transport, or none."""
+    """Keyword arguments for a Storage client's from_connection_string: this transport (or the
+    SDK's default) and bounded retries."""
     transport = storage_transport()
-    return {"transport": transport} if transport is not None else {}
+    return {**RETRIES, **({"transport": transport} if transport is not None else {})}
 
 
 def storage_transport() -> Any:

@@ -37,10 +37,14 @@ def connection_string(blob: int, queue: int, table: int) -> str:
 
 
 class Azurite:
-    def __init__(self, ports: tuple[int, int, int] | None = None) -> None:
+    """persist: keep the data on disk (in the work directory), so a stop and a start on the same
+    object is an outage, not a new account."""
+
+    def __init__(self, ports: tuple[int, int, int] | None = None, *, persist: bool = False) -> None:
         self.ports = ports or (free_port(), free_port(), free_port())
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir = tempfile.mkdtemp(prefix="azurite-")
+        self.persist = persist
 
     @property
     def connection_string(self) -> str:
@@ -48,7 +52,8 @@ class Azurite:
 
     def start(self) -> Azurite:
         blob, queue, table = self.ports
-        cmd = [azurite_bin(), "--silent", "--skipApiVersionCheck", "--inMemoryPersistence",
+        keep = ["--location", os.path.join(self.workdir, "data")] if self.persist else ["--inMemoryPersistence"]
+        cmd = [azurite_bin(), "--silent", "--skipApiVersionCheck", *keep,
                "--blobHost", "127.0.0.1", "--blobPort", str(blob),
                "--queueHost", "127.0.0.1", "--queuePort", str(queue),
                "--tableHost", "127.0.0.1", "--tablePort", str(table)]
@@ -64,14 +69,16 @@ class Azurite:
             time.sleep(0.1)
         raise RuntimeError("Azurite did not start within 30 s")
 
-    def stop(self) -> None:
+    def stop(self, *, keep_data: bool = False) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()  # Azurite often ignores SIGTERM; in-memory data needs no clean exit
             try:
                 self.proc.wait(2)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+                self.proc.wait()
+        if not keep_data:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _listening(port: int) -> bool:
