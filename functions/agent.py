@@ -2,7 +2,6 @@ import azure.functions as func
 
 from shared import http
 from shared.models import AgentComplete, BootFailure, Heartbeat, HeartbeatReply
-from shared.security import authenticate_agent, verify_agent
 from shared.services import agent, boot
 
 bp = func.Blueprint()
@@ -16,8 +15,9 @@ def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
 
     def beat() -> dict[str, object]:
-        token = verify_agent(req.headers.get("Authorization"), run_id)
-        return agent.heartbeat(token.org, run_id, http.parse(req, Heartbeat), token_exp=token.expires_at)
+        token = agent.verify(req.headers.get("Authorization"), run_id)
+        return agent.heartbeat(token.org, run_id, http.parse(req, Heartbeat), token_exp=token.expires_at,
+                               renew=token.previous_key)
 
     return http.respond(beat)
 
@@ -28,7 +28,7 @@ def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
 def complete(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
     return http.respond(lambda: agent.complete(
-        authenticate_agent(req.headers.get("Authorization"), run_id), run_id, http.parse(req, AgentComplete)))
+        agent.verify(req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, AgentComplete)))
 
 
 @bp.route(route="agent/runs/{id}/boot-failed", methods=["POST"], auth_level=ANON)
@@ -37,4 +37,4 @@ def complete(req: func.HttpRequest) -> func.HttpResponse:
 def boot_failed(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
     return http.respond(lambda: boot.boot_failed(
-        authenticate_agent(req.headers.get("Authorization"), run_id), run_id, http.parse(req, BootFailure)))
+        agent.verify(req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, BootFailure)))

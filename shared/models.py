@@ -309,6 +309,10 @@ class RunRecord(Model):
     # out): a draft's edit applies its fields to this and checks the result as a create
     # (issue 18.2), so a kind switch re-resolves the trial's bounds. None on older records.
     request: RunCreate | None = None
+    # The last refusal of a call that named this run with a token the control plane could not accept
+    # (a rotated signing key, an expired token): said in the reason if the heartbeat then goes silent.
+    agent_refused: str = ""
+    agent_refused_at: datetime | None = None
 
 
 # ---------------------------------------------------------------- queue messages

@@ -84,12 +84,24 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
     if not header or not header.lower().startswith("bearer "):
         raise Unauthorized("send Authorization: Bearer <token> (mint one with `tensorant dev-token`)")
     token = header.split(" ", 1)[1].strip()
+    settings = get_settings()
+    secrets_ = [settings.jwt_secret, *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]
     try:
-        # exp is checked below against the control plane's clock (tests simulate it).
-        claims: dict[str, Any] = jwt.decode(
-            token, get_settings().jwt_secret, algorithms=["HS256"], audience=audience, issuer=_issuer(),
-            options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "aud", "iss"]},
-        )
+        for i, secret in enumerate(secrets_):
+            try:
+                # exp is checked below against the control plane's clock (tests simulate it).
+                claims: dict[str, Any] = jwt.decode(
+                    token, secret, algorithms=["HS256"], audience=audience, issuer=_issuer(),
+                    options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "aud", "iss"]},
+                )
+                break
+            except jwt.InvalidSignatureError:
+                if i == len(secrets_) - 1:
+                    raise
+        previous_key = i > 0
+    except jwt.InvalidSignatureError as exc:
+        raise Unauthorized("the bearer token's signature does not match this control plane's key (a token from "
+                           "another deployment, or signed with a key that was rotated out)") from exc
     except jwt.InvalidAudienceError as exc:
         wanted = "a user token" if audience == USER_AUDIENCE else "this run's agent token"
         raise wrong_kind(f"this endpoint needs {wanted}") from exc
@@ -109,6 +121,7 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
     _claim(claims, "org", ORG_RE)
     _claim(claims, "sub", SUB_RE)
     claims["_raw"] = token
+    claims["_previous_key"] = previous_key
     return claims
 
 
@@ -124,6 +137,7 @@ def authenticate(header: str | None) -> Principal:
 class AgentToken:
     org: str
     expires_at: float  # the token's exp (heartbeats renew it when half its life is gone)
+    previous_key: bool = False  # signed with TENSORANT_JWT_SECRET_PREVIOUS: renew it at once
 
 
 def verify_agent(header: str | None, run_id: str) -> AgentToken:
@@ -132,7 +146,7 @@ def verify_agent(header: str | None, run_id: str) -> AgentToken:
     run = _claim(claims, "run", RUN_RE)
     if run != run_id:
         raise Forbidden("this token is not the token of this run")
-    return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]))
+    return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]), previous_key=claims["_previous_key"])
 
 
 def authenticate_agent(header: str | None, run_id: str) -> str:

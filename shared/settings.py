@@ -44,6 +44,10 @@ class Settings(BaseModel):
     table_prefix: str = "ta"
     queue_prefix: str = ""
     jwt_secret: str = DEV_JWT_SECRET
+    # Rotation: the secret before the current one, still accepted for verification (tokens are
+    # minted with the current one; an agent on the previous one is handed a new token at its next
+    # heartbeat). Unset it once every token signed with it has expired (user tokens: 24 h).
+    jwt_secret_previous: str = ""
     encryption_key: str = DEV_ENCRYPTION_KEY
     public_url: str = "http://localhost:7071"
     local_root: str = ".tensorant"
@@ -85,7 +89,7 @@ class Settings(BaseModel):
             raise ValueError(f"TENSORANT_ENV must be one of {', '.join(ENVIRONMENTS)}, not {v!r}")
         return name
 
-    @field_validator("jwt_secret", "encryption_key", "storage_connection")
+    @field_validator("jwt_secret", "jwt_secret_previous", "encryption_key", "storage_connection")
     @classmethod
     def _resolved(cls, v: str) -> str:
         # App Service leaves a Key Vault reference as is when it cannot resolve it (no access, a
@@ -123,6 +127,7 @@ _ENV = {
     "table_prefix": "TENSORANT_TABLE_PREFIX",
     "queue_prefix": "TENSORANT_QUEUE_PREFIX",
     "jwt_secret": "TENSORANT_JWT_SECRET",
+    "jwt_secret_previous": "TENSORANT_JWT_SECRET_PREVIOUS",
     "encryption_key": "TENSORANT_ENCRYPTION_KEY",
     "public_url": "TENSORANT_PUBLIC_URL",
     "local_root": "TENSORANT_LOCAL_ROOT",
@@ -162,6 +167,10 @@ def production_problems(s: Settings) -> list[str]:
                         "set a random secret")
     elif len(s.jwt_secret.encode()) < MIN_JWT_SECRET_BYTES:
         problems.append(f"TENSORANT_JWT_SECRET is shorter than {MIN_JWT_SECRET_BYTES} bytes")
+    if s.jwt_secret_previous and (s.jwt_secret_previous in (DEV_JWT_SECRET, EXAMPLE_JWT_SECRET)
+                                  or len(s.jwt_secret_previous.encode()) < MIN_JWT_SECRET_BYTES):
+        problems.append("TENSORANT_JWT_SECRET_PREVIOUS is a default, a placeholder or shorter than "
+                        f"{MIN_JWT_SECRET_BYTES} bytes")
     if s.encryption_key in (DEV_ENCRYPTION_KEY, EXAMPLE_ENCRYPTION_KEY):
         problems.append("TENSORANT_ENCRYPTION_KEY is the development default or the example placeholder")
     else:

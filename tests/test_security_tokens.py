@@ -114,6 +114,9 @@ def test_production_caps_user_token_lifetime(production: None) -> None:
     {"TENSORANT_ENCRYPTION_KEY": base64.b64encode(b"short").decode()},
     {"TENSORANT_ENCRYPTION_KEY": settings_mod.DEV_ENCRYPTION_KEY},
     {"TENSORANT_ALLOW_PRIVATE_ENDPOINTS": "1"},
+    {"TENSORANT_ALLOW_TEST_MODELS": "1"},
+    {"TENSORANT_JWT_SECRET_PREVIOUS": "too-short"},
+    {"TENSORANT_JWT_SECRET_PREVIOUS": settings_mod.DEV_JWT_SECRET},
     {"TENSORANT_USER_TOKEN_MAX_TTL_S": str(30 * 86400)},
 ], ids=lambda b: repr(b)[:50])
 def test_production_refuses_weak_settings_at_start(monkeypatch: pytest.MonkeyPatch, spelling: str,

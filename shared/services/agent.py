@@ -17,6 +17,7 @@ from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState
 from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition
 from shared.runs.steps import Step
+from shared.security import ORG_RE, AgentToken, verify_agent
 from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
 from shared.store import get_store
@@ -28,6 +29,50 @@ def _walk(run: RunRecord, target: RunState) -> RunRecord:
         nxt = PHASE_ORDER[PHASE_ORDER.index(run.state) + 1]
         run = transition(run, nxt, reason="")
     return run
+
+
+# A refused token is noted on the run at most this often: the note is written for a caller whose
+# token did not verify, so it must not become a way to make writes.
+REFUSAL_NOTE_EVERY_S = 300
+
+
+def verify(header: str | None, run_id: str) -> AgentToken:
+    """The run's agent token, verified; a refusal is noted on the run the token names (see below)."""
+    try:
+        return verify_agent(header, run_id)
+    except Unauthorized as exc:
+        _note_refused(header, run_id, exc.detail)
+        raise
+
+
+def _note_refused(header: str | None, run_id: str, why: str) -> None:
+    """An agent whose calls are refused (a signing key rotated without TENSORANT_JWT_SECRET_PREVIOUS,
+    an expired token) looks like a silent one: note why on the run its unverified token names, so the
+    deadline's reason can say it. Only for the run of the URL, an active run, once per interval."""
+    import jwt
+
+    try:
+        claims = jwt.decode((header or "").split(" ", 1)[-1].strip(), options={"verify_signature": False})
+        org = str(claims.get("org", ""))
+        if claims.get("run") != run_id or not ORG_RE.fullmatch(org):
+            return
+        run, _ = get_store().get_run(org, run_id)
+    except Exception:  # not a token, no such run: nothing to note
+        return
+    t = now()
+    if run.state not in ACTIVE or (run.agent_refused_at and (t - run.agent_refused_at).total_seconds()
+                                   < REFUSAL_NOTE_EVERY_S):
+        return
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in ACTIVE or r.agent_refused_at != run.agent_refused_at:
+            return None
+        return r.model_copy(update={"agent_refused": why[:300], "agent_refused_at": t})
+
+    try:
+        get_store().mutate_run(org, run_id, change)
+    except Exception:  # a note, never a reason to answer other than 401
+        return
 
 
 def refuse_ended(run: RunRecord) -> None:
@@ -51,13 +96,15 @@ def _cap_line(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + TRUNCATED_MARK
 
 
-def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None = None) -> dict[str, Any]:
+def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None = None,
+              renew: bool = False) -> dict[str, Any]:
     """One ETag-guarded write of the run (after a read only when this process has no current
     copy of it), plus one write per log chunk (and an event only when the state moves or the
     run's log limit is first reached).
 
     `token_exp`: the expiry of the token the agent sent; a fresh one is handed out in the reply
-    while the run is active and less than half of a token's lifetime is left."""
+    while the run is active and less than half of a token's lifetime is left, or at once when
+    `renew` (the token was signed with the previous, rotated-out key)."""
     store = get_store()
     t = now()
     lines = [_cap_line(line) for line in hb.logs]
@@ -105,7 +152,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
         refuse_ended(run)
     reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE}
     ttl = get_settings().agent_token_ttl_s
-    if run.state in ACTIVE and token_exp is not None and token_exp - now_ts() < ttl / 2:
+    if run.state in ACTIVE and token_exp is not None and (renew or token_exp - now_ts() < ttl / 2):
         from shared.security import mint_agent_token
 
         reply["token"] = mint_agent_token(org, run_id, ttl_s=ttl)

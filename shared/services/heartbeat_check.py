@@ -58,10 +58,17 @@ def missed_deadline(run: RunRecord, t: datetime) -> str | None:
         return f"the run's runtime limit of {run.runtime_limit_s} s was reached"
     if run.state == RunState.provisioning and d.provisioning_by and t > d.provisioning_by:
         return (f"the agent did not report within the boot deadline of {get_settings().provisioning_timeout_s} s "
-                "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)")
+                "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)" + _refused(run))
     if run.state in ACTIVE and run.state != RunState.provisioning and d.heartbeat_by and t > d.heartbeat_by:
-        return "the agent's heartbeat went silent"
+        return "the agent's heartbeat went silent" + _refused(run)
     return None
+
+
+def _refused(run: RunRecord) -> str:
+    if not run.agent_refused:
+        return ""
+    return (f"; its calls were refused: {run.agent_refused} (was TENSORANT_JWT_SECRET changed without "
+            "TENSORANT_JWT_SECRET_PREVIOUS?)")
 
 
 def check_all() -> dict[str, int]:
