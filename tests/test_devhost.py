@@ -491,3 +491,22 @@ def test_a_chunked_request_reaches_the_function_without_a_content_length() -> No
                                 "CONTENT_TYPE": "application/zip"})
     assert "Content-Length" not in headers and headers["Transfer-Encoding"] == "chunked"
     assert _request_headers({"CONTENT_LENGTH": "5"})["Content-Length"] == "5"
+
+
+def test_an_unauthenticated_upload_is_refused_without_reading_its_body(env: dict[str, str]) -> None:
+    import io
+
+    import function_app
+    from tensorant_devhost.host import _wsgi
+
+    class Unread(io.RawIOBase):
+        def read(self, n: int = -1) -> bytes:
+            raise AssertionError("the body of an unauthenticated request was read")
+
+    host = Host(function_app.app, root=Path(__file__).resolve().parents[1], port=0, queues=False, timers=False,
+                load_settings=False)
+    answered: list[str] = []
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/projects/p-1/datasets",
+               "CONTENT_LENGTH": str(300 * 2**20), "CONTENT_TYPE": "application/x-ndjson", "wsgi.input": Unread()}
+    _wsgi(host, environ, lambda status, headers: answered.append(status))
+    assert answered and answered[0].startswith("401")

@@ -711,8 +711,13 @@ def _wsgi(host: Host, environ: dict[str, Any], start_response: Callable[..., Any
     headers = _request_headers(environ)
     length = int(environ.get("CONTENT_LENGTH") or 0)  # waitress validated it (and de-chunked the body)
 
-    def body() -> bytes:  # read only once a function serves the request
-        return environ["wsgi.input"].read(length) if length else b""
+    def body() -> bytes:
+        # Read only once a function serves the request, and only from a caller that sent credentials:
+        # every route of this app that takes a body authenticates before it parses, so a request
+        # without an Authorization header is answered 401 from its headers alone.
+        if not length or "Authorization" not in headers:
+            return b""
+        return bytes(environ["wsgi.input"].read(length))
 
     if method == "OPTIONS" and host.cors and "Access-Control-Request-Method" in headers:
         status, out, data = 204, dict[str, str](), b""
