@@ -504,7 +504,7 @@ def test_an_unauthenticated_upload_is_refused_without_reading_its_body(env: dict
             raise AssertionError("the body of an unauthenticated request was read")
 
     host = Host(function_app.app, root=Path(__file__).resolve().parents[1], port=0, queues=False, timers=False,
-                load_settings=False)
+                load_settings=False, credentials_first=True)  # as `make run` starts it
     answered: list[str] = []
     environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/api/projects/p-1/datasets",
                "CONTENT_LENGTH": str(300 * 2**20), "CONTENT_TYPE": "application/x-ndjson", "wsgi.input": Unread()}

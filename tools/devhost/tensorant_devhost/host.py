@@ -230,6 +230,7 @@ class Host:
         queues: bool = True,
         timers: bool = True,
         http_workers: int = 1,
+        credentials_first: bool = False,
     ) -> None:
         """http_workers: processes serving HTTP on one listening socket, as the Functions host's
         FUNCTIONS_WORKER_PROCESS_COUNT spreads invocations over Python workers (one interpreter
@@ -237,6 +238,10 @@ class Host:
         stay in this process."""
         if http_workers < 1:
             raise ValueError("http_workers must be at least 1")
+        # True: a request without an Authorization header reaches its function with an empty body, so
+        # an unauthenticated upload is refused without being read (for apps whose every route that
+        # takes a body needs credentials, as Tensorant's; `make run` sets it).
+        self.credentials_first = credentials_first
         self.http_workers = http_workers
         self._children: list[int] = []
         self.root = Path(root) if root is not None else Path.cwd()
@@ -712,10 +717,9 @@ def _wsgi(host: Host, environ: dict[str, Any], start_response: Callable[..., Any
     length = int(environ.get("CONTENT_LENGTH") or 0)  # waitress validated it (and de-chunked the body)
 
     def body() -> bytes:
-        # Read only once a function serves the request, and only from a caller that sent credentials:
-        # every route of this app that takes a body authenticates before it parses, so a request
-        # without an Authorization header is answered 401 from its headers alone.
-        if not length or "Authorization" not in headers:
+        # Read only once a function serves the request; with credentials_first, only from a caller
+        # that sent an Authorization header (the app's routes authenticate before they parse).
+        if not length or (host.credentials_first and "Authorization" not in headers):
             return b""
         return bytes(environ["wsgi.input"].read(length))
 

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         workers = int(raw)
         try:
             host = Host(args.app, root=root, port=port, cors=cors_origins(host_section.get("CORS"), port),
-                        http_workers=workers).start()
+                        http_workers=workers, credentials_first=True).start()
         except (ImportError, AttributeError, ValueError) as exc:
             raise RunError(f"cannot load the function app {args.app!r}: {type(exc).__name__}: {exc}") from exc
         _banner(host, port)
