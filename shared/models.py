@@ -313,6 +313,8 @@ class RunRecord(Model):
     # (a rotated signing key, an expired token): said in the reason if the heartbeat then goes silent.
     agent_refused: str = ""
     agent_refused_at: datetime | None = None
+    # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
+    pace_warned: bool = False
 
 
 # ---------------------------------------------------------------- queue messages

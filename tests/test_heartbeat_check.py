@@ -131,3 +131,29 @@ def _deliver_visible(h: Harness) -> None:
         client = q.client(queue.value)
         for m in client.receive_messages(messages_per_page=16, max_messages=16, visibility_timeout=60):
             h._deliver(queue, client, m)
+
+
+def test_a_pace_that_cannot_finish_in_time_is_said_early_once(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=1200)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.0)
+    h.clock.advance(240)
+    agent.heartbeat("training", 0.1)  # 10 % in 4 min: 40 min in all, the limit is 20
+    h.clock.advance(30)
+    agent.heartbeat("training", 0.12)
+    run = h.get_run(run_id)
+    warnings = [e["message"] for e in run["events"] if e["kind"] == "warning"]
+    assert len(warnings) == 1 and "needs about 40 min" in warnings[0] and "--runtime-limit" in warnings[0], warnings
+    assert any("[tensorant] warning: at the trainer's pace" in line
+               for line in h.ok("GET", f"/api/runs/{run_id}/logs")["lines"])
+
+
+def test_a_pace_that_finishes_in_time_says_nothing(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=1200)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.0)
+    h.clock.advance(60)
+    agent.heartbeat("training", 0.5)
+    assert not [e for e in h.get_run(run_id)["events"] if e["kind"] == "warning"]

@@ -8,7 +8,7 @@ hold recoverable output; otherwise the run is released and failed (issue 12.5).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from shared.clock import now, now_ts
@@ -117,7 +117,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
     decided: dict[str, Any] = {}
 
     def change(r: RunRecord) -> RunRecord | None:
-        decided.update(before=r.state, start=r.log_lines, lines=[], warn=False)
+        decided.update(before=r.state, start=r.log_lines, lines=[], warn=False, pace="")
         if r.state not in ACTIVE:
             return None
         # Lines past the run's cap are dropped; the first time, one marker line says so.
@@ -128,7 +128,12 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
         decided["lines"] = keep
         if PHASE_ORDER.index(target) > PHASE_ORDER.index(r.state):
             r = _walk(r, target)
+        pace = "" if r.pace_warned else pace_warning(r, hb.progress, t)
+        if pace:
+            decided["pace"] = pace
+            keep = decided["lines"] = [*keep, f"[tensorant] warning: {pace}"]
         return r.model_copy(update={
+            "pace_warned": r.pace_warned or bool(pace),
             "phase": hb.phase, "progress": max(hb.progress, r.progress if r.state == target else 0.0),
             "last_heartbeat_at": t, "updated_at": t, "log_lines": r.log_lines + len(keep),
             "deadlines": r.deadlines.model_copy(
@@ -148,6 +153,8 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
     if wrote and decided["warn"]:
         event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
               "(the full log is uploaded with the adapter)")
+    if wrote and decided["pace"]:
+        event(run, "warning", decided["pace"])
     if not wrote:
         refuse_ended(run)
     reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE}
@@ -166,6 +173,29 @@ _STAGE_HEADS = {
     "export": "writing adapter.zip failed",
     "upload": "the adapter upload failed",
 }
+
+
+# The pace is judged once this much of the training is done: earlier, model loading (a GGUF conversion
+# takes minutes on a CPU) weighs too much in the elapsed time.
+PACE_MIN_PROGRESS = 0.1
+
+
+def pace_warning(run: RunRecord, progress: float, t: datetime) -> str:
+    """What to say when, at the trainer's pace so far, the planned steps would end after the runtime
+    limit: the run would be retained at the limit with its output kept, instead of succeeding."""
+    limit_at = run.deadlines.runtime_by
+    if run.state != RunState.training or progress < PACE_MIN_PROGRESS or progress >= 1.0 or limit_at is None:
+        return ""
+    elapsed = (t - run.state_changed_at).total_seconds()
+    finish_at = t + timedelta(seconds=elapsed * (1 - progress) / progress)
+    if finish_at <= limit_at:
+        return ""
+    need_min = round(elapsed / progress / 60)
+    left_min = max(0, round((limit_at - t).total_seconds() / 60))
+    return (f"at the trainer's pace so far ({progress:.0%} of the planned steps in {elapsed / 60:.0f} min) the training "
+            f"needs about {need_min} min, but the runtime limit ends in {left_min} min: the run will then be retained "
+            "with its output kept, not succeed. Next time give it a longer limit (--runtime-limit) or fewer steps "
+            "(--set-training max_steps=N)")
 
 
 def _failure_reason(body: AgentComplete) -> str:
