@@ -14,13 +14,14 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench test-smollm2 image image-check
+.PHONY: help install run test lint bench test-smollm2 image image-check lock
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
 	@echo "           PORT=7071 AZURITE_PORT=10000 (blob; queue and table the next two) to run a second checkout"
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
+	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
 	@echo "make bench  benchmarks (tests/bench)"
 	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
 	@echo "make image  the training image from the Dockerfile with buildah (no Docker; tools/image/)"
@@ -86,3 +87,13 @@ image:
 # The image built, smoke-checked and run for real through the played bootstrap (tools/image/check.sh).
 image-check: install
 	tools/image/check.sh
+
+# The deployment's lock (Azure's remote build installs requirements.txt): every package pinned, from
+# pyproject.toml's ranges; tests/test_packaging.py says when it is stale.
+lock: $(STAMP)
+	$(VENV)/bin/pip-compile --quiet --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
+		--no-emit-trusted-host --output-file=requirements.txt pyproject.toml
+	@{ printf '%s\n' "# The deployment's lock: every package the function app installs on Azure (remote build), pinned." \
+		"# Generated from pyproject.toml [project.dependencies] by pip-tools: \`make lock\`; pyproject keeps the ranges" \
+		"# for development. tests/test_packaging.py fails when a dependency is added, removed or re-ranged there" \
+		"# without regenerating this file."; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt

@@ -18,11 +18,31 @@ TOOLS = ("tensorant_cli", "tensorant_devhost", "croniter")
 HEAVY = re.compile(r"^(boto3|botocore|azure.*|numpy|pydantic.*|runpod)$", re.I)
 
 
-def test_requirements_txt_matches_pyproject() -> None:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    reqs = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
-            if line.strip() and not line.startswith("#")]
-    assert sorted(reqs) == sorted(deps)
+def _lock() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version and not any(c in version for c in "<>=!~*,; "), f"not pinned exactly: {line!r}"
+        pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_requirements_txt_is_a_current_lock_of_pyproject() -> None:
+    # Azure's remote build installs requirements.txt: every package pinned (reproducible deployments),
+    # and each of pyproject's dependencies present at a version its range admits (`make lock` when not).
+    from packaging.requirements import Requirement
+
+    pins = _lock()
+    for dep in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(dep)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{req.name} is in pyproject.toml but not in requirements.txt: run `make lock`"
+        assert req.specifier.contains(pins[name], prereleases=True), \
+            f"requirements.txt pins {req.name}=={pins[name]}, outside pyproject's {req.specifier}: run `make lock`"
+    assert "torch" not in pins  # the trainer's dependencies are the image's, never the app's
 
 
 def test_import_function_app_loads_no_provider_sdk() -> None:
@@ -35,8 +55,22 @@ def test_import_function_app_loads_no_provider_sdk() -> None:
 
 
 def test_requirements_txt_holds_no_tool_dependency() -> None:
-    reqs = (ROOT / "requirements.txt").read_text().lower()
-    assert "croniter" not in reqs
+    assert "croniter" not in _lock()
+
+
+def test_azure_functions_doctor_finds_no_failure() -> None:
+    # Its remaining warnings are explained in README ("Deploying"); a failure is a deployment that breaks.
+    doctor = Path(sys.executable).parent / "azure-functions-doctor"
+    assert doctor.exists(), "azure-functions-doctor is missing: install the dev extras"
+    done = subprocess.run([str(doctor), "doctor", "--path", str(ROOT), "--format", "json"], capture_output=True,
+                          text=True, timeout=300)
+    report = json.loads(done.stdout)
+    items = [item for section in report["results"] for item in section["items"]]
+    failed = [f"{i['rule_id']}: {i['value']}" for i in items if i["status"] == "fail"]
+    assert not failed, failed
+    warned = sorted(i["rule_id"] for i in items if i["status"] == "warn")
+    readme = (ROOT / "README.md").read_text()
+    assert [w for w in warned if w not in readme] == [], "explain each azure-functions-doctor warning in README"
 
 
 def test_import_function_app_loads_no_tool_module() -> None:
