@@ -168,6 +168,10 @@ class TrainingSettings(Model):
         default="auto", description="auto: bf16 on a GPU that supports it, else fp32")
     load_in_4bit: bool = Field(default=False, strict=True, description="QLoRA via bitsandbytes; needs a CUDA GPU")
     gradient_checkpointing: bool = Field(default=True, strict=True)
+    batching: Literal["auto", "padded", "grouped", "packed"] = Field(default="auto", description=(
+        "how examples share a batch: padded (as they come), grouped (by length, little padding), packed "
+        "(several examples a row, attention kept within each; flash attention only); auto picks the fastest "
+        "correct one for the device"))
     seed: int = Field(default=42, ge=0, le=2**32 - 1, strict=True)
     eval_fraction: float = Field(default=0.1, ge=0.0, le=0.5,
                                  description="held-out split, only when the dataset has >= 20 examples")

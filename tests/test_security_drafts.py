@@ -55,10 +55,12 @@ def fields_of(body: Any) -> list[str]:
 CASES = [
     # (the valid draft, the edit, the field both create and PATCH refuse)
     ({}, {"base_model": "evil/private-model"}, "base_model"),
-    ({}, {"base_model": BIG}, "offer_id"),  # does not fit the 24 GB card
-    ({"base_model": BIG, "training": {"load_in_4bit": True}}, {"training": {"load_in_4bit": False}}, "offer_id"),
-    ({"base_model": BIG, "training": {"load_in_4bit": True}},
-     {"training": {"load_in_4bit": False}, "offer_id": "mem-a10"}, "offer_id"),
+    # An 8B model at 4 x 4096 tokens does not fit the 24 GB card in bf16; in 4-bit it does.
+    ({"training": {"max_seq_len": 4096}}, {"base_model": BIG}, "offer_id"),
+    ({"base_model": BIG, "training": {"load_in_4bit": True, "max_seq_len": 4096}},
+     {"training": {"load_in_4bit": False, "max_seq_len": 4096}}, "offer_id"),
+    ({"base_model": BIG, "training": {"load_in_4bit": True, "max_seq_len": 4096}},
+     {"training": {"load_in_4bit": False, "max_seq_len": 4096}, "offer_id": "mem-a10"}, "offer_id"),
     (LOCAL, {"base_model": "Qwen/Qwen2.5-7B-Instruct"}, "offer_id"),  # the local provider's 1B cap
     (LOCAL, {"training": {"load_in_4bit": True}}, "offer_id"),  # no CUDA on the local provider
     ({}, {"training": {"lora_r": 0}}, "training.lora_r"),

@@ -20,9 +20,12 @@ GPU memory of a LoRA run (`estimate_memory`, bytes; documented so the figure can
                plus one layer recomputed at a time, b x s x (6 x hidden + 2 x q_dim + 2 x kv_dim +
                4 x intermediate) x 2 bytes (SDPA attention: no s x s score matrix is stored).
                Without checkpointing every layer keeps that working set.
-  logits       b x s x vocab x 12 bytes: the bf16 logits (2), their fp32 copy for the loss (4),
-               the log-softmax saved for backward (4) and a bf16 gradient (2). For small models
-               with a 150k vocabulary this term, not the weights, dominates.
+  logits       the trainer never holds the full b x s x vocab logits (shared/trainer/loss.py): lm_head
+               and the cross-entropy run on LOSS_CHUNK_ELEMENTS / vocab learned tokens at a time,
+               recomputed in backward, so one chunk is alive: min(b x s, chunk) x vocab x 12 bytes
+               (bf16 logits 2, their fp32 copy 4, softmax for backward 4, bf16 gradient 2), at most
+               2**25 x 12 = 384 MiB. (Full logits were b x s x vocab x 12: 7 GiB for a 0.5B model
+               with a 150k vocabulary at 4 x 1024 tokens, more than its weights.)
   overhead     1 GiB (CUDA context, cuBLAS workspace) + 10 % allocator fragmentation.
 """
 
@@ -36,6 +39,8 @@ GiB = 1024**3
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = ATTENTION + MLP
+# Logits elements per chunk of the trainer's chunked cross-entropy (shared/trainer/loss.py uses this).
+LOSS_CHUNK_ELEMENTS = 2**25
 _NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double quantization)
 
 
@@ -135,7 +140,7 @@ class BaseModel:
             activations = tokens * self.hidden_size * 2 * self.num_layers + working
         else:
             activations = working * self.num_layers
-        logits = tokens * self.vocab_size * 12
+        logits = min(tokens, max(1, LOSS_CHUNK_ELEMENTS // self.vocab_size)) * self.vocab_size * 12
         return int((weights + lora + activations + logits) * 1.1) + GiB
 
     def describe(self, **settings: Any) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class TrainingSettings:
     sample_prompts: int = 3
     max_examples: int | None = None
     kind: str = "full"
+    # auto | padded | grouped | packed (shared.trainer.batches); auto: grouped, packed under flash attention
+    batching: str = "auto"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,7 +52,7 @@ _INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "
 _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
           "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False)}
 _CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),
-            "kind": ("trial", "full")}
+            "kind": ("trial", "full"), "batching": ("auto", "padded", "grouped", "packed")}
 _BOOL = ("load_in_4bit", "gradient_checkpointing")
 _NULLABLE = ("max_steps", "max_examples")
 

@@ -11,6 +11,12 @@ are found in characters by rendering the conversation turn by turn (the text up 
 including the generation prompt, then up to the end of the assistant turn), and mapped to
 tokens with the fast tokenizer's offsets, so any template that renders prefixes consistently
 works without a {% generation %} block. Labels are -100 everywhere else.
+
+Where a turn's own text begins and its end-of-turn marker (e.g. "<|im_end|>\n") begins are found
+by rendering the turn with a sentinel in place of its content: the text before the sentinel is
+the prefix (for a first assistant message, the template's default system prompt and the role
+header, which must not be learned), the text after it is the end marker. A row cut by max_seq_len
+inside an assistant turn keeps that turn's end marker, so a truncated answer still teaches stopping.
 """
 
 from __future__ import annotations
@@ -116,25 +122,42 @@ def render(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_pro
     return str(text)
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the [start, end) character spans of its assistant turns."""
+# Stands in for a message's content to find where a template puts it; no template alters it.
+SENTINEL = "TENSORANTSENTINEL7F3A"
+
+
+def turn_parts(tokenizer: Any, messages: list[dict[str, str]], i: int) -> tuple[str, str]:
+    """(the text before message i's content, the text after it) when the conversation ends at i."""
+    marked = render(tokenizer, [*messages[:i], {"role": messages[i]["role"], "content": SENTINEL}],
+                    add_generation_prompt=False)
+    head, _, tail = marked.partition(SENTINEL)
+    return head, tail
+
+
+def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int, int]]]:
+    """The rendered conversation and, per assistant turn, (start, stop, end) character offsets:
+    [start, end) is learned; [stop, end) is its end-of-turn marker (stop == end when unknown)."""
     full = render(tokenizer, messages, add_generation_prompt=False)
-    spans: list[tuple[int, int]] = []
+    spans: list[tuple[int, int, int]] = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = render(tokenizer, messages[:i], add_generation_prompt=True) if i else ""
         through = render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        head, tail = turn_parts(tokenizer, messages, i)
+        # Not the empty text when i == 0: a template may open every conversation with a default
+        # system prompt and the assistant header, which are the template's, not the answer.
+        before = render(tokenizer, messages[:i], add_generation_prompt=True) if i else head
         if full.startswith(through) and through.startswith(before):
             start, end = len(before), len(through)
         else:
             # A template that renders prefixes differently (e.g. it drops earlier reasoning):
             # fall back to the content itself, searched after the previous span.
-            start = full.find(m["content"], spans[-1][1] if spans else 0)
+            start = full.find(m["content"], spans[-1][2] if spans else 0)
             if start < 0:
                 continue
             end = start + len(m["content"])
-        spans.append((start, end))
+        stop = end - len(tail) if tail and through.endswith(tail) and end - len(tail) > start else end
+        spans.append((start, stop, end))
     return full, spans
 
 
@@ -142,19 +165,32 @@ def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
     """Token ids and labels for one example, truncated to max_seq_len tokens."""
     if example.text is not None:
         ids = list(tokenizer(example.text, add_special_tokens=True)["input_ids"])
-        labels = list(ids)
-    else:
-        assert example.messages is not None
-        text, spans = assistant_spans(tokenizer, example.messages)
-        # The template already holds any special tokens (BOS, turn markers): add none.
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
-        labels = []
-        for token, (start, _end) in zip(ids, enc["offset_mapping"], strict=True):
-            # A token belongs to the turn its first character is in (the turn's end marker included).
-            labels.append(token if any(s <= start < e for s, e in spans) else IGNORE)
-    truncated = len(ids) > max_seq_len
-    return Tokenized(ids[:max_seq_len], labels[:max_seq_len], truncated)
+        return Tokenized(ids[:max_seq_len], ids[:max_seq_len], len(ids) > max_seq_len)
+    assert example.messages is not None
+    text, spans = assistant_spans(tokenizer, example.messages)
+    # The template already holds any special tokens (BOS, turn markers): add none.
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    labels: list[int] = []
+    turn: list[int] = []  # per token: the index of its assistant span, or -1
+    marker: list[bool] = []  # per token: part of its turn's end-of-turn marker
+    for token, (start, _end) in zip(ids, enc["offset_mapping"], strict=True):
+        # A token belongs to the turn its first character is in (the turn's end marker included).
+        k = next((k for k, (s, _stop, e) in enumerate(spans) if s <= start < e), -1)
+        labels.append(token if k >= 0 else IGNORE)
+        turn.append(k)
+        marker.append(k >= 0 and start >= spans[k][1])
+    if len(ids) <= max_seq_len:
+        return Tokenized(ids, labels)
+    keep = list(range(max_seq_len))
+    k = turn[max_seq_len]  # the turn the cut falls in
+    if k >= 0:
+        ends = [j for j in range(len(ids)) if turn[j] == k and marker[j]]
+        cut = max_seq_len - len(ends)
+        # Only when some of the answer stays: an end marker alone would teach an empty answer.
+        if ends and cut > turn.index(k):
+            keep = list(range(cut)) + ends
+    return Tokenized([ids[j] for j in keep], [labels[j] for j in keep], True)
 
 
 def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
@@ -173,7 +209,8 @@ def sample_prompt(tokenizer: Any, example: Example) -> tuple[str, str]:
     """(prompt text to generate from, the dataset's own answer) for a held-out example."""
     if example.messages is not None:
         last = max(i for i, m in enumerate(example.messages) if m["role"] == "assistant")
-        prompt = render(tokenizer, example.messages[:last], add_generation_prompt=True) if last else ""
+        prompt = (render(tokenizer, example.messages[:last], add_generation_prompt=True) if last
+                  else turn_parts(tokenizer, example.messages, 0)[0])
         return prompt, example.messages[last]["content"]
     assert example.text is not None
     words = example.text.split()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -46,10 +47,28 @@ def model_dir(base_model: str, cache_dir: str | Path) -> Path:
     return Path(cache_dir) / base_model.replace("/", "--")
 
 
+def clear_quantization_config(model_path: str | Path) -> bool:
+    """Remove `quantization_config` from a converted model's config.json; True if it was there.
+
+    Loading from GGUF records {quant_method: gguf} in the config although the saved weights are
+    plain dequantized tensors; left there, HF Trainer refuses to fine-tune the model and loaders
+    look for a GGUF quantizer. Idempotent, so it also repairs directories converted before."""
+    path = Path(model_path) / "config.json"
+    config = json.loads(path.read_text())
+    if "quantization_config" not in config:
+        return False
+    del config["quantization_config"]
+    part = path.with_name(path.name + ".tmp")
+    part.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    part.replace(path)
+    return True
+
+
 def ensure_local_model(base_model: str, cache_dir: str | Path) -> Path:
     """A HF model directory for base_model under cache_dir, converted from its GGUF on first use."""
     target = model_dir(base_model, cache_dir)
     if (target / _DONE).exists():
+        clear_quantization_config(target)
         return target
     package = PACKAGES.get(base_model)
     if package is None:
@@ -65,6 +84,7 @@ def ensure_local_model(base_model: str, cache_dir: str | Path) -> Path:
     model.hf_quantizer = None  # type: ignore[assignment]
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
+    clear_quantization_config(partial)
     (partial / _DONE).write_text(f"converted from {gguf.name}\n")
     shutil.rmtree(target, ignore_errors=True)
     partial.replace(target)  # atomic: a crash mid-conversion leaves no half directory in use

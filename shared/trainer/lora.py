@@ -11,7 +11,9 @@ Environment (the agent -> trainer contract; shared/agent passes it):
                              times faster on one thread than on two contended ones)
 
 A plain loop (torch AdamW + warmup/cosine schedule) rather than HF Trainer: fewer moving parts,
-exact control of the loss mask, the progress lines and determinism. It prints
+exact control of the loss mask, the progress lines and determinism. Micro-batches are packed or
+length-grouped (shared.trainer.batches, the `batching` setting) and the loss is a chunked
+cross-entropy over the learned positions only (shared.trainer.loss): no full logits tensor. It prints
 `progress=<0..1> step=<n> loss=<x> lr=<y>` per optimizer step. Exit codes: 0 adapter written,
 2 bad settings or dataset, 3 model could not be loaded, 1 anything else.
 """
@@ -29,8 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.trainer.batches import batch_stream, choose_batching, collate, trained_tokens
 from shared.trainer.config import SettingsError, TrainingSettings, parse_settings
-from shared.trainer.data import IGNORE, DatasetError, Encoded, Example, Tokenized, encode_all, load_examples, sample_prompt
+from shared.trainer.data import DatasetError, Encoded, Example, Tokenized, encode_all, load_examples, sample_prompt
+from shared.trainer.loss import loss_sum
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -73,38 +77,6 @@ def plan_steps(n_train: int, s: TrainingSettings) -> int:
     return max(1, math.ceil(s.epochs * steps_per_epoch))
 
 
-def micro_batches(examples: list[Tokenized], batch_size: int, seed: int) -> Any:
-    """Endless seeded stream of batches: each epoch is a fresh permutation, so epochs may be fractional."""
-    rng = random.Random(seed + 1)
-    epoch = 0
-    while True:
-        order = list(range(len(examples)))
-        rng.shuffle(order)
-        for i in range(0, len(order), batch_size):
-            yield epoch, [examples[j] for j in order[i: i + batch_size]]
-        epoch += 1
-
-
-def collate(batch: list[Tokenized], pad_id: int, device: Any) -> dict[str, Any]:
-    import torch
-
-    width = max(len(t.input_ids) for t in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, t in enumerate(batch):  # right padding; padding is neither attended to nor learned
-        n = len(t.input_ids)
-        ids[row, :n] = torch.tensor(t.input_ids)
-        labels[row, :n] = torch.tensor(t.labels)
-        mask[row, :n] = 1
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
-
-
-def trained_tokens(batch: list[Tokenized]) -> int:
-    # The model shifts labels by one: the first token of each row is never predicted.
-    return sum(sum(1 for x in t.labels[1:] if x != IGNORE) for t in batch)
-
-
 def choose_precision(s: TrainingSettings, cuda: bool) -> str:
     if s.precision != "auto":
         return s.precision
@@ -134,21 +106,23 @@ def load_model(s: TrainingSettings, source: str, precision: str, cuda: bool, tok
     return model
 
 
-def evaluate(model: Any, examples: list[Tokenized], batch_size: int, pad_id: int, device: Any) -> float | None:
+def evaluate(model: Any, examples: list[Tokenized], batch_size: int, pad_id: int, device: Any, mode: str,
+             capacity: int) -> float | None:
     import torch
 
     if not examples:
         return None
     model.eval()
     total, count = 0.0, 0
+    # Token-weighted, so the order does not change the result: by length, for the least padding.
+    ordered = sorted(examples, key=lambda t: len(t.input_ids))
     with torch.no_grad():
-        for i in range(0, len(examples), batch_size):
-            batch = examples[i: i + batch_size]
+        for i in range(0, len(ordered), batch_size):
+            batch = ordered[i: i + batch_size]
             n = trained_tokens(batch)
             if n == 0:
                 continue
-            out = model(**collate(batch, pad_id, device))
-            total += float(out.loss) * n
+            total += float(loss_sum(model, collate(batch, pad_id, device, mode, capacity), n))
             count += n
     model.train()
     return total / count if count else None
@@ -253,12 +227,14 @@ def train(env: dict[str, str]) -> int:
     if not encoded.examples:
         log("trainer: no training example has a token to learn from (all empty or cut off by max_seq_len)")
         return 2
-    truncated = encoded.truncated + held.truncated
-    if truncated:
-        log(f"trainer: {truncated} example(s) were longer than max_seq_len={s.max_seq_len} and were truncated")
-    if encoded.dropped:
-        log(f"trainer: {encoded.dropped} example(s) had no assistant/completion token within max_seq_len "
-            "and were skipped")
+    # Both counts per split: training rows in `truncated`/`dropped`, held-out rows in `eval_*`.
+    for name, part in (("training", encoded), ("held-out", held)):
+        if part.truncated:
+            log(f"trainer: {part.truncated} {name} example(s) were longer than max_seq_len={s.max_seq_len} "
+                "and were truncated")
+        if part.dropped:
+            log(f"trainer: {part.dropped} {name} example(s) had no assistant/completion token within "
+                "max_seq_len and were skipped")
 
     if s.load_in_4bit:
         from peft import prepare_model_for_kbit_training
@@ -267,6 +243,7 @@ def train(env: dict[str, str]) -> int:
     if s.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    batching = choose_batching(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None))
     targets = ALL_LINEAR if s.target_modules == "all-linear" else ATTENTION
     torch.manual_seed(s.seed)  # the LoRA init draws from here: same seed, same adapter
     model = get_peft_model(model, LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
@@ -278,15 +255,16 @@ def train(env: dict[str, str]) -> int:
                                   weight_decay=0.0)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
     log(f"trainer: steps={total_steps} warmup={warmup} batch={s.batch_size}x{s.gradient_accumulation} "
-        f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable}")
+        f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable} "
+        f"batching={batching}")
 
-    eval_before = evaluate(model, held.examples, s.batch_size, pad_id, device)
+    eval_before = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
     if eval_before is not None:
         log(f"trainer: eval_loss before training = {eval_before:.4f}")
     model.train()
-    stream = micro_batches(encoded.examples, s.batch_size, s.seed)
+    stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=batching == "grouped")
     losses: list[float] = []
-    tokens_seen = trained = 0
+    tokens_seen = processed = trained = 0
     epoch = 0
     train_started = time.monotonic()
     for step in range(1, total_steps + 1):
@@ -295,15 +273,16 @@ def train(env: dict[str, str]) -> int:
         n_step = sum(trained_tokens(b) for _, b in group) or 1
         step_loss = 0.0
         for _, batch in group:
-            inputs = collate(batch, pad_id, device)
             n = trained_tokens(batch)
             if n == 0:
                 continue
+            inputs = collate(batch, pad_id, device, batching, s.max_seq_len)
             # Token-weighted over the whole accumulated step, not a mean of micro-batch means.
-            loss = model(**inputs).loss * (n / n_step)
+            loss = loss_sum(model, inputs, n) / n_step
             loss.backward()
             step_loss += float(loss.detach())
-            tokens_seen += int(inputs["attention_mask"].sum())
+            tokens_seen += sum(len(t.input_ids) for t in batch)  # real tokens
+            processed += inputs["input_ids"].numel()  # what the model computed, padding included
             trained += n
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()
@@ -317,7 +296,7 @@ def train(env: dict[str, str]) -> int:
             f"lr={scheduler.get_last_lr()[0]:.3e} epoch={epoch}")
     train_seconds = time.monotonic() - train_started
 
-    eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device)
+    eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
     if eval_after is not None:
         log(f"trainer: eval_loss after training = {eval_after:.4f}")
     samples = []
@@ -352,12 +331,20 @@ def train(env: dict[str, str]) -> int:
         "loss_every": every,
         "eval_loss_before": eval_before,
         "eval_loss": eval_after,
-        "truncated": truncated,
+        # Per split: truncated/dropped count training rows, eval_truncated/eval_dropped held-out rows.
+        "truncated": encoded.truncated,
         "dropped": encoded.dropped,
+        "eval_truncated": held.truncated,
+        "eval_dropped": held.dropped,
+        "row_counts": "truncated and dropped count training rows; eval_truncated and eval_dropped held-out rows",
+        "batching": batching,
+        "processed_tokens": processed,
+        "padding_fraction": round(1 - tokens_seen / processed, 4) if processed else 0.0,
         "trainable_params": trainable,
         "train_seconds": round(train_seconds, 3),
         "duration_s": round(time.monotonic() - started, 3),
         "tokens_per_s": round(tokens_seen / train_seconds, 1) if train_seconds > 0 else None,
+        "processed_tokens_per_s": round(processed / train_seconds, 1) if train_seconds > 0 else None,
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
         "precision": precision,
         "peak_gpu_memory_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None,

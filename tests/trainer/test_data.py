@@ -86,3 +86,37 @@ def test_settings() -> None:
                           ("[1]", "must be a JSON object"), ("{", "not valid JSON")]:
         with pytest.raises(SettingsError, match=fragment.replace("(", r"\(")):
             parse_settings(raw)
+
+
+# A Qwen2.5-style template: a conversation without a system message gets a default one.
+DEFAULT_SYSTEM = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are helpful.<|im_end|>\n"
+                  "{% endif %}")
+
+
+def test_a_first_assistant_message_learns_only_its_own_tokens(tokenizer: Any) -> None:
+    ex = normalise({"messages": [{"role": "assistant", "content": "Ahoy."}, {"role": "user", "content": "Hi?"},
+                                 {"role": "assistant", "content": "Arr."}]})
+    saved = tokenizer.chat_template
+    try:
+        for template in (saved, DEFAULT_SYSTEM + saved):
+            tokenizer.chat_template = template
+            t = encode(tokenizer, ex, 1000)
+            # Not the default system prompt nor the "<|im_start|>assistant\n" header.
+            assert learned(tokenizer, t.input_ids, t.labels) == "Ahoy.<|im_end|>\nArr.<|im_end|>\n"
+    finally:
+        tokenizer.chat_template = saved
+
+
+def test_a_truncated_answer_keeps_its_end_of_turn_tokens(tokenizer: Any) -> None:
+    ex = normalise({"prompt": "Count.", "completion": "one two three four five six seven eight nine ten"})
+    full = encode(tokenizer, ex, 1000)
+    n_prompt = full.labels.index(next(x for x in full.labels if x != IGNORE))
+    limit = n_prompt + 4
+    t = encode(tokenizer, ex, limit)
+    assert t.truncated and len(t.input_ids) == limit
+    text = learned(tokenizer, t.input_ids, t.labels)
+    assert text.endswith("<|im_end|>\n") and "one".startswith(text[:2]), text
+    # The prompt is untouched, and a cut that leaves no answer token keeps no lone end marker.
+    assert t.input_ids[:n_prompt] == full.input_ids[:n_prompt]
+    bare = encode(tokenizer, ex, n_prompt + 1)
+    assert learned(tokenizer, bare.input_ids, bare.labels) == tokenizer.decode([full.input_ids[n_prompt]])

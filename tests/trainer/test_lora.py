@@ -65,6 +65,32 @@ def test_loss_falls_and_progress_lines(runs: list[tuple[Path, str]]) -> None:
     assert "sample with adapter:" in log and len(manifest["samples"]) == 1
 
 
+def test_manifest_counts_per_split_and_padding(runs: list[tuple[Path, str]], tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from shared.trainer.config import parse_settings
+    from shared.trainer.data import encode_all, load_examples
+    from shared.trainer.lora import split
+
+    out, log = runs[0]
+    manifest = json.loads((out / "manifest.json").read_text())
+    s = parse_settings(json.dumps(SETTINGS))[0]
+    train, held, _ = split(load_examples(out.parent / "data.jsonl"), s)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    enc_train, enc_held = encode_all(tok, train, s.max_seq_len), encode_all(tok, held, s.max_seq_len)
+    # truncated/dropped: training rows only, as `dropped` always was; eval_*: the held-out rows.
+    assert (manifest["truncated"], manifest["dropped"]) == (enc_train.truncated, enc_train.dropped)
+    assert (manifest["eval_truncated"], manifest["eval_dropped"]) == (enc_held.truncated, enc_held.dropped)
+    assert "training rows" in manifest["row_counts"] and "held-out" in manifest["row_counts"]
+    # Padding: real tokens vs what the model processed.
+    assert manifest["batching"] == "grouped"  # auto on the CPU
+    assert manifest["processed_tokens"] >= manifest["tokens"] > 0
+    assert manifest["padding_fraction"] == round(1 - manifest["tokens"] / manifest["processed_tokens"], 4)
+    assert manifest["padding_fraction"] < 0.2
+    assert manifest["processed_tokens_per_s"] >= manifest["tokens_per_s"] > 0
+    assert "batching=grouped" in log
+
+
 def _tensors(raw: bytes) -> dict[str, tuple[list[int], bytes]]:
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8: 8 + n])

@@ -1,0 +1,150 @@
+"""Batching without compute on padding, and the loss without full logits: each must give the same
+token-weighted loss (and gradients) as every example computed alone with transformers' own loss."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from shared.trainer.batches import batch_stream, choose_batching, collate, pack_rows, trained_tokens
+from shared.trainer.config import SettingsError, parse_settings
+from shared.trainer.data import IGNORE, Tokenized
+from tests.trainer.conftest import need_torch
+
+ARCHS = ("tensorant/tiny-llama", "tensorant/tiny-qwen2")
+
+
+def examples(n: int, seed: int = 0, vocab: int = 500) -> list[Tokenized]:
+    """Chat-like rows: a prompt (not learned) then an answer (learned), 3 to 40 tokens in all."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 40))]
+        prompt = rng.randint(1, len(ids) - 1)
+        out.append(Tokenized(ids, [IGNORE] * prompt + ids[prompt:]))
+    return out
+
+
+def model_of(name: str, vocab: int | None = None) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from shared.trainer.random_model import declared
+
+    config = declared(name).hf_config()
+    if vocab:
+        config.vocab_size = vocab
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def alone(model: Any, batch: list[Tokenized]) -> Any:
+    """Reference: each example on its own row, no padding, transformers' mean loss x its tokens."""
+    import torch
+
+    total = 0
+    for t in batch:
+        n = trained_tokens([t])
+        if n:
+            out = model(input_ids=torch.tensor([t.input_ids]), labels=torch.tensor([t.labels]))
+            total = total + out.loss * n
+    return total
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_every_batching_gives_the_loss_and_gradients_of_each_example_alone(name: str) -> None:
+    need_torch()
+    import torch
+
+    from shared.trainer.loss import loss_sum
+
+    torch.set_num_threads(1)
+    model = model_of(name)
+    batch = examples(6, seed=1)
+    n = trained_tokens(batch)
+    reference = alone(model, batch)
+    reference.backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
+    for mode in ("padded", "grouped", "packed"):
+        model.zero_grad()
+        # Rows as wide as the longest example: several rows, some holding two or three examples.
+        inputs = collate(batch, 0, "cpu", mode, 60)
+        if mode == "packed":
+            assert inputs["input_ids"].shape[0] < len(batch) and "attention_mask" not in inputs
+        got = loss_sum(model, inputs, n)
+        assert torch.allclose(got, reference, rtol=1e-5, atol=1e-5), (mode, float(got), float(reference))
+        got.backward()
+        for k, p in model.named_parameters():
+            assert torch.allclose(p.grad, expected[k], rtol=1e-4, atol=1e-6), (mode, k)
+
+
+def test_chunked_loss_equals_the_full_logits_loss() -> None:
+    need_torch()
+    import torch
+
+    from shared.trainer.loss import chunked_loss_sum
+
+    torch.set_num_threads(1)
+    model = model_of("tensorant/tiny-qwen2", vocab=5000)
+    batch = examples(4, seed=2, vocab=5000)
+    inputs = collate(batch, 0, "cpu", "padded", 64)
+    n = trained_tokens(batch)
+    plain = model(**inputs).loss * n
+    plain.backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    hidden = model.get_decoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).last_hidden_state
+    chunked = chunked_loss_sum(model.get_output_embeddings(), hidden, inputs["labels"], chunk=7)  # many chunks
+    assert torch.allclose(chunked, plain, rtol=1e-5), (float(chunked), float(plain))
+    chunked.backward()
+    for k, p in model.named_parameters():  # the tied embedding/head included
+        assert torch.allclose(p.grad, expected[k], rtol=1e-4, atol=1e-6), k
+
+
+def test_grouped_batches_cover_each_epoch_once_with_less_padding() -> None:
+    data = examples(200, seed=3)
+    for t in data:
+        t.labels[-1] = t.input_ids[-1]  # identity check below needs unique objects only
+
+    def padding(grouped: bool) -> tuple[float, list[list[int]]]:
+        stream = batch_stream(data, 8, seed=5, grouped=grouped)
+        real = width = 0
+        epochs: list[list[int]] = [[], []]
+        for _ in range(2 * 25):
+            epoch, batch = next(stream)
+            epochs[epoch] += [id(t) for t in batch]
+            real += sum(len(t.input_ids) for t in batch)
+            width += len(batch) * max(len(t.input_ids) for t in batch)
+        return 1 - real / width, epochs
+
+    padded, _ = padding(False)
+    grouped, epochs = padding(True)
+    assert all(sorted(e) == sorted(id(t) for t in data) for e in epochs)
+    assert epochs[0] != epochs[1]  # a fresh order each epoch
+    assert grouped < padded / 3, (grouped, padded)
+    first = [[id(t) for t in b] for _, b in (next(batch_stream(data, 8, 5, grouped=True)) for _ in range(1))]
+    again = [[id(t) for t in b] for _, b in (next(batch_stream(data, 8, 5, grouped=True)) for _ in range(1))]
+    assert first == again  # deterministic with the seed
+
+
+def test_packing_fills_rows_up_to_the_capacity() -> None:
+    data = examples(16, seed=4)
+    rows = pack_rows(data, 64)
+    assert sorted(id(t) for r in rows for t in r) == sorted(id(t) for t in data)
+    assert all(sum(len(t.input_ids) for t in r) <= 64 for r in rows)
+    assert len(rows) <= -(-sum(len(t.input_ids) for t in data) // 64) + 2
+
+
+def test_batching_setting() -> None:
+    assert parse_settings('{"batching": "grouped"}')[0].batching == "grouped"
+    assert parse_settings(None)[0].batching == "auto"
+    with pytest.raises(SettingsError, match="batching must be one of auto, padded, grouped, packed"):
+        parse_settings('{"batching": "pack"}')
+    assert choose_batching("auto", "llama", "sdpa") == "grouped"  # measured fastest on the CPU
+    assert choose_batching("auto", "qwen2", "flash_attention_2") == "packed"
+    assert choose_batching("auto", "gemma2", "flash_attention_2") == "grouped"
+    assert choose_batching("packed", "gpt2", "sdpa") == "grouped"  # would let examples attend to each other
+    assert choose_batching("packed", "llama", "sdpa") == "packed"
+    assert choose_batching("padded", "llama", "sdpa") == "padded"
