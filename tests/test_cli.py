@@ -132,12 +132,14 @@ def test_a_run_end_to_end_with_q_last_watch_get_list_logs(local_host: LocalHost,
 
     code, out, _ = h.cli(capsys, "runs", "list")
     header, row = out.splitlines()[0], out.splitlines()[1]
-    for col in ("PROGRESS", "COST", "DURATION", "REASON"):
+    for col in ("PROGRESS", "COST", "ELAPSED", "BILLED GPU", "REASON"):
         assert col in header
     assert "100%" in row and "$" in row and "0.999" not in row
 
     code, out, _ = h.cli(capsys, "runs", "logs", "--last", "-f", "--interval", "0.1")
     assert code == 0 and out.splitlines()[-1].startswith(f"run {run_id} succeeded")
+    code, plain, _ = h.cli(capsys, "runs", "logs", "--last")
+    assert out.splitlines()[:-1] == plain.splitlines()  # each line once, as without -f
 
     code, out, err = h.cli(capsys, "runs", "launch", run_id, "--yes")
     assert code == 1 and "nothing was launched" in err and "launched:" not in out
@@ -221,6 +223,9 @@ def test_drafts_warn_edit_and_delete(local_host: LocalHost, capsys: pytest.Captu
     assert code == 0 and "warning: the estimate" in out and "above the price limit" in out
     code, _, err = h.cli(capsys, "runs", "launch", "--last", "--yes")
     assert code == 1 and "nothing was launched" in err and "now costs" not in err
+    # The hint in the CLI's words (the API's own say "PATCH the draft"), with the run's id.
+    run_id = json.loads(h.cli(capsys, "runs", "list", "--json")[1])["items"][0]["id"]
+    assert f"tensorant runs edit {run_id} --price-limit" in err and "PATCH" not in err, err
     code, out, _ = h.cli(capsys, "runs", "edit", "--last", "--price-limit", "1", "--json")
     assert code == 0 and json.loads(out)["warnings"] == [] and json.loads(out)["price_limit_per_hour"] == 1.0
     code, out, _ = h.cli(capsys, "runs", "delete", "--last")

@@ -510,3 +510,82 @@ def test_an_unauthenticated_upload_is_refused_without_reading_its_body(env: dict
                "CONTENT_LENGTH": str(300 * 2**20), "CONTENT_TYPE": "application/x-ndjson", "wsgi.input": Unread()}
     _wsgi(host, environ, lambda status, headers: answered.append(status))
     assert answered and answered[0].startswith("401")
+
+
+# ---------------------------------------------------------------- issue 22: what `make run` says
+
+
+def test_http_requests_are_logged_only_when_asked(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runs watch` polls twice a second: its requests are debug lines, shown with
+    TENSORANT_LOG_REQUESTS=1 (or --verbose); steps (queue messages) are always shown."""
+    import logging
+
+    from tensorant_devhost import run
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("tensorant.devhost")
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        monkeypatch.delenv("TENSORANT_LOG_REQUESTS", raising=False)
+        assert run.log_requests(False) is False
+        with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+            assert requests.get(f"{host.url}/api/items/7", timeout=5).status_code == 200
+            _send("step")
+            assert host.pump() == 1
+            assert requests.get(f"{host.url}/api/boom", timeout=5).status_code == 500
+            shown = [r.getMessage() for r in records if r.levelno >= logger.getEffectiveLevel()]
+            assert not any("get_item" in m for m in shown), shown
+            assert any("Functions.work" in m for m in shown)  # a step
+            assert any("Functions.boom" in m and "Failed" in m for m in shown)  # a failed request still shows
+
+            monkeypatch.setenv("TENSORANT_LOG_REQUESTS", "1")
+            assert run.log_requests(False) is True
+            records.clear()
+            assert requests.get(f"{host.url}/api/items/8", timeout=5).status_code == 200
+            shown = [r.getMessage() for r in records if r.levelno >= logger.getEffectiveLevel()]
+            assert any("get_item" in m and "GET /api/items/8" in m for m in shown), shown
+        monkeypatch.delenv("TENSORANT_LOG_REQUESTS")
+        assert run.log_requests(True) is True  # --verbose
+    finally:
+        logger.removeHandler(keep)
+        run.log_requests(False)
+
+
+def test_make_run_says_at_shutdown_which_retained_machines_it_keeps(env: dict[str, str],
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A retained run's stopped agent outlives the host (for recovery): the shutdown names it and
+    says how to discard it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tensorant_devhost import run
+
+    machines = Path(env["TENSORANT_LOCAL_ROOT"]).resolve() / "machines"
+    marks = {"TENSORANT_MANAGED": "true", "TENSORANT_DEPLOYMENT_ID": env["TENSORANT_DEPLOYMENT_ID"],
+             "TENSORANT_ORG": "demo", "TENSORANT_RUN_ID": "r-kept" + secrets.token_hex(3),
+             "TENSORANT_LOCAL_MACHINES": str(machines)}
+    # A stand-in for a retained run's agent: marked as the local provider marks it, then stopped.
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env={**os.environ, **marks}, start_new_session=True)
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)
+        assert _wait_for(lambda: Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T")
+        run.say_what_is_kept()
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if marks["TENSORANT_RUN_ID"] in x)
+        assert "retained" in line and "org demo" in line and "MB" in line, out
+        assert "recover" in out
+        assert f"tensorant runs cancel {marks['TENSORANT_RUN_ID']} --discard" in out
+    finally:
+        agent.kill()
+        agent.wait(10)
+    run.say_what_is_kept()
+    assert marks["TENSORANT_RUN_ID"] not in capsys.readouterr().out  # nothing kept: nothing said of it

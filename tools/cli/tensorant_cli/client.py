@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from tensorant_cli.render import printable
+from tensorant_cli.render import cli_field, cli_words, printable
 
 
 class ApiError(Exception):
@@ -18,14 +19,22 @@ class ApiError(Exception):
         self.detail = detail
         self.errors = errors or []
 
-    def render(self) -> str:
+    def render(self, run_id: str = "<RUN_ID>") -> str:
+        """The error for a terminal, in the CLI's words (flags, not API fields: see cli_words), each
+        field error once: the API's detail often restates them ("discard: ...", "fix these fields
+        and send again: a: ...; b: ..."), so only what the detail adds to them is printed."""
         head = f"error: {self.title}" + (f" (HTTP {self.status})" if self.status else "")
         lines = [head]
-        if self.detail:
-            lines.append(f"  {self.detail}")
-        for e in self.errors:
-            field = e.get("field") or e.get("name") or "?"
-            lines.append(f"  - {field}: {e.get('message') or e.get('detail') or ''}")
+        fields = [(str(e.get("field") or e.get("name") or "?"), str(e.get("message") or e.get("detail") or ""))
+                  for e in self.errors]
+        detail = self.detail
+        for field, message in fields:
+            detail = detail.replace(f"{field}: {message}", "")
+        detail = re.sub(r"(\s*;\s*)+", "; ", detail).strip(" ;")
+        if detail:
+            lines.append(f"  {cli_words(detail, run_id)}")
+        for field, message in fields:
+            lines.append(f"  - {cli_field(field)}: {cli_words(message, run_id)}")
         # The detail may quote a run's reason or an upstream error: printed line by line, made printable.
         return "\n".join(printable(line) for line in lines)
 

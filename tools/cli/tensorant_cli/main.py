@@ -18,8 +18,10 @@ from typing import Any, TextIO
 
 from tensorant_cli.client import ApiError, Client, _error
 from tensorant_cli.render import (
+    cli_words,
     clock,
     duration,
+    gpu_hours,
     money,
     percent,
     printable,
@@ -316,6 +318,8 @@ def cmd_usage(args: argparse.Namespace, client: Client) -> int:
         total = data.get("total") or {}
         if rows:
             rows.append({"provider": "total", **total})
+        rows = [{**r, "gpu_hours": gpu_hours(r.get("gpu_hours")), "cost": money(r.get("cost"), r.get("currency") or "USD")}
+                for r in rows]
         _table(rows, ["provider", "runs", "gpu_hours", "cost"], empty="(no runs launched)")
 
     _emit(args, data, text, ids=[])
@@ -350,7 +354,7 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
         if run.get(key):
             _say(f"  {key.replace('_at', '').replace('_', ' ')}: {run[key]}")
     for w in run.get("warnings") or []:
-        _say(f"  warning: {w}")
+        _say(f"  warning: {cli_words(w, str(run.get('id')))}")
     if run.get("billing_note"):
         _say(f"  billing: {run['billing_note']}")
     if run.get("release_error"):
@@ -371,7 +375,7 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
     if events:
         _say("  history:")
         for e in events:
-            _say(f"    {clock(e.get('at'))}  {e.get('message')}")
+            _say(f"    {clock(e.get('at'))}  {cli_words(str(e.get('message')), str(run.get('id')))}")
 
 
 def _run_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -380,7 +384,8 @@ def _run_rows(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cost = r.get("final_cost") if r.get("final_cost") is not None else r.get("cost_so_far")
         currency = str((r.get("offer") or {}).get("currency") or "USD")
         rows.append({**r, "progress": percent(r.get("progress")), "cost": money(cost, currency),
-                     "duration": duration(r.get("elapsed_s")), "reason": _short(r.get("reason"), 50)})
+                     "elapsed": duration(r.get("elapsed_s")), "billed_gpu": duration(r.get("billed_machine_s")),
+                     "reason": _short(r.get("reason"), 50)})
     return rows
 
 
@@ -393,14 +398,15 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
             _say(f"created run {run.get('id')} (state {run.get('state')}); estimate "
                   f"{money(run.get('estimate_per_hour'))}/h")
             for w in run.get("warnings") or []:
-                _say(f"warning: {w}")
+                _say(f"warning: {cli_words(w, str(run.get('id')))}")
 
         _emit(args, run, text)
     elif a == "list":
         data = client.get("/api/runs")
+        # Elapsed and billed GPU time apart: a retained run's clock goes on, its GPU bill does not.
         _emit(args, data, lambda: _table(_run_rows(_items(data, "runs")), [
-            "id", "kind", "state", "progress", "cost", "duration", "provider", "created_at", "reason"],
-            empty="(no runs)"))
+            "id", "kind", "state", "progress", "cost", "elapsed", "billed_gpu", "provider", "created_at", "reason"],
+            empty="(no runs)", headers={"billed_gpu": "billed gpu"}))
     elif a == "get":
         run = client.get(f"/api/runs/{_run_id(args, client)}")
         _emit(args, run, lambda: _show_run(run, client))
@@ -461,11 +467,12 @@ def training_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_base_models(args: argparse.Namespace, client: Client) -> int:
     data = client.get("/api/base-models")
-    if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=str))
+    models = _items(data, "models")
+    if getattr(args, "json", False) or getattr(args, "quiet", False):
+        _emit(args, data, "", ids=[str(m.get("id")) for m in models])  # -q: the names, for --base-model
         return 0
     rows = [{**m, "params_m": round(m.get("params", 0) / 1e6), "gpu_gb_bf16": (m.get("memory_gb") or {}).get("bf16"),
-             "gpu_gb_4bit": (m.get("memory_gb") or {}).get("four_bit")} for m in _items(data, "models")]
+             "gpu_gb_4bit": (m.get("memory_gb") or {}).get("four_bit")} for m in models]
     _table(rows, ["id", "architecture", "params_m", "layers", "hidden", "gpu_gb_bf16", "gpu_gb_4bit", "local_cpu"],
            empty="(no base models)")
     if isinstance(data, dict) and data.get("note"):
@@ -533,7 +540,7 @@ def _cancel(args: argparse.Namespace, client: Client) -> int:
 
 
 def _launch(args: argparse.Namespace, client: Client) -> int:
-    run_id = _run_id(args, client)
+    run_id = args.id = _run_id(args, client)  # an error's hint names it (`tensorant runs edit <id> ...`)
     run = client.get(f"/api/runs/{run_id}")
     offer = run.get("offer") or {}
     estimate = run.get("estimate_per_hour", offer.get("total_per_hour"))
@@ -547,9 +554,9 @@ def _launch(args: argparse.Namespace, client: Client) -> int:
     _say(f"Run {run_id}: {offer.get('gpu', '?')} on {run.get('provider', '?')} "
           f"({offer.get('machine_type', '?')}, {offer.get('region', '?')})", file=talk)
     _say(f"Estimate: {_cell(estimate)} {offer.get('currency', 'USD')}/hour (your limit: {_cell(limit)}/hour); "
-          f"runtime limit {_cell(run.get('runtime_limit_s'))} s", file=talk)
+          f"runtime limit {duration(run.get('runtime_limit_s'))}", file=talk)
     for w in run.get("warnings") or []:
-        _say(f"Warning: {w}", file=talk)
+        _say(f"Warning: {cli_words(w, run_id)}", file=talk)
     if run.get("billing_note"):
         _say(f"Note: {run['billing_note']}", file=talk)
     if not args.yes:
@@ -572,17 +579,37 @@ class _LogCursor:
         self.client, self.run_id = client, run_id
         self.cursor: str | None = None
         self.seen = 0
+        self.done = False  # the API said so (`next` null): the run ended and every line was read
 
     def new_lines(self) -> list[str]:
+        if self.done:
+            return []  # asking again would read the last page a second time
         data = self.client.get(f"/api/runs/{self.run_id}/logs", after=self.cursor or "")
         lines = [x if isinstance(x, str) else json.dumps(x, default=str) for x in _items(data, "lines")]
         if isinstance(data, dict) and "next" in data:  # paged: the answer holds only new lines
             if data.get("next"):
                 self.cursor = str(data["next"])
+            else:
+                self.done = True
             return lines
         fresh = lines[self.seen:]
         self.seen = max(self.seen, len(lines))
         return fresh
+
+    def rest(self) -> list[str]:
+        """Every line not read yet (all pages), for a run that has ended."""
+        lines: list[str] = []
+        while fresh := self.new_lines():
+            lines.extend(fresh)
+        return lines
+
+
+def _entered(run: dict[str, Any]) -> bool:
+    """Whether the run's events hold its move into the state it is in ("releasing -> succeeded: ...")."""
+    state = str(run.get("state", ""))
+    return any(e.get("kind") == "transition" and (e.get("state") == state
+                                                  or f" -> {state}" in str(e.get("message", "")).split(":", 1)[0])
+               for e in run.get("events") or [])
 
 
 def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO | None = None,
@@ -601,16 +628,27 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
     last_status = ""
     polls = 0
     while True:
+        # The log first, then the run: a line the run logged before it changed state is read no later
+        # than that change, and printed above it (the last trainer and agent lines come before
+        # "releasing -> succeeded", not after it).
+        logged = cursor.new_lines() if cursor is not None else []
         run = client.get(f"/api/runs/{run_id}")
-        lines: list[str] = []
+        late = 0
+        while str(run.get("state", "")) in STOP_STATES and not _entered(run) and late < 5:
+            # The API writes a run's new state a moment before the event that says so: read it again
+            # rather than end without the line "releasing -> succeeded".
+            late += 1
+            time.sleep(min(interval, 0.2))
+            run = client.get(f"/api/runs/{run_id}")
+        if cursor is not None and str(run.get("state", "")) in STOP_STATES:
+            logged += cursor.rest()  # it has ended: whatever it logged comes before how it ended
+        lines = [f"  | {line}" for line in logged]
         for e in run.get("events") or []:
             key = (str(e.get("at")), str(e.get("message")))
             if e.get("kind") in ("transition", "warning") and key not in seen_events:
                 seen_events.add(key)
                 mark = "" if e.get("kind") == "transition" else "warning: "
-                lines.append(f"{clock(e.get('at'))}  {mark}{e.get('message')}")
-        if cursor is not None:
-            lines.extend(f"  | {line}" for line in cursor.new_lines())
+                lines.append(f"{clock(e.get('at'))}  {mark}{cli_words(str(e.get('message')), run_id)}")
         lines = [printable(line) for line in lines]  # the block is printable already
         block = status_block(run)
         if tty:
@@ -636,8 +674,10 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
                 out.write(printable(f"billing: {run['billing_note']}") + "\n")
             outcome = run.get("outcome")
             cost = run.get("final_cost") if run.get("final_cost") is not None else run.get("cost_so_far")
+            # Both times: a retained run's clock goes on while its GPU no longer bills.
             out.write(printable(f"run {run_id} {state}" + (f" (outcome: {outcome})" if outcome and outcome != state else "")
-                                + f" after {duration(run.get('elapsed_s'))}, cost {money(cost)}") + "\n")
+                                + f" after {duration(run.get('elapsed_s'))} (billed GPU "
+                                + f"{duration(run.get('billed_machine_s'))}), cost {money(cost)}") + "\n")
             out.flush()
             return 0 if state == "succeeded" else 1
         polls += 1
@@ -796,7 +836,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = _leaf(sub, "dev-token", "mint a development token with the local JWT secret (prints it only)",
               "export TENSORANT_TOKEN=$(tensorant dev-token --org demo --role owner)", objects=False)
-    t.add_argument("--org", default="dev-org")
+    # The org `make run` prints a token for and the README's quickstart uses: one org throughout.
+    t.add_argument("--org", default="demo")
     t.add_argument("--role", default="owner", choices=["owner", "member", "admin"])
     t.add_argument("--sub", default="dev-user")
     t.add_argument("--ttl", type=int, default=12 * 3600, help="lifetime in seconds")
@@ -939,7 +980,8 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.fn(args, client)
         sys.stdout.flush()
     except ApiError as exc:
-        print(exc.render(), file=sys.stderr)  # rendered line by line
+        # Rendered line by line, in the CLI's words; a hint that names the run names this one.
+        print(exc.render(run_id=str(getattr(args, "id", None) or "<RUN_ID>")), file=sys.stderr)
         return 1
     except UsageError as exc:
         _say(f"error: {exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,11 @@ def duration(seconds: Any) -> str:
         return f"{m}m{s:02d}s"
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m"
+
+
+def gpu_hours(hours: Any) -> str:
+    """GPU hours, always with three decimals (3.6 s): every row and every command rounds alike."""
+    return "-" if hours is None else f"{float(hours):.3f}"
 
 
 def money(value: Any, currency: str = "USD") -> str:
@@ -74,6 +80,41 @@ def clock(at: Any) -> str:
         return str(at)
 
 
+# The API's hints name its JSON fields and HTTP methods; the CLI's user types flags. Phrases first
+# (in order), then single fields as whole words, so that max_price_limit_per_hour (another field) stays.
+# `{run}` is the run the command was about.
+_API_PHRASES = (
+    ("raise price_limit_per_hour (PATCH the draft)", "raise the limit (`tensorant runs edit {run} --price-limit N`)"),
+    ("until price_limit_per_hour is raised", "until the limit is raised (`tensorant runs edit {run} --price-limit N`)"),
+    ("send discard: true", "cancel again with --discard"),
+    ("discard: true", "--discard"),
+    ("discard: false", "--keep"),
+)
+API_FLAGS = {
+    "price_limit_per_hour": "--price-limit",
+    "runtime_limit_s": "--runtime-limit",
+    "dataset_version_id": "--dataset",
+    "offer_id": "--offer",
+    "base_model": "--base-model",
+    "discard": "--discard or --keep",
+}
+_API_FIELD = re.compile(r"\b(" + "|".join(name for name in API_FLAGS if name != "discard") + r")\b")
+
+
+def cli_words(text: str, run_id: str = "<RUN_ID>") -> str:
+    """An API message in the CLI's words: `tensorant runs edit ... --price-limit N`, not "PATCH the draft"."""
+    for api, cli in _API_PHRASES:
+        text = text.replace(api, cli.format(run=run_id))
+    return _API_FIELD.sub(lambda m: API_FLAGS[m.group(1)], text)
+
+
+def cli_field(field: str) -> str:
+    """A field error's field as the flag that sets it (training.lora_r -> --set-training lora_r)."""
+    if field.startswith("training."):
+        return f"--set-training {field.removeprefix('training.')}"
+    return API_FLAGS.get(field, field)
+
+
 def status_line(run: dict[str, Any]) -> str:
     """One line: id, state, phase, progress, reason (the short form, for cancel/release/recover)."""
     parts = [f"{run.get('id', '?')}", f"state={run.get('state', '?')}"]
@@ -98,10 +139,10 @@ def status_block(run: dict[str, Any]) -> list[str]:
     rate = offer.get("total_per_hour")
     lines = [
         head,
-        f"  elapsed {duration(run.get('elapsed_s'))}   {'final cost' if final else 'cost so far'} "
-        f"{money(cost, currency)}"
-        + (f" (at {money(rate, currency)}/h)" if rate is not None else "")
-        + f"   billed machine {duration(run.get('billed_machine_s'))}",
+        # Both times, labelled: a retained run's clock goes on while its GPU no longer bills.
+        f"  elapsed {duration(run.get('elapsed_s'))}, billed GPU {duration(run.get('billed_machine_s'))}   "
+        f"{'final cost' if final else 'cost so far'} {money(cost, currency)}"
+        + (f" (at {money(rate, currency)}/h)" if rate is not None else ""),
         f"  provider {run.get('provider', '?')}   machine {offer.get('machine_type', '?')} "
         f"({offer.get('gpu', '?')})   region {offer.get('region') or '-'}",
     ]

@@ -351,7 +351,11 @@ class Host:
         if "context" in params:
             kwargs["context"] = _Context(invocation_id, f.name, str(self.root))
         started = time.perf_counter()
-        log.info("Executing 'Functions.%s' (%s, Id=%s)", f.name, detail or f.kind, invocation_id)
+        # HTTP requests are debug lines: `runs watch` and the agents' heartbeats poll every second or
+        # two, and would bury the steps, warnings and errors (`make run` shows them on request:
+        # TENSORANT_LOG_REQUESTS=1). A failed invocation is an error line whatever its trigger.
+        level = logging.DEBUG if f.kind == "http" else logging.INFO
+        log.log(level, "Executing 'Functions.%s' (%s, Id=%s)", f.name, detail or f.kind, invocation_id)
         try:
             result = f.func(**kwargs)
             if inspect.isawaitable(result):
@@ -367,7 +371,7 @@ class Host:
             exc._devhost_logged = True  # type: ignore[attr-defined]
             raise
         ms = (time.perf_counter() - started) * 1000
-        log.info("Executed 'Functions.%s' (Succeeded, Id=%s, Duration=%.0fms)", f.name, invocation_id, ms)
+        log.log(level, "Executed 'Functions.%s' (Succeeded, Id=%s, Duration=%.0fms)", f.name, invocation_id, ms)
         return result
 
     def _send_output(self, binding: dict[str, Any], value: Any) -> None:

@@ -1,18 +1,23 @@
 """`make run`: Azurite + the function app in the dev host on http://localhost:7071, local providers.
 
     python -m tensorant_devhost.run [--app function_app:app] [--port 7071] [--azurite-port 10000] [--no-azurite]
+                                    [--verbose]
 
 Azurite keeps its data in .tensorant/azurite, so a second run sees the first run's
 tables and queues. An Azurite already listening on 10000-10002 is reused (and left
 running); anything else on those ports stops the run with a message. Ctrl-C stops
 the host and the Azurite this run started. The local provider's agent processes are
 detached and outlive the host, as cloud machines outlive the control plane: the next
-run finds them, and a run's release (or the sweeper) ends them.
+run finds them, and a run's release (or the sweeper) ends them; the shutdown names them.
+
+The terminal shows the steps (queue messages), timers, warnings and errors; HTTP requests
+only with --verbose or TENSORANT_LOG_REQUESTS=1 (`runs watch` and the agents poll often).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -26,6 +31,9 @@ from pathlib import Path
 from tensorant_devhost.config import load_local_settings
 
 AZURITE_PORTS = {"Blob": 10000, "Queue": 10001, "Table": 10002}
+# The org of the token the banner prints: the one the README's quickstart uses (and `tensorant
+# dev-token`'s default), so the printed token sees the quickstart's runs.
+DEV_ORG = "demo"
 
 
 def use_azurite_ports(blob: int) -> str:
@@ -147,6 +155,65 @@ def set_local_defaults(root: Path, port: int) -> None:
             os.environ[key] = value
 
 
+def log_requests(verbose: bool) -> bool:
+    """Show every HTTP request (the host logs them at debug level) when --verbose or
+    TENSORANT_LOG_REQUESTS is set; returns whether they are shown."""
+    wanted = verbose or os.environ.get("TENSORANT_LOG_REQUESTS", "").strip().lower() in ("1", "true", "yes", "on")
+    logging.getLogger("tensorant.devhost").setLevel(logging.DEBUG if wanted else logging.INFO)
+    return wanted
+
+
+def _rss_mb(pids: list[int]) -> int:
+    """The resident memory of these processes together, in MB (from /proc; 0 for any gone meanwhile)."""
+    kb = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        kb += sum(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    return round(kb / 1024)
+
+
+def say_what_is_kept() -> None:
+    """At shutdown: the local agents that outlive this host, and why. A retained run's agent and
+    trainer are stopped, not ended (a stopped machine whose disk is kept, for recovery) and hold
+    their memory until the run is recovered or discarded; a running one goes on training."""
+    from shared.providers.local.compute import LocalCompute, scan
+    from shared.providers.local.config import LocalConfig
+    from shared.settings import get_settings
+
+    local = LocalCompute(LocalConfig(), get_settings())
+    # list_managed: only this deployment's and this checkout's agents, never another's.
+    agents = [r for r in local.list_managed() if r.kind == "process"]
+    if not agents:
+        return
+    _, groups = scan()
+    runs: dict[tuple[str, str], list[int]] = {}
+    stopped: dict[tuple[str, str], bool] = {}
+    for agent in agents:
+        key = (agent.run_id, agent.org)
+        runs.setdefault(key, []).extend(groups.get(int(agent.id), []))  # id: the process group
+        stopped[key] = stopped.get(key, True) and agent.state == "stopped"
+    print("Left behind by this stop (local agents outlive the host, as cloud machines outlive the "
+          "control plane):", flush=True)
+    for (run_id, org), pids in sorted(runs.items()):
+        if stopped[(run_id, org)]:
+            print(f"  run {run_id} (org {org}): retained, its agent and trainer stopped, {_rss_mb(pids)} MB of "
+                  f"memory: kept so its output can be recovered "
+                  f"(`tensorant runs recover {run_id} --start-machine|--verify-saved|--upload FILE`)")
+        else:
+            print(f"  run {run_id} (org {org}): running, {_rss_mb(pids)} MB of memory: it goes on and "
+                  "reports to the next `make run`")
+    retained = sorted(key for key, all_stopped in stopped.items() if all_stopped)
+    if retained:
+        print("To discard a retained run's machine and disk (with any output on them):")
+        for run_id, org in retained:
+            token = "" if org == DEV_ORG else f"TENSORANT_TOKEN=$(tensorant dev-token --org {org}) "
+            print(f"  {token}tensorant runs cancel {run_id} --discard --yes")
+    sys.stdout.flush()
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         # As the HTTP server itself does: connections of a previous run in TIME_WAIT must not
@@ -166,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--azurite-port", type=int, default=int(os.environ.get("TENSORANT_AZURITE_PORT") or 10000),
                         help="Azurite's blob port; queue and table use the next two (default 10000)")
     parser.add_argument("--no-azurite", action="store_true", help="use AzureWebJobsStorage as it is")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="log every HTTP request too (or set TENSORANT_LOG_REQUESTS=1)")
     args = parser.parse_args(argv)
+    log_requests(args.verbose)
     azurite_conn = use_azurite_ports(args.azurite_port)
 
     root = Path.cwd()
@@ -234,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if host is not None:
             host.stop()
+            try:
+                say_what_is_kept()
+            except Exception as exc:  # a report: it must not keep Azurite from being stopped below
+                print(f"(could not list the local agents this host leaves behind: {exc})", flush=True)
         if azurite is not None:
             print("Stopping Azurite (it saves its data; up to 8 s)...", flush=True)
             stop_process(azurite)
@@ -258,14 +332,15 @@ def _banner(host: object, port: int) -> None:
     from tensorant_devhost.host import resolve_setting
 
     # Never a token minted with production settings (main refuses production anyway).
-    token = "" if get_settings().is_production else mint_user_token("dev-user", "dev-org", Role.owner)
+    token = "" if get_settings().is_production else mint_user_token("dev-user", DEV_ORG, Role.owner)
     functions = getattr(host, "functions", [])
     lines = [f"  {f.name}: [{f.kind}] " + (
         f"/api/{f.route.template}" if f.route else f.queue_name or resolve_setting(f.schedule))
              for f in functions]
     base = f"http://localhost:{port}"
     print("\nFunctions:\n" + "\n".join(lines), flush=True)
-    auth = (f"Dev owner token (org dev-org; `tensorant dev-token` mints others):\n"
+    auth = (f"Dev owner token (org {DEV_ORG}, as in the README's quickstart; `tensorant dev-token --org ORG` "
+            "mints others):\n"
             f"  export TENSORANT_URL={base}\n  export TENSORANT_TOKEN={token}" if token else
             f"  export TENSORANT_URL={base}  (production settings: no dev token is printed)")
     print(f"\nTensorant control plane: {base}/api\nAPI docs: {base}/api/docs\n{auth}\n\nPress Ctrl-C to stop.",
