@@ -73,7 +73,7 @@ def attach(app: func.FunctionApp) -> None:
 
     @bp.route(route="docs/assets/{name}", methods=["GET"], auth_level=ANON)
     @_public
-    @http.api(summary="A file of the docs page's vendored renderer", response="text/plain")
+    @http.api(summary="A file of the docs page's vendored renderer", response="docs asset")
     def docs_asset(req: func.HttpRequest) -> func.HttpResponse:
         name = req.route_params.get("name", "")
         if name not in ASSET_FILES:

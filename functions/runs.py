@@ -88,7 +88,8 @@ def release_run(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="runs/{id}/adapter", methods=["GET"], auth_level=ANON)
 @http.api(summary="The verified adapter of a succeeded run: application/zip (local storage, header "
-                  "X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before")
+                  "X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before",
+          response="adapter download")
 def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
     def call() -> object:
         got = runs.adapter(http.principal(req), req.route_params["id"])

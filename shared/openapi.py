@@ -8,13 +8,18 @@ say is derived, by these rules:
   descriptions; a new segment becomes its own tag after those).
 - security: none when the mark says auth None (the docs routes), the run's agent token under
   agent/, a user token elsewhere.
-- error responses (problem+json), unless the mark lists `errors`: 401 and 403 when a token is
-  needed, 404 when the path names something, 409 for a write that needs a token (state
-  conflicts), 422 when there is a body or a path parameter to validate, 500 always.
+- error responses (problem+json), each with its status: 500 always; 401, 403 and 503 (the
+  state store unreachable) when a token is needed; 409 for a write that needs a token (state
+  conflicts, concurrent writes); 404 and 422 when the path names something; 422 when there is a
+  query parameter (QUERY) to validate; 400, 413 and 422 with a request body (Content-Length not
+  a number, over the limit, invalid), and 411 with an upload (a raw body needs Content-Length).
+  What a service answers beyond these (a rate limit's 429, a 404 for an id in the body, a GET's
+  409) is listed by operation in MORE_ERRORS.
 - bodies: a pydantic model is application/json; a media type string ("application/zip",
   "application/x-ndjson") is a raw body of that type; "provider config" is the compute
   connection body, one schema per provider in the registry (oneOf); "storage config" is the
-  storage connection body (oneOf on `kind`). A tuple lists several accepted bodies.
+  storage connection body (oneOf on `kind`); "adapter download" is the adapter archive or its
+  download link; "docs asset" the docs page's files. A tuple lists several accepted bodies.
 """
 
 from __future__ import annotations
@@ -43,16 +48,59 @@ TAG_OF_SEGMENT = {"openapi.json": "docs"}
 
 SUCCESS = {200: "OK", 201: "Created", 202: "Accepted: the work continues in the background", 204: "No content"}
 ERRORS: dict[int, tuple[str, str]] = {
+    400: ("Bad request", "Content-Length must be the body's size in bytes"),
     401: ("Unauthorized", "send Authorization: Bearer <token> (mint one with `tensorant dev-token`)"),
     403: ("Forbidden", "this needs the owner role; your token has member"),
     404: ("Not found", "no run r-0123456789 in this organization"),
     409: ("Conflict", "the run is training; cancel with discard: true to release its machine and disk"),
+    411: ("Length required", "send a Content-Length header with the dataset (uploads are not chunked); at most 90 MiB"),
+    413: ("Payload too large", "the JSON body is 2097152 bytes, over the 1 MiB this endpoint takes"),
     422: ("Invalid input", "fix these fields and send again: price_limit_per_hour: Input should be greater than 0"),
+    429: ("Too many requests", "more than 10 run creates in a minute for this organization; try again in 12 s"),
     500: ("Internal error", "the control plane failed; the error is logged with this request"),
+    503: ("Service unavailable", "the control plane's state store (Azure Storage tables and queues) cannot be "
+                                "reached; the request may not have completed: send it again in 5 s"),
 }
-ERROR_TEXT = {401: "No valid token", 403: "The token may not do this", 404: "Not found",
-              409: "Refused in the current state; nothing was changed", 422: "Invalid input, naming the fields to fix",
-              500: "Internal error"}
+ERROR_TEXT = {400: "Malformed request (a Content-Length that is not the body's size)", 401: "No valid token",
+              403: "The token may not do this", 404: "Not found",
+              409: "Refused in the current state; nothing was changed", 411: "An upload needs a Content-Length header",
+              413: "The body is over this endpoint's limit", 422: "Invalid input, naming the fields to fix",
+              429: "Rate limited: send it again after Retry-After seconds", 500: "Internal error",
+              503: "The state store cannot be reached: send it again after Retry-After seconds"}
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending the request again",
+                               "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
+
+# What an operation answers beyond the rules in the module's docstring, by operationId: what
+# its service raises that the route cannot show. tests/test_openapi.py checks every name here.
+MORE_ERRORS: dict[str, set[int]] = {
+    "create_run": {404, 429},  # the body's project or dataset version unknown; run creates per minute
+    "launch_run": {429},  # run launches per minute
+    "recover_run": {429},
+    "release_run": {429},
+    "check_compute": {429},
+    "dataset_upload_url": {429},
+    "get_storage": {404},  # no storage connection saved
+    "runpod_volumes": {404, 409},  # no RunPod connection saved, or RunPod refused the listing
+    "run_adapter": {409},  # not succeeded (yet), or the stored adapter is gone or changed
+    "gpus": {404},  # no connection saved for ?provider=
+}
+
+# Query parameters, by operationId (the handlers read them from req.params).
+QUERY: dict[str, list[dict[str, Any]]] = {
+    "run_logs": [
+        {"name": "after", "schema": {"type": "string", "pattern": "^[0-9]{1,10}$"},
+         "description": "the cursor a previous page returned as `next` (a line number)"},
+        {"name": "limit", "schema": {"type": "integer", "minimum": 1, "maximum": 5000, "default": 1000},
+         "description": "lines per page"},
+    ],
+    "get_usage": [{"name": "since", "schema": {"type": "string"}, "example": "2026-01-01",
+                   "description": "an ISO date or date-time; 30 days ago when omitted"}],
+    "gpus": [
+        {"name": "provider", "schema": {"type": "string"}, "description": "only this provider's offers"},
+        {"name": "base_model", "schema": {"type": "string"},
+         "description": "a declared base model: each offer says whether a LoRA run of it fits"},
+    ],
+}
 
 # Raw bodies named by media type in a mark.
 MEDIA: dict[str, dict[str, Any]] = {
@@ -68,6 +116,8 @@ MEDIA: dict[str, dict[str, Any]] = {
     "application/json": {"schema": {}},
     "text/html": {"schema": {"type": "string"}},
     "text/plain": {"schema": {"type": "string"}},
+    "text/css": {"schema": {"type": "string"}},
+    "text/javascript": {"schema": {"type": "string"}},
 }
 
 _SHA = "3f" * 32
@@ -77,6 +127,7 @@ EXAMPLES: dict[str, Any] = {
     "RunCreate": {"project_id": "support-bot-1a2b", "kind": "trial", "provider": "aws",
                   "offer_id": "us-east-1/g6.xlarge", "price_limit_per_hour": 1.5,
                   "dataset_version_id": "ds-20250101-1a2b3c", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+    "RunPatch": {"price_limit_per_hour": 2.0},
     "RunLaunch": {"confirm": True},
     "RunCancel": {"discard": True},
     "RunRecover": {"mode": "verify_saved"},
@@ -161,9 +212,27 @@ def _storage_config(doc: _Doc) -> dict[str, Any]:
     return {"application/json": {"schema": doc.adapter(TypeAdapter(union)), "examples": examples}}
 
 
+def _adapter_download(doc: _Doc) -> dict[str, Any]:
+    # Local storage answers the archive itself; S3 and RunPod volume storage a short-lived link.
+    link = {"type": "object", "required": ["url", "expires_at", "sha256", "size"], "properties": {
+        "url": {"type": "string", "description": "a presigned GET URL of adapter.zip"},
+        "expires_at": {"type": "string", "format": "date-time"},
+        "sha256": {"type": "string", "description": "the verified archive's sha256 (hex)"},
+        "size": {"type": "integer", "description": "the archive's size in bytes"}}}
+    return {"application/zip": {"schema": {**MEDIA["application/zip"]["schema"], "description": (
+                "adapter.zip (local storage), with headers X-Adapter-Sha256 and Content-Disposition")}},
+            "application/json": {"schema": link}}
+
+
+def _docs_asset(doc: _Doc) -> dict[str, Any]:
+    return {media: dict(MEDIA[media]) for media in ("text/javascript", "text/css", "text/plain")}
+
+
 NAMED_BODIES: dict[str, Callable[[_Doc], dict[str, Any]]] = {
     "provider config": _provider_config,
     "storage config": _storage_config,
+    "adapter download": _adapter_download,
+    "docs asset": _docs_asset,
 }
 
 
@@ -188,19 +257,27 @@ def _tag(route: str) -> str:
     return TAG_OF_SEGMENT.get(segment, segment)
 
 
-def _errors(mark: dict[str, Any], method: str, auth: str | None, has_params: bool) -> list[int]:
-    if mark.get("errors") is not None:
-        return sorted({*mark["errors"], 500})
+def _is_upload(body: Any) -> bool:
+    """A raw body (a media type other than JSON): read by http.upload_body, which needs Content-Length."""
+    return any(isinstance(item, str) and item in MEDIA and item != "application/json"
+               for item in (body if isinstance(body, tuple) else (body,)))
+
+
+def _errors(op_id: str, mark: dict[str, Any], method: str, auth: str | None, has_params: bool) -> list[int]:
     codes = {500}
     if auth:
-        codes |= {401, 403}
+        codes |= {401, 403, 503}
         if method != "get":
             codes.add(409)
     if has_params:
         codes |= {404, 422}
-    if mark.get("request"):
+    if op_id in QUERY:
         codes.add(422)
-    return sorted(codes)
+    if mark.get("request"):
+        codes |= {400, 413, 422}
+        if _is_upload(mark["request"]):
+            codes.add(411)
+    return sorted(codes | MORE_ERRORS.get(op_id, set()))
 
 
 def _responses(mark: dict[str, Any], errors: list[int], doc: _Doc, problem: dict[str, Any]) -> dict[str, Any]:
@@ -214,10 +291,12 @@ def _responses(mark: dict[str, Any], errors: list[int], doc: _Doc, problem: dict
         out[str(code)] = {"description": ERROR_TEXT[code], "content": {PROBLEM: {"schema": problem, "example": {
             "type": "about:blank", "title": title, "status": code, "detail": detail, "errors": (
                 [{"field": "price_limit_per_hour", "message": "Input should be greater than 0"}] if code == 422 else [])}}}}
+        if code in (429, 503):
+            out[str(code)]["headers"] = RETRY_AFTER
     return out
 
 
-def _parameters(route: str) -> list[dict[str, Any]]:
+def _parameters(route: str, op_id: str) -> list[dict[str, Any]]:
     params = []
     for name in re.findall(r"{(\w+)", route):
         schema: dict[str, Any] = {"type": "string"}
@@ -226,7 +305,7 @@ def _parameters(route: str) -> list[dict[str, Any]]:
 
             schema["enum"] = registry.compute_names()
         params.append({"name": name, "in": "path", "required": True, "schema": schema})
-    return params
+    return params + [{"in": "query", "required": False, **p} for p in QUERY.get(op_id, [])]
 
 
 def build(app: Any) -> dict[str, Any]:
@@ -243,16 +322,18 @@ def build(app: Any) -> dict[str, Any]:
         mark = getattr(fn.get_user_function(), "__api__", {})
         tag = _tag(route)
         auth = mark.get("auth", "agent" if tag == "agent" else "user")
-        params = _parameters(route)
+        op_id = fn.get_function_name()
+        params = _parameters(route, op_id)
+        in_path = any(p["in"] == "path" for p in params)
         for method in trigger.get("methods") or ["GET"]:
             m = str(getattr(method, "value", method)).lower()
             op: dict[str, Any] = {
                 "tags": [tag],
-                "operationId": fn.get_function_name(),
+                "operationId": op_id,
                 "summary": mark.get("summary", ""),
                 "parameters": params,
                 "security": [{auth: []}] if auth else [],
-                "responses": _responses(mark, _errors(mark, m, auth, bool(params)), doc, problem),
+                "responses": _responses(mark, _errors(op_id, mark, m, auth, in_path), doc, problem),
             }
             if mark.get("request"):
                 op["requestBody"] = {"required": True, "content": _content(mark["request"], doc)}

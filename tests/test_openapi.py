@@ -11,8 +11,9 @@ import pytest
 from pydantic import BaseModel
 
 from shared import models
-from shared.openapi import EXAMPLES, PROBLEM, TAGS, build
+from shared.openapi import EXAMPLES, MORE_ERRORS, PROBLEM, QUERY, TAGS, build
 from shared.providers import registry
+from shared.services import runs
 from shared.storage.config import StorageConfig
 
 
@@ -95,11 +96,48 @@ def test_every_operation_documents_its_responses(spec: dict[str, Any]) -> None:
             assert "422" in codes, where
         if op["security"] and method != "get":
             assert "409" in codes, where
+        if op["security"]:
+            assert "503" in codes, where  # the state store unreachable
+        if "requestBody" in op:
+            assert {"400", "413"} <= codes, where
+        for code in {"429", "503"} & codes:
+            assert "Retry-After" in op["responses"][code]["headers"], where
     ops = {op["operationId"]: op for _, _, op in _ops(spec)}
     assert ops["create_run"]["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].endswith("RunView")
     assert "204" in ops["delete_compute"]["responses"]
     assert ops["openapi"]["security"] == [] and ops["docs"]["security"] == []
     assert ops["heartbeat"]["security"] == [{"agent": []}] and ops["get_run"]["security"] == [{"user": []}]
+
+
+def test_the_statuses_services_answer_are_listed(spec: dict[str, Any]) -> None:
+    ops = {op["operationId"]: op for _, _, op in _ops(spec)}
+    assert set(MORE_ERRORS) <= set(ops) and set(QUERY) <= set(ops)
+
+    def codes(op_id: str) -> set[str]:
+        return set(ops[op_id]["responses"])
+
+    assert {"404", "429"} <= codes("create_run")  # unknown project or dataset; run creates per minute
+    for op_id in ("launch_run", "recover_run", "release_run", "check_compute", "dataset_upload_url"):
+        assert "429" in codes(op_id), op_id
+    assert "409" in codes("runpod_volumes") and "404" in codes("get_storage")
+    # Uploads need a Content-Length (411); JSON bodies do not.
+    assert "411" in codes("upload_dataset") and "411" in codes("recover_run") and "411" not in codes("create_run")
+    # The agent's own report that the machine never started training.
+    boot = ops["boot_failed"]
+    assert boot["security"] == [{"agent": []}] and {"401", "403", "404", "422"} <= codes("boot_failed")
+    assert boot["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/BootFailure")
+    # The adapter: the archive itself (local storage) or a download link, 409 before the run succeeded.
+    adapter = ops["run_adapter"]["responses"]
+    assert adapter["200"]["content"]["application/zip"]["schema"]["format"] == "binary"
+    assert adapter["200"]["content"]["application/json"]["schema"]["required"] == ["url", "expires_at", "sha256", "size"]
+    assert "409" in adapter
+    assert set(ops["docs_asset"]["responses"]["200"]["content"]) == {"text/javascript", "text/css", "text/plain"}
+    # Query parameters the handlers read are declared, and a bad one answers 422.
+    limit = next(p for p in QUERY["run_logs"] if p["name"] == "limit")["schema"]
+    assert (limit["default"], limit["maximum"]) == (runs.LOG_PAGE_DEFAULT, runs.LOG_PAGE_MAX)
+    for op_id, params in QUERY.items():
+        declared = {p["name"] for p in ops[op_id]["parameters"] if p["in"] == "query"}
+        assert declared == {p["name"] for p in params} and "422" in codes(op_id), op_id
 
 
 def test_examples_are_accepted_by_their_models(spec: dict[str, Any]) -> None:
@@ -123,7 +161,7 @@ def test_operations_are_grouped_by_resource_runs_first(spec: dict[str, Any]) -> 
     for path, method, op in _ops(spec):
         assert len(op["tags"]) == 1 and op["tags"][0] in names, f"{method} {path}"
         assert op["summary"], f"{method} {path} has no summary"
-        declared = {p["name"] for p in op["parameters"]}
+        declared = {p["name"] for p in op["parameters"] if p["in"] == "path"}
         assert declared == set(re.findall(r"{(\w+)}", path)), f"{method} {path}"
     assert {op["tags"][0] for p, _, op in _ops(spec) if p.startswith("/api/runs")} == {"runs"}
 
