@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any, cast
+
 from shared.clock import now
-from shared.providers.base import RunRef
+from shared.providers.base import ComputeProvider, RunRef
+from shared.services import sweeper
+from shared.services.backends import compute_for
 from shared.settings import get_settings
 from tests.chaos import fixtures
 from tests.chaos.fixtures import audits, sweep
@@ -164,3 +169,59 @@ def test_a_listing_that_misses_a_live_machine_stops_nothing(h: Harness, cloud: C
     assert not sweep(h)["findings"]
     assert h.get_run(run_id)["state"] == "training"
     assert [m.state for m in cloud.machines.values()] == ["running"]
+
+
+def test_two_sweeps_at_once_release_a_leak_once_with_one_audit_entry(h: Harness, cloud: ChaosCloud) -> None:
+    ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
+    h.clock.advance(grace() + 1)
+    # Both sweeps list the leak before either releases it (the race of two hosts' timers): each
+    # waits after its listing for the other, unless the other has ended (skipped) meanwhile.
+    met = threading.Barrier(2)
+
+    class Meets:
+        def __init__(self, provider: ComputeProvider) -> None:
+            self.provider = provider
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.provider, name)
+
+        def list_managed(self) -> Any:
+            listed = list(self.provider.list_managed())
+            try:
+                met.wait(timeout=30)
+            except threading.BrokenBarrierError:
+                pass  # the other sweep has ended without listing
+            return listed
+
+    results: list[dict[str, Any]] = []
+
+    def run() -> None:
+        try:
+            results.append(sweeper.sweep(dry_run=False,
+                                         compute=lambda org, name: cast(ComputeProvider, Meets(compute_for(org, name)))))
+        finally:
+            met.abort()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert ghost.state == "terminated"
+    assert cloud.calls.count("release") == 1
+    assert len(audits("sweep-release")) == 1
+    assert sorted(len(r["findings"]) for r in results) == [0, 1]
+    assert [bool(r.get("skipped")) for r in results].count(True) == 1
+
+
+def test_a_dead_sweepers_lease_runs_out(h: Harness, cloud: ChaosCloud) -> None:
+    ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
+    h.clock.advance(grace() + 1)
+    assert sweeper._take_lease()  # a sweeper that died holding the lease (never ended)
+    out = sweep(h)
+    assert out["skipped"] and not out["findings"] and ghost.state == "running"
+    assert [f["action"] for f in sweep(h, dry_run=True)["findings"]] == ["would release"]  # no lease needed
+    h.clock.advance(sweeper.LEASE_S + 1)
+    [f] = sweep(h)["findings"]
+    assert f["action"] == "release" and ghost.state == "terminated"
+    assert "skipped" not in sweep(h)  # each sweep ends its lease

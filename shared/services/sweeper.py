@@ -22,6 +22,11 @@ without tags such as RunPod, this deployment's name prefix and a run id that is 
 are ever considered. Every action and every dry-run finding is an audit event.
 The cost of a tick grows with listing pages and runs read in bulk, never with a describe
 per run (a describe is made only for a live run missing from the listing, an anomaly).
+
+One sweep acts at a time: it holds a lease (see _take_lease), like the Functions host's
+singleton lock on a timer, so two sweeps at once (the timer on two hosts, an admin's sweep
+during the timer's) do not both release one leak and audit it twice. A sweep that finds the
+lease held skips; the next tick sweeps. A dry run acts on nothing and takes no lease.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from shared.clock import now
+from shared.clock import now, now_ts
+from shared.errors import ConcurrencyError, Conflict
 from shared.log import get_logger
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
 from shared.providers.base import ComputeProvider, RunRef
@@ -57,9 +63,53 @@ RESENDS: dict[RunState, Step] = resent_by(Resender.sweeper)
 ProviderFactory = Callable[[str, str], ComputeProvider]
 
 
+# The sweep lease: one row of the quotas table ("~" is in no org id, so it is no org's row).
+LEASE_PK, LEASE_RK = "~platform", "sweeper-lease"
+# It ends on its own this long after it was taken, so a sweeper that died holding it (a host
+# killed mid-sweep) delays sweeping by at most this. Longer than a sweep takes (listings and
+# releases: seconds to a minute), so a slow sweep is not joined by the next tick's.
+LEASE_S = 600
+
+
 def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str, Any]:
-    settings, store = get_settings(), get_store()
     stats = {"connections": 0, "listed": 0, "list_calls": 0, "run_queries": 0}
+    lease = None if dry_run else _take_lease()
+    if not dry_run and lease is None:
+        get_logger().info("sweep skipped: another sweep holds the lease")
+        return {"dry_run": dry_run, **stats, "findings": [],
+                "skipped": "another sweep is running; the next tick sweeps"}
+    try:
+        return _sweep(dry_run, compute, stats)
+    finally:
+        if lease is not None:
+            _end_lease(lease)
+
+
+def _take_lease() -> str | None:
+    """Take the sweep lease: its ETag, or None while another sweep holds it. Taken by an
+    ETag-guarded write, so of two sweeps that both read it free, one write is refused."""
+    table, t = get_store().table("quotas"), now_ts()
+    got = table.get(LEASE_PK, LEASE_RK)
+    if got is not None and float(got[0].get("until", 0)) > t:
+        return None
+    data = {"until": t + LEASE_S}
+    try:
+        if got is None:
+            return table.insert(LEASE_PK, LEASE_RK, data)
+        return table.update(LEASE_PK, LEASE_RK, data, got[1])
+    except (ConcurrencyError, Conflict):
+        return None  # another sweep took it between the read and the write
+
+
+def _end_lease(etag: str) -> None:
+    try:
+        get_store().table("quotas").update(LEASE_PK, LEASE_RK, {"until": 0}, etag)
+    except ConcurrencyError:
+        pass  # it ran out during this sweep and another sweep holds it now: theirs to end
+
+
+def _sweep(dry_run: bool, compute: ProviderFactory, stats: dict[str, int]) -> dict[str, Any]:
+    settings, store = get_settings(), get_store()
     findings: list[dict[str, Any]] = []
     by_org: dict[str, list[str]] = defaultdict(list)
     for conn in store.list_connections_all_orgs():

@@ -1,17 +1,22 @@
 """The chaos driver: many runs through the real queue handlers, timers and Azurite queues and
 tables, on a simulated clock, with faults everywhere.
 
-What it injects (all decided by one seeded random generator, so a run is repeatable up to
-thread scheduling):
+What it injects (every decision from the seeded schedule in tests/chaos/schedule.py, so a
+run is repeatable up to thread scheduling, and the faults the test asserts on happen for every
+seed):
 - a crash of the handler in every step of every run: before or after the k-th store write
   or provider call of that step (k cycles through 1..MAX_POINT per step, so each point of
-  each step is hit);
-- random provider faults: an error, throttling, or a permanent error before the call; a
-  timeout or a crash after the call succeeded; a new machine invisible to listing for 50 s;
+  each step is hit; the coverage runs carry k = 1..3 of every step they pass);
+- provider faults: an error, throttling, or a permanent error before the call; a timeout
+  or a crash after the call succeeded; a new machine invisible to listing for 50 s;
 - crashes inside the heartbeat-check and sweeper timers;
 - duplicate delivery of a message, one after the other or concurrently in two threads, and
   several different messages handled concurrently (a thread pool).
 Messages that fail maxDequeueCount times go to `<queue>-poison` like on the host.
+
+The work is bounded, not timed: a fixed number of runs and of rounds on the simulated clock
+(longer only until every forced fault has fired), so a slow machine takes longer but does
+the same test.
 
 The agent on each machine follows a script chosen per run (train and succeed, fail, upload
 a bad adapter, go silent, never report, lose its machine outside the control plane, or be
@@ -39,19 +44,12 @@ from shared.errors import Conflict, NotFound
 from shared.models import AgentComplete, Heartbeat, Role, RunCancel, RunCreate, RunLaunch, RunRecord, RunState
 from shared.queues import Queue, decode, get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL
-from shared.runs.steps import RUN_STEPS
 from shared.security import Principal
 from shared.settings import get_settings
 from shared.store.repo import Store, get_store, set_store
 from tests.chaos.provider import ChaosCloud, Crash
+from tests.chaos.schedule import FAULT_WINDOW, MAX_DEQUEUE, MODE_WINDOW, OneHostSchedule
 from tests.harness import Harness, lift_quotas, smoke_adapter_zip
-
-STEPS = tuple(step.value for step in RUN_STEPS)  # the step table's run steps
-MAX_POINT = 8  # crash points per step: the k-th store write or provider call, k = 1..MAX_POINT
-MAX_DEQUEUE = 5
-SCRIPTS = {"ok": 50, "fail": 10, "bad": 6, "silent": 8, "vanish": 8, "cancel": 10, "mute": 8}
-PROVIDER_FAULTS = {"error": 3, "throttle": 3, "timeout": 2, "crash_after": 2, "permanent": 1, "permanent_after": 1}
-STUBBORN_SHARE = 0.05  # runs whose release crashes more than maxDequeueCount times (poison, then replay)
 
 
 def run_body(project: tuple[str, str]) -> RunCreate:
@@ -59,25 +57,21 @@ def run_body(project: tuple[str, str]) -> RunCreate:
                      base_model="tensorant/smoke-tiny", price_limit_per_hour=100.0, runtime_limit_s=3 * 3600)
 
 
-def pick_script(rng: random.Random) -> str:
-    return rng.choices(list(SCRIPTS), weights=list(SCRIPTS.values()))[0]
-
-
 class Faults:
-    """Every fault decision. Crash points are counted per delivery (thread-local)."""
+    """Every fault decision, from the schedule. Crash points are counted per delivery (thread-local)."""
 
-    def __init__(self, rng: random.Random, provider_fault_rate: float) -> None:
-        self.rng = rng
-        self.rng_lock = threading.Lock()
+    def __init__(self, plan: OneHostSchedule) -> None:
+        self.schedule = plan
         self.local = threading.local()
         self.on = True
-        self.rate = provider_fault_rate
         self.plan: dict[tuple[str, str], tuple[int, str]] = {}  # (step, run id or "*") -> (k, before|after)
         self.fired = Counter[tuple[str, int, str]]()
         self.fired_ops = Counter[str]()
         self.provider = Counter[str]()
         self.max_ops = Counter[str]()
         self.stubborn: dict[str, int] = {}  # run id -> release calls left that crash
+        self.shielded: set[str] = set()  # the coverage runs: no provider fault changes their course
+        self.calls = 0  # provider calls that may fail, so far: the schedule's fault counter
         self.lock = threading.Lock()
 
     @contextmanager
@@ -114,7 +108,7 @@ class Faults:
             raise Crash(f"{self.local.step}: crash after {op} (point {self.local.n})")
 
     def pick(self, method: str, run_id: str) -> str | None:
-        """The provider's fault callback: planned crashes first, then random faults."""
+        """The provider's fault callback: planned crashes first, then the schedule's faults."""
         self.before(f"provider.{method}")
         if self._take("after", f"provider.{method}"):
             return "crash_after"
@@ -125,12 +119,12 @@ class Faults:
                 self.stubborn[run_id] -= 1
                 self.provider["stubborn release crash"] += 1
                 return "crash"
-        with self.rng_lock:
-            if self.rng.random() >= self.rate:
+            if run_id in self.shielded:
                 return None
-            kind = self.rng.choices(list(PROVIDER_FAULTS), weights=list(PROVIDER_FAULTS.values()))[0]
-        with self.lock:
-            self.provider[kind] += 1
+            kind = self.schedule.fault(self.calls)
+            self.calls += 1
+            if kind:
+                self.provider[kind] += 1
         return kind
 
 
@@ -246,11 +240,13 @@ class Stats:
 
 
 class Chaos:
-    def __init__(self, h: Harness, cloud: ChaosCloud, *, seed: int, runs: int, provider_fault_rate: float = 0.08,
-                 workers: int = 4) -> None:
-        self.h, self.cloud, self.n_runs = h, cloud, runs
-        self.rng = random.Random(seed)
-        self.faults = Faults(random.Random(seed + 1), provider_fault_rate)
+    def __init__(self, h: Harness, cloud: ChaosCloud, *, seed: int, runs: int, workers: int = 4) -> None:
+        self.h, self.cloud = h, cloud
+        self.schedule = OneHostSchedule(seed, runs)
+        self.faults = Faults(self.schedule)
+        self.forced: list[tuple[str, str]] = []  # (step, run id) of the coverage runs' crash points
+        self.messages = 0  # messages received so far: the schedule's delivery counter
+        self.ticks = Counter[str]()
         self.stats = Stats()
         self.stats_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=workers)
@@ -272,23 +268,32 @@ class Chaos:
         from shared.services import runs
 
         lift_quotas(self.principal.org)
-
-        # Each run crashes once in every step it goes through, at a point that cycles through
-        # k = 1..MAX_POINT x before/after per step, so every point of every step is hit.
-        points = {step: [(k, when) for k in range(1, MAX_POINT + 1) for when in ("before", "after")]
-                  for step in STEPS}
-        for p in points.values():
-            self.rng.shuffle(p)
-        for i in range(self.n_runs):
+        # Each run crashes once in every step it goes through, at the schedule's point.
+        for plan in self.schedule.runs:
             run_id = runs.create(self.principal, run_body(project)).id
-            for step, cycle in points.items():
-                self.faults.plan[(step, run_id)] = cycle[i % len(cycle)]
-            if self.rng.random() < STUBBORN_SHARE:
+            for step, point in plan.crash.items():
+                self.faults.plan[(step, run_id)] = point
+                if plan.covers:
+                    self.forced.append((step, run_id))
+            if plan.covers:
+                self.faults.shielded.add(run_id)
+            if plan.stubborn:
                 self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
-            script = pick_script(self.rng)
-            self.agents.add(run_id, script)
-            self.stats.scripts[script] += 1
+            self.agents.add(run_id, plan.script)
+            self.stats.scripts[plan.script] += 1
             runs.launch(self.principal, run_id, RunLaunch(confirm=True))
+
+    def forced_left(self) -> list[str]:
+        """What the schedule forces that has not happened yet: the coverage runs' crash points,
+        and the provider calls and messages that hold forced faults."""
+        with self.faults.lock:
+            left = [f"crash point of {step} for {run_id}" for step, run_id in self.forced
+                    if (step, run_id) in self.faults.plan]
+            if self.faults.calls < FAULT_WINDOW:
+                left.append(f"provider calls that may fail: {self.faults.calls} of {FAULT_WINDOW}")
+        if self.messages < MODE_WINDOW:
+            left.append(f"messages: {self.messages} of {MODE_WINDOW}")
+        return left
 
     # ------------------------------------------------------------ queues
     def receive(self) -> list[tuple[Queue, Any, Any]]:
@@ -296,13 +301,16 @@ class Chaos:
         q = get_queues()
         for queue in Queue:
             client = q.client(queue.value)
-            for m in client.receive_messages(messages_per_page=32, max_messages=32, visibility_timeout=60):
+            # Invisible for longer than any round takes, however loaded the machine: a message
+            # is handled by the round that took it, never taken back by its visibility ending.
+            for m in client.receive_messages(messages_per_page=32, max_messages=32, visibility_timeout=300):
                 out.append((queue, client, m))
         return out
 
     def deliver_round(self) -> int:
         msgs = self.receive()
-        modes = [self.rng.choices(("once", "twice", "concurrent"), weights=(80, 10, 10))[0] for _ in msgs]
+        modes = [self.schedule.mode(self.messages + i) for i in range(len(msgs))]
+        self.messages += len(msgs)
         list(self.pool.map(lambda args: self._handle(*args), [(*m, mode) for m, mode in zip(msgs, modes, strict=True)]))
         return len(msgs)
 
@@ -351,8 +359,10 @@ class Chaos:
 
     # ------------------------------------------------------------ timers
     def tick(self, name: str) -> None:
-        if self.faults.on and self.rng.random() < 0.15:
-            self.faults.plan[(name, "*")] = (self.rng.randint(1, 4), self.rng.choice(("before", "after")))
+        crash = self.schedule.timer_crash(name, self.ticks[name])
+        self.ticks[name] += 1
+        if self.faults.on and crash:
+            self.faults.plan[(name, "*")] = crash
         with self.faults.delivery(name, "*"):
             try:
                 self.h.tick(name)
@@ -364,8 +374,12 @@ class Chaos:
     def runs(self) -> list[RunRecord]:
         return get_store().list_runs(self.h.org)
 
-    def chaos_phase(self, rounds: int, step_s: float) -> None:
-        for i in range(rounds):
+    def chaos_phase(self, rounds: int, step_s: float, max_rounds: int) -> None:
+        """`rounds` rounds of step_s simulated seconds, and more (up to max_rounds) until every
+        forced fault has happened: the faults stay on until then."""
+        for i in range(max_rounds):
+            if i >= rounds and not self.forced_left():
+                return
             self.stats.rounds += 1
             self.h.clock.advance(step_s)
             self.agents.act(self.runs())
