@@ -179,6 +179,10 @@ class TrainingSettings(Model):
     max_examples: int | None = Field(default=None, ge=1, le=10_000_000, strict=True,
                                      description="train on at most this many examples (trial runs: set for you)")
     kind: Literal["trial", "full"] | None = Field(default=None, description="set from the run's kind")
+    checkpoint_every_steps: int = Field(default=50, ge=1, le=100000, strict=True, description=(
+        "save a checkpoint (adapter + optimizer state) on the machine's disk every this many steps"))
+    checkpoint_every_s: int = Field(default=600, ge=30, le=7 * 24 * 3600, strict=True, description=(
+        "and at least every this many seconds; a retained run can be verified or resumed from it"))
 
     @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction", mode="before")
     @classmethod
@@ -189,10 +193,28 @@ class TrainingSettings(Model):
         return v
 
 
+class Forecast(Model):
+    """A run's predicted training time and cost, made at create (and at a draft's edit) from the
+    dataset's size, the planned steps and the offer's GPU (shared/services/forecast.py says how)."""
+
+    training_s: int = Field(description="predicted seconds of training (optimizer steps)")
+    startup_s: int = Field(description="fixed allowance: machine boot, image pull, model download and load")
+    total_s: int = Field(description="startup_s + training_s")
+    cost: float = Field(description="total_s at the offer's price per hour, in the offer's currency")
+    tokens: int = Field(description="tokens the training processes: steps x examples per step x tokens per example")
+    tokens_source: Literal["estimated from bytes"] = Field(
+        default="estimated from bytes", description="how the dataset's tokens were counted")
+    steps: int = Field(description="optimizer steps the trainer will plan (max_steps, else epochs over the rows)")
+    throughput_tokens_per_s: float = Field(description="assumed training throughput on the offer's GPU")
+    basis: str = Field(description="the figures and assumptions behind the forecast, in words")
+
+
 class OrgSecretSet(Model):
     """PUT /api/org/secrets/huggingface-token: write-only, never returned."""
 
-    token: str = Field(min_length=8, max_length=512, pattern=r"^[A-Za-z0-9_\-.]+$",
+    # Hugging Face tokens are "hf_" and 30-odd letters and digits. The pattern also keeps a common
+    # string ("00000000") from becoming a secret that every log line and error text would be masked by.
+    token: str = Field(min_length=23, max_length=512, pattern=r"^hf_[A-Za-z0-9]{20,509}$",
                        description="a Hugging Face access token (hf_...)", repr=False)
 
 
@@ -319,6 +341,8 @@ class RunRecord(Model):
     agent_refused_at: datetime | None = None
     # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
     pace_warned: bool = False
+    # issue 19.6: the forecast made at create (remade at a draft's edit); None on older records.
+    forecast: Forecast | None = None
 
 
 # ---------------------------------------------------------------- queue messages
@@ -409,7 +433,10 @@ class RunCancel(Model):
 class RunRecover(Model):
     """Recovery without an upload: verify the adapter already in storage."""
 
-    mode: Literal["verify_saved", "start_machine"] = "verify_saved"
+    mode: Literal["verify_saved", "start_machine", "resume"] = Field(default="verify_saved", description=(
+        "verify_saved: verify the adapter in storage (the final one, else the last checkpoint's); start_machine: "
+        "start the machine to fetch files; resume: start the machine and continue training from the last "
+        "checkpoint to the planned steps"))
 
 
 class Heartbeat(Model):
@@ -452,6 +479,8 @@ class HeartbeatReply(Model):
 
     state: RunState
     stop: bool = Field(description="true: the run no longer trains; stop the trainer and keep the output")
+    resume: bool = Field(default=False, description=(
+        "true: the run was resumed from its last checkpoint (recover mode resume): train again from it"))
     # A fresh agent token, sent while the current one has less than half its life left: the
     # agent switches to it (tokens are short-lived and refused once the run has ended).
     token: str = ""
@@ -505,6 +534,8 @@ class RunView(Model):
     cost_so_far: float = 0.0
     final_cost: float | None = None
     warnings: list[str] = Field(default_factory=list)
+    # issue 19.6: predicted training time and cost (null on runs created before forecasts)
+    forecast: Forecast | None = None
 
 
 class ConnectionView(Model):

@@ -297,15 +297,16 @@ def _responses(mark: dict[str, Any], errors: list[int], doc: _Doc, problem: dict
 
 
 def _parameters(route: str, op_id: str) -> list[dict[str, Any]]:
-    params = []
-    for name in re.findall(r"{(\w+)", route):
-        schema: dict[str, Any] = {"type": "string"}
-        if name == "provider":
-            from shared.providers import registry
+    from shared.providers import registry
 
-            schema["enum"] = registry.compute_names()
-        params.append({"name": name, "in": "path", "required": True, "schema": schema})
-    return params + [{"in": "query", "required": False, **p} for p in QUERY.get(op_id, [])]
+    def with_providers(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+        # A provider, in the path or the query, is one of the registry's: the document follows it.
+        return {**schema, "enum": registry.compute_names()} if name == "provider" else schema
+
+    params = [{"name": name, "in": "path", "required": True, "schema": with_providers(name, {"type": "string"})}
+              for name in re.findall(r"{(\w+)", route)]
+    return params + [{"in": "query", "required": False, **p, "schema": with_providers(p["name"], p["schema"])}
+                     for p in QUERY.get(op_id, [])]
 
 
 def build(app: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.error
+import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -762,18 +763,21 @@ def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeA
         assert (kwargs["user"], kwargs["group"], kwargs["extra_groups"]) == (10001, 10002, [])
         assert kwargs["env"]["HOME"] == "/home/trainer" and kwargs["env"]["USER"] == "trainer"
         assert "TENSORANT_RUN_TOKEN" not in kwargs["env"]
-        assert chowned == [(output, 10001, 10002)]
+        # The checkpoint folder too: the trainer writes checkpoints into it (issue 19.3).
+        checkpoints = tmp_path / "data" / "checkpoint"
+        assert chowned == [(output, 10001, 10002), (checkpoints, 10001, 10002)]
         # The Hugging Face cache on the data disk (the image's HF_HOME) is made and given to the trainer.
         cache = tmp_path / "data" / "cache" / "huggingface"
         agent.environ["HF_HOME"] = str(cache)
         chowned.clear()
         kwargs = agent.trainer_popen_kwargs(dataset, output)
-        assert cache.is_dir() and chowned == [(output, 10001, 10002), (cache, 10001, 10002)]
+        assert cache.is_dir() and chowned == [(output, 10001, 10002), (checkpoints, 10001, 10002),
+                                              (cache, 10001, 10002)]
         assert kwargs["env"]["HF_HOME"] == str(cache)
         # Not root: no switch possible (and none attempted).
         agent.geteuid = lambda: 1000
         kwargs = agent.trainer_popen_kwargs(dataset, output)
-        assert "user" not in kwargs and "group" not in kwargs and len(chowned) == 2
+        assert "user" not in kwargs and "group" not in kwargs and len(chowned) == 3
         # Root without the variable: as before.
         agent.geteuid = lambda: 0
         del agent.environ["TENSORANT_TRAINER_USER"]
@@ -844,3 +848,67 @@ def test_a_dataset_that_changed_after_validation_is_refused(tmp_path: Path, api:
     assert done["status"] == "failed" and done["stage"] == "dataset" and done["output_exists"] is False, done
     assert "not the validated one" in done["reason"]
     assert bad.stop() == 0
+
+
+# ---------------------------------------------------------------- checkpoints and resume (issue 19.3)
+
+# A trainer that writes one checkpoint as shared.trainer.lora does (a whole step-<k> folder renamed
+# into place, then the line), then trains on until stopped; with TENSORANT_RESUME_FROM it finishes.
+FAKE_CHECKPOINTING_TRAINER = '''
+import json, os, sys, time
+from pathlib import Path
+from shared.adapters.smoke import build_adapter_files
+
+out, root = Path(os.environ["TENSORANT_OUTPUT_DIR"]), Path(os.environ["TENSORANT_CHECKPOINT_DIR"])
+if os.environ.get("TENSORANT_RESUME_FROM"):
+    print("resume_from=" + os.environ["TENSORANT_RESUME_FROM"], flush=True)
+    for name, data in build_adapter_files("tensorant/smoke-tiny", seed=2).items():
+        (out / name).write_bytes(data)
+    print("progress=1.0 step=4", flush=True)
+    sys.exit(0)
+files = build_adapter_files("tensorant/smoke-tiny", seed=1)
+manifest = json.loads(files["manifest.json"]) | {"checkpoint_step": 2, "steps": 4}
+files["manifest.json"] = json.dumps(manifest).encode()
+(root / ".partial").mkdir()
+for name, data in [*files.items(), ("trainer_state.pt", b"optimizer")]:
+    (root / ".partial" / name).write_bytes(data)
+(root / ".partial").rename(root / "step-000002")
+print("progress=0.5 step=2", flush=True)
+print(f"checkpoint step=2 dir={root / 'step-000002'}", flush=True)
+time.sleep(120)
+'''
+
+
+def test_a_checkpoint_is_uploaded_and_a_stopped_agent_resumes_from_it(tmp_path: Path, api: FakeAgentApi) -> None:
+    script = tmp_path / "trainer.py"
+    script.write_text(FAKE_CHECKPOINTING_TRAINER)
+    running = Running(in_process_agent(tmp_path, api, "run-ckpt", f"{sys.executable} {script}"))
+    stored = tmp_path / "storage" / "runs" / "run-ckpt" / "adapter.zip"
+    # Uploaded as soon as the trainer says it is complete, not when stopped: a retain may freeze or
+    # kill the machine without warning.
+    wait_until(stored.exists, timeout=30)
+    result = verify_adapter(stored.read_bytes(), base_model="tensorant/smoke-tiny", expected_sha256=None)
+    assert result.ok and result.summary["checkpoint_step"] == 2 and result.summary["steps"] == 4, result.problems
+    with zipfile.ZipFile(stored) as zf:  # the optimizer state stays on the disk
+        assert sorted(zf.namelist()) == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
+    assert (tmp_path / "data" / "checkpoint" / "step-000002" / "trainer_state.pt").exists()
+
+    # Retained: the trainer stops; with a checkpoint on the disk the agent keeps asking whether to resume.
+    api.replies["heartbeat"] = [{"state": "retained", "stop": True}]
+    wait_until(lambda: state_of(tmp_path).get("stopped"), timeout=15)
+    asked = len(api.of("run-ckpt", "heartbeat"))
+    wait_until(lambda: len(api.of("run-ckpt", "heartbeat")) > asked + 2)
+    assert api.of("run-ckpt", "complete") == []
+
+    # `recover --resume` moved the run back to training: the next reply says so.
+    api.replies["heartbeat"] = [{"state": "training", "stop": False, "resume": True}]
+    done = api.wait_complete("run-ckpt")
+    assert done["status"] == "ok", done
+    assert done["sha256"] == hashlib.sha256(stored.read_bytes()).hexdigest()
+    final = verify_adapter(stored.read_bytes(), base_model="tensorant/smoke-tiny", expected_sha256=done["sha256"])
+    assert final.ok and "checkpoint_step" not in final.summary  # the final adapter replaced the checkpoint's
+    logs = [line for b in api.of("run-ckpt", "heartbeat") for line in b["logs"]]
+    checkpoint = tmp_path / "data" / "checkpoint" / "step-000002"
+    assert f"resume_from={checkpoint}" in logs
+    assert not state_of(tmp_path).get("stopped")
+    assert running.stop() == 0

@@ -62,3 +62,11 @@ def test_phase_path_walks_forward_only() -> None:
     assert phase_path(RunState.provisioning, RunState.exporting) == [
         RunState.preparing, RunState.training, RunState.exporting]
     assert phase_path(RunState.training, RunState.preparing) == []
+
+
+def test_a_retained_run_resumes_to_training_only() -> None:
+    # `recover --resume` (issue 19.3): back to training on the same machine; no other active phase.
+    assert transition(run_in(RunState.retained), RunState.training).state == RunState.training
+    for target in (RunState.provisioning, RunState.preparing, RunState.exporting, RunState.verifying):
+        with pytest.raises(IllegalTransition):
+            transition(run_in(RunState.retained), target)

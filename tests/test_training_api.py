@@ -264,3 +264,10 @@ def test_cli_training_flags_and_new_subcommands_parse() -> None:
     dl = build_parser().parse_args(["runs", "download", "r-1", "-o", "out.zip"])
     assert (dl.fn, dl.id, dl.output) == (cmd_runs_download, "r-1", "out.zip")
     assert build_parser().parse_args(["base-models"]).fn is cmd_base_models
+
+
+@pytest.mark.parametrize("token", ["00000000", "abcdefgh-ijkl", "hf_short", "hf_" + "a" * 19])
+def test_an_hf_token_must_look_like_one(h: Harness, token: str) -> None:
+    # A common string saved as a "token" would be masked in every log line and error text from then on.
+    status, body, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": token})
+    assert status == 422 and body["errors"][0]["field"] == "token", body

@@ -479,6 +479,8 @@ def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provid
             problems.append(f"{name} does not match the sha256 in {MANIFEST_NAME}; the file changed after "
                             "training wrote it, so export the adapter again.")
     summary.update(trainer=manifest.get("trainer"), rows=manifest.get("rows"))
+    if isinstance(manifest.get("checkpoint_step"), int):  # a checkpoint's adapter, not the final one
+        summary.update(checkpoint_step=manifest["checkpoint_step"], steps=manifest.get("steps"))
 
 
 # ---------------------------------------------------------------- safetensors

@@ -28,6 +28,16 @@ without a recorded stop is reported failed with its output kept. A heartbeat rep
 `stop: true` stops the trainer (SIGTERM, SIGKILL after TENSORANT_STOP_GRACE_S, 30), records
 the stop and idles; a reply's `token` replaces the run token (tokens are short-lived).
 
+Checkpoints (issue 19.3): the trainer gets TENSORANT_CHECKPOINT_DIR=DATA_DIR/checkpoint and
+prints `checkpoint step=<k>` after each one it completes. The agent then uploads that
+checkpoint's adapter files (its manifest says `checkpoint_step`) to the adapter's storage
+key, at once rather than when stopped: a retained machine is stopped without warning (the
+local provider freezes it, a lost heartbeat may mean it is dead), so `recover --verify-saved`
+finds the last checkpoint in storage when no final adapter replaced it. A trainer stopped by a
+`stop: true` reply while a checkpoint exists leaves the agent asking, every heartbeat interval,
+whether to go on; a reply with `resume: true` (the owner's `recover --resume` moved the run back
+to training) runs the trainer again with TENSORANT_RESUME_FROM=<the last checkpoint folder>.
+
 Running as root with TENSORANT_TRAINER_USER set, the trainer runs as that user (its own
 HOME, owning the output directory), so it cannot read the agent's environment or state.
 
@@ -84,6 +94,11 @@ MAX_PENDING_LINES = 5000
 MAX_BYTES_PER_HEARTBEAT = 128 * 1024
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 STATE_FILE = "agent-state.json"
+CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (shared.trainer.lora)
+CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"  # adapter.zip on the disk stays the final adapter's name
+# What of a checkpoint is uploaded: the adapter and its manifest; the optimizer state stays on the disk.
+CHECKPOINT_EXPORT = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
+_CHECKPOINT = re.compile(r"checkpoint step=(\d+)(?:\s|$)")
 TAIL_LINES = 20  # the trainer lines a failure report carries
 # `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
 _PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
@@ -415,6 +430,10 @@ class Agent:
         self.stop = threading.Event()  # SIGTERM: the machine is stopping; the agent exits
         self.halted = threading.Event()  # a heartbeat reply said stop: the agent stops training and idles
         self.halt_reason = ""
+        self.resume = threading.Event()  # a heartbeat reply said resume while halted
+        self.checkpoints = self.data_dir / CHECKPOINT_DIR
+        self.checkpoint_seen = 0  # the last `checkpoint step=<k>` the trainer printed
+        self.checkpoint_uploaded = 0
         self.lock = threading.Lock()
         self.pending: list[str] = []
         self.dropped = 0
@@ -465,9 +484,9 @@ class Agent:
     def _tick(self) -> None:
         """Heartbeats every interval in every phase (a long download or upload included),
         so the control plane knows the machine is alive; phase changes send one at once."""
-        while not self.stop.wait(self.config.heartbeat_interval_s) and not self.reported.is_set() \
-                and not self.halted.is_set():
-            self.heartbeat(self.phase)
+        while not self.stop.wait(self.config.heartbeat_interval_s) and not self.reported.is_set():
+            if not self.halted.is_set():  # a halted agent asks only when it may resume (await_resume)
+                self.heartbeat(self.phase)
 
     def _send_heartbeat(self, phase: str) -> None:
         with self.lock:
@@ -500,6 +519,8 @@ class Agent:
             # must stop, and its output stay on the disk for recovery.
             self.halt_reason = f"the control plane said stop (the run is {reply.get('state') or 'no longer active'})"
             self.halted.set()
+        elif reply.get("resume") is True and self.halted.is_set():
+            self.resume.set()
 
     def complete(self, body: dict[str, Any]) -> bool:
         # Recorded before it is sent: an agent restarted meanwhile sends this, never trains again.
@@ -515,7 +536,7 @@ class Agent:
         return self.stop.is_set() or self.halted.is_set()
 
     def _record_stop(self) -> None:
-        if not self.state.get("completion"):
+        if not self.state.get("completion") and not self.state.get("stopped"):
             reason = self.halt_reason if self.halted.is_set() else "SIGTERM (the machine is stopping)"
             self.state.update(stopped=True, stop_reason=reason)
             self.log(f"stopped: {reason}; training is not run again and the output is kept")
@@ -551,6 +572,8 @@ class Agent:
                 self.heartbeat("training", 0.0)
                 st.update(phase="training")
                 self.train(dataset)
+                while self.halted.is_set() and not self.stop.is_set() and self.await_resume():
+                    self.train(dataset, resume_from=self.latest_checkpoint())
                 if self._interrupted():
                     return self._stopped()
                 st.update(phase="trained", trainer_exit=0)
@@ -575,6 +598,51 @@ class Agent:
                            "output_exists": exists, "last_lines": [line[:500] for line in self.tail],
                            **({"stage": exc.stage} if exc.stage else {})})
         return self.idle()
+
+    def await_resume(self) -> bool:
+        """Halted by a stop reply: with a checkpoint on the disk, keep asking (one heartbeat an
+        interval) until a reply says resume (True) or the machine stops (False). The stop is
+        recorded first, so an agent restarted meanwhile never trains again on its own."""
+        self._record_stop()
+        if self.latest_checkpoint() is None:
+            return False
+        self.resume.clear()
+        self.log("waiting for a resume (`recover --resume`) from the last checkpoint")
+        while not self.stop.wait(self.config.heartbeat_interval_s):
+            self.heartbeat("training")
+            if self.resume.is_set():
+                self.halted.clear()
+                self.state.update(stopped=False, stop_reason="")
+                self.log("resuming training from the last checkpoint")
+                return True
+        return False
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint folder (the trainer renames each into place whole)."""
+        done = sorted(p for p in self.checkpoints.glob("step-*") if (p / "manifest.json").is_file())
+        return done[-1] if done else None
+
+    def export_checkpoint(self) -> None:
+        """Upload the newest checkpoint's adapter as the run's adapter archive. Best effort: a
+        failure only means storage keeps an older checkpoint; training goes on."""
+        self.checkpoint_uploaded = self.checkpoint_seen
+        folder = self.latest_checkpoint()
+        if folder is None:
+            return
+        archive = self.data_dir / CHECKPOINT_ARCHIVE
+        try:
+            self._zip(folder, archive, CHECKPOINT_EXPORT)
+            with zipfile.ZipFile(archive) as zf:
+                if sorted(zf.namelist()) != sorted(CHECKPOINT_EXPORT):
+                    # The trainer replaced this checkpoint while it was read: the next one is uploaded.
+                    raise OSError(f"{folder.name} changed while it was archived")
+            storage = self.storage()
+            target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
+            storage.upload(target, archive)
+        except Exception as exc:
+            self.log(f"could not upload the checkpoint's adapter: {describe_error(exc)}")
+            return
+        self.log(f"checkpoint adapter uploaded ({folder.name}, {archive.stat().st_size} bytes)")
 
     def _stopped(self) -> int:
         self._record_stop()
@@ -618,10 +686,13 @@ class Agent:
         self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
         return dest
 
-    def trainer_env(self, dataset: Path, output: Path) -> dict[str, str]:
+    def trainer_env(self, dataset: Path, output: Path, resume_from: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in self.environ.items() if k not in _TRAINER_HIDDEN}
         env.update(TENSORANT_OUTPUT_DIR=str(output), TENSORANT_DATASET_PATH=str(dataset),
-                   TENSORANT_BASE_MODEL=self.config.base_model, PYTHONUNBUFFERED="1")
+                   TENSORANT_BASE_MODEL=self.config.base_model, TENSORANT_CHECKPOINT_DIR=str(self.checkpoints),
+                   PYTHONUNBUFFERED="1")
+        if resume_from is not None:
+            env["TENSORANT_RESUME_FROM"] = str(resume_from)
         # The contract's optional inputs, set only when given (unset = the trainer's defaults).
         for key, value in (("TENSORANT_BASE_MODEL_PATH", self.config.base_model_path),
                            ("TENSORANT_TRAINING", self.config.training), ("HF_TOKEN", self.config.hf_token)):
@@ -629,12 +700,12 @@ class Agent:
                 env[key] = value
         return env
 
-    def trainer_popen_kwargs(self, dataset: Path, output: Path) -> dict[str, Any]:
+    def trainer_popen_kwargs(self, dataset: Path, output: Path, resume_from: Path | None = None) -> dict[str, Any]:
         """Everything subprocess.Popen gets besides the command. An agent running as root with
         TENSORANT_TRAINER_USER set (the image sets it) runs the trainer as that user, owning its
         output directory: the trainer executes the customer's model code and must not read
         /proc/<agent>/environ (the run token, storage URLs) nor the state file (issue 11.11)."""
-        env = self.trainer_env(dataset, output)
+        env = self.trainer_env(dataset, output, resume_from)
         # The image puts the Hugging Face cache on the data disk (HF_HOME=/workspace/data/cache/...):
         # a retained or resumed machine keeps the downloaded base model. The trainer must write it.
         cache = Path(env["HF_HOME"]) if env.get("HF_HOME") else None
@@ -653,7 +724,7 @@ class Agent:
         except KeyError:
             raise Failed(f"TENSORANT_TRAINER_USER {name!r} is not a user on this machine", output_exists=False) \
                 from None
-        for owned in (output, cache):
+        for owned in (output, self.checkpoints, cache):
             if owned is not None:
                 self.chown(owned, pw.pw_uid, pw.pw_gid)
         os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
@@ -661,19 +732,30 @@ class Agent:
         kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
         return kwargs
 
-    def train(self, dataset: Path) -> None:
+    def train(self, dataset: Path, resume_from: Path | None = None) -> None:
+        """Run the trainer; resume_from: a checkpoint folder to continue from (its output folder,
+        without a final adapter yet, starts empty again; the checkpoints are kept)."""
         output = self.output
-        shutil.rmtree(output, ignore_errors=True)  # the first attempt only: a restart never gets here
+        # The first attempt, or a resume on the same machine: a restart never gets here.
+        shutil.rmtree(output, ignore_errors=True)
+        if resume_from is None:
+            shutil.rmtree(self.checkpoints, ignore_errors=True)
         output.mkdir(parents=True)
-        kwargs = self.trainer_popen_kwargs(dataset, output)
-        self.log(f"starting trainer: {self.config.trainer_command}")
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        kwargs = self.trainer_popen_kwargs(dataset, output, resume_from)
+        self.log(f"starting trainer: {self.config.trainer_command}"
+                 + (f" (resuming from {resume_from.name})" if resume_from else ""))
         proc = subprocess.Popen(self.config.trainer_command, **kwargs)
         self.trainer = proc
         reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
         reader.start()
         while proc.poll() is None:
+            if self.checkpoint_seen > self.checkpoint_uploaded:
+                self.export_checkpoint()
             if self.stop.wait(0.05) or self.halted.is_set():
                 self.stop_trainer(proc)
+                if self.checkpoint_seen > self.checkpoint_uploaded:
+                    self.export_checkpoint()  # the checkpoint it completed last is the one to keep
                 return
         reader.join(timeout=10)
         code = proc.returncode
@@ -712,6 +794,9 @@ class Agent:
             match = _PROGRESS.match(line)
             if match:
                 self.progress = min(max(float(match.group(1)), 0.0), 1.0)
+            saved = _CHECKPOINT.match(line)
+            if saved:
+                self.checkpoint_seen = max(self.checkpoint_seen, int(saved.group(1)))
             self.last_line = line
             self.tail.append(redact_text(line))
             self._record(line)
@@ -736,22 +821,8 @@ class Agent:
         if not (output / "manifest.json").exists():
             self._write_manifest(output)
         final = self.archive_path()
-        tmp = final.with_name(final.name + ".tmp")
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
-                for path in sorted(output.rglob("*")):
-                    if path.is_symlink() or not path.is_file():
-                        continue  # links and special files never go into the archive
-                    src = open_regular(path)
-                    if src is None:
-                        continue  # swapped for a link or a special file since the check: skipped too
-                    info = zipfile.ZipInfo(path.relative_to(output).as_posix(),
-                                           time.localtime(os.fstat(src.fileno()).st_mtime)[:6])
-                    info.compress_type = zipfile.ZIP_STORED if path.suffix == ".safetensors" else zipfile.ZIP_DEFLATED
-                    with src, zf.open(info, "w", force_zip64=True) as dst:
-                        shutil.copyfileobj(src, dst, 1024 * 1024)
-            tmp.replace(final)
+            self._zip(output, final)
         except OSError as exc:
             raise Failed(f"could not write adapter.zip: {describe_error(exc)}", output_exists=True,
                          stage="export") from exc
@@ -765,6 +836,27 @@ class Agent:
                          f"{final}", output_exists=True, stage="upload") from exc
         self.log(f"adapter uploaded ({size} bytes, sha256 {sha256})")
         return sha256, size
+
+    @staticmethod
+    def _zip(folder: Path, final: Path, names: tuple[str, ...] | None = None) -> None:
+        """folder's regular files (or only `names` of them) zipped to final, through a temporary file."""
+        tmp = final.with_name(final.name + ".tmp")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
+            for path in sorted(folder.rglob("*")):
+                if names is not None and path.relative_to(folder).as_posix() not in names:
+                    continue
+                if path.is_symlink() or not path.is_file():
+                    continue  # links and special files never go into the archive
+                src = open_regular(path)
+                if src is None:
+                    continue  # swapped for a link or a special file since the check: skipped too
+                info = zipfile.ZipInfo(path.relative_to(folder).as_posix(),
+                                       time.localtime(os.fstat(src.fileno()).st_mtime)[:6])
+                info.compress_type = zipfile.ZIP_STORED if path.suffix == ".safetensors" else zipfile.ZIP_DEFLATED
+                with src, zf.open(info, "w", force_zip64=True) as dst:
+                    shutil.copyfileobj(src, dst, 1024 * 1024)
+        tmp.replace(final)
 
     def _write_manifest(self, output: Path) -> None:
         """A trainer that writes no manifest gets one describing what it wrote."""

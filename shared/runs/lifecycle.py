@@ -17,7 +17,8 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     S.exporting: frozenset({S.verifying, S.releasing, S.retaining}),
     S.verifying: frozenset({S.releasing, S.retaining}),
     S.retaining: frozenset({S.retained, S.releasing}),
-    S.retained: frozenset({S.recovering, S.releasing}),
+    # retained -> training: `recover --resume` continues from the last checkpoint on the same machine.
+    S.retained: frozenset({S.recovering, S.releasing, S.training}),
     S.recovering: frozenset({S.releasing, S.retained}),
     S.releasing: frozenset({S.succeeded, S.failed, S.cancelled}),
     S.succeeded: frozenset(),

@@ -157,7 +157,10 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
         event(run, "warning", decided["pace"])
     if not wrote:
         refuse_ended(run)
-    reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE}
+    reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE,
+                             # A run gets back to training from retained only through `recover --resume`:
+                             # an agent that stopped its trainer runs it again from its last checkpoint.
+                             "resume": run.state == RunState.training}
     ttl = get_settings().agent_token_ttl_s
     if run.state in ACTIVE and token_exp is not None and (renew or token_exp - now_ts() < ttl / 2):
         from shared.security import mint_agent_token

@@ -17,6 +17,7 @@ from shared.models import (
     CloudResource,
     DatasetVersionRecord,
     Deadlines,
+    Forecast,
     GpuOffer,
     Outcome,
     Role,
@@ -37,7 +38,7 @@ from shared.queues import get_queues
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.steps import Step
 from shared.security import Principal, require
-from shared.services import base_models, quotas, usage
+from shared.services import base_models, forecast, quotas, usage
 from shared.services.backends import compute_for, compute_slot, ref_of, storage_for
 from shared.services.catalog import cached_offers, find_offer
 from shared.services.projects import new_id
@@ -89,11 +90,16 @@ def resource_states(run: RunRecord, t: usage.Timing) -> list[CloudResource]:
 
 
 def warnings_of(run: RunRecord) -> list[str]:
-    if run.state == RunState.draft and run.offer.total_per_hour > run.price_limit_per_hour:
-        return [f"the estimate {run.offer.total_per_hour:.4f} {run.offer.currency}/h is above the price limit "
-                f"{run.price_limit_per_hour:.4f}/h: launch will be refused until price_limit_per_hour is raised "
-                "or another offer is chosen"]
-    return []
+    if run.state != RunState.draft:
+        return []
+    out = []
+    if run.offer.total_per_hour > run.price_limit_per_hour:
+        out.append(f"the estimate {run.offer.total_per_hour:.4f} {run.offer.currency}/h is above the price limit "
+                   f"{run.price_limit_per_hour:.4f}/h: launch will be refused until price_limit_per_hour is raised "
+                   "or another offer is chosen")
+    if run.forecast is not None:  # issue 19.6: limits that will not cover the forecast
+        out += forecast.warnings(run.forecast, run.price_limit_per_hour, run.runtime_limit_s, run.offer.currency)
+    return out
 
 
 def view(run: RunRecord, with_events: bool = True) -> RunView:
@@ -110,7 +116,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         training=run.training,
         started_at=t.started_at, machine_up_at=t.machine_up_at, released_at=t.released_at, elapsed_s=t.elapsed_s,
         billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
-        final_cost=t.final_cost, warnings=warnings_of(run),
+        final_cost=t.final_cost, warnings=warnings_of(run), forecast=run.forecast,
     )
 
 
@@ -166,6 +172,9 @@ class CheckedRequest:
     training: TrainingSettings
     runtime_limit_s: int
     dataset: DatasetVersionRecord
+    forecast: Forecast
+    # Said in the run's events when the default runtime limit came from the forecast; else "".
+    limit_note: str = ""
 
 
 def check_request(org: str, body: RunCreate) -> CheckedRequest:
@@ -183,9 +192,28 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     base_models.refuse_test_model_off_local(model, body.provider)
     offer = find_offer(org, body.provider, body.offer_id)
     _check_fit(org, body.provider, offer, body.base_model, training)
-    default_limit = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
-    return CheckedRequest(offer=offer, training=training, runtime_limit_s=body.runtime_limit_s or default_limit,
-                          dataset=dataset)
+    predicted = forecast.make(dataset, training, model, offer)
+    limit, note = _runtime_limit(org, body, predicted)
+    return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,
+                          forecast=predicted, limit_note=note)
+
+
+def _runtime_limit(org: str, body: RunCreate, predicted: Forecast) -> tuple[int, str]:
+    """The user's runtime limit; else the default (a trial's 20 min, a full run's setting), unless the
+    forecast with its margin needs more: then that, capped by the org's max_runtime_limit_s (a limit
+    the org refuses would make the draft unlaunchable). Returns the limit and what to say about it."""
+    if body.runtime_limit_s:
+        return body.runtime_limit_s, ""
+    default = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
+    wanted = forecast.runtime_limit_for(predicted)
+    if wanted <= default:
+        return default, ""
+    cap = quotas.get_limits(org).max_runtime_limit_s
+    limit = min(wanted, cap)
+    capped = f", capped at the organization's max_runtime_limit_s of {cap // 60} min" if limit < wanted else ""
+    return limit, (f"runtime limit set to {limit // 60} min from the forecast ({forecast.RUNTIME_MARGIN:g} x "
+                   f"~{forecast.minutes(predicted.total_s)}, rounded up to {forecast.RUNTIME_STEP_S // 60} min"
+                   f"{capped}): the default of {default // 60} min is shorter than the forecast needs")
 
 
 def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
@@ -194,9 +222,19 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
+        "forecast": checked.forecast,
         # training.kind is the run's kind (checked above): kept out, so a later kind switch applies.
         "request": body.model_copy(update={"training": body.training.model_copy(update={"kind": None})}),
     }
+
+
+def _forecast_events(run: RunRecord, checked: CheckedRequest) -> None:
+    """The forecast in the run's history, and why the runtime limit is not the default when it is not."""
+    if run.forecast is not None:
+        event(run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}; {run.forecast.basis}",
+              **run.forecast.model_dump(exclude={"basis"}))
+    if checked.limit_note:
+        event(run, "audit", checked.limit_note, runtime_limit_s=run.runtime_limit_s)
 
 
 def _kind_event(run: RunRecord, dataset: DatasetVersionRecord) -> None:
@@ -223,6 +261,7 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     event(run, "transition", "draft saved; nothing is rented until launch",
           estimate_per_hour=checked.offer.total_per_hour)
     _kind_event(run, checked.dataset)
+    _forecast_events(run, checked)
     for warning in warnings_of(run):
         event(run, "warning", warning)
     return view(run)
@@ -285,6 +324,8 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}")
     if new.kind != run.kind or new.training != run.training or new.runtime_limit_s != run.runtime_limit_s:
         _kind_event(new, checked.dataset)
+    if new.forecast != run.forecast or new.runtime_limit_s != run.runtime_limit_s:
+        _forecast_events(new, checked)
     for warning in warnings_of(new):
         event(new, "warning", warning)
     return view(new)
@@ -504,7 +545,8 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
 
 
 def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRecover | None) -> RunView:
-    """Recover a retained run: verify an uploaded adapter, verify the saved one, or start the machine."""
+    """Recover a retained run: verify an uploaded adapter, verify the saved one, start the machine, or
+    resume training from the last checkpoint."""
     require(principal, Role.owner, Role.member)
     store = get_store()
     run, _ = store.get_run(principal.org, run_id)
@@ -514,6 +556,8 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     if run.state != RunState.retained:
         raise Conflict(f"only a retained run can be recovered; this one is {run.state.value}")
     mode = "upload" if upload is not None else (body.mode if body else "verify_saved")
+    if mode == "resume":
+        return _resume(run)
     if mode == "start_machine":
         try:
             outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
@@ -553,6 +597,41 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     if wrote:
         transition_event(RunState.retained, new)
     get_queues().send(Step.verify_adapter, StepMessage(org=new.org, run_id=new.id, reason="recovery"))
+    return view(new)
+
+
+def _resume(run: RunRecord) -> RunView:
+    """Start the retained machine and move the run back to training (issue 19.3). The agent, stopped
+    by a heartbeat reply while its trainer had a checkpoint, hears `resume: true` in its next reply
+    and runs the trainer again from that checkpoint (shared/agent/main.py); on the local provider a
+    trainer frozen mid-step by the retain simply continues. The runtime limit and the heartbeat
+    deadline count again from now: the old ones have passed, or the run would not be retained."""
+    if run.provider != "local":
+        # A cloud machine's stop ends its processes, and its restarted agent does not ask for a resume
+        # yet: moving the run to training would only bill the GPU until the heartbeat deadline.
+        raise Conflict(f"resume is not available on {run.provider} yet, only on the local provider; recover "
+                       "with mode verify_saved (the last checkpoint's adapter is in storage) instead")
+    try:
+        outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+    except ProviderError as exc:
+        raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
+                       "retained: try mode resume again later, or recover with mode verify_saved") from exc
+    t = now()
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.retained:
+            return None
+        r = transition(r, RunState.training, reason="resumed from the last checkpoint")
+        deadlines = r.deadlines.model_copy(update={
+            "runtime_by": t + timedelta(seconds=r.runtime_limit_s),
+            "heartbeat_by": t + timedelta(seconds=get_settings().heartbeat_timeout_s)})
+        return r.model_copy(update={"deadlines": deadlines, "machine_started_at": None,
+                                    "billing_note": outcome.billing_note or r.billing_note})
+
+    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    if wrote:
+        transition_event(RunState.retained, new)
+        event(new, "audit", "machine started to resume training from the last checkpoint", detail=outcome.detail)
     return view(new)
 
 

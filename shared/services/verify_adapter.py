@@ -8,6 +8,8 @@ the problems as the reason.
 
 from __future__ import annotations
 
+import hashlib
+
 from shared.models import Outcome, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.steps import Step
@@ -41,9 +43,19 @@ def verify_adapter(msg: StepMessage) -> None:
     except ValueError as exc:
         problems = [str(exc)]
     if not problems:
-        run, _ = move(run, RunState.releasing, expect={run.state}, reason="adapter verified",
-                       outcome=Outcome.succeeded)
-        event(run, "audit", "adapter verified", sha256=run.adapter_sha256)
+        step = result.summary.get("checkpoint_step")
+        # The agent uploads each checkpoint's adapter as it is made: a run stopped before its final
+        # adapter is verified with the last one, and its reason says which step it holds.
+        what = f"adapter verified: the checkpoint at step {step} of {result.summary.get('steps')} (training " \
+               "stopped before the final adapter)" if step is not None else "adapter verified"
+        # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
+        # the adapter served later is exactly this one (services/runs.adapter checks it).
+        recorded = {} if run.adapter_sha256 else {"adapter_sha256": hashlib.sha256(data).hexdigest(),
+                                                   "adapter_size": len(data)}
+        run, _ = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
+                      **recorded)
+        event(run, "audit", what, sha256=run.adapter_sha256,
+              **({"checkpoint_step": step} if step is not None else {}))
         get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
         return
     why = "adapter verification failed: " + "; ".join(problems)

@@ -40,6 +40,11 @@ class TrainingSettings:
     kind: str = "full"
     # auto | padded | grouped | packed (shared.trainer.batches); auto: grouped, packed under flash attention
     batching: str = "auto"
+    # A checkpoint (adapter + optimizer state) every this many steps and every this many seconds,
+    # whichever comes first, when the agent gives TENSORANT_CHECKPOINT_DIR: a run stopped at its
+    # time limit keeps at most this much of its work unsaved.
+    checkpoint_every_steps: int = 50
+    checkpoint_every_s: int = 600
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,7 +53,8 @@ class TrainingSettings:
 # name -> (kind, low, high, low_open): ranges as in the contract; None = unbounded on that side.
 _INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "batch_size": (1, 256),
         "gradient_accumulation": (1, 256), "max_seq_len": (16, 32768), "seed": (0, 2**32 - 1),
-        "sample_prompts": (0, 10), "max_examples": (1, None)}
+        "sample_prompts": (0, 10), "max_examples": (1, None),
+        "checkpoint_every_steps": (1, 100000), "checkpoint_every_s": (30, 7 * 24 * 3600)}
 _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
           "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False)}
 _CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),

@@ -9,6 +9,18 @@ Environment (the agent -> trainer contract; shared/agent passes it):
   HF_TOKEN                   optional hub token for gated models; handed to the hub client only
   TENSORANT_TORCH_THREADS    optional CPU thread count (tiny models on a busy CPU run several
                              times faster on one thread than on two contended ones)
+  TENSORANT_CHECKPOINT_DIR   optional (the agent sets <data dir>/checkpoint): every
+                             checkpoint_every_steps steps or checkpoint_every_s seconds the adapter
+                             files, manifest.json (with checkpoint_step) and trainer_state.pt
+                             (optimizer, scheduler, RNG, counters) are written to <dir>/.partial,
+                             fsynced and renamed to <dir>/step-<k>; older step folders are then
+                             removed, so one complete checkpoint always exists. Prints
+                             `checkpoint step=<k> dir=<path>`.
+  TENSORANT_RESUME_FROM      optional: a step-<k> folder; training continues at step k+1 with
+                             that adapter and optimizer state, skipping the first k steps of the
+                             same seeded data order (settings must match the checkpoint's)
+  TENSORANT_TEST_STEP_SLEEP_S  tests only: sleep this long after each step (a run slow enough to
+                             hit its time limit mid-training)
 
 A plain loop (torch AdamW + warmup/cosine schedule) rather than HF Trainer: fewer moving parts,
 exact control of the loss mask, the progress lines and determinism. Micro-batches are packed or
@@ -21,11 +33,13 @@ cross-entropy over the learned positions only (shared.trainer.loss): no full log
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
 import platform
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,6 +53,7 @@ from shared.trainer.loss import loss_sum
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 MANIFEST_NAME = "manifest.json"
+STATE_NAME = "trainer_state.pt"
 TRAINER = "lora"
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
@@ -153,27 +168,70 @@ def versions() -> dict[str, str]:
     return out
 
 
-def write_outputs(out: Path, model: Any, base_model: str, targets: list[str], manifest: dict[str, Any]) -> None:
+def adapter_files(scratch: Path, model: Any, base_model: str, targets: list[str],
+                  manifest: dict[str, Any]) -> dict[str, bytes]:
     """adapter_config.json (deterministic: sorted keys, sorted targets, the run's model id),
-    adapter_model.safetensors (PEFT's own writer) and manifest.json with both files' sha256."""
-    tmp = out / ".peft"
-    model.save_pretrained(tmp, safe_serialization=True)
-    config = json.loads((tmp / CONFIG_NAME).read_text())
+    adapter_model.safetensors (PEFT's own writer) and manifest.json with both files' sha256.
+    scratch: an empty folder PEFT writes into first; removed afterwards."""
+    model.save_pretrained(scratch, safe_serialization=True)
+    config = json.loads((scratch / CONFIG_NAME).read_text())
     # PEFT writes the directory it loaded from, and target_modules from a set (order varies).
     config["base_model_name_or_path"] = base_model
     config["target_modules"] = sorted(config.get("target_modules") or targets)
     files = {CONFIG_NAME: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
-             WEIGHTS_NAME: (tmp / WEIGHTS_NAME).read_bytes()}
+             WEIGHTS_NAME: (scratch / WEIGHTS_NAME).read_bytes()}
     manifest["files"] = {name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
                          for name, data in sorted(files.items())}
     files[MANIFEST_NAME] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    shutil.rmtree(scratch)
+    return files
+
+
+def write_outputs(out: Path, model: Any, base_model: str, targets: list[str], manifest: dict[str, Any]) -> None:
+    files = adapter_files(out / ".peft", model, base_model, targets, manifest)
     for name, data in files.items():
         part = out / (name + ".tmp")
         part.write_bytes(data)
         part.replace(out / name)
-    for leftover in tmp.iterdir():
-        leftover.unlink()
-    tmp.rmdir()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Path:
+    """root/step-<step> holding files, made whole before it gets its name: written to root/.partial,
+    each file and the folder fsynced, then renamed. Older step folders go only after that, so a
+    machine stopped (or a trainer killed) at any moment leaves at least one complete checkpoint."""
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    for name, data in files.items():
+        with open(partial / name, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    _fsync_dir(partial)
+    final = root / f"step-{step:06d}"
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    _fsync_dir(root)
+    for old in root.glob("step-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: TrainingSettings) -> dict[str, Any]:
+    """What a checkpoint's manifest.json says: enough for the verifier (trainer, base model, files) and
+    for a reader to tell it from a final adapter (checkpoint_step of steps)."""
+    return {"format": 1, "trainer": TRAINER, "base_model": base_model, "kind": s.kind, "checkpoint_step": step,
+            "steps": total_steps, "settings": s.as_dict()}
 
 
 def train(env: dict[str, str]) -> int:
@@ -191,6 +249,19 @@ def train(env: dict[str, str]) -> int:
         return 2
     for w in warnings:
         log(f"trainer: warning: {w}")
+    checkpoint_root = Path(env["TENSORANT_CHECKPOINT_DIR"]) if env.get("TENSORANT_CHECKPOINT_DIR") else None
+    resume_from = Path(env["TENSORANT_RESUME_FROM"]) if env.get("TENSORANT_RESUME_FROM") else None
+    if resume_from is not None:
+        try:
+            saved = json.loads((resume_from / MANIFEST_NAME).read_text())
+        except (OSError, ValueError) as exc:
+            log(f"trainer: cannot resume from {resume_from}: {exc}")
+            return 2
+        # Another base model, seed, batch size or step plan would make "the same data order" false.
+        if saved.get("base_model") != base_model or saved.get("settings") != s.as_dict():
+            log(f"trainer: cannot resume from {resume_from}: it was written for other settings or another model")
+            return 2
+    step_sleep_s = float(env.get("TENSORANT_TEST_STEP_SLEEP_S") or 0)
 
     import torch
     from peft import LoraConfig, get_peft_model
@@ -258,16 +329,37 @@ def train(env: dict[str, str]) -> int:
         f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable} "
         f"batching={batching}")
 
-    eval_before = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
-    if eval_before is not None:
-        log(f"trainer: eval_loss before training = {eval_before:.4f}")
-    model.train()
     stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=batching == "grouped")
     losses: list[float] = []
     tokens_seen = processed = trained = 0
     epoch = 0
-    train_started = time.monotonic()
-    for step in range(1, total_steps + 1):
+    first_step = 1
+    if resume_from is not None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(resume_from / WEIGHTS_NAME, device=str(device)))
+        state = torch.load(resume_from / STATE_NAME, map_location=device, weights_only=True)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"].cpu())  # dropout draws continue where they stopped
+        if cuda and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu())
+        eval_before, losses, epoch = state["eval_before"], list(state["losses"]), int(state["epoch"])
+        tokens_seen, processed, trained = (int(state[k]) for k in ("tokens_seen", "processed", "trained"))
+        first_step = int(state["step"]) + 1
+        # The stream is seeded: drawing (and dropping) the micro-batches of the steps already done
+        # puts it exactly where the interrupted run was.
+        for _ in range((first_step - 1) * s.gradient_accumulation):
+            next(stream)
+        log(f"trainer: resumed from {resume_from} at step {first_step} of {total_steps}")
+    else:
+        eval_before = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
+        if eval_before is not None:
+            log(f"trainer: eval_loss before training = {eval_before:.4f}")
+    model.train()
+    train_started = last_checkpoint = time.monotonic()
+    for step in range(first_step, total_steps + 1):
         group = [next(stream) for _ in range(s.gradient_accumulation)]
         epoch = group[-1][0]
         n_step = sum(trained_tokens(b) for _, b in group) or 1
@@ -294,6 +386,23 @@ def train(env: dict[str, str]) -> int:
         losses.append(step_loss)
         log(f"progress={step / total_steps:.4f} step={step} loss={step_loss:.4f} "
             f"lr={scheduler.get_last_lr()[0]:.3e} epoch={epoch}")
+        if step_sleep_s:
+            time.sleep(step_sleep_s)
+        due = step % s.checkpoint_every_steps == 0 or time.monotonic() - last_checkpoint >= s.checkpoint_every_s
+        if checkpoint_root is not None and step < total_steps and due:
+            # The last step needs none: the final adapter is written right after it.
+            snapshot = {"step": step, "seed": s.seed, "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
+                     "cuda_rng": torch.cuda.get_rng_state() if cuda else None, "eval_before": eval_before,
+                     "losses": losses, "epoch": epoch, "tokens_seen": tokens_seen, "processed": processed,
+                     "trained": trained}
+            blob = io.BytesIO()
+            torch.save(snapshot, blob)
+            files = adapter_files(checkpoint_root / ".peft", model, base_model, targets,
+                                  checkpoint_manifest(base_model, step, total_steps, s))
+            where = write_checkpoint(checkpoint_root, step, {**files, STATE_NAME: blob.getvalue()})
+            last_checkpoint = time.monotonic()
+            log(f"checkpoint step={step} dir={where}")
     train_seconds = time.monotonic() - train_started
 
     eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
@@ -353,6 +462,8 @@ def train(env: dict[str, str]) -> int:
         "target_modules": targets,
         "samples": samples,
     }
+    if resume_from is not None:
+        manifest["resumed_from_step"] = first_step - 1
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, model, base_model, targets, manifest)

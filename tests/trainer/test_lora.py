@@ -1,9 +1,11 @@
 """The real trainer end to end on the CPU: `python -m shared.trainer.lora` with the agent's
 environment contract, on a tiny random Llama (heads x head_dim != hidden) and a local tokenizer.
 
-Two trainer subprocesses in all (imports dominate on a busy CPU): the same settings twice, which
-must give the same adapter bytes; each run covers all three dataset shapes, all-linear targets,
-truncation, the eval split, samples, and an output the verifier accepts with shapes checked.
+Three trainer subprocesses in all (imports dominate on a busy CPU): the same settings twice, which
+must give the same adapter bytes (the first one writing checkpoints, the second none); each run
+covers all three dataset shapes, all-linear targets, truncation, the eval split, samples, and an
+output the verifier accepts with shapes checked. The third resumes from the first one's last
+checkpoint and must end with the same adapter bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.trainer.conftest import TINY, need_torch, pirate_rows, run_trainer, s
 
 SETTINGS = {"max_steps": 24, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4, "lora_alpha": 8,
             "target_modules": "all-linear", "max_seq_len": 40, "warmup_ratio": 0.1, "lora_dropout": 0.0,
-            "sample_prompts": 1, "seed": 7, "kind": "trial"}
+            "sample_prompts": 1, "seed": 7, "kind": "trial", "checkpoint_every_steps": 10}
 FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
 
 
@@ -34,7 +36,9 @@ def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tup
     # Both at once: on a busy CPU the imports wait for the scheduler, so two processes finish
     # in little more than the time of one.
     targets = [base / "out0", base / "out1"]
-    procs = [start_trainer(trainer_env(tiny_model, dataset, t, SETTINGS)) for t in targets]
+    envs = [trainer_env(tiny_model, dataset, t, SETTINGS) for t in targets]
+    envs[0]["TENSORANT_CHECKPOINT_DIR"] = str(base / "checkpoint")  # as the agent passes it; out1 checkpoints nothing
+    procs = [start_trainer(env) for env in envs]
     out = []
     for target, proc in zip(targets, procs, strict=True):
         log, _ = proc.communicate(timeout=300)
@@ -162,3 +166,44 @@ def test_gpu_check_helpers_on_the_trainer_output(runs: list[tuple[Path, str]]) -
     result = verify_adapter(export_zip(out), base_model=TINY, expected_sha256=None, provider="azure")
     assert result.ok, result.problems
     assert CASES[0].base_model == TINY and len(dataset_rows(5)) == 5
+
+
+def test_checkpoints_keep_the_last_one_whole(runs: list[tuple[Path, str]]) -> None:
+    out, log = runs[0]
+    root = out.parent / "checkpoint"
+    # Every 10 steps of 24: steps 10 and 20 (the last step needs none); only the last one is kept.
+    assert [line.split()[1] for line in log.splitlines() if line.startswith("checkpoint ")] == ["step=10", "step=20"]
+    assert sorted(p.name for p in root.iterdir()) == ["step-000020"]
+    folder = root / "step-000020"
+    assert sorted(p.name for p in folder.iterdir()) == [*FILES[:2], "manifest.json", "trainer_state.pt"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (manifest["checkpoint_step"], manifest["steps"], manifest["trainer"]) == (20, 24, "lora")
+    result = verify_adapter(zip_files({n: (folder / n).read_bytes() for n in FILES}), base_model=TINY,
+                            expected_sha256=None, provider="aws")
+    assert result.ok and result.summary["checkpoint_step"] == 20, result.problems
+
+
+def test_resuming_from_the_last_checkpoint_ends_with_the_same_adapter(
+        runs: list[tuple[Path, str]], tiny_model: Path) -> None:
+    """Adapter, optimizer, scheduler and RNG state restored, and the first 20 steps of the same
+    seeded data order skipped: the 4 steps left give the uninterrupted run's bytes exactly."""
+    out, _ = runs[0]
+    resumed = out.parent / "resumed"
+    env = trainer_env(tiny_model, out.parent / "data.jsonl", resumed, SETTINGS)
+    env["TENSORANT_RESUME_FROM"] = str(out.parent / "checkpoint" / "step-000020")
+    proc = start_trainer(env)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log[-4000:]
+    assert "resumed from" in log and "at step 21 of 24" in log
+    assert [line.split()[1] for line in log.splitlines() if line.startswith("progress=")] == \
+        [f"step={n}" for n in range(21, 25)]
+    assert (resumed / "adapter_model.safetensors").read_bytes() == (out / "adapter_model.safetensors").read_bytes()
+    a, b = (json.loads((d / "manifest.json").read_text()) for d in (out, resumed))
+    assert b["resumed_from_step"] == 20 and "resumed_from_step" not in a
+    assert (b["loss"], b["tokens"], b["eval_loss_before"]) == (a["loss"], a["tokens"], a["eval_loss_before"])
+
+    # Other settings than the checkpoint's: refused before any training (the data order would differ).
+    env["TENSORANT_TRAINING"] = json.dumps(SETTINGS | {"seed": 8})
+    proc = start_trainer(env)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "written for other settings" in log

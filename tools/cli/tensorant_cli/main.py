@@ -21,6 +21,7 @@ from tensorant_cli.render import (
     cli_words,
     clock,
     duration,
+    forecast_line,
     gpu_hours,
     money,
     percent,
@@ -347,6 +348,8 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
     _say(f"  estimate {money(run.get('estimate_per_hour'), currency)}/h (limit "
           f"{money(run.get('price_limit_per_hour'), currency)}/h); runtime limit "
           f"{duration(run.get('runtime_limit_s'))}; base model {run.get('base_model')}; kind {run.get('kind')}")
+    if (forecast := forecast_line(run)) is not None:
+        _say(f"  {forecast}")
     if run.get("final_cost") is not None:
         _say(f"  final cost {money(run['final_cost'], currency)}: machine {duration(run.get('billed_machine_s'))}"
               f", disk only {duration(run.get('billed_disk_only_s'))}")
@@ -397,6 +400,8 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
         def text() -> None:
             _say(f"created run {run.get('id')} (state {run.get('state')}); estimate "
                   f"{money(run.get('estimate_per_hour'))}/h")
+            if (forecast := forecast_line(run)) is not None:
+                _say(forecast)
             for w in run.get("warnings") or []:
                 _say(f"warning: {cli_words(w, str(run.get('id')))}")
 
@@ -555,6 +560,8 @@ def _launch(args: argparse.Namespace, client: Client) -> int:
           f"({offer.get('machine_type', '?')}, {offer.get('region', '?')})", file=talk)
     _say(f"Estimate: {_cell(estimate)} {offer.get('currency', 'USD')}/hour (your limit: {_cell(limit)}/hour); "
           f"runtime limit {duration(run.get('runtime_limit_s'))}", file=talk)
+    if (forecast := forecast_line(run)) is not None:
+        _say(forecast[:1].upper() + forecast[1:], file=talk)
     for w in run.get("warnings") or []:
         _say(f"Warning: {cli_words(w, run_id)}", file=talk)
     if run.get("billing_note"):
@@ -713,12 +720,12 @@ def _recover(args: argparse.Namespace, client: Client) -> int:
         run = client.request("POST", f"/api/runs/{run_id}/recover", data=Path(args.upload).read_bytes(),
                              content_type="application/zip")
     else:
-        mode = "start_machine" if args.start_machine else "verify_saved"
+        mode = "start_machine" if args.start_machine else "resume" if args.resume else "verify_saved"
         run = client.post(f"/api/runs/{run_id}/recover", {"mode": mode})
     if not isinstance(run, dict):
         _say(run)
         return 0
-    if args.start_machine or args.no_wait:
+    if args.start_machine or args.resume or args.no_wait:  # a resumed run is followed like any training run
         def started() -> None:
             _say(status_line(run))
             if run.get("billing_note"):
@@ -936,6 +943,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--verify-saved", action="store_true", help="verify the adapter already in storage")
     how.add_argument("--start-machine", action="store_true",
                      help="start the retained machine to fetch files from it (GPU billing resumes; training does not)")
+    how.add_argument("--resume", action="store_true",
+                     help="start the retained machine and continue training from its last checkpoint to the planned "
+                          "steps (GPU billing resumes; the runtime limit counts again from now)")
     rc.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the verdict")
     rc.add_argument("--timeout", type=float, default=600, help="seconds to wait for the verdict")
     rc.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)

@@ -48,6 +48,29 @@ def money(value: Any, currency: str = "USD") -> str:
     return f"{sign}{v:.4f}{tail}" if v < 1 else f"{sign}{v:.2f}{tail}"
 
 
+def approx(seconds: Any) -> str:
+    """A predicted duration as a person reads it: '40 s', '12 min', '2.5 h'."""
+    s = float(seconds)
+    if s < 60:
+        return f"{max(1, round(s))} s"
+    if s < 2 * 3600:
+        return f"{round(s / 60)} min"
+    return f"{s / 3600:.1f} h"
+
+
+def forecast_line(run: dict[str, Any]) -> str | None:
+    """The run's forecast in one line (issue 19.6), or None for a run made before forecasts:
+    'forecast: ~12 min training + 4 min start, ~$0.35 (tokens estimated from bytes)'."""
+    f = run.get("forecast")
+    if not isinstance(f, dict):
+        return None
+    currency = str((run.get("offer") or {}).get("currency") or "USD")
+    cost = float(f.get("cost") or 0.0)
+    money_text = f"${cost:.2f}" if currency == "USD" else f"{cost:.2f} {currency}"
+    return printable(f"forecast: ~{approx(f.get('training_s') or 0)} training + {approx(f.get('startup_s') or 0)} "
+                     f"start, ~{money_text} (tokens {f.get('tokens_source') or 'estimated'})")
+
+
 def percent(progress: Any) -> str:
     p = min(max(float(progress or 0.0), 0.0), 1.0)
     return f"{p * 100:.0f}%"

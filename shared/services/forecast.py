@@ -1,0 +1,265 @@
+"""A run's forecast before launch (issue 19.6): how long it will train, how long its machine takes to
+start, and what that costs at the offer's price.
+
+Made at create and at a draft's edit (runs.check_request, the one path for both), stored on the run
+and shown in its view and by `tensorant runs create|get`. It sets the default runtime limit
+(runtime_limit_for) and warns when the run's limits do not cover it (warnings). Every figure below is
+an assumption, written down so it can be argued with; `basis` repeats the ones a run used.
+
+Tokens: estimated from bytes, never measured (the control plane loads no tokenizer: it has no hub)
+  tokens per example = min(dataset bytes / rows / 4, max_seq_len). 4 bytes per token is the usual
+  figure for English text with BPE vocabularies of 32k-150k; the JSON syntax of a row
+  ({"messages": [{"role": ...) stands in for the chat template's tokens. Code, numbers and
+  non-English text give more tokens per byte, so the forecast is then short: the default runtime
+  limit's margin is for that.
+  examples trained on = steps x batch_size x gradient_accumulation (the trainer's stream cycles
+  through the rows, so max_steps may go past one epoch); tokens = that x tokens per example.
+
+Steps: as shared/trainer/lora.py plans them (split, plan_steps; tests/test_forecast.py checks they agree)
+  rows used = min(rows, max_examples) (a trial's bound is already in max_examples: runs.resolve_training);
+  held out for eval from MIN_EVAL_ROWS rows up: min(MAX_EVAL_ROWS, max(1, int(rows used x eval_fraction)));
+  steps = max_steps, else ceil(epochs x ceil(ceil(training rows / batch_size) / gradient_accumulation)).
+
+Throughput: tokens per second of LoRA SFT = peak FLOPS x MFU / FLOPs per token
+  FLOPs per token, N = the parameters a token is multiplied by (all but the input embeddings, which
+  are a lookup): forward 2N, backward to the activations 2N; LoRA computes no gradient of the frozen
+  weights, the other 2N of full fine-tuning's 6N (so LoRA costs ~2/3 of it). Gradient checkpointing
+  (the default) runs the forward again during backward: +2N. So 6N with checkpointing, 4N without.
+  Left out (the default limit's margin covers them): attention's token-by-token products (about
+  4 x layers x seq x q_dim per token: ~10 % for a 0.5B model at 1024 tokens, less for 7B), LoRA's own
+  matmuls (~1 %), lm_head recomputed by the chunked loss, padding (grouped batching keeps it near
+  5 %), the eval passes and the sample generations.
+  Peak FLOPS: the vendor's dense (no sparsity) bf16 tensor-core figure; precision fp32 uses the
+  non-tensor fp32 figure (the trainer leaves TF32 off). MFU (model FLOPs utilisation): A100, H100,
+  H200 40 %; A10, L40S, workstation and consumer cards 35 %; L4 30 % (a 72 W card that throttles
+  under sustained load); the ranges commonly reported for LoRA SFT of 1B+ models with transformers +
+  PEFT. On a GPU, models under 1B parameters get half that (SMALL_MODEL_MFU): their matmuls are small,
+  and the per-layer work that is not a matmul (norms, activations, kernel launches) weighs more.
+  4-bit (QLoRA) dequantizes each weight in every matmul: throughput x QLORA_SPEED (0.72: 39 % longer
+  than LoRA on an A100, S. Raschka, "Practical Tips for Finetuning LLMs Using LoRA", 2023).
+  A GPU not in the table gets an entry-level Ampere card's figures, so its forecast errs long.
+  Local (the CPU of the control plane's host, fp32): an effective LOCAL_CPU_GFLOPS = 10. No tokens/s
+  is recorded for it (tests/bench/trainer_bench.py measures the tiny model only); the project's one
+  measurement with real weights (its notes, LESSONS.md: 20 LoRA steps of SmolLM2-135M took ~220 s on a
+  2-core dev host; batch and row lengths not recorded) fits 10-20 GFLOPS for short rows, and the lower
+  end is taken: a forecast that errs long only raises the default runtime limit.
+
+Startup: a fixed allowance (startup_s)
+  cloud: machine boot and cloud-init 2 min, image pull 2 min (the trainer image with torch and CUDA is
+  several GB), then the base model's bf16 weights (2 bytes per parameter; a 4-bit run downloads the
+  same files) downloaded and loaded at 50 MB/s together (~100 MB/s from the hub, then read again).
+  local: 1 min (a process on the host: torch and transformers imports took 7-26 s on the dev host,
+  then the model is built or loaded from the local cache).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from shared.adapters.base_models import BaseModel
+from shared.models import DatasetVersionRecord, Forecast, GpuOffer, TrainingSettings
+
+LOCAL_PROVIDER = "local"
+TOKENS_SOURCE = "estimated from bytes"
+BYTES_PER_TOKEN = 4
+# The trainer's held-out split (shared/trainer/lora.py MIN_EVAL_EXAMPLES, MAX_EVAL_EXAMPLES).
+MIN_EVAL_ROWS = 20
+MAX_EVAL_ROWS = 256
+
+QLORA_SPEED = 0.72
+SMALL_MODEL_PARAMS = 1_000_000_000
+SMALL_MODEL_MFU = 0.5
+LOCAL_CPU_GFLOPS = 10.0
+
+CLOUD_BOOT_S = 120
+CLOUD_IMAGE_PULL_S = 120
+MODEL_FETCH_BYTES_PER_S = 50e6
+LOCAL_STARTUP_S = 60
+
+# The default runtime limit from a forecast: this margin over its total, rounded up to RUNTIME_STEP_S.
+RUNTIME_MARGIN = 1.5
+RUNTIME_STEP_S = 600
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One row of the throughput table: the GPU's peak dense TFLOPS and the utilisation assumed."""
+
+    name: str
+    pattern: str  # matched (case-insensitive) against the offer's gpu name, as each provider spells it
+    bf16_tflops: float
+    fp32_tflops: float
+    mfu: float
+
+
+# Vendor datasheets, dense figures (bf16 tensor with fp32 accumulate; fp32 non-tensor). The more
+# specific name first: "H100 PCIe" before "H100".
+GPUS = [
+    Gpu("B200", r"\bB200\b", 2250, 75, 0.35),
+    Gpu("H200", r"\bH200\b", 989, 67, 0.40),
+    Gpu("H100 PCIe", r"\bH100\b.*\bPCIe\b", 756, 51, 0.40),
+    Gpu("H100 NVL", r"\bH100\b.*\bNVL\b", 835, 60, 0.40),
+    Gpu("H100", r"\bH100\b", 989, 67, 0.40),  # SXM
+    Gpu("A100", r"\bA100\b", 312, 19.5, 0.40),
+    Gpu("L40S", r"\bL40S\b", 362, 91.6, 0.35),
+    Gpu("L40", r"\bL40\b", 181, 90.5, 0.35),
+    Gpu("L4", r"\bL4\b", 121, 30.3, 0.30),
+    # AWS publishes no dense bf16 figure for its A10G variant: half the A10's, so it errs long.
+    Gpu("A10G", r"\bA10G\b", 62.5, 31.2, 0.35),
+    Gpu("A10", r"\bA10\b", 125, 31.2, 0.35),
+    Gpu("A40", r"\bA40\b", 150, 37.4, 0.35),
+    Gpu("A30", r"\bA30\b", 165, 10.3, 0.35),
+    Gpu("RTX 6000 Ada", r"\b6000 Ada\b", 364, 91.1, 0.35),
+    Gpu("RTX A6000", r"\bA6000\b", 155, 38.7, 0.35),
+    Gpu("RTX A5000", r"\bA5000\b", 111, 27.8, 0.35),
+    Gpu("RTX A4500", r"\bA4500\b", 94.6, 23.7, 0.35),
+    Gpu("RTX A4000", r"\bA4000\b", 76.7, 19.2, 0.35),
+    Gpu("RTX 5090", r"\b5090\b", 209, 104.8, 0.35),
+    Gpu("RTX 4090", r"\b4090\b", 165, 82.6, 0.35),
+    Gpu("RTX 3090", r"\b3090\b", 71, 35.6, 0.35),
+]
+UNKNOWN_GPU = Gpu("a GPU not in the table (taken as an entry-level Ampere card)", "", 60, 15, 0.30)
+
+
+def gpu_figures(gpu_name: str) -> Gpu:
+    for gpu in GPUS:
+        if re.search(gpu.pattern, gpu_name, re.IGNORECASE):
+            return gpu
+    return UNKNOWN_GPU
+
+
+def compute_params(model: BaseModel) -> int:
+    """N: the parameters a token is multiplied by. The input embeddings are a lookup; a tied lm_head
+    is counted once in param_count and is a real matmul, so only an untied model's embeddings go."""
+    embeddings = 0 if model.tie_embeddings else model.vocab_size * model.hidden_size
+    return model.param_count() - embeddings
+
+
+def flops_per_token(model: BaseModel, training: TrainingSettings) -> float:
+    per_param = 6 if training.gradient_checkpointing else 4
+    return per_param * compute_params(model)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float
+    why: str
+
+
+def throughput(model: BaseModel, offer: GpuOffer, training: TrainingSettings) -> Throughput:
+    per_token = flops_per_token(model, training)
+    formula = (f"{'6' if training.gradient_checkpointing else '4'} x {compute_params(model) / 1e9:.3g}B params "
+               f"per token (LoRA{', gradient checkpointing' if training.gradient_checkpointing else ''})")
+    if offer.provider == LOCAL_PROVIDER:
+        rate = LOCAL_CPU_GFLOPS * 1e9 / per_token
+        return Throughput(rate, f"local CPU: an effective {LOCAL_CPU_GFLOPS:g} GFLOPS (fp32) / {formula}")
+    gpu = gpu_figures(offer.gpu)
+    fp32 = training.precision == "fp32"
+    peak = gpu.fp32_tflops if fp32 else gpu.bf16_tflops
+    mfu = gpu.mfu * (SMALL_MODEL_MFU if compute_params(model) < SMALL_MODEL_PARAMS else 1.0)
+    rate = peak * 1e12 * mfu / per_token
+    why = f"{gpu.name}: {peak:g} TFLOPS {'fp32' if fp32 else 'bf16'} dense x {mfu:.1%} MFU"
+    if mfu < gpu.mfu:
+        why += f" (half of {gpu.mfu:.0%}: a model under {SMALL_MODEL_PARAMS / 1e9:g}B)"
+    why += f" / {formula}"
+    if training.load_in_4bit:
+        rate *= QLORA_SPEED
+        why += f" x {QLORA_SPEED} (4-bit)"
+    return Throughput(rate, why)
+
+
+def training_rows(rows: int, training: TrainingSettings) -> int:
+    """The rows the trainer trains on: max_examples applied, the eval split held out (as lora.split)."""
+    used = min(rows, training.max_examples) if training.max_examples is not None else rows
+    held = 0
+    if used >= MIN_EVAL_ROWS and training.eval_fraction > 0:
+        held = min(MAX_EVAL_ROWS, max(1, int(used * training.eval_fraction)))
+    return used - held
+
+
+def planned_steps(rows: int, training: TrainingSettings) -> int:
+    """The optimizer steps the trainer plans (as lora.plan_steps over training_rows)."""
+    if training.max_steps is not None:
+        return training.max_steps
+    micro_per_epoch = math.ceil(training_rows(rows, training) / training.batch_size)
+    steps_per_epoch = max(1, math.ceil(micro_per_epoch / training.gradient_accumulation))
+    return max(1, math.ceil(training.epochs * steps_per_epoch))
+
+
+def tokens_per_example(dataset: DatasetVersionRecord, training: TrainingSettings) -> int:
+    per_row = math.ceil(dataset.size_bytes / max(1, dataset.rows) / BYTES_PER_TOKEN)
+    return max(1, min(per_row, training.max_seq_len))
+
+
+def startup_s(model: BaseModel, offer: GpuOffer) -> tuple[int, str]:
+    if offer.provider == LOCAL_PROVIDER:
+        return LOCAL_STARTUP_S, f"startup {LOCAL_STARTUP_S // 60} min (a local process: imports, model load)"
+    weights = 2 * model.param_count()
+    fetch = math.ceil(weights / MODEL_FETCH_BYTES_PER_S)
+    why = (f"startup: boot {CLOUD_BOOT_S // 60} min + image pull {CLOUD_IMAGE_PULL_S // 60} min + "
+           f"{weights / 1e9:.2g} GB of weights at {MODEL_FETCH_BYTES_PER_S / 1e6:g} MB/s ({fetch} s)")
+    return CLOUD_BOOT_S + CLOUD_IMAGE_PULL_S + fetch, why
+
+
+def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: BaseModel, offer: GpuOffer) -> Forecast:
+    """The forecast of a run with these resolved settings (trial bounds applied) on this offer."""
+    steps = planned_steps(dataset.rows, training)
+    examples = steps * training.batch_size * training.gradient_accumulation
+    per_example = tokens_per_example(dataset, training)
+    tokens = examples * per_example
+    rate = throughput(model, offer, training)
+    train_s = math.ceil(tokens / rate.tokens_per_s)
+    start_s, start_why = startup_s(model, offer)
+    total_s = start_s + train_s
+    basis = (f"{tokens:,} tokens = {steps} steps x {examples // steps} examples (batch {training.batch_size} x "
+             f"accumulation {training.gradient_accumulation}) x {per_example} tokens ({dataset.size_bytes:,} bytes / "
+             f"{dataset.rows:,} rows / {BYTES_PER_TOKEN} bytes per token, at most max_seq_len {training.max_seq_len}); "
+             f"{rate.tokens_per_s:,.1f} tokens/s = {rate.why}; {start_why}; "
+             f"cost at {offer.total_per_hour:g} {offer.currency}/h")
+    return Forecast(training_s=train_s, startup_s=start_s, total_s=total_s,
+                    cost=round(total_s / 3600 * offer.total_per_hour, 4), tokens=tokens, tokens_source=TOKENS_SOURCE,
+                    steps=steps, throughput_tokens_per_s=round(rate.tokens_per_s, 1), basis=basis)
+
+
+def runtime_limit_for(forecast: Forecast) -> int:
+    """A runtime limit that leaves the forecast a margin: RUNTIME_MARGIN x its total, rounded up to
+    whole RUNTIME_STEP_S (the tokens are an estimate from bytes; the table is an assumption)."""
+    return math.ceil(forecast.total_s * RUNTIME_MARGIN / RUNTIME_STEP_S) * RUNTIME_STEP_S
+
+
+def minutes(seconds: float) -> str:
+    """Seconds as a person reads an estimate: '40 s', '12 min', '2.5 h'."""
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 2 * 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def summary(forecast: Forecast, currency: str = "USD") -> str:
+    """One line, as the CLI prints it: '~12 min training + 4 min start, ~$0.35 (tokens estimated from bytes)'."""
+    cost = f"${forecast.cost:.2f}" if currency == "USD" else f"{forecast.cost:.2f} {currency}"
+    return (f"~{minutes(forecast.training_s)} training + {minutes(forecast.startup_s)} start, ~{cost} "
+            f"(tokens {forecast.tokens_source})")
+
+
+def warnings(forecast: Forecast, price_limit_per_hour: float, runtime_limit_s: int, currency: str) -> list[str]:
+    """What a draft's limits will not cover. Warnings, not refusals: the forecast is an estimate.
+
+    The price limit is per hour, so what the run's limits let it spend is price_limit_per_hour over
+    the runtime limit; a forecast cost above that means one of them stops the run before it ends."""
+    budget = price_limit_per_hour * runtime_limit_s / 3600
+    if forecast.cost > budget:
+        return [f"the forecast costs ~{forecast.cost:.2f} {currency} ({minutes(forecast.total_s)}), more than this "
+                f"run's limits allow it to spend: price_limit_per_hour {price_limit_per_hour:g}/h over the runtime "
+                f"limit of {minutes(runtime_limit_s)} is {budget:.2f} {currency}; raise price_limit_per_hour or "
+                "runtime_limit_s, or train fewer steps (training max_steps). Launch is not refused for this"]
+    if forecast.total_s > runtime_limit_s:
+        # Within the price, but the runtime limit ends first: the run would be retained, not succeed.
+        return [f"the forecast needs ~{minutes(forecast.total_s)} ({minutes(forecast.startup_s)} start + "
+                f"{minutes(forecast.training_s)} training), longer than the runtime limit of "
+                f"{minutes(runtime_limit_s)}: the run would be retained at the limit (stopped, its output "
+                "kept), not succeed; raise runtime_limit_s or train fewer steps (training max_steps)"]
+    return []
