@@ -589,3 +589,28 @@ def test_make_run_says_at_shutdown_which_retained_machines_it_keeps(env: dict[st
         agent.wait(10)
     run.say_what_is_kept()
     assert marks["TENSORANT_RUN_ID"] not in capsys.readouterr().out  # nothing kept: nothing said of it
+
+
+def test_a_running_function_keeps_its_message_and_a_crash_loses_it_only_for_a_lease(root: Path) -> None:
+    import os
+    import threading
+
+    queue = os.environ["DEVHOST_QUEUE"]
+    host = Host(SPEC, root=root, http=False, timers=False, config=HostConfig(processing_lease_s=1))
+    [f] = host.by_kind("queue")
+    # A function that runs for 2 leases: renewed, the message is never visible meanwhile (no second delivery).
+    _send("sleep:2")
+    [msg] = host._receive(f, 1)
+    seen: list[list[str]] = []
+    worker = threading.Thread(target=lambda: seen.append(["done"] if host._process(f, msg)[0] else []))
+    worker.start()
+    time.sleep(1.5)
+    assert _visible(queue) == []  # past its first lease, still held
+    worker.join()
+    assert seen == [["done"]] and _visible(queue) == []  # deleted with the last renewal's receipt
+    # A host that dies after receiving (nothing renews): the message is back after one lease, not 5 min.
+    _send("after-a-crash")
+    assert len(host._receive(f, 1)) == 1
+    assert _visible(queue) == []
+    time.sleep(1.3)
+    assert len(_visible(queue)) == 1

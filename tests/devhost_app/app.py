@@ -90,6 +90,8 @@ def work(msg: func.QueueMessage) -> None:
     try:
         if body.startswith("slow"):
             time.sleep(0.3)
+        if body.startswith("sleep:"):
+            time.sleep(float(body.split(":", 1)[1]))
         if "poison" in body:
             raise ValueError("this message always fails")
     finally:

@@ -429,6 +429,7 @@ class Host:
             self._poison(f, msg, "dequeue count over maxDequeueCount before processing")
             return False, msg
         ok = False
+        lease = _Lease(client, msg, self.config.processing_lease_s)
         try:
             body = self._decode(msg.content)
             qm = QueueMessage(id=msg.id, body=body, dequeue_count=msg.dequeue_count, pop_receipt=msg.pop_receipt,
@@ -439,6 +440,8 @@ class Host:
         except Exception as exc:
             if not getattr(exc, "_devhost_logged", False):
                 log.error("queue %s: message %s failed before its function ran: %s", f.queue_name, msg.id, exc)
+        finally:
+            msg.pop_receipt = lease.end()  # the receipt of the last renewal settles the message
         try:
             if ok:
                 client.delete_message(msg.id, msg.pop_receipt)
@@ -647,6 +650,32 @@ def _listen_socket(bind: str, port: int) -> socket.socket:
     sock.listen(HTTP_BACKLOG)
     sock.setblocking(False)
     return sock
+
+
+class _Lease:
+    """Keeps a message invisible while its function runs: renews a short visibility lease every
+    third of it (update_message hands back a new pop receipt each time), until end()."""
+
+    def __init__(self, client: Any, msg: Any, lease_s: int) -> None:
+        self.client, self.msg, self.lease_s = client, msg, lease_s
+        self.receipt = msg.pop_receipt
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._renew, name=f"lease-{msg.id}", daemon=True)
+        self.thread.start()
+
+    def _renew(self) -> None:
+        while not self.done.wait(self.lease_s / 3):
+            try:
+                updated = self.client.update_message(self.msg.id, self.receipt, visibility_timeout=self.lease_s)
+                self.receipt = updated.pop_receipt
+            except Exception as exc:  # the message reappears after its lease: a second delivery, which steps allow
+                log.error("queue: could not renew the lease of message %s: %s", self.msg.id, exc)
+                return
+
+    def end(self) -> str:
+        self.done.set()
+        self.thread.join()
+        return str(self.receipt)
 
 
 def _fork_http_worker(host: Host, sock: socket.socket) -> int:
