@@ -52,6 +52,7 @@ def test_an_outage_answers_503_quickly_and_the_run_goes_on_after(own_azurite: Az
             assert status == 503, (path, status, out)
             assert "state store" in out["detail"] and headers["Retry-After"] == "5"
             assert took < 4, (path, took)  # not the SDK's ~5 s of default retries
+            print(f"\n{method} {path.split('/')[2]}: 503 in {took:.2f} s")
 
         own_azurite.start()
         assert agent.heartbeat("training", 0.6)["stop"] is False
