@@ -11,6 +11,14 @@
 # podman and mmdebstrap (Debian packages; .ci/run installs them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [[ "$(id -u)" != "0" ]]; then
+    # buildah's chroot isolation needs root: where sudo works without a password, run as root.
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        exec sudo -n --preserve-env=CI,IMAGE_CHECK_TAG,PATH "$0" "$@"
+    fi
+    echo "image-check: needs root (buildah --isolation chroot); run it as root or with passwordless sudo" >&2
+    exit 1
+fi
 tag=${IMAGE_CHECK_TAG:-localhost/tensorant-trainer:check}
 python=.venv/bin/python
 total=$SECONDS
