@@ -237,15 +237,13 @@ def respond(call: Callable[[], Any], status: int = 200) -> Any:
         # Writers kept racing on one record past the retries: nothing of this request was written.
         return problem(409, "Conflict", "the record changed at the same time as this request, again and again; "
                        "this request's change was not saved: send it again", [], {"Retry-After": "1"})
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            get_logger().exception("unhandled error")
-            return problem(500, "Internal error", "the control plane failed; the error is logged with this request")
-        # The only local disk the API writes is the development `local` storage: the upload's partial
-        # file is removed where it was written (put_stream), so nothing half-written is kept.
-        return problem(507, "Insufficient storage", "the storage is full, so nothing of this request was kept: "
-                       "free space on the disk under TENSORANT_LOCAL_ROOT (or use S3 storage), then send it again")
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # The only local disk the API writes is the development `local` storage: the upload's partial
+            # file is removed where it was written (put_stream), so nothing half-written is kept.
+            return problem(507, "Insufficient storage", "the storage is full, so nothing of this request was "
+                           "kept: free space on the disk under TENSORANT_LOCAL_ROOT (or use S3 storage), then send "
+                           "it again")
         if _store_unreachable(exc):
             get_logger().warning("state store unreachable", extra={"error": type(exc).__name__})
             return problem(503, "Service unavailable", "the control plane's state store (Azure Storage tables "
