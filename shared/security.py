@@ -149,11 +149,6 @@ def verify_agent(header: str | None, run_id: str) -> AgentToken:
     return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]), previous_key=claims["_previous_key"])
 
 
-def authenticate_agent(header: str | None, run_id: str) -> str:
-    """Return the org of a token minted for exactly this run."""
-    return verify_agent(header, run_id).org
-
-
 def require(principal: Principal, *roles: Role) -> None:
     if principal.role not in roles:
         wanted = " or ".join(r.value for r in roles)

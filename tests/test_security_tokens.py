@@ -13,7 +13,7 @@ from shared import settings as settings_mod
 from shared.clock import now_ts
 from shared.errors import Forbidden, Unauthorized
 from shared.models import Role
-from shared.security import authenticate, authenticate_agent, mint_agent_token, mint_user_token
+from shared.security import authenticate, mint_agent_token, mint_user_token, verify_agent
 from shared.settings import get_settings, load_settings, reset_settings
 from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
 from tests.harness import Harness
@@ -62,15 +62,15 @@ def test_bad_claims_are_401_never_500(h: Harness, claims: dict[str, Any]) -> Non
 def test_user_token_refused_on_agent_api_and_agent_token_on_user_api(h: Harness) -> None:
     user = mint_user_token("m@a", "org-a", Role.member)
     with pytest.raises(Forbidden):
-        authenticate_agent(f"Bearer {user}", "r-1")
+        verify_agent(f"Bearer {user}", "r-1")
     # Even with typ and run forged to look like an agent token, the audience differs.
     forged = _token(typ="agent", run="r-1", sub="agent:r-1")
     with pytest.raises(Forbidden, match="agent token"):
-        authenticate_agent(f"Bearer {forged}", "r-1")
+        verify_agent(f"Bearer {forged}", "r-1")
     agent = mint_agent_token("org-a", "r-1")
     with pytest.raises(Unauthorized):
         authenticate(f"Bearer {agent}")
-    assert authenticate_agent(f"Bearer {agent}", "r-1") == "org-a"
+    assert verify_agent(f"Bearer {agent}", "r-1").org == "org-a"
     assert authenticate(f"Bearer {user}").org == "org-a"
 
 
