@@ -118,19 +118,12 @@ def _seed(host: Any, seeded: Seeded) -> None:
 
 def _cleanup(seeded: Seeded) -> None:
     """Cancel what a launch queued, then check that nothing runs (as tests/e2e/test_local_e2e.py does)."""
-    from shared import settings as app_settings
-    from shared.providers.base import RunRef
-    from shared.providers.local.compute import LocalCompute
-    from shared.providers.local.config import LocalConfig
+    from tests.e2e.test_local_e2e import release_local_leaks
 
     for name in ("agent", "to_launch"):
         requests.post(f"{seeded.url}/api/runs/{seeded.runs[name]}/cancel", json={"discard": True}, timeout=30,
                       headers={"Authorization": f"Bearer {seeded.owner_token}"})
-    local = LocalCompute(LocalConfig(), app_settings.get_settings())
-    leaks = list(local.list_managed())
-    for res in leaks:
-        local.release(RunRef(app_settings.get_settings().deployment_id, res.org, res.run_id), [res])
-    assert not leaks, leaks
+    release_local_leaks()
 
 
 @pytest.fixture(scope="module", params=[Role.owner, Role.member], ids=lambda r: r.value)

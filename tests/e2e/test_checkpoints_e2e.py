@@ -20,7 +20,7 @@ import requests
 
 from shared.models import Role
 from tests.azurite import free_port
-from tests.e2e.test_local_e2e import ROOT, TERMINAL_OR_RETAINED, Client
+from tests.e2e.test_local_e2e import ROOT, TERMINAL_OR_RETAINED, Client, release_local_leaks
 
 pytestmark = pytest.mark.e2e
 BASE = "tensorant/tiny-llama"
@@ -48,15 +48,7 @@ def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client
     yield Client(host.url, mint_user_token("owner@a", "org-a", Role.owner))
     clock.set_clock(None)
     host.stop()
-    from shared.providers.base import RunRef
-    from shared.providers.local.compute import LocalCompute
-    from shared.providers.local.config import LocalConfig
-
-    local = LocalCompute(LocalConfig(), settings.get_settings())
-    leaks = list(local.list_managed())
-    for res in leaks:
-        local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
-    assert not leaks, leaks
+    release_local_leaks()
 
 
 def logs(api: Client, run_id: str) -> list[str]:

@@ -54,11 +54,17 @@ def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client
     client = Client(host.url, mint_user_token("owner@a", "org-a", Role.owner))
     yield client
     host.stop()
+    release_local_leaks()
+
+
+def release_local_leaks() -> None:
+    """After a test of the local provider: nothing of it may be left running whatever the test did,
+    and a leak is cleaned before the test fails on it."""
+    from shared import settings
     from shared.providers.base import RunRef
     from shared.providers.local.compute import LocalCompute
     from shared.providers.local.config import LocalConfig
 
-    # Nothing may be left running whatever the test did (and a leak is cleaned before failing).
     local = LocalCompute(LocalConfig(), settings.get_settings())
     leaks = list(local.list_managed())
     for res in leaks:

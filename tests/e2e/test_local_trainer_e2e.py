@@ -16,7 +16,7 @@ import pytest
 
 from shared.models import Role
 from tests.azurite import free_port
-from tests.e2e.test_local_e2e import ROOT, TERMINAL_OR_RETAINED, Client
+from tests.e2e.test_local_e2e import ROOT, TERMINAL_OR_RETAINED, Client, release_local_leaks
 
 pytestmark = pytest.mark.e2e
 BASE = "tensorant/tiny-llama"
@@ -38,15 +38,7 @@ def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client
     host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
     yield Client(host.url, mint_user_token("owner@a", "org-a", Role.owner))
     host.stop()
-    from shared.providers.base import RunRef
-    from shared.providers.local.compute import LocalCompute
-    from shared.providers.local.config import LocalConfig
-
-    local = LocalCompute(LocalConfig(), settings.get_settings())
-    leaks = list(local.list_managed())
-    for res in leaks:
-        local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
-    assert not leaks, leaks
+    release_local_leaks()
 
 
 def test_real_trainer_run_succeeds_and_the_downloaded_adapter_loads_with_peft(api: Client, tmp_path: Path) -> None:
