@@ -209,6 +209,19 @@ class Forecast(Model):
     basis: str = Field(description="the figures and assumptions behind the forecast, in words")
 
 
+class ForecastCheck(Model):
+    """The forecast against what the trainer measured, recorded when a run's final adapter is verified:
+    the throughput table is an assumption, and each finished run says how far off it was."""
+
+    training_s: float = Field(description="seconds of training the trainer measured (its manifest's train_seconds)")
+    tokens: int = Field(description="tokens the trainer processed, padding excluded (its manifest's tokens)")
+    steps: int = Field(description="optimizer steps the trainer ran")
+    training_error: float = Field(
+        description="forecast training_s / measured - 1: 0.25 means the forecast was 25 % long, -0.2 20 % short")
+    tokens_error: float = Field(description="forecast tokens / measured - 1, as training_error")
+    throughput_tokens_per_s: float = Field(description="measured tokens per second of training")
+
+
 class OrgSecretSet(Model):
     """PUT /api/org/secrets/huggingface-token: write-only, never returned."""
 
@@ -341,8 +354,10 @@ class RunRecord(Model):
     agent_refused_at: datetime | None = None
     # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
     pace_warned: bool = False
-    # issue 19.6: the forecast made at create (remade at a draft's edit); None on older records.
+    # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
     forecast: Forecast | None = None
+    # The forecast against the trainer's own figures, once its final adapter is verified.
+    forecast_check: ForecastCheck | None = None
 
 
 # ---------------------------------------------------------------- queue messages
@@ -534,8 +549,10 @@ class RunView(Model):
     cost_so_far: float = 0.0
     final_cost: float | None = None
     warnings: list[str] = Field(default_factory=list)
-    # issue 19.6: predicted training time and cost (null on runs created before forecasts)
+    # Predicted training time and cost (null on runs created before forecasts), and once the run's
+    # adapter is verified, the forecast's error against what the trainer measured.
     forecast: Forecast | None = None
+    forecast_check: ForecastCheck | None = None
 
 
 class ConnectionView(Model):

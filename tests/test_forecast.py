@@ -254,3 +254,34 @@ def test_cli_prints_the_forecast_line(argv: list[str], indent: str, monkeypatch:
     assert forecast_line({**RUN, "forecast": {**FORECAST, "training_s": 20, "cost": 2.5}}) == (
         "forecast: ~20 s training + 4 min start, ~$2.50 (tokens estimated from bytes)")
     assert forecast_line({**RUN, "forecast": None}) is None  # a run made before forecasts
+
+
+# ---------------------------------------------------------------- checked against what the trainer measured
+
+
+def test_a_finished_run_records_the_forecasts_error_against_the_trainers_figures(h: Harness) -> None:
+    from tests.harness import smoke_adapter_zip
+
+    run_id = h.create_run("memory", "mem-a10", training={"max_steps": 6})
+    predicted = h.get_run(run_id)["forecast"]
+    h.launch(run_id)
+    measured = {"train_seconds": predicted["training_s"] / 2, "tokens": predicted["tokens"] * 2, "steps": 6}
+    h.agent(run_id).train(smoke_adapter_zip(measured=measured))
+    done = h.get_run(run_id)
+    assert done["state"] == "succeeded"
+    check = done["forecast_check"]
+    # The forecast's seconds were twice what the trainer took (100 % long); its tokens half (50 % short).
+    assert (check["training_error"], check["tokens_error"], check["steps"]) == (1.0, -0.5, 6)
+    assert check["throughput_tokens_per_s"] == round(measured["tokens"] / measured["train_seconds"], 1)
+    said = [m for m in messages(done, "audit") if m.startswith("forecast vs measured")]
+    assert len(said) == 1 and "(forecast 100% long)" in said[0] and "(forecast 50% short)" in said[0], said
+
+
+def test_no_check_without_the_trainers_figures(h: Harness) -> None:
+    from tests.harness import smoke_adapter_zip
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).train(smoke_adapter_zip())  # the smoke trainer measures nothing
+    done = h.get_run(run_id)
+    assert done["state"] == "succeeded" and done["forecast"] is not None and done["forecast_check"] is None

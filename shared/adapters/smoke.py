@@ -101,14 +101,16 @@ def build_adapter_files(base_model: str, *, rows: int = 0, r: int = 8, dtype: st
     return files
 
 
-def manifest_bytes(base_model: str, files: dict[str, bytes], *, rows: int | None, trainer: str) -> bytes:
-    manifest = {
+def manifest_bytes(base_model: str, files: dict[str, bytes], *, rows: int | None, trainer: str,
+                   measured: dict[str, float] | None = None) -> bytes:
+    manifest: dict[str, object] = {
         "format": 1,
         "base_model": base_model,
         "rows": rows,
         "trainer": trainer,
         "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
                   for name, data in sorted(files.items())},
+        **(measured or {}),
     }
     return json.dumps(manifest, indent=2).encode()
 
@@ -138,6 +140,7 @@ def build_adapter_zip(
     extra: dict[str, bytes] | None = None,
     weights: bytes | None = None,
     trainer: str = SMOKE_TRAINER,
+    measured: dict[str, float] | None = None,
 ) -> bytes:
     """A valid smoke adapter archive, or a broken one for tests (every corruption off by default).
 
@@ -147,6 +150,7 @@ def build_adapter_zip(
     weights: replaces adapter_model.safetensors with these bytes.
     trainer: the manifest's trainer name; tests whose fake machine plays the real trainer's
     output on a cloud provider say "lora" (the verifier refuses "smoke" there).
+    measured: figures a real trainer's manifest carries (train_seconds, tokens, steps), for the forecast's check.
     The manifest lists the files as they end up in the archive, so only the intended
     corruption is wrong.
     """
@@ -177,7 +181,7 @@ def build_adapter_zip(
     if weights is not None:
         files[WEIGHTS_NAME] = weights
     payload = {name: data for name, data in files.items() if name != MANIFEST_NAME}
-    files[MANIFEST_NAME] = manifest_bytes(base_model, payload, rows=rows, trainer=trainer)
+    files[MANIFEST_NAME] = manifest_bytes(base_model, payload, rows=rows, trainer=trainer, measured=measured)
     for name in missing:
         files.pop(name, None)
     files.update(extra or {})

@@ -479,6 +479,10 @@ def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provid
             problems.append(f"{name} does not match the sha256 in {MANIFEST_NAME}; the file changed after "
                             "training wrote it, so export the adapter again.")
     summary.update(trainer=manifest.get("trainer"), rows=manifest.get("rows"))
+    # What the trainer measured, for the forecast's check (services/forecast.check); only numbers pass.
+    for key in ("train_seconds", "tokens", "steps"):
+        if isinstance(manifest.get(key), int | float) and not isinstance(manifest.get(key), bool):
+            summary[key] = manifest[key]
     if isinstance(manifest.get("checkpoint_step"), int):  # a checkpoint's adapter, not the final one
         summary.update(checkpoint_step=manifest["checkpoint_step"], steps=manifest.get("steps"))
 

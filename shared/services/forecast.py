@@ -1,12 +1,17 @@
-"""A run's forecast before launch (issue 19.6): how long it will train, how long its machine takes to
-start, and what that costs at the offer's price.
+"""A run's forecast before launch: how long it will train, how long its machine takes to start, and
+what that costs at the offer's price.
 
 Made at create and at a draft's edit (runs.check_request, the one path for both), stored on the run
 and shown in its view and by `tensorant runs create|get`. It sets the default runtime limit
 (runtime_limit_for) and warns when the run's limits do not cover it (warnings). Every figure below is
 an assumption, written down so it can be argued with; `basis` repeats the ones a run used.
 
-Tokens: estimated from bytes, never measured (the control plane loads no tokenizer: it has no hub)
+Checked: when a run's final adapter is verified, check() compares the forecast with the figures the
+trainer wrote in its manifest (train_seconds, tokens) and the run records the error (forecast_check,
+in its view and events): the table below is an assumption, and each finished run says how far off it was.
+
+Tokens: estimated from bytes, never measured here (the function app installs no tokenizer and has no
+hub; the trainer measures them, and the check above says how far the estimate was)
   tokens per example = min(dataset bytes / rows / 4, max_seq_len). 4 bytes per token is the usual
   figure for English text with BPE vocabularies of 32k-150k; the JSON syntax of a row
   ({"messages": [{"role": ...) stands in for the chat template's tokens. Code, numbers and
@@ -59,7 +64,7 @@ import re
 from dataclasses import dataclass
 
 from shared.adapters.base_models import BaseModel
-from shared.models import DatasetVersionRecord, Forecast, GpuOffer, TrainingSettings
+from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, TrainingSettings
 
 LOCAL_PROVIDER = "local"
 TOKENS_SOURCE = "estimated from bytes"
@@ -263,3 +268,27 @@ def warnings(forecast: Forecast, price_limit_per_hour: float, runtime_limit_s: i
                 f"{minutes(runtime_limit_s)}: the run would be retained at the limit (stopped, its output "
                 "kept), not succeed; raise runtime_limit_s or train fewer steps (training max_steps)"]
     return []
+
+
+def check(predicted: Forecast, measured: dict[str, object]) -> ForecastCheck | None:
+    """The forecast against the trainer's manifest figures (train_seconds, tokens, steps, as the
+    verifier read them), or None when the manifest has none (the smoke trainer, older trainers).
+    Only the training part is checked: the startup allowance is not measured by the trainer."""
+    seconds, tokens, steps = measured.get("train_seconds"), measured.get("tokens"), measured.get("steps")
+    if not isinstance(seconds, int | float) or not isinstance(tokens, int) or seconds <= 0 or tokens <= 0:
+        return None
+    return ForecastCheck(training_s=round(float(seconds), 3), tokens=tokens,
+                         steps=steps if isinstance(steps, int) else predicted.steps,
+                         training_error=round(predicted.training_s / seconds - 1, 4),
+                         tokens_error=round(predicted.tokens / tokens - 1, 4),
+                         throughput_tokens_per_s=round(tokens / seconds, 1))
+
+
+def check_summary(c: ForecastCheck) -> str:
+    """'forecast vs measured: training 12 min vs 9.5 min (forecast 26 % long), tokens ...'."""
+    def off(error: float) -> str:
+        return f"{abs(error):.0%} {'long' if error >= 0 else 'short'}"
+
+    return (f"forecast vs measured: training {minutes(c.training_s * (1 + c.training_error))} forecast vs "
+            f"{minutes(c.training_s)} measured (forecast {off(c.training_error)}), tokens {c.tokens:,} measured "
+            f"(forecast {off(c.tokens_error)}), {c.throughput_tokens_per_s:,.1f} tokens/s measured")

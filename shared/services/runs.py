@@ -117,6 +117,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         started_at=t.started_at, machine_up_at=t.machine_up_at, released_at=t.released_at, elapsed_s=t.elapsed_s,
         billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
         final_cost=t.final_cost, warnings=warnings_of(run), forecast=run.forecast,
+        forecast_check=run.forecast_check,
     )
 
 

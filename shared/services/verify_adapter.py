@@ -13,6 +13,7 @@ import hashlib
 from shared.models import Outcome, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.steps import Step
+from shared.services import forecast
 from shared.services.backends import storage_for
 from shared.services.run_events import event
 from shared.services.transitions import move
@@ -50,12 +51,17 @@ def verify_adapter(msg: StepMessage) -> None:
                "stopped before the final adapter)" if step is not None else "adapter verified"
         # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
         # the adapter served later is exactly this one (services/runs.adapter checks it).
-        recorded = {} if run.adapter_sha256 else {"adapter_sha256": hashlib.sha256(data).hexdigest(),
-                                                   "adapter_size": len(data)}
+        recorded: dict[str, object] = {} if run.adapter_sha256 else {
+            "adapter_sha256": hashlib.sha256(data).hexdigest(), "adapter_size": len(data)}
+        checked = forecast.check(run.forecast, result.summary) if run.forecast and step is None else None
+        if checked is not None:
+            recorded["forecast_check"] = checked
         run, _ = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
                       **recorded)
         event(run, "audit", what, sha256=run.adapter_sha256,
               **({"checkpoint_step": step} if step is not None else {}))
+        if checked is not None:
+            event(run, "audit", forecast.check_summary(checked), **checked.model_dump())
         get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
         return
     why = "adapter verification failed: " + "; ".join(problems)

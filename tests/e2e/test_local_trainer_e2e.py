@@ -87,6 +87,11 @@ def test_real_trainer_run_succeeds_and_the_downloaded_adapter_loads_with_peft(ap
     adapter_dir = next(p.parent for p in out.rglob("adapter_config.json"))
     manifest = json.loads(next(out.rglob("manifest.json")).read_text())
     assert (manifest["trainer"], manifest["base_model"], manifest["kind"]) == ("lora", BASE, "trial")
+    # The forecast is checked against the trainer's own figures; its error is printed for the record.
+    check = done["forecast_check"]
+    assert (check["training_s"], check["tokens"], check["steps"]) == (manifest["train_seconds"], manifest["tokens"], 4)
+    assert check["training_error"] == round(done["forecast"]["training_s"] / manifest["train_seconds"] - 1, 4)
+    print(f"forecast check ({BASE}, local CPU): {check}")
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
