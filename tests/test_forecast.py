@@ -285,3 +285,36 @@ def test_no_check_without_the_trainers_figures(h: Harness) -> None:
     h.agent(run_id).train(smoke_adapter_zip())  # the smoke trainer measures nothing
     done = h.get_run(run_id)
     assert done["state"] == "succeeded" and done["forecast"] is not None and done["forecast_check"] is None
+
+
+def test_a_like_runs_measured_throughput_replaces_the_table(h: Harness) -> None:
+    from tests.harness import smoke_adapter_zip
+
+    project = h.project_and_dataset(rows=40)
+    first = h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
+    table_rate = h.get_run(first)["forecast"]["throughput_tokens_per_s"]
+    h.launch(first)
+    # 3 tokens a second: far below the table's A10, as a slow machine would measure.
+    h.agent(first).train(smoke_adapter_zip(measured={"train_seconds": 200.0, "tokens": 600, "steps": 6}))
+    assert h.get_run(first)["state"] == "succeeded"
+
+    like = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
+    assert like["forecast"]["throughput_tokens_per_s"] == 3.0 != table_rate
+    assert f"measured by run {first}" in like["forecast"]["basis"]
+    assert like["forecast"]["training_s"] == math.ceil(like["forecast"]["tokens"] / 3.0)
+    # Other settings that change a token's cost (4-bit here) are not like: the table again.
+    other = h.get_run(h.create_run("memory", "mem-a10", project=project,
+                                   training={"max_steps": 6, "load_in_4bit": True}))
+    assert "measured by run" not in other["forecast"]["basis"]
+
+
+def test_a_check_of_a_few_seconds_does_not_stand_for_a_throughput(h: Harness) -> None:
+    from tests.harness import smoke_adapter_zip
+
+    project = h.project_and_dataset(rows=40)
+    first = h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
+    h.launch(first)
+    h.agent(first).train(smoke_adapter_zip(measured={"train_seconds": forecast.MIN_MEASURED_S / 2, "tokens": 600}))
+    assert h.get_run(first)["forecast_check"] is not None
+    second = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
+    assert "measured by run" not in second["forecast"]["basis"]

@@ -10,6 +10,12 @@ Checked: when a run's final adapter is verified, check() compares the forecast w
 trainer wrote in its manifest (train_seconds, tokens) and the run records the error (forecast_check,
 in its view and events): the table below is an assumption, and each finished run says how far off it was.
 
+Measured throughput first: when the organization has a succeeded run of the same base model on the
+same provider and GPU, with the same precision, 4-bit and gradient checkpointing settings, and its
+check measured at least MIN_MEASURED_S of training, the newest such run's measured tokens per second
+replaces the table below (basis names the run). On the local provider this is what makes the default
+runtime limit follow what the trainer measured on this host, instead of an assumed CPU.
+
 Tokens: estimated from bytes, never measured here (the function app installs no tokenizer and has no
 hub; the trainer measures them, and the check above says how far the estimate was)
   tokens per example = min(dataset bytes / rows / 4, max_seq_len). 4 bytes per token is the usual
@@ -64,7 +70,7 @@ import re
 from dataclasses import dataclass
 
 from shared.adapters.base_models import BaseModel
-from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, TrainingSettings
+from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, Outcome, RunRecord, TrainingSettings
 
 LOCAL_PROVIDER = "local"
 TOKENS_SOURCE = "estimated from bytes"
@@ -82,6 +88,9 @@ CLOUD_BOOT_S = 120
 CLOUD_IMAGE_PULL_S = 120
 MODEL_FETCH_BYTES_PER_S = 50e6
 LOCAL_STARTUP_S = 60
+
+# A check shorter than this measured too little to stand for a throughput (imports, first-step warm-up).
+MIN_MEASURED_S = 10.0
 
 # The default runtime limit from a forecast: this margin over its total, rounded up to RUNTIME_STEP_S.
 RUNTIME_MARGIN = 1.5
@@ -175,6 +184,31 @@ def throughput(model: BaseModel, offer: GpuOffer, training: TrainingSettings) ->
     return Throughput(rate, why)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A finished run's measured throughput, as the forecast of a like run uses it."""
+
+    run_id: str
+    tokens_per_s: float
+
+
+def like_runs_measured(runs: list[RunRecord], provider: str, base_model: str, gpu: str,
+                       training: TrainingSettings) -> Measured | None:
+    """The newest succeeded run in `runs` like this one (same provider, model, GPU and the settings that
+    change the cost of a token) whose check measured at least MIN_MEASURED_S of training."""
+    def like(r: RunRecord) -> bool:
+        c = r.forecast_check
+        return (r.outcome == Outcome.succeeded and c is not None and c.training_s >= MIN_MEASURED_S
+                and r.provider == provider and r.base_model == base_model and r.offer.gpu == gpu
+                and r.training.precision == training.precision and r.training.load_in_4bit == training.load_in_4bit
+                and r.training.gradient_checkpointing == training.gradient_checkpointing)
+
+    found = sorted((r for r in runs if like(r)), key=lambda r: r.updated_at)
+    if not found or found[-1].forecast_check is None:
+        return None
+    return Measured(found[-1].id, found[-1].forecast_check.throughput_tokens_per_s)
+
+
 def training_rows(rows: int, training: TrainingSettings) -> int:
     """The rows the trainer trains on: max_examples applied, the eval split held out (as lora.split)."""
     used = min(rows, training.max_examples) if training.max_examples is not None else rows
@@ -208,13 +242,18 @@ def startup_s(model: BaseModel, offer: GpuOffer) -> tuple[int, str]:
     return CLOUD_BOOT_S + CLOUD_IMAGE_PULL_S + fetch, why
 
 
-def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: BaseModel, offer: GpuOffer) -> Forecast:
-    """The forecast of a run with these resolved settings (trial bounds applied) on this offer."""
+def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: BaseModel, offer: GpuOffer,
+         measured: Measured | None = None) -> Forecast:
+    """The forecast of a run with these resolved settings (trial bounds applied) on this offer; with
+    `measured`, at that like run's measured throughput instead of the table's."""
     steps = planned_steps(dataset.rows, training)
     examples = steps * training.batch_size * training.gradient_accumulation
     per_example = tokens_per_example(dataset, training)
     tokens = examples * per_example
     rate = throughput(model, offer, training)
+    if measured is not None:
+        rate = Throughput(measured.tokens_per_s, f"measured by run {measured.run_id} (same model, GPU and settings; "
+                                                 f"the table said {rate.tokens_per_s:,.1f})")
     train_s = math.ceil(tokens / rate.tokens_per_s)
     start_s, start_why = startup_s(model, offer)
     total_s = start_s + train_s

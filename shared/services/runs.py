@@ -193,7 +193,9 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     base_models.refuse_test_model_off_local(model, body.provider)
     offer = find_offer(org, body.provider, body.offer_id)
     _check_fit(org, body.provider, offer, body.base_model, training)
-    predicted = forecast.make(dataset, training, model, offer)
+    like = forecast.like_runs_measured(store.list_runs(org, {RunState.succeeded}), body.provider, body.base_model,
+                                       offer.gpu, training)
+    predicted = forecast.make(dataset, training, model, offer, like)
     limit, note = _runtime_limit(org, body, predicted)
     return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,
                           forecast=predicted, limit_note=note)
