@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from shared.models import Role
-from tensorant_cli.main import build_parser, main, watch
+from tensorant_cli.commands.watch import watch
+from tensorant_cli.main import build_parser, main
 from tests.azurite import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +155,8 @@ def test_failing_run_watch_exits_1_and_recover_waits_for_the_verdict(local_host:
     h = local_host
     from shared import settings
 
-    # The trainer command is the operator's setting (issue 11.1); this one writes output, then fails.
+    # The trainer command is the operator's setting for every org, not a connection field; this one
+    # writes output, then fails.
     monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "sh -c 'echo partial > \"$TENSORANT_OUTPUT_DIR/ckpt\"; "
                                                     "echo boom; exit 3'")
     settings.reset_settings()
@@ -216,6 +218,22 @@ def test_set_is_typed_by_the_schema_and_from_file(local_host: LocalHost, capsys:
     assert code == 0 and json.loads(out)["config"]["price_per_hour"] == 0.25
 
 
+def test_connections_providers_lists_what_the_api_offers(local_host: LocalHost,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # The providers are the control plane's to say (its registry; production leaves out the dev-only
+    # ones): the CLI keeps no list of its own, and save-compute's help points at this command.
+    from shared.providers.registry import compute_names
+
+    h = local_host
+    code, out, _ = h.cli(capsys, "connections", "providers")
+    assert code == 0 and out.split() == compute_names() != []
+    code, out, _ = h.cli(capsys, "connections", "providers", "--json")
+    assert code == 0 and json.loads(out) == compute_names()
+    with pytest.raises(SystemExit):
+        main(["connections", "save-compute", "--help"])
+    help_text = capsys.readouterr().out
+    assert "one of `tensorant connections providers`" in help_text and "runpod" not in help_text
+
 def test_drafts_warn_edit_and_delete(local_host: LocalHost, capsys: pytest.CaptureFixture[str]) -> None:
     h = local_host
     project, dataset = setup_org(h, capsys)  # the local offer costs 0.5/h
@@ -236,8 +254,8 @@ def test_drafts_warn_edit_and_delete(local_host: LocalHost, capsys: pytest.Captu
 
 def test_error_texts(local_host: LocalHost, capsys: pytest.CaptureFixture[str]) -> None:
     h = local_host
-    code, _, err = h.cli(capsys, "catalog", "--provider", "gcp")
-    assert code == 1 and "unknown provider 'gcp'" in err and "aws" in err and "connection is saved" not in err
+    code, _, err = h.cli(capsys, "catalog", "--provider", "no-such-cloud")
+    assert code == 1 and "unknown provider 'no-such-cloud'" in err and "aws" in err and "connection is saved" not in err
     code, _, err = h.cli(capsys, "catalog", "--provider", "aws")
     assert code == 1 and "tensorant connections save-compute aws" in err and "connections/compute" not in err
     h.cli(capsys, "connections", "save-storage", "--set", "kind=local")

@@ -1,4 +1,4 @@
-"""Issue 22 (a newcomer's first hour): the CLI against a scripted fake of the API (tests/fake_api.py).
+"""A newcomer's first hour: the CLI against a scripted fake of the API (tests/fake_api.py).
 
 `runs watch` prints a run's log lines before the state change they precede and shows elapsed and
 billed GPU time apart; hints name CLI flags, not API fields; a 422 is printed once; `base-models -q`
@@ -92,7 +92,7 @@ def test_watch_and_list_show_elapsed_and_billed_gpu_time_apart(api: FakeApi,
     assert row[head.index("ELAPSED"):].split()[:2] == ["1h02m", "31m00s"]
 
 
-# The API's own words (shared/services/runs.py), which the CLI translates.
+# The API's own words (shared/services/api/runs/), which the CLI translates.
 BARE_CANCEL = ("the run is training and its machine may hold the only copy of its output; send discard: true "
                "(release the machine and disk, deleting any output on them) or discard: false (stop the machine "
                "and keep its disk for recovery)")
@@ -147,6 +147,13 @@ def test_base_models_q_prints_only_names(api: FakeApi, capsys: pytest.CaptureFix
     assert run_cli(api, "base-models", "-q") == 0
     assert capsys.readouterr().out.splitlines() == ["HuggingFaceTB/SmolLM2-135M-Instruct", "tensorant/smoke-tiny"]
 
+
+def test_connections_providers_says_when_the_api_document_has_none(api: FakeApi,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    api.on("GET", "/api/openapi.json", {"openapi": "3.1.0", "paths": {}})  # a control plane older than the list
+    assert run_cli(api, "connections", "providers") == 1
+    got = capsys.readouterr()
+    assert got.out == "" and f"the API document of {api.url} lists no compute providers" in got.err
 
 def test_gpu_hours_have_one_format(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
     from tensorant_cli.render import gpu_hours

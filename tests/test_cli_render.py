@@ -1,4 +1,4 @@
-"""Issue 18.3: text that came from a run (log lines, reasons, events) cannot drive the user's
+"""Text that came from a run (log lines, reasons, events) cannot drive the user's
 terminal: the CLI prints its control characters as \\xNN."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 
 from tensorant_cli import main as cli
 from tensorant_cli.client import ApiError
+from tensorant_cli.commands.watch import watch
 from tensorant_cli.render import printable
 
 # Retitle the terminal, clear it, return to the line start and print a fake verdict, then a C1 CSI.
@@ -85,7 +86,7 @@ def test_watch_on_a_terminal_writes_only_its_own_escape_sequences() -> None:
             return True
 
     screen = Tty()
-    assert cli.watch(FakeClient(), "r-1", interval=0, stream=screen) == 1  # type: ignore[arg-type]
+    assert watch(FakeClient(), "r-1", interval=0, stream=screen) == 1  # type: ignore[arg-type]
     text = screen.getvalue()
     assert "  | trainer says " + SHOWN in text and "warning: " + SHOWN in text
     own = re.sub(r"\x1b\[\d+F\x1b\[J", "", text)  # the redraw of the status block

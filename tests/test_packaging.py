@@ -133,9 +133,10 @@ def _probe(python: Path, root: Path, package: str, main: str) -> tuple[list[str]
 
 
 def _copy_py(src: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in src.glob("*.py"):
-        shutil.copyfile(path, dest / path.name)
+    for path in src.rglob("*.py"):  # subpackages too (tensorant_cli.commands)
+        target = dest / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
 
 
 def test_the_agent_runs_with_the_standard_library_and_its_own_files(bare_python: Path, tmp_path: Path) -> None:

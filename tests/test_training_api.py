@@ -253,7 +253,9 @@ def test_bootstrap_carries_the_resolved_training_json(h: Harness, cloud: Cloud) 
 
 
 def test_cli_training_flags_and_new_subcommands_parse() -> None:
-    from tensorant_cli.main import build_parser, cmd_base_models, cmd_runs_download, training_from
+    from tensorant_cli.commands.base_models import cmd_base_models
+    from tensorant_cli.commands.runs import cmd_runs_download, training_from
+    from tensorant_cli.main import build_parser
 
     args = build_parser().parse_args([
         "runs", "create", "--project", "p", "--dataset", "d", "--provider", "local", "--offer", "local-smoke",

@@ -16,7 +16,7 @@ _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) 
 def printable(text: Any) -> str:
     """Text that came from a run or the API (log lines, reasons, events), safe to print: an escape
     sequence in it could otherwise retitle or clear the user's terminal, move the cursor, or
-    overwrite a line (\\r) with a fake "succeeded" (issue 18.3). Idempotent: the result has no
+    overwrite a line (\\r) with a fake "succeeded". Idempotent: the result has no
     control characters left."""
     return str(text).translate(_CONTROLS)
 
@@ -59,7 +59,7 @@ def approx(seconds: Any) -> str:
 
 
 def forecast_line(run: dict[str, Any]) -> str | None:
-    """The run's forecast in one line (issue 19.6), or None for a run made before forecasts:
+    """The run's forecast in one line, or None for a run made before forecasts:
     'forecast: ~12 min training + 4 min start, ~$0.35 (tokens estimated from bytes)'."""
     f = run.get("forecast")
     if not isinstance(f, dict):

@@ -131,3 +131,15 @@ def _field(doc: dict[str, Any], schema: dict[str, Any] | None, name: str, key: s
             if option.get("additionalProperties") is False:
                 raise SetError(f"{key}: no field {name!r}; the fields are {', '.join(sorted(props))}")
     return None
+
+
+def provider_names(doc: dict[str, Any]) -> list[str]:
+    """The compute providers a control plane offers: the `provider` path parameter's enum of
+    PUT /api/connections/compute/{provider}, which the API builds from its provider registry (so
+    it follows the deployment: a production one leaves out the dev-only `local`). Empty for a
+    document without one."""
+    op = doc.get("paths", {}).get("/api/connections/compute/{provider}", {}).get("put", {})
+    for param in op.get("parameters", []):
+        if param.get("in") == "path" and param.get("name") == "provider":
+            return [str(name) for name in param.get("schema", {}).get("enum", [])]
+    return []
