@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench test-smollm2 image image-check lock
+.PHONY: help install run test lint bench test-smollm2 image image-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -22,6 +22,7 @@ help:
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
 	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
+	@echo "make settings-doc  write README's settings table and local.settings.example.json from shared/settings.py"
 	@echo "make bench  benchmarks (tests/bench)"
 	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
 	@echo "make image  the training image from the Dockerfile with buildah (no Docker; tools/image/)"
@@ -101,3 +102,8 @@ lock: $(STAMP)
 		"# Generated from pyproject.toml [project.dependencies] by pip-tools: \`make lock\`; pyproject keeps the ranges" \
 		"# for development. tests/test_packaging.py fails when a dependency is added, removed or re-ranged there" \
 		"# without regenerating this file."; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
+
+# README's settings table and local.settings.example.json repeat shared/settings.py; tests/test_settings_doc.py
+# says when they are stale.
+settings-doc: $(STAMP)
+	$(PY) -m tools.settings_doc

@@ -20,7 +20,7 @@ AZURITE = (
     "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;"
     "TableEndpoint=http://127.0.0.1:10002/devstoreaccount1;"
 )
-# Development-only defaults: the local host refuses to use them when TENSORANT_ENV=production.
+# Development-only defaults: published here, so production refuses them (production_problems).
 DEV_JWT_SECRET = "dev-only-jwt-secret-change-me-0123456789abcdef"
 DEV_ENCRYPTION_KEY = base64.b64encode(b"dev-only-aes-key-32-bytes-long!!").decode()
 # The placeholders in local.settings.example.json: copied as they are, they are no secret.
@@ -34,50 +34,79 @@ ENVIRONMENTS = ("production", "development", "test")
 
 
 class Settings(BaseModel):
+    """Every app setting, with its default and the one line that README's table shows.
+
+    `make settings-doc` writes README's settings table and local.settings.example.json from this
+    class, _ENV, SHOWN_DEFAULTS and EXAMPLE_VALUES; tests/test_settings_doc.py fails when they differ.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    env: str = "development"
-    storage_connection: str = AZURITE
+    env: str = Field(default="development", description=(
+        "`production`, `development` or `test` (any case; anything else is refused at start); production "
+        "refuses development defaults and test-only allowances"))
+    storage_connection: str = Field(default=AZURITE, description=(
+        "the Azure Storage account of the queues and tables; `UseDevelopmentStorage=true` is Azurite"))
     # No hyphen: names are `tensorant-<deployment>-<run>`, and with hyphens one deployment's
     # prefix could begin another's (`test` and `test-b`), so its pods would look like ours.
-    deployment_id: str = Field(default="dev", pattern=r"^[a-z0-9]{2,31}$")
-    table_prefix: str = "ta"
-    queue_prefix: str = ""
-    jwt_secret: str = DEV_JWT_SECRET
-    # Rotation: the secret before the current one, still accepted for verification (tokens are
-    # minted with the current one; an agent on the previous one is handed a new token at its next
-    # heartbeat). Unset it once every token signed with it has expired (user tokens: 24 h).
-    jwt_secret_previous: str = ""
-    encryption_key: str = DEV_ENCRYPTION_KEY
-    public_url: str = "http://localhost:7071"
-    local_root: str = ".tensorant"
-    trainer_command: str = ""
-    container_image: str = "ghcr.io/tensorant/trainer:2026.11"
+    deployment_id: str = Field(default="dev", pattern=r"^[a-z0-9]{2,31}$", description=(
+        "2-31 lowercase letters and digits (no hyphen: it is part of machine names); written into every "
+        "ownership tag; the sweeper touches only this deployment's resources"))
+    table_prefix: str = Field(default="ta", description=(
+        "put before every table's name (the tests give each session its own tables with it)"))
+    jwt_secret: str = Field(default=DEV_JWT_SECRET, description=(
+        "HS256 secret of user and agent tokens, at least 32 bytes (required in production)"))
+    # Rotation: tokens are minted with the current secret only, so the previous one is needed
+    # just until every token signed with it has expired.
+    jwt_secret_previous: str = Field(default="", description=(
+        "rotation: the secret before the current one, still accepted; an agent on it gets a token on the new "
+        "key at its next heartbeat. Unset it after a day (user tokens live 24 h)"))
+    encryption_key: str = Field(default=DEV_ENCRYPTION_KEY, description=(
+        "base64 of 32 random bytes: the AES-GCM key sealing connection secrets (required in production)"))
+    public_url: str = Field(default="http://localhost:7071", description=(
+        "the URL the agents on the machines send heartbeats to"))
+    local_root: str = Field(default=".tensorant", description=(
+        "the local provider's machine directories, local storage and converted models"))
+    trainer_command: str = Field(default="", description=(
+        "the trainer the agent runs, for every org (tests: the smoke trainer); unset: the machine's own, "
+        "the real LoRA trainer"))
+    container_image: str = Field(default="ghcr.io/tensorant/trainer:2026.11", description=(
+        "the training image cloud machines run (or a private registry's copy of it)"))
     # Time limits the control plane enforces itself (never a provider-side timer).
-    # The boot deadline: launch to the agent's first report. A machine that misses it is released
-    # (nothing ran on it). 15 min covers a VM's boot and a cold pull of the training image (1.5 GB
-    # with the CPU torch as `make image-check` builds it; about 6-7 GB with PyPI's CUDA torch, a few
-    # minutes at cloud registry speeds) with a wide margin; a failed pull reports itself sooner.
-    provisioning_timeout_s: int = Field(default=900, ge=120)
-    heartbeat_timeout_s: int = 600
-    default_runtime_limit_s: int = 3600
-    sweep_grace_s: int = 300
-    release_backoff_max_s: int = 900
-    catalog_max_age_s: int = 3600
-    # Longest user token accepted (exp - iat); 0 = the default: 24 h in production.
-    user_token_max_ttl_s: int = Field(default=0, ge=0)
-    # Tests only: lets a custom S3 endpoint be http:// on a loopback/private address (moto,
-    # local servers). Production refuses to start with it.
-    allow_private_endpoints: bool = False
-    # Tests only: cloud runs may name the declared test models (tensorant/*, random weights built
-    # on the machine); a real cloud machine would ask the hub for them and get 404.
-    allow_test_models: bool = False
-    # A retained machine started for recovery is stopped again by heartbeat-check after this
-    # long (GPU billing resumed when it started), with a warning event on the run.
-    recovery_idle_stop_s: int = Field(default=3600, ge=60)
-    # Agent tokens live this long and are renewed through heartbeats; the first one also
-    # covers the provisioning timeout (image pull before the first heartbeat).
-    agent_token_ttl_s: int = Field(default=2 * 3600, ge=300, le=AGENT_TOKEN_MAX_TTL_S)
+    # 15 min covers a VM's boot and a cold pull of the training image (1.5 GB with the CPU torch as
+    # `make image-check` builds it; about 6-7 GB with PyPI's CUDA torch, a few minutes at cloud
+    # registry speeds) with a wide margin; a failed pull reports itself sooner.
+    provisioning_timeout_s: int = Field(default=900, ge=120, description=(
+        "the boot deadline, launch to the agent's first report (at least 120); a machine that misses it never "
+        "trained, so it is released, not retained"))
+    heartbeat_timeout_s: int = Field(default=600, description=(
+        "an agent silent this long has its run retained (machine stopped, disk kept)"))
+    default_runtime_limit_s: int = Field(default=3600, description=(
+        "the runtime limit of a full run that names none, unless its forecast needs more; past it the run "
+        "is retained"))
+    sweep_grace_s: int = Field(default=300, description="the sweeper leaves anything younger than this alone")
+    release_backoff_max_s: int = Field(default=900, description=(
+        "the longest wait between two attempts to release a run's machine (doubling from 15 s)"))
+    catalog_max_age_s: int = Field(default=3600, description=(
+        "a provider's offer catalog older than this is refreshed when it is read"))
+    user_token_max_ttl_s: int = Field(default=0, ge=0, description=(
+        "the longest user token accepted (exp - iat); 0: 24 h in production, 10 years elsewhere "
+        "(`tensorant dev-token`)"))
+    # moto and local S3 servers listen on loopback over http; production refuses to start with it.
+    allow_private_endpoints: bool = Field(default=False, description=(
+        "tests only (production refuses it): a custom S3 endpoint may be http:// on a loopback or "
+        "private address"))
+    # The test models are random weights built on the machine; a real cloud machine would ask the
+    # hub for them and get 404.
+    allow_test_models: bool = Field(default=False, description=(
+        "tests only (production refuses it): cloud runs may name the `tensorant/*` test models and pass the "
+        "smoke trainer's adapter"))
+    # GPU billing resumed when the machine started.
+    recovery_idle_stop_s: int = Field(default=3600, ge=60, description=(
+        "a retained machine started for recovery is stopped again after this long, with a warning event"))
+    # The first token also covers the boot deadline (an image pull comes before the first heartbeat).
+    agent_token_ttl_s: int = Field(default=2 * 3600, ge=300, le=AGENT_TOKEN_MAX_TTL_S, description=(
+        "an agent token's lifetime (300 s to 8 days), renewed through heartbeats"))
 
     @field_validator("env")
     @classmethod
@@ -125,7 +154,6 @@ _ENV = {
     "storage_connection": "AzureWebJobsStorage",
     "deployment_id": "TENSORANT_DEPLOYMENT_ID",
     "table_prefix": "TENSORANT_TABLE_PREFIX",
-    "queue_prefix": "TENSORANT_QUEUE_PREFIX",
     "jwt_secret": "TENSORANT_JWT_SECRET",
     "jwt_secret_previous": "TENSORANT_JWT_SECRET_PREVIOUS",
     "encryption_key": "TENSORANT_ENCRYPTION_KEY",
@@ -145,6 +173,41 @@ _ENV = {
     "recovery_idle_stop_s": "TENSORANT_RECOVERY_IDLE_STOP_S",
     "agent_token_ttl_s": "TENSORANT_AGENT_TOKEN_TTL_S",
 }
+# What README's table says for a default that is not worth printing (a connection string, a public
+# development secret); every other default is printed as it is.
+SHOWN_DEFAULTS = {
+    "storage_connection": "Azurite",
+    "jwt_secret": "dev value",
+    "encryption_key": "dev value",
+}
+# What local.settings.example.json holds where a copied default would mislead: placeholders for the
+# secrets (production refuses them, so a copied example is never a deployment's key), and the short
+# form of the emulator's connection string that the Functions tools write.
+EXAMPLE_VALUES = {
+    "storage_connection": "UseDevelopmentStorage=true",
+    "jwt_secret": EXAMPLE_JWT_SECRET,
+    "encryption_key": EXAMPLE_ENCRYPTION_KEY,
+}
+
+
+def _check_tables() -> None:
+    # A field without an environment name could never be set; one without a description would
+    # leave a blank line in README's table.
+    fields = Settings.model_fields
+    problems = [f"{name}: no environment name in _ENV" for name in fields if name not in _ENV]
+    problems += [f"{name}: in _ENV but not a setting" for name in _ENV if name not in fields]
+    problems += [f"{name}: no description" for name, info in fields.items() if not info.description]
+    problems += [f"{name}: not a setting" for name in (*SHOWN_DEFAULTS, *EXAMPLE_VALUES) if name not in fields]
+    if problems:
+        raise RuntimeError("shared/settings.py: " + "; ".join(problems))
+
+
+_check_tables()
+
+
+def environment_names() -> dict[str, str]:
+    """Each setting's field name and the environment variable (app setting) it is read from."""
+    return dict(_ENV)
 
 
 def load_settings() -> Settings:
