@@ -29,7 +29,9 @@ from typing import Any
 import pytest
 
 from shared.adapters.verify import verify_adapter
-from shared.agent.main import Agent, AgentConfig, BootstrapError, overlay_bootstrap, with_retries
+from shared.agent.agent import Agent
+from shared.agent.config import AgentConfig, BootstrapError, overlay_bootstrap
+from shared.agent.transport import with_retries
 from shared.models import GpuOffer, MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.errors import PermanentError
@@ -746,7 +748,7 @@ def test_archive_path_follows_the_docs_for_runpod_network_storage_on_a_cloud_hos
 def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeAgentApi) -> None:
     import pwd as pwd_module
 
-    from shared.agent.main import Failed
+    from shared.agent.state import Failed
 
     agent = in_process_agent(tmp_path, api, "run-user", SMOKE)
     agent.environ["TENSORANT_TRAINER_USER"] = "trainer"
@@ -795,7 +797,7 @@ def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeA
 
 
 def test_a_secret_straddling_the_line_cut_is_redacted_whole(tmp_path: Path, api: FakeAgentApi) -> None:
-    from shared.agent.main import MAX_LINE_CHARS
+    from shared.agent.heartbeat import MAX_LINE_CHARS
 
     agent = in_process_agent(tmp_path, api, "run-cut", SMOKE)
     try:
@@ -809,7 +811,7 @@ def test_a_secret_straddling_the_line_cut_is_redacted_whole(tmp_path: Path, api:
 
 
 def test_export_opens_only_regular_files_never_links(tmp_path: Path) -> None:
-    from shared.agent.main import open_regular
+    from shared.agent.uploads import open_regular
 
     secret = tmp_path / "agent-state.json"
     secret.write_text('{"token": "run-token"}')

@@ -15,7 +15,7 @@ import requests
 
 from tensorant_devhost import Host, HostConfig
 from tensorant_devhost.config import timespan_s
-from tensorant_devhost.host import next_fire
+from tensorant_devhost.timers import next_fire
 from tensorant_devhost.routes import RouteTemplate
 from tests.azurite import Azurite
 from tests.devhost_app import app as sample
@@ -301,7 +301,7 @@ def test_make_run_reuses_an_azurite_and_refuses_a_foreign_server(azurite: Azurit
 
 
 def test_notify_skips_the_idle_backoff(root: Path) -> None:
-    from tensorant_devhost.host import notify
+    from tensorant_devhost.invocation import notify
 
     (root / "host.json").write_text(json.dumps({"version": "2.0", "extensions": {"queues": {
         "batchSize": 4, "maxPollingInterval": "00:00:10"}}}))
@@ -469,7 +469,7 @@ def test_make_run_allows_only_its_own_local_origins(root: Path) -> None:
 def test_a_request_to_no_route_is_answered_without_reading_its_body(root: Path) -> None:
     import io
 
-    from tensorant_devhost.host import _wsgi
+    from tensorant_devhost.serving import _wsgi
 
     class Unread(io.RawIOBase):
         def read(self, n: int = -1) -> bytes:
@@ -484,7 +484,7 @@ def test_a_request_to_no_route_is_answered_without_reading_its_body(root: Path) 
 
 
 def test_a_chunked_request_reaches_the_function_without_a_content_length() -> None:
-    from tensorant_devhost.host import _request_headers
+    from tensorant_devhost.serving import _request_headers
 
     # waitress de-chunks and sets CONTENT_LENGTH; the function must still see no length (its 411 rule).
     headers = _request_headers({"HTTP_TRANSFER_ENCODING": "chunked", "CONTENT_LENGTH": "5",
@@ -497,7 +497,7 @@ def test_an_unauthenticated_upload_is_refused_without_reading_its_body(env: dict
     import io
 
     import function_app
-    from tensorant_devhost.host import _wsgi
+    from tensorant_devhost.serving import _wsgi
 
     class Unread(io.RawIOBase):
         def read(self, n: int = -1) -> bytes:

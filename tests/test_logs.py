@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from shared.agent.main import MAX_LINES_PER_HEARTBEAT, Agent, AgentConfig
+from shared.agent.agent import Agent
+from shared.agent.config import AgentConfig
+from shared.agent.heartbeat import MAX_LINES_PER_HEARTBEAT
 from shared.services import agent as agent_service
 from shared.store import get_store
 from shared.store.repo import LOG_CHUNK_CHARS, log_chunks

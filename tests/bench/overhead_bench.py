@@ -46,7 +46,8 @@ def main() -> None:
     from shared import queues
     from shared.models import Role
     from shared.security import mint_user_token
-    from tensorant_devhost.host import Host, notify
+    from tensorant_devhost.host import Host
+    from tensorant_devhost.invocation import notify
 
     host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
     s = requests.Session()

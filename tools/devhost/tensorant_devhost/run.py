@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
         from shared import queues
         from shared.providers.local.compute import protect_host
-        from tensorant_devhost.host import Host, notify
+        from tensorant_devhost.host import Host
+        from tensorant_devhost.invocation import notify
 
         # Before the HTTP workers are forked (they inherit it): the local provider's agents and
         # trainers run as this user and must not read this host's environment (the JWT secret).
@@ -329,7 +330,7 @@ def _banner(host: object, port: int) -> None:
     from shared.models import Role
     from shared.security import mint_user_token
     from shared.settings import get_settings
-    from tensorant_devhost.host import resolve_setting
+    from tensorant_devhost.functions import resolve_setting
 
     # Never a token minted with production settings (main refuses production anyway).
     token = "" if get_settings().is_production else mint_user_token("dev-user", DEV_ORG, Role.owner)

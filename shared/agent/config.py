@@ -1,0 +1,107 @@
+"""The agent's configuration: the environment it starts with, TENSORANT_BOOTSTRAP decoded over it.
+
+The variables themselves are described in the agent's --help (shared.agent.main).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+BOOTSTRAP_VAR = "TENSORANT_BOOTSTRAP"
+
+
+def default_trainer_command() -> str:
+    return f"{shlex.quote(sys.executable)} -m shared.trainer.smoke"
+
+
+class BootstrapError(ValueError):
+    """TENSORANT_BOOTSTRAP is not base64 of a JSON object of strings. The message never holds the value."""
+
+
+def overlay_bootstrap(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment with TENSORANT_BOOTSTRAP decoded and laid over it (and itself removed).
+
+    One variable carries the whole bootstrap so that no value can break the env file it
+    is written to (base64 has no line breaks). Its values hold the run token and presigned
+    URLs, so errors say what is wrong with it, never what it holds.
+    """
+    out = dict(env)
+    raw = out.pop(BOOTSTRAP_VAR, None)
+    if raw is None:
+        return out
+    try:
+        text = base64.b64decode(raw.strip(), validate=True).decode("utf-8")
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} is not base64 of UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} does not decode to JSON") from None
+    if not isinstance(data, dict):
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} must decode to a JSON object, not {type(data).__name__}")
+    bad = sorted(k for k, v in data.items() if not isinstance(v, str))
+    if bad:
+        raise BootstrapError(f"agent: {BOOTSTRAP_VAR} values must be strings; {', '.join(bad[:10])} are not")
+    out.update(data)
+    return out
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    run_id: str
+    api_url: str
+    token: str
+    base_model: str
+    data_dir: Path
+    trainer_command: str
+    heartbeat_interval_s: float = 30.0
+    storage_dir: str = ""
+    dataset_key: str = ""
+    adapter_key: str = ""
+    logs_key: str = ""
+    dataset_url: str = ""
+    adapter_upload_url: str = ""
+    logs_upload_url: str = ""
+    base_model_path: str = ""  # a local directory holding the base model, for the trainer
+    training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
+    dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
+    hf_token: str = ""  # for gated base models; a secret
+    complete_retry_s: float = 1800.0  # how long to keep trying to report completion
+    heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
+        missing = [k for k in ("TENSORANT_RUN_ID", "TENSORANT_API_URL", "TENSORANT_RUN_TOKEN") if not env.get(k)]
+        if missing:
+            raise ValueError(f"agent: missing environment {', '.join(missing)}")
+        return cls(
+            run_id=env["TENSORANT_RUN_ID"],
+            api_url=env["TENSORANT_API_URL"].rstrip("/"),
+            token=env["TENSORANT_RUN_TOKEN"],
+            base_model=env.get("TENSORANT_BASE_MODEL", ""),
+            data_dir=Path(env.get("TENSORANT_DATA_DIR") or "/workspace/data"),
+            trainer_command=env.get("TENSORANT_TRAINER_COMMAND") or default_trainer_command(),
+            heartbeat_interval_s=float(env.get("TENSORANT_HEARTBEAT_INTERVAL_S") or 30),
+            storage_dir=env.get("TENSORANT_STORAGE_DIR", ""),
+            dataset_key=env.get("TENSORANT_DATASET_KEY", ""),
+            adapter_key=env.get("TENSORANT_ADAPTER_KEY", ""),
+            logs_key=env.get("TENSORANT_LOGS_KEY", ""),
+            dataset_url=env.get("TENSORANT_DATASET_URL", ""),
+            adapter_upload_url=env.get("TENSORANT_ADAPTER_UPLOAD_URL", ""),
+            logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
+            base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
+            training=env.get("TENSORANT_TRAINING", ""),
+            dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
+            hf_token=env.get("HF_TOKEN", ""),
+            complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
+        )
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,
+                            self.hf_token) if s]

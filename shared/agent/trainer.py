@@ -1,0 +1,230 @@
+"""The trainer process under the agent: its environment and user, its output, stopping it.
+
+The trainer is a shell command (TENSORANT_TRAINER_COMMAND). It gets its inputs through the
+environment, never the run token or storage URLs; as root with TENSORANT_TRAINER_USER set it
+runs as that user. Its output lines are forwarded (redacted); `progress=<x>` lines set the
+progress and `checkpoint step=<k>` lines have the newest checkpoint's adapter uploaded at once.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from shared.agent.config import BOOTSTRAP_VAR, AgentConfig
+from shared.agent.heartbeat import Reporter
+from shared.agent.redact import redact_text
+from shared.agent.state import Failed
+from shared.agent.uploads import Uploads
+
+REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
+CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (shared.trainer.lora)
+_CHECKPOINT = re.compile(r"checkpoint step=(\d+)(?:\s|$)")
+TAIL_LINES = 20  # the trainer lines a failure report carries
+# `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
+_PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
+# Never handed to the trainer: it is the customer's (or our smoke) code and has no business
+# talking to the control plane or storage. The bootstrap holds all of those at once.
+_TRAINER_HIDDEN = ("TENSORANT_RUN_TOKEN", "TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL",
+                   "TENSORANT_LOGS_UPLOAD_URL", BOOTSTRAP_VAR)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc (Linux: the agent's only platform)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class TrainerSupervisor(Reporter):
+    """Runs the trainer, reads its output, uploads its checkpoints and stops it when told."""
+
+    def __init__(self, config: AgentConfig, *, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(config, environ=environ)
+        self.output = self.data_dir / "adapter"
+        self.checkpoints = self.data_dir / CHECKPOINT_DIR
+        self.uploads = Uploads(config, self.log, output=self.output, logs_path=self.logs_path)
+        self.checkpoint_seen = 0  # the last `checkpoint step=<k>` the trainer printed
+        self.checkpoint_uploaded = 0
+        self.trainer: subprocess.Popen[bytes] | None = None
+        self.last_line = ""
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # the trainer's last lines, for a failure report
+        self.stop_grace_s = float(self.environ.get("TENSORANT_STOP_GRACE_S") or 30)
+        # Seams for the trainer-user tests (they cannot run as root).
+        self.geteuid: Callable[[], int] = os.geteuid
+        self.getpwnam: Callable[[str], Any] = pwd.getpwnam
+        self.chown: Callable[[Path, int, int], None] = os.chown
+
+    def trainer_env(self, dataset: Path, output: Path, resume_from: Path | None = None) -> dict[str, str]:
+        env = {k: v for k, v in self.environ.items() if k not in _TRAINER_HIDDEN}
+        env.update(TENSORANT_OUTPUT_DIR=str(output), TENSORANT_DATASET_PATH=str(dataset),
+                   TENSORANT_BASE_MODEL=self.config.base_model, TENSORANT_CHECKPOINT_DIR=str(self.checkpoints),
+                   PYTHONUNBUFFERED="1")
+        if resume_from is not None:
+            env["TENSORANT_RESUME_FROM"] = str(resume_from)
+        # The contract's optional inputs, set only when given (unset = the trainer's defaults).
+        for key, value in (("TENSORANT_BASE_MODEL_PATH", self.config.base_model_path),
+                           ("TENSORANT_TRAINING", self.config.training), ("HF_TOKEN", self.config.hf_token)):
+            if value:
+                env[key] = value
+        return env
+
+    def trainer_popen_kwargs(self, dataset: Path, output: Path, resume_from: Path | None = None) -> dict[str, Any]:
+        """Everything subprocess.Popen gets besides the command. An agent running as root with
+        TENSORANT_TRAINER_USER set (the image sets it) runs the trainer as that user, owning its
+        output directory: the trainer executes the customer's model code and must not read
+        /proc/<agent>/environ (the run token, storage URLs) nor the state file."""
+        env = self.trainer_env(dataset, output, resume_from)
+        # The image puts the Hugging Face cache on the data disk (HF_HOME=/workspace/data/cache/...):
+        # a retained or resumed machine keeps the downloaded base model. The trainer must write it.
+        cache = Path(env["HF_HOME"]) if env.get("HF_HOME") else None
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+        kwargs: dict[str, Any] = {"shell": True, "cwd": self.data_dir, "env": env, "stdin": subprocess.DEVNULL,
+                                  "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        name = self.environ.get("TENSORANT_TRAINER_USER", "")
+        if not name:
+            return kwargs
+        if self.geteuid() != 0:
+            self.log(f"not running as root: the trainer runs as the agent's user, not {name}")
+            return kwargs
+        try:
+            pw = self.getpwnam(name)
+        except KeyError:
+            raise Failed(f"TENSORANT_TRAINER_USER {name!r} is not a user on this machine", output_exists=False) \
+                from None
+        for owned in (output, self.checkpoints, cache):
+            if owned is not None:
+                self.chown(owned, pw.pw_uid, pw.pw_gid)
+        os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
+        env.update(HOME=pw.pw_dir, USER=name, LOGNAME=name)
+        kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+        return kwargs
+
+    def train(self, dataset: Path, resume_from: Path | None = None) -> None:
+        """Run the trainer; resume_from: a checkpoint folder to continue from (its output folder,
+        without a final adapter yet, starts empty again; the checkpoints are kept)."""
+        output = self.output
+        # The first attempt, or a resume on the same machine: a restart never gets here.
+        shutil.rmtree(output, ignore_errors=True)
+        if resume_from is None:
+            shutil.rmtree(self.checkpoints, ignore_errors=True)
+        output.mkdir(parents=True)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        kwargs = self.trainer_popen_kwargs(dataset, output, resume_from)
+        self.log(f"starting trainer: {self.config.trainer_command}"
+                 + (f" (resuming from {resume_from.name})" if resume_from else ""))
+        proc = subprocess.Popen(self.config.trainer_command, **kwargs)
+        self.trainer = proc
+        reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            if self.checkpoint_seen > self.checkpoint_uploaded:
+                self.export_checkpoint()
+            if self.stop.wait(0.05) or self.halted.is_set():
+                self.stop_trainer(proc)
+                if self.checkpoint_seen > self.checkpoint_uploaded:
+                    self.export_checkpoint()  # the checkpoint it completed last is the one to keep
+                return
+        reader.join(timeout=10)
+        code = proc.returncode
+        self.state.update(trainer_exit=code)
+        self.heartbeat("training")  # the phase's last lines and progress, before the phase changes
+        if code != 0:
+            tail = self._last_trainer_line()
+            raise Failed(f"the trainer exited with code {code}" + (f"; last output: {tail}" if tail else ""),
+                         exit_code=code)
+        missing = [name for name in REQUIRED_OUTPUT if not (output / name).is_file()]
+        if missing:
+            raise Failed(f"the trainer exited with code 0 but wrote no {', '.join(missing)} to its output "
+                         "directory", exit_code=code)
+        self.log("trainer finished")
+
+    def stop_trainer(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGTERM to the trainer and everything it started, SIGKILL after the grace period.
+        The trainer stays in the agent's process group (the local provider signals the group),
+        so its processes are found by parentage."""
+        self.log(f"stopping the trainer (SIGTERM, SIGKILL after {self.stop_grace_s:g} s)")
+        victims = [proc.pid, *_descendants(proc.pid)]
+        _signal_all(victims, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + self.stop_grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in victims[1:]):
+            time.sleep(0.05)
+        _signal_all([pid for pid in [proc.pid, *victims[1:], *_descendants(proc.pid)] if _alive(pid)], signal.SIGKILL)
+        proc.wait()
+
+    def _read_output(self, stream: BinaryIO) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            match = _PROGRESS.match(line)
+            if match:
+                self.progress = min(max(float(match.group(1)), 0.0), 1.0)
+            saved = _CHECKPOINT.match(line)
+            if saved:
+                self.checkpoint_seen = max(self.checkpoint_seen, int(saved.group(1)))
+            self.last_line = line
+            self.tail.append(redact_text(line))
+            self._record(line)
+
+    def _last_trainer_line(self) -> str:
+        return redact_text(self.last_line)[:300]
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint folder (the trainer renames each into place whole)."""
+        done = sorted(p for p in self.checkpoints.glob("step-*") if (p / "manifest.json").is_file())
+        return done[-1] if done else None
+
+    def export_checkpoint(self) -> None:
+        """Upload the newest checkpoint's adapter as the run's adapter archive (best effort)."""
+        self.checkpoint_uploaded = self.checkpoint_seen
+        folder = self.latest_checkpoint()
+        if folder is not None:
+            self.uploads.upload_checkpoint(folder)

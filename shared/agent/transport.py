@@ -1,0 +1,104 @@
+"""HTTP for the agent: retries with backoff, errors described without URLs, the control plane client.
+
+urllib only (the training image has no requests). Presigned URLs are secrets, so no
+message here ever holds a URL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shared.agent.config import AgentConfig
+from shared.agent.redact import redact_text, register_secret
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """A failure worth retrying: connection refused, timeout, 5xx, 429."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code == 429
+    return isinstance(exc, (urllib.error.URLError, ConnectionError, TimeoutError, OSError))
+
+
+def with_retries(action: Callable[[], Any], *, give_up_after_s: float, log: Callable[[str], None], what: str,
+                 sleep: Callable[[float], None] = time.sleep, max_backoff_s: float = 30.0) -> Any:
+    """Run action, retrying transient errors with capped exponential backoff until the deadline.
+    A non-transient error (a 4xx) is raised at once."""
+    deadline = time.monotonic() + give_up_after_s
+    delay = 0.5
+    while True:
+        try:
+            return action()
+        except Exception as exc:
+            if not _is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log(f"{what} failed ({describe_error(exc)}); retrying in {delay:.1f}s")
+            sleep(delay)
+            delay = min(delay * 2, max_backoff_s)
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error without the URL (presigned URLs are secrets)."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, urllib.error.URLError):
+        return f"connection error: {exc.reason}"
+    return redact_text(f"{type(exc).__name__}: {exc}")
+
+
+@dataclass
+class Answer:
+    ok: bool
+    body: dict[str, Any]
+    rejected: bool = False  # a 4xx: sending the same again will not help
+
+
+class ControlPlane:
+    """POSTs to /api/agent/runs/{id}/{heartbeat,complete} with the run's bearer token.
+
+    The token is short-lived: a heartbeat reply may carry a fresh one, which replaces it
+    (and is kept in the state file, so a restarted agent still holds a valid one)."""
+
+    def __init__(self, config: AgentConfig, log: Callable[[str], None], token: str = "") -> None:
+        self.config = config
+        self.log = log
+        self.rejected = 0  # the HTTP status of the last post the control plane refused (a 4xx), else 0
+        self.token = token or config.token
+
+    def switch_token(self, token: str) -> None:
+        register_secret(token)
+        self.token = token
+
+    def post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> Answer:
+        url = f"{self.config.api_url}/api/agent/runs/{self.config.run_id}/{what}"
+        data = json.dumps(body).encode()
+
+        def send() -> dict[str, Any]:
+            request = urllib.request.Request(url, data=data, method="POST", headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {self.token}",
+            })
+            with urllib.request.urlopen(request, timeout=30) as response:
+                raw = response.read()
+            try:
+                reply = json.loads(raw) if raw else {}
+            except ValueError:
+                reply = {}
+            return reply if isinstance(reply, dict) else {}
+
+        self.rejected = 0
+        try:
+            return Answer(True, with_retries(send, give_up_after_s=give_up_after_s, log=self.log, what=what))
+        except urllib.error.HTTPError as exc:
+            self.rejected = exc.code if 400 <= exc.code < 500 else 0
+            detail = exc.read(500).decode("utf-8", "replace") if exc.fp else ""
+            self.log(f"{what} rejected: HTTP {exc.code}: {redact_text(detail)}")
+            return Answer(False, {}, rejected=400 <= exc.code < 500 and exc.code != 429)
+        except Exception as exc:
+            self.log(f"{what} gave up: {describe_error(exc)}")
+            return Answer(False, {})

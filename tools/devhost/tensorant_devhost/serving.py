@@ -1,0 +1,230 @@
+"""HTTP triggers: the app's routes served on http://<bind>:<port>/<routePrefix>/<route>.
+
+waitress serves them (a maintained WSGI server: a bounded thread pool, a real listen
+backlog, idle-connection timeouts, strict Content-Length / chunked parsing that answers 400,
+TCP_NODELAY, headers and small bodies in one write); http.server had none of these. Routes
+match in ASP.NET precedence; a request to no route is answered without reading its body.
+Several processes may serve one listening socket (Host's http_workers).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from tensorant_devhost.functions import FunctionInfo
+from tensorant_devhost.invocation import Invoker
+from tensorant_devhost.logger import log
+
+# HTTP serving limits: invocations run on at most HTTP_THREADS threads at once; connections
+# beyond them wait in the listen backlog (http.server's was 5) instead of being reset.
+HTTP_THREADS = 16
+HTTP_BACKLOG = 1024
+HTTP_CONNECTION_LIMIT = 256
+HTTP_IDLE_TIMEOUT_S = 120  # an idle keep-alive connection is closed after this
+MAX_REQUEST_BODY = 1024 * 1024 * 1024 + 1024 * 1024  # the app's largest upload (1 GiB) and its envelope
+
+
+class HttpTriggers(Invoker):
+    bind: str
+    port: int
+    cors: str | None  # CORS allowed origins, comma-separated ("*": any)
+    credentials_first: bool
+    _routes: list[FunctionInfo]  # the HTTP functions in ASP.NET precedence
+
+    def handle_http(
+        self, method: str, raw_path: str, headers: dict[str, str], body: bytes | Callable[[], bytes]
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Route one request to its function; return (status, headers, body). `body` may be a reader,
+        called only once a function serves the request: a request to no route (or a refused method)
+        is answered without reading what it sent."""
+        split = urlsplit(raw_path)
+        prefix = "/" + self.config.route_prefix if self.config.route_prefix else ""
+        path = split.path
+        if prefix and not (path == prefix or path.startswith(prefix + "/")):
+            return _problem(404, "Not Found", f"no function serves {path} (routes start with {prefix}/)")
+        sub = path[len(prefix):]
+        matched: list[FunctionInfo] = []
+        for f in self._routes:
+            params = f.route.match(sub) if f.route else None
+            if params is None:
+                continue
+            matched.append(f)
+            if method in f.methods:
+                return self._call_http(f, method, split, headers, body() if callable(body) else body, params)
+        if matched:
+            allowed = sorted(set().union(*(f.methods for f in matched)))
+            status, hdrs, out = _problem(405, "Method Not Allowed", f"{method} is not allowed on {path}")
+            hdrs["Allow"] = ", ".join(allowed)
+            return status, hdrs, out
+        return _problem(404, "Not Found", f"no function serves {method} {path}")
+
+    def _call_http(self, f: FunctionInfo, method: str, split: Any, headers: dict[str, str], body: bytes,
+                   params: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        import azure.functions as func
+
+        host = headers.get("host") or headers.get("Host") or f"localhost:{self.port}"
+        url = f"http://{host}{split.path}" + (f"?{split.query}" if split.query else "")
+        req = func.HttpRequest(method=method, url=url, headers=headers, params=dict(parse_qsl(split.query)),
+                               route_params=params, body=body)
+        try:
+            resp = self.invoke(f, req, f"{method} {split.path}")
+        except Exception as exc:
+            return _problem(500, "Internal Server Error", f"function {f.name} failed: {type(exc).__name__}")
+        if resp is None:
+            return 204, {}, b""
+        if isinstance(resp, str | bytes):
+            resp = func.HttpResponse(resp)
+        out = {k: v for k, v in resp.headers.items()}
+        if not any(k.lower() == "content-type" for k in out):
+            text_like = resp.mimetype.startswith("text/") or resp.mimetype.endswith("json")
+            out["Content-Type"] = f"{resp.mimetype}; charset={resp.charset}" if text_like else resp.mimetype
+        return int(resp.status_code), out, resp.get_body()
+
+
+def _problem(status: int, title: str, detail: str) -> tuple[int, dict[str, str], bytes]:
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+    return status, {"Content-Type": "application/problem+json"}, body
+
+
+def listen_socket(bind: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((bind, port))
+    sock.listen(HTTP_BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+def fork_http_worker(host: HttpTriggers, sock: socket.socket) -> int:
+    """A child process serving HTTP on sock until SIGTERM or until its parent is gone."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
+
+        def orphaned() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(0)
+
+        threading.Thread(target=orphaned, daemon=True).start()
+        serve(host, sock).run()
+    finally:
+        os._exit(0)  # never return into the parent's code
+
+
+def serve(host: HttpTriggers, sock: socket.socket | None = None) -> Any:
+    """A waitress server bound to host's address (or serving a listening socket), not yet running
+    (run() serves until shutdown)."""
+    from waitress.server import create_server
+
+    where: dict[str, Any] = {"sockets": [sock]} if sock is not None else {"host": host.bind, "port": host.port}
+    return create_server(
+        functools.partial(_wsgi, host), **where, threads=HTTP_THREADS,
+        backlog=HTTP_BACKLOG, connection_limit=HTTP_CONNECTION_LIMIT, channel_timeout=HTTP_IDLE_TIMEOUT_S,
+        max_request_body_size=MAX_REQUEST_BODY, ident="tensorant-devhost/2", clear_untrusted_proxy_headers=True,
+        expose_tracebacks=False,
+    )
+
+
+def shutdown_server(server: Any) -> None:
+    """Stop a waitress server started by serve: close the listener and every connection (its
+    loop ends once none is left), then the worker threads (running invocations finish first)."""
+    closed = threading.Event()
+
+    def close_all() -> None:  # runs on the server's own loop thread: never under a select() in progress
+        for channel in list(server._map.values()):
+            try:
+                # The listener has no close handler of its own (it would log "unhandled close event").
+                channel.close() if channel is server else channel.handle_close()
+            except Exception:
+                pass
+        closed.set()
+
+    try:
+        server.trigger.pull_trigger(close_all)
+        closed.wait(10)
+    except OSError:
+        # The loop already ended and closed its trigger (a connection error took it down):
+        # no select() is running any more, so closing here is safe.
+        close_all()
+    server.task_dispatcher.shutdown(cancel_pending=True, timeout=15)
+
+
+# Response headers the server sets itself (framing is its job, never a function's).
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
+def _wsgi(host: HttpTriggers, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """One request: the same routing and invocation as before, behind WSGI."""
+    method = str(environ["REQUEST_METHOD"]).upper()
+    # REQUEST_URI is the path as sent (PATH_INFO is decoded): routes match the raw path, as before.
+    raw_path = str(environ.get("REQUEST_URI") or environ.get("PATH_INFO") or "/")
+    headers = _request_headers(environ)
+    length = int(environ.get("CONTENT_LENGTH") or 0)  # waitress validated it (and de-chunked the body)
+
+    def body() -> bytes:
+        # Read only once a function serves the request; with credentials_first, only from a caller
+        # that sent an Authorization header (the app's routes authenticate before they parse).
+        if not length or (host.credentials_first and "Authorization" not in headers):
+            return b""
+        return bytes(environ["wsgi.input"].read(length))
+
+    if method == "OPTIONS" and host.cors and "Access-Control-Request-Method" in headers:
+        status, out, data = 204, dict[str, str](), b""
+    else:
+        try:
+            status, out, data = host.handle_http(method, raw_path, headers, body)
+        except Exception as exc:  # a host bug must still answer, not drop the connection
+            log.exception("devhost: %s %s failed before reaching a function", method, raw_path)
+            status, out, data = _problem(500, "Internal Server Error", f"dev host error: {type(exc).__name__}")
+    if host.cors:
+        origin = headers.get("Origin", "")
+        allowed = [o.strip() for o in str(host.cors).split(",")]
+        if origin and ("*" in allowed or origin in allowed):
+            out["Access-Control-Allow-Origin"] = "*" if "*" in allowed else origin
+            out["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            out["Access-Control-Allow-Methods"] = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
+    pairs = [(k, v) for k, v in out.items() if k.lower() not in _FRAMING]
+    # 1xx, 204 and 304 carry no body (RFC 9110): one sent anyway is read as the start of the
+    # next response on a keep-alive connection. HEAD gets the headers only.
+    no_body = status < 200 or status in (204, 304)
+    if no_body or method == "HEAD":
+        data = b""
+    if not no_body:
+        pairs.append(("Content-Length", str(len(data))))
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Status"
+    start_response(f"{status} {phrase}", pairs)
+    return [data]
+
+
+def _request_headers(environ: dict[str, Any]) -> dict[str, str]:
+    """WSGI's HTTP_* keys back to header names (Title-Case; the Functions request is case-insensitive)."""
+    out: dict[str, str] = {}
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            out["-".join(part.capitalize() for part in key[5:].split("_"))] = str(value)
+    for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length")):
+        if environ.get(key):
+            out[name] = str(environ[key])
+    if "chunked" in out.get("Transfer-Encoding", "").lower():
+        # waitress de-chunks and counts the body; the function must see the request as the client sent
+        # it, without a length (a rule that asks for Content-Length before reading must see it missing).
+        out.pop("Content-Length", None)
+    return out
