@@ -44,13 +44,22 @@ class LocalHost:
 
 @pytest.fixture
 def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalHost]:
+    """A started dev host on the local provider, running the smoke trainer."""
+    yield from start_local_host(monkeypatch, f"{sys.executable} -m shared.trainer.smoke")
+
+
+def start_local_host(monkeypatch: pytest.MonkeyPatch, trainer_command: str | None) -> Iterator[LocalHost]:
+    """The host of local_host; trainer_command None keeps the local provider's default, the real trainer."""
     from shared import settings
     from shared.security import mint_user_token
     from tensorant_devhost.host import Host
 
     port = free_port()
     monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", f"{sys.executable} -m shared.trainer.smoke")
+    if trainer_command is None:
+        monkeypatch.delenv("TENSORANT_TRAINER_COMMAND", raising=False)
+    else:
+        monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", trainer_command)
     settings.reset_settings()
     import function_app
 
