@@ -6,7 +6,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import ReplayRequest, SweepRequest
-from shared.services import admin
+from shared.services.api import admin
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

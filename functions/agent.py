@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import AgentComplete, BootFailure, Heartbeat, HeartbeatReply
-from shared.services import agent, boot
+from shared.services.api import agent, boot
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

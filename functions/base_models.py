@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.services import base_models
+from shared.services.api import base_models
 
 bp = func.Blueprint()
 

@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.services import catalog
+from shared.services.api import catalog
 
 bp = func.Blueprint()
 

@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import ConnectionView
-from shared.services import connections
+from shared.services.api import connections
 from shared.services.backends import STORAGE_SLOT, compute_slot
 
 bp = func.Blueprint()

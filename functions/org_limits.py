@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.services import quotas
+from shared.services.api import quotas
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import OrgSecretSet, OrgSecretsView
-from shared.services import org_secrets
+from shared.services.api import org_secrets
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

@@ -2,8 +2,8 @@ import azure.functions as func
 
 from shared import http
 from shared.models import DatasetVersionRecord, ProjectCreate, ProjectRecord
-from shared.services import projects
-from shared.services.projects import DatasetCommit
+from shared.services.api import projects
+from shared.services.api.projects import DatasetCommit
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

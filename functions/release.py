@@ -1,13 +1,15 @@
-"""The release step's queue trigger (shared/runs/steps.py: its message, handler and states)."""
+"""The release step's queue trigger. Handler: shared/services/steps/release.py; its message and the
+run states it serves: the step table (shared/runs/steps.py)."""
 
 import azure.functions as func
 
 from shared.runs.steps import Step
-from shared.services.step_runner import run_step
+from shared.services.steps import release as step
+from shared.services.steps.runner import run_step
 
 bp = func.Blueprint()
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=Step.release.value, connection="AzureWebJobsStorage")
 def release(msg: func.QueueMessage) -> None:
-    run_step(Step.release, msg.get_body())
+    run_step(Step.release, msg.get_body(), step.release)

@@ -1,13 +1,15 @@
-"""The retain step's queue trigger (shared/runs/steps.py: its message, handler and states)."""
+"""The retain step's queue trigger. Handler: shared/services/steps/retain.py; its message and the
+run states it serves: the step table (shared/runs/steps.py)."""
 
 import azure.functions as func
 
 from shared.runs.steps import Step
-from shared.services.step_runner import run_step
+from shared.services.steps import retain as step
+from shared.services.steps.runner import run_step
 
 bp = func.Blueprint()
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=Step.retain.value, connection="AzureWebJobsStorage")
 def retain(msg: func.QueueMessage) -> None:
-    run_step(Step.retain, msg.get_body())
+    run_step(Step.retain, msg.get_body(), step.retain)

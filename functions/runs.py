@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import RunCancel, RunCreate, RunLaunch, RunPatch, RunRecover, RunView
-from shared.services import runs
+from shared.services.api.runs import actions, adapter, drafts, logs, view
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS
@@ -12,43 +12,43 @@ ANON = func.AuthLevel.ANONYMOUS
 @http.api(summary="Save a run draft with its price estimate (nothing is rented)", request=RunCreate,
           response=RunView, status=201)
 def create_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.create(http.principal(req), http.parse(req, RunCreate)), status=201)
+    return http.respond(lambda: drafts.create(http.principal(req), http.parse(req, RunCreate)), status=201)
 
 
 @bp.route(route="runs", methods=["GET"], auth_level=ANON)
 @http.api(summary="List runs")
 def list_runs(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.list_runs(http.principal(req)))
+    return http.respond(lambda: view.list_runs(http.principal(req)))
 
 
 @bp.route(route="runs/{id}", methods=["GET"], auth_level=ANON)
 @http.api(summary="A run: state, phase, progress, estimate, resources, events", response=RunView)
 def get_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.get(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda: view.get(http.principal(req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}", methods=["PATCH"], auth_level=ANON)
 @http.api(summary="Edit a draft (any field of a create; drafts only)", request=RunPatch, response=RunView)
 def patch_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.patch(http.principal(req), req.route_params["id"], http.parse(req, RunPatch)))
+    return http.respond(lambda: drafts.patch(http.principal(req), req.route_params["id"], http.parse(req, RunPatch)))
 
 
 @bp.route(route="runs/{id}", methods=["DELETE"], auth_level=ANON)
 @http.api(summary="Delete a draft (drafts only; ended runs stay as a record)", status=204)
 def delete_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.delete(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda: drafts.delete(http.principal(req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}/metrics", methods=["GET"], auth_level=ANON)
 @http.api(summary="Per-step training loss (and learning rate) from the trainer's progress lines, for a chart")
 def run_metrics(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.metrics(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda: logs.metrics(http.principal(req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}/logs", methods=["GET"], auth_level=ANON)
 @http.api(summary="Training log lines reported by the agent, a page at a time (after=<next cursor>, limit<=5000)")
 def run_logs(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.logs(http.principal(req), req.route_params["id"],
+    return http.respond(lambda: logs.logs(http.principal(req), req.route_params["id"],
                                           after=req.params.get("after"), limit=req.params.get("limit")))
 
 
@@ -56,7 +56,7 @@ def run_logs(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Launch a draft (confirm: true); refused above the price limit", request=RunLaunch,
           response=RunView, status=202)
 def launch_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.launch(http.principal(req), req.route_params["id"], http.parse(req, RunLaunch)),
+    return http.respond(lambda: actions.launch(http.principal(req), req.route_params["id"], http.parse(req, RunLaunch)),
                         status=202)
 
 
@@ -64,7 +64,7 @@ def launch_run(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Cancel: discard releases the machine and disk; discard false keeps the disk",
           request=RunCancel, response=RunView, status=202)
 def cancel_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.cancel(http.principal(req), req.route_params["id"], http.parse(req, RunCancel)),
+    return http.respond(lambda: actions.cancel(http.principal(req), req.route_params["id"], http.parse(req, RunCancel)),
                         status=202)
 
 
@@ -73,7 +73,7 @@ def cancel_run(req: func.HttpRequest) -> func.HttpResponse:
           request=(RunRecover, "application/zip"), response=RunView, status=202)
 def recover_run(req: func.HttpRequest) -> func.HttpResponse:
     is_zip = (req.headers.get("Content-Type") or "").startswith(("application/zip", "application/octet-stream"))
-    return http.respond(lambda: runs.recover(
+    return http.respond(lambda: actions.recover(
         http.principal(req), req.route_params["id"],
         upload=http.upload_body(req, what="the adapter archive", larger=(
             "put it in storage at runs/<RUN_ID>/adapter.zip and recover with mode verify_saved")) if is_zip else None,
@@ -83,7 +83,7 @@ def recover_run(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="runs/{id}/release", methods=["POST"], auth_level=ANON)
 @http.api(summary="Retry a release that the cloud has not confirmed yet", response=RunView, status=202)
 def release_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.retry_release(http.principal(req), req.route_params["id"]), status=202)
+    return http.respond(lambda: actions.retry_release(http.principal(req), req.route_params["id"]), status=202)
 
 
 @bp.route(route="runs/{id}/adapter", methods=["GET"], auth_level=ANON)
@@ -92,8 +92,8 @@ def release_run(req: func.HttpRequest) -> func.HttpResponse:
           response="adapter download")
 def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
     def call() -> object:
-        got = runs.adapter(http.principal(req), req.route_params["id"])
-        if isinstance(got, runs.AdapterStream):
+        got = adapter.adapter(http.principal(req), req.route_params["id"])
+        if isinstance(got, adapter.AdapterStream):
             return func.HttpResponse(got.data, status_code=200, mimetype="application/zip", headers={
                 "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,
                 "Content-Disposition": f'attachment; filename="{got.filename}"'})
@@ -106,4 +106,4 @@ def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Stop a retained run's machine that was started for recovery (its disk is kept)",
           response=RunView, status=202)
 def stop_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: runs.stop(http.principal(req), req.route_params["id"]), status=202)
+    return http.respond(lambda: actions.stop(http.principal(req), req.route_params["id"]), status=202)

@@ -8,7 +8,7 @@ bp = func.Blueprint()
 @bp.timer_trigger(arg_name="timer", schedule="30 */5 * * * *", run_on_startup=False)
 def sweeper(timer: func.TimerRequest) -> None:
     from shared.log import log_context
-    from shared.services import sweeper as service
+    from shared.services.timers import sweeper as service
 
     with log_context(step="sweeper"):
         service.sweep(dry_run=False)

@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.services import usage
+from shared.services.api import usage
 
 bp = func.Blueprint()
 

@@ -1,13 +1,15 @@
-"""The validate-connection step's queue trigger (shared/runs/steps.py: its message, handler and states)."""
+"""The validate-connection step's queue trigger. Handler: shared/services/steps/validate_connection.py; its message and the
+run states it serves: the step table (shared/runs/steps.py)."""
 
 import azure.functions as func
 
 from shared.runs.steps import Step
-from shared.services.step_runner import run_step
+from shared.services.steps import validate_connection as step
+from shared.services.steps.runner import run_step
 
 bp = func.Blueprint()
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=Step.validate_connection.value, connection="AzureWebJobsStorage")
 def validate_connection(msg: func.QueueMessage) -> None:
-    run_step(Step.validate_connection, msg.get_body())
+    run_step(Step.validate_connection, msg.get_body(), step.validate_connection)

@@ -14,44 +14,25 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from shared.errors import AppError, ConcurrencyError, Forbidden, InvalidInput
+from shared.errors import (
+    AppError,
+    ConcurrencyError,
+    Forbidden,
+    InvalidInput,
+    LengthRequired,
+    PayloadTooLarge,
+    invalid,
+)
+from shared.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_UPLOAD_BYTES
 from shared.log import get_logger, redact
 from shared.models import Role
 from shared.security import Principal, authenticate
 
 M = TypeVar("M", bound=BaseModel)
 PROBLEM = "application/problem+json"
-# No API body nests deeper than a few levels; deeper JSON is refused before it can reach
-# recursive code (pydantic, to_json, the store) and raise RecursionError (issue 12.12).
-MAX_JSON_DEPTH = 64
-# Bodies are held whole by the Functions host and the worker: every limit stays under the host's
-# request limit (100 MB by default), and is checked from Content-Length before the body is read.
-MAX_JSON_BYTES = 1024 * 1024
-MAX_UPLOAD_BYTES = 90 * 1024 * 1024  # datasets and adapter recovery uploads through the API
 
 
 Body = type[BaseModel] | str  # a model, or a media type / named body (see shared.openapi)
-
-
-class TooManyRequests(AppError):
-    """429 with Retry-After: a rate limit (shared/services/quotas.py)."""
-
-    status = 429
-    title = "Too many requests"
-
-    def __init__(self, detail: str, *, retry_after_s: int) -> None:
-        super().__init__(detail)
-        self.headers = {"Retry-After": str(max(1, int(retry_after_s)))}
-
-
-class PayloadTooLarge(AppError):
-    status = 413
-    title = "Payload too large"
-
-
-class LengthRequired(AppError):
-    status = 411
-    title = "Length required"
 
 
 def api(*, summary: str, request: Body | tuple[Body, ...] | None = None,
@@ -79,23 +60,6 @@ def principal(req: Any) -> Principal:
         raise Forbidden("a platform admin token acts on queues and the sweeper (/api/platform/...), not on an "
                         "organization's runs, connections, projects or logs; use an owner or member token of that org")
     return found
-
-
-def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
-    out = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        out.append({"field": loc or "body", "message": msg})
-    return out
-
-
-def invalid(exc: ValidationError, prefix: str = "") -> InvalidInput:
-    errors = field_errors(exc)
-    if prefix:
-        errors = [{**e, "field": f"{prefix}.{e['field']}" if e["field"] != "body" else prefix} for e in errors]
-    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-    return InvalidInput(f"fix these fields and send again: {detail}", errors=errors)
 
 
 def _too_deep() -> InvalidInput:

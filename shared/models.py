@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 SCHEMA_VERSION = 1
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{2,62}$"
 # Strict patterns for every id that reaches a table key, a URL, a cloud API or a machine's
-# environment (issue 11.2, 11.12): no '/', '#', '?', '\\', whitespace or control characters,
+# environment (a '/' or '#' would name another row, a line break would add a variable): no '/', '#', '?',
+# '\\', whitespace or control characters,
 # and a bounded length. Table keys are checked again in the store (shared/store/repo.py).
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 ORG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -142,7 +143,7 @@ class RunEvent(Model):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- training settings (issue 10)
+# ---------------------------------------------------------------- training settings
 
 
 class TrainingSettings(Model):
@@ -170,8 +171,8 @@ class TrainingSettings(Model):
     gradient_checkpointing: bool = Field(default=True, strict=True)
     batching: Literal["auto", "padded", "grouped", "packed"] = Field(default="auto", description=(
         "how examples share a batch: padded (as they come), grouped (by length, little padding), packed "
-        "(several examples a row, attention kept within each; flash attention only); auto picks the fastest "
-        "correct one for the device"))
+        "(a batch's examples end to end in one row, attention kept within each; Llama, Mistral and Qwen "
+        "families); auto picks the fastest correct one for the device"))
     seed: int = Field(default=42, ge=0, le=2**32 - 1, strict=True)
     eval_fraction: float = Field(default=0.1, ge=0.0, le=0.5,
                                  description="held-out split, only when the dataset has >= 20 examples")
@@ -195,7 +196,7 @@ class TrainingSettings(Model):
 
 class Forecast(Model):
     """A run's predicted training time and cost, made at create (and at a draft's edit) from the
-    dataset's size, the planned steps and the offer's GPU (shared/services/forecast.py says how)."""
+    dataset's size, the planned steps and the offer's GPU (shared/runs/forecast.py says how)."""
 
     training_s: int = Field(description="predicted seconds of training (optimizer steps)")
     startup_s: int = Field(description="fixed allowance: machine boot, image pull, model download and load")
@@ -325,7 +326,7 @@ class RunRecord(Model):
     updated_at: datetime
     state_changed_at: datetime
     launched_at: datetime | None = None
-    # Billing timeline (issue 13.1): the create call, and the cloud's confirmed release.
+    # Billing timeline: the create call, and the cloud's confirmed release.
     machine_up_at: datetime | None = None
     released_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
@@ -342,11 +343,11 @@ class RunRecord(Model):
     release_after: datetime | None = None
     log_lines: int = 0
     created_by: str = ""
-    # issue 10: the resolved training settings (stored at create, handed to the trainer)
+    # The resolved training settings (stored at create, handed to the trainer)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     # The draft as the user asked for it (before defaults and trial bounds; training.kind left
-    # out): a draft's edit applies its fields to this and checks the result as a create
-    # (issue 18.2), so a kind switch re-resolves the trial's bounds. None on older records.
+    # out): a draft's edit applies its fields to this and checks the result as a
+    # create, so a kind switch re-resolves the trial's bounds. None on older records.
     request: RunCreate | None = None
     # The last refusal of a call that named this run with a token the control plane could not accept
     # (a rotated signing key, an expired token): said in the reason if the heartbeat then goes silent.
@@ -396,7 +397,7 @@ class RunCreate(Model):
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str = Field(pattern=KEY_PATTERN)
     base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
-    # issue 10: training settings; omitted fields take the defaults, a trial run is bounded
+    # Training settings; omitted fields take the defaults, a trial run is bounded
     training: TrainingSettings = Field(default_factory=TrainingSettings)
 
     @field_validator("offer_id", "base_model")
@@ -412,7 +413,7 @@ RunRecord.model_rebuild()  # its `request` is a RunCreate, defined after it
 
 class RunPatch(Model):
     """An edit of a draft: the fields of RunCreate, all optional (project_id is fixed). The
-    edited draft is checked whole, as a create of it would be (issue 18.2)."""
+    edited draft is checked whole, as a create of it would be, so an edit cannot skip a check."""
 
     kind: RunKind | None = None
     provider: str | None = Field(default=None, pattern=PROVIDER_PATTERN)
@@ -438,7 +439,7 @@ class RunLaunch(Model):
 
 class RunCancel(Model):
     # No default: a run that may hold output (training and later) loses its only copy of
-    # the adapter on a discard, so the caller says which (issue 12.2). Drafts, queued runs
+    # the adapter on a discard, so the caller says which. Drafts, queued runs
     # and runs whose machine has not trained yet need none.
     discard: bool | None = Field(default=None, description=(
         "true: release the machine and disk and delete any output on them; false: stop the machine and keep "
@@ -535,9 +536,9 @@ class RunView(Model):
     created_at: datetime
     updated_at: datetime
     events: list[RunEvent] = Field(default_factory=list)
-    # issue 10: the resolved training settings
+    # The resolved training settings
     training: TrainingSettings = Field(default_factory=TrainingSettings)
-    # Time and cost (issue 13.1): seconds, and money in the offer's currency at the price
+    # Time and cost: seconds, and money in the offer's currency at the price
     # recorded at launch. Billed machine time runs from the create call to the confirmed
     # release, less the time the machine was stopped with only its disk kept.
     started_at: datetime | None = None

@@ -135,22 +135,7 @@ EXAMPLES: dict[str, Any] = {
     "AgentComplete": {"status": "ok", "sha256": _SHA, "size": 1843201},
     "SweepRequest": {"dry_run": True},
     "ReplayRequest": {"message_id": None},
-    # compute connections
-    "LocalConfig": {"price_per_hour": 0.0},
-    "AwsConfig": {"region": "us-east-1", "access_key_id": "AKIAIOSFODNN7EXAMPLE",
-                  "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": "ami-0123456789abcdef0",
-                  "subnet_id": "subnet-0123456789abcdef0", "security_group_id": "sg-0123456789abcdef0"},
-    "AzureConfig": {
-        "tenant_id": "00000000-0000-4000-8000-000000000001", "client_id": "00000000-0000-4000-8000-000000000002",
-        "client_secret": "<the client secret's Value>", "subscription_id": "00000000-0000-4000-8000-000000000003",
-        "resource_group": "tensorant-training", "region": "eastus",
-        "subnet_id": "/subscriptions/00000000-0000-4000-8000-000000000003/resourceGroups/tensorant-training"
-                     "/providers/Microsoft.Network/virtualNetworks/training/subnets/default",
-        "image_id": "/subscriptions/00000000-0000-4000-8000-000000000003/resourceGroups/tensorant-training"
-                    "/providers/Microsoft.Compute/images/tensorant-trainer",
-        "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8g trainer",
-    },
-    "RunPodConfig": {"api_key": "<RunPod API key>", "cloud_type": "SECURE"},
+    # compute connections: in each provider's registry entry (shared/providers/<name>/__init__.py)
     # storage connections
     "LocalStorageConfig": {"kind": "local", "directory": ""},
     "S3StorageConfig": {"kind": "s3", "region": "us-east-1", "bucket": "tensorant-adapters", "prefix": "org-a",
@@ -186,8 +171,8 @@ def _provider_config(doc: _Doc) -> dict[str, Any]:
     from shared.providers import registry
 
     models = {name: registry.config_model(name) for name in registry.compute_names()}
-    examples = {name: {"summary": f"{name} connection", "value": EXAMPLES[m.__name__]}
-                for name, m in models.items() if m.__name__ in EXAMPLES}
+    examples = {name: {"summary": f"{name} connection", "value": value}
+                for name in models if (value := registry.example(name)) is not None}
     return {"application/json": {
         "schema": {"description": "The body for the provider named in the path: one schema per provider.",
                    "oneOf": [doc.ref(m) for m in models.values()]},

@@ -2,9 +2,10 @@
 
 requests, by default, reads the environment again on every request (proxy variables, no_proxy,
 netrc, CA bundle): a scan of os.environ that cost about 0.7 ms of CPU per table call measured
-on the heartbeat path (issue 12.9), where the whole call costs about 2 ms. Where none of those
-settings is present (the usual case), one session that does not read them serves every call;
-where a proxy is set, the default transport is kept, so proxies and no_proxy work as before;
+on the heartbeat path (every agent, every few seconds), where the whole call costs about 2 ms.
+Where none of those settings is present (the usual case), one session that does not read them
+serves every call; where a proxy is set, the default transport is kept, so proxies and no_proxy
+work as before;
 a CA bundle named by REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE is read once, as requests would.
 """
 

@@ -1,4 +1,9 @@
-"""Session fixtures: a real Azurite, a fresh table prefix per test, clean queues, a temp local root."""
+"""The fixtures every folder of the suite shares: a real Azurite, a fresh table prefix per test,
+clean queues, a temp local root; the memory provider and a harness on it; moto's S3; the fake API
+the CLI talks to; the AWS rig (moto's EC2 and the Pricing API fake) and the fake Azure ARM server,
+which the provider tests, the e2e tests and top-level tests share. Imports stay inside the
+fixtures: collecting a module that needs none of them (tests/trainer) loads nothing of the control
+plane."""
 
 from __future__ import annotations
 
@@ -7,10 +12,25 @@ import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.azurite import Azurite
+
+if TYPE_CHECKING:
+    from tests.e2e.local_host import LocalHost
+    from tests.fake_api import FakeApi
+    from tests.fakes import Cloud
+    from tests.harness import Harness
+    from tests.providers.aws.pricing_server import PricingServer
+    from tests.providers.aws.rig import Rig
+    from tests.providers.azure.fake_arm import FakeArm
+
+# moto's root credentials (moto accepts any); the buckets the S3 tests use.
+MOTO_ROOT_KEYS = {"region_name": "us-east-1", "aws_access_key_id": "AKIAROOT0000", "aws_secret_access_key": "x" * 40}
+DATA_BUCKET = "tensorant-data"  # an org's S3 storage
+VOLUME_BUCKET = "vol0abc123"  # a RunPod network volume's id: its S3 API names the bucket after it
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +75,142 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     settings.reset_settings()
     reset_store()
     queues.reset_queues()
+
+
+@pytest.fixture
+def cloud(request: pytest.FixtureRequest) -> Iterator[Cloud]:
+    """The in-memory account behind the "memory" provider, installed for one test.
+
+    A module marked `pytest.mark.memory_provider(compute=SomeCompute, cloud=SomeCloud)` gets that
+    MemoryCompute subclass on that kind of account instead: the chaos provider's faults
+    (tests/chaos/provider.py), a provider with more offers (tests/test_training_api.py)."""
+    from tests.fakes import Cloud, MemoryCompute, install_memory_provider, uninstall_memory_provider
+
+    marker = request.node.get_closest_marker("memory_provider")
+    kinds = marker.kwargs if marker else {}
+    account: Cloud = kinds.get("cloud", Cloud)()
+    compute: type[MemoryCompute] = kinds.get("compute", MemoryCompute)
+    install_memory_provider(account, compute)
+    yield account
+    uninstall_memory_provider()
+
+
+@pytest.fixture
+def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
+    """A harness with local storage and a connected memory compute connection."""
+    from tests.harness import Harness
+
+    harness = Harness()
+    harness.save_storage({"kind": "local"})
+    conn = harness.save_compute("memory", {})
+    assert conn["status"] == "connected", conn
+    yield harness
+    harness.close()
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """moto's S3 on a loopback port for one module, with an org's bucket and a RunPod volume's."""
+    import boto3
+
+    from tests.storage.moto_s3 import start_moto
+
+    server, url = start_moto()
+    s3 = boto3.client("s3", endpoint_url=url, **MOTO_ROOT_KEYS)
+    for bucket in (DATA_BUCKET, VOLUME_BUCKET):
+        s3.create_bucket(Bucket=bucket)
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def moto_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto's S3 for one test, with an empty org bucket; the settings allow its loopback http endpoint."""
+    import boto3
+
+    from shared.settings import reset_settings
+    from tests.storage.moto_s3 import start_moto
+
+    monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto on loopback http (test-only)
+    reset_settings()
+    server, url = start_moto()
+    s3 = boto3.client("s3", endpoint_url=url, **MOTO_ROOT_KEYS)
+    s3.create_bucket(Bucket=DATA_BUCKET)
+    yield url
+    # moto's objects outlive its server (one in-process backend): leave none to other tests.
+    for found in s3.list_objects_v2(Bucket=DATA_BUCKET).get("Contents", []):
+        s3.delete_object(Bucket=DATA_BUCKET, Key=found["Key"])
+    server.stop()
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeApi]:
+    """The control plane's HTTP API faked on loopback, for the CLI's tests."""
+    from tests.fake_api import FakeApi
+
+    fake = FakeApi()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto in server mode on loopback for the session, its EC2 seeded with the rig's AMIs; its URL."""
+    from tests.providers.aws.rig import moto_ec2_server
+
+    with moto_ec2_server(tmp_path_factory.mktemp("moto")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pricing_server() -> Iterator[PricingServer]:
+    """The AWS Pricing API answered from recorded pages, on loopback for the session."""
+    from tests.providers.aws.pricing_server import PricingServer
+
+    server = PricingServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def rig(moto_server: str, pricing_server: PricingServer) -> Rig:
+    """The AWS rig on a freshly reset moto: a VPC, subnet and security group, and a call counter."""
+    from tests.providers.aws.rig import new_rig
+
+    return new_rig(moto_server, pricing_server)
+
+
+@pytest.fixture
+def arm(tmp_path: Path) -> Iterator[FakeArm]:
+    """The seeded fake ARM server with the registry's azure provider pointed at it, for tests that
+    go through the function app."""
+    from tests.providers.azure.rig import route_registry_to, seeded_arm
+
+    fake = seeded_arm(tmp_path)
+    undo = route_registry_to(fake)
+    yield fake
+    undo()
+    fake.stop()
+
+
+@pytest.fixture
+def azure_h(env: dict[str, str], arm: FakeArm) -> Iterator[Harness]:
+    """A harness with local storage and a connected azure compute connection on the fake ARM."""
+    from tests.harness import Harness
+    from tests.providers.azure.rig import config_body
+
+    harness = Harness()
+    assert harness.save_storage({"kind": "local"})["status"] == "connected"
+    conn = harness.save_compute("azure", config_body())
+    assert conn["status"] == "connected", conn["checks"]
+    yield harness
+    harness.close()
+
+
+@pytest.fixture
+def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalHost]:
+    """A started dev host on the local provider, running the smoke trainer."""
+    from tests.e2e.local_host import start_local_host
+
+    yield from start_local_host(monkeypatch, f"{sys.executable} -m shared.trainer.smoke")

@@ -5,17 +5,16 @@ the real providers: marks at creation, find-before-create, "not found" = release
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from pydantic import BaseModel, ConfigDict
 
 from shared.clock import now
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import registry
-from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
+from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef
 from shared.settings import Settings
 
 
@@ -63,6 +62,9 @@ class MemoryCompute:
     def validate(self) -> list[Check]:
         self.cloud.calls.append("validate")
         return [Check(name="credentials", status=CheckStatus.ok, message="fake account")]
+
+    def scope(self) -> dict[str, str]:
+        return {}  # one in-process cloud: nothing to compare
 
     def offers(self) -> list[GpuOffer]:
         self.cloud.calls.append("offers")
@@ -112,26 +114,26 @@ class MemoryCompute:
             return Description(MachineState.gone)
         return Description(MachineState.running if ms[0].state == "running" else MachineState.stopped)
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self.cloud.calls.append("retain")
         for m in self._owned(ref, resources):
             if m.state == "running":
                 m.state = "stopped"
-        return Outcome(done=True, billing_note="compute stopped; the disk still bills")
+        return CloudProgress(done=True, billing_note="compute stopped; the disk still bills")
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self.cloud.calls.append("start")
         for m in self._owned(ref, resources):
             if m.state == "stopped":
                 m.state = "running"
-        return Outcome(done=True)
+        return CloudProgress(done=True)
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self.cloud.calls.append("release")
         for m in self._owned(ref, resources):
             m.state = "terminated"
             m.disk_exists = False
-        return Outcome(done=True)
+        return CloudProgress(done=True)
 
     def list_managed(self) -> Iterable[CloudResource]:
         self.cloud.calls.append("list")
@@ -152,8 +154,9 @@ def training_run(h: Any) -> tuple[str, Any]:
     return run_id, agent
 
 
-def install_memory_provider(cloud: Cloud) -> None:
-    _undo.append(registry.override("memory", factory=lambda config, settings: MemoryCompute(config, settings, cloud),
+def install_memory_provider(cloud: Cloud, compute: type[MemoryCompute] = MemoryCompute) -> None:
+    """Serve the "memory" provider with `compute` (MemoryCompute or a subclass) on `cloud`."""
+    _undo.append(registry.override("memory", factory=lambda config, settings: compute(config, settings, cloud),
                                    config_model=MemoryConfig))
 
 
@@ -161,27 +164,3 @@ def uninstall_memory_provider() -> None:
     while _undo:
         _undo.pop()()
 
-
-# ---------------------------------------------------------------- fixtures
-# Tests use them by name: `cloud, h = fakes.cloud, fakes.h`.
-
-
-@pytest.fixture
-def cloud() -> Iterator[Cloud]:
-    c = Cloud()
-    install_memory_provider(c)
-    yield c
-    uninstall_memory_provider()
-
-
-@pytest.fixture
-def h(env: dict[str, str], cloud: Cloud) -> Iterator[Any]:
-    """A harness with local storage and a connected memory compute connection."""
-    from tests.harness import Harness
-
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    conn = harness.save_compute("memory", {})
-    assert conn["status"] == "connected", conn
-    yield harness
-    harness.close()

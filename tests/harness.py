@@ -39,8 +39,8 @@ def trained_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
 
 
 def lift_quotas(org: str) -> None:
-    """Many runs at one (simulated) instant: far above the default org limits (issue 11.8)."""
-    from shared.services import quotas
+    """Many runs at one (simulated) instant: far above the default org limits."""
+    from shared.services.api import quotas
 
     quotas.set_limits(org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
 

@@ -32,9 +32,9 @@ from shared.adapters.verify import verify_adapter
 from shared.agent.agent import Agent
 from shared.agent.config import AgentConfig, BootstrapError, overlay_bootstrap
 from shared.agent.transport import with_retries
+from shared.errors import PermanentError
 from shared.models import GpuOffer, MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
-from shared.providers.errors import PermanentError
 from shared.providers.local.compute import LocalCompute, scan
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
@@ -573,7 +573,7 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
         agent.wait()
 
 
-# ---------------------------------------------------------------- restarts, stop, failures, tokens (issues 11, 12)
+# ---------------------------------------------------------------- restarts, stop, failures, tokens
 
 REPO = str(Path(__file__).resolve().parent.parent)
 SMOKE = f"{sys.executable} -m shared.trainer.smoke"
@@ -595,11 +595,35 @@ def in_process_agent(tmp_path: Path, api: FakeAgentApi, run_id: str, trainer_com
     return Agent(AgentConfig(**fields), environ=environ)
 
 
+class WatchedStop(threading.Event):
+    """The agent's stop event, counting the waits on it: a timed wait is one round of a loop that may
+    send a heartbeat; an untimed one is the agent idling until the machine stops. A test waits for
+    these instead of sleeping to show that nothing more is sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds = 0
+        self.idling = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            self.idling.set()
+        else:
+            self.rounds += 1
+        return super().wait(timeout)
+
+    def rounds_pass(self, n: int, timeout: float = 10.0) -> None:
+        """Return once n more timed waits have begun: the loops have had n chances to send."""
+        target = self.rounds + n
+        wait_until(lambda: self.rounds >= target, timeout)
+
+
 class Running:
     """agent.run() on a thread; stop() ends its idling as SIGTERM would."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self.watched = agent.stop = WatchedStop()
         self.code: list[int] = []
         self.thread = threading.Thread(target=lambda: self.code.append(agent.run()), daemon=True)
         self.thread.start()
@@ -637,8 +661,9 @@ def test_stop_in_a_heartbeat_reply_stops_the_trainer_and_a_restart_never_trains_
     assert state["phase"] == "training" and "control plane said stop" in state["stop_reason"]
     assert running.thread.is_alive()  # idles: the machine is the control plane's to stop
     assert api.of("run-stop", "complete") == []
+    assert running.watched.idling.wait(timeout=10)
     calls = len(api.calls)
-    time.sleep(0.3)
+    running.watched.rounds_pass(3)  # the heartbeat loop goes on, halted: three chances to send
     assert len(api.calls) == calls  # no heartbeats once stopped
     assert running.stop() == 0
     checkpoint = tmp_path / "data" / "adapter" / "checkpoint-1.txt"
@@ -646,7 +671,7 @@ def test_stop_in_a_heartbeat_reply_stops_the_trainer_and_a_restart_never_trains_
 
     # A RunPod resume / VM restart: the same disk, a new agent. It neither trains nor wipes.
     again = Running(in_process_agent(tmp_path, api, "run-stop", "touch ran-again"))
-    time.sleep(0.5)
+    assert again.watched.idling.wait(timeout=10)  # settled: it idles until the machine stops
     assert again.thread.is_alive() and len(api.calls) == calls
     assert not (tmp_path / "data" / "ran-again").exists() and checkpoint.exists()
     assert again.stop() == 0
@@ -765,7 +790,7 @@ def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeA
         assert (kwargs["user"], kwargs["group"], kwargs["extra_groups"]) == (10001, 10002, [])
         assert kwargs["env"]["HOME"] == "/home/trainer" and kwargs["env"]["USER"] == "trainer"
         assert "TENSORANT_RUN_TOKEN" not in kwargs["env"]
-        # The checkpoint folder too: the trainer writes checkpoints into it (issue 19.3).
+        # The checkpoint folder too: the trainer writes checkpoints into it.
         checkpoints = tmp_path / "data" / "checkpoint"
         assert chowned == [(output, 10001, 10002), (checkpoints, 10001, 10002)]
         # The Hugging Face cache on the data disk (the image's HF_HOME) is made and given to the trainer.
@@ -852,7 +877,7 @@ def test_a_dataset_that_changed_after_validation_is_refused(tmp_path: Path, api:
     assert bad.stop() == 0
 
 
-# ---------------------------------------------------------------- checkpoints and resume (issue 19.3)
+# ---------------------------------------------------------------- checkpoints and resume
 
 # A trainer that writes one checkpoint as shared.trainer.lora does (a whole step-<k> folder renamed
 # into place, then the line), then trains on until stopped; with TENSORANT_RESUME_FROM it finishes.

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from shared.models import Role
 from shared.providers import registry
 from shared.security import mint_agent_token, mint_user_token
-from tests.fakes import Cloud, MemoryCompute, install_memory_provider, uninstall_memory_provider
+from tests.fakes import Cloud, MemoryCompute
 from tests.harness import Harness
 
 SECRET = "sk-live-DO-NOT-LEAK-1234567890"
@@ -25,17 +25,12 @@ class SecretConfig(BaseModel):
 
 
 @pytest.fixture
-def h(env: dict[str, str]) -> Iterator[Harness]:
-    cloud = Cloud()
-    install_memory_provider(cloud)
+def secretive(cloud: Cloud) -> Iterator[None]:
+    """A provider whose config holds a secret (SecretConfig), on the memory cloud."""
     undo = registry.override("secretive", factory=lambda config, settings: MemoryCompute(config, settings, cloud),
                              config_model=SecretConfig)
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    yield harness
-    harness.close()
+    yield
     undo()
-    uninstall_memory_provider()
 
 
 def test_member_cannot_save_a_connection(h: Harness) -> None:
@@ -80,7 +75,7 @@ def test_agent_endpoints_take_only_that_runs_token(h: Harness) -> None:
     assert h.get_run(run_a)["state"] == "training"
 
 
-def test_secrets_are_write_only_and_never_logged(h: Harness, caplog: pytest.LogCaptureFixture,
+def test_secrets_are_write_only_and_never_logged(h: Harness, secretive: None, caplog: pytest.LogCaptureFixture,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)
     saved = h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET})

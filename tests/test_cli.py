@@ -18,67 +18,11 @@ from typing import Any
 
 import pytest
 
-from shared.models import Role
 from tensorant_cli.commands.watch import watch
 from tensorant_cli.main import build_parser, main
-from tests.azurite import free_port
+from tests.e2e.local_host import LocalHost
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
-
-
-class LocalHost:
-    def __init__(self, url: str, token: str) -> None:
-        self.url, self.token = url, token
-
-    def cli(self, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-        code = main(["--url", self.url, "--token", self.token, *argv])
-        got = capsys.readouterr()
-        return code, got.out, got.err
-
-    def env(self) -> dict[str, str]:
-        """The environment for a CLI subprocess (or a shell script) against this host."""
-        path = os.pathsep.join([str(ROOT), str(ROOT / "tools" / "cli"), str(ROOT / "tools" / "devhost")])
-        return {**os.environ, "TENSORANT_URL": self.url, "TENSORANT_TOKEN": self.token, "PYTHONPATH": path}
-
-
-@pytest.fixture
-def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalHost]:
-    """A started dev host on the local provider, running the smoke trainer."""
-    yield from start_local_host(monkeypatch, f"{sys.executable} -m shared.trainer.smoke")
-
-
-def start_local_host(monkeypatch: pytest.MonkeyPatch, trainer_command: str | None) -> Iterator[LocalHost]:
-    """The host of local_host; trainer_command None keeps the local provider's default, the real trainer."""
-    from shared import settings
-    from shared.security import mint_user_token
-    from tensorant_devhost.host import Host
-
-    port = free_port()
-    monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
-    if trainer_command is None:
-        monkeypatch.delenv("TENSORANT_TRAINER_COMMAND", raising=False)
-    else:
-        monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", trainer_command)
-    settings.reset_settings()
-    import function_app
-
-    host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
-    yield LocalHost(host.url, mint_user_token("owner@a", "org-a", Role.owner))
-    host.stop()
-    from shared.providers.base import RunRef
-    from shared.providers.local.compute import LocalCompute
-    from shared.providers.local.config import LocalConfig
-    from shared.store import get_store
-
-    # Only this test's runs (its own tables): other test sessions on the same machine run
-    # local agents under the same deployment id, and those are not ours to judge or end.
-    mine = {r.id for org in ("org-a", "demo") for r in get_store().list_runs(org)}
-    local = LocalCompute(LocalConfig(), settings.get_settings())
-    leaks = [res for res in local.list_managed() if res.run_id in mine]
-    for res in leaks:
-        local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
-    assert not leaks, leaks
 
 
 def setup_org(h: LocalHost, capsys: pytest.CaptureFixture[str], *compute_set: str) -> tuple[str, str]:

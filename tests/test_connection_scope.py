@@ -1,4 +1,4 @@
-"""Issue 12.1 / 12.6 / 12.14 through the real function handlers: a compute connection re-saved
+"""Through the real function handlers: a compute connection re-saved
 into another scope must never lose a held machine (Azure on the fake ARM, RunPod on the fake
 RunPod server), the provisioning-deadline reason carries the cloud's own words, and RunPod's
 prepaid credit is checked at launch and watched on retained runs."""
@@ -15,20 +15,9 @@ from shared.security import Principal
 from shared.settings import get_settings, reset_settings
 from shared.store import get_store
 from tests.harness import ApiError, Harness
-from tests.providers.azure.conftest import SUB, TRAIN_RG, config_body, fake, routed_arm
 from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import SUB, TRAIN_RG, config_body
 from tests.providers.runpod.fake_server import FakeRunPod
-
-__all__ = ["fake", "routed_arm"]  # fixtures shared with tests/providers/azure
-
-
-@pytest.fixture
-def h(env: dict[str, str], arm: FakeArm) -> Iterator[Harness]:
-    harness = Harness()
-    assert harness.save_storage({"kind": "local"})["status"] == "connected"
-    assert harness.save_compute("azure", config_body())["status"] == "connected"
-    yield harness
-    harness.close()
 
 
 def _rid(kind: str, name: str, rg: str = TRAIN_RG) -> str:
@@ -52,8 +41,8 @@ def _retained_run(h: Harness, arm: FakeArm) -> tuple[str, list[str]]:
 def _resave_unguarded(h: Harness, provider: str, body: dict[str, Any]) -> None:
     """Store a connection the way a save did before the guard existed (no held-machine check)."""
     from shared.providers import registry
+    from shared.services.api.connections import _save
     from shared.services.backends import compute_slot
-    from shared.services.connections import _save
 
     _save(Principal(sub="owner@a", org=h.org, role=Role.owner), compute_slot(provider), provider,
           registry.config_model(provider).model_validate(body))
@@ -66,111 +55,111 @@ def _cancel_discard(h: Harness, run_id: str) -> Any:
     return h.get_run(run_id)
 
 
-def test_run_records_the_scope_its_machine_was_created_in(h: Harness, arm: FakeArm) -> None:
-    run_id, _ = _retained_run(h, arm)
-    run, _ = get_store().get_run(h.org, run_id)
+def test_run_records_the_scope_its_machine_was_created_in(azure_h: Harness, arm: FakeArm) -> None:
+    run_id, _ = _retained_run(azure_h, arm)
+    run, _ = get_store().get_run(azure_h.org, run_id)
     assert run.scope == {"subscription": SUB, "resource_group": TRAIN_RG, "region": "eastus"}
 
 
-def test_resave_with_another_resource_group_is_refused_and_nothing_leaks(h: Harness, arm: FakeArm) -> None:
-    """The issue's reproduction: retained run, connection re-saved with another resource group,
+def test_resave_with_another_resource_group_is_refused_and_nothing_leaks(azure_h: Harness, arm: FakeArm) -> None:
+    """The failure this guards against: retained run, connection re-saved with another resource group,
     cancel with discard -> the run ended "cancelled" while its VM, disk and NIC still existed."""
-    run_id, ids = _retained_run(h, arm)
+    run_id, ids = _retained_run(azure_h, arm)
     with pytest.raises(ApiError) as err:
-        h.ok("PUT", "/api/connections/compute/azure", json_body=config_body(resource_group="other-rg"))
+        azure_h.ok("PUT", "/api/connections/compute/azure", json_body=config_body(resource_group="other-rg"))
     assert err.value.status == 409
     detail = str(err.value.body)
     assert "resource_group tensorant-training -> other-rg" in detail and run_id in detail
     assert "cancel" in detail and "release" in detail
     # Nothing was saved: the connection still points at the run's resource group ...
-    assert h.ok("GET", "/api/connections/compute/azure")["config"]["resource_group"] == TRAIN_RG
+    assert azure_h.ok("GET", "/api/connections/compute/azure")["config"]["resource_group"] == TRAIN_RG
     # ... so cancel with discard really deletes the VM, its disk and its NIC.
-    run = _cancel_discard(h, run_id)
-    assert run["state"] == "cancelled", (run["reason"], run["release_error"], h.step_errors)
+    run = _cancel_discard(azure_h, run_id)
+    assert run["state"] == "cancelled", (run["reason"], run["release_error"], azure_h.step_errors)
     assert [arm.get(i) for i in ids] == [None, None, None]
     # With nothing held any more, the scope may change.
-    assert h.save_compute("azure", config_body(resource_group="other-rg"))["config"]["resource_group"] == "other-rg"
+    assert azure_h.save_compute("azure", config_body(resource_group="other-rg"))["config"]["resource_group"] == "other-rg"
 
 
-def test_release_refuses_to_act_in_another_scope(h: Harness, arm: FakeArm) -> None:
-    run_id, ids = _retained_run(h, arm)
-    _resave_unguarded(h, "azure", config_body(resource_group="other-rg"))
+def test_release_refuses_to_act_in_another_scope(azure_h: Harness, arm: FakeArm) -> None:
+    run_id, ids = _retained_run(azure_h, arm)
+    _resave_unguarded(azure_h, "azure", config_body(resource_group="other-rg"))
     from shared import queues
 
     queues.configure(delay_scale=1.0)  # keep the release's retry queued instead of looping
-    run = _cancel_discard(h, run_id)
+    run = _cancel_discard(azure_h, run_id)
     assert run["state"] == "releasing", run  # not "cancelled" while the VM bills on
     assert "refusing to act in another scope" in run["release_error"] and "other-rg" in run["release_error"]
     assert all(arm.get(i) is not None for i in ids)
     assert not [p for m, p, _, _ in arm.requests if m == "DELETE"]
     # The connection's own check says why.
-    conn = h.ok("GET", "/api/connections/compute/azure")
+    conn = azure_h.ok("GET", "/api/connections/compute/azure")
     held = {c["name"]: c for c in conn["checks"]}["held machines"]
     assert held["status"] == "fail" and run_id in held["message"] and "another scope" in held["message"]
     # The owner saves the connection back; the retried release completes in the run's own scope.
-    _resave_unguarded(h, "azure", config_body())
+    _resave_unguarded(azure_h, "azure", config_body())
     queues.configure(delay_scale=0)
-    h.ok("POST", f"/api/runs/{run_id}/release", token="member")
-    h.drain()
-    run = h.get_run(run_id)
-    assert run["state"] == "cancelled", (run["reason"], run["release_error"], h.step_errors)
+    azure_h.ok("POST", f"/api/runs/{run_id}/release", token="member")
+    azure_h.drain()
+    run = azure_h.get_run(run_id)
+    assert run["state"] == "cancelled", (run["reason"], run["release_error"], azure_h.step_errors)
     assert [arm.get(i) for i in ids] == [None, None, None]
 
 
-def test_retain_and_sweeper_never_judge_a_machine_from_another_scope(h: Harness, arm: FakeArm) -> None:
-    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+def test_retain_and_sweeper_never_judge_a_machine_from_another_scope(azure_h: Harness, arm: FakeArm) -> None:
+    offer = next(o for o in azure_h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
                  if o["machine_type"] == "Standard_NC24ads_A100_v4")
-    run_id = h.create_run("azure", offer["offer_id"])
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.4)
+    run_id = azure_h.create_run("azure", offer["offer_id"])
+    azure_h.launch(run_id)
+    azure_h.agent(run_id).heartbeat("training", 0.4)
     vm = _rid("virtualMachines", f"tensorant-test-{run_id}")
-    _resave_unguarded(h, "azure", config_body(resource_group="other-rg"))
+    _resave_unguarded(azure_h, "azure", config_body(resource_group="other-rg"))
     # The sweeper lists other-rg, misses the VM: it must not call it gone and fail the run.
-    h.clock.advance(600)
-    h.agent(run_id).heartbeat("training", 0.5)
-    h.tick("sweeper")
-    h.drain()
-    assert h.get_run(run_id)["state"] == "training"
+    azure_h.clock.advance(600)
+    azure_h.agent(run_id).heartbeat("training", 0.5)
+    azure_h.tick("sweeper")
+    azure_h.drain()
+    assert azure_h.get_run(run_id)["state"] == "training"
     # The runtime limit passes: retain refuses to stop (or to declare gone) from the wrong scope.
-    run = h.expire(run_id)
-    assert run["state"] == "retaining", (run["reason"], h.step_errors)
-    events = h.ok("GET", f"/api/runs/{run_id}")
+    run = azure_h.expire(run_id)
+    assert run["state"] == "retaining", (run["reason"], azure_h.step_errors)
+    events = azure_h.ok("GET", f"/api/runs/{run_id}")
     assert "refusing to act in another scope" in str(events)
     assert arm.get(vm) is not None
 
 
-def test_new_credentials_must_see_every_held_machine(h: Harness, arm: FakeArm) -> None:
-    run_id, _ = _retained_run(h, arm)
+def test_new_credentials_must_see_every_held_machine(azure_h: Harness, arm: FakeArm) -> None:
+    run_id, _ = _retained_run(azure_h, arm)
     # A secret the identity endpoint rejects cannot prove anything: refused, old one kept.
     with pytest.raises(ApiError) as err:
-        h.ok("PUT", "/api/connections/compute/azure", json_body=config_body(client_secret="abc8Q~wrong-secret-000"))
+        azure_h.ok("PUT", "/api/connections/compute/azure", json_body=config_body(client_secret="abc8Q~wrong-secret-000"))
     assert err.value.status == 409 and run_id in str(err.value.body)
     # Rotation: Azure now accepts only the new secret; the same scope, and it sees the VM: accepted.
     arm.client_secret = "abc8Q~rotated-secret-0123456789abcdefgh"
-    conn = h.save_compute("azure", config_body(client_secret="abc8Q~rotated-secret-0123456789abcdefgh"))
+    conn = azure_h.save_compute("azure", config_body(client_secret="abc8Q~rotated-secret-0123456789abcdefgh"))
     held = {c["name"]: c for c in conn["checks"]}["held machines"]
     assert conn["status"] == "connected" and held["status"] == "ok" and run_id in held["message"]
     # A VM deleted behind the control plane's back is not "seen": the save says so.
     arm.resources.pop(_rid("virtualMachines", f"tensorant-test-{run_id}").lower())
     with pytest.raises(ApiError) as err:
-        h.ok("PUT", "/api/connections/compute/azure",
+        azure_h.ok("PUT", "/api/connections/compute/azure",
              json_body=config_body(client_secret="abc8Q~rotated-secret-0123456789abcdefgh"))
     assert err.value.status == 409 and "cannot see the machines" in str(err.value.body)
 
 
-def test_provisioning_deadline_reason_has_the_clouds_words(h: Harness, arm: FakeArm) -> None:
-    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+def test_provisioning_deadline_reason_has_the_clouds_words(azure_h: Harness, arm: FakeArm) -> None:
+    offer = next(o for o in azure_h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
                  if o["machine_type"] == "Standard_NC24ads_A100_v4")
-    run_id = h.create_run("azure", offer["offer_id"])
-    h.launch(run_id)
+    run_id = azure_h.create_run("azure", offer["offer_id"])
+    azure_h.launch(run_id)
     vm = arm.get(_rid("virtualMachines", f"tensorant-test-{run_id}"))
     assert vm is not None
     vm["_iv_extra"] = {"vmAgent": {"statuses": [{"code": "ProvisioningState/Unavailable",
                                                  "displayStatus": "Not Ready"}]}}
-    h.clock.advance(get_settings().provisioning_timeout_s + 1)  # past the boot deadline, the agent never reported
-    h.tick("heartbeat_check")
-    h.drain()
-    run = h.get_run(run_id)
+    azure_h.clock.advance(get_settings().provisioning_timeout_s + 1)  # past the boot deadline, the agent never reported
+    azure_h.tick("heartbeat_check")
+    azure_h.drain()
+    run = azure_h.get_run(run_id)
     reason = run["reason"]
     assert run["state"] == "failed" and "boot deadline" in reason
     assert "the cloud says: VM tensorant-test-" in reason and "VM agent: Not Ready" in reason, reason

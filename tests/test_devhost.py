@@ -15,8 +15,8 @@ import requests
 
 from tensorant_devhost import Host, HostConfig
 from tensorant_devhost.config import timespan_s
-from tensorant_devhost.timers import next_fire
 from tensorant_devhost.routes import RouteTemplate
+from tensorant_devhost.timers import next_fire
 from tests.azurite import Azurite
 from tests.devhost_app import app as sample
 
@@ -300,13 +300,26 @@ def test_make_run_reuses_an_azurite_and_refuses_a_foreign_server(azurite: Azurit
         other.server_close()
 
 
-def test_notify_skips_the_idle_backoff(root: Path) -> None:
+def test_notify_skips_the_idle_backoff(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    from typing import Any
+
     from tensorant_devhost.invocation import notify
 
+    polls = threading.Semaphore(0)
+    receive = Host._receive
+
+    def counted(self: Host, f: Any, count: int) -> list[Any]:
+        got = receive(self, f, count)
+        polls.release()
+        return got
+
+    monkeypatch.setattr(Host, "_receive", counted)
     (root / "host.json").write_text(json.dumps({"version": "2.0", "extensions": {"queues": {
         "batchSize": 4, "maxPollingInterval": "00:00:10"}}}))
     with Host(SPEC, root=root, http=False, timers=False):
-        time.sleep(2.0)  # idle: polls at 0, 0.2, 0.6, 1.4 s; the next one would be at 3.0 s
+        for _ in range(4):  # idle: polls at 0, 0.2, 0.6, 1.4 s; the next one would be at 3.0 s
+            assert polls.acquire(timeout=10)
         _send("wake")
         import os
 
@@ -314,7 +327,7 @@ def test_notify_skips_the_idle_backoff(root: Path) -> None:
         assert _wait_for(lambda: len(sample.CALLS) == 1, timeout=0.6)
 
 
-# ---------------------------------------------------------------- the HTTP server (issue 12.10)
+# ---------------------------------------------------------------- the HTTP server
 
 
 def _raw(host: Host, request: bytes, timeout: float = 5.0) -> bytes:
@@ -512,7 +525,7 @@ def test_an_unauthenticated_upload_is_refused_without_reading_its_body(env: dict
     assert answered and answered[0].startswith("401")
 
 
-# ---------------------------------------------------------------- issue 22: what `make run` says
+# ---------------------------------------------------------------- what `make run` says
 
 
 def test_http_requests_are_logged_only_when_asked(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -604,7 +617,7 @@ def test_a_running_function_keeps_its_message_and_a_crash_loses_it_only_for_a_le
     seen: list[list[str]] = []
     worker = threading.Thread(target=lambda: seen.append(["done"] if host._process(f, msg)[0] else []))
     worker.start()
-    time.sleep(1.5)
+    time.sleep(1.5)  # Azurite's clock, not ours: the first 1 s lease must really pass (no event says so)
     assert _visible(queue) == []  # past its first lease, still held
     worker.join()
     assert seen == [["done"]] and _visible(queue) == []  # deleted with the last renewal's receipt
@@ -612,5 +625,4 @@ def test_a_running_function_keeps_its_message_and_a_crash_loses_it_only_for_a_le
     _send("after-a-crash")
     assert len(host._receive(f, 1)) == 1
     assert _visible(queue) == []
-    time.sleep(1.3)
-    assert len(_visible(queue)) == 1
+    assert _wait_for(lambda: len(_visible(queue)) == 1, timeout=5.0)  # back after its 1 s lease

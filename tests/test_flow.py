@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from tests import fakes
 from tests.fakes import Cloud
 from tests.harness import Harness, smoke_adapter_zip
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def states(h: Harness, run_id: str) -> list[str]:
@@ -84,7 +81,7 @@ def test_timeout_retains_and_saved_adapter_recovers(h: Harness, cloud: Cloud) ->
 
 
 def test_launch_capacity_error_fails_run_and_leaves_nothing(h: Harness, cloud: Cloud) -> None:
-    from shared.providers.errors import CapacityError
+    from shared.errors import CapacityError
 
     cloud.launch_error = CapacityError("no A10 capacity in this zone now; try another zone or later")
     run_id = h.create_run("memory", "mem-a10")
@@ -131,7 +128,7 @@ def test_machine_created_after_its_run_was_cancelled_is_released_at_once(h: Harn
 
 
 def test_throttled_launch_is_retried_after_its_delay_and_succeeds(h: Harness, cloud: Cloud) -> None:
-    from shared.providers.errors import ThrottledError
+    from shared.errors import ThrottledError
 
     calls: list[float] = []
 

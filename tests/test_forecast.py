@@ -1,4 +1,4 @@
-"""Issue 19.6: a forecast before launch. Its arithmetic for a known dataset and GPU, the steps as the
+"""A forecast before launch. Its arithmetic for a known dataset and GPU, the steps as the
 trainer plans them, the default runtime limit that follows it, the price warning, the view, and the
 CLI's one line."""
 
@@ -14,8 +14,7 @@ import pytest
 
 from shared.adapters.base_models import BASE_MODELS
 from shared.models import DatasetVersionRecord, GpuOffer, TrainingSettings
-from shared.services import forecast
-from tests import fakes
+from shared.runs import forecast
 from tests.fakes import OFFER
 from tests.harness import Harness
 
@@ -96,7 +95,7 @@ def test_local_cpu_and_tokens_capped_by_max_seq_len() -> None:
     (64, {"max_steps": 500}),
 ])
 def test_steps_are_the_trainers(rows: int, settings: dict[str, Any]) -> None:
-    from shared.trainer.config import TrainingSettings as TrainerSettings
+    from shared.trainer.config import TrainerSettings
     from shared.trainer.lora import plan_steps, split
 
     ours = TrainingSettings(**settings)
@@ -120,9 +119,6 @@ def test_runtime_limit_for_and_warnings() -> None:
 
 
 # ---------------------------------------------------------------- through the API
-
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 ROW_BYTES = 400  # every uploaded row: 399 bytes and its newline, so 100 tokens by the bytes

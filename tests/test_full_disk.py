@@ -1,5 +1,5 @@
 """A full disk under the local storage answers a dataset upload 507 with what to do, and keeps nothing
-half-written (issue 20.4). The full disk is real: a 64 KiB tmpfs mounted over the storage folder
+half-written. The full disk is real: a 64 KiB tmpfs mounted over the storage folder
 (root only; skipped where mounting is not allowed)."""
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shared.queues import Queue, get_queues
 from shared.settings import get_settings
-from tests.chaos import fixtures
-from tests.chaos.provider import ChaosCloud
+from tests.chaos.provider import ChaosCloud, ChaosCompute
 from tests.harness import Harness
 
-cloud, h = fixtures.cloud, fixtures.h  # the shared fixtures, used by name
+# `cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py).
+pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
 
 
 def tick(h: Harness) -> None:
@@ -72,7 +74,7 @@ def test_vanished_machine_fails_with_nothing_to_release(h: Harness, cloud: Chaos
 
 
 def test_lost_launch_message_is_resent_once_per_interval(h: Harness, cloud: ChaosCloud) -> None:
-    from shared.services.heartbeat_check import RESEND_AFTER_S
+    from shared.services.timers.heartbeat_check import RESEND_AFTER_S
 
     run_id = h.create_run("memory", "mem-a10")
     h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
@@ -102,7 +104,7 @@ def test_queued_past_the_provisioning_deadline_fails_with_nothing_billed(h: Harn
 def test_second_launch_waits_for_the_first_machine_to_be_listed(h: Harness, cloud: ChaosCloud) -> None:
     """A create that timed out after the cloud made the machine, invisible to listing for a
     while: the retry must not create a second machine."""
-    from shared.services.launch import LAUNCH_SETTLE_S
+    from shared.services.steps.launch import LAUNCH_SETTLE_S
 
     cloud.invisible_s = LAUNCH_SETTLE_S / 2
     fired: list[str] = []

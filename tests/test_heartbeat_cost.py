@@ -1,4 +1,5 @@
-"""What a heartbeat costs in table calls, and heartbeats racing on one run (issue 12.9).
+"""What a heartbeat costs in table calls, and heartbeats racing on one run
+(every agent sends one every few seconds: the hot path).
 
 The store is the real one on Azurite; its tables are wrapped to count the calls each
 request makes (the calls still go through).
@@ -6,6 +7,7 @@ request makes (the calls still go through).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -15,13 +17,10 @@ from typing import Any
 import pytest
 
 from shared.models import RunEvent, RunState
-from shared.services import runs as run_service
+from shared.services.api.runs import view as run_service
 from shared.store import get_store
-from tests import fakes
 from tests.fakes import Cloud, training_run
 from tests.harness import Harness
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 WRITES = ("insert", "update", "upsert", "delete")
 READS = ("get", "query", "pages")
@@ -65,7 +64,7 @@ def calls(h: Harness) -> Iterator[Calls]:
                 return _real(*args, **kw)
 
             setattr(table, method, counted)
-            undo.append(lambda t=table, m=method: delattr(t, m))
+            undo.append(functools.partial(delattr, table, method))
     yield rec
     for u in undo:
         u()

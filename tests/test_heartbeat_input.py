@@ -7,10 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests import fakes
 from tests.harness import Harness
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 @pytest.fixture

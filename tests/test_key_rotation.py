@@ -1,4 +1,4 @@
-"""Rotating TENSORANT_JWT_SECRET under running runs (issue 20.2): with the previous secret kept
+"""Rotating TENSORANT_JWT_SECRET under running runs: with the previous secret kept
 for verification the runs succeed (agents are handed tokens on the new key at their next
 heartbeat); without it, the run that goes silent says why."""
 
@@ -9,11 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from shared.settings import get_settings, reset_settings
-from tests import fakes
 from tests.fakes import Cloud
 from tests.harness import Harness, smoke_adapter_zip
 
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 NEW_SECRET = "rotated-secret-" + "k" * 40
 
 

@@ -65,7 +65,7 @@ def test_phase_path_walks_forward_only() -> None:
 
 
 def test_a_retained_run_resumes_to_training_only() -> None:
-    # `recover --resume` (issue 19.3): back to training on the same machine; no other active phase.
+    # `recover --resume`: back to training on the same machine; no other active phase.
     assert transition(run_in(RunState.retained), RunState.training).state == RunState.training
     for target in (RunState.provisioning, RunState.preparing, RunState.exporting, RunState.verifying):
         with pytest.raises(IllegalTransition):

@@ -1,4 +1,4 @@
-"""Agent logs are bounded and paginated (issue 11.7): line length, bytes per heartbeat,
+"""Agent logs are bounded and paginated, so an agent cannot fill the tables: line length, bytes per heartbeat,
 chunks under the table's property limit, lines per run, the logs cursor, and the agent
 dropping a batch the control plane refused instead of resending it forever."""
 
@@ -16,14 +16,11 @@ import pytest
 from shared.agent.agent import Agent
 from shared.agent.config import AgentConfig
 from shared.agent.heartbeat import MAX_LINES_PER_HEARTBEAT
-from shared.services import agent as agent_service
+from shared.services.api import agent as agent_service
 from shared.store import get_store
 from shared.store.repo import LOG_CHUNK_CHARS, log_chunks
-from tests import fakes
 from tests.fakes import Cloud, training_run
 from tests.harness import Harness, TestAgent, smoke_adapter_zip
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def beat(h: Harness, agent: TestAgent, logs: list[str]) -> tuple[int, Any]:

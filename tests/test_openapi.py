@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from shared import models
 from shared.openapi import EXAMPLES, MORE_ERRORS, PROBLEM, QUERY, TAGS, build
 from shared.providers import registry
-from shared.services import runs
+from shared.services.api.runs import logs as runs
 from shared.storage.config import StorageConfig
 
 

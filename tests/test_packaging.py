@@ -45,6 +45,37 @@ def test_requirements_txt_is_a_current_lock_of_pyproject() -> None:
     assert "torch" not in pins  # the trainer's dependencies are the image's, never the app's
 
 
+def _distribution_of(module: str) -> str:
+    """The installed distribution whose files hold `module` (azure.mgmt.compute -> azure-mgmt-compute)."""
+    from importlib.metadata import distribution, packages_distributions
+
+    parts = module.split(".")
+    wanted = {"/".join(parts) + "/__init__.py", "/".join(parts) + ".py"}
+    for name in packages_distributions().get(parts[0], []):
+        if any(str(f) in wanted for f in distribution(name).files or []):
+            return re.sub(r"[-_.]+", "-", name).lower()
+    raise AssertionError(f"no installed distribution holds {module}: install the provider's SDK in the dev venv")
+
+
+def test_every_provider_sdk_is_importable_and_in_both_requirement_files() -> None:
+    # A provider's SDK missing from pyproject breaks `pip install .`; missing from requirements.txt it is
+    # absent on Azure (the remote build installs only the lock) and the provider fails at its first call.
+    from shared.providers.registry import providers
+
+    named = {m: info.name for info in providers().values() for m in info.sdk_modules}
+    imported = subprocess.run([sys.executable, "-c", "import " + ", ".join(named)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, check=False)
+    assert imported.returncode == 0, f"a provider SDK does not import in the dev venv: {imported.stderr[-1500:]}"
+    declared = {re.sub(r"[-_.]+", "-", _requirement_name(d)).lower()
+                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    pins = _lock()
+    for module, provider in named.items():
+        dist = _distribution_of(module)
+        assert dist in declared, f"{provider} imports {module} ({dist}): add {dist} to pyproject.toml dependencies"
+        assert dist in pins, f"{provider} imports {module} ({dist}): run `make lock` to pin it in requirements.txt"
+    assert "botocore" in named and _distribution_of("azure.mgmt.compute") == "azure-mgmt-compute"
+
+
 def test_import_function_app_loads_no_provider_sdk() -> None:
     from shared.providers.registry import sdk_modules
 

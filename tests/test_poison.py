@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shared.queues import Queue, get_queues
-from tests.chaos import fixtures
 from tests.chaos.fixtures import audits
-from tests.chaos.provider import ChaosCloud
+from tests.chaos.provider import ChaosCloud, ChaosCompute
 from tests.harness import Harness
 
 POISON = "/api/platform/queues/release/poison"
 
-cloud, h = fixtures.cloud, fixtures.h  # the shared fixtures, used by name
+# `cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py).
+pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
 
 
 def poisoned_release(h: Harness, cloud: ChaosCloud) -> str:

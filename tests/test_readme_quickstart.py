@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import ROOT, LocalHost, local_host, start_local_host  # noqa: F401 - the fixture, used by name
+from tests.e2e.local_host import ROOT, LocalHost, start_local_host
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +62,7 @@ def run_quickstart(host: LocalHost, tmp_path: Path, timeout: float) -> str:
     return out
 
 
-def test_readme_quickstart_runs_end_to_end(local_host: LocalHost, tmp_path: Path) -> None:  # noqa: F811
+def test_readme_quickstart_runs_end_to_end(local_host: LocalHost, tmp_path: Path) -> None:
     run_quickstart(local_host, tmp_path, timeout=240)
 
 

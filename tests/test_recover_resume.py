@@ -1,4 +1,4 @@
-"""`recover` mode resume (issue 19.3) outside the local provider: refused before any cloud call.
+"""`recover --resume` outside the local provider: refused before any cloud call.
 
 The local provider's resume is driven end to end in tests/e2e/test_checkpoints_e2e.py."""
 
@@ -6,11 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests import fakes
 from tests.fakes import Cloud, MemoryCompute
 from tests.harness import Harness
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def test_resume_on_a_cloud_is_refused_and_starts_nothing(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:

@@ -1,13 +1,11 @@
-"""Never lose a machine or an adapter (issue 12.2, 12.4, 12.5) and agent tokens tied to the
-run's life (issue 11.10): the real handlers on Azurite with the in-memory provider, and the
-real CLI against the loopback fake API of tests/test_cli.py."""
+"""Never lose a machine or an adapter, and agent tokens tied to the run's life: the real handlers
+on Azurite with the in-memory provider, and the real CLI against the loopback fake API of tests/test_cli.py."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,8 +18,6 @@ from tests import fakes
 from tests.fake_api import FakeApi, run_cli
 from tests.fakes import Cloud
 from tests.harness import Harness, smoke_adapter_zip
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def retained_run(h: Harness) -> str:
@@ -37,7 +33,7 @@ def the_machine(cloud: Cloud) -> fakes.Machine:
     return m
 
 
-# ---------------------------------------------------------------- 12.2 cancel needs an explicit discard
+# ---------------------------------------------------------------- cancel needs an explicit discard
 
 
 @pytest.mark.parametrize("state", ["training", "retained"])
@@ -69,14 +65,6 @@ def test_runs_without_output_cancel_without_discard(h: Harness, cloud: Cloud) ->
     assert h.get_run(provisioning)["state"] == "cancelled" and not cloud.live()
 
 
-@pytest.fixture
-def api() -> Iterator[FakeApi]:
-    fake = FakeApi()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
-
-
 def _view(state: str) -> dict[str, Any]:
     return {"id": "r1", "state": state, "phase": "", "progress": 0.0, "reason": ""}
 
@@ -86,30 +74,30 @@ class _Tty(io.StringIO):
         return True
 
 
-def test_cli_cancel_asks_before_a_discard(api: FakeApi, monkeypatch: pytest.MonkeyPatch,
+def test_cli_cancel_asks_before_a_discard(fake_api: FakeApi, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("POST", "/api/runs/r1/cancel", _view("releasing"))
-    sent = lambda: [json.loads(r["body"]) for r in api.sent("POST", "/api/runs/r1/cancel")]  # noqa: E731
+    fake_api.on("POST", "/api/runs/r1/cancel", _view("releasing"))
+    sent = lambda: [json.loads(r["body"]) for r in fake_api.sent("POST", "/api/runs/r1/cancel")]  # noqa: E731
     # Not a terminal and no --yes: refused, nothing sent.
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert run_cli(api, "runs", "cancel", "r1", "--discard") == 1
+    assert run_cli(fake_api, "runs", "cancel", "r1", "--discard") == 1
     assert "--yes" in capsys.readouterr().err and sent() == []
     # A terminal: asked; "n" sends nothing, "y" discards.
     monkeypatch.setattr("sys.stdin", _Tty("n\n"))
-    assert run_cli(api, "runs", "cancel", "r1", "--discard") == 1
+    assert run_cli(fake_api, "runs", "cancel", "r1", "--discard") == 1
     assert sent() == []
     monkeypatch.setattr("sys.stdin", _Tty("y\n"))
-    assert run_cli(api, "runs", "cancel", "r1", "--discard") == 0
+    assert run_cli(fake_api, "runs", "cancel", "r1", "--discard") == 0
     assert sent() == [{"discard": True}]
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert run_cli(api, "runs", "cancel", "r1", "--discard", "--yes") == 0
-    assert run_cli(api, "runs", "cancel", "r1", "--keep") == 0
+    assert run_cli(fake_api, "runs", "cancel", "r1", "--discard", "--yes") == 0
+    assert run_cli(fake_api, "runs", "cancel", "r1", "--keep") == 0
     # Neither: nothing is decided for the user (the API refuses where output may exist).
-    assert run_cli(api, "runs", "cancel", "r1") == 0
+    assert run_cli(fake_api, "runs", "cancel", "r1") == 0
     assert sent()[1:] == [{"discard": True}, {"discard": False}, {}]
 
 
-# ---------------------------------------------------------------- 12.4 stopping a machine started for recovery
+# ---------------------------------------------------------------- stopping a machine started for recovery
 
 
 def test_stop_a_machine_started_for_recovery(h: Harness, cloud: Cloud) -> None:
@@ -154,14 +142,14 @@ def test_an_idle_started_machine_is_stopped_with_a_warning(h: Harness, cloud: Cl
     assert get_store().get_run(h.org, run_id)[0].machine_started_at is None
 
 
-def test_cli_runs_stop(api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
-    api.on("POST", "/api/runs/r1/stop", {**_view("retained"), "billing_note": "compute stopped"})
-    assert run_cli(api, "runs", "stop", "r1") == 0
-    assert api.sent("POST", "/api/runs/r1/stop")
+def test_cli_runs_stop(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_api.on("POST", "/api/runs/r1/stop", {**_view("retained"), "billing_note": "compute stopped"})
+    assert run_cli(fake_api, "runs", "stop", "r1") == 0
+    assert fake_api.sent("POST", "/api/runs/r1/stop")
     assert "billing: compute stopped" in capsys.readouterr().out
 
 
-# ---------------------------------------------------------------- 12.5 retain only what can be recovered
+# ---------------------------------------------------------------- retain only what can be recovered
 
 
 def _complete(h: Harness, run_id: str, **body: Any) -> Any:
@@ -200,7 +188,7 @@ def test_exit_code_0_without_an_adapter_says_so(h: Harness, cloud: Cloud) -> Non
     assert reason.startswith("the trainer exited with code 0 but wrote no adapter")
 
 
-# ---------------------------------------------------------------- 11.10 agent tokens and the adapter
+# ---------------------------------------------------------------- agent tokens and the adapter
 
 
 def _claims(token: str) -> dict[str, Any]:
@@ -239,7 +227,7 @@ def test_agent_tokens_are_short_lived_renewed_and_refused_once_the_run_ended(h: 
 
 
 def test_an_adapter_replaced_after_verification_is_refused(h: Harness, cloud: Cloud) -> None:
-    from shared.services.runs import adapter_for_use
+    from shared.services.api.runs.adapter import adapter_for_use
 
     run_id = h.create_run("memory", "mem-a10")
     h.launch(run_id)

@@ -9,11 +9,8 @@ import pytest
 
 from shared.models import RunState
 from shared.store import get_store
-from tests import fakes
 from tests.fakes import Cloud, MemoryCompute
 from tests.harness import Harness, smoke_adapter_zip
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 
 def queued_run(h: Harness) -> str:
@@ -157,7 +154,7 @@ def test_release_of_a_run_without_outcome_ends_failed(h: Harness, cloud: Cloud) 
 
 
 def test_recovery_start_refused_by_the_cloud_says_what_to_do(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:
-    from shared.providers.errors import CapacityError
+    from shared.errors import CapacityError
 
     run_id = h.create_run("memory", "mem-a10")
     h.launch(run_id)
@@ -175,7 +172,7 @@ def test_recovery_start_refused_by_the_cloud_says_what_to_do(h: Harness, cloud: 
 
 def test_a_provider_error_echoing_the_launch_request_does_not_leak_the_agent_token(
         h: Harness, cloud: Cloud, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from shared.providers.errors import PermanentError
+    from shared.errors import PermanentError
 
     tokens: list[str] = []
 

@@ -1,4 +1,4 @@
-"""Schemathesis against the app over real HTTP (issue 20.7): every documented operation, with
+"""Schemathesis against the app over real HTTP: every documented operation, with
 generated and example requests, answers no 5xx and only what /api/openapi.json documents:
 its statuses, content types and response schemas. Once as an owner, once as a member.
 
@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (
 
 from shared.models import Role
 from shared.openapi import EXAMPLES
-from shared.services.quotas import OrgLimits
+from shared.services.api.quotas import OrgLimits
 from tests.azurite import Azurite, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def _seed(host: Any, seeded: Seeded) -> None:
 
 def _cleanup(seeded: Seeded) -> None:
     """Cancel what a launch queued, then check that nothing runs (as tests/e2e/test_local_e2e.py does)."""
-    from tests.e2e.test_local_e2e import release_local_leaks
+    from tests.e2e.local_host import release_local_leaks
 
     for name in ("agent", "to_launch"):
         requests.post(f"{seeded.url}/api/runs/{seeded.runs[name]}/cancel", json={"discard": True}, timeout=30,

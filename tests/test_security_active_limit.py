@@ -1,4 +1,4 @@
-"""Issue 18.3: max_active_runs is one atomic decision, not a count read before the launch is written.
+"""max_active_runs is one atomic decision, not a count read before the launch is written.
 
 Before: 6 concurrent launches with max_active_runs=1 were all answered 202 and queued (more GPUs
 rented than the quota allows). Now each launch takes a reservation keyed by its run id in one
@@ -9,7 +9,6 @@ or when the launch that took it fails, and a reservation left by a crash is drop
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,22 +16,15 @@ import pytest
 from shared.models import RunState
 from shared.store import get_store
 from shared.store.repo import LAUNCH_GRACE_S
-from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
 from tests.harness import Harness
 
 LIMIT = 3
 
 
-@pytest.fixture
-def h(env: dict[str, str]) -> Iterator[Harness]:
-    install_memory_provider(Cloud())
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    harness.save_compute("memory", {})
-    harness.ok("PUT", "/api/org/limits", json_body={"max_active_runs": LIMIT, "runs_per_minute": 1000})
-    yield harness
-    harness.close()
-    uninstall_memory_provider()
+@pytest.fixture(autouse=True)
+def active_runs_limit(h: Harness) -> None:
+    """LIMIT active runs at most; a rate limit that the bursts here never reach."""
+    h.ok("PUT", "/api/org/limits", json_body={"max_active_runs": LIMIT, "runs_per_minute": 1000})
 
 
 def launch(h: Harness, run_id: str) -> tuple[int, Any, dict[str, str]]:

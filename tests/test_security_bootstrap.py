@@ -1,4 +1,4 @@
-"""Issue 11.2: run fields cannot inject environment lines on a cloud machine.
+"""Run fields cannot inject environment lines on a cloud machine.
 
 The bootstrap environment travels as ONE variable (TENSORANT_BOOTSTRAP=<base64 JSON>) in the
 cloud-init env file and in the RunPod pod env, and run fields have strict patterns.

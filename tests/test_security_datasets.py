@@ -1,13 +1,13 @@
-"""Issue 18 (security review), items 4 and 10.
+"""A committed dataset never changes, and local compute checks name no host path.
 
-4. A committed dataset never changes:
+- A committed dataset never changes (a run must train on the data that was checked):
    - a second commit of a committed dataset (after another PUT through its upload URL, valid or
      invalid content) is refused before it writes anything, with a 409 that names no table, and the
      committed object is left as it was validated;
    - a commit that loses the race to a concurrent one writes only its own key (and removes it);
    - the launch step hashes the dataset's object and refuses the run, with the reason, when it is
      not the one validated (replaced in storage after its commit).
-10. Local compute check messages name no path of the control plane's host.
+- Local compute check messages name no path of the control plane's host (a tenant reads them).
 """
 
 from __future__ import annotations
@@ -26,31 +26,11 @@ import requests
 from shared.providers.local.checks import run_checks
 from shared.storage.base import upload_key
 from shared.store import get_store
-from tests import fakes
 from tests.fakes import Cloud
 from tests.harness import Harness
-from tests.storage.moto_s3 import start_moto
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 ROOT_KEYS = {"region_name": "us-east-1", "aws_access_key_id": "AKIAROOT0000", "aws_secret_access_key": "x" * 40}
 GOOD = b'{"text": "the validated dataset"}\n'
-
-
-@pytest.fixture
-def moto_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from shared.settings import reset_settings
-
-    monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto on loopback http (test-only)
-    reset_settings()
-    server, url = start_moto()
-    s3 = boto3.client("s3", endpoint_url=url, **ROOT_KEYS)
-    s3.create_bucket(Bucket="tensorant-data")
-    yield url
-    # moto's objects outlive its server (one in-process backend): leave none to other tests.
-    for key in _bucket(url):
-        s3.delete_object(Bucket="tensorant-data", Key=key)
-    server.stop()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -105,7 +85,7 @@ def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, moto
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Two commits of one upload at once: both pass the "already committed?" look before either has a
     record. The loser must not touch the winner's object, and its 409 names no table."""
-    from shared.services import projects
+    from shared.services.api import projects
 
     grant, rec = _committed(s3h)
     stored = get_store().get_dataset(s3h.org, rec["id"]).storage_key
@@ -153,7 +133,7 @@ def test_launch_refuses_a_dataset_changed_after_validation(h: Harness, cloud: Cl
     assert len(cloud.machines) == 1
 
 
-# ---------------------------------------------------------------- 10: no host paths in check messages
+# ---------------------------------------------------------------- no host paths in check messages
 
 
 def _host_paths(tmp_path: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Issue 18.2: a draft's edit (PATCH /api/runs/{id}) is checked as a create of the edited draft.
+"""A draft's edit (PATCH /api/runs/{id}) is checked as a create of the edited draft.
 
 Before: PATCH saved an undeclared base model (`evil/private-model`, which the machine then fetched
 from the hub with the org's token), skipped the GPU fit and the local 1B cap, the org's limits,
@@ -9,13 +9,11 @@ with the same 422 field, leaving the stored draft as it was.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shared.store import get_store
-from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
 from tests.harness import Harness
 
 BIG = "meta-llama/Llama-3.1-8B-Instruct"  # 8B: more than the 24 GB card holds in bf16
@@ -23,18 +21,12 @@ SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOCAL = {"provider": "local", "offer_id": "local-smoke", "base_model": SMOL}
 
 
-@pytest.fixture
-def h(env: dict[str, str]) -> Iterator[Harness]:
-    install_memory_provider(Cloud())
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    harness.save_compute("memory", {})
-    harness.save_compute("local", {})
-    harness.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1000, "max_price_limit_per_hour": 20,
-                                                    "max_runtime_limit_s": 86400})
-    yield harness
-    harness.close()
-    uninstall_memory_provider()
+@pytest.fixture(autouse=True)
+def local_and_roomy_limits(h: Harness) -> None:
+    """The local provider connected too, and limits no edit here runs into by accident."""
+    h.save_compute("local", {})
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1000, "max_price_limit_per_hour": 20,
+                                              "max_runtime_limit_s": 86400})
 
 
 def create(h: Harness, project: tuple[str, str], **fields: Any) -> tuple[int, Any]:
@@ -155,7 +147,7 @@ def test_an_edit_checked_against_a_draft_changed_meanwhile_is_refused(
         h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two edits at once, each valid alone (a big model in 4-bit; then 4-bit off on the same card):
     the second checked the draft as it was before the first, so it is refused, not saved unchecked."""
-    from shared.services import runs
+    from shared.services.api.runs import checks as runs
 
     project = h.project_and_dataset()
     run = create(h, project, training={"load_in_4bit": True})[1]

@@ -1,4 +1,4 @@
-"""Issues 11.4, 11.12, 12.12: no "falsy org = every org" in the store, ids that cannot be table
+"""No "falsy org = every org" in the store, ids that cannot be table
 keys answer 404/422 (never 500), a sealed secret copied across orgs fails clearly, deep JSON is 422."""
 
 from __future__ import annotations
@@ -9,12 +9,9 @@ import pytest
 
 from shared.models import Role
 from shared.security import Principal
-from shared.services import runs as runs_service
+from shared.services.api.runs import view as runs_service
 from shared.store import get_store
-from tests import fakes
 from tests.harness import Harness
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 BAD_IDS = ["abc\n", "a#b", "a\\b", "a\x01b", "a\x7fb", "x" * 100_000, "a b", "a\u2028b", "\u00e9t\u00e9"]
 

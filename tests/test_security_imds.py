@@ -1,4 +1,4 @@
-"""Issue 11.11 (AWS half): the training container cannot reach the instance profile's credentials.
+"""AWS: the training container cannot reach the instance profile's credentials.
 
 RunInstances asks for IMDSv2 only (HttpTokens=required) with a PUT response hop limit of 1,
 so the token answer cannot cross the docker bridge into the container. Checked on the wire
@@ -8,9 +8,7 @@ so the token answer cannot cross the docker bridge into the container. Checked o
 from __future__ import annotations
 
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
-
-# The AWS rig's fixtures (moto server on loopback), imported so this top-level file can use them.
-from tests.providers.aws.conftest import Rig, moto_server, pricing_server, rig  # noqa: F401
+from tests.providers.aws.rig import Rig
 from tests.providers.aws.test_lifecycle import OFFER
 
 BOOT = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
@@ -19,7 +17,7 @@ BOOT = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
                  secret_env_keys=frozenset())
 
 
-def test_run_instances_sets_imds_hop_limit_one(rig: Rig) -> None:  # noqa: F811
+def test_run_instances_sets_imds_hop_limit_one(rig: Rig) -> None:
     compute = rig.compute()
     resources = compute.launch(LaunchSpec(ref=RunRef("test", "org-1", "run-imds"), offer=OFFER, bootstrap=BOOT))
     # The request on the wire (EC2's query protocol): botocore's serialized body.

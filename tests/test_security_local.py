@@ -1,4 +1,4 @@
-"""Issue 11.1: no code execution on the control-plane host through the `local` provider.
+"""No code execution on the control-plane host through the `local` provider.
 
 - `local` compute and storage exist only outside production: refused at save (422 naming the
   provider / kind), absent from the catalog and the OpenAPI there;
@@ -87,7 +87,7 @@ def test_local_absent_from_catalog_and_openapi_in_production(harness: Any, monke
     doc = json.dumps(harness.ok("GET", "/api/openapi.json", token=None))
     assert "LocalConfig" not in doc and "LocalStorageConfig" not in doc and '"local"' not in doc
     # A row saved before production is never run on the production host.
-    from shared.providers.errors import PermanentError
+    from shared.errors import PermanentError
     from shared.services.backends import compute_for
 
     with pytest.raises(PermanentError, match="only outside production"):

@@ -1,4 +1,4 @@
-"""Issue 11.9 (rest): production settings are refused by the development tools and checked
+"""Production settings are refused by the development tools and checked
 when the host starts.
 
 - `tensorant dev-token` mints nothing with production settings, and a --ttl over the

@@ -1,4 +1,4 @@
-"""Issue 11.8: owner-set per-org limits, enforced at create and launch, and a run rate limit.
+"""Owner-set per-org limits, enforced at create and launch, and a run rate limit.
 
 Before: a member created 25 drafts with a 1000 $/h price limit and a 7-day runtime in 4 s.
 """
@@ -6,25 +6,10 @@ Before: a member created 25 drafts with a 1000 $/h price limit and a 7-day runti
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from shared.services import quotas
-from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
+from shared.services.api import quotas
 from tests.harness import SMOKE_MODEL, Harness
-
-
-@pytest.fixture
-def h(env: dict[str, str]) -> Iterator[Harness]:
-    install_memory_provider(Cloud())
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    harness.save_compute("memory", {})
-    yield harness
-    harness.close()
-    uninstall_memory_provider()
 
 
 def _create(h: Harness, project: tuple[str, str], **over: Any) -> tuple[int, Any, dict[str, str]]:
@@ -108,7 +93,7 @@ def test_rate_limit_counts_exactly_under_concurrency(h: Harness) -> None:
 
 
 def test_no_429_below_the_limit_under_contention(h: Harness) -> None:
-    # 30 requests at once with room for all of them: losing an ETag race is not "too many" (issue 20.3).
+    # 30 requests at once with room for all of them: losing an ETag race is not "too many".
     h.clock.t = (int(h.clock.t // 60) * 60) + 1.0
     results: list[str] = []
     start = threading.Barrier(30)
@@ -147,7 +132,7 @@ def test_release_check_recover_and_upload_url_are_rate_limited(h: Harness) -> No
         first, second = (h.call("POST", path)[0] for _ in range(2))
         assert first != 429 and second == 429, (path, first, second)
     archive = smoke_adapter_zip()
-    first = h.call("POST", f"/api/runs/{retained[0]}/recover", body=archive, content_type="application/zip")
-    second = h.call("POST", f"/api/runs/{retained[1]}/recover", body=archive, content_type="application/zip")
-    assert first[0] < 400 and second[0] == 429, (first[:2], second[:2])
-    assert "recoveries in a minute" in second[1]["detail"]
+    recovered = h.call("POST", f"/api/runs/{retained[0]}/recover", body=archive, content_type="application/zip")
+    refused = h.call("POST", f"/api/runs/{retained[1]}/recover", body=archive, content_type="application/zip")
+    assert recovered[0] < 400 and refused[0] == 429, (recovered[:2], refused[:2])
+    assert "recoveries in a minute" in refused[1]["detail"]

@@ -1,4 +1,4 @@
-"""Issues 11.4 and 11.9: token claims by pattern, audiences, lifetimes, production settings."""
+"""Token claims by pattern, audiences, lifetimes, production settings."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from shared.errors import Forbidden, Unauthorized
 from shared.models import Role
 from shared.security import authenticate, mint_agent_token, mint_user_token, verify_agent
 from shared.settings import get_settings, load_settings, reset_settings
-from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
 from tests.harness import Harness
 
 GOOD_SECRET = "s" * 40
@@ -31,16 +30,6 @@ def _token(**over: Any) -> str:
     claims.update(over)
     claims = {k: v for k, v in claims.items() if v is not None}
     return jwt.encode(claims, s.jwt_secret, algorithm="HS256")
-
-
-@pytest.fixture
-def h(env: dict[str, str]) -> Iterator[Harness]:
-    install_memory_provider(Cloud())
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    yield harness
-    harness.close()
-    uninstall_memory_provider()
 
 
 @pytest.mark.parametrize("claims", [

@@ -1,4 +1,4 @@
-"""Issue 11.6: request bodies are bounded before they are read, datasets stream to storage.
+"""Request bodies are bounded before they are read, datasets stream to storage.
 
 - a Content-Length over the limit is 413 problem+json without reading the body; a missing one
   on an upload is 411, a malformed one 400; JSON bodies are capped too;
@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tracemalloc
-from collections.abc import Iterator
 from typing import Any
 
 import azure.functions as func
@@ -26,7 +25,6 @@ import requests
 from shared import http
 from shared.store import get_store
 from tests.harness import Harness
-from tests.storage.moto_s3 import start_moto
 
 MiB = 1024 * 1024
 
@@ -45,14 +43,6 @@ class NoBodyRequest:
     def get_body(self) -> bytes:
         self.read = True
         raise MemoryError("the body was read")
-
-
-@pytest.fixture
-def h(env: dict[str, str]) -> Iterator[Harness]:
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    yield harness
-    harness.close()
 
 
 def _handler(h: Harness, method: str, route: str) -> Any:
@@ -149,19 +139,6 @@ def test_line_errors_keep_their_wording_and_store_nothing(h: Harness, env: dict[
     assert status == 409 and "local storage" in problem["detail"]
 
 
-@pytest.fixture
-def moto_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from shared.settings import reset_settings
-
-    monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto on loopback http (test-only)
-    reset_settings()
-    server, url = start_moto()
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
-                 aws_secret_access_key="x" * 40).create_bucket(Bucket="tensorant-data")
-    yield url
-    server.stop()  # type: ignore[attr-defined]
-
-
 def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, str], moto_bucket: str) -> None:
     h = Harness()
     try:
@@ -181,7 +158,7 @@ def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, st
         keys = [o["Key"] for o in boto3.client(
             "s3", endpoint_url=moto_bucket, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
             aws_secret_access_key="x" * 40).list_objects_v2(Bucket="tensorant-data").get("Contents", [])]
-        # The commit's own key (issue 18.4: a later commit of the same dataset cannot write over it).
+        # The commit's own key (so a later commit of the same dataset cannot write over it).
         assert [k for k in keys if k.startswith(f"org-a/datasets/{project}/{rec['id']}.")] == [f"org-a/{stored}"]
         assert not [k for k in keys if k.startswith("org-a/uploads/")]  # the staged object is gone
         # The URL wrote only the staging key: using it again cannot change the committed dataset

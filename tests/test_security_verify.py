@@ -1,5 +1,5 @@
-"""Issue 18: the adapter verifier never compiles a pattern from the archive, bounds its work, and
-checks a zip's entry count before zipfile reads the central directory."""
+"""The adapter verifier (its input is the trainer's output: untrusted) never compiles a pattern from
+the archive, bounds its work, and checks a zip's entry count before zipfile reads the central directory."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def judge(data: bytes, base_model: str = PRIVATE) -> tuple[VerifyResult, float]:
     return result, time.perf_counter() - start
 
 
-# ---------------------------------------------------------------- 18.1: patterns from the archive
+# ---------------------------------------------------------------- patterns from the archive
 
 
 def test_redos_target_modules_is_refused_at_once_and_a_list_is_judged() -> None:
@@ -168,7 +168,7 @@ def test_rank_pattern_keys_are_literal_dotted_suffixes() -> None:
     rejected(check({"yers.0.self_attn.q_proj": 4}), "do not have the rank r = 8")  # whole parts only
 
 
-# ---------------------------------------------------------------- 18.1: bounded work
+# ---------------------------------------------------------------- bounded work
 
 
 def test_tensor_count_and_tensor_name_length_are_capped() -> None:
@@ -193,7 +193,7 @@ def test_a_long_target_list_and_many_modules_take_linear_time() -> None:
     assert seconds < 2.5
 
 
-# ---------------------------------------------------------------- 18.2: the entry count before the directory
+# ---------------------------------------------------------------- the entry count before the directory
 
 
 def crafted_zip(records: int, *, count: int | None = None, zip64_count: int | None = None) -> bytes:

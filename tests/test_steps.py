@@ -15,11 +15,8 @@ from shared.models import RunState, StepMessage
 from shared.queues import Queue, encode
 from shared.runs.lifecycle import HOLDS_MACHINE, PHASE_ORDER
 from shared.runs.steps import RUN_STEPS, TABLE, Resender, Step, resent_by
-from tests import fakes
 from tests.fakes import Cloud
 from tests.harness import Harness
-
-cloud, h = fakes.cloud, fakes.h  # the shared fixtures, used by name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,17 +52,15 @@ def test_queue_names_are_the_step_names() -> None:
 
 @pytest.mark.parametrize("step", list(Step), ids=str)
 def test_handler_is_named_as_the_step_and_exists(step: Step) -> None:
-    spec = TABLE[step]
-    module, _, name = spec.handler.partition(":")
-    assert name == step.snake
-    assert callable(getattr(importlib.import_module(module), name))
-    if spec.serves:  # a run step has its own service module, named as the step
-        assert module == f"shared.services.{step.snake}"
-        assert (ROOT / "shared" / "services" / f"{step.snake}.py").is_file()
+    # functions/<step>.py hands run_step the handler of the step's own service module, named as the step.
+    service = importlib.import_module(f"functions.{step.snake}").step
+    assert service.__name__ == f"shared.services.steps.{step.snake}"
+    assert callable(getattr(service, step.snake))
+    assert (ROOT / "shared" / "services" / "steps" / f"{step.snake}.py").is_file()
 
 
 def test_resends_derive_from_the_table() -> None:
-    from shared.services import heartbeat_check, sweeper
+    from shared.services.timers import heartbeat_check, sweeper
 
     S = RunState
     assert heartbeat_check.RESEND == {S.queued: Step.launch, S.provisioning: Step.launch,
@@ -100,7 +95,7 @@ def test_a_step_ignores_a_run_in_a_state_it_does_not_serve(h: Harness, cloud: Cl
 
 def test_launch_claim_is_granted_once_per_settle_period(h: Harness, cloud: Cloud) -> None:
     from shared.models import CloudResource
-    from shared.services.launch import LAUNCH_SETTLE_S
+    from shared.services.steps.launch import LAUNCH_SETTLE_S
     from shared.store import get_store
 
     store = get_store()

@@ -1,5 +1,5 @@
 """The state store unreachable (Azurite stopped under a run): the API answers 503 with Retry-After,
-quickly, and the run goes on once the store is back (issue 20.1)."""
+quickly, and the run goes on once the store is back (no run is failed for an outage it could wait out)."""
 
 from __future__ import annotations
 

@@ -35,9 +35,12 @@ def test_with_a_proxy_the_sdk_default_reads_it_with_no_proxy(monkeypatch: pytest
 
 
 def test_the_store_and_queues_work_through_it(env: dict[str, str]) -> None:
+    from azure.core.pipeline.transport import RequestsTransport
+
     from shared.queues import Queue, get_queues
     from shared.store import get_store
 
-    assert get_store()._service._client._client._pipeline._transport.session.trust_env is False
+    transport = get_store()._service._client._client._pipeline._transport
+    assert isinstance(transport, RequestsTransport) and transport.session.trust_env is False
     get_queues().send(Queue.launch, {"probe": 1})
     assert get_queues().length(Queue.launch.value) == 1

@@ -5,17 +5,19 @@ from __future__ import annotations
 import threading
 from typing import Any, cast
 
+import pytest
+
 from shared.clock import now
 from shared.providers.base import ComputeProvider, RunRef
-from shared.services import sweeper
 from shared.services.backends import compute_for
+from shared.services.timers import sweeper
 from shared.settings import get_settings
-from tests.chaos import fixtures
 from tests.chaos.fixtures import audits, sweep
-from tests.chaos.provider import ChaosCloud
+from tests.chaos.provider import ChaosCloud, ChaosCompute
 from tests.harness import Harness, smoke_adapter_zip
 
-cloud, h = fixtures.cloud, fixtures.h  # the shared fixtures, used by name
+# `cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py).
+pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
 
 
 def finished_run(h: Harness) -> str:
@@ -132,7 +134,7 @@ def test_machine_deleted_outside_fails_the_run_with_nothing_to_release(h: Harnes
 
 
 def test_listing_failure_is_reported_not_fatal(h: Harness, cloud: ChaosCloud) -> None:
-    from shared.providers.errors import AuthError
+    from shared.errors import AuthError
 
     run_id = h.create_run("memory", "mem-a10")
     h.launch(run_id)

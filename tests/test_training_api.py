@@ -1,4 +1,4 @@
-"""Issue 10 through the real handlers: the run's `training` settings, base models and the GPU fit
+"""Through the real handlers: the run's `training` settings, base models and the GPU fit
 check, the write-only Hugging Face token, and the adapter download (409 until verified)."""
 
 from __future__ import annotations
@@ -6,15 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shared.models import GpuOffer
-from shared.providers import registry
-from shared.settings import Settings
-from tests.fakes import OFFER, Cloud, MemoryCompute, MemoryConfig
+from tests.fakes import OFFER, Cloud, MemoryCompute
 from tests.harness import Harness, trained_adapter_zip
 
 H100 = GpuOffer(provider="memory", offer_id="mem-h100", gpu="H100", gpu_memory_gb=80, machine_type="mem.h100",
@@ -28,23 +25,8 @@ class TwoOffers(MemoryCompute):
         return [OFFER, H100]
 
 
-@pytest.fixture
-def cloud() -> Cloud:
-    return Cloud()
-
-
-@pytest.fixture
-def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
-    def factory(config: Any, settings: Settings) -> TwoOffers:
-        return TwoOffers(config, settings, cloud)
-
-    undo = registry.override("memory", factory=factory, config_model=MemoryConfig)
-    harness = Harness()
-    harness.save_storage({"kind": "local"})
-    harness.save_compute("memory", {})
-    yield harness
-    harness.close()
-    undo()
+# `cloud`, and so `h`, serve an H100 too: a model too big for the A10 still fits one offer.
+pytestmark = pytest.mark.memory_provider(compute=TwoOffers)
 
 
 def draft(h: Harness, **fields: Any) -> tuple[int, Any]:
@@ -192,7 +174,7 @@ def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
     assert rec is not None and HF_SECRET not in rec.model_dump_json()
     # Sealed for this org: the blob copied to another org's row does not open.
     from shared.security import SealedSecretError
-    from shared.services import org_secrets
+    from shared.services.api import org_secrets
 
     get_store().put_org_secret(rec.model_copy(update={"org": "org-b"}))
     with pytest.raises(SealedSecretError):

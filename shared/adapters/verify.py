@@ -54,10 +54,6 @@ MAX_PATTERN_CHARS = 1024  # a target_modules string (see _target_matcher)
 DIRECTORY_BYTES_PER_ENTRY = 1024
 _CHUNK = 1024 * 1024
 MAX_PROBLEMS = 20
-# Providers on which an untrained smoke adapter may pass: the local provider (a developer's own
-# machine) and "memory", the in-process test provider of tests/fakes.py. Any cloud run must
-# carry a real trainer's adapter: a smoke manifest there means the image ran the wrong trainer.
-SMOKE_PROVIDERS = frozenset({"local", "memory"})
 _DOS_DIRECTORY = 0x10  # MS-DOS attribute bit in the low byte of external_attr
 
 # dtype -> (item size, unsigned view, exponent mask): a value is non-finite when all its
@@ -93,8 +89,10 @@ def verify_adapter(
     max_ratio: float = MAX_RATIO,
     provider: str | None = None,
 ) -> VerifyResult:
-    """provider: the run's compute provider; a smoke-trainer adapter is refused unless it is one of
-    SMOKE_PROVIDERS. None skips that check (callers that do not know the run)."""
+    """provider: the run's compute provider; a smoke-trainer adapter is refused unless the provider's
+    registry entry allows it (smoke_trainer_allowed: a developer's own machine; on a cloud a smoke
+    manifest means the image ran the wrong trainer). None skips that check (callers that do not
+    know the run)."""
     problems: list[str] = []
     summary: dict[str, Any] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "base_model": base_model}
     try:
@@ -460,10 +458,15 @@ def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provid
     manifest = _load_json(raw, MANIFEST_NAME, problems)
     if manifest is None:
         return
-    if manifest.get("trainer") == SMOKE_TRAINER and provider is not None and provider not in SMOKE_PROVIDERS:
-        problems.append(f"{MANIFEST_NAME} says the adapter was written by the smoke trainer, which trains nothing; "
-                        f"it is accepted only on the local provider, not {provider!r}. Run the real trainer "
-                        "(the training image's default TENSORANT_TRAINER_COMMAND).")
+    if manifest.get("trainer") == SMOKE_TRAINER and provider is not None:
+        # Imported here: the training image carries shared/adapters without shared/providers.
+        from shared.providers.registry import smoke_trainer_providers
+
+        allowed = smoke_trainer_providers()
+        if provider not in allowed:
+            problems.append(f"{MANIFEST_NAME} says the adapter was written by the smoke trainer, which trains nothing; "
+                            f"it is accepted only on the {' or '.join(allowed)} provider, not {provider!r}. Run the "
+                            "real trainer (the training image's default TENSORANT_TRAINER_COMMAND).")
     if "base_model" in manifest and manifest["base_model"] != base_model:
         problems.append(f"{MANIFEST_NAME} names base model {manifest['base_model']!r}, but this run trains "
                         f"{base_model!r}.")
@@ -479,7 +482,7 @@ def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provid
             problems.append(f"{name} does not match the sha256 in {MANIFEST_NAME}; the file changed after "
                             "training wrote it, so export the adapter again.")
     summary.update(trainer=manifest.get("trainer"), rows=manifest.get("rows"))
-    # What the trainer measured, for the forecast's check (services/forecast.check); only numbers pass.
+    # What the trainer measured, for the forecast's check (shared/runs/forecast.check); only numbers pass.
     for key in ("train_seconds", "tokens", "steps"):
         if isinstance(manifest.get(key), int | float) and not isinstance(manifest.get(key), bool):
             summary[key] = manifest[key]

@@ -1,11 +1,11 @@
 """The one Protocol that every compute provider implements (AWS, Azure, RunPod, local).
 
 Contracts (each implementation states how it meets them in its docstrings):
-- Every method translates vendor errors into shared.providers.errors at this boundary.
+- Every method translates vendor errors into shared.errors at this boundary.
 - launch is idempotent per run: it first looks for the run's machine by its ownership
   marks (tags, or the deterministic name where there are no tags) and only then creates.
   Marks are set at creation, never added later.
-- retain / start / release return an Outcome; done=False means "not yet, ask again
+- retain / start / release return a CloudProgress; done=False means "not yet, ask again
   after retry_after_s". release treats "not found" as success and is done only when the
   cloud confirms the machine and its job-created disk and network interface are gone.
 - Nothing without this deployment's marks is ever stopped or deleted.
@@ -75,7 +75,10 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CloudProgress:
+    """How far a retain, start or release got: done, or not yet (ask again after retry_after_s).
+    Not models.Outcome, which is where a run goes once its release is confirmed."""
+
     done: bool
     detail: str = ""
     retry_after_s: float = 15.0
@@ -93,15 +96,9 @@ class Description:
     reason: str = ""
 
 
-def scope_of(provider: Any) -> dict[str, str]:
-    """Where a provider's connection creates machines: the account (AWS account + region,
-    Azure subscription + resource group + region, RunPod account). A run records it at
-    launch; a connection re-saved into another scope cannot see or delete that run's
-    machine. Providers offer it as an optional `scope()` method (it may call the cloud, e.g.
-    STS for the AWS account id, and raise ProviderError); without one the scope is {} and
-    nothing is compared."""
-    fn = getattr(provider, "scope", None)
-    return dict(fn()) if callable(fn) else {}
+def scope_of(provider: ComputeProvider) -> dict[str, str]:
+    """The provider's scope() as a plain dict (see ComputeProvider.scope)."""
+    return dict(provider.scope())
 
 
 def console_of(provider: Any, ref: RunRef, resources: list[CloudResource]) -> str:
@@ -109,8 +106,8 @@ def console_of(provider: Any, ref: RunRef, resources: list[CloudResource]) -> st
     Azure boot diagnostics serial log), for a machine that never reported; "" when the provider
     has none (RunPod, local) or no machine exists.
 
-    Providers offer it as an optional `console_output(ref, resources) -> str` method (like
-    `scope()`: not in the Protocol, so fakes and providers without a console need nothing). It is a
+    Providers offer it as an optional `console_output(ref, resources) -> str` method (not in the
+    Protocol: providers and fakes without a console, RunPod and local, need nothing). It is a
     separate read, not part of describe(), because describe is called often (retain, the sweeper,
     connection checks) and a console read costs extra cloud calls; callers ask for it only where a
     machine failed to start (heartbeat-check's deadline, a boot-failed release). Never raises: a
@@ -139,7 +136,7 @@ def scope_differs(recorded: dict[str, str], current: dict[str, str]) -> dict[str
 class ComputeProvider(Protocol):
     """One cloud's compute, built by the registry as `build(config, settings)`.
 
-    Errors: every method raises only shared.providers.errors (vendor errors are translated
+    Errors: every method raises only shared.errors (vendor errors are translated
     inside the provider): PermanentError and its kinds (AuthError, QuotaError,
     CapacityError) when retrying cannot help, RetryableError / ThrottledError when a later
     call may succeed. "Owned" below means the resource carries this deployment's marks
@@ -184,7 +181,7 @@ class ComputeProvider(Protocol):
         """
         ...
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         """Stop/deallocate the machine, keep its disk.
 
         Idempotent: a stopped machine is done=True again. Not found = done=True (nothing
@@ -194,7 +191,7 @@ class ComputeProvider(Protocol):
         """
         ...
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         """Start a retained machine again (recovery).
 
         Idempotent: a running machine is done=True. Not found raises PermanentError (there
@@ -203,7 +200,7 @@ class ComputeProvider(Protocol):
         """
         ...
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         """Delete machine, job-created disk and NIC; done only when the cloud confirms.
 
         Idempotent. Not found = done=True (success). done=False = deletion asked but the
@@ -217,5 +214,16 @@ class ComputeProvider(Protocol):
 
         Idempotent (reads only). Pages through the whole account and yields only owned
         resources (never another deployment's or an unmarked one); nothing found = empty.
+        """
+        ...
+
+    def scope(self) -> dict[str, str]:
+        """Where this connection creates machines: the account (AWS account + region, Azure
+        subscription + resource group + region, RunPod account).
+
+        A run records it at launch; a connection re-saved into another scope cannot see or
+        delete that run's machine, so release, retain and the sweeper compare it first. May
+        call the cloud (STS for the AWS account id) and raise ProviderError. {} = nothing to
+        compare (one host, as for local): every key missing on either side is not compared.
         """
         ...

@@ -1,67 +1,76 @@
-"""Which provider serves which name: one table, loaded lazily, typed against ComputeProvider.
+"""Which provider serves which name: every package under shared/providers/ declares its own entry.
 
-Each entry says where the provider's config model (what a user saves: `<provider>/config.py`,
-no SDK) and its factory (`<provider>/compute.py:build`) live, and which SDK top-level
-modules the provider imports. The implementation module is imported only when a step
-needs the provider. Everything else that lists providers derives from PROVIDERS: the
-API's and the docs' provider choices (compute_names), the packaging test and the
-import bench (sdk_modules).
+A provider registers itself: its package's `__init__.py` sets `PROVIDER = ProviderInfo(...)`,
+and the registry finds the packages in this folder (pkgutil) on first use. It imports only
+those `__init__` modules and, through them, each `config.py`: no SDK and no lifecycle module
+(`compute.py` is imported by the provider's `build` when a step needs it). Everything that
+lists providers derives from providers(): the API's and the docs' provider choices
+(compute_names), the packaging tests and the import bench (sdk_modules).
 
-Typing: every factory is `build(config: BaseModel, settings: Settings) -> ComputeProvider`;
-mypy checks the class it returns against the Protocol at that return, and the
-TYPE_CHECKING block below checks each table entry's factory has that type, so a provider
-with a missing or renamed Protocol method fails mypy.
+Typing: `ProviderInfo.factory` is a ComputeFactory, so mypy checks each provider's `build`
+signature where its package declares PROVIDER, and `build` returns ComputeProvider, so mypy
+checks the class it constructs against the Protocol (a missing or renamed method fails).
 
 Tests swap a provider through the one configuration point, `override(...)`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, PermanentError
 from shared.providers.base import ComputeProvider
-from shared.providers.errors import PermanentError
 from shared.settings import Settings
 
 ComputeFactory = Callable[[BaseModel, Settings], ComputeProvider]
+# (compute config, the org's storage config or None) -> the config the provider is built from
+ConfigHook = Callable[[BaseModel, BaseModel | None], BaseModel]
 
 
 @dataclass(frozen=True)
 class ProviderInfo:
-    name: str
-    config_model: str  # "module:attr" of the pydantic model a user saves
-    factory: str  # "module:attr" of a ComputeFactory
-    sdk_modules: tuple[str, ...]  # SDK top-level modules it imports (lazily); never loaded by function_app
+    name: str  # the package's own name: shared/providers/<name>/, tests/providers/<name>/
+    config_model: type[BaseModel]  # what a user saves (<name>/config.py, no SDK)
+    factory: ComputeFactory  # imports the lifecycle module, and through it the SDK client, only when called
+    example: dict[str, Any]  # a config_model body for the OpenAPI document (tests/test_openapi.py validates it)
+    # The SDK's top-level modules the provider imports (lazily): never loaded by function_app, importable
+    # in the dev venv, and each one's distribution listed in pyproject.toml and requirements.txt.
+    sdk_modules: tuple[str, ...] = ()
     # Exists only outside production (TENSORANT_ENV=production): the local provider runs its
     # "machine" as a process on the control plane's own host, which no tenant may have there.
     dev_only: bool = False
+    # Whether an adapter written by the smoke trainer (it trains nothing) may pass verification on
+    # this provider: only on a developer's own machine. On a cloud a smoke adapter means the image
+    # ran the wrong trainer.
+    smoke_trainer_allowed: bool = False
+    # Fills the compute config from the org's storage connection before the provider is built
+    # (RunPod pins pods to the org's network volume). None: the saved config as it is.
+    prepare_config: ConfigHook | None = None
 
 
-PROVIDERS: dict[str, ProviderInfo] = {p.name: p for p in (
-    ProviderInfo("local", "shared.providers.local.config:LocalConfig", "shared.providers.local.compute:build", (),
-                 dev_only=True),
-    ProviderInfo("aws", "shared.providers.aws.config:AwsConfig", "shared.providers.aws.compute:build",
-                 ("boto3", "botocore")),
-    ProviderInfo("azure", "shared.providers.azure.config:AzureConfig", "shared.providers.azure.compute:build",
-                 ("azure.identity", "azure.mgmt.compute", "azure.mgmt.network")),
-    ProviderInfo("runpod", "shared.providers.runpod.config:RunPodConfig", "shared.providers.runpod.compute:build",
-                 ("runpod",)),
-)}
+@functools.cache
+def providers() -> dict[str, ProviderInfo]:
+    """name -> entry, for every package in this folder (each one is a provider)."""
+    import shared.providers as package
 
-if TYPE_CHECKING:  # mypy only: each factory must be a ComputeFactory; nothing is imported at run time
-    from shared.providers.aws.compute import build as _aws
-    from shared.providers.azure.compute import build as _azure
-    from shared.providers.local.compute import build as _local
-    from shared.providers.runpod.compute import build as _runpod
-
-    _TYPED: dict[str, ComputeFactory] = {"aws": _aws, "azure": _azure, "local": _local, "runpod": _runpod}
+    found: dict[str, ProviderInfo] = {}
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.ispkg:
+            continue
+        info = getattr(importlib.import_module(f"{package.__name__}.{module.name}"), "PROVIDER", None)
+        if not isinstance(info, ProviderInfo) or info.name != module.name:
+            raise RuntimeError(f"shared/providers/{module.name}/__init__.py must set "
+                               f"PROVIDER = ProviderInfo({module.name!r}, ...)")
+        found[info.name] = info
+    return dict(sorted(found.items()))
 
 # Test overrides: name -> (factory, config model). Changed only through override().
 _overrides: dict[str, tuple[ComputeFactory, type[BaseModel]]] = {}
@@ -95,17 +104,12 @@ def override(name: str, *, factory: ComputeFactory, config_model: type[BaseModel
     a memory provider under a new name, e2e tests that point a real provider at a fake.
     """
     if config_model is None:
-        if name not in PROVIDERS:
+        if name not in providers():
             raise ValueError(f"override of unknown provider {name!r} needs a config_model")
-        config_model = _load(PROVIDERS[name].config_model)
+        config_model = providers()[name].config_model
     undo = Undo(name, _overrides.get(name))
     _overrides[name] = (factory, config_model)
     return undo
-
-
-def _load(path: str) -> Any:
-    module, attr = path.split(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def _settings(settings: Settings | None) -> Settings:
@@ -118,19 +122,19 @@ def _settings(settings: Settings | None) -> Settings:
 
 def available(provider: str, settings: Settings | None = None) -> bool:
     """Whether `provider` exists in this deployment: a dev-only one is absent in production."""
-    info = PROVIDERS.get(provider)
+    info = providers().get(provider)
     return not (info is not None and info.dev_only and _settings(settings).is_production)
 
 
 def compute_names(settings: Settings | None = None) -> list[str]:
     """The provider names this deployment offers (default: the app's settings); in production
     without the dev-only ones, so the API, the OpenAPI and the docs never offer them there."""
-    return sorted(n for n in set(PROVIDERS) | set(_overrides) if available(n, settings))
+    return sorted(n for n in set(providers()) | set(_overrides) if available(n, settings))
 
 
 def refuse_unavailable(provider: str, settings: Settings | None = None) -> None:
     """422 naming the provider when it does not exist, or not in this deployment."""
-    if provider not in PROVIDERS and provider not in _overrides:
+    if provider not in providers() and provider not in _overrides:
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
                                  f"{', '.join(compute_names(settings))}")
     if not available(provider, settings):
@@ -140,23 +144,41 @@ def refuse_unavailable(provider: str, settings: Settings | None = None) -> None:
 
 def sdk_modules() -> list[str]:
     """Every provider SDK's top-level module, for the packaging test and the import bench."""
-    return sorted({m for p in PROVIDERS.values() for m in p.sdk_modules})
+    return sorted({m for p in providers().values() for m in p.sdk_modules})
+
+
+def example(provider: str) -> dict[str, Any] | None:
+    """The provider's example connection body for the OpenAPI document; None for a test override's name."""
+    info = providers().get(provider)
+    return info.example if info is not None else None
+
+
+def smoke_trainer_providers() -> list[str]:
+    """The providers on which a smoke-trainer adapter may pass verification (a developer's own machine)."""
+    return [name for name, info in providers().items() if info.smoke_trainer_allowed]
+
+
+def prepare_config(provider: str, config: BaseModel, storage: Callable[[], BaseModel | None]) -> BaseModel:
+    """The config `provider` is built from: its prepare_config hook applied to the org's storage
+    config. `storage` is called only for a provider that has the hook (it reads the store)."""
+    info = providers().get(provider)
+    if info is None or info.prepare_config is None:
+        return config
+    return info.prepare_config(config, storage())
 
 
 def config_model(provider: str) -> type[BaseModel]:
     if provider in _overrides:
         return _overrides[provider][1]
-    if provider not in PROVIDERS:
+    if provider not in providers():
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of {', '.join(compute_names())}")
-    model: type[BaseModel] = _load(PROVIDERS[provider].config_model)
-    return model
+    return providers()[provider].config_model
 
 
 def factory(provider: str) -> ComputeFactory:
     if provider in _overrides:
         return _overrides[provider][0]
-    built: ComputeFactory = _load(PROVIDERS[provider].factory)
-    return built
+    return providers()[provider].factory
 
 
 def make_compute(provider: str, config: BaseModel, settings: Settings) -> ComputeProvider:

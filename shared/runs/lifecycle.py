@@ -27,6 +27,13 @@ TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 }
 
 TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+# Where a run in releasing ends once the cloud confirms the release: its outcome's state. A run
+# without an outcome (a record written before outcomes existed, or by hand) ends failed.
+OUTCOME_STATE: dict[Outcome, RunState] = {
+    Outcome.succeeded: S.succeeded,
+    Outcome.failed: S.failed,
+    Outcome.cancelled: S.cancelled,
+}
 # States in which the agent is expected to send heartbeats.
 ACTIVE = frozenset({S.provisioning, S.preparing, S.training, S.exporting})
 # States in which a machine may exist and must eventually be released or retained.
@@ -58,9 +65,7 @@ def transition(
 
     if not can_transition(run.state, target):
         raise IllegalTransition(run.state, target)
-    # A run in releasing without an outcome (a record written before outcomes existed, or
-    # by hand) ends failed, as the release step assumes; anything else would poison it.
-    if run.state == S.releasing and target.value != (run.outcome.value if run.outcome else S.failed.value):
+    if run.state == S.releasing and target != released_state(run):
         raise IllegalTransition(run.state, target)
     changes: dict[str, object] = {"state": target, "updated_at": now(), "state_changed_at": now()}
     if target == S.releasing:
@@ -72,9 +77,22 @@ def transition(
     return run.model_copy(update=changes)
 
 
+def released_state(run: RunRecord) -> RunState:
+    """The terminal state a run in releasing goes to once its release is confirmed."""
+    return OUTCOME_STATE[run.outcome or Outcome.failed]
+
+
 def phase_path(current: RunState, target: RunState) -> list[RunState]:
     """The states between current and target along the agent's phase order (target included)."""
     if current not in PHASE_ORDER or target not in PHASE_ORDER:
         raise IllegalTransition(current, target)
     i, j = PHASE_ORDER.index(current), PHASE_ORDER.index(target)
     return list(PHASE_ORDER[i + 1 : j + 1])
+
+
+def walk(run: RunRecord, target: RunState) -> RunRecord:
+    """Return the run moved forward along the agent's phase order to `target`, one transition per
+    phase (a heartbeat may skip phases, never go back)."""
+    for state in phase_path(run.state, target):
+        run = transition(run, state, reason="")
+    return run

@@ -10,3 +10,8 @@ def merge_resources(existing: list[CloudResource], new: list[CloudResource]) -> 
     by_key = {(r.kind, r.id): r for r in existing}
     by_key.update({(r.kind, r.id): r for r in new})
     return list(by_key.values())
+
+
+# Resource kinds that are the machine itself (stopped on retain); the others are its disk,
+# volume, NIC or work directory (kept on retain).
+MACHINE_KINDS = frozenset({"instance", "vm", "pod", "process"})

@@ -3,23 +3,25 @@ serves which run state.
 
 A row holds the step's name, which is also its queue's name and the name in logs and
 step-error events (the module in functions/, the Azure function and the service handler
-are its snake_case: verify-adapter -> functions/verify_adapter.py, services/verify_adapter.py);
-the message model its queue carries; the service function that handles it; the run states
-it serves (for a run in any other state it does nothing, which is what makes duplicate and
-late deliveries harmless); and who sends its message again when one is lost.
+are its snake_case: verify-adapter -> functions/verify_adapter.py calls
+shared/services/steps/verify_adapter.py:verify_adapter); the message model its queue carries; the
+run states it serves (for a run in any other state it does nothing, which is what makes duplicate
+and late deliveries harmless); and who sends its message again when one is lost.
 
-Derived from it: the queue names (shared.queues.Queue is Step), the steps' state guards,
-the heartbeat-check's re-sends, the sweeper's retries of stuck releases, and the chaos test's
-list of run steps. tests/test_steps.py checks the function app registers exactly these queues.
+The handler itself is named where the queue trigger is registered (functions/<step>.py passes the
+service function to shared/services/steps/runner.run_step): this table is imported by every module
+that sends a message, the steps included, so it holds no reference to them.
+
+Derived from it: the queue names (shared.queues.Queue is Step), the steps' state guards, the step
+that takes a run in a given state (`serving`), the heartbeat-check's re-sends, the sweeper's retries
+of stuck releases, and the chaos test's list of run steps. tests/test_steps.py checks the function
+app registers exactly these queues.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -43,7 +45,7 @@ class Step(StrEnum):
 
     @property
     def snake(self) -> str:
-        """The name of its module in functions/ and shared/services/, and of its function."""
+        """The name of its module in functions/ and shared/services/steps/, and of its function."""
         return self.value.replace("-", "_")
 
     @property
@@ -67,38 +69,30 @@ class Resender(StrEnum):
 class StepSpec:
     step: Step
     message: type[BaseModel]
-    # "module:function", imported on first delivery: loading the function app loads no service.
-    handler: str
     serves: frozenset[RunState]
     # None for the connection steps: an owner runs the check again; the hourly timer refreshes.
     resent_by: Resender | None
-
-    def handler_function(self) -> Callable[[Any], object]:
-        module, _, name = self.handler.partition(":")
-        fn: Callable[[Any], object] = getattr(importlib.import_module(module), name)
-        return fn
 
 
 S = RunState
 
 TABLE: dict[Step, StepSpec] = {spec.step: spec for spec in (
-    StepSpec(Step.validate_connection, ConnectionMessage, "shared.services.connections:validate_connection",
-             frozenset(), None),
-    StepSpec(Step.refresh_catalog, ConnectionMessage, "shared.services.catalog:refresh_catalog",
-             frozenset(), None),
+    StepSpec(Step.validate_connection, ConnectionMessage, frozenset(), None),
+    StepSpec(Step.refresh_catalog, ConnectionMessage, frozenset(), None),
     # queued: the launch writes provisioning (and the machine's name) before any cloud call.
-    StepSpec(Step.launch, StepMessage, "shared.services.launch:launch",
-             frozenset({S.queued, S.provisioning}), Resender.heartbeat_check),
-    StepSpec(Step.verify_adapter, StepMessage, "shared.services.verify_adapter:verify_adapter",
-             frozenset({S.verifying, S.recovering}), Resender.heartbeat_check),
-    StepSpec(Step.retain, StepMessage, "shared.services.retain:retain",
-             frozenset({S.retaining}), Resender.heartbeat_check),
-    StepSpec(Step.release, StepMessage, "shared.services.release:release",
-             frozenset({S.releasing}), Resender.sweeper),
+    StepSpec(Step.launch, StepMessage, frozenset({S.queued, S.provisioning}), Resender.heartbeat_check),
+    StepSpec(Step.verify_adapter, StepMessage, frozenset({S.verifying, S.recovering}), Resender.heartbeat_check),
+    StepSpec(Step.retain, StepMessage, frozenset({S.retaining}), Resender.heartbeat_check),
+    StepSpec(Step.release, StepMessage, frozenset({S.releasing}), Resender.sweeper),
 )}
 
 # The steps that act on runs, in the order a run meets them.
 RUN_STEPS: tuple[Step, ...] = tuple(step for step, spec in TABLE.items() if spec.serves)
+
+
+def serving(state: RunState) -> Step | None:
+    """The step that takes a run in `state` (None for the agent's phases, retained and the ends)."""
+    return next((spec.step for spec in TABLE.values() if state in spec.serves), None)
 
 
 def resent_by(who: Resender) -> dict[RunState, Step]:

@@ -1,6 +1,13 @@
-"""What the function handlers call: one module per step, named as the step (launch,
-verify_adapter, retain, release; heartbeat_check and sweeper for the timers; the step table is
-shared/runs/steps.py) and one per HTTP resource (connections, catalog, projects, runs, agent,
-admin). They share: backends (an org's provider and storage, built from its connections),
-run_events (the run's timeline), transitions (guarded state moves) and step_runner (parse,
-log, record a step's failure)."""
+"""What the function handlers call, grouped by what triggers it:
+
+- api/: what the HTTP routes call, one module per resource (runs/ split by what a caller does).
+- steps/: the queue-triggered steps, one module per step, named as the step (the step table is
+  shared/runs/steps.py), and runner (parse, log, record a step's failure).
+- timers/: the timer-triggered checks (heartbeat_check, sweeper, the hourly catalog refresh).
+- backends: an org's compute provider and storage, built from its connections.
+
+What several of them share about a run (its state moves, timeline, scope, machine, ids, forecast)
+is in shared/runs/; the errors they raise are in shared/errors.py. A step or timer imports no
+api module, except launch (the dataset check and the org's Hugging Face token) and the sweeper
+started from the admin API (admin imports the timer, not the other way).
+"""

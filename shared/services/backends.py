@@ -52,19 +52,9 @@ def compute_for(org: str, provider: str, *, require_connected: bool = False) -> 
 
 
 def with_storage_context(provider: str, config: BaseModel, org: str) -> BaseModel:
-    """RunPod pins pods to the org's network volume, which lives in the storage connection."""
-    if provider != "runpod":
-        return config
-    storage = storage_config(org)
-    if storage is None or getattr(storage, "kind", "") != "runpod_volume":
-        return config
-    fields = type(config).model_fields
-    if "network_volume_id" in fields and "datacenter_id" in fields:
-        return config.model_copy(update={
-            "network_volume_id": storage.volume_id,  # type: ignore[attr-defined]
-            "datacenter_id": storage.datacenter_id,  # type: ignore[attr-defined]
-        })
-    return config
+    """The config with what the provider takes from the org's storage connection (its registry
+    entry's prepare_config hook: RunPod pins pods to the org's network volume)."""
+    return registry.prepare_config(provider, config, lambda: storage_config(org))
 
 
 def storage_for(org: str) -> StorageBackend:

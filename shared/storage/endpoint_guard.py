@@ -1,4 +1,4 @@
-"""SSRF guard for custom S3 endpoints (issue 11.5).
+"""SSRF guard for custom S3 endpoints.
 
 An owner types the endpoint URL and the control plane connects to it, so an unchecked URL
 would let a tenant reach the control plane's own network: loopback, the metadata service at

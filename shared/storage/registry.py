@@ -8,9 +8,8 @@ from typing import get_args
 
 from pydantic import BaseModel, TypeAdapter
 
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, PermanentError
 from shared.models import ORG_PATTERN
-from shared.providers.errors import PermanentError
 from shared.settings import Settings
 from shared.storage.base import StorageBackend
 from shared.storage.config import LocalStorageConfig, RunPodVolumeConfig, S3StorageConfig, StorageConfig

@@ -11,9 +11,9 @@ from __future__ import annotations
 import uuid
 from typing import Any, BinaryIO
 
+from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import register_secret
 from shared.models import Check, CheckStatus
-from shared.providers.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key
 from shared.storage.config import S3StorageConfig
 from shared.storage.endpoint_guard import (

@@ -138,7 +138,7 @@ class Store:
         """Every org's connections: the sweeper and the catalog timer only, never a user request."""
         return [ConnectionRecord.model_validate(d) for d, _ in self.table("connections").query()]
 
-    # ------------------------------------------------------------ org secrets (sealed; issue 10)
+    # ------------------------------------------------------------ org secrets (sealed)
     def get_org_secret(self, org: str, name: str) -> OrgSecretRecord | None:
         got = self.table("secrets").get(_org(org), _id(name, "secret"))
         return OrgSecretRecord.model_validate(got[0]) if got else None
@@ -306,7 +306,7 @@ class Store:
         return self.mutate_run(org, run_id, change)
 
     # ------------------------------------------------------------ active-run reservations
-    # max_active_runs is one atomic decision (issue 18.3): the org's reservations, keyed by run
+    # max_active_runs is one atomic decision: the org's reservations, keyed by run
     # id, are one quotas-table row written with its ETag, so two launches that both saw a free
     # slot cannot both take it (the second write is refused, re-reads and counts again). Keyed
     # by run id, a repeated reservation or release is a no-op; a reservation left behind by a

@@ -18,7 +18,10 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
-class TrainingSettings:
+class TrainerSettings:
+    """TENSORANT_TRAINING as the trainer reads it on the machine (the API's side of the contract is
+    shared.models.TrainingSettings, which this checks again)."""
+
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
@@ -38,7 +41,8 @@ class TrainingSettings:
     sample_prompts: int = 3
     max_examples: int | None = None
     kind: str = "full"
-    # auto | padded | grouped | packed (shared.trainer.batches); auto: grouped, packed under flash attention
+    # auto | padded | grouped | packed (shared.trainer.batches); auto: packed on the CPU and under flash
+    # attention, else grouped
     batching: str = "auto"
     # A checkpoint (adapter + optimizer state) every this many steps and every this many seconds,
     # whichever comes first, when the agent gives TENSORANT_CHECKPOINT_DIR: a run stopped at its
@@ -63,17 +67,17 @@ _BOOL = ("load_in_4bit", "gradient_checkpointing")
 _NULLABLE = ("max_steps", "max_examples")
 
 
-def parse_settings(raw: str | None) -> tuple[TrainingSettings, list[str]]:
+def parse_settings(raw: str | None) -> tuple[TrainerSettings, list[str]]:
     """(settings, warnings) from the TENSORANT_TRAINING JSON text; missing or empty = defaults."""
     if not raw or not raw.strip():
-        return TrainingSettings(), []
+        return TrainerSettings(), []
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise SettingsError(f"TENSORANT_TRAINING is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise SettingsError("TENSORANT_TRAINING must be a JSON object of training settings")
-    known = {f.name for f in fields(TrainingSettings)}
+    known = {f.name for f in fields(TrainerSettings)}
     warnings = [f"TENSORANT_TRAINING field {k!r} is not known to this trainer and was ignored"
                 for k in sorted(data) if k not in known]
     values: dict[str, Any] = {}
@@ -94,7 +98,7 @@ def parse_settings(raw: str | None) -> tuple[TrainingSettings, list[str]]:
             if not isinstance(value, bool):
                 raise SettingsError(f"training.{name} must be true or false, not {value!r}")
             values[name] = value
-    return TrainingSettings(**values), warnings
+    return TrainerSettings(**values), warnings
 
 
 def _int(name: str, value: Any, low: int, high: int | None) -> int:

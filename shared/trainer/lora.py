@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.trainer.batches import batch_stream, choose_batching, collate, trained_tokens
-from shared.trainer.config import SettingsError, TrainingSettings, parse_settings
+from shared.trainer.config import SettingsError, TrainerSettings, parse_settings
 from shared.trainer.data import DatasetError, Encoded, Example, Tokenized, encode_all, load_examples, sample_prompt
 from shared.trainer.loss import loss_sum
 
@@ -67,7 +67,7 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def split(examples: list[Example], s: TrainingSettings) -> tuple[list[Example], list[Example], list[Example]]:
+def split(examples: list[Example], s: TrainerSettings) -> tuple[list[Example], list[Example], list[Example]]:
     """(train, eval, sample) with a seeded shuffle: the same seed always holds out the same rows."""
     rng = random.Random(s.seed)
     order = list(examples)
@@ -84,7 +84,7 @@ def split(examples: list[Example], s: TrainingSettings) -> tuple[list[Example], 
     return train, held, samples
 
 
-def plan_steps(n_train: int, s: TrainingSettings) -> int:
+def plan_steps(n_train: int, s: TrainerSettings) -> int:
     micro_per_epoch = math.ceil(n_train / s.batch_size)
     steps_per_epoch = max(1, math.ceil(micro_per_epoch / s.gradient_accumulation))
     if s.max_steps is not None:
@@ -92,7 +92,7 @@ def plan_steps(n_train: int, s: TrainingSettings) -> int:
     return max(1, math.ceil(s.epochs * steps_per_epoch))
 
 
-def choose_precision(s: TrainingSettings, cuda: bool) -> str:
+def choose_precision(s: TrainerSettings, cuda: bool) -> str:
     if s.precision != "auto":
         return s.precision
     import torch
@@ -100,7 +100,7 @@ def choose_precision(s: TrainingSettings, cuda: bool) -> str:
     return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
 
 
-def load_model(s: TrainingSettings, source: str, precision: str, cuda: bool, token: str | None) -> Any:
+def load_model(s: TrainerSettings, source: str, precision: str, cuda: bool, token: str | None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -227,7 +227,7 @@ def write_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Path:
     return final
 
 
-def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: TrainingSettings) -> dict[str, Any]:
+def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: TrainerSettings) -> dict[str, Any]:
     """What a checkpoint's manifest.json says: enough for the verifier (trainer, base model, files) and
     for a reader to tell it from a final adapter (checkpoint_step of steps)."""
     return {"format": 1, "trainer": TRAINER, "base_model": base_model, "kind": s.kind, "checkpoint_step": step,

@@ -1,4 +1,4 @@
-"""Heartbeat benchmark (issue 12.9): heartbeats/s and p99 latency at 1, 8 and 32 clients
+"""Heartbeat benchmark: heartbeats/s and p99 latency at 1, 8 and 32 clients
 against the dev host (waitress) serving the real app on Azurite, with Azurite's own
 sequential upsert rate measured in the same run as the yardstick.
 
@@ -105,9 +105,9 @@ def run_clients(port: int, targets: list[tuple[str, str]], seconds: float, logs:
 
 def azurite_upsert_rate(connection: str, seconds: float, *, app_transport: bool) -> float:
     """Sequential upserts of a run-sized entity (one JSON property of about 2 KB), as fast as one caller
-    goes: through the SDK's default transport (what the issue measured), or through the app's own
+    goes: through the SDK's default transport (what any Azure Tables client gets), or through the app's own
     (shared/storage_transport.py: faster, so a stricter yardstick)."""
-    from azure.data.tables import TableServiceClient
+    from azure.data.tables import TableServiceClient, UpdateMode
 
     from shared.storage_transport import storage_client_kwargs
 
@@ -119,7 +119,7 @@ def azurite_upsert_rate(connection: str, seconds: float, *, app_transport: bool)
     started = time.perf_counter()
     while time.monotonic() < stop_at:
         table.upsert_entity({"PartitionKey": "org", "RowKey": f"r{n % 32}", "data": data, "state": "training"},
-                            mode="replace")
+                            mode=UpdateMode.REPLACE)
         n += 1
     rate = n / (time.perf_counter() - started)
     service.delete_table(table.table_name)

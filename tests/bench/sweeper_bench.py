@@ -110,12 +110,12 @@ class PagedCloud:
             yield from listed[start:start + PAGE]
 
     def release(self, ref: Any, resources: list[Any]) -> Any:
-        from shared.providers.base import Outcome
+        from shared.providers.base import CloudProgress
 
         self.calls["release"] += 1
         for r in resources:
             self.resources.pop(r.id, None)
-        return Outcome(done=True)
+        return CloudProgress(done=True)
 
     def describe(self, ref: Any, resources: list[Any]) -> Any:
         self.calls["describe"] += 1
@@ -175,7 +175,7 @@ def tick(n: int, repeat: int = 3) -> dict[str, Any]:
 
 def _tick(n: int) -> dict[str, Any]:
     from shared import clock, queues
-    from shared.services import sweeper
+    from shared.services.timers import sweeper
     from shared.store import repo
 
     t = datetime(2026, 12, 1, tzinfo=UTC)

@@ -182,8 +182,8 @@ class Agents:
             return {m.tags.get("tensorant:run", "") for m in self.cloud.machines.values() if m.state == "running"}
 
     def act(self, runs: list[RunRecord]) -> None:
-        from shared.services import agent as agent_api
-        from shared.services import runs as run_api
+        from shared.services.api import agent as agent_api
+        from shared.services.api.runs import actions as run_api
         from shared.services.backends import storage_for
         from shared.storage.base import adapter_key
 
@@ -265,12 +265,12 @@ class Chaos:
 
     # ------------------------------------------------------------ runs and agents
     def create_runs(self, project: tuple[str, str]) -> None:
-        from shared.services import runs
+        from shared.services.api.runs import actions, drafts
 
         lift_quotas(self.principal.org)
         # Each run crashes once in every step it goes through, at the schedule's point.
         for plan in self.schedule.runs:
-            run_id = runs.create(self.principal, run_body(project)).id
+            run_id = drafts.create(self.principal, run_body(project)).id
             for step, point in plan.crash.items():
                 self.faults.plan[(step, run_id)] = point
                 if plan.covers:
@@ -281,7 +281,7 @@ class Chaos:
                 self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
             self.agents.add(run_id, plan.script)
             self.stats.scripts[plan.script] += 1
-            runs.launch(self.principal, run_id, RunLaunch(confirm=True))
+            actions.launch(self.principal, run_id, RunLaunch(confirm=True))
 
     def forced_left(self) -> list[str]:
         """What the schedule forces that has not happened yet: the coverage runs' crash points,

@@ -1,27 +1,11 @@
-"""Fixtures the sweeper, heartbeat-check and poison tests share: a harness on the chaos provider."""
+"""Helpers the sweeper, heartbeat-check and poison tests share. Their harness is the shared `h` on the
+chaos provider (tests/conftest.py's `cloud`, which those modules mark `memory_provider`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests import fakes
-from tests.chaos.provider import ChaosCloud, install_chaos_provider, uninstall_chaos_provider
 from tests.harness import Harness
-
-
-@pytest.fixture
-def cloud() -> Iterator[ChaosCloud]:
-    c = ChaosCloud()
-    install_chaos_provider(c)
-    yield c
-    uninstall_chaos_provider()
-
-
-# The harness fixture is the memory one; it takes whichever `cloud` fixture is in scope.
-h = fakes.h
 
 
 def audits(action: str) -> list[dict[str, Any]]:

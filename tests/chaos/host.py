@@ -9,7 +9,8 @@ sweeper timers. Unlike the real host, both instances fire the timers (the real o
 singleton lease), which only makes races more likely (the sweeper holds a lease of its own:
 of two sweeps at once, one skips).
 
-Time is simulated and moves in rounds, driven by the test (issue 20.8): the test advances the
+Time is simulated and moves in rounds, driven by the test (so a loaded machine
+changes only the wall time): the test advances the
 shared clock (SharedClock: a file every process maps), then starts a round; in a round each
 host fires the timers that fell due since the last round, takes one batch of messages from
 every queue, runs them, and reports the round done. So the work done per simulated second is

@@ -21,10 +21,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from shared.clock import now_ts
+from shared.errors import PermanentError, RetryableError, ThrottledError
 from shared.models import CloudResource
 from shared.providers import registry
-from shared.providers.base import Description, LaunchSpec, Outcome, RunRef
-from shared.providers.errors import PermanentError, RetryableError, ThrottledError
+from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef
 from shared.settings import Settings
 from tests.fakes import Cloud, Machine, MemoryCompute, MemoryConfig
 
@@ -117,14 +117,14 @@ class ChaosCompute(MemoryCompute):
         self._after(kind, "describe")
         return out
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         with self.cloud.lock:
             kind = self._fault("retain", ref.run_id)
             out = super().retain(ref, resources)
         self._after(kind, "retain")
         return out
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         with self.cloud.lock:
             kind = self._fault("release", ref.run_id)
             # Only what is visible by marks, or named by id, is found (like a real cloud).
@@ -133,7 +133,7 @@ class ChaosCompute(MemoryCompute):
                 if m.id in ids or self.cloud.visible(m):
                     m.state, m.disk_exists = "terminated", False
             self.cloud.calls.append("release")
-            out = Outcome(done=True)
+            out = CloudProgress(done=True)
         self._after(kind, "release")
         return out
 

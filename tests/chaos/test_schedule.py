@@ -1,4 +1,4 @@
-"""The chaos tests' fault schedules alone, without Azurite or hosts (issue 20.8): for seeds
+"""The chaos tests' fault schedules alone, without Azurite or hosts: for seeds
 1..20, every fault the chaos tests assert on is forced by the schedule (random draws alone
 missed some: seed 202 drew no crash at a provider call), and each forced decision is what
 the schedule's counters give back, so the driver that asks for it gets it."""

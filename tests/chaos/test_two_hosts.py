@@ -1,7 +1,8 @@
-"""Chaos with two hosts (issue 12.11): two Functions host processes on one Azurite and one
-shared cloud, both running every step and both timers, dying for real (os._exit) at store
-writes and provider calls and restarted, with provider faults and duplicate deliveries
-(copies sent to the other host, messages delivered again after success). Afterwards the
+"""Chaos with two hosts (Azure Functions scales out, so every step must be safe on two at once):
+two Functions host processes on one Azurite and one shared cloud, both running every step and
+both timers, dying for real (os._exit) at store writes and provider calls and restarted, with
+provider faults and duplicate deliveries (copies sent to the other host, messages delivered
+again after success). Afterwards the
 invariants of the one-host chaos test hold. CHAOS_SEED and CHAOS_TWO_HOST_RUNS vary it; the
 schedule (tests/chaos/schedule.py) forces every fault asserted on below, for every seed, and
 time is simulated in rounds, so a loaded machine does the same test, only slower."""
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shared import clock
-from shared.services.sweeper import LEASE_S
+from shared.services.timers.sweeper import LEASE_S
 from shared.settings import get_settings, reset_settings
 from shared.store import get_store
 from tests.chaos import schedule

@@ -1,8 +1,8 @@
-"""The two-host chaos driver (issue 12.11): two Functions host processes (tests/chaos/host.py)
+"""The two-host chaos driver: two Functions host processes (tests/chaos/host.py)
 on one Azurite and one shared file cloud, crashing for real and restarted by a supervisor,
 while this process plays the API users and the agents on the machines.
 
-Time is simulated, shared and moved by this driver in rounds (issue 20.8): it advances the
+Time is simulated, shared and moved by this driver in rounds: it advances the
 shared clock by a step, lets the agents act, then starts a round and waits until both hosts
 have run it (a host that dies in a round is restarted and runs it again). So the test does
 the same work per simulated second on any machine, however loaded; only its wall time grows.
@@ -212,16 +212,16 @@ class TwoHosts:
 
     # ------------------------------------------------------------ users and agents
     def create_runs(self) -> None:
-        from shared.services import runs
+        from shared.services.api.runs import actions, drafts
 
         lift_quotas(self.org)
         for i, script in enumerate(two_host_scripts(self.seed, self.n_runs)):
-            run_id = runs.create(self.principal, run_body(self.project)).id
+            run_id = drafts.create(self.principal, run_body(self.project)).id
             self.agents.add(run_id, script)
             self.scripts[script] += 1
             if i < len(TWO_HOST_COVERAGE_SCRIPTS):
                 self.shielded.append(run_id)
-            runs.launch(self.principal, run_id, RunLaunch(confirm=True))
+            actions.launch(self.principal, run_id, RunLaunch(confirm=True))
         write_atomically(self.workdir / SHIELDED_FILE, json.dumps(self.shielded))
 
     # ------------------------------------------------------------ settle
@@ -233,7 +233,7 @@ class TwoHosts:
         return sum(q.length(x.value) + q.length(x.poison) for x in Queue)
 
     def replay_poison(self) -> None:
-        from shared.services import admin
+        from shared.services.api import admin
 
         for q in Queue:
             self.replayed += len(admin.replay(self.admin, q.value, None)["replayed"])

@@ -16,14 +16,14 @@ import pytest
 from shared.providers import registry
 from shared.providers.aws.compute import build
 from tests.harness import Harness, trained_adapter_zip
-from tests.providers.aws.conftest import AMI_GOOD, REGION, ZONE, CallLog, moto_server, pricing_server
+from tests.providers.aws.pricing_server import PricingServer
+from tests.providers.aws.rig import AMI_GOOD, REGION, ZONE, CallLog
 
 pytestmark = pytest.mark.e2e
-__all__ = ["moto_server", "pricing_server"]  # session fixtures shared with tests/providers/aws
 
 
 @pytest.fixture
-def aws(moto_server: str, pricing_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def aws(moto_server: str, pricing_server: PricingServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     import boto3
     import requests
 
@@ -44,7 +44,7 @@ def aws(moto_server: str, pricing_server: Any, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.fixture
-def h(env: dict[str, str], aws: dict[str, Any]) -> Iterator[Harness]:
+def aws_h(env: dict[str, str], aws: dict[str, Any]) -> Iterator[Harness]:
     harness = Harness()
     assert harness.save_storage({"kind": "local"})["status"] == "connected"
     conn = harness.save_compute("aws", dict(aws["body"]))
@@ -85,49 +85,49 @@ def _launch(h: Harness, aws: dict[str, Any]) -> tuple[str, str, list[str]]:
     return run_id, instance_id, volumes
 
 
-def test_trial_succeeds_and_instance_and_volume_are_gone(h: Harness, aws: dict[str, Any]) -> None:
-    run_id, instance_id, volumes = _launch(h, aws)
+def test_trial_succeeds_and_instance_and_volume_are_gone(aws_h: Harness, aws: dict[str, Any]) -> None:
+    run_id, instance_id, volumes = _launch(aws_h, aws)
     assert _instance(aws, instance_id)["State"]["Name"] in ("pending", "running")
-    h.agent(run_id).train(trained_adapter_zip())
+    aws_h.agent(run_id).train(trained_adapter_zip())
     release_calls = aws["log"].take()
-    run = h.get_run(run_id)
-    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    run = aws_h.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], aws_h.step_errors)
     assert _instance(aws, instance_id)["State"]["Name"] == "terminated"
     assert _volumes(aws, volumes) == []
     assert [op for _, op in release_calls].count("TerminateInstances") == 1
     print(f"\nrelease phase AWS calls: {[op for _, op in release_calls]}")
 
 
-def test_timed_out_trial_is_stopped_with_its_disk_then_recovered(h: Harness, aws: dict[str, Any]) -> None:
-    run_id, instance_id, volumes = _launch(h, aws)
-    agent = h.agent(run_id)
+def test_timed_out_trial_is_stopped_with_its_disk_then_recovered(aws_h: Harness, aws: dict[str, Any]) -> None:
+    run_id, instance_id, volumes = _launch(aws_h, aws)
+    agent = aws_h.agent(run_id)
     agent.heartbeat("training", 0.4)
-    run = h.expire(run_id)
-    assert run["state"] == "retained", (run["reason"], h.step_errors)
+    run = aws_h.expire(run_id)
+    assert run["state"] == "retained", (run["reason"], aws_h.step_errors)
     assert _instance(aws, instance_id)["State"]["Name"] == "stopped"
     assert [v["State"] for v in _volumes(aws, volumes)] == ["in-use"]  # the disk is kept
     assert "compute billing stopped" in run["billing_note"] and "still bills" in run["billing_note"]
 
     # Recovery: start the machine on request (billing resumes, training does not) ...
-    started = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    started = aws_h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
     assert _instance(aws, instance_id)["State"]["Name"] in ("pending", "running")
     assert started["state"] == "retained" and "billing resumes" in started["billing_note"]
     # ... then hand in the adapter fetched from it, which is verified, and the machine released.
-    run = h.recover(run_id, upload=trained_adapter_zip())
-    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    run = aws_h.recover(run_id, upload=trained_adapter_zip())
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], aws_h.step_errors)
     assert _instance(aws, instance_id)["State"]["Name"] == "terminated"
     assert _volumes(aws, volumes) == []
 
 
-def test_launch_sends_the_real_image_and_the_runs_training_settings(h: Harness, aws: dict[str, Any]) -> None:
+def test_launch_sends_the_real_image_and_the_runs_training_settings(aws_h: Harness, aws: dict[str, Any]) -> None:
     from shared.settings import get_settings
     from tests.e2e.wire import TRAINING, assert_training_sent, from_user_data
 
-    h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_awsWireToken0123456789"})
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
+    aws_h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_awsWireToken0123456789"})
+    offers = aws_h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
     offer = next(o for o in offers if o["machine_type"] == "g6.xlarge")
-    run_id = h.create_run("aws", offer["offer_id"], training=TRAINING)
-    run = h.launch(run_id)
+    run_id = aws_h.create_run("aws", offer["offer_id"], training=TRAINING)
+    run = aws_h.launch(run_id)
     instance_id = next(r["id"] for r in run["resources"] if r["kind"] == "instance")
     user_data = aws["ec2"].describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
     image, env = from_user_data(user_data["UserData"]["Value"])

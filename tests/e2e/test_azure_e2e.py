@@ -3,37 +3,35 @@ azure-mgmt clients talk to the fake ARM server (HTTPS, self-signed certificate) 
 loopback, Retail Prices come from the same fake, and a test-side agent plays the VM.
 
 The registry builds the adapter; the test swaps its azure factory for one that passes the
-fake's endpoints as AzureCompute's keyword-only `endpoints` argument (route_registry_to).
+fake's endpoints as AzureCompute's keyword-only `endpoints` argument (the `arm` fixture, through
+route_registry_to).
 Production code has no module-level hook, so nothing can redirect it by configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.harness import Harness, trained_adapter_zip
-from tests.providers.azure.conftest import SECRET, TRAIN_RG, config_body, fake, routed_arm
-from tests.providers.azure.fake_arm import SUB, FakeArm
-
-__all__ = ["fake", "routed_arm"]  # fixtures shared with tests/providers/azure
+from tests.providers.azure.fake_arm import SECRET, SUB, FakeArm
+from tests.providers.azure.rig import TRAIN_RG, config_body
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def h(env: dict[str, str], arm: FakeArm) -> Iterator[Harness]:
+def test_saved_connection_reports_its_checks_and_hides_the_secret(env: dict[str, str], arm: FakeArm) -> None:
+    """What a user sees on saving the connection (azure_h saves the same one)."""
     harness = Harness()
-    assert harness.save_storage({"kind": "local"})["status"] == "connected"
-    conn = harness.save_compute("azure", config_body())
+    try:
+        assert harness.save_storage({"kind": "local"})["status"] == "connected"
+        conn = harness.save_compute("azure", config_body())
+    finally:
+        harness.close()
     assert conn["status"] == "connected", conn["checks"]
     checks = {c["name"]: c["status"] for c in conn["checks"]}
     assert checks["authentication"] == "ok" and checks["image"] == "ok" and checks["quota"] == "warn"
     assert SECRET not in str(conn)  # write-only secret
     assert any("rotate" in w for w in conn["warnings"])
-    yield harness
-    harness.close()
 
 
 def _rid(kind: str, name: str) -> str:
@@ -62,12 +60,12 @@ def _launch(h: Harness, arm: FakeArm) -> tuple[str, dict[str, str]]:
     return run_id, ids
 
 
-def test_trial_succeeds_with_vm_disk_and_nic_gone(h: Harness, arm: FakeArm) -> None:
-    run_id, ids = _launch(h, arm)
+def test_trial_succeeds_with_vm_disk_and_nic_gone(azure_h: Harness, arm: FakeArm) -> None:
+    run_id, ids = _launch(azure_h, arm)
     assert arm.get(ids["vm"])["_state"]["power"] == "running"  # type: ignore[index]
-    h.agent(run_id).train(trained_adapter_zip())
-    run = h.get_run(run_id)
-    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    azure_h.agent(run_id).train(trained_adapter_zip())
+    run = azure_h.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], azure_h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
     deletes = [p for m, p, _, _ in arm.requests if m == "DELETE"]
     assert deletes and deletes[0] == ids["vm"]
@@ -75,39 +73,39 @@ def test_trial_succeeds_with_vm_disk_and_nic_gone(h: Harness, arm: FakeArm) -> N
     assert not [p for m, p, _, _ in arm.requests if m != "GET" and ("virtualNetworks" in p or "/images/" in p)]
 
 
-def test_timed_out_trial_is_deallocated_with_its_disk_then_recovered(h: Harness, arm: FakeArm) -> None:
-    run_id, ids = _launch(h, arm)
-    h.agent(run_id).heartbeat("training", 0.4)
-    run = h.expire(run_id)
-    assert run["state"] == "retained", (run["reason"], h.step_errors)
+def test_timed_out_trial_is_deallocated_with_its_disk_then_recovered(azure_h: Harness, arm: FakeArm) -> None:
+    run_id, ids = _launch(azure_h, arm)
+    azure_h.agent(run_id).heartbeat("training", 0.4)
+    run = azure_h.expire(run_id)
+    assert run["state"] == "retained", (run["reason"], azure_h.step_errors)
     assert arm.get(ids["vm"])["_state"]["power"] == "deallocated"  # type: ignore[index]
     assert arm.get(ids["disk"]) is not None and arm.get(ids["nic"]) is not None  # the disk is kept
     assert "deallocated" in run["billing_note"] and "still bill" in run["billing_note"]
 
     # Recovery: start the VM on request (billing resumes, training does not) ...
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
-    h.drain()
+    azure_h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    azure_h.drain()
     assert arm.get(ids["vm"])["_state"]["power"] == "running"  # type: ignore[index]
     # ... then hand in the adapter fetched from it: verified, and the VM, disk and NIC released.
-    run = h.recover(run_id, upload=trained_adapter_zip())
-    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    run = azure_h.recover(run_id, upload=trained_adapter_zip())
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], azure_h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
 
 
-def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vm_with_a_swapped_disk_is_not_deleted(azure_h: Harness, arm: FakeArm, monkeypatch: pytest.MonkeyPatch) -> None:
     from shared import queues
 
-    run_id, ids = _launch(h, arm)
-    h.agent(run_id).heartbeat("training", 0.4)
-    assert h.expire(run_id)["state"] == "retained"
+    run_id, ids = _launch(azure_h, arm)
+    azure_h.agent(run_id).heartbeat("training", 0.4)
+    assert azure_h.expire(run_id)["state"] == "retained"
     vm = arm.get(ids["vm"])
     assert vm
     original = vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"]
     vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = _rid("disks", "helper-copy")
     # Release retries a refusal with backoff; keep real delays here so the retry stays queued, not looping.
     queues.configure(delay_scale=1.0)
-    run = h.recover(run_id, upload=trained_adapter_zip())
-    assert run["state"] == "releasing", (run["reason"], h.step_errors)
+    run = azure_h.recover(run_id, upload=trained_adapter_zip())
+    assert run["state"] == "releasing", (run["reason"], azure_h.step_errors)
     assert "Automatic deletion refused" in run["release_error"] and "OS disk was replaced" in run["release_error"]
     assert arm.get(ids["vm"]) is not None and arm.get(ids["disk"]) is not None
     assert not [p for m, p, _, _ in arm.requests if m == "DELETE"]
@@ -115,21 +113,21 @@ def test_vm_with_a_swapped_disk_is_not_deleted(h: Harness, arm: FakeArm, monkeyp
     # An administrator restores the original attachment and retries the release: now it completes.
     vm["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = original
     queues.configure(delay_scale=0)
-    h.ok("POST", f"/api/runs/{run_id}/release", token="member")
-    h.drain()
-    run = h.get_run(run_id)
-    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    azure_h.ok("POST", f"/api/runs/{run_id}/release", token="member")
+    azure_h.drain()
+    run = azure_h.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], azure_h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
 
 
-def test_launch_sends_the_real_image_and_the_runs_training_settings(h: Harness, arm: FakeArm) -> None:
+def test_launch_sends_the_real_image_and_the_runs_training_settings(azure_h: Harness, arm: FakeArm) -> None:
     from shared.settings import get_settings
     from tests.e2e.wire import TRAINING, assert_training_sent, from_user_data
 
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+    offers = azure_h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
     offer = next(o for o in offers if o["machine_type"] == "Standard_NC24ads_A100_v4")
-    run_id = h.create_run("azure", offer["offer_id"], training=TRAINING)
-    run = h.launch(run_id)
+    run_id = azure_h.create_run("azure", offer["offer_id"], training=TRAINING)
+    run = azure_h.launch(run_id)
     vm = next(r["id"] for r in run["resources"] if r["kind"] == "vm")
     image, env = from_user_data(arm.get(vm)["_custom_data"])  # type: ignore[index]
     assert image == get_settings().container_image

@@ -21,104 +21,21 @@ from typing import Any
 
 import pytest
 
-from shared import clock
 from shared.providers import cloudinit
-from shared.settings import get_settings, reset_settings
-from tests.azurite import free_port
+from shared.settings import get_settings
+from tests.e2e.boot import BootHarness, boot_harness, finish
 from tests.harness import Harness
-from tests.machine import LedgerClock, Machine, wait_for
-from tests.providers.aws.conftest import moto_server, pricing_server
-from tests.providers.azure.conftest import config_body, fake, routed_arm
+from tests.machine import Machine, wait_for
 from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import config_body
 from tests.providers.runpod.fake_server import FakeRunPod
 
 pytestmark = pytest.mark.e2e
-__all__ = ["fake", "moto_server", "pricing_server", "routed_arm"]
 
-REPO = Path(__file__).resolve().parents[2]
-BUCKET = "tensorant-boot"
-END = {"succeeded", "failed", "cancelled", "retained"}
 RUNPOD_KEY = "rpa_BOOTKEY0123456789"
 
 
-@pytest.fixture
-def plane(env: dict[str, str], moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
-    """The control plane as a machine sees it: the app's HTTP routes on a loopback port (queues are
-    drained by the test's Harness, on a simulated clock), custom S3 storage on moto."""
-
-    import function_app
-    from tensorant_devhost.host import Host
-
-    port = free_port()
-    monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto listens on loopback http
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
-    reset_settings()
-    host = Host(function_app.app, root=REPO, port=port, load_settings=False, queues=False, timers=False).start()
-    try:
-        yield host
-    finally:
-        host.stop()
-
-
-def _harness(tmp_path: Path, moto: str) -> Harness:
-    import boto3
-
-    h = Harness()
-    h.clock = LedgerClock(h.clock.t, tmp_path / "slept")
-    clock.set_clock(h.clock)
-    s3 = boto3.client("s3", endpoint_url=moto, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
-                      aws_secret_access_key="x" * 40)
-    try:
-        s3.create_bucket(Bucket=BUCKET)
-    except s3.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    storage = h.save_storage({"kind": "s3", "endpoint": moto, "region": "us-east-1", "bucket": BUCKET,
-                              "prefix": "org-a", "access_key_id": "AKIABOOTTEST0001",
-                              "secret_access_key": "boot-secret-0123456789abcdefghij"})
-    assert storage["status"] == "connected", storage["checks"]
-    return h
-
-
-def finish(h: Harness, run_id: str, machine: Machine | None, timeout: float = 120) -> dict[str, Any]:
-    """Drive the queues until the run ends; then the machine is powered off (the cloud deleted it)."""
-    def ended() -> Any:
-        run = h.get_run(run_id)
-        return run if run["state"] in END else None
-
-    try:
-        run: dict[str, Any] = wait_for(ended, f"run {run_id} to end", timeout, machine=machine, between=h.drain)
-    finally:
-        if machine is not None:
-            machine.power_off()
-    return run
-
-
-# ---------------------------------------------------------------- AWS
-
-@pytest.fixture
-def aws_h(plane: Any, moto_server: str, pricing_server: Any, monkeypatch: pytest.MonkeyPatch,
-          tmp_path: Path) -> Iterator[tuple[Harness, Any]]:
-    import boto3
-    import requests
-
-    from tests.providers.aws.conftest import AMI_GOOD, REGION, ZONE
-
-    requests.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", pricing_server.url)
-    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name=REGION, aws_access_key_id="AKIAIOSFODNN7EXAMPLE",
-                       aws_secret_access_key="x" * 40)
-    vpc = ec2.create_vpc(CidrBlock="10.61.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.61.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    sg = ec2.create_security_group(GroupName="boot", Description="boot", VpcId=vpc)["GroupId"]
-    h = _harness(tmp_path, moto_server)
-    conn = h.save_compute("aws", {"region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
-                                  "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
-                                  "subnet_id": subnet, "security_group_id": sg, "workspace_disk_gb": 50})
-    assert conn["status"] == "connected", conn["checks"]
-    yield h, ec2
-    h.close()
-
+# ---------------------------------------------------------------- AWS (boot_aws_h: tests/e2e/conftest.py)
 
 def _aws_launch(h: Harness, ec2: Any) -> tuple[str, str, str]:
     offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
@@ -135,8 +52,8 @@ def _state(ec2: Any, instance: str) -> str:
     return str(ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]["State"]["Name"])
 
 
-def test_aws_user_data_runs_the_agent_to_succeeded(aws_h: tuple[Harness, Any], tmp_path: Path) -> None:
-    h, ec2 = aws_h
+def test_aws_user_data_runs_the_agent_to_succeeded(boot_aws_h: tuple[BootHarness, Any], tmp_path: Path) -> None:
+    h, ec2 = boot_aws_h
     run_id, instance, user_data = _aws_launch(h, ec2)
     machine = Machine(tmp_path / "vm", h.clock)
     machine.boot(user_data)
@@ -155,8 +72,8 @@ def test_aws_user_data_runs_the_agent_to_succeeded(aws_h: tuple[Harness, Any], t
     assert run["billed_machine_s"] < 120  # the smoke trainer's seconds, not a deadline
 
 
-def test_aws_pull_retried_with_backoff_then_succeeds(aws_h: tuple[Harness, Any], tmp_path: Path) -> None:
-    h, ec2 = aws_h
+def test_aws_pull_retried_with_backoff_then_succeeds(boot_aws_h: tuple[BootHarness, Any], tmp_path: Path) -> None:
+    h, ec2 = boot_aws_h
     run_id, _, user_data = _aws_launch(h, ec2)
     machine = Machine(tmp_path / "vm", h.clock, pull_fails="2")
     machine.boot(user_data)
@@ -171,10 +88,10 @@ def test_aws_pull_retried_with_backoff_then_succeeds(aws_h: tuple[Harness, Any],
     ({"run": "no-gpu"}, "could not start the training container", ["exit code 125", "could not select device driver"]),
     ({"run": "no-agent"}, "agent exited before it reported", ["exit code 1", "No module named"]),
 ], ids=["pull-fails", "no-nvidia-runtime", "agent-exits-at-start"])
-def test_aws_failed_start_is_reported_and_released_within_minutes(aws_h: tuple[Harness, Any], tmp_path: Path,
+def test_aws_failed_start_is_reported_and_released_within_minutes(boot_aws_h: tuple[BootHarness, Any], tmp_path: Path,
                                                                   shim: dict[str, str], stage: str,
                                                                   words: list[str]) -> None:
-    h, ec2 = aws_h
+    h, ec2 = boot_aws_h
     run_id, instance, user_data = _aws_launch(h, ec2)
     machine = Machine(tmp_path / "vm", h.clock, **shim)
     machine.boot(user_data)
@@ -192,8 +109,8 @@ def test_aws_failed_start_is_reported_and_released_within_minutes(aws_h: tuple[H
     print(f"\n{stage}: billed {run['billed_machine_s']:.0f} simulated s")
 
 
-def test_aws_machine_that_never_reports_is_released_at_the_boot_deadline(aws_h: tuple[Harness, Any]) -> None:
-    h, ec2 = aws_h
+def test_aws_machine_that_never_reports_is_released_at_the_boot_deadline(boot_aws_h: tuple[BootHarness, Any]) -> None:
+    h, ec2 = boot_aws_h
     run_id, instance, _ = _aws_launch(h, ec2)  # the machine never runs its user data
     deadline = get_settings().provisioning_timeout_s
     h.clock.advance(deadline + 1)
@@ -205,8 +122,8 @@ def test_aws_machine_that_never_reports_is_released_at_the_boot_deadline(aws_h: 
     print(f"\nno report (AWS): billed {run['billed_machine_s']:.0f} simulated s")
 
 
-def test_a_late_boot_report_does_not_end_a_running_run(aws_h: tuple[Harness, Any]) -> None:
-    h, ec2 = aws_h
+def test_a_late_boot_report_does_not_end_a_running_run(boot_aws_h: tuple[BootHarness, Any]) -> None:
+    h, ec2 = boot_aws_h
     run_id, _, _ = _aws_launch(h, ec2)
     agent = h.agent(run_id)
     agent.heartbeat("training", 0.3)
@@ -224,8 +141,8 @@ def test_a_late_boot_report_does_not_end_a_running_run(aws_h: tuple[Harness, Any
 # ---------------------------------------------------------------- Azure
 
 @pytest.fixture
-def azure_h(plane: Any, moto_server: str, arm: FakeArm, tmp_path: Path) -> Iterator[Harness]:
-    h = _harness(tmp_path, moto_server)
+def boot_azure_h(plane: Any, moto_server: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
+    h = boot_harness(tmp_path, moto_server)
     conn = h.save_compute("azure", config_body())
     assert conn["status"] == "connected", conn["checks"]
     yield h
@@ -242,21 +159,21 @@ def _azure_launch(h: Harness, arm: FakeArm) -> tuple[str, str, str]:
     return run_id, vm, base64.b64decode(arm.get(vm)["_custom_data"]).decode()  # type: ignore[index]
 
 
-def test_azure_custom_data_runs_the_agent_to_succeeded(azure_h: Harness, arm: FakeArm, tmp_path: Path) -> None:
-    run_id, vm, user_data = _azure_launch(azure_h, arm)
-    machine = Machine(tmp_path / "vm", azure_h.clock)
+def test_azure_custom_data_runs_the_agent_to_succeeded(boot_azure_h: BootHarness, arm: FakeArm, tmp_path: Path) -> None:
+    run_id, vm, user_data = _azure_launch(boot_azure_h, arm)
+    machine = Machine(tmp_path / "vm", boot_azure_h.clock)
     machine.boot(user_data)
-    run = finish(azure_h, run_id, machine)
-    assert run["state"] == "succeeded", f"{run['reason']}\n{azure_h.step_errors}\n{machine.console()[-3000:]}"
+    run = finish(boot_azure_h, run_id, machine)
+    assert run["state"] == "succeeded", f"{run['reason']}\n{boot_azure_h.step_errors}\n{machine.console()[-3000:]}"
     assert arm.get(vm) is None
 
 
-def test_azure_failed_pull_is_released_with_the_clouds_account(azure_h: Harness, arm: FakeArm,
+def test_azure_failed_pull_is_released_with_the_clouds_account(boot_azure_h: BootHarness, arm: FakeArm,
                                                                 tmp_path: Path) -> None:
-    run_id, vm, user_data = _azure_launch(azure_h, arm)
-    machine = Machine(tmp_path / "vm", azure_h.clock, pull_fails="all")
+    run_id, vm, user_data = _azure_launch(boot_azure_h, arm)
+    machine = Machine(tmp_path / "vm", boot_azure_h.clock, pull_fails="all")
     machine.boot(user_data)
-    run = finish(azure_h, run_id, machine)
+    run = finish(boot_azure_h, run_id, machine)
     assert run["state"] == "failed" and "could not pull the training image" in run["reason"], run["reason"]
     assert "the cloud says: " in run["reason"], run["reason"]
     assert arm.get(vm) is None
@@ -267,11 +184,11 @@ def test_azure_failed_pull_is_released_with_the_clouds_account(azure_h: Harness,
 # ---------------------------------------------------------------- RunPod
 
 @pytest.fixture
-def runpod_h(plane: Any, moto_server: str, monkeypatch: pytest.MonkeyPatch,
-             tmp_path: Path) -> Iterator[tuple[Harness, FakeRunPod]]:
+def boot_runpod_h(plane: Any, moto_server: str, monkeypatch: pytest.MonkeyPatch,
+             tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
     fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
-    h = _harness(tmp_path, moto_server)
+    h = boot_harness(tmp_path, moto_server)
     assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
     yield h, fake_rp
     h.close()
@@ -287,8 +204,8 @@ def _runpod_launch(h: Harness) -> str:
     return run_id
 
 
-def test_runpod_pod_request_runs_the_agent_to_succeeded(runpod_h: tuple[Harness, FakeRunPod], tmp_path: Path) -> None:
-    h, fake_rp = runpod_h
+def test_runpod_pod_request_runs_the_agent_to_succeeded(boot_runpod_h: tuple[BootHarness, FakeRunPod], tmp_path: Path) -> None:
+    h, fake_rp = boot_runpod_h
     run_id = _runpod_launch(h)
     pod_input = fake_rp.creates()[0]["variables"]["input"]
     machine = Machine(tmp_path / "pod", h.clock)
@@ -300,8 +217,8 @@ def test_runpod_pod_request_runs_the_agent_to_succeeded(runpod_h: tuple[Harness,
     assert (machine.root / "fs/runpod-volume/data/adapter.zip").is_file()  # the pod's volume: /workspace/data
 
 
-def test_runpod_pod_that_never_reports_is_released_at_the_boot_deadline(runpod_h: tuple[Harness, FakeRunPod]) -> None:
-    h, _ = runpod_h
+def test_runpod_pod_that_never_reports_is_released_at_the_boot_deadline(boot_runpod_h: tuple[BootHarness, FakeRunPod]) -> None:
+    h, _ = boot_runpod_h
     run_id = _runpod_launch(h)  # the pod sits pulling
     deadline = get_settings().provisioning_timeout_s
     h.clock.advance(deadline + 1)

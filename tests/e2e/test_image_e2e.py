@@ -24,17 +24,15 @@ import pytest
 
 from shared import settings
 from shared.providers import cloudinit
-from tests.e2e.test_bootstrap_e2e import aws_h, finish, moto_server, plane, pricing_server
-from tests.harness import Harness
+from tests.e2e.boot import BootHarness, finish
 from tests.machine import Machine
 
 IMAGE = os.environ.get("TENSORANT_IMAGE_CHECK", "")
 pytestmark = [pytest.mark.e2e, pytest.mark.image,
               pytest.mark.skipif(not IMAGE, reason="make image-check builds the image and sets TENSORANT_IMAGE_CHECK")]
-__all__ = ["aws_h", "moto_server", "plane", "pricing_server"]
 
 
-def _run_in_image(h: Harness, ec2: Any, tmp_path: Path, base_model: str) -> tuple[dict[str, Any], Machine, float]:
+def _run_in_image(h: BootHarness, ec2: Any, tmp_path: Path, base_model: str) -> tuple[dict[str, Any], Machine, float]:
     started = time.monotonic()
     offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
                  if o["machine_type"] == "g6.xlarge")
@@ -57,11 +55,11 @@ def _manifest(machine: Machine) -> dict[str, Any]:
     return manifest
 
 
-def test_the_images_own_trainer_trains_through_its_entrypoint(aws_h: tuple[Harness, Any], tmp_path: Path,
+def test_the_images_own_trainer_trains_through_its_entrypoint(boot_aws_h: tuple[BootHarness, Any], tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TENSORANT_TRAINER_COMMAND")  # the image's default: the real LoRA trainer
     settings.reset_settings()
-    h, ec2 = aws_h
+    h, ec2 = boot_aws_h
     run, machine, took = _run_in_image(h, ec2, tmp_path, "tensorant/tiny-llama")
     assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-4000:]}"
     manifest = _manifest(machine)
@@ -71,11 +69,11 @@ def test_the_images_own_trainer_trains_through_its_entrypoint(aws_h: tuple[Harne
     print(f"\nimage-check: LoRA run through the image's entrypoint: {took:.0f} s, loss {manifest.get('loss')}")
 
 
-def test_the_smoke_trainer_runs_inside_the_image(aws_h: tuple[Harness, Any], tmp_path: Path,
+def test_the_smoke_trainer_runs_inside_the_image(boot_aws_h: tuple[BootHarness, Any], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "python -m shared.trainer.smoke")
     settings.reset_settings()
-    h, ec2 = aws_h
+    h, ec2 = boot_aws_h
     run, machine, took = _run_in_image(h, ec2, tmp_path, "tensorant/smoke-tiny")
     assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-4000:]}"
     assert _manifest(machine)["trainer"] == "smoke (no training)"

@@ -4,72 +4,13 @@ starting the real agent process with the smoke trainer, a verified adapter, the 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
 
-from shared.models import Role
-from tests.azurite import free_port
+from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
-
-
-class Client:
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url
-        self.s = requests.Session()
-        self.s.headers["Authorization"] = f"Bearer {token}"
-
-    def __call__(self, method: str, path: str, **kw: Any) -> Any:
-        r = self.s.request(method, self.url + path, timeout=30, **kw)
-        assert r.status_code < 400, f"{method} {path}: {r.status_code} {r.text}"
-        return r.json() if r.content else None
-
-    def wait(self, path: str, done: Any, timeout: float = 90) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            body = self("GET", path)
-            if done(body) or time.monotonic() > deadline:
-                return body
-            time.sleep(0.2)
-
-
-@pytest.fixture
-def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
-    from shared import settings
-    from shared.security import mint_user_token
-    from tensorant_devhost.host import Host
-
-    port = free_port()
-    monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
-    settings.reset_settings()
-    import function_app
-
-    host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
-    client = Client(host.url, mint_user_token("owner@a", "org-a", Role.owner))
-    yield client
-    host.stop()
-    release_local_leaks()
-
-
-def release_local_leaks() -> None:
-    """After a test of the local provider: nothing of it may be left running whatever the test did,
-    and a leak is cleaned before the test fails on it."""
-    from shared import settings
-    from shared.providers.base import RunRef
-    from shared.providers.local.compute import LocalCompute
-    from shared.providers.local.config import LocalConfig
-
-    local = LocalCompute(LocalConfig(), settings.get_settings())
-    leaks = list(local.list_managed())
-    for res in leaks:
-        local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
-    assert not leaks, leaks
 
 
 def setup_org(api: Client) -> tuple[str, str]:
@@ -95,9 +36,6 @@ def start_run(api: Client, project: str, dataset: str) -> str:
     return str(run["id"])
 
 
-TERMINAL_OR_RETAINED = {"succeeded", "failed", "cancelled", "retained"}
-
-
 def test_trial_reaches_succeeded_over_http(api: Client) -> None:
     # The host indexed the app already; the OpenAPI handler must still read the routes.
     assert "/api/runs/{id}" in api("GET", "/api/openapi.json")["paths"]
@@ -118,9 +56,10 @@ def test_failing_trainer_is_retained_then_recovered_by_upload(api: Client, tmp_p
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from shared import settings
 
-    # The trainer command is the operator's setting (issue 11.1), not a connection field.
+    # The trainer command is the operator's setting, not a connection field (an owner must not run
+    # commands on the control plane's host).
     monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "sh -c 'echo partial > \"$TENSORANT_OUTPUT_DIR/ckpt\"; echo boom; exit 3'")
-    # (It writes some output before failing: only then is there something to retain, issue 12.5.)
+    # (It writes some output before failing: only then is there something to retain.)
     settings.reset_settings()
     project, dataset = setup_org(api)
     run_id = start_run(api, project, dataset)

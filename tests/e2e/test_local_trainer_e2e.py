@@ -9,36 +9,21 @@ import hashlib
 import io
 import json
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shared.models import Role
-from tests.azurite import free_port
-from tests.e2e.test_local_e2e import ROOT, TERMINAL_OR_RETAINED, Client, release_local_leaks
+from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client
 
 pytestmark = pytest.mark.e2e
 BASE = "tensorant/tiny-llama"
 
 
-@pytest.fixture
-def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
-    from shared import settings
-    from shared.security import mint_user_token
-    from tensorant_devhost.host import Host
-
-    port = free_port()
-    monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.delenv("TENSORANT_TRAINER_COMMAND")  # the local provider's default: the real trainer
+@pytest.fixture(autouse=True)
+def real_trainer(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local provider's default trainer, the real one (`api` starts the host after this)."""
+    monkeypatch.delenv("TENSORANT_TRAINER_COMMAND")
     monkeypatch.setenv("TENSORANT_TORCH_THREADS", "1")  # a tiny model on a shared CPU: one thread is fastest
-    settings.reset_settings()
-    import function_app
-
-    host = Host(function_app.app, root=ROOT, port=port, load_settings=False, timers=False).start()
-    yield Client(host.url, mint_user_token("owner@a", "org-a", Role.owner))
-    host.stop()
-    release_local_leaks()
 
 
 def test_real_trainer_run_succeeds_and_the_downloaded_adapter_loads_with_peft(api: Client, tmp_path: Path) -> None:

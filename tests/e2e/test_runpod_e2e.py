@@ -16,22 +16,12 @@ from shared.providers.bootstrap_env import from_pod_env
 from shared.settings import reset_settings
 from tests.harness import ApiError, Harness, trained_adapter_zip
 from tests.providers.runpod.fake_server import FakeRunPod
-from tests.storage.moto_s3 import start_moto
 
 pytestmark = pytest.mark.e2e
 
 KEY = "rpa_E2EKEY0123456789"
 VOLUME = {"kind": "runpod_volume", "volume_id": "vol0abc123", "datacenter_id": "EU-RO-1",
           "access_key_id": "user_2f21CfO73Mm2Uq2lEGFiEF24IPw", "secret_access_key": "rps_E2ESECRET0123456789"}
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server, url = start_moto()
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
-                 aws_secret_access_key="x" * 40).create_bucket(Bucket="vol0abc123")
-    yield url
-    server.stop()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -48,7 +38,7 @@ def runpod(monkeypatch: pytest.MonkeyPatch, moto_url: str) -> Iterator[FakeRunPo
 
 
 @pytest.fixture
-def h(env: dict[str, str], runpod: FakeRunPod) -> Iterator[Harness]:
+def runpod_h(env: dict[str, str], runpod: FakeRunPod) -> Iterator[Harness]:
     harness = Harness()
     storage = harness.save_storage(dict(VOLUME))
     assert storage["status"] == "connected", storage["checks"]
@@ -65,11 +55,11 @@ def offer_in_volume_datacenter(h: Harness) -> str:
     return str(next(o for o in offers if o["machine_type"] == "NVIDIA A40")["offer_id"])
 
 
-def test_trial_on_runpod_volume_succeeds_and_pod_is_gone(h: Harness, runpod: FakeRunPod) -> None:
-    checks = {c["name"]: c for c in h.ok("GET", "/api/connections/compute/runpod")["checks"]}
+def test_trial_on_runpod_volume_succeeds_and_pod_is_gone(runpod_h: Harness, runpod: FakeRunPod) -> None:
+    checks = {c["name"]: c for c in runpod_h.ok("GET", "/api/connections/compute/runpod")["checks"]}
     assert "cannot prove write permissions" in checks["write permissions"]["message"]
-    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
-    run = h.launch(run_id)
+    run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h))
+    run = runpod_h.launch(run_id)
     assert run["state"] == "provisioning", run["reason"]
     assert [r["kind"] for r in run["resources"]] == ["pod"]
     sent = runpod.creates()[0]["variables"]["input"]
@@ -79,27 +69,27 @@ def test_trial_on_runpod_volume_succeeds_and_pod_is_gone(h: Harness, runpod: Fak
     assert not {"TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL", "TENSORANT_LOGS_UPLOAD_URL"} & set(env)
     assert env["TENSORANT_ADAPTER_KEY"] == f"runs/{run_id}/adapter.zip"
 
-    h.agent(run_id).train(trained_adapter_zip())
-    run = h.get_run(run_id)
+    runpod_h.agent(run_id).train(trained_adapter_zip())
+    run = runpod_h.get_run(run_id)
     assert run["state"] == "succeeded", run["reason"]
     assert runpod.pods == {}  # terminated and confirmed gone
     assert "podTerminate" in runpod.ops()
 
 
-def test_failed_export_stops_pod_then_saved_adapter_recovers(h: Harness, runpod: FakeRunPod) -> None:
-    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def test_failed_export_stops_pod_then_saved_adapter_recovers(runpod_h: Harness, runpod: FakeRunPod) -> None:
+    run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h))
+    runpod_h.launch(run_id)
+    agent = runpod_h.agent(run_id)
     agent.heartbeat("training", 0.9)
     agent.upload(trained_adapter_zip())  # the adapter made it to the volume, the export step then failed
     agent.complete_failed("export failed: upload step crashed")
-    run = h.get_run(run_id)
+    run = runpod_h.get_run(run_id)
     assert run["state"] == "retained", run["reason"]
     assert "still bill" in run["billing_note"]
     (pod,) = runpod.pods.values()
     assert pod["desiredStatus"] == "EXITED"  # stopped, files kept
 
-    run = h.recover(run_id)  # verify the saved adapter on the volume
+    run = runpod_h.recover(run_id)  # verify the saved adapter on the volume
     assert run["state"] == "succeeded", run["reason"]
     assert runpod.pods == {}
 
@@ -131,7 +121,7 @@ def volume_keys(s3: Any, prefix: str) -> list[str]:
 
 
 def test_success_removes_the_pods_working_files_but_serves_the_adapter(
-        h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
+        runpod_h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
     import hashlib
 
     import requests
@@ -139,18 +129,18 @@ def test_success_removes_the_pods_working_files_but_serves_the_adapter(
     s3 = volume_s3(moto_url)
     other = "r0neighbour"  # another run's working files: never touched
     s3.put_object(Bucket="vol0abc123", Key=f"data/{other}/agent-state.json", Body=b"{}")
-    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
-    h.launch(run_id)
+    run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h))
+    runpod_h.launch(run_id)
     pod_writes_scratch(s3, run_id, from_pod_env(runpod.creates()[0]["variables"]["input"]["env"]))
     zip_bytes = trained_adapter_zip()
-    h.agent(run_id).train(zip_bytes)
-    run = h.get_run(run_id)
+    runpod_h.agent(run_id).train(zip_bytes)
+    run = runpod_h.get_run(run_id)
     assert run["state"] == "succeeded", run["reason"]
     assert volume_keys(s3, f"data/{run_id}") == []
     assert volume_keys(s3, f"data/{other}/") == [f"data/{other}/agent-state.json"]
     assert volume_keys(s3, f"runs/{run_id}/") == [f"runs/{run_id}/adapter.zip"]
     assert any("removed the pod's working files" in e["message"] for e in run["events"])
-    link = h.ok("GET", f"/api/runs/{run_id}/adapter", token="member")
+    link = runpod_h.ok("GET", f"/api/runs/{run_id}/adapter", token="member")
     got = requests.get(link["url"], timeout=10).content
     assert got == zip_bytes and hashlib.sha256(got).hexdigest() == run["adapter_sha256"]
     # A redelivered release message finds nothing more to remove, and the run stays succeeded.
@@ -158,37 +148,37 @@ def test_success_removes_the_pods_working_files_but_serves_the_adapter(
     from shared.queues import get_queues
     from shared.runs.steps import Step
 
-    get_queues().send(Step.release, StepMessage(org=h.org, run_id=run_id))
-    h.drain()
-    assert h.get_run(run_id)["state"] == "succeeded"
+    get_queues().send(Step.release, StepMessage(org=runpod_h.org, run_id=run_id))
+    runpod_h.drain()
+    assert runpod_h.get_run(run_id)["state"] == "succeeded"
 
 
 def test_retained_run_keeps_the_pods_working_files_until_recovered(
-        h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
+        runpod_h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
     s3 = volume_s3(moto_url)
-    run_id = h.create_run("runpod", offer_in_volume_datacenter(h))
-    h.launch(run_id)
+    run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h))
+    runpod_h.launch(run_id)
     keys = pod_writes_scratch(s3, run_id, from_pod_env(runpod.creates()[0]["variables"]["input"]["env"]))
-    agent = h.agent(run_id)
+    agent = runpod_h.agent(run_id)
     agent.heartbeat("training", 0.9)
     agent.upload(trained_adapter_zip())
     agent.complete_failed("export failed: upload step crashed")
-    assert h.get_run(run_id)["state"] == "retained"
+    assert runpod_h.get_run(run_id)["state"] == "retained"
     assert sorted(volume_keys(s3, f"data/{run_id}/")) == sorted(keys)  # recovery may need them
-    run = h.recover(run_id)
+    run = runpod_h.recover(run_id)
     assert run["state"] == "succeeded", run["reason"]
     assert volume_keys(s3, f"data/{run_id}/") == []
     assert volume_keys(s3, f"runs/{run_id}/") == [f"runs/{run_id}/adapter.zip"]
 
 
-def test_storage_location_cannot_change_once_a_project_exists(h: Harness) -> None:
-    h.project_and_dataset()
+def test_storage_location_cannot_change_once_a_project_exists(runpod_h: Harness) -> None:
+    runpod_h.project_and_dataset()
     with pytest.raises(ApiError) as exc:
-        h.ok("PUT", "/api/connections/storage", json_body={**VOLUME, "volume_id": "vol0other99"})
+        runpod_h.ok("PUT", "/api/connections/storage", json_body={**VOLUME, "volume_id": "vol0other99"})
     assert exc.value.status == 409
     assert "migration" in str(exc.value.body)
     # Rotating the S3 credentials for the same volume is allowed.
-    rotated = h.save_storage({**VOLUME, "secret_access_key": "rps_ROTATED0123456789"})
+    rotated = runpod_h.save_storage({**VOLUME, "secret_access_key": "rps_ROTATED0123456789"})
     assert rotated["status"] == "connected", rotated["checks"]
 
 
@@ -247,13 +237,13 @@ def test_custom_s3_agent_uses_presigned_urls_and_upload_recovers(h_s3: Harness, 
     assert requests.get(link["url"], timeout=10).content == zip_bytes
 
 
-def test_launch_sends_the_real_image_and_the_runs_training_settings(h: Harness, runpod: FakeRunPod) -> None:
+def test_launch_sends_the_real_image_and_the_runs_training_settings(runpod_h: Harness, runpod: FakeRunPod) -> None:
     from shared.settings import get_settings
     from tests.e2e.wire import TRAINING, assert_training_sent
 
-    h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_podWireToken0123456789"})
-    run_id = h.create_run("runpod", offer_in_volume_datacenter(h), training=TRAINING)
-    run = h.launch(run_id)
+    runpod_h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_podWireToken0123456789"})
+    run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h), training=TRAINING)
+    run = runpod_h.launch(run_id)
     sent = runpod.creates()[0]["variables"]["input"]
     assert sent["imageName"] == get_settings().container_image
     env = from_pod_env(sent["env"])

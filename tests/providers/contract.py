@@ -28,7 +28,7 @@ from typing import Literal
 
 import pytest
 
-from shared.providers.base import ComputeProvider, LaunchSpec, Outcome, RunRef
+from shared.providers.base import CloudProgress, ComputeProvider, LaunchSpec, RunRef
 
 Foreign = Literal["unmarked", "other-deployment"]
 MAX_POLLS = 30  # outcome polls before a test gives up (fakes confirm within a few)
@@ -63,8 +63,8 @@ class ProviderEnv:
     machine or its disk stays visible); leaving it lets the deletion finish."""
 
 
-def poll(action: Callable[[], Outcome]) -> Outcome:
-    """Call an Outcome-returning method until done (the fakes need no real waiting)."""
+def poll(action: Callable[[], CloudProgress]) -> CloudProgress:
+    """Call a CloudProgress-returning method until done (the fakes need no real waiting)."""
     out = action()
     for _ in range(MAX_POLLS):
         if out.done:

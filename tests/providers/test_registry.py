@@ -1,10 +1,13 @@
-"""The provider registry: one table, typed factories, one override point."""
+"""The provider registry: each provider package declares its entry, factories are typed, one override
+point, and every registered provider has a contract test class that runs."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from shared.providers import registry
 from shared.providers.base import ComputeProvider
 from shared.settings import Settings
 from tests.fakes import Cloud, MemoryCompute, MemoryConfig
+from tests.providers.contract import ProviderContract
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +30,11 @@ from collections.abc import Iterable
 from pydantic import BaseModel
 
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
+from shared.providers.base import ComputeProvider, Description, LaunchSpec, CloudProgress, RunRef
 from shared.settings import Settings
 from shared.providers.local.compute import LocalCompute
+from shared.providers.local.config import LocalConfig
+from shared.providers.registry import ProviderInfo
 
 
 class Renamed(LocalCompute):
@@ -52,40 +58,92 @@ class Broken:
     def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:
         return Description(state=MachineState.gone)
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        return Outcome(done=True)
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
+        return CloudProgress(done=True)
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        return Outcome(done=True)
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
+        return CloudProgress(done=True)
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
-        return Outcome(done=True)
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
+        return CloudProgress(done=True)
 
     def list_managed_renamed(self) -> Iterable[CloudResource]:
         return []
 
+    def scope(self) -> dict[str, str]:
+        return {}
+
 
 def build(config: BaseModel, settings: Settings) -> ComputeProvider:
     return Broken()
+
+
+def build_without_settings(config: BaseModel) -> ComputeProvider:
+    return Renamed(LocalConfig(), Settings())
+
+
+PROVIDER = ProviderInfo("broken", LocalConfig, build_without_settings, {})
 '''
 
 
 def test_every_entry_loads_and_its_factory_is_typed() -> None:
-    for info in registry.PROVIDERS.values():
-        model = registry.config_model(info.name)
-        assert issubclass(model, BaseModel)
-        factory = registry.factory(info.name)
-        assert callable(factory)
-        if inspect.isfunction(factory):  # azure's is still the class (see registry.PROVIDERS)
-            assert inspect.signature(factory).return_annotation in ("ComputeProvider", ComputeProvider), info.name
+    assert {"aws", "azure", "local", "runpod"} <= set(registry.providers())
+    for name, info in registry.providers().items():
+        assert info.name == name
+        assert issubclass(registry.config_model(name), BaseModel)
+        factory = registry.factory(name)
+        assert inspect.isfunction(factory), name
+        assert inspect.signature(factory).return_annotation in ("ComputeProvider", ComputeProvider), name
         assert all(m and not m.startswith(".") for m in info.sdk_modules)
     assert registry.sdk_modules() == sorted(set(registry.sdk_modules()))
     assert {"boto3", "runpod"} <= set(registry.sdk_modules())
+    assert registry.smoke_trainer_providers() == ["local"]
+
+
+def test_finding_the_providers_imports_no_lifecycle_module_and_no_sdk() -> None:
+    # The registry imports each package's __init__ (and its config): compute.py and the SDK client
+    # only when a step builds the provider.
+    code = ("import sys; from shared.providers import registry; names = list(registry.providers()); "
+            "tops = {s.split('.')[0] for s in registry.sdk_modules()}; "
+            "print(sorted(m for m in sys.modules if m.endswith(('.compute', '.client')) or m.split('.')[0] in tops))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+NEW_PROVIDER = """
+from shared.providers.local import build
+from shared.providers.local.config import LocalConfig
+from shared.providers.registry import ProviderInfo
+
+PROVIDER = ProviderInfo("nocloud", LocalConfig, build, {}, sdk_modules=("nocloud_sdk",))
+"""
+
+
+def test_a_new_folder_is_the_only_registration(tmp_path: Path) -> None:
+    # A provider package on the search path of shared.providers is found with nothing else edited;
+    # a package there without its PROVIDER is an error naming the file to fix.
+    (tmp_path / "nocloud").mkdir()
+    init = tmp_path / "nocloud" / "__init__.py"
+    code = ("import sys, shared.providers as p; p.__path__.append(sys.argv[1]); "
+            "from shared.providers import registry; print(registry.compute_names(), registry.sdk_modules())")
+
+    def names() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, check=False)
+
+    init.write_text(NEW_PROVIDER)
+    found = names()
+    assert found.returncode == 0, found.stderr
+    assert "'nocloud'" in found.stdout and "'nocloud_sdk'" in found.stdout, found.stdout
+    init.write_text("# a provider that forgot its PROVIDER\n")
+    found = names()
+    assert found.returncode == 1 and "shared/providers/nocloud/__init__.py must set PROVIDER" in found.stderr, \
+        found.stderr
 
 
 def test_unknown_provider_is_invalid_input() -> None:
     with pytest.raises(InvalidInput):
-        registry.config_model("gcp")
+        registry.config_model("no-such-cloud")
 
 
 def test_override_serves_a_name_until_undone() -> None:
@@ -113,8 +171,9 @@ def test_wrong_config_type_is_refused_by_the_factory() -> None:
         registry.make_compute("runpod", MemoryConfig(), Settings())
 
 
-def test_mypy_rejects_a_provider_missing_a_protocol_method(tmp_path: Path) -> None:
-    """The registry's factories return ComputeProvider, so mypy checks the class at that return."""
+def test_mypy_rejects_a_provider_missing_a_protocol_method_or_a_factory_argument(tmp_path: Path) -> None:
+    """A factory returns ComputeProvider, so mypy checks the class at that return; ProviderInfo.factory is
+    a ComputeFactory, so mypy checks the factory's signature where the package declares PROVIDER."""
     snippet = tmp_path / "broken_provider.py"
     snippet.write_text(BROKEN_PROVIDER)
     out = subprocess.run(
@@ -123,7 +182,9 @@ def test_mypy_rejects_a_provider_missing_a_protocol_method(tmp_path: Path) -> No
     assert out.returncode == 1, out.stdout + out.stderr
     assert 'Incompatible return value type (got "Broken", expected "ComputeProvider")' in out.stdout
     assert "list_managed" in out.stdout
-    assert out.stdout.count("error:") == 1, out.stdout  # the complete provider (Renamed) passes
+    assert 'Argument 3 to "ProviderInfo" has incompatible type "Callable[[BaseModel], ComputeProvider]"' \
+        in out.stdout, out.stdout
+    assert out.stdout.count("error:") == 2, out.stdout  # the complete provider (Renamed) passes
 
 
 def test_openapi_provider_parameter_lists_the_registry(env: dict[str, str]) -> None:
@@ -135,3 +196,27 @@ def test_openapi_provider_parameter_lists_the_registry(env: dict[str, str]) -> N
              for p in op.get("parameters", []) if p["name"] == "provider"]
     assert enums and all(e == registry.compute_names() for e in enums)
     assert {"aws", "azure", "local", "runpod"} <= set(enums[0])
+
+
+# The cheapest contract test that builds the provider against its fake cloud: when it passes, the class
+# is collected and its provider_env fixture works (a class that skips everything skips this one too).
+PROBE_TEST = "test_launch_twice_is_one_machine"
+
+
+def test_every_provider_has_a_contract_class_that_runs(tmp_path: Path) -> None:
+    files = []
+    for name in registry.providers():
+        # Without it pytest imports test_contract.py by its bare name, which clashes with the next such folder.
+        assert (ROOT / "tests" / "providers" / name / "__init__.py").exists(), f"tests/providers/{name}/__init__.py"
+        module = importlib.import_module(f"tests.providers.{name}.test_contract")
+        assert any(isinstance(c, type) and issubclass(c, ProviderContract) and c is not ProviderContract
+                   for c in vars(module).values()), f"tests/providers/{name}/test_contract.py: no ProviderContract class"
+        files.append(f"tests/providers/{name}/test_contract.py")
+    report = tmp_path / "contract.xml"
+    out = subprocess.run([sys.executable, "-m", "pytest", *files, "-k", PROBE_TEST, "-p", "no:cacheprovider",
+                          f"--junitxml={report}"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    passed = {case.get("classname", "") for case in ET.parse(report).getroot().iter("testcase")
+              if not any(child.tag in ("skipped", "failure", "error") for child in case)}
+    missing = [name for name in registry.providers()
+               if not any(c.startswith(f"tests.providers.{name}.test_contract.") for c in passed)]
+    assert not missing, f"no contract test ran and passed for {missing}:\n{out.stdout[-3000:]}"

@@ -14,7 +14,11 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, quote, urlsplit
+
+if TYPE_CHECKING:
+    from moto.server import ThreadedMotoServer
 
 
 def free_port() -> int:
@@ -24,7 +28,7 @@ def free_port() -> int:
         return port
 
 
-def start_moto() -> tuple[object, str]:
+def start_moto() -> tuple[ThreadedMotoServer, str]:
     from moto.server import ThreadedMotoServer
 
     port = free_port()

@@ -1,9 +1,8 @@
-"""Issue 11.3: local storage always lives under the control plane's own root, one directory per org;
+"""Local storage always lives under the control plane's own root, one directory per org;
 an owner cannot name a host path, and the check's messages never carry errno text or paths."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,7 @@ from pydantic import ValidationError
 from shared.settings import Settings
 from shared.storage.config import LocalStorageConfig
 from shared.storage.registry import make_storage, parse_storage_config
-from tests import fakes
 from tests.harness import Harness
-
-cloud = fakes.cloud
-
-
-@pytest.fixture
-def h(env: dict[str, str], cloud: fakes.Cloud) -> Iterator[Harness]:
-    harness = Harness()
-    yield harness
-    harness.close()
 
 
 @pytest.mark.parametrize("directory", ["/etc", "/tmp/elsewhere", "../../other-org", "storage/org-b", "."])

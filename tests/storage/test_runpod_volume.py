@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
-import boto3
-import pytest
 import requests
 
 from shared.models import CheckStatus
@@ -15,18 +12,8 @@ from shared.storage.base import adapter_key
 from shared.storage.config import RunPodVolumeConfig
 from shared.storage.registry import make_storage
 from shared.storage.runpod_volume import RunPodVolumeStorage, volume_endpoint
-from tests.storage.moto_s3 import start_moto
 
 SECRET = "rps_TESTSECRET0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server, url = start_moto()
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
-                 aws_secret_access_key="x" * 40).create_bucket(Bucket="vol0abc123")
-    yield url
-    server.stop()  # type: ignore[attr-defined]
 
 
 def config(access: str = "user_2f21CfO73Mm2Uq2lEGFiEF24IPw", secret: str = SECRET,

@@ -1,4 +1,4 @@
-"""Issue 11.5: a custom S3 endpoint cannot reach the control plane's own network.
+"""A custom S3 endpoint cannot reach the control plane's own network.
 
 https only; every resolved address must be public, in every spelling; the connection goes to
 the checked address; one message for every way an endpoint is unreachable; a strict region."""
@@ -158,4 +158,4 @@ def test_connection_goes_to_the_checked_address() -> None:
                             allow_private=False)
         assert refused.validate()[0].status == CheckStatus.fail
     finally:
-        server.stop()  # type: ignore[attr-defined]
+        server.stop()

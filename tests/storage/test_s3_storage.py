@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import pytest
 import requests
 
+from shared.errors import RetryableError
 from shared.models import CheckStatus
-from shared.providers.errors import RetryableError
 from shared.storage.base import ObjectMissing, adapter_key
 from shared.storage.config import S3StorageConfig
 from shared.storage.s3 import S3Storage
-from tests.storage.moto_s3 import free_port, presigned_signature_valid, start_moto
+from tests.storage.moto_s3 import free_port, presigned_signature_valid
 
 SECRET = "s3cr3t-Access-Key-For-Tests-0123456789ab"
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server, url = start_moto()
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
-                 aws_secret_access_key="x" * 40).create_bucket(Bucket="tensorant-data")
-    yield url
-    server.stop()  # type: ignore[attr-defined]
 
 
 def storage(url: str, bucket: str = "tensorant-data", prefix: str = "org-a") -> S3Storage:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shared.errors import PermanentError
 from shared.providers.aws.client import AwsClient
-from shared.providers.errors import PermanentError
 
 # GPU name as DescribeInstanceTypes reports it -> architecture (for the offer label).
 SUPPORTED_GPUS: dict[str, str] = {

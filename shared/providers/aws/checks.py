@@ -11,12 +11,12 @@ from datetime import UTC
 from typing import Any
 
 from shared.clock import now
+from shared.errors import AuthError, ProviderError
 from shared.models import Check, CheckStatus
 from shared.providers.aws import catalog, pricing
 from shared.providers.aws.client import AwsClient
 from shared.providers.aws.config import AwsConfig
 from shared.providers.aws.errors import AUTH_CODES
-from shared.providers.errors import AuthError, ProviderError
 
 
 def run_checks(client: AwsClient, config: AwsConfig, public_url: str = "") -> list[Check]:

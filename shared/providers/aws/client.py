@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shared.errors import ThrottledError
 from shared.log import register_secret
 from shared.providers.aws.config import AwsConfig
 from shared.providers.aws.errors import is_throttle, translate
-from shared.providers.errors import ThrottledError
 
 # on_api_call(service, operation, params) runs before every AWS API request (metrics,
 # tests). Returning (http, parsed) answers the request itself (botocore's before-call

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.errors import AuthError, PermanentError, ProviderError
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit, console
@@ -40,13 +41,12 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
+    CloudProgress,
     ComputeProvider,
     Description,
     LaunchSpec,
-    Outcome,
     RunRef,
 )
-from shared.providers.errors import AuthError, PermanentError, ProviderError
 from shared.settings import Settings
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -312,11 +312,11 @@ class AwsCompute:
         vols = vols or [r.id for r in resources if r.kind == "volume"]
         return f"volume {', '.join(vols)}" if vols else "the root volume"
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         instances = self._find(ref, resources)
         live = [i for i in instances if i["State"]["Name"] != "terminated"]
         if not live:
-            return Outcome(done=True, detail="the instance is already terminated; its root disk is gone and "
+            return CloudProgress(done=True, detail="the instance is already terminated; its root disk is gone and "
                            "nothing is retained", billing_note="Nothing of this run bills any more.")
         inst = live[0]
         self._require_owned(inst, ref, "stop")
@@ -324,9 +324,9 @@ class AwsCompute:
         state = inst["State"]["Name"]
         note = RETAIN_BILLING.format(size=self._root_size_text(inst, resources))
         if state == "stopped":
-            return Outcome(done=True, detail=f"{iid} is stopped", billing_note=note)
+            return CloudProgress(done=True, detail=f"{iid} is stopped", billing_note=note)
         if state == "shutting-down":
-            return Outcome(done=True, detail=f"{iid} is being terminated; nothing can be retained",
+            return CloudProgress(done=True, detail=f"{iid} is being terminated; nothing can be retained",
                            billing_note="The instance is terminating; its root disk is deleted with it.")
         if state in ("pending", "running"):
             try:
@@ -336,11 +336,11 @@ class AwsCompute:
                 if exc.code != "IncorrectInstanceState":  # still pending: ask again shortly
                     raise
         if state == "stopped":
-            return Outcome(done=True, detail=f"{iid} is stopped", billing_note=note)
-        return Outcome(done=False, detail=f"{iid} is {state}; waiting for EC2 to confirm 'stopped'",
+            return CloudProgress(done=True, detail=f"{iid} is stopped", billing_note=note)
+        return CloudProgress(done=False, detail=f"{iid} is {state}; waiting for EC2 to confirm 'stopped'",
                        retry_after_s=15.0)
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         live = [i for i in self._find(ref, resources) if i["State"]["Name"] != "terminated"]
         if not live:
             raise PermanentError("the run's instance no longer exists; there is nothing to start")
@@ -354,12 +354,12 @@ class AwsCompute:
                                instance_type=itype, zone=inst.get("Placement", {}).get("AvailabilityZone", ""))
             state = result["StartingInstances"][0]["CurrentState"]["Name"]
         if state == "running":
-            return Outcome(done=True, detail=f"{iid} is running", billing_note=START_BILLING)
+            return CloudProgress(done=True, detail=f"{iid} is running", billing_note=START_BILLING)
         if state in ("stopping", "shutting-down"):
-            return Outcome(done=False, detail=f"{iid} is {state}; it can start once stopped", retry_after_s=15.0)
-        return Outcome(done=False, detail=f"{iid} is {state}", retry_after_s=10.0, billing_note=START_BILLING)
+            return CloudProgress(done=False, detail=f"{iid} is {state}; it can start once stopped", retry_after_s=15.0)
+        return CloudProgress(done=False, detail=f"{iid} is {state}", retry_after_s=10.0, billing_note=START_BILLING)
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         instances = self._find(ref, resources)
         pending: list[str] = []
         for inst in instances:
@@ -380,12 +380,12 @@ class AwsCompute:
             if state != "terminated":
                 pending.append(f"{iid} is {state}")
         if pending:
-            return Outcome(done=False, detail="; ".join(pending) + "; waiting for EC2 to confirm 'terminated'",
+            return CloudProgress(done=False, detail="; ".join(pending) + "; waiting for EC2 to confirm 'terminated'",
                            retry_after_s=10.0)
         return self._confirm_volumes_gone(ref, resources, instances)
 
     def _confirm_volumes_gone(self, ref: RunRef, resources: list[CloudResource],
-                              instances: list[dict[str, Any]]) -> Outcome:
+                              instances: list[dict[str, Any]]) -> CloudProgress:
         filters = [{"Name": f"tag:{TAG_RUN}", "Values": [ref.run_id]},
                    {"Name": f"tag:{TAG_DEPLOYMENT}", "Values": [ref.deployment]}]
         try:
@@ -397,18 +397,18 @@ class AwsCompute:
             # with DeleteOnTermination=true, and EC2 deletes such volumes with the instance.
             recorded = [r for r in resources if r.kind == "volume"]
             if all(r.extra.get("delete_on_termination", "true") == "true" for r in recorded):
-                return Outcome(done=True, detail="instance terminated; its root volume was created with "
+                return CloudProgress(done=True, detail="instance terminated; its root volume was created with "
                                "DeleteOnTermination and is deleted with it (ec2:DescribeVolumes is not granted, "
                                "so the deletion was not read back)")
             raise
         left = [v for v in volumes if v.get("State") != "deleted"]
         if not left:
             done = ", ".join(i["InstanceId"] for i in instances) or "no instance found"
-            return Outcome(done=True, detail=f"terminated ({done}); the run's volumes are gone")
+            return CloudProgress(done=True, detail=f"terminated ({done}); the run's volumes are gone")
         text = ", ".join(f"{v['VolumeId']} ({v.get('State')})" for v in left)
         if all(v.get("State") == "deleting" for v in left):
-            return Outcome(done=False, detail=f"waiting for EC2 to delete {text}", retry_after_s=10.0)
-        return Outcome(done=False, detail=f"the instance is terminated but volume {text} still exists; delete it "
+            return CloudProgress(done=False, detail=f"waiting for EC2 to delete {text}", retry_after_s=10.0)
+        return CloudProgress(done=False, detail=f"the instance is terminated but volume {text} still exists; delete it "
                        "in EC2 → Volumes (it was kept, e.g. DeleteOnTermination was changed), then retry release",
                        retry_after_s=60.0)
 

@@ -1,4 +1,4 @@
-"""Translate botocore errors into shared.providers.errors, with reasons a user can act on.
+"""Translate botocore errors into shared.errors, with reasons a user can act on.
 
 Throttling is the only error retried (by client.AwsClient.call, with backoff and jitter);
 everything else is classified once and raised.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shared.providers.errors import (
+from shared.errors import (
     AuthError,
     CapacityError,
     PermanentError,

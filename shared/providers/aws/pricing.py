@@ -12,10 +12,10 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from shared.errors import ProviderError
 from shared.models import GpuOffer
 from shared.providers.aws.catalog import GpuType
 from shared.providers.aws.client import AwsClient
-from shared.providers.errors import ProviderError
 
 HOURS_PER_MONTH = 730  # AWS's own convention for turning a monthly rate into an hourly one
 TYPES_PER_QUERY = 20  # ANY_OF values are one comma-separated string; keep it short

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shared.errors import ProviderError
 from shared.models import Check, CheckStatus
 from shared.providers.azure import catalog
 from shared.providers.azure.catalog import AvailableSize
 from shared.providers.azure.client import AzureClient, as_dict, dig, region_code
 from shared.providers.azure.config import AzureConfig
-from shared.providers.errors import ProviderError
 
 QUOTA_NOTE = "Quota approval does not reserve GPU capacity."
 # Microsoft Entra ID's refusal codes -> what to fix.

@@ -7,7 +7,7 @@ azure.core's exception types, lazily, to classify). Every call goes through Azur
 - 429: the SDK's own status retries are off (it would sleep out any Retry-After); `call`
   retries short ones inline (MAX_THROTTLE_RETRIES, Retry-After <= MAX_INLINE_RETRY_AFTER_S)
   and turns long ones into ThrottledError(retry_after_s) so the step waits with a delayed message;
-- errors leave as shared.providers.errors through errors.translate.
+- errors leave as shared.errors through errors.translate.
 Helpers for the plain-dict ARM bodies (dig, as_dict, region_code, same_id) live here too.
 """
 
@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shared.errors import RetryableError
 from shared.log import register_secret
 from shared.providers.azure.config import AzureConfig
 from shared.providers.azure.errors import retry_after, status_code, translate
 from shared.providers.azure.pricing import RETAIL_PRICES_URL, RetailPrices
-from shared.providers.errors import RetryableError
 
 ARM_SCOPE = "https://management.azure.com/.default"
 MAX_THROTTLE_RETRIES = 2
@@ -197,7 +197,7 @@ class AzureClient:
 
     def call_once(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any | None:
         """One request without inline retries, for callers that answer "not yet" themselves
-        (release turns a refusal into Outcome(done=False)). 404 = None; other errors translated."""
+        (release turns a refusal into CloudProgress(done=False)). 404 = None; other errors translated."""
         from azure.core.exceptions import AzureError
 
         try:

@@ -14,7 +14,7 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   recognised by its deterministic name AND by being the OS disk of our tagged VM; it is
   also bound to that VM with deleteOption=Delete, so deleting the VM removes it.
 - Long-running operations: begin_* then a bounded wait (AzureEndpoints.lro_wait_s). If
-  Azure has not finished, retain/start/release return Outcome(done=False) and the step
+  Azure has not finished, retain/start/release return CloudProgress(done=False) and the step
   asks again later; launch returns the recorded resources and describe reports progress
   (and a VM whose provisioning failed is cleaned up by the next launch or by release).
 - Failed creation: Azure can create the VM resource even when allocation fails, so a
@@ -43,6 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import cloudinit, console
@@ -56,13 +57,12 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
+    CloudProgress,
     ComputeProvider,
     Description,
     LaunchSpec,
-    Outcome,
     RunRef,
 )
-from shared.providers.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.settings import Settings
 
 ADMIN_USER = "tensorant"
@@ -220,7 +220,7 @@ class AzureCompute:
         the same VM (a VM whose provisioning failed is cleaned up and its failure raised). A VM or NIC
         of that name without this run's tags raises PermanentError(code="NameTaken"). When Azure has
         not finished within lro_wait_s the resources are returned anyway (describe reports progress).
-        A permanent failure deletes what was created before raising; errors are shared.providers.errors.
+        A permanent failure deletes what was created before raising; errors are shared.errors.
         """
         ref = spec.ref
         size = catalog.supported(spec.offer.machine_type)
@@ -458,7 +458,7 @@ class AzureCompute:
                                  code="NotOurs")
         return vm
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         """Deallocate (not just power off) and keep the OS disk; done only when the instance view says
         PowerState/deallocated.
 
@@ -468,22 +468,22 @@ class AzureCompute:
         """
         vm = self._owned_vm(ref)
         if vm is None:
-            return Outcome(done=True, detail="VM not found: nothing to deallocate; no disk was kept")
+            return CloudProgress(done=True, detail="VM not found: nothing to deallocate; no disk was kept")
         power = self._power(vm)
         if power == "deallocated":
-            return Outcome(done=True, detail="Stopped (deallocated); OS disk kept", billing_note=self._billing_note())
+            return CloudProgress(done=True, detail="Stopped (deallocated); OS disk kept", billing_note=self._billing_note())
         if power != "deallocating":
             poller = self.client.call(f"deallocating VM {ref.name}",
                                       self.client.compute().virtual_machines.begin_deallocate, self.rg, ref.name)
             self.client.wait(f"deallocating VM {ref.name}", poller)
             vm = self._owned_vm(ref) or {}
             if self._power(vm) == "deallocated":
-                return Outcome(done=True, detail="Stopped (deallocated); OS disk kept",
+                return CloudProgress(done=True, detail="Stopped (deallocated); OS disk kept",
                                billing_note=self._billing_note())
-        return Outcome(done=False, detail=f"waiting for Azure to confirm deallocation (now {self._power(vm) or '?'})",
+        return CloudProgress(done=False, detail=f"waiting for Azure to confirm deallocation (now {self._power(vm) or '?'})",
                        retry_after_s=30)
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         """Start a retained (deallocated) VM again, for recovery; done when its power state is running.
 
         Idempotent: a running VM is done without a request, one starting is not asked again. Not found
@@ -495,20 +495,20 @@ class AzureCompute:
             raise PermanentError(f"VM {ref.name} no longer exists; it cannot be started", code="NotFound")
         power = self._power(vm)
         if power == "running":
-            return Outcome(done=True, detail="running; compute billing has resumed")
+            return CloudProgress(done=True, detail="running; compute billing has resumed")
         if power != "starting":
             poller = self.client.call(f"starting VM {ref.name}", self.client.compute().virtual_machines.begin_start,
                                       self.rg, ref.name)
             self.client.wait(f"starting VM {ref.name}", poller)
             vm = self._owned_vm(ref) or {}
             if self._power(vm) == "running":
-                return Outcome(done=True, detail="running; compute billing has resumed")
-        return Outcome(done=False, detail=f"waiting for the VM to start (now {self._power(vm) or '?'})",
+                return CloudProgress(done=True, detail="running; compute billing has resumed")
+        return CloudProgress(done=False, detail=f"waiting for the VM to start (now {self._power(vm) or '?'})",
                        retry_after_s=30)
 
     # ------------------------------------------------------------ release
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         """Delete the VM, then the job-created OS disk and NIC; done only when each GET answers 404.
 
         Idempotent; not found = done (a missing VM, disk or NIC counts as deleted). done=False = a delete
@@ -528,7 +528,7 @@ class AzureCompute:
                                           self.client.compute().virtual_machines.begin_delete, self.rg, vm_name)
                 self.client.wait(f"deleting VM {vm_name}", poller)
             if self._get_vm(vm_name) is not None:
-                return Outcome(done=False, detail=f"waiting for Azure to delete VM {vm_name}", retry_after_s=30)
+                return CloudProgress(done=False, detail=f"waiting for Azure to delete VM {vm_name}", retry_after_s=30)
 
         disk = self._get_disk(disk_name)
         if disk is not None:
@@ -545,7 +545,7 @@ class AzureCompute:
                                           self.rg, disk_name)
                 self.client.wait(f"deleting disk {disk_name}", poller)
             if self._get_disk(disk_name) is not None:
-                return Outcome(done=False, detail=f"waiting for Azure to delete OS disk {disk_name}",
+                return CloudProgress(done=False, detail=f"waiting for Azure to delete OS disk {disk_name}",
                                retry_after_s=30)
 
         nic = self._get_nic(nic_name)
@@ -562,14 +562,14 @@ class AzureCompute:
             if outcome is not None:
                 return outcome
             if self._get_nic(nic_name) is not None:
-                return Outcome(done=False, detail=f"waiting for Azure to delete network interface {nic_name}",
+                return CloudProgress(done=False, detail=f"waiting for Azure to delete network interface {nic_name}",
                                retry_after_s=30)
-        return Outcome(done=True, detail="VM, OS disk and network interface confirmed deleted")
+        return CloudProgress(done=True, detail="VM, OS disk and network interface confirmed deleted")
 
-    def _delete_nic(self, nic_name: str) -> Outcome | None:
-        """Delete the NIC; None = deleted or already gone, an Outcome = not yet."""
+    def _delete_nic(self, nic_name: str) -> CloudProgress | None:
+        """Delete the NIC; None = deleted or already gone, a CloudProgress = not yet."""
         doing = f"deleting network interface {nic_name}"
-        reserved = Outcome(done=False, retry_after_s=60,
+        reserved = CloudProgress(done=False, retry_after_s=60,
                            detail=f"network interface {nic_name} is still reserved for the deleted VM; "
                                   "Azure releases it within a few minutes, retrying")
         try:
@@ -581,7 +581,7 @@ class AzureCompute:
                 # Azure keeps a NIC reserved for ~180 s after its VM goes: not an error, just "not yet".
                 return reserved
             if isinstance(e, RetryableError):
-                return Outcome(done=False, detail=e.reason, retry_after_s=e.retry_after_s)
+                return CloudProgress(done=False, detail=e.reason, retry_after_s=e.retry_after_s)
             raise
         if poller is None:
             return None  # already gone
@@ -620,7 +620,7 @@ class AzureCompute:
 
         A read. An OS disk that is not tagged yet (see the module docstring) is listed when its name is
         this deployment's deterministic OS disk name, so an orphaned one is found too. Nothing found =
-        nothing yielded; errors are shared.providers.errors.
+        nothing yielded; errors are shared.errors.
         """
         compute, network = self.client.compute(), self.client.network()
         prefix = f"tensorant-{self.settings.deployment_id}-"

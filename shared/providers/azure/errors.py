@@ -1,4 +1,4 @@
-"""Azure errors -> shared.providers.errors, with reasons a user can act on.
+"""Azure errors -> shared.errors, with reasons a user can act on.
 
 Codes come from the ARM error body ({"error": {"code", "message"}}) of a failed request,
 of a failed long-running operation, or of a VM's instance view (ProvisioningFailure).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.providers.errors import (
+from shared.errors import (
     AuthError,
     CapacityError,
     PermanentError,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.providers.errors import ProviderError, RetryableError
+from shared.errors import ProviderError, RetryableError
 
 RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 HOURS_PER_MONTH = 730

@@ -1,1 +1,21 @@
 """The `local` compute provider: each run's "machine" is an agent process on this host."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from shared.providers.base import ComputeProvider
+from shared.providers.local.config import LocalConfig
+from shared.providers.registry import ProviderInfo
+from shared.settings import Settings
+
+
+def build(config: BaseModel, settings: Settings) -> ComputeProvider:
+    from shared.providers.local import compute  # the lifecycle module: only when a step needs it
+
+    return compute.build(config, settings)
+
+
+# The machine is the developer's own host: it exists only outside production, and the smoke
+# trainer's adapter (no training, for a machine without a GPU) may pass verification there.
+PROVIDER = ProviderInfo("local", LocalConfig, build, {"price_per_hour": 0.0}, dev_only=True, smoke_trainer_allowed=True)

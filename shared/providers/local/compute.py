@@ -37,9 +37,9 @@ from pydantic import BaseModel
 
 import shared
 from shared import clock
+from shared.errors import PermanentError, RetryableError
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
-from shared.providers.errors import PermanentError, RetryableError
+from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef
 from shared.providers.local import catalog, checks
 from shared.providers.local.config import LocalConfig
 from shared.providers.local.locks import file_lock
@@ -300,6 +300,10 @@ class LocalCompute:
 
     # ---------------------------------------------------------------- Protocol
 
+    def scope(self) -> dict[str, str]:
+        """{}: there is one host and its machines directory, so a re-saved connection still sees every run."""
+        return {}
+
     def validate(self) -> list[Check]:
         """Every connection check (see checks.py); starts no agent."""
         return checks.run_checks(self.machines, self.trainer_command(), REPO_ROOT)
@@ -349,22 +353,22 @@ class LocalCompute:
                   "running": "agent process running"}[key]
         return Description(state=STATE_MAP[key], detail=detail, resources=found)
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self._check_ref(ref)
         procs, groups = self._procs(ref)
         if not procs:
-            return Outcome(done=True, detail="no agent process is running; the work directory is kept",
+            return CloudProgress(done=True, detail="no agent process is running; the work directory is kept",
                            billing_note=BILLING_NOTE)
         if not all(p.stopped for p in procs):
             self._signal(procs, groups, signal.SIGSTOP)
             procs, _ = self._procs(ref)
         if procs and not all(p.stopped for p in procs):
-            return Outcome(done=False, detail="stopping the agent process", retry_after_s=0.2,
+            return CloudProgress(done=False, detail="stopping the agent process", retry_after_s=0.2,
                            billing_note=BILLING_NOTE)
-        return Outcome(done=True, detail=f"agent process stopped; work directory {self.workdir(ref)} kept",
+        return CloudProgress(done=True, detail=f"agent process stopped; work directory {self.workdir(ref)} kept",
                        billing_note=BILLING_NOTE)
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self._check_ref(ref)
         procs, groups = self._procs(ref)
         if not procs:
@@ -374,17 +378,17 @@ class LocalCompute:
             self._signal(procs, groups, signal.SIGCONT)
             procs, _ = self._procs(ref)
         if any(p.stopped for p in procs):
-            return Outcome(done=False, detail="resuming the agent process", retry_after_s=0.2)
-        return Outcome(done=True, detail="agent process running again", billing_note=BILLING_NOTE)
+            return CloudProgress(done=False, detail="resuming the agent process", retry_after_s=0.2)
+        return CloudProgress(done=True, detail="agent process running again", billing_note=BILLING_NOTE)
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self._check_ref(ref)
         procs, groups = self._procs(ref)
         if procs:
             self._signal(procs, groups, signal.SIGKILL)
             procs, _ = self._procs(ref)
             if procs:
-                return Outcome(done=False, detail=f"waiting for {len(procs)} agent process(es) to exit",
+                return CloudProgress(done=False, detail=f"waiting for {len(procs)} agent process(es) to exit",
                                retry_after_s=0.2, billing_note=BILLING_NOTE)
         workdir = self.workdir(ref)
         leftovers = [workdir, *self.machines.glob(f".creating-{ref.name}-*")] if self.machines.exists() else []
@@ -392,9 +396,9 @@ class LocalCompute:
             shutil.rmtree(path, ignore_errors=True)
         remaining = [p for p in leftovers if p.exists()]
         if remaining:
-            return Outcome(done=False, detail=f"could not remove {remaining[0]} yet", retry_after_s=1.0,
+            return CloudProgress(done=False, detail=f"could not remove {remaining[0]} yet", retry_after_s=1.0,
                            billing_note=BILLING_NOTE)
-        return Outcome(done=True, detail="agent process and work directory removed", billing_note=BILLING_NOTE)
+        return CloudProgress(done=True, detail="agent process and work directory removed", billing_note=BILLING_NOTE)
 
     def list_managed(self) -> Iterable[CloudResource]:
         marked, _ = scan()

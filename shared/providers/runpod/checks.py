@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
+from shared.errors import AuthError, ProviderError
 from shared.models import Check, CheckStatus
-from shared.providers.errors import AuthError, ProviderError
 from shared.providers.runpod.client import VOLUMES, RunPodApi, account, balance_of, list_pods
 from shared.providers.runpod.config import RunPodConfig
 

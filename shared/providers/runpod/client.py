@@ -21,8 +21,8 @@ import os
 import re
 from typing import Any
 
+from shared.errors import AuthError, PermanentError, RetryableError
 from shared.log import register_secret
-from shared.providers.errors import AuthError, PermanentError, RetryableError
 from shared.providers.runpod.errors import AUTH_HINT, from_status, translate
 
 DEFAULT_BASE_URL = "https://api.runpod.io"

@@ -26,11 +26,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from shared import clock
+from shared.errors import CapacityError, PermanentError
 from shared.log import register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import bootstrap_env, console
-from shared.providers.base import ComputeProvider, Description, LaunchSpec, Outcome, RunRef
-from shared.providers.errors import CapacityError, PermanentError
+from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef
 from shared.providers.runpod import catalog, checks
 from shared.providers.runpod.catalog import CUDA_VERSIONS, PROVIDER, is_supported_gpu
 from shared.providers.runpod.client import (
@@ -49,7 +49,7 @@ from shared.providers.runpod.client import (
     terminate_mutation,
 )
 from shared.providers.runpod.config import RunPodConfig
-from shared.providers.runpod.errors import NotFound
+from shared.providers.runpod.errors import RunPodNotFound
 from shared.settings import Settings
 from shared.storage.base import scratch_key
 
@@ -226,27 +226,27 @@ class RunPodCompute:
         return Description(state=state, detail=detail, resources=[self._resource(ref, p) for p in pods],
                            reason=_reason(pod))
 
-    def retain(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self._check_ref(ref)
         note = self._stopped_note()
         pods = self._pods(ref, resources)
         if not pods:
-            return Outcome(done=True, detail="no pod for this run exists on RunPod; nothing to stop", billing_note=note)
+            return CloudProgress(done=True, detail="no pod for this run exists on RunPod; nothing to stop", billing_note=note)
         for pod in pods:
             if pod.get("desiredStatus") not in ("EXITED", "TERMINATED"):
                 try:
                     self.api.sdk(stop_mutation(pod["id"]))
-                except NotFound:
+                except RunPodNotFound:
                     pass
         after = self._pods(ref, resources)
         waiting = [p["id"] for p in after if p.get("desiredStatus") not in ("EXITED", "TERMINATED")]
         if waiting:
-            return Outcome(done=False, detail=f"stop requested for pod {', '.join(waiting)}; waiting for RunPod",
+            return CloudProgress(done=False, detail=f"stop requested for pod {', '.join(waiting)}; waiting for RunPod",
                            retry_after_s=POLL_S, billing_note=note)
-        return Outcome(done=True, detail=f"pod {', '.join(p['id'] for p in pods)} stopped; files in /workspace kept",
+        return CloudProgress(done=True, detail=f"pod {', '.join(p['id'] for p in pods)} stopped; files in /workspace kept",
                        billing_note=note)
 
-    def start(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self._check_ref(ref)
         note = "Restarting the pod resumes GPU billing; it does not resume training. Stop it again when done."
         pods = self._pods(ref, resources)
@@ -263,11 +263,11 @@ class RunPodCompute:
                         code="capacity") from exc
         after = self._pods(ref, resources)
         if all(_state(p) == MachineState.running for p in after):
-            return Outcome(done=True, detail="pod running again", billing_note=note)
-        return Outcome(done=False, detail="resume requested; waiting for the pod to run", retry_after_s=POLL_S,
+            return CloudProgress(done=True, detail="pod running again", billing_note=note)
+        return CloudProgress(done=False, detail="resume requested; waiting for the pod to run", retry_after_s=POLL_S,
                        billing_note=note)
 
-    def release(self, ref: RunRef, resources: list[CloudResource]) -> Outcome:
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self._check_ref(ref)
         kept = " The network volume is kept (and keeps billing): deleting compute never deletes shared storage." \
             if self.config.network_volume_id else ""
@@ -277,15 +277,15 @@ class RunPodCompute:
                 continue  # asked before; wait for RunPod to stop returning it
             try:
                 self.api.sdk(terminate_mutation(pod["id"]))
-            except NotFound:
+            except RunPodNotFound:
                 pass  # already gone: success
         left = self._pods(ref, resources)
         if left:
-            return Outcome(done=False, retry_after_s=POLL_S,
+            return CloudProgress(done=False, retry_after_s=POLL_S,
                            detail=f"terminate requested for pod {', '.join(p['id'] for p in left)}; "
                                   "waiting for RunPod to confirm it is gone")
         gone = ", ".join(p["id"] for p in pods) or "none found"
-        return Outcome(done=True, detail=f"RunPod confirms the run's pod is gone ({gone}).{kept}",
+        return CloudProgress(done=True, detail=f"RunPod confirms the run's pod is gone ({gone}).{kept}",
                        billing_note="GPU released; nothing of this run bills on RunPod any more." + kept)
 
     def list_managed(self) -> Iterable[CloudResource]:
@@ -311,7 +311,7 @@ class RunPodCompute:
     def _get(self, pod_id: str) -> dict[str, Any] | None:
         try:
             pod = self.api.sdk(get_pod_query(pod_id)).get("pod")
-        except NotFound:
+        except RunPodNotFound:
             return None
         return pod if isinstance(pod, dict) and pod.get("id") else None
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from shared.storage.config import RunPodVolumeConfig
+
 
 class RunPodConfig(BaseModel):
     """The RunPod compute connection.
@@ -16,8 +18,8 @@ class RunPodConfig(BaseModel):
 
     `network_volume_id` and `datacenter_id` are not typed by the user on the compute
     card: when the organization's storage connection is a RunPod network volume, the
-    service that builds the provider fills them from that storage config
-    (RunPodVolumeConfig.volume_id / .datacenter_id) before constructing RunPodCompute.
+    service that builds the provider fills them from that storage config (with_storage
+    below, the provider's registry hook) before constructing RunPodCompute.
     Then offers list only GPUs in that datacenter and every pod mounts the volume at
     /workspace, pinned to that datacenter. Empty = custom S3 (pods get their own volume).
     """
@@ -43,3 +45,11 @@ class RunPodConfig(BaseModel):
         if self.network_volume_id and self.cloud_type != "SECURE":
             raise ValueError("network volumes exist only in Secure Cloud: use cloud_type SECURE")
         return self
+
+
+def with_storage(config: BaseModel, storage: BaseModel | None) -> BaseModel:
+    """The registry's prepare_config hook: pods pin to the org's network volume when the storage
+    connection is one (its volume id and datacenter); otherwise the config as saved."""
+    if not isinstance(config, RunPodConfig) or not isinstance(storage, RunPodVolumeConfig):
+        return config
+    return config.model_copy(update={"network_volume_id": storage.volume_id, "datacenter_id": storage.datacenter_id})

@@ -1,4 +1,4 @@
-"""Translate RunPod answers (GraphQL error messages, HTTP statuses) into shared.providers.errors.
+"""Translate RunPod answers (GraphQL error messages, HTTP statuses) into shared.errors.
 
 RunPod's GraphQL errors carry only a message, so the message is classified by pattern;
 an unknown message is retryable (the step retries, then its deadline decides).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from shared.providers.errors import (
+from shared.errors import (
     AuthError,
     CapacityError,
     PermanentError,
@@ -23,7 +23,7 @@ AUTH_HINT = (
 )
 
 
-class NotFound(PermanentError):
+class RunPodNotFound(PermanentError):
     """RunPod says the pod (or other object) does not exist."""
 
 
@@ -43,7 +43,7 @@ def translate(message: str) -> ProviderError:
     """One GraphQL error message -> the error tree. Unknown messages are retryable."""
     text = f"RunPod: {message}"
     if _NOT_FOUND.search(message):
-        return NotFound(text, code="not_found")
+        return RunPodNotFound(text, code="not_found")
     if _AUTH.search(message):
         return AuthError(f"RunPod refused the API key ({message}). {AUTH_HINT}", code="auth")
     if _CAPACITY.search(message):

@@ -10,7 +10,7 @@ import pytest
 
 from shared.models import GpuOffer
 from shared.providers.base import TAG_DEPLOYMENT, TAG_RUN, Bootstrap, LaunchSpec, RunRef
-from tests.providers.aws.conftest import AMI_GOOD, ZONE, Rig, inject
+from tests.providers.aws.rig import AMI_GOOD, ZONE, Rig, inject
 from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
 
 OFFER = GpuOffer(provider="aws", offer_id=f"us-east-1/{ZONE}/g6.xlarge", gpu="NVIDIA L4", gpu_memory_gb=22.4,

@@ -1,7 +1,7 @@
 """launch / describe / retain / start / release / list_managed against moto, with call counts.
 
 Errors moto cannot produce (capacity, quota, throttling) are injected through botocore's
-before-call event on the adapter's real client (tests.providers.aws.conftest.inject).
+before-call event on the adapter's real client (tests.providers.aws.rig.inject).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from shared.errors import AuthError, CapacityError, PermanentError, ProviderError, QuotaError, ThrottledError
 from shared.models import CloudResource, GpuOffer, MachineState
 from shared.providers.aws.client import THROTTLE_ATTEMPTS
 from shared.providers.aws.compute import block_device_mappings, client_token
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
-from shared.providers.errors import AuthError, CapacityError, PermanentError, QuotaError, ThrottledError
-from tests.providers.aws.conftest import AMI_GOOD, ZONE, Rig, add_injection, inject
+from tests.providers.aws.rig import AMI_GOOD, ZONE, Rig, add_injection, inject
 
 OFFER = GpuOffer(provider="aws", offer_id=f"us-east-1/{ZONE}/g6.xlarge", gpu="NVIDIA L4", gpu_memory_gb=22.4,
                  machine_type="g6.xlarge", region="us-east-1", zone=ZONE, compute_per_hour=0.8048,
@@ -149,7 +149,8 @@ def test_launch_twice_finds_the_instance_by_tags(rig: Rig) -> None:
     ("UnauthorizedOperation", "You are not authorized to perform this operation.", AuthError, ["IAM policy"]),
 ])
 def test_launch_errors_are_translated_fail_fast_and_leave_nothing(
-        rig: Rig, injected: list[Any], code: str, message: str, error: type, phrases: list[str]) -> None:
+        rig: Rig, injected: list[Any], code: str, message: str, error: type[ProviderError],
+        phrases: list[str]) -> None:
     add_injection(injected, inject("ec2", "RunInstances", code, message))
     with pytest.raises(error) as info:
         rig.compute().launch(_spec())

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shared.providers.errors import ProviderError
-from tests.providers.aws.conftest import Rig
+from shared.errors import ProviderError
+from tests.providers.aws.rig import Rig
 
 EXPECTED = {  # type -> on-demand USD/hour in the recorded pages
     "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624, "g5.8xlarge": 2.448, "g5.16xlarge": 4.096,

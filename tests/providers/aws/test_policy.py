@@ -7,8 +7,8 @@ from typing import Any
 
 from shared.models import CloudResource
 from shared.providers.base import RunRef
-from tests.providers.aws.conftest import ACCOUNT, Rig
 from tests.providers.aws.policy import INFRA, granted_actions, not_granted
+from tests.providers.aws.rig import ACCOUNT, Rig
 from tests.providers.aws.test_lifecycle import _spec
 
 

@@ -1,21 +1,20 @@
-"""Issue 12 on moto: the scope a run records (account + region), EC2's own reason in describe and
-its console output (console_of),
-launches refused when temporary credentials expire before the run's deadlines, the recovery-login
-warning and the control-plane URL in the egress list the checks show."""
+"""On moto: the scope a run records (account + region), EC2's own reason in describe and its
+console output (console_of), launches refused when temporary credentials expire before the run's
+deadlines, the recovery-login warning and the control-plane URL in the egress list the checks show."""
 
 from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
+from shared.errors import PermanentError
 from shared.log import register_secret
 from shared.models import CheckStatus, CloudResource
 from shared.providers.base import LaunchSpec, RunRef, console_of, scope_of
-from shared.providers.errors import PermanentError
-from tests.providers.aws.conftest import ACCOUNT, AMI_GOOD, REGION, Rig, add_injection, inject
+from tests.providers.aws.rig import ACCOUNT, AMI_GOOD, REGION, Rig, add_injection, inject
 from tests.providers.aws.test_lifecycle import BOOT, OFFER
 
 REF = RunRef("test", "org-1", "run-scope")
@@ -90,7 +89,15 @@ def test_console_output_unavailable_never_raises(rig: Rig, injected: list[Any]) 
     assert ("ec2", "GetConsoleOutput") not in rig.log.calls[calls:]
 
 
-def _session(expires_in: timedelta) -> dict[str, object]:
+class _Session(TypedDict):
+    """Temporary credentials: the AwsConfig fields an STS session adds to the rig's keys."""
+
+    access_key_id: str
+    session_token: str
+    session_expires_at: datetime
+
+
+def _session(expires_in: timedelta) -> _Session:
     return {"access_key_id": "ASIAIOSFODNN7EXAMPLE", "session_token": "FwoGZXIvYXdzEXAMPLETOKEN",
             "session_expires_at": datetime.now(UTC) + expires_in}
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shared.models import CheckStatus
-from tests.providers.aws.conftest import (
+from tests.providers.aws.rig import (
     ACCOUNT,
     AMI_ARM,
     AMI_INSTANCE_STORE,

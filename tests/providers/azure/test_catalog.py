@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from shared.errors import ProviderError
 from shared.providers.azure.config import AzureConfig
-from shared.providers.errors import ProviderError
-from tests.providers.azure.conftest import config_body, make_compute
 from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import config_body, make_compute
 
 
 def test_offers_supported_sizes_with_linux_on_demand_and_disk_price(fake: FakeArm, compute: Any) -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 from shared.models import CheckStatus
 from shared.providers.azure.config import AzureConfig
-from tests.providers.azure.conftest import (
+from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import (
     GALLERY_IMAGE,
     GALLERY_VERSION_ID,
     SUBNET_ID,
@@ -15,7 +16,6 @@ from tests.providers.azure.conftest import (
     make_compute,
     writes,
 )
-from tests.providers.azure.fake_arm import FakeArm
 
 
 def checks(compute: Any) -> dict[str, Any]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from shared.errors import ThrottledError
 from shared.models import MachineState
-from shared.providers.errors import ThrottledError
-from tests.providers.azure.conftest import REF, make_compute
 from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import REF, make_compute
 
 
 def test_throttling_honours_retry_after(fake: FakeArm) -> None:

@@ -7,15 +7,16 @@ from typing import Any
 
 import pytest
 
-from shared.models import MachineState
-from shared.providers.base import Bootstrap, LaunchSpec, RunRef
-from shared.providers.errors import (
+from shared.errors import (
     AuthError,
     CapacityError,
     PermanentError,
     QuotaError,
 )
-from tests.providers.azure.conftest import (
+from shared.models import MachineState
+from shared.providers.base import Bootstrap, LaunchSpec, RunRef
+from tests.providers.azure.fake_arm import SUB, FakeArm
+from tests.providers.azure.rig import (
     DISK_ID,
     NIC_ID,
     REF,
@@ -27,7 +28,6 @@ from tests.providers.azure.conftest import (
     spec,
     writes,
 )
-from tests.providers.azure.fake_arm import SUB, FakeArm
 
 # ---------------------------------------------------------------- launch
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from shared.providers.azure.config import AzureConfig
-from tests.providers.azure.conftest import GALLERY_IMAGE, GALLERY_VERSION_ID, SUB, config_body, rsa_pub
+from tests.providers.azure.rig import GALLERY_IMAGE, GALLERY_VERSION_ID, SUB, config_body, rsa_pub
 
 OTHER_SUB = "22222222-3333-4444-5555-666666666666"
 ROLES = ("config", "client", "errors", "catalog", "pricing", "checks", "compute")

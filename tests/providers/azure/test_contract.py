@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from shared.providers.base import RunRef
-from tests.providers.azure.conftest import IMAGE_ID, TRAIN_RG, make_compute, spec
 from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import IMAGE_ID, TRAIN_RG, make_compute, spec
 from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
 
 VM = "Microsoft.Compute/virtualMachines"

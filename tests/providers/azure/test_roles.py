@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from shared.errors import CapacityError
 from shared.providers.azure.config import AzureConfig
 from shared.providers.base import RunRef
-from shared.providers.errors import CapacityError
-from tests.providers.azure.conftest import GALLERY_VERSION_ID, TRAIN_RG, config_body, make_compute, spec
 from tests.providers.azure.fake_arm import SUB, FakeArm
+from tests.providers.azure.rig import GALLERY_VERSION_ID, TRAIN_RG, config_body, make_compute, spec
 
 INFRA = Path(__file__).resolve().parents[3] / "infra" / "azure"
 ROLE_AT = {  # where the connection doc assigns each role (the fake keeps image and network in their own groups)

@@ -1,4 +1,4 @@
-"""Issue 12 on the fake ARM: the scope a run records (subscription, resource group, region), the
+"""On the fake ARM: the scope a run records (subscription, resource group, region), the
 instance view's own words in describe, the serial console log's last lines (managed boot
 diagnostics, console_of), and the control-plane URL in the subnet check's egress list."""
 
@@ -12,8 +12,8 @@ from shared.providers.azure.compute import AzureCompute
 from shared.providers.azure.config import AzureConfig
 from shared.providers.base import LaunchSpec, RunRef, console_of, scope_differs, scope_of
 from shared.settings import Settings
-from tests.providers.azure.conftest import REF, SUB, TRAIN_RG, VM_ID, config_body, endpoints, make_compute, spec
 from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import REF, SUB, TRAIN_RG, VM_ID, config_body, endpoints, make_compute, spec
 
 
 def test_scope_is_subscription_resource_group_and_region(fake: FakeArm, compute: Any) -> None:
@@ -25,7 +25,7 @@ def test_scope_is_subscription_resource_group_and_region(fake: FakeArm, compute:
 
 
 def booted_spec(ref: RunRef = REF) -> LaunchSpec:
-    """The conftest's spec with the control-plane URL the bootstrap's failure report needs."""
+    """The rig's spec with the control-plane URL the bootstrap's failure report needs."""
     base = spec(ref)
     return replace(base, bootstrap=replace(base.bootstrap, env={**base.bootstrap.env,
                                                                   "TENSORANT_API_URL": "https://cp.example.com"}))

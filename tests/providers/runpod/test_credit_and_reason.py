@@ -1,17 +1,15 @@
-"""Issue 12 on the fake RunPod server: the account as a run's scope, the pod's own status in
+"""On the fake RunPod server: the account as a run's scope, the pod's own status in
 describe, and prepaid credit: shown at save, checked at launch, warned about while low."""
 
 from __future__ import annotations
 
 import pytest
 
+from shared.errors import PermanentError
 from shared.models import CheckStatus
 from shared.providers.base import console_of, scope_of
-from shared.providers.errors import PermanentError
 from tests.providers.runpod.fake_server import FakeRunPod
-from tests.providers.runpod.test_runpod_compute import REF, fake, provider, spec
-
-__all__ = ["fake"]  # the fixture, shared with test_runpod_compute
+from tests.providers.runpod.rig import REF, provider, spec
 
 
 def test_scope_is_the_account_not_the_key(fake: FakeRunPod) -> None:

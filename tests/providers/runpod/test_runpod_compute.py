@@ -6,26 +6,18 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from pydantic import SecretStr
 
 from shared import clock
-from shared.models import CheckStatus, CloudResource, GpuOffer, MachineState
-from shared.providers.base import Bootstrap, LaunchSpec, RunRef
+from shared.errors import AuthError, CapacityError, PermanentError, RetryableError
+from shared.models import CheckStatus, CloudResource, MachineState
+from shared.providers.base import RunRef
 from shared.providers.bootstrap_env import from_pod_env
-from shared.providers.errors import AuthError, CapacityError, PermanentError, RetryableError
 from shared.providers.runpod.compute import RunPodCompute, is_supported_gpu
 from shared.providers.runpod.config import RunPodConfig
 from shared.settings import Settings
 from tests.providers.runpod.fake_server import FakeRunPod
-
-KEY = "rpa_TESTKEY0123456789"
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunPod]:
-    server = FakeRunPod(api_key=KEY).start()
-    monkeypatch.setenv("RUNPOD_API_BASE_URL", server.url)
-    yield server
-    server.stop()
+from tests.providers.runpod.rig import KEY, REF, provider, spec
 
 
 @pytest.fixture
@@ -36,24 +28,8 @@ def fake_clock() -> Iterator[clock.FakeClock]:
     clock.set_clock(None)
 
 
-def provider(key: str = KEY, **kw: object) -> RunPodCompute:
-    return RunPodCompute(RunPodConfig(api_key=key, **kw), Settings(deployment_id="test"))  # type: ignore[arg-type]
-
-
 def volume_provider(key: str = KEY) -> RunPodCompute:
     return provider(key, network_volume_id="vol0abc123", datacenter_id="EU-RO-1")
-
-
-REF = RunRef(deployment="test", org="org1", run_id="run-abc")
-
-
-def spec(gpu: str = "NVIDIA A40", env: dict[str, str] | None = None, ref: RunRef = REF) -> LaunchSpec:
-    offer = GpuOffer(provider="runpod", offer_id="x", gpu=gpu, gpu_memory_gb=48, machine_type=gpu, region="any",
-                     compute_per_hour=0.4, disk_per_hour=0.01, total_per_hour=0.41)
-    env = env if env is not None else {"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-secret-123"}
-    boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11", env=env,
-                     secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
-    return LaunchSpec(ref=ref, offer=offer, bootstrap=boot)
 
 
 # ---------------------------------------------------------------- validate
@@ -94,9 +70,9 @@ def test_validate_network_volume(fake: FakeRunPod) -> None:
 
 def test_config_rejects_volume_without_datacenter_and_community_with_volume() -> None:
     with pytest.raises(ValueError):
-        RunPodConfig(api_key=KEY, network_volume_id="vol0abc123")  # type: ignore[arg-type]
+        RunPodConfig(api_key=SecretStr(KEY), network_volume_id="vol0abc123")
     with pytest.raises(ValueError):
-        RunPodConfig(api_key=KEY, network_volume_id="vol0abc123", datacenter_id="EU-RO-1",  # type: ignore[arg-type]
+        RunPodConfig(api_key=SecretStr(KEY), network_volume_id="vol0abc123", datacenter_id="EU-RO-1",
                      cloud_type="COMMUNITY")
 
 
@@ -359,7 +335,7 @@ def test_mounted_volume_replaces_presigned_urls(fake: FakeRunPod) -> None:
 
 def test_volume_from_storage_forces_secure_cloud(fake: FakeRunPod) -> None:
     # The service fills the volume into a saved config with model_copy (no validation).
-    cfg = RunPodConfig(api_key=KEY, cloud_type="COMMUNITY")  # type: ignore[arg-type]
+    cfg = RunPodConfig(api_key=SecretStr(KEY), cloud_type="COMMUNITY")
     cfg = cfg.model_copy(update={"network_volume_id": "vol0abc123", "datacenter_id": "EU-RO-1"})
     RunPodCompute(cfg, Settings(deployment_id="test")).launch(spec())
     assert fake.creates()[0]["variables"]["input"]["cloudType"] == "SECURE"

@@ -6,15 +6,15 @@ run fails through releasing. "Not stopped yet" is a message to itself with a del
 
 from __future__ import annotations
 
+from shared.errors import ProviderError
 from shared.models import MachineState, Outcome, RunState, StepMessage
-from shared.providers.errors import ProviderError
 from shared.queues import get_queues
+from shared.runs.events import event
+from shared.runs.moves import move
 from shared.runs.resources import merge_resources
+from shared.runs.scope import refuse_other_scope
 from shared.runs.steps import Step
 from shared.services.backends import compute_for, ref_of
-from shared.services.connections import refuse_other_scope
-from shared.services.run_events import event
-from shared.services.transitions import move
 from shared.store import get_store
 
 

@@ -1,4 +1,4 @@
-"""Organization secrets: the Hugging Face token (issue 10).
+"""Organization secrets: the Hugging Face token (for gated models).
 
 Write-only, like connection secrets: sealed at rest with AES-GCM (shared/security.seal) with
 "<org>|secret:<name>" as the associated data, so a blob copied to another org's row does not

@@ -1,5 +1,5 @@
-"""Running one queue-triggered step: parse the message with the step's model, log with
-context, call the step's handler (shared.runs.steps), record failures.
+"""Running one queue-triggered step: parse the message with the step's model (shared.runs.steps),
+log with context, call the step's handler (named by its queue trigger in functions/), record failures.
 
 A failure is recorded on the run (so admins see it next to the poison message) and
 re-raised, so the host retries it and, after maxDequeueCount, moves it to poison.
@@ -8,6 +8,8 @@ re-raised, so the host retries it and, after maxDequeueCount, moves it to poison
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -18,7 +20,7 @@ from shared.models import RunEvent
 from shared.runs.steps import Step
 
 
-def run_step(step: Step, body: bytes | str) -> None:
+def run_step(step: Step, body: bytes | str, handler: Callable[[Any], object]) -> None:
     spec = step.spec
     log = get_logger()
     try:
@@ -30,7 +32,7 @@ def run_step(step: Step, body: bytes | str) -> None:
     org = str(getattr(msg, "org", ""))
     with log_context(step=step.value, run_id=run_id, org=org):
         try:
-            spec.handler_function()(msg)
+            handler(msg)
         except NotFound:
             log.info("the run no longer exists; nothing to do")
         except Exception as exc:

@@ -25,14 +25,16 @@ from __future__ import annotations
 from datetime import datetime
 
 from shared.clock import now
+from shared.errors import ProviderError
 from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
+from shared.runs.cloud_account import BOOT_FAILED
+from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, transition
+from shared.runs.machine import stop_machine
+from shared.runs.moves import move, move_run
 from shared.runs.steps import Resender, Step, resent_by
-from shared.services.boot import BOOT_FAILED
-from shared.services.run_events import event, transition_event
-from shared.services.transitions import move
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -133,10 +135,9 @@ def _give_up_verify(run: RunRecord) -> int:
             return None
         return transition(r, VERIFY_GIVE_UP[r.state], reason=why)
 
-    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    new, wrote = move_run(run.org, run.id, change)
     if not wrote:
         return 0
-    transition_event(run.state, new)
     if new.state == RunState.retaining:
         get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="verify-timeout"))
     return 1
@@ -169,9 +170,6 @@ def _resend(run: RunRecord, t: datetime) -> int:
 
 
 def _stop_idle_machine(run: RunRecord, idle_stop_s: int) -> int:
-    from shared.providers.errors import ProviderError
-    from shared.services.runs import stop_machine
-
     why = (f"the machine started for recovery was stopped automatically after {idle_stop_s} s "
            "(TENSORANT_RECOVERY_IDLE_STOP_S); start it again with recover mode start_machine if you need it")
     try:

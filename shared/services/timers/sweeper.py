@@ -37,23 +37,21 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from shared.clock import now, now_ts
-from shared.errors import ConcurrencyError, Conflict
+from shared.errors import AuthError, ConcurrencyError, Conflict, ProviderError
 from shared.log import get_logger
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
 from shared.providers.base import ComputeProvider, RunRef
-from shared.providers.errors import AuthError, ProviderError
 from shared.queues import get_queues
-from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
+from shared.runs.events import event
+from shared.runs.lifecycle import ACTIVE, TERMINAL
+from shared.runs.moves import move
+from shared.runs.resources import MACHINE_KINDS
+from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.runs.steps import Resender, Step, resent_by
 from shared.services.backends import compute_for
-from shared.services.connections import refuse_other_scope, report_credential_failure
-from shared.services.release import release_delay
-from shared.services.run_events import event, transition_event
+from shared.services.steps.release import release_delay
 from shared.settings import get_settings
 from shared.store import get_store
-
-# Kinds that are the machine itself (the rest are disks, NICs, work directories).
-MACHINE_KINDS = frozenset({"instance", "vm", "pod", "process"})
 
 GONE_STATES = frozenset({"terminated", "deleted"})
 
@@ -232,7 +230,7 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
     fails it with "nothing to retain or release"."""
     from shared.models import MachineState
 
-    grace, store, settings = _grace(), get_store(), get_settings()
+    grace, settings = _grace(), get_settings()
     listed_runs = {r.run_id for r in resources}
     out: list[dict[str, Any]] = []
     for run in runs.values():
@@ -262,10 +260,9 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
                    "resources": [f"{r.kind}:{r.id}" for r in machines],
                    "action": "would retain" if dry_run else "retain"}
         if not dry_run:
-            new, wrote = store.mutate_run(org, run.id, _to_retaining(run.state, why))
+            _, wrote = move(run, RunState.retaining, expect={run.state}, reason=why)
             if not wrote:
                 continue
-            transition_event(run.state, new)
             get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
         _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
         out.append(finding)
@@ -333,13 +330,6 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
         _audit("sweep-dry-run" if dry_run else "sweep-release-retry", finding)
         out.append(finding)
     return out
-
-
-def _to_retaining(state: RunState, why: str) -> Callable[[RunRecord], RunRecord | None]:
-    def change(r: RunRecord) -> RunRecord | None:
-        return transition(r, RunState.retaining, reason=why) if r.state == state else None
-
-    return change
 
 
 def _retry_due(due: datetime | None, update: dict[str, Any]) -> Callable[[RunRecord], RunRecord | None]:

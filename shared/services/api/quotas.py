@@ -1,4 +1,4 @@
-"""Per-organization quotas and the run rate limit (issue 11.8).
+"""Per-organization quotas and the run rate limit, so one org cannot run up cost or load without bound.
 
 Owners set the org's limits (PUT /api/org/limits); every org has safe defaults until then.
 Enforced in runs.create(), runs.patch() (a draft's edit) and runs.launch():
@@ -14,7 +14,7 @@ The rate limit is a fixed one-minute window counted in the `quotas` table with E
 writes, so it holds across host instances (a per-process counter would not). max_active_runs
 is a reservation per launched run in one ETag-guarded row of that table
 (Store.reserve_active_slot): reading a count and then writing the launch would let concurrent
-launches all see the same free slot (issue 18.3). The reservation is freed when the run ends
+launches all see the same free slot and all start. The reservation is freed when the run ends
 (the store, on its move to a terminal state) or when the launch that took it fails.
 """
 
@@ -25,8 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.clock import now_ts
-from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound
-from shared.http import TooManyRequests, invalid
+from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, TooManyRequests, invalid
 from shared.models import Role, RunCreate, RunRecord
 from shared.runs.lifecycle import HOLDS_MACHINE
 from shared.security import Principal, require

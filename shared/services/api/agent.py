@@ -2,8 +2,8 @@
 
 Agent tokens are short-lived (settings.agent_token_ttl_s) and renewed through heartbeat
 replies while the run is active; a run that has ended refuses its agent's calls whatever
-the token's expiry (issue 11.10). A failed completion retains the machine only where it may
-hold recoverable output; otherwise the run is released and failed (issue 12.5).
+the token's expiry, so a leaked token is worth nothing after the run. A failed completion retains the machine only where it may
+hold recoverable output; otherwise the run is released and failed (keeping a disk with nothing on it would only bill).
 """
 
 from __future__ import annotations
@@ -15,21 +15,13 @@ from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, Unauthorized
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
-from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition
-from shared.runs.steps import Step
+from shared.runs.events import event
+from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
+from shared.runs.moves import move_run
+from shared.runs.steps import serving
 from shared.security import ORG_RE, AgentToken, verify_agent
-from shared.services.run_events import event, transition_event
 from shared.settings import get_settings
 from shared.store import get_store
-
-
-def _walk(run: RunRecord, target: RunState) -> RunRecord:
-    """Move forward through the phase order to target; never back."""
-    while PHASE_ORDER.index(run.state) < PHASE_ORDER.index(target):
-        nxt = PHASE_ORDER[PHASE_ORDER.index(run.state) + 1]
-        run = transition(run, nxt, reason="")
-    return run
-
 
 # A refused token is noted on the run at most this often: the note is written for a caller whose
 # token did not verify, so it must not become a way to make writes.
@@ -81,7 +73,7 @@ def refuse_ended(run: RunRecord) -> None:
         raise Unauthorized(f"the run is {run.state.value}: its agent token is no longer accepted")
 
 
-# Agent logs are bounded at every step (issue 11.7): a line, a heartbeat, a stored chunk, a run.
+# Agent logs are bounded at every step, so an agent cannot fill the tables: a line, a heartbeat, a stored chunk, a run.
 MAX_LINE_CHARS = 2000
 TRUNCATED_MARK = " [truncated]"
 # Far below the table's 1 MiB entity limit, and the few chunks it makes are cheap to write.
@@ -117,7 +109,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
     decided: dict[str, Any] = {}
 
     def change(r: RunRecord) -> RunRecord | None:
-        decided.update(before=r.state, start=r.log_lines, lines=[], warn=False, pace="")
+        decided.update(start=r.log_lines, lines=[], warn=False, pace="")
         if r.state not in ACTIVE:
             return None
         # Lines past the run's cap are dropped; the first time, one marker line says so.
@@ -127,7 +119,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
             decided["warn"] = True
         decided["lines"] = keep
         if PHASE_ORDER.index(target) > PHASE_ORDER.index(r.state):
-            r = _walk(r, target)
+            r = walk(r, target)
         pace = "" if r.pace_warned else pace_warning(r, hb.progress, t)
         if pace:
             decided["pace"] = pace
@@ -141,12 +133,10 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
         })
 
     try:
-        run, wrote = store.mutate_run(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
+        run, wrote = move_run(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
     except ConcurrencyError as exc:
         # Nothing was written: the agent sends its state again with the next heartbeat.
         raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc
-    if wrote and run.state != decided["before"]:
-        transition_event(decided["before"], run)
     if wrote and decided["lines"]:
         # Numbered from the run's count at the write that won: concurrent heartbeats never share numbers.
         store.add_log_lines(run_id, decided["start"], decided["lines"])
@@ -229,7 +219,7 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         if r.state not in ACTIVE:
             return None
         if body.status == "ok":
-            r = _walk(r, RunState.verifying)
+            r = walk(r, RunState.verifying)
             return r.model_copy(update={"adapter_sha256": body.sha256, "adapter_size": body.size, "progress": 1.0})
         if body.output_exists is False:
             # Nothing on the machine to recover: keeping its disk would only bill.
@@ -239,18 +229,14 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         return transition(r, RunState.retaining, reason=_failure_reason(body) + "; the machine is stopped and its "
                           "disk kept so output can be recovered" + _last_lines(body)[:2000])
 
-    run, wrote = store.mutate_run(org, run_id, change)
+    run, wrote = move_run(org, run_id, change)
     repeated = run.state in (RunState.verifying, RunState.retaining) or (
         run.state == RunState.releasing and run.outcome == Outcome.failed and body.status == "failed")
     if not wrote and not repeated and before not in ACTIVE:
         raise Conflict(f"the run is {run.state.value}; it no longer takes a completion")
-    if wrote:
-        transition_event(before, run)
-    # Re-sent on a repeated completion too: the step ignores a run that has moved on.
-    if run.state == RunState.verifying:
-        get_queues().send(Step.verify_adapter, StepMessage(org=org, run_id=run_id))
-    elif run.state == RunState.retaining:
-        get_queues().send(Step.retain, StepMessage(org=org, run_id=run_id))
-    elif run.state == RunState.releasing and (wrote or repeated):
-        get_queues().send(Step.release, StepMessage(org=org, run_id=run_id))
+    # The step that takes the run where the completion left it (verifying, retaining or releasing);
+    # re-sent on a repeated completion too: the step ignores a run that has moved on.
+    step = serving(run.state)
+    if step is not None and (wrote or repeated):
+        get_queues().send(step, StepMessage(org=org, run_id=run_id))
     return {"state": run.state.value}

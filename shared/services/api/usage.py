@@ -1,4 +1,4 @@
-"""Time and cost of runs (issue 13.1): one run's billing timeline, and the org's usage summary.
+"""Time and cost of runs: one run's billing timeline, and the org's usage summary.
 
 Billed machine time runs from the create call (machine_up_at, written by the launch step) to
 the cloud's confirmed release (released_at, written by the release step). Within it, the time

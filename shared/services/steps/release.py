@@ -10,17 +10,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 from shared.clock import now
+from shared.errors import ProviderError
 from shared.models import RunRecord, RunState, StepMessage
-from shared.providers.errors import ProviderError
 from shared.queues import get_queues
+from shared.runs.cloud_account import BOOT_FAILED, note_cloud_account
+from shared.runs.events import event
+from shared.runs.lifecycle import released_state
+from shared.runs.moves import move
 from shared.runs.resources import merge_resources
+from shared.runs.scope import refuse_other_scope
 from shared.runs.steps import Step
 from shared.services.backends import compute_for, ref_of
-from shared.services.boot import BOOT_FAILED, note_cloud_account
-from shared.services.connections import refuse_other_scope
-from shared.services.run_events import event
-from shared.services.scratch import remove_after_release
-from shared.services.transitions import move
+from shared.services.steps.scratch import remove_after_release
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -50,8 +51,7 @@ def release(msg: StepMessage) -> None:
     if out is not None and out.done:
         for res in resources:
             store.record_resource(res.model_copy(update={"state": "deleted"}))
-        target = RunState(run.outcome.value) if run.outcome else RunState.failed
-        move(run, target, expect=Step.release.serves, release_error="", billing_note="", released_at=now())
+        move(run, released_state(run), expect=Step.release.serves, release_error="", billing_note="", released_at=now())
         return
     attempts = run.release_attempts + 1
     delay = out.retry_after_s if out is not None and attempts < 4 else release_delay(attempts)

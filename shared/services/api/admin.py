@@ -126,7 +126,7 @@ def discard(principal: Principal, queue: str, message_id: str) -> dict[str, Any]
 
 
 def sweep(principal: Principal, body: SweepRequest) -> dict[str, Any]:
-    from shared.services.sweeper import sweep as run_sweep
+    from shared.services.timers.sweeper import sweep as run_sweep
 
     require(principal, Role.admin)
     return run_sweep(dry_run=body.dry_run)

@@ -12,27 +12,23 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import now
-from shared.errors import Conflict, InvalidInput, NotFound
-from shared.http import MAX_UPLOAD_BYTES
+from shared.errors import Conflict, InvalidInput, NotFound, PermanentError
+from shared.limits import MAX_UPLOAD_BYTES
 from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
-from shared.providers.errors import PermanentError
+from shared.runs.ids import new_id
 from shared.security import Principal, require
-from shared.services import quotas
+from shared.services.api import quotas
 from shared.services.backends import storage_for
 from shared.storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key
 from shared.store import get_store
 
-# Through the API a dataset is at most shared.http.MAX_UPLOAD_BYTES (90 MiB, under the Functions
+# Through the API a dataset is at most MAX_UPLOAD_BYTES (90 MiB, under the Functions
 # host's request limit); a direct upload to storage (upload-url + commit) up to this.
 MAX_DATASET_BYTES = 256 * 1024 * 1024
 MAX_LINE_BYTES = 16 * 1024 * 1024
 DIRECT_UPLOAD_TTL_S = 3600
 MAX_REPORTED_LINES = 20
 ROLES = {"system", "user", "assistant", "tool"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(6)}"
 
 
 def create_project(principal: Principal, body: ProjectCreate) -> ProjectRecord:

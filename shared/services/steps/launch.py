@@ -12,20 +12,20 @@ import json
 from datetime import timedelta
 
 from shared.clock import now
+from shared.errors import PermanentError, ProviderError, RetryableError
 from shared.log import get_logger, redact_text
 from shared.models import RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
-from shared.providers.errors import PermanentError, ProviderError, RetryableError
 from shared.queues import get_queues
+from shared.runs.events import event
 from shared.runs.lifecycle import TERMINAL
+from shared.runs.moves import fail_to_release, move
 from shared.runs.resources import merge_resources
 from shared.runs.steps import Step
 from shared.security import mint_agent_token
-from shared.services import org_secrets
+from shared.services.api import org_secrets
+from shared.services.api.projects import check_stored_dataset
 from shared.services.backends import compute_for, ref_of, storage_for
-from shared.services.projects import check_stored_dataset
-from shared.services.run_events import event
-from shared.services.transitions import fail_to_release, move
 from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
 from shared.store import get_store
 
@@ -44,11 +44,12 @@ def launch_spec(run: RunRecord) -> LaunchSpec:
 
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
-    # Short-lived, renewed through heartbeats (issue 11.10); the first covers the image pull too.
+    # Short-lived, renewed through heartbeats, so a leaked token dies soon; the first covers the image pull too.
     token = mint_agent_token(run.org, run.id, ttl_s=min(settings.provisioning_timeout_s + settings.agent_token_ttl_s,
                                                         AGENT_TOKEN_MAX_TTL_S))
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
-    # The object must still be the one validated (issue 18): refused with its reason if it changed.
+    # The object must still be the one validated (a volume or bucket may have changed it since):
+    # refused with its reason if it changed.
     check_stored_dataset(run.org, dataset)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S
@@ -106,7 +107,7 @@ def launch(msg: StepMessage) -> None:
             return
     log = get_logger()
     provider = compute_for(run.org, run.provider)
-    create_called_at = now()  # billing counts from the create call (issue 13.1)
+    create_called_at = now()  # billing counts from the create call: a cloud may bill from then
     try:
         scope = scope_of(provider)  # where the machine is made: release and the sweeper act only there
         resources = provider.launch(launch_spec(run))

@@ -18,9 +18,9 @@ just removes nothing.
 
 from __future__ import annotations
 
+from shared.errors import PermanentError, RetryableError
 from shared.models import CloudResource, Outcome, RunRecord
-from shared.providers.errors import PermanentError, RetryableError
-from shared.services.run_events import event
+from shared.runs.events import event
 from shared.storage.base import scratch_key
 
 REMOVED_AFTER = {Outcome.succeeded, Outcome.cancelled}

@@ -1,8 +1,6 @@
-"""The GPU price catalog per connection: cached with its time, last good copy kept.
-
-A refresh that fails records the error and keeps the previous offers (a price
-source outage must not block launches). A run records its price at launch; a later
-refresh never rewrites it.
+"""The GPU price catalog per connection, as the API shows it and runs choose from it: the cached
+offers with their time; a stale catalog queues a refresh (shared/services/steps/refresh_catalog.py).
+A run records its price at launch; a later refresh never rewrites it.
 """
 
 from __future__ import annotations
@@ -11,57 +9,25 @@ from typing import Any
 
 from shared.clock import now
 from shared.errors import InvalidInput, NotFound
-from shared.log import get_logger
-from shared.models import CatalogRecord, ConnectionMessage, ConnectionStatus, GpuOffer, TrainingSettings
+from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
-from shared.providers.errors import ProviderError
 from shared.queues import get_queues
 from shared.runs.steps import Step
 from shared.security import Principal
-from shared.services.backends import compute_for, compute_slot
+from shared.services.backends import compute_slot
 from shared.settings import get_settings
 from shared.store import get_store
-
-
-def refresh(org: str, provider: str) -> CatalogRecord:
-    store = get_store()
-    previous = store.get_catalog(org, provider)
-    try:
-        offers = compute_for(org, provider).offers()
-        rec = CatalogRecord(org=org, provider=provider, offers=offers, fetched_at=now())
-    except ProviderError as exc:
-        get_logger().warning("catalog refresh failed; serving the last good copy", extra={"provider": provider})
-        rec = CatalogRecord(org=org, provider=provider, offers=previous.offers if previous else [],
-                            fetched_at=previous.fetched_at if previous else None,
-                            last_error=exc.reason, last_error_at=now())
-    store.put_catalog(rec)
-    return rec
-
-
-def refresh_catalog(msg: ConnectionMessage) -> None:
-    """The refresh-catalog step."""
-    refresh(msg.org, msg.slot.removeprefix("compute:"))
-
-
-def queue_all_refreshes() -> int:
-    """Timer: one refresh message per connected compute connection."""
-    count = 0
-    for rec in get_store().list_connections_all_orgs():
-        if rec.slot.startswith("compute:") and rec.status == ConnectionStatus.connected:
-            get_queues().send(Step.refresh_catalog, ConnectionMessage(org=rec.org, slot=rec.slot))
-            count += 1
-    return count
 
 
 def offers_view(principal: Principal, provider: str | None, base_model: str | None = None) -> dict[str, Any]:
     """The cached offers; with base_model, each offer says whether it `fits` a LoRA run of that
     model at the default training settings, and the `memory_needed_gb`."""
-    from shared.services import base_models
+    from shared.services.api import base_models
 
     model = base_models.declared(base_model) if base_model else None
     store = get_store()
     if provider:
-        registry.refuse_unavailable(provider)  # 11.1: no `local` offers in production
+        registry.refuse_unavailable(provider)  # no `local` offers in production: it runs code on this host
         slots = [compute_slot(provider)]
     else:
         slots = [r.slot for r in store.list_connections(principal.org) if r.slot.startswith("compute:")

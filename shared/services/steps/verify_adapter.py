@@ -12,11 +12,11 @@ import hashlib
 
 from shared.models import Outcome, RunState, StepMessage
 from shared.queues import get_queues
+from shared.runs import forecast
+from shared.runs.events import event
+from shared.runs.moves import move
 from shared.runs.steps import Step
-from shared.services import forecast
 from shared.services.backends import storage_for
-from shared.services.run_events import event
-from shared.services.transitions import move
 from shared.settings import get_settings
 from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
@@ -50,7 +50,7 @@ def verify_adapter(msg: StepMessage) -> None:
         what = f"adapter verified: the checkpoint at step {step} of {result.summary.get('steps')} (training " \
                "stopped before the final adapter)" if step is not None else "adapter verified"
         # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
-        # the adapter served later is exactly this one (services/runs.adapter checks it).
+        # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
         recorded: dict[str, object] = {} if run.adapter_sha256 else {
             "adapter_sha256": hashlib.sha256(data).hexdigest(), "adapter_size": len(data)}
         checked = forecast.check(run.forecast, result.summary) if run.forecast and step is None else None

@@ -1,0 +1,35 @@
+"""Stopping a retained run's machine again (provider.retain once more): a machine started for recovery
+bills for its GPU until then. Used by the stop action and heartbeat-check's idle stop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.clock import now
+from shared.models import RunRecord, RunState
+from shared.runs.events import event
+from shared.runs.resources import merge_resources
+from shared.services.backends import compute_for, ref_of
+from shared.store import get_store
+
+
+def stop_machine(run: RunRecord, *, why: str) -> RunRecord:
+    """provider.retain on a retained run's machine; clears machine_started_at once the cloud confirms.
+    Raises ProviderError. Used by stop() and heartbeat-check's idle stop."""
+    resources = merge_resources(get_store().list_ledger(run.id), run.resources)
+    out = compute_for(run.org, run.provider).retain(ref_of(run), resources)
+    if out.done:
+        note = out.billing_note or "the machine is stopped; its disk still bills"
+        update: dict[str, Any] = {"billing_note": note, "machine_started_at": None}
+    else:
+        # Left started: a repeated stop (or the idle stop) asks the cloud again.
+        note = f"the machine is stopping; the cloud has not confirmed it yet ({out.detail or 'no detail'})"
+        update = {"billing_note": note}
+    event(run, "audit", f"{why}: {note}", detail=out.detail)
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in (RunState.retained, RunState.recovering):
+            return None
+        return r.model_copy(update={**update, "updated_at": now()})
+
+    return get_store().mutate_run(run.org, run.id, change)[0]

@@ -1,0 +1,63 @@
+"""The one way a run's state changes: an ETag-guarded write whose change moves the run only through
+shared.runs.lifecycle (transition, walk), recorded as a transition event on the run's timeline.
+
+`move` is the common form (from the states the caller expects to one target); `move_run` takes a
+change that decides from the run as stored (a cancel's target depends on where the run is now; a
+heartbeat walks phases and writes progress in the same write). Writes that leave the state as it is
+(notes, release attempts, re-send marks) use the store's mutate_run directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shared.log import redact_text
+from shared.models import Outcome, RunRecord, RunState, StepMessage
+from shared.queues import get_queues
+from shared.runs.events import transition_event
+from shared.runs.lifecycle import transition
+from shared.runs.steps import Step
+from shared.store import get_store
+
+
+def move_run(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
+             attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool]:
+    """store.mutate_run(change), with a transition event when the write changed the run's state.
+
+    The event's "from" state is the one `change` saw in the attempt that wrote (a lost race re-reads,
+    and the run may have moved meanwhile). Returns (run as stored now, whether this call wrote it)."""
+    seen: list[RunState] = []
+
+    def watched(r: RunRecord) -> RunRecord | None:
+        seen[:] = [r.state]
+        return change(r)
+
+    kw: dict[str, Any] = {"from_last_write": from_last_write}
+    if attempts is not None:
+        kw["attempts"] = attempts
+    new, wrote = get_store().mutate_run(org, run_id, watched, **kw)
+    if wrote and new.state != seen[0]:
+        transition_event(seen[0], new)
+    return new, wrote
+
+
+def move(run: RunRecord, target: RunState, *, expect: set[RunState] | frozenset[RunState], reason: str | None = None,
+         outcome: Outcome | None = None, **updates: object) -> tuple[RunRecord, bool]:
+    """Move the run to `target` only from one of `expect`, writing `updates` with it; returns (run now,
+    whether this call moved it)."""
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in expect:
+            return None
+        moved = transition(r, target, reason=reason, outcome=outcome)
+        return moved.model_copy(update=updates) if updates else moved
+
+    return move_run(run.org, run.id, change)
+
+
+def fail_to_release(run: RunRecord, reason: str) -> None:
+    """Nothing worth keeping: release the run's machine (if any), then end it failed."""
+    # Redacted: a provider's error text may echo the request (the bootstrap's token and keys).
+    run, _ = move(run, RunState.releasing, expect={run.state}, reason=redact_text(reason), outcome=Outcome.failed)
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))

@@ -1,0 +1,158 @@
+"""Saving, showing and checking an organization's compute and storage connections.
+
+Saving validates the fields at once (a clear error naming the field), seals the
+secrets, stores the connection as `checking` and queues validate-connection; the
+checks run there and never create anything billable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from shared.clock import now
+from shared.errors import Conflict, InvalidInput, NotFound, ProviderError, invalid
+from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus, ConnectionView, Role
+from shared.providers import registry
+from shared.queues import get_queues
+from shared.runs.lifecycle import HOLDS_MACHINE
+from shared.runs.scope import guard_held_machines
+from shared.runs.steps import Step
+from shared.security import Principal, require, seal
+from shared.services.api import quotas
+from shared.services.backends import STORAGE_SLOT, compute_for, compute_slot, unsealed_config
+from shared.settings import get_settings
+from shared.storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
+from shared.store import get_store
+
+
+def view(rec: ConnectionRecord) -> ConnectionView:
+    return ConnectionView(slot=rec.slot, provider=rec.provider, status=rec.status, config=rec.config,
+                          checks=rec.checks, warnings=rec.warnings, saved_at=rec.saved_at, checked_at=rec.checked_at)
+
+
+def _keep_existing_secrets(body: dict[str, Any], model: type[BaseModel], existing: BaseModel | None) -> dict[str, Any]:
+    """Secrets are write-only: a save that omits one keeps the stored value."""
+    if existing is None or type(existing) is not model:
+        return body
+    merged = dict(body)
+    for name in model.model_fields:
+        value = getattr(existing, name)
+        if isinstance(value, SecretStr) and name not in merged:
+            merged[name] = value.get_secret_value()
+    return merged
+
+
+def _config_warnings(config: BaseModel) -> list[str]:
+    fn = getattr(config, "warnings", None)
+    return list(fn()) if callable(fn) else []
+
+
+def _save(principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
+    store = get_store()
+    got = store.get_connection(principal.org, slot)
+    rec = ConnectionRecord(
+        org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
+        config=registry.public_config(config),
+        sealed=seal(registry.sealed_config(config), aad=f"{principal.org}|{slot}"),
+        location=location, warnings=_config_warnings(config), saved_at=now(),
+        revision=(got[0].revision + 1) if got else 1,
+    )
+    store.put_connection(rec, got[1] if got else None)
+    get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    return view(rec)
+
+
+def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionView:
+    require(principal, Role.owner)
+    if not isinstance(body, dict):
+        raise InvalidInput.field("body", "send the connection fields as a JSON object")
+    registry.refuse_unavailable(provider)  # `local` runs code on this host: only outside production
+    if provider == "local" and "trainer_command" in body:
+        raise InvalidInput.field("trainer_command", "the trainer command is an operator setting "
+                                 "(TENSORANT_TRAINER_COMMAND), not part of a connection; remove the field")
+    model = registry.config_model(provider)
+    got = get_store().get_connection(principal.org, compute_slot(provider))
+    existing = unsealed_config(got[0]) if got else None
+    try:
+        config = model.model_validate(_keep_existing_secrets(body, model, existing))
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    guard_held_machines(principal.org, provider, config)
+    return _save(principal, compute_slot(provider), provider, config)
+
+
+def save_storage(principal: Principal, body: Any) -> ConnectionView:
+    require(principal, Role.owner)
+    if not isinstance(body, dict) or "kind" not in body:
+        raise InvalidInput.field("kind", "say which storage: \"local\", \"s3\" or \"runpod_volume\"")
+    refuse_unavailable_storage(str(body["kind"]), get_settings())  # local storage (this host's disk) is dev-only
+    got = get_store().get_connection(principal.org, STORAGE_SLOT)
+    existing = unsealed_config(got[0]) if got else None
+    try:
+        config = parse_storage_config(body)
+        config = parse_storage_config(_keep_existing_secrets(body, type(config), existing))
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    location = make_storage(config, get_settings(), principal.org).location()
+    if got and got[0].location != location and get_store().list_projects(principal.org):
+        raise Conflict(
+            f"storage location cannot change once the organization has projects (saved: {_shown(got[0].location)}, "
+            f"new: {_shown(location)}); rotating credentials for the same location is allowed; moving existing data "
+            "needs a migration"
+        )
+    return _save(principal, STORAGE_SLOT, str(body["kind"]), config, location)
+
+
+def _shown(location: str) -> str:
+    # A local directory's location is a path on the control plane's host: not the caller's business.
+    return "the control plane's local storage directory" if location.startswith("file:") else location
+
+
+def get_one(principal: Principal, slot: str) -> ConnectionView:
+    got = get_store().get_connection(principal.org, slot)
+    if not got:
+        raise NotFound(f"no {slot} connection is saved")
+    return view(got[0])
+
+
+def list_all(principal: Principal) -> dict[str, Any]:
+    return {"items": [view(r) for r in get_store().list_connections(principal.org)]}
+
+
+def delete_compute(principal: Principal, provider: str) -> None:
+    require(principal, Role.owner)
+    slot = compute_slot(provider)
+    if not get_store().get_connection(principal.org, slot):
+        raise NotFound(f"no {slot} connection is saved")
+    holding = [r.id for r in get_store().list_runs(principal.org, HOLDS_MACHINE) if r.provider == provider]
+    if holding:
+        raise Conflict(f"runs {', '.join(holding[:5])} still hold {provider} machines; release or recover them first, "
+                       "or the control plane could not clean them up")
+    get_store().delete_connection(principal.org, slot)
+
+
+def request_check(principal: Principal, provider: str) -> ConnectionView:
+    require(principal, Role.owner)
+    slot = compute_slot(provider)
+    got = get_store().get_connection(principal.org, slot)
+    if not got:
+        raise NotFound(f"no {slot} connection is saved")
+    quotas.take(principal, "check")  # each check calls the cloud with the org's credentials
+    get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    return view(got[0])
+
+
+def runpod_volumes(principal: Principal) -> dict[str, Any]:
+    """The RunPod account's network volumes, so an owner can pick one for storage."""
+    require(principal, Role.owner)
+    provider = compute_for(principal.org, "runpod")
+    list_volumes = getattr(provider, "network_volumes", None)
+    if list_volumes is None:
+        raise NotFound("this provider cannot list network volumes")
+    try:
+        return {"items": list_volumes()}
+    except ProviderError as exc:
+        raise Conflict(f"RunPod did not list the volumes: {exc.reason}; enter the volume ID and datacenter "
+                       "ID instead") from exc

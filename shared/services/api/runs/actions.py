@@ -1,0 +1,255 @@
+"""What a user does to a run after the draft: launch, cancel, recover (verify an adapter, start the
+machine, resume training), retry a release, stop a machine started for recovery."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+from shared.clock import now
+from shared.errors import Conflict, InvalidInput, ProviderError
+from shared.log import redact_text
+from shared.models import (
+    Deadlines,
+    Outcome,
+    Role,
+    RunCancel,
+    RunLaunch,
+    RunRecord,
+    RunRecover,
+    RunState,
+    RunView,
+    StepMessage,
+)
+from shared.queues import get_queues
+from shared.runs.events import event
+from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
+from shared.runs.machine import stop_machine
+from shared.runs.moves import move_run
+from shared.runs.steps import Step, serving
+from shared.security import Principal, require
+from shared.services.api import quotas
+from shared.services.api.catalog import find_offer
+from shared.services.api.runs.adapter import MAX_UPLOAD
+from shared.services.api.runs.view import view
+from shared.services.backends import compute_for, ref_of, storage_for
+from shared.settings import get_settings
+from shared.storage.base import adapter_key
+from shared.store import get_store
+
+# A cancel of a run in these states must say discard true or false: its machine may hold the
+# only copy of the adapter.
+MAY_HOLD_OUTPUT = frozenset({RunState.training, RunState.exporting, RunState.verifying, RunState.retaining,
+                             RunState.retained, RunState.recovering})
+
+
+def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
+    require(principal, Role.owner, Role.member)
+    if not body.confirm:
+        raise InvalidInput.field("confirm", "launching rents a GPU billed to your account; send confirm: true")
+    store = get_store()
+    run, _ = store.get_run(principal.org, run_id)
+    if run.state != RunState.draft:
+        raise Conflict(f"nothing was launched: the run is {run.state.value}"
+                       + (" (launched already)" if run.launched_at else "") + "; only a draft can be launched")
+    limits = quotas.check_launch(principal, run)  # org limits (they may have changed since the draft)
+    # One of max_active_runs slots, taken atomically before the run is written queued (so
+    # simultaneous launches cannot all take the last one);
+    # every refusal or error after this frees it again.
+    added = quotas.reserve_active(principal, run, limits)
+    try:
+        run = _launch_reserved(principal, run_id, run, limits)
+    except BaseException:
+        if added:
+            quotas.free_unless_launched(principal.org, run_id)
+        raise
+    # Sent after the write: a crash in between leaves a queued run that heartbeat-check re-sends.
+    get_queues().send(Step.launch, StepMessage(org=run.org, run_id=run.id))
+    return view(run)
+
+
+def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: quotas.OrgLimits) -> RunRecord:
+    """The rest of a launch, once the run holds an active-run slot: the rate limit, the offer's
+    price now, the connection, then the draft -> queued write. Returns the run as queued."""
+    quotas.take_launch(principal, limits)
+    offer = find_offer(principal.org, run.provider, run.offer.offer_id)
+    if offer.total_per_hour > run.price_limit_per_hour:
+        changed = abs(offer.total_per_hour - run.offer.total_per_hour) > 1e-9
+        price = (f"the offer now costs {offer.total_per_hour:.4f}/h (it was {run.offer.total_per_hour:.4f}/h "
+                 "when the draft was saved)" if changed else f"the estimate is {offer.total_per_hour:.4f}/h")
+        raise Conflict(f"nothing was launched: {price}, above the run's limit of {run.price_limit_per_hour:.4f}/h; "
+                       "raise price_limit_per_hour (PATCH the draft) or choose another offer")
+    compute_for(principal.org, run.provider, require_connected=True)
+    t = now()
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.draft:
+            return None
+        r = transition(r, RunState.queued, reason="")
+        settings = get_settings()
+        return r.model_copy(update={
+            "offer": offer,  # the price at launch is what the run records
+            "launched_at": t,
+            "deadlines": Deadlines(provisioning_by=t + timedelta(seconds=settings.provisioning_timeout_s),
+                                   runtime_by=t + timedelta(seconds=r.runtime_limit_s)),
+        })
+
+    run, wrote = move_run(principal.org, run_id, change)
+    if not wrote:  # a concurrent launch (or cancel) got there first
+        raise Conflict(f"nothing was launched: the run is {run.state.value}; only a draft can be launched")
+    return run
+
+
+def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
+    require(principal, Role.owner, Role.member)
+
+    def plan(state: RunState) -> tuple[RunState, Outcome | None]:
+        if state == RunState.draft:
+            return RunState.cancelled, None
+        discard = body.discard
+        if discard is None:
+            if state in MAY_HOLD_OUTPUT:
+                # A bare cancel must never delete the only copy of an adapter.
+                raise InvalidInput.field("discard", (
+                    f"the run is {state.value} and its machine may hold the only copy of its output; send "
+                    "discard: true (release the machine and disk, deleting any output on them) or discard: false "
+                    "(stop the machine and keep its disk for recovery)"))
+            discard = True  # not trained yet: nothing on the machine to keep
+        if discard or state == RunState.queued:
+            # A queued run has no machine yet (launch writes provisioning before any cloud
+            # call), so there is no disk to keep: it is released (nothing) and cancelled.
+            return RunState.releasing, Outcome.cancelled
+        if state in ACTIVE or state == RunState.verifying:
+            return RunState.retaining, None
+        raise Conflict(f"the run is {state.value}; cancel with discard: true to release its machine and disk")
+
+    def change(r: RunRecord) -> RunRecord | None:
+        # Decided from the run as stored now: a step may have moved it since the user saw it
+        # (queued -> provisioning), and the cancel must still apply to where it is.
+        if r.state in TERMINAL or r.state == RunState.releasing:
+            return None
+        target, outcome = plan(r.state)
+        return transition(r, target, reason=f"cancelled by {principal.sub}", outcome=outcome)
+
+    new, wrote = move_run(principal.org, run_id, change)
+    step = serving(new.state)
+    if wrote and step is not None:
+        # Sent after the write: a crash in between leaves retaining to heartbeat-check's
+        # re-send and releasing to the sweeper.
+        get_queues().send(step, StepMessage(org=new.org, run_id=new.id))
+    return view(new)
+
+
+def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRecover | None) -> RunView:
+    """Recover a retained run: verify an uploaded adapter, verify the saved one, start the machine, or
+    resume training from the last checkpoint."""
+    require(principal, Role.owner, Role.member)
+    store = get_store()
+    run, _ = store.get_run(principal.org, run_id)
+    if run.state == RunState.recovering:
+        return view(run)
+    quotas.take(principal, "recover")  # a recovery verifies an archive or starts a machine
+    if run.state != RunState.retained:
+        raise Conflict(f"only a retained run can be recovered; this one is {run.state.value}")
+    mode = "upload" if upload is not None else (body.mode if body else "verify_saved")
+    if mode == "resume":
+        return _resume(run)
+    if mode == "start_machine":
+        try:
+            outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+        except ProviderError as exc:
+            raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
+                           "retained: try mode start_machine again later, or recover with mode verify_saved or "
+                           "an adapter.zip upload") from exc
+        note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
+        note += (f"; it is stopped automatically after {get_settings().recovery_idle_stop_s} s, or stop it with "
+                 f"POST /api/runs/{run.id}/stop (`tensorant runs stop {run.id}`)")
+        event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail)
+        started = now()
+
+        def note_billing(r: RunRecord) -> RunRecord | None:
+            if r.state != RunState.retained:
+                return None
+            return r.model_copy(update={"billing_note": note, "machine_started_at": started, "updated_at": started})
+
+        return view(store.mutate_run(run.org, run.id, note_billing)[0])
+    sha = ""
+    if upload is not None:
+        if not upload:
+            raise InvalidInput.field("body", "the upload is empty; send the adapter.zip bytes")
+        if len(upload) > MAX_UPLOAD:
+            raise InvalidInput.field("body", "the upload is over 1 GiB; that is not a LoRA adapter archive")
+        storage_for(run.org).put(adapter_key(run.id), upload)
+        sha = hashlib.sha256(upload).hexdigest()
+    size = len(upload) if upload else 0
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.retained:
+            return None
+        r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}")
+        return r.model_copy(update={"adapter_sha256": sha, "adapter_size": size}) if sha else r
+
+    new, _ = move_run(run.org, run.id, change)
+    get_queues().send(Step.verify_adapter, StepMessage(org=new.org, run_id=new.id, reason="recovery"))
+    return view(new)
+
+
+def _resume(run: RunRecord) -> RunView:
+    """Start the retained machine and move the run back to training (`recover --resume`). The agent, stopped
+    by a heartbeat reply while its trainer had a checkpoint, hears `resume: true` in its next reply
+    and runs the trainer again from that checkpoint (shared/agent/main.py); on the local provider a
+    trainer frozen mid-step by the retain simply continues. The runtime limit and the heartbeat
+    deadline count again from now: the old ones have passed, or the run would not be retained."""
+    if run.provider != "local":
+        # A cloud machine's stop ends its processes, and its restarted agent does not ask for a resume
+        # yet: moving the run to training would only bill the GPU until the heartbeat deadline.
+        raise Conflict(f"resume is not available on {run.provider} yet, only on the local provider; recover "
+                       "with mode verify_saved (the last checkpoint's adapter is in storage) instead")
+    try:
+        outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+    except ProviderError as exc:
+        raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
+                       "retained: try mode resume again later, or recover with mode verify_saved") from exc
+    t = now()
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.retained:
+            return None
+        r = transition(r, RunState.training, reason="resumed from the last checkpoint")
+        deadlines = r.deadlines.model_copy(update={
+            "runtime_by": t + timedelta(seconds=r.runtime_limit_s),
+            "heartbeat_by": t + timedelta(seconds=get_settings().heartbeat_timeout_s)})
+        return r.model_copy(update={"deadlines": deadlines, "machine_started_at": None,
+                                    "billing_note": outcome.billing_note or r.billing_note})
+
+    new, wrote = move_run(run.org, run.id, change)
+    if wrote:
+        event(new, "audit", "machine started to resume training from the last checkpoint", detail=outcome.detail)
+    return view(new)
+
+
+def retry_release(principal: Principal, run_id: str) -> RunView:
+    require(principal, Role.owner, Role.member)
+    run, _ = get_store().get_run(principal.org, run_id)
+    if run.state != RunState.releasing:
+        raise Conflict(f"only a run in releasing can retry its release; this one is {run.state.value}")
+    quotas.take(principal, "release")
+    event(run, "audit", f"release retry requested by {principal.sub}")
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retry"))
+    return view(run)
+
+
+def stop(principal: Principal, run_id: str) -> RunView:
+    """Stop a retained run's machine again (provider.retain once more): a machine started for
+    recovery bills for its GPU until then. Safe to repeat; the disk is kept."""
+    require(principal, Role.owner, Role.member)
+    run, _ = get_store().get_run(principal.org, run_id)
+    if run.state not in (RunState.retained, RunState.recovering):
+        raise Conflict(f"only a retained run's machine can be stopped; this one is {run.state.value}"
+                       + ("" if run.state in TERMINAL else " (its machine is the control plane's to stop)"))
+    try:
+        run = stop_machine(run, why=f"stopped by {principal.sub}")
+    except ProviderError as exc:
+        raise Conflict(f"the cloud refused to stop the machine: {redact_text(exc.reason)}; it may still be "
+                       "billing: try again, or stop it in the cloud console") from exc
+    return view(run)

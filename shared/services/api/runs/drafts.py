@@ -1,0 +1,148 @@
+"""Drafts: create, edit and delete a run before launch (nothing is rented for a draft). Every
+create and edit passes the same checks (checks.check_request)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from shared.clock import now
+from shared.errors import Conflict, InvalidInput, invalid
+from shared.models import DatasetVersionRecord, Role, RunCreate, RunKind, RunPatch, RunRecord, RunState, RunView
+from shared.runs import forecast
+from shared.runs.events import event
+from shared.runs.ids import new_id
+from shared.security import Principal, require
+from shared.services.api import quotas
+from shared.services.api.runs import checks
+from shared.services.api.runs.checks import TRIAL_MAX_EXAMPLES, TRIAL_MAX_STEPS, TRIAL_RUNTIME_LIMIT_S, CheckedRequest
+from shared.services.api.runs.view import view, warnings_of
+from shared.store import get_store
+
+
+def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
+    """What a draft stores of a checked request (create and edit alike)."""
+    return {
+        "kind": body.kind, "provider": body.provider, "offer": checked.offer,
+        "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
+        "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
+        "forecast": checked.forecast,
+        # training.kind is the run's kind (checked above): kept out, so a later kind switch applies.
+        "request": body.model_copy(update={"training": body.training.model_copy(update={"kind": None})}),
+    }
+
+
+def _forecast_events(run: RunRecord, checked: CheckedRequest) -> None:
+    """The forecast in the run's history, and why the runtime limit is not the default when it is not."""
+    if run.forecast is not None:
+        event(run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}; {run.forecast.basis}",
+              **run.forecast.model_dump(exclude={"basis"}))
+    if checked.limit_note:
+        event(run, "audit", checked.limit_note, runtime_limit_s=run.runtime_limit_s)
+
+
+def _kind_event(run: RunRecord, dataset: DatasetVersionRecord) -> None:
+    if run.kind == RunKind.trial:
+        event(run, "audit", f"trial run: trains on at most {run.training.max_examples} of the dataset's "
+                            f"{dataset.rows} examples and {run.training.max_steps} steps, runtime limit "
+                            f"{run.runtime_limit_s // 60} min; a full run uses the whole dataset",
+              max_examples=run.training.max_examples, max_steps=run.training.max_steps)
+    else:
+        event(run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
+                            f"{run.runtime_limit_s // 60} min")
+
+
+def create(principal: Principal, body: RunCreate) -> RunView:
+    require(principal, Role.owner, Role.member)
+    quotas.check_create(principal, body)  # org limits and the run rate limit
+    checked = checks.check_request(principal.org, body)
+    t = now()
+    run = RunRecord(
+        org=principal.org, id=new_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
+        state_changed_at=t, created_by=principal.sub, **_draft_fields(body, checked),
+    )
+    get_store().create_run(run)
+    event(run, "transition", "draft saved; nothing is rented until launch",
+          estimate_per_hour=checked.offer.total_per_hour)
+    _kind_event(run, checked.dataset)
+    _forecast_events(run, checked)
+    for warning in warnings_of(run):
+        event(run, "warning", warning)
+    return view(run)
+
+
+def request_of(run: RunRecord) -> RunCreate:
+    """The draft's request as the user sent it. Records from before it was stored: rebuilt from
+    the draft, the values that a trial's defaults and bounds put there taken out again."""
+    if run.request is not None:
+        return run.request
+    training = run.training.model_copy(update={"kind": None})
+    runtime: int | None = run.runtime_limit_s
+    if run.kind == RunKind.trial:
+        training = training.model_copy(update={
+            "max_examples": None if training.max_examples == TRIAL_MAX_EXAMPLES else training.max_examples,
+            "max_steps": None if training.max_steps == TRIAL_MAX_STEPS else training.max_steps})
+        runtime = None if runtime == TRIAL_RUNTIME_LIMIT_S else runtime
+    return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
+                     price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
+                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training)
+
+
+def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
+    """Edit a draft: the fields given replace the draft's request (training: the settings given),
+    and the result is checked whole, exactly as a create of it would be (so an edit cannot skip a check); a refused
+    edit changes nothing."""
+    require(principal, Role.owner, Role.member)
+    store = get_store()
+    run, _ = store.get_run(principal.org, run_id)
+    if run.state != RunState.draft:
+        raise Conflict(f"only a draft can be edited; this run is {run.state.value}")
+    fields = body.model_dump(exclude_none=True, exclude={"training"})
+    if body.training is not None:
+        fields["training"] = body.training.model_dump(exclude_unset=True)
+    if not fields:
+        raise InvalidInput.field("body", "send at least one field to change (the fields of a run create)")
+    request = request_of(run)
+    merged = request.model_dump() | fields
+    merged["training"] = request.training.model_dump() | fields.get("training", {})
+    try:
+        edited = RunCreate.model_validate(merged)
+    except ValidationError as exc:
+        raise invalid(exc) from exc
+    quotas.check_edit(principal, edited)  # the org's limits, as at create
+    checked = checks.check_request(principal.org, edited)
+    updates = _draft_fields(edited, checked) | {"updated_at": now()}
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.draft:
+            return None
+        if r != run:
+            # Checked as read: an edit in between (say, another model) was not checked with this one.
+            raise Conflict("the draft was changed by another request while this edit was checked; nothing was "
+                           "changed by this one: read the draft and send the edit again")
+        return r.model_copy(update=updates)
+
+    new, wrote = store.mutate_run(principal.org, run_id, change)
+    if not wrote:
+        raise Conflict(f"only a draft can be edited; this run is {new.state.value} now")
+    event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}")
+    if new.kind != run.kind or new.training != run.training or new.runtime_limit_s != run.runtime_limit_s:
+        _kind_event(new, checked.dataset)
+    if new.forecast != run.forecast or new.runtime_limit_s != run.runtime_limit_s:
+        _forecast_events(new, checked)
+    for warning in warnings_of(new):
+        event(new, "warning", warning)
+    return view(new)
+
+
+def delete(principal: Principal, run_id: str) -> None:
+    """Delete a draft (nothing was rented for it); any other run is kept as a record."""
+    require(principal, Role.owner, Role.member)
+    store = get_store()
+    run, etag = store.get_run(principal.org, run_id)
+    if run.state != RunState.draft:
+        raise Conflict(f"only a draft can be deleted; this run is {run.state.value} "
+                       "(cancel it instead; ended runs stay as a record of what was billed)")
+    store.delete_run(run.org, run.id, etag)  # ETag-guarded: a launch in between wins
+    return None

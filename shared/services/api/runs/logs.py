@@ -1,0 +1,98 @@
+"""A run's training log lines, a page at a time, and the loss curve read from them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.errors import InvalidInput
+from shared.runs.lifecycle import TERMINAL
+from shared.security import Principal
+from shared.store import get_store
+
+LOG_PAGE_DEFAULT = 1000
+
+
+LOG_PAGE_MAX = 5000
+
+
+def logs(principal: Principal, run_id: str, after: str | None = None, limit: str | None = None) -> dict[str, Any]:
+    """One page of the run's log lines after the cursor (a line number; none = from the start).
+
+    `next` is the cursor for the following lines; null once the run is terminal and every
+    stored line was returned (while it runs, polling with `next` picks up new lines)."""
+    run, _ = get_store().get_run(principal.org, run_id)
+    if after is None or after == "":
+        start = 0
+    elif after.isascii() and after.isdigit() and len(after) <= 10:
+        start = int(after)
+    else:
+        raise InvalidInput.field("after", "a cursor from a previous page's `next`")
+    if limit is None or limit == "":
+        count = LOG_PAGE_DEFAULT
+    elif limit.isascii() and limit.isdigit() and len(limit) <= 4 and 1 <= int(limit) <= LOG_PAGE_MAX:
+        count = int(limit)
+    else:
+        raise InvalidInput.field("limit", f"a whole number from 1 to {LOG_PAGE_MAX}")
+    lines, cursor = get_store().read_logs(run.id, start, count)
+    done = len(lines) < count and run.state in TERMINAL
+    return {"lines": lines, "next": None if done else str(cursor), "state": run.state.value}
+
+
+# /metrics reads at most this many points (the newest kept), so a long run stays cheap to plot.
+MAX_METRIC_POINTS = 2000
+
+
+MAX_LOG_LINES_READ = 20000  # the per-run line cap of the log store
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def parse_metric_line(line: str) -> dict[str, Any] | None:
+    """A trainer line `progress=.. step=<n> loss=<x> [lr=<y>]` as a point, else None."""
+    text = line.strip()
+    if not text.startswith("progress="):
+        return None
+    pairs = dict(p.split("=", 1) for p in text.split() if "=" in p)
+    try:
+        step = int(pairs.get("step", ""))
+    except ValueError:
+        return None
+    loss = _number(pairs.get("loss", ""))
+    if loss is None:
+        return None
+    lr = _number(pairs["lr"]) if "lr" in pairs else None
+    return {"step": step, "loss": loss, "lr": lr}
+
+
+def _eval_loss(line: str) -> float | None:
+    # lora.py prints "trainer: eval_loss after training = 1.2345"; accept eval_loss=<x> too.
+    text = line.strip()
+    if "eval_loss after training" in text:
+        return _number(text.rsplit("=", 1)[-1].strip())
+    for part in text.split():
+        if part.startswith("eval_loss="):
+            return _number(part.removeprefix("eval_loss="))
+    return None
+
+
+def metrics(principal: Principal, run_id: str) -> dict[str, Any]:
+    """Per-step loss from the trainer's progress lines in the run's stored logs."""
+    get_store().get_run(principal.org, run_id)
+    points: dict[int, dict[str, Any]] = {}
+    eval_loss: float | None = None
+    lines, _ = get_store().read_logs(run_id, 0, MAX_LOG_LINES_READ)
+    for line in lines:
+        point = parse_metric_line(line)
+        if point is not None:
+            points[point["step"]] = point  # a step repeated (a restarted agent) keeps its last value
+        elif "eval_loss" in line and (value := _eval_loss(line)) is not None:
+            eval_loss = value
+    ordered = [points[k] for k in sorted(points)]
+    return {"points": ordered[-MAX_METRIC_POINTS:], "eval_loss": eval_loss,
+            "truncated": len(ordered) > MAX_METRIC_POINTS}

@@ -1,0 +1,86 @@
+"""The run view (GET /api/runs/{id} and the list): state, phase, progress, estimate and cost so far,
+resources with their current state, the timeline's latest events, warnings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.models import CloudResource, RunRecord, RunState, RunView
+from shared.runs import forecast
+from shared.runs.lifecycle import ACTIVE, TERMINAL
+from shared.runs.resources import MACHINE_KINDS
+from shared.security import Principal
+from shared.services.api import usage
+from shared.store import get_store
+
+# A run view reads one bounded page of events (its timeline), never the whole partition.
+VIEW_EVENTS = 200
+
+
+def resource_states(run: RunRecord, t: usage.Timing) -> list[CloudResource]:
+    """Each recorded resource with its current state, from where the run is now.
+
+    The state recorded at launch ("running") goes stale: the run's state says what the
+    steps have done to the machine since (stopped and kept, being released, released).
+    """
+    out = []
+    for res in run.resources:
+        if run.state in TERMINAL or t.released_at is not None:
+            state = "released"
+        elif run.state == RunState.releasing:
+            state = "releasing"
+        elif run.state == RunState.retaining:
+            state = "stopping" if res.kind in MACHINE_KINDS else "kept"
+        elif run.state in (RunState.retained, RunState.recovering):
+            if res.kind in MACHINE_KINDS:
+                state = "running (started for recovery)" if t.machine_running else "stopped"
+            else:
+                state = "kept"
+        elif res.kind in MACHINE_KINDS:
+            state = res.state or "running"
+        else:
+            state = "in use"
+        out.append(res.model_copy(update={"state": state}))
+    return out
+
+
+def warnings_of(run: RunRecord) -> list[str]:
+    if run.state != RunState.draft:
+        return []
+    out = []
+    if run.offer.total_per_hour > run.price_limit_per_hour:
+        out.append(f"the estimate {run.offer.total_per_hour:.4f} {run.offer.currency}/h is above the price limit "
+                   f"{run.price_limit_per_hour:.4f}/h: launch will be refused until price_limit_per_hour is raised "
+                   "or another offer is chosen")
+    if run.forecast is not None:  # limits that will not cover the forecast: a warning, not a refusal
+        out += forecast.warnings(run.forecast, run.price_limit_per_hour, run.runtime_limit_s, run.offer.currency)
+    return out
+
+
+def view(run: RunRecord, with_events: bool = True) -> RunView:
+    events = get_store().list_events(run.id, exclude_kind="log", limit=VIEW_EVENTS) if with_events else []
+    t = usage.timing(run, [] if run.state == RunState.draft else (events if with_events else None))
+    return RunView(
+        id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
+        outcome=run.outcome, phase=run.phase if run.state in ACTIVE else "", progress=run.progress,
+        reason=run.reason, billing_note=run.billing_note,
+        offer=run.offer, estimate_per_hour=run.offer.total_per_hour, price_limit_per_hour=run.price_limit_per_hour,
+        runtime_limit_s=run.runtime_limit_s, base_model=run.base_model, dataset_version_id=run.dataset_version_id,
+        resources=resource_states(run, t), adapter_sha256=run.adapter_sha256, release_error=run.release_error,
+        release_attempts=run.release_attempts, created_at=run.created_at, updated_at=run.updated_at, events=events,
+        training=run.training,
+        started_at=t.started_at, machine_up_at=t.machine_up_at, released_at=t.released_at, elapsed_s=t.elapsed_s,
+        billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
+        final_cost=t.final_cost, warnings=warnings_of(run), forecast=run.forecast,
+        forecast_check=run.forecast_check,
+    )
+
+
+def get(principal: Principal, run_id: str) -> RunView:
+    run, _ = get_store().get_run(principal.org, run_id)
+    return view(run)
+
+
+def list_runs(principal: Principal) -> dict[str, Any]:
+    runs = sorted(get_store().list_runs(principal.org), key=lambda r: r.created_at, reverse=True)
+    return {"items": [view(r, with_events=False) for r in runs]}

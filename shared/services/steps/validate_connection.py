@@ -1,0 +1,58 @@
+"""The validate-connection step: run a saved connection's checks (credentials, permissions, the
+machines runs hold, the catalog) and record each result on the connection. Never creates anything
+billable.
+"""
+
+from __future__ import annotations
+
+from shared.clock import now
+from shared.errors import ProviderError
+from shared.log import get_logger, redact_text
+from shared.models import CatalogRecord, Check, CheckStatus, ConnectionMessage, ConnectionRecord, ConnectionStatus
+from shared.runs.scope import held_machines_check
+from shared.services.backends import STORAGE_SLOT, compute_for, storage_for
+from shared.store import get_store
+
+
+def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | None]:
+    if rec.slot == STORAGE_SLOT:
+        return storage_for(rec.org).validate(), None
+    provider = compute_for(rec.org, rec.provider)
+    checks = list(provider.validate())
+    checks.extend(held_machines_check(rec.org, rec.provider, provider))
+    catalog = None
+    if not any(c.status == CheckStatus.fail for c in checks):
+        try:
+            offers = provider.offers()
+            catalog = CatalogRecord(org=rec.org, provider=rec.provider, offers=offers, fetched_at=now())
+            checks.append(Check(name="catalog", status=CheckStatus.ok if offers else CheckStatus.fail,
+                                message=f"{len(offers)} supported GPU offers priced" if offers else
+                                "no supported GPU offer is available with this setup; see the checks above"))
+        except ProviderError as exc:
+            checks.append(Check(name="catalog", status=CheckStatus.fail, message=f"the catalog did not load: {exc.reason}"))
+    return checks, catalog
+
+
+def validate_connection(msg: ConnectionMessage) -> None:
+    org, slot = msg.org, msg.slot
+    store = get_store()
+    got = store.get_connection(org, slot)
+    if not got:
+        return  # deleted since the message was sent
+    rec, _ = got
+    try:
+        checks, catalog = _run_checks(rec)
+    except ProviderError as exc:
+        checks, catalog = [Check(name="connection", status=CheckStatus.fail, message=exc.reason)], None
+    except Exception as exc:  # a check must report, not crash the step into poison
+        get_logger().exception("connection check crashed")
+        checks, catalog = [Check(name="connection", status=CheckStatus.fail,
+                                 message=f"the check could not run: {redact_text(str(exc))}")], None
+    status = ConnectionStatus.failed if any(c.status == CheckStatus.fail for c in checks) else ConnectionStatus.connected
+    if catalog is not None:
+        store.put_catalog(catalog)
+    current = store.get_connection(org, slot)
+    if current is None or current[0].revision != rec.revision:
+        return  # saved again meanwhile: that save's own check reports
+    store.put_connection(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
+                         current[1])

@@ -1,0 +1,200 @@
+"""The AWS test rig: moto in server mode on loopback (the real wire protocol) with AMIs seeded
+through MOTO_AMIS_PATH, the Pricing API answered from recorded pages, a counter of every AWS
+request the adapter makes, and injected answers for what moto cannot produce.
+
+The fixtures built on it are in tests/conftest.py (moto_server, pricing_server, rig: the e2e
+tests and tests/test_security_imds.py use them too) and tests/providers/aws/conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tests.providers.aws.pricing_server import PricingServer
+
+if TYPE_CHECKING:
+    from shared.providers.aws.compute import AwsCompute
+    from shared.providers.aws.config import AwsConfig
+
+REGION = "us-east-1"
+ZONE = "us-east-1a"
+ACCOUNT = "123456789012"  # moto's default account
+AMI_GOOD = "ami-0a1b2c3d4e5f60001"
+AMI_MARKETPLACE = "ami-0a1b2c3d4e5f60002"
+AMI_ARM = "ami-0a1b2c3d4e5f60003"
+AMI_INSTANCE_STORE = "ami-0a1b2c3d4e5f60004"
+AMI_WINDOWS = "ami-0a1b2c3d4e5f60005"
+AMI_PENDING = "ami-0a1b2c3d4e5f60006"
+
+
+def _ami(ami_id: str, name: str, **over: Any) -> dict[str, Any]:
+    ami = {"ami_id": ami_id, "name": name, "description": name, "owner_id": ACCOUNT, "public": False,
+           "virtualization_type": "hvm", "architecture": "x86_64", "state": "available", "platform": None,
+           "image_type": "machine", "hypervisor": "xen", "root_device_name": "/dev/sda1",
+           "root_device_type": "ebs", "sriov": "simple", "region_name": ZONE}
+    ami.update(over)
+    return ami
+
+
+SEEDED_AMIS = [
+    _ami(AMI_GOOD, "tensorant-dlami-ubuntu-24.04"),
+    _ami(AMI_MARKETPLACE, "marketplace-gpu-image",
+         product_codes=[{"ProductCodeId": "4k3rdzjmcn6u2ua4mtarketpl", "ProductCodeType": "marketplace"}]),
+    _ami(AMI_ARM, "arm64-gpu-image", architecture="arm64"),
+    _ami(AMI_INSTANCE_STORE, "instance-store-image", root_device_type="instance-store"),
+    _ami(AMI_WINDOWS, "windows-gpu-image", platform="windows"),
+    _ami(AMI_PENDING, "still-being-created", state="pending"),
+]
+
+
+@contextmanager
+def moto_ec2_server(workdir: Path) -> Iterator[str]:
+    """moto in server mode on a loopback port, its EC2 seeded with SEEDED_AMIS; yields its URL."""
+    amis_file = workdir / "amis.json"
+    amis_file.write_text(json.dumps(SEEDED_AMIS))
+    old = os.environ.get("MOTO_AMIS_PATH")
+    # Must be set before moto's EC2 backend loads its AMI list.
+    os.environ["MOTO_AMIS_PATH"] = str(amis_file)
+    if "moto.ec2.models.amis" in sys.modules:  # another test loaded moto's EC2 first
+        from moto.ec2.models import amis
+
+        amis.AMIS = json.loads(amis_file.read_text())
+    from moto import settings as moto_settings
+    from moto.server import ThreadedMotoServer
+
+    moto_settings.EC2_ENABLE_INSTANCE_TYPE_VALIDATION = True
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+    moto_settings.EC2_ENABLE_INSTANCE_TYPE_VALIDATION = False
+    if old is None:
+        os.environ.pop("MOTO_AMIS_PATH", None)
+    else:
+        os.environ["MOTO_AMIS_PATH"] = old
+
+
+@dataclass
+class CallLog:
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    params: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, service: str, operation: str, params: dict[str, Any]) -> None:
+        self.calls.append((service, operation))
+        self.params.append(params)
+        ALL_ACTIONS.add(f"{service}:{operation}")
+
+    def take(self) -> list[tuple[str, str]]:
+        out, self.calls = self.calls, []
+        self.params = []
+        return out
+
+
+# Every action any AWS test made, checked against the IAM policy template at session end.
+ALL_ACTIONS: set[str] = set()
+
+
+@dataclass
+class Rig:
+    url: str
+    pricing: PricingServer
+    log: CallLog
+    ec2: Any
+    iam: Any
+    subnet_id: str
+    sg_id: str
+    vpc_id: str
+    # Called in order before every AWS request of computes built by `compute()`; the first
+    # that answers short-circuits the request (see inject). The call counter comes first.
+    listeners: list[Any] = field(default_factory=list)
+
+    def on_api_call(self, service: str, operation: str, params: dict[str, Any]) -> Any:
+        for listener in list(self.listeners):
+            answer = listener(service, operation, params)
+            if answer is not None:
+                return answer
+        return None
+
+    def config(self, **over: Any) -> AwsConfig:
+        from shared.providers.aws.config import AwsConfig
+
+        values: dict[str, Any] = {
+            "region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
+            "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
+            "subnet_id": self.subnet_id, "security_group_id": self.sg_id, "workspace_disk_gb": 100,
+        }
+        values.update(over)
+        return AwsConfig(**values)
+
+    def compute(self, deployment: str = "test", page_size: int = 100,
+                sleep: Callable[[float], None] = lambda s: None, **over: Any) -> AwsCompute:
+        from shared.providers.aws.compute import AwsCompute
+        from shared.settings import Settings
+
+        return AwsCompute(self.config(**over), Settings(deployment_id=deployment), endpoint_url=self.url,
+                          pricing_endpoint_url=self.pricing.url, sleep=sleep, on_api_call=self.on_api_call,
+                          page_size=page_size)
+
+
+def new_rig(moto_url: str, pricing: PricingServer) -> Rig:
+    """A rig on a freshly reset moto and pricing fake: one VPC with a subnet in ZONE and a security group."""
+    import boto3
+    import requests
+
+    requests.post(f"{moto_url}/moto-api/reset", timeout=10).raise_for_status()
+    pricing.requests.clear()
+    pricing.fail_with = None
+    kw = {"endpoint_url": moto_url, "region_name": REGION, "aws_access_key_id": "AKIAIOSFODNN7EXAMPLE",
+          "aws_secret_access_key": "x" * 40}
+    ec2 = boto3.client("ec2", **kw)
+    iam = boto3.client("iam", **kw)
+    vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    sg = ec2.create_security_group(GroupName="tensorant-train", Description="training", VpcId=vpc)["GroupId"]
+    log = CallLog()
+    return Rig(moto_url, pricing, log, ec2, iam, subnet, sg, vpc, listeners=[log])
+
+
+class _Http:
+    def __init__(self, status: int) -> None:
+        self.status_code = status
+        self.headers: dict[str, str] = {}
+        self.content = b""
+
+
+def inject(service: str, operation: str, code: str = "", message: str = "", *, status: int = 400,
+           times: int | None = None, response: dict[str, Any] | None = None) -> Any:
+    """A before-call listener that answers `operation` itself (an AWS error, or `response`).
+
+    This is the test-only hook for what moto cannot produce (capacity, quota, throttling,
+    root credentials): botocore's before-call event short-circuits the request on the real
+    client, and every other call still goes to moto.
+    """
+    state = {"left": times}
+
+    def listener(svc: str, op: str, params: dict[str, Any]) -> Any:
+        if svc != service or op != operation or state["left"] == 0:
+            return None
+        if state["left"] is not None:
+            state["left"] -= 1
+        if response is not None:
+            return _Http(200), {**response, "ResponseMetadata": {"HTTPStatusCode": 200}}
+        return _Http(status), {"Error": {"Code": code, "Message": message},
+                               "ResponseMetadata": {"HTTPStatusCode": status}}
+
+    return listener
+
+
+def add_injection(injected: list[Any], listener: Any) -> None:
+    # After the counter (first in the rig's list), so injected calls are still counted.
+    injected.append(listener)

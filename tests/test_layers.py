@@ -1,0 +1,55 @@
+"""The layout rules of shared/ that no type checker sees: which package may import which, and the
+one place a run's state change is recorded (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT / "shared"
+# A step that reads an API resource's helper: the dataset check before a launch and the org's
+# Hugging Face token for the machine (shared/services/__init__.py names them).
+STEP_READS_API = {("shared/services/steps/launch.py", "shared.services.api.projects"),
+                  ("shared/services/steps/launch.py", "shared.services.api.org_secrets")}
+
+
+def imports(path: Path) -> set[str]:
+    """Every module `path` imports, at the top or inside a function (`from a import b` counts as a.b too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def sources(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (SHARED / folder).rglob("*.py"))
+
+
+def test_only_the_http_edge_imports_the_http_layer() -> None:
+    offenders = [str(p.relative_to(ROOT)) for p in sources("services", "runs", "storage", "providers", "store")
+                 if any(m == "shared.http" or m.startswith("shared.http.") for m in imports(p))]
+    assert offenders == [], f"import errors from shared.errors, not shared.http: {offenders}"
+
+
+def test_steps_and_timers_import_no_api_module_but_the_named_ones() -> None:
+    found = {(str(p.relative_to(ROOT)), m) for p in sources("services/steps", "services/timers")
+             for m in imports(p) if m.startswith("shared.services.api.") and m.count(".") == 3}
+    assert found == STEP_READS_API
+
+
+def test_the_run_domain_imports_no_service_but_backends() -> None:
+    found = {(str(p.relative_to(ROOT)), m) for p in sources("runs") for m in imports(p)
+             if m.startswith("shared.services") and not m.startswith("shared.services.backends")}
+    assert found == set()
+
+
+def test_only_moves_records_a_state_change() -> None:
+    # A transition event written anywhere else would be a second way to change a run's state.
+    users = [str(p.relative_to(ROOT)) for p in SHARED.rglob("*.py")
+             if "transition_event" in p.read_text() and p.name not in ("events.py", "moves.py")]
+    assert users == []
