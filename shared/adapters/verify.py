@@ -13,7 +13,7 @@ The archive is the uploader's, so no text in it is ever compiled as a regular ex
 (a pattern such as "(a+)+" backtracks for minutes with the GIL held, and "(" raises):
 target_modules and rank_pattern / alpha_pattern are matched as PEFT matches them, by plain
 string and dict operations, and only the pattern shapes PEFT users write are accepted
-(issue 18). The work is bounded: at most MAX_TENSORS tensors with names of at most
+(an uploader's pattern must not stall the verify step). The work is bounded: at most MAX_TENSORS tensors with names of at most
 MAX_TENSOR_NAME characters, and the zip's entry count is checked before its directory is read.
 """
 
@@ -38,7 +38,8 @@ from shared.adapters.smoke import CONFIG_NAME, MANIFEST_NAME, SMOKE_TRAINER, WEI
 
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME)
 MAX_ENTRIES = 64
-# Unpacked in memory: at most the archive limit (verify_adapter.MAX_ADAPTER_BYTES), not 2 GiB (issue 11.6).
+# Unpacked in memory: at most the archive limit (verify_adapter.MAX_ADAPTER_BYTES), not 2 GiB (a zip may declare up to 2 GiB of
+# entries, and each verify step would hold it all).
 MAX_TOTAL_BYTES = 1024**3
 MAX_RATIO = 100.0
 RATIO_FLOOR_BYTES = 1024 * 1024  # a small JSON file may compress well; a bomb is big
@@ -177,7 +178,7 @@ def _declared_directory(data: bytes) -> tuple[int, int] | None:
 
 def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: float,
                 problems: list[str], summary: dict[str, Any]) -> dict[str, bytes]:
-    # Before zipfile parses the directory: 400,000 entries took it 13 s and 150 MiB (issue 18.2).
+    # Before zipfile parses the directory: 400,000 entries took it 13 s and 150 MiB.
     declared = _declared_directory(data)
     if declared is not None:
         entries, directory_bytes = declared

@@ -1,4 +1,4 @@
-"""Launch benchmark (issue 12.10): N simultaneous launches to `succeeded` on the local provider.
+"""Launch benchmark: N simultaneous launches to `succeeded` on the local provider.
 
 Run: .venv/bin/python -m tests.bench.launch_bench  [--runs 30] [--timeout 600]
 
@@ -89,7 +89,7 @@ def _bench(connection: str, n: int, timeout: float) -> None:
 
     try:
         s = requests.Session()
-        # 30 runs created and launched at once: above the default org limits (issue 11.8), as an owner sets them.
+        # 30 runs created and launched at once: above the default org limits, as an owner sets them.
         call("PUT", "/api/org/limits", s, json={"max_active_runs": max(5, n), "runs_per_minute": max(10, 2 * n)})
         call("PUT", "/api/connections/storage", s, json={"kind": "local"})
         call("PUT", "/api/connections/compute/local", s, json={})

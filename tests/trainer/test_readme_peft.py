@@ -1,4 +1,4 @@
-"""The README's "load the adapter yourself" snippet, run as written (issue 22.2): on an adapter the
+"""The README's "load the adapter yourself" snippet, run as written: on an adapter the
 real trainer wrote, with only the base model's folder swapped for the tiny test model (SmolLM2's
 conversion takes minutes); and the folder the README names is the one `make run` keeps models in."""
 
