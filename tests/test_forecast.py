@@ -314,3 +314,21 @@ def test_a_check_of_a_few_seconds_does_not_stand_for_a_throughput(h: Harness) ->
     assert h.get_run(first)["forecast_check"] is not None
     second = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
     assert "measured by run" not in second["forecast"]["basis"]
+
+
+def test_runs_get_prints_the_forecasts_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorant_cli import main as cli
+    from tensorant_cli.render import forecast_check_line
+
+    checked = {**RUN, "forecast_check": {"training_s": 570.0, "tokens": 412_000, "steps": 30, "training_error": 0.26,
+                                         "tokens_error": -0.03, "throughput_tokens_per_s": 722.8}}
+
+    class Finished(FakeClient):
+        def get(self, path: str, **params: str) -> Any:
+            return checked
+
+    monkeypatch.setattr(cli, "Client", Finished)
+    assert cli.main(["runs", "get", "r-1"]) == 0
+    line = "measured: 10 min training (forecast 26% long), 412,000 tokens (forecast 3% short)"
+    assert "  " + line in capsys.readouterr().out.splitlines()
+    assert forecast_check_line(checked) == line and forecast_check_line(RUN) is None  # none before verification

@@ -71,6 +71,21 @@ def forecast_line(run: dict[str, Any]) -> str | None:
                      f"start, ~{money_text} (tokens {f.get('tokens_source') or 'estimated'})")
 
 
+def forecast_check_line(run: dict[str, Any]) -> str | None:
+    """How far the forecast was from what the trainer measured, once the adapter is verified:
+    'measured: 9.5 min training (forecast 26% long), 412,000 tokens (forecast 3% short)'."""
+    c = run.get("forecast_check")
+    if not isinstance(c, dict):
+        return None
+
+    def off(error: Any) -> str:
+        e = float(error or 0.0)
+        return f"{abs(e):.0%} {'long' if e >= 0 else 'short'}"
+
+    return printable(f"measured: {approx(c.get('training_s') or 0)} training (forecast {off(c.get('training_error'))}), "
+                     f"{int(c.get('tokens') or 0):,} tokens (forecast {off(c.get('tokens_error'))})")
+
+
 def percent(progress: Any) -> str:
     p = min(max(float(progress or 0.0), 0.0), 1.0)
     return f"{p * 100:.0f}%"

@@ -18,6 +18,7 @@ from tensorant_cli.render import (
     cli_words,
     clock,
     duration,
+    forecast_check_line,
     forecast_line,
     money,
     percent,
@@ -119,6 +120,8 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
         f"{duration(run.get('runtime_limit_s'))}; base model {run.get('base_model')}; kind {run.get('kind')}")
     if (forecast := forecast_line(run)) is not None:
         say(f"  {forecast}")
+    if (checked := forecast_check_line(run)) is not None:
+        say(f"  {checked}")
     if run.get("final_cost") is not None:
         say(f"  final cost {money(run['final_cost'], currency)}: machine {duration(run.get('billed_machine_s'))}"
             f", disk only {duration(run.get('billed_disk_only_s'))}")
