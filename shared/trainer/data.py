@@ -17,14 +17,21 @@ by rendering the turn with a sentinel in place of its content: the text before t
 the prefix (for a first assistant message, the template's default system prompt and the role
 header, which must not be learned), the text after it is the end marker. A row cut by max_seq_len
 inside an assistant turn keeps that turn's end marker, so a truncated answer still teaches stopping.
+
+`encode` is the per-row definition of all this; a training set is encoded in batches by
+shared.trainer.encoding (same ids and labels, into compact arrays), and read from disk as a
+`DatasetRows`: checked once, then streamed again when encoded instead of held as parsed rows.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 IGNORE = -100
 # No special tokens on purpose: with no chat template we cannot know what the model expects.
@@ -52,36 +59,88 @@ class Example:
 
 @dataclass
 class Tokenized:
-    input_ids: list[int]
-    labels: list[int]
+    """One encoded example: lists from `encode`, int32 numpy views from a batch-encoded set
+    (shared.trainer.encoding); both support len(), slicing and torch.as_tensor."""
+
+    input_ids: list[int] | np.ndarray
+    labels: list[int] | np.ndarray
     truncated: bool = False
 
     @property
     def trained_tokens(self) -> int:
+        if isinstance(self.labels, np.ndarray):
+            return int(np.count_nonzero(self.labels != IGNORE))
         return sum(1 for x in self.labels if x != IGNORE)
 
 
 @dataclass
 class Encoded:
-    examples: list[Tokenized] = field(default_factory=list)
+    examples: Sequence[Tokenized] = field(default_factory=list)
     truncated: int = 0
     dropped: int = 0  # rows with no trained token left after truncation
 
 
-def load_examples(path: str | Path) -> list[Example]:
-    out: list[Example] = []
+def _lines(path: str | Path) -> Iterator[tuple[int, int, str]]:
+    """(row index, line number, line) for each non-blank line: blank lines are not rows."""
+    index = 0
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"dataset line {number} is not valid JSON ({exc.msg})") from exc
-            out.append(normalise(row, number))
+            if line.strip():
+                yield index, number, line
+                index += 1
+
+
+def _parse(line: str, number: int) -> Example:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"dataset line {number} is not valid JSON ({exc.msg})") from exc
+    return normalise(row, number)
+
+
+def load_examples(path: str | Path) -> list[Example]:
+    """Every row, parsed and held: for small sets and tests; the trainer uses scan_dataset."""
+    out = [_parse(line, number) for _, number, line in _lines(path)]
     if not out:
         raise DatasetError("the dataset has no rows")
     return out
+
+
+@dataclass(frozen=True)
+class DatasetRows:
+    """A dataset file whose rows were all checked (scan_dataset) but are not held (parsed JSON rows
+    would stay in memory for the whole run): they are read again from disk when needed."""
+
+    path: Path
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def read(self, wanted: Sequence[bool] | np.ndarray | None = None) -> Iterator[tuple[int, Example]]:
+        """(row index, row) in file order, for the rows whose `wanted[index]` is true (every row when
+        None); the others are not parsed."""
+        for index, number, line in _lines(self.path):
+            if wanted is None or wanted[index]:
+                yield index, _parse(line, number)
+
+    def examples(self, indices: Sequence[int]) -> list[Example]:
+        """The rows at `indices`, in that order (one pass over the file)."""
+        wanted = np.zeros(self.count, dtype=bool)
+        wanted[list(indices)] = True
+        found = dict(self.read(wanted))
+        return [found[i] for i in indices]
+
+
+def scan_dataset(path: str | Path) -> DatasetRows:
+    """Check every row as load_examples does (same errors), keeping only the row count."""
+    count = 0
+    for _, number, line in _lines(path):
+        _parse(line, number)
+        count += 1
+    if not count:
+        raise DatasetError("the dataset has no rows")
+    return DatasetRows(Path(path), count)
 
 
 def normalise(row: Any, number: int = 0) -> Example:
@@ -126,27 +185,39 @@ def render(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_pro
 SENTINEL = "TENSORANTSENTINEL7F3A"
 
 
-def turn_parts(tokenizer: Any, messages: list[dict[str, str]], i: int) -> tuple[str, str]:
+# (messages, add_generation_prompt) -> the rendered text: `render` itself, or a stand-in proven to
+# give the same text (shared.trainer.encoding.SkeletonRenderer).
+Renderer = Callable[[list[dict[str, str]], bool], str]
+
+
+def template_renderer(tokenizer: Any) -> Renderer:
+    return lambda messages, generation: render(tokenizer, messages, add_generation_prompt=generation)
+
+
+def turn_parts(tokenizer: Any, messages: list[dict[str, str]], i: int,
+               renderer: Renderer | None = None) -> tuple[str, str]:
     """(the text before message i's content, the text after it) when the conversation ends at i."""
-    marked = render(tokenizer, [*messages[:i], {"role": messages[i]["role"], "content": SENTINEL}],
-                    add_generation_prompt=False)
+    draw = renderer or template_renderer(tokenizer)
+    marked = draw([*messages[:i], {"role": messages[i]["role"], "content": SENTINEL}], False)
     head, _, tail = marked.partition(SENTINEL)
     return head, tail
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int, int]]]:
+def assistant_spans(tokenizer: Any, messages: list[dict[str, str]],
+                    renderer: Renderer | None = None) -> tuple[str, list[tuple[int, int, int]]]:
     """The rendered conversation and, per assistant turn, (start, stop, end) character offsets:
     [start, end) is learned; [stop, end) is its end-of-turn marker (stop == end when unknown)."""
-    full = render(tokenizer, messages, add_generation_prompt=False)
+    draw = renderer or template_renderer(tokenizer)
+    full = draw(messages, False)
     spans: list[tuple[int, int, int]] = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        through = render(tokenizer, messages[: i + 1], add_generation_prompt=False)
-        head, tail = turn_parts(tokenizer, messages, i)
+        through = draw(messages[: i + 1], False)
+        head, tail = turn_parts(tokenizer, messages, i, draw)
         # Not the empty text when i == 0: a template may open every conversation with a default
         # system prompt and the assistant header, which are the template's, not the answer.
-        before = render(tokenizer, messages[:i], add_generation_prompt=True) if i else head
+        before = draw(messages[:i], True) if i else head
         if full.startswith(through) and through.startswith(before):
             start, end = len(before), len(through)
         else:
@@ -162,7 +233,8 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str
 
 
 def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
-    """Token ids and labels for one example, truncated to max_seq_len tokens."""
+    """Token ids and labels for one example, truncated to max_seq_len tokens: the reference that
+    shared.trainer.encoding's batch path must match token for token (tests/trainer/test_encoding.py)."""
     if example.text is not None:
         ids = list(tokenizer(example.text, add_special_tokens=True)["input_ids"])
         return Tokenized(ids[:max_seq_len], ids[:max_seq_len], len(ids) > max_seq_len)
@@ -194,15 +266,12 @@ def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
 
 
 def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
-    out = Encoded()
-    for ex in examples:
-        t = encode(tokenizer, ex, max_seq_len)
-        out.truncated += t.truncated
-        if t.trained_tokens == 0:
-            out.dropped += 1
-            continue
-        out.examples.append(t)
-    return out
+    """Every example encoded (in batches, into compact arrays); rows left with no trained token are
+    counted in `dropped` and left out."""
+    # Imported here: shared.trainer.encoding builds on this module.
+    from shared.trainer.encoding import encode_examples
+
+    return encode_examples(tokenizer, examples, max_seq_len)
 
 
 def sample_prompt(tokenizer: Any, example: Example) -> tuple[str, str]:

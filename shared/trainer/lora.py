@@ -42,12 +42,15 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from shared.trainer.batches import batch_stream, choose_batching, collate, trained_tokens
+from shared.trainer.batches import batch_stream, choose_batching, collate, trained_tokens, use_segment_attention
 from shared.trainer.config import SettingsError, TrainerSettings, parse_settings
-from shared.trainer.data import DatasetError, Encoded, Example, Tokenized, encode_all, load_examples, sample_prompt
+from shared.trainer.data import DatasetError, DatasetRows, Encoded, Example, Tokenized, sample_prompt, scan_dataset
+from shared.trainer.encoding import encode_splits
 from shared.trainer.loss import loss_sum
 
 CONFIG_NAME = "adapter_config.json"
@@ -67,7 +70,10 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
-def split(examples: list[Example], s: TrainerSettings) -> tuple[list[Example], list[Example], list[Example]]:
+T = TypeVar("T")
+
+
+def split(examples: Sequence[T], s: TrainerSettings) -> tuple[list[T], list[T], list[T]]:
     """(train, eval, sample) with a seeded shuffle: the same seed always holds out the same rows."""
     rng = random.Random(s.seed)
     order = list(examples)
@@ -121,8 +127,8 @@ def load_model(s: TrainerSettings, source: str, precision: str, cuda: bool, toke
     return model
 
 
-def evaluate(model: Any, examples: list[Tokenized], batch_size: int, pad_id: int, device: Any, mode: str,
-             capacity: int) -> float | None:
+def evaluate(model: Any, examples: Sequence[Tokenized], batch_size: int, pad_id: int, device: Any,
+             mode: str) -> float | None:
     import torch
 
     if not examples:
@@ -131,13 +137,13 @@ def evaluate(model: Any, examples: list[Tokenized], batch_size: int, pad_id: int
     total, count = 0.0, 0
     # Token-weighted, so the order does not change the result: by length, for the least padding.
     ordered = sorted(examples, key=lambda t: len(t.input_ids))
-    with torch.no_grad():
+    with torch.inference_mode():  # no autograd bookkeeping at all, not only no graph
         for i in range(0, len(ordered), batch_size):
             batch = ordered[i: i + batch_size]
             n = trained_tokens(batch)
             if n == 0:
                 continue
-            total += float(loss_sum(model, collate(batch, pad_id, device, mode, capacity), n))
+            total += float(loss_sum(model, collate(batch, pad_id, device, mode), n))
             count += n
     model.train()
     return total / count if count else None
@@ -234,8 +240,24 @@ def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: Trainer
             "steps": total_steps, "settings": s.as_dict()}
 
 
-def train(env: dict[str, str]) -> int:
-    started = time.monotonic()
+@dataclass
+class Job:
+    """What the environment asks for, checked before torch is imported (bad values: exit 2)."""
+
+    output: Path
+    base_model: str
+    source: str  # where the weights load from: TENSORANT_BASE_MODEL_PATH, else the hub id
+    token: str | None
+    s: TrainerSettings
+    rows: DatasetRows
+    checkpoint_root: Path | None
+    resume_from: Path | None
+    step_sleep_s: float
+    threads: int
+
+
+def read_job(env: dict[str, str]) -> Job | int:
+    """The run's environment checked (settings, dataset rows, a resume folder's match), or an exit code."""
     output, dataset = env.get("TENSORANT_OUTPUT_DIR", ""), env.get("TENSORANT_DATASET_PATH", "")
     base_model = env.get("TENSORANT_BASE_MODEL", "")
     if not (output and dataset and base_model):
@@ -243,7 +265,7 @@ def train(env: dict[str, str]) -> int:
         return 2
     try:
         s, warnings = parse_settings(env.get("TENSORANT_TRAINING"))
-        examples = load_examples(dataset)
+        rows = scan_dataset(dataset)  # every row checked, none held: they are read again when encoded
     except (SettingsError, DatasetError, OSError) as exc:
         log(f"trainer: {exc}")
         return 2
@@ -261,40 +283,275 @@ def train(env: dict[str, str]) -> int:
         if saved.get("base_model") != base_model or saved.get("settings") != s.as_dict():
             log(f"trainer: cannot resume from {resume_from}: it was written for other settings or another model")
             return 2
-    step_sleep_s = float(env.get("TENSORANT_TEST_STEP_SLEEP_S") or 0)
+    threads = env.get("TENSORANT_TORCH_THREADS", "")
+    return Job(output=Path(output), base_model=base_model, source=env.get("TENSORANT_BASE_MODEL_PATH") or base_model,
+               token=env.get("HF_TOKEN") or None, s=s, rows=rows, checkpoint_root=checkpoint_root,
+               resume_from=resume_from, step_sleep_s=float(env.get("TENSORANT_TEST_STEP_SLEEP_S") or 0),
+               threads=int(threads) if threads.isdigit() else 0)
 
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
-    if env.get("TENSORANT_TORCH_THREADS", "").isdigit() and int(env["TENSORANT_TORCH_THREADS"]) > 0:
-        torch.set_num_threads(int(env["TENSORANT_TORCH_THREADS"]))
-    torch.manual_seed(s.seed)
-    random.seed(s.seed)
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    precision = choose_precision(s, cuda)
-    source = env.get("TENSORANT_BASE_MODEL_PATH") or base_model
-    token = env.get("HF_TOKEN") or None
-    train_rows, eval_rows, sample_rows = split(examples, s)
-    log(f"trainer: lora kind={s.kind} base_model={base_model} rows={len(examples)} train={len(train_rows)} "
-        f"eval={len(eval_rows)} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
-    if s.kind == "trial" or s.max_examples is not None:
-        log(f"trainer: trial run: training on a sample of {len(train_rows)} of the dataset's {len(examples)} rows")
+def load_base(job: Job, precision: str, cuda: bool) -> tuple[Any, Any] | int:
+    """(tokenizer, model), or exit 2 (settings this machine cannot meet) or 3 (no such model)."""
+    from transformers import AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, token=token)
-        model = load_model(s, source, precision, cuda, token)
+        tokenizer = AutoTokenizer.from_pretrained(job.source, token=job.token)
+        return tokenizer, load_model(job.s, job.source, precision, cuda, job.token)
     except SettingsError as exc:
         log(f"trainer: {exc}")
         return 2
     except (OSError, ValueError, ImportError) as exc:
         # Never echo the token: the exception text carries the model id and the hub's reason only.
-        log(f"trainer: could not load base model {base_model!r} from {source!r}: {exc}")
+        log(f"trainer: could not load base model {job.base_model!r} from {job.source!r}: {exc}")
         return 3
+
+
+def add_lora(model: Any, s: TrainerSettings, cuda: bool) -> tuple[Any, str, bool, list[str]]:
+    """(the peft model, its batching mode, whether attention runs per example, the target modules)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    if s.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.gradient_checkpointing)
+    if s.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    batching = choose_batching(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
+                               cuda=cuda)
+    # Packed rows under sdpa: attention per example instead of the row's square under a block mask.
+    segments = batching == "packed" and use_segment_attention(model)
+    targets = ALL_LINEAR if s.target_modules == "all-linear" else ATTENTION
+    torch.manual_seed(s.seed)  # the LoRA init draws from here: same seed, same adapter
+    model = get_peft_model(model, LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
+                                             target_modules=targets, bias="none", task_type="CAUSAL_LM"))
+    return model, batching, segments, targets
+
+
+@dataclass
+class Run:
+    """The model being trained and what every step uses."""
+
+    job: Job
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    device: Any
+    cuda: bool
+    pad_id: int
+    batching: str
+    targets: list[str]
+    total_steps: int
+
+
+@dataclass
+class Progress:
+    """The loop's counters: what a checkpoint saves and a resumed run starts from."""
+
+    losses: list[float] = field(default_factory=list)
+    tokens_seen: int = 0  # real tokens
+    processed: int = 0  # what the model computed, padding included
+    trained: int = 0
+    epoch: int = 0
+    first_step: int = 1
+    eval_before: float | None = None
+
+
+def resume(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], folder: Path) -> Progress:
+    """The adapter, optimizer, scheduler, RNG and counters of a step-<k> folder restored, and the
+    stream moved past the micro-batches of the k steps already done."""
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    set_peft_model_state_dict(run.model, load_file(folder / WEIGHTS_NAME, device=str(run.device)))
+    state = torch.load(folder / STATE_NAME, map_location=run.device, weights_only=True)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"].cpu())  # dropout draws continue where they stopped
+    if run.cuda and state.get("cuda_rng") is not None:
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu())
+    p = Progress(losses=list(state["losses"]), epoch=int(state["epoch"]), eval_before=state["eval_before"],
+                 first_step=int(state["step"]) + 1)
+    p.tokens_seen, p.processed, p.trained = (int(state[k]) for k in ("tokens_seen", "processed", "trained"))
+    # The stream is seeded: drawing (and dropping) the micro-batches of the steps already done
+    # puts it exactly where the interrupted run was.
+    for _ in range((p.first_step - 1) * run.job.s.gradient_accumulation):
+        next(stream)
+    log(f"trainer: resumed from {folder} at step {p.first_step} of {run.total_steps}")
+    return p
+
+
+def save_checkpoint(run: Run, step: int, p: Progress) -> None:
+    import torch
+
+    job, s = run.job, run.job.s
+    assert job.checkpoint_root is not None
+    snapshot = {"step": step, "seed": s.seed, "optimizer": run.optimizer.state_dict(),
+                "scheduler": run.scheduler.state_dict(), "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state() if run.cuda else None, "eval_before": p.eval_before,
+                "losses": p.losses, "epoch": p.epoch, "tokens_seen": p.tokens_seen, "processed": p.processed,
+                "trained": p.trained}
+    blob = io.BytesIO()
+    torch.save(snapshot, blob)
+    files = adapter_files(job.checkpoint_root / ".peft", run.model, job.base_model, run.targets,
+                          checkpoint_manifest(job.base_model, step, run.total_steps, s))
+    where = write_checkpoint(job.checkpoint_root, step, {**files, STATE_NAME: blob.getvalue()})
+    log(f"checkpoint step={step} dir={where}")
+
+
+def train_loop(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress) -> tuple[float, float] | int:
+    """Steps first_step..total_steps; (wall seconds, this process's CPU seconds), or exit 1 when the
+    loss stops being finite."""
+    import torch
+
+    s, model = run.job.s, run.model
+    params = [q for q in model.parameters() if q.requires_grad]
+    model.train()
+    train_started = last_checkpoint = time.monotonic()
+    train_cpu_started = time.process_time()
+    for step in range(p.first_step, run.total_steps + 1):
+        group = [next(stream) for _ in range(s.gradient_accumulation)]
+        p.epoch = group[-1][0]
+        n_step = sum(trained_tokens(b) for _, b in group) or 1
+        step_loss = 0.0
+        for _, batch in group:
+            n = trained_tokens(batch)
+            if n == 0:
+                continue
+            inputs = collate(batch, run.pad_id, run.device, run.batching)
+            # Token-weighted over the whole accumulated step, not a mean of micro-batch means.
+            loss = loss_sum(model, inputs, n) / n_step
+            loss.backward()
+            step_loss += float(loss.detach())
+            p.tokens_seen += sum(len(t.input_ids) for t in batch)
+            p.processed += inputs["input_ids"].numel()
+            p.trained += n
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(step_loss):
+            log(f"trainer: loss became {step_loss} at step {step}; lower learning_rate and train again")
+            return 1
+        p.losses.append(step_loss)
+        log(f"progress={step / run.total_steps:.4f} step={step} loss={step_loss:.4f} "
+            f"lr={run.scheduler.get_last_lr()[0]:.3e} epoch={p.epoch}")
+        if run.job.step_sleep_s:
+            time.sleep(run.job.step_sleep_s)
+        due = step % s.checkpoint_every_steps == 0 or time.monotonic() - last_checkpoint >= s.checkpoint_every_s
+        if run.job.checkpoint_root is not None and step < run.total_steps and due:
+            # The last step needs none: the final adapter is written right after it.
+            save_checkpoint(run, step, p)
+            last_checkpoint = time.monotonic()
+    return time.monotonic() - train_started, time.process_time() - train_cpu_started
+
+
+def sample_outputs(run: Run, tokenizer: Any, rows: list[Example]) -> list[dict[str, str]]:
+    """The base model's and the adapter's greedy answers to each sample prompt, logged and returned."""
+    model = run.model
+    samples = []
+    model.eval()
+    model.config.use_cache = True
+    for ex in rows:
+        prompt, expected = sample_prompt(tokenizer, ex)
+        chat = ex.messages is not None
+        tuned = generate(model, tokenizer, prompt, run.device, chat=chat)
+        with model.disable_adapter():
+            base = generate(model, tokenizer, prompt, run.device, chat=chat)
+        samples.append({"prompt": prompt[-2000:], "expected": expected[:2000], "base": base, "adapter": tuned})
+        log(f"sample prompt: {prompt!r}")
+        log(f"sample base model: {base!r}")
+        log(f"sample with adapter: {tuned!r}")
+        log(f"sample dataset answer: {expected!r}")
+    return samples
+
+
+def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, eval_after: float | None,
+                   trainable: int, timing: tuple[float, float], started: float, precision: str,
+                   samples: list[dict[str, str]]) -> dict[str, Any]:
+    """manifest.json of the finished run (adapter_files adds the files' hashes)."""
+    import torch
+
+    job, s, (encoded, held), (train_seconds, train_cpu_seconds) = run.job, run.job.s, splits, timing
+    every = max(1, math.ceil(len(p.losses) / MAX_LOSS_POINTS))
+    manifest: dict[str, Any] = {
+        "format": 1,
+        "trainer": TRAINER,
+        "base_model": job.base_model,
+        "rows": len(job.rows),
+        "kind": s.kind,
+        "train_examples": len(encoded.examples),
+        "eval_examples": len(held.examples),
+        "steps": run.total_steps,
+        "epochs_seen": p.epoch + 1,
+        "tokens": p.tokens_seen,
+        "trained_tokens": p.trained,
+        "loss": [round(x, 5) for x in p.losses[::every]],
+        "loss_every": every,
+        "eval_loss_before": p.eval_before,
+        "eval_loss": eval_after,
+        # Per split: truncated/dropped count training rows, eval_truncated/eval_dropped held-out rows.
+        "truncated": encoded.truncated,
+        "dropped": encoded.dropped,
+        "eval_truncated": held.truncated,
+        "eval_dropped": held.dropped,
+        "row_counts": "truncated and dropped count training rows; eval_truncated and eval_dropped held-out rows",
+        "batching": run.batching,
+        "processed_tokens": p.processed,
+        "padding_fraction": round(1 - p.tokens_seen / p.processed, 4) if p.processed else 0.0,
+        "trainable_params": trainable,
+        "train_seconds": round(train_seconds, 3),
+        # This process's CPU time in the loop: unlike the wall time, not stretched by other work on the machine.
+        "train_cpu_seconds": round(train_cpu_seconds, 3),
+        "duration_s": round(time.monotonic() - started, 3),
+        "tokens_per_s": round(p.tokens_seen / train_seconds, 1) if train_seconds > 0 else None,
+        "processed_tokens_per_s": round(p.processed / train_seconds, 1) if train_seconds > 0 else None,
+        "device": torch.cuda.get_device_name(0) if run.cuda else f"cpu ({platform.machine()})",
+        "precision": precision,
+        "peak_gpu_memory_bytes": int(torch.cuda.max_memory_allocated()) if run.cuda else None,
+        "versions": versions(),
+        "settings": s.as_dict(),
+        "target_modules": run.targets,
+        "samples": samples,
+    }
+    if job.resume_from is not None:
+        manifest["resumed_from_step"] = p.first_step - 1
+    return manifest
+
+
+def train(env: dict[str, str]) -> int:
+    started = time.monotonic()
+    job = read_job(env)
+    if isinstance(job, int):
+        return job
+    s, rows, base_model = job.s, job.rows, job.base_model
+
+    import torch
+    from transformers import get_cosine_schedule_with_warmup
+
+    if job.threads > 0:
+        torch.set_num_threads(job.threads)
+    torch.manual_seed(s.seed)
+    random.seed(s.seed)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    precision = choose_precision(s, cuda)
+    # Row indices: a seeded shuffle depends only on the length, so these are the rows split() picked from parsed rows.
+    train_rows, eval_rows, sample_at = split(range(len(rows)), s)
+    sample_rows = rows.examples(sample_at)
+    log(f"trainer: lora kind={s.kind} base_model={base_model} rows={len(rows)} train={len(train_rows)} "
+        f"eval={len(eval_rows)} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
+    if s.kind == "trial" or s.max_examples is not None:
+        log(f"trainer: trial run: training on a sample of {len(train_rows)} of the dataset's {len(rows)} rows")
+    loaded = load_base(job, precision, cuda)
+    if isinstance(loaded, int):
+        return loaded
+    tokenizer, model = loaded
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
 
-    encoded: Encoded = encode_all(tokenizer, train_rows, s.max_seq_len)
-    held: Encoded = encode_all(tokenizer, eval_rows, s.max_seq_len)
+    encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
     if not encoded.examples:
         log("trainer: no training example has a token to learn from (all empty or cut off by max_seq_len)")
         return 2
@@ -307,18 +564,7 @@ def train(env: dict[str, str]) -> int:
             log(f"trainer: {part.dropped} {name} example(s) had no assistant/completion token within "
                 "max_seq_len and were skipped")
 
-    if s.load_in_4bit:
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=s.gradient_checkpointing)
-    if s.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    batching = choose_batching(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None))
-    targets = ALL_LINEAR if s.target_modules == "all-linear" else ATTENTION
-    torch.manual_seed(s.seed)  # the LoRA init draws from here: same seed, same adapter
-    model = get_peft_model(model, LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
-                                             target_modules=targets, bias="none", task_type="CAUSAL_LM"))
+    model, batching, segments, targets = add_lora(model, s, cuda)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_steps = plan_steps(len(encoded.examples), s)
     warmup = round(s.warmup_ratio * total_steps)
@@ -327,148 +573,32 @@ def train(env: dict[str, str]) -> int:
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
     log(f"trainer: steps={total_steps} warmup={warmup} batch={s.batch_size}x{s.gradient_accumulation} "
         f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable} "
-        f"batching={batching}")
+        f"batching={batching}{' (attention per example)' if segments else ''}")
 
+    run = Run(job=job, model=model, optimizer=optimizer, scheduler=scheduler, device=device, cuda=cuda, pad_id=pad_id,
+              batching=batching, targets=targets, total_steps=total_steps)
     stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=batching == "grouped")
-    losses: list[float] = []
-    tokens_seen = processed = trained = 0
-    epoch = 0
-    first_step = 1
-    if resume_from is not None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        set_peft_model_state_dict(model, load_file(resume_from / WEIGHTS_NAME, device=str(device)))
-        state = torch.load(resume_from / STATE_NAME, map_location=device, weights_only=True)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"].cpu())  # dropout draws continue where they stopped
-        if cuda and state.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(state["cuda_rng"].cpu())
-        eval_before, losses, epoch = state["eval_before"], list(state["losses"]), int(state["epoch"])
-        tokens_seen, processed, trained = (int(state[k]) for k in ("tokens_seen", "processed", "trained"))
-        first_step = int(state["step"]) + 1
-        # The stream is seeded: drawing (and dropping) the micro-batches of the steps already done
-        # puts it exactly where the interrupted run was.
-        for _ in range((first_step - 1) * s.gradient_accumulation):
-            next(stream)
-        log(f"trainer: resumed from {resume_from} at step {first_step} of {total_steps}")
+    if job.resume_from is not None:
+        progress = resume(run, stream, job.resume_from)
     else:
-        eval_before = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
-        if eval_before is not None:
-            log(f"trainer: eval_loss before training = {eval_before:.4f}")
-    model.train()
-    train_started = last_checkpoint = time.monotonic()
-    for step in range(first_step, total_steps + 1):
-        group = [next(stream) for _ in range(s.gradient_accumulation)]
-        epoch = group[-1][0]
-        n_step = sum(trained_tokens(b) for _, b in group) or 1
-        step_loss = 0.0
-        for _, batch in group:
-            n = trained_tokens(batch)
-            if n == 0:
-                continue
-            inputs = collate(batch, pad_id, device, batching, s.max_seq_len)
-            # Token-weighted over the whole accumulated step, not a mean of micro-batch means.
-            loss = loss_sum(model, inputs, n) / n_step
-            loss.backward()
-            step_loss += float(loss.detach())
-            tokens_seen += sum(len(t.input_ids) for t in batch)  # real tokens
-            processed += inputs["input_ids"].numel()  # what the model computed, padding included
-            trained += n
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if not math.isfinite(step_loss):
-            log(f"trainer: loss became {step_loss} at step {step}; lower learning_rate and train again")
-            return 1
-        losses.append(step_loss)
-        log(f"progress={step / total_steps:.4f} step={step} loss={step_loss:.4f} "
-            f"lr={scheduler.get_last_lr()[0]:.3e} epoch={epoch}")
-        if step_sleep_s:
-            time.sleep(step_sleep_s)
-        due = step % s.checkpoint_every_steps == 0 or time.monotonic() - last_checkpoint >= s.checkpoint_every_s
-        if checkpoint_root is not None and step < total_steps and due:
-            # The last step needs none: the final adapter is written right after it.
-            snapshot = {"step": step, "seed": s.seed, "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
-                     "cuda_rng": torch.cuda.get_rng_state() if cuda else None, "eval_before": eval_before,
-                     "losses": losses, "epoch": epoch, "tokens_seen": tokens_seen, "processed": processed,
-                     "trained": trained}
-            blob = io.BytesIO()
-            torch.save(snapshot, blob)
-            files = adapter_files(checkpoint_root / ".peft", model, base_model, targets,
-                                  checkpoint_manifest(base_model, step, total_steps, s))
-            where = write_checkpoint(checkpoint_root, step, {**files, STATE_NAME: blob.getvalue()})
-            last_checkpoint = time.monotonic()
-            log(f"checkpoint step={step} dir={where}")
-    train_seconds = time.monotonic() - train_started
+        progress = Progress(eval_before=evaluate(model, held.examples, s.batch_size, pad_id, device, batching))
+        if progress.eval_before is not None:
+            log(f"trainer: eval_loss before training = {progress.eval_before:.4f}")
+    timing = train_loop(run, stream, progress)
+    if isinstance(timing, int):
+        return timing
 
-    eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching, s.max_seq_len)
+    eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching)
     if eval_after is not None:
         log(f"trainer: eval_loss after training = {eval_after:.4f}")
-    samples = []
-    model.eval()
-    model.config.use_cache = True
-    for ex in sample_rows:
-        prompt, expected = sample_prompt(tokenizer, ex)
-        chat = ex.messages is not None
-        tuned = generate(model, tokenizer, prompt, device, chat=chat)
-        with model.disable_adapter():
-            base = generate(model, tokenizer, prompt, device, chat=chat)
-        samples.append({"prompt": prompt[-2000:], "expected": expected[:2000], "base": base, "adapter": tuned})
-        log(f"sample prompt: {prompt!r}")
-        log(f"sample base model: {base!r}")
-        log(f"sample with adapter: {tuned!r}")
-        log(f"sample dataset answer: {expected!r}")
-
-    every = max(1, math.ceil(len(losses) / MAX_LOSS_POINTS))
-    manifest: dict[str, Any] = {
-        "format": 1,
-        "trainer": TRAINER,
-        "base_model": base_model,
-        "rows": len(examples),
-        "kind": s.kind,
-        "train_examples": len(encoded.examples),
-        "eval_examples": len(held.examples),
-        "steps": total_steps,
-        "epochs_seen": epoch + 1,
-        "tokens": tokens_seen,
-        "trained_tokens": trained,
-        "loss": [round(x, 5) for x in losses[::every]],
-        "loss_every": every,
-        "eval_loss_before": eval_before,
-        "eval_loss": eval_after,
-        # Per split: truncated/dropped count training rows, eval_truncated/eval_dropped held-out rows.
-        "truncated": encoded.truncated,
-        "dropped": encoded.dropped,
-        "eval_truncated": held.truncated,
-        "eval_dropped": held.dropped,
-        "row_counts": "truncated and dropped count training rows; eval_truncated and eval_dropped held-out rows",
-        "batching": batching,
-        "processed_tokens": processed,
-        "padding_fraction": round(1 - tokens_seen / processed, 4) if processed else 0.0,
-        "trainable_params": trainable,
-        "train_seconds": round(train_seconds, 3),
-        "duration_s": round(time.monotonic() - started, 3),
-        "tokens_per_s": round(tokens_seen / train_seconds, 1) if train_seconds > 0 else None,
-        "processed_tokens_per_s": round(processed / train_seconds, 1) if train_seconds > 0 else None,
-        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
-        "precision": precision,
-        "peak_gpu_memory_bytes": int(torch.cuda.max_memory_allocated()) if cuda else None,
-        "versions": versions(),
-        "settings": s.as_dict(),
-        "target_modules": targets,
-        "samples": samples,
-    }
-    if resume_from is not None:
-        manifest["resumed_from_step"] = first_step - 1
-    out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    write_outputs(out, model, base_model, targets, manifest)
-    log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {out} "
-        f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {tokens_seen} tokens in {train_seconds:.1f}s)")
+    samples = sample_outputs(run, tokenizer, sample_rows)
+    manifest = build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
+                              timing=timing, started=started, precision=precision, samples=samples)
+    job.output.mkdir(parents=True, exist_ok=True)
+    write_outputs(job.output, model, base_model, targets, manifest)
+    losses = progress.losses
+    log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {job.output} "
+        f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
     return 0
 
 

@@ -5,9 +5,12 @@ vocabulary that is 600 kB per token in fp32 (plus the fp32 copy, log-softmax and
 loss keeps for backward), which is what dominates memory for small models. Here the decoder runs
 without its head; only the positions that are learned (label != -100, after the one-token shift)
 are kept, and lm_head + cross-entropy run on CHUNK_ELEMENTS / vocab of them at a time, each chunk
-under activation checkpointing: its logits are freed after the forward and recomputed during
-backward, so one chunk's logits are alive at any moment. Prompt and padding positions never go
-through lm_head at all. The result is the summed token loss; callers divide by their token count.
+but the last under activation checkpointing: its logits are freed after the forward and recomputed
+during backward, so one chunk's logits are alive at any moment. The last chunk's are kept instead:
+its backward runs first, before any other chunk is recomputed, so keeping them adds nothing to the
+peak and saves one lm_head pass over that chunk (all of it when a micro-batch fits in one chunk).
+Prompt and padding positions never go through lm_head at all. The result is the summed token
+loss; callers divide by their token count.
 
 Used for the architectures whose head is a plain linear layer (CHUNKED); any other model falls
 back to its own forward (`.loss`, a mean, times the token count).
@@ -50,7 +53,8 @@ def chunked_loss_sum(head: Any, hidden: Any, labels: Any, chunk: int) -> Any:
     t = targets[keep]
     total = h.new_zeros((), dtype=torch.float32)
     for i in range(0, t.shape[0], chunk):
-        if torch.is_grad_enabled() and h.requires_grad:
+        last = i + chunk >= t.shape[0]
+        if torch.is_grad_enabled() and h.requires_grad and not last:
             total = total + checkpoint(_chunk_loss, head, h[i: i + chunk], t[i: i + chunk], use_reentrant=False)
         else:
             total = total + _chunk_loss(head, h[i: i + chunk], t[i: i + chunk])
@@ -63,6 +67,8 @@ def loss_sum(model: Any, inputs: dict[str, Any], n_tokens: int) -> Any:
     if base.config.model_type not in CHUNKED:
         return model(**inputs).loss * n_tokens
     decoder, head = base.get_decoder(), base.get_output_embeddings()
+    # example_starts (packed rows) reaches the attention function as a keyword (batches.segment_attention).
+    extra = {"example_starts": inputs["example_starts"]} if "example_starts" in inputs else {}
     out = decoder(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"),
-                  position_ids=inputs.get("position_ids"), use_cache=False)
+                  position_ids=inputs.get("position_ids"), use_cache=False, **extra)
     return chunked_loss_sum(head, out.last_hidden_state, inputs["labels"], chunk_tokens(head.weight.shape[0]))

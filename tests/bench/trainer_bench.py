@@ -55,7 +55,7 @@ def memory_child(variant: str) -> int:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     rng = random.Random(0)
     batch = [Tokenized(ids, ids) for ids in ([rng.randrange(151936) for _ in range(512)] for _ in range(4))]
-    inputs = collate(batch, 0, "cpu", "padded", 512)
+    inputs = collate(batch, 0, "cpu", "padded")
     n = trained_tokens(batch)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     loss = model(**inputs).loss * n if variant == "plain" else loss_sum(model, inputs, n)

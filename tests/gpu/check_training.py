@@ -5,9 +5,13 @@
 
 Random weights at each declared shape (shared.adapters.base_models), a generated dataset, the real
 trainer subprocess (`python -m shared.trainer.lora`, the agent's environment contract), then the
-verifier on the exported archive. Prints per case: loss first -> last, tokens/s, peak GPU memory
-against the table's estimate. Exits non-zero unless every case verifies and its loss falls.
-(4-bit cases need bitsandbytes and CUDA; they are skipped with --tiny.)
+verifier on the exported archive. Prints per case the figures tests/bench/trainers_bench.py gives
+on the CPU: the batching mode, real (non-padding) and trained tokens per second of the training loop
+(and per CPU-second), the padding fraction, loss first -> last, and peak GPU memory
+(torch.cuda.max_memory_allocated, from the manifest) against the base-model memory table's estimate
+(shared.adapters.base_models). The Qwen2.5-0.5B bf16 case runs twice, grouped and packed, so the
+GPU's own choice for `batching: auto` under sdpa can be checked. Exits non-zero unless every case
+verifies and its loss falls. (4-bit cases need bitsandbytes and CUDA; they are skipped with --tiny.)
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ class Case:
     steps: int
     batch_size: int
     seq_len: int
+    batching: str = "auto"
 
 
 FULL = [
-    Case("Qwen/Qwen2.5-0.5B-Instruct", False, 30, 4, 512),
+    Case("Qwen/Qwen2.5-0.5B-Instruct", False, 30, 4, 512, "grouped"),
+    Case("Qwen/Qwen2.5-0.5B-Instruct", False, 30, 4, 512, "packed"),
     Case("Qwen/Qwen2.5-0.5B-Instruct", True, 30, 4, 512),
     Case("meta-llama/Llama-3.1-8B-Instruct", False, 20, 2, 512),
     Case("meta-llama/Llama-3.1-8B-Instruct", True, 20, 2, 512),
@@ -48,14 +54,30 @@ TINY = [Case("tensorant/tiny-llama", False, 16, 4, 64)]
 
 
 def dataset_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """A learnable style: every answer has the same shape, so loss must fall within a few steps."""
+    """A learnable style: every answer has the same shape, so loss must fall within a few steps; its
+    length varies (1 to 12 repeats), so the batching modes differ in padding as on real chat data."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         a, b = rng.randint(0, 99), rng.randint(0, 99)
+        answer = f"Arr, {a} plus {b} be {a + b}, matey! " * rng.randint(1, 12)
         rows.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
-                                  {"role": "assistant", "content": f"Arr, {a} plus {b} be {a + b}, matey! " * 3}]})
+                                  {"role": "assistant", "content": answer}]})
     return rows
+
+
+def figures(manifest: dict[str, Any], estimate_bytes: int) -> dict[str, Any]:
+    """The throughput and memory figures of one trainer run, from its manifest.json."""
+    from shared.adapters.base_models import GiB
+
+    seconds, cpu = manifest["train_seconds"], manifest.get("train_cpu_seconds")
+    peak = manifest.get("peak_gpu_memory_bytes")
+    return {"batching": manifest["batching"], "real_tokens_per_s": manifest["tokens_per_s"],
+            "trained_tokens_per_s": round(manifest["trained_tokens"] / seconds, 1) if seconds else None,
+            "real_tokens_per_cpu_s": round(manifest["tokens"] / cpu, 1) if cpu else None,
+            "padding_fraction": manifest["padding_fraction"], "train_s": seconds,
+            "peak_gpu_gib": round(peak / GiB, 2) if peak else None, "estimate_gib": round(estimate_bytes / GiB, 2),
+            "peak_of_estimate": round(peak / estimate_bytes, 2) if peak else None}
 
 
 def export_zip(out: Path) -> bytes:
@@ -68,7 +90,7 @@ def export_zip(out: Path) -> bytes:
 
 
 def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dict[str, Any]:
-    from shared.adapters.base_models import GiB, get_base_model
+    from shared.adapters.base_models import get_base_model
     from shared.adapters.verify import verify_adapter
     from shared.trainer.random_model import build_random_model
 
@@ -88,11 +110,12 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
         torch.cuda.empty_cache()  # the trainer subprocess needs the memory, not this process
     dataset = work / "data.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in dataset_rows(200)))
-    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}"
+    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}"
     shutil.rmtree(out, ignore_errors=True)
     training = {"max_steps": case.steps, "batch_size": case.batch_size, "max_seq_len": case.seq_len,
                 "learning_rate": 0.003, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear",
-                "load_in_4bit": case.load_in_4bit, "warmup_ratio": 0.1, "sample_prompts": 1, "seed": 1}
+                "load_in_4bit": case.load_in_4bit, "warmup_ratio": 0.1, "sample_prompts": 1, "seed": 1,
+                "batching": case.batching}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "HF_TOKEN"}
     env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(dataset),
                TENSORANT_BASE_MODEL=case.base_model, TENSORANT_BASE_MODEL_PATH=str(model_dir),
@@ -103,7 +126,8 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     wall = time.monotonic() - t1
-    result: dict[str, Any] = {"case": f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'}",
+    result: dict[str, Any] = {"case": f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'} "
+                                      f"batching={case.batching}",
                               "build_s": round(built, 1), "trainer_wall_s": round(wall, 1), "rc": proc.returncode}
     if proc.returncode != 0:
         result["ok"] = False
@@ -116,11 +140,9 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     verdict = verify_adapter(export_zip(out), base_model=case.base_model, expected_sha256=None, provider="runpod")
     estimate = spec.estimate_memory(batch_size=case.batch_size, seq_len=case.seq_len, lora_r=16,
                                     target_modules="all-linear", load_in_4bit=case.load_in_4bit)
-    peak = manifest.get("peak_gpu_memory_bytes")
-    result.update(loss_first=round(first, 4), loss_last=round(last, 4), tokens_per_s=manifest["tokens_per_s"],
-                  train_s=manifest["train_seconds"], precision=manifest["precision"], device=manifest["device"],
-                  peak_gpu_gib=round(peak / GiB, 2) if peak else None, estimate_gib=round(estimate / GiB, 2),
-                  verified=verdict.ok, problems=verdict.problems[:3], loss_falls=last < first)
+    result.update(figures(manifest, estimate), loss_first=round(first, 4), loss_last=round(last, 4),
+                  precision=manifest["precision"], device=manifest["device"], verified=verdict.ok,
+                  problems=verdict.problems[:3], loss_falls=last < first)
     result["ok"] = bool(verdict.ok and last < first)
     return result
 

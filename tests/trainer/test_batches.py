@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shared.trainer.batches import batch_stream, choose_batching, collate, pack_rows, trained_tokens
+from shared.trainer.batches import SEGMENTS, batch_stream, choose_batching, collate, trained_tokens, use_segment_attention
 from shared.trainer.config import SettingsError, parse_settings
 from shared.trainer.data import IGNORE, Tokenized
 from tests.trainer.conftest import need_torch
@@ -67,17 +67,21 @@ def test_every_batching_gives_the_loss_and_gradients_of_each_example_alone(name:
     reference = alone(model, batch)
     reference.backward()
     expected = {k: p.grad.clone() for k, p in model.named_parameters()}
-    for mode in ("padded", "grouped", "packed"):
+    # Packed twice: under transformers' sdpa (a block-diagonal mask over the row), then per example
+    # (segment_attention), which must also leave padded batches exactly as sdpa computes them.
+    for mode, segments in (("padded", False), ("grouped", False), ("packed", False), ("packed", True),
+                           ("padded", True)):
+        if segments and model.config._attn_implementation != SEGMENTS:
+            assert use_segment_attention(model) and model.config._attn_implementation == SEGMENTS
         model.zero_grad()
-        # Rows as wide as the longest example: several rows, some holding two or three examples.
-        inputs = collate(batch, 0, "cpu", mode, 60)
+        inputs = collate(batch, 0, "cpu", mode)
         if mode == "packed":
-            assert inputs["input_ids"].shape[0] < len(batch) and "attention_mask" not in inputs
+            assert inputs["input_ids"].shape[0] == 1 and "attention_mask" not in inputs
         got = loss_sum(model, inputs, n)
-        assert torch.allclose(got, reference, rtol=1e-5, atol=1e-5), (mode, float(got), float(reference))
+        assert torch.allclose(got, reference, rtol=1e-5, atol=1e-5), (mode, segments, float(got), float(reference))
         got.backward()
         for k, p in model.named_parameters():
-            assert torch.allclose(p.grad, expected[k], rtol=1e-4, atol=1e-6), (mode, k)
+            assert torch.allclose(p.grad, expected[k], rtol=1e-4, atol=1e-6), (mode, segments, k)
 
 
 def test_chunked_loss_equals_the_full_logits_loss() -> None:
@@ -89,7 +93,7 @@ def test_chunked_loss_equals_the_full_logits_loss() -> None:
     torch.set_num_threads(1)
     model = model_of("tensorant/tiny-qwen2", vocab=5000)
     batch = examples(4, seed=2, vocab=5000)
-    inputs = collate(batch, 0, "cpu", "padded", 64)
+    inputs = collate(batch, 0, "cpu", "padded")
     n = trained_tokens(batch)
     plain = model(**inputs).loss * n
     plain.backward()
@@ -129,12 +133,21 @@ def test_grouped_batches_cover_each_epoch_once_with_less_padding() -> None:
     assert first == again  # deterministic with the seed
 
 
-def test_packing_fills_rows_up_to_the_capacity() -> None:
-    data = examples(16, seed=4)
-    rows = pack_rows(data, 64)
-    assert sorted(id(t) for r in rows for t in r) == sorted(id(t) for t in data)
-    assert all(sum(len(t.input_ids) for t in r) <= 64 for r in rows)
-    assert len(rows) <= -(-sum(len(t.input_ids) for t in data) // 64) + 2
+def test_packing_lays_the_micro_batch_end_to_end_without_padding() -> None:
+    need_torch()
+    data = examples(5, seed=4)
+    inputs = collate(data, 0, "cpu", "packed")
+    lengths = [len(t.input_ids) for t in data]
+    assert list(inputs["input_ids"].shape) == [1, sum(lengths)]  # one row, not one padding token
+    assert inputs["example_starts"].tolist() == [sum(lengths[:i]) for i in range(len(data) + 1)]
+    at = 0
+    for t, n in zip(data, lengths, strict=True):
+        assert inputs["input_ids"][0, at: at + n].tolist() == t.input_ids
+        assert inputs["position_ids"][0, at: at + n].tolist() == list(range(n))  # restart at each example
+        # The first token is never a target: the row's previous token belongs to another example.
+        assert inputs["labels"][0, at: at + n].tolist() == [IGNORE, *t.labels[1:]]
+        at += n
+    assert int((inputs["labels"][0, 1:] != IGNORE).sum()) == trained_tokens(data)
 
 
 def test_batching_setting() -> None:
@@ -142,9 +155,12 @@ def test_batching_setting() -> None:
     assert parse_settings(None)[0].batching == "auto"
     with pytest.raises(SettingsError, match="batching must be one of auto, padded, grouped, packed"):
         parse_settings('{"batching": "pack"}')
-    assert choose_batching("auto", "llama", "sdpa") == "grouped"  # measured fastest on the CPU
-    assert choose_batching("auto", "qwen2", "flash_attention_2") == "packed"
-    assert choose_batching("auto", "gemma2", "flash_attention_2") == "grouped"
-    assert choose_batching("packed", "gpt2", "sdpa") == "grouped"  # would let examples attend to each other
-    assert choose_batching("packed", "llama", "sdpa") == "packed"
-    assert choose_batching("padded", "llama", "sdpa") == "padded"
+    assert choose_batching("auto", "llama", "sdpa", cuda=False) == "packed"  # measured fastest on the CPU
+    assert choose_batching("auto", "llama", "sdpa", cuda=True) == "grouped"  # not measured on a GPU yet
+    assert choose_batching("auto", "llama", "eager", cuda=False) == "grouped"  # no per-example attention there
+    assert choose_batching("auto", "qwen2", "flash_attention_2", cuda=True) == "packed"
+    assert choose_batching("auto", "gemma2", "flash_attention_2", cuda=True) == "grouped"
+    assert choose_batching("auto", "gemma2", "sdpa", cuda=False) == "grouped"
+    assert choose_batching("packed", "gpt2", "sdpa", cuda=False) == "grouped"  # would let examples attend to each other
+    assert choose_batching("packed", "llama", "sdpa", cuda=True) == "packed"
+    assert choose_batching("padded", "llama", "sdpa", cuda=False) == "padded"

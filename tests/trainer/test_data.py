@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shared.trainer.config import SettingsError, parse_settings
-from shared.trainer.data import IGNORE, DatasetError, encode, encode_all, normalise
+from shared.trainer.data import IGNORE, DatasetError, Tokenized, encode, encode_all, normalise
 from tests.trainer.conftest import need_torch
 
 
@@ -20,8 +20,8 @@ def tokenizer() -> Any:
     return build_tokenizer(400)
 
 
-def learned(tok: Any, ids: list[int], labels: list[int]) -> str:
-    return "".join(tok.decode([i]) for i, lab in zip(ids, labels, strict=True) if lab != IGNORE)
+def learned(tok: Any, t: Tokenized) -> str:
+    return "".join(tok.decode([int(i)]) for i, lab in zip(t.input_ids, t.labels, strict=True) if lab != IGNORE)
 
 
 def test_mask_covers_every_assistant_turn_only(tokenizer: Any) -> None:
@@ -31,26 +31,22 @@ def test_mask_covers_every_assistant_turn_only(tokenizer: Any) -> None:
                                  {"role": "user", "content": "Bye?"},
                                  {"role": "assistant", "content": "Farewell."}]})
     t = encode(tokenizer, ex, 1000)
-    assert learned(tokenizer, t.input_ids, t.labels) == "Hello.<|im_end|>\nFarewell.<|im_end|>\n"
+    assert learned(tokenizer, t) == "Hello.<|im_end|>\nFarewell.<|im_end|>\n"
     assert t.labels[: len(t.labels) // 3] == [IGNORE] * (len(t.labels) // 3)
     assert all(lab in (IGNORE, i) for i, lab in zip(t.input_ids, t.labels, strict=True))
 
 
 def test_prompt_completion_and_fallback_template(tokenizer: Any) -> None:
     ex = normalise({"prompt": "2+2?", "completion": "Four"})
-    assert learned(tokenizer, *_ids(encode(tokenizer, ex, 1000))) == "Four<|im_end|>\n"
+    assert learned(tokenizer, encode(tokenizer, ex, 1000)) == "Four<|im_end|>\n"
     saved, tokenizer.chat_template = tokenizer.chat_template, None
     try:
         t = encode(tokenizer, ex, 1000)
         text = tokenizer.decode(t.input_ids)
         assert text == "User: 2+2?\nAssistant: Four\n"  # the fallback adds no special token
-        assert learned(tokenizer, t.input_ids, t.labels) == " Four\n"
+        assert learned(tokenizer, t) == " Four\n"
     finally:
         tokenizer.chat_template = saved
-
-
-def _ids(t: Any) -> tuple[list[int], list[int]]:
-    return t.input_ids, t.labels
 
 
 def test_text_rows_learn_every_token_and_truncation_is_counted(tokenizer: Any) -> None:
@@ -59,7 +55,7 @@ def test_text_rows_learn_every_token_and_truncation_is_counted(tokenizer: Any) -
     enc = encode_all(tokenizer, rows, 16)
     assert enc.truncated == 2 and enc.dropped == 1  # the chat row lost its answer to truncation
     assert [len(e.input_ids) for e in enc.examples] == [16, len(tokenizer("short")["input_ids"])]
-    assert enc.examples[0].labels == enc.examples[0].input_ids
+    assert list(enc.examples[0].labels) == list(enc.examples[0].input_ids)
 
 
 @pytest.mark.parametrize(("row", "fragment"), [
@@ -102,7 +98,7 @@ def test_a_first_assistant_message_learns_only_its_own_tokens(tokenizer: Any) ->
             tokenizer.chat_template = template
             t = encode(tokenizer, ex, 1000)
             # Not the default system prompt nor the "<|im_start|>assistant\n" header.
-            assert learned(tokenizer, t.input_ids, t.labels) == "Ahoy.<|im_end|>\nArr.<|im_end|>\n"
+            assert learned(tokenizer, t) == "Ahoy.<|im_end|>\nArr.<|im_end|>\n"
     finally:
         tokenizer.chat_template = saved
 
@@ -110,13 +106,13 @@ def test_a_first_assistant_message_learns_only_its_own_tokens(tokenizer: Any) ->
 def test_a_truncated_answer_keeps_its_end_of_turn_tokens(tokenizer: Any) -> None:
     ex = normalise({"prompt": "Count.", "completion": "one two three four five six seven eight nine ten"})
     full = encode(tokenizer, ex, 1000)
-    n_prompt = full.labels.index(next(x for x in full.labels if x != IGNORE))
+    n_prompt = list(full.labels).index(next(x for x in full.labels if x != IGNORE))
     limit = n_prompt + 4
     t = encode(tokenizer, ex, limit)
     assert t.truncated and len(t.input_ids) == limit
-    text = learned(tokenizer, t.input_ids, t.labels)
+    text = learned(tokenizer, t)
     assert text.endswith("<|im_end|>\n") and "one".startswith(text[:2]), text
     # The prompt is untouched, and a cut that leaves no answer token keeps no lone end marker.
     assert t.input_ids[:n_prompt] == full.input_ids[:n_prompt]
     bare = encode(tokenizer, ex, n_prompt + 1)
-    assert learned(tokenizer, bare.input_ids, bare.labels) == tokenizer.decode([full.input_ids[n_prompt]])
+    assert learned(tokenizer, bare) == tokenizer.decode([full.input_ids[n_prompt]])
