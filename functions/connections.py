@@ -2,8 +2,8 @@ import azure.functions as func
 
 from shared import http
 from shared.models import ConnectionView
+from shared.runs.backends import STORAGE_SLOT, compute_slot
 from shared.services.api import connections
-from shared.services.backends import STORAGE_SLOT, compute_slot
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS

@@ -259,7 +259,7 @@ class TestAgent:
                          json_body={"phase": phase, "progress": progress, "logs": logs or []})
 
     def upload(self, data: bytes) -> None:
-        from shared.services.backends import storage_for
+        from shared.runs.backends import storage_for
 
         storage_for(self.h.org).put(adapter_key(self.run_id), data)
 

@@ -41,8 +41,8 @@ def _retained_run(h: Harness, arm: FakeArm) -> tuple[str, list[str]]:
 def _resave_unguarded(h: Harness, provider: str, body: dict[str, Any]) -> None:
     """Store a connection the way a save did before the guard existed (no held-machine check)."""
     from shared.providers import registry
+    from shared.runs.backends import compute_slot
     from shared.services.api.connections import _save
-    from shared.services.backends import compute_slot
 
     _save(Principal(sub="owner@a", org=h.org, role=Role.owner), compute_slot(provider), provider,
           registry.config_model(provider).model_validate(body))

@@ -42,9 +42,9 @@ def test_steps_and_timers_import_no_api_module_but_the_named_ones() -> None:
     assert found == STEP_READS_API
 
 
-def test_the_run_domain_imports_no_service_but_backends() -> None:
+def test_the_run_domain_imports_no_service() -> None:
     found = {(str(p.relative_to(ROOT)), m) for p in sources("runs") for m in imports(p)
-             if m.startswith("shared.services") and not m.startswith("shared.services.backends")}
+             if m.startswith("shared.services")}
     assert found == set()
 
 

@@ -86,8 +86,8 @@ def _seed(host: Any, seeded: Seeded) -> None:
     from shared.adapters.smoke import build_adapter_zip
     from shared.clock import now
     from shared.models import Outcome, RunState
+    from shared.runs.backends import storage_for
     from shared.security import mint_agent_token
-    from shared.services.backends import storage_for
     from shared.storage.base import adapter_key
     from shared.store import get_store
 

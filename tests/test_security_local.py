@@ -88,7 +88,7 @@ def test_local_absent_from_catalog_and_openapi_in_production(harness: Any, monke
     assert "LocalConfig" not in doc and "LocalStorageConfig" not in doc and '"local"' not in doc
     # A row saved before production is never run on the production host.
     from shared.errors import PermanentError
-    from shared.services.backends import compute_for
+    from shared.runs.backends import compute_for
 
     with pytest.raises(PermanentError, match="only outside production"):
         compute_for(harness.org, "local")

@@ -9,7 +9,7 @@ import pytest
 
 from shared.clock import now
 from shared.providers.base import ComputeProvider, RunRef
-from shared.services.backends import compute_for
+from shared.runs.backends import compute_for
 from shared.services.timers import sweeper
 from shared.settings import get_settings
 from tests.chaos.fixtures import audits, sweep

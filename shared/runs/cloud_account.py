@@ -21,7 +21,7 @@ def cloud_account(run: RunRecord) -> str:
     """What the cloud says of the run's machine (one describe), or why that could not be read.
     Never raises: a cloud outage must not stop a deadline or a release."""
     from shared.providers.base import console_of
-    from shared.services.backends import compute_for, ref_of
+    from shared.runs.backends import compute_for, ref_of
 
     try:
         provider = compute_for(run.org, run.provider)

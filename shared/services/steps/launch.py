@@ -17,6 +17,7 @@ from shared.log import get_logger, redact_text
 from shared.models import RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.queues import get_queues
+from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
 from shared.runs.lifecycle import TERMINAL
 from shared.runs.moves import fail_to_release, move
@@ -25,7 +26,6 @@ from shared.runs.steps import Step
 from shared.security import mint_agent_token
 from shared.services.api import org_secrets
 from shared.services.api.projects import check_stored_dataset
-from shared.services.backends import compute_for, ref_of, storage_for
 from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
 from shared.store import get_store
 

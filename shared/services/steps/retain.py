@@ -9,12 +9,12 @@ from __future__ import annotations
 from shared.errors import ProviderError
 from shared.models import MachineState, Outcome, RunState, StepMessage
 from shared.queues import get_queues
+from shared.runs.backends import compute_for, ref_of
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.runs.resources import merge_resources
 from shared.runs.scope import refuse_other_scope
 from shared.runs.steps import Step
-from shared.services.backends import compute_for, ref_of
 from shared.store import get_store
 
 

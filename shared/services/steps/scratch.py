@@ -39,7 +39,7 @@ def remove_after_release(run: RunRecord, resources: list[CloudResource]) -> None
     """
     if run.outcome not in REMOVED_AFTER or not on_network_volume(resources):
         return
-    from shared.services.backends import storage_config, storage_for
+    from shared.runs.backends import storage_config, storage_for
 
     folder = scratch_key(run.id) + "/"
     if storage_config(run.org) is None:

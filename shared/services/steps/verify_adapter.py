@@ -13,10 +13,10 @@ import hashlib
 from shared.models import Outcome, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs import forecast
+from shared.runs.backends import storage_for
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.runs.steps import Step
-from shared.services.backends import storage_for
 from shared.settings import get_settings
 from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store

@@ -42,13 +42,13 @@ from shared.log import get_logger
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
+from shared.runs.backends import compute_for
 from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, TERMINAL
 from shared.runs.moves import move
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.runs.steps import Resender, Step, resent_by
-from shared.services.backends import compute_for
 from shared.services.steps.release import release_delay
 from shared.settings import get_settings
 from shared.store import get_store

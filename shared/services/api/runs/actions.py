@@ -22,6 +22,7 @@ from shared.models import (
     StepMessage,
 )
 from shared.queues import get_queues
+from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.machine import stop_machine
@@ -32,7 +33,6 @@ from shared.services.api import quotas
 from shared.services.api.catalog import find_offer
 from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.view import view
-from shared.services.backends import compute_for, ref_of, storage_for
 from shared.settings import get_settings
 from shared.storage.base import adapter_key
 from shared.store import get_store

@@ -11,9 +11,9 @@ from typing import Any
 from shared.clock import now
 from shared.errors import Conflict
 from shared.models import Role, RunRecord, RunState
+from shared.runs.backends import storage_for
 from shared.runs.events import event
 from shared.security import Principal, require
-from shared.services.backends import storage_for
 from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 

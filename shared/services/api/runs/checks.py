@@ -9,9 +9,9 @@ from typing import Any
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, RunState, TrainingSettings
 from shared.runs import forecast
+from shared.runs.backends import compute_slot
 from shared.services.api import base_models, quotas
 from shared.services.api.catalog import cached_offers, find_offer
-from shared.services.backends import compute_slot
 from shared.settings import get_settings
 from shared.store import get_store
 
