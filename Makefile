@@ -55,7 +55,12 @@ $(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml s
 # Only when Azurite is missing (no prerequisite: a newer package.json alone does not reinstall).
 $(AZURITE):
 	@echo "[4/4] Installing Azurite, the Azure Storage emulator (npm, about 30 s the first time)..."
-	@start=$$SECONDS; npm install --no-audit --no-fund --silent; echo "      done in $$((SECONDS - start)) s"
+	@# Three tries: a registry hiccup once left CI without Azurite and every storage test erroring.
+	@start=$$SECONDS; for try in 1 2 3; do \
+		npm install --no-audit --no-fund --silent --loglevel=error && [ -x $@ ] && break; \
+		echo "      npm install failed (try $$try of 3)"; sleep $$((try * 5)); done; \
+		[ -x $@ ] || { echo "Azurite is not installed: npm install failed 3 times (see the errors above)"; exit 1; }; \
+		echo "      done in $$((SECONDS - start)) s"
 
 install: $(STAMP) $(AZURITE)
 
