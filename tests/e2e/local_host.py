@@ -4,9 +4,11 @@ check that nothing of the local provider is left running after a test."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,28 @@ def start_local_host(monkeypatch: pytest.MonkeyPatch, trainer_command: str | Non
     for res in leaks:
         local.release(RunRef(settings.get_settings().deployment_id, res.org, res.run_id), [res])
     assert not leaks, leaks
+
+
+@dataclass(frozen=True)
+class LocalSetup:
+    project_id: str
+    dataset_id: str
+    offer: dict[str, Any]  # the local offer for the base model
+    checks: dict[str, Any]  # the local connection's checks by name
+
+
+def local_training_setup(api: Client, project_name: str, base_model: str) -> LocalSetup:
+    """Local storage and compute connected, a project with 12 arithmetic chats and the local offer
+    for base_model: how the real trainer's end-to-end tests start."""
+    api("PUT", "/api/connections/storage", json={"kind": "local"})
+    api("PUT", "/api/connections/compute/local", json={})
+    conn = api.wait("/api/connections/compute/local", lambda c: c["status"] != "checking", 30)
+    assert conn["status"] == "connected", conn
+    project = api("POST", "/api/projects", json={"name": project_name})
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
+                                     {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]})
+            for i in range(12)]
+    ds = api("POST", f"/api/projects/{project['id']}/datasets", data="\n".join(rows).encode(),
+             headers={"Content-Type": "application/x-ndjson"})
+    offer = api("GET", f"/api/catalog/gpus?provider=local&base_model={base_model}")["items"][0]
+    return LocalSetup(project["id"], ds["id"], offer, {c["name"]: c for c in conn["checks"]})

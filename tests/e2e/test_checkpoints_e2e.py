@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client
+from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client, local_training_setup
 
 pytestmark = pytest.mark.e2e
 BASE = "tensorant/tiny-llama"
@@ -58,20 +58,10 @@ def test_time_limit_mid_training_keeps_a_checkpoint_to_verify_or_resume(api: Cli
     from shared import clock
     from shared.services.timers.heartbeat_check import check_all
 
-    api("PUT", "/api/connections/storage", json={"kind": "local"})
-    api("PUT", "/api/connections/compute/local", json={})
-    conn = api.wait("/api/connections/compute/local", lambda c: c["status"] != "checking", 30)
-    assert conn["status"] == "connected", conn
-    project = api("POST", "/api/projects", json={"name": "ckpt"})
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
-                                     {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]})
-            for i in range(12)]
-    ds = api("POST", f"/api/projects/{project['id']}/datasets", data="\n".join(rows).encode(),
-             headers={"Content-Type": "application/x-ndjson"})
-    offer = api("GET", f"/api/catalog/gpus?provider=local&base_model={BASE}")["items"][0]
+    setup = local_training_setup(api, "ckpt", BASE)
     verified, resumed = (api("POST", "/api/runs", json={
-        "project_id": project["id"], "dataset_version_id": ds["id"], "provider": "local",
-        "offer_id": offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0, "runtime_limit_s": 60,
+        "project_id": setup.project_id, "dataset_version_id": setup.dataset_id, "provider": "local",
+        "offer_id": setup.offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0, "runtime_limit_s": 60,
         "training": TRAINING})["id"] for _ in range(2))
     for run_id in (verified, resumed):
         api("POST", f"/api/runs/{run_id}/launch", json={"confirm": True})

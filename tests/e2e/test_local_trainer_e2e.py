@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client
+from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client, local_training_setup
 
 pytestmark = pytest.mark.e2e
 BASE = "tensorant/tiny-llama"
@@ -29,22 +29,12 @@ def real_trainer(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
 def test_real_trainer_run_succeeds_and_the_downloaded_adapter_loads_with_peft(api: Client, tmp_path: Path) -> None:
     import requests
 
-    api("PUT", "/api/connections/storage", json={"kind": "local"})
-    api("PUT", "/api/connections/compute/local", json={})
-    conn = api.wait("/api/connections/compute/local", lambda c: c["status"] != "checking", 30)
-    assert conn["status"] == "connected", conn
-    assert "real LoRA trainer" in {c["name"]: c for c in conn["checks"]}["trainer"]["message"]
-    project = api("POST", "/api/projects", json={"name": "real"})
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"What is {i} plus {i}?"},
-                                     {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}]})
-            for i in range(12)]
-    ds = api("POST", f"/api/projects/{project['id']}/datasets", data="\n".join(rows).encode(),
-             headers={"Content-Type": "application/x-ndjson"})
-    offer = api("GET", f"/api/catalog/gpus?provider=local&base_model={BASE}")["items"][0]
-    assert offer["fits"] is True
+    setup = local_training_setup(api, "real", BASE)
+    assert "real LoRA trainer" in setup.checks["trainer"]["message"]
+    assert setup.offer["fits"] is True
     run = api("POST", "/api/runs", json={
-        "project_id": project["id"], "dataset_version_id": ds["id"], "provider": "local",
-        "offer_id": offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0,
+        "project_id": setup.project_id, "dataset_version_id": setup.dataset_id, "provider": "local",
+        "offer_id": setup.offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0,
         "training": {"max_steps": 4, "batch_size": 4, "max_seq_len": 64, "learning_rate": 0.005,
                      "sample_prompts": 1}})
     r = requests.get(f"{api.url}/api/runs/{run['id']}/adapter", headers=dict(api.s.headers), timeout=10)
