@@ -274,6 +274,21 @@ def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Enc
     return encode_examples(tokenizer, examples, max_seq_len)
 
 
+def encode_each(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
+    """encode_all row by row with Python lists (how it was before the batch path): the reference the
+    batch path is checked against (tests/trainer/test_encoding.py) and measured against (data_bench)."""
+    kept: list[Tokenized] = []
+    truncated = dropped = 0
+    for example in examples:
+        t = encode(tokenizer, example, max_seq_len)
+        truncated += t.truncated
+        if t.trained_tokens == 0:
+            dropped += 1
+        else:
+            kept.append(t)
+    return Encoded(kept, truncated, dropped)
+
+
 def sample_prompt(tokenizer: Any, example: Example) -> tuple[str, str]:
     """(prompt text to generate from, the dataset's own answer) for a held-out example."""
     if example.messages is not None:

@@ -69,17 +69,10 @@ def write_rows(path: Path, n: int, seed: int = 0) -> None:
 
 def old_encode_all(tokenizer: Any, examples: list[Any], max_seq_len: int) -> tuple[list[Any], int, int]:
     """encode_all as it was: data.encode row by row, Python lists kept."""
-    from shared.trainer.data import encode
+    from shared.trainer.data import encode_each
 
-    kept, truncated, dropped = [], 0, 0
-    for ex in examples:
-        t = encode(tokenizer, ex, max_seq_len)
-        truncated += t.truncated
-        if t.trained_tokens == 0:
-            dropped += 1
-            continue
-        kept.append(t)
-    return kept, truncated, dropped
+    enc = encode_each(tokenizer, examples, max_seq_len)
+    return list(enc.examples), enc.truncated, enc.dropped
 
 
 def prepare(variant: str, tokenizer: Any, data: Path, max_seq_len: int) -> tuple[Any, int, int]:

@@ -19,6 +19,7 @@ from shared.trainer.data import (
     Example,
     encode,
     encode_all,
+    encode_each,
     load_examples,
     normalise,
     scan_dataset,
@@ -75,16 +76,9 @@ def ints(values: Any) -> list[int]:
 
 
 def reference(tok: Any, rows: list[Example], limit: int) -> tuple[list[tuple[list[int], list[int], bool]], int, int]:
-    """The per-row path, as encode_all was: (ids, labels, truncated) of the kept rows, truncated, dropped."""
-    kept, truncated, dropped = [], 0, 0
-    for ex in rows:
-        t = encode(tok, ex, limit)
-        truncated += t.truncated
-        if t.trained_tokens == 0:
-            dropped += 1
-        else:
-            kept.append((list(t.input_ids), list(t.labels), t.truncated))
-    return kept, truncated, dropped
+    """The per-row path (data.encode_each): (ids, labels, truncated) of the kept rows, truncated, dropped."""
+    enc = encode_each(tok, rows, limit)
+    return [(list(t.input_ids), list(t.labels), t.truncated) for t in enc.examples], enc.truncated, enc.dropped
 
 
 def batch(tok: Any, rows: list[Example], limit: int) -> tuple[list[tuple[list[int], list[int], bool]], int, int]:
