@@ -20,7 +20,7 @@ from tests.e2e.local_host import ROOT, Client, release_local_leaks
 if TYPE_CHECKING:
     from tensorant_devhost.host import Host
     from tests.e2e.boot import BootHarness
-    from tests.providers.aws.pricing_server import PricingServer
+    from tests.providers.aws.rig import Rig
 
 
 @pytest.fixture
@@ -63,26 +63,15 @@ def plane(env: dict[str, str], moto_server: str, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.fixture
-def boot_aws_h(plane: Host, moto_server: str, pricing_server: PricingServer, monkeypatch: pytest.MonkeyPatch,
+def boot_aws_h(plane: Host, rig: Rig, monkeypatch: pytest.MonkeyPatch,
                tmp_path: Path) -> Iterator[tuple[BootHarness, Any]]:
     """A BootHarness with a connected aws compute connection on moto, and moto's EC2 client."""
-    import boto3
-    import requests
-
     from tests.e2e.boot import boot_harness
-    from tests.providers.aws.rig import AMI_GOOD, REGION, ZONE
 
-    requests.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", pricing_server.url)
-    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name=REGION, aws_access_key_id="AKIAIOSFODNN7EXAMPLE",
-                       aws_secret_access_key="x" * 40)
-    vpc = ec2.create_vpc(CidrBlock="10.61.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.61.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    sg = ec2.create_security_group(GroupName="boot", Description="boot", VpcId=vpc)["GroupId"]
-    h = boot_harness(tmp_path, moto_server)
-    conn = h.save_compute("aws", {"region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
-                                  "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
-                                  "subnet_id": subnet, "security_group_id": sg, "workspace_disk_gb": 50})
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", rig.pricing.url)
+    h = boot_harness(tmp_path, rig.url)
+    conn = h.save_compute("aws", rig.body(workspace_disk_gb=50))
     assert conn["status"] == "connected", conn["checks"]
+    ec2 = rig.ec2
     yield h, ec2
     h.close()

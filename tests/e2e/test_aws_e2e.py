@@ -16,31 +16,18 @@ import pytest
 from shared.providers import registry
 from shared.providers.aws.compute import build
 from tests.harness import Harness, trained_adapter_zip
-from tests.providers.aws.pricing_server import PricingServer
-from tests.providers.aws.rig import AMI_GOOD, REGION, ZONE, CallLog
+from tests.providers.aws.rig import ZONE, CallLog, Rig
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def aws(moto_server: str, pricing_server: PricingServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    import boto3
-    import requests
-
-    requests.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", pricing_server.url)
-    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name=REGION, aws_access_key_id="AKIAIOSFODNN7EXAMPLE",
-                       aws_secret_access_key="x" * 40)
-    vpc = ec2.create_vpc(CidrBlock="10.60.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.60.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
-    sg = ec2.create_security_group(GroupName="train", Description="train", VpcId=vpc)["GroupId"]
+def aws(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", rig.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", rig.pricing.url)
     log = CallLog()
     with registry.override("aws", factory=lambda config, settings: build(config, settings, on_api_call=log)):
-        yield {"ec2": ec2, "log": log, "body": {
-            "region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
-            "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
-            "subnet_id": subnet, "security_group_id": sg, "workspace_disk_gb": 50}}
+        yield {"ec2": rig.ec2, "log": log, "body": rig.body(workspace_disk_gb=50)}
 
 
 @pytest.fixture

@@ -125,16 +125,16 @@ class Rig:
                 return answer
         return None
 
+    def body(self, **over: Any) -> dict[str, Any]:
+        """The aws connection's body on this rig's network, as a user saves it."""
+        return {"region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
+                "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
+                "subnet_id": self.subnet_id, "security_group_id": self.sg_id, "workspace_disk_gb": 100, **over}
+
     def config(self, **over: Any) -> AwsConfig:
         from shared.providers.aws.config import AwsConfig
 
-        values: dict[str, Any] = {
-            "region": REGION, "access_key_id": "AKIAIOSFODNN7EXAMPLE",
-            "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": AMI_GOOD,
-            "subnet_id": self.subnet_id, "security_group_id": self.sg_id, "workspace_disk_gb": 100,
-        }
-        values.update(over)
-        return AwsConfig(**values)
+        return AwsConfig(**self.body(**over))
 
     def compute(self, deployment: str = "test", page_size: int = 100,
                 sleep: Callable[[float], None] = lambda s: None, **over: Any) -> AwsCompute:
