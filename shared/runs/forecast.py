@@ -203,10 +203,10 @@ def like_runs_measured(runs: list[RunRecord], provider: str, base_model: str, gp
                 and r.training.precision == training.precision and r.training.load_in_4bit == training.load_in_4bit
                 and r.training.gradient_checkpointing == training.gradient_checkpointing)
 
-    found = sorted((r for r in runs if like(r)), key=lambda r: r.updated_at)
-    if not found or found[-1].forecast_check is None:
+    newest = max((r for r in runs if like(r)), key=lambda r: r.updated_at, default=None)
+    if newest is None or newest.forecast_check is None:  # the second for mypy: like() checked it
         return None
-    return Measured(found[-1].id, found[-1].forecast_check.throughput_tokens_per_s)
+    return Measured(newest.id, newest.forecast_check.throughput_tokens_per_s)
 
 
 def training_rows(rows: int, training: TrainingSettings) -> int:
