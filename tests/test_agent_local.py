@@ -846,11 +846,66 @@ def test_export_opens_only_regular_files_never_links(tmp_path: Path) -> None:
     (out / "link").symlink_to(secret)
     os.link(secret, out / "hard")
     os.mkfifo(out / "fifo")
-    regular = open_regular(out / "weights.bin")
-    assert regular is not None and regular.read() == b"w"
-    regular.close()
-    for name in ("link", "hard", "fifo", "missing"):
-        assert open_regular(out / name) is None, name
+    (out / "sub").mkdir()
+    folder = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        regular = open_regular("weights.bin", folder)
+        assert regular is not None and regular.read() == b"w"
+        regular.close()
+        for name in ("link", "hard", "fifo", "missing", "sub", "../agent-state.json", ".."):
+            assert open_regular(name, folder) is None, name
+    finally:
+        os.close(folder)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def _daemon_pid(agent: Agent) -> int:
+    return int(next(line for line in agent.tail if line.startswith("daemon ")).split()[1])
+
+
+def test_what_the_trainer_leaves_running_is_killed_before_the_export(tmp_path: Path, api: FakeAgentApi) -> None:
+    # A child that stays in the trainer's session after it exits: it could swap files while the agent zips them.
+    trainer = f'sleep 300 </dev/null >/dev/null 2>&1 & echo "daemon $!"; {SMOKE}'
+    agent = in_process_agent(tmp_path, api, "run-daemon", trainer)
+    pid = 0
+    try:
+        agent.train(agent.uploads.fetch_dataset())
+        pid = _daemon_pid(agent)
+        assert not _running(pid)
+    finally:
+        if pid and _running(pid):
+            os.kill(pid, signal.SIGKILL)
+        agent.logs_file.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the trainer as another user: needs root")
+def test_a_daemon_of_the_trainer_user_in_a_session_of_its_own_is_killed(tmp_path: Path, api: FakeAgentApi) -> None:
+    import pwd as pwd_module
+
+    from shared.agent.state import Failed
+
+    # A uid no other process on this machine has, so kill(-1) as it touches only the test's processes.
+    uid = 60000 + secrets.randbelow(5000)
+    trainer = 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo "daemon $!"; exit 3'
+    agent = in_process_agent(tmp_path, api, "run-setsid", trainer)
+    agent.environ["TENSORANT_TRAINER_USER"] = "tensorant-trainer"
+    agent.getpwnam = lambda name: pwd_module.struct_passwd((name, "x", uid, uid, "", "/", "/bin/sh"))
+    pid = 0
+    try:
+        with pytest.raises(Failed, match="exited with code 3"):
+            agent.train(agent.uploads.fetch_dataset())
+        pid = _daemon_pid(agent)
+        assert not _running(pid)
+    finally:
+        if pid and _running(pid):
+            os.kill(pid, signal.SIGKILL)
+        agent.logs_file.close()
 
 
 def test_a_failed_adapter_upload_is_reported_as_such(tmp_path: Path, api: FakeAgentApi) -> None:

@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -39,13 +40,13 @@ _TRAINER_HIDDEN = ("TENSORANT_RUN_TOKEN", "TENSORANT_DATASET_URL", "TENSORANT_AD
                    "TENSORANT_LOGS_UPLOAD_URL", BOOTSTRAP_VAR)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below pid, from /proc (Linux: the agent's only platform)."""
-    children: dict[int, list[int]] = {}
+def _processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, session id) of every live process, from /proc (Linux: the agent's only platform)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
         return []
+    out = []
     for name in entries:
         if not name.isdigit():
             continue
@@ -53,14 +54,38 @@ def _descendants(pid: int) -> list[int]:
             stat = Path(f"/proc/{name}/stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and fields[0] not in ("Z", "X"):
-            children.setdefault(int(fields[1]), []).append(int(name))
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, session, ...
+        if len(fields) > 3 and fields[0] not in ("Z", "X"):
+            out.append((int(name), int(fields[1]), int(fields[3])))
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below pid."""
+    children: dict[int, list[int]] = {}
+    for child, parent, _ in _processes():
+        children.setdefault(parent, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
+    return out
+
+
+def _session(sid: int) -> list[int]:
+    """Every process of session sid (the trainer's: it leads its own session)."""
+    return [pid for pid, _, session in _processes() if session == sid]
+
+
+def _uid_processes(uid: int) -> list[int]:
+    out = []
+    for pid, _, _ in _processes():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                out.append(pid)
+        except OSError:
+            continue
     return out
 
 
@@ -91,6 +116,7 @@ class TrainerSupervisor(Reporter):
         self.checkpoint_seen = 0  # the last `checkpoint step=<k>` the trainer printed
         self.checkpoint_uploaded = 0
         self.trainer: subprocess.Popen[bytes] | None = None
+        self.trainer_user: tuple[int, int] | None = None  # (uid, gid) when it runs as its own user
         self.last_line = ""
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # the trainer's last lines, for a failure report
         self.stop_grace_s = float(self.environ.get("TENSORANT_STOP_GRACE_S") or 30)
@@ -124,8 +150,11 @@ class TrainerSupervisor(Reporter):
         cache = Path(env["HF_HOME"]) if env.get("HF_HOME") else None
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
+        # Its own session (and process group): whatever it starts and leaves behind is found and
+        # killed by session when it ends (end_trainer), before the agent reads its output.
         kwargs: dict[str, Any] = {"shell": True, "cwd": self.data_dir, "env": env, "stdin": subprocess.DEVNULL,
-                                  "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+                                  "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT,
+                                  "start_new_session": True}
         name = self.environ.get("TENSORANT_TRAINER_USER", "")
         if not name:
             return kwargs
@@ -143,6 +172,8 @@ class TrainerSupervisor(Reporter):
         os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
         env.update(HOME=pw.pw_dir, USER=name, LOGNAME=name)
         kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+        # Its own user (never root): end_trainer then kills every process of it.
+        self.trainer_user = (pw.pw_uid, pw.pw_gid) if pw.pw_uid != 0 else None
         return kwargs
 
     def train(self, dataset: Path, resume_from: Path | None = None) -> None:
@@ -162,14 +193,19 @@ class TrainerSupervisor(Reporter):
         self.trainer = proc
         reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
         reader.start()
-        while proc.poll() is None:
-            if self.checkpoint_seen > self.checkpoint_uploaded:
-                self.export_checkpoint()
-            if self.stop.wait(0.05) or self.halted.is_set():
-                self.stop_trainer(proc)
+        try:
+            while proc.poll() is None:
                 if self.checkpoint_seen > self.checkpoint_uploaded:
-                    self.export_checkpoint()  # the checkpoint it completed last is the one to keep
-                return
+                    self.export_checkpoint()
+                if self.stop.wait(0.05) or self.halted.is_set():
+                    self.stop_trainer(proc)
+                    if self.checkpoint_seen > self.checkpoint_uploaded:
+                        self.export_checkpoint()  # the checkpoint it completed last is the one to keep
+                    return
+        finally:
+            # Before anything of its output is read: a process it left running (a daemon) could
+            # otherwise swap files while the agent exports them.
+            self.end_trainer(proc)
         reader.join(timeout=10)
         code = proc.returncode
         self.state.update(trainer_exit=code)
@@ -185,21 +221,54 @@ class TrainerSupervisor(Reporter):
         self.log("trainer finished")
 
     def stop_trainer(self, proc: subprocess.Popen[bytes]) -> None:
-        """SIGTERM to the trainer and everything it started, SIGKILL after the grace period.
-        The trainer stays in the agent's process group (the local provider signals the group),
-        so its processes are found by parentage."""
+        """SIGTERM to the trainer and everything it started, SIGKILL after the grace period (the
+        checkpoint it is writing gets the grace to finish). Its processes are its session (it leads
+        its own) and its descendants (one may have started a session of its own)."""
         self.log(f"stopping the trainer (SIGTERM, SIGKILL after {self.stop_grace_s:g} s)")
-        victims = [proc.pid, *_descendants(proc.pid)]
+        victims = self._trainer_processes(proc)
         _signal_all(victims, signal.SIGTERM)
         try:
             proc.wait(timeout=self.stop_grace_s)
         except subprocess.TimeoutExpired:
             pass
         deadline = time.monotonic() + self.stop_grace_s
-        while time.monotonic() < deadline and any(_alive(pid) for pid in victims[1:]):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in victims if pid != proc.pid):
             time.sleep(0.05)
-        _signal_all([pid for pid in [proc.pid, *victims[1:], *_descendants(proc.pid)] if _alive(pid)], signal.SIGKILL)
-        proc.wait()
+        self.end_trainer(proc)
+
+    def _trainer_processes(self, proc: subprocess.Popen[bytes]) -> list[int]:
+        found = [proc.pid, *_descendants(proc.pid), *_session(proc.pid)]
+        if self.trainer_user is not None:
+            found += _uid_processes(self.trainer_user[0])
+        return sorted(set(found) - {os.getpid()})
+
+    def end_trainer(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL to the trainer and everything of it still running, however it got there: its
+        session (a child that stayed in it), its descendants (one that started its own session but
+        not yet left the tree) and, when it runs as its own user, every process of that user (a
+        daemon that did both: it cannot hide from kill(-1) sent as that user)."""
+        for _ in range(5):  # a process forking while it is killed may leave a child: look again
+            _signal_all([pid for pid in self._trainer_processes(proc) if pid != proc.pid or proc.poll() is None],
+                        signal.SIGKILL)
+            if self.trainer_user is not None:
+                self._kill_user(*self.trainer_user)
+            if proc.poll() is None:
+                proc.wait()
+            if not [pid for pid in self._trainer_processes(proc) if pid != proc.pid and _alive(pid)]:
+                return
+            time.sleep(0.05)
+        self.log("some of the trainer's processes could not be killed")
+
+    def _kill_user(self, uid: int, gid: int) -> None:
+        """kill(-1, SIGKILL) as the trainer's user: every process of that user, wherever it is."""
+        if uid in (0, os.getuid()) or not _uid_processes(uid):
+            return
+        try:
+            subprocess.run([sys.executable, "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
+                           user=uid, group=gid, extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.log(f"could not kill the trainer user's processes: {exc}")
 
     def _read_output(self, stream: BinaryIO) -> None:
         for raw in stream:

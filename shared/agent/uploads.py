@@ -1,7 +1,8 @@
 """The agent's transfers: the dataset down; the adapter, checkpoint adapters and logs up.
 
 The adapter is zipped from the trainer's output directory, which the trainer (another user,
-the customer's code) owns: only regular, unlinked files go into an archive (open_regular).
+the customer's code) owns: only the adapter's own files at its top level go into an archive,
+each opened from a descriptor of the folder without following a link (zip_folder).
 """
 
 from __future__ import annotations
@@ -23,17 +24,25 @@ from shared.agent.storage import DirStorage, UrlStorage
 from shared.agent.transport import describe_error
 
 CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"  # adapter.zip on the disk stays the final adapter's name
-# What of a checkpoint is uploaded: the adapter and its manifest; the optimizer state stays on the disk.
-CHECKPOINT_EXPORT = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
+# What an adapter archive holds, and all it may hold (the verifier refuses any other entry): a
+# checkpoint's optimizer state stays on the disk, and nothing else the trainer writes is exported.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
+MANIFEST = "manifest.json"
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+# O_NONBLOCK: a FIFO would block the open; O_NOCTTY: a terminal never becomes the agent's.
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 
 
-def open_regular(path: Path) -> BinaryIO | None:
-    """The file opened for reading only if it is a regular file and not a link, checked on the open
-    descriptor: the trainer (another user, the customer's code) owns the output directory and could
-    swap a checked file for a link (symbolic or hard) to the agent's state file, which holds the run
-    token, or for a FIFO that would block the export."""
+def open_regular(name: str, folder_fd: int) -> BinaryIO | None:
+    """folder's file `name` (one component: no "/"), opened for reading only if it is a regular file
+    and not a link, checked on the open descriptor: the trainer owns the folder and could swap a
+    file for a link (symbolic or hard) to the agent's state file, which holds the run token, or for
+    a FIFO that would block the export."""
+    if "/" in name or name in ("", ".", ".."):
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(name, _FILE, dir_fd=folder_fd)
     except OSError:
         return None
     st = os.fstat(fd)
@@ -51,34 +60,89 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def zip_folder(folder: Path, final: Path, names: tuple[str, ...] | None = None) -> None:
-    """folder's regular files (or only `names` of them) zipped to final, through a temporary file."""
+def _sha256_of(src: BinaryIO) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    while chunk := src.read(1024 * 1024):
+        digest.update(chunk)
+        size += len(chunk)
+    src.seek(0)
+    return digest.hexdigest(), size
+
+
+def open_archive(path: Path) -> BinaryIO:
+    """path created (or emptied) mode 0600 and opened for writing: an archive may hold what the
+    trainer wrote, and nobody but the agent reads it on the machine."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | _CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # a file left by an earlier attempt keeps its mode otherwise
+    return os.fdopen(fd, "wb")
+
+
+def zip_folder(folder: Path, final: Path, names: tuple[str, ...] = ADAPTER_FILES, *,
+               manifest_base_model: str | None = None) -> None:
+    """The files `names` at folder's top level zipped to final (mode 0600), through a temporary file.
+
+    folder is opened without following a link at its last component (its parent is the agent's data
+    directory or the trainer's checkpoint folder within it, neither of which the trainer can rename),
+    and each name from that descriptor, so no link anywhere is followed: the trainer cannot point the
+    export at /proc/<agent>/environ or at the agent's state file, even by swapping a folder while it
+    runs. Nothing else of the folder is listed or read. Each name must be a regular file with one
+    link; otherwise OSError names it. manifest_base_model: a folder without manifest.json gets one
+    in the archive describing the other files (the trainer's folder is never written to)."""
     tmp = final.with_name(final.name + ".tmp")
     final.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(tmp, "w", allowZip64=True) as zf:
-        for path in sorted(folder.rglob("*")):
-            if names is not None and path.relative_to(folder).as_posix() not in names:
-                continue
-            if path.is_symlink() or not path.is_file():
-                continue  # links and special files never go into the archive
-            src = open_regular(path)
-            if src is None:
-                continue  # swapped for a link or a special file since the check: skipped too
-            info = zipfile.ZipInfo(path.relative_to(folder).as_posix(),
-                                   time.localtime(os.fstat(src.fileno()).st_mtime)[:6])
-            info.compress_type = zipfile.ZIP_STORED if path.suffix == ".safetensors" else zipfile.ZIP_DEFLATED
-            with src, zf.open(info, "w", force_zip64=True) as dst:
-                shutil.copyfileobj(src, dst, 1024 * 1024)
+    folder_fd = os.open(folder, _FOLDER)
+    try:
+        sources: dict[str, BinaryIO] = {}
+        try:
+            for name in names:
+                src = open_regular(name, folder_fd)
+                if src is not None:
+                    sources[name] = src
+                elif not (name == MANIFEST and manifest_base_model is not None
+                          and _absent(name, folder_fd)):
+                    raise OSError(f"{name} in {folder.name} is missing, a link or not a regular file")
+            generated = None
+            if MANIFEST in names and MANIFEST not in sources and manifest_base_model is not None:
+                generated = _manifest(sources, manifest_base_model)
+            stamp = time.localtime()[:6]  # not the trainer's mtime: zip refuses one before 1980
+            with open_archive(tmp) as out, zipfile.ZipFile(out, "w", allowZip64=True) as zf:
+                for name in names:
+                    data = sources.get(name)
+                    if data is None and generated is None:
+                        continue
+                    info = zipfile.ZipInfo(name, stamp)
+                    info.external_attr = 0o100644 << 16  # a regular file (the verifier reads the type)
+                    info.compress_type = zipfile.ZIP_STORED if name.endswith(".safetensors") else zipfile.ZIP_DEFLATED
+                    with zf.open(info, "w", force_zip64=True) as dst:
+                        if data is not None:
+                            shutil.copyfileobj(data, dst, 1024 * 1024)
+                        elif generated is not None:
+                            dst.write(generated)
+        finally:
+            for src in sources.values():
+                src.close()
+    finally:
+        os.close(folder_fd)
     tmp.replace(final)
 
 
-def write_manifest(output: Path, base_model: str) -> None:
-    """A trainer that writes no manifest gets one describing what it wrote."""
-    files = {p.relative_to(output).as_posix(): {"sha256": file_sha256(p), "size": p.stat().st_size}
-             for p in sorted(output.rglob("*")) if p.is_file() and not p.is_symlink()}
+def _absent(name: str, folder_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return False
+
+
+def _manifest(sources: dict[str, BinaryIO], base_model: str) -> bytes:
+    """A manifest for a trainer that wrote none, describing the files being exported."""
+    files = {}
+    for name, src in sorted(sources.items()):
+        digest, size = _sha256_of(src)
+        files[name] = {"sha256": digest, "size": size}
     manifest = {"format": 1, "base_model": base_model, "rows": None,
                 "trainer": "unknown (manifest written by the agent)", "files": files}
-    (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return json.dumps(manifest, indent=2).encode()
 
 
 class Uploads:
@@ -136,12 +200,9 @@ class Uploads:
 
     def export(self) -> tuple[str, int]:
         """Zip the output directory to the archive path and upload it; returns (sha256, size)."""
-        output = self.output
-        if not (output / "manifest.json").exists():
-            write_manifest(output, self.config.base_model)
         final = self.archive_path()
         try:
-            zip_folder(output, final)
+            zip_folder(self.output, final, manifest_base_model=self.config.base_model)
         except OSError as exc:
             raise Failed(f"could not write adapter.zip: {describe_error(exc)}", output_exists=True,
                          stage="export") from exc
@@ -161,11 +222,8 @@ class Uploads:
         failure only means storage keeps an older checkpoint; training goes on."""
         archive = self.data_dir / CHECKPOINT_ARCHIVE
         try:
-            zip_folder(folder, archive, CHECKPOINT_EXPORT)
-            with zipfile.ZipFile(archive) as zf:
-                if sorted(zf.namelist()) != sorted(CHECKPOINT_EXPORT):
-                    # The trainer replaced this checkpoint while it was read: the next one is uploaded.
-                    raise OSError(f"{folder.name} changed while it was archived")
+            # A checkpoint the trainer replaces while it is read fails here: the next one is uploaded.
+            zip_folder(folder, archive)
             storage = self.storage()
             target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
             storage.upload(target, archive)
