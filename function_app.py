@@ -23,7 +23,12 @@ from functions import (
     validate_connection,
     verify_adapter,
 )
+from shared.log import configure as configure_logging
 from shared.settings import get_settings
+
+# The app's records propagate to the worker's root handler (level and invocation id reach Application
+# Insights); the Azure SDK's per-request lines are kept to warnings.
+configure_logging()
 
 # Settings are checked at start: a bad production setting fails the host here, at import,
 # not the first request (get_settings only reads the environment; no I/O).
