@@ -28,7 +28,8 @@ def timespan_s(value: Any, default: float) -> float:
 
 @dataclass(frozen=True)
 class HostConfig:
-    """The host.json settings this host honours (defaults are the Functions defaults, except polling)."""
+    """The host.json settings this host honours (defaults are the Functions defaults, except polling),
+    and the real host's fixed figures, settable here for tests."""
 
     batch_size: int = 16
     new_batch_threshold: int = 8
@@ -38,12 +39,18 @@ class HostConfig:
     max_polling_interval_s: float = 2.0
     message_encoding: str = "base64"
     route_prefix: str = "api"
+    # Enforced: an invocation past it restarts the worker (worker.py). Tests set a short one.
     function_timeout_s: float = 300.0
 
-    # While a function runs, its message is kept invisible by a short lease renewed every third of
-    # it, as the Functions host renews its own: a host killed mid-step (kill -9) loses the message for
-    # at most this long, not for functionTimeout.
-    processing_lease_s: int = 30
+    # While a function runs, its message is kept invisible by a lease renewed at half of it, as the
+    # Functions host's QueueListener does (10 minutes, renewed every 5): a host killed mid-step
+    # (kill -9) loses the message for the rest of the lease, 5 to 10 minutes. Not a host.json
+    # setting on Azure either; tests set a short one.
+    processing_lease_s: int = 600
+
+    # The worker's one pool for every invocation (HTTP, queues, timers); 0: as the Python worker,
+    # PYTHON_THREADPOOL_THREAD_COUNT or min(32, cpu+4).
+    worker_threads: int = 0
 
     @classmethod
     def from_host_json(cls, data: dict[str, Any]) -> HostConfig:

@@ -39,6 +39,7 @@ class FunctionInfo:
     func: Callable[..., Any]
     route: RouteTemplate | None = None
     methods: frozenset[str] = ALL_METHODS
+    auth_level: str = "function"  # anonymous | function | admin: the host's default is function
     queue_name: str = ""
     connection: str = "AzureWebJobsStorage"
     schedule: str = ""
@@ -80,6 +81,7 @@ def describe_functions(app: Any) -> list[FunctionInfo]:
                                  "which the Functions host reserves; choose another route")
             if trigger.get("methods"):
                 info.methods = frozenset(str(m).upper() for m in trigger["methods"])
+            info.auth_level = str(trigger.get("authLevel") or "function").lower()
         elif ttype == "queueTrigger":
             info.kind = "queue"
             info.queue_name = resolve_setting(str(trigger["queueName"]))

@@ -1,11 +1,15 @@
 """The local host: runs exactly the functions a FunctionApp registered.
 
 Host wires the three trigger kinds together and runs them on background threads:
-- HTTP triggers (serving.py): waitress on http://127.0.0.1:<port>/<routePrefix>/<route>.
+- HTTP triggers (serving.py): waitress on http://127.0.0.1:<port>/<routePrefix>/<route>, for the
+  configured host names only; authLevel honoured.
 - Queue triggers (queues.py): Azure Storage queues polled with host.json semantics (batches,
   leases renewed while a function runs, release on failure, poison queues, idle backoff).
-- Timer triggers (timers.py): NCRONTAB schedules (seconds first); runOnStartup honoured.
-The functions come from the app itself (functions.py); invocation.py calls them.
+- Timer triggers (timers.py): NCRONTAB schedules (seconds first); runOnStartup honoured, and a
+  missed occurrence run once, past due, after a restart.
+The functions come from the app itself (functions.py); invocation.py calls them, each on the
+worker's one pool under functionTimeout (worker.py). Where the real host differs from a plain
+server, this host does what the real one does (docs/architecture.md, "The dev host").
 
 Tests use `pump()` / `drain()` instead of the background pollers for determinism.
 """
@@ -58,11 +62,16 @@ class Host(HttpTriggers, QueueTriggers, TimerTriggers):
         timers: bool = True,
         http_workers: int = 1,
         credentials_first: bool = False,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         """http_workers: processes serving HTTP on one listening socket, as the Functions host's
         FUNCTIONS_WORKER_PROCESS_COUNT spreads invocations over Python workers (one interpreter
         lock each). The extra ones are forked at start() and serve HTTP only; queues and timers
-        stay in this process."""
+        stay in this process.
+
+        allowed_hosts: host names served besides localhost, 127.0.0.1, [::1], the bound address and
+        TENSORANT_PUBLIC_URL's host; a request naming any other in its Host header is refused (421),
+        so a web page rebound by DNS to 127.0.0.1 cannot drive this host."""
         if http_workers < 1:
             raise ValueError("http_workers must be at least 1")
         # True: a request without an Authorization header reaches its function with an empty body, so
@@ -90,6 +99,9 @@ class Host(HttpTriggers, QueueTriggers, TimerTriggers):
         self._clients_lock = threading.Lock()
         self._pools: list[ThreadPoolExecutor] = []
         self._wake: dict[str, threading.Event] = {}
+        self._worker = None
+        self._worker_lock = threading.Lock()
+        self.allowed_hosts = allowed_hosts
         # Routes in ASP.NET precedence: literal segments win over parameters.
         self._routes = sorted((f for f in self.functions if f.kind == "http"), key=lambda f: f.route.precedence)  # type: ignore[union-attr]
 
@@ -140,6 +152,7 @@ class Host(HttpTriggers, QueueTriggers, TimerTriggers):
         for pool in self._pools:
             pool.shutdown(wait=True)
         self._pools.clear()
+        self._stop_worker()
         with self._clients_lock:
             for client in self._clients.values():
                 try:

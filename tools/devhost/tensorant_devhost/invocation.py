@@ -1,8 +1,9 @@
 """Calling one function: its trigger value, its output bindings, the invocation's log lines.
 
 Invoker is the part every trigger kind (HTTP, queue, timer) and the Host share: the app's
-functions, the host.json settings, the stop event and the queue clients that output
-bindings send through. The Host (host.py) sets all of its attributes.
+functions, the host.json settings, the stop event, the queue clients that output
+bindings send through, and the worker whose one pool runs every invocation under
+functionTimeout (worker.py). The Host (host.py) sets all of its attributes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from tensorant_devhost.config import HostConfig
 from tensorant_devhost.functions import FunctionInfo
 from tensorant_devhost.logger import log
+from tensorant_devhost.worker import FunctionTimeout, Invocation, Worker, WorkerRestarted, default_threads, timespan
 
 AZURITE_ALIAS = "UseDevelopmentStorage=true"
 
@@ -80,12 +82,16 @@ class Invoker:
     _wake: dict[str, threading.Event]  # per queue name: set by notify() to poll at once
     _clients: dict[tuple[str, str], Any]
     _clients_lock: threading.Lock
+    _worker: Worker | None  # the language worker now running invocations (worker.py); None until first used
+    _worker_lock: threading.Lock
 
     def by_kind(self, kind: str) -> list[FunctionInfo]:
         return [f for f in self.functions if f.kind == kind]
 
     def invoke(self, f: FunctionInfo, trigger_value: Any, detail: str = "") -> Any:
-        """Call the user function with its trigger and output bindings; log name, duration, outcome."""
+        """Call the user function on the worker's pool with its trigger and output bindings; wait
+        for it at most functionTimeout (counted from now: waiting for a thread counts, as on
+        Azure), else restart the worker (worker.py). Logs name, duration, outcome."""
         invocation_id = str(uuid.uuid4())
         kwargs: dict[str, Any] = {f.arg_name: trigger_value}
         outs: dict[str, _Out] = {}
@@ -95,6 +101,13 @@ class Invoker:
         params = inspect.signature(f.func).parameters
         if "context" in params:
             kwargs["context"] = _Context(invocation_id, f.name, str(self.root))
+
+        def call() -> Any:
+            result = f.func(**kwargs)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_await(result))
+            return result
+
         started = time.perf_counter()
         # HTTP requests are debug lines: `runs watch` and the agents' heartbeats poll every second or
         # two, and would bury the steps, warnings and errors (`make run` shows them on request:
@@ -102,10 +115,8 @@ class Invoker:
         level = logging.DEBUG if f.kind == "http" else logging.INFO
         log.log(level, "Executing 'Functions.%s' (%s, Id=%s)", f.name, detail or f.kind, invocation_id)
         try:
-            result = f.func(**kwargs)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_await(result))
-            for b in f.bindings:
+            result = self._run_on_worker(Invocation(invocation_id, f.name, call))
+            for b in f.bindings:  # the host sends output bindings once the worker answered
                 if b.get("direction") == 1 and b.get("type") == "queue":
                     value = result if b["name"] == "$return" else outs[b["name"]].get()
                     self._send_output(b, value)
@@ -118,6 +129,51 @@ class Invoker:
         ms = (time.perf_counter() - started) * 1000
         log.log(level, "Executed 'Functions.%s' (Succeeded, Id=%s, Duration=%.0fms)", f.name, invocation_id, ms)
         return result
+
+    def _run_on_worker(self, inv: Invocation) -> Any:
+        worker = self._current_worker()
+        worker.submit(inv)
+        timeout_s = self.config.function_timeout_s
+        if not inv.done.wait(timeout_s):
+            log.error("Timeout value of %s exceeded by function 'Functions.%s' (Id: '%s'). Initiating cancellation.",
+                      timespan(timeout_s), inv.name, inv.id)
+            self._restart_worker(worker, inv)
+            inv.done.wait()  # settled now: failed by the restart, or finished at the same moment
+        if inv.error is not None:
+            raise inv.error
+        return inv.result
+
+    def _current_worker(self) -> Worker:
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = Worker(self.config.worker_threads or default_threads())
+            return self._worker
+
+    def _restart_worker(self, old: Worker, culprit: Invocation) -> None:
+        """As the host on a timeout: a fresh worker for what comes next; everything the old one held fails."""
+        with self._worker_lock:
+            if self._worker is not old:
+                return  # another timeout restarted it already (and failed this invocation with it)
+            self._worker = Worker(old.threads)
+        log.error("A function timeout has occurred. Restarting worker process executing invocationId '%s'.",
+                  culprit.id)
+        timeout = timespan(self.config.function_timeout_s)
+
+        def error_for(inv: Invocation) -> BaseException:
+            if inv is culprit:
+                return FunctionTimeout(f"Timeout value of {timeout} was exceeded by function: Functions.{inv.name}")
+            return WorkerRestarted(f"the worker was restarted (invocation {culprit.id} of Functions.{culprit.name} "
+                                   f"timed out) while Functions.{inv.name} ran")
+
+        for inv in old.kill(error_for):
+            if inv is not culprit:
+                log.error("Invocation %s of 'Functions.%s' failed: its worker was restarted", inv.id, inv.name)
+
+    def _stop_worker(self) -> None:
+        with self._worker_lock:
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
 
     def _send_output(self, binding: dict[str, Any], value: Any) -> None:
         if value is None:

@@ -1,10 +1,15 @@
 """Queue triggers: poll Azure Storage queues with host.json semantics.
 
-batchSize messages per poll, processed concurrently; base64 message encoding; a message is
-kept invisible by a renewed lease while its function runs, deleted on success, released
-for visibilityTimeout on failure and moved (its original text) to `<queue>-poison` once
-dequeueCount reaches maxDequeueCount. Idle pollers back off up to maxPollingInterval;
-notify() wakes them at once. Tests use pump() / drain() instead of the pollers.
+batchSize messages per poll, and a new batch once no more than newBatchThreshold are in flight:
+at most batchSize + newBatchThreshold messages of one queue function at once, their invocations
+run by the worker's one pool that HTTP and timers share (worker.py), as on Azure. base64
+message encoding; a message is kept invisible by a 10-minute lease renewed at half while its
+function runs (QueueListener's), deleted on success, released for visibilityTimeout on failure
+(a functionTimeout, or the worker restarting under it, is a failure) and moved (its original
+text) to `<queue>-poison` once dequeueCount reaches maxDequeueCount. A message that is not
+base64 is moved there at once, raw, without running anything (the Storage SDK cannot decode it;
+the extension poisons it). Idle pollers back off up to maxPollingInterval; notify() wakes them
+at once. Tests use pump() / drain() instead of the pollers.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ MIN_POLL_S = 0.1
 
 
 class _Lease:
-    """Keeps a message invisible while its function runs: renews a short visibility lease every
-    third of it (update_message hands back a new pop receipt each time), until end()."""
+    """Keeps a message invisible while its function runs: renews its visibility lease at half of it,
+    as QueueListener does (update_message hands back a new pop receipt each time), until end()."""
 
     def __init__(self, client: Any, msg: Any, lease_s: int) -> None:
         self.client, self.msg, self.lease_s = client, msg, lease_s
@@ -34,7 +39,7 @@ class _Lease:
         self.thread.start()
 
     def _renew(self) -> None:
-        while not self.done.wait(self.lease_s / 3):
+        while not self.done.wait(self.lease_s / 2):
             try:
                 updated = self.client.update_message(self.msg.id, self.receipt, visibility_timeout=self.lease_s)
                 self.receipt = updated.pop_receipt
@@ -57,20 +62,25 @@ class QueueTriggers(Invoker):
                                         visibility_timeout=self.config.processing_lease_s)
         return list(pages)
 
-    def _process(self, f: FunctionInfo, msg: Any, release_failed: bool = True) -> tuple[bool, Any]:
-        """Run one message; delete on success, poison or release on failure. Returns (ok, msg)."""
+    def _process(self, f: FunctionInfo, msg: Any, release_failed: bool = True) -> tuple[str, Any]:
+        """Run one message; delete on success, poison or release on failure. Returns (outcome, msg),
+        outcome one of "done", "poisoned", "failed" (released, or left for the caller to release)."""
         from azure.functions.queue import QueueMessage
 
         client = self._queue_client(f.connection, f.queue_name)
         max_count = self.config.max_dequeue_count
         if msg.dequeue_count > max_count:
             # Received more often than allowed without a recorded failure (a crash mid-run): poison it now.
-            self._poison(f, msg, "dequeue count over maxDequeueCount before processing")
-            return False, msg
+            return self._poison_now(f, msg, "dequeue count over maxDequeueCount before processing")
+        try:
+            body = self._decode(msg.content)
+        except ValueError as exc:
+            # Poisoned at once, as the text it is: no retry can decode it (the extension's
+            # MessageDecodingFailed handler does the same).
+            return self._poison_now(f, msg, str(exc))
         ok = False
         lease = _Lease(client, msg, self.config.processing_lease_s)
         try:
-            body = self._decode(msg.content)
             qm = QueueMessage(id=msg.id, body=body, dequeue_count=msg.dequeue_count, pop_receipt=msg.pop_receipt,
                               insertion_time=msg.inserted_on, expiration_time=msg.expires_on,
                               time_next_visible=msg.next_visible_on)
@@ -90,7 +100,16 @@ class QueueTriggers(Invoker):
                 self.release(f, msg)
         except Exception as exc:  # the message reappears after its lease; the host keeps going
             log.error("queue %s: could not settle message %s: %s", f.queue_name, msg.id, exc)
-        return ok, msg
+            return "failed", msg
+        return ("done" if ok else "poisoned" if msg.dequeue_count >= max_count else "failed"), msg
+
+    def _poison_now(self, f: FunctionInfo, msg: Any, why: str) -> tuple[str, Any]:
+        try:
+            self._poison(f, msg, why)
+        except Exception as exc:  # it reappears after its lease and is poisoned then
+            log.error("queue %s: could not move message %s to %s-poison: %s", f.queue_name, msg.id, f.queue_name, exc)
+            return "failed", msg
+        return "poisoned", msg
 
     def release(self, f: FunctionInfo, msg: Any) -> None:
         """Make a failed message visible again after visibilityTimeout."""
@@ -99,7 +118,7 @@ class QueueTriggers(Invoker):
 
     def _poison(self, f: FunctionInfo, msg: Any, why: str) -> None:
         poison = self._queue_client(f.connection, f"{f.queue_name}-poison")
-        poison.send_message(msg.content)  # the original text, still encoded
+        poison.send_message(msg.content)  # the original text as it was (still encoded, or raw)
         self._queue_client(f.connection, f.queue_name).delete_message(msg.id, msg.pop_receipt)
         log.warning("queue %s: message %s moved to %s-poison (%s)", f.queue_name, msg.id, f.queue_name, why)
 
@@ -114,7 +133,10 @@ class QueueTriggers(Invoker):
                              "is base64; send with shared.queues)") from exc
 
     def _listen(self, f: FunctionInfo) -> None:
-        pool = ThreadPoolExecutor(max_workers=self.config.batch_size, thread_name_prefix=f"devhost-{f.queue_name}")
+        # The host's side of each message in flight (lease, settling) waits here; the function itself
+        # runs on the worker's shared pool.
+        pool = ThreadPoolExecutor(max_workers=self.config.batch_size + self.config.new_batch_threshold,
+                                  thread_name_prefix=f"devhost-{f.queue_name}")
         self._pools.append(pool)
         in_flight: set[Any] = set()
         lock = threading.Lock()
@@ -174,8 +196,8 @@ class QueueTriggers(Invoker):
                     wait(futures)
                     count += len(msgs)
                     for fut in futures:
-                        ok, msg = fut.result()
-                        if not ok and msg.dequeue_count < self.config.max_dequeue_count:
+                        outcome, msg = fut.result()
+                        if outcome == "failed":
                             failed.append(msg)
                 for msg in failed:
                     try:
