@@ -63,9 +63,10 @@ class Queues:
         dev host wakes its idle pollers: the real host polls, locally the wait is avoidable)."""
         from azure.storage.queue import QueueServiceClient
 
+        from shared.storage_account import service_client
         from shared.storage_transport import storage_client_kwargs
 
-        self._service = QueueServiceClient.from_connection_string(connection_string, **storage_client_kwargs())
+        self._service = service_client(QueueServiceClient, "queue", connection_string, **storage_client_kwargs())
         self._clients: dict[str, Any] = {}
         self.delay_scale = delay_scale
         self.on_send: tuple[SendHook, ...] = tuple(on_send)

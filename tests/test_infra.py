@@ -227,3 +227,25 @@ def test_web_resources_match_the_rest_schema_of_their_api_version(template: Temp
     # The check can fail: a misspelt property and an enum value that does not exist.
     wrong = {"properties": {"functionAppConfig": {"runtime": {"name": "python3"}, "scaleAndConcurency": {}}}}
     assert len(_check_shape(wrong, "Site", schema["models"], "x")) == 2
+
+
+def test_the_app_reads_the_identity_based_connection_the_template_sets(template: Template,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from azure.data.tables import TableServiceClient
+    from azure.storage.queue import QueueServiceClient
+
+    from shared.storage_account import ACCOUNT_SETTING, service_client
+
+    assert text_of(app_settings(template)[ACCOUNT_SETTING]) == "storage.name"
+    monkeypatch.delenv("AzureWebJobsStorage", raising=False)
+    monkeypatch.setenv(ACCOUNT_SETTING, "taprodabc")
+    tables = service_client(TableServiceClient, "table", "unused")
+    queues = service_client(QueueServiceClient, "queue", "unused")
+    assert tables.url.startswith("https://taprodabc.table.core.windows.net")
+    assert queues.url.startswith("https://taprodabc.queue.core.windows.net")
+    assert type(tables.credential).__name__ == "DefaultAzureCredential"
+    # A connection string, where one is set (Azurite, make run), still wins.
+    from shared.settings import AZURITE
+
+    monkeypatch.setenv("AzureWebJobsStorage", AZURITE)
+    assert "127.0.0.1" in service_client(TableServiceClient, "table", AZURITE).url

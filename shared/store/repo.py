@@ -93,9 +93,10 @@ class Store:
     def __init__(self, connection_string: str, prefix: str) -> None:
         from azure.data.tables import TableServiceClient
 
+        from shared.storage_account import service_client
         from shared.storage_transport import storage_client_kwargs
 
-        self._service = TableServiceClient.from_connection_string(connection_string, **storage_client_kwargs())
+        self._service = service_client(TableServiceClient, "table", connection_string, **storage_client_kwargs())
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
                  "secrets", "quotas")
