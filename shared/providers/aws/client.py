@@ -1,9 +1,11 @@
 """The one door to boto3: sessions and clients (boto3 imported on first use), every API
 call through `call` with throttling retried and errors translated (errors.translate).
 
-Throttling is retried here, bounded, with exponential backoff and full jitter, then
-ThrottledError; capacity and every other error are never retried. botocore's own
-retries are off so each request is counted once.
+Throttling is retried here, bounded, with exponential backoff and full jitter (and only while
+the invocation's budget, shared/budget.py, has room for the sleep), then ThrottledError, which
+the step turns into a delayed message to itself; capacity and every other error are never
+retried. botocore's own retries are off so each request is counted once. Nothing here waits on
+a long-running operation: the provider reports EC2's progress and the step asks again later.
 
 Endpoints: botocore honours AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_<SERVICE> natively;
 tests may also pass endpoint_url / pricing_endpoint_url.
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shared import budget
 from shared.errors import ThrottledError
 from shared.log import register_secret
 from shared.providers.aws.config import AwsConfig
@@ -91,8 +94,9 @@ class AwsClient:
                 result: dict[str, Any] = method(**params)
                 return result
             except Exception as exc:
-                if is_throttle(exc) and attempt + 1 < THROTTLE_ATTEMPTS:
-                    self.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt)))
+                backoff = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** attempt))
+                if is_throttle(exc) and attempt + 1 < THROTTLE_ATTEMPTS and budget.allows(backoff):
+                    self.sleep(backoff)
                     continue
                 raise translate(exc, action=action or operation, region=self.region, zone=zone,
                                 instance_type=instance_type) from exc

@@ -3,10 +3,12 @@
 Nothing else in shared.providers.azure imports azure.* (errors.translate imports
 azure.core's exception types, lazily, to classify). Every call goes through AzureClient:
 - timeouts: connection 20 s, read AzureEndpoints.read_timeout_s, long-running operations
-  waited on at most AzureEndpoints.lro_wait_s (the caller reports "not yet" after that);
+  waited on at most AzureEndpoints.lro_wait_s (20 s) and never past the invocation's budget
+  (shared/budget.py); the caller reports "not yet" after that and the step asks again later;
 - 429: the SDK's own status retries are off (it would sleep out any Retry-After); `call`
-  retries short ones inline (MAX_THROTTLE_RETRIES, Retry-After <= MAX_INLINE_RETRY_AFTER_S)
-  and turns long ones into ThrottledError(retry_after_s) so the step waits with a delayed message;
+  retries short ones inline (MAX_THROTTLE_RETRIES, Retry-After <= MAX_INLINE_RETRY_AFTER_S, and
+  only while the invocation's budget has room for the sleep) and turns the others into
+  ThrottledError(retry_after_s) so the step waits with a delayed message;
 - errors leave as shared.errors through errors.translate.
 Helpers for the plain-dict ARM bodies (dig, as_dict, region_code, same_id) live here too.
 """
@@ -18,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shared import budget
+from shared.clock import now_ts
 from shared.errors import RetryableError
 from shared.log import register_secret
 from shared.providers.azure.config import AzureConfig
@@ -28,6 +32,12 @@ ARM_SCOPE = "https://management.azure.com/.default"
 MAX_THROTTLE_RETRIES = 2
 MAX_INLINE_RETRY_AFTER_S = 10.0
 MAX_BLOB_READ = 4 * 1024 * 1024  # read_tail's bound when a server answers a ranged GET with the whole blob
+WAIT_SLICE_S = 5.0  # how often a wait looks at the clock (a poller's wait returns at once when done)
+
+
+def wait_on_poller(poller: Any, seconds: float) -> None:
+    """Block until the operation is done or `seconds` have passed (AzureEndpoints.pause)."""
+    poller.wait(timeout=seconds)
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,8 @@ class AzureEndpoints:
 
     Tests point everything at a fake ARM server on loopback: arm_url/authority/prices_url
     at https://127.0.0.1:PORT, verify = the self-signed certificate's path, retry_total=0,
-    polling_interval=0 and a short lro_wait_s. Production never sets any of these: they
-    reach AzureCompute only as its keyword-only `endpoints` argument.
+    polling_interval=0, and sleep/pause hooks that move their simulated clock. Production never
+    sets any of these: they reach AzureCompute only as its keyword-only `endpoints` argument.
     """
 
     arm_url: str | None = None
@@ -47,9 +57,10 @@ class AzureEndpoints:
     retry_total: int | None = 3  # connection errors; HTTP status retries are ours (see AzureClient.call)
     polling_interval: float | None = None
     read_timeout_s: float = 60.0  # no call may hang a step
-    lro_wait_s: float = 90.0
+    lro_wait_s: float = budget.LRO_WAIT_S  # one operation's longest wait, within the invocation's budget
     credential: Any = None  # a TokenCredential to use instead of ClientSecretCredential
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] = time.sleep  # an inline throttling retry's wait
+    pause: Callable[[Any, float], None] = wait_on_poller  # a slice of a long-running operation's wait
 
 
 # ------------------------------------------------------------ ARM body helpers
@@ -166,7 +177,8 @@ class AzureClient:
     # ------------------------------------------------------------ calls
 
     def call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One Azure call: short 429s retried inline (bounded), everything else translated."""
+        """One Azure call: short 429s retried inline (bounded, and only within the invocation's
+        budget), everything else translated."""
         from azure.core.exceptions import AzureError
 
         for attempt in range(MAX_THROTTLE_RETRIES + 1):
@@ -174,7 +186,8 @@ class AzureClient:
                 return fn(*args, **kwargs)
             except AzureError as e:
                 wait = retry_after(e, default=1.0)
-                if status_code(e) == 429 and attempt < MAX_THROTTLE_RETRIES and wait <= MAX_INLINE_RETRY_AFTER_S:
+                if (status_code(e) == 429 and attempt < MAX_THROTTLE_RETRIES and wait <= MAX_INLINE_RETRY_AFTER_S
+                        and budget.allows(wait)):
                     self.endpoints.sleep(wait)
                     continue
                 raise translate(e, doing) from None
@@ -238,15 +251,27 @@ class AzureClient:
                                  code="BlobRead") from None
         return tail.decode("utf-8", "replace")
 
-    def wait(self, doing: str, poller: Any) -> bool:
-        """Wait for a long-running operation at most lro_wait_s. True = finished (raises if it failed)."""
+    def wait(self, doing: str, poller: Any, *, until: float | None = None) -> bool:
+        """Wait for a long-running operation at most lro_wait_s, and never past the invocation's budget
+        (shared/budget.py) or `until` (a shared.clock timestamp: several operations waited on together).
+        True = finished (raises if it failed); False = not yet, Azure goes on with it and the caller
+        reports "not done yet"."""
         from azure.core.exceptions import AzureError
 
+        end = now_ts() + budget.remaining(self.endpoints.lro_wait_s)
+        if until is not None:
+            end = min(end, until)
         try:
-            poller.wait(timeout=self.endpoints.lro_wait_s)  # re-raises the operation's failure
-            if not poller.done():
-                return False
+            while not poller.done():
+                left = end - now_ts()
+                if left <= 0:
+                    return False
+                self.endpoints.pause(poller, min(WAIT_SLICE_S, left))  # re-raises the operation's failure
             poller.result()
         except AzureError as e:
             raise translate(e, doing) from None
         return True
+
+    def wait_until(self) -> float:
+        """The end of a wait starting now (lro_wait_s, within the budget): for operations waited on together."""
+        return now_ts() + budget.remaining(self.endpoints.lro_wait_s)

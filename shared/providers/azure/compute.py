@@ -13,10 +13,14 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   a PATCH as soon as it exists (end of launch, or the next describe). Until then it is
   recognised by its deterministic name AND by being the OS disk of our tagged VM; it is
   also bound to that VM with deleteOption=Delete, so deleting the VM removes it.
-- Long-running operations: begin_* then a bounded wait (AzureEndpoints.lro_wait_s). If
-  Azure has not finished, retain/start/release return CloudProgress(done=False) and the step
-  asks again later; launch returns the recorded resources and describe reports progress
-  (and a VM whose provisioning failed is cleaned up by the next launch or by release).
+- Long-running operations: begin_* then a bounded wait (AzureEndpoints.lro_wait_s, 20 s, and never
+  past the invocation's budget, shared/budget.py). If Azure has not finished, retain/start/release
+  return CloudProgress(done=False) and the step asks again later; a launch whose network interface
+  is not ready yet raises RetryableError(code="InProgress") (the launch step sends itself a delayed
+  message and the next launch finds the NIC by name); a launch whose VM create is accepted but not
+  finished returns the recorded resources and describe reports progress (and a VM whose
+  provisioning failed is cleaned up by the next launch or by release). Release starts the disk's
+  and the NIC's deletes together once the VM is gone and waits on them as one.
 - Failed creation: Azure can create the VM resource even when allocation fails, so a
   permanent failure deletes the VM, its OS disk and the NIC before raising. Whatever
   cannot be confirmed gone at once (a NIC reserved for the failed VM) is found again by
@@ -43,6 +47,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.budget import IN_PROGRESS
 from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
@@ -218,8 +223,10 @@ class AzureCompute:
 
         Idempotent per run: the deterministic names are looked up first, so a repeated launch finds
         the same VM (a VM whose provisioning failed is cleaned up and its failure raised). A VM or NIC
-        of that name without this run's tags raises PermanentError(code="NameTaken"). When Azure has
-        not finished within lro_wait_s the resources are returned anyway (describe reports progress).
+        of that name without this run's tags raises PermanentError(code="NameTaken"). A network
+        interface not ready within the wait raises RetryableError(code="InProgress") (launch again
+        later: it is found by name); a VM create Azure has not finished within the wait returns the
+        resources anyway (describe reports progress).
         A permanent failure deletes what was created before raising; errors are shared.errors.
         """
         ref = spec.ref
@@ -268,10 +275,13 @@ class AzureCompute:
             poller = self.client.call(f"creating network interface {nic_name}",
                                       self.client.network().network_interfaces.begin_create_or_update, self.rg,
                                       nic_name, nic_body)
-            self.client.wait(f"creating network interface {nic_name}", poller)
+            if not self.client.wait(f"creating network interface {nic_name}", poller):
+                raise self._nic_not_ready(nic_name)
         elif not self._ours(nic.get("tags"), ref):
             raise PermanentError(f"a network interface named {nic_name} exists in {self.rg} without this run's "
                                  "tags; Tensorant will not use it", code="NameTaken")
+        elif dig(nic, "properties", "provisioningState") in ("Creating", "Updating"):
+            raise self._nic_not_ready(nic_name)
 
         for key in spec.bootstrap.secret_env_keys:
             register_secret(spec.bootstrap.env.get(key))
@@ -290,6 +300,12 @@ class AzureCompute:
         if done:
             self._tag_disk(ref)
         return self._launched(ref)
+
+    @staticmethod
+    def _nic_not_ready(nic_name: str) -> RetryableError:
+        # Not a failure: the step re-sends itself with this delay instead of waiting here.
+        return RetryableError(f"network interface {nic_name} is still being created; the VM is created next",
+                              code=IN_PROGRESS, retry_after_s=15)
 
     def _vm_body(self, ref: RunRef, size: str, disk_gb: int, custom_data: str) -> dict[str, Any]:
         vm_name, nic_name, disk_name = self.names(ref)
@@ -531,6 +547,7 @@ class AzureCompute:
                 return CloudProgress(done=False, detail=f"waiting for Azure to delete VM {vm_name}", retry_after_s=30)
 
         disk = self._get_disk(disk_name)
+        managed_by = None
         if disk is not None:
             if disk.get("tags") and not self._ours(disk.get("tags"), ref):
                 raise PermanentError(f"disk {disk_name} carries other tags; Tensorant will not delete it",
@@ -540,14 +557,6 @@ class AzureCompute:
                 raise PermanentError(
                     f"Automatic deletion refused: the run's OS disk {disk_name} is attached to {managed_by}. Detach "
                     "it (keep a copy if you need its data), then retry release.", code="AttachmentsChanged")
-            if not managed_by:
-                poller = self.client.call(f"deleting disk {disk_name}", self.client.compute().disks.begin_delete,
-                                          self.rg, disk_name)
-                self.client.wait(f"deleting disk {disk_name}", poller)
-            if self._get_disk(disk_name) is not None:
-                return CloudProgress(done=False, detail=f"waiting for Azure to delete OS disk {disk_name}",
-                               retry_after_s=30)
-
         nic = self._get_nic(nic_name)
         if nic is not None:
             if not self._ours(nic.get("tags"), ref):
@@ -558,38 +567,58 @@ class AzureCompute:
                 raise PermanentError(
                     f"Automatic deletion refused: the run's network interface {nic_name} is attached to {attached}. "
                     "Detach it, then retry release.", code="AttachmentsChanged")
-            outcome = self._delete_nic(nic_name)
-            if outcome is not None:
-                return outcome
-            if self._get_nic(nic_name) is not None:
-                return CloudProgress(done=False, detail=f"waiting for Azure to delete network interface {nic_name}",
-                               retry_after_s=30)
+
+        # The VM is gone, so the disk's and the NIC's deletes can both run: start them, then wait on
+        # them together (one lro_wait_s within the budget, not one each).
+        until = self.client.wait_until()
+        if disk is not None and not managed_by:
+            poller = self.client.call(f"deleting disk {disk_name}", self.client.compute().disks.begin_delete,
+                                      self.rg, disk_name)
+        else:
+            poller = None
+        nic_delete = self._start_nic_delete(nic_name) if nic is not None else None
+        if poller is not None:
+            self.client.wait(f"deleting disk {disk_name}", poller, until=until)
+        outcome = self._finish_nic_delete(nic_name, nic_delete, until)
+        if disk is not None and self._get_disk(disk_name) is not None:
+            return CloudProgress(done=False, detail=f"waiting for Azure to delete OS disk {disk_name}",
+                                 retry_after_s=30)
+        if outcome is not None:
+            return outcome
+        if nic is not None and self._get_nic(nic_name) is not None:
+            return CloudProgress(done=False, detail=f"waiting for Azure to delete network interface {nic_name}",
+                                 retry_after_s=30)
         return CloudProgress(done=True, detail="VM, OS disk and network interface confirmed deleted")
 
-    def _delete_nic(self, nic_name: str) -> CloudProgress | None:
-        """Delete the NIC; None = deleted or already gone, a CloudProgress = not yet."""
-        doing = f"deleting network interface {nic_name}"
-        reserved = CloudProgress(done=False, retry_after_s=60,
-                           detail=f"network interface {nic_name} is still reserved for the deleted VM; "
-                                  "Azure releases it within a few minutes, retrying")
+    def _nic_reserved(self, nic_name: str) -> CloudProgress:
+        return CloudProgress(done=False, retry_after_s=60,
+                             detail=f"network interface {nic_name} is still reserved for the deleted VM; "
+                                    "Azure releases it within a few minutes, retrying")
+
+    def _start_nic_delete(self, nic_name: str) -> Any:
+        """Ask Azure to delete the NIC: its poller, None when it is already gone, or a CloudProgress = not yet."""
         try:
             # One request, no inline retry: a refusal worth retrying becomes "not yet" for the release step.
-            poller = self.client.call_once(doing, self.client.network().network_interfaces.begin_delete, self.rg,
-                                           nic_name)
+            return self.client.call_once(f"deleting network interface {nic_name}",
+                                         self.client.network().network_interfaces.begin_delete, self.rg, nic_name)
         except ProviderError as e:
             if e.code == NIC_RESERVED:
                 # Azure keeps a NIC reserved for ~180 s after its VM goes: not an error, just "not yet".
-                return reserved
+                return self._nic_reserved(nic_name)
             if isinstance(e, RetryableError):
                 return CloudProgress(done=False, detail=e.reason, retry_after_s=e.retry_after_s)
             raise
-        if poller is None:
-            return None  # already gone
+
+    def _finish_nic_delete(self, nic_name: str, started: Any, until: float) -> CloudProgress | None:
+        """Wait (until `until`) for the NIC delete _start_nic_delete started; None = deleted, gone or
+        still running (the caller's GET decides), a CloudProgress = not yet, with its reason."""
+        if started is None or isinstance(started, CloudProgress):
+            return started
         try:
-            self.client.wait(doing, poller)
+            self.client.wait(f"deleting network interface {nic_name}", started, until=until)
         except ProviderError as e:
             if e.code == NIC_RESERVED:
-                return reserved
+                return self._nic_reserved(nic_name)
             raise
         return None
 

@@ -3,7 +3,9 @@
 It serves a run in queued (first moved to provisioning, with the machine's name written
 ahead of any cloud call) or in provisioning with nothing recorded yet. Every provider
 launch is find-before-create by the run's marks; "try again later" is a message to itself
-with a delay. Waiting for the agent is the heartbeat-check's job (its deadlines).
+with a delay, and so is "the cloud is still creating it" (a RetryableError with code
+budget.IN_PROGRESS: a provider never waits past the invocation's budget, shared/budget.py).
+Waiting for the agent is the heartbeat-check's job (its deadlines).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+from shared.budget import IN_PROGRESS
 from shared.clock import now
 from shared.errors import PermanentError, ProviderError, RetryableError
 from shared.log import get_logger, redact_text
@@ -116,7 +119,10 @@ def launch(msg: StepMessage) -> None:
         if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
             fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
             return
-        event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
+        if exc.code == IN_PROGRESS:
+            event(run, "audit", f"launch continues in {int(exc.retry_after_s)} s: {redact_text(exc.reason)}")
+        else:
+            event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
         get_queues().send(Step.launch, msg, delay_s=exc.retry_after_s)
         return
     except PermanentError as exc:

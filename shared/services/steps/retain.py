@@ -1,12 +1,14 @@
 """The retain step: stop the run's machine and keep its disk, so the run can be recovered.
 
 It serves a run in retaining. A machine that is already gone leaves nothing to keep: the
-run fails through releasing. "Not stopped yet" is a message to itself with a delay.
+run fails through releasing. "Not stopped yet" (the provider waits no longer than the
+invocation's budget, shared/budget.py) and a throttled or unavailable cloud are a message to
+itself with a delay.
 """
 
 from __future__ import annotations
 
-from shared.errors import ProviderError
+from shared.errors import ProviderError, RetryableError
 from shared.models import MachineState, Outcome, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.backends import compute_for, ref_of
@@ -44,6 +46,10 @@ def retain(msg: StepMessage) -> None:
         return
     try:
         out = provider.retain(ref, resources)
+    except RetryableError as exc:
+        event(run, "warning", f"stopping the machine will be retried in {int(exc.retry_after_s)} s: {exc.reason}")
+        get_queues().send(Step.retain, msg, delay_s=exc.retry_after_s)
+        return
     except ProviderError as exc:
         event(run, "warning", f"stopping the machine failed: {exc.reason}; it may still be billing")
         raise

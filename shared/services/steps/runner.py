@@ -1,5 +1,6 @@
 """Running one queue-triggered step: parse the message with the step's model (shared.runs.steps),
-log with context, call the step's handler (named by its queue trigger in functions/), record failures.
+log with context, call the step's handler (named by its queue trigger in functions/) within the step
+budget (shared/budget.py: its cloud waits end well before functionTimeout), record failures.
 
 A failure is recorded on the run (so admins see it next to the poison message) and
 re-raised, so the host retries it and, after maxDequeueCount, moves it to poison.
@@ -13,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from shared.budget import step_budget_s, within
 from shared.clock import now
 from shared.errors import NotFound
 from shared.log import get_logger, log_context, redact_text
@@ -30,7 +32,7 @@ def run_step(step: Step, body: bytes | str, handler: Callable[[Any], object]) ->
         raise
     run_id = str(getattr(msg, "run_id", ""))
     org = str(getattr(msg, "org", ""))
-    with log_context(step=step.value, run_id=run_id, org=org):
+    with log_context(step=step.value, run_id=run_id, org=org), within(step_budget_s()):
         try:
             handler(msg)
         except NotFound:

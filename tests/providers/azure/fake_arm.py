@@ -3,8 +3,9 @@
 Hand-written because no ARM emulator exists. It speaks the wire protocol the real
 azure-mgmt-compute / azure-mgmt-network / azure-identity clients use: bearer tokens from
 an OpenID client-credentials endpoint, JSON resources, `nextLink` paging, long-running
-operations with Azure-AsyncOperation + Location headers (InProgress for `op_polls` polls,
-or held until released), ARM error bodies, 429 with Retry-After. It models what the
+operations with Azure-AsyncOperation + Location headers (InProgress for `op_polls` polls, or
+for `op_seconds` on the core's clock, shared.clock: the tests' simulated time, or held until
+released), ARM error bodies, 429 with Retry-After. It models what the
 adapter depends on: VM create makes the implicit OS disk (untagged, as Azure does),
 allocation failures leave the VM resource behind in a Failed state, deleteOption is
 honoured, a NIC in use or a disk attached cannot be deleted. Every request is recorded
@@ -30,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from shared.clock import now_ts
 
 SUB = "11111111-2222-3333-4444-555555555555"
 TENANT = "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -80,6 +83,10 @@ class Op:
     remaining: int
     error: dict[str, str] | None = None
     status: str = "InProgress"
+    due_at: float | None = None  # set: completes at this shared.clock time (polled or not), not by polls
+
+    def due(self) -> bool:
+        return self.due_at is None or now_ts() >= self.due_at
 
 
 class ArmError(Exception):
@@ -150,6 +157,7 @@ class FakeArm:
         self.requests: list[tuple[str, str, str, Any]] = []  # method, path, query, body
         self.faults: list[Fault] = []
         self.op_polls = 1
+        self.op_seconds = 0.0  # > 0: a new operation takes this long on the core's (simulated) clock
         self.hold_ops = False
         self.allocation_failure: str | None = None
         self.keep_nic_on_vm_delete = False
@@ -199,6 +207,25 @@ class FakeArm:
              headers: dict[str, str] | None = None) -> None:
         self.faults.append(Fault(method, pattern, status, code, message, times, headers or {}))
 
+    def latest_op_due(self) -> bool:
+        """Whether the newest operation can complete at its next poll (the one a caller waits on)."""
+        with self.lock:
+            op = next(reversed(self.ops.values()), None)
+            return op is not None and not self.hold_ops and op.due()
+
+    def _settle(self) -> None:
+        """Timed operations complete when their time comes, whether or not anyone polls them (as in
+        Azure: a delete goes on after the caller stopped waiting)."""
+        if self.hold_ops:
+            return
+        for op in self.ops.values():
+            if op.status == "InProgress" and op.due_at is not None and op.due():
+                self._complete(op)
+
+    def _complete(self, op: Op) -> None:
+        op.effect()
+        op.status = "Failed" if op.error else "Succeeded"
+
     def finish_ops(self) -> None:
         """Stop holding long-running operations and let every one of them complete now."""
         self.hold_ops = False
@@ -228,6 +255,7 @@ class FakeArm:
                 data = body.decode()
         with self.lock:
             self.requests.append((method, path, parts.query, data))
+            self._settle()
             try:
                 if path.endswith("/.well-known/openid-configuration"):
                     return self._openid(path)
@@ -290,7 +318,8 @@ class FakeArm:
     def _lro(self, effect: Any, provider: str, *, error: dict[str, str] | None = None,
              location: bool = False) -> dict[str, str]:
         op_id = uuid.uuid4().hex
-        self.ops[op_id] = Op(effect=effect, remaining=self.op_polls, error=error)
+        self.ops[op_id] = Op(effect=effect, remaining=self.op_polls, error=error,
+                             due_at=now_ts() + self.op_seconds if self.op_seconds > 0 else None)
         base = f"{self.url}/subscriptions/{SUB}/providers/{provider}/locations/{self.region}"
         headers = {"Azure-AsyncOperation": f"{base}/operations/{op_id}?api-version=2024-01-01", "Retry-After": "0"}
         if location:
@@ -303,9 +332,8 @@ class FakeArm:
             raise ArmError(404, "NotFound", "no such operation")
         if op.status == "InProgress" and not self.hold_ops:
             op.remaining -= 1
-            if op.remaining <= 0:
-                op.effect()
-                op.status = "Failed" if op.error else "Succeeded"
+            if op.due() if op.due_at is not None else op.remaining <= 0:
+                self._complete(op)
         return op
 
     def _list(self, prefix: str, query: dict[str, list[str]], path: str,
@@ -326,7 +354,8 @@ class FakeArm:
                      r"(operations|operationresults)/([0-9a-f]+)$", low)
         if m:
             op = self._poll(m.group(3))
-            retry = {"Retry-After": "1" if self.hold_ops else "0"}
+            # Held or not due yet: a poller comes back in a (real) second rather than spinning.
+            retry = {"Retry-After": "1" if op.status == "InProgress" and (self.hold_ops or not op.due()) else "0"}
             if m.group(2) == "operationresults":
                 if op.status == "InProgress":
                     return 202, {**retry, "Location": self.url + path}, None
@@ -445,11 +474,15 @@ class FakeArm:
         existing = self.get(path)
         nic = {"id": path, "name": path.rsplit("/", 1)[-1], "type": "Microsoft.Network/networkInterfaces",
                "location": body["location"], "tags": body.get("tags") or {},
-               "properties": {**body["properties"], "provisioningState": "Succeeded"}}
+               "properties": {**body["properties"], "provisioningState": "Updating"}}
         if existing is not None:
             nic["properties"]["virtualMachine"] = existing["properties"].get("virtualMachine")
         self.resources[path.lower()] = nic
-        return 201, self._lro(lambda: None, "Microsoft.Network"), nic
+
+        def done() -> None:
+            nic["properties"]["provisioningState"] = "Succeeded"
+
+        return 201, self._lro(done, "Microsoft.Network"), nic
 
     def _vm_action(self, vm_id: str, action: str, method: str) -> tuple[int, dict[str, str], Any]:
         vm = self.get(vm_id)

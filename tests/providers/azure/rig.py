@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from shared import clock
+from shared.clock import FakeClock
 from shared.models import GpuOffer
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from tests.providers.azure.fake_arm import CLIENT, SECRET, SUB, TENANT, FakeArm
@@ -150,13 +152,47 @@ def seeded_arm(workdir: Path) -> FakeArm:
     return arm
 
 
+def _simulated() -> FakeClock | None:
+    """The core's clock when a test simulates it (tests.harness.Harness installs one), else None."""
+    current = clock._now
+    return current if isinstance(current, FakeClock) else None
+
+
+def sim_sleep(seconds: float) -> None:
+    """An inline throttling retry's sleep: moves the simulated clock (so tests can measure it), never waits."""
+    fake_clock = _simulated()
+    if fake_clock is not None:
+        fake_clock.advance(seconds)
+
+
+def sim_pause(fake: FakeArm) -> Callable[[Any, float], None]:
+    """A slice of a long-running operation's wait. On the wall clock: the real wait. On a simulated
+    clock: an operation the fake will complete at its next poll is waited for in real time (its
+    poller thread polls, then reads the result) without moving the clock; otherwise the clock moves
+    by the slice, as Azure's time passes while the operation runs."""
+
+    def pause(poller: Any, seconds: float) -> None:
+        fake_clock = _simulated()
+        if fake_clock is None:
+            poller.wait(timeout=seconds)
+            return
+        if fake.latest_op_due():
+            poller.wait(timeout=2.0)
+            if poller.done():
+                return
+        fake_clock.advance(seconds)
+
+    return pause
+
+
 def endpoints(fake: FakeArm, **over: Any) -> AzureEndpoints:
-    """AzureEndpoints pointing every client at the fake (the keyword-only `endpoints` of AzureCompute)."""
+    """AzureEndpoints pointing every client at the fake (the keyword-only `endpoints` of AzureCompute),
+    waiting on the simulated clock where a test has one (sim_sleep, sim_pause)."""
     from shared.providers.azure.client import AzureEndpoints
 
     values: dict[str, Any] = dict(arm_url=fake.url, authority=fake.url, prices_url=f"{fake.url}/api/retail/prices",
                                   verify=fake.cert, retry_total=0, polling_interval=0, lro_wait_s=5.0,
-                                  sleep=lambda s: None)
+                                  sleep=sim_sleep, pause=sim_pause(fake))
     values.update(over)
     return AzureEndpoints(**values)
 

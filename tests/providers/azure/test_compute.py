@@ -12,6 +12,7 @@ from shared.errors import (
     CapacityError,
     PermanentError,
     QuotaError,
+    RetryableError,
 )
 from shared.models import MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
@@ -74,9 +75,8 @@ def test_allocation_failure_cleans_up_vm_disk_and_nic(fake: FakeArm, compute: An
 
 def test_failed_vm_found_by_a_retried_launch_is_cleaned_up(fake: FakeArm) -> None:
     fake.allocation_failure = "OverconstrainedAllocationRequest"
-    fake.hold_ops = True
     compute = make_compute(fake, lro_wait_s=0.05)
-    resources = compute.launch(spec())  # Azure has not answered yet: resources are recorded, not failed
+    resources = launch_while_held(fake, compute)  # Azure has not answered yet: resources are recorded, not failed
     assert [r.kind for r in resources] == ["vm", "disk", "nic"]
     fake.finish_ops()  # let Azure finish: the allocation fails, leaving the VM resource
     assert fake.get(VM_ID)["properties"]["provisioningState"] == "Failed"  # type: ignore[index]
@@ -252,10 +252,25 @@ def test_list_managed_pages_and_filters_by_deployment(fake: FakeArm, compute: An
     assert any("skiptoken" in q for q in lists)  # followed nextLink (page size 2)
 
 
-def test_slow_create_returns_resources_and_describe_tags_the_disk(fake: FakeArm) -> None:
+def launch_while_held(fake: FakeArm, compute: Any) -> list[Any]:
+    """A launch while Azure holds every operation: the network interface is not ready, so the first
+    launch asks to be called again (nothing recorded, nothing waited on past the bound); the next one,
+    once the NIC is ready, creates the VM and returns its resources while the VM create still runs."""
     fake.hold_ops = True
+    with pytest.raises(RetryableError) as info:
+        compute.launch(spec())
+    assert info.value.code == "InProgress" and "still being created" in info.value.reason
+    assert fake.get(NIC_ID) is not None and fake.get(VM_ID) is None
+    fake.finish_ops()
+    fake.hold_ops = True
+    resources: list[Any] = compute.launch(spec())
+    assert fake.get(VM_ID) is not None
+    return resources
+
+
+def test_slow_create_returns_resources_and_describe_tags_the_disk(fake: FakeArm) -> None:
     compute = make_compute(fake, lro_wait_s=0.05)
-    assert [r.kind for r in compute.launch(spec())] == ["vm", "disk", "nic"]  # bounded wait, no failure
+    assert [r.kind for r in launch_while_held(fake, compute)] == ["vm", "disk", "nic"]  # bounded, no failure
     assert compute.describe(REF, []).state == MachineState.pending
     fake.finish_ops()
     assert fake.get(DISK_ID)["tags"] == {}  # type: ignore[index]  # Azure made the disk without tags
