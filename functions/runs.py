@@ -16,9 +16,11 @@ def create_run(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="runs", methods=["GET"], auth_level=ANON)
-@http.api(summary="List runs")
+@http.api(summary="List runs, newest first, a page at a time (limit, cursor=<next>; filters state, project)")
 def list_runs(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: view.list_runs(http.principal(req)))
+    return http.respond(lambda: view.list_runs(http.principal(req), limit=req.params.get("limit"),
+                                               cursor=req.params.get("cursor"), state=req.params.get("state"),
+                                               project=req.params.get("project")))
 
 
 @bp.route(route="runs/{id}", methods=["GET"], auth_level=ANON)

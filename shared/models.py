@@ -301,6 +301,18 @@ class Deadlines(Model):
     runtime_by: datetime | None = None
 
 
+class Billing(Model):
+    """A run's billed time, kept on its record where the machine's billing changes (retained, started for
+    recovery or a resume, stopped): a list or the usage summary reads no events (shared/runs/billing.py).
+    The open segment runs from `since` (the first one: from the run's machine_up_at) to now, the
+    confirmed release, or the run's end."""
+
+    machine_s: float = 0.0  # closed segments with the machine running
+    disk_only_s: float = 0.0  # closed segments with only its disk kept
+    since: datetime | None = None
+    machine_running: bool = True  # in the open segment
+
+
 class RunRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
@@ -359,6 +371,8 @@ class RunRecord(Model):
     forecast: Forecast | None = None
     # The forecast against the trainer's own figures, once its final adapter is verified.
     forecast_check: ForecastCheck | None = None
+    # The billed time so far (Billing); None on records from before it, whose time comes from their events.
+    billing: Billing | None = None
 
 
 # ---------------------------------------------------------------- queue messages

@@ -10,10 +10,15 @@ Checked: when a run's final adapter is verified, check() compares the forecast w
 trainer wrote in its manifest (train_seconds, tokens) and the run records the error (forecast_check,
 in its view and events): the table below is an assumption, and each finished run says how far off it was.
 
-Measured throughput first: when the organization has a succeeded run of the same base model on the
-same provider and GPU, with the same precision, 4-bit and gradient checkpointing settings, and its
-check measured at least MIN_MEASURED_S of training, the newest such run's measured tokens per second
-replaces the table below (basis names the run). On the local provider this is what makes the default
+Measured throughput first: when a run of the organization with the same base model on the same
+provider and GPU, with the same precision, 4-bit and gradient checkpointing settings, had its final
+adapter verified with a check that measured at least MIN_MEASURED_S of training, the last such
+measurement replaces the table below (basis names the run). It is kept in an index, one row per
+(org, provider, model, GPU, those settings) in the `throughput` table (record_measured, written by
+the verify step; measured_for, one point read at create and edit), never looked for in the org's
+history. The trainer's figures are the machine's word: check() takes them only within
+MIN_TOKENS_PER_S..MAX_TOKENS_PER_S and MAX_TRAIN_S (the verify step says why when it does not), and a
+measured throughput that is not a positive finite number is never used. On the local provider this is what makes the default
 runtime limit follow what the trainer measured on this host, instead of an assumed CPU.
 
 Tokens: estimated from bytes, never measured here (the function app installs no tokenizer and has no
@@ -65,12 +70,16 @@ Startup: a fixed allowance (startup_s)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
 
 from shared.adapters.base_models import BaseModel
-from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, Outcome, RunRecord, TrainingSettings
+from shared.clock import now
+from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, RunRecord, TrainingSettings
+from shared.store import get_store
 
 LOCAL_PROVIDER = "local"
 TOKENS_SOURCE = "estimated from bytes"
@@ -91,6 +100,12 @@ LOCAL_STARTUP_S = 60
 
 # A check shorter than this measured too little to stand for a throughput (imports, first-step warm-up).
 MIN_MEASURED_S = 10.0
+# The trainer's figures taken as a measurement: below 0.1 tokens/s not even a 7B model on a CPU core
+# trains; 10M tokens/s is far above a small model on the fastest GPU; a run is at most 30 days.
+MIN_TOKENS_PER_S = 0.1
+MAX_TOKENS_PER_S = 1e7
+MAX_TRAIN_S = 30 * 86400
+MAX_TOKENS = 10**13
 
 # The default runtime limit from a forecast: this margin over its total, rounded up to RUNTIME_STEP_S.
 RUNTIME_MARGIN = 1.5
@@ -192,21 +207,37 @@ class Measured:
     tokens_per_s: float
 
 
-def like_runs_measured(runs: list[RunRecord], provider: str, base_model: str, gpu: str,
-                       training: TrainingSettings) -> Measured | None:
-    """The newest succeeded run in `runs` like this one (same provider, model, GPU and the settings that
-    change the cost of a token) whose check measured at least MIN_MEASURED_S of training."""
-    def like(r: RunRecord) -> bool:
-        c = r.forecast_check
-        return (r.outcome == Outcome.succeeded and c is not None and c.training_s >= MIN_MEASURED_S
-                and r.provider == provider and r.base_model == base_model and r.offer.gpu == gpu
-                and r.training.precision == training.precision and r.training.load_in_4bit == training.load_in_4bit
-                and r.training.gradient_checkpointing == training.gradient_checkpointing)
+def like_key(provider: str, base_model: str, gpu: str, training: TrainingSettings) -> str:
+    """The index row of like runs: what changes the cost of a token (a hash: GPU and model names hold
+    characters a table key may not)."""
+    like = [provider, base_model, gpu, training.precision, training.load_in_4bit, training.gradient_checkpointing]
+    return hashlib.sha256(json.dumps(like).encode()).hexdigest()[:40]
 
-    newest = max((r for r in runs if like(r)), key=lambda r: r.updated_at, default=None)
-    if newest is None or newest.forecast_check is None:  # the second for mypy: like() checked it
+
+def usable_rate(tokens_per_s: object) -> bool:
+    return (isinstance(tokens_per_s, int | float) and not isinstance(tokens_per_s, bool)
+            and math.isfinite(tokens_per_s) and MIN_TOKENS_PER_S <= tokens_per_s <= MAX_TOKENS_PER_S)
+
+
+def record_measured(run: RunRecord) -> bool:
+    """Keep a verified run's measured throughput as the last of its like runs (an upsert: a repeated
+    verify writes the same row). Only a check of at least MIN_MEASURED_S with a usable rate."""
+    c = run.forecast_check
+    if c is None or c.training_s < MIN_MEASURED_S or not usable_rate(c.throughput_tokens_per_s):
+        return False
+    get_store().put_throughput(run.org, like_key(run.provider, run.base_model, run.offer.gpu, run.training), {
+        "run_id": run.id, "tokens_per_s": c.throughput_tokens_per_s, "training_s": c.training_s,
+        "at": now().isoformat(), "provider": run.provider, "base_model": run.base_model, "gpu": run.offer.gpu,
+        "precision": run.training.precision})
+    return True
+
+
+def measured_for(org: str, provider: str, base_model: str, gpu: str, training: TrainingSettings) -> Measured | None:
+    """The last measured throughput of a like run in the org (one point read of the index), or None."""
+    row = get_store().get_throughput(org, like_key(provider, base_model, gpu, training))
+    if row is None or not usable_rate(row.get("tokens_per_s")) or not isinstance(row.get("run_id"), str):
         return None
-    return Measured(newest.id, newest.forecast_check.throughput_tokens_per_s)
+    return Measured(row["run_id"], float(row["tokens_per_s"]))
 
 
 def training_rows(rows: int, training: TrainingSettings) -> int:
@@ -251,7 +282,7 @@ def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: BaseM
     per_example = tokens_per_example(dataset, training)
     tokens = examples * per_example
     rate = throughput(model, offer, training)
-    if measured is not None:
+    if measured is not None and usable_rate(measured.tokens_per_s):  # never a division by 0 or by inf
         rate = Throughput(measured.tokens_per_s, f"measured by run {measured.run_id} (same model, GPU and settings; "
                                                  f"the table said {rate.tokens_per_s:,.1f})")
     train_s = math.ceil(tokens / rate.tokens_per_s)
@@ -314,13 +345,30 @@ def check(predicted: Forecast, measured: dict[str, object]) -> ForecastCheck | N
     verifier read them), or None when the manifest has none (the smoke trainer, older trainers).
     Only the training part is checked: the startup allowance is not measured by the trainer."""
     seconds, tokens, steps = measured.get("train_seconds"), measured.get("tokens"), measured.get("steps")
-    if not isinstance(seconds, int | float) or not isinstance(tokens, int) or seconds <= 0 or tokens <= 0:
+    if unusable(measured) is not None or not isinstance(seconds, int | float) or not isinstance(tokens, int):
         return None
     return ForecastCheck(training_s=round(float(seconds), 3), tokens=tokens,
                          steps=steps if isinstance(steps, int) else predicted.steps,
                          training_error=round(predicted.training_s / seconds - 1, 4),
                          tokens_error=round(predicted.tokens / tokens - 1, 4),
                          throughput_tokens_per_s=round(tokens / seconds, 1))
+
+
+def unusable(measured: dict[str, object]) -> str | None:
+    """Why the trainer's figures cannot be a measurement (out of range, not numbers), or None when they
+    can; also None when there are none (nothing to say: the smoke trainer measures nothing)."""
+    seconds, tokens = measured.get("train_seconds"), measured.get("tokens")
+    if seconds is None and tokens is None:
+        return None
+    if (not isinstance(seconds, int | float) or isinstance(seconds, bool) or not math.isfinite(seconds)
+            or not 0 < seconds <= MAX_TRAIN_S):
+        return f"train_seconds {seconds!r:.40} is not a number of seconds from 0 to {MAX_TRAIN_S}"
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 < tokens <= MAX_TOKENS:
+        return f"tokens {tokens!r:.40} is not a whole number from 1 to {MAX_TOKENS:.0e}"
+    if not MIN_TOKENS_PER_S <= tokens / seconds <= MAX_TOKENS_PER_S:
+        return (f"{tokens} tokens in {seconds:g} s is {tokens / seconds:.3g} tokens/s, outside "
+                f"{MIN_TOKENS_PER_S:g}..{MAX_TOKENS_PER_S:.0e}")
+    return None
 
 
 def check_summary(c: ForecastCheck) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from shared.clock import now
 from shared.models import RunRecord, RunState
+from shared.runs import billing
 from shared.runs.backends import compute_for, ref_of
 from shared.runs.events import event
 from shared.runs.resources import merge_resources
@@ -25,11 +26,14 @@ def stop_machine(run: RunRecord, *, why: str) -> RunRecord:
         # Left started: a repeated stop (or the idle stop) asks the cloud again.
         note = f"the machine is stopping; the cloud has not confirmed it yet ({out.detail or 'no detail'})"
         update = {"billing_note": note}
-    event(run, "audit", f"{why}: {note}", detail=out.detail)
+    # machine="stopped" marks the stop on the timeline (usage.timing of a record without billing).
+    event(run, "audit", f"{why}: {note}", detail=out.detail, **({"machine": "stopped"} if out.done else {}))
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state not in (RunState.retained, RunState.recovering):
             return None
+        if out.done:
+            r = billing.switched(r, False, now())
         return r.model_copy(update={**update, "updated_at": now()})
 
     return get_store().mutate_run(run.org, run.id, change)[0]

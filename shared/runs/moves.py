@@ -15,6 +15,7 @@ from typing import Any
 from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
+from shared.runs import billing
 from shared.runs.events import transition_event
 from shared.runs.lifecycle import transition
 from shared.runs.steps import Step
@@ -31,7 +32,9 @@ def move_run(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | No
 
     def watched(r: RunRecord) -> RunRecord | None:
         seen[:] = [r.state]
-        return change(r)
+        new = change(r)
+        # The machine stopped (retained) or started (resumed) in this same write: its billed time.
+        return None if new is None else billing.after_move(r, new)
 
     kw: dict[str, Any] = {"from_last_write": from_last_write}
     if attempts is not None:

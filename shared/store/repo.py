@@ -99,7 +99,7 @@ class Store:
         self._service = service_client(TableServiceClient, "table", connection_string, **storage_client_kwargs())
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
-                 "secrets", "quotas")
+                 "secrets", "quotas", "throughput")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
@@ -175,6 +175,13 @@ class Store:
     def create_dataset(self, rec: DatasetVersionRecord) -> None:
         self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
 
+    def list_projects_page(self, org: str, *, limit: int, after: str | None = None
+                           ) -> tuple[list[ProjectRecord], str | None]:
+        """One page of the org's projects in id order, and the RowKey the next page starts after."""
+        got, nxt = self.table("projects").page("PartitionKey eq @org and RowKey gt @after", limit=limit,
+                                               org=_org(org), after=after or "")
+        return [ProjectRecord.model_validate(d) for d, _ in got], nxt
+
     def get_dataset(self, org: str, dataset_id: str) -> DatasetVersionRecord:
         got = self.table("datasets").get(_org(org), _id(dataset_id, f"dataset version {dataset_id!r:.80}"))
         if not got:
@@ -187,7 +194,15 @@ class Store:
 
     # ------------------------------------------------------------ runs
     def create_run(self, rec: RunRecord) -> str:
-        return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value)
+        return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value,
+                                         project=rec.project_id)
+    def list_datasets_page(self, org: str, project_id: str, *, limit: int, after: str | None = None
+                           ) -> tuple[list[DatasetVersionRecord], str | None]:
+        """One page of a project's dataset versions in id order, and the RowKey the next page starts after."""
+        got, nxt = self.table("datasets").page("PartitionKey eq @org and project eq @p and RowKey gt @after",
+                                               limit=limit, org=_org(org), p=project_id, after=after or "")
+        return [DatasetVersionRecord.model_validate(d) for d, _ in got], nxt
+
 
     def get_run(self, org: str, run_id: str) -> tuple[RunRecord, str]:
         got = self.table("runs").get(_org(org), _id(run_id, f"run {run_id!r:.80}"))
@@ -196,7 +211,8 @@ class Store:
         return RunRecord.model_validate(got[0]), got[1]
 
     def put_run(self, rec: RunRecord, etag: str) -> str:
-        return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value)
+        return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value,
+                                         project=rec.project_id)
 
     def delete_run(self, org: str, run_id: str, etag: str) -> None:
         """Delete a run record as read (ETag); a run changed since then raises Conflict."""
@@ -212,6 +228,40 @@ class Store:
     def list_runs_all_orgs(self, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
         """Every org's runs: the heartbeat check, the sweeper and admin services only."""
         return self._query_runs(None, states)
+    def list_runs_page(self, org: str, *, limit: int, after: str | None = None,
+                       states: set[RunState] | frozenset[RunState] | None = None,
+                       project: str | None = None) -> tuple[list[RunRecord], str | None]:
+        """One page of the org's runs, newest first, and the RowKey the next page starts after (None at
+        the end). Newest-first ids (shared/runs/ids.py) are read first, then the ids from before them
+        (in id order). Filters: the state column, and the project column (every run write sets it; a
+        run last written before it existed is not found by a project filter)."""
+        from shared.runs.ids import NEWEST_FIRST_FROM
+
+        split = f"r-{NEWEST_FIRST_FROM}"
+        clauses: list[str] = ["PartitionKey eq @org"]
+        params: dict[str, Any] = {"org": _org(org)}
+        if states:
+            names = sorted(s.value for s in states)
+            clauses.append("( " + " or ".join(f"state eq @s{i}" for i in range(len(names))) + " )")
+            params.update({f"s{i}": n for i, n in enumerate(names)})
+        if project is not None:
+            clauses.append("project eq @p")
+            params["p"] = project
+        runs: list[RunRecord] = []
+        table = self.table("runs")
+        if after is None or after >= split:  # newest-first ids first
+            q = " and ".join([*clauses, "RowKey gt @after" if after else "RowKey ge @after"])
+            got, nxt = table.page(q, limit=limit, **params, after=after or split)
+            runs = [RunRecord.model_validate(d) for d, _ in got]
+            if nxt is not None:
+                return runs, nxt
+            if len(runs) >= limit:
+                return runs, "r-"  # the older ids' range comes next
+            after = "r-"
+        q = " and ".join([*clauses, "RowKey gt @after", "RowKey lt @split"])
+        got, nxt = table.page(q, limit=limit - len(runs), **params, after=after, split=split)
+        return runs + [RunRecord.model_validate(d) for d, _ in got], nxt
+
 
     def _query_runs(self, org: str | None, states: set[RunState] | frozenset[RunState] | None) -> list[RunRecord]:
         clauses: list[str] = []
@@ -446,6 +496,18 @@ class Store:
 
 def log_chunks(lines: list[str], budget: int = LOG_CHUNK_CHARS) -> list[list[str]]:
     """Split lines into chunks whose JSON stays within budget characters (a line longer than
+    # ------------------------------------------------------------ measured throughput (forecasts)
+    # One row per (org, provider, base model, GPU, precision settings): the last measured tokens per
+    # second, written when a run's final adapter is verified with the trainer's figures, read by the
+    # forecast of a like run (shared/runs/forecast.py). One point read, whatever the org's history.
+
+    def get_throughput(self, org: str, key: str) -> dict[str, Any] | None:
+        got = self.table("throughput").get(_org(org), key)
+        return got[0] if got else None
+
+    def put_throughput(self, org: str, key: str, data: dict[str, Any]) -> None:
+        self.table("throughput").upsert(_org(org), key, data)
+
     the budget alone is cut to fit: callers cap lines far below it)."""
     chunks: list[list[str]] = []
     current: list[str] = []

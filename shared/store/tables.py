@@ -114,6 +114,28 @@ class Table:
         for entity in entities:
             yield json.loads(entity["data"]), entity.metadata["etag"]
 
+    def page(self, filter: str, *, limit: int, max_reads: int = 4, **params: Any
+             ) -> tuple[list[tuple[dict[str, Any], str]], str | None]:
+        """One page of at most `limit` entities in key order, and the RowKey of its last one when more
+        follow (else None). A caller continues by adding `RowKey gt <that key>` to its filter, so a
+        position is always read inside the caller's own filter (its partition); the service's own
+        continuation tokens are opaque (encoded keys), never handed out. One entity more than the page
+        is asked for, to know whether more follow; a filtered query the service answers with a short
+        page and a continuation is followed for up to `max_reads` requests."""
+        out: list[tuple[dict[str, Any], str]] = []
+        keys: list[str] = []
+        token: dict[str, str] | None = None
+        for _ in range(max_reads):
+            pager = self.client.query_entities(query_filter=filter, parameters=params,
+                                               results_per_page=limit + 1 - len(out)).by_page(continuation_token=token)
+            for e in next(pager, []):
+                out.append((json.loads(e["data"]), e.metadata["etag"]))
+                keys.append(e["RowKey"])
+            token = pager.continuation_token
+            if token is None or len(out) > limit:
+                break
+        more = len(out) > limit or (token is not None and bool(out))
+        return out[:limit], (keys[:limit][-1] if more else None)
 
 def _entity(pk: str, rk: str, data: dict[str, Any], columns: dict[str, Any]) -> Entity:
     return {"PartitionKey": pk, "RowKey": rk, "data": json.dumps(data, default=str), **columns}

@@ -3,9 +3,11 @@
 Billed machine time runs from the create call (machine_up_at, written by the launch step) to
 the cloud's confirmed release (released_at, written by the release step). Within it, the time
 the machine was stopped with only its disk kept (entering `retained`, until a recovery start)
-is counted apart as disk-only time. Both are derived from the run's transition and audit
-events, so no step has to keep a running total. Money is the price recorded at launch: the
-offer's total_per_hour while the machine runs, its disk_per_hour while only the disk is kept.
+is counted apart as disk-only time. Both are kept on the run's record (RunRecord.billing,
+shared/runs/billing.py: updated in the writes that stop or start the machine), so a run's cost needs
+no read of its events; a record from before that derives them from its transition and audit events
+(timeline_events). Money is the price recorded at launch: the offer's total_per_hour while the
+machine runs, its disk_per_hour while only the disk is kept.
 """
 
 from __future__ import annotations
@@ -62,24 +64,47 @@ def _machine_up_at(run: RunRecord, events: list[RunEvent]) -> datetime | None:
     return min(ups) if ups else run.launched_at
 
 
+def _stops(e: RunEvent) -> bool:
+    return (e.kind == "transition" and e.state == RunState.retained) or (
+        e.kind == "audit" and (e.message.startswith(MACHINE_STOPPED) or e.data.get("machine") == "stopped"))
+
+
+def _starts(e: RunEvent) -> bool:
+    # A recovery start, or a resume (retained -> training: the machine started again to train).
+    return (e.kind == "audit" and e.message.startswith(MACHINE_STARTED)) or (
+        e.kind == "transition" and e.state == RunState.training and e.message.startswith("retained -> "))
+
+
 def timing(run: RunRecord, events: list[RunEvent] | None = None, at: datetime | None = None) -> Timing:
-    """The run's time and cost now (`at`), from its record and its transition/audit events."""
+    """The run's time and cost now (`at`): from its record when it keeps its billing (no read), else
+    from its transition/audit events (`events`, or read here)."""
     at = at or now()
+    ended = run.state in TERMINAL
+    b = run.billing
+    machine_s = disk_s = 0.0
+    running = False
+    if b is not None:
+        up, released = run.machine_up_at, run.released_at
+        end = released or (run.state_changed_at if ended else at)
+        machine_s, disk_s = b.machine_s, b.disk_only_s
+        since = b.since or up
+        if since is not None and end > since:
+            if b.machine_running:
+                machine_s += (end - since).total_seconds()
+            else:
+                disk_s += (end - since).total_seconds()
+        running = up is not None and b.machine_running and released is None and not ended
+        return _timing(run, up, released, machine_s, disk_s, running, ended, at)
     events = sorted(events if events is not None else timeline_events(run.id), key=lambda e: e.at)
     up = _machine_up_at(run, events)
     released = _release_confirmed_at(run, events)
-    ended = run.state in TERMINAL
     end = released or (run.state_changed_at if ended else at)
-    machine_s = disk_s = 0.0
-    running = False
     if up is not None and end > up:
         running, cursor = True, up
         for e in events:
             if e.at <= up or e.at > end:
                 continue
-            stops = (e.kind == "transition" and e.state == RunState.retained) or (
-                e.kind == "audit" and e.message.startswith(MACHINE_STOPPED))
-            starts = e.kind == "audit" and e.message.startswith(MACHINE_STARTED)
+            stops, starts = _stops(e), _starts(e)
             if not (stops or starts):
                 continue
             span = (e.at - cursor).total_seconds()
@@ -95,6 +120,11 @@ def timing(run: RunRecord, events: list[RunEvent] | None = None, at: datetime | 
             disk_s += span
         if released is not None or ended:
             running = False
+    return _timing(run, up, released, machine_s, disk_s, running, ended, at)
+
+
+def _timing(run: RunRecord, up: datetime | None, released: datetime | None, machine_s: float, disk_s: float,
+            running: bool, ended: bool, at: datetime) -> Timing:
     offer = run.offer
     cost = round((machine_s * offer.total_per_hour + disk_s * offer.disk_per_hour) / 3600, 6)
     started = run.launched_at
@@ -127,6 +157,10 @@ def usage(principal: Principal, since: str | None) -> dict[str, Any]:
     """Runs launched since `since`, their GPU hours and cost, per provider and in total.
 
     A run counts in full (its whole cost so far) when it was launched at or after `since`.
+
+    Reads the org's runs in pages (no events: the cost is on each record). Not bounded by `since`:
+    the runs are keyed by creation, and a draft created long before `since` may have been launched
+    after it; launched_at is not a column to filter on. One query of the records, however many.
     """
     start = parse_since(since)
     per: dict[str, dict[str, Any]] = {}

@@ -62,6 +62,9 @@ def verify_adapter(msg: StepMessage) -> None:
               **({"checkpoint_step": step} if step is not None else {}))
         if checked is not None:
             event(run, "audit", forecast.check_summary(checked), **checked.model_dump())
+            forecast.record_measured(run)  # the like runs' index, for the forecasts of later runs
+        elif run.forecast and step is None and (why := forecast.unusable(result.summary)) is not None:
+            event(run, "warning", f"the trainer's figures were not taken as a measurement: {why}")
         get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
         return
     why = "adapter verification failed: " + "; ".join(problems)

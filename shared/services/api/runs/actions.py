@@ -22,6 +22,7 @@ from shared.models import (
     StepMessage,
 )
 from shared.queues import get_queues
+from shared.runs import billing
 from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
@@ -164,12 +165,13 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
         note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
         note += (f"; it is stopped automatically after {get_settings().recovery_idle_stop_s} s, or stop it with "
                  f"POST /api/runs/{run.id}/stop (`tensorant runs stop {run.id}`)")
-        event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail)
+        event(run, "audit", f"machine start requested for recovery: {note}", detail=outcome.detail, machine="started")
         started = now()
 
         def note_billing(r: RunRecord) -> RunRecord | None:
             if r.state != RunState.retained:
                 return None
+            r = billing.switched(r, True, started)  # GPU billing resumes
             return r.model_copy(update={"billing_note": note, "machine_started_at": started, "updated_at": started})
 
         return view(store.mutate_run(run.org, run.id, note_billing)[0])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import InvalidInput
-from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, RunState, TrainingSettings
+from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
 from shared.runs.backends import compute_slot
 from shared.services.api import base_models, quotas
@@ -91,8 +91,7 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     base_models.refuse_test_model_off_local(model, body.provider)
     offer = find_offer(org, body.provider, body.offer_id)
     _check_fit(org, body.provider, offer, body.base_model, training)
-    like = forecast.like_runs_measured(store.list_runs(org, {RunState.succeeded}), body.provider, body.base_model,
-                                       offer.gpu, training)
+    like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
     predicted = forecast.make(dataset, training, model, offer, like)
     limit, note = _runtime_limit(org, body, predicted)
     return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,

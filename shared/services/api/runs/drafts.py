@@ -9,10 +9,10 @@ from pydantic import ValidationError
 
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, invalid
-from shared.models import DatasetVersionRecord, Role, RunCreate, RunKind, RunPatch, RunRecord, RunState, RunView
+from shared.models import Billing, DatasetVersionRecord, Role, RunCreate, RunKind, RunPatch, RunRecord, RunState, RunView
 from shared.runs import forecast
 from shared.runs.events import event
-from shared.runs.ids import new_id
+from shared.runs.ids import newest_first_id
 from shared.security import Principal, require
 from shared.services.api import quotas
 from shared.services.api.runs import checks
@@ -59,8 +59,8 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     checked = checks.check_request(principal.org, body)
     t = now()
     run = RunRecord(
-        org=principal.org, id=new_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
-        state_changed_at=t, created_by=principal.sub, **_draft_fields(body, checked),
+        org=principal.org, id=newest_first_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
+        state_changed_at=t, created_by=principal.sub, billing=Billing(), **_draft_fields(body, checked),
     )
     get_store().create_run(run)
     event(run, "transition", "draft saved; nothing is rented until launch",
