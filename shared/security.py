@@ -149,6 +149,26 @@ def verify_agent(header: str | None, run_id: str) -> AgentToken:
     return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]), previous_key=claims["_previous_key"])
 
 
+def signed_agent_claims(header: str | None) -> dict[str, Any] | None:
+    """The claims of an agent token whose signature (current or previous key), audience and issuer
+    verify, whatever else is wrong with it (expired, too long-lived); None for anything else. For
+    noting a refusal on a run: a token nobody can forge, so a note cannot be written by a stranger."""
+    import jwt
+
+    if not header or not header.lower().startswith("bearer "):
+        return None
+    settings = get_settings()
+    for secret in [settings.jwt_secret, *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]:
+        try:
+            claims = jwt.decode(header.split(" ", 1)[1].strip(), secret, algorithms=["HS256"],
+                                audience=AGENT_AUDIENCE, issuer=_issuer(),
+                                options={"verify_exp": False, "verify_iat": False, "verify_nbf": False})
+        except jwt.PyJWTError:
+            continue
+        return claims if isinstance(claims, dict) and claims.get("typ") == "agent" else None
+    return None
+
+
 def require(principal: Principal, *roles: Role) -> None:
     if principal.role not in roles:
         wanted = " or ".join(r.value for r in roles)

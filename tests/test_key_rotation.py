@@ -48,8 +48,7 @@ def test_runs_in_flight_survive_a_rotation_with_the_previous_key_kept(h: Harness
     assert [h.get_run(r)["state"] for r in runs] == ["succeeded", "succeeded"]
 
 
-def test_without_the_previous_key_the_silent_run_says_its_agent_was_refused(h: Harness, cloud: Cloud,
-                                                                            rotate) -> None:
+def test_without_the_previous_key_the_silent_run_is_retained(h: Harness, cloud: Cloud, rotate) -> None:
     run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
     h.launch(run_id)
     agent = h.agent(run_id)
@@ -67,5 +66,6 @@ def test_without_the_previous_key_the_silent_run_says_its_agent_was_refused(h: H
     h.drain()
     run = h.get_run(run_id)
     assert run["state"] == "retained", run
-    assert "heartbeat went silent" in run["reason"] and "its calls were refused" in run["reason"], run["reason"]
-    assert "TENSORANT_JWT_SECRET_PREVIOUS" in run["reason"]
+    # A token signed with a key the control plane no longer has cannot be told from a forged one, so
+    # its refusal is not written on the run (tests/test_security_agent_api.py): the run only says it went silent.
+    assert "heartbeat went silent" in run["reason"] and "its calls were refused" not in run["reason"], run["reason"]

@@ -19,7 +19,7 @@ from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.runs.moves import move_run
 from shared.runs.steps import serving
-from shared.security import ORG_RE, AgentToken, verify_agent
+from shared.security import ORG_RE, AgentToken, signed_agent_claims, verify_agent
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -38,18 +38,20 @@ def verify(header: str | None, run_id: str) -> AgentToken:
 
 
 def _note_refused(header: str | None, run_id: str, why: str) -> None:
-    """An agent whose calls are refused (a signing key rotated without TENSORANT_JWT_SECRET_PREVIOUS,
-    an expired token) looks like a silent one: note why on the run its unverified token names, so the
-    deadline's reason can say it. Only for the run of the URL, an active run, once per interval."""
-    import jwt
-
+    """An agent whose calls are refused (an expired token, one signed with the previous key after
+    TENSORANT_JWT_SECRET_PREVIOUS was dropped too early) looks like a silent one: note why on its run,
+    so the deadline's reason can say it. Only for a token whose signature verifies (anyone can write
+    an unsigned one naming any org's run), only on the run it names and the URL's, an active run,
+    once per interval."""
+    claims = signed_agent_claims(header)
+    if claims is None:
+        return
+    org = claims.get("org")
+    if claims.get("run") != run_id or not isinstance(org, str) or not ORG_RE.fullmatch(org):
+        return
     try:
-        claims = jwt.decode((header or "").split(" ", 1)[-1].strip(), options={"verify_signature": False})
-        org = str(claims.get("org", ""))
-        if claims.get("run") != run_id or not ORG_RE.fullmatch(org):
-            return
         run, _ = get_store().get_run(org, run_id)
-    except Exception:  # not a token, no such run: nothing to note
+    except Exception:  # no such run: nothing to note
         return
     t = now()
     if run.state not in ACTIVE or (run.agent_refused_at and (t - run.agent_refused_at).total_seconds()
@@ -235,8 +237,11 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
     if not wrote and not repeated and before not in ACTIVE:
         raise Conflict(f"the run is {run.state.value}; it no longer takes a completion")
     # The step that takes the run where the completion left it (verifying, retaining or releasing);
-    # re-sent on a repeated completion too: the step ignores a run that has moved on.
+    # re-sent on a repeated completion too (the step ignores a run that has moved on), except to a
+    # run verifying: each message there is a full verification of the archive (30 s and more for a
+    # large one), so one adapter digest is verified once; a message lost between the write and the
+    # send is re-sent by heartbeat-check (RESEND_AFTER_S).
     step = serving(run.state)
-    if step is not None and (wrote or repeated):
+    if step is not None and (wrote or (repeated and run.state != RunState.verifying)):
         get_queues().send(step, StepMessage(org=org, run_id=run_id))
     return {"state": run.state.value}
