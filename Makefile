@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench bench-trainers test-smollm2 test-quickstart image image-check lock settings-doc
+.PHONY: help install run test lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -24,6 +24,7 @@ help:
 	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
 	@echo "make settings-doc  write README's settings table and local.settings.example.json from shared/settings.py"
 	@echo "make bench  benchmarks (tests/bench)"
+	@echo "make bench-scale  timers and lists at 10-10k orgs and 100-10k runs on Azurite (ratios per tick/request)"
 	@echo "make bench-trainers  the project's trainer vs a bare loop vs TRL on SmolLM2 (installs TRL in .tensorant/bench-venv)"
 	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
 	@echo "make test-quickstart  opt-in: README's quickstart as written with the real trainer, to succeeded"
@@ -78,7 +79,7 @@ lint: $(STAMP)
 bench: install
 	$(PY) -m tests.bench.import_bench
 	$(PY) -m tests.bench.overhead_bench
-	$(PY) -m tests.bench.sweeper_bench
+	$(MAKE) bench-scale
 	$(PY) -m tests.bench.trainer_bench
 	$(PY) -m tests.bench.data_bench
 	$(PY) -m tests.bench.agent_overhead_bench
@@ -86,6 +87,11 @@ bench: install
 	$(PY) -m tests.bench.launch_bench
 	$(PY) -m tests.bench.crash_recover_bench
 	$(MAKE) bench-trainers
+
+# Thousands of organizations on Azurite: the timers' and the list's cost per tick and request as
+# orgs and runs grow (tests/bench/scale_bench.py; minutes). BENCH_ARGS e.g. "--orgs 10,100,1000".
+bench-scale: install
+	$(PY) -m tests.bench.scale_bench $(BENCH_ARGS)
 
 # The project's trainer side by side with a bare transformers+peft loop and TRL's SFTTrainer, on
 # SmolLM2-135M's real weights (CPU, one thread; about 15 minutes). TRL goes into its own venv,

@@ -18,6 +18,8 @@ from functions import (
     release,
     retain,
     runs,
+    stop_idle,
+    sweep_account,
     sweeper,
     usage,
     validate_connection,
@@ -36,8 +38,8 @@ get_settings()
 
 app = func.FunctionApp()
 for module in (connections, catalog, projects, runs, usage, org_limits, agent, admin, validate_connection,
-               refresh_catalog, launch, verify_adapter, retain, release, heartbeat_check, sweeper, base_models,
-               org_secrets):
+               refresh_catalog, launch, verify_adapter, retain, release, sweep_account, stop_idle, heartbeat_check,
+               sweeper, base_models, org_secrets):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

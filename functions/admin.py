@@ -39,6 +39,14 @@ def discard(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="platform/sweep", methods=["POST"], auth_level=ANON)
-@http.api(summary="Run the sweeper now; dry_run reports without acting", request=SweepRequest)
+@http.api(summary="Start a sweep of every compute connection (one message each); dry_run reports without "
+          "acting. Answers 202 at once with the sweep's id: GET its status_url for progress and findings",
+          request=SweepRequest, status=202)
 def sweep(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: admin.sweep(http.principal(req), http.parse(req, SweepRequest)))
+    return http.respond(lambda: admin.sweep(http.principal(req), http.parse(req, SweepRequest)), status=202)
+
+
+@bp.route(route="platform/sweeps/{sweep_id}", methods=["GET"], auth_level=ANON)
+@http.api(summary="An admin sweep's progress (accounts done of all) and its findings so far")
+def sweep_report(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: admin.sweep_report(http.principal(req), req.route_params["sweep_id"]))

@@ -4,11 +4,11 @@ bp = func.Blueprint()
 
 
 # Every 5 minutes (Azure's network API throttles frequent listing): leaks are found within
-# one grace period plus one tick.
+# one grace period plus one tick. The tick only sends one sweep-account message per connection.
 @bp.timer_trigger(arg_name="timer", schedule="30 */5 * * * *", run_on_startup=False)
 def sweeper(timer: func.TimerRequest) -> None:
     from shared.log import log_context
     from shared.services.timers import sweeper as service
 
     with log_context(step="sweeper"):
-        service.sweep(dry_run=False)
+        service.tick()

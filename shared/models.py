@@ -395,6 +395,21 @@ class ConnectionMessage(Model):
     slot: str
 
 
+class SweepMessage(Model):
+    """Body of a sweep-account message: sweep one compute connection (org, provider) once.
+
+    `sweep` names the sweep that sent it (the timer's tick or an admin's request): a second delivery
+    of one sweep's message finds it done and does nothing. `report`: keep the findings under the
+    sweep's id for GET /api/platform/sweeps/{id} (admin sweeps; the timer's are audited only)."""
+
+    v: Literal[1] = 1
+    org: str = Field(pattern=ORG_PATTERN)
+    provider: str = Field(pattern=PROVIDER_PATTERN)
+    sweep: str = Field(pattern=KEY_PATTERN)
+    dry_run: bool = False
+    report: bool = False
+
+
 # ---------------------------------------------------------------- API bodies
 
 

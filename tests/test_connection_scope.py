@@ -225,12 +225,14 @@ def test_runpod_low_credit_warns_retained_runs(rp: tuple[Harness, FakeRunPod]) -
     assert h.expire(run_id)["state"] == "retained"
     fake.balance = 50.0
     h.tick("sweeper")
+    h.drain()  # the timer sends one sweep-account message per connection
 
     def credit_warnings() -> list[str]:
         return [e.message for e in get_store().list_events(run_id, kind="warning") if "prepaid credit" in e.message]
 
     assert credit_warnings() == []
     fake.balance = 4.0
-    h.tick("sweeper")
-    h.tick("sweeper")  # once a day, not once a tick
+    for _ in range(2):  # once a day, not once a tick
+        h.tick("sweeper")
+        h.drain()
     assert len(credit_warnings()) == 1 and "$4.00" in credit_warnings()[0] and "retained" in credit_warnings()[0]

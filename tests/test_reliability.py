@@ -134,6 +134,8 @@ def test_an_idle_started_machine_is_stopped_with_a_warning(h: Harness, cloud: Cl
     assert m.state == "running"  # inside the window
     h.clock.advance(400)
     h.tick("heartbeat_check")
+    assert m.state == "running"  # the timer only sends stop-idle: it never waits on a cloud
+    h.drain()
     assert m.state == "stopped" and m.disk_exists
     run = h.get_run(run_id)
     assert run["state"] == "retained"

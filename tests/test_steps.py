@@ -47,7 +47,7 @@ def test_every_queue_trigger_is_a_step_and_every_step_has_one() -> None:
 def test_queue_names_are_the_step_names() -> None:
     assert Queue is Step
     assert [s.value for s in Step] == ["validate-connection", "refresh-catalog", "launch", "verify-adapter",
-                                       "retain", "release"]
+                                       "retain", "release", "sweep-account", "stop-idle"]
 
 
 @pytest.mark.parametrize("step", list(Step), ids=str)
@@ -60,7 +60,8 @@ def test_handler_is_named_as_the_step_and_exists(step: Step) -> None:
 
 
 def test_resends_derive_from_the_table() -> None:
-    from shared.services.timers import heartbeat_check, sweeper
+    from shared.services.steps import sweep_account as sweeper
+    from shared.services.timers import heartbeat_check
 
     S = RunState
     assert heartbeat_check.RESEND == {S.queued: Step.launch, S.provisioning: Step.launch,

@@ -10,8 +10,9 @@ import pytest
 from shared.clock import now
 from shared.providers.base import ComputeProvider, RunRef
 from shared.runs.backends import compute_for
-from shared.services.timers import sweeper
+from shared.services.steps import sweep_account
 from shared.settings import get_settings
+from shared.store import leases
 from tests.chaos.fixtures import audits, sweep
 from tests.chaos.provider import ChaosCloud, ChaosCompute
 from tests.harness import Harness, smoke_adapter_zip
@@ -44,7 +45,8 @@ def test_late_machine_of_a_finished_run_is_released_after_grace(h: Harness, clou
     assert late.state == "running"  # a dry run changes nothing
     assert audits("sweep-dry-run")[0]["resources"] == [f"instance:{late.id}", f"volume:{late.disk_id}"]
     out = sweep(h)
-    assert out["findings"][0]["done"] is True and out["list_calls"] == 1 and out["run_queries"] == 1
+    # One account: listed once, and only the run its resources name read (not the org's history).
+    assert out["findings"][0]["done"] is True and out["accounts"] == 1 and out["runs_read"] == 1
     assert late.state == "terminated" and not late.disk_exists
     [a] = audits("sweep-release")
     assert a["run_id"] == run_id and a["reason"] and a["resources"]
@@ -157,7 +159,9 @@ def test_timer_runs_the_sweeper(h: Harness, cloud: ChaosCloud) -> None:
     ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
     h.clock.advance(grace() + 1)
     h.tick("sweeper")
-    assert ghost.state == "terminated"
+    assert ghost.state == "running"  # the timer only sends one message per account...
+    h.drain()
+    assert ghost.state == "terminated"  # ...whose step sweeps it
 
 
 def test_a_listing_that_misses_a_live_machine_stops_nothing(h: Harness, cloud: ChaosCloud) -> None:
@@ -176,8 +180,8 @@ def test_a_listing_that_misses_a_live_machine_stops_nothing(h: Harness, cloud: C
 def test_two_sweeps_at_once_release_a_leak_once_with_one_audit_entry(h: Harness, cloud: ChaosCloud) -> None:
     ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
     h.clock.advance(grace() + 1)
-    # Both sweeps list the leak before either releases it (the race of two hosts' timers): each
-    # waits after its listing for the other, unless the other has ended (skipped) meanwhile.
+    # Two sweeps of one account at once (two deliveries on two hosts, or the timer's and an admin's):
+    # each waits after its listing for the other, unless the other has ended (skipped) meanwhile.
     met = threading.Barrier(2)
 
     class Meets:
@@ -197,14 +201,15 @@ def test_two_sweeps_at_once_release_a_leak_once_with_one_audit_entry(h: Harness,
 
     results: list[dict[str, Any]] = []
 
-    def run() -> None:
+    def run(sweep_id: str) -> None:
         try:
-            results.append(sweeper.sweep(dry_run=False,
-                                         compute=lambda org, name: cast(ComputeProvider, Meets(compute_for(org, name)))))
+            results.append(sweep_account.sweep_one(
+                h.org, "memory", sweep_id=sweep_id, dry_run=False,
+                compute=lambda org, name: cast(ComputeProvider, Meets(compute_for(org, name)))))
         finally:
             met.abort()
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=run, args=(f"s20260101000000-00000{i}",)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -216,14 +221,25 @@ def test_two_sweeps_at_once_release_a_leak_once_with_one_audit_entry(h: Harness,
     assert [bool(r.get("skipped")) for r in results].count(True) == 1
 
 
-def test_a_dead_sweepers_lease_runs_out(h: Harness, cloud: ChaosCloud) -> None:
+def test_a_dead_sweepers_lease_runs_out_for_its_account_alone(h: Harness, cloud: ChaosCloud) -> None:
     ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
     h.clock.advance(grace() + 1)
-    assert sweeper._take_lease()  # a sweeper that died holding the lease (never ended)
+    # A sweep of this account that died holding its lease (never ended).
+    assert leases.take(sweep_account.lease_name(h.org, "memory"), sweep_account.LEASE_S)
     out = sweep(h)
     assert out["skipped"] and not out["findings"] and ghost.state == "running"
     assert [f["action"] for f in sweep(h, dry_run=True)["findings"]] == ["would release"]  # no lease needed
-    h.clock.advance(sweeper.LEASE_S + 1)
+    h.clock.advance(sweep_account.LEASE_S + 1)
     [f] = sweep(h)["findings"]
     assert f["action"] == "release" and ghost.state == "terminated"
     assert "skipped" not in sweep(h)  # each sweep ends its lease
+
+
+def test_a_second_delivery_of_one_sweep_does_nothing(h: Harness, cloud: ChaosCloud) -> None:
+    ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
+    h.clock.advance(grace() + 1)
+    first = sweep_account.sweep_one(h.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
+    assert [f["action"] for f in first["findings"]] == ["release"] and ghost.state == "terminated"
+    listed = cloud.calls.count("list")
+    again = sweep_account.sweep_one(h.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
+    assert "already" in again["skipped"] and cloud.calls.count("list") == listed  # not even listed again

@@ -23,14 +23,13 @@ from shared.providers import registry
 from shared.providers.base import ComputeProvider, scope_differs, scope_of
 from shared.runs.backends import compute_for, compute_slot, ref_of, with_storage_context
 from shared.runs.events import event
-from shared.runs.lifecycle import HOLDS_MACHINE
 from shared.settings import get_settings
 from shared.store import get_store
 
 
 def holding(org: str, provider: str) -> list[RunRecord]:
     # A queued run has no machine yet (launch writes provisioning before any cloud call).
-    return [r for r in get_store().list_runs(org, HOLDS_MACHINE) if r.provider == provider and r.state != RunState.queued]
+    return [r for r in get_store().active_runs(org) if r.provider == provider and r.state != RunState.queued]
 
 
 def scope_text(scope: dict[str, str]) -> str:
@@ -156,7 +155,7 @@ def report_credential_failure(org: str, provider: str, reason: str) -> list[str]
         store.put_connection(got[0].model_copy(update={
             "status": ConnectionStatus.failed, "checks": [check, *got[0].checks], "checked_at": now()}), got[1])
     warned = []
-    for run in store.list_runs(org, HOLDS_MACHINE):
+    for run in store.active_runs(org):
         if run.provider == provider:
             event(run, "warning", f"the {provider} credentials no longer work ({reason}): this run's machine and "
                                   "disk cannot be stopped, recovered or deleted until an owner replaces them")

@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel
 
-from shared.models import ConnectionMessage, RunState, StepMessage
+from shared.models import ConnectionMessage, RunState, StepMessage, SweepMessage
 
 
 class Step(StrEnum):
@@ -37,6 +37,8 @@ class Step(StrEnum):
     verify_adapter = "verify-adapter"
     retain = "retain"
     release = "release"
+    sweep_account = "sweep-account"
+    stop_idle = "stop-idle"
 
     @property
     def poison(self) -> str:
@@ -70,7 +72,8 @@ class StepSpec:
     step: Step
     message: type[BaseModel]
     serves: frozenset[RunState]
-    # None for the connection steps: an owner runs the check again; the hourly timer refreshes.
+    # None for the connection steps (an owner runs the check again; the hourly timer refreshes) and
+    # for the timers' fan-out steps (the next tick sends them again while there is work).
     resent_by: Resender | None
 
 
@@ -84,6 +87,11 @@ TABLE: dict[Step, StepSpec] = {spec.step: spec for spec in (
     StepSpec(Step.verify_adapter, StepMessage, frozenset({S.verifying, S.recovering}), Resender.heartbeat_check),
     StepSpec(Step.retain, StepMessage, frozenset({S.retaining}), Resender.heartbeat_check),
     StepSpec(Step.release, StepMessage, frozenset({S.releasing}), Resender.sweeper),
+    # The sweeper timer's fan-out: one message per compute connection (shared/services/timers/sweeper).
+    StepSpec(Step.sweep_account, SweepMessage, frozenset(), None),
+    # heartbeat-check's: stop a retained run's machine started for recovery and left idle. It serves no
+    # state of its own (a retained run is no step's); the handler checks the run is retained and idle.
+    StepSpec(Step.stop_idle, StepMessage, frozenset(), None),
 )}
 
 # The steps that act on runs, in the order a run meets them.

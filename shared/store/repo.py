@@ -39,6 +39,9 @@ from shared.models import (
 from shared.runs.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.store.tables import Table
 
+# The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
+WATCHED = HOLDS_MACHINE
+
 MAX_RACE_RETRIES = 8
 LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
 # One log chunk is one entity whose `data` property (JSON, ASCII: json.dumps escapes the rest)
@@ -99,7 +102,7 @@ class Store:
         self._service = service_client(TableServiceClient, "table", connection_string, **storage_client_kwargs())
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
-                 "secrets", "quotas", "throughput")
+                 "secrets", "quotas", "watch", "leases", "sweeps", "throughput")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
@@ -172,15 +175,15 @@ class Store:
         q = self.table("projects").query("PartitionKey eq @org", org=_org(org))
         return [ProjectRecord.model_validate(d) for d, _ in q]
 
-    def create_dataset(self, rec: DatasetVersionRecord) -> None:
-        self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
-
     def list_projects_page(self, org: str, *, limit: int, after: str | None = None
                            ) -> tuple[list[ProjectRecord], str | None]:
         """One page of the org's projects in id order, and the RowKey the next page starts after."""
         got, nxt = self.table("projects").page("PartitionKey eq @org and RowKey gt @after", limit=limit,
                                                org=_org(org), after=after or "")
         return [ProjectRecord.model_validate(d) for d, _ in got], nxt
+
+    def create_dataset(self, rec: DatasetVersionRecord) -> None:
+        self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
 
     def get_dataset(self, org: str, dataset_id: str) -> DatasetVersionRecord:
         got = self.table("datasets").get(_org(org), _id(dataset_id, f"dataset version {dataset_id!r:.80}"))
@@ -192,10 +195,6 @@ class Store:
         q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=_org(org), p=project_id)
         return [DatasetVersionRecord.model_validate(d) for d, _ in q]
 
-    # ------------------------------------------------------------ runs
-    def create_run(self, rec: RunRecord) -> str:
-        return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value,
-                                         project=rec.project_id)
     def list_datasets_page(self, org: str, project_id: str, *, limit: int, after: str | None = None
                            ) -> tuple[list[DatasetVersionRecord], str | None]:
         """One page of a project's dataset versions in id order, and the RowKey the next page starts after."""
@@ -203,6 +202,10 @@ class Store:
                                                limit=limit, org=_org(org), p=project_id, after=after or "")
         return [DatasetVersionRecord.model_validate(d) for d, _ in got], nxt
 
+    # ------------------------------------------------------------ runs
+    def create_run(self, rec: RunRecord) -> str:
+        return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value,
+                                         project=rec.project_id)
 
     def get_run(self, org: str, run_id: str) -> tuple[RunRecord, str]:
         got = self.table("runs").get(_org(org), _id(run_id, f"run {run_id!r:.80}"))
@@ -225,9 +228,6 @@ class Store:
     def list_runs(self, org: str, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
         return self._query_runs(_org(org), states)
 
-    def list_runs_all_orgs(self, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
-        """Every org's runs: the heartbeat check, the sweeper and admin services only."""
-        return self._query_runs(None, states)
     def list_runs_page(self, org: str, *, limit: int, after: str | None = None,
                        states: set[RunState] | frozenset[RunState] | None = None,
                        project: str | None = None) -> tuple[list[RunRecord], str | None]:
@@ -262,6 +262,9 @@ class Store:
         got, nxt = table.page(q, limit=limit - len(runs), **params, after=after, split=split)
         return runs + [RunRecord.model_validate(d) for d, _ in got], nxt
 
+    def list_runs_all_orgs(self, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
+        """Every org's runs: the heartbeat check, the sweeper and admin services only."""
+        return self._query_runs(None, states)
 
     def _query_runs(self, org: str | None, states: set[RunState] | frozenset[RunState] | None) -> list[RunRecord]:
         clauses: list[str] = []
@@ -302,6 +305,8 @@ class Store:
                     continue  # decide again on the stored run
                 self._remember_run(run, etag)
                 return run, False
+            if new.state in WATCHED and run.state not in WATCHED:
+                self.watch_run(new.org, new.id)  # indexed before it is watched (see watch_run)
             try:
                 etag = self.put_run(new, etag)
             except ConcurrencyError:
@@ -314,12 +319,74 @@ class Store:
                 time.sleep(random.uniform(0, 0.002 * attempt))
                 continue
             self._remember_run(new, etag)
+            if run.state in WATCHED and new.state not in WATCHED:
+                self.unwatch_run(org, run_id)
             if new.state in TERMINAL and run.state not in TERMINAL:
                 # The run has ended: its active-run slot is free. A crash before this line leaves
                 # the reservation of an ended run, which the next reservation drops.
                 self.release_active_slot(org, run_id)
             return new, True
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
+
+    # ------------------------------------------------------------ the watch index
+    # The runs that hold a machine or wait on a deadline (WATCHED), one row each in the `watch`
+    # table (PartitionKey org, RowKey run id), so the timers read what is active, never every run
+    # ever kept. Kept by mutate_run, the one write of a state change: the row is written before a
+    # run enters a watched state and deleted after it leaves, so a crash between the two writes
+    # leaves an extra row, never a watched run without one. heartbeat-check prunes extra rows
+    # (prune_watch), and builds the index once from the runs table where it is missing
+    # (build_watch_index: records written before the index existed).
+
+    def watch_run(self, org: str, run_id: str) -> None:
+        self.table("watch").upsert(_org(org), run_id, {"org": org, "run_id": run_id})
+
+    def unwatch_run(self, org: str, run_id: str) -> None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            self.table("watch").delete(_org(org), run_id)
+        except ResourceNotFoundError:
+            pass
+
+    def watched(self, org: str | None = None) -> list[tuple[str, str]]:
+        """(org, run id) of every indexed run, or one org's: one query of the index."""
+        q = self.table("watch").query("PartitionKey eq @org", org=_org(org)) if org else self.table("watch").query()
+        return [(d["org"], d["run_id"]) for d, _ in q if d["org"] != "~"]  # "~": the built marker
+
+    def get_runs(self, keys: list[tuple[str, str]], threads: int = 8) -> list[RunRecord]:
+        """The runs named by (org, run id), read by point reads in parallel; a missing one is skipped."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(key: tuple[str, str]) -> RunRecord | None:
+            try:
+                return self.get_run(*key)[0]
+            except NotFound:
+                return None
+
+        if len(keys) <= 1:
+            found = [one(k) for k in keys]
+        else:
+            with ThreadPoolExecutor(max_workers=min(threads, len(keys))) as pool:
+                found = list(pool.map(one, keys))
+        return [r for r in found if r is not None]
+
+    def active_runs(self, org: str) -> list[RunRecord]:
+        """The org's runs that hold a machine (or wait to), from the watch index: cost grows with
+        its active runs, not with every run it ever had."""
+        return [r for r in self.get_runs(self.watched(_org(org))) if r.state in WATCHED]
+
+    def build_watch_index(self) -> int | None:
+        """Index the watched runs of records written before the index existed, once per deployment
+        (a marker row says it is done). One scan of the runs table, ever. Returns the runs indexed,
+        or None when it was done before."""
+        marker = self.table("watch").get("~", "built")
+        if marker is not None:
+            return None
+        runs = self._query_runs(None, WATCHED)
+        for run in runs:
+            self.watch_run(run.org, run.id)
+        self.table("watch").upsert("~", "built", {"org": "~", "run_id": "~", "runs": len(runs)})
+        return len(runs)
 
     # The runs this process last read or wrote through mutate_run, with their ETags (bounded).
     def _remember_run(self, run: RunRecord, etag: str) -> None:
@@ -376,7 +443,7 @@ class Store:
         for attempt in range(MAX_RACE_RETRIES):
             got = table.get(_org(org), ACTIVE_RUNS_KEY)
             held: dict[str, int] = dict(got[0].get("runs", {})) if got else {}
-            holding = {r.id for r in self.list_runs(org, HOLDS_MACHINE)}
+            holding = {r.id for r in self.active_runs(org)}
             kept = {rid: at for rid, at in held.items() if rid in holding or self._launching(org, rid, at)}
             active = len(set(kept) | holding)
             if run_id in kept:
@@ -428,6 +495,18 @@ class Store:
         """The org's reservations as stored (run id -> reserved at, epoch seconds), for tests and admins."""
         got = self.table("quotas").get(_org(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
+
+    # ------------------------------------------------------------ measured throughput (forecasts)
+    # One row per (org, provider, base model, GPU, precision settings): the last measured tokens per
+    # second, written when a run's final adapter is verified with the trainer's figures, read by the
+    # forecast of a like run (shared/runs/forecast.py). One point read, whatever the org's history.
+
+    def get_throughput(self, org: str, key: str) -> dict[str, Any] | None:
+        got = self.table("throughput").get(_org(org), key)
+        return got[0] if got else None
+
+    def put_throughput(self, org: str, key: str, data: dict[str, Any]) -> None:
+        self.table("throughput").upsert(_org(org), key, data)
 
     # ------------------------------------------------------------ events, logs, ledger, audit
     def add_event(self, run_id: str, event: RunEvent) -> None:
@@ -496,18 +575,6 @@ class Store:
 
 def log_chunks(lines: list[str], budget: int = LOG_CHUNK_CHARS) -> list[list[str]]:
     """Split lines into chunks whose JSON stays within budget characters (a line longer than
-    # ------------------------------------------------------------ measured throughput (forecasts)
-    # One row per (org, provider, base model, GPU, precision settings): the last measured tokens per
-    # second, written when a run's final adapter is verified with the trainer's figures, read by the
-    # forecast of a like run (shared/runs/forecast.py). One point read, whatever the org's history.
-
-    def get_throughput(self, org: str, key: str) -> dict[str, Any] | None:
-        got = self.table("throughput").get(_org(org), key)
-        return got[0] if got else None
-
-    def put_throughput(self, org: str, key: str, data: dict[str, Any]) -> None:
-        self.table("throughput").upsert(_org(org), key, data)
-
     the budget alone is cut to fit: callers cap lines far below it)."""
     chunks: list[list[str]] = []
     current: list[str] = []

@@ -15,4 +15,10 @@ def audits(action: str) -> list[dict[str, Any]]:
 
 
 def sweep(h: Harness, dry_run: bool = False) -> Any:
-    return h.ok("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": dry_run})
+    """An admin's sweep as an admin sees it: started (202, one message per account), the queues
+    drained, then its report (every account's findings)."""
+    started = h.ok("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": dry_run})
+    h.drain()
+    out = h.ok("GET", started["status_url"], token="admin")
+    assert out["finished"], out
+    return out

@@ -6,7 +6,7 @@ It does what an instance of the Functions host does with this app: takes message
 step queue on the shared Azurite, runs the queue functions (a few at a time), moves a message
 that failed maxDequeueCount times to `<queue>-poison`, and fires the heartbeat-check and
 sweeper timers. Unlike the real host, both instances fire the timers (the real ones hold a
-singleton lease), which only makes races more likely (the sweeper holds a lease of its own:
+singleton lease), which only makes races more likely (each account sweep holds a lease of its own:
 of two sweeps at once, one skips).
 
 Time is simulated and moves in rounds, driven by the test (so a loaded machine

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shared import clock
-from shared.services.timers.sweeper import LEASE_S
+from shared.services.steps.sweep_account import LEASE_S
 from shared.settings import get_settings, reset_settings
 from shared.store import get_store
 from tests.chaos import schedule

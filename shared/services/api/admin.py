@@ -9,6 +9,7 @@ does nothing) or discard it. Replays and discards are audit events.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from shared.errors import InvalidInput, NotFound
@@ -102,7 +103,11 @@ def replay(principal: Principal, queue: str, message_id: str | None) -> dict[str
     client = queues_.client(q.poison)
     for m in taken:
         body = _body(m)
-        queues_.send(q, body)  # sent first: a crash here duplicates (harmless), never loses
+        if "unreadable" in body and len(body) == 1:
+            # Sent back as it was: encoding {"unreadable": ...} would wrap it in a message no step sent.
+            queues_.client(q.value).send_message(m.content)
+        else:
+            queues_.send(q, body)  # sent first: a crash here duplicates (harmless), never loses
         client.delete_message(m.id, m.pop_receipt)
         store.audit("poison-replay", queue=q.value, message_id=m.id, by=principal.sub,
                     run_id=str(body.get("run_id", "")), org=str(body.get("org", "")))
@@ -126,7 +131,19 @@ def discard(principal: Principal, queue: str, message_id: str) -> dict[str, Any]
 
 
 def sweep(principal: Principal, body: SweepRequest) -> dict[str, Any]:
-    from shared.services.timers.sweeper import sweep as run_sweep
+    """Start a sweep of every compute connection: one sweep-account message each, answered at once
+    (a sweep of thousands of accounts outlives any HTTP request); its findings gather under its id."""
+    from shared.services.timers.sweeper import fan_out
 
     require(principal, Role.admin)
-    return run_sweep(dry_run=body.dry_run)
+    out = fan_out(dry_run=body.dry_run, report=True)
+    return {**out, "status_url": f"/api/platform/sweeps/{out['sweep_id']}"}
+
+
+def sweep_report(principal: Principal, sweep_id: str) -> dict[str, Any]:
+    from shared.services.timers.sweeper import report
+
+    require(principal, Role.admin)
+    if not re.fullmatch(r"s[0-9]{14}-[0-9a-f]{6}", sweep_id or ""):
+        raise NotFound(f"sweep {sweep_id!r:.40} not found")
+    return report(sweep_id)

@@ -17,7 +17,6 @@ from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus,
 from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs.backends import STORAGE_SLOT, compute_for, compute_slot, unsealed_config
-from shared.runs.lifecycle import HOLDS_MACHINE
 from shared.runs.scope import guard_held_machines
 from shared.runs.steps import Step
 from shared.security import Principal, require, seal
@@ -126,7 +125,7 @@ def delete_compute(principal: Principal, provider: str) -> None:
     slot = compute_slot(provider)
     if not get_store().get_connection(principal.org, slot):
         raise NotFound(f"no {slot} connection is saved")
-    holding = [r.id for r in get_store().list_runs(principal.org, HOLDS_MACHINE) if r.provider == provider]
+    holding = [r.id for r in get_store().active_runs(principal.org) if r.provider == provider]
     if holding:
         raise Conflict(f"runs {', '.join(holding[:5])} still hold {provider} machines; release or recover them first, "
                        "or the control plane could not clean them up")

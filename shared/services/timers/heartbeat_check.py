@@ -14,10 +14,15 @@ got a machine (the launch step writes provisioning before any cloud call), so it
 nothing to release. Whether the machine still exists is the retain step's question: one that
 vanished outside the control plane fails the run with "nothing to retain or release".
 
-A retained machine started for recovery bills for its GPU: it is stopped again once it has
-been up settings.recovery_idle_stop_s, with a warning event.
+A retained machine started for recovery bills for its GPU: once it has been up
+settings.recovery_idle_stop_s, a stop-idle message stops it (shared/services/steps/stop_idle.py), so
+this timer never waits on a cloud call.
 
-One query per tick (the runs in the states watched), a write only for a run that acts.
+What one tick reads: the watch index (the runs that hold a machine or wait on a deadline, kept by the
+one state-change write: Store.watch_run), then those runs by point reads, in parallel. Its cost grows
+with the active runs, never with the runs ever kept; a write only for a run that acts. An index row
+whose run has left the watched states (a crash between the run's write and the row's delete) is
+pruned once that run has been quiet for PRUNE_AFTER_S.
 """
 
 from __future__ import annotations
@@ -25,18 +30,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from shared.clock import now
-from shared.errors import ProviderError
-from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.cloud_account import BOOT_FAILED
-from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, transition
-from shared.runs.machine import stop_machine
 from shared.runs.moves import move, move_run
 from shared.runs.steps import Resender, Step, resent_by
 from shared.settings import get_settings
 from shared.store import get_store
+from shared.store.repo import WATCHED
 
 # A run sitting in one of these states this long without any write lost its message (a
 # crash between the write and the send, or a poisoned message): send it again, at most
@@ -73,16 +75,41 @@ def _refused(run: RunRecord) -> str:
             "TENSORANT_JWT_SECRET_PREVIOUS?)")
 
 
+# An index row whose run is no longer watched is deleted once the run has been quiet this long: a
+# write that indexes a run before moving it (Store.mutate_run) is never in flight longer.
+PRUNE_AFTER_S = 900
+
+
+def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
+    """The runs of the watch index that are still watched, and how many stale rows were pruned."""
+    store = get_store()
+    store.build_watch_index()  # once per deployment: runs recorded before the index existed
+    keys = store.watched()
+    found = {(r.org, r.id): r for r in store.get_runs(keys)}
+    pruned = 0
+    for key in keys:
+        run = found.get(key)
+        if run is not None and run.state in WATCHED:
+            continue
+        if run is None or (t - max(run.state_changed_at, run.updated_at)).total_seconds() > PRUNE_AFTER_S:
+            store.unwatch_run(*key)
+            pruned += 1
+    return [r for r in found.values() if r.state in WATCHED], pruned
+
+
 def check_all() -> dict[str, int]:
-    store, t = get_store(), now()
-    counts = {"retained": 0, "failed": 0, "resent": 0, "stopped": 0}
+    t = now()
+    counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0}
     idle_stop_s = get_settings().recovery_idle_stop_s
-    for run in store.list_runs_all_orgs(states=set(ACTIVE) | set(RESEND) | {RunState.retained}):
+    runs, counts["pruned"] = watched_runs(t)
+    counts["watched"] = len(runs)
+    for run in runs:
         why = missed_deadline(run, t) if run.state in ACTIVE else None
         if run.state == RunState.retained:
             started = run.machine_started_at
             if started is not None and (t - started).total_seconds() > idle_stop_s:
-                counts["stopped"] += _stop_idle_machine(run, idle_stop_s)
+                get_queues().send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
+                counts["idle_stops_sent"] += 1
         elif why and run.state == RunState.provisioning:
             counts["failed"] += _release_unstarted(run, why)
         elif why:
@@ -167,16 +194,3 @@ def _resend(run: RunRecord, t: datetime) -> int:
     # Written before sent: a crash in between delays the resend by one interval, never loses it.
     get_queues().send(RESEND[run.state], StepMessage(org=run.org, run_id=run.id, reason="resend"))
     return 1
-
-
-def _stop_idle_machine(run: RunRecord, idle_stop_s: int) -> int:
-    why = (f"the machine started for recovery was stopped automatically after {idle_stop_s} s "
-           "(TENSORANT_RECOVERY_IDLE_STOP_S); start it again with recover mode start_machine if you need it")
-    try:
-        new = stop_machine(run, why="idle stop")
-    except ProviderError as exc:
-        event(run, "warning", f"the idle stop of the machine started for recovery failed: {redact_text(exc.reason)}; "
-              "it may still be billing; the next tick tries again")
-        return 0
-    event(new, "warning", why)
-    return 1 if new.machine_started_at is None else 0

@@ -1,341 +1,143 @@
-"""The sweeper: finds machines, disks and NICs that bill without a live run, and releases them.
+"""The sweeper timer: fans out one sweep-account message per compute connection, the Functions way.
 
-One tick, per organization with compute connections:
-1. list every connection's marked resources from the cloud (one paged listing each);
-2. then read the org's runs (one query) — in this order, so a machine created during
-   the sweep (its run already written ahead of the create) is never mistaken for a leak;
-3. diff, and act only past the grace period: nothing younger than settings.sweep_grace_s,
-   and nothing whose run changed state within it, is touched.
+The timer itself touches no cloud: it lists the compute connections (the connections table, paged),
+and sends each one a sweep-account message (shared/services/steps/sweep_account.py does the sweep of
+one account, within its own bound and under its own lease). So a tick's cost grows with the
+connections, and each account's sweep is one short invocation the host can scale out, retry and
+poison on its own; a slow or broken account delays nobody else.
 
-What it does:
-- resources of a run that is missing, terminal (released) -> provider.release for that
-  run (deletes the machine and its job-created disk / NIC; "not found" is success);
-- a run stuck in releasing (its message lost or poisoned, or the cloud refusing) ->
-  release re-sent with capped exponential backoff (run.release_after, release_attempts),
-  the error shown on the run;
-- a live run whose recorded machine is no longer listed at all, and that a describe of
-  that run confirms gone (deleted outside the control plane) -> retaining with the reason;
-  the retain step then fails the run with "nothing to retain or release".
+No account starves: the sends start after the last account the previous fan-out reached (a cursor
+kept on the fan-out's lease, `sweep-fanout`), so a fan-out cut short by its budget (FANOUT_BUDGET_S)
+or by the host is continued by the next tick, not restarted at the top of the alphabet. With many
+connections the messages are spread over the tick's interval (a visibility delay each), so the
+workers and the clouds' list APIs see a steady trickle, not a burst every five minutes.
 
-Only resources carrying this deployment's mark and this org's mark (or, for providers
-without tags such as RunPod, this deployment's name prefix and a run id that is ours)
-are ever considered. Every action and every dry-run finding is an audit event.
-The cost of a tick grows with listing pages and runs read in bulk, never with a describe
-per run (a describe is made only for a live run missing from the listing, an anomaly).
-
-One sweep acts at a time: it holds a lease (see _take_lease), like the Functions host's
-singleton lock on a timer, so two sweeps at once (the timer on two hosts, an admin's sweep
-during the timer's) do not both release one leak and audit it twice. A sweep that finds the
-lease held skips; the next tick sweeps. A dry run acts on nothing and takes no lease.
+An admin's sweep (POST /api/platform/sweep) is the same fan-out with `report`: each account's
+findings are kept under the sweep's id (the `sweeps` table) for GET /api/platform/sweeps/{id}.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+import json
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shared.clock import now, now_ts
-from shared.errors import AuthError, ConcurrencyError, Conflict, ProviderError
+from shared.errors import NotFound
 from shared.log import get_logger
-from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage
-from shared.providers.base import ComputeProvider, RunRef
+from shared.models import ConnectionStatus, SweepMessage
 from shared.queues import get_queues
-from shared.runs.backends import compute_for
-from shared.runs.events import event
-from shared.runs.lifecycle import ACTIVE, TERMINAL
-from shared.runs.moves import move
-from shared.runs.resources import MACHINE_KINDS
-from shared.runs.scope import refuse_other_scope, report_credential_failure
-from shared.runs.steps import Resender, Step, resent_by
-from shared.services.steps.release import release_delay
-from shared.settings import get_settings
-from shared.store import get_store
+from shared.runs.steps import Step
+from shared.store import get_store, leases
 
-GONE_STATES = frozenset({"terminated", "deleted"})
-
-# The run states whose lost step message the sweeper re-sends (the step table's: releasing).
-RESENDS: dict[RunState, Step] = resent_by(Resender.sweeper)
-
-ProviderFactory = Callable[[str, str], ComputeProvider]
+# The timer's schedule is every 5 minutes (functions/sweeper.py): messages are spread over most of it.
+INTERVAL_S = 300
+SPREAD_S = 240
+# Below this many connections every message goes at once (a spread would only delay them).
+SPREAD_ABOVE = 100
+# The fan-out stops sending after this long (well under functionTimeout); the cursor says where the
+# next tick goes on. Sends run SEND_THREADS at a time (one HTTP request each).
+FANOUT_BUDGET_S = 90
+SEND_THREADS = 16
+FANOUT_LEASE = "sweep-fanout"
+# Findings kept per account in an admin sweep's report (one table property stays under its 32K limit).
+REPORT_FINDINGS = 50
 
 
-# The sweep lease: one row of the quotas table ("~" is in no org id, so it is no org's row).
-LEASE_PK, LEASE_RK = "~platform", "sweeper-lease"
-# It ends on its own this long after it was taken, so a sweeper that died holding it (a host
-# killed mid-sweep) delays sweeping by at most this. Longer than a sweep takes (listings and
-# releases: seconds to a minute), so a slow sweep is not joined by the next tick's.
-LEASE_S = 600
+def new_sweep_id() -> str:
+    return f"s{now().strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def sweep(*, dry_run: bool, compute: ProviderFactory = compute_for) -> dict[str, Any]:
-    stats = {"connections": 0, "listed": 0, "list_calls": 0, "run_queries": 0}
-    lease = None if dry_run else _take_lease()
-    if not dry_run and lease is None:
-        get_logger().info("sweep skipped: another sweep holds the lease")
-        return {"dry_run": dry_run, **stats, "findings": [],
-                "skipped": "another sweep is running; the next tick sweeps"}
-    try:
-        return _sweep(dry_run, compute, stats)
-    finally:
-        if lease is not None:
-            _end_lease(lease)
-
-
-def _take_lease() -> str | None:
-    """Take the sweep lease: its ETag, or None while another sweep holds it. Taken by an
-    ETag-guarded write, so of two sweeps that both read it free, one write is refused."""
-    table, t = get_store().table("quotas"), now_ts()
-    got = table.get(LEASE_PK, LEASE_RK)
-    if got is not None and float(got[0].get("until", 0)) > t:
-        return None
-    data = {"until": t + LEASE_S}
-    try:
-        if got is None:
-            return table.insert(LEASE_PK, LEASE_RK, data)
-        return table.update(LEASE_PK, LEASE_RK, data, got[1])
-    except (ConcurrencyError, Conflict):
-        return None  # another sweep took it between the read and the write
-
-
-def _end_lease(etag: str) -> None:
-    try:
-        get_store().table("quotas").update(LEASE_PK, LEASE_RK, {"until": 0}, etag)
-    except ConcurrencyError:
-        pass  # it ran out during this sweep and another sweep holds it now: theirs to end
-
-
-def _sweep(dry_run: bool, compute: ProviderFactory, stats: dict[str, int]) -> dict[str, Any]:
-    settings, store = get_settings(), get_store()
-    findings: list[dict[str, Any]] = []
-    by_org: dict[str, list[str]] = defaultdict(list)
-    for conn in store.list_connections_all_orgs():
+def accounts() -> list[tuple[str, str]]:
+    """(org, provider) of every compute connection that can be swept, in key order."""
+    out = set()
+    for conn in get_store().list_connections_all_orgs():
         if conn.slot.startswith("compute:") and conn.status != ConnectionStatus.checking:
-            by_org[conn.org].append(conn.provider)
-    for org, providers in sorted(by_org.items()):
-        listed: dict[str, list[CloudResource]] = {}
-        live: dict[str, ComputeProvider] = {}
-        for name in providers:
-            stats["connections"] += 1
-            try:
-                provider = compute(org, name)
-                stats["list_calls"] += 1
-                listed[name] = _ours(provider.list_managed(), settings.deployment_id, org)
-                live[name] = provider
-            except ProviderError as exc:
-                finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
-                           "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
-                if isinstance(exc, AuthError) and not dry_run:
-                    finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
-                _audit("sweep-list-failed", finding)
-                findings.append(finding)
-        stats["listed"] += sum(len(v) for v in listed.values())
-        # Read after listing the cloud (see the module docstring).
-        stats["run_queries"] += 1
-        runs = {r.id: r for r in store.list_runs(org)}
-        t = now()
-        for name, resources in listed.items():
-            findings.extend(_leaks(org, name, live[name], resources, runs, t, dry_run))
-            findings.extend(_vanished(org, name, live[name], resources, runs, t, dry_run))
-            findings.extend(_low_credit(org, name, live[name], runs, t, dry_run))
-        findings.extend(_stuck_releases(org, runs.values(), t, dry_run))
-    stats["findings"] = len(findings)
-    get_logger().info("sweep finished", extra={"dry_run": dry_run, **stats})
-    return {"dry_run": dry_run, **stats, "findings": findings}
+            out.add((conn.org, conn.provider))
+    return sorted(out)
 
 
-def _audit(kind: str, finding: dict[str, Any]) -> None:
-    # The audit record's own "action" is its kind; the finding's action goes in as "decision".
-    get_store().audit(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
+def rotated(keys: list[tuple[str, str]], cursor: Any) -> list[tuple[str, str]]:
+    """keys starting after `cursor` (the last one the previous fan-out sent), wrapping around."""
+    if not cursor or not isinstance(cursor, list) or len(cursor) != 2:
+        return keys
+    after = (str(cursor[0]), str(cursor[1]))
+    start = next((i for i, k in enumerate(keys) if k > after), 0)
+    return keys[start:] + keys[:start]
 
 
-def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
-    # RunPod pods carry no tags: their name holds the deployment and run, not the org (org == "").
-    # A resource listed as already terminated or deleted (EC2 shows terminated instances for
-    # a while) bills nothing and counts as absent.
-    return [r for r in resources if r.managed and r.deployment == deployment and r.run_id and r.org in (org, "")
-            and r.state.lower() not in GONE_STATES]
+def fan_out(*, dry_run: bool = False, report: bool = False, sweep_id: str | None = None) -> dict[str, Any]:
+    """Send one sweep-account message per compute connection; returns what was sent."""
+    sweep_id = sweep_id or new_sweep_id()
+    lease = None if report else leases.take(FANOUT_LEASE, FANOUT_BUDGET_S + 30)
+    if not report and lease is None:
+        get_logger().info("sweep fan-out skipped: another fan-out is sending")
+        return {"sweep_id": sweep_id, "accounts": 0, "sent": 0, "skipped": "another fan-out is sending"}
+    keys = accounts()
+    order = keys if report else rotated(keys, lease.data.get("cursor") if lease else None)
+    if report:
+        get_store().table("sweeps").upsert(sweep_id, "~", {"dry_run": dry_run, "accounts": len(order),
+                                                          "at": now().isoformat()})
+    sent = _send(order, sweep_id, dry_run=dry_run, report=report)
+    if lease is not None:
+        # The cursor: the last account sent. A full fan-out leaves it where it was (next tick starts
+        # at the same place: every account once per interval); a cut one, where it stopped.
+        cursor = list(order[sent - 1]) if 0 < sent < len(order) else lease.data.get("cursor")
+        leases.end(lease, cursor=cursor, sweep=sweep_id, sent=sent, accounts=len(order), at=now_ts())
+    stats = {"sweep_id": sweep_id, "dry_run": dry_run, "accounts": len(order), "sent": sent}
+    get_logger().info("sweep fanned out", extra=stats)
+    return stats
 
 
-def _grace() -> timedelta:
-    return timedelta(seconds=get_settings().sweep_grace_s)
+def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report: bool) -> int:
+    """Send in order until the budget is spent; returns how many were sent (a prefix of order)."""
+    n = len(order)
+    spread = SPREAD_S if n > SPREAD_ABOVE and not report else 0
+    until = now_ts() + FANOUT_BUDGET_S
+    queues = get_queues()
+
+    def one(i: int) -> bool:
+        if now_ts() > until:
+            return False
+        org, provider = order[i]
+        msg = SweepMessage(org=org, provider=provider, sweep=sweep_id, dry_run=dry_run, report=report)
+        queues.send(Step.sweep_account, msg, delay_s=spread * i / n if spread else 0)
+        return True
+
+    if n <= 1:
+        done = [one(i) for i in range(n)]
+    else:
+        with ThreadPoolExecutor(max_workers=min(SEND_THREADS, n)) as pool:
+            done = list(pool.map(one, range(n)))
+    # The prefix that was sent (a send after the budget is skipped, and so is everything after it).
+    return next((i for i, ok in enumerate(done) if not ok), n)
 
 
-def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
-           runs: dict[str, RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
-    grace, settings = _grace(), get_settings()
-    by_run: dict[str, list[CloudResource]] = defaultdict(list)
-    for res in resources:
-        by_run[res.run_id].append(res)
-    out = []
-    for run_id, found in sorted(by_run.items()):
-        run = runs.get(run_id)
-        if run is None and any(r.org == "" for r in found):
-            # Untagged (RunPod) and not this org's run: another org may share the account. Run
-            # ids are never deleted, so a real leak of this org always finds its run.
-            continue
-        if run is not None and run.state not in TERMINAL:
-            continue  # a live run owns it; its own steps release or retain it
-        if run is None:
-            if any(r.created_at is None for r in found):
-                if not _seen_before(run_id, found, t):
-                    continue  # no creation time and no run to date it: count from the first sighting
-            elif any(t - r.created_at < grace for r in found if r.created_at):
-                continue  # being created right now, or listed late
-        else:
-            if any(r.created_at and t - r.created_at < grace for r in found):
-                continue
-            if t - run.state_changed_at < grace:
-                continue
-        reason = "its run is missing" if run is None else f"its run is {run.state.value} (released)"
-        finding: dict[str, Any] = {
-            "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
-            "resources": [f"{r.kind}:{r.id}" for r in found],
-            "action": "would release" if dry_run else "release",
-        }
-        if not dry_run:
-            try:
-                got = provider.release(RunRef(settings.deployment_id, org, run_id), found)
-                finding["done"], finding["detail"] = got.done, got.detail
-            except ProviderError as exc:
-                finding["done"], finding["detail"] = False, exc.reason
-        _audit("sweep-dry-run" if dry_run else "sweep-release", finding)
-        out.append(finding)
-    return out
+def record_report(msg: SweepMessage, out: dict[str, Any]) -> None:
+    """Keep one account's findings under its admin sweep's id."""
+    findings = out.get("findings", [])
+    row = {"org": msg.org, "provider": msg.provider, "at": now().isoformat(), "count": len(findings),
+           "listed": out.get("listed", 0), "runs_read": out.get("runs_read", 0),
+           "findings": findings[:REPORT_FINDINGS], **({"skipped": out["skipped"]} if out.get("skipped") else {})}
+    get_store().table("sweeps").upsert(msg.sweep, f"{msg.org}~{msg.provider}", json.loads(json.dumps(row, default=str)))
 
 
-def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
-    """For resources the cloud gives no creation time (RunPod pods): the first sighting is
-    written to the ledger, and the grace period counts from there."""
-    store, grace = get_store(), _grace()
-    ledger = {(r.kind, r.id): r for r in store.list_ledger(run_id)}
-    old = True
-    for res in found:
-        seen = ledger.get((res.kind, res.id))
-        if seen is None or seen.created_at is None:
-            store.record_resource(res.model_copy(update={"created_at": t, "state": "sighted by the sweeper"}))
-            old = False
-        elif t - seen.created_at < grace:
-            old = False
-    return old
+def report(sweep_id: str) -> dict[str, Any]:
+    """An admin sweep's progress and findings so far."""
+    rows = list(get_store().table("sweeps").query("PartitionKey eq @s", s=sweep_id))
+    head = next((d for d, _ in rows if "accounts" in d and "org" not in d), None)
+    if head is None:
+        raise NotFound(f"sweep {sweep_id} not found (sweeps started by the timer are audited, not reported)")
+    done = [d for d, _ in rows if "org" in d]
+    findings: list[dict[str, Any]] = [f for d in done for f in d.get("findings", [])]
+    skipped = [f"{d['org']}/{d['provider']}: {d['skipped']}" for d in done if d.get("skipped")]
+    return {"sweep_id": sweep_id, "dry_run": head["dry_run"], "accounts": head["accounts"], "done": len(done),
+            "finished": len(done) >= head["accounts"], "findings": findings,
+            "listed": sum(d.get("listed", 0) for d in done), "runs_read": sum(d.get("runs_read", 0) for d in done),
+            **({"skipped": skipped} if skipped else {})}
 
 
-def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
-              runs: dict[str, RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
-    """A live run whose recorded machine is not in the listing at all may have been deleted
-    outside the control plane. A listing can be wrong (a filter, a region), so absence alone
-    never stops a machine: the cloud is asked about that run (a describe only for such runs,
-    which are rare), and only a confirmed "gone" moves it to retaining; the retain step then
-    fails it with "nothing to retain or release"."""
-    from shared.models import MachineState
-
-    grace, settings = _grace(), get_settings()
-    listed_runs = {r.run_id for r in resources}
-    out: list[dict[str, Any]] = []
-    for run in runs.values():
-        if run.provider != provider_name or run.state not in ACTIVE or run.id in listed_runs:
-            continue
-        machines = [r for r in run.resources if r.kind in MACHINE_KINDS]
-        if not machines or t - run.state_changed_at < grace:
-            continue
-        if any(r.created_at and t - r.created_at < grace for r in machines):
-            continue
-        try:
-            # Launched in another scope (the connection was moved since): not listed here and "gone"
-            # here, but alive where it was made. Never judged from the wrong account.
-            refuse_other_scope(run, provider)
-        except ProviderError as exc:
-            out.append({"org": org, "provider": provider_name, "run_id": run.id, "action": "none",
-                        "reason": exc.reason})
-            continue
-        try:
-            state = provider.describe(RunRef(settings.deployment_id, org, run.id), run.resources).state
-        except ProviderError:
-            continue  # not confirmed; the heartbeat deadline still covers it
-        if state != MachineState.gone:
-            continue
-        why = "the machine is gone from the cloud (deleted outside the control plane)"
-        finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": why,
-                   "resources": [f"{r.kind}:{r.id}" for r in machines],
-                   "action": "would retain" if dry_run else "retain"}
-        if not dry_run:
-            _, wrote = move(run, RunState.retaining, expect={run.state}, reason=why)
-            if not wrote:
-                continue
-            get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
-        _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
-        out.append(finding)
-    return out
-
-
-# A low-credit warning is repeated on a retained run at most this often.
-CREDIT_WARNING_EVERY_S = 24 * 3600
-
-
-def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: dict[str, RunRecord], t: datetime,
-                dry_run: bool) -> list[dict[str, Any]]:
-    """Prepaid accounts (RunPod) stop and then delete pods when the credit runs out, retained disks
-    included: warn on each retained run while the provider says its credit is low (one read per
-    tick and connection, only when a run is retained; at most one warning a day per run)."""
-    warning_of = getattr(provider, "credit_warning", None)
-    retained = [r for r in runs.values() if r.provider == provider_name and r.state == RunState.retained]
-    if not callable(warning_of) or not retained:
-        return []
-    try:
-        message = str(warning_of() or "")
-    except ProviderError:
-        return []
-    out: list[dict[str, Any]] = []
-    for run in retained if message else []:
-        recent = [e for e in get_store().list_events(run.id, kind="warning")
-                  if e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S]
-        if recent:
-            continue
-        finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": message,
-                   "action": "would warn" if dry_run else "warn"}
-        if not dry_run:
-            event(run, "warning", message + " This run is retained: recover or release it soon.", credit=True)
-        _audit("sweep-dry-run" if dry_run else "sweep-credit-warning", finding)
-        out.append(finding)
-    return out
-
-
-def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
-    """Runs in releasing whose next attempt is due: re-send release, and push release_after
-    out by a capped exponential backoff so a release that keeps failing is not hammered."""
-    grace, store = _grace(), get_store()
-    out = []
-    for run in runs:
-        if run.state not in RESENDS:
-            continue
-        if run.release_after is not None and run.release_after > t:
-            continue
-        if run.release_after is None and t - run.state_changed_at < grace:
-            continue  # its first release message is most likely still on its way
-        attempts = run.release_attempts + 1
-        delay = release_delay(attempts)
-        error = run.release_error or "the release was not confirmed (its message may have been lost)"
-        finding = {"org": org, "provider": run.provider, "run_id": run.id, "reason": error,
-                   "resources": [f"{r.kind}:{r.id}" for r in run.resources], "attempt": attempts,
-                   "next_in_s": int(delay), "action": "would re-send release" if dry_run else "re-send release"}
-        if not dry_run:
-            update = {"release_attempts": attempts, "release_error": error, "updated_at": t,
-                      "release_after": t + timedelta(seconds=delay)}
-            _, wrote = store.mutate_run(org, run.id, _retry_due(run.release_after, update))
-            if not wrote:
-                continue
-            # Written before sent: a crash in between delays the retry by one backoff, never loses it.
-            get_queues().send(RESENDS[run.state], StepMessage(org=org, run_id=run.id, reason="sweeper"))
-        _audit("sweep-dry-run" if dry_run else "sweep-release-retry", finding)
-        out.append(finding)
-    return out
-
-
-def _retry_due(due: datetime | None, update: dict[str, Any]) -> Callable[[RunRecord], RunRecord | None]:
-    def change(r: RunRecord) -> RunRecord | None:
-        if r.state not in RESENDS or r.release_after != due:
-            return None  # the step (or another sweep) got there first
-        return r.model_copy(update=update)
-
-    return change
+def tick() -> dict[str, Any]:
+    """The timer."""
+    return fan_out()

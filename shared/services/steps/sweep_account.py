@@ -1,0 +1,350 @@
+"""sweep-account: sweep one compute connection (org, provider) for machines, disks and NICs that bill
+without a live run, and release them. The sweeper timer sends one message per connection
+(shared/services/timers/sweeper.py); an admin's sweep sends the same messages.
+
+One account, in this order:
+1. list the connection's marked resources from the cloud (one paged listing);
+2. then read the org's runs that matter: the watch index's (those that hold a machine or wait on a
+   deadline) and, by point reads, the runs the listed resources name. Never every run the org ever
+   had. In this order, so a machine created during the sweep (its run already written ahead of
+   the create) is never mistaken for a leak;
+3. diff, and act only past the grace period: nothing younger than settings.sweep_grace_s, and
+   nothing whose run changed state within it, is touched.
+
+What it does:
+- resources of a run that is missing, terminal (released) -> provider.release for that run (deletes
+  the machine and its job-created disk / NIC; "not found" is success);
+- a run stuck in releasing (its message lost or poisoned, or the cloud refusing) -> release re-sent
+  with capped exponential backoff (run.release_after, release_attempts), the error shown on the run;
+- a live run whose recorded machine is no longer listed at all, and that a describe of that run
+  confirms gone (deleted outside the control plane) -> retaining with the reason; the retain step
+  then fails the run with "nothing to retain or release".
+
+Only resources carrying this deployment's mark and this org's mark (or, for providers without tags
+such as RunPod, this deployment's name prefix and a run id that is ours) are ever considered. Every
+action and every dry-run finding is an audit event.
+
+Bounded: the cloud calls that act (releases, describes) stop once ACCOUNT_BUDGET_S is spent, well
+under functionTimeout; what is left is found again by the next tick. One sweep of an account acts at
+a time: it holds the account's lease (shared/store/leases.py, `sweep~<org>~<provider>`), which
+ends by itself after LEASE_S, so a host that died mid-sweep delays that account alone by at most
+that. A second delivery of one sweep's message finds the sweep recorded on the lease and does
+nothing. A dry run acts on nothing and takes no lease.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.clock import now, now_ts
+from shared.errors import AuthError, ProviderError
+from shared.log import get_logger
+from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
+from shared.providers.base import ComputeProvider, RunRef
+from shared.queues import get_queues
+from shared.runs.backends import compute_for, compute_slot
+from shared.runs.events import event
+from shared.runs.lifecycle import ACTIVE, TERMINAL
+from shared.runs.moves import move
+from shared.runs.resources import MACHINE_KINDS
+from shared.runs.scope import refuse_other_scope, report_credential_failure
+from shared.runs.steps import Resender, Step, resent_by
+from shared.services.steps.release import release_delay
+from shared.settings import get_settings
+from shared.store import get_store, leases
+
+GONE_STATES = frozenset({"terminated", "deleted"})
+
+# The run states whose lost step message the sweeper re-sends (the step table's: releasing).
+RESENDS: dict[RunState, Step] = resent_by(Resender.sweeper)
+
+ProviderFactory = Callable[[str, str], ComputeProvider]
+
+# The cloud calls that act on one account (releases, describes) start only within this many seconds
+# of the sweep's start: with each call bounded by the provider's own waits, one invocation stays
+# well under a third of functionTimeout (5 min). What is left is found again by the next tick.
+ACCOUNT_BUDGET_S = 60
+# An account's sweep lease ends by itself this long after it was taken: longer than one invocation
+# can run (the host cuts it at functionTimeout), so a slow sweep is never joined by the next.
+LEASE_S = 330
+
+
+def lease_name(org: str, provider: str) -> str:
+    return f"sweep~{org}~{provider}"
+
+
+def sweep_account(msg: SweepMessage) -> None:
+    """The step: sweep one account once per sweep; the findings are audited (and reported for an
+    admin's sweep: shared/services/timers/sweeper.record_report)."""
+    from shared.services.timers.sweeper import record_report
+
+    out = sweep_one(msg.org, msg.provider, sweep_id=msg.sweep, dry_run=msg.dry_run)
+    if msg.report:
+        record_report(msg, out)
+
+
+def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
+              compute: ProviderFactory = compute_for) -> dict[str, Any]:
+    """Sweep one account; returns {"findings": [...], stats..., "skipped": why (when it did not)}."""
+    got = get_store().get_connection(org, compute_slot(provider_name))
+    if got is None or got[0].status == ConnectionStatus.checking:
+        return {"findings": [], "skipped": "the connection is gone or being checked"}
+    if dry_run:
+        return _sweep(org, provider_name, compute, dry_run=True)
+    if leases.peek(lease_name(org, provider_name)).get("data", {}).get("sweep") == sweep_id:
+        return {"findings": [], "skipped": "this sweep has swept this account already (a second delivery)"}
+    lease = leases.take(lease_name(org, provider_name), LEASE_S)
+    if lease is None:
+        get_logger().info("account sweep skipped: another sweep holds its lease",
+                          extra={"org": org, "provider": provider_name})
+        return {"findings": [], "skipped": "another sweep of this account is running; the next tick sweeps"}
+    out = _sweep(org, provider_name, compute, dry_run=False)
+    leases.end(lease, sweep=sweep_id, swept_at=now_ts())
+    return out
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.until = now_ts() + ACCOUNT_BUDGET_S
+        self.left_over = 0
+
+    def allows(self) -> bool:
+        if now_ts() < self.until:
+            return True
+        self.left_over += 1
+        return False
+
+
+def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool) -> dict[str, Any]:
+    settings, store = get_settings(), get_store()
+    stats: dict[str, Any] = {"org": org, "provider": name, "listed": 0, "runs_read": 0}
+    try:
+        provider = compute(org, name)
+        resources = _ours(provider.list_managed(), settings.deployment_id, org)
+    except ProviderError as exc:
+        finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
+                                   "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
+        if isinstance(exc, AuthError) and not dry_run:
+            finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
+        _audit("sweep-list-failed", finding)
+        return {**stats, "findings": [finding]}
+    stats["listed"] = len(resources)
+    # Read after listing the cloud (see the module docstring): the org's watched runs, and the runs
+    # the listing names that are not among them (ended runs whose machine is still listed).
+    watched = store.get_runs(store.watched(org))
+    runs = {r.id: r for r in watched}
+    named = sorted({r.run_id for r in resources} - set(runs))
+    runs.update({r.id: r for r in store.get_runs([(org, rid) for rid in named])})
+    stats["runs_read"] = len(runs)
+    t, budget = now(), _Budget()
+    findings = _leaks(org, name, provider, resources, runs, t, dry_run, budget)
+    findings += _vanished(org, name, provider, resources, runs, t, dry_run, budget)
+    findings += _low_credit(org, name, provider, runs, t, dry_run)
+    findings += _stuck_releases(org, (r for r in runs.values() if r.provider == name), t, dry_run)
+    if budget.left_over:
+        stats["left_for_next_tick"] = budget.left_over
+    get_logger().info("account swept", extra={"dry_run": dry_run, **stats, "findings": len(findings)})
+    return {**stats, "findings": findings}
+
+
+def _audit(kind: str, finding: dict[str, Any]) -> None:
+    # The audit record's own "action" is its kind; the finding's action goes in as "decision".
+    get_store().audit(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
+
+
+def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
+    # RunPod pods carry no tags: their name holds the deployment and run, not the org (org == "").
+    # A resource listed as already terminated or deleted (EC2 shows terminated instances for
+    # a while) bills nothing and counts as absent.
+    return [r for r in resources if r.managed and r.deployment == deployment and r.run_id and r.org in (org, "")
+            and r.state.lower() not in GONE_STATES]
+
+
+def _grace() -> timedelta:
+    return timedelta(seconds=get_settings().sweep_grace_s)
+
+
+def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
+           runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
+    grace, settings = _grace(), get_settings()
+    by_run: dict[str, list[CloudResource]] = defaultdict(list)
+    for res in resources:
+        by_run[res.run_id].append(res)
+    out = []
+    for run_id, found in sorted(by_run.items()):
+        run = runs.get(run_id)
+        if run is None and any(r.org == "" for r in found):
+            # Untagged (RunPod) and not this org's run: another org may share the account. Run
+            # ids are never deleted, so a real leak of this org always finds its run.
+            continue
+        if run is not None and run.state not in TERMINAL:
+            continue  # a live run owns it; its own steps release or retain it
+        if run is None:
+            if any(r.created_at is None for r in found):
+                if not _seen_before(run_id, found, t):
+                    continue  # no creation time and no run to date it: count from the first sighting
+            elif any(t - r.created_at < grace for r in found if r.created_at):
+                continue  # being created right now, or listed late
+        else:
+            if any(r.created_at and t - r.created_at < grace for r in found):
+                continue
+            if t - run.state_changed_at < grace:
+                continue
+        if not dry_run and not budget.allows():
+            continue  # the budget is spent: the next tick finds it again
+        reason = "its run is missing" if run is None else f"its run is {run.state.value} (released)"
+        finding: dict[str, Any] = {
+            "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
+            "resources": [f"{r.kind}:{r.id}" for r in found],
+            "action": "would release" if dry_run else "release",
+        }
+        if not dry_run:
+            try:
+                got = provider.release(RunRef(settings.deployment_id, org, run_id), found)
+                finding["done"], finding["detail"] = got.done, got.detail
+            except ProviderError as exc:
+                finding["done"], finding["detail"] = False, exc.reason
+        _audit("sweep-dry-run" if dry_run else "sweep-release", finding)
+        out.append(finding)
+    return out
+
+
+def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
+    """For resources the cloud gives no creation time (RunPod pods): the first sighting is
+    written to the ledger, and the grace period counts from there."""
+    store, grace = get_store(), _grace()
+    ledger = {(r.kind, r.id): r for r in store.list_ledger(run_id)}
+    old = True
+    for res in found:
+        seen = ledger.get((res.kind, res.id))
+        if seen is None or seen.created_at is None:
+            store.record_resource(res.model_copy(update={"created_at": t, "state": "sighted by the sweeper"}))
+            old = False
+        elif t - seen.created_at < grace:
+            old = False
+    return old
+
+
+def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
+              runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
+    """A live run whose recorded machine is not in the listing at all may have been deleted
+    outside the control plane. A listing can be wrong (a filter, a region), so absence alone
+    never stops a machine: the cloud is asked about that run (a describe only for such runs,
+    which are rare), and only a confirmed "gone" moves it to retaining; the retain step then
+    fails it with "nothing to retain or release"."""
+    from shared.models import MachineState
+
+    grace, settings = _grace(), get_settings()
+    listed_runs = {r.run_id for r in resources}
+    out: list[dict[str, Any]] = []
+    for run in runs.values():
+        if run.provider != provider_name or run.state not in ACTIVE or run.id in listed_runs:
+            continue
+        machines = [r for r in run.resources if r.kind in MACHINE_KINDS]
+        if not machines or t - run.state_changed_at < grace:
+            continue
+        if any(r.created_at and t - r.created_at < grace for r in machines):
+            continue
+        try:
+            # Launched in another scope (the connection was moved since): not listed here and "gone"
+            # here, but alive where it was made. Never judged from the wrong account.
+            refuse_other_scope(run, provider)
+        except ProviderError as exc:
+            out.append({"org": org, "provider": provider_name, "run_id": run.id, "action": "none",
+                        "reason": exc.reason})
+            continue
+        if not budget.allows():
+            continue
+        try:
+            state = provider.describe(RunRef(settings.deployment_id, org, run.id), run.resources).state
+        except ProviderError:
+            continue  # not confirmed; the heartbeat deadline still covers it
+        if state != MachineState.gone:
+            continue
+        why = "the machine is gone from the cloud (deleted outside the control plane)"
+        finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": why,
+                   "resources": [f"{r.kind}:{r.id}" for r in machines],
+                   "action": "would retain" if dry_run else "retain"}
+        if not dry_run:
+            _, wrote = move(run, RunState.retaining, expect={run.state}, reason=why)
+            if not wrote:
+                continue
+            get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
+        _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
+        out.append(finding)
+    return out
+
+
+# A low-credit warning is repeated on a retained run at most this often.
+CREDIT_WARNING_EVERY_S = 24 * 3600
+
+
+def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: dict[str, RunRecord], t: datetime,
+                dry_run: bool) -> list[dict[str, Any]]:
+    """Prepaid accounts (RunPod) stop and then delete pods when the credit runs out, retained disks
+    included: warn on each retained run while the provider says its credit is low (one read per
+    tick and connection, only when a run is retained; at most one warning a day per run)."""
+    warning_of = getattr(provider, "credit_warning", None)
+    retained = [r for r in runs.values() if r.provider == provider_name and r.state == RunState.retained]
+    if not callable(warning_of) or not retained:
+        return []
+    try:
+        message = str(warning_of() or "")
+    except ProviderError:
+        return []
+    out: list[dict[str, Any]] = []
+    for run in retained if message else []:
+        recent = [e for e in get_store().list_events(run.id, kind="warning")
+                  if e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S]
+        if recent:
+            continue
+        finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": message,
+                   "action": "would warn" if dry_run else "warn"}
+        if not dry_run:
+            event(run, "warning", message + " This run is retained: recover or release it soon.", credit=True)
+        _audit("sweep-dry-run" if dry_run else "sweep-credit-warning", finding)
+        out.append(finding)
+    return out
+
+
+def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
+    """Runs in releasing whose next attempt is due: re-send release, and push release_after
+    out by a capped exponential backoff so a release that keeps failing is not hammered."""
+    grace, store = _grace(), get_store()
+    out = []
+    for run in runs:
+        if run.state not in RESENDS:
+            continue
+        if run.release_after is not None and run.release_after > t:
+            continue
+        if run.release_after is None and t - run.state_changed_at < grace:
+            continue  # its first release message is most likely still on its way
+        attempts = run.release_attempts + 1
+        delay = release_delay(attempts)
+        error = run.release_error or "the release was not confirmed (its message may have been lost)"
+        finding = {"org": org, "provider": run.provider, "run_id": run.id, "reason": error,
+                   "resources": [f"{r.kind}:{r.id}" for r in run.resources], "attempt": attempts,
+                   "next_in_s": int(delay), "action": "would re-send release" if dry_run else "re-send release"}
+        if not dry_run:
+            update = {"release_attempts": attempts, "release_error": error, "updated_at": t,
+                      "release_after": t + timedelta(seconds=delay)}
+            _, wrote = store.mutate_run(org, run.id, _retry_due(run.release_after, update))
+            if not wrote:
+                continue
+            # Written before sent: a crash in between delays the retry by one backoff, never loses it.
+            get_queues().send(RESENDS[run.state], StepMessage(org=org, run_id=run.id, reason="sweeper"))
+        _audit("sweep-dry-run" if dry_run else "sweep-release-retry", finding)
+        out.append(finding)
+    return out
+
+
+def _retry_due(due: datetime | None, update: dict[str, Any]) -> Callable[[RunRecord], RunRecord | None]:
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in RESENDS or r.release_after != due:
+            return None  # the step (or another sweep) got there first
+        return r.model_copy(update=update)
+
+    return change
