@@ -82,8 +82,17 @@ MORE_ERRORS: dict[str, set[int]] = {
     "get_storage": {404},  # no storage connection saved
     "runpod_volumes": {404, 409},  # no RunPod connection saved, or RunPod refused the listing
     "run_adapter": {409},  # not succeeded (yet), or the stored adapter is gone or changed
+    "list_runs": {400},  # a cursor this list did not make
     "gpus": {404},  # no connection saved for ?provider=
 }
+
+# Every paginated list's parameters (shared/services/api/paging.py); a bad cursor is a 400 naming it.
+PAGE_PARAMS: list[dict[str, Any]] = [
+    {"name": "limit", "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+     "description": "items per page"},
+    {"name": "cursor", "schema": {"type": "string"},
+     "description": "the `next` of the previous page, unchanged (null on the last page)"},
+]
 
 # Query parameters, by operationId (the handlers read them from req.params).
 QUERY: dict[str, list[dict[str, Any]]] = {
@@ -92,6 +101,12 @@ QUERY: dict[str, list[dict[str, Any]]] = {
          "description": "the cursor a previous page returned as `next` (a line number)"},
         {"name": "limit", "schema": {"type": "integer", "minimum": 1, "maximum": 5000, "default": 1000},
          "description": "lines per page"},
+    ],
+    "list_runs": [
+        *PAGE_PARAMS,
+        {"name": "state", "schema": {"type": "string"}, "example": "training,retained",
+         "description": "only runs in these states (comma-separated)"},
+        {"name": "project", "schema": {"type": "string"}, "description": "only this project's runs"},
     ],
     "get_usage": [{"name": "since", "schema": {"type": "string"}, "example": "2026-01-01",
                    "description": "an ISO date or date-time; 30 days ago when omitted"}],

@@ -247,3 +247,30 @@ def test_a_stored_zero_throughput_is_never_divided_by(h: Harness, cloud: Cloud) 
         assert forecast.measured_for(h.org, run.provider, run.base_model, run.offer.gpu, run.training) is None
     got = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
     assert "measured by run" not in got["forecast"]["basis"]
+
+
+def test_cli_runs_list_pages_with_a_cursor_hint_or_all(h: Harness, cloud: Cloud, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorant_cli import main as cli
+
+    class HarnessClient:
+        def __init__(self, url: str = "", token: str | None = None) -> None:
+            pass
+
+        def get(self, path: str, **params: str) -> Any:
+            return h.ok("GET", path, params={k: v for k, v in params.items() if v})
+
+    template, _ = get_store().get_run(h.org, h.create_run("memory", "mem-a10"))
+    ids = [*seed(h, template, 4)[::-1], template.id]
+    monkeypatch.setattr(cli, "Client", HarnessClient)
+    assert cli.main(["runs", "list", "--limit", "2", "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split() == ids[:2] and "more: tensorant runs list --cursor " in err
+    cursor = err.split("--cursor ")[1].split()[0]
+    assert cli.main(["runs", "list", "--limit", "2", "-q", "--cursor", cursor]) == 0
+    assert capsys.readouterr().out.split() == ids[2:4]
+    assert cli.main(["runs", "list", "--limit", "2", "--all", "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split() == ids and "more:" not in err
+    assert cli.main(["runs", "list", "--state", "draft", "-q"]) == 0
+    assert capsys.readouterr().out.split() == [template.id]

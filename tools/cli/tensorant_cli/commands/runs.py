@@ -37,7 +37,14 @@ def add_parser(sub: Any) -> None:
     _run_fields(cr, required=True)
     ed = leaf(r, "edit", "change fields of a draft", "tensorant runs edit --last --price-limit 2", run_id=True)
     _run_fields(ed, required=False)
-    leaf(r, "list", "list runs: state, progress, cost, duration, reason", "tensorant runs list")
+    ls = leaf(r, "list", "list runs, newest first: state, progress, cost, duration, reason (a page at a time)",
+              "tensorant runs list\ntensorant runs list --state training,retained --limit 20\n"
+              "tensorant runs list --all")
+    ls.add_argument("--limit", type=int, help="runs per page (the API's default 50, at most 200)")
+    ls.add_argument("--state", help="only runs in these states (comma-separated)")
+    ls.add_argument("--project", help="only this project's runs")
+    ls.add_argument("--cursor", help="the page after the one that printed this cursor")
+    ls.add_argument("--all", action="store_true", help="every page, following the cursor")
     leaf(r, "get", "a run: state, time, cost, resources, loss sparkline, history", "tensorant runs get --last",
          run_id=True)
     leaf(r, "release", "retry a release the cloud has not confirmed", "tensorant runs release --last", run_id=True)
@@ -179,11 +186,18 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
 
         emit(args, run, text)
     elif a == "list":
-        data = client.get("/api/runs")
+        params = {"limit": str(args.limit or ""), "state": args.state or "", "project": args.project or "",
+                  "cursor": args.cursor or ""}
+        data = client.get("/api/runs", **params)
+        while args.all and isinstance(data, dict) and data.get("next"):
+            more = client.get("/api/runs", **{**params, "cursor": data["next"]})
+            data = {**more, "items": data["items"] + more["items"]}
         # Elapsed and billed GPU time apart: a retained run's clock goes on, its GPU bill does not.
         emit(args, data, lambda: table(_run_rows(items(data, "runs")), [
              "id", "kind", "state", "progress", "cost", "elapsed", "billed_gpu", "provider", "created_at", "reason"],
             empty="(no runs)", headers={"billed_gpu": "billed gpu"}))
+        if isinstance(data, dict) and data.get("next") and not args.json:
+            print(f"more: tensorant runs list --cursor {data['next']} (or --all)", file=sys.stderr)
     elif a == "get":
         run = client.get(f"/api/runs/{run_id_of(args, client)}")
         emit(args, run, lambda: _show_run(run, client))
