@@ -17,9 +17,10 @@ def create_project(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="projects", methods=["GET"], auth_level=ANON)
-@http.api(summary="List projects")
+@http.api(summary="List projects, a page at a time (limit, cursor=<next>)")
 def list_projects(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.list_projects(http.principal(req)))
+    return http.respond(lambda: projects.list_projects(http.principal(req), req.params.get("limit"),
+                                                       req.params.get("cursor")))
 
 
 @bp.route(route="projects/{id}/datasets", methods=["POST"], auth_level=ANON)
@@ -50,6 +51,7 @@ def commit_dataset(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="projects/{id}/datasets", methods=["GET"], auth_level=ANON)
-@http.api(summary="List a project's dataset versions")
+@http.api(summary="List a project's dataset versions, a page at a time (limit, cursor=<next>)")
 def list_datasets(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.list_datasets(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda: projects.list_datasets(http.principal(req), req.route_params["id"],
+                                                       req.params.get("limit"), req.params.get("cursor")))

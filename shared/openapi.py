@@ -83,6 +83,8 @@ MORE_ERRORS: dict[str, set[int]] = {
     "runpod_volumes": {404, 409},  # no RunPod connection saved, or RunPod refused the listing
     "run_adapter": {409},  # not succeeded (yet), or the stored adapter is gone or changed
     "list_runs": {400},  # a cursor this list did not make
+    "list_projects": {400},
+    "list_datasets": {400},
     "gpus": {404},  # no connection saved for ?provider=
 }
 
@@ -108,6 +110,8 @@ QUERY: dict[str, list[dict[str, Any]]] = {
          "description": "only runs in these states (comma-separated)"},
         {"name": "project", "schema": {"type": "string"}, "description": "only this project's runs"},
     ],
+    "list_projects": PAGE_PARAMS,
+    "list_datasets": PAGE_PARAMS,
     "get_usage": [{"name": "since", "schema": {"type": "string"}, "example": "2026-01-01",
                    "description": "an ISO date or date-time; 30 days ago when omitted"}],
     "gpus": [

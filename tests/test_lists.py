@@ -274,3 +274,19 @@ def test_cli_runs_list_pages_with_a_cursor_hint_or_all(h: Harness, cloud: Cloud,
     assert out.split() == ids and "more:" not in err
     assert cli.main(["runs", "list", "--state", "draft", "-q"]) == 0
     assert capsys.readouterr().out.split() == [template.id]
+
+
+def test_projects_and_datasets_lists_are_paged_too(h: Harness, cloud: Cloud) -> None:
+    made = [h.ok("POST", "/api/projects", json_body={"name": f"p{i}"})["id"] for i in range(5)]
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        got = h.ok("GET", "/api/projects", params={"limit": "2", **({"cursor": cursor} if cursor else {})})
+        seen += [p["id"] for p in got["items"]]
+        if not got["next"]:
+            break
+        cursor = got["next"]
+    assert sorted(seen) == sorted(made) and len(seen) == len(set(seen))
+    status, body, _ = h.call("GET", f"/api/projects/{made[0]}/datasets", params={"cursor": cursor or "x.y"})
+    assert status == 400 and body["errors"][0]["field"] == "cursor"  # a projects cursor is not a datasets one
+    assert h.ok("GET", f"/api/projects/{made[0]}/datasets") == {"items": [], "next": None}

@@ -18,7 +18,7 @@ from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, Proje
 from shared.runs.backends import storage_for
 from shared.runs.ids import new_id
 from shared.security import Principal, require
-from shared.services.api import quotas
+from shared.services.api import paging, quotas
 from shared.storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key
 from shared.store import get_store
 
@@ -39,8 +39,11 @@ def create_project(principal: Principal, body: ProjectCreate) -> ProjectRecord:
     return rec
 
 
-def list_projects(principal: Principal) -> dict[str, Any]:
-    return {"items": get_store().list_projects(principal.org)}
+def list_projects(principal: Principal, limit: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+    """One page of the org's projects in id order (paging: limit, cursor; `next` null on the last)."""
+    page = paging.request(limit, cursor, "projects", principal.org)
+    found, nxt = get_store().list_projects_page(principal.org, limit=page.limit, after=page.after)
+    return {"items": found, "next": paging.cursor_for(nxt, "projects", principal.org)}
 
 
 def line_problem(obj: Any) -> str | None:
@@ -271,9 +274,13 @@ def _dataset_exists(org: str, dataset_id: str) -> bool:
     return True
 
 
-def list_datasets(principal: Principal, project_id: str) -> dict[str, Any]:
+def list_datasets(principal: Principal, project_id: str, limit: str | None = None,
+                  cursor: str | None = None) -> dict[str, Any]:
+    """One page of a project's dataset versions in id order (paging: limit, cursor)."""
     get_store().get_project(principal.org, project_id)
-    return {"items": get_store().list_datasets(principal.org, project_id)}
+    page = paging.request(limit, cursor, "datasets", principal.org, project_id)
+    found, nxt = get_store().list_datasets_page(principal.org, project_id, limit=page.limit, after=page.after)
+    return {"items": found, "next": paging.cursor_for(nxt, "datasets", principal.org, project_id)}
 
 
 def check_stored_dataset(org: str, dataset: DatasetVersionRecord) -> None:

@@ -23,11 +23,21 @@ def add_parser(sub: Any) -> None:
         s.set_defaults(fn=cmd_datasets)
 
 
+def every_page(client: Client, path: str) -> list[dict[str, Any]]:
+    """A paginated list whole, following its `next` cursor (the API's pages hold at most 200)."""
+    data = client.get(path)
+    rows = items(data)
+    while isinstance(data, dict) and data.get("next"):
+        data = client.get(path, cursor=str(data["next"]))
+        rows += items(data)
+    return rows
+
+
 def cmd_datasets(args: argparse.Namespace, client: Client) -> int:
     if args.action == "list":
         projects = [args.project_id] if args.project_id else [
-            str(p["id"]) for p in items(client.get("/api/projects"), "projects")]
-        rows = [dv for pid in projects for dv in items(client.get(f"/api/projects/{pid}/datasets"), "datasets")]
+            str(p["id"]) for p in every_page(client, "/api/projects")]
+        rows = [dv for pid in projects for dv in every_page(client, f"/api/projects/{pid}/datasets")]
         rows.sort(key=lambda d: str(d.get("created_at") or ""), reverse=True)
         emit(args, {"items": rows}, lambda: table(rows, ["id", "project_id", "rows", "size_bytes", "sha256",
              "created_at"], empty="(no datasets)"))
