@@ -52,11 +52,22 @@ def api(*, summary: str, request: Body | tuple[Body, ...] | None = None,
 PLATFORM_ROUTES = "/api/platform/"
 
 
+def request_path(req: Any) -> str:
+    """The path the client asked for. The host builds req.url from the Host header and the path, so
+    the Host header's text is cut off first: `Host: h/api/platform/` must not make a path of it."""
+    url = str(req.url)
+    rest = url.split("://", 1)[1] if "://" in url else url
+    host = str(req.headers.get("Host") or "")
+    cut = len(host) if host and rest.lower().startswith(host.lower()) else rest.find("/")
+    rest = rest[cut:] if cut >= 0 else "/"
+    return urlsplit("http://host" + (rest if rest.startswith("/") else "/" + rest)).path
+
+
 def principal(req: Any) -> Principal:
     """The caller. A platform admin acts on queues and the sweeper (/api/platform/...), never on an
     organization's data: its token is refused on every other route, whatever org it names."""
     found = authenticate(req.headers.get("Authorization"))
-    if found.role == Role.admin and PLATFORM_ROUTES not in urlsplit(str(req.url)).path:
+    if found.role == Role.admin and not request_path(req).startswith(PLATFORM_ROUTES):
         raise Forbidden("a platform admin token acts on queues and the sweeper (/api/platform/...), not on an "
                         "organization's runs, connections, projects or logs; use an owner or member token of that org")
     return found

@@ -19,6 +19,9 @@ CALLS: list[tuple[str, object]] = []
 _lock = threading.Lock()
 _running = 0
 MAX_CONCURRENT = 0
+# What "hang" waits for: a stuck function. Set at the end of each test (reset()), so abandoned
+# threads of a restarted worker end.
+RELEASE = threading.Event()
 
 
 def record(name: str, value: object) -> None:
@@ -27,7 +30,9 @@ def record(name: str, value: object) -> None:
 
 
 def reset() -> None:
-    global MAX_CONCURRENT
+    global MAX_CONCURRENT, RELEASE
+    RELEASE.set()
+    RELEASE = threading.Event()
     with _lock:
         CALLS.clear()
         MAX_CONCURRENT = 0
@@ -79,6 +84,13 @@ def slow(req: func.HttpRequest) -> func.HttpResponse:
     return func.HttpResponse("done")
 
 
+@app.route(route="hang", methods=["GET"])
+def hang(req: func.HttpRequest) -> func.HttpResponse:
+    record("hang", None)
+    RELEASE.wait(60)
+    return func.HttpResponse("released")
+
+
 @app.queue_trigger(arg_name="msg", queue_name="%DEVHOST_QUEUE%", connection="AzureWebJobsStorage")
 def work(msg: func.QueueMessage) -> None:
     global _running, MAX_CONCURRENT
@@ -92,6 +104,8 @@ def work(msg: func.QueueMessage) -> None:
             time.sleep(0.3)
         if body.startswith("sleep:"):
             time.sleep(float(body.split(":", 1)[1]))
+        if body.startswith("hang"):
+            RELEASE.wait(60)
         if "poison" in body:
             raise ValueError("this message always fails")
     finally:
