@@ -153,7 +153,6 @@ BOUNDS: dict[str, str] = {
     "stop_run": HTTP_CLOUD,  # provider.retain of a machine started for recovery
     "runpod_volumes": HTTP_CLOUD,  # one RunPod GraphQL read
     "save_compute": HTTP_CLOUD, "check_compute": HTTP_CLOUD,  # scope read; the checks run in a step
-    "sweep": HTTP_CLOUD,  # POST /api/platform/sweep
     # routes on the store and storage only
     **dict.fromkeys([
         "get_compute", "delete_compute", "save_storage", "get_storage", "list_connections", "gpus",
@@ -161,6 +160,7 @@ BOUNDS: dict[str, str] = {
         "list_datasets", "create_run", "list_runs", "get_run", "patch_run", "delete_run", "run_metrics",
         "run_logs", "launch_run", "cancel_run", "release_run", "run_adapter", "get_usage", "get_limits",
         "put_limits", "heartbeat", "complete", "boot_failed", "queues", "poison", "replay", "discard",
+        "sweep", "sweep_report",  # an admin sweep is enqueued (202), one account per sweep-account message
         "list_base_models", "list_org_secrets", "put_hf_token", "delete_hf_token", "openapi", "docs",
         "docs_asset"], HTTP),
 }
