@@ -41,7 +41,7 @@ from typing import Any
 
 from shared.clock import now, now_ts
 from shared.errors import AuthError, ProviderError
-from shared.log import get_logger
+from shared.log import get_logger, redact_text
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
@@ -124,9 +124,12 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool) -> d
     try:
         provider = compute(org, name)
         resources = _ours(provider.list_managed(), settings.deployment_id, org)
-    except ProviderError as exc:
+    except Exception as exc:  # one broken account (a secret that no longer opens) never poisons the step
+        reason = exc.reason if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {redact_text(str(exc))}"
+        if not isinstance(exc, ProviderError):
+            get_logger().exception("account sweep: the provider could not be built or listed")
         finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
-                                   "reason": f"listing failed, nothing swept on this connection: {exc.reason}"}
+                                   "reason": f"listing failed, nothing swept on this connection: {reason[:500]}"}
         if isinstance(exc, AuthError) and not dry_run:
             finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
         _audit("sweep-list-failed", finding)

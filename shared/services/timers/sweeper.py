@@ -36,9 +36,10 @@ INTERVAL_S = 300
 SPREAD_S = 240
 # Below this many connections every message goes at once (a spread would only delay them).
 SPREAD_ABOVE = 100
-# The fan-out stops sending after this long (well under functionTimeout); the cursor says where the
-# next tick goes on. Sends run SEND_THREADS at a time (one HTTP request each).
+# The fan-out stops sending after this long (well under functionTimeout), or after this many sends;
+# the cursor says where the next tick goes on. Sends run SEND_THREADS at a time (one HTTP request each).
 FANOUT_BUDGET_S = 90
+FANOUT_MAX_SENDS = 20_000
 SEND_THREADS = 16
 FANOUT_LEASE = "sweep-fanout"
 # Findings kept per account in an admin sweep's report (one table property stays under its 32K limit).
@@ -98,7 +99,7 @@ def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report:
     queues = get_queues()
 
     def one(i: int) -> bool:
-        if now_ts() > until:
+        if i >= FANOUT_MAX_SENDS or now_ts() > until:
             return False
         org, provider = order[i]
         msg = SweepMessage(org=org, provider=provider, sweep=sweep_id, dry_run=dry_run, report=report)

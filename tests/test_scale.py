@@ -1,0 +1,129 @@
+"""Thousands of organizations: what the timers read grows with what is active, never with what ever
+existed (the watch index), and the sweeper's fan-out reaches every connection, rotating.
+
+The store is the real one on Azurite; its tables are wrapped to count the calls (tests/test_heartbeat_cost.py's
+Calls). The scale itself, 10 to 10,000 orgs, is measured by `make bench-scale` (tests/bench/scale_bench.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from shared.models import RunRecord, RunState
+from shared.queues import get_queues
+from shared.runs.steps import Step
+from shared.services.timers import heartbeat_check, sweeper
+from shared.store import get_store
+from tests import test_heartbeat_cost
+from tests.fakes import Cloud, training_run
+from tests.harness import Harness, smoke_adapter_zip
+from tests.test_heartbeat_cost import Calls
+
+calls = test_heartbeat_cost.calls  # the fixture that counts table calls
+
+
+def finished_copies(run: RunRecord, n: int) -> None:
+    """n ended runs of the same org written straight to the table: the history a busy org keeps."""
+    store = get_store()
+    for i in range(n):
+        store.create_run(run.model_copy(update={"id": f"{run.id}-old{i:03d}", "state": RunState.succeeded}))
+
+
+def test_heartbeat_check_reads_the_active_runs_not_the_history(h: Harness, cloud: Cloud, calls: Calls) -> None:
+    run_id, _ = training_run(h)
+    run, _ = get_store().get_run(h.org, run_id)
+    finished_copies(run, 40)
+    heartbeat_check.check_all()  # builds the index once (one scan), for records older than it
+    calls.take()
+    counts = heartbeat_check.check_all()
+    got = calls.take()
+    assert counts["watched"] == 1
+    # One point read of the one active run; no query of the runs table at all.
+    assert got[("runs", "get")] == 1 and got[("runs", "query")] == 0 and got[("runs", "pages")] == 0, got
+
+
+def test_the_index_follows_the_state_changes(h: Harness, cloud: Cloud) -> None:
+    store = get_store()
+    run_id = h.create_run("memory", "mem-a10")
+    assert (h.org, run_id) not in store.watched(h.org)  # a draft waits on nothing
+    h.launch(run_id)
+    assert (h.org, run_id) in store.watched(h.org)
+    h.agent(run_id).train(smoke_adapter_zip())
+    assert h.get_run(run_id)["state"] == "succeeded"
+    assert (h.org, run_id) not in store.watched(h.org) and (h.org, run_id) not in store.watched()
+
+
+def test_the_index_is_built_once_for_runs_recorded_before_it(h: Harness, cloud: Cloud) -> None:
+    store = get_store()
+    run_id, _ = training_run(h)
+    store.unwatch_run(h.org, run_id)  # as if written before the index existed
+    store.table("watch").delete("~", "built")
+    assert heartbeat_check.check_all()["watched"] == 1
+    assert (h.org, run_id) in store.watched(h.org)
+    assert store.build_watch_index() is None  # done: never scans the runs table again
+
+
+def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(h: Harness, cloud: Cloud) -> None:
+    store = get_store()
+    run_id = h.create_run("memory", "mem-a10")
+    store.watch_run(h.org, run_id)  # a launch that died between indexing the run and moving it
+    heartbeat_check.check_all()
+    assert (h.org, run_id) in store.watched(h.org)  # maybe a write in flight: kept
+    h.clock.advance(heartbeat_check.PRUNE_AFTER_S + 1)
+    assert heartbeat_check.check_all()["pruned"] == 1
+    assert (h.org, run_id) not in store.watched(h.org)
+
+
+@pytest.fixture
+def five_orgs(h: Harness, cloud: Cloud) -> Iterator[list[tuple[str, str]]]:
+    """The harness org's memory connection, copied to four more orgs."""
+    store = get_store()
+    conn, _ = store.get_connection(h.org, "compute:memory") or (None, None)
+    assert conn is not None
+    for i in range(4):
+        store.put_connection(conn.model_copy(update={"org": f"zz-org-{i}"}), None)
+    yield sweeper.accounts()
+
+
+def sent_accounts() -> list[tuple[str, str]]:
+    client = get_queues().client(Step.sweep_account.value)
+    out = []
+    for m in client.receive_messages(messages_per_page=32, visibility_timeout=60):
+        body = json.loads(base64.b64decode(m.content))
+        out.append((body["org"], body["provider"]))
+        client.delete_message(m)
+    return out
+
+
+def test_the_fan_out_rotates_so_no_account_starves(five_orgs: list[tuple[str, str]],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    assert len(five_orgs) == 5
+    monkeypatch.setattr(sweeper, "FANOUT_MAX_SENDS", 2)  # a fan-out cut short, as by its time budget
+    seen: list[tuple[str, str]] = []
+    for _ in range(3):
+        assert sweeper.tick()["sent"] == 2
+        got = sorted(sent_accounts())  # sent in parallel: in any order within a tick
+        assert len(got) == 2
+        seen += got
+    # Continued where the previous tick stopped, not restarted at the top of the alphabet.
+    assert seen == five_orgs[:4] + sorted([five_orgs[4], five_orgs[0]])
+    monkeypatch.setattr(sweeper, "FANOUT_MAX_SENDS", 20_000)
+    assert sweeper.tick()["sent"] == 5 and sorted(sent_accounts()) == five_orgs
+
+
+def test_an_admin_sweep_answers_at_once_and_reports_by_id(h: Harness, five_orgs: list[tuple[str, str]]) -> None:
+    status, body, _ = h.call("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": True})
+    assert status == 202 and body["accounts"] == 5 and body["status_url"].endswith(body["sweep_id"])
+    before = h.ok("GET", body["status_url"], token="admin")
+    assert before["done"] == 0 and not before["finished"]  # nothing swept inside the request
+    h.drain()
+    after = h.ok("GET", body["status_url"], token="admin")
+    assert after["done"] == 5 and after["finished"]
+    status, problem, _ = h.call("GET", "/api/platform/sweeps/s20990101000000-abcdef", token="admin")
+    assert status == 404 and "not found" in problem["detail"]
+    status, _, _ = h.call("GET", body["status_url"], token="owner")
+    assert status == 403
