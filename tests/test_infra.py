@@ -190,7 +190,7 @@ def test_alerts_watch_the_poison_queues_the_sweep_and_leaks(template: Template) 
 
 
 def _schema() -> dict[str, Any]:
-    (path,) = SCHEMA_DIR.glob("microsoft.web-*.json")
+    (path,) = SCHEMA_DIR.glob("microsoft.web-*.jsonc")
     return json.loads(path.read_text())
 
 

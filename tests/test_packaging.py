@@ -4,6 +4,7 @@ tool, and the agent and the CLI import in a bare virtual environment (their own 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -198,3 +199,70 @@ def test_host_json_queue_settings() -> None:
     assert queues["messageEncoding"] == "base64"
     assert queues["maxDequeueCount"] >= 3
     assert {"batchSize", "visibilityTimeout", "maxPollingInterval"} <= set(queues)
+
+
+# ---------------------------------------------------------------- the package `func azure functionapp publish` ships
+
+
+def _funcignored(rel: Path, patterns: list[str]) -> bool:
+    """.funcignore's gitignore-style patterns, as far as this repository uses them: a name or glob matching
+    any path component, or the whole relative path."""
+    from fnmatch import fnmatch
+
+    return any(fnmatch(part, p) for p in patterns for part in rel.parts) or any(fnmatch(str(rel), p) for p in patterns)
+
+
+def _package(dest: Path) -> Path:
+    patterns = [line.strip() for line in (ROOT / ".funcignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        rel = Path(name)
+        if (ROOT / rel).is_file() and not _funcignored(rel, patterns):
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / rel, dest / rel)
+    return dest
+
+
+_INDEX = """
+import json, sys
+sys.path[:0] = sys.argv[1:]
+import function_app
+functions = function_app.app.get_functions()
+print(json.dumps({"functions": len(functions), "tools": sorted(m for m in sys.modules
+                  if m.split(".")[0] in ("tests", "tensorant_cli", "tensorant_devhost", "tools"))}))
+"""
+
+
+def test_the_published_package_holds_only_the_runtime_and_indexes(tmp_path: Path) -> None:
+    package = _package(tmp_path / "package")
+    top = sorted(p.name for p in package.iterdir())
+    assert top == ["function_app.py", "functions", "host.json", "requirements.txt", "shared"], top
+    readme = (ROOT / "README.md").read_text()
+    # Without a local.settings.json (none is committed) Core Tools cannot tell the runtime: --python says it.
+    assert "func azure functionapp publish <APP> --python" in readme
+    site_packages = [p for p in sys.path if p.endswith("site-packages")]
+    done = subprocess.run([sys.executable, "-c", _INDEX, str(package), *site_packages], cwd=package,
+                          capture_output=True, text=True, timeout=120, env={"PATH": "", "TENSORANT_ENV": "test"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["functions"] >= 40 and report["tools"] == [], report
+
+
+@pytest.mark.skipif(not os.environ.get("TENSORANT_PACKAGE_LINUX"),
+                    reason="downloads the lock's Linux wheels (about 150 MB): TENSORANT_PACKAGE_LINUX=1 to run")
+def test_the_lock_installs_for_linux_cpython_311_and_the_app_indexes_from_it_alone(tmp_path: Path) -> None:
+    # What remote build does (or `func ... publish --no-build` after this step): the lock into
+    # .python_packages/lib/site-packages for the Flex Consumption workers (Linux x86_64, CPython 3.11).
+    package = _package(tmp_path / "package")
+    target = package / ".python_packages" / "lib" / "site-packages"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "--target", str(target), "--platform", "manylinux2014_x86_64", "--platform",
+                    "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
+                    "--only-binary=:all:", "-r", str(package / "requirements.txt")], check=True, timeout=900)
+    # -I -S: no user site, no site-packages of this machine; only the package and what it installed.
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", _INDEX, str(package), str(target)], cwd=package,
+                          capture_output=True, text=True, timeout=300, env={"PATH": "", "TENSORANT_ENV": "test"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["functions"] >= 40

@@ -1,8 +1,10 @@
-"""Writes microsoft.web-<api-version>.json beside this file from the azure-mgmt-web package's models.
+"""Writes microsoft.web-<api-version>.jsonc beside this file from the azure-mgmt-web package's models.
 
 azure-mgmt-web is generated from azure-rest-api-specs, so its models are the Microsoft.Web REST schema:
 each model's property names (as sent on the wire) and each enum's allowed values. tests/test_infra.py
 checks the Bicep template's Microsoft.Web resources against this file (there is no Bicep compiler here).
+Plain JSON, named .jsonc so that azure-functions-doctor, which reads every *.json as infrastructure, does not
+take the schema's list of properties (linuxFxVersion among them) for this app's settings.
 
     pip download --no-deps azure-mgmt-web==11.0.1 -d /tmp/web && unzip -q /tmp/web/*.whl -d /tmp/web/pkg
     python infra/controlplane/schema/extract.py /tmp/web/pkg
@@ -62,7 +64,7 @@ def main(package_root: str) -> None:
     doc = {"_source": f"azure-mgmt-web (PyPI), generated from azure-rest-api-specs Microsoft.Web api-version {version}: "
                       "each model's REST property names and, for enums, the allowed values. Regenerate with "
                       "infra/controlplane/schema/extract.py.", "api_version": version, "models": out}
-    target = Path(__file__).with_name(f"microsoft.web-{version}.json")
+    target = Path(__file__).with_name(f"microsoft.web-{version}.jsonc")
     target.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     print(target)
 
