@@ -9,6 +9,7 @@ import re
 import struct
 import time
 import zipfile
+from typing import Any
 
 import numpy as np
 import pytest
@@ -263,3 +264,120 @@ def test_a_good_adapter_with_zip64_end_records_passes() -> None:
     assert result.ok, result.problems
     assert verify_adapter(data, base_model=TINY, expected_sha256=None, max_entries=2).problems == [
         "The archive has 3 entries, more than the 2 allowed; zip only the adapter files."]
+
+
+# ---------------------------------------------------------------- every cost bounded (CPU, memory, parse)
+
+
+def weights_with(count: int, dims: int) -> bytes:
+    """`count` F32 tensors of shape [1] * dims: a small file whose header asks for count x dims checks."""
+    shape = "[" + ",".join(["1"] * dims) + "]"
+    entries = ",".join(f'"t{i}":{{"dtype":"F32","shape":{shape},"data_offsets":[{4 * i},{4 * i + 4}]}}'
+                       for i in range(count))
+    header = ("{" + entries + "}").encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * (4 * count)
+
+
+@pytest.mark.parametrize(("count", "dims", "compression", "fragment"), [
+    # The issue's archive (28.5 s before): 80 MB of header, refused by its ratio or the header's size cap.
+    (20_000, 2_000, zipfile.ZIP_DEFLATED, ""),
+    # A header under the size cap, stored (no ratio to refuse): 4,000 x 1,000 dimension checks.
+    (4_000, 1_000, zipfile.ZIP_STORED, "has 1000 dimensions, more than the 4"),
+])
+def test_a_header_of_many_long_shapes_is_refused_in_under_a_second(count: int, dims: int, compression: int,
+                                                                   fragment: str) -> None:
+    files = build_adapter_files(TINY)
+    files[WEIGHTS_NAME] = weights_with(count, dims)
+    data = zip_files(files, compression=compression)
+    result, seconds = judge(data, TINY)
+    print(f"\n{count} tensors of {dims} dimensions ({len(data) / 2**20:.2f} MiB archive): refused in {seconds:.2f} s")
+    rejected(result, fragment)
+    assert seconds < 1.0
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+
+
+@pytest.mark.parametrize(("target", "payload", "fragment"), [
+    (CONFIG_NAME, b'{"peft_type": "LORA", "x": ' + DEEP + b"}", "adapter_config.json is not valid JSON (it nests too"),
+    (MANIFEST_NAME, b'{"files": ' + DEEP + b"}", "manifest.json is not valid JSON (it nests too deeply)"),
+    (WEIGHTS_NAME, None, "has a header that is not valid JSON (it nests too deeply)"),
+    (CONFIG_NAME, b'{"r": ' + b"9" * 5000 + b"}", "Exceeds the limit (4300 digits)"),  # ValueError before
+    (CONFIG_NAME, b'{"lora_alpha": 1' + b"0" * 400 + b"}", "has lora_alpha = 1000"),  # OverflowError before
+])
+def test_deep_nesting_and_huge_integers_are_refused_with_a_reason(target: str, payload: bytes | None,
+                                                                  fragment: str) -> None:
+    files = build_adapter_files(TINY)
+    if payload is None:
+        header = b'{"x": ' + DEEP + b"}"
+        payload = struct.pack("<Q", len(header)) + header
+    files[target] = payload
+    rejected(verify_adapter(zip_files(files), base_model=TINY, expected_sha256=None), fragment)
+
+
+def test_a_huge_measurement_in_the_manifest_is_left_out_of_the_summary() -> None:
+    # The forecast's check turns these into floats: a 401-digit int would raise OverflowError in the step.
+    files = build_adapter_files(TINY)
+    files[MANIFEST_NAME] = b'{"train_seconds": 1' + b"0" * 400 + b', "tokens": 1000}'
+    result = verify_adapter(zip_files(files), base_model=TINY, expected_sha256=None)
+    assert result.ok and "train_seconds" not in result.summary and result.summary["tokens"] == 1000
+
+
+def test_a_shape_whose_element_count_overflows_int64_is_refused() -> None:
+    # np.prod in int64 wrapped 2**32 x 2**32 to 0 elements (matching an empty tensor), or raised OverflowError.
+    for shape in ([2**32, 2**32], [10**17, 10**17]):
+        header = json.dumps({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": {
+            "dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}).encode()
+        weights = struct.pack("<Q", len(header)) + header
+        result = verify_adapter(build_adapter_zip(TINY, weights=weights), base_model=TINY, expected_sha256=None)
+        rejected(result, "q_proj.lora_A.weight has")
+
+
+def test_entries_other_than_the_adapters_are_refused_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1000 MiB of junk beside a good adapter was unpacked (the host went from 0.56 to 2.13 GiB) and the run succeeded.
+    data = build_adapter_zip(TINY, extra={"junk.bin": b"\0" * 2 * 2**20, "logs/train.txt": b"x"})
+    opened: list[str] = []
+    real_open = zipfile.ZipFile.open
+
+    def watched(self: zipfile.ZipFile, name: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(name.filename if isinstance(name, zipfile.ZipInfo) else name)
+        return real_open(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", watched)
+    result = verify_adapter(data, base_model=TINY, expected_sha256=None)
+    rejected(result, "Archive entry 'junk.bin' is not part of an adapter",
+             "Archive entry 'logs/train.txt' is not part of an adapter")
+    assert opened == []
+
+
+def big_adapter(n_in: int) -> bytes:
+    """A valid adapter for PRIVATE with one q_proj pair of 2 x 8 x n_in F32 values (stored, as the agent zips it)."""
+    rng = np.random.default_rng(0)
+    module = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {f"{module}.lora_A.weight": ("F32", [8, n_in], rng.normal(0, 0.01, (8, n_in)).astype("<f4").tobytes()),
+               f"{module}.lora_B.weight": ("F32", [n_in, 8], rng.normal(0, 0.01, (n_in, 8)).astype("<f4").tobytes())}
+    files = {CONFIG_NAME: json.dumps(adapter_config(PRIVATE, 8, ["q_proj"])).encode(),
+             WEIGHTS_NAME: write_safetensors(tensors, {"format": "pt"})}
+    files[MANIFEST_NAME] = manifest_bytes(PRIVATE, files, rows=1, trainer="lora")
+    return zip_files(files, compression=zipfile.ZIP_STORED)
+
+
+def test_verification_streams_the_weights_within_the_stated_memory_bound(tmp_path: Any) -> None:
+    import tracemalloc
+
+    data = big_adapter(1 << 21)  # 2 x 64 MiB of weights
+    archive = tmp_path / "adapter.zip"
+    archive.write_bytes(data)
+    del data
+    with archive.open("rb") as f:
+        tracemalloc.start()
+        try:
+            result = verify_adapter(f, base_model=PRIVATE, expected_sha256=None)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result.ok, result.problems
+    assert result.summary["unpacked_bytes"] > 128 * 2**20
+    print(f"\nverified a {archive.stat().st_size / 2**20:.0f} MiB adapter from a file: peak Python allocation "
+          f"{peak / 2**20:.1f} MiB (bound {verify.MEMORY_BOUND_BYTES / 2**20:.0f} MiB)")
+    assert peak < verify.MEMORY_BOUND_BYTES  # it held every entry unpacked: over 128 MiB here

@@ -26,10 +26,12 @@ import math
 import re
 import stat
 import struct
+import sys
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, NoReturn, TypeGuard
 
 import numpy as np
 
@@ -43,8 +45,18 @@ MAX_ENTRIES = 64
 MAX_TOTAL_BYTES = 1024**3
 MAX_RATIO = 100.0
 RATIO_FLOOR_BYTES = 1024 * 1024  # a small JSON file may compress well; a bomb is big
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+# 20,000 tensors of PEFT's header entries (~150 bytes each) take 3 MiB; json.loads of the 100 MiB
+# allowed before took seconds with the GIL held.
+MAX_HEADER_BYTES = 8 * 1024 * 1024
 MAX_JSON_BYTES = 1024 * 1024
+MAX_DIMS = 4  # LoRA weights are 2-D (4-D for a convolution); 20,000 shapes of 2,000 dims took 28 s
+MAX_DIM = 2**40  # one dimension; with MAX_DIMS of them the element count is exact in a Python int
+# What verifying holds besides the archive's own bytes (a file is read in chunks, never whole): the
+# safetensors header, the two JSON files and a few chunks of the weights in flight. Measured by
+# tests/test_security_verify.py (a 128 MiB adapter).
+MEMORY_BOUND_BYTES = MAX_HEADER_BYTES + 2 * MAX_JSON_BYTES + 6 * 1024 * 1024
+_INT_DIGITS = 4300  # Python's default int_max_str_digits: a longer JSON integer is refused while parsing
+MAX_INT = 2**63  # a JSON integer the verifier uses (a shape, an offset, a rank) is below this
 # A 70B model with every linear layer adapted has 80 x 7 x 2 = 1,120 LoRA tensors; the caps keep a
 # crafted header from making the pair, rank and finite-value checks run for long.
 MAX_TENSORS = 20_000
@@ -81,7 +93,7 @@ class _Stop(Exception):
 
 
 def verify_adapter(
-    data: bytes,
+    data: bytes | BinaryIO,
     *,
     base_model: str,
     expected_sha256: str | None,
@@ -90,14 +102,17 @@ def verify_adapter(
     max_ratio: float = MAX_RATIO,
     provider: str | None = None,
 ) -> VerifyResult:
-    """provider: the run's compute provider; a smoke-trainer adapter is refused unless the provider's
+    """data: the archive, as bytes or a seekable binary file (read in bounded chunks, never whole).
+    provider: the run's compute provider; a smoke-trainer adapter is refused unless the provider's
     registry entry allows it (smoke_trainer_allowed: a developer's own machine; on a cloud a smoke
     manifest means the image ran the wrong trainer). None skips that check (callers that do not
     know the run)."""
+    source: BinaryIO = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
     problems: list[str] = []
-    summary: dict[str, Any] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "base_model": base_model}
+    sha256, size = _sha256_of(source)
+    summary: dict[str, Any] = {"size": size, "sha256": sha256, "base_model": base_model}
     try:
-        _verify(data, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio, provider, problems,
+        _verify(source, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio, provider, problems,
                 summary)
     except _Stop:
         pass
@@ -106,27 +121,38 @@ def verify_adapter(
     return VerifyResult(ok=not problems, problems=problems, summary=summary)
 
 
-def _verify(data: bytes, base_model: str, expected_sha256: str | None, max_entries: int, max_total_bytes: int,
+def _sha256_of(source: BinaryIO) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    source.seek(0)
+    while chunk := source.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_entries: int, max_total_bytes: int,
             max_ratio: float, provider: str | None, problems: list[str], summary: dict[str, Any]) -> None:
     if expected_sha256 is not None and summary["sha256"] != expected_sha256.lower():
         problems.append(f"The archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent reported; "
                         "the upload is incomplete or was replaced, so upload the adapter again.")
         raise _Stop
-    files = _safe_unzip(data, max_entries, max_total_bytes, max_ratio, problems, summary)
-    for name in REQUIRED:
-        if name not in files:
-            problems.append(f"The archive has no {name} at its top level; an adapter archive needs "
-                            f"{', '.join(REQUIRED)}.")
-    if problems:
-        raise _Stop
-    config = _check_config(files[CONFIG_NAME], base_model, problems, summary)
-    _check_manifest(files[MANIFEST_NAME], files, base_model, provider, problems, summary)
-    tensors = _parse_safetensors(files[WEIGHTS_NAME], problems, summary)
-    if tensors is None:
-        raise _Stop
-    if config is not None:  # a manifest problem need not hide a shape problem: report both
-        _check_pairs(config, tensors, base_model, problems, summary)
-    _check_finite(files[WEIGHTS_NAME], tensors, problems)
+    archive = _safe_unzip(source, summary["size"], max_entries, max_total_bytes, max_ratio, problems, summary)
+    # The two JSON files whole (at most MAX_JSON_BYTES each); the weights are streamed, never held.
+    config_raw, manifest_raw = archive.read_small(CONFIG_NAME), archive.read_small(MANIFEST_NAME)
+    config = _check_config(config_raw, base_model, problems, summary)
+    manifest = _check_manifest(manifest_raw, base_model, provider, problems, summary)
+    with archive.stream(WEIGHTS_NAME) as weights:
+        tensors = _parse_safetensors(weights, archive.size(WEIGHTS_NAME), problems, summary)
+        if tensors is None:
+            raise _Stop
+        if config is not None:  # a manifest problem need not hide a shape problem: report both
+            _check_pairs(config, tensors, base_model, problems, summary)
+        _check_finite(weights, tensors, problems)
+        digests = {CONFIG_NAME: hashlib.sha256(config_raw).hexdigest(), WEIGHTS_NAME: weights.sha256(),
+                   MANIFEST_NAME: hashlib.sha256(manifest_raw).hexdigest()}
+    summary["unpacked_bytes"] = archive.total
+    if manifest is not None:
+        _check_listed(manifest, digests, problems)
 
 
 # ---------------------------------------------------------------- safe unzip
@@ -176,10 +202,109 @@ def _declared_directory(data: bytes) -> tuple[int, int] | None:
     return entries, size
 
 
-def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: float,
-                problems: list[str], summary: dict[str, Any]) -> dict[str, bytes]:
+# The end of an archive that _declared_directory reads: the end record, a comment of up to 64 KiB,
+# and a ZIP64 locator and record before them.
+_TAIL_BYTES = _EOCD[1].size + 0xFFFF + _ZIP64_LOCATOR[1].size + _ZIP64_EOCD[1].size
+
+
+_READ_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, zlib.error)
+
+
+class _Member:
+    """One entry being read: every read is bounded by what the entry declares, the archive's total
+    budget and the compression ratio, whatever its header claims; the bytes read are hashed."""
+
+    def __init__(self, archive: _Archive, info: zipfile.ZipInfo) -> None:
+        self.archive, self.info = archive, info
+        self.size = 0
+        self._digest = hashlib.sha256()
+        try:
+            self._stream = archive.zf.open(info)
+        except _READ_ERRORS as exc:
+            self._damaged(exc)
+
+    def _damaged(self, exc: BaseException) -> NoReturn:
+        self.archive.problems.append(f"Archive entry {self.info.filename!r} is damaged ({exc}); upload the "
+                                     "archive again.")
+        raise _Stop from exc
+
+    def read(self, n: int) -> bytes:
+        try:
+            chunk = self._stream.read(n)
+        except _READ_ERRORS as exc:
+            self._damaged(exc)
+        self.size += len(chunk)
+        self.archive.total += len(chunk)
+        name, limit = self.info.filename, self.archive.max_ratio
+        if self.size > self.info.file_size or self.archive.total > self.archive.max_total_bytes:
+            self.archive.problems.append(f"Archive entry {name!r} unpacks to more than it declares or than the "
+                                         "size allowed; rebuild the archive.")
+            raise _Stop
+        if self.size >= RATIO_FLOOR_BYTES and self.size > limit * max(self.info.compress_size, 1):
+            self.archive.problems.append(f"Archive entry {name!r} expands more than {limit:.0f}:1, which looks "
+                                         "like a zip bomb; it was not unpacked.")
+            raise _Stop
+        self._digest.update(chunk)
+        return chunk
+
+    def read_exactly(self, n: int) -> bytes | None:
+        """n bytes, or None where the entry ends first."""
+        parts, want = [], n
+        while want > 0:
+            chunk = self.read(min(want, _CHUNK))
+            if not chunk:
+                return None
+            parts.append(chunk)
+            want -= len(chunk)
+        return b"".join(parts)
+
+    def sha256(self) -> str:
+        """Of the whole entry: the rest is read (and checked: its CRC too) first."""
+        while self.read(_CHUNK):
+            pass
+        return self._digest.hexdigest()
+
+    def __enter__(self) -> _Member:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stream.close()
+
+
+@dataclass
+class _Archive:
+    """The zip whose directory passed: its three entries, read through _Member."""
+
+    zf: zipfile.ZipFile
+    infos: dict[str, zipfile.ZipInfo]
+    max_total_bytes: int
+    max_ratio: float
+    problems: list[str]
+    total: int = 0  # bytes unpacked so far, over every entry
+
+    def size(self, name: str) -> int:
+        return self.infos[name].file_size
+
+    def stream(self, name: str) -> _Member:
+        return _Member(self, self.infos[name])
+
+    def read_small(self, name: str) -> bytes:
+        """A JSON entry whole, refused (not read) above MAX_JSON_BYTES."""
+        if self.infos[name].file_size > MAX_JSON_BYTES:
+            self.problems.append(f"{name} is {self.infos[name].file_size} bytes, more than the {MAX_JSON_BYTES} "
+                                 "allowed for a JSON file.")
+            raise _Stop
+        with self.stream(name) as member:
+            data = member.read_exactly(self.infos[name].file_size) or b""
+            member.sha256()  # to its end: more than it declares, or a bad CRC, is refused
+        return data
+
+
+def _safe_unzip(source: BinaryIO, size: int, max_entries: int, max_total_bytes: int, max_ratio: float,
+                problems: list[str], summary: dict[str, Any]) -> _Archive:
     # Before zipfile parses the directory: 400,000 entries took it 13 s and 150 MiB.
-    declared = _declared_directory(data)
+    source.seek(max(size - _TAIL_BYTES, 0))
+    declared = _declared_directory(source.read(_TAIL_BYTES))
     if declared is not None:
         entries, directory_bytes = declared
         if entries > max_entries:
@@ -192,8 +317,9 @@ def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: 
                             f"{max_entries} entries need; zip only the adapter files.")
             raise _Stop
     try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
+        source.seek(0)
+        zf = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
         problems.append(f"The file is not a readable zip archive ({exc}); upload the adapter as a .zip file.")
         raise _Stop from exc
     infos = zf.infolist()
@@ -208,6 +334,13 @@ def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: 
         why = _unsafe_name(name)
         if why:
             problems.append(f"Archive entry {name!r} {why}; rebuild the archive with plain relative paths.")
+        elif name.rsplit("/", 1)[-1] in REQUIRED and name not in REQUIRED:
+            problems.append(f"{name} is inside a folder; put the adapter files at the top level of the archive.")
+        elif name not in REQUIRED and not name.endswith("/"):  # an empty folder entry is never read
+            # Nothing but the adapter is unpacked: 1000 MiB of junk beside a good adapter took the host
+            # from 0.56 to 2.13 GiB.
+            problems.append(f"Archive entry {name!r} is not part of an adapter; the archive must hold only "
+                            f"{', '.join(REQUIRED)}, so zip only those.")
         # Unix mode in the high 16 bits. zipfile.writestr(name, data) writes 0o600 with no file-type
         # bits at all, and Windows tools write 0: both are plain files. A link, device, FIFO or socket
         # type is refused, and so is a directory (Unix type or DOS attribute) whose name does not end
@@ -235,49 +368,48 @@ def _safe_unzip(data: bytes, max_entries: int, max_total_bytes: int, max_ratio: 
         if info.file_size >= RATIO_FLOOR_BYTES and info.file_size > max_ratio * max(info.compress_size, 1):
             problems.append(f"Archive entry {name!r} expands {info.file_size} bytes from {info.compress_size} "
                             f"(more than {max_ratio:.0f}:1), which looks like a zip bomb; it was not unpacked.")
+    for name in REQUIRED:
+        if name not in seen:
+            problems.append(f"The archive has no {name} at its top level; an adapter archive needs "
+                            f"{', '.join(REQUIRED)}.")
     if problems:
         raise _Stop
     declared_total = sum(i.file_size for i in infos)
     if declared_total > max_total_bytes:
         problems.append(f"The archive unpacks to {declared_total} bytes, more than the {max_total_bytes} allowed.")
         raise _Stop
-    files: dict[str, bytes] = {}
-    total = 0
-    for info in infos:
-        if info.is_dir():
-            continue
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            with zf.open(info) as member:
-                # Bounded reads: stop as soon as an entry outgrows what it declared, the total
-                # budget, or the ratio, whatever its header claims.
-                while chunk := member.read(_CHUNK):
-                    size += len(chunk)
-                    total += len(chunk)
-                    if size > info.file_size or total > max_total_bytes:
-                        problems.append(f"Archive entry {info.filename!r} unpacks to more than it declares or "
-                                        "than the size allowed; rebuild the archive.")
-                        raise _Stop
-                    if size >= RATIO_FLOOR_BYTES and size > max_ratio * max(info.compress_size, 1):
-                        problems.append(f"Archive entry {info.filename!r} expands more than {max_ratio:.0f}:1, "
-                                        "which looks like a zip bomb; it was not unpacked.")
-                        raise _Stop
-                    chunks.append(chunk)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
-            problems.append(f"Archive entry {info.filename!r} is damaged ({exc}); upload the archive again.")
-            raise _Stop from exc
-        files[info.filename] = b"".join(chunks)
-    summary["files"] = sorted(files)
-    summary["unpacked_bytes"] = total
-    nested = [n for n in files if "/" in n and n.rsplit("/", 1)[1] in REQUIRED]
-    if nested:
-        problems.append(f"{nested[0]} is inside a folder; put the adapter files at the top level of the archive.")
-        raise _Stop
-    return files
+    summary["files"] = sorted(seen)
+    return _Archive(zf, {i.filename: i for i in infos}, max_total_bytes, max_ratio, problems)
 
 
 # ---------------------------------------------------------------- config and manifest
+
+
+class _JsonLimit(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > _INT_DIGITS:
+        raise _JsonLimit(f"an integer of {len(text.lstrip('-'))} digits, more than {_INT_DIGITS}")
+    return int(text)
+
+
+def parse_json(raw: bytes) -> Any:
+    """json.loads with every cost bounded (raw is at most a few MiB), any failure a ValueError with
+    the reason (deep nesting raised RecursionError out of the verifier before, and a huge integer
+    OverflowError where it was used): nesting as deep as the interpreter's recursion allows, integers
+    of at most the interpreter's int_max_str_digits (4,300 by default; where that limit is off, a
+    hook parses them, slower, at most _INT_DIGITS). Values are bounded where used (_is_int)."""
+    limit = sys.get_int_max_str_digits()
+    try:
+        if 0 < limit <= _INT_DIGITS:
+            return json.loads(raw)
+        return json.loads(raw, parse_int=_bounded_int)
+    except RecursionError as exc:
+        raise _JsonLimit("it nests too deeply") from exc
+    except UnicodeDecodeError as exc:
+        raise _JsonLimit(f"it is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
 
 
 def _load_json(raw: bytes, name: str, problems: list[str]) -> dict[str, Any] | None:
@@ -285,8 +417,8 @@ def _load_json(raw: bytes, name: str, problems: list[str]) -> dict[str, Any] | N
         problems.append(f"{name} is {len(raw)} bytes, more than the {MAX_JSON_BYTES} allowed for a JSON file.")
         return None
     try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = parse_json(raw)
+    except ValueError as exc:
         problems.append(f"{name} is not valid JSON ({exc}); write it with json.dump.")
         return None
     if not isinstance(value, dict):
@@ -295,12 +427,13 @@ def _load_json(raw: bytes, name: str, problems: list[str]) -> dict[str, Any] | N
     return value
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is_int(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT < v < MAX_INT
 
 
 def _is_number(v: Any) -> TypeGuard[int | float]:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    # Bounded ints only: math.isfinite of a huge one raised OverflowError.
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _brief(value: Any, width: int = 80) -> str:
@@ -425,11 +558,11 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
         problems.append(f"{CONFIG_NAME} has peft_type {config.get('peft_type')!r}; only LoRA adapters "
                         "(peft_type \"LORA\") are accepted.")
     r = config.get("r")
-    if not (isinstance(r, int) and not isinstance(r, bool) and r > 0):
-        problems.append(f"{CONFIG_NAME} has r = {r!r}; the LoRA rank must be a whole number above 0.")
+    if not (_is_int(r) and r > 0):
+        problems.append(f"{CONFIG_NAME} has r = {_brief(r)}; the LoRA rank must be a whole number above 0.")
     alpha = config.get("lora_alpha")
     if not (_is_number(alpha) and alpha > 0):
-        problems.append(f"{CONFIG_NAME} has lora_alpha = {alpha!r}; it must be a number above 0.")
+        problems.append(f"{CONFIG_NAME} has lora_alpha = {_brief(alpha)}; it must be a number above 0.")
     targets = config.get("target_modules")
     targeted = None
     if not ((isinstance(targets, str) and targets) or (isinstance(targets, list) and targets and all(
@@ -454,11 +587,11 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
                  rank_values=[int(v) for v in (config.get("rank_pattern") or {}).values()])
 
 
-def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provider: str | None,
-                    problems: list[str], summary: dict[str, Any]) -> None:
+def _check_manifest(raw: bytes, base_model: str, provider: str | None, problems: list[str],
+                    summary: dict[str, Any]) -> dict[str, Any] | None:
     manifest = _load_json(raw, MANIFEST_NAME, problems)
     if manifest is None:
-        return
+        return None
     if manifest.get("trainer") == SMOKE_TRAINER and provider is not None:
         # Imported here: the training image carries shared/adapters without shared/providers.
         from shared.providers.registry import smoke_trainer_providers
@@ -471,24 +604,32 @@ def _check_manifest(raw: bytes, files: dict[str, bytes], base_model: str, provid
     if "base_model" in manifest and manifest["base_model"] != base_model:
         problems.append(f"{MANIFEST_NAME} names base model {manifest['base_model']!r}, but this run trains "
                         f"{base_model!r}.")
+    summary.update(trainer=manifest.get("trainer"),
+                   rows=manifest.get("rows") if _is_int(manifest.get("rows")) else None)
+    # What the trainer measured, for the forecast's check (shared/runs/forecast.check); only numbers pass.
+    for key in ("train_seconds", "tokens", "steps"):
+        if _is_number(manifest.get(key)):
+            summary[key] = manifest[key]
+    if _is_int(manifest.get("checkpoint_step")):  # a checkpoint's adapter, not the final one
+        summary.update(checkpoint_step=manifest["checkpoint_step"],
+                       steps=manifest.get("steps") if _is_int(manifest.get("steps")) else None)
+    return manifest
+
+
+def _check_listed(manifest: dict[str, Any], digests: dict[str, str], problems: list[str]) -> None:
+    """The files the manifest lists are in the archive, with its sha256 (digests: of every entry)."""
     listed = manifest.get("files", {})
     if not isinstance(listed, dict):
         problems.append(f"{MANIFEST_NAME} has a 'files' entry that is not an object of name -> {{sha256}}.")
         listed = {}
     for name, entry in listed.items():
         digest = entry.get("sha256") if isinstance(entry, dict) else None
-        if name not in files:
-            problems.append(f"{MANIFEST_NAME} lists {name}, which is not in the archive; the export is incomplete.")
-        elif digest is not None and hashlib.sha256(files[name]).hexdigest() != digest:
+        if name not in digests:
+            problems.append(f"{MANIFEST_NAME} lists {_brief(name)}, which is not in the archive; the export is "
+                            "incomplete.")
+        elif digest is not None and digests[name] != digest:
             problems.append(f"{name} does not match the sha256 in {MANIFEST_NAME}; the file changed after "
                             "training wrote it, so export the adapter again.")
-    summary.update(trainer=manifest.get("trainer"), rows=manifest.get("rows"))
-    # What the trainer measured, for the forecast's check (shared/runs/forecast.check); only numbers pass.
-    for key in ("train_seconds", "tokens", "steps"):
-        if isinstance(manifest.get(key), int | float) and not isinstance(manifest.get(key), bool):
-            summary[key] = manifest[key]
-    if isinstance(manifest.get("checkpoint_step"), int):  # a checkpoint's adapter, not the final one
-        summary.update(checkpoint_step=manifest["checkpoint_step"], steps=manifest.get("steps"))
 
 
 # ---------------------------------------------------------------- safetensors
@@ -503,23 +644,28 @@ class _Tensor:
     end: int
 
 
-def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any]) -> list[_Tensor] | None:
+def _parse_safetensors(weights: _Member, size: int, problems: list[str],
+                       summary: dict[str, Any]) -> list[_Tensor] | None:
+    """The header of the weights entry (size bytes, as the zip declares; reading more is refused),
+    read from its stream: the tensor data after it is left to _check_finite."""
     name = WEIGHTS_NAME
-    if len(raw) < 8:
-        problems.append(f"{name} is {len(raw)} bytes, too short to hold a safetensors header; export it again.")
+    head = weights.read_exactly(8)
+    if head is None:
+        problems.append(f"{name} is {size} bytes, too short to hold a safetensors header; export it again.")
         return None
-    (header_len,) = struct.unpack("<Q", raw[:8])
+    (header_len,) = struct.unpack("<Q", head)
     if header_len > MAX_HEADER_BYTES:
         problems.append(f"{name} declares a {header_len}-byte header, more than the {MAX_HEADER_BYTES} allowed; "
                         "the file is corrupt or not a safetensors file.")
         return None
-    if 8 + header_len > len(raw):
-        problems.append(f"{name} declares a {header_len}-byte header but the file is only {len(raw)} bytes; "
+    raw = weights.read_exactly(header_len) if 8 + header_len <= size else None
+    if raw is None:
+        problems.append(f"{name} declares a {header_len}-byte header but the file is only {size} bytes; "
                         "the file is truncated, so export it again.")
         return None
     try:
-        header = json.loads(raw[8:8 + header_len])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = parse_json(raw)
+    except ValueError as exc:
         problems.append(f"{name} has a header that is not valid JSON ({exc}); the file is corrupt.")
         return None
     if not isinstance(header, dict):
@@ -531,7 +677,7 @@ def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any])
                         "save only the LoRA adapter weights.")
         return None
     base = 8 + header_len
-    buffer_len = len(raw) - base
+    buffer_len = size - base
     tensors: list[_Tensor] = []
     before = len(problems)
     for key, entry in header.items():
@@ -548,7 +694,11 @@ def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any])
         if dtype not in DTYPES:
             problems.append(f"{name}: tensor {key} has dtype {dtype!r}; save the adapter as F32, F16 or BF16.")
             continue
-        if (not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape)
+        if isinstance(shape, list) and len(shape) > MAX_DIMS:  # before a loop over its dimensions
+            problems.append(f"{name}: tensor {key} has {len(shape)} dimensions, more than the {MAX_DIMS} a LoRA "
+                            "weight has; the file is corrupt or not a PEFT adapter.")
+            continue
+        if (not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape)
                 or not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)):
             problems.append(f"{name}: tensor {key} has a malformed shape or data_offsets.")
             continue
@@ -557,7 +707,7 @@ def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any])
             problems.append(f"{name}: tensor {key} points at bytes {start}..{end} outside the {buffer_len}-byte "
                             "data section; the file is truncated or corrupt.")
             continue
-        expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0] if shape else DTYPES[dtype][0]
+        expected = math.prod(shape) * DTYPES[dtype][0]  # exact: at most MAX_DIMS factors of MAX_DIM
         if end - start != expected:
             problems.append(f"{name}: tensor {key} has {end - start} bytes of data but shape {shape} in {dtype} "
                             f"needs {expected}; the file is corrupt.")
@@ -573,8 +723,8 @@ def _parse_safetensors(raw: bytes, problems: list[str], summary: dict[str, Any])
                             "data overlaps or leaves gaps, so the file is corrupt.")
             return None
         position = t.end
-    if position != len(raw):
-        problems.append(f"{name} has {len(raw) - position} bytes after the last tensor; the file is corrupt.")
+    if position != size:
+        problems.append(f"{name} has {size - position} bytes after the last tensor; the file is corrupt.")
         return None
     summary["tensors"] = len(tensors)
     summary["dtypes"] = sorted({t.dtype for t in tensors})
@@ -654,12 +804,22 @@ def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems:
                             "the export is incomplete, so export the adapter again.")
 
 
-def _check_finite(raw: bytes, tensors: list[_Tensor], problems: list[str]) -> None:
-    view = memoryview(raw)
-    for t in tensors:
+def _check_finite(weights: _Member, tensors: list[_Tensor], problems: list[str]) -> None:
+    """Every value finite, read from the stream in order (the header check made the tensors cover
+    the data section exactly): at most _CHUNK bytes of the weights are held at a time."""
+    for t in sorted(tensors, key=lambda t: t.start):
         _, unsigned, exponent = DTYPES[t.dtype]
-        bits = np.frombuffer(view[t.start:t.end], dtype=unsigned)
-        bad = int(np.count_nonzero((bits & exponent) == exponent))
+        item = DTYPES[t.dtype][0]
+        left, bad = t.end - t.start, 0
+        while left:
+            chunk = weights.read_exactly(min(left, _CHUNK - _CHUNK % item))
+            if chunk is None:
+                problems.append(f"{WEIGHTS_NAME} ends inside tensor {t.name}; the file is truncated, so export "
+                                "it again.")
+                raise _Stop
+            bits = np.frombuffer(chunk, dtype=unsigned)
+            bad += int(np.count_nonzero((bits & exponent) == exponent))
+            left -= len(chunk)
         if bad:
             problems.append(f"{t.name} holds {bad} NaN or infinite value(s); training diverged, so lower the "
                             "learning rate or check the data and train again.")
