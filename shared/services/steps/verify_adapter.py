@@ -9,6 +9,8 @@ the problems as the reason.
 from __future__ import annotations
 
 import hashlib
+import tempfile
+from typing import IO, Any
 
 from shared.models import Outcome, RunState, StepMessage
 from shared.queues import get_queues
@@ -22,6 +24,29 @@ from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
+# The archive is copied from storage to a temporary file in chunks of this size, never held whole:
+# with the verifier's own bound (shared/adapters/verify.MEMORY_BOUND_BYTES) a verification holds a few
+# MiB whatever the adapter's size, so six at once fit an instance (issue 30: 4096 MB on Flex).
+SPOOL_CHUNK = 1024 * 1024
+
+
+def spool(storage: Any, key: str) -> tuple[IO[bytes], str, int]:
+    """The object at `key` in a temporary file (deleted when closed), with its sha256 and size."""
+    digest, size = hashlib.sha256(), 0
+    out = tempfile.TemporaryFile()  # noqa: SIM115  (the caller closes it)
+    try:
+        with storage.open_stream(key, MAX_ADAPTER_BYTES) as src:
+            while chunk := src.read(SPOOL_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                if size > MAX_ADAPTER_BYTES:
+                    raise ValueError(f"the adapter archive is larger than {MAX_ADAPTER_BYTES} bytes")
+                out.write(chunk)
+        out.seek(0)
+    except BaseException:
+        out.close()
+        raise
+    return out, digest.hexdigest(), size
 
 
 def verify_adapter(msg: StepMessage) -> None:
@@ -31,13 +56,15 @@ def verify_adapter(msg: StepMessage) -> None:
     if run.state not in Step.verify_adapter.serves:
         return
     key = adapter_key(run.id)
+    sha256, size = "", 0
     try:
-        data = storage_for(run.org).get(key, MAX_ADAPTER_BYTES)
-        # Tests that play a cloud machine run the smoke trainer (TENSORANT_ALLOW_TEST_MODELS, test-only):
-        # its adapter is judged as on the local provider.
-        provider = "local" if get_settings().allow_test_models else run.provider
-        result = check_archive(data, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None,
-                                provider=provider)
+        archive, sha256, size = spool(storage_for(run.org), key)
+        with archive:
+            # Tests that play a cloud machine run the smoke trainer (TENSORANT_ALLOW_TEST_MODELS, test-only):
+            # its adapter is judged as on the local provider.
+            provider = "local" if get_settings().allow_test_models else run.provider
+            result = check_archive(archive, base_model=run.base_model,
+                                   expected_sha256=run.adapter_sha256 or None, provider=provider)
         problems = list(result.problems)
     except ObjectMissing:
         problems = [f"no adapter archive at {key} in storage"]
@@ -52,7 +79,7 @@ def verify_adapter(msg: StepMessage) -> None:
         # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
         # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
         recorded: dict[str, object] = {} if run.adapter_sha256 else {
-            "adapter_sha256": hashlib.sha256(data).hexdigest(), "adapter_size": len(data)}
+            "adapter_sha256": sha256, "adapter_size": size}
         checked = forecast.check(run.forecast, result.summary) if run.forecast and step is None else None
         if checked is not None:
             recorded["forecast_check"] = checked
