@@ -5,8 +5,9 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
   throttling (bounded, exponential backoff with full jitter, then ThrottledError) and
   translates vendor errors (errors.translate); capacity errors are never retried.
 - launch is idempotent: DescribeInstances by the run's tags first, then RunInstances
-  with a ClientToken derived from the run (AWS returns the same instance for the same
-  token even when the tag lookup missed a brand-new instance). Tags are set in
+  with a ClientToken derived from the run and the request's parameters (AWS returns the
+  same instance for the same token and parameters even when the tag lookup missed a
+  brand-new instance; the user data is the same on every attempt: cloudinit.py). Tags are set in
   RunInstances' TagSpecifications for the instance and its volume, never later.
 - retain stops (done at "stopped"), start starts, release terminates; each first reads
   the instance and refuses one without this deployment's and run's tags. release is
@@ -21,6 +22,7 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -80,9 +82,14 @@ def block_device_mappings(image: dict[str, Any], workspace_gb: int) -> list[dict
     return mappings
 
 
-def client_token(ref: RunRef) -> str:
-    """Deterministic per run (EC2 allows 64 ASCII characters)."""
-    return "tensorant-" + hashlib.sha256(f"{ref.deployment}:{ref.run_id}".encode()).hexdigest()[:48]
+def client_token(ref: RunRef, params: dict[str, Any]) -> str:
+    """The run and the request's every other parameter, hashed (EC2 allows 64 ASCII characters).
+
+    EC2 answers the same token with different parameters (user data included) with
+    IdempotentParameterMismatch, so a token fixed per run failed every retry whose parameters
+    changed; a retry with the same parameters still gets the same instance back."""
+    request = json.dumps({k: v for k, v in params.items() if k != "ClientToken"}, sort_keys=True, default=str)
+    return "tensorant-" + hashlib.sha256(f"{ref.deployment}:{ref.run_id}:{request}".encode()).hexdigest()[:48]
 
 
 def _tags(obj: dict[str, Any]) -> dict[str, str]:
@@ -177,7 +184,6 @@ class AwsCompute:
             "InstanceType": spec.offer.machine_type,
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": client_token(ref),
             "NetworkInterfaces": [{
                 "DeviceIndex": 0, "SubnetId": self.config.subnet_id, "Groups": [self.config.security_group_id],
                 "AssociatePublicIpAddress": False, "DeleteOnTermination": True,
@@ -197,6 +203,7 @@ class AwsCompute:
             params["KeyName"] = self.config.key_name
         if self.config.instance_profile_arn:
             params["IamInstanceProfile"] = {"Arn": self.config.instance_profile_arn}
+        params["ClientToken"] = client_token(ref, params)
         result = self.call("ec2", "run_instances", action=f"launching {spec.offer.machine_type}",
                            instance_type=spec.offer.machine_type, zone=spec.offer.zone, **params)
         instance = result["Instances"][0]

@@ -198,3 +198,29 @@ def inject(service: str, operation: str, code: str = "", message: str = "", *, s
 def add_injection(injected: list[Any], listener: Any) -> None:
     # After the counter (first in the rig's list), so injected calls are still counted.
     injected.append(listener)
+
+
+def strict_client_token(ec2: Any) -> Any:
+    """RunInstances' ClientToken as EC2 keeps it (moto ignores it): the same token with other
+    parameters is IdempotentParameterMismatch; with the same ones, the instance it created."""
+    seen: dict[str, dict[str, Any]] = {}  # the wire form of the first request with each token
+
+    def listener(svc: str, op: str, params: dict[str, Any]) -> Any:
+        body = params.get("body") or {}
+        if svc != "ec2" or op != "RunInstances" or not body.get("ClientToken"):
+            return None
+        token = body["ClientToken"]
+        if token not in seen:
+            seen[token] = dict(body)
+            return None
+        if seen[token] != body:
+            return _Http(400), {"Error": {"Code": "IdempotentParameterMismatch", "Message": (
+                f"Client token {token} was used with different parameters")}, "ResponseMetadata": {
+                "HTTPStatusCode": 400}}
+        run = next(v for k, v in body.items() if k.startswith("TagSpecification.1.Tag.") and k.endswith(".Value")
+                   and body[k[:-len("Value")] + "Key"] == "tensorant:run")
+        found = [i for r in ec2.describe_instances(Filters=[
+            {"Name": "tag:tensorant:run", "Values": [run]}])["Reservations"] for i in r["Instances"]]
+        return _Http(200), {"Instances": found[:1], "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    return listener

@@ -16,7 +16,7 @@ from shared.models import CloudResource, GpuOffer, MachineState
 from shared.providers.aws.client import THROTTLE_ATTEMPTS
 from shared.providers.aws.compute import block_device_mappings, client_token
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
-from tests.providers.aws.rig import AMI_GOOD, ZONE, Rig, add_injection, inject
+from tests.providers.aws.rig import AMI_GOOD, ZONE, Rig, add_injection, inject, strict_client_token
 
 OFFER = GpuOffer(provider="aws", offer_id=f"us-east-1/{ZONE}/g6.xlarge", gpu="NVIDIA L4", gpu_memory_gb=22.4,
                  machine_type="g6.xlarge", region="us-east-1", zone=ZONE, compute_per_hour=0.8048,
@@ -81,7 +81,7 @@ def test_launch_parameters_on_the_wire(rig: Rig) -> None:
     spec = _spec(disk_gb=40)
     compute.launch(spec)
     body = next(p["body"] for p in rig.log.params if p["body"].get("Action") == "RunInstances")
-    assert body["ClientToken"] == client_token(spec.ref) and len(body["ClientToken"]) <= 64
+    assert len(body["ClientToken"]) <= 64
     assert (body["MinCount"], body["MaxCount"], body["KeyName"]) == (1, 1, "ops")
     assert body["NetworkInterface.1.AssociatePublicIpAddress"] == "false"
     assert body["NetworkInterface.1.DeviceIndex"] == 0
@@ -94,8 +94,10 @@ def test_launch_parameters_on_the_wire(rig: Rig) -> None:
     assert resource_types == {"instance", "volume"}
     managed = [k for k, v in body.items() if k.endswith(".Key") and v == "tensorant:managed"]
     assert len(managed) == 2  # the policy's aws:RequestTag/tensorant:managed condition, on both
-    assert client_token(spec.ref) == client_token(_spec().ref)  # deterministic per run
-    assert client_token(spec.ref) != client_token(_spec(run="run-0002").ref)
+    params = {"ImageId": AMI_GOOD, "UserData": "a"}
+    assert client_token(spec.ref, params) == client_token(_spec().ref, dict(params))  # deterministic
+    assert client_token(spec.ref, params) != client_token(_spec(run="run-0002").ref, params)
+    assert client_token(spec.ref, params) != client_token(spec.ref, {**params, "UserData": "b"})
 
 
 def test_user_data_over_16_kb_fails_before_run_instances(rig: Rig) -> None:
@@ -133,6 +135,23 @@ def test_launch_twice_finds_the_instance_by_tags(rig: Rig) -> None:
     assert [r.id for r in again] == [r.id for r in first]
     instances = [i for r in rig.ec2.describe_instances()["Reservations"] for i in r["Instances"]]
     assert len(instances) == 1
+
+
+def test_a_retry_that_misses_the_new_instance_is_no_parameter_mismatch(rig: Rig, injected: list[Any]) -> None:
+    # EC2 keeps a ClientToken with its parameters (moto does not): a retry whose tag lookup misses a
+    # brand-new instance must send identical parameters, or a token of its own, never the old token
+    # with a new request (IdempotentParameterMismatch failed such a retry).
+    add_injection(injected, strict_client_token(rig.ec2))
+    compute = rig.compute()
+    [first] = [r.id for r in compute.launch(_spec()) if r.kind == "instance"]
+    add_injection(injected, inject("ec2", "DescribeInstances", response={"Reservations": []}, times=1))
+    same = [r.id for r in compute.launch(_spec()) if r.kind == "instance"]
+    assert same == [first]  # the same request: EC2 answers with the instance it made
+    other = Bootstrap(container_image=BOOT.container_image, env={**BOOT.env, "TENSORANT_RUN_TOKEN": "tok-2"})
+    add_injection(injected, inject("ec2", "DescribeInstances", response={"Reservations": []}, times=1))
+    compute.launch(LaunchSpec(ref=_spec().ref, offer=OFFER, bootstrap=other))  # no mismatch raised
+    bodies = [p["body"] for p in rig.log.params if p["body"].get("Action") == "RunInstances"]
+    assert len({b["ClientToken"] for b in bodies}) == 2, bodies
 
 
 @pytest.mark.parametrize("code,message,error,phrases", [
