@@ -16,8 +16,7 @@ def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
 
     def beat() -> dict[str, object]:
         token = agent.verify(req.headers.get("Authorization"), run_id)
-        return agent.heartbeat(token.org, run_id, http.parse(req, Heartbeat), token_exp=token.expires_at,
-                               renew=token.previous_key)
+        return agent.heartbeat(token.org, run_id, http.parse(req, Heartbeat), token=token)
 
     return http.respond(beat)
 

@@ -138,6 +138,7 @@ class AgentToken:
     org: str
     expires_at: float  # the token's exp (heartbeats renew it when half its life is gone)
     previous_key: bool = False  # signed with TENSORANT_JWT_SECRET_PREVIOUS: renew it at once
+    issued_at: float = 0.0  # the token's iat (a previous-key token issued after the rotation is not renewed)
 
 
 def verify_agent(header: str | None, run_id: str) -> AgentToken:
@@ -146,7 +147,8 @@ def verify_agent(header: str | None, run_id: str) -> AgentToken:
     run = _claim(claims, "run", RUN_RE)
     if run != run_id:
         raise Forbidden("this token is not the token of this run")
-    return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]), previous_key=claims["_previous_key"])
+    return AgentToken(org=str(claims["org"]), expires_at=float(claims["exp"]), previous_key=claims["_previous_key"],
+                      issued_at=float(claims["iat"]))
 
 
 def signed_agent_claims(header: str | None) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@
 Tables (prefix from settings): connections, catalogs, projects, datasets, runs,
 events (run events), logs (agent log lines in bounded chunks), ledger (every cloud resource ever recorded for a run),
 audit (sweeper actions, poison discards), secrets, quotas (org limits, rate-limit windows, and
-the active-run reservations that hold max_active_runs: reserve_active_slot).
+the active-run reservations that hold max_active_runs: reserve_active_slot), keys (when each JWT
+key was first seen: shared/key_rotation.py).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Store:
         self._service = service_client(TableServiceClient, "table", connection_string, **storage_client_kwargs())
         self.prefix = prefix
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
-                 "secrets", "quotas", "watch", "leases", "sweeps", "throughput")
+                 "secrets", "quotas", "watch", "leases", "sweeps", "throughput", "keys")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()

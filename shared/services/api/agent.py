@@ -13,6 +13,7 @@ from typing import Any
 
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, Unauthorized
+from shared.key_rotation import current_key_since, renewable
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.events import event
@@ -90,15 +91,15 @@ def _cap_line(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + TRUNCATED_MARK
 
 
-def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None = None,
-              renew: bool = False) -> dict[str, Any]:
+def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None = None) -> dict[str, Any]:
     """One ETag-guarded write of the run (after a read only when this process has no current
     copy of it), plus one write per log chunk (and an event only when the state moves or the
     run's log limit is first reached).
 
-    `token_exp`: the expiry of the token the agent sent; a fresh one is handed out in the reply
-    while the run is active and less than half of a token's lifetime is left, or at once when
-    `renew` (the token was signed with the previous, rotated-out key)."""
+    `token`: the token the agent sent; a fresh one for the same org and run is handed out in the reply
+    while the run is active and less than half of a token's lifetime is left, or at once when it was
+    signed with the previous, rotated-out key, but only if it was issued before the rotation
+    (shared/key_rotation.py: a token forged with the rotated-out key must not be laundered)."""
     store = get_store()
     t = now()
     lines = [_cap_line(line) for line in hb.logs]
@@ -153,11 +154,17 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token_exp: float | None =
                              # A run gets back to training from retained only through `recover --resume`:
                              # an agent that stopped its trainer runs it again from its last checkpoint.
                              "resume": run.state == RunState.training}
+    if run.state in ACTIVE:
+        # The current key's first sight is recorded by the first heartbeat after a rotation (once per
+        # process), so a token forged with the rotated-out key later is not renewed below.
+        current_key_since()
     ttl = get_settings().agent_token_ttl_s
-    if run.state in ACTIVE and token_exp is not None and (renew or token_exp - now_ts() < ttl / 2):
+    if run.state in ACTIVE and token is not None and (token.previous_key or token.expires_at - now_ts() < ttl / 2) \
+            and renewable(token.issued_at, token.previous_key, run.launched_at):
         from shared.security import mint_agent_token
 
-        reply["token"] = mint_agent_token(org, run_id, ttl_s=ttl)
+        # The token's own org and run (verify_agent checked the run is the URL's): never a wider scope.
+        reply["token"] = mint_agent_token(token.org, run_id, ttl_s=ttl)
         reply["token_expires_at"] = (t + timedelta(seconds=ttl)).isoformat()
     return reply
 

@@ -16,6 +16,7 @@ from datetime import timedelta
 from shared.budget import IN_PROGRESS
 from shared.clock import now
 from shared.errors import PermanentError, ProviderError, RetryableError
+from shared.key_rotation import current_key_since
 from shared.log import get_logger, redact_text
 from shared.models import RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
@@ -48,6 +49,7 @@ def launch_spec(run: RunRecord) -> LaunchSpec:
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
     # Short-lived, renewed through heartbeats, so a leaked token dies soon; the first covers the image pull too.
+    current_key_since()  # recorded before the first token on a new key (shared/key_rotation.py)
     token = mint_agent_token(run.org, run.id, ttl_s=min(settings.provisioning_timeout_s + settings.agent_token_ttl_s,
                                                         AGENT_TOKEN_MAX_TTL_S))
     dataset = get_store().get_dataset(run.org, run.dataset_version_id)
