@@ -91,3 +91,14 @@ def test_watch_on_a_terminal_writes_only_its_own_escape_sequences() -> None:
     assert "  | trainer says " + SHOWN in text and "warning: " + SHOWN in text
     own = re.sub(r"\x1b\[\d+F\x1b\[J", "", text)  # the redraw of the status block
     assert not CONTROL.search(own), repr(own)
+
+
+def test_printable_shows_bidi_and_zero_width_characters() -> None:
+    # U+202E turns the rest of the line around on the screen ("succeeded" read from "deliaf" + override), a
+    # zero-width space hides inside a word, an isolate or the BOM hides nothing visible: each is shown.
+    assert printable("run \u202edeliaf\u202c ok") == "run \\u202edeliaf\\u202c ok"
+    assert printable("suc\u200bceeded\u200d\u2066x\u2069\ufeff\u2028") == \
+        "suc\\u200bceeded\\u200d\\u2066x\\u2069\\ufeff\\u2028"
+    for c in (0x061C, 0x200E, 0x200F, 0x202A, 0x202B, 0x202D, 0x2060, 0x2067, 0x2068):
+        assert printable(chr(c)) == f"\\u{c:04x}"
+    assert printable(printable("\u202e\u200b")) == printable("\u202e\u200b")

@@ -10,14 +10,21 @@ SPARKS = "▁▂▃▄▅▆▇█"
 
 # C0 controls but tab, DEL, and the C1 controls (U+0080-U+009F; U+009B alone starts a CSI sequence
 # on many terminals), each shown as \xNN. Other Unicode text is kept as it is.
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c != 0x09}
+_CONTROLS: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c != 0x09}
+# Invisible format characters, each shown as \uNNNN: bidi embeddings, overrides and isolates (U+202E turns
+# "gpj.exe" around on the screen, a fake reason can hide its real text), zero-width spaces and joiners, the
+# word joiner and invisible operators, the BOM, the line and paragraph separators (a line break in some
+# terminals). The CLI prints what a run wrote: what it shows must be what is there.
+_INVISIBLE = (0x00AD, 0x061C, 0x180E, *range(0x200B, 0x2010), 0x2028, 0x2029, *range(0x202A, 0x202F),
+              *range(0x2060, 0x2065), *range(0x2066, 0x206A), 0xFEFF)
+_CONTROLS.update({c: f"\\u{c:04x}" for c in _INVISIBLE})
 
 
 def printable(text: Any) -> str:
     """Text that came from a run or the API (log lines, reasons, events), safe to print: an escape
     sequence in it could otherwise retitle or clear the user's terminal, move the cursor, or
-    overwrite a line (\\r) with a fake "succeeded". Idempotent: the result has no
-    control characters left."""
+    overwrite a line (\\r) with a fake "succeeded", and a bidi override or a zero-width character could
+    make it read as something else. Idempotent: the result has no control characters left."""
     return str(text).translate(_CONTROLS)
 
 
