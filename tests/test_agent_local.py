@@ -994,3 +994,113 @@ def test_a_checkpoint_is_uploaded_and_a_stopped_agent_resumes_from_it(tmp_path: 
     assert f"resume_from={checkpoint}" in logs
     assert not state_of(tmp_path).get("stopped")
     assert running.stop() == 0
+
+
+# ---------------------------------------------------------------- self-protection (shared/agent/guard.py)
+
+def test_the_guard_stops_past_each_bound_and_an_idle_agent_only_at_the_runtime_limit() -> None:
+    from shared.agent.guard import Guard
+
+    t = [0.0]
+    config = AgentConfig(run_id="r", api_url="http://x", token="t", base_model="m", data_dir=Path("/tmp"),
+                         trainer_command="true", runtime_limit_s=1000, deadline_at=5000, self_stop_margin_s=100,
+                         unreachable_stop_s=300, gone_grace_s=60)
+    guard = Guard(config, clock=lambda: t[0], wall=lambda: t[0])
+    t[0] = 299
+    assert guard.reason(working=True) == ""
+    t[0] = 301  # nothing got through since the start
+    assert "unreachable for 301 s" in guard.reason(working=True)
+    assert guard.reason(working=False) == ""  # idle: only the runtime limit bounds it
+    guard.heard(True)
+    guard.heard(False, 404)
+    t[0] = 350
+    assert guard.reason(working=True) == ""  # 404 for 49 s: within the grace (a store coming back)
+    t[0] = 362
+    assert "does not know this run (404/410)" in guard.reason(working=True)
+    guard.heard(True)  # it knows the run again
+    assert guard.reason(working=True) == ""
+    t[0] = 1101
+    assert "runtime limit (1000 s)" in guard.reason(working=False)
+    late = Guard(config, clock=lambda: 0.0, wall=lambda: 5101.0)
+    assert "deadline" in late.reason(working=False)
+    assert Guard(config, resumed=True, clock=lambda: 0.0, wall=lambda: 5101.0).reason(working=False) == ""
+
+
+def test_an_agent_whose_run_the_control_plane_no_longer_knows_stops_uploads_and_powers_off(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    script = tmp_path / "trainer.py"
+    script.write_text(FAKE_CHECKPOINTING_TRAINER)
+    running = Running(in_process_agent(tmp_path, api, "run-gone", f"{sys.executable} {script}",
+                                       gone_grace_s=0.5, poweroff="exit"))
+    stored = tmp_path / "storage" / "runs" / "run-gone" / "adapter.zip"
+    wait_until(stored.exists, timeout=30)  # a checkpoint is on the disk and its adapter in storage
+    api.fail["heartbeat"] = [404] * 100_000  # the state store was lost: the run is unknown
+    running.thread.join(timeout=30)
+    assert running.code == [80], running.code  # POWEROFF_EXIT: the host script powers the machine off
+    state = state_of(tmp_path)
+    assert state["stopped"] and "does not know this run" in state["self_stopped"]
+    assert (tmp_path / "storage" / "runs" / "run-gone" / "logs.txt").is_file()  # the logs were uploaded
+    assert api.of("run-gone", "complete") == []  # nothing reported as done: the checkpoint is kept
+    running.agent.logs_file.close()
+
+    # Started again (the owner's `recover --resume` once the control plane is back): it asks, and resumes.
+    api.fail["heartbeat"] = []
+    api.replies["heartbeat"] = [{"state": "training", "stop": False, "resume": True}]
+    again = Running(in_process_agent(tmp_path, api, "run-gone", f"{sys.executable} {script}"))
+    done = api.wait_complete("run-gone")
+    assert done["status"] == "ok", done
+    assert state_of(tmp_path)["resumed"] is True
+    assert again.stop() == 0
+
+
+def test_an_unreachable_control_plane_stops_training_and_a_pod_stops_itself(tmp_path: Path, api: FakeAgentApi) -> None:
+    from tests.providers.runpod.fake_server import FakeRunPod
+
+    runpod = FakeRunPod(api_key="rpa_PODSCOPED0123").start()
+    try:
+        pod = runpod.add_pod("tensorant-d-run-unreach")
+        script = tmp_path / "trainer.py"
+        script.write_text(FAKE_CHECKPOINTING_TRAINER)
+        agent = in_process_agent(tmp_path, api, "run-unreach", f"{sys.executable} {script}",
+                                 unreachable_stop_s=1.0, poweroff="runpod")
+        agent.environ.update(RUNPOD_POD_ID=pod, RUNPOD_API_KEY="rpa_PODSCOPED0123", RUNPOD_API_BASE_URL=runpod.url)
+        running = Running(agent)
+        wait_until((tmp_path / "storage" / "runs" / "run-unreach" / "adapter.zip").exists, timeout=30)
+        api.fail["heartbeat"] = [503] * 100_000
+        wait_until(lambda: runpod.pods[pod]["desiredStatus"] == "EXITED", timeout=30)
+        assert "unreachable" in state_of(tmp_path)["self_stopped"]
+        assert agent.trainer is not None and agent.trainer.poll() is not None  # the trainer was stopped
+        assert running.stop() == 0
+    finally:
+        runpod.stop()
+
+
+def test_a_lost_completion_is_sent_again_until_the_run_is_past_it(tmp_path: Path, api: FakeAgentApi) -> None:
+    running = Running(in_process_agent(tmp_path, api, "run-lost", f"{sys.executable} -m shared.trainer.smoke"))
+    api.wait_complete("run-lost")
+    # Acknowledged, but the store lost the write: a heartbeat finds the run still exporting.
+    api.replies["heartbeat"] = [{"state": "exporting", "stop": False}]
+    wait_until(lambda: len(api.of("run-lost", "complete")) >= 2, timeout=30)
+    api.replies["heartbeat"] = [{"state": "verifying", "stop": True}]
+    wait_until(lambda: api.of("run-lost", "heartbeat")[-1:] and len(api.of("run-lost", "complete")) >= 2)
+    running.watched.rounds_pass(5)
+    sent = len(api.of("run-lost", "complete"))
+    first, second = api.of("run-lost", "complete")[:2]
+    assert first == second and first["status"] == "ok"
+    running.watched.rounds_pass(5)
+    assert len(api.of("run-lost", "complete")) == sent  # verifying: confirmed, nothing more sent
+    assert running.stop() == 0
+
+
+def test_a_resume_that_fails_in_the_trainer_reports_its_checkpoint_as_output(tmp_path: Path, api: FakeAgentApi) -> None:
+    script = tmp_path / "trainer.py"
+    script.write_text(FAKE_CHECKPOINTING_TRAINER.replace('    print("resume_from="', '    sys.exit(7)\n    print("resume_from="'))
+    running = Running(in_process_agent(tmp_path, api, "run-corrupt", f"{sys.executable} {script}"))
+    wait_until((tmp_path / "storage" / "runs" / "run-corrupt" / "adapter.zip").exists, timeout=30)
+    api.replies["heartbeat"] = [{"state": "retained", "stop": True}]
+    wait_until(lambda: state_of(tmp_path).get("stopped"), timeout=15)
+    api.replies["heartbeat"] = [{"state": "training", "stop": False, "resume": True}]
+    done = api.wait_complete("run-corrupt")
+    # The output folder is empty, but the checkpoint is on the disk: the run must be retained, not released.
+    assert done["status"] == "failed" and done["exit_code"] == 7 and done["output_exists"] is True, done
+    assert running.stop() == 0

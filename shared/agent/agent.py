@@ -9,19 +9,36 @@ Uploads (shared.agent.uploads).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
+from shared.agent.guard import POWEROFF_EXIT, stop_runpod_pod
 from shared.agent.state import Failed
 from shared.agent.trainer import TrainerSupervisor
+
+AGENT_PHASES = ("provisioning", "preparing", "training", "exporting")  # the run states an agent reports in
 
 
 class Agent(TrainerSupervisor):
     def run(self) -> int:
+        self.working = False  # preparing, training, exporting or awaiting a resume: the guard's every bound applies
+        self.self_stopping = False
+        self.poweroff_requested = False
+        self.settled = threading.Event()  # the run's steps are done or stopped: safe to power off
+        threading.Thread(target=self._watch, daemon=True).start()
+        code = self._run()
+        return POWEROFF_EXIT if self.poweroff_requested else code
+
+    def _run(self) -> int:
         st = self.state
         if st.get("completion_sent"):
             self.log("this run already reported completion; idling")
             return self.idle()
-        if st.get("stopped"):
+        # Stopped while training with a checkpoint on this disk, then started again (`recover --resume`, or
+        # to fetch files): train again from the checkpoint only when the control plane says resume.
+        resumable = bool(st.get("stopped") and st.get("phase") == "training" and self.latest_checkpoint() is not None
+                         and not st.get("completion"))
+        if st.get("stopped") and not resumable:
             self.log(f"this run was stopped earlier ({st.get('stop_reason') or 'no reason recorded'}); "
                      "not training again, the output is kept; idling")
             return self.idle()
@@ -30,13 +47,27 @@ class Agent(TrainerSupervisor):
             self.complete(st.get("completion"))
             return self.idle()
         threading.Thread(target=self._tick, daemon=True).start()
+        self.working = True
         try:
-            if st.get("phase") == "training" and st.get("trainer_exit") is None:
+            if resumable:
+                self.log(f"restarted after a stop ({st.get('stop_reason') or 'no reason recorded'}) with a "
+                         "checkpoint on the disk; waiting for the control plane to say resume")
+                self.halt_reason = str(st.get("stop_reason") or "stopped before the restart")
+                self.halted.set()
+                dataset = self.uploads.dataset_path()
+                while self.halted.is_set() and not self.stop.is_set() and self.await_resume():
+                    self.train(dataset, resume_from=self.latest_checkpoint())
+                if self._interrupted():
+                    return self._stopped()
+                st.update(phase="trained", trainer_exit=0)
+            elif st.get("phase") == "training" and st.get("trainer_exit") is None:
                 # Restarted while the trainer ran (no stop recorded: a crash or a reboot). Training
                 # again would overwrite its output: report instead, and let the control plane keep it.
                 raise Failed("the agent restarted while the trainer was running (the machine restarted?); "
                              "training is not run again, so whatever it wrote is kept")
-            if st.get("phase") not in ("trained", "exporting", "exported"):
+            if resumable:
+                pass  # trained above, from the checkpoint
+            elif st.get("phase") not in ("trained", "exporting", "exported"):
                 self.heartbeat("preparing", 0.0)
                 st.update(phase="preparing")
                 dataset = self.uploads.fetch_dataset()
@@ -67,6 +98,9 @@ class Agent(TrainerSupervisor):
             self.heartbeat(self.phase)
             self.uploads.upload_logs()
             exists = self.uploads.output_exists() if exc.output_exists is None else exc.output_exists
+            # A checkpoint on the disk is output worth recovering: a resume from a corrupt one fails in the
+            # trainer, but the run must stay recoverable (its last good adapter is in storage).
+            exists = exists or self.latest_checkpoint() is not None
             self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code,
                            "output_exists": exists, "last_lines": [line[:500] for line in self.tail],
                            **({"stage": exc.stage} if exc.stage else {})})
@@ -77,7 +111,7 @@ class Agent(TrainerSupervisor):
         interval) until a reply says resume (True) or the machine stops (False). The stop is
         recorded first, so an agent restarted meanwhile never trains again on its own."""
         self._record_stop()
-        if self.latest_checkpoint() is None:
+        if self.latest_checkpoint() is None or self.self_stopping:
             return False
         self.resume.clear()
         self.log("waiting for a resume (`recover --resume`) from the last checkpoint")
@@ -85,7 +119,8 @@ class Agent(TrainerSupervisor):
             self.heartbeat("training")
             if self.resume.is_set():
                 self.halted.clear()
-                self.state.update(stopped=False, stop_reason="")
+                self.state.update(stopped=False, stop_reason="", resumed=True)
+                self.guard.resumed = True
                 self.log("resuming training from the last checkpoint")
                 return True
         return False
@@ -110,6 +145,72 @@ class Agent(TrainerSupervisor):
         return self.uploads.archive_path()
 
     def idle(self) -> int:
-        """Stay up like a VM would, until the control plane stops or deletes the machine."""
+        """Stay up like a VM would, until the control plane stops or deletes the machine. A completion
+        sent is confirmed first (confirm_completion)."""
+        self.working = False
+        self.settled.set()
+        if self.state.get("completion") and not self.self_stopping:
+            self.confirm_completion()
         self.stop.wait()
         return 0
+
+    def confirm_completion(self) -> None:
+        """Re-send the completion until the control plane shows the run past it. An acknowledged
+        completion can still be lost (the store lost the write after the answer): a heartbeat reply says
+        where the run is, and a run still in an agent phase gets the completion again (idempotent on
+        the digest). Ends on any other state, on a refusal (the run has ended), or after complete_retry_s."""
+        deadline = time.monotonic() + self.config.complete_retry_s
+        body = {"phase": self.phase if self.phase in AGENT_PHASES else "exporting", "progress": 1.0, "logs": []}
+        while not self.stop.wait(self.config.heartbeat_interval_s) and time.monotonic() < deadline:
+            answer = self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s)
+            self.guard.heard(answer.ok, self.api.rejected)
+            if answer.rejected:
+                return
+            if not answer.ok:
+                continue
+            if answer.body.get("state") not in AGENT_PHASES:
+                return
+            self.log(f"the control plane shows the run {answer.body.get('state')}: its completion was lost; "
+                     "sending it again")
+            again = self.api.post("complete", self.state.get("completion") or {},
+                                  give_up_after_s=self.config.heartbeat_retry_s)
+            self.guard.heard(again.ok, self.api.rejected)
+
+    def _watch(self) -> None:
+        """The guard's bounds (shared.agent.guard), checked every few seconds whatever the agent is doing."""
+        while not self.stop.wait(min(self.config.heartbeat_interval_s, 5.0)):
+            why = self.guard.reason(working=self.working)
+            if why:
+                self.self_stop(why)
+                return
+
+    def self_stop(self, why: str) -> None:
+        """Stop training (its last checkpoint is uploaded), upload the logs, record the stop and power the
+        machine off keeping its disk (shared.agent.guard says how on each cloud)."""
+        if self.self_stopping:
+            return
+        self.self_stopping = True
+        self.log(f"stopping by itself: {why}. Training stops, its last checkpoint and the logs are uploaded, "
+                 "and the machine is powered off with its disk kept")
+        self.halt_reason = f"stopped by the agent itself: {why}"
+        self.halted.set()
+        # The main thread stops the trainer and uploads its last checkpoint (train()), then settles in idle.
+        if not self.settled.wait(2 * self.stop_grace_s + 120):
+            self.log("the run's current step did not end in time; powering off anyway")
+        try:
+            self.uploads.upload_logs()
+        except Exception as exc:  # best effort: the logs stay on the disk
+            self.log(f"the logs were not uploaded: {type(exc).__name__}")
+        if not self.state.get("completion"):
+            self.state.update(stopped=True, stop_reason=self.halt_reason)
+        self.state.update(self_stopped=why)
+        mode = self.config.poweroff
+        if mode == "exit":
+            self.log(f"exiting with code {POWEROFF_EXIT}: the machine's script powers it off")
+            self.poweroff_requested = True
+            self.stop.set()
+        elif mode == "runpod":
+            if stop_runpod_pod(self.environ, self.log):
+                self.log("RunPod was asked to stop this pod")
+        else:
+            self.log("this machine is not powered off from inside (local provider); idling")

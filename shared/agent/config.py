@@ -52,6 +52,17 @@ def overlay_bootstrap(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key) or ""
+    try:
+        value = float(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"agent: {key} must be a number of seconds") from None
+    if value < 0 or value != value:
+        raise ValueError(f"agent: {key} must be a number of seconds, not negative")
+    return value
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     run_id: str
@@ -74,6 +85,14 @@ class AgentConfig:
     hf_token: str = ""  # for gated base models; a secret
     complete_retry_s: float = 1800.0  # how long to keep trying to report completion
     heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
+    # Self-protection (shared.agent.guard): the bounds past which the agent stops training and powers
+    # its machine off by itself, when the control plane that should have done it is gone or wrong.
+    runtime_limit_s: float = 0.0  # the run's runtime limit; 0 = unknown
+    deadline_at: float = 0.0  # the run's runtime deadline at launch (epoch seconds); 0 = unknown
+    self_stop_margin_s: float = 1800.0  # past either of the above by this much
+    unreachable_stop_s: float = 3600.0  # no heartbeat got through for this long
+    gone_grace_s: float = 900.0  # the control plane answered 404/410 for the run for this long
+    poweroff: str = ""  # how the machine powers off: "exit" (the host script), "runpod" (the pod's API), "" none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentConfig:
@@ -100,6 +119,12 @@ class AgentConfig:
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
             hf_token=env.get("HF_TOKEN", ""),
             complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
+            runtime_limit_s=_seconds(env, "TENSORANT_RUNTIME_LIMIT_S", 0),
+            deadline_at=_seconds(env, "TENSORANT_DEADLINE_AT", 0),
+            self_stop_margin_s=_seconds(env, "TENSORANT_SELF_STOP_MARGIN_S", 1800),
+            unreachable_stop_s=_seconds(env, "TENSORANT_UNREACHABLE_STOP_S", 3600),
+            gone_grace_s=_seconds(env, "TENSORANT_GONE_GRACE_S", 900),
+            poweroff=env.get("TENSORANT_POWEROFF", "").strip().lower(),
         )
 
     def secrets(self) -> list[str]:

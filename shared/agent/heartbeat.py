@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.agent.config import AgentConfig
+from shared.agent.guard import Guard
 from shared.agent.redact import redact_text, register_secret
 from shared.agent.state import STATE_FILE, AgentState
 from shared.agent.transport import ControlPlane
@@ -69,6 +70,7 @@ class Reporter:
         if isinstance(saved_token, str) and saved_token:
             register_secret(saved_token)
         self.api = ControlPlane(config, self.log, token=saved_token if isinstance(saved_token, str) else "")
+        self.guard = Guard(config, resumed=bool(self.state.get("resumed")))
 
     def log(self, message: str) -> None:
         line = redact_text(f"agent: {message}")
@@ -111,6 +113,7 @@ class Reporter:
         for i, batch in enumerate(_batches(lines) or [[]]):
             body = {"phase": phase, "progress": round(min(max(self.progress, 0.0), 1.0), 4), "logs": batch}
             answer = self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s)
+            self.guard.heard(answer.ok, self.api.rejected)
             if not answer.ok:
                 if self.api.rejected not in (0, 409, 429):
                     # Refused as it is (too large, invalid): sending it again would be refused
@@ -142,6 +145,7 @@ class Reporter:
         with self.send_lock:
             self.reported.set()
         answer = self.api.post("complete", body, give_up_after_s=self.config.complete_retry_s)
+        self.guard.heard(answer.ok, self.api.rejected)
         if answer.ok or answer.rejected:  # a 4xx: the run has moved on; sending it again would not help
             self.state.update(completion_sent=True)
         return answer.ok

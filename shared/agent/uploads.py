@@ -162,6 +162,11 @@ class Uploads:
             return UrlStorage(self.log)
         raise Failed("the agent has no storage access (neither TENSORANT_STORAGE_DIR nor TENSORANT_DATASET_URL)")
 
+    def dataset_path(self) -> Path:
+        """The dataset downloaded before a restart (it is on the kept disk), or fetched again if it is gone."""
+        dest = self.data_dir / "dataset.jsonl"
+        return dest if dest.is_file() else self.fetch_dataset()
+
     def fetch_dataset(self) -> Path:
         dest = self.data_dir / "dataset.jsonl"
         storage = self.storage()
