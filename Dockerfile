@@ -38,6 +38,7 @@ COPY shared/trainer/ /opt/tensorant/shared/trainer/
 # packages locally when TENSORANT_BASE_MODEL_PATH is not set, then runs shared.trainer.lora.
 ENV PYTHONPATH=/opt/tensorant \
     TENSORANT_TRAINER_COMMAND="python -m shared.trainer.run" \
-    TENSORANT_TRAINER_USER=trainer
+    TENSORANT_TRAINER_USER=trainer \
+    TENSORANT_MIN_NVIDIA_DRIVER=580.65.06
 
 ENTRYPOINT ["python", "-m", "shared.agent"]

@@ -62,7 +62,7 @@ def _parse_run(args: list[str]) -> tuple[dict[str, str], list[tuple[str, str]], 
     i = 0
     while i < len(args):
         a = args[i]
-        if a in ("--name", "--gpus", "--restart"):
+        if a in ("--name", "--gpus", "--restart", "--shm-size", "--log-driver", "--log-opt"):
             i += 2
         elif a == "--env-file":
             for line in Path(args[i + 1]).read_text().splitlines():
@@ -156,6 +156,10 @@ def _run(args: list[str]) -> int:
     if mode == "buildah":
         return _buildah(env, volumes)
     agent_env = _agent_env(env, volumes)
+    if mode == "old-driver":  # a host whose NVIDIA driver is older than the image's CUDA needs
+        driver = Path(os.environ["SHIM_STATE"]) / "nvidia-driver-version"
+        driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
+        agent_env["TENSORANT_NVIDIA_DRIVER_FILE"] = str(driver)
     cwd = str(REPO)
     command = _entrypoint()
     if mode == "no-agent":

@@ -9,24 +9,34 @@ unchecked (the verifier says so in its summary).
 Shapes are those of the published config.json of each model; tests/trainer/test_base_models.py
 builds each architecture on the meta device and compares parameter counts.
 
-GPU memory of a LoRA run (`estimate_memory`, bytes; documented so the figure can be argued with):
+GPU memory of a LoRA run, derived from the tensors the trainer holds (bytes; each term is the
+dtype the loaded model, peft and the trainer give it; tests/trainer/test_base_models.py builds each
+model on the meta device, applies the same casts and checks the weights and LoRA terms exactly):
 
-  weights      bf16: 2 x params.  4-bit (bitsandbytes NF4, double quant): the decoder layers'
-               linear weights at 4.13 bits each (absmax constants included); embeddings, lm_head,
-               norms and biases stay bf16.
-  LoRA         r x (in + out) per adapted module per layer, trained in fp32: weight 4 + grad 4 +
-               Adam moments 8 = 16 bytes per trainable parameter.
-  activations  gradient checkpointing keeps each layer's input, b x s x hidden x 2 bytes x layers,
-               plus one layer recomputed at a time, b x s x (6 x hidden + 2 x q_dim + 2 x kv_dim +
-               4 x intermediate) x 2 bytes (SDPA attention: no s x s score matrix is stored).
+  weights      bf16: 2 x params. 4-bit (bitsandbytes NF4, double quant): the decoder layers'
+               linear weights at 4.127 bits each (absmax constants included); every other tensor
+               (embeddings, lm_head, norms, biases) is cast to fp32 by peft's
+               prepare_model_for_kbit_training: 4 bytes each. For Llama-3.1-8B that is 4.2 GB of
+               fp32 embeddings and head beside 3.6 GB of 4-bit layers.
+  LoRA         r x (in + out) per adapted module per layer, kept in fp32 by peft: weight 4 + grad 4 +
+               AdamW moments 8 = 16 bytes per trainable parameter.
+  activations  gradient checkpointing keeps each layer's input, b x s x hidden x layers in the residual
+               stream's dtype (bf16: 2 bytes; 4-bit: 4, since the fp32 embeddings make it fp32), plus
+               one layer recomputed at a time, b x s x (6 x hidden + 2 x q_dim + 2 x kv_dim + 4 x
+               intermediate) x 2 bytes (SDPA attention: no s x s score matrix is stored).
                Without checkpointing every layer keeps that working set.
   logits       the trainer never holds the full b x s x vocab logits (shared/trainer/loss.py): lm_head
                and the cross-entropy run on LOSS_CHUNK_ELEMENTS / vocab learned tokens at a time,
                recomputed in backward, so one chunk is alive: min(b x s, chunk) x vocab x 12 bytes
-               (bf16 logits 2, their fp32 copy 4, softmax for backward 4, bf16 gradient 2), at most
-               2**25 x 12 = 384 MiB. (Full logits were b x s x vocab x 12: 7 GiB for a 0.5B model
-               with a 150k vocabulary at 4 x 1024 tokens, more than its weights.)
-  overhead     1 GiB (CUDA context, cuBLAS workspace) + 10 % allocator fragmentation.
+               (logits, their fp32 log-softmax and gradient), at most 2**25 x 12 = 384 MiB.
+
+`peak_allocated` is their sum: what torch.cuda.max_memory_allocated should report
+(tests/gpu/check_training.py prints the measured peak against it). `estimate_memory`, what an
+offer's GPU must have, adds the margin: ALLOCATOR_MARGIN (10 %: the caching allocator reserves more
+than it hands out) and CUDA_CONTEXT (0.75 GiB: the CUDA context and cuBLAS workspace, which
+max_memory_allocated does not count). Llama-3.1-8B LoRA at batch 2 x 512 tokens: 16.0 GiB
+allocated (torchtune publishes a 16.2 GiB peak for its single-device LoRA recipe); at the default
+4 x 1024 17.2 GiB allocated, 19.7 GiB needed. QLoRA at 4 x 1024: 10.6 GiB allocated, 12.4 needed.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ ALL_LINEAR = ATTENTION + MLP
 # Logits elements per chunk of the trainer's chunked cross-entropy (shared/trainer/loss.py uses this).
 LOSS_CHUNK_ELEMENTS = 2**25
 _NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double quantization)
+ALLOCATOR_MARGIN = 1.10  # reserved over allocated: the caching allocator's fragmentation
+CUDA_CONTEXT = 3 * GiB // 4  # CUDA context + cuBLAS workspace, outside max_memory_allocated
 
 
 @dataclass(frozen=True)
@@ -125,23 +137,32 @@ class BaseModel:
             return transformers.Qwen2Config(**common)
         return transformers.MistralConfig(sliding_window=None, **common)
 
-    def estimate_memory(self, *, batch_size: int = 4, seq_len: int = 1024, lora_r: int = 16,
-                        target_modules: str = "attention", load_in_4bit: bool = False,
-                        gradient_checkpointing: bool = True) -> int:
-        """Peak GPU bytes of a LoRA run at these settings (formula in the module docstring)."""
+    def weight_bytes(self, load_in_4bit: bool = False) -> int:
+        """The base model's weights as the trainer holds them (module docstring: weights)."""
+        if not load_in_4bit:
+            return self.param_count() * 2
         linear = self.num_layers * self.layer_linear_params()
-        # 4-bit quantizes the decoder's linear weights only; embeddings, head, norms stay bf16.
-        weights = (int(linear * _NF4_BITS / 8) + (self.param_count() - linear) * 2 if load_in_4bit
-                   else self.param_count() * 2)
+        return int(linear * _NF4_BITS / 8) + (self.param_count() - linear) * 4
+
+    def peak_allocated(self, *, batch_size: int = 4, seq_len: int = 1024, lora_r: int = 16,
+                       target_modules: str = "attention", load_in_4bit: bool = False,
+                       gradient_checkpointing: bool = True) -> int:
+        """Peak bytes torch allocates during a LoRA run at these settings (module docstring)."""
         lora = self.lora_params(lora_r, self.targets(target_modules)) * 16
         tokens = batch_size * seq_len
         working = tokens * (6 * self.hidden_size + 2 * self.q_dim + 2 * self.kv_dim + 4 * self.intermediate_size) * 2
+        residual = 4 if load_in_4bit else 2
         if gradient_checkpointing:
-            activations = tokens * self.hidden_size * 2 * self.num_layers + working
+            activations = tokens * self.hidden_size * residual * self.num_layers + working
         else:
             activations = working * self.num_layers
         logits = min(tokens, max(1, LOSS_CHUNK_ELEMENTS // self.vocab_size)) * self.vocab_size * 12
-        return int((weights + lora + activations + logits) * 1.1) + GiB
+        return self.weight_bytes(load_in_4bit) + lora + activations + logits
+
+    def estimate_memory(self, **settings: Any) -> int:
+        """GPU bytes an offer must have for a LoRA run at these settings (peak_allocated's
+        keywords): the peak allocation with the allocator's margin and the CUDA context."""
+        return int(self.peak_allocated(**settings) * ALLOCATOR_MARGIN) + CUDA_CONTEXT
 
     def describe(self, **settings: Any) -> dict[str, Any]:
         """A JSON-ready summary for listings (GET /api/base-models)."""

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from shared.agent.gpu import EXIT_GPU, driver_problem
 from shared.agent.guard import POWEROFF_EXIT, stop_runpod_pod
 from shared.agent.state import Failed
 from shared.agent.trainer import TrainerSupervisor
@@ -46,6 +47,8 @@ class Agent(TrainerSupervisor):
             self.log("sending the completion recorded before the restart")
             self.complete(st.get("completion"))
             return self.idle()
+        if not st.get("phase") and (problem := driver_problem(self.environ)) is not None:
+            return self.boot_failed(problem)
         threading.Thread(target=self._tick, daemon=True).start()
         self.working = True
         try:
@@ -105,6 +108,16 @@ class Agent(TrainerSupervisor):
                            "output_exists": exists, "last_lines": [line[:500] for line in self.tail],
                            **({"stage": exc.stage} if exc.stage else {})})
         return self.idle()
+
+    def boot_failed(self, reason: str) -> int:
+        """This machine cannot train at all (its driver is too old): reported before any heartbeat as a
+        failed start, which the control plane releases at once, not retained. The agent then exits, so
+        the bootstrap script's own report (stage agent, this exit code) says the same."""
+        self.log(reason)
+        self.api.post("boot-failed", {"stage": "agent", "exit_code": EXIT_GPU, "attempts": 1,
+                                      "last_lines": [f"agent: {reason}"[:2000]]},
+                      give_up_after_s=self.config.complete_retry_s)
+        return EXIT_GPU
 
     def await_resume(self) -> bool:
         """Halted by a stop reply: with a checkpoint on the disk, keep asking (one heartbeat an

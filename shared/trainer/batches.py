@@ -38,12 +38,15 @@ def choose_batching(setting: str, model_type: str, attention: str | None, *, cud
     """The batching mode to use (setting: the `batching` training setting; attention: the model's
     config._attn_implementation; cuda: training on a GPU).
 
-    auto: packed where it is measured fastest: on the CPU under sdpa (segment_attention), and under
-    flash attention (varlen kernels). Measured on the CPU (SmolLM2-135M, fp32, one thread, batch
-    4 x 2, 8 steps, chat rows of 20-250 answer tokens; tests/bench/trainers_bench.py): packed 101
-    real tokens per CPU-second, grouped 97 (1.4 % padding left on 300 rows), a plain padded
-    transformers loop 72. On a GPU under sdpa, grouped: packing there (one sdpa call per example
-    and layer) is not measured yet (tests/gpu/check_training.py runs both)."""
+    auto: packed where it is measured fastest. On the CPU under sdpa (segment_attention) by a rule
+    from measured figures (SmolLM2-135M, fp32, one thread, batch 4 x 2, 8 steps, chat rows of
+    20-250 answer tokens; tests/bench/trainers_bench.py): packed 101 real tokens per CPU-second,
+    grouped 97 (1.4 % padding left on 300 rows), a plain padded transformers loop 72; on a skewed
+    set the gap is wider (the issue's check: 80.9 against 69.2 bare packed and 37.6 padded). Under
+    flash attention (varlen kernels) packed. On a GPU under sdpa the answer depends on the GPU, the
+    model and the lengths (one sdpa call per example and layer against padded batches' one call):
+    wants_probe says so, and shared.trainer.gpu.probe_batching times both on the run's own data;
+    grouped is what this returns for it until measured."""
     if setting == "packed" and model_type not in PACKABLE:
         return "grouped"  # packing would silently let examples attend to each other
     if setting != "auto":
@@ -51,6 +54,11 @@ def choose_batching(setting: str, model_type: str, attention: str | None, *, cud
     if model_type in PACKABLE and (attention == "flash_attention_2" or (not cuda and attention == "sdpa")):
         return "packed"
     return "grouped"
+
+
+def wants_probe(setting: str, model_type: str, attention: str | None, *, cuda: bool) -> bool:
+    """True where `auto` is decided by timing grouped against packed (a GPU under sdpa)."""
+    return setting == "auto" and cuda and model_type in PACKABLE and attention == "sdpa"
 
 
 def batch_stream(examples: Sequence[Tokenized], batch_size: int, seed: int, *, grouped: bool) -> Iterator[

@@ -49,6 +49,25 @@ class TrainerSettings:
     # time limit keeps at most this much of its work unsaved.
     checkpoint_every_steps: int = 50
     checkpoint_every_s: int = 600
+    # Evaluation on the held-out split every this many steps (None: before and after training only);
+    # with it, the adapter of the best evaluation is the one written (keep_best), and training stops
+    # after early_stopping_patience evaluations that did not improve the best by more than
+    # early_stopping_threshold (None: never stops early).
+    eval_every_steps: int | None = None
+    early_stopping_patience: int | None = None
+    early_stopping_threshold: float = 0.0
+    keep_best: bool = True
+    # None: the tokenizer's own chat template (FALLBACK_TEMPLATE when it has none); a name of
+    # shared.trainer.templates.PRESETS; or a Jinja chat template's text.
+    chat_template: str | None = None
+    train_on_inputs: bool = False  # loss on every token of a chat row, not only the assistant's
+    use_dora: bool = False  # weight-decomposed LoRA (peft use_dora): a magnitude vector per adapted module
+    use_rslora: bool = False  # rank-stabilised scaling alpha / sqrt(r) instead of alpha / r
+    neftune_alpha: float | None = None  # NEFTune: uniform noise alpha / sqrt(len * dim) on the embeddings
+    lr_scheduler: str = "cosine"  # cosine | linear | constant (each after the warmup)
+    warmup_steps: int | None = None  # overrides warmup_ratio
+    optimizer: str = "adamw"  # adamw | adamw_8bit (bitsandbytes, CUDA) | sgd (momentum 0.9)
+    weight_decay: float = 0.0  # decoupled (AdamW's); for sgd, L2
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,13 +77,19 @@ class TrainerSettings:
 _INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "batch_size": (1, 256),
         "gradient_accumulation": (1, 256), "max_seq_len": (16, 32768), "seed": (0, 2**32 - 1),
         "sample_prompts": (0, 10), "max_examples": (1, None),
-        "checkpoint_every_steps": (1, 100000), "checkpoint_every_s": (30, 7 * 24 * 3600)}
+        "checkpoint_every_steps": (1, 100000), "checkpoint_every_s": (30, 7 * 24 * 3600),
+        "eval_every_steps": (1, 100000), "early_stopping_patience": (1, 1000), "warmup_steps": (0, 100000)}
 _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
-          "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False)}
+          "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False),
+          "early_stopping_threshold": (0.0, 10.0, False), "neftune_alpha": (0.0, 50.0, True),
+          "weight_decay": (0.0, 1.0, False)}
 _CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),
-            "kind": ("trial", "full"), "batching": ("auto", "padded", "grouped", "packed")}
-_BOOL = ("load_in_4bit", "gradient_checkpointing")
-_NULLABLE = ("max_steps", "max_examples")
+            "kind": ("trial", "full"), "batching": ("auto", "padded", "grouped", "packed"),
+            "lr_scheduler": ("cosine", "linear", "constant"), "optimizer": ("adamw", "adamw_8bit", "sgd")}
+_BOOL = ("load_in_4bit", "gradient_checkpointing", "keep_best", "train_on_inputs", "use_dora", "use_rslora")
+_NULLABLE = ("max_steps", "max_examples", "eval_every_steps", "early_stopping_patience", "chat_template",
+             "neftune_alpha", "warmup_steps")
+MAX_CHAT_TEMPLATE = 16384  # characters: a template is a few kB; the settings travel in an env variable
 
 
 def parse_settings(raw: str | None) -> tuple[TrainerSettings, list[str]]:
@@ -98,7 +123,27 @@ def parse_settings(raw: str | None) -> tuple[TrainerSettings, list[str]]:
             if not isinstance(value, bool):
                 raise SettingsError(f"training.{name} must be true or false, not {value!r}")
             values[name] = value
-    return TrainerSettings(**values), warnings
+        elif name == "chat_template":
+            values[name] = _template(value)
+    settings = TrainerSettings(**values)
+    if settings.early_stopping_patience is not None and settings.eval_every_steps is None:
+        raise SettingsError("training.early_stopping_patience needs training.eval_every_steps: early stopping "
+                            "decides on the evaluations made during training")
+    return settings, warnings
+
+
+def _template(value: Any) -> str:
+    from shared.trainer.templates import PRESETS
+
+    if not isinstance(value, str) or not value.strip():
+        raise SettingsError(f"training.chat_template must be a template name ({', '.join(PRESETS)}) or a Jinja "
+                            f"chat template's text, not {value!r}")
+    if len(value) > MAX_CHAT_TEMPLATE:
+        raise SettingsError(f"training.chat_template is {len(value)} characters; at most {MAX_CHAT_TEMPLATE}")
+    if value not in PRESETS and "messages" not in value:
+        raise SettingsError(f"training.chat_template {value[:40]!r} is neither a known template name "
+                            f"({', '.join(PRESETS)}) nor a Jinja chat template (which loops over `messages`)")
+    return value
 
 
 def _int(name: str, value: Any, low: int, high: int | None) -> int:

@@ -198,9 +198,12 @@ class TokenStore:
     def __len__(self) -> int:
         return len(self._truncated)
 
-    def row(self, r: int) -> Tokenized:
+    def row(self, r: int, inputs: bool = False) -> Tokenized:
+        """Row r; inputs: every token learned (train_on_inputs), not only the assistant's."""
         a, b = int(self.starts[r]), int(self.starts[r + 1])
         ids = self.ids[a:b]
+        if inputs:
+            return Tokenized(ids, ids, bool(self.truncated[r]))
         return Tokenized(ids, np.where(self.learn[a:b], ids, np.int32(IGNORE)), bool(self.truncated[r]))
 
     def select(self, rows: np.ndarray) -> Encoded:
@@ -217,9 +220,9 @@ class TokenStore:
 class StoredExamples(Sequence[Tokenized]):
     """Some of a frozen TokenStore's rows, in a given order, as Tokenized examples made on access."""
 
-    def __init__(self, store: TokenStore, rows: np.ndarray) -> None:
+    def __init__(self, store: TokenStore, rows: np.ndarray, inputs: bool = False) -> None:
         assert store.frozen
-        self.store, self.rows = store, rows
+        self.store, self.rows, self.inputs = store, rows, inputs
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -232,12 +235,21 @@ class StoredExamples(Sequence[Tokenized]):
 
     def __getitem__(self, i: int | slice) -> Tokenized | StoredExamples:
         if isinstance(i, slice):
-            return StoredExamples(self.store, self.rows[i])
-        return self.store.row(int(self.rows[i]))
+            return StoredExamples(self.store, self.rows[i], self.inputs)
+        return self.store.row(int(self.rows[i]), self.inputs)
 
     def __iter__(self) -> Iterator[Tokenized]:
         for r in self.rows:
-            yield self.store.row(int(r))
+            yield self.store.row(int(r), self.inputs)
+
+
+def with_inputs(encoded: Encoded) -> Encoded:
+    """The same rows with every token learned (the train_on_inputs setting): prompts, system turns and
+    template markers too. Which rows are kept does not change: a row cut before its first assistant
+    token is still dropped, as without it."""
+    examples = encoded.examples
+    assert isinstance(examples, StoredExamples), "train_on_inputs applies to a batch-encoded split"
+    return Encoded(StoredExamples(examples.store, examples.rows, inputs=True), encoded.truncated, encoded.dropped)
 
 
 class Encoder:

@@ -26,13 +26,17 @@ A plain loop (torch AdamW + warmup/cosine schedule) rather than HF Trainer: fewe
 exact control of the loss mask, the progress lines and determinism. Micro-batches are packed or
 length-grouped (shared.trainer.batches, the `batching` setting) and the loss is a chunked
 cross-entropy over the learned positions only (shared.trainer.loss): no full logits tensor. It prints
-`progress=<0..1> step=<n> loss=<x> lr=<y>` per optimizer step. Exit codes: 0 adapter written,
-2 bad settings or dataset, 3 model could not be loaded, 1 anything else.
+`progress=<0..1> step=<n> loss=<x> lr=<y>` per optimizer step and, with eval_every_steps,
+`eval step=<n> eval_loss=<x>` per evaluation (early stopping and the best adapter kept: the settings
+of shared.trainer.config). Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
+not be loaded, 4 the machine's GPU cannot be used (shared.trainer.gpu: a driver older than torch's
+CUDA needs), 1 anything else.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -47,11 +51,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shared.trainer.batches import batch_stream, choose_batching, collate, trained_tokens, use_segment_attention
+from shared.trainer.batches import (
+    batch_stream,
+    choose_batching,
+    collate,
+    trained_tokens,
+    use_segment_attention,
+    wants_probe,
+)
 from shared.trainer.config import SettingsError, TrainerSettings, parse_settings
 from shared.trainer.data import DatasetError, DatasetRows, Encoded, Example, Tokenized, sample_prompt, scan_dataset
-from shared.trainer.encoding import encode_splits
+from shared.trainer.encoding import encode_splits, with_inputs
+from shared.trainer.gpu import EXIT_GPU, Neftune, gpu_problem, probe_batching
 from shared.trainer.loss import loss_sum
+from shared.trainer.templates import TemplateError
+from shared.trainer.templates import apply as apply_template
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -121,6 +135,10 @@ def load_model(s: TrainerSettings, source: str, precision: str, cuda: bool, toke
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
         kwargs["device_map"] = {"": 0}
+    if cuda and precision == "bf16" and importlib.util.find_spec("flash_attn") is not None:
+        # Packed rows then run transformers' varlen kernels; the image does not carry flash-attn (no
+        # wheel for its torch and CUDA 13), so there the segment attention over sdpa runs instead.
+        kwargs["attn_implementation"] = "flash_attention_2"
     model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if cuda and not s.load_in_4bit:
         model.to("cuda")  # type: ignore[arg-type]  # transformers types .to() as a wrapped method
@@ -306,10 +324,20 @@ def load_base(job: Job, precision: str, cuda: bool) -> tuple[Any, Any] | int:
         return 3
 
 
+def lora_config(s: TrainerSettings, targets: list[str]) -> Any:
+    from peft import LoraConfig
+
+    # use_rslora: scaling alpha / sqrt(r) (Kalajdzievski, 2023) keeps the update's size as r grows;
+    # use_dora: a trained magnitude per output feature beside the LoRA direction (Liu et al., 2024).
+    return LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout, target_modules=targets,
+                      bias="none", task_type="CAUSAL_LM", use_rslora=s.use_rslora, use_dora=s.use_dora)
+
+
 def add_lora(model: Any, s: TrainerSettings, cuda: bool) -> tuple[Any, str, bool, list[str]]:
-    """(the peft model, its batching mode, whether attention runs per example, the target modules)."""
+    """(the peft model, its batching mode, whether attention can run per example, the target modules).
+    The mode is choose_batching's; where wants_probe, train() times both and may switch to packed."""
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
     if s.load_in_4bit:
         from peft import prepare_model_for_kbit_training
@@ -320,13 +348,45 @@ def add_lora(model: Any, s: TrainerSettings, cuda: bool) -> tuple[Any, str, bool
     model.config.use_cache = False
     batching = choose_batching(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
                                cuda=cuda)
+    probe = wants_probe(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
+                        cuda=cuda)
     # Packed rows under sdpa: attention per example instead of the row's square under a block mask.
-    segments = batching == "packed" and use_segment_attention(model)
+    segments = (batching == "packed" or probe) and use_segment_attention(model)
     targets = ALL_LINEAR if s.target_modules == "all-linear" else ATTENTION
     torch.manual_seed(s.seed)  # the LoRA init draws from here: same seed, same adapter
-    model = get_peft_model(model, LoraConfig(r=s.lora_r, lora_alpha=s.lora_alpha, lora_dropout=s.lora_dropout,
-                                             target_modules=targets, bias="none", task_type="CAUSAL_LM"))
+    model = get_peft_model(model, lora_config(s, targets))
     return model, batching, segments, targets
+
+
+def make_optimizer(params: list[Any], s: TrainerSettings, cuda: bool) -> Any:
+    """The `optimizer` setting with its learning rate and weight decay (AdamW's is decoupled)."""
+    import torch
+
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=s.learning_rate, momentum=0.9, weight_decay=s.weight_decay)
+    if s.optimizer == "adamw_8bit":
+        if not cuda:
+            raise SettingsError("training.optimizer adamw_8bit needs a CUDA GPU (bitsandbytes); this machine has none")
+        import bitsandbytes
+
+        return bitsandbytes.optim.AdamW8bit(params, lr=s.learning_rate, weight_decay=s.weight_decay)
+    return torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=s.weight_decay)
+
+
+def make_scheduler(optimizer: Any, s: TrainerSettings, total_steps: int) -> tuple[Any, int]:
+    """(the `lr_scheduler` setting's schedule, its warmup steps: warmup_steps, else warmup_ratio of the plan)."""
+    from transformers import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+        get_linear_schedule_with_warmup,
+    )
+
+    warmup = min(total_steps, s.warmup_steps if s.warmup_steps is not None else round(s.warmup_ratio * total_steps))
+    if s.lr_scheduler == "constant":
+        return get_constant_schedule_with_warmup(optimizer, warmup), warmup
+    if s.lr_scheduler == "linear":
+        return get_linear_schedule_with_warmup(optimizer, warmup, total_steps), warmup
+    return get_cosine_schedule_with_warmup(optimizer, warmup, total_steps), warmup
 
 
 @dataclass
@@ -343,6 +403,9 @@ class Run:
     batching: str
     targets: list[str]
     total_steps: int
+    held: Sequence[Tokenized] = ()  # the held-out split: evaluated every eval_every_steps
+    neftune: Neftune | None = None
+    probe: dict[str, float] | None = None  # real tokens/s per mode, when `auto` was decided by probe_batching
 
 
 @dataclass
@@ -356,6 +419,19 @@ class Progress:
     epoch: int = 0
     first_step: int = 1
     eval_before: float | None = None
+    steps_done: int = 0
+    evals: list[list[float]] = field(default_factory=list)  # [step, eval loss] per evaluation during training
+    best: float | None = None  # the lowest eval loss so far, and its step and adapter (keep_best)
+    best_step: int = 0
+    best_state: dict[str, Any] | None = None
+    patience_ref: float | None = None  # what an evaluation must beat by early_stopping_threshold
+    bad_evals: int = 0  # evaluations in a row that did not
+    stopped_early_at: int | None = None
+
+    def saved(self) -> dict[str, Any]:
+        """The evaluation counters a checkpoint keeps (the early-stopping state and the best adapter)."""
+        return {"evals": self.evals, "best": self.best, "best_step": self.best_step, "best_state": self.best_state,
+                "patience_ref": self.patience_ref, "bad_evals": self.bad_evals}
 
 
 def resume(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], folder: Path) -> Progress:
@@ -374,6 +450,9 @@ def resume(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], folder: Path
         torch.cuda.set_rng_state(state["cuda_rng"].cpu())
     p = Progress(losses=list(state["losses"]), epoch=int(state["epoch"]), eval_before=state["eval_before"],
                  first_step=int(state["step"]) + 1)
+    if "evals" in state:
+        p.evals, p.best, p.best_step = [list(e) for e in state["evals"]], state["best"], int(state["best_step"])
+        p.best_state, p.patience_ref, p.bad_evals = state["best_state"], state["patience_ref"], int(state["bad_evals"])
     p.tokens_seen, p.processed, p.trained = (int(state[k]) for k in ("tokens_seen", "processed", "trained"))
     # The stream is seeded: drawing (and dropping) the micro-batches of the steps already done
     # puts it exactly where the interrupted run was.
@@ -392,7 +471,7 @@ def save_checkpoint(run: Run, step: int, p: Progress) -> None:
                 "scheduler": run.scheduler.state_dict(), "rng": torch.get_rng_state(),
                 "cuda_rng": torch.cuda.get_rng_state() if run.cuda else None, "eval_before": p.eval_before,
                 "losses": p.losses, "epoch": p.epoch, "tokens_seen": p.tokens_seen, "processed": p.processed,
-                "trained": p.trained}
+                "trained": p.trained, **p.saved()}
     blob = io.BytesIO()
     torch.save(snapshot, blob)
     files = adapter_files(job.checkpoint_root / ".peft", run.model, job.base_model, run.targets,
@@ -421,6 +500,8 @@ def train_loop(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progr
             if n == 0:
                 continue
             inputs = collate(batch, run.pad_id, run.device, run.batching)
+            if run.neftune is not None:
+                run.neftune.set_inputs(inputs)
             # Token-weighted over the whole accumulated step, not a mean of micro-batch means.
             loss = loss_sum(model, inputs, n) / n_step
             loss.backward()
@@ -438,14 +519,68 @@ def train_loop(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progr
         p.losses.append(step_loss)
         log(f"progress={step / run.total_steps:.4f} step={step} loss={step_loss:.4f} "
             f"lr={run.scheduler.get_last_lr()[0]:.3e} epoch={p.epoch}")
+        p.steps_done = step
         if run.job.step_sleep_s:
             time.sleep(run.job.step_sleep_s)
+        evaluating = bool(s.eval_every_steps and run.held) and (step % (s.eval_every_steps or 1) == 0
+                                                              or step == run.total_steps)
+        if evaluating and not evaluate_during(run, step, p):
+            break  # early stopping: the adapter is written as after the last step
         due = step % s.checkpoint_every_steps == 0 or time.monotonic() - last_checkpoint >= s.checkpoint_every_s
         if run.job.checkpoint_root is not None and step < run.total_steps and due:
             # The last step needs none: the final adapter is written right after it.
             save_checkpoint(run, step, p)
             last_checkpoint = time.monotonic()
     return time.monotonic() - train_started, time.process_time() - train_cpu_started
+
+
+def trainable_state(model: Any) -> dict[str, Any]:
+    """A copy, on the CPU, of the weights being trained (the LoRA matrices, DoRA's magnitudes)."""
+    return {name: q.detach().to("cpu", copy=True) for name, q in model.named_parameters() if q.requires_grad}
+
+
+def evaluate_during(run: Run, step: int, p: Progress) -> bool:
+    """One evaluation during training: logged (`eval step=<n> eval_loss=<x>`, the run view's eval curve),
+    the best adapter copied (keep_best), and False when early stopping ends the training here."""
+    s = run.job.s
+    loss = evaluate(run.model, run.held, s.batch_size, run.pad_id, run.device, run.batching)
+    if loss is None:
+        return True
+    p.evals.append([step, round(loss, 5)])
+    log(f"eval step={step} eval_loss={loss:.4f}")
+    if p.best is None or loss < p.best:
+        p.best, p.best_step = loss, step
+        if s.keep_best:
+            p.best_state = trainable_state(run.model)
+    if p.patience_ref is None or loss < p.patience_ref - s.early_stopping_threshold:
+        p.patience_ref, p.bad_evals = loss, 0
+        return True
+    p.bad_evals += 1
+    if s.early_stopping_patience is not None and p.bad_evals >= s.early_stopping_patience:
+        p.stopped_early_at = step
+        log(f"trainer: early stopping at step {step} of {run.total_steps}: {p.bad_evals} evaluation(s) in a row did "
+            f"not improve eval_loss {p.patience_ref:.4f} by more than {s.early_stopping_threshold}")
+        return False
+    return True
+
+
+def keep_best(run: Run, p: Progress) -> float | None:
+    """After training with evaluations: the best evaluation's adapter put back when the last one is
+    worse (keep_best); returns the eval loss of the adapter that will be written."""
+    if not p.evals:
+        return None
+    last_step, last = p.evals[-1]
+    if run.job.s.keep_best and p.best_state is not None and p.best is not None and p.best < last:
+        import torch
+
+        with torch.no_grad():
+            for name, q in run.model.named_parameters():
+                if name in p.best_state:
+                    q.copy_(p.best_state[name].to(q.device))
+        log(f"trainer: kept the adapter of step {p.best_step} (eval_loss {p.best:.4f}), the best evaluation; "
+            f"the last, at step {int(last_step)}, was {last:.4f}")
+        return p.best
+    return None if int(last_step) != p.steps_done else last
 
 
 def sample_outputs(run: Run, tokenizer: Any, rows: list[Example]) -> list[dict[str, str]]:
@@ -516,6 +651,8 @@ def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, ev
         "target_modules": run.targets,
         "samples": samples,
     }
+    manifest.update(steps_done=p.steps_done, eval_curve=p.evals, best_step=p.best_step if p.evals else None,
+                    stopped_early_at=p.stopped_early_at, batching_probe=run.probe)
     if job.resume_from is not None:
         manifest["resumed_from_step"] = p.first_step - 1
     return manifest
@@ -529,10 +666,13 @@ def train(env: dict[str, str]) -> int:
     s, rows, base_model = job.s, job.rows, job.base_model
 
     import torch
-    from transformers import get_cosine_schedule_with_warmup
 
     if job.threads > 0:
         torch.set_num_threads(job.threads)
+    problem = gpu_problem(env.get("TENSORANT_NVIDIA_DRIVER_FILE") or "/proc/driver/nvidia/version")
+    if problem is not None:
+        log(f"trainer: {problem}")
+        return EXIT_GPU
     torch.manual_seed(s.seed)
     random.seed(s.seed)
     cuda = torch.cuda.is_available()
@@ -550,8 +690,16 @@ def train(env: dict[str, str]) -> int:
         return loaded
     tokenizer, model = loaded
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    try:
+        apply_template(tokenizer, s.chat_template)
+    except TemplateError as exc:
+        log(f"trainer: {exc}")
+        return 2
 
     encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
+    if s.train_on_inputs:
+        # Training rows only: the held-out loss stays the assistant's, comparable across runs.
+        encoded = with_inputs(encoded)
     if not encoded.examples:
         log("trainer: no training example has a token to learn from (all empty or cut off by max_seq_len)")
         return 2
@@ -565,18 +713,34 @@ def train(env: dict[str, str]) -> int:
                 "max_seq_len and were skipped")
 
     model, batching, segments, targets = add_lora(model, s, cuda)
+    neftune = None
+    if s.neftune_alpha is not None:
+        neftune = Neftune(s.neftune_alpha)
+        neftune.attach(model)
+    probe = None
+    if wants_probe(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
+                   cuda=cuda) and segments:
+        batching, probe = probe_batching(model, encoded.examples, s.batch_size, s.seed, pad_id, device, neftune)
+        log("trainer: batching probe (real tokens/s): " + ", ".join(f"{k} {v}" for k, v in probe.items())
+            + f" -> {batching}")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_steps = plan_steps(len(encoded.examples), s)
-    warmup = round(s.warmup_ratio * total_steps)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=s.learning_rate,
-                                  weight_decay=0.0)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, total_steps)
+    try:
+        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], s, cuda)
+    except SettingsError as exc:
+        log(f"trainer: {exc}")
+        return 2
+    scheduler, warmup = make_scheduler(optimizer, s, total_steps)
     log(f"trainer: steps={total_steps} warmup={warmup} batch={s.batch_size}x{s.gradient_accumulation} "
         f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable} "
-        f"batching={batching}{' (attention per example)' if segments else ''}")
+        f"batching={batching}{' (attention per example)' if segments and batching == 'packed' else ''} "
+        f"optimizer={s.optimizer} lr_scheduler={s.lr_scheduler}"
+        + (" dora" if s.use_dora else "") + (" rslora" if s.use_rslora else "")
+        + (f" neftune_alpha={s.neftune_alpha}" if neftune else ""))
 
     run = Run(job=job, model=model, optimizer=optimizer, scheduler=scheduler, device=device, cuda=cuda, pad_id=pad_id,
-              batching=batching, targets=targets, total_steps=total_steps)
+              batching=batching, targets=targets, total_steps=total_steps, held=held.examples, neftune=neftune,
+              probe=probe)
     stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=batching == "grouped")
     if job.resume_from is not None:
         progress = resume(run, stream, job.resume_from)
@@ -588,7 +752,9 @@ def train(env: dict[str, str]) -> int:
     if isinstance(timing, int):
         return timing
 
-    eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching)
+    eval_after = keep_best(run, progress)
+    if eval_after is None:
+        eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching)
     if eval_after is not None:
         log(f"trainer: eval_loss after training = {eval_after:.4f}")
     samples = sample_outputs(run, tokenizer, sample_rows)
