@@ -10,6 +10,12 @@ Contracts (each implementation states how it meets them in its docstrings):
   cloud confirms the machine and its job-created disk and network interface are gone.
 - Nothing without this deployment's marks is ever stopped or deleted.
 - list_managed pages through the account and yields only this deployment's resources.
+
+Resuming training (a provider whose ProviderInfo says resumes_training): start() brings the
+retained machine back with the disk retain() kept, and the training container starts again on it
+on that boot (cloud-init's script runs on every boot on AWS and Azure; RunPod runs a resumed pod's
+entrypoint). Its agent finds the stopped run's checkpoint on the disk and continues from it when
+the control plane's heartbeat reply says resume (shared/agent/agent.py), to the planned steps.
 """
 
 from __future__ import annotations

@@ -54,6 +54,20 @@ class ProviderInfo:
     # Fills the compute config from the org's storage connection before the provider is built
     # (RunPod pins pods to the org's network volume). None: the saved config as it is.
     prepare_config: ConfigHook | None = None
+    # `recover --resume` (shared/providers/base.py, "Resuming training"): start() brings the retained
+    # machine back with its disk, and the training container runs its agent again on it, which continues
+    # from the last checkpoint when the control plane says resume. False: the run is refused a resume.
+    resumes_training: bool = False
+
+
+def resumable_providers() -> list[str]:
+    """The providers that declare resumes_training, for the resume's refusal message."""
+    return [name for name, info in providers().items() if info.resumes_training]
+
+
+def resumes_training(name: str) -> bool:
+    info = providers().get(name)
+    return info is not None and info.resumes_training
 
 
 @functools.cache

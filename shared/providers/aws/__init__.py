@@ -20,4 +20,5 @@ EXAMPLE = {"region": "us-east-1", "access_key_id": "AKIAIOSFODNN7EXAMPLE",
            "secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "ami_id": "ami-0123456789abcdef0",
            "subnet_id": "subnet-0123456789abcdef0", "security_group_id": "sg-0123456789abcdef0"}
 
-PROVIDER = ProviderInfo("aws", AwsConfig, build, EXAMPLE, sdk_modules=("boto3", "botocore"))
+PROVIDER = ProviderInfo("aws", AwsConfig, build, EXAMPLE, sdk_modules=("boto3", "botocore"),
+                        resumes_training=True)

@@ -28,4 +28,5 @@ EXAMPLE = {
 }
 
 PROVIDER = ProviderInfo("azure", AzureConfig, build, EXAMPLE,
-                        sdk_modules=("azure.identity", "azure.mgmt.compute", "azure.mgmt.network"))
+                        sdk_modules=("azure.identity", "azure.mgmt.compute", "azure.mgmt.network"),
+                        resumes_training=True)

@@ -18,4 +18,4 @@ def build(config: BaseModel, settings: Settings) -> ComputeProvider:
 
 
 PROVIDER = ProviderInfo("runpod", RunPodConfig, build, {"api_key": "<RunPod API key>", "cloud_type": "SECURE"},
-                        sdk_modules=("runpod",), prepare_config=with_storage)
+                        sdk_modules=("runpod",), prepare_config=with_storage, resumes_training=True)

@@ -21,6 +21,7 @@ from shared.models import (
     RunView,
     StepMessage,
 )
+from shared.providers.registry import resumable_providers, resumes_training
 from shared.queues import get_queues
 from shared.runs import billing
 from shared.runs.backends import compute_for, ref_of, storage_for
@@ -35,7 +36,7 @@ from shared.services.api.catalog import find_offer
 from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.view import view
 from shared.settings import get_settings
-from shared.storage.base import adapter_key
+from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 
 # A cancel of a run in these states must say discard true or false: its machine may hold the
@@ -198,20 +199,51 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
 
 def _resume(run: RunRecord) -> RunView:
     """Start the retained machine and move the run back to training (`recover --resume`). The agent, stopped
-    by a heartbeat reply while its trainer had a checkpoint, hears `resume: true` in its next reply
-    and runs the trainer again from that checkpoint (shared/agent/main.py); on the local provider a
-    trainer frozen mid-step by the retain simply continues. The runtime limit and the heartbeat
-    deadline count again from now: the old ones have passed, or the run would not be retained."""
-    if run.provider != "local":
-        # A cloud machine's stop ends its processes, and its restarted agent does not ask for a resume
-        # yet: moving the run to training would only bill the GPU until the heartbeat deadline.
-        raise Conflict(f"resume is not available on {run.provider} yet, only on the local provider; recover "
-                       "with mode verify_saved (the last checkpoint's adapter is in storage) instead")
+    while its trainer had a checkpoint, hears `resume: true` in a heartbeat reply and runs the trainer again
+    from that checkpoint (shared/agent/agent.py): on a cloud its machine boots again and the container
+    starts again on the kept disk; on the local provider a trainer frozen by the retain simply continues.
+    The runtime limit and the heartbeat deadline count again from now: the old ones have passed, or the
+    run would not be retained. A resume that fails later (the trainer cannot load the checkpoint, the agent
+    never reports) retains the run again, disk kept: only a discard deletes."""
+    if not resumes_training(run.provider):
+        able = ", ".join(resumable_providers()) or "no provider"
+        raise Conflict(f"resume is not available on {run.provider} (it is on {able}); recover with mode "
+                       "verify_saved (the last checkpoint's adapter is in storage) instead")
+    if not _has_checkpoint(run):
+        raise Conflict("there is nothing to resume from: no checkpoint of this run was saved (its adapter is not in "
+                       "storage), so training would start over; cancel with discard, or launch a new run")
+    store, started = get_store(), now()
+
+    def starting(r: RunRecord) -> RunRecord | None:
+        # Written before the cloud call: a crash after the start leaves a run that shows its machine started
+        # and bills it (heartbeat-check's idle stop stops it again), never a running machine billed as disk.
+        if r.state != RunState.retained:
+            return None
+        r = billing.switched(r, True, started)
+        return r.model_copy(update={"machine_started_at": r.machine_started_at or started, "updated_at": started,
+                                    "billing_note": "the machine is being started to resume training"})
+
+    run, wrote = store.mutate_run(run.org, run.id, starting)
+    if run.state != RunState.retained:
+        return view(run)
+    if wrote:
+        event(run, "audit", "machine start requested to resume training from the last checkpoint", machine="started")
     try:
         outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
     except ProviderError as exc:
-        raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
-                       "retained: try mode resume again later, or recover with mode verify_saved") from exc
+        why = redact_text(exc.reason)
+
+        def not_started(r: RunRecord) -> RunRecord | None:
+            if r.state != RunState.retained:
+                return None
+            r = billing.switched(r, False, now())
+            return r.model_copy(update={"machine_started_at": None, "updated_at": now(),
+                                        "billing_note": "the machine is stopped; its disk still bills"})
+
+        run, _ = store.mutate_run(run.org, run.id, not_started)
+        event(run, "warning", f"the resume did not start the machine: {why}", machine="stopped")
+        raise Conflict(f"the cloud refused to start the machine: {why}; the run stays retained with its disk: try "
+                       "mode resume again later, or recover with mode verify_saved") from exc
     t = now()
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -228,6 +260,18 @@ def _resume(run: RunRecord) -> RunView:
     if wrote:
         event(new, "audit", "machine started to resume training from the last checkpoint", detail=outcome.detail)
     return view(new)
+
+
+def _has_checkpoint(run: RunRecord) -> bool:
+    """Whether a checkpoint of the run was saved: the agent uploads each checkpoint's adapter to the run's
+    adapter key as it is made (a final adapter there means training had ended)."""
+    try:
+        storage_for(run.org).open_stream(adapter_key(run.id), 1).close()
+    except ObjectMissing:
+        return False
+    except ValueError:  # larger than the one byte asked for: it is there
+        return True
+    return True
 
 
 def retry_release(principal: Principal, run_id: str) -> RunView:
