@@ -86,6 +86,16 @@ def _event_key() -> str:
     return f"{int(now_ts() * 1_000_000):020d}-{secrets.token_hex(3)}"
 
 
+def _descending(event_key: str) -> str:
+    """An event key's mirror: later events sort first."""
+    micros, tail = event_key.split("-", 1)
+    return f"{10**20 - 1 - int(micros):020d}-{tail}"
+
+
+def _newest_partition(run_id: str) -> str:
+    return f"{run_id}~newest"
+
+
 @dataclass(frozen=True)
 class ActiveSlot:
     granted: bool
@@ -511,7 +521,40 @@ class Store:
 
     # ------------------------------------------------------------ events, logs, ledger, audit
     def add_event(self, run_id: str, event: RunEvent) -> None:
-        self.table("events").upsert(run_id, _event_key(), event.model_dump(mode="json"), kind=event.kind)
+        key, data = _event_key(), event.model_dump(mode="json")
+        self.table("events").upsert(run_id, key, data, kind=event.kind)
+        # The same event under a descending key in a partition of its own (`~` is in no run id): the run
+        # view reads the newest page in one query (Table storage reads keys ascending only).
+        self.table("events").upsert(_newest_partition(run_id), _descending(key), data, kind=event.kind)
+
+    def count_event(self, org: str, run_id: str, source: str, limit: int) -> int:
+        """Count one more event of `source` on a run (shared/runs/events.py bounds them): the count with
+        this one, which stops at limit + 1, so a flood past the bound costs one read per event and no write."""
+        table, key = self.table("quotas"), f"events~{_id(run_id, 'run')}~{source}"
+        for _ in range(MAX_RACE_RETRIES):
+            got = table.get(_org(org), key)
+            count = int(got[0].get("count", 0)) if got else 0
+            if count > limit:
+                return count + 1  # not written: past the bound, nothing more is counted
+            try:
+                if got is None:
+                    table.insert(org, key, {"count": 1})
+                else:
+                    table.update(org, key, {"count": count + 1}, got[1])
+                return count + 1
+            except (ConcurrencyError, Conflict):
+                continue  # another writer counted meanwhile: read again
+        return limit + 2  # that many writers at once is a flood: the event is dropped
+
+    def list_newest_events(self, run_id: str, *, exclude_kind: str | None = None, limit: int) -> list[RunEvent]:
+        """A run's newest `limit` events (one query), oldest first; events written before the descending
+        copy existed are not in it."""
+        clauses, params = ["PartitionKey eq @r"], {"r": _newest_partition(run_id)}
+        if exclude_kind:
+            clauses.append("kind ne @x")
+            params["x"] = exclude_kind
+        q = self.table("events").query(" and ".join(clauses), top=limit, **params)
+        return [RunEvent.model_validate(d) for d, _ in q][:limit][::-1]
 
     def list_events(self, run_id: str, kind: str | None = None, *, exclude_kind: str | None = None,
                     limit: int | None = None) -> list[RunEvent]:

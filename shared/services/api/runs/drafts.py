@@ -33,24 +33,24 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
     }
 
 
-def _forecast_events(run: RunRecord, checked: CheckedRequest) -> None:
+def _forecast_events(run: RunRecord, checked: CheckedRequest, source: str = "") -> None:
     """The forecast in the run's history, and why the runtime limit is not the default when it is not."""
     if run.forecast is not None:
         event(run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}; {run.forecast.basis}",
-              **run.forecast.model_dump(exclude={"basis"}))
+              source=source, **run.forecast.model_dump(exclude={"basis"}))
     if checked.limit_note:
-        event(run, "audit", checked.limit_note, runtime_limit_s=run.runtime_limit_s)
+        event(run, "audit", checked.limit_note, source=source, runtime_limit_s=run.runtime_limit_s)
 
 
-def _kind_event(run: RunRecord, dataset: DatasetVersionRecord) -> None:
+def _kind_event(run: RunRecord, dataset: DatasetVersionRecord, source: str = "") -> None:
     if run.kind == RunKind.trial:
         event(run, "audit", f"trial run: trains on at most {run.training.max_examples} of the dataset's "
                             f"{dataset.rows} examples and {run.training.max_steps} steps, runtime limit "
                             f"{run.runtime_limit_s // 60} min; a full run uses the whole dataset",
-              max_examples=run.training.max_examples, max_steps=run.training.max_steps)
+              source=source, max_examples=run.training.max_examples, max_steps=run.training.max_steps)
     else:
         event(run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
-                            f"{run.runtime_limit_s // 60} min")
+                            f"{run.runtime_limit_s // 60} min", source=source)
 
 
 def create(principal: Principal, body: RunCreate) -> RunView:
@@ -126,13 +126,14 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     new, wrote = store.mutate_run(principal.org, run_id, change)
     if not wrote:
         raise Conflict(f"only a draft can be edited; this run is {new.state.value} now")
-    event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}")
+    # Edits are the user's to repeat at will: their events are bounded per run (shared/runs/events.py).
+    event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}", source="edit")
     if new.kind != run.kind or new.training != run.training or new.runtime_limit_s != run.runtime_limit_s:
-        _kind_event(new, checked.dataset)
+        _kind_event(new, checked.dataset, source="edit")
     if new.forecast != run.forecast or new.runtime_limit_s != run.runtime_limit_s:
-        _forecast_events(new, checked)
+        _forecast_events(new, checked, source="edit")
     for warning in warnings_of(new):
-        event(new, "warning", warning)
+        event(new, "warning", warning, source="edit")
     return view(new)
 
 

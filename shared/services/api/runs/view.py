@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.errors import InvalidInput
-from shared.models import CloudResource, RunRecord, RunState, RunView
+from shared.models import CloudResource, RunEvent, RunRecord, RunState, RunView
 from shared.runs import forecast
 from shared.runs.lifecycle import ACTIVE, TERMINAL
 from shared.runs.resources import MACHINE_KINDS
@@ -14,7 +14,9 @@ from shared.security import Principal
 from shared.services.api import paging, usage
 from shared.store import get_store
 
-# A run view reads one bounded page of events (its timeline), never the whole partition.
+# A run view reads bounded pages of events (its timeline), never the whole partition: the first half
+# oldest first, and when there are more, the newest half (a succeeded run whose 200 first events were
+# boot-failure reports showed no launch transition).
 VIEW_EVENTS = 200
 
 
@@ -58,8 +60,18 @@ def warnings_of(run: RunRecord) -> list[str]:
     return out
 
 
+def timeline(run_id: str) -> list[RunEvent]:
+    """The first VIEW_EVENTS // 2 events and, when there are more, the newest VIEW_EVENTS // 2, each once."""
+    store, half = get_store(), VIEW_EVENTS // 2
+    first = store.list_events(run_id, exclude_kind="log", limit=half)
+    if len(first) < half:
+        return first
+    newest = [e for e in store.list_newest_events(run_id, exclude_kind="log", limit=half) if e not in first]
+    return first + newest
+
+
 def view(run: RunRecord, with_events: bool = True) -> RunView:
-    events = get_store().list_events(run.id, exclude_kind="log", limit=VIEW_EVENTS) if with_events else []
+    events = timeline(run.id) if with_events else []
     t = usage.timing(run, [] if run.state == RunState.draft else (events if with_events else None))
     return RunView(
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
