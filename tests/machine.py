@@ -37,7 +37,9 @@ from shared import clock
 
 REPO = Path(__file__).resolve().parents[1]
 # What the cloud-init script may touch: these folders live under the sandbox.
-SANDBOXED = ("/etc/tensorant", "/var/lib/tensorant", "/var/log/tensorant", "/usr/local/bin/tensorant")
+SANDBOXED = ("/etc/tensorant", "/var/lib/tensorant", "/var/log/tensorant", "/usr/local/bin/tensorant",
+             "/var/lib/cloud/scripts/per-boot")
+PER_BOOT = "/var/lib/cloud/scripts/per-boot"  # cloud-init runs every file here at every boot (scripts_per_boot)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,12 @@ class Machine:
         docker.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shim_py} \"$@\"\n")
         sleep = self.bin / "sleep"
         sleep.write_text(f"#!/bin/sh\necho \"$1\" >> {shlex.quote(str(clock_.ledger))}\n")
-        for shim_file in (docker, sleep):
+        # The guest's own poweroff: recorded; the test plays what the cloud then does to the machine.
+        self.poweroffs = root / "poweroff-calls"
+        poweroff = self.bin / "poweroff"
+        poweroff.write_text(f"#!/bin/sh\necho poweroff >> {shlex.quote(str(self.poweroffs))}\n")
+        self.commands = ""
+        for shim_file in (docker, sleep, poweroff):
             shim_file.chmod(0o755)
 
     def path(self, absolute: str) -> Path:
@@ -156,7 +163,7 @@ class Machine:
         check_cloud_config(user_data, self.root)
         config: dict[str, Any] = yaml.safe_load(user_data)
         assert user_data.startswith("#cloud-config\n")
-        assert set(config) == {"write_files", "runcmd"}, f"cloud-init modules not played here: {set(config)}"
+        assert set(config) <= {"write_files", "runcmd"}, f"cloud-init modules not played here: {set(config)}"
         for entry in config["write_files"]:
             target = self.path(entry["path"])
             assert any(entry["path"].startswith(p) for p in SANDBOXED), entry["path"]
@@ -164,8 +171,18 @@ class Machine:
             target.write_text(self._sandboxed(entry["content"]))
             target.chmod(int(entry.get("permissions", "0644"), 8))
         commands = [self._sandboxed(" ".join(shlex.quote(str(a)) for a in cmd) if isinstance(cmd, list) else cmd)
-                    for cmd in config["runcmd"]]
-        self._start(["bash", "-c", "\n".join(commands)])
+                    for cmd in config.get("runcmd", [])]
+        # cloud-init's final stage: the per-boot scripts (every boot), then runcmd (the first boot only).
+        self.commands = f'for f in {shlex.quote(str(self.path(PER_BOOT)))}/*; do [ -x "$f" ] && "$f"; done'
+        self._start(["bash", "-c", "\n".join([self.commands, *commands])])
+
+    def boot_again(self) -> None:
+        """The cloud started the stopped machine again: its disk as it was, the per-boot scripts run."""
+        assert self.commands and self.exited() is not None, "boot_again after the machine was powered off"
+        self._start(["bash", "-c", self.commands])
+
+    def powered_off_by_guest(self) -> bool:
+        return self.poweroffs.exists() and "poweroff" in self.poweroffs.read_text()
 
     # ------------------------------------------------------------ RunPod
     def start_pod(self, pod_input: dict[str, Any]) -> None:

@@ -29,6 +29,10 @@ CONTAINER_DATA_DIR = "/workspace/data"
 ENV_FILE = "/etc/tensorant/agent.env"
 REPORT_HEADER_FILE = "/etc/tensorant/report.header"
 SCRIPT = "/usr/local/bin/tensorant-train"
+# cloud-init runs what is in this folder on every boot (its scripts_per_boot module), the first included:
+# a machine started again for `recover --resume` runs the container again on its kept disk.
+PER_BOOT = "/var/lib/cloud/scripts/per-boot/tensorant-train"
+POWEROFF_EXIT = 80  # shared.agent.guard.POWEROFF_EXIT: the agent stopped by itself and asks for a poweroff
 BOOT_LOG = "/var/log/tensorant-bootstrap.log"
 MAX_USER_DATA = 16 * 1024  # EC2's limit; Azure's custom data allows more, the tighter bound serves both
 # docker pull: this many attempts, waiting 15, 30, 60 s between them (a registry hiccup or a
@@ -93,10 +97,18 @@ done
 
 docker rm -f tensorant-train >/dev/null 2>&1 || true
 say "starting the training container"
-docker run --name tensorant-train --gpus all --restart no --env-file __ENV_FILE__ \
+docker run --name tensorant-train --gpus all --restart no --env-file __ENV_FILE__ -e TENSORANT_POWEROFF=exit \
   -v "$DATA:__CONTAINER_DATA__" "$IMAGE" 2>&1 | tee -a "$LOG"
 code=${PIPESTATUS[0]}
 say "the training container exited with code $code"
+if [ "$code" -eq __POWEROFF_EXIT__ ]; then
+  # The agent stopped training by itself (its time is up, or its control plane is gone): power off,
+  # keeping the disk. AWS stops the instance (InstanceInitiatedShutdownBehavior=stop); an Azure VM is
+  # left stopped but allocated, still billed for compute until it is deallocated.
+  say "the agent stopped by itself and asked for a poweroff; the disk is kept"
+  poweroff
+  exit 0
+fi
 # 0: stopped when idle; 143: stopped by the control plane (SIGTERM). A state file: the agent ran
 # and reports for itself. Otherwise it never got going: report, so the run ends now.
 if [ "$code" -ne 0 ] && [ "$code" -ne 143 ] && [ ! -e "$DATA/agent-state.json" ]; then
@@ -121,13 +133,14 @@ def _one_line(what: str, value: str) -> None:
 
 
 def script(bootstrap: Bootstrap) -> str:
-    """The bash script the machine runs (cloud-init writes it to SCRIPT and runs it once)."""
+    """The bash script the machine runs (cloud-init writes it to SCRIPT and runs it at every boot)."""
     values = {
         "__IMAGE__": shlex.quote(bootstrap.container_image),
         "__REPORT_URL__": shlex.quote(report_url(bootstrap.env)),
         "__DATA__": HOST_DATA_DIR, "__LOG__": BOOT_LOG, "__HEADER__": REPORT_HEADER_FILE,
         "__ENV_FILE__": ENV_FILE, "__CONTAINER_DATA__": CONTAINER_DATA_DIR,
         "__ATTEMPTS__": str(PULL_ATTEMPTS), "__FIRST_DELAY__": str(PULL_FIRST_DELAY_S),
+        "__POWEROFF_EXIT__": str(POWEROFF_EXIT),
     }
     text = _SCRIPT
     for key, value in values.items():
@@ -168,8 +181,10 @@ def render(bootstrap: Bootstrap) -> str:
         "    permissions: '0700'\n"
         "    content: |\n"
         f"{_indent(script(bootstrap))}\n"
-        "runcmd:\n"
-        f"  - [ {SCRIPT} ]\n"
+        f"  - path: {PER_BOOT}\n"
+        "    permissions: '0700'\n"
+        "    content: |\n"
+        f"      #!/bin/sh\n      exec {SCRIPT}\n"
     )
     if len(text.encode()) > MAX_USER_DATA:
         raise ValueError(f"user data is {len(text.encode())} bytes, over the 16 KB limit")
