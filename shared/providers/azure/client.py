@@ -15,6 +15,7 @@ Helpers for the plain-dict ARM bodies (dig, as_dict, region_code, same_id) live 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ MAX_THROTTLE_RETRIES = 2
 MAX_INLINE_RETRY_AFTER_S = 10.0
 MAX_BLOB_READ = 4 * 1024 * 1024  # read_tail's bound when a server answers a ranged GET with the whole blob
 WAIT_SLICE_S = 5.0  # how often a wait looks at the clock (a poller's wait returns at once when done)
+# The hosts a boot diagnostics SAS URI may name (host[:port], whole match): Azure Storage's blob endpoints,
+# an account's (`<account>.blob.core.windows.net`) or managed storage's (`md-<id>[.z<n>].blob.storage.azure.net`).
+# The URI comes from an ARM answer and the control plane fetches it: anything else could point the control
+# plane's own network (169.254.169.254, loopback, an intranet host), so it is refused before any request.
+BLOB_HOST = r"[a-z0-9][a-z0-9-]{1,62}(\.z[0-9]{1,3})?\.blob\.(core\.windows\.net|storage\.azure\.net)"
 
 
 def wait_on_poller(poller: Any, seconds: float) -> None:
@@ -61,6 +67,7 @@ class AzureEndpoints:
     credential: Any = None  # a TokenCredential to use instead of ClientSecretCredential
     sleep: Callable[[float], None] = time.sleep  # an inline throttling retry's wait
     pause: Callable[[Any, float], None] = wait_on_poller  # a slice of a long-running operation's wait
+    blob_host: str = BLOB_HOST  # what a boot diagnostics URI's host[:port] must be (tests: the fake's)
 
 
 # ------------------------------------------------------------ ARM body helpers
@@ -224,13 +231,15 @@ class AzureClient:
         """The last max_bytes of the blob at a SAS URL (a boot diagnostics serial log), decoded as
         UTF-8: HEAD for its size, then one ranged GET (read in chunks, keeping only the tail, should a
         server ignore the range). The URL grants read access: it is registered as a secret and never
-        appears in an error. Errors are RetryableError."""
+        appears in an error. Errors are RetryableError. Only an https URL of a storage host (BLOB_HOST) is
+        read, and no redirect is followed (a 3xx is an error), so an answer cannot send the read elsewhere."""
         import requests
 
         register_secret(url)
+        self._check_blob_url(url)
         verify = self.endpoints.verify
         try:
-            head = requests.head(url, timeout=timeout_s, verify=verify)
+            head = requests.head(url, timeout=timeout_s, verify=verify, allow_redirects=False)
             if head.status_code != 200:
                 raise RetryableError(f"the serial console log answered HTTP {head.status_code}", code="BlobRead")
             size = int(head.headers.get("Content-Length") or 0)
@@ -238,7 +247,7 @@ class AzureClient:
                 return ""
             start = max(0, size - max_bytes)
             with requests.get(url, headers={"Range": f"bytes={start}-{size - 1}"}, timeout=timeout_s, verify=verify,
-                              stream=True) as resp:
+                              stream=True, allow_redirects=False) as resp:
                 if resp.status_code not in (200, 206):
                     raise RetryableError(f"the serial console log answered HTTP {resp.status_code}", code="BlobRead")
                 tail, seen = b"", 0
@@ -250,6 +259,20 @@ class AzureClient:
             raise RetryableError(f"cannot read the serial console log ({type(exc).__name__})",
                                  code="BlobRead") from None
         return tail.decode("utf-8", "replace")
+
+    def _check_blob_url(self, url: str) -> None:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(url)
+            ok = (parts.scheme == "https" and re.fullmatch(self.endpoints.blob_host, parts.netloc) is not None
+                  and "@" not in parts.netloc)
+        except ValueError:  # an invalid port or IPv6 literal
+            ok = False
+        if not ok:
+            # The URI is a secret (its SAS) and the host is what was refused: neither is echoed.
+            raise RetryableError("the serial console log's URI is not an https Azure Storage blob URI; it was not "
+                                 "read", code="BlobRead")
 
     def wait(self, doing: str, poller: Any, *, until: float | None = None) -> bool:
         """Wait for a long-running operation at most lro_wait_s, and never past the invocation's budget

@@ -8,6 +8,7 @@ and `azure_h` (tests/conftest.py: the e2e tests and tests/test_connection_scope.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,7 +193,8 @@ def endpoints(fake: FakeArm, **over: Any) -> AzureEndpoints:
 
     values: dict[str, Any] = dict(arm_url=fake.url, authority=fake.url, prices_url=f"{fake.url}/api/retail/prices",
                                   verify=fake.cert, retry_total=0, polling_interval=0, lro_wait_s=5.0,
-                                  sleep=sim_sleep, pause=sim_pause(fake))
+                                  sleep=sim_sleep, pause=sim_pause(fake),
+                                  blob_host=re.escape(fake.url.removeprefix("https://")))
     values.update(over)
     return AzureEndpoints(**values)
 
