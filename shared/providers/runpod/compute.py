@@ -2,8 +2,11 @@
 
 How it meets shared/providers/base.py's contracts:
 - Ownership: RunPod has no tags, so a pod belongs to a run by its exact name
-  `tensorant-<deployment>-<run id>` (RunRef.name). Nothing whose name differs is ever
-  stopped, resumed or terminated; list_managed yields only `tensorant-<deployment>-*`.
+  `tensorant-<deployment>-<run id>--<org>` (pod_name; pods made before the org was in it are
+  `tensorant-<deployment>-<run id>`, RunRef.name, and are still the run's). Nothing whose name
+  differs is ever stopped, resumed or terminated; list_managed yields only
+  `tensorant-<deployment>-*`, with the org the name carries: a pod is attributable to its org
+  without the state store (a store lost and rebuilt still finds its org's leaked pods).
 - launch is idempotent: the account's pods are listed and a pod with the run's name is
   returned instead of creating another. RunPod can return a pod id for a pod that never
   appears: the id is recorded with its creation time; describe reports it `pending` for
@@ -143,7 +146,7 @@ class RunPodCompute:
         gpu_id = spec.offer.machine_type
         if not is_supported_gpu(gpu_id, spec.offer.gpu):
             raise PermanentError(f"{gpu_id} is not an Ampere-or-newer NVIDIA GPU; choose another GPU", code="gpu")
-        existing = [p for p in self._list() if p.get("name") == ref.name]
+        existing = [p for p in self._list() if is_run_pod(p.get("name"), ref)]
         if existing:
             return [self._resource(ref, p) for p in existing]
         self._refuse_without_credit(spec)
@@ -154,7 +157,7 @@ class RunPodCompute:
             if key in spec.bootstrap.secret_env_keys:
                 register_secret(value)
         pod_input: dict[str, Any] = {
-            "name": ref.name,
+            "name": pod_name(ref),
             "imageName": spec.bootstrap.container_image,
             "gpuTypeId": gpu_id,
             "gpuCount": 1,
@@ -177,7 +180,7 @@ class RunPodCompute:
             raise CapacityError(self._capacity_reason(spec.offer.gpu or gpu_id), code="capacity") from exc
         pod = data.get("podFindAndDeployOnDemand") or {}
         check_pod_id(str(pod.get("id") or ""))
-        pod.setdefault("name", ref.name)
+        pod.setdefault("name", pod_name(ref))
         return [self._resource(ref, pod, created_at=clock.now())]
 
     def _cloud(self) -> str:
@@ -188,7 +191,9 @@ class RunPodCompute:
         """The agent's environment. With the org's network volume mounted at /workspace the
         agent reads and writes the storage keys as files there: the presigned URLs the
         volume storage also offers are dropped, so the pod holds no storage credential."""
-        env = {"TENSORANT_DATA_DIR": self._data_dir(spec.ref), **spec.bootstrap.env}
+        # TENSORANT_POWEROFF: an agent that stops by itself stops its pod with the pod-scoped RUNPOD_API_KEY
+        # RunPod puts in the pod's environment (shared/agent/guard.py).
+        env = {"TENSORANT_DATA_DIR": self._data_dir(spec.ref), "TENSORANT_POWEROFF": "runpod", **spec.bootstrap.env}
         if self.config.network_volume_id and "TENSORANT_ADAPTER_KEY" in env:
             for key in _PRESIGNED:
                 env.pop(key, None)
@@ -293,8 +298,8 @@ class RunPodCompute:
         for pod in self._list():
             name = str(pod.get("name") or "")
             if name.startswith(self.prefix) and _has_pod_id(pod):
-                run_id = name[len(self.prefix):]
-                yield CloudResource(provider=PROVIDER, kind="pod", id=pod["id"], name=name, run_id=run_id,
+                run_id, _, org = name[len(self.prefix):].partition("--")
+                yield CloudResource(provider=PROVIDER, kind="pod", id=pod["id"], name=name, run_id=run_id, org=org,
                                     deployment=self.settings.deployment_id, state=str(pod.get("desiredStatus") or ""),
                                     region=self.config.datacenter_id)
 
@@ -321,15 +326,15 @@ class RunPodCompute:
         A recorded pod whose name is not the run's is refused (never touched). A pod RunPod
         reports TERMINATED is counted as existing until RunPod stops returning it.
         """
-        found = {p["id"]: p for p in self._list() if p.get("name") == ref.name}
+        found = {p["id"]: p for p in self._list() if is_run_pod(p.get("name"), ref)}
         for res in resources:
             if res.provider != PROVIDER or res.kind != "pod" or res.id in found:
                 continue
             pod = self._get(res.id)
             if pod is None:
                 continue
-            if pod.get("name") != ref.name:
-                raise PermanentError(f"pod {res.id} is named {pod.get('name')!r}, not {ref.name!r}; Tensorant does "
+            if not is_run_pod(pod.get("name"), ref):
+                raise PermanentError(f"pod {res.id} is named {pod.get('name')!r}, not {pod_name(ref)!r}; Tensorant does "
                                      "not touch pods it did not name", code="foreign")
             found[pod["id"]] = pod
         recorded = [r.id for r in resources]
@@ -353,10 +358,20 @@ class RunPodCompute:
         extra = {k: str(pod[k]) for k in ("imageName", "costPerHr") if pod.get(k) is not None}
         if self.config.network_volume_id:
             extra["networkVolumeId"] = self.config.network_volume_id
-        return CloudResource(provider=PROVIDER, kind="pod", id=str(pod["id"]), name=str(pod.get("name") or ref.name),
+        return CloudResource(provider=PROVIDER, kind="pod", id=str(pod["id"]), name=str(pod.get("name") or pod_name(ref)),
                              region=self.config.datacenter_id, run_id=ref.run_id, org=ref.org,
                              deployment=ref.deployment, created_at=created_at,
                              state=str(pod.get("desiredStatus") or ""), extra=extra)
+
+
+def pod_name(ref: RunRef) -> str:
+    """The run's pod name: its deployment, run and org (`--` never occurs in a run id this app makes)."""
+    return f"{ref.name}--{ref.org}"
+
+
+def is_run_pod(name: object, ref: RunRef) -> bool:
+    """Whether a pod of this name is the run's: named with its org, or before the org was in the name."""
+    return name in (pod_name(ref), ref.name)
 
 
 def _reason(pod: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from shared.models import GpuOffer
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
-from shared.providers.runpod.compute import RunPodCompute
+from shared.providers.runpod.compute import RunPodCompute, is_run_pod
 from shared.providers.runpod.config import RunPodConfig
 from shared.settings import Settings
 from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
@@ -32,7 +32,7 @@ class TestRunPodContract(ProviderContract):
             return LaunchSpec(ref=ref, offer=OFFER, bootstrap=boot)
 
         def machines(ref: RunRef) -> list[str]:
-            return sorted(pid for pid, pod in fake.pods.items() if pod["name"] == ref.name)
+            return sorted(pid for pid, pod in fake.pods.items() if is_run_pod(pod["name"], ref))
 
         def add_foreign(kind: Foreign, ref: RunRef) -> list[str]:
             # RunPod has no tags: the name is the mark.

@@ -150,7 +150,7 @@ def test_launch_creates_one_pod_and_is_idempotent(fake: FakeRunPod) -> None:
     assert len(fake.creates()) == 1
     assert [r.id for r in first] == [r.id for r in second]
     res = first[0]
-    assert res.kind == "pod" and res.name == "tensorant-test-run-abc" and res.run_id == "run-abc"
+    assert res.kind == "pod" and res.name == "tensorant-test-run-abc--org1" and res.run_id == "run-abc"
     inp = fake.creates()[0]["variables"]["input"]
     assert inp["gpuCount"] == 1 and inp["gpuTypeId"] == "NVIDIA A40"
     assert inp["imageName"] == "ghcr.io/tensorant/trainer:2026.11"
@@ -175,8 +175,8 @@ def test_env_value_cannot_change_the_request(fake: FakeRunPod) -> None:
     inp = req["variables"]["input"]
     env = from_pod_env(inp["env"])
     assert env["TENSORANT_NOTE"] == nasty  # arrived intact
-    assert set(env) == {"TENSORANT_NOTE", "TENSORANT_RUN_ID", "TENSORANT_DATA_DIR"}
-    assert inp["gpuCount"] == 1 and inp["name"] == "tensorant-test-run-abc"
+    assert set(env) == {"TENSORANT_NOTE", "TENSORANT_RUN_ID", "TENSORANT_DATA_DIR", "TENSORANT_POWEROFF"}
+    assert inp["gpuCount"] == 1 and inp["name"] == "tensorant-test-run-abc--org1"
     assert "gpuCount: 8" not in req["query"] and nasty not in req["query"]  # the value never enters the query text
     raw = next(r["raw"] for r in fake.requests if b"podFindAndDeployOnDemand" in r["raw"])
     assert json.loads(raw)["variables"]["input"]["env"] == inp["env"]
@@ -364,3 +364,14 @@ def test_a_deployment_id_cannot_begin_another_deployments_pod_names(fake: FakeRu
         Settings(deployment_id="test-b")
     fake.add_pod("tensorant-testb-run-4")
     assert list(provider().list_managed()) == []
+
+
+def test_a_pod_names_its_org_so_it_is_attributable_without_the_store(fake: FakeRunPod) -> None:
+    p = provider()
+    [made] = p.launch(spec())
+    old = fake.add_pod(REF.name)  # a pod named before the org was in the name: still the run's
+    listed = {r.id: r for r in p.list_managed()}
+    assert listed[made.id].org == "org1" and listed[made.id].run_id == "run-abc"
+    assert listed[old].org == "" and listed[old].run_id == "run-abc"  # untagged: the sweeper cannot attribute it
+    assert from_pod_env(fake.creates()[0]["variables"]["input"]["env"])["TENSORANT_POWEROFF"] == "runpod"
+    assert {r.id for r in p.describe(REF, []).resources} == {made.id, old}
