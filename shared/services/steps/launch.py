@@ -11,14 +11,14 @@ Waiting for the agent is the heartbeat-check's job (its deadlines).
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from shared.budget import IN_PROGRESS
 from shared.clock import now
 from shared.errors import PermanentError, ProviderError, RetryableError
 from shared.key_rotation import current_key_since
 from shared.log import get_logger, redact_text
-from shared.models import RunRecord, RunState, StepMessage
+from shared.models import CloudResource, RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.queues import get_queues
 from shared.runs.backends import compute_for, ref_of, storage_for
@@ -67,6 +67,11 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         # The resolved settings (trial bounds applied); the agent hands them to the trainer.
         # The agent hashes what it downloads: an object replaced after this check is refused there too.
         "TENSORANT_DATASET_SHA256": dataset.sha256,
+        # The agent's own bounds (shared/agent/guard.py): it stops and powers off by itself past these plus a
+        # margin, when the control plane that should have stopped it is gone.
+        "TENSORANT_RUNTIME_LIMIT_S": str(run.runtime_limit_s),
+        **({"TENSORANT_DEADLINE_AT": str(int(run.deadlines.runtime_by.timestamp()))}
+           if run.deadlines.runtime_by else {}),
         "TENSORANT_TRAINING": json.dumps(run.training.model_dump(mode="json"), sort_keys=True,
                                          separators=(",", ":")),
         **storage_env,
@@ -89,6 +94,17 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
 # can create a second one. Each create attempt first claims the run (Store.claim_launch),
 # and a claim is granted only this long after the previous one.
 LAUNCH_SETTLE_S = 60
+
+
+def machine_up_at(run: RunRecord, resources: list[CloudResource], called_at: datetime) -> datetime:
+    """When billing starts: the cloud's own creation time of the machine found (a launch retried after a
+    crash finds the machine the first attempt made, up to a minute earlier), else this create call's time.
+    A cloud time outside the run's launch and this call is another clock's, and not taken."""
+    times = [r.created_at for r in resources if r.created_at is not None]
+    first = min(times) if times else None
+    if first is not None and run.launched_at is not None and run.launched_at <= first <= called_at:
+        return first
+    return called_at
 
 
 def launch(msg: StepMessage) -> None:
@@ -133,13 +149,14 @@ def launch(msg: StepMessage) -> None:
         return
     for res in resources:
         store.record_resource(res)
+    up_at = machine_up_at(run, resources, create_called_at)
 
     def change(r: RunRecord) -> RunRecord | None:
         merged = merge_resources(r.resources, resources)
         if merged == r.resources and (r.scope or not scope):
             return None
         return r.model_copy(update={"resources": merged, "scope": r.scope or scope, "updated_at": now(),
-                                    "machine_up_at": r.machine_up_at or create_called_at})
+                                    "machine_up_at": r.machine_up_at or up_at})
 
     run, _ = store.mutate_run(run.org, run.id, change)
     event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))
