@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{2,62}$"
@@ -184,14 +184,52 @@ class TrainingSettings(Model):
         "save a checkpoint (adapter + optimizer state) on the machine's disk every this many steps"))
     checkpoint_every_s: int = Field(default=600, ge=30, le=7 * 24 * 3600, strict=True, description=(
         "and at least every this many seconds; a retained run can be verified or resumed from it"))
+    eval_every_steps: int | None = Field(default=None, ge=1, le=100000, strict=True, description=(
+        "evaluate on the held-out split every this many steps (the run's eval curve); the adapter of the "
+        "best evaluation is the one written (keep_best)"))
+    early_stopping_patience: int | None = Field(default=None, ge=1, le=1000, strict=True, description=(
+        "stop after this many evaluations in a row that did not improve the best eval loss by more than "
+        "early_stopping_threshold (needs eval_every_steps)"))
+    early_stopping_threshold: float = Field(default=0.0, ge=0.0, le=10.0)
+    keep_best: bool = Field(default=True, strict=True, description=(
+        "with eval_every_steps: write the adapter of the best evaluation, not the last step's"))
+    chat_template: str | None = Field(default=None, max_length=16384, description=(
+        "the chat template to train with: chatml, llama3, plain, or a Jinja chat template's text; "
+        "default: the base model's own"))
+    train_on_inputs: bool = Field(default=False, strict=True, description=(
+        "loss on every token of a chat row (prompts and system turns too), not only the assistant's"))
+    use_dora: bool = Field(default=False, strict=True, description="DoRA: weight-decomposed LoRA")
+    use_rslora: bool = Field(default=False, strict=True, description="rank-stabilised scaling alpha / sqrt(r)")
+    neftune_alpha: float | None = Field(default=None, gt=0.0, le=50.0, description=(
+        "NEFTune: noise on the input embeddings while training (5 is usual)"))
+    lr_scheduler: Literal["cosine", "linear", "constant"] = Field(default="cosine", description="after the warmup")
+    warmup_steps: int | None = Field(default=None, ge=0, le=100000, strict=True, description="overrides warmup_ratio")
+    optimizer: Literal["adamw", "adamw_8bit", "sgd"] = Field(default="adamw", description=(
+        "adamw_8bit: bitsandbytes, on a CUDA GPU; sgd: momentum 0.9"))
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
 
-    @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction", mode="before")
+    @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction",
+                     "early_stopping_threshold", "neftune_alpha", "weight_decay", mode="before")
     @classmethod
     def _a_number(cls, v: Any) -> Any:
         # pydantic would read "0.1" or true as a number; the trainer would not.
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ValueError("must be a number")
         return v
+
+    @field_validator("chat_template")
+    @classmethod
+    def _a_template(cls, v: str | None) -> str | None:
+        # The names of shared/trainer/templates.PRESETS (the trainer renders and checks the text itself).
+        if v is not None and v not in ("chatml", "llama3", "plain") and "messages" not in v:
+            raise ValueError("must be chatml, llama3, plain or a Jinja chat template (which loops over messages)")
+        return v
+
+    @model_validator(mode="after")
+    def _early_stopping_needs_evaluations(self) -> TrainingSettings:
+        if self.early_stopping_patience is not None and self.eval_every_steps is None:
+            raise ValueError("early_stopping_patience needs eval_every_steps: it decides on evaluations during training")
+        return self
 
 
 class Forecast(Model):

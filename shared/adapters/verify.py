@@ -78,6 +78,8 @@ DTYPES: dict[str, tuple[int, str, int]] = {
     "BF16": (2, "<u2", 0x7F80),
 }
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.(?P<adapter>[A-Za-z0-9_-]+))?\.weight$")
+# DoRA (use_dora in the config): PEFT saves each adapted module's magnitude as "<module>.lora_magnitude_vector".
+_MAGNITUDE_KEY = re.compile(r"^(?P<module>.+)\.lora_magnitude_vector(?:\.(?P<adapter>[A-Za-z0-9_-]+))?(?:\.weight)?$")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -547,6 +549,7 @@ class _Lora:
     targeted: Callable[[str], bool]  # of a PEFT module key (_peft_key)
     ranks: _DottedNames  # rank_pattern's keys, in order
     rank_values: list[int]
+    use_dora: bool = False  # DoRA: one magnitude vector [out] per adapted module beside its pair
 
 
 def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dict[str, Any]) -> _Lora | None:
@@ -584,7 +587,8 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
     if len(problems) != before or targeted is None:
         return None
     return _Lora(r=config["r"], targets=targets, targeted=targeted, ranks=_DottedNames(rank_keys),
-                 rank_values=[int(v) for v in (config.get("rank_pattern") or {}).values()])
+                 rank_values=[int(v) for v in (config.get("rank_pattern") or {}).values()],
+                 use_dora=config.get("use_dora") is True)
 
 
 def _check_manifest(raw: bytes, base_model: str, provider: str | None, problems: list[str],
@@ -750,8 +754,12 @@ def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems:
     declared = get_base_model(base_model)
     summary["base_model_declared"] = declared is not None
     pairs: dict[str, dict[str, _Tensor]] = {}
+    magnitudes: dict[str, _Tensor] = {}
     for t in tensors:
         match = _LORA_KEY.match(t.name)
+        if match is None and lora.use_dora and (dora := _MAGNITUDE_KEY.match(t.name)) is not None:
+            magnitudes[dora["module"]] = t
+            continue
         if match is None:
             problems.append(f"{WEIGHTS_NAME} holds {t.name}, which is not a lora_A/lora_B weight; "
                             "save only the LoRA adapter weights.")
@@ -791,6 +799,16 @@ def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems:
                 problems.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
                                 f"{base_model}, whose {short} maps {dims[0]} -> {dims[1]}; was it trained on "
                                 "another model?")
+    for module, magnitude in sorted(magnitudes.items()):
+        pair = pairs.get(module, {})
+        if "B" not in pair:
+            problems.append(f"{WEIGHTS_NAME} holds a DoRA magnitude for {module}, which has no LoRA pair.")
+        elif magnitude.shape != (pair["B"].shape[0],):
+            problems.append(f"{module}: the DoRA magnitude {list(magnitude.shape)} must have one value per output feature "
+                            f"([{pair['B'].shape[0]}], as lora_B {list(pair['B'].shape)}).")
+    if lora.use_dora and pairs and len(magnitudes) != len(pairs) and not problems:
+        problems.append(f"{CONFIG_NAME} says use_dora, but {len(pairs) - len(magnitudes)} of the {len(pairs)} adapted "
+                        "modules have no DoRA magnitude; export the adapter again.")
     summary["modules"] = len(pairs)
     if declared is not None and isinstance(targets, list) and not problems:
         # Every layer of every declared target should be adapted: a hole means a partial export.

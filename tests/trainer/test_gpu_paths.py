@@ -1,0 +1,126 @@
+"""What the trainer does on a GPU, checked where the CPU can: the driver-too-old refusal (agent and
+trainer), the timed grouped/packed probe behind `batching: auto`, and the memory table's terms against
+the tensors the loaded model and peft actually hold (on the meta device, at every declared shape)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.adapters.base_models import BASE_MODELS, GiB
+from shared.agent.gpu import driver_problem, driver_version
+from tests.trainer.conftest import need_torch, pirate_rows
+
+OLD = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n"
+
+
+def test_driver_version_and_the_agents_check(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_text(OLD)
+    new.write_text(OPEN)
+    assert driver_version(old) == "535.104.05" and driver_version(new) == "580.65.06"
+    assert driver_version(tmp_path / "missing") is None
+    env = {"TENSORANT_MIN_NVIDIA_DRIVER": "580.65.06", "TENSORANT_NVIDIA_DRIVER_FILE": str(old)}
+    said = driver_problem(env)
+    assert said is not None and "535.104.05" in said and "580.65.06" in said and "launch again" in said
+    assert driver_problem({**env, "TENSORANT_NVIDIA_DRIVER_FILE": str(new)}) is None
+    assert driver_problem({**env, "TENSORANT_NVIDIA_DRIVER_FILE": str(tmp_path / "missing")}) is None  # no GPU
+    assert driver_problem({"TENSORANT_NVIDIA_DRIVER_FILE": str(old)}) is None  # an image that needs none
+
+
+def test_trainer_refuses_a_gpu_torch_cannot_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need_torch()
+    import torch
+
+    from shared.trainer.gpu import gpu_problem
+
+    driver = tmp_path / "version"
+    driver.write_text(OLD)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    said = gpu_problem(str(driver))
+    assert said is not None and "535.104.05" in said and "CUDA 13.0" in said and "CPU" in said
+    assert gpu_problem(str(tmp_path / "none")) is None  # a CPU machine trains on the CPU
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert "CPU build" in (gpu_problem(str(driver)) or "")
+
+
+def test_trainer_exits_4_before_loading_anything(tiny_model: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import REPO, trainer_env, write_jsonl
+
+    driver = tmp_path / "version"
+    driver.write_text(OLD)
+    dataset = write_jsonl(tmp_path / "d.jsonl", pirate_rows(5))
+    env = trainer_env(tiny_model, dataset, tmp_path / "out", {"max_steps": 1})
+    env["TENSORANT_NVIDIA_DRIVER_FILE"] = str(driver)
+    # torch sees no GPU here, as on a host whose driver is too old for its CUDA.
+    proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 4, proc.stdout[-2000:]
+    assert proc.stdout.startswith("trainer: ") and "535.104.05" in proc.stdout  # here: a CPU build of torch
+    assert not (tmp_path / "out").exists()
+
+
+def test_probe_times_both_modes_and_leaves_training_as_it_was(tiny_model: Path) -> None:
+    need_torch()
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shared.trainer.batches import use_segment_attention
+    from shared.trainer.config import TrainerSettings
+    from shared.trainer.data import encode_all, normalise
+    from shared.trainer.gpu import probe_batching
+    from shared.trainer.lora import ATTENTION, lora_config
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    examples = encode_all(tokenizer, [normalise(r) for r in pirate_rows(24)], 48).examples
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    assert use_segment_attention(model)
+    model = get_peft_model(model, lora_config(TrainerSettings(lora_dropout=0.1), ATTENTION))
+    before = torch.get_rng_state()
+    mode, rates = probe_batching(model, examples, 4, 0, 0, torch.device("cpu"))
+    assert mode in ("grouped", "packed") and set(rates) == {"grouped", "packed"}
+    assert all(v > 0 for v in rates.values()) and rates[mode] == max(rates.values())
+    assert torch.equal(torch.get_rng_state(), before)  # dropout's draws are the run's, as without the probe
+    assert all(q.grad is None for q in model.parameters())
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(BASE_MODELS) if not n.startswith("tensorant/smoke")])
+def test_memory_terms_are_the_tensors_held(name: str) -> None:
+    """weights: every tensor at the dtype loading and peft give it (4-bit: the layers' linear weights
+    NF4, everything else upcast to fp32 by prepare_model_for_kbit_training); LoRA: the trainable
+    parameters peft adds."""
+    need_torch()
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from shared.adapters.base_models import _NF4_BITS
+    from shared.trainer.config import TrainerSettings
+    from shared.trainer.lora import ALL_LINEAR, lora_config
+
+    spec = BASE_MODELS[name]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(spec.hf_config(), dtype=torch.bfloat16)
+    quantized = {f"{n}.weight" for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"}
+    params = dict(model.named_parameters())
+    bf16 = sum(p.numel() * p.element_size() for p in params.values())
+    four = sum(p.numel() * _NF4_BITS / 8 if n in quantized else p.numel() * 4 for n, p in params.items())
+    assert spec.weight_bytes() == bf16
+    assert abs(spec.weight_bytes(load_in_4bit=True) - four) < 1024
+    with torch.device("meta"):
+        peft_model = get_peft_model(model, lora_config(TrainerSettings(lora_r=16), list(ALL_LINEAR)))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert trainable == spec.lora_params(16, list(ALL_LINEAR))
+    if name == "meta-llama/Llama-3.1-8B-Instruct":
+        # The 4-bit table's correction: fp32 embeddings and head (4.2 GB) weigh more than the NF4 layers.
+        assert 7 * GiB < spec.weight_bytes(load_in_4bit=True) < 8 * GiB
+        assert 15.5 * GiB < spec.peak_allocated(batch_size=2, seq_len=512) < 16.5 * GiB  # torchtune: 16.2
+        assert 12 * GiB < spec.estimate_memory(load_in_4bit=True) < 13 * GiB
