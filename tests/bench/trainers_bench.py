@@ -1,6 +1,15 @@
 """Trainers side by side on SmolLM2-135M-Instruct's real weights, on the CPU (not part of the test run).
 
     .venv/bin/python -m tests.bench.trainers_bench [--steps 6] [--out results.json] [--only project,bare,trl]
+        [--case uniform|skewed] [--same-examples]
+
+Cases: `uniform` (below: 300 chat rows, answers of 20-250 tokens) and `skewed`, the shape of the
+issue's independent check: 400 chat rows, most of them short, 22 over 512 tokens, a system prompt on
+half, one to three user/assistant turns, max_seq_len 1024. `--same-examples`: every trainer is fed
+the same ids and labels exactly once, so speed and eval loss compare like for like: the training
+file holds only steps x batch x accumulation rows, and each trainer runs one epoch over them (the
+project's and the bare loop's steps cover each row once; TRL's num_train_epochs=1, whatever rows
+its packing makes); the table's label-token column is then the same for every trainer.
 
 Six runs, one after another, each in a fresh process on one thread (torch.set_num_threads(1),
 OMP_NUM_THREADS=1), all on the same weights, the same 300 generated chat rows (assistant answers of
@@ -88,6 +97,29 @@ def chat_rows(n: int, seed: int) -> list[dict[str, Any]]:
             words += sentence(rng)
         rows.append({"messages": [{"role": "user", "content": f"Tell me about the {rng.choice(NOUNS)}, number {i}."},
                                   {"role": "assistant", "content": " ".join(words)}]})
+    return rows
+
+
+def skewed_rows(n: int, seed: int, long_rows: int = 22) -> list[dict[str, Any]]:
+    """n conversations of skewed lengths (the issue's check): long_rows of them 520-900 tokens, the rest
+    mostly 20-120; a system prompt on half; one to three user/assistant turns."""
+    rng = random.Random(seed)
+    long_at = set(rng.sample(range(n), long_rows))
+    rows = []
+    for i in range(n):
+        turns = rng.choice((1, 1, 2, 3))
+        target = rng.randint(520, 900) if i in long_at else rng.choice((rng.randint(20, 60), rng.randint(40, 120)))
+        per_turn = max(8, target // turns)
+        messages: list[dict[str, str]] = []
+        if i % 2 == 0:
+            messages.append({"role": "system", "content": f"You are a {rng.choice(ADJS)} pirate. Answer briefly."})
+        for t in range(turns):
+            words: list[str] = []
+            while len(words) + len(words) // 7 < per_turn:
+                words += sentence(rng)
+            messages += [{"role": "user", "content": f"And the {rng.choice(NOUNS)}, part {t} of {i}?"},
+                         {"role": "assistant", "content": " ".join(words)}]
+        rows.append({"messages": messages})
     return rows
 
 
@@ -211,8 +243,10 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
     examples = encoded(cfg, "train")
     data = Dataset.from_list([{"input_ids": t.input_ids, "labels": t.labels} for t in examples])
     torch.manual_seed(s["seed"])
+    # Same examples: one epoch over the rows given, however TRL packs them into rows of its own.
+    span = {"num_train_epochs": 1, "max_steps": -1} if cfg.get("one_epoch") else {"max_steps": steps}
     args = SFTConfig(
-        output_dir=cfg["scratch"], max_steps=steps, per_device_train_batch_size=s["batch_size"],
+        output_dir=cfg["scratch"], **span, per_device_train_batch_size=s["batch_size"],
         gradient_accumulation_steps=s["gradient_accumulation"], learning_rate=s["learning_rate"],
         lr_scheduler_type="cosine", warmup_steps=round(s["warmup_ratio"] * steps), weight_decay=0.0,
         max_grad_norm=1.0, max_length=s["max_seq_len"], packing=packed, gradient_checkpointing=True,
@@ -320,13 +354,15 @@ def trl_python() -> Path:
     return python
 
 
-def run_one(name: str, work: Path, model: Path, train: Path, held: Path, steps: int) -> dict[str, Any]:
+def run_one(name: str, work: Path, model: Path, train: Path, held: Path, steps: int,
+            settings: dict[str, Any] | None = None, one_epoch: bool = False) -> dict[str, Any]:
+    settings = settings or SETTINGS
     slug = name.replace(" ", "-")
     adapter, log = work / slug, work / f"{slug}.log"
     env = child_env()
     kind, variant = name.split()
     if kind == "project":
-        training = SETTINGS | {"max_steps": steps, "batching": variant}
+        training = settings | {"max_steps": steps, "batching": variant}
         env.update(TENSORANT_OUTPUT_DIR=str(adapter), TENSORANT_DATASET_PATH=str(train), TENSORANT_BASE_MODEL=MODEL,
                    TENSORANT_BASE_MODEL_PATH=str(model), TENSORANT_TRAINING=json.dumps(training))
         rc, usage = run_process([sys.executable, "-m", "shared.trainer.lora"], env, log)
@@ -337,8 +373,9 @@ def run_one(name: str, work: Path, model: Path, train: Path, held: Path, steps: 
                   "processed_tokens": m["processed_tokens"], "trained_tokens": m["trained_tokens"],
                   "loss_first": m["loss"][0], "loss_last": m["loss"][-1], "batching": m["batching"]}
     else:
-        cfg = {"model": str(model), "train": str(train), "held": str(held), "settings": SETTINGS, "steps": steps,
-               "packed": variant == "packed", "adapter": str(adapter), "scratch": str(work / f"{slug}-scratch"),
+        cfg = {"model": str(model), "train": str(train), "held": str(held), "settings": settings, "steps": steps,
+               "packed": variant == "packed", "one_epoch": one_epoch, "adapter": str(adapter),
+               "scratch": str(work / f"{slug}-scratch"),
                "result": str(work / f"{slug}.json"), "pad_id": 2}
         (work / f"{slug}-config.json").write_text(json.dumps(cfg))
         python = str(trl_python()) if kind == "trl" else sys.executable
@@ -355,8 +392,9 @@ def run_one(name: str, work: Path, model: Path, train: Path, held: Path, steps: 
     return result
 
 
-def evaluate_all(work: Path, model: Path, held: Path, results: list[dict[str, Any]]) -> dict[str, float]:
-    cfg = {"model": str(model), "held": str(held), "settings": SETTINGS, "result": str(work / "eval.json"),
+def evaluate_all(work: Path, model: Path, held: Path, results: list[dict[str, Any]],
+                 settings: dict[str, Any] | None = None) -> dict[str, float]:
+    cfg = {"model": str(model), "held": str(held), "settings": settings or SETTINGS, "result": str(work / "eval.json"),
            "adapters": {r["name"]: r["adapter"] for r in results}}
     (work / "eval-config.json").write_text(json.dumps(cfg))
     rc, _ = run_process([sys.executable, "-m", "tests.bench.trainers_bench", "--child", "eval", "--config",
@@ -369,13 +407,13 @@ def evaluate_all(work: Path, model: Path, held: Path, results: list[dict[str, An
 def table(results: list[dict[str, Any]], base_eval: float | None) -> list[str]:
     ref = next((r for r in results if r["name"] == "bare padded"), None)
     lines = [f"{'run':16s} {'real tok/CPU-s':>14s} {'x bare':>7s} {'label tok/CPU-s':>15s} {'padding':>8s} "
-             f"{'peak RSS':>9s} {'eval loss':>9s} {'loop CPU s':>10s} {'loop wall s':>11s}"]
+             f"{'peak RSS':>9s} {'eval loss':>9s} {'loop CPU s':>10s} {'loop wall s':>11s} {'label tokens':>12s}"]
     for r in results:
         ratio = f"{r['real_tokens_per_cpu_s'] / ref['real_tokens_per_cpu_s']:.2f}x" if ref else "-"
         lines.append(f"{r['name']:16s} {r['real_tokens_per_cpu_s']:14.1f} {ratio:>7s} "
                      f"{r['trained_tokens_per_cpu_s']:15.1f} {r['padding_fraction']:8.1%} "
                      f"{r['peak_rss_mib']:>5d} MiB {r.get('eval_loss', float('nan')):9.4f} {r['cpu_s']:10.1f} "
-                     f"{r['wall_s']:11.1f}")
+                     f"{r['wall_s']:11.1f} {r['trained_tokens']:12d}")
     if base_eval is not None:
         lines.append(f"{'(base model)':16s} {'':14s} {'':7s} {'':15s} {'':8s} {'':9s} {base_eval:9.4f}")
     return lines
@@ -407,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="write the results as JSON here")
     parser.add_argument("--only", default="", help="comma-separated prefixes of the runs to do (project,bare,trl)")
     parser.add_argument("--work", default="", help="keep the adapters and logs here (default: a temporary folder)")
+    parser.add_argument("--case", choices=("uniform", "skewed"), default="uniform")
+    parser.add_argument("--same-examples", action="store_true",
+                        help="feed every trainer the same steps x batch x accumulation rows, once each")
     parser.add_argument("--child", choices=sorted(CHILDREN))
     parser.add_argument("--config", default="")
     args = parser.parse_args(argv)
@@ -420,19 +461,25 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r for r in RUNS if not args.only or any(r.startswith(p.strip()) for p in args.only.split(","))]
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tensorant-trainers-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    train = write_rows(work / "train.jsonl", chat_rows(TRAIN_ROWS, seed=0))
-    held = write_rows(work / "held.jsonl", chat_rows(EVAL_ROWS, seed=1))
-    print(f"trainers_bench: {MODEL}, {TRAIN_ROWS} chat rows (answers 20-250 tokens), {args.steps} steps, "
-          f"batch {SETTINGS['batch_size']} x {SETTINGS['gradient_accumulation']}, max_seq_len "
-          f"{SETTINGS['max_seq_len']}, r {SETTINGS['lora_r']} q/k/v/o, lr {SETTINGS['learning_rate']}, fp32, "
+    settings = SETTINGS | ({"max_seq_len": 1024} if args.case == "skewed" else {})
+    rows = skewed_rows(400, seed=0) if args.case == "skewed" else chat_rows(TRAIN_ROWS, seed=0)
+    held_rows = skewed_rows(EVAL_ROWS, seed=1, long_rows=2) if args.case == "skewed" else chat_rows(EVAL_ROWS, seed=1)
+    if args.same_examples:
+        rows = rows[: args.steps * settings["batch_size"] * settings["gradient_accumulation"]]
+    train = write_rows(work / "train.jsonl", rows)
+    held = write_rows(work / "held.jsonl", held_rows)
+    print(f"trainers_bench: {MODEL}, case {args.case}: {len(rows)} chat rows"
+          f"{' (the same examples, once each, for every trainer)' if args.same_examples else ''}, {args.steps} steps, "
+          f"batch {settings['batch_size']} x {settings['gradient_accumulation']}, max_seq_len "
+          f"{settings['max_seq_len']}, r {settings['lora_r']} q/k/v/o, lr {settings['learning_rate']}, fp32, "
           f"one thread; work dir {work}", flush=True)
     results = []
     for name in runs:
-        r = run_one(name, work, model, train, held, args.steps)
+        r = run_one(name, work, model, train, held, args.steps, settings, one_epoch=args.same_examples)
         print(f"  {name}: {r['real_tokens_per_cpu_s']:.1f} real tokens/CPU-s, padding {r['padding_fraction']:.1%}, "
               f"peak RSS {r['peak_rss_mib']} MiB, loop {r['cpu_s']:.0f} CPU-s / {r['wall_s']:.0f} s", flush=True)
         results.append(r)
-    losses = evaluate_all(work, model, held, results)
+    losses = evaluate_all(work, model, held, results, settings)
     for r in results:
         r["eval_loss"] = losses[r["name"]]
     print()
@@ -441,8 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"whole bench: {time.monotonic() - started:.0f} s wall; this process's peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
     if args.out:
-        Path(args.out).write_text(json.dumps({"model": MODEL, "steps": args.steps, "settings": SETTINGS,
-                                              "train_rows": TRAIN_ROWS, "eval_rows": EVAL_ROWS,
+        Path(args.out).write_text(json.dumps({"model": MODEL, "steps": args.steps, "settings": settings,
+                                              "case": args.case, "same_examples": args.same_examples,
+                                              "train_rows": len(rows), "eval_rows": EVAL_ROWS,
                                               "base_model_eval_loss": losses.get("base model"),
                                               "results": results}, indent=2) + "\n")
     return 0
