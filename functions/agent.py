@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.models import AgentComplete, BootFailure, Heartbeat, HeartbeatReply
+from shared.models import AgentComplete, BootFailure, BootstrapClaim, BootstrapGrant, Heartbeat, HeartbeatReply
 from shared.services.api import agent, boot
 
 bp = func.Blueprint()
@@ -37,3 +37,11 @@ def boot_failed(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
     return http.respond(lambda: boot.boot_failed(
         agent.verify(req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, BootFailure)))
+
+
+@bp.route(route="agent/runs/{id}/bootstrap", methods=["POST"], auth_level=ANON)
+@http.api(summary="The machine's one-time exchange of the claim in its user data for its environment (run "
+          "token, storage access): accepted once, while the run is provisioning; a second is refused and recorded",
+          request=BootstrapClaim, response=BootstrapGrant)
+def bootstrap(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: boot.exchange_claim(req.route_params["id"], http.parse(req, BootstrapClaim)))

@@ -335,6 +335,9 @@ class DatasetVersionRecord(Model):
 
 class Deadlines(Model):
     provisioning_by: datetime | None = None
+    # A cloud-init machine (AWS, Azure) must exchange its bootstrap claim by then (it booted and
+    # reached the control plane); the exchange moves provisioning_by to the pull's allowance.
+    first_report_by: datetime | None = None
     heartbeat_by: datetime | None = None
     runtime_by: datetime | None = None
 
@@ -403,6 +406,8 @@ class RunRecord(Model):
     # (a rotated signing key, an expired token): said in the reason if the heartbeat then goes silent.
     agent_refused: str = ""
     agent_refused_at: datetime | None = None
+    # When the machine exchanged its bootstrap claim for its environment (once: a second is refused).
+    bootstrap_claimed_at: datetime | None = None
     # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
     pace_warned: bool = False
     # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
@@ -542,6 +547,19 @@ class AgentComplete(Model):
     last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
     # status failed: what failed, when the agent knows (the run's reason names it); absent = the trainer.
     stage: Literal["dataset", "training", "export", "upload"] | None = None
+
+
+class BootstrapClaim(Model):
+    """The one-time claim a cloud-init machine's user data holds (shared/providers/bootstrap_env.py)."""
+
+    claim: str = Field(min_length=1, max_length=300)
+
+
+class BootstrapGrant(Model):
+    """The machine's environment, given once for its claim: the agent's env file line and the run's token."""
+
+    bootstrap: str = Field(description="TENSORANT_BOOTSTRAP: base64 of the agent's environment (a JSON object)")
+    token: str = Field(description="the run's agent token, for the machine's own failure report")
 
 
 class BootFailure(Model):

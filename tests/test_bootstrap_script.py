@@ -17,6 +17,7 @@ from tests.machine import check_cloud_config
 BOOTSTRAP = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11", env={
     "TENSORANT_RUN_ID": "r-0123456789ab", "TENSORANT_RUN_TOKEN": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln",
     "TENSORANT_API_URL": "https://cp.example.com/", "TENSORANT_TRAINING": "{\"lora_r\": 8}"})
+CLAIM = "tcl1.org-a.r-0123456789ab." + "a" * 64
 
 
 def _shellcheck() -> str:
@@ -28,19 +29,21 @@ def _shellcheck() -> str:
 
 def test_the_rendered_script_is_shellcheck_clean(tmp_path: Path) -> None:
     script = tmp_path / "tensorant-train"
-    script.write_text(cloudinit.script(BOOTSTRAP))
+    script.write_text(cloudinit.script(BOOTSTRAP, CLAIM))
     done = subprocess.run([_shellcheck(), "--severity=style", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_user_data_passes_cloud_inits_schema_and_fits(tmp_path: Path) -> None:
-    text = cloudinit.render(BOOTSTRAP)
+    text = cloudinit.render(BOOTSTRAP, CLAIM)
     check_cloud_config(text, tmp_path)
     assert len(text.encode()) < cloudinit.MAX_USER_DATA
     assert "https://cp.example.com/api/agent/runs/r-0123456789ab/boot-failed" in text
-    # The token is in root-only files, never on a command line.
-    script = cloudinit.script(BOOTSTRAP)
-    assert "eyJ" not in script and "-H @/etc/tensorant/report.header" in script
+    # No secret in the user data (the metadata service serves it to any process): the claim only, which
+    # the script exchanges for the token and the environment, written root-only; never on a command line.
+    assert "eyJ" not in text and CLAIM in text
+    assert "https://cp.example.com/api/agent/runs/r-0123456789ab/bootstrap" in text
+    assert "-H @/etc/tensorant/report.header" in text
 
 
 def test_a_broken_script_fails_shellcheck(tmp_path: Path) -> None:

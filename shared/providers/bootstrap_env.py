@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import re
 from typing import Any
 
 from shared.log import register_secret
+from shared.security import ORG_RE, RUN_RE
+from shared.settings import get_settings
 
 VAR = "TENSORANT_BOOTSTRAP"
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -62,3 +66,39 @@ def from_pod_env(entries: list[dict[str, str]]) -> dict[str, str]:
     if set(found) != {VAR}:
         raise ValueError(f"a pod env must hold only {VAR}, not {sorted(found)}")
     return decode(found[VAR])
+
+
+# The bootstrap claim (EC2 user data, Azure customData): readable by any process on the machine
+# through the metadata service for the machine's whole life, and Azure's API says to keep secrets
+# out of customData. So user data carries only this claim, which the machine exchanges once for its
+# environment (POST /api/agent/runs/{id}/bootstrap, services/api/boot.exchange_claim): accepted only
+# while the run is provisioning and never claimed, it is dead after its first exchange. It is a MAC of
+# the deployment, org and run (no expiry, no nonce), so every launch attempt of a run renders the same
+# user data and a retried RunInstances sends identical parameters.
+CLAIM_PREFIX = "tcl1"
+CLAIM_MAX_CHARS = 300
+
+
+def _claim_mac(secret: str, org: str, run_id: str) -> str:
+    message = f"tensorant-bootstrap-claim:{get_settings().deployment_id}:{org}:{run_id}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def claim(org: str, run_id: str) -> str:
+    return f"{CLAIM_PREFIX}.{org}.{run_id}.{_claim_mac(get_settings().jwt_secret, org, run_id)}"
+
+
+def claim_org(text: str, run_id: str) -> str | None:
+    """The org a claim for this run was made for; None when it is not one this deployment made (either
+    signing key of a rotation is accepted, as for tokens)."""
+    parts = text.split(".")
+    if len(text) > CLAIM_MAX_CHARS or len(parts) < 4 or parts[0] != CLAIM_PREFIX:
+        return None
+    org, run, mac = parts[1], ".".join(parts[2:-1]), parts[-1]
+    if run != run_id or not ORG_RE.fullmatch(org) or not RUN_RE.fullmatch(run):
+        return None
+    settings = get_settings()
+    for secret in [settings.jwt_secret, *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]:
+        if hmac.compare_digest(mac, _claim_mac(secret, org, run)):
+            return org
+    return None

@@ -1,10 +1,13 @@
 """Cloud-init user data that runs the training container with the agent (AWS and Azure hosts).
 
 The host keeps its output under /var/lib/tensorant/data (mounted at /workspace/data in
-the container), so a retained VM still holds adapter.zip for recovery. The environment
-file is written root-only and holds one line, TENSORANT_BOOTSTRAP=<base64 JSON> (see
-shared/providers/bootstrap_env.py), so no value can add a variable; nothing secret is put
-on a command line.
+the container), so a retained VM still holds adapter.zip for recovery. The user data holds
+no secret: EC2 user data and Azure customData stay readable by any process on the machine
+through the metadata service. It holds a one-time claim (bootstrap_env.claim), which the
+script exchanges once (POST /api/agent/runs/<id>/bootstrap) for the environment, written
+root-only as one line, TENSORANT_BOOTSTRAP=<base64 JSON> (see bootstrap_env.py), so no value
+can add a variable; nothing secret is put on a command line. The claim is the same on every
+launch attempt of a run, so a retried launch sends the same user data.
 
 A failed start must cost minutes, not the boot deadline: the script retries a failed pull
 with backoff, and when the pull, the container start or the agent fails before the agent
@@ -19,9 +22,9 @@ under a sandbox root, its commands run by bash with `docker` shimmed).
 
 from __future__ import annotations
 
+import re
 import shlex
 
-from shared.providers import bootstrap_env
 from shared.providers.base import Bootstrap
 
 HOST_DATA_DIR = "/var/lib/tensorant/data"
@@ -39,19 +42,30 @@ MAX_USER_DATA = 16 * 1024  # EC2's limit; Azure's custom data allows more, the t
 # rate limit passes; a wrong image name or missing credentials fail in under two minutes).
 PULL_ATTEMPTS = 4
 PULL_FIRST_DELAY_S = 15
+# One attempt's limit: a pull that hangs fails like any other (the 3 GB image takes minutes, not ten).
+PULL_TIMEOUT_S = 600
+SHM_SIZE = "8g"
+# The machine must exchange its claim this long after its create call (it booted and reached the
+# control plane: 1-5 minutes on EC2 and Azure GPU machines), or heartbeat-check releases it
+# (deadlines.first_report_by); the exchange then allows the pull the provisioning timeout.
+FIRST_REPORT_S = 600
+CLAIM_RE = re.compile(r"^[A-Za-z0-9._-]{1,300}$")
 
 # Exit codes of `docker run` that are docker's own, not the container's: 125 the daemon could not
 # create or start it (no NVIDIA runtime: "could not select device driver"), 126/127 the entrypoint
 # cannot be run. Anything else is the agent's exit.
 _SCRIPT = r"""#!/bin/bash
-# Runs the training container once. When the pull, the container start or the agent fails
-# before the agent reported, tells the control plane, so the run is released within minutes.
+# Runs the training container once. First it exchanges the one-time claim below for the machine's
+# environment (the claim is dead afterwards: nothing in the user data is a secret then). When the
+# pull, the container start or the agent fails before the agent reported, it tells the control
+# plane, so the run is released within minutes.
 set -uo pipefail
 IMAGE=__IMAGE__
+CLAIM_URL=__CLAIM_URL__
 REPORT_URL=__REPORT_URL__
 DATA=__DATA__
 LOG=__LOG__
-mkdir -p "$DATA"
+mkdir -p "$DATA" "$(dirname __ENV_FILE__)"
 touch "$LOG" && chmod 600 "$LOG"
 
 say() { echo "tensorant-train: $*" | tee -a "$LOG"; }
@@ -77,11 +91,48 @@ report() {  # stage exit_code attempts
   return 1
 }
 
+# The claim for the environment, once: written root-only as the agent's env file (one line,
+# TENSORANT_BOOTSTRAP=<base64>) and the report's Authorization header. python3 is there wherever
+# cloud-init is (cloud-init is Python). A refusal (401, 404, 409) is final: the claim was used.
+exchange() {
+  local try code answer
+  answer=$(mktemp)
+  for try in 1 2 3 4 5 6; do
+    code=$(curl -sS --max-time 20 -o "$answer" -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+      --data-binary '{"claim":"__CLAIM__"}' "$CLAIM_URL") || code=000
+    if [ "$code" = 200 ] && (umask 077 && python3 - "$answer" __ENV_FILE__ __HEADER__ <<'PY'
+import json, re, sys
+got = json.load(open(sys.argv[1]))
+blob, token = got["bootstrap"], got["token"]
+assert re.fullmatch(r"[A-Za-z0-9+/=]+", blob) and re.fullmatch(r"[A-Za-z0-9._-]+", token)
+open(sys.argv[2], "w").write("TENSORANT_BOOTSTRAP=" + blob + "\n")
+open(sys.argv[3], "w").write("Authorization: Bearer " + token + "\n")
+PY
+    ); then
+      rm -f "$answer"
+      say "the machine's environment was received (claim exchanged)"
+      return 0
+    fi
+    rm -f "$answer"
+    case "$code" in
+      401|403|404|409) say "the control plane refused the bootstrap claim (HTTP $code)"; return 1 ;;
+    esac
+    say "could not exchange the bootstrap claim (HTTP $code); retrying in $((try * 10)) s"
+    sleep $((try * 10))
+  done
+  return 1
+}
+if [ ! -s __ENV_FILE__ ]; then
+  exchange || { say "no environment: the boot deadline will release this machine"; exit 1; }
+fi
+
 attempt=1
 delay=__FIRST_DELAY__
 while :; do
   say "pulling $IMAGE (attempt $attempt of __ATTEMPTS__)"
-  docker pull "$IMAGE" 2>&1 | tee -a "$LOG"
+  # Bounded: a pull that hangs (a registry that accepts and never answers) would hold the machine
+  # until the boot deadline; `timeout` ends it (exit code 124) and it counts as a failed attempt.
+  timeout __PULL_TIMEOUT__ docker pull "$IMAGE" 2>&1 | tee -a "$LOG"
   code=${PIPESTATUS[0]}
   [ "$code" -eq 0 ] && break
   if [ "$attempt" -ge __ATTEMPTS__ ]; then
@@ -97,7 +148,10 @@ done
 
 docker rm -f tensorant-train >/dev/null 2>&1 || true
 say "starting the training container"
+# --shm-size: torch's DataLoader workers share tensors through /dev/shm (docker's default is 64 MB).
+# docker's own copy of the output is rotated (json-file, 3 x 50 MB).
 docker run --name tensorant-train --gpus all --restart no --env-file __ENV_FILE__ -e TENSORANT_POWEROFF=exit \
+  --shm-size __SHM_SIZE__ --log-driver json-file --log-opt max-size=50m --log-opt max-file=3 \
   -v "$DATA:__CONTAINER_DATA__" "$IMAGE" 2>&1 | tee -a "$LOG"
 code=${PIPESTATUS[0]}
 say "the training container exited with code $code"
@@ -121,8 +175,16 @@ exit "$code"
 
 
 def report_url(env: dict[str, str]) -> str:
-    url = f"{env['TENSORANT_API_URL'].rstrip('/')}/api/agent/runs/{env['TENSORANT_RUN_ID']}/boot-failed"
-    _one_line("the report URL", url)
+    return _agent_url(env, "boot-failed")
+
+
+def claim_url(env: dict[str, str]) -> str:
+    return _agent_url(env, "bootstrap")
+
+
+def _agent_url(env: dict[str, str], what: str) -> str:
+    url = f"{env['TENSORANT_API_URL'].rstrip('/')}/api/agent/runs/{env['TENSORANT_RUN_ID']}/{what}"
+    _one_line(f"the {what} URL", url)
     return url
 
 
@@ -132,11 +194,15 @@ def _one_line(what: str, value: str) -> None:
         raise ValueError(f"{what} must be printable ASCII on one line")
 
 
-def script(bootstrap: Bootstrap) -> str:
+def script(bootstrap: Bootstrap, claim: str) -> str:
     """The bash script the machine runs (cloud-init writes it to SCRIPT and runs it at every boot)."""
+    if not CLAIM_RE.fullmatch(claim):
+        raise ValueError("the bootstrap claim must be 1-300 characters of A-Z a-z 0-9 . _ -")
     values = {
         "__IMAGE__": shlex.quote(bootstrap.container_image),
+        "__CLAIM_URL__": shlex.quote(claim_url(bootstrap.env)), "__CLAIM__": claim,
         "__REPORT_URL__": shlex.quote(report_url(bootstrap.env)),
+        "__PULL_TIMEOUT__": str(PULL_TIMEOUT_S), "__SHM_SIZE__": SHM_SIZE,
         "__DATA__": HOST_DATA_DIR, "__LOG__": BOOT_LOG, "__HEADER__": REPORT_HEADER_FILE,
         "__ENV_FILE__": ENV_FILE, "__CONTAINER_DATA__": CONTAINER_DATA_DIR,
         "__ATTEMPTS__": str(PULL_ATTEMPTS), "__FIRST_DELAY__": str(PULL_FIRST_DELAY_S),
@@ -152,35 +218,24 @@ def _indent(text: str) -> str:
     return "\n".join(("      " + line) if line else "" for line in text.rstrip("\n").splitlines())
 
 
-REQUIRED = ("TENSORANT_RUN_ID", "TENSORANT_API_URL", "TENSORANT_RUN_TOKEN")  # the boot-failed report needs them
+REQUIRED = ("TENSORANT_RUN_ID", "TENSORANT_API_URL")  # the exchange's and the report's URLs
 
 
-def render(bootstrap: Bootstrap) -> str:
+def render(bootstrap: Bootstrap, claim: str) -> str:
+    """The user data: the script and the one-time claim it exchanges for the environment. None of the
+    environment's values (run token, storage access, Hugging Face token) is in it: user data stays
+    readable through the metadata service for the machine's whole life."""
     missing = [k for k in REQUIRED if not bootstrap.env.get(k)]
     if missing:
         raise ValueError(f"the bootstrap has no {', '.join(missing)}")
-    env = dict(bootstrap.env)
-    env.setdefault("TENSORANT_DATA_DIR", CONTAINER_DATA_DIR)
-    token = env["TENSORANT_RUN_TOKEN"]
-    _one_line("the run token", token)
     _one_line("the container image", bootstrap.container_image)
     text = (
         "#cloud-config\n"
         "write_files:\n"
-        f"  - path: {ENV_FILE}\n"
-        "    permissions: '0600'\n"
-        "    owner: root:root\n"
-        "    content: |\n"
-        f"{_indent(bootstrap_env.env_file(env))}\n"  # one line: the name and base64
-        f"  - path: {REPORT_HEADER_FILE}\n"
-        "    permissions: '0600'\n"
-        "    owner: root:root\n"
-        "    content: |\n"
-        f"      Authorization: Bearer {token}\n"
         f"  - path: {SCRIPT}\n"
         "    permissions: '0700'\n"
         "    content: |\n"
-        f"{_indent(script(bootstrap))}\n"
+        f"{_indent(script(bootstrap, claim))}\n"
         f"  - path: {PER_BOOT}\n"
         "    permissions: '0700'\n"
         "    content: |\n"

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from shared.errors import AuthError, PermanentError, ProviderError
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers import cloudinit, console
+from shared.providers import bootstrap_env, cloudinit, console
 from shared.providers.aws import catalog, checks, pricing
 from shared.providers.aws.client import ApiCallHook, AwsClient
 from shared.providers.aws.config import AwsConfig
@@ -102,6 +102,7 @@ def _utc(value: Any) -> datetime | None:
 
 class AwsCompute:
     name = "aws"
+    first_report_s = cloudinit.FIRST_REPORT_S  # the claim's exchange is the first report (cloudinit.py)
 
     def __init__(self, config: AwsConfig, settings: Settings, *, endpoint_url: str | None = None,
                  pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep,
@@ -171,7 +172,7 @@ class AwsCompute:
         for key in spec.bootstrap.secret_env_keys:
             register_secret(spec.bootstrap.env.get(key))
         try:
-            user_data = cloudinit.render(spec.bootstrap)
+            user_data = cloudinit.render(spec.bootstrap, bootstrap_env.claim(ref.org, ref.run_id))
         except ValueError as exc:
             raise PermanentError(f"cannot build the instance's user data: {exc}") from exc
         image = catalog.image(self.aws, self.config.ami_id)

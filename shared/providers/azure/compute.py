@@ -51,7 +51,7 @@ from shared.budget import IN_PROGRESS
 from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers import cloudinit, console
+from shared.providers import bootstrap_env, cloudinit, console
 from shared.providers.azure import catalog, checks
 from shared.providers.azure.client import AzureClient, AzureEndpoints, as_dict, dig, region_code, same_id
 from shared.providers.azure.config import AzureConfig
@@ -112,6 +112,7 @@ class AzureCompute:
     """The ComputeProvider for Azure (one connection: subscription, training resource group, region)."""
 
     name = "azure"
+    first_report_s = cloudinit.FIRST_REPORT_S  # the claim's exchange is the first report (cloudinit.py)
 
     def __init__(self, config: AzureConfig, settings: Settings, *, endpoints: AzureEndpoints | None = None) -> None:
         """endpoints: where the SDK talks and how long it waits; None = public Azure (tests pass a fake ARM)."""
@@ -242,7 +243,8 @@ class AzureCompute:
         # Rendered before anything is created: a bootstrap that cannot be rendered (over the
         # 16 KB bound, a newline in a value) must not leave a NIC behind or escape untranslated.
         try:
-            custom_data = base64.b64encode(cloudinit.render(spec.bootstrap).encode()).decode()
+            claim = bootstrap_env.claim(spec.ref.org, spec.ref.run_id)
+            custom_data = base64.b64encode(cloudinit.render(spec.bootstrap, claim).encode()).decode()
         except ValueError as exc:
             raise PermanentError(f"cannot build the VM's custom data: {exc}", code="BadBootstrap") from exc
 

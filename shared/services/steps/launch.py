@@ -155,8 +155,14 @@ def launch(msg: StepMessage) -> None:
         merged = merge_resources(r.resources, resources)
         if merged == r.resources and (r.scope or not scope):
             return None
+        # A machine that exchanges a bootstrap claim (cloud-init) must do so within minutes of its create
+        # call: heartbeat-check releases it at first_report_by rather than at the whole boot deadline.
+        first_s = getattr(provider, "first_report_s", 0)
+        deadlines = r.deadlines
+        if first_s and deadlines.first_report_by is None:
+            deadlines = deadlines.model_copy(update={"first_report_by": create_called_at + timedelta(seconds=first_s)})
         return r.model_copy(update={"resources": merged, "scope": r.scope or scope, "updated_at": now(),
-                                    "machine_up_at": r.machine_up_at or up_at})
+                                    "machine_up_at": r.machine_up_at or up_at, "deadlines": deadlines})
 
     run, _ = store.mutate_run(run.org, run.id, change)
     event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))
