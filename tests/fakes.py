@@ -80,7 +80,8 @@ class MemoryCompute:
     def _res(self, m: Machine) -> list[CloudResource]:
         base = {"provider": "memory", "run_id": m.tags.get("tensorant:run", ""), "org": m.tags.get("tensorant:org", ""),
                 "deployment": m.tags.get("tensorant:deployment", ""), "created_at": m.created_at,
-                "managed": m.tags.get("tensorant:managed") == "true"}
+                "managed": m.tags.get("tensorant:managed") == "true",
+                "extra": {"store": m.tags["tensorant:store"]} if m.tags.get("tensorant:store") else {}}
         out = [CloudResource(kind="instance", id=m.id, state=m.state, **base)]
         if m.disk_exists:
             out.append(CloudResource(kind="volume", id=m.disk_id, **base))

@@ -188,6 +188,21 @@ class Harness:
 
         self.timer_fns[name](TimerRequest(past_due=False))
 
+    def serve(self, seconds: float, step: float = 60) -> None:
+        """The control plane serves for `seconds`: heartbeat-check ticks now, then every `step` (its
+        timer fires every minute) as the clock moves. A bare clock jump followed by one tick reads as
+        an outage of the control plane, after which heartbeat-check judges no silence for a full
+        heartbeat interval (shared/services/timers/heartbeat_check.serving_since). The queues are
+        drained after each tick, as the host runs what a tick sends."""
+        self.tick("heartbeat_check")
+        self.drain()
+        left = seconds
+        while left > 0:
+            self.clock.advance(min(step, left))
+            left -= step
+            self.tick("heartbeat_check")
+            self.drain()
+
     # ------------------------------------------------------------ flows
     def save_compute(self, provider: str, body: dict[str, Any]) -> Any:
         self.ok("PUT", f"/api/connections/compute/{provider}", json_body=body)

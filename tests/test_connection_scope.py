@@ -156,8 +156,7 @@ def test_provisioning_deadline_reason_has_the_clouds_words(azure_h: Harness, arm
     assert vm is not None
     vm["_iv_extra"] = {"vmAgent": {"statuses": [{"code": "ProvisioningState/Unavailable",
                                                  "displayStatus": "Not Ready"}]}}
-    azure_h.clock.advance(get_settings().provisioning_timeout_s + 1)  # past the boot deadline, the agent never reported
-    azure_h.tick("heartbeat_check")
+    azure_h.serve(get_settings().provisioning_timeout_s + 1)  # past the boot deadline, the agent never reported
     azure_h.drain()
     run = azure_h.get_run(run_id)
     reason = run["reason"]

@@ -22,11 +22,9 @@ def test_silent_heartbeat_retains_and_keeps_the_disk(h: Harness, cloud: ChaosClo
     run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
     h.launch(run_id)
     h.agent(run_id).heartbeat("training", 0.2)
-    h.clock.advance(get_settings().heartbeat_timeout_s - 5)
-    tick(h)
+    h.serve(get_settings().heartbeat_timeout_s - 5)
     assert h.get_run(run_id)["state"] == "training"
-    h.clock.advance(10)
-    tick(h)
+    h.serve(10)
     run = h.get_run(run_id)
     assert run["state"] == "retained" and "heartbeat went silent" in run["reason"]
     [m] = cloud.machines.values()
@@ -36,11 +34,9 @@ def test_silent_heartbeat_retains_and_keeps_the_disk(h: Harness, cloud: ChaosClo
 def test_boot_deadline_releases_a_machine_that_never_reported(h: Harness, cloud: ChaosCloud) -> None:
     run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
     h.launch(run_id)  # the agent never reports (image pull hangs)
-    h.clock.advance(get_settings().provisioning_timeout_s - 1)
-    tick(h)
+    h.serve(get_settings().provisioning_timeout_s - 1)
     assert h.get_run(run_id)["state"] == "provisioning"
-    h.clock.advance(2)
-    tick(h)
+    h.serve(2)
     run = h.get_run(run_id)
     # Nothing ran, so nothing can be recovered: released and failed, not retained (stopped, disk billing).
     assert run["state"] == "failed" and "boot deadline" in run["reason"] and "released" in run["reason"], run
@@ -65,8 +61,7 @@ def test_vanished_machine_fails_with_nothing_to_release(h: Harness, cloud: Chaos
     h.launch(run_id)
     h.agent(run_id).heartbeat("preparing")
     cloud.machines.clear()  # deleted outside the control plane
-    h.clock.advance(get_settings().heartbeat_timeout_s + 1)
-    tick(h)
+    h.serve(get_settings().heartbeat_timeout_s + 1)
     run = h.get_run(run_id)
     assert run["state"] == "failed"
     assert "gone" in run["reason"] and "nothing to retain or release" in run["reason"]
@@ -94,7 +89,7 @@ def test_queued_past_the_provisioning_deadline_fails_with_nothing_billed(h: Harn
     run_id = h.create_run("memory", "mem-a10")
     h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     get_queues().client(Queue.launch.value).clear_messages()
-    h.clock.advance(get_settings().provisioning_timeout_s + 1)
+    h.clock.advance(get_settings().provisioning_timeout_s + 1)  # one jump: no tick re-sends the launch
     tick(h)
     run = h.get_run(run_id)
     assert run["state"] == "failed" and "nothing bills" in run["reason"]
@@ -159,3 +154,22 @@ def test_a_pace_that_finishes_in_time_says_nothing(h: Harness, cloud: ChaosCloud
     h.clock.advance(60)
     agent.heartbeat("training", 0.5)
     assert not [e for e in h.get_run(run_id)["events"] if e["kind"] == "warning"]
+
+
+def test_the_control_planes_own_outage_is_not_read_as_agent_silence(h: Harness, cloud: ChaosCloud) -> None:
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.2)
+    h.serve(60)
+    # The control plane (or its state store) is down for 20 minutes: no tick, no heartbeat got in.
+    h.clock.advance(1200)
+    h.serve(get_settings().heartbeat_timeout_s - 60)  # serving again, for less than a heartbeat interval
+    assert h.get_run(run_id)["state"] == "training"  # the agent's silence was the control plane's
+    agent.heartbeat("training", 0.4)  # the agent gets through
+    h.serve(120)
+    assert h.get_run(run_id)["state"] == "training"
+    # A real silence, with the control plane serving all along, is still judged at its deadline.
+    h.serve(get_settings().heartbeat_timeout_s)
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and "heartbeat went silent" in run["reason"]

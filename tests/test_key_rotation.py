@@ -61,8 +61,7 @@ def test_without_the_previous_key_the_silent_run_is_retained(h: Harness, cloud: 
     from shared.security import mint_user_token
 
     h.owner = mint_user_token("owner@a", h.org, Role.owner)  # the users logged in again
-    h.clock.advance(get_settings().heartbeat_timeout_s + 1)
-    h.tick("heartbeat_check")
+    h.serve(get_settings().heartbeat_timeout_s + 1)
     h.drain()
     run = h.get_run(run_id)
     assert run["state"] == "retained", run

@@ -243,3 +243,56 @@ def test_a_second_delivery_of_one_sweep_does_nothing(h: Harness, cloud: ChaosClo
     listed = cloud.calls.count("list")
     again = sweep_account.sweep_one(h.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
     assert "already" in again["skipped"] and cloud.calls.count("list") == listed  # not even listed again
+
+
+def test_a_long_account_sweep_renews_its_short_lease(h: Harness, cloud: ChaosCloud) -> None:
+    ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
+    h.clock.advance(grace() + 1)
+    name = sweep_account.lease_name(h.org, "memory")
+    taken_meanwhile: list[object] = []
+
+    class Slow:
+        """A cloud whose listing takes 70 s and whose release takes 40 s (simulated)."""
+
+        def __init__(self, provider: ComputeProvider) -> None:
+            self.provider = provider
+
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(self.provider, attr)
+
+        def list_managed(self) -> Any:
+            listed = list(self.provider.list_managed())
+            h.clock.advance(70)
+            return listed
+
+        def release(self, *args: Any) -> Any:
+            h.clock.advance(40)  # 110 s into the sweep: past a lease of 90 s that was never renewed
+            taken_meanwhile.append(leases.take(name, 60))
+            return self.provider.release(*args)
+
+    out = sweep_account.sweep_one(h.org, "memory", sweep_id="s20260101000000-bbbbbb", dry_run=False,
+                                  compute=lambda org, p: cast(ComputeProvider, Slow(compute_for(org, p))))
+    assert [f["action"] for f in out["findings"]] == ["release"] and ghost.state == "terminated"
+    assert taken_meanwhile == [None]  # renewed before the release: nobody could take it meanwhile
+    assert leases.take(name, 60) is not None  # ended when the sweep was done
+
+
+def test_a_second_control_plane_on_the_same_deployment_id_stops_the_sweep_loudly(h: Harness,
+                                                                                   cloud: ChaosCloud) -> None:
+    from shared.providers.base import TAG_STORE
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.3)
+    [mine] = cloud.machines.values()
+    assert mine.tags[TAG_STORE]  # every machine carries its state store's mark
+    # A staging copy left on the production deployment id launched into the same account: its run is
+    # "missing" here. Without the mark it is a leak to release.
+    theirs = cloud.add_foreign({**RunRef(get_settings().deployment_id, h.org, "r-theirs").tags,
+                                TAG_STORE: "0123456789ab"}, now())
+    h.clock.advance(grace() + 1)
+    h.agent(run_id).heartbeat("training", 0.4)
+    [f] = sweep(h)["findings"]
+    assert f["action"] == "none" and "another control plane" in f["reason"] and "TENSORANT_DEPLOYMENT_ID" in f["reason"]
+    assert theirs.state == "running" and mine.state == "running"
+    assert audits("sweep-refused-duplicate-deployment")

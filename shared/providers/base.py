@@ -31,6 +31,9 @@ TAG_MANAGED = "tensorant:managed"
 TAG_DEPLOYMENT = "tensorant:deployment"
 TAG_ORG = "tensorant:org"
 TAG_RUN = "tensorant:run"
+# The state store that launched it (shared/store/installation.py): two control planes that share a
+# deployment id and a cloud account would otherwise each take the other's machines for leaks.
+TAG_STORE = "tensorant:store"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class RunRef:
     deployment: str
     org: str
     run_id: str
+    store: str = ""  # the launching state store's installation id ("" where unknown: not tagged)
 
     @property
     def name(self) -> str:
@@ -53,6 +57,7 @@ class RunRef:
             TAG_DEPLOYMENT: self.deployment,
             TAG_ORG: self.org,
             TAG_RUN: self.run_id,
+            **({TAG_STORE: self.store} if self.store else {}),
         }
 
 

@@ -66,4 +66,6 @@ def storage_for(org: str) -> StorageBackend:
 
 def ref_of(run: RunRecord) -> RunRef:
     """How providers find and mark the run's resources (this deployment, the org, the run)."""
-    return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id)
+    from shared.store.installation import installation_id
+
+    return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id, store=installation_id())

@@ -58,6 +58,19 @@ def take(name: str, hold_s: float) -> Lease | None:
     return Lease(name, holder, until, etag, data)
 
 
+def renew(lease: Lease, hold_s: float) -> bool:
+    """Extend a held lease to hold_s from now (the holder is still working). False when it ran out and
+    someone else took it: the holder must stop acting."""
+    until = now_ts() + hold_s
+    row = {"holder": lease.holder, "until": until, "data": lease.data}
+    try:
+        lease.etag = _table().update(_PK, lease.name, row, lease.etag)
+    except ConcurrencyError:
+        return False
+    lease.until = until
+    return True
+
+
 def end(lease: Lease, **data: Any) -> bool:
     """End the lease now, keeping `data` (merged) for the next taker. False when it ran out and
     someone else holds it now (theirs to end; this holder's data is dropped)."""

@@ -43,6 +43,7 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
+    TAG_STORE,
     CloudProgress,
     ComputeProvider,
     Description,
@@ -452,7 +453,8 @@ class AwsCompute:
         return CloudResource(provider="aws", kind=kind, id=id, name=tags.get("Name", ""), region=self.region,
                              run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
                              deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
-                             created_at=created_at, state=state, extra=extra)
+                             created_at=created_at, state=state,
+                             extra={**extra, **({"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {})})
 
 
 def build(config: BaseModel, settings: Settings, **deps: Any) -> ComputeProvider:

@@ -26,9 +26,9 @@ action and every dry-run finding is an audit event.
 
 Bounded: the cloud calls that act (releases, describes) stop once ACCOUNT_BUDGET_S is spent, well
 under functionTimeout; what is left is found again by the next tick. One sweep of an account acts at
-a time: it holds the account's lease (shared/store/leases.py, `sweep~<org>~<provider>`), which
-ends by itself after LEASE_S, so a host that died mid-sweep delays that account alone by at most
-that. A second delivery of one sweep's message finds the sweep recorded on the lease and does
+a time: it holds the account's lease (shared/store/leases.py, `sweep~<org>~<provider>`), short
+(LEASE_S) and renewed at half while it works, so a host that died mid-sweep delays that account
+alone by at most LEASE_S. A second delivery of one sweep's message finds the sweep recorded on the lease and does
 nothing. A dry run acts on nothing and takes no lease.
 """
 
@@ -67,9 +67,10 @@ ProviderFactory = Callable[[str, str], ComputeProvider]
 # of the sweep's start: with each call bounded by the provider's own waits, one invocation stays
 # well under a third of functionTimeout (5 min). What is left is found again by the next tick.
 ACCOUNT_BUDGET_S = 60
-# An account's sweep lease ends by itself this long after it was taken: longer than one invocation
-# can run (the host cuts it at functionTimeout), so a slow sweep is never joined by the next.
-LEASE_S = 330
+# An account's sweep lease ends by itself this long after it was last renewed, and the sweep renews
+# it at half (before each acting cloud call once half has passed): a host that died mid-sweep blocks
+# that one account for at most this, and a slow sweep is never joined by another.
+LEASE_S = 90
 
 
 def lease_name(org: str, provider: str) -> str:
@@ -94,31 +95,41 @@ def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
         return {"findings": [], "skipped": "the connection is gone or being checked"}
     if dry_run:
         return _sweep(org, provider_name, compute, dry_run=True)
-    if leases.peek(lease_name(org, provider_name)).get("data", {}).get("sweep") == sweep_id:
-        return {"findings": [], "skipped": "this sweep has swept this account already (a second delivery)"}
     lease = leases.take(lease_name(org, provider_name), LEASE_S)
     if lease is None:
         get_logger().info("account sweep skipped: another sweep holds its lease",
                           extra={"org": org, "provider": provider_name})
         return {"findings": [], "skipped": "another sweep of this account is running; the next tick sweeps"}
-    out = _sweep(org, provider_name, compute, dry_run=False)
+    if lease.data.get("sweep") == sweep_id:
+        leases.end(lease)
+        return {"findings": [], "skipped": "this sweep has swept this account already (a second delivery)"}
+    out = _sweep(org, provider_name, compute, dry_run=False, lease=lease)
     leases.end(lease, sweep=sweep_id, swept_at=now_ts())
     return out
 
 
 class _Budget:
-    def __init__(self) -> None:
+    """The acting cloud calls' time budget, and the lease kept alive while they run."""
+
+    def __init__(self, lease: leases.Lease | None) -> None:
         self.until = now_ts() + ACCOUNT_BUDGET_S
+        self.lease = lease
         self.left_over = 0
 
     def allows(self) -> bool:
-        if now_ts() < self.until:
-            return True
-        self.left_over += 1
-        return False
+        if now_ts() >= self.until:
+            self.left_over += 1
+            return False
+        if self.lease is not None and self.lease.until - now_ts() < LEASE_S / 2 and not leases.renew(self.lease,
+                                                                                                         LEASE_S):
+            self.left_over += 1
+            self.until = 0  # the lease was lost (it ran out, another sweep took it): act on nothing more
+            return False
+        return True
 
 
-def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool) -> dict[str, Any]:
+def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool,
+           lease: leases.Lease | None = None) -> dict[str, Any]:
     settings, store = get_settings(), get_store()
     stats: dict[str, Any] = {"org": org, "provider": name, "listed": 0, "runs_read": 0}
     try:
@@ -135,6 +146,8 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool) -> d
         _audit("sweep-list-failed", finding)
         return {**stats, "findings": [finding]}
     stats["listed"] = len(resources)
+    if (other := _other_store(resources)) is not None:
+        return {**stats, "findings": [_refuse_duplicate(org, name, other, dry_run)]}
     # Read after listing the cloud (see the module docstring): the org's watched runs, and the runs
     # the listing names that are not among them (ended runs whose machine is still listed).
     watched = store.get_runs(store.watched(org))
@@ -142,7 +155,7 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool) -> d
     named = sorted({r.run_id for r in resources} - set(runs))
     runs.update({r.id: r for r in store.get_runs([(org, rid) for rid in named])})
     stats["runs_read"] = len(runs)
-    t, budget = now(), _Budget()
+    t, budget = now(), _Budget(lease)
     findings = _leaks(org, name, provider, resources, runs, t, dry_run, budget)
     findings += _vanished(org, name, provider, resources, runs, t, dry_run, budget)
     findings += _low_credit(org, name, provider, runs, t, dry_run)
@@ -151,6 +164,26 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool) -> d
         stats["left_for_next_tick"] = budget.left_over
     get_logger().info("account swept", extra={"dry_run": dry_run, **stats, "findings": len(findings)})
     return {**stats, "findings": findings}
+
+
+def _other_store(resources: list[CloudResource]) -> str | None:
+    """The installation id of another state store whose resources carry this deployment's marks, or
+    None (resources made before the mark existed carry none and count as this store's)."""
+    from shared.store.installation import installation_id
+
+    mine = installation_id()
+    return next((r.extra["store"] for r in resources if r.extra.get("store") and r.extra["store"] != mine), None)
+
+
+def _refuse_duplicate(org: str, name: str, other: str, dry_run: bool) -> dict[str, Any]:
+    reason = (f"another control plane (state store {other}) uses this deployment id "
+              f"({get_settings().deployment_id}) on this {name} account: nothing is swept here, since each would "
+              "take the other's machines for leaks. Give one of the two deployments its own "
+              "TENSORANT_DEPLOYMENT_ID (its running runs keep their marks: finish or cancel them first)")
+    finding: dict[str, Any] = {"org": org, "provider": name, "action": "none", "reason": reason}
+    get_logger().error("sweep refused: a second deployment uses this deployment id", extra=finding)
+    _audit("sweep-dry-run" if dry_run else "sweep-refused-duplicate-deployment", finding)
+    return finding
 
 
 def _audit(kind: str, finding: dict[str, Any]) -> None:

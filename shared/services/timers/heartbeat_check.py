@@ -56,10 +56,36 @@ VERIFY_LIMIT_S = 1800
 VERIFY_GIVE_UP = {RunState.verifying: RunState.retaining, RunState.recovering: RunState.retained}
 
 
-def missed_deadline(run: RunRecord, t: datetime) -> str | None:
+# The control plane's own liveness: each tick records when it ran. A tick that finds the previous one
+# older than OUTAGE_AFTER_S (the timer fires every minute) follows an outage of the control plane or of
+# its state store (a tick cannot run without the store): a new serving period starts, and no agent is
+# judged silent, or late for its boot, until the control plane has served a full heartbeat interval
+# (heartbeat_timeout_s) since. Agents could not get a heartbeat in while nothing was serving.
+LIVENESS = ("~", "liveness")  # a row of the watch table's "~" partition (no org is "~")
+OUTAGE_AFTER_S = 180
+
+
+def serving_since(t: datetime) -> datetime:
+    """When the control plane's current serving period began (recorded, and continued, by this tick)."""
+    table, ts = get_store().table("watch"), t.timestamp()
+    got = table.get(*LIVENESS)
+    last = float(got[0].get("last_tick", 0)) if got else 0.0
+    since = float(got[0].get("serving_since", ts)) if got else ts
+    if not got or ts - last > OUTAGE_AFTER_S:
+        since = ts
+    table.upsert(*LIVENESS, {"org": "~", "run_id": "~", "last_tick": ts, "serving_since": since})
+    return datetime.fromtimestamp(since, tz=t.tzinfo)
+
+
+def missed_deadline(run: RunRecord, t: datetime, since: datetime | None = None) -> str | None:
+    """Why the run has missed a deadline at `t`, or None. `since`: when the control plane's current
+    serving period began; silence and boot deadlines count only after a full heartbeat interval of it
+    (the runtime limit is absolute: what was bought is all that is paid)."""
     d = run.deadlines
     if d.runtime_by and t > d.runtime_by:
         return f"the run's runtime limit of {run.runtime_limit_s} s was reached"
+    if since is not None and (t - since).total_seconds() <= get_settings().heartbeat_timeout_s:
+        return None  # the control plane itself was not serving a heartbeat interval ago
     if run.state == RunState.provisioning and d.provisioning_by and t > d.provisioning_by:
         return (f"the agent did not report within the boot deadline of {get_settings().provisioning_timeout_s} s "
                 "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)" + _refused(run))
@@ -101,10 +127,11 @@ def check_all() -> dict[str, int]:
     t = now()
     counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0}
     idle_stop_s = get_settings().recovery_idle_stop_s
+    since = serving_since(t)
     runs, counts["pruned"] = watched_runs(t)
     counts["watched"] = len(runs)
     for run in runs:
-        why = missed_deadline(run, t) if run.state in ACTIVE else None
+        why = missed_deadline(run, t, since) if run.state in ACTIVE else None
         if run.state == RunState.retained:
             started = run.machine_started_at
             if started is not None and (t - started).total_seconds() > idle_stop_s:
