@@ -198,6 +198,7 @@ def upload_dataset(principal: Principal, project_id: str, data: bytes) -> Datase
     """A dataset sent in the request body (the HTTP layer caps it at MAX_UPLOAD_BYTES)."""
     require(principal, Role.owner, Role.member)
     get_store().get_project(principal.org, project_id)
+    quotas.take(principal, "upload")  # each streams up to 90 MiB through the checks into storage
     dataset_id = new_id("d")
     key = dataset_key(project_id, dataset_id)
     checked = _store_checked(principal.org, key, io.BytesIO(data), MAX_DATASET_BYTES)
@@ -231,6 +232,7 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
     require(principal, Role.owner, Role.member)
     store = get_store()
     store.get_project(principal.org, project_id)
+    quotas.take(principal, "upload")  # each streams up to 256 MiB from storage through the checks
     dataset_id = body.get("dataset_id") if isinstance(body, dict) else None
     if not isinstance(dataset_id, str) or not re.fullmatch(ID_PATTERN, dataset_id):
         raise InvalidInput.field("dataset_id", "send the dataset_id that upload-url returned")

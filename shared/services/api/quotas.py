@@ -8,7 +8,8 @@ Enforced in runs.create(), runs.patch() (a draft's edit) and runs.launch():
   hold a machine or disk): 409 at launch;
 - more than runs_per_minute requests of one kind in one minute: 429 with Retry-After. The kinds:
   run creates and launches, and the other requests that make the control plane call a cloud or
-  storage for the org (release retries, connection checks, recoveries, dataset upload URLs).
+  storage for the org (release retries, connection checks, recoveries, dataset upload URLs, dataset
+  uploads and commits); metrics reads at HEAVY_READS_PER_RUN times that.
 
 The rate limit is a fixed one-minute window counted in the `quotas` table with ETag-guarded
 writes, so it holds across host instances (a per-process counter would not). max_active_runs
@@ -108,12 +109,22 @@ def _take(org: str, action: str, per_minute: int) -> None:
 
 
 _WHAT = {"create": "run creates", "launch": "run launches", "release": "release retries",
-         "check": "connection checks", "recover": "recoveries", "upload-url": "dataset upload URLs"}
+         "check": "connection checks", "recover": "recoveries", "upload-url": "dataset upload URLs",
+         "upload": "dataset uploads and commits", "metrics": "metrics reads"}
+# Reads that cost the control plane a lot (a run's metrics parse up to METRIC_LINES of its log: 40 MB a call
+# raised another org's median latency from 38 to 392 ms) are limited too, at this many per runs_per_minute:
+# a page that polls a run's chart every few seconds stays under it.
+HEAVY_READS_PER_RUN = 6
 
 
 def take(principal: Principal, action: str) -> None:
     """The org's rate limit for one more `action` (a key of _WHAT)."""
     _take(principal.org, action, get_limits(principal.org).runs_per_minute)
+
+
+def take_read(principal: Principal, action: str) -> None:
+    """The org's rate limit for one more heavy read `action` (HEAVY_READS_PER_RUN per runs_per_minute)."""
+    _take(principal.org, action, get_limits(principal.org).runs_per_minute * HEAVY_READS_PER_RUN)
 
 
 def _check_limits(limits: OrgLimits, price: float, runtime_s: int) -> None:

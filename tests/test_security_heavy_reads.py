@@ -1,0 +1,69 @@
+"""Heavy reads and uploads are rate-limited per org, and /metrics reads a bounded page of the log
+(quotas.take_read, logs.METRIC_LINES). Before: every /metrics call read and parsed the whole log (40 MB),
+and dataset uploads had no rate limit; another org's median latency went from 38 ms to 392 and 168 ms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.services.api import quotas
+from shared.services.api.runs.logs import METRIC_LINES
+from tests.fakes import Cloud
+from tests.harness import Harness
+
+
+def _lines(first_step: int, count: int) -> list[str]:
+    return [f"progress=0.5 step={first_step + i} loss={1 + i / 10_000:.4f}" for i in range(count)]
+
+
+def test_metrics_read_the_newest_page_and_follow_a_cursor(h: Harness, cloud: Cloud) -> None:
+    from shared.store import get_store
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    total = METRIC_LINES * 2 + 500
+    for start in range(0, total, 500):
+        agent.heartbeat("training", 0.5, _lines(start, min(500, total - start)))
+    reads: list[int] = []
+    store = get_store()
+    original = store.read_logs
+
+    def counting(run: str, after: int, limit: int) -> tuple[list[str], int]:
+        reads.append(limit)
+        return original(run, after, limit)
+
+    store.read_logs = counting  # type: ignore[method-assign]
+    try:
+        newest = h.ok("GET", f"/api/runs/{run_id}/metrics")
+        assert reads == [METRIC_LINES]  # not the whole log
+        assert newest["from_line"] == total - METRIC_LINES and newest["truncated"] is True
+        assert [p["step"] for p in newest["points"]][-1] == total - 1
+        steps: list[int] = []
+        cursor: Any = "0"
+        while cursor is not None:
+            page = h.ok("GET", f"/api/runs/{run_id}/metrics", params={"after": cursor})
+            steps += [p["step"] for p in page["points"]]
+            cursor = None if page["next"] == cursor else page["next"]  # a running run's end: no new lines
+        assert steps == list(range(total))
+        assert max(reads) == METRIC_LINES
+    finally:
+        store.read_logs = original  # type: ignore[method-assign]
+    status, body, _ = h.call("GET", f"/api/runs/{run_id}/metrics", params={"after": "-1"})
+    assert status == 422 and body["errors"][0]["field"] == "after", body
+
+
+def test_metrics_reads_and_dataset_uploads_are_rate_limited_per_org(h: Harness, cloud: Cloud) -> None:
+    project = h.project_and_dataset()
+    run_id = h.create_run("memory", "mem-a10", project=project)
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1})
+    h.clock.t = (int(h.clock.t // 60) + 1) * 60 + 1.0  # a new minute: the dataset upload above is not counted
+    codes = [h.call("GET", f"/api/runs/{run_id}/metrics")[0] for _ in range(quotas.HEAVY_READS_PER_RUN + 1)]
+    assert codes == [200] * quotas.HEAVY_READS_PER_RUN + [429], codes
+    data = b'{"prompt": "a", "completion": "b"}\n' * 3
+    path = f"/api/projects/{project[0]}/datasets"
+    first, second = (h.call("POST", path, body=data, content_type="application/x-ndjson") for _ in range(2))
+    assert first[0] == 201 and second[0] == 429, (first[:2], second[:2])
+    assert "dataset uploads and commits in a minute" in second[1]["detail"]
+    h.clock.advance(60)
+    assert h.call("GET", f"/api/runs/{run_id}/metrics")[0] == 200  # the next minute
