@@ -127,3 +127,30 @@ def test_an_admin_sweep_answers_at_once_and_reports_by_id(h: Harness, five_orgs:
     assert status == 404 and "not found" in problem["detail"]
     status, _, _ = h.call("GET", body["status_url"], token="owner")
     assert status == 403
+
+
+def test_the_timers_report_the_fleet_as_metrics(h: Harness, cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared import metrics
+    from shared.providers.base import RunRef
+    from shared.settings import get_settings
+
+    seen: list[tuple[str, float, dict[str, object]]] = []
+    monkeypatch.setattr(metrics, "gauge", lambda name, value, **a: seen.append((name, value, a)))
+    monkeypatch.setattr(metrics, "count", lambda name, amount=1, **a: seen.append((name, amount, a)))
+    run_id, _ = training_run(h)
+    heartbeat_check.check_all()
+    run = h.get_run(run_id)
+    assert (metrics.RUNS, 1, {"state": "training"}) in seen
+    assert (metrics.MACHINES_BILLING, 1, {"provider": "memory"}) in seen
+    assert (metrics.COST_PER_HOUR, round(run["offer"]["total_per_hour"], 4), {"provider": "memory"}) in seen
+    seen.clear()
+    from shared.clock import now
+
+    cloud.machines["leak"] = type(next(iter(cloud.machines.values())))(
+        id="leak", tags=RunRef(get_settings().deployment_id, h.org, "r-gone").tags, disk_id="vol-leak",
+        created_at=now())
+    h.clock.advance(get_settings().sweep_grace_s + 1)
+    h.tick("sweeper")
+    h.drain()
+    assert (metrics.SWEEP_FINDINGS, 1, {"kind": "leak"}) in seen and (metrics.SWEEP_FINISHED, 1, {}) in seen
+    assert any(name == metrics.POISON_DEPTH and attrs == {"queue": "launch"} for name, _, attrs in seen)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from shared import metrics
 from shared.clock import now, now_ts
 from shared.errors import AuthError, ProviderError
 from shared.log import get_logger, redact_text
@@ -163,7 +164,20 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool,
     if budget.left_over:
         stats["left_for_next_tick"] = budget.left_over
     get_logger().info("account swept", extra={"dry_run": dry_run, **stats, "findings": len(findings)})
+    if not dry_run:
+        metrics.record_sweep(finding_kinds(findings))
     return {**stats, "findings": findings}
+
+
+# A finding's action -> its kind in the tensorant.sweep.findings metric (the template's alerts read "leak").
+KINDS = {"release": "leak", "retain": "vanished", "re-send release": "stuck_release", "warn": "low_credit"}
+
+
+def finding_kinds(findings: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for f in findings:
+        out[KINDS.get(str(f.get("action")), "other")] += 1
+    return dict(out)
 
 
 def _other_store(resources: list[CloudResource]) -> str | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from shared import metrics
 from shared.clock import now
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
@@ -123,6 +124,26 @@ def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
     return [r for r in found.values() if r.state in WATCHED], pruned
 
 
+def fleet_metrics(runs: list[RunRecord]) -> None:
+    """The fleet as operators watch it (shared/metrics.py), from the runs this tick read anyway: active
+    runs by state, machines held by provider, and what they cost an hour (the price recorded at launch)."""
+    by_state: dict[str, int] = {}
+    machines: dict[str, int] = {}
+    per_hour: dict[str, float] = {}
+    for run in runs:
+        by_state[run.state.value] = by_state.get(run.state.value, 0) + 1
+        if run.resources:
+            machines[run.provider] = machines.get(run.provider, 0) + 1
+            running = run.state != RunState.retained or run.machine_started_at is not None
+            rate = run.offer.total_per_hour if running else run.offer.disk_per_hour
+            per_hour[run.provider] = per_hour.get(run.provider, 0.0) + rate
+    for state, n in by_state.items():
+        metrics.gauge(metrics.RUNS, n, state=state)
+    for provider, n in machines.items():
+        metrics.gauge(metrics.MACHINES_BILLING, n, provider=provider)
+        metrics.gauge(metrics.COST_PER_HOUR, round(per_hour[provider], 4), provider=provider)
+
+
 def check_all() -> dict[str, int]:
     t = now()
     counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0}
@@ -130,6 +151,7 @@ def check_all() -> dict[str, int]:
     since = serving_since(t)
     runs, counts["pruned"] = watched_runs(t)
     counts["watched"] = len(runs)
+    fleet_metrics(runs)
     for run in runs:
         why = missed_deadline(run, t, since) if run.state in ACTIVE else None
         if run.state == RunState.retained:

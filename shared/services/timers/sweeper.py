@@ -140,5 +140,18 @@ def report(sweep_id: str) -> dict[str, Any]:
 
 
 def tick() -> dict[str, Any]:
-    """The timer."""
-    return fan_out()
+    """The timer: the fan-out, and the poison queues' depths for the operators' alert."""
+    out = fan_out()
+    poison_depths()
+    return out
+
+
+def poison_depths() -> None:
+    from shared import metrics
+
+    queues = get_queues()
+    for step in Step:
+        try:
+            metrics.gauge(metrics.POISON_DEPTH, queues.length(step.poison), queue=step.value)
+        except Exception:  # a poison queue never created yet: nothing there
+            metrics.gauge(metrics.POISON_DEPTH, 0, queue=step.value)
