@@ -570,8 +570,9 @@ class BootFailure(Model):
     stage: Literal["pull", "start", "agent"] = Field(description=(
         "pull: docker pull failed after its retries; start: docker could not start the container "
         "(e.g. no NVIDIA runtime); agent: the agent exited before it reported"))
-    exit_code: int = Field(ge=-1, le=255)
-    attempts: int = Field(default=1, ge=1, le=100)
+    # Strict: JSON true and "1" are not exit codes (lax ints took them).
+    exit_code: int = Field(ge=-1, le=255, strict=True)
+    attempts: int = Field(default=1, ge=1, le=100, strict=True)
     last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
 
 

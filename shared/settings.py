@@ -247,6 +247,9 @@ def production_problems(s: Settings) -> list[str]:
         problems.append("TENSORANT_ALLOW_TEST_MODELS is a test-only allowance")
     if s.user_token_max_ttl > PRODUCTION_USER_TOKEN_MAX_TTL_S:
         problems.append(f"TENSORANT_USER_TOKEN_MAX_TTL_S may be at most {PRODUCTION_USER_TOKEN_MAX_TTL_S}")
+    if not s.public_url.startswith("https://"):
+        # Agents send their run token and logs there, and the bootstrap script its report: never in clear text.
+        problems.append("TENSORANT_PUBLIC_URL must be an https:// URL in production (agents send their tokens to it)")
     return problems
 
 

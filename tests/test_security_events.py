@@ -60,3 +60,17 @@ def test_the_run_view_shows_the_newest_events_with_the_first(h: Harness, cloud: 
     assert any(m.startswith("draft saved") for m in messages[:10]) and "note 0" in messages
     assert any(m.startswith("releasing -> succeeded") for m in messages), messages[-5:]  # and the newest
     assert messages.index(f"note {VIEW_EVENTS + 49}") < len(messages) - 1  # in time order
+
+
+def test_boot_failed_takes_only_an_integer_exit_code(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    for bad in (True, "1", 1.0, None):
+        status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/boot-failed", token=agent.token,
+                                 json_body={"stage": "pull", "exit_code": bad})
+        assert status == 422 and body["errors"][0]["field"] == "exit_code", (bad, body)
+    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/boot-failed", token=agent.token,
+                             json_body={"stage": "pull", "exit_code": 1, "attempts": "4"})
+    assert status == 422 and body["errors"][0]["field"] == "attempts", body
+    assert h.get_run(run_id)["state"] == "provisioning"

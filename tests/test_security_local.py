@@ -37,6 +37,7 @@ PRODUCTION = {
     "TENSORANT_ENV": "production",
     "TENSORANT_JWT_SECRET": "a-production-secret-that-is-long-enough-0123456789",
     "TENSORANT_ENCRYPTION_KEY": "cHJvZHVjdGlvbi1rZXktMzItYnl0ZXMtbG9uZyEhISE=",
+    "TENSORANT_PUBLIC_URL": "https://tensorant-prod.azurewebsites.net",
 }
 
 

@@ -27,6 +27,7 @@ GOOD_PRODUCTION = {
     "TENSORANT_ENV": "Production",  # compared case-insensitively
     "TENSORANT_JWT_SECRET": "a-production-secret-that-is-long-enough-0123456789",
     "TENSORANT_ENCRYPTION_KEY": "cHJvZHVjdGlvbi1rZXktMzItYnl0ZXMtbG9uZyEhISE=",
+    "TENSORANT_PUBLIC_URL": "https://tensorant-prod.azurewebsites.net",
 }
 
 

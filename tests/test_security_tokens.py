@@ -76,6 +76,7 @@ def production(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator
     monkeypatch.setenv("TENSORANT_ENV", "production")
     monkeypatch.setenv("TENSORANT_JWT_SECRET", GOOD_SECRET)
     monkeypatch.setenv("TENSORANT_ENCRYPTION_KEY", GOOD_KEY)
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", "https://tensorant-prod.azurewebsites.net")
     monkeypatch.delenv("TENSORANT_ALLOW_TEST_MODELS")  # a test-only allowance production refuses
     reset_settings()
     yield
@@ -107,12 +108,15 @@ def test_production_caps_user_token_lifetime(production: None) -> None:
     {"TENSORANT_JWT_SECRET_PREVIOUS": "too-short"},
     {"TENSORANT_JWT_SECRET_PREVIOUS": settings_mod.DEV_JWT_SECRET},
     {"TENSORANT_USER_TOKEN_MAX_TTL_S": str(30 * 86400)},
+    {"TENSORANT_PUBLIC_URL": "http://tensorant-prod.azurewebsites.net"},  # agents' tokens in clear text
+    {"TENSORANT_PUBLIC_URL": "HTTP://tensorant-prod.azurewebsites.net"},
 ], ids=lambda b: repr(b)[:50])
 def test_production_refuses_weak_settings_at_start(monkeypatch: pytest.MonkeyPatch, spelling: str,
                                                    bad: dict[str, str]) -> None:
     monkeypatch.setenv("TENSORANT_ENV", spelling)
     monkeypatch.setenv("TENSORANT_JWT_SECRET", GOOD_SECRET)
     monkeypatch.setenv("TENSORANT_ENCRYPTION_KEY", GOOD_KEY)
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", "https://tensorant-prod.azurewebsites.net")
     for k, v in bad.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ValueError, match="production"):
@@ -123,6 +127,7 @@ def test_production_accepts_strong_settings(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("TENSORANT_ENV", "Production")
     monkeypatch.setenv("TENSORANT_JWT_SECRET", GOOD_SECRET)
     monkeypatch.setenv("TENSORANT_ENCRYPTION_KEY", GOOD_KEY)
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", "https://tensorant-prod.azurewebsites.net")
     s = load_settings()
     assert s.env == "production" and s.is_production
     assert s.user_token_max_ttl == 24 * 3600

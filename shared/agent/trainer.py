@@ -105,6 +105,14 @@ def _signal_all(pids: list[int], sig: signal.Signals) -> None:
             pass
 
 
+def newest_checkpoint(root: Path) -> Path | None:
+    """The complete step-<k> folder of the highest k, compared as numbers (as strings step-99 came after
+    step-100, and a trainer need not pad its numbers); a name whose k is not a number is not a checkpoint."""
+    done = [(int(p.name[5:]), p) for p in root.glob("step-*")
+            if p.name[5:].isascii() and p.name[5:].isdigit() and (p / "manifest.json").is_file()]
+    return max(done)[1] if done else None
+
+
 class TrainerSupervisor(Reporter):
     """Runs the trainer, reads its output, uploads its checkpoints and stops it when told."""
 
@@ -288,8 +296,7 @@ class TrainerSupervisor(Reporter):
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint folder (the trainer renames each into place whole)."""
-        done = sorted(p for p in self.checkpoints.glob("step-*") if (p / "manifest.json").is_file())
-        return done[-1] if done else None
+        return newest_checkpoint(self.checkpoints)
 
     def export_checkpoint(self) -> None:
         """Upload the newest checkpoint's adapter as the run's adapter archive (best effort)."""
