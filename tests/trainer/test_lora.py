@@ -168,12 +168,13 @@ def test_gpu_check_helpers_on_the_trainer_output(runs: list[tuple[Path, str]]) -
     assert CASES[0].base_model == TINY and len(dataset_rows(5)) == 5
     # The figures it prints per case, from this CPU run's manifest (no GPU: no peak GPU memory).
     manifest = json.loads((out / "manifest.json").read_text())
-    got = figures(manifest, 3 * 2**30)
-    assert got["batching"] == "packed" and got["padding_fraction"] == 0.0 and got["estimate_gib"] == 3.0
+    got = figures(manifest, (2 * 2**30, 3 * 2**30))
+    assert got["batching"] == "packed" and got["padding_fraction"] == 0.0
+    assert (got["table_peak_gib"], got["table_needed_gib"]) == (2.0, 3.0)
     assert got["real_tokens_per_s"] == manifest["tokens_per_s"] > 0
     assert got["real_tokens_per_cpu_s"] == round(manifest["tokens"] / manifest["train_cpu_seconds"], 1)
     assert got["trained_tokens_per_s"] < got["real_tokens_per_s"]  # prompts are real tokens, not learned ones
-    assert got["peak_gpu_gib"] is None and got["peak_of_estimate"] is None
+    assert got["peak_gpu_gib"] is None and got["peak_of_table"] is None
 
 
 def test_checkpoints_keep_the_last_one_whole(runs: list[tuple[Path, str]]) -> None:
