@@ -33,7 +33,7 @@ def test_metrics_read_the_newest_page_and_follow_a_cursor(h: Harness, cloud: Clo
         reads.append(limit)
         return original(run, after, limit)
 
-    store.read_logs = counting  # type: ignore[method-assign]
+    store.read_logs = counting  # type: ignore[method-assign,assignment]
     try:
         newest = h.ok("GET", f"/api/runs/{run_id}/metrics")
         assert reads == [METRIC_LINES]  # not the whole log

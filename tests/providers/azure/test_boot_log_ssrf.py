@@ -24,7 +24,7 @@ def _answer_uri(fake: FakeArm, uri: str) -> None:
             body = {**body, "serialConsoleLogBlobUri": uri}
         return status, headers, body
 
-    fake._vm_action = action  # type: ignore[method-assign]
+    fake._vm_action = action  # type: ignore[method-assign,assignment]
 
 
 @pytest.mark.parametrize("uri", [
@@ -61,7 +61,7 @@ def test_a_redirect_from_the_blob_is_not_followed(fake: FakeArm, compute: Any) -
             return 302, {"Location": f"{fake.url}/bootdiag/x/serialconsole.log?elsewhere=1"}, b""
         return original(method, query, headers)
 
-    fake._serial_log = redirecting  # type: ignore[method-assign]
+    fake._serial_log = redirecting  # type: ignore[method-assign,assignment]
     text = console_of(compute, REF, [])
     assert followed == [] and "SECRET" not in text, text
     assert text == "console output unavailable: the serial console log answered HTTP 302", text
