@@ -128,7 +128,9 @@ def test_metrics_parse_progress_lines(h: Harness, cloud: Cloud) -> None:
     h.launch(run_id)
     h.agent(run_id).heartbeat("training", 0.5, [
         "trainer: starting", "progress=0.250 step=1 loss=2.5000 lr=0.0002", "progress=0.500 step=2 loss=2.1 lr=1e-4",
-        "progress=0.600 step=3 loss=nan", "progress=0.700", "trainer: eval_loss after training = 1.9500"])
+        "progress=0.600 step=3 loss=nan", "progress=0.700", "eval step=2 eval_loss=2.2000", "eval step=x eval_loss=1",
+        "trainer: eval_loss after training = 1.9500"])
     got = h.ok("GET", f"/api/runs/{run_id}/metrics")
     assert got["points"] == [{"step": 1, "loss": 2.5, "lr": 0.0002}, {"step": 2, "loss": 2.1, "lr": 0.0001}]
+    assert got["eval_points"] == [{"step": 2, "eval_loss": 2.2}]  # the eval curve beside the loss
     assert got["eval_loss"] == 1.95

