@@ -8,6 +8,7 @@ from functions import (
     base_models,
     catalog,
     connections,
+    console,
     docs,
     heartbeat_check,
     launch,
@@ -39,7 +40,7 @@ get_settings()
 app = func.FunctionApp()
 for module in (connections, catalog, projects, runs, usage, org_limits, agent, admin, validate_connection,
                refresh_catalog, launch, verify_adapter, retain, release, sweep_account, stop_idle, heartbeat_check,
-               sweeper, base_models, org_secrets):
+               sweeper, base_models, org_secrets, console):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

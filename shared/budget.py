@@ -162,7 +162,9 @@ BOUNDS: dict[str, str] = {
         "put_limits", "heartbeat", "complete", "boot_failed", "bootstrap", "queues", "poison", "replay", "discard",
         "sweep", "sweep_report",  # an admin sweep is enqueued (202), one account per sweep-account message
         "list_base_models", "list_org_secrets", "put_hf_token", "delete_hf_token", "openapi", "docs",
-        "docs_asset"], HTTP),
+        "docs_asset",
+        "console", "console_file"],  # the web console's static files (functions/console.py)
+        HTTP),
 }
 
 

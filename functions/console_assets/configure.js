@@ -1,0 +1,203 @@
+// Configure a run: project and dataset, base model, provider and an eligible GPU offer, trial or full,
+// price and runtime limits; "Save draft" shows the forecast, and the launch asks to confirm the price.
+import { api, get } from "./api.js";
+import { busy, confirmAction, duration, errorBox, field, h, money, fill } from "./ui.js";
+
+const FORMAT_HELP = "One JSON object a line (.jsonl), each one of: "
+  + '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}, '
+  + '{"prompt": "...", "completion": "..."}, or {"text": "..."}. Only the assistant turns (the completion) are trained on.';
+
+function option(value, label, selected) {
+  const o = h("option", { value }, label);
+  o.selected = Boolean(selected);
+  return o;
+}
+
+function params(model) {
+  const n = Number(model.params || model.parameters || 0);
+  if (!n) return "parameters unknown";
+  return n >= 1e9 ? `${(n / 1e9).toFixed(1)} B parameters` : `${Math.round(n / 1e6)} M parameters`;
+}
+
+function forecastText(run) {
+  const f = run.forecast;
+  if (!f) return "no forecast";
+  return `~${duration(f.training_s)} training + ${duration(f.startup_s)} start, ~${money(f.cost, run.offer.currency)}`;
+}
+
+export async function configurePage() {
+  const [projects, models, conns] = await Promise.all([
+    get("/api/projects?limit=200"), get("/api/base-models"), get("/api/connections")]);
+  const connected = conns.items.filter((c) => c.slot.startsWith("compute:"));
+  const out = h("div");
+
+  // Project
+  const projectSelect = h("select", {}, option("", "Choose a project"),
+    projects.items.map((p) => option(p.id, `${p.name} (${p.id})`)));
+  const newProject = h("input", { type: "text", placeholder: "demo" });
+  const createProject = h("button", { type: "button" }, "Create project");
+  createProject.addEventListener("click", () => busy(createProject, async () => {
+    const p = await api("POST", "/api/projects", { json: { name: newProject.value.trim() } });
+    projectSelect.append(option(p.id, `${p.name} (${p.id})`, true));
+    newProject.value = "";
+    await loadDatasets();
+    projectSelect.focus();
+  }, out));
+
+  // Dataset
+  const datasetSelect = h("select", {}, option("", "Choose a project first"));
+  const file = h("input", { type: "file", accept: ".jsonl,.json,application/x-ndjson" });
+  const upload = h("button", { type: "button" }, "Upload dataset");
+  async function loadDatasets(select) {
+    fill(datasetSelect, option("", projectSelect.value ? "Choose a dataset version" : "Choose a project first"));
+    if (!projectSelect.value) return;
+    const { items } = await get(`/api/projects/${encodeURIComponent(projectSelect.value)}/datasets?limit=200`);
+    for (const d of items) datasetSelect.append(option(d.id, `${d.id}: ${d.rows} rows, ${d.size_bytes} bytes`, d.id === select));
+  }
+  projectSelect.addEventListener("change", () => loadDatasets().catch((e) => fill(out, errorBox(e))));
+  upload.addEventListener("click", () => busy(upload, async () => {
+    if (!projectSelect.value) throw new Error("Choose or create a project first (the dataset belongs to it).");
+    if (!file.files.length) throw new Error("Choose a .jsonl file to upload.");
+    const ds = await api("POST", `/api/projects/${encodeURIComponent(projectSelect.value)}/datasets`,
+      { body: await file.files[0].arrayBuffer(), type: "application/x-ndjson" });
+    await loadDatasets(ds.id);
+    datasetSelect.focus();
+  }, out));
+
+  // Base model and provider, then the offers that fit them
+  const modelSelect = h("select", {}, models.items.map((m, i) =>
+    option(m.id, `${m.id} (${params(m)}${m.local_cpu ? ", trainable on the local CPU" : ", too large for the local CPU"})`, i === 0)));
+  const providerSelect = h("select", {}, connected.length
+    ? connected.map((c, i) => option(c.provider, `${c.provider} (${c.status})`, i === 0))
+    : option("", "No compute connection: add one under Connections"));
+  const offers = h("div", { role: "radiogroup", "aria-labelledby": "offers-legend" });
+  const offersNote = h("p", { class: "hint" });
+  async function loadOffers() {
+    offers.replaceChildren();
+    if (!providerSelect.value) return;
+    const q = new URLSearchParams({ provider: providerSelect.value, base_model: modelSelect.value });
+    const cat = await get(`/api/catalog/gpus?${q}`);
+    offersNote.textContent = cat.note || "";
+    if (!cat.items.length) {
+      const c = cat.catalogs.find((x) => x.provider === providerSelect.value);
+      offers.append(h("p", {}, c && c.refreshing ? "The catalog is being fetched; refresh the offers in a moment."
+        : `No offers${c && c.last_error ? `: ${c.last_error}` : ""}.`));
+    }
+    let first = true;
+    for (const o of cat.items) {
+      const eligible = o.fits !== false;
+      const radio = h("input", { type: "radio", name: "offer", value: o.offer_id, disabled: !eligible,
+        "data-price": o.total_per_hour, "data-currency": o.currency || "USD" });
+      if (eligible && first) { radio.checked = true; first = false; }
+      offers.append(h("label", { class: "offer" }, radio,
+        `${o.gpu} (${o.offer_id}, ${o.region}): ${money(o.total_per_hour, o.currency)}/h`,
+        eligible ? "" : h("span", { class: "muted" }, ` — not eligible: ${o.fit_note || "the model does not fit"}`)));
+    }
+  }
+  modelSelect.addEventListener("change", () => loadOffers().catch((e) => fill(out, errorBox(e))));
+  providerSelect.addEventListener("change", () => loadOffers().catch((e) => fill(out, errorBox(e))));
+  const refreshOffers = h("button", { type: "button" }, "Refresh offers");
+  refreshOffers.addEventListener("click", () => busy(refreshOffers, loadOffers, out));
+
+  // Kind, limits, settings
+  const trial = h("input", { type: "radio", name: "kind", value: "trial", checked: true });
+  const full = h("input", { type: "radio", name: "kind", value: "full" });
+  const price = h("input", { type: "number", min: "0.01", step: "0.01", value: "1" });
+  const runtime = h("input", { type: "number", min: "1", step: "1", placeholder: "default" });
+  const lr = h("input", { type: "text", placeholder: "0.0002" });
+  const steps = h("input", { type: "number", min: "1", step: "1", placeholder: "from epochs" });
+  const seq = h("input", { type: "number", min: "16", step: "1", placeholder: "1024" });
+  const more = h("textarea", { rows: 3, spellcheck: "false" });
+  more.value = "{}";
+
+  const save = h("button", { type: "button", class: "primary", id: "save-draft" }, "Save trial draft");
+  for (const r of [trial, full]) r.addEventListener("change", () => { save.textContent = trial.checked ? "Save trial draft" : "Save draft"; });
+  const result = h("div", { "aria-live": "polite" });
+
+  function trainingBody() {
+    let extra;
+    try {
+      extra = JSON.parse(more.value || "{}");
+    } catch (err) {
+      throw new Error(`More training settings: not valid JSON (${err.message})`);
+    }
+    const t = { ...extra };
+    if (lr.value.trim()) t.learning_rate = Number(lr.value);
+    if (steps.value) t.max_steps = Number(steps.value);
+    if (seq.value) t.max_seq_len = Number(seq.value);
+    return t;
+  }
+
+  save.addEventListener("click", () => busy(save, async () => {
+    const chosen = offers.querySelector("input[name=offer]:checked");
+    const body = {
+      project_id: projectSelect.value, dataset_version_id: datasetSelect.value, base_model: modelSelect.value,
+      provider: providerSelect.value, offer_id: chosen ? chosen.value : "", kind: trial.checked ? "trial" : "full",
+      price_limit_per_hour: Number(price.value), training: trainingBody(),
+    };
+    if (runtime.value) body.runtime_limit_s = Math.round(Number(runtime.value) * 60);
+    const run = await api("POST", "/api/runs", { json: body });
+    fill(result, ...draftPanel(run));
+    result.querySelector("button").focus();
+  }, result));
+
+  const nodes = [
+    h("h1", {}, "Configure a run"),
+    h("fieldset", {}, h("legend", {}, "Project and dataset"),
+      field("Project", projectSelect),
+      h("div", { class: "buttons" }, h("div", {}, field("New project name", newProject)), createProject),
+      field("Dataset version", datasetSelect),
+      field("Upload a dataset", file, FORMAT_HELP), h("div", { class: "buttons" }, upload)),
+    h("fieldset", {}, h("legend", {}, "Model and GPU"),
+      field("Base model", modelSelect, models.note),
+      field("Provider", providerSelect, "Your connected compute accounts."),
+      h("p", { id: "offers-legend" }, h("strong", {}, "GPU offer (eligible ones can be chosen)")), offers, offersNote,
+      h("div", { class: "buttons" }, refreshOffers)),
+    h("fieldset", {}, h("legend", {}, "Training"),
+      h("div", { role: "radiogroup", "aria-label": "Run kind" },
+        h("label", { class: "offer" }, trial, "Training trial: at most 64 examples and 30 steps, a 20-minute default runtime limit"),
+        h("label", { class: "offer" }, full, "Full run: the whole dataset")),
+      field("Price limit (per hour)", price, "Launch is refused when the offer costs more per hour."),
+      field("Runtime limit (minutes)", runtime, "Empty: the default (a trial: 20 minutes); the run is retained when it passes."),
+      field("Learning rate", lr), field("Max steps", steps), field("Max sequence length (tokens)", seq),
+      field("More training settings (JSON)", more, "Any training setting, e.g. {\"lora_r\": 8, \"epochs\": 2}; the API names a key it does not know.")),
+    h("div", { class: "buttons" }, save), out, result,
+  ];
+  await loadOffers().catch((e) => fill(out, errorBox(e)));
+  return { nodes };
+}
+
+// The saved draft: its forecast and warnings, then the price confirmation before launch.
+function draftPanel(run) {
+  const cur = run.offer.currency;
+  const limit = run.runtime_limit_s;
+  const atMost = (run.offer.total_per_hour * limit) / 3600;
+  const out = h("div");
+  const launch = h("button", { type: "button", class: "primary", id: "launch" }, "Launch…");
+  const consequence = [
+    `This starts ${run.offer.gpu} (${run.offer.offer_id}) on ${run.provider} at ${money(run.offer.total_per_hour, cur)} per hour.`,
+    `Forecast: ${forecastText(run)}.`,
+    `The run is stopped at its runtime limit of ${duration(limit)}: at most ${money(atMost, cur)} of GPU time.`,
+  ];
+  launch.addEventListener("click", async () => {
+    if (!await confirmAction({ title: "Launch this run?", consequence, confirm: `Launch at ${money(run.offer.total_per_hour, cur)}/h` })) return;
+    await busy(launch, async () => {
+      await api("POST", `/api/runs/${encodeURIComponent(run.id)}/launch`, { json: { confirm: true } });
+      location.hash = `#/runs/${encodeURIComponent(run.id)}`;
+    }, out);
+  });
+  return [
+    h("h2", {}, `Draft ${run.id} saved`),
+    h("div", { class: "panel", id: "price-confirmation" },
+      h("dl", { class: "facts" },
+        h("dt", {}, "Offer"), h("dd", {}, `${run.offer.gpu} (${run.offer.offer_id}), ${run.provider}`),
+        h("dt", {}, "Price"), h("dd", {}, `${money(run.offer.total_per_hour, cur)}/h (your limit ${money(run.price_limit_per_hour, cur)}/h)`),
+        h("dt", {}, "Forecast"), h("dd", { id: "forecast" }, forecastText(run)),
+        h("dt", {}, "Runtime limit"), h("dd", {}, `${duration(limit)} (at most ${money(atMost, cur)})`),
+        run.forecast ? [h("dt", {}, "Basis"), h("dd", { class: "hint" }, run.forecast.basis)] : null),
+      run.warnings.map((w) => h("div", { class: "warning" }, w))),
+    h("div", { class: "buttons" }, launch,
+      h("a", { href: `#/runs/${encodeURIComponent(run.id)}` }, "Open the draft")),
+    out,
+  ];
+}
