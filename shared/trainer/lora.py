@@ -251,11 +251,13 @@ def write_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Path:
     return final
 
 
-def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: TrainerSettings) -> dict[str, Any]:
-    """What a checkpoint's manifest.json says: enough for the verifier (trainer, base model, files) and
-    for a reader to tell it from a final adapter (checkpoint_step of steps)."""
+def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: TrainerSettings,
+                        batching: str = "") -> dict[str, Any]:
+    """What a checkpoint's manifest.json says: enough for the verifier (trainer, base model, files), for
+    a reader to tell it from a final adapter (checkpoint_step of steps), and the batching mode its data
+    order came from (a resumed run keeps it rather than probing again)."""
     return {"format": 1, "trainer": TRAINER, "base_model": base_model, "kind": s.kind, "checkpoint_step": step,
-            "steps": total_steps, "settings": s.as_dict()}
+            "steps": total_steps, "settings": s.as_dict(), "batching": batching}
 
 
 @dataclass
@@ -475,7 +477,7 @@ def save_checkpoint(run: Run, step: int, p: Progress) -> None:
     blob = io.BytesIO()
     torch.save(snapshot, blob)
     files = adapter_files(job.checkpoint_root / ".peft", run.model, job.base_model, run.targets,
-                          checkpoint_manifest(job.base_model, step, run.total_steps, s))
+                          checkpoint_manifest(job.base_model, step, run.total_steps, s, run.batching))
     where = write_checkpoint(job.checkpoint_root, step, {**files, STATE_NAME: blob.getvalue()})
     log(f"checkpoint step={step} dir={where}")
 
@@ -718,8 +720,12 @@ def train(env: dict[str, str]) -> int:
         neftune = Neftune(s.neftune_alpha)
         neftune.attach(model)
     probe = None
-    if wants_probe(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
-                   cuda=cuda) and segments:
+    resumed_batching = (json.loads((job.resume_from / MANIFEST_NAME).read_text()).get("batching")
+                        if job.resume_from is not None else None)
+    if resumed_batching in ("grouped", "packed") and s.batching == "auto":
+        batching = resumed_batching  # the interrupted run's data order, whatever a probe would say now
+    elif wants_probe(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
+                     cuda=cuda) and segments:
         batching, probe = probe_batching(model, encoded.examples, s.batch_size, s.seed, pad_id, device, neftune)
         log("trainer: batching probe (real tokens/s): " + ", ".join(f"{k} {v}" for k, v in probe.items())
             + f" -> {batching}")
