@@ -203,18 +203,29 @@ class Machine:
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def power_off(self) -> None:
+    def power_off(self, grace_s: float = 20) -> None:
         """The cloud stopped or deleted the machine: everything on it ends."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return
+        # The whole process group, not only its leader: bash ends at the SIGTERM at once, while the docker
+        # shim and the agent it runs may not (an agent retrying a control plane that is gone). Waiting for
+        # bash alone left those two running for good after the test (make test found them 16 min later).
+        group = self.proc.pid
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            os.killpg(group, signal.SIGTERM)
         except ProcessLookupError:
-            pass
+            self.proc.wait()
+            return
+        deadline = time.monotonic() + grace_s
+        while _group_alive(group) and time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader, or the group never looks empty
+            time.sleep(0.05)
+        if _group_alive(group):
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
 
     def console(self) -> str:
         return self.output.read_text(errors="replace") if self.output.exists() else ""
@@ -241,3 +252,18 @@ def wait_for(predicate: Any, what: str, timeout: float = 120, *, machine: Machin
             console = machine.console()[-3000:] if machine is not None else ""
             raise AssertionError(f"timed out waiting for {what}; the machine's console:\n{console}")
         time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (a zombie is not)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
