@@ -67,6 +67,14 @@ START_BILLING = ("The instance is starting again: EC2 compute billing resumes wh
                  "Training does not resume; recover the adapter, then stop or release the run.")
 
 
+# EC2's only word for an encrypted volume it could not create (pending -> terminated at once): the root
+# disk is encrypted with the account's default EBS key, and a customer-managed one needs these grants.
+KMS_HINT = ("EC2 says Client.InternalError when it cannot encrypt the instance's disk: if the account's default "
+            "EBS encryption key (EC2 -> Settings -> EBS encryption) is a customer-managed KMS key, the connection's "
+            "IAM user needs kms:CreateGrant, kms:Decrypt, kms:GenerateDataKeyWithoutPlaintext, kms:ReEncrypt* and "
+            "kms:DescribeKey on that key (infra/aws/README.md)")
+
+
 def block_device_mappings(image: dict[str, Any], workspace_gb: int) -> list[dict[str, Any]]:
     """One encrypted gp3 root disk (the AMI's root size plus the workspace), deleted with the
     instance; the AMI's secondary disks are suppressed: they would be created untracked."""
@@ -280,6 +288,8 @@ class AwsCompute:
         why = inst.get("StateReason") or {}
         if why.get("Code") or why.get("Message"):
             parts.append(f"state reason {why.get('Code', '')}: {why.get('Message', '')}".rstrip(": "))
+        if why.get("Code") == "Client.InternalError":
+            parts.append(KMS_HINT)
         if inst.get("StateTransitionReason"):
             parts.append(f"transition: {inst['StateTransitionReason']}")
         if len(parts) == 1:

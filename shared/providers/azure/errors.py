@@ -7,6 +7,7 @@ Only client.py calls the SDK; it passes every failure through translate().
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from shared.errors import (
@@ -19,7 +20,10 @@ from shared.errors import (
     ThrottledError,
 )
 
-QUOTA_CODES = {"QuotaExceeded", "OperationNotAllowed", "LowPriorityQuotaExceeded"}
+QUOTA_CODES = {"QuotaExceeded", "LowPriorityQuotaExceeded"}
+# OperationNotAllowed is Azure's code for many refusals, quota among them: read by its message.
+_QUOTA_MESSAGE = re.compile(r"quota|cores|vcpus?\b|exceeding approved|limit for resource", re.I)
+_BUSY_MESSAGE = re.compile(r"marked for deletion|being deleted|is attached|currently attached|in progress", re.I)
 AUTH_CODES = {"AuthorizationFailed", "InvalidAuthenticationToken", "InvalidAuthenticationTokenTenant",
               "AuthenticationFailed", "LinkedAuthorizationFailed", "ExpiredAuthenticationToken"}
 
@@ -102,7 +106,12 @@ def translate(err: Exception, doing: str) -> ProviderError:
         return CapacityError(
             f"This VM size is not available to your subscription in the region ({code}: {msg}). Choose another "
             "GPU in the catalog, or ask Azure support to enable the size for your subscription.", code=code)
-    if code in QUOTA_CODES:
+    if code == "OperationNotAllowed" and not _QUOTA_MESSAGE.search(msg):
+        if _BUSY_MESSAGE.search(msg):  # a VM being deleted, a disk its VM still holds: passes by itself
+            return RetryableError(f"Azure is still busy with a resource while {doing} ({code}): {msg}", code=code,
+                                  retry_after_s=30.0)
+        return PermanentError(f"Azure did not allow {doing} ({code}): {msg}", code=code)
+    if code in QUOTA_CODES or code == "OperationNotAllowed":
         return QuotaError(
             f"Azure refused for quota or policy ({code}): {msg}. In Subscriptions -> Usage + quotas, request "
             "enough vCPUs for the VM family and Total Regional vCPUs in this region; approval does not reserve "

@@ -36,7 +36,10 @@ _CAPACITY = re.compile(
 )
 _FUNDS = re.compile(r"balance|insufficient funds|not enough funds|credit", re.I)
 _THROTTLED = re.compile(r"rate limit|too many requests", re.I)
-_SCHEMA = re.compile(r"cannot query field|unknown argument|unknown type|expected type|variable \"\$|syntax error", re.I)
+# A request whose shape the API does not accept never passes by retrying (it was retried until the
+# deadline): "Field \"x\" is not defined by type \"PodFindAndDeployOnDemandInput\"" is graphql-js's wording.
+_SCHEMA = re.compile(r"cannot query field|unknown argument|unknown type|expected type|variable \"\$|syntax error"
+                     r"|is not defined by type|got invalid value|must not be null|cannot represent", re.I)
 
 
 def translate(message: str) -> ProviderError:

@@ -100,14 +100,13 @@ def test_launch_parameters_on_the_wire(rig: Rig) -> None:
     assert client_token(spec.ref, params) != client_token(spec.ref, {**params, "UserData": "b"})
 
 
-def test_user_data_over_16_kb_fails_before_run_instances(rig: Rig) -> None:
-    big = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
-                    env={"TENSORANT_RUN_ID": "run-0001", "TENSORANT_BIG": "x" * (17 * 1024),
-                         "TENSORANT_RUN_TOKEN": "tok", "TENSORANT_API_URL": "https://cp.example.com"})
-    spec = LaunchSpec(ref=RunRef("test", "org-1", "run-0001"), offer=OFFER, bootstrap=big)
+def test_user_data_that_cannot_render_fails_before_run_instances(rig: Rig) -> None:
+    # The environment is not in the user data (a claim is: cloudinit.py); the image name is, as it is.
+    bad = Bootstrap(container_image="ghcr.io/tensorant/trainer:1\nruncmd: [x]", env=dict(BOOT.env))
+    spec = LaunchSpec(ref=RunRef("test", "org-1", "run-0001"), offer=OFFER, bootstrap=bad)
     with pytest.raises(PermanentError) as info:
         rig.compute().launch(spec)
-    assert "16 KB" in info.value.reason
+    assert "one line" in info.value.reason
     assert "RunInstances" not in _ops(rig)
     assert rig.ec2.describe_instances()["Reservations"] == []
 
@@ -147,7 +146,13 @@ def test_a_retry_that_misses_the_new_instance_is_no_parameter_mismatch(rig: Rig,
     add_injection(injected, inject("ec2", "DescribeInstances", response={"Reservations": []}, times=1))
     same = [r.id for r in compute.launch(_spec()) if r.kind == "instance"]
     assert same == [first]  # the same request: EC2 answers with the instance it made
-    other = Bootstrap(container_image=BOOT.container_image, env={**BOOT.env, "TENSORANT_RUN_TOKEN": "tok-2"})
+    # A new run token (every attempt mints one) changes nothing in the request: the user data holds a claim.
+    fresh = Bootstrap(container_image=BOOT.container_image, env={**BOOT.env, "TENSORANT_RUN_TOKEN": "tok-2"})
+    add_injection(injected, inject("ec2", "DescribeInstances", response={"Reservations": []}, times=1))
+    assert [r.id for r in compute.launch(LaunchSpec(ref=_spec().ref, offer=OFFER, bootstrap=fresh))
+            if r.kind == "instance"] == [first]
+    # Another image (the operator changed it between attempts) is another request, not a mismatch.
+    other = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.12", env=dict(BOOT.env))
     add_injection(injected, inject("ec2", "DescribeInstances", response={"Reservations": []}, times=1))
     compute.launch(LaunchSpec(ref=_spec().ref, offer=OFFER, bootstrap=other))  # no mismatch raised
     bodies = [p["body"] for p in rig.log.params if p["body"].get("Action") == "RunInstances"]

@@ -40,6 +40,18 @@ def test_describe_carries_ec2s_state_reason(rig: Rig) -> None:
     assert "transition: User initiated" in stopped.reason
 
 
+def test_a_disk_ec2_could_not_encrypt_names_the_kms_grants() -> None:
+    # A customer-managed default EBS key without the grants: pending -> terminated, Client.InternalError.
+    from shared.providers.aws.compute import AwsCompute
+
+    reason = AwsCompute._reason({"InstanceId": "i-1", "State": {"Name": "terminated"}, "StateReason": {
+        "Code": "Client.InternalError", "Message": "Client.InternalError: Client error on launch"}})
+    assert "state reason Client.InternalError" in reason
+    for grant in ("kms:CreateGrant", "kms:Decrypt", "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncrypt*",
+                  "kms:DescribeKey", "default EBS encryption key"):
+        assert grant in reason, reason
+
+
 def _run_instance(rig: Rig, tags: dict[str, str]) -> list[CloudResource]:
     """The run's instance as launch leaves it (tagged at creation), made directly on moto."""
     inst = rig.ec2.run_instances(ImageId=AMI_GOOD, MinCount=1, MaxCount=1, InstanceType="g6.xlarge",

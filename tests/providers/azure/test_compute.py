@@ -87,11 +87,13 @@ def test_failed_vm_found_by_a_retried_launch_is_cleaned_up(fake: FakeArm) -> Non
 
 
 def test_bootstrap_that_cannot_render_creates_nothing(fake: FakeArm, compute: Any) -> None:
-    for env in ({"NOT A NAME": "x"}, {"TENSORANT_BIG": "x" * (17 * 1024)}):
+    # The environment is not in the custom data (the machine exchanges a claim for it); the image and the
+    # control plane's URL are, written as they are.
+    for image, env in (("ghcr.io/tensorant/trainer:1\nruncmd: [x]", {}),
+                       ("ghcr.io/tensorant/trainer:1", {"TENSORANT_API_URL": "https://cp\u2028x"})):
         bad = spec()
         bad = LaunchSpec(ref=bad.ref, offer=bad.offer,
-                         bootstrap=Bootstrap(container_image="ghcr.io/tensorant/trainer:1",
-                                             env={**bad.bootstrap.env, **env}))
+                         bootstrap=Bootstrap(container_image=image, env={**bad.bootstrap.env, **env}))
         with pytest.raises(PermanentError) as info:
             compute.launch(bad)
         assert "custom data" in info.value.reason
@@ -99,18 +101,47 @@ def test_bootstrap_that_cannot_render_creates_nothing(fake: FakeArm, compute: An
     assert fake.get(NIC_ID) is None
 
 
+# OperationNotAllowed as Azure words it: quota is one of its meanings, read from the message.
+QUOTA_MESSAGE = ("Operation could not be completed as it results in exceeding approved Total Regional Cores quota. "
+                 "Additional details - Deployment Model: Resource Manager, Location: eastus, Current Limit: 10, "
+                 "Current Usage: 0, Additional Required: 36, (Minimum) New Limit Required: 36.")
+
+
 def test_create_refusals_translate_and_leave_no_nic(fake: FakeArm) -> None:
-    cases = [(409, "SkuNotAvailable", CapacityError), (409, "QuotaExceeded", QuotaError),
-             (409, "OperationNotAllowed", QuotaError), (403, "AuthorizationFailed", AuthError),
-             (400, "InvalidParameter", PermanentError)]
-    for status, code, exc in cases:
-        fake.fail("PUT", r"/virtualmachines/", status, code, message=f"{code} happened")
+    cases = [(409, "SkuNotAvailable", CapacityError, "SkuNotAvailable happened"),
+             (409, "QuotaExceeded", QuotaError, "QuotaExceeded happened"),
+             (409, "OperationNotAllowed", QuotaError, QUOTA_MESSAGE),
+             (409, "OperationNotAllowed", PermanentError, "Boot diagnostics storage account is not supported."),
+             (403, "AuthorizationFailed", AuthError, "AuthorizationFailed happened"),
+             (400, "InvalidParameter", PermanentError, "InvalidParameter happened")]
+    for status, code, exc, message in cases:
+        fake.fail("PUT", r"/virtualmachines/", status, code, message=message)
         with pytest.raises(exc) as info:
             make_compute(fake).launch(spec())
         assert info.value.code == code
+        assert exc is QuotaError or not isinstance(info.value, QuotaError), (code, message)
         if exc is not AuthError:  # without permission, cleanup cannot run either; release/sweeper retry
             assert fake.get(NIC_ID) is None, code
     assert fake.get(VM_ID) is None
+
+
+@pytest.mark.parametrize("message", [
+    "Operation 'start' is not allowed on VM 'tensorant-x' since the VM is marked for deletion. You can only retry "
+    "the Delete operation (or wait for an ongoing one to complete).",
+    "Disk tensorant-x-os is attached to VM /subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/"
+    "virtualMachines/tensorant-x."])
+def test_operation_not_allowed_that_is_not_quota_is_no_quota_error(message: str) -> None:
+    from azure.core.exceptions import HttpResponseError
+
+    from shared.errors import RetryableError
+    from shared.providers.azure.errors import translate
+
+    err = HttpResponseError(message=message)
+    err.status_code = 409
+    err.error = type("E", (), {"code": "OperationNotAllowed", "message": message})()  # as ARM's body parses
+    got = translate(err, "creating the VM")
+    assert isinstance(got, RetryableError) and not isinstance(got, QuotaError), got
+    assert "quota" not in got.reason.lower()
 
 
 def test_unsupported_size_refused_before_any_call(fake: FakeArm, compute: Any) -> None:
