@@ -41,7 +41,10 @@ class ApiError(Exception):
 
 class Client:
     def __init__(self, url: str, token: str | None, timeout: float = 30) -> None:
-        self.url = url.rstrip("/")
+        # The base URL; one given with the API's /api (as a banner once printed it) is the same
+        # control plane: every path below starts with /api already.
+        base = url.rstrip("/")
+        self.url = base[:-len("/api")] if base.lower().endswith("/api") else base
         self.token = token
         self.timeout = timeout
 

@@ -178,7 +178,10 @@ def _rss_mb(pids: list[int]) -> int:
 def say_what_is_kept() -> None:
     """At shutdown: the local agents that outlive this host, and why. A retained run's agent and
     trainer are stopped, not ended (a stopped machine whose disk is kept, for recovery) and hold
-    their memory until the run is recovered or discarded; a running one goes on training."""
+    their memory until the run is recovered or discarded. A running one is stopped the same way
+    (paused): left running, it would train with nobody enforcing its runtime limit; the next host's
+    heartbeat-check finds its heartbeat stale and retains it, and `recover --resume` continues it."""
+    from shared.providers.base import RunRef
     from shared.providers.local.compute import LocalCompute, scan
     from shared.providers.local.config import LocalConfig
     from shared.settings import get_settings
@@ -188,6 +191,13 @@ def say_what_is_kept() -> None:
     agents = [r for r in local.list_managed() if r.kind == "process"]
     if not agents:
         return
+    paused: set[str] = set()
+    for agent in agents:
+        if agent.state != "stopped":
+            local.retain(RunRef(get_settings().deployment_id, agent.org, agent.run_id), [agent])
+            paused.add(agent.run_id)
+    if paused:
+        agents = [r for r in local.list_managed() if r.kind == "process"]
     _, groups = scan()
     runs: dict[tuple[str, str], list[int]] = {}
     stopped: dict[tuple[str, str], bool] = {}
@@ -198,13 +208,18 @@ def say_what_is_kept() -> None:
     print("Left behind by this stop (local agents outlive the host, as cloud machines outlive the "
           "control plane):", flush=True)
     for (run_id, org), pids in sorted(runs.items()):
-        if stopped[(run_id, org)]:
+        if run_id in paused:
+            print(f"  run {run_id} (org {org}): was running; its agent and trainer are stopped now ({_rss_mb(pids)} "
+                  "MB of memory), so it trains no further with nobody enforcing its runtime limit. The next "
+                  f"`make run` retains it; then `tensorant runs recover {run_id} --resume` trains on from its "
+                  "last checkpoint")
+        elif stopped[(run_id, org)]:
             print(f"  run {run_id} (org {org}): retained, its agent and trainer stopped, {_rss_mb(pids)} MB of "
                   f"memory: kept so its output can be recovered "
-                  f"(`tensorant runs recover {run_id} --start-machine|--verify-saved|--upload FILE`)")
+                  f"(`tensorant runs recover {run_id} --resume|--verify-saved|--upload FILE|--start-machine`)")
         else:
-            print(f"  run {run_id} (org {org}): running, {_rss_mb(pids)} MB of memory: it goes on and "
-                  "reports to the next `make run`")
+            print(f"  run {run_id} (org {org}): its agent could not be stopped ({_rss_mb(pids)} MB of memory): "
+                  f"end it with `tensorant runs cancel {run_id} --discard --yes` after the next `make run`")
     retained = sorted(key for key, all_stopped in stopped.items() if all_stopped)
     if retained:
         print("To discard a retained run's machine and disk (with any output on them):")
@@ -344,8 +359,9 @@ def _banner(host: object, port: int) -> None:
             "mints others):\n"
             f"  export TENSORANT_URL={base}\n  export TENSORANT_TOKEN={token}" if token else
             f"  export TENSORANT_URL={base}  (production settings: no dev token is printed)")
-    print(f"\nTensorant control plane: {base}/api\nAPI docs: {base}/api/docs\n{auth}\n\nPress Ctrl-C to stop.",
-          flush=True)
+    # One URL, the one TENSORANT_URL takes (the CLI adds /api itself, and accepts it given).
+    print(f"\nTensorant control plane: {base}\nWeb console: {base}/api/console (sign in with the token below)\n"
+          f"API docs: {base}/api/docs\n{auth}\n\nPress Ctrl-C to stop.", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from tensorant_cli.render import (
     forecast_check_line,
     forecast_line,
     money,
+    next_steps,
     percent,
     sparkline,
     status_block,
@@ -70,7 +71,8 @@ def add_parser(sub: Any) -> None:
     ca.add_argument("--yes", action="store_true", help="discard without a prompt")
     leaf(r, "stop", "stop a retained machine that was started for recovery (its disk is kept)",
          "tensorant runs stop --last", objects=False, run_id=True)
-    rc = leaf(r, "recover", "recover a retained run; waits for the verification verdict",
+    rc = leaf(r, "recover", "recover a retained run; waits for the verification verdict (--resume: follows the "
+              "run to its end as `runs watch` does; --start-machine: returns once the machine starts)",
               "tensorant runs recover --last --upload adapter.zip", run_id=True)
     how = rc.add_mutually_exclusive_group(required=True)
     how.add_argument("--upload", metavar="ADAPTER_ZIP")
@@ -143,6 +145,8 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
         say(f"  release error (attempt {run.get('release_attempts')}): {run['release_error']}")
     for res in run.get("resources") or []:
         say(f"  resource {res.get('kind')} {res.get('id')}: {res.get('state') or '-'}")
+    for line in next_steps(run):
+        say(f"  {line}")
     if run.get("adapter_sha256"):
         say(f"  adapter sha256 {run['adapter_sha256']}")
     if client is not None and run.get("state") != "draft":
@@ -295,10 +299,21 @@ def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+ENDED = ("succeeded", "failed", "cancelled")
+
+
 def _cancel(args: argparse.Namespace, client: Client) -> int:
     """--keep keeps the disk; --discard deletes machine, disk and any output on them (asked
     first on a terminal); neither: the API decides, and refuses for a run that may hold output."""
     args.id = run_id_of(args, client)
+    try:
+        current = client.get(f"/api/runs/{args.id}")
+    except ApiError:
+        current = None  # the cancel itself says what is wrong
+    if isinstance(current, dict) and current.get("state") in ENDED:
+        # The API answers an ended run's cancel with the run as it is; saying nothing made it look done.
+        say(f"error: nothing to cancel: run {args.id} already ended {current.get('state')}", file=sys.stderr)
+        return 1
     body: dict[str, Any] = {}
     if args.keep:
         body["discard"] = False
@@ -364,7 +379,11 @@ def _recover(args: argparse.Namespace, client: Client) -> int:
     if not isinstance(run, dict):
         say(run)
         return 0
-    if args.start_machine or args.resume or args.no_wait:  # a resumed run is followed like any training run
+    if args.resume and not args.no_wait:
+        # A resumed run trains again: followed as `runs watch` follows one, to its end.
+        say(status_line(run), file=sys.stderr if args.json else sys.stdout)
+        return watch(client, run_id, interval=args.interval)
+    if args.start_machine or args.resume or args.no_wait:
         def started() -> None:
             say(status_line(run))
             if run.get("billing_note"):

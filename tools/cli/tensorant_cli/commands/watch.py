@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from tensorant_cli.client import Client
 from tensorant_cli.commands.common import run_id_of
 from tensorant_cli.output import items, say
-from tensorant_cli.render import cli_words, clock, duration, money, printable, status_block
+from tensorant_cli.render import cli_words, clock, duration, money, next_steps, printable, status_block
 
 # Where `runs watch` stops: terminal states, and `retained` (the run waits for a person).
 STOP_STATES = {"succeeded", "failed", "cancelled", "retained"}
@@ -119,6 +119,8 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
                     out.write(line + "\n")
             if run.get("billing_note"):
                 out.write(printable(f"billing: {run['billing_note']}") + "\n")
+            for line in next_steps(run):
+                out.write(printable(line) + "\n")
             outcome = run.get("outcome")
             cost = run.get("final_cost") if run.get("final_cost") is not None else run.get("cost_so_far")
             # Both times: a retained run's clock goes on while its GPU no longer bills.

@@ -1,0 +1,117 @@
+"""A newcomer's first hour (issue 31.2): the dev host's banner and Ctrl-C, and the CLI's answers that
+said too little or the wrong thing."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tensorant_cli.main import main
+from tests.fake_api import FakeApi, run_cli
+
+
+def _run(state: str, events: list[str], **extra: object) -> dict[str, object]:
+    return {"id": "r-1", "state": state, "phase": state, "progress": 1.0, "provider": "local",
+            "offer": {"gpu": "cpu", "machine_type": "local", "region": "local", "currency": "USD",
+                      "total_per_hour": 0.5},
+            "events": [{"at": f"2026-01-01T00:00:0{i}Z", "kind": "transition", "message": m}
+                       for i, m in enumerate(events)], **extra}
+
+
+RETAINED = ["draft -> queued", "queued -> provisioning", "provisioning -> preparing", "preparing -> training",
+            "training -> retaining", "retaining -> retained"]
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_ctrl_c_stops_a_running_runs_agent_and_says_resume(env: dict[str, str],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C on `make run` left a training run's agent and trainer running with nobody enforcing its
+    runtime limit: now it is stopped as a retained machine is, and the shutdown says how to go on."""
+    from tensorant_devhost import run
+
+    machines = Path(env["TENSORANT_LOCAL_ROOT"]).resolve() / "machines"
+    run_id = "r-running" + secrets.token_hex(3)
+    marks = {"TENSORANT_MANAGED": "true", "TENSORANT_DEPLOYMENT_ID": env["TENSORANT_DEPLOYMENT_ID"],
+             "TENSORANT_ORG": "demo", "TENSORANT_RUN_ID": run_id, "TENSORANT_LOCAL_MACHINES": str(machines)}
+    # A stand-in for a training run's agent, marked as the local provider marks it, and running.
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env={**os.environ, **marks}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while _state(agent.pid) not in "SR" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run.say_what_is_kept()
+        out = capsys.readouterr().out
+        assert _state(agent.pid) == "T", "the running agent was left running"
+        line = next(x for x in out.splitlines() if run_id in x)
+        assert "was running" in line and "stopped" in line and f"tensorant runs recover {run_id} --resume" in line
+        # Once stopped it is what a retained run's agent is, and the hint names every recovery, --resume too.
+        run.say_what_is_kept()
+        out = capsys.readouterr().out
+        assert "--resume|--verify-saved|--upload FILE" in out and f"runs cancel {run_id} --discard" in out
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+
+
+def test_the_banner_prints_one_url_and_the_console(capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorant_devhost import run
+
+    run._banner(object(), 7071)
+    out = capsys.readouterr().out
+    assert "Tensorant control plane: http://localhost:7071\n" in out
+    assert "export TENSORANT_URL=http://localhost:7071\n" in out
+    assert "Web console: http://localhost:7071/api/console" in out
+
+
+def test_a_cli_url_with_api_reaches_the_same_api(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    """TENSORANT_URL exported as the banner once printed it (…/api) gave `no function serves GET /api/api/runs`."""
+    fake_api.on("GET", "/api/runs", {"items": [], "next": None})
+    assert main(["--url", fake_api.url + "/api/", "--token", "t", "runs", "list"]) == 0
+    assert [r["path"].split("?")[0] for r in fake_api.requests] == ["/api/runs"]
+
+
+def test_cancelling_an_ended_run_says_so_and_fails(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_api.on("GET", "/api/runs/r-1", _run("succeeded", ["releasing -> succeeded"]))
+    assert run_cli(fake_api, "runs", "cancel", "r-1") == 1
+    assert "nothing to cancel: run r-1 already ended succeeded" in capsys.readouterr().err
+    assert fake_api.sent("POST", "/api/runs/r-1/cancel") == []
+
+
+def test_watch_and_get_say_what_to_do_with_a_retained_run(fake_api: FakeApi,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    retained = _run("retained", RETAINED, elapsed_s=60, billed_machine_s=30, reason="the runtime limit was reached")
+    fake_api.on("GET", "/api/runs/r-1", retained)
+    fake_api.on("GET", "/api/runs/r-1/logs", {"lines": [], "next": None})
+    fake_api.on("GET", "/api/runs/r-1/metrics", {"points": []})
+    assert run_cli(fake_api, "runs", "watch", "r-1", "--interval", "0") == 1
+    out = capsys.readouterr().out
+    assert "what to do next" in out and "tensorant runs recover r-1 --resume" in out
+    assert "--verify-saved" in out and "--upload adapter.zip" in out and "runs cancel r-1 --discard" in out
+    assert out.splitlines()[-1].startswith("run r-1 retained after")  # still the last line
+    assert run_cli(fake_api, "runs", "get", "r-1") == 0
+    assert "tensorant runs recover r-1 --resume" in capsys.readouterr().out
+
+
+def test_recover_resume_follows_the_run_to_its_end(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
+    """`recover --resume` returned at once although the help said recover waits: it now follows the run."""
+    retained = _run("retained", RETAINED)
+    training = _run("training", [*RETAINED, "retained -> training"])
+    done = _run("succeeded", [*RETAINED, "retained -> training", "training -> exporting", "exporting -> verifying",
+                              "verifying -> releasing", "releasing -> succeeded"], elapsed_s=90, final_cost=0)
+    fake_api.on("GET", "/api/runs/r-1", retained, training, done)
+    fake_api.on("POST", "/api/runs/r-1/recover", training)
+    fake_api.on("GET", "/api/runs/r-1/logs", {"lines": ["progress=1.00 step=8 loss=0.1"], "next": None})
+    assert run_cli(fake_api, "runs", "recover", "r-1", "--resume", "--interval", "0") == 0
+    out = capsys.readouterr().out
+    assert "releasing -> succeeded" in out and out.splitlines()[-1].startswith("run r-1 succeeded after")
