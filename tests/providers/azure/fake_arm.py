@@ -161,6 +161,9 @@ class FakeArm:
         self.hold_ops = False
         self.allocation_failure: str | None = None
         self.keep_nic_on_vm_delete = False
+        # As Azure: a NIC its VM left stays reserved for that VM this long (on the core's clock), and a
+        # delete meanwhile is 400 NicReservedForAnotherVm.
+        self.nic_reserved_s = 180.0
         self.page_size = 2
         self.client_secret = SECRET
         self.tokens: set[str] = set()
@@ -538,6 +541,11 @@ class FakeArm:
             raise ArmError(409, "OperationNotAllowed", f"Disk is attached to VM {res['managedBy']}.")
         if kind == "nic" and res["properties"].get("virtualMachine"):
             raise ArmError(400, "NicInUse", "Network interface is in use by a virtual machine.")
+        if kind == "nic" and now_ts() < res.get("_reserved_until", 0.0):
+            raise ArmError(400, "NicReservedForAnotherVm", (
+                f"Nic(s) in request is reserved for another Virtual Machine for {int(self.nic_reserved_s)} seconds. "
+                f"Please provide another nic(s) or retry after {int(self.nic_reserved_s)} seconds. Reserved VM: "
+                f"{res.get('_reserved_for', '')}"))
         if kind == "vm":
             res["properties"]["provisioningState"] = "Deleting"
         provider = "Microsoft.Network" if kind == "nic" else "Microsoft.Compute"
@@ -565,6 +573,8 @@ class FakeArm:
                     self.resources.pop(nic["id"].lower(), None)
                 else:
                     nic["properties"]["virtualMachine"] = None
+                    nic["_reserved_until"] = now_ts() + self.nic_reserved_s
+                    nic["_reserved_for"] = res["id"]
 
         return 202, self._lro(done, provider, location=True), None
 

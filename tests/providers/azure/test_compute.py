@@ -182,10 +182,22 @@ def test_retain_not_done_until_azure_confirms(fake: FakeArm) -> None:
     assert compute.retain(REF, []).done
 
 
-def test_release_deletes_vm_then_confirms_disk_and_nic_gone(fake: FakeArm, compute: Any) -> None:
+@pytest.fixture
+def sim_clock() -> Any:
+    from shared import clock
+
+    fake_clock = clock.FakeClock()
+    clock.set_clock(fake_clock)
+    yield fake_clock
+    clock.set_clock(None)
+
+
+def test_release_deletes_vm_then_confirms_disk_and_nic_gone(fake: FakeArm, compute: Any, sim_clock: Any) -> None:
     compute.launch(spec())
     compute.retain(REF, [])
     fake.keep_nic_on_vm_delete = True  # as if Azure had not applied the NIC's delete option
+    assert not compute.release(REF, []).done  # the NIC stays reserved for its VM for 180 s
+    sim_clock.advance(fake.nic_reserved_s + 1)
     out = compute.release(REF, [])
     assert out.done
     assert fake.get(VM_ID) is None and fake.get(DISK_ID) is None and fake.get(NIC_ID) is None
@@ -197,14 +209,18 @@ def test_release_deletes_vm_then_confirms_disk_and_nic_gone(fake: FakeArm, compu
     assert compute.release(REF, []).done  # missing = success
 
 
-def test_release_waits_while_nic_is_reserved(fake: FakeArm, compute: Any) -> None:
+def test_release_waits_while_nic_is_reserved(fake: FakeArm, compute: Any, sim_clock: Any) -> None:
+    # The fake answers as Azure does (400 NicReservedForAnotherVm for 180 s after the VM went), by itself.
     compute.launch(spec())
     fake.keep_nic_on_vm_delete = True
-    fake.fail("DELETE", r"/networkinterfaces/", 409, "NicReservedForAnotherVm", times=2)
     first = compute.release(REF, [])
     assert not first.done and "reserved" in first.detail and first.retry_after_s >= 30
     assert fake.get(VM_ID) is None and fake.get(NIC_ID) is not None
+    refused = [r for r in fake.requests if r[0] == "DELETE" and "networkinterfaces" in r[1].lower()]
+    assert refused, fake.requests
+    sim_clock.advance(60)
     assert not compute.release(REF, []).done
+    sim_clock.advance(fake.nic_reserved_s)
     assert compute.release(REF, []).done and fake.get(NIC_ID) is None
 
 

@@ -109,6 +109,7 @@ def exercise(fake: FakeArm, compute: Any) -> None:
     compute.start(ref, [])
     list(compute.list_managed())
     fake.keep_nic_on_vm_delete = True
+    fake.nic_reserved_s = 0  # the NIC's reservation is test_compute's subject; here every delete must be made
     # as if Azure had not applied the disk's delete option either: release deletes the disk itself
     vm = fake.get(f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.Compute/virtualMachines/{ref.name}")
     assert vm
