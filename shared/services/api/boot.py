@@ -20,6 +20,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from shared import metrics
 from shared.clock import now
 from shared.errors import Conflict, Unauthorized
 from shared.log import redact_text
@@ -57,6 +58,7 @@ def boot_failed(org: str, run_id: str, body: BootFailure) -> dict[str, Any]:
         run, wrote = move(run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
                           reason=_reason(body))
         if wrote:
+            metrics.count(metrics.FAILED_STARTS, cause=body.stage, provider=run.provider)
             get_queues().send(Step.release, StepMessage(org=org, run_id=run_id, reason=BOOT_FAILED))
             return {"state": run.state.value}
     if run.state == RunState.releasing and run.outcome == Outcome.failed and run.reason.startswith(_STAGES[body.stage]):

@@ -87,6 +87,10 @@ def missed_deadline(run: RunRecord, t: datetime, since: datetime | None = None) 
         return f"the run's runtime limit of {run.runtime_limit_s} s was reached"
     if since is not None and (t - since).total_seconds() <= get_settings().heartbeat_timeout_s:
         return None  # the control plane itself was not serving a heartbeat interval ago
+    if (run.state == RunState.provisioning and d.first_report_by and t > d.first_report_by
+            and run.bootstrap_claimed_at is None):
+        return ("the machine never reached the control plane by its first-report deadline (minutes after its "
+                "create call: it did not boot, or has no route to TENSORANT_PUBLIC_URL)" + _refused(run))
     if run.state == RunState.provisioning and d.provisioning_by and t > d.provisioning_by:
         return (f"the agent did not report within the boot deadline of {get_settings().provisioning_timeout_s} s "
                 "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)" + _refused(run))
@@ -191,6 +195,7 @@ def _release_unstarted(run: RunRecord, why: str) -> int:
                     reason=why + "; nothing ran on the machine, so it is released with its disk, not kept")
     if not wrote:
         return 0
+    metrics.count(metrics.FAILED_STARTS, cause="no report by the boot deadline", provider=run.provider)
     get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason=BOOT_FAILED))
     return 1
 
