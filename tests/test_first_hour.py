@@ -115,3 +115,17 @@ def test_recover_resume_follows_the_run_to_its_end(fake_api: FakeApi, capsys: py
     assert run_cli(fake_api, "runs", "recover", "r-1", "--resume", "--interval", "0") == 0
     out = capsys.readouterr().out
     assert "releasing -> succeeded" in out and out.splitlines()[-1].startswith("run r-1 succeeded after")
+
+
+def test_readme_says_what_a_newcomer_needs() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    # The peft snippet shows the adapter's answer next to the base model's (it only loaded the adapter).
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "PeftModel" in b)
+    compile(snippet, "README snippet", "exec")
+    assert "generate(" in snippet and "disable_adapter()" in snippet and "AutoTokenizer.from_pretrained" in snippet
+    assert "trainer_command=false" not in readme  # no provider has that field
+    for shape in ('{"messages": ', '{"prompt": "...", "completion": "..."}', '{"text": "..."}'):
+        assert shape in readme  # the dataset format, documented outside an error message
+    assert "/api/console" in readme and "recover <RUN_ID> --resume" in readme
