@@ -97,7 +97,7 @@ def test_workflow_pushes_the_settings_image_to_ghcr(tmp_path: Path) -> None:
     workflow = _workflow()
     triggers = workflow[True]  # YAML 1.1 reads the key `on` as True
     assert triggers["push"]["tags"] == ["trainer-v*"] and "version" in triggers["workflow_dispatch"]["inputs"]
-    assert workflow["permissions"]["packages"] == "write"
+    assert workflow["permissions"] == {} and workflow["jobs"]["image"]["permissions"]["packages"] == "write"
     assert workflow["env"]["IMAGE"] == image == "ghcr.io/tensorant/trainer"
     login = next(s for s in _steps() if str(s.get("uses", "")).startswith("docker/login-action"))
     assert login["with"]["registry"] == "ghcr.io" and "secrets.GITHUB_TOKEN" in login["with"]["password"]

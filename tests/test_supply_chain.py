@@ -1,0 +1,90 @@
+"""Supply chain (issue 28.9): what the builds run and install is pinned to exact content.
+
+- every GitHub Action by the full commit SHA of its release (a tag can be moved to other code), the
+  workflow's token with no permission by default and write only on the job that pushes;
+- every pip install in a workflow, in the Dockerfile and in the deployment's build from a lock whose every
+  package carries its sha256 (`--require-hashes`);
+- the Dockerfile's base image by digest, and the agent in the container as root only for what needs it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml  # PyYAML: installed with moto[server] (dev extras)
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+SHA = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@[0-9a-f]{40}$")
+
+
+def _workflow(path: Path) -> dict[Any, Any]:
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _uses_lines(path: Path) -> list[str]:
+    return [line.split("uses:", 1)[1].strip() for line in path.read_text().splitlines()
+            if re.match(r"^\s*(-\s+)?uses:", line)]
+
+
+def test_every_action_is_pinned_by_commit_sha_with_its_tag_in_a_comment() -> None:
+    assert WORKFLOWS
+    for path in WORKFLOWS:
+        uses = _uses_lines(path)
+        assert uses, path
+        for entry in uses:
+            ref, _, comment = entry.partition("#")
+            ref = ref.strip()
+            if ref.startswith("./"):  # an action of this repository: the checked-out commit itself
+                continue
+            assert SHA.match(ref), f"{path.name}: {ref!r} is not pinned by a 40-hex commit SHA"
+            assert re.fullmatch(r"v\d+(\.\d+)*", comment.strip()), f"{path.name}: {ref!r} names no release tag"
+
+
+def test_the_sha_check_refuses_tags_and_short_shas() -> None:
+    assert not SHA.match("actions/checkout@v5") and not SHA.match("actions/checkout@fbc6f39")
+    assert SHA.match("actions/checkout@fbc6f3992d24b796d5a048ff273f7fcc4a7b6c09")
+
+
+def _pushes(job: dict[str, Any]) -> bool:
+    steps = job.get("steps", [])
+    return any("docker push" in str(s.get("run", "")) or str(s.get("uses", "")).startswith("docker/login-action")
+               or (s.get("with") or {}).get("push") is True for s in steps)
+
+
+def test_permissions_are_empty_by_default_and_write_only_where_a_job_pushes() -> None:
+    for path in WORKFLOWS:
+        workflow = _workflow(path)
+        assert workflow.get("permissions") == {}, f"{path.name}: set `permissions: {{}}` at the top"
+        for name, job in workflow["jobs"].items():
+            permissions = job.get("permissions")
+            assert isinstance(permissions, dict), f"{path.name}: job {name} declares no permissions"
+            writes = sorted(k for k, v in permissions.items() if v == "write")
+            if _pushes(job):
+                assert writes == ["packages"], f"{path.name}: job {name} writes {writes}"
+            else:
+                assert writes == [], f"{path.name}: job {name} pushes nothing but may write {writes}"
+
+
+def test_every_pip_install_in_a_workflow_requires_hashes() -> None:
+    installs = 0
+    for path in WORKFLOWS:
+        for job in _workflow(path)["jobs"].values():
+            for step in job["steps"]:
+                for line in str(step.get("run", "")).splitlines():
+                    if re.search(r"\bpip install\b", line):
+                        installs += 1
+                        assert "--require-hashes" in line and " -r " in line, f"{path.name}: {line.strip()}"
+    assert installs  # the lint job installs its linters
+
+
+def test_checkouts_keep_no_token_in_the_work_tree() -> None:
+    for path in WORKFLOWS:
+        for job in _workflow(path)["jobs"].values():
+            for step in job["steps"]:
+                if str(step.get("uses", "")).startswith("actions/checkout@"):
+                    assert step["with"]["persist-credentials"] is False
