@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check lock settings-doc
+.PHONY: help install run test lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -30,6 +30,7 @@ help:
 	@echo "make test-quickstart  opt-in: README's quickstart as written with the real trainer, to succeeded"
 	@echo "make image  the training image from the Dockerfile with buildah (no Docker; tools/image/)"
 	@echo "make image-check  build the image, train through its entrypoint to succeeded, print size and times, clean up"
+	@echo "make vm-check  boot a Debian VM (QEMU) per case with the user data a launch sent: real cloud-init, Docker, pull, run"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -118,6 +119,12 @@ image:
 # The image built, smoke-checked and run for real through the played bootstrap (tools/image/check.sh).
 image-check: install
 	tools/image/check.sh
+
+# The cloud path on a real machine (tools/vm/check.sh, tests/e2e/test_vm_e2e.py): a Debian VM built once
+# (cached under .tensorant/vm/ by recipe hash), booted under QEMU per case. VM_CASES="<pytest -k>" for a subset.
+# Skips, saying why, without QEMU, mmdebstrap, docker-registry, buildah/podman or root.
+vm-check: install
+	VM_CASES="$(VM_CASES)" tools/vm/check.sh
 
 # The deployment's lock (Azure's remote build installs requirements.txt): every package pinned, from
 # pyproject.toml's ranges; tests/test_packaging.py says when it is stale.
