@@ -95,10 +95,12 @@ def test_failed_completion_while_provisioning_retains(h: Harness, cloud: Cloud) 
 def _break_storage(monkeypatch: Any) -> None:
     from shared.storage.local import LocalStorage
 
-    def get(self: Any, key: str, max_bytes: int) -> bytes:
+    def unreachable(self: Any, key: str, max_bytes: int) -> Any:
         raise OSError("storage account unreachable")
 
-    monkeypatch.setattr(LocalStorage, "get", get)
+    # The verify step streams the archive (open_stream); other readers take it whole (get).
+    monkeypatch.setattr(LocalStorage, "get", unreachable)
+    monkeypatch.setattr(LocalStorage, "open_stream", unreachable)
 
 
 def test_verification_that_keeps_failing_stops_the_machine(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:

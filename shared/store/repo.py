@@ -418,19 +418,21 @@ class Store:
     def claim_launch(self, org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
         """Claim a provisioning run with no recorded resources for one create attempt.
 
-        The claim is an ETag-guarded write of updated_at, granted only settle_s after the
-        run's previous write (its move to provisioning, or the previous claim): a create that
-        crashed or timed out may have made a machine that listing does not show yet, so two
-        attempts closer together could each create one. Returns (run as stored now, whether
-        this call claimed it).
+        The claim is its own field (launch_claimed_at), written with the run's ETag, and granted only
+        settle_s after the previous claim (the move to provisioning is the first): a create that
+        crashed or timed out may have made a machine that listing does not show yet, so two attempts
+        closer together could each create one. Other writes (a heartbeat, a note) do not extend it.
+        Returns (run as stored now, whether this call claimed it).
         """
 
         def change(r: RunRecord) -> RunRecord | None:
             if r.state != RunState.provisioning or r.resources:
                 return None
-            if (now() - r.updated_at).total_seconds() < settle_s:
+            # Records from before the field: their last write was the claim.
+            last = r.launch_claimed_at or r.updated_at
+            if (now() - last).total_seconds() < settle_s:
                 return None
-            return r.model_copy(update={"updated_at": now()})
+            return r.model_copy(update={"launch_claimed_at": now(), "updated_at": now()})
 
         return self.mutate_run(org, run_id, change)
 

@@ -115,7 +115,8 @@ def launch(msg: StepMessage) -> None:
     claimed = False
     if run.state == RunState.queued:
         # Write-ahead: the run says which machine it owns before the cloud call (the first claim).
-        run, claimed = move(run, RunState.provisioning, expect={RunState.queued}, machine_name=ref_of(run).name)
+        run, claimed = move(run, RunState.provisioning, expect={RunState.queued}, machine_name=ref_of(run).name,
+                            launch_claimed_at=now())
     if run.state != RunState.provisioning or run.resources:
         return  # moved on, or launched already (duplicate delivery)
     if not claimed:
@@ -123,7 +124,7 @@ def launch(msg: StepMessage) -> None:
         if run.state != RunState.provisioning or run.resources:
             return
         if not claimed:  # another attempt is recent: its machine may not be listed yet
-            wait = LAUNCH_SETTLE_S - (now() - run.updated_at).total_seconds()
+            wait = LAUNCH_SETTLE_S - (now() - (run.launch_claimed_at or run.updated_at)).total_seconds()
             get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
             return
     log = get_logger()

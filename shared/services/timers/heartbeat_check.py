@@ -41,9 +41,9 @@ from shared.settings import get_settings
 from shared.store import get_store
 from shared.store.repo import WATCHED
 
-# A run sitting in one of these states this long without any write lost its message (a
+# A run sitting in one of these states this long with no sign of its step lost its message (a
 # crash between the write and the send, or a poisoned message): send it again, at most
-# once per this interval (the resend touches updated_at); the steps ignore duplicates.
+# once per this interval (the run's resent_at marks it); the steps ignore duplicates.
 # Which step serves which state is the step table's (releasing is the sweeper's, with backoff).
 RESEND_AFTER_S = 300
 RESEND: dict[RunState, Step] = resent_by(Resender.heartbeat_check)
@@ -179,7 +179,9 @@ def check_all() -> dict[str, int]:
 
 
 def _quiet_for(run: RunRecord, t: datetime) -> float:
-    return (t - max(run.state_changed_at, run.updated_at)).total_seconds()
+    """How long the run has sat in its state with no sign of its step: no re-send, no launch claim."""
+    marks = [m for m in (run.resent_at, run.launch_claimed_at) if m is not None]
+    return (t - max([run.state_changed_at, *marks])).total_seconds()
 
 
 def _retain(run: RunRecord, why: str) -> int:
@@ -235,12 +237,12 @@ def _fail_queued(run: RunRecord) -> int:
 
 
 def _resend(run: RunRecord, t: datetime) -> int:
-    seen = run.updated_at
+    seen = (run.state_changed_at, run.resent_at, run.launch_claimed_at)
 
     def change(r: RunRecord) -> RunRecord | None:
-        if r.state != run.state or r.updated_at != seen:
-            return None  # it moved or was written meanwhile: not lost
-        return r.model_copy(update={"updated_at": t})
+        if r.state != run.state or (r.state_changed_at, r.resent_at, r.launch_claimed_at) != seen:
+            return None  # it moved, was re-sent by another tick, or its step claimed it meanwhile: not lost
+        return r.model_copy(update={"resent_at": t, "updated_at": t})
 
     _, wrote = get_store().mutate_run(run.org, run.id, change)
     if not wrote:
