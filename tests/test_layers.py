@@ -53,3 +53,14 @@ def test_only_moves_records_a_state_change() -> None:
     users = [str(p.relative_to(ROOT)) for p in SHARED.rglob("*.py")
              if "transition_event" in p.read_text() and p.name not in ("events.py", "moves.py")]
     assert users == []
+
+
+def test_no_service_branches_on_a_providers_name() -> None:
+    """What a provider can do is declared in its ProviderInfo (shared/providers/registry.py: resumes_training,
+    working_files_on_storage, retired_fields, ...), never decided by its name outside its own package."""
+    import re
+
+    branch = re.compile(r"""(provider|\.provider|name)\s*(==|!=)\s*["'](local|aws|azure|runpod|memory)["']""")
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in sources("services", "runs", "store", "storage", "adapters")
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if branch.search(line)]
+    assert offenders == [], f"declare the capability in ProviderInfo instead: {offenders}"

@@ -20,7 +20,7 @@ import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -58,11 +58,23 @@ class ProviderInfo:
     # machine back with its disk, and the training container runs its agent again on it, which continues
     # from the last checkpoint when the control plane says resume. False: the run is refused a resume.
     resumes_training: bool = False
+    # The run's working files (dataset copy, checkpoints) live on the org's storage, not only on the
+    # machine's disk (RunPod mounts the org's network volume): the release removes them after a
+    # succeeded or cancelled run (shared/services/steps/scratch.py).
+    working_files_on_storage: bool = False
+    # Fields a saved connection once had and no longer takes -> what to do instead (refused by name,
+    # with that advice, before the config model's generic "extra inputs" refusal).
+    retired_fields: dict[str, str] = field(default_factory=dict)
 
 
 def resumable_providers() -> list[str]:
     """The providers that declare resumes_training, for the resume's refusal message."""
     return [name for name, info in providers().items() if info.resumes_training]
+
+
+def info_of(name: str) -> ProviderInfo | None:
+    """The registered entry of `name`, or None (a provider no longer installed)."""
+    return providers().get(name)
 
 
 def resumes_training(name: str) -> bool:

@@ -18,4 +18,5 @@ def build(config: BaseModel, settings: Settings) -> ComputeProvider:
 
 
 PROVIDER = ProviderInfo("runpod", RunPodConfig, build, {"api_key": "<RunPod API key>", "cloud_type": "SECURE"},
-                        sdk_modules=("runpod",), prepare_config=with_storage, resumes_training=True)
+                        sdk_modules=("runpod",), prepare_config=with_storage, resumes_training=True,
+                        working_files_on_storage=True)

@@ -68,9 +68,10 @@ def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionVi
     if not isinstance(body, dict):
         raise InvalidInput.field("body", "send the connection fields as a JSON object")
     registry.refuse_unavailable(provider)  # `local` runs code on this host: only outside production
-    if provider == "local" and "trainer_command" in body:
-        raise InvalidInput.field("trainer_command", "the trainer command is an operator setting "
-                                 "(TENSORANT_TRAINER_COMMAND), not part of a connection; remove the field")
+    info = registry.info_of(provider)
+    for name, advice in (info.retired_fields if info else {}).items():
+        if name in body:
+            raise InvalidInput.field(name, advice)
     model = registry.config_model(provider)
     got = get_store().get_connection(principal.org, compute_slot(provider))
     existing = unsealed_config(got[0]) if got else None

@@ -28,7 +28,13 @@ REMOVED_AFTER = {Outcome.succeeded, Outcome.cancelled}
 
 def on_network_volume(resources: list[CloudResource]) -> bool:
     """Whether the run's pod was launched with the org's network volume (its data directory is there)."""
-    return any(r.provider == "runpod" and r.kind == "pod" and r.extra.get("networkVolumeId") for r in resources)
+    from shared.providers.registry import info_of
+
+    def on_storage(provider: str) -> bool:
+        info = info_of(provider)
+        return info is not None and info.working_files_on_storage
+
+    return any(on_storage(r.provider) and r.extra.get("networkVolumeId") for r in resources)
 
 
 def remove_after_release(run: RunRecord, resources: list[CloudResource]) -> None:
