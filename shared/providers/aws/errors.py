@@ -18,6 +18,7 @@ from shared.errors import (
     RetryableError,
     ThrottledError,
 )
+from shared.log import get_logger
 
 THROTTLE_CODES = frozenset({
     "RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException",
@@ -117,8 +118,10 @@ def translate(exc: BaseException, *, action: str, region: str = "", zone: str = 
     response: dict[str, Any] = getattr(exc, "response", None) or {}
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     if not code:
-        # No AWS error code: a connection problem, timeout or similar on our side of the wire.
-        return RetryableError(f"could not reach AWS during {action}: {type(exc).__name__}: {exc}")
+        # No AWS error code: a connection problem, timeout or similar on our side of the wire. Its text
+        # (a proxy URL, an endpoint, an internal host) goes to the log only; the reason names the class.
+        get_logger().warning("could not reach AWS during %s: %s: %s", action, type(exc).__name__, exc)
+        return RetryableError(f"could not reach AWS during {action} ({type(exc).__name__}); will retry")
     if status >= 500:
         return RetryableError(f"AWS error during {action} ({code}): {message}", code=code)
     return PermanentError(f"AWS rejected {action} ({code}): {message}", code=code)

@@ -19,6 +19,7 @@ from shared.errors import (
     RetryableError,
     ThrottledError,
 )
+from shared.log import get_logger
 
 QUOTA_CODES = {"QuotaExceeded", "LowPriorityQuotaExceeded"}
 # OperationNotAllowed is Azure's code for many refusals, quota among them: read by its message.
@@ -73,7 +74,12 @@ def is_not_found(err: Any) -> bool:
 
 def translate(err: Exception, doing: str) -> ProviderError:
     """One Azure exception -> one ProviderError whose reason says what to do."""
-    from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ServiceRequestError
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
 
     if isinstance(err, ProviderError):
         return err
@@ -116,7 +122,10 @@ def translate(err: Exception, doing: str) -> ProviderError:
             f"Azure refused for quota or policy ({code}): {msg}. In Subscriptions -> Usage + quotas, request "
             "enough vCPUs for the VM family and Total Regional vCPUs in this region; approval does not reserve "
             "capacity.", code=code)
-    if isinstance(err, ServiceRequestError):
+    if isinstance(err, (ServiceRequestError, ServiceResponseError)) or not (isinstance(err, HttpResponseError) or code):
+        # No answer from Azure (refused, reset, timed out, a proxy's or TLS failure) or not an SDK error at
+        # all: the text may name a proxy URL or an internal host, so it goes to the log only (issue 28.17).
+        get_logger().warning("Azure unreachable while %s: %s: %s", doing, type(err).__name__, err)
         return RetryableError(f"Azure unreachable while {doing}: {type(err).__name__}", code="Unreachable")
     if isinstance(err, HttpResponseError) and (status >= 500 or status == 409 or status == 0):
         return RetryableError(f"Azure error while {doing} ({code or status}): {msg}", code=code or str(status))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from shared.clock import now
 from shared.errors import ProviderError
-from shared.log import get_logger, redact_text
+from shared.log import get_logger
 from shared.models import CatalogRecord, Check, CheckStatus, ConnectionMessage, ConnectionRecord, ConnectionStatus
 from shared.runs.backends import STORAGE_SLOT, compute_for, storage_for
 from shared.runs.scope import held_machines_check
@@ -45,9 +45,11 @@ def validate_connection(msg: ConnectionMessage) -> None:
     except ProviderError as exc:
         checks, catalog = [Check(name="connection", status=CheckStatus.fail, message=exc.reason)], None
     except Exception as exc:  # a check must report, not crash the step into poison
+        # The exception's text stays in the log: it may name a proxy URL or an internal host (issue 28.17).
         get_logger().exception("connection check crashed")
-        checks, catalog = [Check(name="connection", status=CheckStatus.fail,
-                                 message=f"the check could not run: {redact_text(str(exc))}")], None
+        checks, catalog = [Check(name="connection", status=CheckStatus.fail, message=(
+            f"the check could not run ({type(exc).__name__}); the control plane's log has the details")
+        )], None
     status = ConnectionStatus.failed if any(c.status == CheckStatus.fail for c in checks) else ConnectionStatus.connected
     if catalog is not None:
         store.put_catalog(catalog)
