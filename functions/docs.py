@@ -6,7 +6,9 @@ from that app's registered functions, so this module needs no import of function
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,25 @@ ASSET_FILES: dict[str, tuple[str, str]] = {
 }
 ASSET_CACHE = "public, max-age=3600"
 
-PAGE = """<!doctype html>
+STYLE = """body{margin:0}.intro{font:14px system-ui,sans-serif;max-width:1460px;margin:0 auto;padding:12px 20px 0}
+.intro code{background:#f4f4f4;padding:1px 4px}"""
+# Scripts from this host only (no inline script, no eval), the page's one inline style by its hash, Swagger UI's
+# icons as data: images, requests ("Try it out", the document) to this API only, no framing (issue 28.17: the
+# page a bearer token is pasted into). The page repeats it in a meta element (all but frame-ancestors, which
+# only the header can carry), so a browser that renders the page's bytes alone enforces it too.
+_CSP_PAGE = ("default-src 'none'; script-src 'self'; "
+             f"style-src 'self' 'sha256-{base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()}'; "
+             "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'")
+CSP = _CSP_PAGE + "; frame-ancestors 'none'"
+PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                "X-Frame-Options": "DENY", "Cache-Control": "no-store"}
+
+PAGE = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="{_CSP_PAGE}">
 <title>Tensorant control plane API</title><link rel="icon" href="data:,">
 <link rel="stylesheet" href="/api/docs/assets/swagger-ui.css">
-<style>body{margin:0}.intro{font:14px system-ui,sans-serif;max-width:1460px;margin:0 auto;padding:12px 20px 0}
-.intro code{background:#f4f4f4;padding:1px 4px}</style></head>
+<style>{STYLE}</style></head>
 <body><div class="intro"><p>Tensorant control plane API, rendered locally from
 <a href="/api/openapi.json">/api/openapi.json</a>. Send <code>Authorization: Bearer &lt;token&gt;</code>
 (mint one with <code>tensorant dev-token</code>); errors are <code>application/problem+json</code>
@@ -69,7 +84,7 @@ def attach(app: func.FunctionApp) -> None:
     @_public
     @http.api(summary="API reference page (Swagger UI, served by this app: no CDN)", response="text/html")
     def docs(req: func.HttpRequest) -> func.HttpResponse:
-        return func.HttpResponse(PAGE, mimetype="text/html", charset="utf-8")
+        return func.HttpResponse(PAGE, mimetype="text/html", charset="utf-8", headers=PAGE_HEADERS)
 
     @bp.route(route="docs/assets/{name}", methods=["GET"], auth_level=ANON)
     @_public
@@ -79,6 +94,6 @@ def attach(app: func.FunctionApp) -> None:
         if name not in ASSET_FILES:
             return http.problem(404, "Not found", f"no docs asset {name!r}; the page uses {', '.join(ASSET_FILES)}")
         return func.HttpResponse(_asset(name), mimetype=ASSET_FILES[name][1],
-                                 headers={"Cache-Control": ASSET_CACHE})
+                                 headers={"Cache-Control": ASSET_CACHE, "X-Content-Type-Options": "nosniff"})
 
     app.register_functions(bp)
