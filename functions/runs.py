@@ -81,7 +81,8 @@ def recover_run(req: func.HttpRequest) -> func.HttpResponse:
         http.principal(req), req.route_params["id"],
         upload=http.upload_body(req, what="the adapter archive", larger=(
             "put it in storage at runs/<RUN_ID>/adapter.zip and recover with mode verify_saved")) if is_zip else None,
-        body=None if is_zip else http.parse(req, RunRecover)), status=202)
+        body=None if is_zip else http.parse(req, RunRecover),
+        accept_checkpoint=req.params.get("accept_checkpoint") if is_zip else None), status=202)
 
 
 @bp.route(route="runs/{id}/release", methods=["POST"], auth_level=ANON)

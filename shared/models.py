@@ -421,6 +421,20 @@ class RunRecord(Model):
     forecast_check: ForecastCheck | None = None
     # The billed time so far (Billing); None on records from before it, whose time comes from their events.
     billing: Billing | None = None
+    # Set by heartbeat-check with the move to retaining when the run missed a deadline before it ever reported
+    # training (nothing was trained on the machine): the retain step releases it, failed, unless a checkpoint
+    # of it is in storage (shared/runs/retention.py). An owner's cancel that keeps the disk never sets it.
+    release_if_nothing_saved: bool = False
+    # When heartbeat-check warned that the retention limit is near (once per stay in retained).
+    retention_warned_at: datetime | None = None
+    # What the verified adapter is: "final" (training ended) or "checkpoint" (the adapter of the checkpoint
+    # at checkpoint_step of planned_steps: an incomplete training the owner accepted as the run's adapter).
+    # None until an adapter is verified.
+    adapter_kind: Literal["final", "checkpoint"] | None = None
+    checkpoint_step: int | None = None
+    planned_steps: int | None = None
+    # The recovery under way may end with a checkpoint's adapter (the owner said accept_checkpoint).
+    accept_checkpoint: bool = False
 
 
 # ---------------------------------------------------------------- queue messages
@@ -530,6 +544,10 @@ class RunRecover(Model):
         "verify_saved: verify the adapter in storage (the final one, else the last checkpoint's); start_machine: "
         "start the machine to fetch files; resume: start the machine and continue training from the last "
         "checkpoint to the planned steps"))
+    accept_checkpoint: bool = Field(default=False, strict=True, description=(
+        "true: a checkpoint's adapter (training stopped before its planned steps) may end the run, marked "
+        "adapter_kind checkpoint; false: such an archive is refused and the run stays retained (resume it "
+        "instead). With an application/zip upload: the query parameter accept_checkpoint=true"))
 
 
 class Heartbeat(Model):
@@ -645,6 +663,11 @@ class RunView(Model):
     # adapter is verified, the forecast's error against what the trainer measured.
     forecast: Forecast | None = None
     forecast_check: ForecastCheck | None = None
+    # What the verified adapter is: "final", or "checkpoint" (at checkpoint_step of planned_steps, accepted
+    # by the owner at a recovery: not a completed training); null until an adapter is verified.
+    adapter_kind: Literal["final", "checkpoint"] | None = None
+    checkpoint_step: int | None = None
+    planned_steps: int | None = None
 
 
 class ConnectionView(Model):

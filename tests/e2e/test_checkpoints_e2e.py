@@ -2,8 +2,9 @@
 running the agent with the REAL trainer on the declared tiny Llama, slowed by a test-only per-step
 sleep so that the runtime limit (a simulated clock jump and one heartbeat-check tick) lands mid-training.
 Two runs at once (the imports dominate on a busy CPU): both are retained with a checkpoint k < n in
-storage; one is recovered with verify_saved (it succeeds with the checkpoint's adapter, and says which
-step it holds), the other with resume (it trains on to the planned steps and succeeds with one adapter)."""
+storage; one is recovered with verify_saved accepting the checkpoint (it succeeds with the checkpoint's
+adapter, marked as one, and says which step it holds), the other with resume (it trains on to the planned
+steps and succeeds with one adapter)."""
 
 from __future__ import annotations
 
@@ -80,16 +81,18 @@ def test_time_limit_mid_training_keeps_a_checkpoint_to_verify_or_resume(api: Cli
         assert run["state"] == "retained" and "runtime limit" in run["reason"], run
         assert not any(line.startswith(f"progress=1.0000 step={STEPS}") for line in logs(api, run_id))
 
-    # verify_saved: no final adapter in storage, so the last checkpoint's is verified; the run says which step.
-    api("POST", f"/api/runs/{verified}/recover", json={"mode": "verify_saved"})
+    # verify_saved: no final adapter in storage, so the last checkpoint's is verified; it ends the run only when
+    # the owner accepts it, and the run says which step it holds.
+    api("POST", f"/api/runs/{verified}/recover", json={"mode": "verify_saved", "accept_checkpoint": True})
     run = api.wait(f"/api/runs/{verified}", lambda r: r["state"] in TERMINAL_OR_RETAINED - {"retained"}, timeout=60)
     assert run["state"] == "succeeded", run
     manifest = manifest_of_adapter(api, verified)
     step = manifest["checkpoint_step"]
     assert step in range(2, STEPS, 2) and manifest["steps"] == STEPS, manifest
+    assert (run["adapter_kind"], run["checkpoint_step"], run["planned_steps"]) == ("checkpoint", step, STEPS), run
     messages = [e["message"] for e in run["events"]]
     assert f"adapter verified: the checkpoint at step {step} of {STEPS} (training stopped before the final " \
-           "adapter)" in messages, messages
+           "adapter), accepted as the run's adapter" in messages, messages
 
     # resume: the same machine goes on from where it stopped to the planned steps, one adapter at the end.
     run = api("POST", f"/api/runs/{resumed}/recover", json={"mode": "resume"})
@@ -101,6 +104,7 @@ def test_time_limit_mid_training_keeps_a_checkpoint_to_verify_or_resume(api: Cli
     assert "retained -> training" in walked and walked[-1] == "releasing -> succeeded", walked
     manifest = manifest_of_adapter(api, resumed)
     assert "checkpoint_step" not in manifest and manifest["steps"] == STEPS, manifest
+    assert run["adapter_kind"] == "final", run
     assert len(manifest["loss"]) == STEPS  # every planned step trained exactly once, across the stop
     assert sum(line.startswith(f"progress=1.0000 step={STEPS}") for line in lines) == 1
     # Which way it went on depends on a race the local provider cannot order: a trainer frozen by the

@@ -10,6 +10,8 @@ Enforced in runs.create(), runs.patch() (a draft's edit) and runs.launch():
   run creates and launches, and the other requests that make the control plane call a cloud or
   storage for the org (release retries, connection checks, recoveries, dataset upload URLs, dataset
   uploads and commits); metrics reads at HEAVY_READS_PER_RUN times that.
+The retention limit (retention_limit_s) is held by heartbeat-check: a retained run is warned, then
+discarded (shared/runs/retention.py).
 
 The rate limit is a fixed one-minute window counted in the `quotas` table with ETag-guarded
 writes, so it holds across host instances (a per-process counter would not). max_active_runs
@@ -23,46 +25,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from shared.clock import now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, TooManyRequests, invalid
 from shared.models import Role, RunCreate, RunRecord
 from shared.runs.lifecycle import HOLDS_MACHINE
+from shared.runs.org_limits import LIMITS_KEY as LIMITS_KEY
+from shared.runs.org_limits import OrgLimits, get_limits
+from shared.runs.org_limits import set_limits as set_limits
 from shared.security import Principal, require
 from shared.settings import get_settings
 from shared.store import get_store
 
-LIMITS_KEY = "limits"
+# The limits themselves (OrgLimits, get_limits, set_limits) live in shared/runs/org_limits.py, where
+# heartbeat-check reads the retention limit too.
 WINDOW_S = 60
 # Losing the ETag race means another request of the same window was counted: retrying is bounded by
 # the window's capacity (once full, the answer is an honest 429), plus a few for a window's rollover.
 EXTRA_RACE_RETRIES = 16
-
-
-class OrgLimits(BaseModel):
-    """What an owner may set; the defaults hold until then."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_active_runs: int = Field(default=5, ge=1, le=1000,
-                                 description="launched runs not finished yet (holding a machine or disk)")
-    max_price_limit_per_hour: float = Field(default=100.0, gt=0, le=1000,
-                                            description="highest price_limit_per_hour a run may have")
-    max_runtime_limit_s: int = Field(default=24 * 3600, ge=60, le=7 * 24 * 3600,
-                                     description="highest runtime_limit_s a run may have")
-    runs_per_minute: int = Field(default=10, ge=1, le=1000,
-                                 description="run creations (and, separately, launches) per minute")
-
-
-def get_limits(org: str) -> OrgLimits:
-    got = get_store().table("quotas").get(org, LIMITS_KEY)
-    return OrgLimits.model_validate(got[0]) if got else OrgLimits()
-
-
-def set_limits(org: str, limits: OrgLimits) -> OrgLimits:
-    get_store().table("quotas").upsert(org, LIMITS_KEY, limits.model_dump(mode="json"))
-    return limits
 
 
 def view(principal: Principal) -> OrgLimits:

@@ -169,14 +169,17 @@ def usage(principal: Principal, since: str | None) -> dict[str, Any]:
             continue
         t = timing(run)
         row = per.setdefault(run.provider, {"provider": run.provider, "runs": 0, "gpu_hours": 0.0, "cost": 0.0,
-                                            "currency": run.offer.currency})
+                                            "currency": run.offer.currency, "checkpoint_adapters": 0})
         row["runs"] += 1
+        # Runs that ended with a checkpoint's adapter (accepted at a recovery), not a completed training.
+        row["checkpoint_adapters"] += 1 if run.adapter_kind == "checkpoint" else 0
         row["gpu_hours"] += t.machine_s * max(1, run.offer.gpu_count) / 3600
         row["cost"] += t.cost
     providers = sorted(per.values(), key=lambda r: r["provider"])
     for row in providers:
         row["gpu_hours"], row["cost"] = round(row["gpu_hours"], 4), round(row["cost"], 4)
     total = {"runs": sum(r["runs"] for r in providers),
+             "checkpoint_adapters": sum(r["checkpoint_adapters"] for r in providers),
              "gpu_hours": round(sum(r["gpu_hours"] for r in providers), 4),
              "cost": round(sum(r["cost"] for r in providers), 4)}
     return {"since": start.isoformat(), "providers": providers, "total": total}

@@ -1,20 +1,23 @@
 """The retain step: stop the run's machine and keep its disk, so the run can be recovered.
 
 It serves a run in retaining. A machine that is already gone leaves nothing to keep: the
-run fails through releasing. "Not stopped yet" (the provider waits no longer than the
-invocation's budget, shared/budget.py) and a throttled or unavailable cloud are a message to
-itself with a delay.
+run fails through releasing. So does one that heartbeat-check retained before it ever trained
+(`release_if_nothing_saved`) when no checkpoint of it is in storage (shared/runs/retention.py).
+"Not stopped yet" (the provider waits no longer than the invocation's budget, shared/budget.py)
+and a throttled or unavailable cloud are a message to itself with a delay.
 """
 
 from __future__ import annotations
 
 from shared.errors import ProviderError, RetryableError
-from shared.models import MachineState, Outcome, RunState, StepMessage
+from shared.log import redact_text
+from shared.models import MachineState, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.backends import compute_for, ref_of
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.runs.resources import merge_resources
+from shared.runs.retention import checkpoint_saved
 from shared.runs.scope import refuse_other_scope
 from shared.runs.steps import Step
 from shared.store import get_store
@@ -44,6 +47,13 @@ def retain(msg: StepMessage) -> None:
         run, _ = move(run, RunState.releasing, expect=Step.retain.serves, reason=reason, outcome=Outcome.failed)
         get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
         return
+    if run.release_if_nothing_saved and not _saved(run):
+        # heartbeat-check retained it before it ever trained, and no checkpoint reached storage: the disk
+        # holds nothing to recover, so keeping it would only bill.
+        reason = run.reason + "; no checkpoint or output of it was saved: the machine is released with its disk"
+        run, _ = move(run, RunState.releasing, expect=Step.retain.serves, reason=reason, outcome=Outcome.failed)
+        get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
+        return
     try:
         out = provider.retain(ref, resources)
     except RetryableError as exc:
@@ -56,4 +66,15 @@ def retain(msg: StepMessage) -> None:
     if not out.done:
         get_queues().send(Step.retain, msg, delay_s=out.retry_after_s)
         return
-    move(run, RunState.retained, expect=Step.retain.serves, billing_note=out.billing_note)
+    move(run, RunState.retained, expect=Step.retain.serves, billing_note=out.billing_note,
+         release_if_nothing_saved=False)
+
+
+def _saved(run: RunRecord) -> bool:
+    """Whether a checkpoint of the run is in storage; an unanswered question counts as yes (keep the disk)."""
+    try:
+        return checkpoint_saved(run)
+    except Exception as exc:  # any failure to answer: keeping is the safe side, a release cannot be undone
+        event(run, "warning", f"storage could not say whether a checkpoint was saved ({redact_text(str(exc))}); "
+                              "the disk is kept")
+        return True

@@ -3,14 +3,17 @@
 It serves a run in verifying (the agent reported completion) or recovering (an owner asked
 to recover a retained run). A good archive ends the run succeeded through releasing; a bad
 one retains the machine and disk (verifying) or leaves the run retained (recovering), with
-the problems as the reason.
+the problems as the reason. A checkpoint's adapter (its manifest's checkpoint_step) is an
+incomplete training: it ends a run only at a recovery whose owner accepted it
+(accept_checkpoint), marked adapter_kind "checkpoint" with its step; otherwise it is refused
+like a bad archive, saying to resume or to accept it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import tempfile
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 from shared.models import Outcome, RunState, StepMessage
 from shared.queues import get_queues
@@ -30,7 +33,7 @@ MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
 SPOOL_CHUNK = 1024 * 1024
 
 
-def spool(storage: Any, key: str) -> tuple[IO[bytes], str, int]:
+def spool(storage: Any, key: str) -> tuple[BinaryIO, str, int]:
     """The object at `key` in a temporary file (deleted when closed), with its sha256 and size."""
     digest, size = hashlib.sha256(), 0
     out = tempfile.TemporaryFile()  # noqa: SIM115  (the caller closes it)
@@ -51,6 +54,7 @@ def spool(storage: Any, key: str) -> tuple[IO[bytes], str, int]:
 
 def verify_adapter(msg: StepMessage) -> None:
     from shared.adapters.verify import verify_adapter as check_archive
+    from shared.providers.registry import smoke_trainer_providers
 
     run, _ = get_store().get_run(msg.org, msg.run_id)
     if run.state not in Step.verify_adapter.serves:
@@ -64,22 +68,39 @@ def verify_adapter(msg: StepMessage) -> None:
             # its adapter is judged as on the local provider.
             provider = "local" if get_settings().allow_test_models else run.provider
             result = check_archive(archive, base_model=run.base_model,
-                                   expected_sha256=run.adapter_sha256 or None, provider=provider)
+                                   expected_sha256=run.adapter_sha256 or None, provider=provider,
+                                   smoke_allowed_on=tuple(smoke_trainer_providers()))
         problems = list(result.problems)
     except ObjectMissing:
         problems = [f"no adapter archive at {key} in storage"]
     except ValueError as exc:
         problems = [str(exc)]
+    step = result.summary.get("checkpoint_step") if not problems else None
+    planned = result.summary.get("steps") if not problems else None
+    if step is not None and not (run.state == RunState.recovering and run.accept_checkpoint):
+        # The agent uploads each checkpoint's adapter as it is made, so a run stopped before its final adapter
+        # holds the last one: an incomplete training, not a completed adapter. It ends the run only when the
+        # owner said so at the recovery (accept_checkpoint); otherwise the run stays retained.
+        refusal = (f"the archive is the checkpoint at step {step} of {planned} (training stopped before its planned "
+                   "steps), not a completed adapter; resume training from it (recover mode resume), or accept it as "
+                   "the run's adapter (recover again with accept_checkpoint: true)")
+        if run.state == RunState.recovering:
+            move(run, RunState.retained, expect={RunState.recovering}, reason=refusal + "; the machine and disk "
+                 "are still retained")
+            return
+        run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal)
+        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+        return
     if not problems:
-        step = result.summary.get("checkpoint_step")
-        # The agent uploads each checkpoint's adapter as it is made: a run stopped before its final
-        # adapter is verified with the last one, and its reason says which step it holds.
-        what = f"adapter verified: the checkpoint at step {step} of {result.summary.get('steps')} (training " \
-               "stopped before the final adapter)" if step is not None else "adapter verified"
+        # A checkpoint here was accepted by the owner: the run's reason, view and events say which step it holds.
+        what = f"adapter verified: the checkpoint at step {step} of {planned} (training stopped before the final " \
+               "adapter), accepted as the run's adapter" if step is not None else "adapter verified"
         # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
         # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
         recorded: dict[str, object] = {} if run.adapter_sha256 else {
             "adapter_sha256": sha256, "adapter_size": size}
+        recorded |= {"adapter_kind": "final" if step is None else "checkpoint", "checkpoint_step": step,
+                     "planned_steps": planned if isinstance(planned, int) else None}
         checked = forecast.check(run.forecast, result.summary) if run.forecast and step is None else None
         if checked is not None:
             recorded["forecast_check"] = checked

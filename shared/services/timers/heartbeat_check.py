@@ -14,6 +14,10 @@ got a machine (the launch step writes provisioning before any cloud call), so it
 nothing to release. Whether the machine still exists is the retain step's question: one that
 vanished outside the control plane fails the run with "nothing to retain or release".
 
+A retained run is held to its org's retention limit (OrgLimits.retention_limit_s): its owner is warned by
+an event before it, and at it the run is discarded (shared/runs/retention.py). A run that misses a deadline
+before it ever trained is marked so that the retain step releases it when no checkpoint of it was saved.
+
 A retained machine started for recovery bills for its GPU: once it has been up
 settings.recovery_idle_stop_s, a stop-idle message stops it (shared/services/steps/stop_idle.py), so
 this timer never waits on a cloud call.
@@ -34,8 +38,11 @@ from shared.clock import now
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.cloud_account import BOOT_FAILED
+from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, transition
 from shared.runs.moves import move, move_run
+from shared.runs.org_limits import OrgLimits, get_limits
+from shared.runs.retention import UNTRAINED, never_trained, retention_action
 from shared.runs.steps import Resender, Step, resent_by
 from shared.settings import get_settings
 from shared.store import get_store
@@ -150,8 +157,10 @@ def fleet_metrics(runs: list[RunRecord]) -> None:
 
 def check_all() -> dict[str, int]:
     t = now()
-    counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0}
+    counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0,
+              "retention_warned": 0, "discarded": 0}
     idle_stop_s = get_settings().recovery_idle_stop_s
+    limits: dict[str, OrgLimits] = {}  # read once per org in a tick, only for orgs with a retained run
     since = serving_since(t)
     runs, counts["pruned"] = watched_runs(t)
     counts["watched"] = len(runs)
@@ -159,6 +168,14 @@ def check_all() -> dict[str, int]:
     for run in runs:
         why = missed_deadline(run, t, since) if run.state in ACTIVE else None
         if run.state == RunState.retained:
+            if run.org not in limits:
+                limits[run.org] = get_limits(run.org)
+            action = retention_action(run, limits[run.org], t)
+            if action is not None and action.kind == "discard":
+                counts["discarded"] += _discard(run, action.message)
+                continue
+            if action is not None:
+                counts["retention_warned"] += _warn_retention(run, action.message, t)
             started = run.machine_started_at
             if started is not None and (t - started).total_seconds() > idle_stop_s:
                 get_queues().send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
@@ -185,10 +202,52 @@ def _quiet_for(run: RunRecord, t: datetime) -> float:
 
 
 def _retain(run: RunRecord, why: str) -> int:
-    _, wrote = move(run, RunState.retaining, expect=ACTIVE, reason=why + "; the machine is stopped and its disk kept")
+    if never_trained(run):
+        # Nothing was trained, so nothing is on the disk unless a checkpoint reached storage anyway: the
+        # retain step asks storage (a cloud call this timer does not wait on) and releases it if not.
+        _, wrote = move(run, RunState.retaining, expect=UNTRAINED, release_if_nothing_saved=True,
+                        reason=why + "; nothing had been trained: the machine is released, not kept, unless a "
+                                     "checkpoint of it is in storage")
+    else:
+        _, wrote = move(run, RunState.retaining, expect=ACTIVE,
+                        reason=why + "; the machine is stopped and its disk kept")
     if not wrote:
         return 0
     get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    return 1
+
+
+def _discard(run: RunRecord, why: str) -> int:
+    """Past the org's retention limit: released as a discard is (machine and disk), ended failed."""
+    since = run.state_changed_at
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.retained or r.state_changed_at != since:
+            return None  # recovered, resumed or cancelled meanwhile
+        return transition(r, RunState.releasing, reason=why, outcome=Outcome.failed)
+
+    new, wrote = move_run(run.org, run.id, change)
+    if not wrote:
+        return 0
+    # Written before sent: a crash in between leaves a run in releasing, which the sweeper retries.
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retention"))
+    return 1
+
+
+def _warn_retention(run: RunRecord, warning: str, t: datetime) -> int:
+    """The owner's warning, once per stay in retained (the mark is written first: a crash in between loses
+    the event, never repeats it every minute; the run view says the date anyway)."""
+    since = run.state_changed_at
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.retained or r.state_changed_at != since:
+            return None
+        return r.model_copy(update={"retention_warned_at": t})
+
+    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    if not wrote:
+        return 0
+    event(new, "warning", warning)
     return 1
 
 

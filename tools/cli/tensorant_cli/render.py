@@ -134,6 +134,8 @@ _API_PHRASES = (
     ("send discard: true", "cancel again with --discard"),
     ("discard: true", "--discard"),
     ("discard: false", "--keep"),
+    ("resume training from it (recover mode resume)", "resume training from it (`tensorant runs recover {run} --resume`)"),
+    ("recover again with accept_checkpoint: true", "recover again with --accept-checkpoint"),
 )
 API_FLAGS = {
     "price_limit_per_hour": "--price-limit",
@@ -160,12 +162,29 @@ def cli_field(field: str) -> str:
     return API_FLAGS.get(field, field)
 
 
+def adapter_line(run: dict[str, Any]) -> str | None:
+    """What the run's verified adapter is, when it is a checkpoint's (an incomplete training the owner
+    accepted at a recovery): 'adapter: the checkpoint at step 20 of 100,000 (0.02% of the planned steps) ...'.
+    None for a final adapter or none yet."""
+    if run.get("adapter_kind") != "checkpoint":
+        return None
+    step, planned = run.get("checkpoint_step"), run.get("planned_steps")
+    if isinstance(step, int) and isinstance(planned, int) and planned > 0:
+        where = f"step {step:,} of {planned:,} ({100 * step / planned:.3g}% of the planned steps)"
+    else:
+        where = f"step {step}"
+    return printable(f"adapter: the checkpoint at {where}, accepted at recovery: training stopped before its end, "
+                     "this is not a completed adapter")
+
+
 def status_line(run: dict[str, Any]) -> str:
     """One line: id, state, phase, progress, reason (the short form, for cancel/release/recover)."""
     parts = [f"{run.get('id', '?')}", f"state={run.get('state', '?')}"]
     if run.get("phase"):
         parts.append(f"phase={run['phase']}")
     parts.append(progress_bar(float(run.get("progress") or 0.0)))
+    if run.get("adapter_kind") == "checkpoint":
+        parts.append(f"adapter=checkpoint@{run.get('checkpoint_step')}/{run.get('planned_steps')}")
     if run.get("reason"):
         parts.append(f"reason: {run['reason']}")
     return printable("  ".join(parts))
@@ -191,6 +210,8 @@ def status_block(run: dict[str, Any]) -> list[str]:
         f"  provider {run.get('provider', '?')}   machine {offer.get('machine_type', '?')} "
         f"({offer.get('gpu', '?')})   region {offer.get('region') or '-'}",
     ]
+    if (adapter := adapter_line(run)) is not None:
+        lines.append(f"  {adapter}")
     if run.get("reason"):
         lines.append(f"  reason: {run['reason']}")
     return [printable(line) for line in lines]
@@ -205,7 +226,7 @@ def next_steps(run: dict[str, Any]) -> list[str]:
     return [
         "what to do next (the machine is stopped and its disk kept: the disk bills until the run ends):",
         f"  tensorant runs recover {rid} --verify-saved        verify the adapter in storage (the final one, else "
-        "the last checkpoint's); good: succeeded and released",
+        "the last checkpoint's, taken only with --accept-checkpoint); good: succeeded and released",
         f"  tensorant runs recover {rid} --upload adapter.zip  verify an archive you fetched from the machine",
         f"  tensorant runs recover {rid} --resume              train on from the last checkpoint"
         + ("" if local else " (local provider only so far)"),

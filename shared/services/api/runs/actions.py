@@ -29,6 +29,7 @@ from shared.runs.events import event
 from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.machine import stop_machine
 from shared.runs.moves import move_run
+from shared.runs.retention import checkpoint_saved
 from shared.runs.steps import Step, serving
 from shared.security import Principal, require
 from shared.services.api import quotas
@@ -36,7 +37,7 @@ from shared.services.api.catalog import find_offer
 from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.view import view
 from shared.settings import get_settings
-from shared.storage.base import ObjectMissing, adapter_key
+from shared.storage.base import adapter_key
 from shared.store import get_store
 
 # A cancel of a run in these states must say discard true or false: its machine may hold the
@@ -142,10 +143,13 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
     return view(new)
 
 
-def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRecover | None) -> RunView:
+def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRecover | None,
+            accept_checkpoint: str | None = None) -> RunView:
     """Recover a retained run: verify an uploaded adapter, verify the saved one, start the machine, or
-    resume training from the last checkpoint."""
+    resume training from the last checkpoint. A checkpoint's adapter ends the run only when the caller
+    accepts it (body accept_checkpoint, or the query parameter `accept_checkpoint` with an upload)."""
     require(principal, Role.owner, Role.member)
+    accept = body.accept_checkpoint if body else _flag("accept_checkpoint", accept_checkpoint)
     store = get_store()
     run, _ = store.get_run(principal.org, run_id)
     if run.state == RunState.recovering:
@@ -189,7 +193,10 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.retained:
             return None
-        r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}")
+        r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}"
+                       + (", a checkpoint's accepted" if accept else ""))
+        # The owner's choice holds for this recovery only (verify-adapter reads it).
+        r = r.model_copy(update={"accept_checkpoint": accept})
         return r.model_copy(update={"adapter_sha256": sha, "adapter_size": size}) if sha else r
 
     new, _ = move_run(run.org, run.id, change)
@@ -209,7 +216,7 @@ def _resume(run: RunRecord) -> RunView:
         able = ", ".join(resumable_providers()) or "no provider"
         raise Conflict(f"resume is not available on {run.provider} (it is on {able}); recover with mode "
                        "verify_saved (the last checkpoint's adapter is in storage) instead")
-    if not _has_checkpoint(run):
+    if not checkpoint_saved(run):
         raise Conflict("there is nothing to resume from: no checkpoint of this run was saved (its adapter is not in "
                        "storage), so training would start over; cancel with discard, or launch a new run")
     store, started = get_store(), now()
@@ -262,16 +269,13 @@ def _resume(run: RunRecord) -> RunView:
     return view(new)
 
 
-def _has_checkpoint(run: RunRecord) -> bool:
-    """Whether a checkpoint of the run was saved: the agent uploads each checkpoint's adapter to the run's
-    adapter key as it is made (a final adapter there means training had ended)."""
-    try:
-        storage_for(run.org).open_stream(adapter_key(run.id), 1).close()
-    except ObjectMissing:
+def _flag(field: str, value: str | None) -> bool:
+    """A query parameter's true or false (absent: false)."""
+    if value is None or value.strip().lower() in ("", "false", "0"):
         return False
-    except ValueError:  # larger than the one byte asked for: it is there
+    if value.strip().lower() in ("true", "1"):
         return True
-    return True
+    raise InvalidInput.field(field, "true or false")
 
 
 def retry_release(principal: Principal, run_id: str) -> RunView:

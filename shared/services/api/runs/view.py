@@ -9,7 +9,9 @@ from shared.errors import InvalidInput
 from shared.models import CloudResource, RunEvent, RunRecord, RunState, RunView
 from shared.runs import forecast
 from shared.runs.lifecycle import ACTIVE, TERMINAL
+from shared.runs.org_limits import get_limits
 from shared.runs.resources import MACHINE_KINDS
+from shared.runs.retention import retention_note
 from shared.security import Principal
 from shared.services.api import paging, usage
 from shared.store import get_store
@@ -47,7 +49,10 @@ def resource_states(run: RunRecord, t: usage.Timing) -> list[CloudResource]:
     return out
 
 
-def warnings_of(run: RunRecord) -> list[str]:
+def warnings_of(run: RunRecord, *, retention: bool = False) -> list[str]:
+    """A draft's limits that will refuse or not cover it; with `retention`, until when a retained run is kept."""
+    if run.state == RunState.retained and retention:
+        return [retention_note(run, get_limits(run.org))]
     if run.state != RunState.draft:
         return []
     out = []
@@ -84,8 +89,9 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         training=run.training,
         started_at=t.started_at, machine_up_at=t.machine_up_at, released_at=t.released_at, elapsed_s=t.elapsed_s,
         billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
-        final_cost=t.final_cost, warnings=warnings_of(run), forecast=run.forecast,
-        forecast_check=run.forecast_check,
+        final_cost=t.final_cost, warnings=warnings_of(run, retention=with_events), forecast=run.forecast,
+        forecast_check=run.forecast_check, adapter_kind=run.adapter_kind, checkpoint_step=run.checkpoint_step,
+        planned_steps=run.planned_steps,
     )
 
 

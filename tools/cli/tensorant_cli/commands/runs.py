@@ -15,6 +15,7 @@ from tensorant_cli.commands.common import UsageError, group, leaf, run_id_of
 from tensorant_cli.commands.watch import logs, watch
 from tensorant_cli.output import cell, emit, items, say, short, table
 from tensorant_cli.render import (
+    adapter_line,
     cli_words,
     clock,
     duration,
@@ -82,6 +83,9 @@ def add_parser(sub: Any) -> None:
     how.add_argument("--resume", action="store_true",
                      help="start the retained machine and continue training from its last checkpoint to the planned "
                           "steps (GPU billing resumes; the runtime limit counts again from now)")
+    rc.add_argument("--accept-checkpoint", action="store_true",
+                    help="with --verify-saved or --upload: let a checkpoint's adapter (training stopped before its "
+                         "planned steps) end the run, marked as a checkpoint; without it such an archive is refused")
     rc.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for the verdict")
     rc.add_argument("--timeout", type=float, default=600, help="seconds to wait for the verdict")
     rc.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -370,12 +374,18 @@ def _launch(args: argparse.Namespace, client: Client) -> int:
 def _recover(args: argparse.Namespace, client: Client) -> int:
     run_id = run_id_of(args, client)
     before = client.get(f"/api/runs/{run_id}")
+    if args.accept_checkpoint and (args.start_machine or args.resume):
+        raise UsageError("--accept-checkpoint goes with --verify-saved or --upload (a verification)")
     if args.upload:
         run = client.request("POST", f"/api/runs/{run_id}/recover", data=Path(args.upload).read_bytes(),
-                             content_type="application/zip")
+                             content_type="application/zip",
+                             params={"accept_checkpoint": "true"} if args.accept_checkpoint else None)
     else:
         mode = "start_machine" if args.start_machine else "resume" if args.resume else "verify_saved"
-        run = client.post(f"/api/runs/{run_id}/recover", {"mode": mode})
+        body: dict[str, Any] = {"mode": mode}
+        if args.accept_checkpoint:
+            body["accept_checkpoint"] = True
+        run = client.post(f"/api/runs/{run_id}/recover", body)
     if not isinstance(run, dict):
         say(run)
         return 0
@@ -410,11 +420,15 @@ def _recover(args: argparse.Namespace, client: Client) -> int:
     ok = state in ("releasing", "succeeded")
 
     def text() -> None:
-        if ok:
-            say(f"recovery verified: the adapter is good; run {run_id} is {state}"
-                  + (" (the machine is being released)" if state == "releasing" else ""))
+        released = " (the machine is being released)" if state == "releasing" else ""
+        if ok and (adapter := adapter_line(run)) is not None:
+            say(f"recovery verified, with a checkpoint: {adapter.removeprefix('adapter: ')}; run {run_id} is "
+                f"{state}{released}")
+        elif ok:
+            say(f"recovery verified: the adapter is good; run {run_id} is {state}{released}")
         else:
-            say(f"recovery failed: {run.get('reason') or 'the adapter was refused'}; run {run_id} stays {state}")
+            say(f"recovery failed: {cli_words(run.get('reason') or 'the adapter was refused', run_id)}; run {run_id} "
+                f"stays {state}")
             if run.get("billing_note"):
                 say(f"billing: {run['billing_note']}")
 

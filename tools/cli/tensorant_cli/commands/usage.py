@@ -30,6 +30,9 @@ def cmd_usage(args: argparse.Namespace, client: Client) -> int:
         rows = [{**r, "gpu_hours": gpu_hours(r.get("gpu_hours")), "cost": money(r.get("cost"), r.get("currency") or "USD")}
                 for r in rows]
         table(rows, ["provider", "runs", "gpu_hours", "cost"], empty="(no runs launched)")
+        if total.get("checkpoint_adapters"):
+            say(f"{total['checkpoint_adapters']} of these runs ended with a checkpoint's adapter (accepted at a "
+                "recovery), not a completed training")
 
     emit(args, data, text, ids=[])
     return 0

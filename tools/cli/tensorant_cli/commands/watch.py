@@ -124,8 +124,9 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
             outcome = run.get("outcome")
             cost = run.get("final_cost") if run.get("final_cost") is not None else run.get("cost_so_far")
             # Both times: a retained run's clock goes on while its GPU no longer bills.
+            kept = " with a checkpoint's adapter, not a completed one" if run.get("adapter_kind") == "checkpoint" else ""
             out.write(printable(f"run {run_id} {state}" + (f" (outcome: {outcome})" if outcome and outcome != state else "")
-                                + f" after {duration(run.get('elapsed_s'))} (billed GPU "
+                                + kept + f" after {duration(run.get('elapsed_s'))} (billed GPU "
                                 + f"{duration(run.get('billed_machine_s'))}), cost {money(cost)}") + "\n")
             out.flush()
             return 0 if state == "succeeded" else 1
