@@ -1,11 +1,11 @@
 """The refresh-catalog step's queue trigger (handler: shared/services/steps/refresh_catalog.py;
-message: the step table, shared/runs/steps.py), and its hourly timer."""
+message: the step table, shared/steps.py), and its hourly timer."""
 
 import azure.functions as func
 
-from shared.runs.steps import Step
 from shared.services.steps import refresh_catalog as step
 from shared.services.steps.runner import run_step
+from shared.steps import Step
 
 bp = func.Blueprint()
 

@@ -1,11 +1,11 @@
 """The release step's queue trigger. Handler: shared/services/steps/release.py; its message and the
-run states it serves: the step table (shared/runs/steps.py)."""
+run states it serves: the step table (shared/steps.py)."""
 
 import azure.functions as func
 
-from shared.runs.steps import Step
 from shared.services.steps import release as step
 from shared.services.steps.runner import run_step
+from shared.steps import Step
 
 bp = func.Blueprint()
 

@@ -1,12 +1,12 @@
 """The stop-idle step's queue trigger: heartbeat-check's, for a retained run's machine started for
 recovery and left idle. Handler: shared/services/steps/stop_idle.py; its message: the step table
-(shared/runs/steps.py)."""
+(shared/steps.py)."""
 
 import azure.functions as func
 
-from shared.runs.steps import Step
 from shared.services.steps import stop_idle as step
 from shared.services.steps.runner import run_step
+from shared.steps import Step
 
 bp = func.Blueprint()
 

@@ -1,12 +1,12 @@
 """The sweep-account step's queue trigger: the sweeper timer's fan-out, one compute connection
 per message. Handler: shared/services/steps/sweep_account.py; its message: the step table
-(shared/runs/steps.py)."""
+(shared/steps.py)."""
 
 import azure.functions as func
 
-from shared.runs.steps import Step
 from shared.services.steps import sweep_account as step
 from shared.services.steps.runner import run_step
+from shared.steps import Step
 
 bp = func.Blueprint()
 

@@ -143,7 +143,7 @@ HTTP_CLOUD = "http-cloud"  # calls a cloud inline: each wait capped at LRO_WAIT_
 # than http_bound_s() must instead enqueue a step (202 Accepted) and let the step wait with delayed
 # messages.
 BOUNDS: dict[str, str] = {
-    # steps (shared/runs/steps.py)
+    # steps (shared/steps.py)
     "validate_connection": STEP, "refresh_catalog": STEP, "launch": STEP, "verify_adapter": STEP,
     "retain": STEP, "release": STEP, "sweep_account": STEP, "stop_idle": STEP,
     # timers

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shared.runs.steps import Step
+from shared.steps import Step
 
 # Every step has its own queue, of the same name.
 Queue = Step

@@ -34,7 +34,7 @@ import function_app  # noqa: E402,F401
 assert logging.getLogger("azure.core.pipeline.policies.http_logging_policy").getEffectiveLevel() == logging.WARNING
 from shared.errors import NotFound  # noqa: E402
 from shared.log import get_logger, register_secret  # noqa: E402
-from shared.runs.steps import Step  # noqa: E402
+from shared.steps import Step  # noqa: E402
 from shared.services.steps.runner import run_step  # noqa: E402
 
 register_secret("hunter2-secret-value")

@@ -64,3 +64,72 @@ def test_no_service_branches_on_a_providers_name() -> None:
     offenders = [f"{p.relative_to(ROOT)}:{n}" for p in sources("services", "runs", "store", "storage", "adapters")
                  for n, line in enumerate(p.read_text().splitlines(), 1) if branch.search(line)]
     assert offenders == [], f"declare the capability in ProviderInfo instead: {offenders}"
+
+
+def _graph() -> dict[str, set[str]]:
+    """shared's modules -> the shared modules each imports (anywhere in it, lazy imports included)."""
+    mods: dict[str, Path] = {}
+    for p in SHARED.rglob("*.py"):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return {m: {x for x in imports(p) if x in mods and x != m} for m, p in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, edges = work[-1]
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return out
+
+
+def test_no_import_cycle_between_shareds_packages() -> None:
+    """shared.<x> (a package or a top-level module) -> shared.<y>: no cycle, so each can be read, tested and
+    moved on its own (the training image carries adapters, agent and trainer without the control plane)."""
+    graph: dict[str, set[str]] = {}
+    for m, deps in _graph().items():
+        top = ".".join(m.split(".")[:2])
+        graph.setdefault(top, set()).update(".".join(d.split(".")[:2]) for d in deps if not d.startswith(top))
+    assert _cycles(graph) == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Module to module, lazy imports included; a package's __init__ and its own modules (a provider's
+    registration entry and its lifecycle module) are one unit."""
+    graph = {m: {d for d in deps if not (d.startswith(m + ".") or m.startswith(d + "."))}
+             for m, deps in _graph().items()}
+    assert _cycles(graph) == []

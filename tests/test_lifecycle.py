@@ -7,8 +7,8 @@ from itertools import product
 
 import pytest
 
+from shared.lifecycle import TERMINAL, TRANSITIONS, IllegalTransition, phase_path, transition
 from shared.models import GpuOffer, Outcome, RunKind, RunRecord, RunState
-from shared.runs.lifecycle import TERMINAL, TRANSITIONS, IllegalTransition, phase_path, transition
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
 OFFER = GpuOffer(provider="local", offer_id="o", gpu="x", gpu_memory_gb=1, machine_type="m", region="r",

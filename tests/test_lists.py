@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from shared.ids import newest_first_id
 from shared.models import RunRecord, RunState
-from shared.runs.ids import newest_first_id
 from shared.services.api import usage
 from shared.store import get_store
 from tests.fakes import Cloud

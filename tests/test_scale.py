@@ -15,8 +15,8 @@ import pytest
 
 from shared.models import RunRecord, RunState
 from shared.queues import get_queues
-from shared.runs.steps import Step
 from shared.services.timers import heartbeat_check, sweeper
+from shared.steps import Step
 from shared.store import get_store
 from tests import test_heartbeat_cost
 from tests.fakes import Cloud, training_run

@@ -11,9 +11,9 @@ import json
 import jwt
 
 from shared.queues import get_queues
-from shared.runs.steps import Step
 from shared.security import AGENT_AUDIENCE, mint_agent_token
 from shared.settings import get_settings
+from shared.steps import Step
 from shared.store import get_store
 from tests.harness import Harness, smoke_adapter_zip
 

@@ -1,4 +1,4 @@
-"""The step table (shared/runs/steps.py) and everything derived from it agree: the function
+"""The step table (shared/steps.py) and everything derived from it agree: the function
 app's queue triggers, the handlers, the heartbeat-check's and the sweeper's re-sends; and a
 step delivered for a run in a state it does not serve leaves the run as it is."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import azure.functions as func
 import pytest
 
+from shared.lifecycle import HOLDS_MACHINE, PHASE_ORDER
 from shared.models import RunState, StepMessage
 from shared.queues import Queue, encode
-from shared.runs.lifecycle import HOLDS_MACHINE, PHASE_ORDER
-from shared.runs.steps import RUN_STEPS, TABLE, Resender, Step, resent_by
+from shared.steps import RUN_STEPS, TABLE, Resender, Step, resent_by
 from tests.fakes import Cloud
 from tests.harness import Harness
 

@@ -219,7 +219,7 @@ def test_manifest_checksum_mismatch() -> None:
 
 def test_smoke_adapter_refused_off_local() -> None:
     data = build_adapter_zip(TINY)
-    assert verify_adapter(data, base_model=TINY, expected_sha256=None, provider="local").ok
+    assert verify_adapter(data, base_model=TINY, expected_sha256=None, provider="local", smoke_allowed_on=("local",)).ok
     assert verify_adapter(data, base_model=TINY, expected_sha256=None).ok  # provider unknown: not checked
     for provider in ("aws", "azure", "runpod"):
         rejected(verify_adapter(data, base_model=TINY, expected_sha256=None, provider=provider),

@@ -103,19 +103,21 @@ def verify_adapter(
     max_total_bytes: int = MAX_TOTAL_BYTES,
     max_ratio: float = MAX_RATIO,
     provider: str | None = None,
+    smoke_allowed_on: tuple[str, ...] = (),
 ) -> VerifyResult:
     """data: the archive, as bytes or a seekable binary file (read in bounded chunks, never whole).
-    provider: the run's compute provider; a smoke-trainer adapter is refused unless the provider's
-    registry entry allows it (smoke_trainer_allowed: a developer's own machine; on a cloud a smoke
-    manifest means the image ran the wrong trainer). None skips that check (callers that do not
-    know the run)."""
+    provider: the run's compute provider; a smoke-trainer adapter is refused unless it is one of
+    smoke_allowed_on (the caller passes the registry's smoke_trainer_providers(): a developer's own
+    machine; on a cloud a smoke manifest means the image ran the wrong trainer). The adapter format
+    knows no provider registry: the training image carries it without the control plane. None skips
+    that check (callers that do not know the run)."""
     source: BinaryIO = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
     problems: list[str] = []
     sha256, size = _sha256_of(source)
     summary: dict[str, Any] = {"size": size, "sha256": sha256, "base_model": base_model}
     try:
-        _verify(source, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio, provider, problems,
-                summary)
+        _verify(source, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio,
+                (provider, smoke_allowed_on), problems, summary)
     except _Stop:
         pass
     if len(problems) > MAX_PROBLEMS:  # one broken export can repeat a problem per module
@@ -133,7 +135,9 @@ def _sha256_of(source: BinaryIO) -> tuple[str, int]:
 
 
 def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_entries: int, max_total_bytes: int,
-            max_ratio: float, provider: str | None, problems: list[str], summary: dict[str, Any]) -> None:
+            max_ratio: float, who: tuple[str | None, tuple[str, ...]], problems: list[str],
+            summary: dict[str, Any]) -> None:
+    provider, smoke_allowed_on = who
     if expected_sha256 is not None and summary["sha256"] != expected_sha256.lower():
         problems.append(f"The archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent reported; "
                         "the upload is incomplete or was replaced, so upload the adapter again.")
@@ -142,7 +146,7 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
     # The two JSON files whole (at most MAX_JSON_BYTES each); the weights are streamed, never held.
     config_raw, manifest_raw = archive.read_small(CONFIG_NAME), archive.read_small(MANIFEST_NAME)
     config = _check_config(config_raw, base_model, problems, summary)
-    manifest = _check_manifest(manifest_raw, base_model, provider, problems, summary)
+    manifest = _check_manifest(manifest_raw, base_model, provider, smoke_allowed_on, problems, summary)
     with archive.stream(WEIGHTS_NAME) as weights:
         tensors = _parse_safetensors(weights, archive.size(WEIGHTS_NAME), problems, summary)
         if tensors is None:
@@ -591,20 +595,17 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
                  use_dora=config.get("use_dora") is True)
 
 
-def _check_manifest(raw: bytes, base_model: str, provider: str | None, problems: list[str],
+def _check_manifest(raw: bytes, base_model: str, provider: str | None, smoke_allowed_on: tuple[str, ...],
+                    problems: list[str],
                     summary: dict[str, Any]) -> dict[str, Any] | None:
     manifest = _load_json(raw, MANIFEST_NAME, problems)
     if manifest is None:
         return None
-    if manifest.get("trainer") == SMOKE_TRAINER and provider is not None:
-        # Imported here: the training image carries shared/adapters without shared/providers.
-        from shared.providers.registry import smoke_trainer_providers
-
-        allowed = smoke_trainer_providers()
-        if provider not in allowed:
-            problems.append(f"{MANIFEST_NAME} says the adapter was written by the smoke trainer, which trains nothing; "
-                            f"it is accepted only on the {' or '.join(allowed)} provider, not {provider!r}. Run the "
-                            "real trainer (the training image's default TENSORANT_TRAINER_COMMAND).")
+    if manifest.get("trainer") == SMOKE_TRAINER and provider is not None and provider not in smoke_allowed_on:
+        where = f"on the {' or '.join(smoke_allowed_on)} provider" if smoke_allowed_on else "on a developer's machine"
+        problems.append(f"{MANIFEST_NAME} says the adapter was written by the smoke trainer, which trains nothing; "
+                        f"it is accepted only {where}, not {provider!r}. Run the "
+                        "real trainer (the training image's default TENSORANT_TRAINER_COMMAND).")
     if "base_model" in manifest and manifest["base_model"] != base_model:
         problems.append(f"{MANIFEST_NAME} names base model {manifest['base_model']!r}, but this run trains "
                         f"{base_model!r}.")

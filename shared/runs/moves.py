@@ -1,5 +1,5 @@
 """The one way a run's state changes: an ETag-guarded write whose change moves the run only through
-shared.runs.lifecycle (transition, walk), recorded as a transition event on the run's timeline.
+shared.lifecycle (transition, walk), recorded as a transition event on the run's timeline.
 
 `move` is the common form (from the states the caller expects to one target); `move_run` takes a
 change that decides from the run as stored (a cancel's target depends on where the run is now; a
@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from shared.lifecycle import transition
 from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs import billing
 from shared.runs.events import transition_event
-from shared.runs.lifecycle import transition
-from shared.runs.steps import Step
+from shared.steps import Step
 from shared.store import get_store
 
 

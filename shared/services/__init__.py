@@ -2,7 +2,7 @@
 
 - api/: what the HTTP routes call, one module per resource (runs/ split by what a caller does).
 - steps/: the queue-triggered steps, one module per step, named as the step (the step table is
-  shared/runs/steps.py), and runner (parse, log, record a step's failure).
+  shared/steps.py), and runner (parse, log, record a step's failure).
 - timers/: the timer-triggered checks (heartbeat_check, sweeper, the hourly catalog refresh).
 
 What several of them share about a run (its state moves, timeline, scope, machine, ids, forecast,

@@ -24,6 +24,7 @@ from typing import Any
 
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
+from shared.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.models import (
     KEY_PATTERN,
     ORG_PATTERN,
@@ -37,7 +38,6 @@ from shared.models import (
     RunRecord,
     RunState,
 )
-from shared.runs.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.store.tables import Table
 
 # The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
@@ -243,10 +243,10 @@ class Store:
                        states: set[RunState] | frozenset[RunState] | None = None,
                        project: str | None = None) -> tuple[list[RunRecord], str | None]:
         """One page of the org's runs, newest first, and the RowKey the next page starts after (None at
-        the end). Newest-first ids (shared/runs/ids.py) are read first, then the ids from before them
+        the end). Newest-first ids (shared/ids.py) are read first, then the ids from before them
         (in id order). Filters: the state column, and the project column (every run write sets it; a
         run last written before it existed is not found by a project filter)."""
-        from shared.runs.ids import NEWEST_FIRST_FROM
+        from shared.ids import NEWEST_FIRST_FROM
 
         split = f"r-{NEWEST_FIRST_FROM}"
         clauses: list[str] = ["PartitionKey eq @org"]

@@ -265,15 +265,6 @@ def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
     return Tokenized([ids[j] for j in keep], [labels[j] for j in keep], True)
 
 
-def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
-    """Every example encoded (in batches, into compact arrays); rows left with no trained token are
-    counted in `dropped` and left out."""
-    # Imported here: shared.trainer.encoding builds on this module.
-    from shared.trainer.encoding import encode_examples
-
-    return encode_examples(tokenizer, examples, max_seq_len)
-
-
 def encode_each(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
     """encode_all row by row with Python lists (how it was before the batch path): the reference the
     batch path is checked against (tests/trainer/test_encoding.py) and measured against (data_bench)."""

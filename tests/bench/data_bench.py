@@ -104,7 +104,8 @@ def prepare(variant: str, tokenizer: Any, data: Path, max_seq_len: int) -> tuple
 def child(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from shared.trainer.data import encode_all, load_examples
+    from shared.trainer.data import load_examples
+    from shared.trainer.encoding import encode_all
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir)
     data = Path(args.data)

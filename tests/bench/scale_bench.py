@@ -96,8 +96,8 @@ def fresh_tables(azurite: Any, root: str) -> Any:
 def seed(h: Any, orgs: int, runs_per_org: int, active: int) -> None:
     """orgs organizations (h.org first) with a compute connection and runs_per_org runs each, all ended
     but `active` (spread over the first orgs), written in batches (one transaction per org and 100 runs)."""
+    from shared.ids import newest_first_id
     from shared.models import RunRecord, RunState
-    from shared.runs.ids import newest_first_id
     from shared.security import seal
     from shared.store import get_store
     from shared.store.tables import _entity
@@ -149,8 +149,8 @@ def sweep_accounts(cloud: Any) -> dict[str, Any]:
     """Take every sweep-account message and run its step, HOST_CONCURRENCY at a time, as the host does."""
     from shared.models import SweepMessage
     from shared.queues import get_queues
-    from shared.runs.steps import Step
     from shared.services.steps.sweep_account import sweep_account
+    from shared.steps import Step
 
     client = get_queues().client(Step.sweep_account.value)
     msgs = []

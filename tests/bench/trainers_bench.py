@@ -136,7 +136,8 @@ def encoded(cfg: dict[str, Any], key: str) -> list[Any]:
     numpy views)."""
     from transformers import AutoTokenizer
 
-    from shared.trainer.data import Tokenized, encode_all, load_examples
+    from shared.trainer.data import Tokenized, load_examples
+    from shared.trainer.encoding import encode_all
 
     tokenizer = AutoTokenizer.from_pretrained(cfg["model"])
     out = encode_all(tokenizer, load_examples(cfg[key]), cfg["settings"]["max_seq_len"]).examples

@@ -41,9 +41,9 @@ from typing import Any
 import azure.functions as func
 
 from shared.errors import Conflict, NotFound
+from shared.lifecycle import ACTIVE, TERMINAL
 from shared.models import AgentComplete, Heartbeat, Role, RunCancel, RunCreate, RunLaunch, RunRecord, RunState
 from shared.queues import Queue, decode, get_queues
-from shared.runs.lifecycle import ACTIVE, TERMINAL
 from shared.security import Principal
 from shared.settings import get_settings
 from shared.store.repo import Store, get_store, set_store

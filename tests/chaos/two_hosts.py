@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from shared.lifecycle import TERMINAL
 from shared.models import Role, RunLaunch, RunRecord, RunState
 from shared.queues import Queue, get_queues
-from shared.runs.lifecycle import TERMINAL
 from shared.security import Principal
 from shared.store import get_store
 from tests.chaos.driver import Agents, run_body

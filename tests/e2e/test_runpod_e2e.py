@@ -146,7 +146,7 @@ def test_success_removes_the_pods_working_files_but_serves_the_adapter(
     # A redelivered release message finds nothing more to remove, and the run stays succeeded.
     from shared.models import StepMessage
     from shared.queues import get_queues
-    from shared.runs.steps import Step
+    from shared.steps import Step
 
     get_queues().send(Step.release, StepMessage(org=runpod_h.org, run_id=run_id))
     runpod_h.drain()

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from shared.trainer.config import SettingsError, parse_settings
-from shared.trainer.data import IGNORE, DatasetError, Tokenized, encode, encode_all, normalise
+from shared.trainer.data import IGNORE, DatasetError, Tokenized, encode, normalise
+from shared.trainer.encoding import encode_all
 from tests.trainer.conftest import need_torch
 
 

@@ -18,13 +18,12 @@ from shared.trainer.data import (
     DatasetError,
     Example,
     encode,
-    encode_all,
     encode_each,
     load_examples,
     normalise,
     scan_dataset,
 )
-from shared.trainer.encoding import SkeletonRenderer, content_is_verbatim, encode_splits
+from shared.trainer.encoding import SkeletonRenderer, content_is_verbatim, encode_all, encode_splits
 from tests.trainer.conftest import need_torch, pirate_rows
 from tests.trainer.test_data import DEFAULT_SYSTEM
 

@@ -74,7 +74,8 @@ def test_probe_times_both_modes_and_leaves_training_as_it_was(tiny_model: Path) 
 
     from shared.trainer.batches import use_segment_attention
     from shared.trainer.config import TrainerSettings
-    from shared.trainer.data import encode_all, normalise
+    from shared.trainer.data import normalise
+    from shared.trainer.encoding import encode_all
     from shared.trainer.gpu import probe_batching
     from shared.trainer.lora import ATTENTION, lora_config
 

@@ -73,7 +73,8 @@ def test_manifest_counts_per_split_and_padding(runs: list[tuple[Path, str]], tin
     from transformers import AutoTokenizer
 
     from shared.trainer.config import parse_settings
-    from shared.trainer.data import encode_all, load_examples
+    from shared.trainer.data import load_examples
+    from shared.trainer.encoding import encode_all
     from shared.trainer.lora import split
 
     out, log = runs[0]

@@ -172,7 +172,8 @@ def test_dora_and_rslora(tiny_model: Path, dataset: Path, tmp_path: Path, capsys
     assert config["use_dora"] is True
     files = {n: (tmp_path / "dora" / n).read_bytes()
              for n in ("adapter_config.json", "adapter_model.safetensors", "manifest.json")}
-    verdict = verify_adapter(zip_files(files), base_model=TINY, expected_sha256=None, provider="local")
+    verdict = verify_adapter(zip_files(files), base_model=TINY, expected_sha256=None, provider="local",
+                             smoke_allowed_on=("local",))
     assert verdict.ok, verdict.problems
 
     r, _ = train(tiny_model, dataset, tmp_path / "rslora", capsys, use_rslora=True, lora_r=16, lora_alpha=8)

@@ -14,14 +14,14 @@ from typing import Any
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, Unauthorized
 from shared.key_rotation import current_key_since, renewable
+from shared.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.events import event
-from shared.runs.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.runs.moves import move_run
-from shared.runs.steps import serving
 from shared.security import ORG_RE, AgentToken, signed_agent_claims, verify_agent
 from shared.settings import get_settings
+from shared.steps import serving
 from shared.store import get_store
 
 # A refused token is noted on the run at most this often: the note is written for a caller whose

@@ -30,10 +30,10 @@ from shared.queues import get_queues
 from shared.runs.cloud_account import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.steps import Step
 from shared.services.api.agent import refuse_ended
 from shared.services.steps.launch import bootstrap_for
 from shared.settings import get_settings
+from shared.steps import Step
 from shared.store import get_store
 
 _STAGES = {

@@ -13,9 +13,9 @@ from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs.backends import compute_slot
-from shared.runs.steps import Step
 from shared.security import Principal
 from shared.settings import get_settings
+from shared.steps import Step
 from shared.store import get_store
 
 

@@ -18,10 +18,10 @@ from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs.backends import STORAGE_SLOT, compute_for, compute_slot, unsealed_config
 from shared.runs.scope import guard_held_machines
-from shared.runs.steps import Step
 from shared.security import Principal, require, seal
 from shared.services.api import quotas
 from shared.settings import get_settings
+from shared.steps import Step
 from shared.storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
 from shared.store import get_store
 

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, NotFound, PermanentError
+from shared.ids import new_id
 from shared.limits import MAX_UPLOAD_BYTES
 from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
 from shared.runs.backends import storage_for
-from shared.runs.ids import new_id
 from shared.security import Principal, require
 from shared.services.api import paging, quotas
 from shared.storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key

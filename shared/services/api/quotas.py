@@ -29,8 +29,8 @@ from pydantic import ValidationError
 
 from shared.clock import now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, TooManyRequests, invalid
+from shared.lifecycle import HOLDS_MACHINE
 from shared.models import Role, RunCreate, RunRecord
-from shared.runs.lifecycle import HOLDS_MACHINE
 from shared.runs.org_limits import LIMITS_KEY as LIMITS_KEY
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.runs.org_limits import set_limits as set_limits

@@ -18,8 +18,8 @@ from typing import Any
 
 from shared.clock import now
 from shared.errors import InvalidInput
+from shared.lifecycle import TERMINAL
 from shared.models import RunEvent, RunRecord, RunState
-from shared.runs.lifecycle import TERMINAL
 from shared.security import Principal
 from shared.store import get_store
 

@@ -17,20 +17,20 @@ from shared.budget import IN_PROGRESS
 from shared.clock import now
 from shared.errors import PermanentError, ProviderError, RetryableError
 from shared.key_rotation import current_key_since
+from shared.lifecycle import TERMINAL
 from shared.log import get_logger, redact_text
 from shared.models import CloudResource, RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.queues import get_queues
 from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
-from shared.runs.lifecycle import TERMINAL
 from shared.runs.moves import fail_to_release, move
 from shared.runs.resources import merge_resources
-from shared.runs.steps import Step
 from shared.security import mint_agent_token
 from shared.services.api import org_secrets
 from shared.services.api.projects import check_stored_dataset
 from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
+from shared.steps import Step
 from shared.store import get_store
 
 EXPORT_MARGIN_S = 3600  # after the runtime limit: time to export, verify and release

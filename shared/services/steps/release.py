@@ -11,18 +11,18 @@ from datetime import timedelta
 
 from shared.clock import now
 from shared.errors import ProviderError
+from shared.lifecycle import released_state
 from shared.models import RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.backends import compute_for, ref_of
 from shared.runs.cloud_account import BOOT_FAILED, note_cloud_account
 from shared.runs.events import event
-from shared.runs.lifecycle import released_state
 from shared.runs.moves import move
 from shared.runs.resources import merge_resources
 from shared.runs.scope import refuse_other_scope
-from shared.runs.steps import Step
 from shared.services.steps.scratch import remove_after_release
 from shared.settings import get_settings
+from shared.steps import Step
 from shared.store import get_store
 
 

@@ -19,7 +19,7 @@ from shared.runs.moves import move
 from shared.runs.resources import merge_resources
 from shared.runs.retention import checkpoint_saved
 from shared.runs.scope import refuse_other_scope
-from shared.runs.steps import Step
+from shared.steps import Step
 from shared.store import get_store
 
 

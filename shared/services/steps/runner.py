@@ -1,4 +1,4 @@
-"""Running one queue-triggered step: parse the message with the step's model (shared.runs.steps),
+"""Running one queue-triggered step: parse the message with the step's model (shared.steps),
 log with context, call the step's handler (named by its queue trigger in functions/) within the step
 budget (shared/budget.py: its cloud waits end well before functionTimeout), record failures.
 
@@ -19,7 +19,7 @@ from shared.clock import now
 from shared.errors import NotFound
 from shared.log import get_logger, log_context, redact_text
 from shared.models import RunEvent
-from shared.runs.steps import Step
+from shared.steps import Step
 
 
 def run_step(step: Step, body: bytes | str, handler: Callable[[Any], object]) -> None:

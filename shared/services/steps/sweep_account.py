@@ -42,19 +42,19 @@ from typing import Any
 from shared import metrics
 from shared.clock import now, now_ts
 from shared.errors import AuthError, ProviderError
+from shared.lifecycle import ACTIVE, TERMINAL
 from shared.log import get_logger, redact_text
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
 from shared.runs.backends import compute_for, compute_slot
 from shared.runs.events import event
-from shared.runs.lifecycle import ACTIVE, TERMINAL
 from shared.runs.moves import move
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
-from shared.runs.steps import Resender, Step, resent_by
 from shared.services.steps.release import release_delay
 from shared.settings import get_settings
+from shared.steps import Resender, Step, resent_by
 from shared.store import get_store, leases
 
 GONE_STATES = frozenset({"terminated", "deleted"})

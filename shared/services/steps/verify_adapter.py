@@ -21,8 +21,8 @@ from shared.runs import forecast
 from shared.runs.backends import storage_for
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.steps import Step
 from shared.settings import get_settings
+from shared.steps import Step
 from shared.storage.base import ObjectMissing, adapter_key
 from shared.store import get_store
 

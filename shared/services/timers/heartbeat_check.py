@@ -35,16 +35,16 @@ from datetime import datetime
 
 from shared import metrics
 from shared.clock import now
+from shared.lifecycle import ACTIVE, transition
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.cloud_account import BOOT_FAILED
 from shared.runs.events import event
-from shared.runs.lifecycle import ACTIVE, transition
 from shared.runs.moves import move, move_run
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.runs.retention import UNTRAINED, never_trained, retention_action
-from shared.runs.steps import Resender, Step, resent_by
 from shared.settings import get_settings
+from shared.steps import Resender, Step, resent_by
 from shared.store import get_store
 from shared.store.repo import WATCHED
 

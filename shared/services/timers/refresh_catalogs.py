@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared.models import ConnectionMessage, ConnectionStatus
 from shared.queues import get_queues
-from shared.runs.steps import Step
+from shared.steps import Step
 from shared.store import get_store
 
 

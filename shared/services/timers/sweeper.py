@@ -28,7 +28,7 @@ from shared.errors import NotFound
 from shared.log import get_logger
 from shared.models import ConnectionStatus, SweepMessage
 from shared.queues import get_queues
-from shared.runs.steps import Step
+from shared.steps import Step
 from shared.store import get_store, leases
 
 # The timer's schedule is every 5 minutes (functions/sweeper.py): messages are spread over most of it.

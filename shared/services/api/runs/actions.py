@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, ProviderError
+from shared.lifecycle import ACTIVE, TERMINAL, transition
 from shared.log import redact_text
 from shared.models import (
     Deadlines,
@@ -26,17 +27,16 @@ from shared.queues import get_queues
 from shared.runs import billing
 from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
-from shared.runs.lifecycle import ACTIVE, TERMINAL, transition
 from shared.runs.machine import stop_machine
 from shared.runs.moves import move_run
 from shared.runs.retention import checkpoint_saved
-from shared.runs.steps import Step, serving
 from shared.security import Principal, require
 from shared.services.api import quotas
 from shared.services.api.catalog import find_offer
 from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.view import view
 from shared.settings import get_settings
+from shared.steps import Step, serving
 from shared.storage.base import adapter_key
 from shared.store import get_store
 

@@ -9,10 +9,10 @@ from pydantic import ValidationError
 
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, invalid
+from shared.ids import newest_first_id
 from shared.models import Billing, DatasetVersionRecord, Role, RunCreate, RunKind, RunPatch, RunRecord, RunState, RunView
 from shared.runs import forecast
 from shared.runs.events import event
-from shared.runs.ids import newest_first_id
 from shared.security import Principal, require
 from shared.services.api import quotas
 from shared.services.api.runs import checks

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.errors import InvalidInput
-from shared.runs.lifecycle import TERMINAL
+from shared.lifecycle import TERMINAL
 from shared.security import Principal
 from shared.services.api import quotas
 from shared.store import get_store

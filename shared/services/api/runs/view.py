@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from shared.errors import InvalidInput
+from shared.lifecycle import ACTIVE, TERMINAL
 from shared.models import CloudResource, RunEvent, RunRecord, RunState, RunView
 from shared.runs import forecast
-from shared.runs.lifecycle import ACTIVE, TERMINAL
 from shared.runs.org_limits import get_limits
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.retention import retention_note
