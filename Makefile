@@ -126,15 +126,32 @@ image-check: install
 vm-check: install
 	VM_CASES="$(VM_CASES)" tools/vm/check.sh
 
-# The deployment's lock (Azure's remote build installs requirements.txt): every package pinned, from
-# pyproject.toml's ranges; tests/test_packaging.py says when it is stale.
+# The locks, each package pinned with the sha256 of every file PyPI has for it (pip then installs in
+# hash-checking mode: a file that differs from the one locked is refused), resolved for Linux x86_64
+# CPython 3.11 (Flex Consumption's workers, the image's python:3.11-slim) from PyPI alone: this
+# machine's pip configuration (local wheels, extra indexes) is left out, except for the CPU image lock.
+# - requirements.txt: the deployment's (Azure's remote build installs it) from pyproject.toml's ranges;
+#   tests/test_packaging.py says when it is stale;
+# - shared/trainer/image-requirements.txt: the published image's (CUDA torch), from image-requirements.in
+#   (the trainer's pins, shared/trainer/requirements.txt, and bitsandbytes);
+# - shared/trainer/image-requirements-cpu.txt: the same with PyPI's torch swapped for the CPU build found in
+#   TORCH_CPU_WHEELS, what `make image-check` builds where there is no GPU.
+# `make install` installs the project editable from pyproject's ranges (-e cannot carry hashes).
+TORCH_CPU_WHEELS ?= /opt/wheels
+PIP_COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
+	--no-emit-find-links --no-emit-trusted-host
+PYPI_ONLY := env PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_EXTRA_INDEX_URL= PIP_CONSTRAINT=
 lock: $(STAMP)
-	$(VENV)/bin/pip-compile --quiet --strip-extras --allow-unsafe --no-emit-index-url --no-emit-find-links \
-		--no-emit-trusted-host --output-file=requirements.txt pyproject.toml
-	@{ printf '%s\n' "# The deployment's lock: every package the function app installs on Azure (remote build), pinned." \
-		"# Generated from pyproject.toml [project.dependencies] by pip-tools: \`make lock\`; pyproject keeps the ranges" \
-		"# for development. tests/test_packaging.py fails when a dependency is added, removed or re-ranged there" \
-		"# without regenerating this file."; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
+	@$(PY) -c 'import platform, sys; sys.exit(0 if (sys.platform, platform.machine(), sys.version_info[:2]) == ("linux", "x86_64", (3, 11)) else "make lock resolves for Linux x86_64 CPython 3.11: run it on one")'
+	$(PYPI_ONLY) $(PIP_COMPILE) --output-file=requirements.txt pyproject.toml
+	@{ printf '%s\n' "# The deployment's lock: every package the function app installs on Azure (remote build), pinned" \
+		"# with the sha256 of each of its files on PyPI (pip installs it in hash-checking mode), for Linux x86_64" \
+		"# CPython 3.11. Generated from pyproject.toml [project.dependencies] by pip-tools: \`make lock\`; pyproject" \
+		"# keeps the ranges for development. tests/test_packaging.py fails when a dependency is added, removed or" \
+		"# re-ranged there without regenerating this file."; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
+	cd shared/trainer && $(PYPI_ONLY) ../../$(PIP_COMPILE) --output-file=image-requirements.txt image-requirements.in
+	cd shared/trainer && ../../$(PIP_COMPILE) --find-links $(TORCH_CPU_WHEELS) --output-file=image-requirements-cpu.txt \
+		image-requirements-cpu.in
 
 # README's settings table and local.settings.example.json repeat shared/settings.py; tests/test_settings_doc.py
 # says when they are stale.

@@ -22,8 +22,8 @@ HEAVY = re.compile(r"^(boto3|botocore|azure.*|numpy|pydantic.*|runpod)$", re.I)
 def _lock() -> dict[str, str]:
     pins: dict[str, str] = {}
     for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
+        line = line.split("#", 1)[0].strip().removesuffix("\\").strip()
+        if not line or line.startswith("--hash="):  # a pin's hashes follow it (tests/test_supply_chain.py)
             continue
         name, sep, version = line.partition("==")
         assert sep and version and not any(c in version for c in "<>=!~*,; "), f"not pinned exactly: {line!r}"
@@ -84,6 +84,18 @@ def test_import_function_app_loads_no_provider_sdk() -> None:
             "print(','.join(sorted(m for m in sys.modules if any(m == s or m.startswith(s + '.') for s in sdks))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+
+def test_import_function_app_loads_no_telemetry_distro() -> None:
+    # azure-monitor-opentelemetry is the Python worker's to configure (PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY):
+    # the app uses only the OpenTelemetry API, lazily (shared/metrics.py), and the distro's instrumentations
+    # (django, flask, fastapi, ...) would slow every cold start.
+    code = ("import sys, json, function_app; print(json.dumps(sorted(m for m in sys.modules "
+            "if m.startswith(('azure.monitor', 'opentelemetry.instrumentation', 'opentelemetry.sdk')))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+    assert "azure-monitor-opentelemetry" in _lock()
 
 
 def test_requirements_txt_holds_no_tool_dependency() -> None:

@@ -88,3 +88,55 @@ def test_checkouts_keep_no_token_in_the_work_tree() -> None:
             for step in job["steps"]:
                 if str(step.get("uses", "")).startswith("actions/checkout@"):
                     assert step["with"]["persist-credentials"] is False
+
+
+LOCKS = [ROOT / "requirements.txt", ROOT / "shared" / "trainer" / "image-requirements.txt",
+         ROOT / "shared" / "trainer" / "image-requirements-cpu.txt", ROOT / ".github" / "lint-requirements.txt"]
+
+
+def _hashed_pins(path: Path) -> dict[str, list[str]]:
+    """name==version -> its sha256 hashes; a requirement without a hash, or not pinned exactly, fails."""
+    pins: dict[str, list[str]] = {}
+    current = ""
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip().removesuffix("\\").strip()
+        if not line:
+            continue
+        if line.startswith("--hash="):
+            assert current, f"{path.name}: a hash before any requirement"
+            assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", line), f"{path.name}: {line}"
+            pins[current].append(line)
+            continue
+        assert not line.startswith("-"), f"{path.name}: option {line!r} in a lock (an index, -e, -r)"
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][0-9A-Za-z.+!-]*", line), \
+            f"{path.name}: {line!r} is not pinned exactly"
+        current = line
+        pins[current] = []
+    return pins
+
+
+def test_every_package_of_every_lock_carries_its_hashes() -> None:
+    for path in LOCKS:
+        pins = _hashed_pins(path)
+        assert pins, path
+        unhashed = sorted(p for p, hashes in pins.items() if not hashes)
+        assert not unhashed, f"{path.relative_to(ROOT)}: no --hash for {unhashed}: run `make lock`"
+
+
+def test_the_hash_check_refuses_a_bare_pin(tmp_path: Path) -> None:
+    lock = tmp_path / "requirements.txt"
+    lock.write_text("a==1 \\\n    --hash=sha256:" + "0" * 64 + "\nb==2\n")
+    assert _hashed_pins(lock) == {"a==1": ["--hash=sha256:" + "0" * 64], "b==2": []}
+
+
+def test_the_image_locks_hold_the_trainer_pins() -> None:
+    # The trainer's pins (shared/trainer/requirements.txt, what `make install` installs) are what both image
+    # locks install: a pin changed there without `make lock` fails here.
+    wanted = [line.split("#", 1)[0].strip() for line in (ROOT / "shared/trainer/requirements.txt").read_text().splitlines()]
+    wanted = [w for w in wanted if w] + ["bitsandbytes==0.50.2"]
+    for name in ("image-requirements.txt", "image-requirements-cpu.txt"):
+        pins = {p.split("==")[0].lower(): p.split("==")[1] for p in _hashed_pins(ROOT / "shared" / "trainer" / name)}
+        for want in wanted:
+            package, version = want.split("==")
+            got = pins.get(package.lower(), "")
+            assert got == version or (package == "torch" and got == f"{version}+cpu"), f"{name}: {want} vs {got}"
