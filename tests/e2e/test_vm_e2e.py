@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from shared.clock import now
 from shared.models import RunState
 from shared.store import get_store
 from tests.e2e.boot import END, BootHarness, boot_harness
@@ -38,6 +39,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not os.environ.get("TENSORANT_VM_CHECK"), reason="make vm-check builds the VM and sets TENSORANT_VM_CHECK")]
 
 CASE_TIMEOUT_S = float(os.environ.get("TENSORANT_VM_CASE_TIMEOUT_S", "1500"))
+BOOT_LIMIT_S = 300  # cloud-init's first stage came at 46-84 s of uptime here
 
 
 class VmRig:
@@ -50,6 +52,12 @@ class VmRig:
         self.registry = vm.Registry(work / "registry")
         self.image = self.registry.push(self.local_image, "tensorant/trainer:vm")
         self.proxy = vm.HostProxy()
+
+    def no_agent_image(self) -> str:
+        """An image whose entrypoint exits at once, before any report (the agent cannot start)."""
+        broken = self.vm.variant(self.local_image, "localhost/tensorant-vm-trainer:no-agent",
+                                 ["python", "-c", "import sys; print('no agent in this image'); sys.exit(3)"])
+        return self.registry.push(broken, "tensorant/trainer:no-agent")
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +131,7 @@ class Case:
                  gpu_hook: bool = True, registry: bool = True) -> None:
         self.name, self.h = name, h
         self.stages: dict[str, float] = {}
+        self.boots = 0
         forwards = {port: port, vm_rig.vm.REGISTRY_GUEST_PORT: vm_rig.registry.port if registry else vm_rig.vm.free_port()}
         moto_port = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
         forwards[moto_port] = moto_port
@@ -130,6 +139,7 @@ class Case:
         self.forwards, self.gpu_hook, self.vm_rig, self.work = forwards, gpu_hook, vm_rig, base / name
 
     def boot(self, user_data: str) -> Case:
+        self.boots += 1
         started = time.monotonic()
         self.machine = self.vm_rig.vm.Vm(self.vm_rig.rootfs, self.work, user_data, forwards=self.forwards,
                                          gpu_hook=self.gpu_hook).start()
@@ -160,6 +170,18 @@ class Case:
                         self.stages[stage] = up
                 if run["state"] in until:
                     return run
+                if "cloud-init init-local" not in self.stages and up > BOOT_LIMIT_S:
+                    # The emulator, not the product: a VM that never reached cloud-init (it takes about a
+                    # minute here) is booted once more with the same user data, said on the output; the
+                    # second time it is a failure of the check's machine, named as such.
+                    if self.boots > 1:
+                        raise AssertionError(f"vm-check INFRASTRUCTURE: {self.name}'s VM twice did not reach "
+                                             f"cloud-init in {BOOT_LIMIT_S} s:\n{self.console_tail()}")
+                    print(f"\nvm-check {self.name}: the VM did not reach cloud-init in {BOOT_LIMIT_S} s; booting "
+                          "it again", flush=True)
+                    self.machine.stop()
+                    self.boot(self.machine.user_data)
+                    continue
                 if power_off_at and up > power_off_at and self.machine.running():
                     self.machine.stop()
                     self.stages["powered off"] = up
@@ -234,8 +256,79 @@ def test_vm_powered_off_before_its_first_report(vm_plane: tuple[BootHarness, Any
     case.report()
     deadline = _record(h, run_id).deadlines
     assert deadline.first_report_by is not None and deadline.provisioning_by is not None
-    h.serve(get_settings().provisioning_timeout_s + 1)
+    assert deadline.first_report_by < deadline.provisioning_by
+    # heartbeat-check releases it at its first-report deadline, minutes after the create call, not the boot's.
+    h.serve((deadline.first_report_by - now()).total_seconds() + 61)
     h.drain()
     run = h.get_run(run_id)
-    assert run["state"] == "failed" and "boot deadline" in run["reason"], run["reason"]
-    print(f"vm-check powered-off: released at the boot deadline, billed {run['billed_machine_s']:.0f} s")
+    assert run["state"] == "failed" and "first-report deadline" in run["reason"], run["reason"]
+    assert run["billed_machine_s"] < get_settings().provisioning_timeout_s, run["billed_machine_s"]
+    print(f"vm-check powered-off: released at the first-report deadline, billed {run['billed_machine_s']:.0f} s "
+          f"(the boot deadline: {get_settings().provisioning_timeout_s} s)")
+
+
+def _use_image(monkeypatch: pytest.MonkeyPatch, image: str) -> None:
+    from shared.settings import reset_settings
+
+    monkeypatch.setenv("TENSORANT_CONTAINER_IMAGE", image)
+    reset_settings()
+
+
+def test_vm_image_missing_fails_the_pull(vm_plane: tuple[BootHarness, Any, int], vm_rig: VmRig, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    h, ec2, port = vm_plane
+    _use_image(monkeypatch, vm_rig.image.replace(":vm", ":no-such-tag"))
+    run_id, user_data = _launch(h, ec2)
+    case = Case("image-missing", vm_rig, h, port, tmp_path).boot(user_data)
+    run = case.drive(run_id)
+    assert run["state"] == "failed", f"{run['reason']}\n{case.console_tail()}"
+    assert "could not pull the training image" in run["reason"] and "manifest" in run["reason"], run["reason"]
+    print(f"vm-check image-missing: billed {run['billed_machine_s']:.0f} s")
+
+
+def test_vm_agent_that_exits_at_start_is_reported(vm_plane: tuple[BootHarness, Any, int], vm_rig: VmRig,
+                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h, ec2, port = vm_plane
+    _use_image(monkeypatch, vm_rig.no_agent_image())
+    run_id, user_data = _launch(h, ec2)
+    case = Case("agent-exits", vm_rig, h, port, tmp_path).boot(user_data)
+    run = case.drive(run_id)
+    assert run["state"] == "failed", f"{run['reason']}\n{case.console_tail()}"
+    assert "agent exited before it reported (exit code 3" in run["reason"], run["reason"]
+    assert "no agent in this image" in run["reason"], run["reason"]  # the container's own last line
+    print(f"vm-check agent-exits: billed {run['billed_machine_s']:.0f} s")
+
+
+def pod_user_data(pod_input: dict[str, Any]) -> str:
+    """A RunPod pod as RunPod runs it, on the VM's Docker Engine: the pod's image pulled, its entrypoint
+    started with the pod's env list and its network volume at the mount path (no cloud-init script of ours)."""
+    import json
+
+    env = "".join(f"{item['key']}={item['value']}\n" for item in pod_input["env"])
+    assert all("\n" not in str(item["value"]) for item in pod_input["env"])
+    run = (f"docker pull {pod_input['imageName']} && docker run --name {pod_input['name']} --gpus all --env-file "
+           f"/etc/runpod/pod.env -v /runpod-volume:{pod_input['volumeMountPath']} {pod_input['imageName']}")
+    indented = "".join(f"      {line}\n" for line in env.splitlines())
+    return ("#cloud-config\nwrite_files:\n  - path: /etc/runpod/pod.env\n    permissions: '0600'\n    content: |\n"
+            f"{indented}runcmd:\n  - [ sh, -c, {json.dumps(run)} ]\n")
+
+
+def test_vm_runpod_pod_spec_runs_the_agent_to_succeeded(vm_plane: tuple[BootHarness, Any, int], vm_rig: VmRig,
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.e2e.test_bootstrap_e2e import RUNPOD_KEY, _runpod_launch
+    from tests.providers.runpod.fake_server import FakeRunPod
+
+    h, _, port = vm_plane
+    fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
+    try:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
+        assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
+        run_id = _runpod_launch(h)
+        pod_input = fake_rp.creates()[0]["variables"]["input"]
+        case = Case("runpod", vm_rig, h, port, tmp_path).boot(pod_user_data(pod_input))
+        run = case.drive(run_id)
+    finally:
+        fake_rp.stop()
+    assert run["state"] == "succeeded", f"{run['reason']}\n{case.console_tail()}"
+    print(f"vm-check runpod: boot to first heartbeat {case.stages['first report']:.0f} s, billed "
+          f"{run['billed_machine_s']:.0f} s")

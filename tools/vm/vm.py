@@ -119,6 +119,22 @@ class Registry:
         _kill(self.proc)
 
 
+def variant(local: str, tag: str, entrypoint: list[str]) -> str:
+    """The local image with another entrypoint (a broken image, for a case), committed as `tag`."""
+    import json
+
+    ctr = subprocess.run(["buildah", "from", "--quiet", "--pull-never", local], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    try:
+        subprocess.run(["buildah", "config", "--entrypoint", json.dumps(entrypoint), ctr], check=True,
+                       capture_output=True)
+        subprocess.run(["buildah", "commit", "--quiet", "--format", "docker", ctr, tag], check=True,
+                       capture_output=True)
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True)
+    return tag
+
+
 def _wait_port(port: int, what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
