@@ -213,7 +213,7 @@ class TrainingSettings(Model):
     @classmethod
     def _a_number(cls, v: Any) -> Any:
         # pydantic would read "0.1" or true as a number; the trainer would not.
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise ValueError("must be a number")
         return v
 
