@@ -32,6 +32,11 @@ def egress_text(public_url: str) -> str:
             "training container registry, model downloads, the storage endpoint, and DNS")
 
 
+KMS_GRANTS = ("With a customer-managed key, this IAM user needs kms:CreateGrant, kms:Decrypt, "
+              "kms:GenerateDataKeyWithoutPlaintext, kms:ReEncrypt* and kms:DescribeKey on it (the key policy or an "
+              "IAM policy), or every instance goes pending -> terminated with Client.InternalError.")
+
+
 class _Checks:
     def __init__(self, client: AwsClient, config: AwsConfig, public_url: str = "") -> None:
         self.aws = client
@@ -48,6 +53,7 @@ class _Checks:
 
         account = self._check_credentials(add)
         if account is not None:
+            self._check_ebs_key(add)
             image = self._check_image(add)
             subnet = self._check_network(add)
             types: list[catalog.GpuType] = []
@@ -82,6 +88,22 @@ class _Checks:
             f"security group and subnet must allow outbound HTTPS to {egress_text(self.public_url)}. "
             "Verify them with a short training trial (connection guide, step 6).")
         return checks
+
+    def _check_ebs_key(self, add: Callable[[str, bool | None, str], None]) -> None:
+        """The root disk is encrypted with the account's default EBS key. A customer-managed one needs KMS
+        grants for these credentials, or every instance goes pending -> terminated with Client.InternalError."""
+        try:
+            key = str(self.aws.call("ec2", "get_ebs_default_kms_key_id",
+                                    action="reading the account's default EBS encryption key").get("KmsKeyId", ""))
+        except ProviderError as exc:
+            add("ebs_key", None, f"The account's default EBS encryption key could not be read ({exc.reason}); allow "
+                "ec2:GetEbsDefaultKmsKeyId (infra/aws/control-plane-policy.json). " + KMS_GRANTS)
+            return
+        if not key or key == "alias/aws/ebs" or key.endswith(":alias/aws/ebs"):
+            add("ebs_key", True, "Disks are encrypted with the AWS managed EBS key (aws/ebs): no KMS grant needed.")
+            return
+        add("ebs_key", None, f"The account's default EBS encryption key is {key}, a customer-managed key. "
+            + KMS_GRANTS)
 
     def _check_credentials(self, add: Callable[[str, bool | None, str], None]) -> str | None:
         try:

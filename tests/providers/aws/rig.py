@@ -117,6 +117,7 @@ class Rig:
     # Called in order before every AWS request of computes built by `compute()`; the first
     # that answers short-circuits the request (see inject). The call counter comes first.
     listeners: list[Any] = field(default_factory=list)
+    ebs_default_key: str = "alias/aws/ebs"  # what GetEbsDefaultKmsKeyId answers (ebs_default_key)
 
     def on_api_call(self, service: str, operation: str, params: dict[str, Any]) -> Any:
         for listener in list(self.listeners):
@@ -162,7 +163,19 @@ def new_rig(moto_url: str, pricing: PricingServer) -> Rig:
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
     sg = ec2.create_security_group(GroupName="tensorant-train", Description="training", VpcId=vpc)["GroupId"]
     log = CallLog()
-    return Rig(moto_url, pricing, log, ec2, iam, subnet, sg, vpc, listeners=[log])
+    rig = Rig(moto_url, pricing, log, ec2, iam, subnet, sg, vpc, listeners=[log])
+    rig.listeners.append(ebs_default_key(rig))
+    return rig
+
+
+def ebs_default_key(rig: Rig) -> Any:
+    """GetEbsDefaultKmsKeyId, which moto does not implement: EC2's answer for rig.ebs_default_key."""
+    def listener(svc: str, op: str, params: dict[str, Any]) -> Any:
+        if svc == "ec2" and op == "GetEbsDefaultKmsKeyId":
+            return _Http(200), {"KmsKeyId": rig.ebs_default_key, "ResponseMetadata": {"HTTPStatusCode": 200}}
+        return None
+
+    return listener
 
 
 class _Http:

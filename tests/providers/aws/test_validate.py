@@ -33,7 +33,7 @@ def test_good_connection_passes_every_check_and_launches_nothing(rig: Rig) -> No
     checks = _by_name(compute.validate())
     failing = {n: c.message for n, c in checks.items() if c.status != CheckStatus.ok}
     assert failing.keys() == {"not_proven"}, failing
-    assert set(checks) >= {"credentials", "image", "image_available", "image_architecture", "image_root_device",
+    assert set(checks) >= {"credentials", "ebs_key", "image", "image_available", "image_architecture", "image_root_device",
                            "image_platform", "image_marketplace", "subnet", "security_group", "zone_gpus",
                            "key_pair", "instance_profile", "catalog", "not_proven"}
     for phrase in ("image boots", "Docker", "quota", "outbound network"):
@@ -135,3 +135,13 @@ def test_expired_session_credentials_fail(rig: Rig) -> None:
                                   session_expires_at=datetime(2020, 1, 1, tzinfo=UTC)).validate())
     assert checks["session_token"].status == CheckStatus.fail and "expired" in checks["session_token"].message
     assert "image" not in checks
+
+
+def test_a_customer_managed_default_ebs_key_is_said_with_its_grants(rig: Rig) -> None:
+    # EC2 encrypts the root disk with it; without the grants every instance goes pending -> terminated.
+    rig.ebs_default_key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    check = _by_name(rig.compute().validate())["ebs_key"]
+    assert check.status == CheckStatus.warn and rig.ebs_default_key in check.message
+    for grant in ("kms:CreateGrant", "kms:Decrypt", "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncrypt*",
+                  "kms:DescribeKey", "Client.InternalError"):
+        assert grant in check.message, check.message
