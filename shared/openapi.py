@@ -79,6 +79,9 @@ MORE_ERRORS: dict[str, set[int]] = {
     "release_run": {429},
     "check_compute": {429},
     "dataset_upload_url": {429},
+    "upload_dataset": {429},  # dataset uploads and commits per minute
+    "commit_dataset": {429},
+    "run_metrics": {429},  # heavy reads per minute
     "get_storage": {404},  # no storage connection saved
     "runpod_volumes": {404, 409},  # no RunPod connection saved, or RunPod refused the listing
     "run_adapter": {409},  # not succeeded (yet), or the stored adapter is gone or changed

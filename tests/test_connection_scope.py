@@ -160,7 +160,8 @@ def test_provisioning_deadline_reason_has_the_clouds_words(azure_h: Harness, arm
     azure_h.drain()
     run = azure_h.get_run(run_id)
     reason = run["reason"]
-    assert run["state"] == "failed" and "boot deadline" in reason
+    # Released at its first-report deadline: the machine never exchanged its bootstrap claim.
+    assert run["state"] == "failed" and "first-report deadline" in reason
     assert "the cloud says: VM tensorant-test-" in reason and "VM agent: Not Ready" in reason, reason
 
 
