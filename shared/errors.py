@@ -10,9 +10,11 @@ services, steps, storage and providers can raise them without importing the HTTP
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 # ---------------------------------------------------------------- refusals of a request (problem+json)
 
@@ -77,18 +79,49 @@ class TooManyRequests(AppError):
         self.headers = {"Retry-After": str(max(1, int(retry_after_s)))}
 
 
-def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
+def _model_at(model: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model that holds the field at `path` inside `model` (through optional and list fields)."""
+    for part in path:
+        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+        if field is None:
+            if isinstance(part, int):  # an index into a list: the model stays the list's item
+                continue
+            return None
+        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return None
+        model = inner[0]
+    return model
+
+
+def _unknown_field(name: str, owner: type[BaseModel]) -> str:
+    """extra_forbidden said what to fix: the nearest valid key and the list of them."""
+    valid = sorted(owner.model_fields)
+    near = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    # An abbreviation (lr for learning_rate, bs for batch_size) is far from its field by difflib's ratio.
+    near = near or [v for v in valid if "".join(w[:1] for w in v.split("_")) == name.lower()
+                    or (len(name) >= 3 and v.startswith(name.lower()))][:1]
+    hint = f"did you mean {near[0]}? " if near else ""
+    return f"not a field here; {hint}valid fields: {', '.join(valid)}"
+
+
+def field_errors(exc: ValidationError, model: type[BaseModel] | None = None) -> list[dict[str, Any]]:
     out = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
+        owner = _model_at(model, tuple(err["loc"][:-1])) if model is not None and err["loc"] else None
+        if err["type"] == "extra_forbidden" and owner is not None:
+            msg = _unknown_field(str(err["loc"][-1]), owner)
         out.append({"field": loc or "body", "message": msg})
     return out
 
 
-def invalid(exc: ValidationError, prefix: str = "") -> InvalidInput:
-    """A pydantic validation failure as a 422 naming each field to fix (under `prefix`, if given)."""
-    errors = field_errors(exc)
+def invalid(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> InvalidInput:
+    """A pydantic validation failure as a 422 naming each field to fix (under `prefix`, if given). With
+    the `model` validated, an unknown key is answered with the nearest valid one and the list."""
+    errors = field_errors(exc, model)
     if prefix:
         errors = [{**e, "field": f"{prefix}.{e['field']}" if e["field"] != "body" else prefix} for e in errors]
     detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)

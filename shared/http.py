@@ -158,7 +158,7 @@ def parse(req: Any, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise invalid(exc) from exc
+        raise invalid(exc, model=model) from exc
 
 
 def to_json(obj: Any) -> Any:

@@ -109,7 +109,7 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     try:
         edited = RunCreate.model_validate(merged)
     except ValidationError as exc:
-        raise invalid(exc) from exc
+        raise invalid(exc, model=RunCreate) from exc
     quotas.check_edit(principal, edited)  # the org's limits, as at create
     checked = checks.check_request(principal.org, edited)
     updates = _draft_fields(edited, checked) | {"updated_at": now()}
