@@ -73,6 +73,28 @@ def _random_model(base_model: str, cache: Path) -> Path:
     return target
 
 
+def hub_cache_has(base_model: str, home: Path | None = None) -> bool:
+    """Whether the Hugging Face cache the local provider's trainer reads (~/.cache/huggingface/hub: it
+    inherits HOME, not HF_HOME) holds a complete download of base_model."""
+    hub = (home or Path.home()) / ".cache" / "huggingface" / "hub"
+    snapshots = hub / f"models--{base_model.replace('/', '--')}" / "snapshots"
+    return any(snapshots.glob("*/config.json"))
+
+
+def local_source(base_model: str, home: Path | None = None) -> str:
+    """How a trainer without hub access gets base_model on this host, in words; "" when it cannot (the
+    local provider refuses such a run at create instead of failing it a minute in)."""
+    from shared.trainer import gguf_models
+
+    if base_model.startswith("tensorant/"):
+        return "random weights built at the declared shapes"
+    if base_model in gguf_models.PACKAGES and _installed(gguf_models.PACKAGES[base_model]):
+        return f"converted from the {gguf_models.PACKAGES[base_model]} package's GGUF"
+    if hub_cache_has(base_model, home):
+        return "this host's Hugging Face cache"
+    return ""
+
+
 def prepare(base_model: str, cache: Path) -> Path | None:
     """A local directory for base_model, or None when the trainer should use the hub."""
     from shared.adapters.base_models import get_base_model

