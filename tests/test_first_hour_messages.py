@@ -80,3 +80,46 @@ def test_a_model_over_the_local_cpu_cap_says_choose_a_smaller_model_or_a_gpu(h: 
     assert status == 422, body
     assert "too large for the local CPU provider" in body["detail"] and "GPU provider" in body["detail"]
     assert "load_in_4bit" not in body["detail"] and "batch_size" not in body["detail"]
+
+
+# ---------------------------------------------------------------- a failure's reason, readable and said once
+
+HUB_ERROR = ("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached "
+             "files.\nCheck your internet connection or see how to run the library in offline mode at "
+             "'https://huggingface.co/docs/transformers/installation#offline-mode'.\n" + "x" * 900)
+
+
+def test_a_base_model_the_hub_cannot_serve_is_one_line_that_says_what_to_do() -> None:
+    from shared.trainer.lora import Job, load_error
+
+    job = Job(output=Path("o"), base_model=QWEN, source=QWEN, token=None, s=None, rows=None,  # type: ignore[arg-type]
+              checkpoint_root=None, resume_from=None, step_sleep_s=0, threads=0)
+    said = load_error(OSError(HUB_ERROR), job)
+    assert "\n" not in said and len(said) < 300
+    assert "hub could not be reached" in said and f"hf download {QWEN}" in said
+    other = load_error(ValueError("Unrecognized model in /m.\nShould have a `model_type` key\n" + "y" * 900), job)
+    assert other == "Unrecognized model in /m."
+
+
+def test_the_trainers_last_line_is_not_repeated_in_the_reason() -> None:
+    from shared.models import AgentComplete
+    from shared.services.api.agent import _failure_reason, _last_lines
+
+    last = f"trainer: could not load base model {QWEN!r}: the Hugging Face hub could not be reached"
+    body = AgentComplete(status="failed", exit_code=3, reason=f"the trainer exited with code 3; last output: {last}",
+                         last_lines=["trainer: lora kind=trial", last])
+    reason = _failure_reason(body) + _last_lines(body)
+    assert reason.count(last) == 1 and "trainer: lora kind=trial" in reason
+
+
+def test_the_cli_prints_a_reason_line_by_line_not_as_escapes() -> None:
+    from tensorant_cli.render import status_block, status_line
+
+    run = {"id": "r-1", "state": "failed", "reason": "training failed (exit code 3): it failed; the trainer's "
+                                                      "last lines:\ntrainer: one\ntrainer: two\x1b[2J"}
+    block = status_block(run)
+    assert not any("\\x0a" in line for line in block)
+    assert block[-3:] == ["  reason: training failed (exit code 3): it failed; the trainer's last lines:",
+                          "    trainer: one", "    trainer: two\\x1b[2J"]  # still no escape sequence let through
+    line = status_line(run)
+    assert "\\x0a" not in line and "trainer: one / trainer: two" in line

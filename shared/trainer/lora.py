@@ -322,8 +322,25 @@ def load_base(job: Job, precision: str, cuda: bool) -> tuple[Any, Any] | int:
         return 2
     except (OSError, ValueError, ImportError) as exc:
         # Never echo the token: the exception text carries the model id and the hub's reason only.
-        log(f"trainer: could not load base model {job.base_model!r} from {job.source!r}: {exc}")
+        log(f"trainer: could not load base model {job.base_model!r} from {job.source!r}: {load_error(exc, job)}")
         return 3
+
+
+# The hub's "couldn't connect" errors (huggingface_hub's LocalEntryNotFoundError, an OSError, and the
+# transformers wrapper of it) run to ~1,000 characters over several lines.
+_UNREACHABLE = ("couldn't connect", "could not connect", "connection", "offline", "max retries", "name resolution")
+
+
+def load_error(exc: BaseException, job: Job) -> str:
+    """Why the base model did not load, on one line a person reads to the end: the log's reason line and
+    the run's reason quote it."""
+    text = str(exc)
+    if job.source == job.base_model and any(word in text.lower() for word in _UNREACHABLE):
+        return (f"the Hugging Face hub could not be reached and the model is not in this machine's cache; "
+                f"download it once with hub access (`hf download {job.base_model}`) or choose a model this "
+                "machine has")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return first if len(first) <= 300 else first[:297] + "..."
 
 
 def lora_config(s: TrainerSettings, targets: list[str]) -> Any:

@@ -212,7 +212,8 @@ def _failure_reason(body: AgentComplete) -> str:
 
 
 def _last_lines(body: AgentComplete) -> str:
-    lines = [line for line in body.last_lines if line.strip()][-10:]
+    # Not the line the reason already quotes ("last output: ..."): said once.
+    lines = [line for line in body.last_lines if line.strip() and line.strip()[:300] not in body.reason][-10:]
     return ("; the trainer's last lines:\n" + "\n".join(lines)) if lines else ""
 
 

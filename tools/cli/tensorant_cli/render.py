@@ -186,8 +186,14 @@ def status_line(run: dict[str, Any]) -> str:
     if run.get("adapter_kind") == "checkpoint":
         parts.append(f"adapter=checkpoint@{run.get('checkpoint_step')}/{run.get('planned_steps')}")
     if run.get("reason"):
-        parts.append(f"reason: {run['reason']}")
+        parts.append("reason: " + " / ".join(reason_lines(run["reason"])))
     return printable("  ".join(parts))
+
+
+def reason_lines(reason: Any) -> list[str]:
+    """A run's reason as the lines it holds (a failure's reason ends with the trainer's last lines), each
+    printable: a line break shown as \x0a made a 1,500-character reason unreadable."""
+    return [printable(line) for line in str(reason).splitlines() if line.strip()]
 
 
 def status_block(run: dict[str, Any]) -> list[str]:
@@ -213,7 +219,8 @@ def status_block(run: dict[str, Any]) -> list[str]:
     if (adapter := adapter_line(run)) is not None:
         lines.append(f"  {adapter}")
     if run.get("reason"):
-        lines.append(f"  reason: {run['reason']}")
+        first, *rest = reason_lines(run["reason"]) or [""]
+        lines += [f"  reason: {first}", *(f"    {line}" for line in rest)]
     return [printable(line) for line in lines]
 
 

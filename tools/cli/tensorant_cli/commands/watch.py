@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from tensorant_cli.client import Client
 from tensorant_cli.commands.common import run_id_of
 from tensorant_cli.output import items, say
-from tensorant_cli.render import cli_words, clock, duration, money, next_steps, printable, status_block
+from tensorant_cli.render import cli_words, clock, duration, money, next_steps, printable, reason_lines, status_block
 
 # Where `runs watch` stops: terminal states, and `retained` (the run waits for a person).
 STOP_STATES = {"succeeded", "failed", "cancelled", "retained"}
@@ -150,8 +150,10 @@ def logs(args: argparse.Namespace, client: Client) -> int:
         if state in STOP_STATES:
             for line in cursor.new_lines():
                 say(line)
-            # The end of a followed log says how the run ended (it may have ended long ago).
-            say(f"run {run_id} {state}" + (f": {run['reason']}" if run.get("reason") else ""))
+            # The end of a followed log says how the run ended (it may have ended long ago): the reason's
+            # first line only, its trainer's last lines were just printed as the log.
+            head = (reason_lines(run.get("reason")) or [""])[0]
+            say(f"run {run_id} {state}" + (f": {head}" if head else ""))
             return 0 if state == "succeeded" else 1
         sys.stdout.flush()
         time.sleep(args.interval)
