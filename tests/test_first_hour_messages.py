@@ -123,3 +123,26 @@ def test_the_cli_prints_a_reason_line_by_line_not_as_escapes() -> None:
                           "    trainer: one", "    trainer: two\\x1b[2J"]  # still no escape sequence let through
     line = status_line(run)
     assert "\\x0a" not in line and "trainer: one / trainer: two" in line
+
+
+# ---------------------------------------------------------------- errors that name the CLI command
+
+
+def test_missing_connections_are_answered_with_the_command_that_saves_them(env: dict[str, str], cloud: Any) -> None:
+    """"an owner saves one under connections/storage" named an API path; the catalog's error named a
+    local.json that does not exist (the local provider needs no file)."""
+    from tests.harness import Harness
+
+    bare = Harness()
+    try:
+        status, body, _ = bare.call("POST", "/api/projects", json_body={"name": "demo"})
+        assert status == 409, body
+        assert "`tensorant connections save-storage --set kind=local`" in body["detail"]
+        assert "connections/storage" not in body["detail"]
+        status, body, _ = bare.call("GET", "/api/catalog/gpus", params={"provider": "local"})
+        assert status == 404, body
+        assert "`tensorant connections save-compute local`" in body["detail"] and ".json" not in body["detail"]
+        status, body, _ = bare.call("GET", "/api/catalog/gpus", params={"provider": "aws"})
+        assert status == 404 and "--from-file aws.json` (a JSON file you write with" in body["detail"], body
+    finally:
+        bare.close()

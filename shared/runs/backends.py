@@ -60,7 +60,9 @@ def with_storage_context(provider: str, config: BaseModel, org: str) -> BaseMode
 def storage_for(org: str) -> StorageBackend:
     config = storage_config(org)
     if config is None:
-        raise Conflict("no storage connection is saved; an owner saves one under connections/storage")
+        raise Conflict("no storage connection is saved; an owner saves one with `tensorant connections "
+                       "save-storage --set kind=local` (this host's disk, for development) or `tensorant connections "
+                       "save-storage --from-file storage.json` (cloud storage; `--help` has an example)")
     return make_storage(config, get_settings(), org)
 
 

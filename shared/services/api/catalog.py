@@ -37,8 +37,7 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         name = slot.removeprefix("compute:")
         if store.get_connection(principal.org, slot) is None:
             raise NotFound(f"no {name} compute connection is saved; an owner saves it with "
-                           f"`tensorant connections save-compute {name} --from-file {name}.json`, "
-                           "then the catalog fills in")
+                           f"{_save_command(name)}, then the catalog fills in")
         rec = store.get_catalog(principal.org, name)
         max_age = get_settings().catalog_max_age_s
         stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age
@@ -73,3 +72,15 @@ def find_offer(org: str, provider: str, offer_id: str) -> GpuOffer:
             return offer
     known = ", ".join(o.offer_id for o in (rec.offers if rec else [])[:10]) or "none (is the connection connected?)"
     raise InvalidInput.field("offer_id", f"{offer_id!r} is not in the {provider} catalog now; choose one of: {known}")
+
+
+def _save_command(provider: str) -> str:
+    """The command that saves the connection: no file to name when every field has a default (local),
+    else a JSON file of the fields the user writes (no such file exists until they do)."""
+    from shared.providers import registry
+
+    required = [n for n, f in registry.config_model(provider).model_fields.items() if f.is_required()]
+    if not required:
+        return f"`tensorant connections save-compute {provider}`"
+    return (f"`tensorant connections save-compute {provider} --from-file {provider}.json` (a JSON file you write "
+            f"with {', '.join(required)}; `tensorant connections save-compute --help` has an example)")
