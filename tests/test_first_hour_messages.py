@@ -146,3 +146,35 @@ def test_missing_connections_are_answered_with_the_command_that_saves_them(env: 
         assert status == 404 and "--from-file aws.json` (a JSON file you write with" in body["detail"], body
     finally:
         bare.close()
+
+
+# ---------------------------------------------------------------- the forecast's and the pace's words
+
+
+def test_a_forecast_just_over_the_limit_is_said_to_the_second() -> None:
+    """"the forecast needs ~1 min ... longer than the runtime limit of 1 min" read as no problem."""
+    from shared.models import Forecast
+    from shared.runs import forecast
+
+    got = Forecast(training_s=35, startup_s=40, total_s=75, cost=0.0, tokens=1000, steps=5,
+                   throughput_tokens_per_s=30.0, basis="table")
+    said = forecast.warnings(got, price_limit_per_hour=10.0, runtime_limit_s=60, currency="USD")
+    assert len(said) == 1 and "needs ~1 min 15 s" in said[0] and "runtime limit of 1 min:" in said[0], said
+    # Far apart, minutes as before.
+    assert "needs ~20 min" in forecast.warnings(got.model_copy(update={"total_s": 1200}), 10.0, 600, "USD")[0]
+
+
+def test_the_pace_warning_says_seconds_never_0_min() -> None:
+    """"10% of the planned steps in 0 min ... the runtime limit ends in 0 min"."""
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from shared.models import RunState
+    from shared.services.api.agent import pace_warning
+
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    run = SimpleNamespace(state=RunState.training, state_changed_at=t - timedelta(seconds=6),
+                          deadlines=SimpleNamespace(runtime_by=t + timedelta(seconds=20)))
+    said = pace_warning(run, 0.1, t)  # type: ignore[arg-type]
+    assert "0 min" not in said
+    assert "10% of the planned steps in 6 s" in said and "needs about 1 min" in said and "ends in 20 s" in said

@@ -313,6 +313,18 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def to_the_second(seconds: float) -> str:
+    """Seconds as minutes and seconds ('1 min 15 s'): when two durations compared read the same in
+    minutes() ('~1 min ... longer than ... 1 min'), the sentence says them to the second."""
+    m, s = divmod(max(0, round(seconds)), 60)
+    return f"{s} s" if not m else f"{m} min" + (f" {s} s" if s else "")
+
+
+def apart(a: float, b: float) -> tuple[str, str]:
+    """a and b as minutes() says them, or to the second when that would say them alike."""
+    return (minutes(a), minutes(b)) if minutes(a) != minutes(b) else (to_the_second(a), to_the_second(b))
+
+
 def summary(forecast: Forecast, currency: str = "USD") -> str:
     """One line, as the CLI prints it: '~12 min training + 4 min start, ~$0.35 (tokens estimated from bytes)'."""
     cost = f"${forecast.cost:.2f}" if currency == "USD" else f"{forecast.cost:.2f} {currency}"
@@ -333,9 +345,10 @@ def warnings(forecast: Forecast, price_limit_per_hour: float, runtime_limit_s: i
                 "runtime_limit_s, or train fewer steps (training max_steps). Launch is not refused for this"]
     if forecast.total_s > runtime_limit_s:
         # Within the price, but the runtime limit ends first: the run would be retained, not succeed.
-        return [f"the forecast needs ~{minutes(forecast.total_s)} ({minutes(forecast.startup_s)} start + "
+        need, limit = apart(forecast.total_s, runtime_limit_s)
+        return [f"the forecast needs ~{need} ({minutes(forecast.startup_s)} start + "
                 f"{minutes(forecast.training_s)} training), longer than the runtime limit of "
-                f"{minutes(runtime_limit_s)}: the run would be retained at the limit (stopped, its output "
+                f"{limit}: the run would be retained at the limit (stopped, its output "
                 "kept), not succeed; raise runtime_limit_s or train fewer steps (training max_steps)"]
     return []
 

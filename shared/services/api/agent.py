@@ -192,10 +192,13 @@ def pace_warning(run: RunRecord, progress: float, t: datetime) -> str:
     finish_at = t + timedelta(seconds=elapsed * (1 - progress) / progress)
     if finish_at <= limit_at:
         return ""
-    need_min = round(elapsed / progress / 60)
-    left_min = max(0, round((limit_at - t).total_seconds() / 60))
-    return (f"at the trainer's pace so far ({progress:.0%} of the planned steps in {elapsed / 60:.0f} min) the training "
-            f"needs about {need_min} min, but the runtime limit ends in {left_min} min: the run will then be retained "
+    from shared.runs.forecast import apart, minutes
+
+    # Said in seconds under a minute ("in 0 min ... ends in 0 min" read as nothing), and to the second
+    # when the need and what is left would read alike.
+    need, left = apart(elapsed / progress, max(1.0, (limit_at - t).total_seconds()))
+    return (f"at the trainer's pace so far ({progress:.0%} of the planned steps in {minutes(elapsed)}) the training "
+            f"needs about {need}, but the runtime limit ends in {left}: the run will then be retained "
             "with its output kept, not succeed. Next time give it a longer limit (--runtime-limit) or fewer steps "
             "(--set-training max_steps=N)")
 
