@@ -10,6 +10,7 @@ Maps the two calls the bootstrap makes onto something real:
                (WORKDIR, PYTHONPATH) mapped to the repository, the volume's container path mapped
                to its host folder in every environment value (the decoded bootstrap included),
                as the mount would show it. The trainer user exists only in the image: dropped.
+               SHIM_AGENT_ENV (JSON) adds variables, as other ENV lines of the image would.
     buildah    the locally built image (SHIM_IMAGE, `make image-check`): `buildah from`, then
                `buildah run --isolation chroot` of the image's own ENTRYPOINT with the env file's
                variables and the volume, on the host network; the working container is removed.
@@ -102,6 +103,10 @@ def _agent_env(env: dict[str, str], volumes: list[tuple[str, str]]) -> dict[str,
     out = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
     out.update({k: _map(v, mounts) for k, v in spec.env.items()})
     out.pop("TENSORANT_TRAINER_USER", None)  # a user of the image, not of this host
+    # SHIM_AGENT_ENV (a JSON object): what an image built with other ENV defaults would carry (small
+    # self-protection bounds, a heartbeat interval, the smoke trainer's checkpoint mode). The bootstrap's
+    # values still win, as they do in a real container (shared.agent.config.overlay_bootstrap).
+    out.update(json.loads(os.environ.get("SHIM_AGENT_ENV") or "{}"))
     for key, value in env.items():
         if key == "TENSORANT_BOOTSTRAP":
             inner = json.loads(base64.b64decode(value))

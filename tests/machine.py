@@ -185,13 +185,17 @@ class Machine:
         return self.poweroffs.exists() and "poweroff" in self.poweroffs.read_text()
 
     # ------------------------------------------------------------ RunPod
-    def start_pod(self, pod_input: dict[str, Any]) -> None:
-        """RunPod starts the image's entrypoint with the pod's env and its volume at the mount path."""
+    def start_pod(self, pod_input: dict[str, Any], runpod_env: dict[str, str] | None = None) -> None:
+        """RunPod starts the image's entrypoint with the pod's env and its volume at the mount path (kept
+        across a stop and a resume). runpod_env: what RunPod adds to every pod's environment
+        (RUNPOD_POD_ID, the pod-scoped RUNPOD_API_KEY)."""
         volume = self.root / "fs" / "runpod-volume"
         volume.mkdir(parents=True, exist_ok=True)
         args = ["docker", "run", "--name", str(pod_input["name"]), "--gpus", "all", "--restart", "no"]
         for item in pod_input["env"]:
             args += ["-e", f"{item['key']}={item['value']}"]
+        for key, value in (runpod_env or {}).items():
+            args += ["-e", f"{key}={value}"]
         args += ["-v", f"{volume}:{pod_input['volumeMountPath']}", str(pod_input["imageName"])]
         self._start(args)
 

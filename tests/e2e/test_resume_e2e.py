@@ -1,0 +1,356 @@
+"""Resume and self-protection on every cloud, through the machine harness (issue 29.3, issue 33.3).
+
+Each cloud's launch goes through the real function app (AWS on moto, Azure on the fake ARM, RunPod on
+the fake RunPod server); tests/machine.py plays the machine from what the cloud received, and the agent
+runs the smoke trainer in its checkpoint mode (shared/trainer/smoke.py): a checkpoint every 2 steps of 6,
+held after step 4 (a run long enough to be stopped there), continued from the checkpoint when resumed.
+
+- Resume: the runtime limit passes mid-training (the simulated clock, heartbeat-check ticking), the run
+  is retained and the cloud stops the machine, keeping its disk; `recover --resume` starts it again, the
+  agent on the kept disk trains on from step 4 to 6 and the run ends succeeded with one final adapter.
+- Self-protection: the control plane goes away under a training agent; past TENSORANT_UNREACHABLE_STOP_S
+  (2 s here) the agent stops training, its checkpoint's adapter is in storage, and the machine powers
+  itself off with its disk kept: on AWS and Azure the agent exits 80 and the host script runs
+  `poweroff`; on RunPod the pod stops itself through podStop.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.providers import cloudinit
+from tests.e2e.boot import BootHarness, boot_harness, finish
+from tests.machine import Machine, wait_for
+from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.rig import config_body
+from tests.providers.runpod.fake_server import FakeRunPod
+
+pytestmark = pytest.mark.e2e
+
+RUNPOD_KEY = "rpa_RESUMEKEY0123456789"
+STEPS, HOLD = 6, 4
+# What the image's ENV would carry in these tests (tests/docker_shim.py SHIM_AGENT_ENV): the smoke trainer's
+# checkpoint mode, and heartbeats every second (a resumed agent asks every interval whether to go on).
+TRAINER_ENV = {"TENSORANT_SMOKE_STEPS": str(STEPS), "TENSORANT_SMOKE_STEP_SECONDS": "0.05",
+               "TENSORANT_SMOKE_CHECKPOINT_EVERY": "2", "TENSORANT_SMOKE_HOLD_AT": str(HOLD),
+               "TENSORANT_HEARTBEAT_INTERVAL_S": "1"}
+UNREACHABLE_S = 2
+
+
+def machine_for(root: Path, h: BootHarness, **extra: str) -> Machine:
+    return Machine(root, h.clock, agent_env=json.dumps({**TRAINER_ENV, **extra}))
+
+
+def launch(h: BootHarness, provider: str, machine_type: str, runtime_limit_s: int) -> tuple[str, dict[str, Any]]:
+    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": provider})["items"]
+                 if o["machine_type"] == machine_type)
+    run_id = h.create_run(provider, offer["offer_id"], runtime_limit_s=runtime_limit_s, price_limit=10.0)
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    return run_id, run
+
+
+def logs(h: BootHarness, run_id: str) -> list[str]:
+    return list(h.ok("GET", f"/api/runs/{run_id}/logs")["lines"])
+
+
+def await_checkpoint(h: BootHarness, run_id: str, machine: Machine) -> None:
+    """Until the agent uploaded the checkpoint at step HOLD and the trainer holds there."""
+    def held() -> bool:
+        lines = logs(h, run_id)
+        return (any(f"checkpoint adapter uploaded (step-{HOLD:06d}" in line for line in lines)
+                and any(f"holding at step {HOLD}" in line for line in lines))
+
+    wait_for(held, "the checkpoint at the held step to be uploaded", 90, machine=machine, between=h.drain)
+
+
+def stored_manifest(run_id: str) -> dict[str, Any]:
+    """The manifest of the run's adapter archive in the org's storage (custom S3 on moto)."""
+    from shared.runs.backends import storage_for
+    from shared.storage.base import adapter_key
+
+    with storage_for("org-a").open_stream(adapter_key(run_id), 64 << 20) as stream:
+        data = stream.read()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        manifest: dict[str, Any] = json.loads(z.read("manifest.json"))
+    return manifest
+
+
+def agent_state(data_dir: Path) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((data_dir / "agent-state.json").read_text())
+    return state
+
+
+def retain_at_runtime_limit(h: BootHarness, run_id: str, machine: Machine, data_dir: Path) -> dict[str, Any]:
+    """The runtime limit passes with the control plane serving (heartbeat-check every minute): the run is
+    retained, the agent hears stop and records it (its checkpoint on the disk), and the cloud stops the
+    machine (played here: everything on it ends; the disk stays)."""
+    run = h.get_run(run_id)
+    h.serve(run["runtime_limit_s"] + 61)
+    run = wait_for(lambda: (r := h.get_run(run_id))["state"] == "retained" and r, "the run to be retained", 60,
+                   machine=machine, between=h.drain)
+    assert "runtime limit" in run["reason"], run["reason"]
+    wait_for(lambda: agent_state(data_dir).get("stopped"), "the agent to record its stop", 60, machine=machine)
+    machine.power_off()
+    return dict(run)
+
+
+def resume_to_succeeded(h: BootHarness, run_id: str, machine: Machine, data_dir: Path) -> dict[str, Any]:
+    """What every cloud's resume ends in: trained on from the held checkpoint to the planned steps, once, and
+    succeeded with one final adapter."""
+    run = finish(h, run_id, machine)
+    lines = logs(h, run_id)
+    assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-3000:]}"
+    assert run["adapter_kind"] == "final", run
+    walked = [e["message"].split(":")[0] for e in run["events"] if e["kind"] == "transition"]
+    # As a set: events written at one simulated instant do not keep their order.
+    assert {"retaining -> retained", "retained -> training", "releasing -> succeeded"} <= set(walked), walked
+    assert any(f"resuming from step-{HOLD:06d} (step {HOLD} of {STEPS})" in line for line in lines), lines[-30:]
+    trained = [line.split()[1] for line in lines if line.startswith("progress=")]
+    assert trained == [f"step={k}" for k in range(1, STEPS + 1)], trained  # every step once, across the stop
+    manifest = stored_manifest(run_id)
+    assert "checkpoint_step" not in manifest and manifest["resumed_from_step"] == HOLD, manifest
+    assert manifest["steps"] == STEPS
+    with zipfile.ZipFile(data_dir / "adapter.zip") as z:  # the same adapter, exported on the kept disk
+        assert json.loads(z.read("manifest.json")) == manifest
+    return run
+
+
+def assert_self_stopped_with_checkpoint(run_id: str, data_dir: Path) -> None:
+    state = agent_state(data_dir)
+    assert "unreachable" in state["self_stopped"] and state["stopped"], state
+    assert (data_dir / "checkpoint" / f"step-{HOLD:06d}" / "manifest.json").is_file()  # kept on the disk
+    manifest = stored_manifest(run_id)  # and its adapter in storage, for recover --verify-saved
+    assert (manifest["checkpoint_step"], manifest["steps"]) == (HOLD, STEPS), manifest
+
+
+def assert_powered_off_by_the_host_script(machine: Machine) -> None:
+    """AWS and Azure: the agent exits 80 and cloud-init's script runs `poweroff` (the shim records it)."""
+    wait_for(lambda: machine.exited() is not None, "the machine's script to power it off", 90, machine=machine)
+    console = machine.console()
+    assert f"the training container exited with code {cloudinit.POWEROFF_EXIT}" in console, console[-3000:]
+    assert "the agent stopped by itself and asked for a poweroff; the disk is kept" in console
+    assert machine.powered_off_by_guest() and machine.exited() == 0
+
+
+def test_smoke_checkpoint_mode_writes_the_real_trainers_layout_and_resumes(tmp_path: Path) -> None:
+    """The mode the tests below run: step-<k> folders whole (older ones removed), a manifest saying
+    checkpoint_step of steps, the hold, and a resume that trains only the steps after the checkpoint."""
+    import os
+    import subprocess
+    import sys
+
+    from shared.agent.trainer import newest_checkpoint
+
+    env = {**os.environ, **TRAINER_ENV, "TENSORANT_SMOKE_STEP_SECONDS": "0", "TENSORANT_OUTPUT_DIR": str(tmp_path / "out"),
+           "TENSORANT_BASE_MODEL": "tensorant/smoke-tiny", "TENSORANT_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    command = [sys.executable, "-m", "shared.trainer.smoke"]
+    held = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    assert held.stdout is not None
+    lines = []
+    for line in held.stdout:
+        lines.append(line.strip())
+        if "holding at step" in line:
+            break
+    held.kill()
+    held.wait()
+    assert [x.split(" dir=")[0] for x in lines if x.startswith("checkpoint")] == ["checkpoint step=2", "checkpoint step=4"]
+    folder = newest_checkpoint(tmp_path / "ckpt")
+    assert folder is not None and folder.name == f"step-{HOLD:06d}"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [folder.name]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (manifest["checkpoint_step"], manifest["steps"]) == (HOLD, STEPS)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+    resumed = subprocess.run(command, env={**env, "TENSORANT_RESUME_FROM": str(folder)}, capture_output=True,
+                             text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    trained = [x.split()[1] for x in resumed.stdout.splitlines() if x.startswith("progress=")]
+    assert trained == [f"step={k}" for k in range(HOLD + 1, STEPS + 1)], resumed.stdout
+    final = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert final["resumed_from_step"] == HOLD and "checkpoint_step" not in final
+
+
+# ---------------------------------------------------------------- AWS (boot_aws_h: tests/e2e/conftest.py)
+
+def _aws_launch(h: BootHarness, ec2: Any, runtime_limit_s: int) -> tuple[str, str, str]:
+    run_id, run = launch(h, "aws", "g6.xlarge", runtime_limit_s)
+    instance = next(r["id"] for r in run["resources"] if r["kind"] == "instance")
+    raw = ec2.describe_instance_attribute(InstanceId=instance, Attribute="userData")["UserData"]["Value"]
+    return run_id, instance, base64.b64decode(raw).decode()
+
+
+def _ec2_state(ec2: Any, instance: str) -> str:
+    return str(ec2.describe_instances(InstanceIds=[instance])["Reservations"][0]["Instances"][0]["State"]["Name"])
+
+
+def _volumes(ec2: Any, instance: str) -> list[str]:
+    found = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id", "Values": [instance]}])["Volumes"]
+    return [v["VolumeId"] for v in found]
+
+
+def test_aws_resume_continues_from_the_checkpoint_on_the_kept_disk(boot_aws_h: tuple[BootHarness, Any],
+                                                                   tmp_path: Path) -> None:
+    h, ec2 = boot_aws_h
+    run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=60)
+    machine = machine_for(tmp_path / "vm", h)
+    data = machine.path(cloudinit.HOST_DATA_DIR)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    retain_at_runtime_limit(h, run_id, machine, data)
+    assert _ec2_state(ec2, instance) == "stopped" and _volumes(ec2, instance)  # the disk kept
+
+    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+    h.drain()
+    assert run["state"] == "training" and _ec2_state(ec2, instance) == "running", (run, h.step_errors)
+    machine.boot_again()  # the instance boots again: the per-boot script starts the container on the kept disk
+    resume_to_succeeded(h, run_id, machine, data)
+    assert _ec2_state(ec2, instance) == "terminated"
+    assert [c[0] for c in machine.docker_calls()].count("run") == 2
+
+
+def test_aws_agent_powers_off_when_the_control_plane_is_gone(boot_aws_h: tuple[BootHarness, Any], plane: Any,
+                                                              tmp_path: Path) -> None:
+    h, ec2 = boot_aws_h
+    run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=7200)
+    machine = machine_for(tmp_path / "vm", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
+    data = machine.path(cloudinit.HOST_DATA_DIR)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    plane.stop()  # the control plane is gone; storage (S3) is still there
+    assert_powered_off_by_the_host_script(machine)
+    assert_self_stopped_with_checkpoint(run_id, data)
+    # What the guest's poweroff does on EC2: the instance was launched to stop (not terminate) on it.
+    behavior = ec2.describe_instance_attribute(InstanceId=instance, Attribute="instanceInitiatedShutdownBehavior")
+    assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "stop"
+    ec2.stop_instances(InstanceIds=[instance])  # played: moto does not run the guest
+    assert _ec2_state(ec2, instance) == "stopped" and _volumes(ec2, instance)
+
+
+# ---------------------------------------------------------------- Azure
+
+@pytest.fixture
+def azure_h(plane: Any, moto_server: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
+    h = boot_harness(tmp_path, moto_server)
+    conn = h.save_compute("azure", config_body())
+    assert conn["status"] == "connected", conn["checks"]
+    yield h
+    h.close()
+
+
+def _azure_launch(h: BootHarness, arm: FakeArm, runtime_limit_s: int) -> tuple[str, dict[str, Any], str]:
+    run_id, run = launch(h, "azure", "Standard_NC24ads_A100_v4", runtime_limit_s)
+    vm = next(r["id"] for r in run["resources"] if r["kind"] == "vm")
+    return run_id, run, base64.b64decode(arm.get(vm)["_custom_data"]).decode()  # type: ignore[index]
+
+
+def _arm_resources(arm: FakeArm, run: dict[str, Any]) -> dict[str, Any]:
+    return {r["kind"]: arm.get(r["id"]) for r in run["resources"]}
+
+
+def test_azure_resume_continues_from_the_checkpoint_on_the_kept_disk(azure_h: BootHarness, arm: FakeArm,
+                                                                     tmp_path: Path) -> None:
+    h = azure_h
+    run_id, launched, user_data = _azure_launch(h, arm, runtime_limit_s=60)
+    machine = machine_for(tmp_path / "vm", h)
+    data = machine.path(cloudinit.HOST_DATA_DIR)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    retain_at_runtime_limit(h, run_id, machine, data)
+    kept = _arm_resources(arm, launched)
+    assert all(found is not None for found in kept.values()), kept  # the VM (deallocated) and its disk kept
+
+    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+    h.drain()
+    assert run["state"] == "training", (run, h.step_errors)
+    machine.boot_again()
+    resume_to_succeeded(h, run_id, machine, data)
+    assert all(arm.get(r["id"]) is None for r in launched["resources"] if r["kind"] == "vm")
+
+
+def test_azure_agent_powers_off_when_the_control_plane_is_gone(azure_h: BootHarness, arm: FakeArm, plane: Any,
+                                                                tmp_path: Path) -> None:
+    h = azure_h
+    run_id, launched, user_data = _azure_launch(h, arm, runtime_limit_s=7200)
+    machine = machine_for(tmp_path / "vm", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
+    data = machine.path(cloudinit.HOST_DATA_DIR)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    plane.stop()
+    assert_powered_off_by_the_host_script(machine)
+    assert_self_stopped_with_checkpoint(run_id, data)
+    kept = _arm_resources(arm, launched)
+    assert all(found is not None for found in kept.values()), kept  # nothing deleted: VM, disk, NIC
+
+
+# ---------------------------------------------------------------- RunPod
+
+@pytest.fixture
+def runpod_h(plane: Any, moto_server: str, monkeypatch: pytest.MonkeyPatch,
+             tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
+    fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
+    h = boot_harness(tmp_path, moto_server)
+    assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
+    yield h, fake_rp
+    h.close()
+    fake_rp.stop()
+
+
+def _runpod_launch(h: BootHarness, fake_rp: FakeRunPod, runtime_limit_s: int) -> tuple[str, str, dict[str, Any]]:
+    run_id, run = launch(h, "runpod", "NVIDIA A40", runtime_limit_s)
+    pod_input = fake_rp.creates()[0]["variables"]["input"]
+    pod = next(p for p, v in fake_rp.pods.items() if v["name"] == pod_input["name"])
+    return run_id, pod, pod_input
+
+
+def _pod_env(fake_rp: FakeRunPod, pod: str) -> dict[str, str]:
+    # What RunPod puts in every pod (the fake takes the account's key where RunPod issues a pod-scoped one).
+    return {"RUNPOD_POD_ID": pod, "RUNPOD_API_KEY": RUNPOD_KEY, "RUNPOD_API_BASE_URL": fake_rp.url}
+
+
+def test_runpod_resume_continues_from_the_checkpoint_on_the_kept_volume(
+        runpod_h: tuple[BootHarness, FakeRunPod], tmp_path: Path) -> None:
+    h, fake_rp = runpod_h
+    run_id, pod, pod_input = _runpod_launch(h, fake_rp, runtime_limit_s=60)
+    machine = machine_for(tmp_path / "pod", h)
+    data = machine.root / "fs/runpod-volume/data"
+    machine.start_pod(pod_input, _pod_env(fake_rp, pod))
+    await_checkpoint(h, run_id, machine)
+    retain_at_runtime_limit(h, run_id, machine, data)
+    assert fake_rp.pods[pod]["desiredStatus"] == "EXITED"  # podStop: the GPU freed, the volume kept
+
+    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+    h.drain()
+    assert run["state"] == "training" and fake_rp.pods[pod]["desiredStatus"] == "RUNNING", (run, h.step_errors)
+    machine.start_pod(pod_input, _pod_env(fake_rp, pod))  # podResume: RunPod runs the entrypoint again
+    resume_to_succeeded(h, run_id, machine, data)
+    assert fake_rp.ops().count("podResume") == 1 and "podTerminate" in fake_rp.ops()  # released at the end
+
+
+def test_runpod_pod_stops_itself_when_the_control_plane_is_gone(runpod_h: tuple[BootHarness, FakeRunPod],
+                                                                 plane: Any, tmp_path: Path) -> None:
+    h, fake_rp = runpod_h
+    run_id, pod, pod_input = _runpod_launch(h, fake_rp, runtime_limit_s=7200)
+    machine = machine_for(tmp_path / "pod", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
+    data = machine.root / "fs/runpod-volume/data"
+    machine.start_pod(pod_input, _pod_env(fake_rp, pod))
+    await_checkpoint(h, run_id, machine)
+    plane.stop()
+    wait_for(lambda: fake_rp.pods[pod]["desiredStatus"] == "EXITED", "the pod to stop itself (podStop)", 90,
+             machine=machine)
+    stops = [r for r in fake_rp.requests if "podStop" in r["body"].get("query", "")]
+    assert len(stops) == 1 and pod in stops[0]["body"]["query"], stops
+    assert "podTerminate" not in fake_rp.ops()  # stopped, never terminated: the volume is kept
+    wait_for(lambda: agent_state(data).get("self_stopped"), "the agent to record its self-stop", 30,
+             machine=machine)
+    machine.power_off()  # what RunPod's stop then does to the container
+    assert_self_stopped_with_checkpoint(run_id, data)
