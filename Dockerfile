@@ -17,10 +17,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_ROOT_USER_ACTION=ignore \
     HF_HOME=/workspace/data/cache/huggingface
 
+# TRAINER_LOCK: every package the image installs, pinned with the sha256 of each of its files (`make
+# lock`, from the trainer's pins and bitsandbytes): pip refuses any file that differs from the one locked,
+# and --no-deps installs nothing the lock does not name. The published image uses the default (CUDA
+# torch); tools/image/build.sh passes image-requirements-cpu.txt (the CPU torch wheel) where there is no GPU.
+ARG TRAINER_LOCK=shared/trainer/image-requirements.txt
+
 WORKDIR /opt/tensorant
-# One source of truth for the pins; bitsandbytes only here (4-bit needs CUDA, no CPU test uses it).
-COPY shared/trainer/requirements.txt /opt/tensorant/requirements.txt
-RUN pip install -r /opt/tensorant/requirements.txt bitsandbytes==0.50.2
+COPY ${TRAINER_LOCK} /opt/tensorant/image-requirements.txt
+RUN pip install --no-deps --require-hashes -r /opt/tensorant/image-requirements.txt
 
 # The trainer runs as its own unprivileged user: it executes the customer's model code (custom
 # architectures, chat templates) and must not read the agent's run token or storage credentials.

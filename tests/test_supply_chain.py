@@ -140,3 +140,73 @@ def test_the_image_locks_hold_the_trainer_pins() -> None:
             package, version = want.split("==")
             got = pins.get(package.lower(), "")
             assert got == version or (package == "torch" and got == f"{version}+cpu"), f"{name}: {want} vs {got}"
+
+
+def _instructions(dockerfile: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments left out."""
+    out: list[str] = []
+    pending = ""
+    for raw in dockerfile.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pending = f"{pending} {line}".strip()
+        if pending.endswith("\\"):
+            pending = pending.removesuffix("\\").strip()
+            continue
+        out.append(pending)
+        pending = ""
+    return out
+
+
+def _unhashed_installs(dockerfile: str) -> list[str]:
+    """Each pip install of the Dockerfile that is not `--no-deps --require-hashes -r <a locked file>`: the
+    file installed must be what a COPY put there from a lock of LOCKS, or from a build arg defaulting to one."""
+    instructions = _instructions(dockerfile)
+    args = dict(i.removeprefix("ARG ").partition("=")[::2] for i in instructions if i.startswith("ARG "))
+    locks = {str(p.relative_to(ROOT)) for p in LOCKS}
+    copied = {}  # path in the image -> the repository file copied there
+    for i in instructions:
+        if i.startswith("COPY "):
+            source, target = i.split()[1:3]
+            arg = re.fullmatch(r"\$\{?(\w+)\}?", source)
+            copied[target] = args.get(arg.group(1), "") if arg else source
+    bad = []
+    for i in instructions:
+        for install in re.findall(r"\bpip3? install\b[^;&|]*", i):
+            words = install.split()
+            files = [words[n + 1] for n, w in enumerate(words[:-1]) if w in ("-r", "--requirement")]
+            packages = [w for w in words[2:] if not w.startswith("-") and w not in files]
+            if ("--require-hashes" not in words or "--no-deps" not in words or not files or packages
+                    or any(copied.get(f) not in locks for f in files)):
+                bad.append(install.strip())
+    return bad
+
+
+def test_the_dockerfile_installs_only_from_a_hashed_lock() -> None:
+    # The published image's default is the CUDA lock; every install checks each file's sha256 against it and
+    # installs nothing it does not name (--no-deps).
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "ARG TRAINER_LOCK=shared/trainer/image-requirements.txt" in _instructions(dockerfile)
+    assert re.search(r"\bpip install\b", dockerfile)
+    assert _unhashed_installs(dockerfile) == []
+
+
+def test_the_image_build_passes_the_cpu_lock() -> None:
+    # make image / make image-check build where only the CPU torch wheel is on disk: build.sh passes that lock
+    # as the build arg (a build without it would try the CUDA lock's wheels and fail on their hashes).
+    build = (ROOT / "tools" / "image" / "build.sh").read_text()
+    assert "lock=${TRAINER_LOCK:-shared/trainer/image-requirements-cpu.txt}" in build
+    assert '--build-arg "TRAINER_LOCK=$lock"' in build
+
+
+def test_the_install_check_refuses_what_is_not_hashed_from_a_lock() -> None:
+    head = "ARG L=shared/trainer/image-requirements.txt\nCOPY ${L} /r.txt\nCOPY shared/trainer/requirements.txt /p.txt\n"
+    good = "RUN pip install --no-deps \\\n    --require-hashes -r /r.txt\n"
+    assert _unhashed_installs(head + good) == []
+    for bad in ("RUN pip install --no-deps -r /r.txt\n",                          # no hash check
+                "RUN pip install --require-hashes -r /r.txt\n",                   # its dependencies unchecked
+                "RUN pip install --no-deps --require-hashes -r /p.txt\n",         # the pins, not a lock
+                "RUN pip install --no-deps --require-hashes -r /r.txt torch\n",   # a package beside the lock
+                "RUN true && pip install bitsandbytes==0.50.2\n"):
+        assert _unhashed_installs(head + good + bad) == [bad.split("&& ")[-1].removeprefix("RUN ").strip()], bad

@@ -1,6 +1,7 @@
 """One source of truth for the trainer's pins: shared/trainer/requirements.txt. Every third-party
-import in shared/trainer/ is pinned there exactly, and the Dockerfile installs from it.
-(No torch needed: the imports are read with ast.)"""
+import in shared/trainer/ is pinned there exactly, and the Dockerfile installs the hashed lock made
+from it (shared/trainer/image-requirements.txt; tests/test_supply_chain.py checks that the lock holds
+these pins). (No torch needed: the imports are read with ast.)"""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "shared" / "trainer" / "requirements.txt"
 # import name -> distribution name, where they differ
 DIST = {"yaml": "pyyaml", "huggingface_hub": "huggingface-hub"}
-# Imported only on request and installed only in the CUDA image (the Dockerfile pins it).
+# Imported only on request and installed only in the image (its lock pins it).
 IMAGE_ONLY = {"bitsandbytes"}
 
 
@@ -51,14 +52,15 @@ def test_dockerfile_installs_the_pins_and_runs_the_agent() -> None:
     instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     # The base is a build arg (tools/image/build.sh passes a local stand-in); its default is the real one.
     assert instructions[:2] == ["ARG BASE_IMAGE=python:3.11-slim", "FROM ${BASE_IMAGE}"]
-    assert "COPY shared/trainer/requirements.txt" in text
-    assert re.search(r"pip install -r \S*requirements\.txt", text)
-    assert re.search(r"bitsandbytes==[0-9.]+", text), "bitsandbytes must be pinned exactly in the image"
-    # The pins live in one place: no other version pin of a pinned package in the Dockerfile.
-    for name in pins():
+    # The lock is a build arg (tools/image/build.sh passes the CPU one); its default is the published one.
+    assert "ARG TRAINER_LOCK=shared/trainer/image-requirements.txt" in instructions
+    assert "COPY ${TRAINER_LOCK} /opt/tensorant/image-requirements.txt" in instructions
+    assert "RUN pip install --no-deps --require-hashes -r /opt/tensorant/image-requirements.txt" in instructions
+    # The pins live in the locks: no version pin of any package in the Dockerfile.
+    for name in [*pins(), "bitsandbytes"]:
         assert not re.search(rf"\b{re.escape(name)}==", text), f"{name} is pinned in the Dockerfile too"
     copies = [line.split()[1] for line in instructions if line.startswith("COPY ")]
-    assert sorted(copies) == sorted(["shared/trainer/requirements.txt", "shared/__init__.py", "shared/agent/",
+    assert sorted(copies) == sorted(["${TRAINER_LOCK}", "shared/__init__.py", "shared/agent/",
                                      "shared/trainer/", "shared/adapters/"])
     assert re.search(r"useradd .*\btrainer\b", text)
     assert 'TENSORANT_TRAINER_COMMAND="python -m shared.trainer.run"' in text

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the training image from the Dockerfile with buildah, without a Docker engine:
 #   tools/image/build.sh [TAG]          # default TAG: localhost/tensorant-trainer:check
-#   BASE_IMAGE=python:3.11-slim tools/image/build.sh ghcr.io/tensorant/trainer:2026.11
-# BASE_IMAGE defaults to the local stand-in from tools/image/base.sh (no registry reachable here).
+#   BASE_IMAGE=python:3.11-slim TRAINER_LOCK=shared/trainer/image-requirements.txt \
+#       tools/image/build.sh ghcr.io/tensorant/trainer:2026.11
+# BASE_IMAGE defaults to the local stand-in from tools/image/base.sh (no registry reachable here);
+# TRAINER_LOCK (the hashed lock the Dockerfile installs with --require-hashes) to the CPU torch one,
+# shared/trainer/image-requirements-cpu.txt: the CUDA lock's torch and NVIDIA wheels are not on this disk.
 #
 # pip inside the build resolves as pip on this machine (so torch==2.13.0 is the CPU wheel on this
 # machine's disk): this machine's pip configuration (files and PIP_* variables, as `pip config list`
@@ -18,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 tag=${1:-localhost/tensorant-trainer:check}
 base=${BASE_IMAGE:-localhost/tensorant-base:py311}
+lock=${TRAINER_LOCK:-shared/trainer/image-requirements-cpu.txt}
 python=python3
 [[ -x .venv/bin/python ]] && python=.venv/bin/python
 
@@ -94,11 +98,17 @@ if ((${#mounts[@]})); then
     sed 's/^/         | /' "$work/home/.config/pip/pip.conf"
 fi
 
-echo "build: buildah bud $tag from $base (the pip install step takes minutes the first time)"
+if [[ ! -f $lock ]]; then
+    echo "build: the lock $lock is missing (TRAINER_LOCK names a file of this repository)" >&2
+    exit 1
+fi
+
+echo "build: buildah bud $tag from $base with $lock (the pip install step takes minutes the first time)"
 start=$SECONDS
 # --layers: a rebuild after a code change reuses the pip install layer.
 buildah bud --isolation chroot --layers \
     --build-arg "BASE_IMAGE=$base" \
+    --build-arg "TRAINER_LOCK=$lock" \
     "${mounts[@]}" \
     -t "$tag" -f Dockerfile . 2>&1 \
     | while IFS= read -r line; do printf '[%4d s] %s\n' $((SECONDS - start)) "$line"; done
