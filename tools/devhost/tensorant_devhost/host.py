@@ -28,7 +28,7 @@ from typing import Any
 
 from tensorant_devhost.config import HostConfig, load_local_settings
 from tensorant_devhost.functions import describe_functions, load_app
-from tensorant_devhost.invocation import running_hosts
+from tensorant_devhost.invocation import quiet_housekeeping, running_hosts
 from tensorant_devhost.queues import QueueTriggers
 from tensorant_devhost.serving import HttpTriggers, fork_http_worker, listen_socket, serve, shutdown_server
 from tensorant_devhost.timers import TimerTriggers, next_fire
@@ -111,6 +111,7 @@ class Host(HttpTriggers, QueueTriggers, TimerTriggers):
 
     def start(self) -> Host:
         self._stop.clear()
+        quiet_housekeeping()
         if self.enable["http"] and self.by_kind("http"):
             sock = None
             if self.http_workers > 1:

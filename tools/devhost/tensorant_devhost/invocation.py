@@ -30,6 +30,39 @@ from tensorant_devhost.worker import FunctionTimeout, Invocation, Worker, Worker
 
 AZURITE_ALIAS = "UseDevelopmentStorage=true"
 
+# Housekeeping that ticks while nobody does anything: the timers (heartbeat-check every minute, the
+# sweeper every five) and the sweeper's fan-out, one sweep-account message per connection. An idle
+# terminal printed three lines a minute of them (one JSON) and buried the warnings. Their lines, and
+# the app's info lines while they run, are debug lines (`make run --verbose` shows them); a warning
+# or an error they log, and a failed invocation, still show. What they act on shows as the steps
+# they send (retain, release), which are not quiet.
+QUIET_QUEUE_FUNCTIONS = frozenset({"sweep_account"})
+_housekeeping = threading.local()
+
+
+def is_housekeeping(f: FunctionInfo) -> bool:
+    return f.kind == "timer" or (f.kind == "queue" and f.name in QUIET_QUEUE_FUNCTIONS)
+
+
+class QuietHousekeeping(logging.Filter):
+    """Drops the app's records under WARNING logged while a housekeeping invocation runs on this
+    thread, unless the dev host's own log is at debug level (every line asked for)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or not getattr(_housekeeping, "on", False):
+            return True
+        return log.isEnabledFor(logging.DEBUG)
+
+
+_QUIET = QuietHousekeeping()
+
+
+def quiet_housekeeping(app_logger: str = "tensorant") -> None:
+    """Install the filter on the app's logger (idempotent): its records are filtered before any handler."""
+    logger = logging.getLogger(app_logger)
+    if _QUIET not in logger.filters:
+        logger.addFilter(_QUIET)
+
 
 class _Out:
     """An output binding value holder (azure.functions.Out)."""
@@ -102,17 +135,23 @@ class Invoker:
         if "context" in params:
             kwargs["context"] = _Context(invocation_id, f.name, str(self.root))
 
+        quiet = is_housekeeping(f)
+
         def call() -> Any:
-            result = f.func(**kwargs)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_await(result))
-            return result
+            _housekeeping.on = quiet  # on the worker's thread, where the function logs
+            try:
+                result = f.func(**kwargs)
+                if inspect.isawaitable(result):
+                    result = asyncio.run(_await(result))
+                return result
+            finally:
+                _housekeeping.on = False
 
         started = time.perf_counter()
         # HTTP requests are debug lines: `runs watch` and the agents' heartbeats poll every second or
         # two, and would bury the steps, warnings and errors (`make run` shows them on request:
         # TENSORANT_LOG_REQUESTS=1). A failed invocation is an error line whatever its trigger.
-        level = logging.DEBUG if f.kind == "http" else logging.INFO
+        level = logging.DEBUG if f.kind == "http" or quiet else logging.INFO
         log.log(level, "Executing 'Functions.%s' (%s, Id=%s)", f.name, detail or f.kind, invocation_id)
         try:
             result = self._run_on_worker(Invocation(invocation_id, f.name, call))
