@@ -178,3 +178,52 @@ def test_the_pace_warning_says_seconds_never_0_min() -> None:
     said = pace_warning(run, 0.1, t)  # type: ignore[arg-type]
     assert "0 min" not in said
     assert "10% of the planned steps in 6 s" in said and "needs about 1 min" in said and "ends in 20 s" in said
+
+
+# ---------------------------------------------------------------- retained runs
+
+
+def test_after_stop_the_view_says_the_machine_is_stopped(h: Harness, cloud: Any) -> None:
+    """After `runs stop`, `get` still showed the machine "running (started for recovery)"."""
+    from tests.test_reliability import retained_run
+
+    run_id = retained_run(h)
+    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    machines = [r for r in h.get_run(run_id)["resources"] if r["kind"] in ("instance", "machine", "vm", "pod")]
+    assert machines and machines[0]["state"] == "running (started for recovery)", machines
+    h.ok("POST", f"/api/runs/{run_id}/stop", token="member")
+    run = h.get_run(run_id)
+    states = {r["kind"]: r["state"] for r in run["resources"]}
+    assert states[machines[0]["kind"]] == "stopped", states
+
+
+def test_a_local_machine_stop_is_confirmed_in_the_same_call(env: dict[str, str]) -> None:
+    """On the local provider `runs stop` read /proc right after the SIGSTOP, found the agent still
+    running and answered "stopping": the view kept "running (started for recovery)"."""
+    import os
+    import subprocess
+    import sys
+
+    from shared.providers.base import RunRef
+    from shared.providers.local.compute import LocalCompute
+    from shared.providers.local.config import LocalConfig
+    from shared.settings import get_settings
+
+    compute = LocalCompute(LocalConfig(), get_settings())
+    ref = RunRef(deployment=compute.deployment, org="demo", run_id="r-stop" + os.urandom(3).hex())
+    marks = {"TENSORANT_MANAGED": "true", "TENSORANT_DEPLOYMENT_ID": compute.deployment, "TENSORANT_ORG": "demo",
+             "TENSORANT_RUN_ID": ref.run_id, "TENSORANT_LOCAL_MACHINES": str(compute.machines)}
+    # A busy agent: a process that is running (R), not sleeping, when the signal comes.
+    agent = subprocess.Popen([sys.executable, "-c", "while True: pass"], env={**os.environ, **marks},
+                             start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while not compute._procs(ref)[0] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        outcome = compute.retain(ref, [])
+        assert outcome.done, outcome
+    finally:
+        agent.kill()
+        agent.wait()

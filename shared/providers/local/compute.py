@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ MARK_RUN = "TENSORANT_RUN_ID"
 # other's agents.
 MARK_ROOT = "TENSORANT_LOCAL_MACHINES"
 BILLING_NOTE = "local: nothing bills"
+# How long retain waits for a SIGSTOP to show in /proc before it answers "stopping" (milliseconds, as a rule).
+STOP_CONFIRM_S = 2.0
 # What the run's agent processes look like -> machine state (see describe).
 STATE_MAP = {
     "none": MachineState.gone,  # no marked process left (the work directory may be kept)
@@ -361,7 +364,14 @@ class LocalCompute:
                            billing_note=BILLING_NOTE)
         if not all(p.stopped for p in procs):
             self._signal(procs, groups, signal.SIGSTOP)
+            # The kernel stops them within milliseconds, but /proc read at once still said running: `runs
+            # stop` answered "stopping" and left the machine shown as started for recovery until a second
+            # stop. A short wait for the stop to show confirms it in the same call.
+            deadline = time.monotonic() + STOP_CONFIRM_S
             procs, _ = self._procs(ref)
+            while procs and not all(p.stopped for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.02)
+                procs, _ = self._procs(ref)
         if procs and not all(p.stopped for p in procs):
             return CloudProgress(done=False, detail="stopping the agent process", retry_after_s=0.2,
                            billing_note=BILLING_NOTE)

@@ -37,10 +37,11 @@ def resource_states(run: RunRecord, t: usage.Timing) -> list[CloudResource]:
         elif run.state == RunState.retaining:
             state = "stopping" if res.kind in MACHINE_KINDS else "kept"
         elif run.state in (RunState.retained, RunState.recovering):
-            if res.kind in MACHINE_KINDS:
-                state = "running (started for recovery)" if t.machine_running else "stopped"
-            else:
-                state = "kept"
+            # A retained run's machine runs only while started for recovery: machine_started_at, set at
+            # the start and cleared when the cloud confirms a stop (as heartbeat-check reads it).
+            started = t.machine_running and (run.state == RunState.recovering or run.machine_started_at is not None)
+            machine = "running (started for recovery)" if started else "stopped"
+            state = machine if res.kind in MACHINE_KINDS else "kept"
         elif res.kind in MACHINE_KINDS:
             state = res.state or "running"
         else:
