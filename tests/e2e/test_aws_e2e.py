@@ -117,7 +117,10 @@ def test_launch_sends_the_real_image_and_the_runs_training_settings(aws_h: Harne
     run = aws_h.launch(run_id)
     instance_id = next(r["id"] for r in run["resources"] if r["kind"] == "instance")
     user_data = aws["ec2"].describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-    image, env = from_user_data(user_data["UserData"]["Value"])
+    import base64
+
+    assert b"hf_awsWireToken" not in base64.b64decode(user_data["UserData"]["Value"])  # readable through IMDS
+    image, env = from_user_data(user_data["UserData"]["Value"], aws_h)
     assert image == get_settings().container_image
     assert_training_sent(env, run)
     assert env["TENSORANT_BASE_MODEL"] == run["base_model"] and env["HF_TOKEN"] == "hf_awsWireToken0123456789"

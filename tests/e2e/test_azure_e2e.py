@@ -129,7 +129,7 @@ def test_launch_sends_the_real_image_and_the_runs_training_settings(azure_h: Har
     run_id = azure_h.create_run("azure", offer["offer_id"], training=TRAINING)
     run = azure_h.launch(run_id)
     vm = next(r["id"] for r in run["resources"] if r["kind"] == "vm")
-    image, env = from_user_data(arm.get(vm)["_custom_data"])  # type: ignore[index]
+    image, env = from_user_data(arm.get(vm)["_custom_data"], azure_h)  # type: ignore[index]
     assert image == get_settings().container_image
     assert_training_sent(env, run)
     assert "HF_TOKEN" not in env  # none saved for this org
