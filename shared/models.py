@@ -391,6 +391,9 @@ class RunRecord(Model):
     resources: list[CloudResource] = Field(default_factory=list)
     adapter_sha256: str = ""
     adapter_size: int = 0
+    # Why the run was retained, kept through a recovery: a refused recovery says it again with its
+    # refusal instead of replacing it (shared/services/steps/verify_adapter.py).
+    retained_reason: str = ""
     release_attempts: int = 0
     release_error: str = ""
     release_after: datetime | None = None

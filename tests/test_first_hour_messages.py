@@ -227,3 +227,28 @@ def test_a_local_machine_stop_is_confirmed_in_the_same_call(env: dict[str, str])
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_a_refused_upload_keeps_the_original_reason_and_records_no_digest(h: Harness, cloud: Any) -> None:
+    """A rejected upload's sha256 was recorded as the run's adapter sha256, and its refusal replaced the
+    reason the run was retained for."""
+    import hashlib
+
+    from shared.store import get_store
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    a = h.agent(run_id)
+    a.heartbeat("training", 0.3)
+    a.complete_failed("CUDA out of memory", exit_code=137)
+    first = h.get_run(run_id)["reason"]
+    assert first.startswith("training failed (exit code 137)")
+    bad = b"PK not really a zip"
+    for _ in range(2):  # a second refusal still says why the run was retained, once
+        run = h.recover(run_id, upload=bad)
+        assert run["state"] == "retained"
+        assert run["reason"].startswith(first.rstrip(". ") + ". Recovery refused: adapter verification failed")
+        assert run["reason"].count("exit code 137") == 1 and run["reason"].count("Recovery refused") == 1
+        assert run["adapter_sha256"] == "" and get_store().get_run(h.org, run_id)[0].adapter_sha256 == ""
+    refused = [e for e in run["events"] if e["kind"] == "warning" and e["message"].startswith("recovery refused")]
+    assert refused and refused[-1]["data"]["refused_sha256"] == hashlib.sha256(bad).hexdigest(), refused

@@ -15,7 +15,7 @@ import hashlib
 import tempfile
 from typing import Any, BinaryIO
 
-from shared.models import Outcome, RunState, StepMessage
+from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs import forecast
 from shared.runs.backends import storage_for
@@ -85,8 +85,7 @@ def verify_adapter(msg: StepMessage) -> None:
                    "steps), not a completed adapter; resume training from it (recover mode resume), or accept it as "
                    "the run's adapter (recover again with accept_checkpoint: true)")
         if run.state == RunState.recovering:
-            move(run, RunState.retained, expect={RunState.recovering}, reason=refusal + "; the machine and disk "
-                 "are still retained")
+            refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
             return
         run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal)
         get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
@@ -117,8 +116,20 @@ def verify_adapter(msg: StepMessage) -> None:
         return
     why = "adapter verification failed: " + "; ".join(problems)
     if run.state == RunState.recovering:
-        move(run, RunState.retained, expect={RunState.recovering}, reason=why + "; the machine and disk are still "
-              "retained, so fix the archive and recover again, or cancel with discard")
+        refuse_recovery(run, why + "; the machine and disk are still retained, so fix the archive and recover again, "
+                        "or cancel with discard", sha256)
         return
     run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=why)
     get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+
+
+def refuse_recovery(run: RunRecord, refusal: str, sha256: str) -> None:
+    """Back to retained with why it was retained first and the refusal second (the refusal alone hid
+    why the run needed recovering), said as a warning on the timeline with the refused archive's
+    digest, which is not recorded as the run's adapter: no adapter of it was accepted."""
+    first = run.retained_reason.rstrip(". ")
+    reason = f"{first}. Recovery refused: {refusal}" if first else f"recovery refused: {refusal}"
+    moved, did = move(run, RunState.retained, expect={RunState.recovering}, reason=reason,
+                      adapter_sha256="", adapter_size=0)
+    if did:
+        event(moved, "warning", f"recovery refused: {refusal}", **({"refused_sha256": sha256} if sha256 else {}))

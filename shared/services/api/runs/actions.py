@@ -143,6 +143,13 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
     return view(new)
 
 
+def _why_retained(run: RunRecord) -> str:
+    """Why a retained run was retained: its reason, or after a refused recovery ("<why>. Recovery
+    refused: ...") the why kept through it (a later retention, after a resume, has its own reason)."""
+    first = run.retained_reason.rstrip(". ")
+    return run.retained_reason if first and run.reason.startswith(f"{first}. Recovery refused:") else run.reason
+
+
 def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRecover | None,
             accept_checkpoint: str | None = None) -> RunView:
     """Recover a retained run: verify an uploaded adapter, verify the saved one, start the machine, or
@@ -193,10 +200,12 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.retained:
             return None
+        # Why it was retained outlives this recovery's reason: a refused recovery says both.
+        kept = _why_retained(r)
         r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}"
                        + (", a checkpoint's accepted" if accept else ""))
         # The owner's choice holds for this recovery only (verify-adapter reads it).
-        r = r.model_copy(update={"accept_checkpoint": accept})
+        r = r.model_copy(update={"accept_checkpoint": accept, "retained_reason": kept})
         return r.model_copy(update={"adapter_sha256": sha, "adapter_size": size}) if sha else r
 
     new, _ = move_run(run.org, run.id, change)
