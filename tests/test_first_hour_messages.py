@@ -252,3 +252,21 @@ def test_a_refused_upload_keeps_the_original_reason_and_records_no_digest(h: Har
         assert run["adapter_sha256"] == "" and get_store().get_run(h.org, run_id)[0].adapter_sha256 == ""
     refused = [e for e in run["events"] if e["kind"] == "warning" and e["message"].startswith("recovery refused")]
     assert refused and refused[-1]["data"]["refused_sha256"] == hashlib.sha256(bad).hexdigest(), refused
+
+
+def test_deleting_an_ended_run_says_it_stays_as_a_record_not_cancel_it(h: Harness, cloud: Any) -> None:
+    """Deleting a succeeded run advised "cancel it instead", and cancel does nothing for an ended run."""
+    from tests.harness import smoke_adapter_zip
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).train(smoke_adapter_zip())
+    assert h.get_run(run_id)["state"] == "succeeded"
+    status, body, _ = h.call("DELETE", f"/api/runs/{run_id}")
+    assert status == 409, body
+    assert "cancel" not in body["detail"] and "stays as the record" in body["detail"], body
+    # A run still going is told to cancel, with the command.
+    other = h.create_run("memory", "mem-a10")
+    h.launch(other)
+    status, body, _ = h.call("DELETE", f"/api/runs/{other}")
+    assert status == 409 and f"tensorant runs cancel {other}" in body["detail"], body

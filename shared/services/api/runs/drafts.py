@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, invalid
 from shared.ids import newest_first_id
+from shared.lifecycle import TERMINAL
 from shared.models import Billing, DatasetVersionRecord, Role, RunCreate, RunKind, RunPatch, RunRecord, RunState, RunView
 from shared.runs import forecast
 from shared.runs.events import event
@@ -142,8 +143,12 @@ def delete(principal: Principal, run_id: str) -> None:
     require(principal, Role.owner, Role.member)
     store = get_store()
     run, etag = store.get_run(principal.org, run_id)
+    if run.state in TERMINAL:
+        # "Cancel it instead" sent the owner of a succeeded run to a command that does nothing for it.
+        raise Conflict(f"only a draft can be deleted; this run is {run.state.value}, and an ended run stays as "
+                       "the record of what it trained and billed (nothing of it runs or bills now)")
     if run.state != RunState.draft:
-        raise Conflict(f"only a draft can be deleted; this run is {run.state.value} "
-                       "(cancel it instead; ended runs stay as a record of what was billed)")
+        raise Conflict(f"only a draft can be deleted; this run is {run.state.value}: cancel it instead "
+                       f"(`tensorant runs cancel {run.id}`), and it stays as the record of what was billed")
     store.delete_run(run.org, run.id, etag)  # ETag-guarded: a launch in between wins
     return None
