@@ -21,13 +21,15 @@ import io
 import json
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shared.providers import cloudinit
-from tests.e2e.boot import BootHarness, boot_harness, finish
+from shared.settings import get_settings
+from tests.e2e.boot import END, BootHarness, boot_harness, finish
 from tests.machine import Machine, wait_for
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.azure.rig import config_body
@@ -122,6 +124,31 @@ def resume_to_succeeded(h: BootHarness, run_id: str, machine: Machine, data_dir:
     with zipfile.ZipFile(data_dir / "adapter.zip") as z:  # the same adapter, exported on the kept disk
         assert json.loads(z.read("manifest.json")) == manifest
     return run
+
+
+def restart(plane: Any) -> Any:
+    """The control plane back after its outage: the same routes on the same address (plane is stopped)."""
+    import function_app
+    from tensorant_devhost.host import Host
+    from tests.e2e.local_host import ROOT
+
+    return Host(function_app.app, root=ROOT, port=plane.port, load_settings=False, queues=False,
+                timers=False).start()
+
+
+@contextmanager
+def back_and_retained(h: BootHarness, plane: Any, run_id: str) -> Iterator[None]:
+    """The control plane back after its outage: heartbeat-check, serving again, reads the agent's silence
+    and retains the run (its checkpoint is in storage), ready for `recover --resume`."""
+    back = restart(plane)
+    try:
+        h.serve(get_settings().heartbeat_timeout_s + 120)
+        run = wait_for(lambda: (r := h.get_run(run_id))["state"] in END and r, "the run to be retained", 60,
+                       between=h.drain)
+        assert run["state"] == "retained", (run["reason"], h.step_errors)
+        yield
+    finally:
+        back.stop()
 
 
 def assert_self_stopped_with_checkpoint(run_id: str, data_dir: Path) -> None:
@@ -234,6 +261,15 @@ def test_aws_agent_powers_off_when_the_control_plane_is_gone(boot_aws_h: tuple[B
     ec2.stop_instances(InstanceIds=[instance])  # played: moto does not run the guest
     assert _ec2_state(ec2, instance) == "stopped" and _volumes(ec2, instance)
 
+    # The control plane comes back: heartbeat-check reads the silence and retains the run (its checkpoint is in
+    # storage); `recover --resume` starts the instance and the agent trains on from the checkpoint.
+    with back_and_retained(h, plane, run_id):
+        run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+        h.drain()
+        assert run["state"] == "training" and _ec2_state(ec2, instance) == "running", (run, h.step_errors)
+        machine.boot_again()
+        resume_to_succeeded(h, run_id, machine, data)
+
 
 # ---------------------------------------------------------------- Azure
 
@@ -289,6 +325,16 @@ def test_azure_agent_powers_off_when_the_control_plane_is_gone(azure_h: BootHarn
     assert_self_stopped_with_checkpoint(run_id, data)
     kept = _arm_resources(arm, launched)
     assert all(found is not None for found in kept.values()), kept  # nothing deleted: VM, disk, NIC
+    kept["vm"]["_state"] = {"power": "stopped"}  # played: a guest poweroff leaves the VM stopped, still allocated
+
+    # Back: the retain deallocates the VM (its compute billing ends there), the resume starts it again.
+    with back_and_retained(h, plane, run_id):
+        assert kept["vm"]["_state"]["power"] == "deallocated", kept["vm"]["_state"]
+        run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+        h.drain()
+        assert run["state"] == "training", (run, h.step_errors)
+        machine.boot_again()
+        resume_to_succeeded(h, run_id, machine, data)
 
 
 # ---------------------------------------------------------------- RunPod
@@ -354,3 +400,10 @@ def test_runpod_pod_stops_itself_when_the_control_plane_is_gone(runpod_h: tuple[
              machine=machine)
     machine.power_off()  # what RunPod's stop then does to the container
     assert_self_stopped_with_checkpoint(run_id, data)
+
+    with back_and_retained(h, plane, run_id):
+        run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+        h.drain()
+        assert run["state"] == "training" and fake_rp.pods[pod]["desiredStatus"] == "RUNNING", (run, h.step_errors)
+        machine.start_pod(pod_input, _pod_env(fake_rp, pod))
+        resume_to_succeeded(h, run_id, machine, data)
