@@ -302,11 +302,13 @@ def test_azure_resume_continues_from_the_checkpoint_on_the_kept_disk(azure_h: Bo
     await_checkpoint(h, run_id, machine)
     retain_at_runtime_limit(h, run_id, machine, data)
     kept = _arm_resources(arm, launched)
-    assert all(found is not None for found in kept.values()), kept  # the VM (deallocated) and its disk kept
+    assert all(found is not None for found in kept.values()), kept  # the VM and its disk kept
+    assert kept["vm"]["_state"]["power"] == "deallocated", kept["vm"]["_state"]  # its compute no longer billed
 
     run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
     h.drain()
     assert run["state"] == "training", (run, h.step_errors)
+    assert kept["vm"]["_state"]["power"] == "running", kept["vm"]["_state"]
     machine.boot_again()
     resume_to_succeeded(h, run_id, machine, data)
     assert all(arm.get(r["id"]) is None for r in launched["resources"] if r["kind"] == "vm")
