@@ -270,3 +270,19 @@ def test_deleting_an_ended_run_says_it_stays_as_a_record_not_cancel_it(h: Harnes
     h.launch(other)
     status, body, _ = h.call("DELETE", f"/api/runs/{other}")
     assert status == 409 and f"tensorant runs cancel {other}" in body["detail"], body
+
+
+def test_library_future_warnings_stay_out_of_a_runs_log() -> None:
+    """Every training log carried transformers' FutureWarnings (`gradient_checkpointing_enable` is
+    deprecated...), each with its source path; a warning of another kind still shows."""
+    import warnings
+
+    from shared.trainer.lora import quiet_library_warnings
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        quiet_library_warnings()
+        warnings.warn_explicit("`gradient_checkpointing_enable` is deprecated", FutureWarning, "modeling_utils.py",
+                               3204, module="transformers.modeling_utils")
+        warnings.warn("a real one", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in got] == ["a real one"]

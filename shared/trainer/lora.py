@@ -46,6 +46,7 @@ import random
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -677,7 +678,15 @@ def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, ev
     return manifest
 
 
+def quiet_library_warnings() -> None:
+    """No FutureWarning in a run's log: transformers' and peft's deprecation notices (two in every run,
+    each with its source path) are for whoever upgrades the trainer's pins, not for the user reading the
+    log; this code raises none. Every other warning still shows."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def train(env: dict[str, str]) -> int:
+    quiet_library_warnings()
     started = time.monotonic()
     job = read_job(env)
     if isinstance(job, int):

@@ -121,6 +121,9 @@ def main() -> int:
     # Progress bars (conversion, weight loading) are carriage-return noise in a run's log.
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from shared.trainer.lora import quiet_library_warnings
+
+    quiet_library_warnings()  # the GGUF conversion's too
     env = dict(os.environ)
     base_model = env.get("TENSORANT_BASE_MODEL", "")
     if base_model and not env.get("TENSORANT_BASE_MODEL_PATH"):
