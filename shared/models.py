@@ -246,6 +246,9 @@ class Forecast(Model):
     steps: int = Field(description="optimizer steps the trainer will plan (max_steps, else epochs over the rows)")
     throughput_tokens_per_s: float = Field(description="assumed training throughput on the offer's GPU")
     basis: str = Field(description="the figures and assumptions behind the forecast, in words")
+    uncertainty: str = Field(default="", description=(
+        "how far off the forecast may be, in words: set while no like run (same model, GPU and settings) was "
+        "measured and the pace is the table's estimate; empty when a measured pace was used"))
 
 
 class ForecastCheck(Model):

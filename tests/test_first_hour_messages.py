@@ -286,3 +286,30 @@ def test_library_future_warnings_stay_out_of_a_runs_log() -> None:
                                3204, module="transformers.modeling_utils")
         warnings.warn("a real one", UserWarning, stacklevel=1)
     assert [str(w.message) for w in got] == ["a real one"]
+
+
+def test_a_forecast_without_a_measured_pace_says_how_far_off_it_may_be() -> None:
+    """The first run on a host was forecast "~2 min training + 1 min start" and took 12 min: until a like
+    run is measured the forecast says it is a table estimate, in the view's forecast and the CLI's line."""
+    from datetime import UTC, datetime
+
+    from shared.adapters.base_models import BASE_MODELS
+    from shared.models import DatasetVersionRecord, GpuOffer, TrainingSettings
+    from shared.runs import forecast
+    from tensorant_cli.render import forecast_line
+
+    local = GpuOffer(provider="local", offer_id="local-smoke", gpu="none (local CPU)", gpu_memory_gb=0,
+                     machine_type="local-process", region="local", compute_per_hour=0.0, disk_per_hour=0.0,
+                     total_per_hour=0.0)
+    data = DatasetVersionRecord(org="o", project_id="p", id="d-1", rows=40, sha256="0" * 64, size_bytes=40 * 400,
+                                storage_key="k", created_at=datetime.now(UTC))
+    model = BASE_MODELS["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    table = forecast.make(data, TrainingSettings(kind="trial", max_steps=30), model, local)
+    assert "no run of this model measured on this host's CPU yet" in table.uncertainty
+    line = forecast_line({"offer": {"currency": "USD"}, "forecast": table.model_dump()})
+    assert line is not None and "it may be several times off" in line
+    measured = forecast.make(data, TrainingSettings(kind="trial", max_steps=30), model, local,
+                             forecast.Measured(run_id="r-0", tokens_per_s=50.0))
+    assert measured.uncertainty == ""
+    line = forecast_line({"offer": {"currency": "USD"}, "forecast": measured.model_dump()})
+    assert line is not None and "several times" not in line

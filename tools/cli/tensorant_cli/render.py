@@ -74,8 +74,9 @@ def forecast_line(run: dict[str, Any]) -> str | None:
     currency = str((run.get("offer") or {}).get("currency") or "USD")
     cost = float(f.get("cost") or 0.0)
     money_text = f"${cost:.2f}" if currency == "USD" else f"{cost:.2f} {currency}"
+    uncertain = f"; {f['uncertainty']}" if f.get("uncertainty") else ""
     return printable(f"forecast: ~{approx(f.get('training_s') or 0)} training + {approx(f.get('startup_s') or 0)} "
-                     f"start, ~{money_text} (tokens {f.get('tokens_source') or 'estimated'})")
+                     f"start, ~{money_text} (tokens {f.get('tokens_source') or 'estimated'}){uncertain}")
 
 
 def forecast_check_line(run: dict[str, Any]) -> str | None:

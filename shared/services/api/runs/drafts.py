@@ -37,8 +37,9 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
 def _forecast_events(run: RunRecord, checked: CheckedRequest, source: str = "") -> None:
     """The forecast in the run's history, and why the runtime limit is not the default when it is not."""
     if run.forecast is not None:
-        event(run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}; {run.forecast.basis}",
-              source=source, **run.forecast.model_dump(exclude={"basis"}))
+        uncertain = f"; {run.forecast.uncertainty}" if run.forecast.uncertainty else ""
+        event(run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}{uncertain}; "
+              f"{run.forecast.basis}", source=source, **run.forecast.model_dump(exclude={"basis"}))
     if checked.limit_note:
         event(run, "audit", checked.limit_note, source=source, runtime_limit_s=run.runtime_limit_s)
 
