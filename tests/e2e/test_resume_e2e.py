@@ -45,6 +45,7 @@ TRAINER_ENV = {"TENSORANT_SMOKE_STEPS": str(STEPS), "TENSORANT_SMOKE_STEP_SECOND
                "TENSORANT_SMOKE_CHECKPOINT_EVERY": "2", "TENSORANT_SMOKE_HOLD_AT": str(HOLD),
                "TENSORANT_HEARTBEAT_INTERVAL_S": "1"}
 UNREACHABLE_S = 2
+DEADLINE_IN_S = 15  # real seconds from launch to the deadline's self-stop: the checkpoint comes in about 3
 
 
 def machine_for(root: Path, h: BootHarness, **extra: str) -> Machine:
@@ -269,6 +270,31 @@ def test_aws_agent_powers_off_when_the_control_plane_is_gone(boot_aws_h: tuple[B
         assert run["state"] == "training" and _ec2_state(ec2, instance) == "running", (run, h.step_errors)
         machine.boot_again()
         resume_to_succeeded(h, run_id, machine, data)
+
+
+def test_aws_agent_powers_off_past_its_deadline_and_margin(boot_aws_h: tuple[BootHarness, Any],
+                                                            tmp_path: Path) -> None:
+    """The control plane serving but never stopping the machine: the agent compares the run's deadline at
+    launch (simulated time, in its bootstrap) with its own wall clock. The simulated clock is set back so that
+    the deadline plus the margin (1 s here) falls DEADLINE_IN_S of real time after the launch, past the
+    checkpoint the trainer holds at."""
+    import time
+
+    h, ec2 = boot_aws_h
+    limit, margin = 60, 1
+    h.clock.t = time.time() - limit - margin + DEADLINE_IN_S
+    run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=limit)
+    machine = machine_for(tmp_path / "vm", h, TENSORANT_SELF_STOP_MARGIN_S=str(margin))
+    data = machine.path(cloudinit.HOST_DATA_DIR)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    assert machine.exited() is None, "the deadline passed before the checkpoint: raise DEADLINE_IN_S"
+    assert_powered_off_by_the_host_script(machine)
+    state = agent_state(data)
+    assert "the run's deadline and a margin of 1 s have passed" in state["self_stopped"], state
+    assert (stored_manifest(run_id)["checkpoint_step"], h.get_run(run_id)["state"]) == (HOLD, "training")
+    behavior = ec2.describe_instance_attribute(InstanceId=instance, Attribute="instanceInitiatedShutdownBehavior")
+    assert behavior["InstanceInitiatedShutdownBehavior"]["Value"] == "stop" and _volumes(ec2, instance)
 
 
 # ---------------------------------------------------------------- Azure
