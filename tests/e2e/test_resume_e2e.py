@@ -11,7 +11,9 @@ held after step 4 (a run long enough to be stopped there), continued from the ch
 - Self-protection: the control plane goes away under a training agent; past TENSORANT_UNREACHABLE_STOP_S
   (2 s here) the agent stops training, its checkpoint's adapter is in storage, and the machine powers
   itself off with its disk kept: on AWS and Azure the agent exits 80 and the host script runs
-  `poweroff`; on RunPod the pod stops itself through podStop.
+  `poweroff`; on RunPod the pod stops itself through podStop. The control plane then comes back, retains
+  the silent run, and `recover --resume` takes it to succeeded the same way. On AWS also past the run's
+  deadline plus the margin, with the control plane serving.
 """
 
 from __future__ import annotations
