@@ -313,3 +313,22 @@ def test_a_forecast_without_a_measured_pace_says_how_far_off_it_may_be() -> None
     assert measured.uncertainty == ""
     line = forecast_line({"offer": {"currency": "USD"}, "forecast": measured.model_dump()})
     assert line is not None and "several times" not in line
+
+
+def test_the_agents_errors_are_sentences_not_errno_or_decode_errors() -> None:
+    """Raw `[Errno 2] No such file or directory: '/long/path'` and a DecodeError in the training log."""
+    import json
+    import urllib.error
+
+    from shared.agent.transport import describe_error
+
+    missing = FileNotFoundError(2, "No such file or directory", "/srv/run/data/checkpoints/step-4/adapter.bin")
+    assert describe_error(missing) == "no such file or directory (adapter.bin)"
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    assert describe_error(refused) == "connection error: connection refused"
+    try:
+        json.loads("<html>")
+    except json.JSONDecodeError as exc:
+        assert describe_error(exc) == "the answer was not JSON"
+    for said in (describe_error(missing), describe_error(refused)):
+        assert "Errno" not in said and "/srv" not in said

@@ -7,6 +7,7 @@ message here ever holds a URL.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -43,11 +44,20 @@ def with_retries(action: Callable[[], Any], *, give_up_after_s: float, log: Call
 
 
 def describe_error(exc: BaseException) -> str:
-    """An error without the URL (presigned URLs are secrets)."""
+    """An error without the URL (presigned URLs are secrets), as a sentence a person reads in a run's log:
+    not a raw "[Errno 2] No such file or directory: '/long/path'" or a JSONDecodeError's position."""
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):
-        return f"connection error: {exc.reason}"
+        reason = exc.reason
+        return f"connection error: {describe_error(reason) if isinstance(reason, BaseException) else reason}"
+    if isinstance(exc, OSError) and exc.errno is not None and exc.strerror:
+        name = os.path.basename(str(exc.filename)) if exc.filename else ""
+        return redact_text(exc.strerror.lower() + (f" ({name})" if name else ""))
+    if isinstance(exc, json.JSONDecodeError):
+        return "the answer was not JSON"
+    if "DecodeError" in type(exc).__name__:
+        return f"the data could not be decoded ({type(exc).__name__})"
     return redact_text(f"{type(exc).__name__}: {exc}")
 
 

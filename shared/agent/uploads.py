@@ -232,6 +232,10 @@ class Uploads:
             storage = self.storage()
             target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
             storage.upload(target, archive)
+        except FileNotFoundError:
+            # Expected now and then: the trainer renamed a newer checkpoint into place while this one was read.
+            self.log(f"checkpoint {folder.name} was replaced while it was read; the next checkpoint is uploaded")
+            return
         except Exception as exc:
             self.log(f"could not upload the checkpoint's adapter: {describe_error(exc)}")
             return
