@@ -60,6 +60,8 @@ def test_a_base_model_the_local_host_cannot_load_is_refused_at_create(
     assert "HuggingFaceTB/SmolLM2-135M-Instruct" in err["message"] and f"hf download {QWEN}" in err["message"]
     listed = {m["id"]: m for m in h.ok("GET", "/api/base-models", token="member")["items"]}
     assert listed[QWEN]["local_cpu"] is False and listed["tensorant/tiny-llama"]["local_cpu"] is True
+    [offer] = h.ok("GET", "/api/catalog/gpus", params={"provider": "local", "base_model": QWEN})["items"]
+    assert offer["fits"] is False and "cannot be loaded on this host" in offer["fit_note"]
     # Once in this host's cache (what `hf download` leaves) the trainer loads it without the hub: accepted.
     snapshot = tmp_path / ".cache/huggingface/hub" / f"models--{QWEN.replace('/', '--')}" / "snapshots/abc"
     snapshot.mkdir(parents=True)
