@@ -284,7 +284,7 @@ def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: BaseM
     rate = throughput(model, offer, training)
     # The table is an assumption: the first run of a model on a GPU (or on this host's CPU) took 12 min
     # where it said 2 (issue 31). Said with the forecast until a like run's measured pace replaces it.
-    where = "on this host's CPU" if offer.provider == "local" else f"on {offer.gpu}"
+    where = "on this host's CPU" if offer.provider == LOCAL_PROVIDER else f"on {offer.gpu}"
     uncertainty = (f"no run of this model measured {where} yet: the pace is a table estimate, it may be several "
                    "times off (a finished run's measured pace replaces it for the next ones)")
     if measured is not None and usable_rate(measured.tokens_per_s):  # never a division by 0 or by inf
