@@ -334,3 +334,31 @@ def test_the_agents_errors_are_sentences_not_errno_or_decode_errors() -> None:
         assert describe_error(exc) == "the answer was not JSON"
     for said in (describe_error(missing), describe_error(refused)):
         assert "Errno" not in said and "/srv" not in said
+
+
+def test_watch_says_a_failures_reason_once_line_by_line(fake_api: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """A failed run's ~1,500-character reason (the trainer's last lines as \\x0a's) was printed three
+    times: in training -> releasing, in releasing -> failed, and in the status block."""
+    from tests.fake_api import run_cli
+
+    reason = ("training failed (exit code 3): the trainer exited with code 3; last output: trainer: could not load "
+              "base model; the machine and disk are released; the trainer's last lines:\ntrainer: lora kind=trial")
+    moves = ["draft -> queued", "queued -> provisioning", "provisioning -> training",
+             f"training -> releasing: {reason}", f"releasing -> failed: {reason}"]
+    run = {"id": "r-1", "state": "failed", "phase": "failed", "progress": 0.0, "provider": "local", "reason": reason,
+           "offer": {"gpu": "cpu", "machine_type": "local", "region": "local", "currency": "USD", "total_per_hour": 0},
+           "events": [{"at": f"2026-01-01T00:00:0{i}Z", "kind": "transition", "message": m}
+                      for i, m in enumerate(moves)]}
+    fake_api.on("GET", "/api/runs/r-1", run)
+    fake_api.on("GET", "/api/runs/r-1/logs", {"lines": [], "next": None})
+    fake_api.on("GET", "/api/runs/r-1/metrics", {"points": []})
+    assert run_cli(fake_api, "runs", "watch", "r-1", "--interval", "0") == 1
+    out = capsys.readouterr().out
+    assert "\\x0a" not in out
+    assert out.count("could not load base model") == 2, out  # the transition's first line, the status block
+    assert out.count("trainer: lora kind=trial") == 1, out  # the rest of it, once
+    assert any(line.endswith("releasing -> failed") for line in out.splitlines()), out
+    # `runs get`'s history and status alike.
+    assert run_cli(fake_api, "runs", "get", "r-1") == 0
+    out = capsys.readouterr().out
+    assert "\\x0a" not in out and out.count("trainer: lora kind=trial") == 1, out

@@ -191,6 +191,20 @@ def status_line(run: dict[str, Any]) -> str:
     return printable("  ".join(parts))
 
 
+def event_text(event: dict[str, Any], said_reason: str) -> tuple[str, str]:
+    """An event's message as the history prints it, and the reason said so far. A transition ("a -> b:
+    <reason>") keeps its reason's first line, and none when the previous transition said the same (a run
+    keeps its reason through releasing -> failed): a failure's reason, with the trainer's last lines, was
+    printed three times as \x0a's. The status block says all of it once."""
+    message = str(event.get("message"))
+    if event.get("kind") != "transition":
+        return message, said_reason
+    move, _, why = message.partition(": ")
+    if not why or why == said_reason:
+        return move, said_reason
+    return f"{move}: {(reason_lines(why) or [''])[0]}", why
+
+
 def reason_lines(reason: Any) -> list[str]:
     """A run's reason as the lines it holds (a failure's reason ends with the trainer's last lines), each
     printable: a line break shown as \x0a made a 1,500-character reason unreadable."""

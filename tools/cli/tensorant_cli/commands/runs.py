@@ -19,6 +19,7 @@ from tensorant_cli.render import (
     cli_words,
     clock,
     duration,
+    event_text,
     forecast_check_line,
     forecast_line,
     money,
@@ -170,8 +171,10 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
     events = [e for e in run.get("events") or [] if e.get("kind") in ("transition", "warning")]
     if events:
         say("  history:")
+        said = ""
         for e in events:
-            say(f"    {clock(e.get('at'))}  {cli_words(str(e.get('message')), str(run.get('id')))}")
+            message, said = event_text(e, said)
+            say(f"    {clock(e.get('at'))}  {cli_words(message, str(run.get('id')))}")
 
 
 def _run_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

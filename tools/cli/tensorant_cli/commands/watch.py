@@ -12,7 +12,17 @@ from typing import Any, TextIO
 from tensorant_cli.client import Client
 from tensorant_cli.commands.common import run_id_of
 from tensorant_cli.output import items, say
-from tensorant_cli.render import cli_words, clock, duration, money, next_steps, printable, reason_lines, status_block
+from tensorant_cli.render import (
+    cli_words,
+    clock,
+    duration,
+    event_text,
+    money,
+    next_steps,
+    printable,
+    reason_lines,
+    status_block,
+)
 
 # Where `runs watch` stops: terminal states, and `retained` (the run waits for a person).
 STOP_STATES = {"succeeded", "failed", "cancelled", "retained"}
@@ -70,6 +80,7 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
     out = stream or sys.stdout
     tty = out.isatty()
     seen_events: set[tuple[str, str]] = set()
+    said_reason = ""  # the last transition's reason: a run keeps it through releasing -> failed
     cursor = _LogCursor(client, run_id) if logs else None
     drawn = 0  # lines of the status block on screen (a TTY only)
     last_status = ""
@@ -95,7 +106,8 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
             if e.get("kind") in ("transition", "warning") and key not in seen_events:
                 seen_events.add(key)
                 mark = "" if e.get("kind") == "transition" else "warning: "
-                lines.append(f"{clock(e.get('at'))}  {mark}{cli_words(str(e.get('message')), run_id)}")
+                message, said_reason = event_text(e, said_reason)
+                lines.append(f"{clock(e.get('at'))}  {mark}{cli_words(message, run_id)}")
         lines = [printable(line) for line in lines]  # the block is printable already
         block = status_block(run)
         if tty:
