@@ -229,6 +229,12 @@ class Machine:
                 os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            # A SIGKILL lands when the process is next scheduled: on a busy machine it still shows running
+            # for a moment. Wait it out (bounded), so nothing of the machine outlives power_off.
+            deadline = time.monotonic() + 5
+            while _group_alive(group) and time.monotonic() < deadline:
+                self.proc.poll()
+                time.sleep(0.02)
         self.proc.wait()
 
     def console(self) -> str:
