@@ -60,7 +60,10 @@ class RetailPrices:
         import requests
 
         url: str | None = self.base_url
-        params: dict[str, str] | None = {"currencyCode": self.currency, "$filter": odata_filter}
+        # meterRegion='primary': each meter once, from its primary region (without it the API also returns
+        # the meters of secondary regions, whose prices are not what a VM in this region is billed).
+        params: dict[str, str] | None = {"currencyCode": self.currency, "meterRegion": "'primary'",
+                                         "$filter": odata_filter}
         items: list[dict[str, Any]] = []
         for _ in range(MAX_PAGES):
             if not url:

@@ -306,13 +306,18 @@ class FakeArm:
     def _prices(self, query: dict[str, list[str]]) -> tuple[int, dict[str, str], Any]:
         flt = query.get("$filter", [""])[0]
         self.price_queries.append(flt)
-        items = [it for it in self.price_items if _odata_match(flt, it)]
+        # meterRegion='primary' leaves out the meters of secondary regions (isPrimaryMeterRegion false), as
+        # the real API does; without it both come back.
+        primary = query.get("meterRegion", [""])[0] == "'primary'"
+        items = [it for it in self.price_items if _odata_match(flt, it)
+                 and (not primary or it.get("isPrimaryMeterRegion", True))]
         skip = int(query.get("$skip", ["0"])[0])
         page = items[skip:skip + self.price_page_size]
         nxt = None
         if skip + self.price_page_size < len(items):
             params = {"currencyCode": query.get("currencyCode", ["USD"])[0], "$filter": flt,
-                      "$skip": str(skip + self.price_page_size)}
+                      "$skip": str(skip + self.price_page_size),
+                      **({"meterRegion": "'primary'"} if primary else {})}
             nxt = f"{self.url}/api/retail/prices?{urlencode(params)}"
         return 200, {}, {"BillingCurrency": "USD", "Items": page, "NextPageLink": nxt, "Count": len(page)}
 

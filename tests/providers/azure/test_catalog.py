@@ -28,6 +28,16 @@ def test_offers_supported_sizes_with_linux_on_demand_and_disk_price(fake: FakeAr
     assert any("skuName eq 'P10 LRS'" in q for q in fake.price_queries)
 
 
+def test_prices_are_the_primary_meter_regions(fake: FakeArm, compute: Any) -> None:
+    # The Retail Prices API also lists a size's meters from secondary regions (isPrimaryMeterRegion false),
+    # at other prices; the catalog asks for the primary ones only (meterRegion='primary').
+    from tests.providers.azure.rig import _vm_price
+
+    fake.price_items = [*fake.price_items, {**_vm_price("Standard_NC24ads_A100_v4", 1.1), "isPrimaryMeterRegion": False}]
+    offers = {o.machine_type: o for o in compute.offers()}
+    assert offers["Standard_NC24ads_A100_v4"].compute_per_hour == 3.673  # not the secondary meter's 1.1
+
+
 def test_offers_need_a_price(fake: FakeArm, compute: Any) -> None:
     fake.price_items = [p for p in fake.price_items if p["armSkuName"] != "Standard_NC40ads_H100_v5"]
     assert "Standard_NC40ads_H100_v5" not in {o.machine_type for o in compute.offers()}
