@@ -244,13 +244,12 @@ def next_steps(run: dict[str, Any]) -> list[str]:
     if run.get("state") != "retained":
         return []
     rid = str(run.get("id"))
-    local = run.get("provider") == "local"
     return [
         "what to do next (the machine is stopped and its disk kept: the disk bills until the run ends):",
         f"  tensorant runs recover {rid} --verify-saved        verify the adapter in storage (the final one, else "
         "the last checkpoint's, taken only with --accept-checkpoint); good: succeeded and released",
         f"  tensorant runs recover {rid} --upload adapter.zip  verify an archive you fetched from the machine",
-        f"  tensorant runs recover {rid} --resume              train on from the last checkpoint"
-        + ("" if local else " (local provider only so far)"),
+        f"  tensorant runs recover {rid} --resume              train on from the last checkpoint (the machine is "
+        "started again)",
         f"  tensorant runs cancel {rid} --discard              release the machine and disk, deleting any output",
     ]
