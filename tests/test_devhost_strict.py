@@ -15,7 +15,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,18 +26,10 @@ import requests
 from tensorant_devhost import Host, HostConfig
 from tests.azurite import Azurite
 from tests.devhost_app import app as sample
+from tests.test_devhost import _wait_for
 
 SPEC = "tests.devhost_app.app:app"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture

@@ -36,12 +36,6 @@ def _table() -> Any:
     return get_store().table("leases")
 
 
-def peek(name: str) -> dict[str, Any]:
-    """The lease row as stored ({} when never taken): for a decision that needs no lease."""
-    got = _table().get(_PK, name)
-    return dict(got[0]) if got else {}
-
-
 def take(name: str, hold_s: float) -> Lease | None:
     """Take the lease `name` for hold_s seconds: the lease, or None while someone else holds it."""
     table, t = _table(), now_ts()

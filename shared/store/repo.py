@@ -117,6 +117,7 @@ class Store:
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
+        self._watch_built = False  # build_watch_index found the marker (it is never removed)
 
     def table(self, name: str) -> Table:
         return self._tables[name]
@@ -390,13 +391,17 @@ class Store:
         """Index the watched runs of records written before the index existed, once per deployment
         (a marker row says it is done). One scan of the runs table, ever. Returns the runs indexed,
         or None when it was done before."""
+        if self._watch_built:
+            return None  # seen built by this process: no read on every tick
         marker = self.table("watch").get("~", "built")
         if marker is not None:
+            self._watch_built = True
             return None
         runs = self._query_runs(None, WATCHED)
         for run in runs:
             self.watch_run(run.org, run.id)
         self.table("watch").upsert("~", "built", {"org": "~", "run_id": "~", "runs": len(runs)})
+        self._watch_built = True
         return len(runs)
 
     # The runs this process last read or wrote through mutate_run, with their ETags (bounded).
