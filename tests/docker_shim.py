@@ -105,7 +105,7 @@ def _agent_env(env: dict[str, str], volumes: list[tuple[str, str]]) -> dict[str,
     out.pop("TENSORANT_TRAINER_USER", None)  # a user of the image, not of this host
     # SHIM_AGENT_ENV (a JSON object): what an image built with other ENV defaults would carry (small
     # self-protection bounds, a heartbeat interval, the smoke trainer's checkpoint mode). The bootstrap's
-    # values still win, as they do in a real container (shared.agent.config.overlay_bootstrap).
+    # values still win, as they do in a real container (machine.agent.config.overlay_bootstrap).
     out.update(json.loads(os.environ.get("SHIM_AGENT_ENV") or "{}"))
     for key, value in env.items():
         if key == "TENSORANT_BOOTSTRAP":

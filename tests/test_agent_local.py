@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.verify import verify_adapter
-from shared.agent.agent import Agent
-from shared.agent.config import AgentConfig, BootstrapError, overlay_bootstrap
-from shared.agent.transport import with_retries
+from adapter_format.verify import verify_adapter
+from machine.agent.agent import Agent
+from machine.agent.config import AgentConfig, BootstrapError, overlay_bootstrap
+from machine.agent.transport import with_retries
 from shared.errors import PermanentError
 from shared.models import GpuOffer, MachineState
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
@@ -115,7 +115,7 @@ def api() -> Iterator[FakeAgentApi]:
 def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A deployment of its own (so other tests' processes are never seen), storage with a dataset."""
     settings = Settings(deployment_id="lt" + secrets.token_hex(3), local_root=str(tmp_path / "local"),
-                        trainer_command=f"{sys.executable} -m shared.trainer.smoke")  # the fast trainer
+                        trainer_command=f"{sys.executable} -m machine.trainer.smoke")  # the fast trainer
     storage = LocalStorage(LocalStorageConfig(), tmp_path / "storage")
     storage.put(dataset_key("p1", "d1"), b'{"text": "a"}\n{"text": "b"}\n\n{"text": "c"}\n')
     yield {"settings": settings, "storage": storage, "tmp": tmp_path}
@@ -443,11 +443,11 @@ def test_agent_process_with_presigned_urls_hides_secrets_and_exits_on_sigterm(
         # The trainer says whether it can see the run token or an upload URL (it must not).
         "TENSORANT_TRAINER_COMMAND": ('echo "token=${TENSORANT_RUN_TOKEN:-absent} '
                                       'url=${TENSORANT_ADAPTER_UPLOAD_URL:-absent}"'
-                                      f" && {sys.executable} -m shared.trainer.smoke"),
+                                      f" && {sys.executable} -m machine.trainer.smoke"),
         "TENSORANT_SMOKE_STEPS": "2",
         "TENSORANT_SMOKE_STEP_SECONDS": "0.01",
     }
-    agent = subprocess.Popen([sys.executable, "-m", "shared.agent"], env=env, stdout=subprocess.PIPE,
+    agent = subprocess.Popen([sys.executable, "-m", "machine.agent"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
     try:
         done = api.wait_complete("run-url")
@@ -496,7 +496,7 @@ def test_the_agent_process_exits_on_a_malformed_bootstrap(tmp_path: Path) -> Non
     raw = base64.b64encode(("not json " + TOKEN).encode()).decode()
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
            "TENSORANT_BOOTSTRAP": raw, "TENSORANT_DATA_DIR": str(tmp_path / "data")}
-    result = subprocess.run([sys.executable, "-m", "shared.agent"], env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "machine.agent"], env=env, capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 2
     assert "TENSORANT_BOOTSTRAP does not decode to JSON" in result.stderr
@@ -546,13 +546,13 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
             'echo "hf=$HF_TOKEN training=$TENSORANT_TRAINING path=$TENSORANT_BASE_MODEL_PATH '
             'boot=${TENSORANT_BOOTSTRAP:-absent} token=${TENSORANT_RUN_TOKEN:-absent}"'
             ' && echo "progress=0.5 step=1 loss=1.5000 lr=0.0002"'
-            f" && {sys.executable} -m shared.trainer.smoke"),
+            f" && {sys.executable} -m machine.trainer.smoke"),
         "TENSORANT_SMOKE_STEPS": "2",
         "TENSORANT_SMOKE_STEP_SECONDS": "0.01",
     }
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
            "TENSORANT_BOOTSTRAP": _bootstrap(bootstrap)}
-    agent = subprocess.Popen([sys.executable, "-m", "shared.agent"], env=env, stdout=subprocess.PIPE,
+    agent = subprocess.Popen([sys.executable, "-m", "machine.agent"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
     try:
         done = api.wait_complete("run-boot")
@@ -576,7 +576,7 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
 # ---------------------------------------------------------------- restarts, stop, failures, tokens
 
 REPO = str(Path(__file__).resolve().parent.parent)
-SMOKE = f"{sys.executable} -m shared.trainer.smoke"
+SMOKE = f"{sys.executable} -m machine.trainer.smoke"
 
 
 def in_process_agent(tmp_path: Path, api: FakeAgentApi, run_id: str, trainer_command: str,
@@ -679,7 +679,7 @@ def test_stop_in_a_heartbeat_reply_stops_the_trainer_and_a_restart_never_trains_
 
 def test_a_restart_after_the_trainer_finished_exports_without_training_again(
         tmp_path: Path, api: FakeAgentApi) -> None:
-    from shared.adapters.smoke import build_adapter_zip
+    from adapter_format.smoke import build_adapter_zip
 
     output = tmp_path / "data" / "adapter"
     output.mkdir(parents=True)
@@ -773,7 +773,7 @@ def test_archive_path_follows_the_docs_for_runpod_network_storage_on_a_cloud_hos
 def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeAgentApi) -> None:
     import pwd as pwd_module
 
-    from shared.agent.state import Failed
+    from machine.agent.state import Failed
 
     agent = in_process_agent(tmp_path, api, "run-user", SMOKE)
     agent.environ["TENSORANT_TRAINER_USER"] = "trainer"
@@ -822,7 +822,7 @@ def test_as_root_the_trainer_runs_as_the_trainer_user(tmp_path: Path, api: FakeA
 
 
 def test_a_secret_straddling_the_line_cut_is_redacted_whole(tmp_path: Path, api: FakeAgentApi) -> None:
-    from shared.agent.heartbeat import MAX_LINE_CHARS
+    from machine.agent.heartbeat import MAX_LINE_CHARS
 
     agent = in_process_agent(tmp_path, api, "run-cut", SMOKE)
     try:
@@ -836,7 +836,7 @@ def test_a_secret_straddling_the_line_cut_is_redacted_whole(tmp_path: Path, api:
 
 
 def test_export_opens_only_regular_files_never_links(tmp_path: Path) -> None:
-    from shared.agent.uploads import open_regular
+    from machine.agent.uploads import open_regular
 
     secret = tmp_path / "agent-state.json"
     secret.write_text('{"token": "run-token"}')
@@ -888,7 +888,7 @@ def test_what_the_trainer_leaves_running_is_killed_before_the_export(tmp_path: P
 def test_a_daemon_of_the_trainer_user_in_a_session_of_its_own_is_killed(tmp_path: Path, api: FakeAgentApi) -> None:
     import pwd as pwd_module
 
-    from shared.agent.state import Failed
+    from machine.agent.state import Failed
 
     # A uid no other process on this machine has, so kill(-1) as it touches only the test's processes.
     uid = 60000 + secrets.randbelow(5000)
@@ -934,12 +934,12 @@ def test_a_dataset_that_changed_after_validation_is_refused(tmp_path: Path, api:
 
 # ---------------------------------------------------------------- checkpoints and resume
 
-# A trainer that writes one checkpoint as shared.trainer.lora does (a whole step-<k> folder renamed
+# A trainer that writes one checkpoint as machine.trainer.lora does (a whole step-<k> folder renamed
 # into place, then the line), then trains on until stopped; with TENSORANT_RESUME_FROM it finishes.
 FAKE_CHECKPOINTING_TRAINER = '''
 import json, os, sys, time
 from pathlib import Path
-from shared.adapters.smoke import build_adapter_files
+from adapter_format.smoke import build_adapter_files
 
 out, root = Path(os.environ["TENSORANT_OUTPUT_DIR"]), Path(os.environ["TENSORANT_CHECKPOINT_DIR"])
 if os.environ.get("TENSORANT_RESUME_FROM"):
@@ -996,10 +996,10 @@ def test_a_checkpoint_is_uploaded_and_a_stopped_agent_resumes_from_it(tmp_path: 
     assert running.stop() == 0
 
 
-# ---------------------------------------------------------------- self-protection (shared/agent/guard.py)
+# ---------------------------------------------------------------- self-protection (machine/agent/guard.py)
 
 def test_the_guard_stops_past_each_bound_and_an_idle_agent_only_at_the_runtime_limit() -> None:
-    from shared.agent.guard import Guard
+    from machine.agent.guard import Guard
 
     t = [0.0]
     config = AgentConfig(run_id="r", api_url="http://x", token="t", base_model="m", data_dir=Path("/tmp"),
@@ -1076,7 +1076,7 @@ def test_an_unreachable_control_plane_stops_training_and_a_pod_stops_itself(tmp_
 
 
 def test_a_lost_completion_is_sent_again_until_the_run_is_past_it(tmp_path: Path, api: FakeAgentApi) -> None:
-    running = Running(in_process_agent(tmp_path, api, "run-lost", f"{sys.executable} -m shared.trainer.smoke"))
+    running = Running(in_process_agent(tmp_path, api, "run-lost", f"{sys.executable} -m machine.trainer.smoke"))
     api.wait_complete("run-lost")
     # Acknowledged, but the store lost the write: a heartbeat finds the run still exporting.
     api.replies["heartbeat"] = [{"state": "exporting", "stop": False}]

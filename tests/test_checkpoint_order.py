@@ -1,11 +1,11 @@
-"""The agent resumes from the checkpoint of the highest step, compared as numbers (shared/agent/trainer.py):
+"""The agent resumes from the checkpoint of the highest step, compared as numbers (machine/agent/trainer.py):
 as strings step-99 came after step-100 and a resume went back 1 step... or 900,000."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shared.agent.trainer import newest_checkpoint
+from machine.agent.trainer import newest_checkpoint
 
 
 def _checkpoint(root: Path, name: str, complete: bool = True) -> Path:

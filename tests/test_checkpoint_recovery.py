@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.smoke import build_adapter_files
+from adapter_format.smoke import build_adapter_files
 from tensorant_cli.render import adapter_line, status_block, status_line
 from tests.fake_api import FakeApi, run_cli
 from tests.fakes import Cloud

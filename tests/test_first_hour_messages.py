@@ -92,7 +92,7 @@ HUB_ERROR = ("We couldn't connect to 'https://huggingface.co' to load the files,
 
 
 def test_a_base_model_the_hub_cannot_serve_is_one_line_that_says_what_to_do() -> None:
-    from shared.trainer.lora import Job, load_error
+    from machine.trainer.lora import Job, load_error
 
     job = Job(output=Path("o"), base_model=QWEN, source=QWEN, token=None, s=None, rows=None,  # type: ignore[arg-type]
               checkpoint_root=None, resume_from=None, step_sleep_s=0, threads=0)
@@ -279,7 +279,7 @@ def test_library_future_warnings_stay_out_of_a_runs_log() -> None:
     deprecated...), each with its source path; a warning of another kind still shows."""
     import warnings
 
-    from shared.trainer.lora import quiet_library_warnings
+    from machine.trainer.lora import quiet_library_warnings
 
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
@@ -295,7 +295,7 @@ def test_a_forecast_without_a_measured_pace_says_how_far_off_it_may_be() -> None
     run is measured the forecast says it is a table estimate, in the view's forecast and the CLI's line."""
     from datetime import UTC, datetime
 
-    from shared.adapters.base_models import BASE_MODELS
+    from adapter_format.base_models import BASE_MODELS
     from shared.models import DatasetVersionRecord, GpuOffer, TrainingSettings
     from shared.runs import forecast
     from tensorant_cli.render import forecast_line
@@ -322,7 +322,7 @@ def test_the_agents_errors_are_sentences_not_errno_or_decode_errors() -> None:
     import json
     import urllib.error
 
-    from shared.agent.transport import describe_error
+    from machine.agent.transport import describe_error
 
     missing = FileNotFoundError(2, "No such file or directory", "/srv/run/data/checkpoints/step-4/adapter.bin")
     assert describe_error(missing) == "no such file or directory (adapter.bin)"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.base_models import BASE_MODELS
+from adapter_format.base_models import BASE_MODELS
 from shared.models import DatasetVersionRecord, GpuOffer, TrainingSettings
 from shared.runs import forecast
 from tests.fakes import OFFER
@@ -95,8 +95,8 @@ def test_local_cpu_and_tokens_capped_by_max_seq_len() -> None:
     (64, {"max_steps": 500}),
 ])
 def test_steps_are_the_trainers(rows: int, settings: dict[str, Any]) -> None:
-    from shared.trainer.config import TrainerSettings
-    from shared.trainer.lora import plan_steps, split
+    from machine.trainer.config import TrainerSettings
+    from machine.trainer.lora import plan_steps, split
 
     ours = TrainingSettings(**settings)
     theirs = TrainerSettings(**{f.name: getattr(ours, f.name) for f in fields(TrainerSettings)

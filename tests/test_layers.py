@@ -1,5 +1,9 @@
-"""The layout rules of shared/ that no type checker sees: which package may import which, and the
-one place a run's state change is recorded (docs/architecture.md, "Layers")."""
+"""The layout rules that no type checker sees: which package may import which, and the one place a
+run's state change is recorded (docs/architecture.md, "Layers").
+
+Three deployables, three top-level packages: shared/ (the control plane: the Functions app deploys it),
+machine/ (the machine's payload: the agent and the trainer, which the training image copies) and
+adapter_format/ (the declared base models and the adapter archive format, which both use)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT / "shared"
+PACKAGES = ("shared", "machine", "adapter_format")
+# The local provider runs the machine on the control plane's own host: the one place shared/ imports machine/.
+RUNS_THE_MACHINE_HERE = "shared/providers/local/"
 # A step that reads an API resource's helper: the dataset check before a launch and the org's
 # Hugging Face token for the machine (shared/services/__init__.py names them).
 STEP_READS_API = {("shared/services/steps/launch.py", "shared.services.api.projects"),
@@ -27,7 +34,9 @@ def imports(path: Path) -> set[str]:
 
 
 def sources(*folders: str) -> list[Path]:
-    return sorted(p for folder in folders for p in (SHARED / folder).rglob("*.py"))
+    found = sorted(p for folder in folders for p in (SHARED / folder).rglob("*.py"))
+    assert all((SHARED / folder).is_dir() for folder in folders), "a rule names a folder that moved"
+    return found
 
 
 def test_only_the_http_edge_imports_the_http_layer() -> None:
@@ -61,15 +70,41 @@ def test_no_service_branches_on_a_providers_name() -> None:
     import re
 
     branch = re.compile(r"""(provider|\.provider|name)\s*(==|!=)\s*["'](local|aws|azure|runpod|memory)["']""")
-    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in sources("services", "runs", "store", "storage", "adapters")
+    files = [*sources("services", "runs", "store", "storage"), *sorted((ROOT / "adapter_format").rglob("*.py"))]
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in files
                  for n, line in enumerate(p.read_text().splitlines(), 1) if branch.search(line)]
     assert offenders == [], f"declare the capability in ProviderInfo instead: {offenders}"
 
 
+def _package_imports(package: str) -> set[tuple[str, str]]:
+    """(file, imported top-level package) for every import of one of the three packages from `package`."""
+    return {(str(p.relative_to(ROOT)), m.split(".")[0]) for p in (ROOT / package).rglob("*.py")
+            for m in imports(p) if m.split(".")[0] in PACKAGES and m.split(".")[0] != package}
+
+
+def test_the_adapter_format_imports_neither_the_control_plane_nor_the_machine() -> None:
+    assert _package_imports("adapter_format") == set()
+
+
+def test_the_machine_imports_only_the_adapter_format() -> None:
+    """The training image copies machine/ and adapter_format/ only (Dockerfile): a shared import fails there."""
+    assert {f for f, m in _package_imports("machine") if m != "adapter_format"} == set()
+
+
+def test_the_control_plane_imports_the_machine_only_where_it_runs_it() -> None:
+    offenders = {f for f, m in _package_imports("shared") if m == "machine" and not f.startswith(RUNS_THE_MACHINE_HERE)}
+    assert offenders == set(), "declare what a service needs from the machine as a ProviderInfo hook instead"
+
+
+def test_the_functions_app_and_its_handlers_import_no_machine_module() -> None:
+    handlers = [ROOT / "function_app.py", *sorted((ROOT / "functions").rglob("*.py"))]
+    assert [str(p.relative_to(ROOT)) for p in handlers if any(m.split(".")[0] == "machine" for m in imports(p))] == []
+
+
 def _graph() -> dict[str, set[str]]:
-    """shared's modules -> the shared modules each imports (anywhere in it, lazy imports included)."""
+    """The three packages' modules -> the modules of theirs each imports (anywhere in it, lazy imports included)."""
     mods: dict[str, Path] = {}
-    for p in SHARED.rglob("*.py"):
+    for p in (path for package in PACKAGES for path in (ROOT / package).rglob("*.py")):
         parts = p.relative_to(ROOT).with_suffix("").parts
         mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return {m: {x for x in imports(p) if x in mods and x != m} for m, p in mods.items()}
@@ -117,9 +152,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_cycle_between_shareds_packages() -> None:
-    """shared.<x> (a package or a top-level module) -> shared.<y>: no cycle, so each can be read, tested and
-    moved on its own (the training image carries adapters, agent and trainer without the control plane)."""
+def test_no_import_cycle_between_packages() -> None:
+    """shared.<x>, machine.<x>, adapter_format.<x> (a package or a top-level module) -> another: no cycle, so
+    each can be read, tested and moved on its own."""
     graph: dict[str, set[str]] = {}
     for m, deps in _graph().items():
         top = ".".join(m.split(".")[:2])

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from shared.agent.agent import Agent
-from shared.agent.config import AgentConfig
-from shared.agent.heartbeat import MAX_LINES_PER_HEARTBEAT
+from machine.agent.agent import Agent
+from machine.agent.config import AgentConfig
+from machine.agent.heartbeat import MAX_LINES_PER_HEARTBEAT
 from shared.services.api import agent as agent_service
 from shared.store import get_store
 from shared.store.repo import LOG_CHUNK_CHARS, log_chunks

@@ -196,12 +196,12 @@ def _copy_py(src: Path, dest: Path) -> None:
 
 
 def test_the_agent_runs_with_the_standard_library_and_its_own_files(bare_python: Path, tmp_path: Path) -> None:
-    (tmp_path / "shared").mkdir()
-    shutil.copyfile(ROOT / "shared" / "__init__.py", tmp_path / "shared" / "__init__.py")
-    _copy_py(ROOT / "shared" / "agent", tmp_path / "shared" / "agent")
-    foreign, help_text = _probe(bare_python, tmp_path, "shared.agent,shared", "shared.agent.main")
+    (tmp_path / "machine").mkdir()
+    shutil.copyfile(ROOT / "machine" / "__init__.py", tmp_path / "machine" / "__init__.py")
+    _copy_py(ROOT / "machine" / "agent", tmp_path / "machine" / "agent")
+    foreign, help_text = _probe(bare_python, tmp_path, "machine.agent,machine", "machine.agent.main")
     assert foreign == []
-    assert "usage: python -m shared.agent" in help_text and "TENSORANT_BOOTSTRAP" in help_text
+    assert "usage: python -m machine.agent" in help_text and "TENSORANT_BOOTSTRAP" in help_text
 
 
 def test_the_cli_imports_with_the_standard_library_alone(bare_python: Path, tmp_path: Path) -> None:
@@ -262,7 +262,7 @@ print(json.dumps({"functions": len(functions), "tools": sorted(m for m in sys.mo
 def test_the_published_package_holds_only_the_runtime_and_indexes(tmp_path: Path) -> None:
     package = _package(tmp_path / "package")
     top = sorted(p.name for p in package.iterdir())
-    assert top == ["function_app.py", "functions", "host.json", "requirements.txt", "shared"], top
+    assert top == ["adapter_format", "function_app.py", "functions", "host.json", "requirements.txt", "shared"], top
     readme = (ROOT / "README.md").read_text()
     # Without a local.settings.json (none is committed) Core Tools cannot tell the runtime: --python says it.
     assert "func azure functionapp publish <APP> --python" in readme

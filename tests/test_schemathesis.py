@@ -83,7 +83,7 @@ class Seeded:
 
 
 def _seed(host: Any, seeded: Seeded) -> None:
-    from shared.adapters.smoke import build_adapter_zip
+    from adapter_format.smoke import build_adapter_zip
     from shared.clock import now
     from shared.models import Outcome, RunState
     from shared.runs.backends import storage_for
@@ -140,7 +140,7 @@ def served(request: pytest.FixtureRequest, azurite: Azurite, tmp_path_factory: p
         for key, value in {
             "AzureWebJobsStorage": azurite.connection_string, "TENSORANT_TABLE_PREFIX": "t" + secrets.token_hex(4),
             "TENSORANT_LOCAL_ROOT": str(tmp_path_factory.mktemp("local")), "TENSORANT_DEPLOYMENT_ID": "test",
-            "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m shared.trainer.smoke", "TENSORANT_ALLOW_TEST_MODELS": "1",
+            "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m machine.trainer.smoke", "TENSORANT_ALLOW_TEST_MODELS": "1",
             "TENSORANT_PUBLIC_URL": f"http://127.0.0.1:{port}",
         }.items():
             mp.setenv(key, value)

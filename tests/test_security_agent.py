@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.smoke import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, build_adapter_files
-from shared.adapters.verify import verify_adapter
-from shared.agent.config import AgentConfig
-from shared.agent.state import Failed
-from shared.agent.uploads import ADAPTER_FILES, Uploads
+from adapter_format.smoke import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, build_adapter_files
+from adapter_format.verify import verify_adapter
+from machine.agent.config import AgentConfig
+from machine.agent.state import Failed
+from machine.agent.uploads import ADAPTER_FILES, Uploads
 
 TINY = "tensorant/smoke-tiny"
 SECRET = b"HF_TOKEN=hf_" + b"s3cr3t" * 6 + b"\0TENSORANT_BOOTSTRAP=eyJydW4iOiJ4In0="

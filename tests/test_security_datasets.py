@@ -159,10 +159,10 @@ def test_failing_local_checks_say_what_to_fix_without_host_paths(tmp_path: Path)
     blocked.parent.mkdir()
     blocked.write_text("a file where the machines directory should be")
     repo = tmp_path / "repo"  # a checkout whose agent cannot import: its traceback names repo's files
-    (repo / "shared" / "agent").mkdir(parents=True)
-    (repo / "shared" / "__init__.py").write_text("")
-    (repo / "shared" / "agent" / "__init__.py").write_text("")
-    (repo / "shared" / "agent" / "main.py").write_text("import a_module_that_is_not_installed\n")
+    (repo / "machine" / "agent").mkdir(parents=True)
+    (repo / "machine" / "__init__.py").write_text("")
+    (repo / "machine" / "agent" / "__init__.py").write_text("")
+    (repo / "machine" / "agent" / "main.py").write_text("import a_module_that_is_not_installed\n")
     checks = {c.name: c for c in run_checks(blocked, f"{sys.executable} -m shared.providers.local.trainer", repo)}
 
     assert checks["work_root"].status == "fail" and "TENSORANT_LOCAL_ROOT" in checks["work_root"].message
@@ -177,8 +177,8 @@ def test_failing_local_checks_say_what_to_fix_without_host_paths(tmp_path: Path)
 def test_an_import_error_is_named_without_its_file() -> None:
     from shared.providers.local.checks import import_error
 
-    trace = ('Traceback (most recent call last):\n  File "/srv/app/shared/agent/main.py", line 3\n'
-             "ImportError: cannot import name 'x' from 'shared.agent' (/srv/app/shared/agent/__init__.py)\n")
+    trace = ('Traceback (most recent call last):\n  File "/srv/app/machine/agent/main.py", line 3\n'
+             "ImportError: cannot import name 'x' from 'machine.agent' (/srv/app/machine/agent/__init__.py)\n")
     assert import_error(trace) == "ImportError"
     assert import_error("") == "it failed"
 

@@ -178,6 +178,6 @@ def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, st
 
 
 def test_the_adapter_verifier_unpacks_at_most_1_gib() -> None:
-    from shared.adapters import verify
+    from adapter_format import verify
 
     assert verify.MAX_TOTAL_BYTES <= 1024 * MiB

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shared.adapters import verify
-from shared.adapters.smoke import (
+from adapter_format import verify
+from adapter_format.smoke import (
     CONFIG_NAME,
     MANIFEST_NAME,
     WEIGHTS_NAME,
@@ -26,7 +26,7 @@ from shared.adapters.smoke import (
     write_safetensors,
     zip_files,
 )
-from shared.adapters.verify import VerifyResult, verify_adapter
+from adapter_format.verify import VerifyResult, verify_adapter
 
 TINY = "tensorant/smoke-tiny"
 PRIVATE = "acme/private-7b"  # undeclared: shapes are checked for consistency only

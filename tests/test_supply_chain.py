@@ -90,8 +90,8 @@ def test_checkouts_keep_no_token_in_the_work_tree() -> None:
                     assert step["with"]["persist-credentials"] is False
 
 
-LOCKS = [ROOT / "requirements.txt", ROOT / "shared" / "trainer" / "image-requirements.txt",
-         ROOT / "shared" / "trainer" / "image-requirements-cpu.txt", ROOT / ".github" / "lint-requirements.txt"]
+LOCKS = [ROOT / "requirements.txt", ROOT / "machine" / "trainer" / "image-requirements.txt",
+         ROOT / "machine" / "trainer" / "image-requirements-cpu.txt", ROOT / ".github" / "lint-requirements.txt"]
 
 
 def _hashed_pins(path: Path) -> dict[str, list[str]]:
@@ -130,12 +130,12 @@ def test_the_hash_check_refuses_a_bare_pin(tmp_path: Path) -> None:
 
 
 def test_the_image_locks_hold_the_trainer_pins() -> None:
-    # The trainer's pins (shared/trainer/requirements.txt, what `make install` installs) are what both image
+    # The trainer's pins (machine/trainer/requirements.txt, what `make install` installs) are what both image
     # locks install: a pin changed there without `make lock` fails here.
-    wanted = [line.split("#", 1)[0].strip() for line in (ROOT / "shared/trainer/requirements.txt").read_text().splitlines()]
+    wanted = [line.split("#", 1)[0].strip() for line in (ROOT / "machine/trainer/requirements.txt").read_text().splitlines()]
     wanted = [w for w in wanted if w] + ["bitsandbytes==0.50.2"]
     for name in ("image-requirements.txt", "image-requirements-cpu.txt"):
-        pins = {p.split("==")[0].lower(): p.split("==")[1] for p in _hashed_pins(ROOT / "shared" / "trainer" / name)}
+        pins = {p.split("==")[0].lower(): p.split("==")[1] for p in _hashed_pins(ROOT / "machine" / "trainer" / name)}
         for want in wanted:
             package, version = want.split("==")
             got = pins.get(package.lower(), "")
@@ -187,7 +187,7 @@ def test_the_dockerfile_installs_only_from_a_hashed_lock() -> None:
     # The published image's default is the CUDA lock; every install checks each file's sha256 against it and
     # installs nothing it does not name (--no-deps).
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "ARG TRAINER_LOCK=shared/trainer/image-requirements.txt" in _instructions(dockerfile)
+    assert "ARG TRAINER_LOCK=machine/trainer/image-requirements.txt" in _instructions(dockerfile)
     assert re.search(r"\bpip install\b", dockerfile)
     assert _unhashed_installs(dockerfile) == []
 
@@ -196,12 +196,12 @@ def test_the_image_build_passes_the_cpu_lock() -> None:
     # make image / make image-check build where only the CPU torch wheel is on disk: build.sh passes that lock
     # as the build arg (a build without it would try the CUDA lock's wheels and fail on their hashes).
     build = (ROOT / "tools" / "image" / "build.sh").read_text()
-    assert "lock=${TRAINER_LOCK:-shared/trainer/image-requirements-cpu.txt}" in build
+    assert "lock=${TRAINER_LOCK:-machine/trainer/image-requirements-cpu.txt}" in build
     assert '--build-arg "TRAINER_LOCK=$lock"' in build
 
 
 def test_the_install_check_refuses_what_is_not_hashed_from_a_lock() -> None:
-    head = "ARG L=shared/trainer/image-requirements.txt\nCOPY ${L} /r.txt\nCOPY shared/trainer/requirements.txt /p.txt\n"
+    head = "ARG L=machine/trainer/image-requirements.txt\nCOPY ${L} /r.txt\nCOPY machine/trainer/requirements.txt /p.txt\n"
     good = "RUN pip install --no-deps \\\n    --require-hashes -r /r.txt\n"
     assert _unhashed_installs(head + good) == []
     for bad in ("RUN pip install --no-deps -r /r.txt\n",                          # no hash check

@@ -227,7 +227,7 @@ def test_bootstrap_carries_the_resolved_training_json(h: Harness, cloud: Cloud) 
     assert sent["lora_r"] == 4 and sent["seed"] == 7 and sent["kind"] == "trial" and sent["max_steps"] == 30
     assert "HF_TOKEN" not in machine.env  # none saved
     # The trainer parses exactly what the control plane sends.
-    from shared.trainer.config import parse_settings
+    from machine.trainer.config import parse_settings
 
     parsed, warnings = parse_settings(machine.env["TENSORANT_TRAINING"])
     assert warnings == [] and parsed.lora_r == 4 and parsed.max_examples == 64

@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from shared.adapters.smoke import (
+from adapter_format.smoke import (
     CONFIG_NAME,
     MANIFEST_NAME,
     WEIGHTS_NAME,
@@ -21,7 +21,7 @@ from shared.adapters.smoke import (
     write_safetensors,
     zip_files,
 )
-from shared.adapters.verify import VerifyResult, verify_adapter
+from adapter_format.verify import VerifyResult, verify_adapter
 
 TINY = "tensorant/smoke-tiny"
 
@@ -266,8 +266,8 @@ def _peft_files(base_model: str, targets: list[str], r: int = 4, skip: int = 0) 
     """An adapter laid out as PEFT saves it: attention under self_attn, gate/up/down under mlp."""
     import numpy as np
 
-    from shared.adapters.base_models import get_base_model
-    from shared.adapters.smoke import adapter_config, manifest_bytes
+    from adapter_format.base_models import get_base_model
+    from adapter_format.smoke import adapter_config, manifest_bytes
 
     spec = get_base_model(base_model)
     assert spec is not None

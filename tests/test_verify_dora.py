@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 
-from shared.adapters.smoke import build_adapter_files, manifest_bytes, write_safetensors, zip_files
-from shared.adapters.verify import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, VerifyResult, verify_adapter
+from adapter_format.smoke import build_adapter_files, manifest_bytes, write_safetensors, zip_files
+from adapter_format.verify import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, VerifyResult, verify_adapter
 
 TINY = "tensorant/smoke-tiny"  # 2 layers, q_proj and v_proj of 64 -> 64
 

@@ -15,7 +15,7 @@ Resuming training (a provider whose ProviderInfo says resumes_training): start()
 retained machine back with the disk retain() kept, and the training container starts again on it
 on that boot (cloud-init's script runs on every boot on AWS and Azure; RunPod runs a resumed pod's
 entrypoint). Its agent finds the stopped run's checkpoint on the disk and continues from it when
-the control plane's heartbeat reply says resume (shared/agent/agent.py), to the planned steps.
+the control plane's heartbeat reply says resume (machine/agent/agent.py), to the planned steps.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ contracts.md: the control plane hands the agent TENSORANT_BOOTSTRAP = base64(JSO
 str -> str). A cloud-init env file and a RunPod pod env both carry only that line, so a run
 field holding \\r, \\v, \\x85, \\u2028 or any other line break cannot add a variable: base64's
 alphabet has no line-breaking character, and JSON escapes every control character.
-The agent decodes it at start (shared/agent) and overlays it on its environment.
+The agent decodes it at start (machine/agent) and overlays it on its environment.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ SCRIPT = "/usr/local/bin/tensorant-train"
 # cloud-init runs what is in this folder on every boot (its scripts_per_boot module), the first included:
 # a machine started again for `recover --resume` runs the container again on its kept disk.
 PER_BOOT = "/var/lib/cloud/scripts/per-boot/tensorant-train"
-POWEROFF_EXIT = 80  # shared.agent.guard.POWEROFF_EXIT: the agent stopped by itself and asks for a poweroff
+POWEROFF_EXIT = 80  # machine.agent.guard.POWEROFF_EXIT: the agent stopped by itself and asks for a poweroff
 BOOT_LOG = "/var/log/tensorant-bootstrap.log"
 MAX_USER_DATA = 16 * 1024  # EC2's limit; Azure's custom data allows more, the tighter bound serves both
 # docker pull: this many attempts, waiting 15, 30, 60 s between them (a registry hiccup or a

@@ -65,6 +65,11 @@ class ProviderInfo:
     # Fields a saved connection once had and no longer takes -> what to do instead (refused by name,
     # with that advice, before the config model's generic "extra inputs" refusal).
     retired_fields: dict[str, str] = field(default_factory=dict)
+    # The machine has no hub access (the local provider's trainer on this host): base model id -> how it
+    # loads the model, in words ("" when it cannot), and the pip package that would make it loadable ("" when
+    # none). The hook imports the machine package (machine/), which only a provider that runs the machine
+    # on the control plane's own host may do. None: the machine downloads its model from the hub.
+    model_source: Callable[[str], tuple[str, str]] | None = None
 
 
 def resumable_providers() -> list[str]:

@@ -31,7 +31,7 @@ hub; the trainer measures them, and the check above says how far the estimate wa
   examples trained on = steps x batch_size x gradient_accumulation (the trainer's stream cycles
   through the rows, so max_steps may go past one epoch); tokens = that x tokens per example.
 
-Steps: as shared/trainer/lora.py plans them (split, plan_steps; tests/test_forecast.py checks they agree)
+Steps: as machine/trainer/lora.py plans them (split, plan_steps; tests/test_forecast.py checks they agree)
   rows used = min(rows, max_examples) (a trial's bound is already in max_examples: runs.resolve_training);
   held out for eval from MIN_EVAL_ROWS rows up: min(MAX_EVAL_ROWS, max(1, int(rows used x eval_fraction)));
   steps = max_steps, else ceil(epochs x ceil(ceil(training rows / batch_size) / gradient_accumulation)).
@@ -76,7 +76,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from shared.adapters.base_models import BaseModel
+from adapter_format.base_models import BaseModel
 from shared.clock import now
 from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, RunRecord, TrainingSettings
 from shared.store import get_store
@@ -84,7 +84,7 @@ from shared.store import get_store
 LOCAL_PROVIDER = "local"
 TOKENS_SOURCE = "estimated from bytes"
 BYTES_PER_TOKEN = 4
-# The trainer's held-out split (shared/trainer/lora.py MIN_EVAL_EXAMPLES, MAX_EVAL_EXAMPLES).
+# The trainer's held-out split (machine/trainer/lora.py MIN_EVAL_EXAMPLES, MAX_EVAL_EXAMPLES).
 MIN_EVAL_ROWS = 20
 MAX_EVAL_ROWS = 256
 

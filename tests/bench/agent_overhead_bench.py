@@ -1,7 +1,7 @@
 """The agent's overhead around the trainer: agent wall time minus trainer wall time.
 
 Run: python -m tests.bench.agent_overhead_bench [--seconds 60] [--runs 1] [--heartbeat 30]
-The real agent process (`python -m shared.agent`) runs against a recording fake control plane
+The real agent process (`python -m machine.agent`) runs against a recording fake control plane
 (heartbeat / complete) with local-directory storage; the trainer is the smoke trainer printing a
 progress line every 0.1 s for --seconds (wrapped so it records its own start and end). Agent
 wall time runs from spawning the agent until the control plane receives its completion (dataset
@@ -28,7 +28,7 @@ STEP_S = 0.1
 
 def trainer() -> int:
     """The timed trainer: the smoke trainer, its wall time written next to its output."""
-    from shared.trainer import smoke
+    from machine.trainer import smoke
 
     started = time.time()
     code = smoke.main()
@@ -59,7 +59,7 @@ def one_run(seconds: float, heartbeat_s: float) -> tuple[float, float]:
                 "TENSORANT_SMOKE_STEP_SECONDS": str(STEP_S),
             }
             t0 = time.time()
-            agent = subprocess.Popen([sys.executable, "-m", "shared.agent"], env=env, cwd=tmp,
+            agent = subprocess.Popen([sys.executable, "-m", "machine.agent"], env=env, cwd=tmp,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 done = api.wait_complete("r-bench", timeout=seconds * 3 + 60)

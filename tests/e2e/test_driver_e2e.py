@@ -1,5 +1,5 @@
 """A machine whose NVIDIA driver is older than the image's CUDA needs, played by tests/machine.py: the
-agent reports the failed start before its first heartbeat (shared/agent/gpu.py), and the run ends
+agent reports the failed start before its first heartbeat (machine/agent/gpu.py), and the run ends
 failed and released within minutes, its reason naming the driver and what to do; never a run that
 trains on the CPU until its runtime limit."""
 

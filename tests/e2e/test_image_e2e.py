@@ -6,7 +6,7 @@ machine (tests/machine.py) runs it, and its `docker run` is `buildah run --isola
 the image's own ENTRYPOINT with the same env file and data volume (tests/docker_shim.py, mode
 buildah), on the host network, against this control plane's HTTP host. Two runs end succeeded
 with a verified adapter: the image's default trainer (the real LoRA trainer, python -m
-shared.trainer.run) on the declared tiny Llama, and the smoke trainer.
+machine.trainer.run) on the declared tiny Llama, and the smoke trainer.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_the_images_own_trainer_trains_through_its_entrypoint(boot_aws_h: tuple[
 
 def test_the_smoke_trainer_runs_inside_the_image(boot_aws_h: tuple[BootHarness, Any], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "python -m shared.trainer.smoke")
+    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND", "python -m machine.trainer.smoke")
     settings.reset_settings()
     h, ec2 = boot_aws_h
     run, machine, took = _run_in_image(h, ec2, tmp_path, "tensorant/smoke-tiny")

@@ -1,5 +1,5 @@
 """End to end with the REAL trainer: the local host serving the app on Azurite, the local provider
-running the agent with its default trainer (shared/providers/local/trainer.py -> shared.trainer.lora)
+running the agent with its default trainer (shared/providers/local/trainer.py -> machine.trainer.lora)
 on the declared tiny Llama (random weights built once in the local model cache), a verified
 adapter, downloaded through the API and loaded with peft on that base model."""
 

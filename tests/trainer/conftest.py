@@ -1,7 +1,7 @@
 """Fixtures for the trainer tests: a tiny random model of a real architecture, built once per session.
 
 Skipped (with the reason) when torch/transformers/peft are not installed; `make test` installs
-shared/trainer/requirements.txt, so there they run.
+machine/trainer/requirements.txt, so there they run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TINY = "tensorant/tiny-llama"
 
 def need_torch() -> None:
     for name in ("torch", "transformers", "peft", "tokenizers"):
-        pytest.importorskip(name, reason=f"{name} is not installed (pip install -r shared/trainer/requirements.txt)")
+        pytest.importorskip(name, reason=f"{name} is not installed (pip install -r machine/trainer/requirements.txt)")
 
 
 def pirate_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -59,21 +59,21 @@ def trainer_env(model_dir: Path, dataset: Path, out: Path, training: dict[str, A
 
 
 def start_trainer(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, text=True,
+    return subprocess.Popen([sys.executable, "-m", "machine.trainer.lora"], env=env, cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def run_trainer(model_dir: Path, dataset: Path, out: Path, training: dict[str, Any],
                 base_model: str = TINY, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     env = trainer_env(model_dir, dataset, out, training, base_model)
-    return subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "machine.trainer.lora"], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     need_torch()
-    from shared.trainer.random_model import build_random_model
+    from machine.trainer.random_model import build_random_model
 
     corpus = [json.dumps(r) for r in pirate_rows(30)]
     return build_random_model(TINY, tmp_path_factory.mktemp("tiny-llama"), seed=0, corpus=corpus)

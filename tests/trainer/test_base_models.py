@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.adapters.base_models import BASE_MODELS, GiB, get_base_model
+from adapter_format.base_models import BASE_MODELS, GiB, get_base_model
 
 REAL = {  # published sizes, a sanity check on the shapes themselves
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,

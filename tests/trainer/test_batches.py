@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from shared.trainer.batches import SEGMENTS, batch_stream, choose_batching, collate, trained_tokens, use_segment_attention
-from shared.trainer.config import SettingsError, parse_settings
-from shared.trainer.data import IGNORE, Tokenized
+from machine.trainer.batches import SEGMENTS, batch_stream, choose_batching, collate, trained_tokens, use_segment_attention
+from machine.trainer.config import SettingsError, parse_settings
+from machine.trainer.data import IGNORE, Tokenized
 from tests.trainer.conftest import need_torch
 
 ARCHS = ("tensorant/tiny-llama", "tensorant/tiny-qwen2")
@@ -31,7 +31,7 @@ def model_of(name: str, vocab: int | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from shared.trainer.random_model import declared
+    from machine.trainer.random_model import declared
 
     config = declared(name).hf_config()
     if vocab:
@@ -58,7 +58,7 @@ def test_every_batching_gives_the_loss_and_gradients_of_each_example_alone(name:
     need_torch()
     import torch
 
-    from shared.trainer.loss import loss_sum
+    from machine.trainer.loss import loss_sum
 
     torch.set_num_threads(1)
     model = model_of(name)
@@ -88,7 +88,7 @@ def test_chunked_loss_equals_the_full_logits_loss() -> None:
     need_torch()
     import torch
 
-    from shared.trainer.loss import chunked_loss_sum
+    from machine.trainer.loss import chunked_loss_sum
 
     torch.set_num_threads(1)
     model = model_of("tensorant/tiny-qwen2", vocab=5000)

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from shared.trainer.config import SettingsError, parse_settings
-from shared.trainer.data import IGNORE, DatasetError, Tokenized, encode, normalise
-from shared.trainer.encoding import encode_all
+from machine.trainer.config import SettingsError, parse_settings
+from machine.trainer.data import IGNORE, DatasetError, Tokenized, encode, normalise
+from machine.trainer.encoding import encode_all
 from tests.trainer.conftest import need_torch
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     need_torch()
-    from shared.trainer.random_model import build_tokenizer
+    from machine.trainer.random_model import build_tokenizer
 
     return build_tokenizer(400)
 

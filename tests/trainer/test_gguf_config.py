@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shared.trainer.gguf_models import clear_quantization_config, ensure_local_model, model_dir
+from machine.trainer.gguf_models import clear_quantization_config, ensure_local_model, model_dir
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What transformers 5 writes after loading SmolLM2 from its GGUF, trimmed.

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.base_models import BASE_MODELS, GiB
-from shared.agent.gpu import driver_problem, driver_version
+from adapter_format.base_models import BASE_MODELS, GiB
+from machine.agent.gpu import driver_problem, driver_version
 from tests.trainer.conftest import need_torch, pirate_rows
 
 OLD = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
@@ -34,7 +34,7 @@ def test_trainer_refuses_a_gpu_torch_cannot_use(tmp_path: Path, monkeypatch: pyt
     need_torch()
     import torch
 
-    from shared.trainer.gpu import gpu_problem
+    from machine.trainer.gpu import gpu_problem
 
     driver = tmp_path / "version"
     driver.write_text(OLD)
@@ -59,7 +59,7 @@ def test_trainer_exits_4_before_loading_anything(tiny_model: Path, tmp_path: Pat
     env = trainer_env(tiny_model, dataset, tmp_path / "out", {"max_steps": 1})
     env["TENSORANT_NVIDIA_DRIVER_FILE"] = str(driver)
     # torch sees no GPU here, as on a host whose driver is too old for its CUDA.
-    proc = subprocess.run([sys.executable, "-m", "shared.trainer.lora"], env=env, cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "machine.trainer.lora"], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 4, proc.stdout[-2000:]
     assert proc.stdout.startswith("trainer: ") and "535.104.05" in proc.stdout  # here: a CPU build of torch
@@ -72,12 +72,12 @@ def test_probe_times_both_modes_and_leaves_training_as_it_was(tiny_model: Path) 
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from shared.trainer.batches import use_segment_attention
-    from shared.trainer.config import TrainerSettings
-    from shared.trainer.data import normalise
-    from shared.trainer.encoding import encode_all
-    from shared.trainer.gpu import probe_batching
-    from shared.trainer.lora import ATTENTION, lora_config
+    from machine.trainer.batches import use_segment_attention
+    from machine.trainer.config import TrainerSettings
+    from machine.trainer.data import normalise
+    from machine.trainer.encoding import encode_all
+    from machine.trainer.gpu import probe_batching
+    from machine.trainer.lora import ATTENTION, lora_config
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     examples = encode_all(tokenizer, [normalise(r) for r in pirate_rows(24)], 48).examples
@@ -102,9 +102,9 @@ def test_memory_terms_are_the_tensors_held(name: str) -> None:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from shared.adapters.base_models import _NF4_BITS
-    from shared.trainer.config import TrainerSettings
-    from shared.trainer.lora import ALL_LINEAR, lora_config
+    from adapter_format.base_models import _NF4_BITS
+    from machine.trainer.config import TrainerSettings
+    from machine.trainer.lora import ALL_LINEAR, lora_config
 
     spec = BASE_MODELS[name]
     with torch.device("meta"):

@@ -1,4 +1,4 @@
-"""The real trainer end to end on the CPU: `python -m shared.trainer.lora` with the agent's
+"""The real trainer end to end on the CPU: `python -m machine.trainer.lora` with the agent's
 environment contract, on a tiny random Llama (heads x head_dim != hidden) and a local tokenizer.
 
 Three trainer subprocesses in all (imports dominate on a busy CPU): the same settings twice, which
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.base_models import get_base_model
-from shared.adapters.smoke import zip_files
-from shared.adapters.verify import verify_adapter
+from adapter_format.base_models import get_base_model
+from adapter_format.smoke import zip_files
+from adapter_format.verify import verify_adapter
 from tests.trainer.conftest import TINY, need_torch, pirate_rows, run_trainer, start_trainer, trainer_env, write_jsonl
 
 SETTINGS = {"max_steps": 24, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4, "lora_alpha": 8,
@@ -72,10 +72,10 @@ def test_loss_falls_and_progress_lines(runs: list[tuple[Path, str]]) -> None:
 def test_manifest_counts_per_split_and_padding(runs: list[tuple[Path, str]], tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
-    from shared.trainer.config import parse_settings
-    from shared.trainer.data import load_examples
-    from shared.trainer.encoding import encode_all
-    from shared.trainer.lora import split
+    from machine.trainer.config import parse_settings
+    from machine.trainer.data import load_examples
+    from machine.trainer.encoding import encode_all
+    from machine.trainer.lora import split
 
     out, log = runs[0]
     manifest = json.loads((out / "manifest.json").read_text())

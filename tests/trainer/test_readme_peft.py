@@ -23,7 +23,7 @@ def _snippet() -> str:
 
 
 def test_the_readme_names_the_folder_make_run_keeps_models_in() -> None:
-    from shared.trainer.gguf_models import model_dir
+    from machine.trainer.gguf_models import model_dir
 
     run_py = (REPO / "tools/devhost/tensorant_devhost/run.py").read_text()
     assert '"TENSORANT_LOCAL_ROOT": str(root / ".tensorant" / "local")' in run_py

@@ -1,4 +1,4 @@
-"""Each training setting of the third pass changes training as documented (shared/trainer/config.py), on the
+"""Each training setting of the third pass changes training as documented (machine/trainer/config.py), on the
 tiny model in this process (`lora.train`, the trainer's whole path without a subprocess's imports):
 evaluation during training with early stopping and the best adapter kept, a chat template and
 train_on_inputs, DoRA and rsLoRA, NEFTune, the scheduler, warmup steps, the optimizer and weight decay.
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shared.trainer.config import SettingsError, parse_settings
+from machine.trainer.config import SettingsError, parse_settings
 from tests.trainer.conftest import need_torch, pirate_rows, trainer_env, write_jsonl
 
 BASE = {"max_steps": 8, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4, "lora_alpha": 8, "max_seq_len": 48,
@@ -29,7 +29,7 @@ def train(tiny_model: Path, dataset: Path, out: Path, capsys: pytest.CaptureFixt
           **changes: Any) -> tuple[dict[str, Any], str]:
     """(manifest, printed log) of one in-process run with BASE updated by changes."""
     need_torch()
-    from shared.trainer.lora import train as run_trainer
+    from machine.trainer.lora import train as run_trainer
 
     code = run_trainer(trainer_env(tiny_model, dataset, out, {**BASE, **changes}))
     log = capsys.readouterr().out
@@ -51,7 +51,7 @@ def lrs(log: str) -> list[float]:
 @pytest.fixture(scope="module")
 def baseline(tiny_model: Path, dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     need_torch()
-    from shared.trainer.lora import train as run_trainer
+    from machine.trainer.lora import train as run_trainer
 
     out = tmp_path_factory.mktemp("baseline")
     assert run_trainer(trainer_env(tiny_model, dataset, out, BASE)) == 0
@@ -115,8 +115,8 @@ def test_keep_best_restores_an_earlier_adapter(tiny_model: Path) -> None:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from shared.trainer.config import TrainerSettings
-    from shared.trainer.lora import ATTENTION, Progress, Run, keep_best, lora_config, trainable_state
+    from machine.trainer.config import TrainerSettings
+    from machine.trainer.lora import ATTENTION, Progress, Run, keep_best, lora_config, trainable_state
 
     for keep in (True, False):
         s = TrainerSettings(keep_best=keep, eval_every_steps=1)
@@ -152,7 +152,7 @@ def test_chat_template_and_train_on_inputs(tiny_model: Path, dataset: Path, tmp_
     # The held-out loss is still the assistant's: comparable with the baseline's before training.
     assert inputs["eval_loss_before"] == pytest.approx(baseline[0]["eval_loss_before"], abs=1e-6)
     bad = trainer_env(tiny_model, dataset, tmp_path / "bad", {**BASE, "chat_template": "{{ messages[0]['role'] }}"})
-    from shared.trainer.lora import train as run_trainer
+    from machine.trainer.lora import train as run_trainer
 
     assert run_trainer(bad) == 2
     assert "leaves out or alters the content" in capsys.readouterr().out
@@ -160,8 +160,8 @@ def test_chat_template_and_train_on_inputs(tiny_model: Path, dataset: Path, tmp_
 
 def test_dora_and_rslora(tiny_model: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                          baseline: tuple[dict[str, Any], Path]) -> None:
-    from shared.adapters.smoke import zip_files
-    from shared.adapters.verify import verify_adapter
+    from adapter_format.smoke import zip_files
+    from adapter_format.verify import verify_adapter
     from tests.trainer.conftest import TINY
 
     m, _ = train(tiny_model, dataset, tmp_path / "dora", capsys, use_dora=True)
@@ -189,8 +189,8 @@ def test_rslora_scaling(tiny_model: Path) -> None:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from shared.trainer.config import TrainerSettings
-    from shared.trainer.lora import ATTENTION, lora_config
+    from machine.trainer.config import TrainerSettings
+    from machine.trainer.lora import ATTENTION, lora_config
 
     for rs, want in ((True, 8 / math.sqrt(16)), (False, 8 / 16)):
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model),
@@ -203,7 +203,7 @@ def test_neftune_noise(tiny_model: Path, dataset: Path, tmp_path: Path, capsys: 
                        baseline: tuple[dict[str, Any], Path]) -> None:
     import torch
 
-    from shared.trainer.gpu import Neftune
+    from machine.trainer.gpu import Neftune
 
     m, log = train(tiny_model, dataset, tmp_path / "neft", capsys, neftune_alpha=5.0)
     assert "neftune_alpha=5.0" in log
@@ -240,6 +240,6 @@ def test_scheduler_warmup_optimizer_weight_decay(tiny_model: Path, dataset: Path
     a_norm = sum(float(v.norm()) for k, v in decayed.items() if "lora_A" in k)
     assert a_norm < sum(float(v.norm()) for k, v in plain.items() if "lora_A" in k)
     env = trainer_env(tiny_model, dataset, tmp_path / "8bit", {**BASE, "optimizer": "adamw_8bit"})
-    from shared.trainer.lora import train as run_trainer
+    from machine.trainer.lora import train as run_trainer
 
     assert run_trainer(env) == 2 and "adamw_8bit needs a CUDA GPU" in capsys.readouterr().out

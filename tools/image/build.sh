@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the training image from the Dockerfile with buildah, without a Docker engine:
 #   tools/image/build.sh [TAG]          # default TAG: localhost/tensorant-trainer:check
-#   BASE_IMAGE=python:3.11-slim TRAINER_LOCK=shared/trainer/image-requirements.txt \
+#   BASE_IMAGE=python:3.11-slim TRAINER_LOCK=machine/trainer/image-requirements.txt \
 #       tools/image/build.sh ghcr.io/tensorant/trainer:2026.11
 # BASE_IMAGE defaults to the local stand-in from tools/image/base.sh (no registry reachable here);
 # TRAINER_LOCK (the hashed lock the Dockerfile installs with --require-hashes) to the CPU torch one,
-# shared/trainer/image-requirements-cpu.txt: the CUDA lock's torch and NVIDIA wheels are not on this disk.
+# machine/trainer/image-requirements-cpu.txt: the CUDA lock's torch and NVIDIA wheels are not on this disk.
 #
 # pip inside the build resolves as pip on this machine (so torch==2.13.0 is the CPU wheel on this
 # machine's disk): this machine's pip configuration (files and PIP_* variables, as `pip config list`
@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 tag=${1:-localhost/tensorant-trainer:check}
 base=${BASE_IMAGE:-localhost/tensorant-base:py311}
-lock=${TRAINER_LOCK:-shared/trainer/image-requirements-cpu.txt}
+lock=${TRAINER_LOCK:-machine/trainer/image-requirements-cpu.txt}
 python=python3
 [[ -x .venv/bin/python ]] && python=.venv/bin/python
 

@@ -3,7 +3,7 @@
 # here on setrlimit, `buildah run --isolation chroot` works as root):
 #   tools/image/smoke.sh [TAG]          # default TAG: localhost/tensorant-trainer:check
 # 1. the agent's --help; 2. the trainers' imports; 3. the build left nothing of this machine in the
-# image; 4. the smoke trainer writes an adapter; 5. python -m shared.trainer.run (the image's
+# image; 4. the smoke trainer writes an adapter; 5. python -m machine.trainer.run (the image's
 # TENSORANT_TRAINER_COMMAND) builds tensorant/tiny-llama in $HF_HOME and trains 2 LoRA steps.
 # 4 and 5 run as the image's unprivileged trainer user (uid 10001, as the agent runs them), offline,
 # with a folder of this machine mounted at /workspace/data as the data volume is.
@@ -41,12 +41,12 @@ fail() {
     exit 1
 }
 
-out=$(in_image "$container" -- python -m shared.agent --help)
-grep -q "usage: python -m shared.agent" <<<"$out" || fail "python -m shared.agent --help: $out"
-check "python -m shared.agent --help"
+out=$(in_image "$container" -- python -m machine.agent --help)
+grep -q "usage: python -m machine.agent" <<<"$out" || fail "python -m machine.agent --help: $out"
+check "python -m machine.agent --help"
 
 in_image "$container" -- python -c \
-    "import torch, transformers, peft; import shared.trainer.smoke, shared.trainer.random_model, shared.trainer.run" \
+    "import torch, transformers, peft; import machine.trainer.smoke, machine.trainer.random_model, machine.trainer.run" \
     || fail "imports"
 check "import torch, transformers, peft and the trainers"
 
@@ -58,20 +58,20 @@ check "no pip configuration or mount point of the build machine in the image"
 trainer_env=(--user trainer --env HF_HUB_OFFLINE=1 --env TENSORANT_DATASET_PATH=/workspace/data/ds.jsonl)
 in_image "${trainer_env[@]}" --env TENSORANT_OUTPUT_DIR=/workspace/data/out-smoke \
     --env TENSORANT_BASE_MODEL=tensorant/smoke-tiny --env TENSORANT_SMOKE_STEP_SECONDS=0 \
-    "$container" -- python -m shared.trainer.smoke || fail "the smoke trainer"
+    "$container" -- python -m machine.trainer.smoke || fail "the smoke trainer"
 for f in adapter_config.json adapter_model.safetensors manifest.json; do
     [[ -s $data/out-smoke/$f ]] || fail "the smoke trainer wrote no $f"
 done
-check "python -m shared.trainer.smoke wrote an adapter"
+check "python -m machine.trainer.smoke wrote an adapter"
 
 # TENSORANT_MODEL_CACHE unset: the model is built under $HF_HOME (the image sets it on the volume).
 in_image "${trainer_env[@]}" --env TENSORANT_OUTPUT_DIR=/workspace/data/out-lora \
     --env TENSORANT_BASE_MODEL=tensorant/tiny-llama --env 'TENSORANT_TRAINING={"max_steps":2}' \
-    "$container" -- python -m shared.trainer.run || fail "python -m shared.trainer.run"
+    "$container" -- python -m machine.trainer.run || fail "python -m machine.trainer.run"
 for f in adapter_config.json adapter_model.safetensors; do
-    [[ -s $data/out-lora/$f ]] || fail "shared.trainer.run wrote no $f"
+    [[ -s $data/out-lora/$f ]] || fail "machine.trainer.run wrote no $f"
 done
 [[ -d $data/cache/huggingface/tensorant-models/tensorant--tiny-llama ]] || fail "no model under \$HF_HOME/tensorant-models"
-check "python -m shared.trainer.run trained tensorant/tiny-llama (model cached under \$HF_HOME)"
+check "python -m machine.trainer.run trained tensorant/tiny-llama (model cached under \$HF_HOME)"
 
 echo "smoke: $passed passed, 0 failed: $tag in $((SECONDS - start)) s"

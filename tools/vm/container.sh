@@ -13,7 +13,7 @@ for tool in mmdebstrap podman buildah; do
 done
 base=localhost/tensorant-vm-base:$(grep -v '^ *#' tools/vm/container.sh | sha256sum | cut -c1-12)
 code=$( { grep -v '^ *#' tools/vm/container.sh; tar -c --sort=name --mtime=@0 --owner=0 --group=0 --exclude=__pycache__ \
-    shared/__init__.py shared/adapters shared/agent shared/trainer; } | sha256sum | cut -c1-12)
+    machine/__init__.py adapter_format machine/agent machine/trainer; } | sha256sum | cut -c1-12)
 image=localhost/tensorant-vm-trainer:$code
 if podman image exists "$image"; then echo "$image"; exit 0; fi
 
@@ -32,16 +32,16 @@ fi
 # The Dockerfile's user, environment and entrypoint (trainer: the smoke trainer, no torch here).
 ctr=$(buildah from --quiet "$base")
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
-buildah run --isolation chroot "$ctr" -- sh -c 'useradd --system --create-home --uid 10001 trainer && mkdir -p /workspace/data /opt/tensorant/shared'
-for part in shared/__init__.py shared/adapters shared/agent shared/trainer; do
+buildah run --isolation chroot "$ctr" -- sh -c 'useradd --system --create-home --uid 10001 trainer && mkdir -p /workspace/data /opt/tensorant/machine'
+for part in machine/__init__.py adapter_format machine/agent machine/trainer; do
     buildah copy --quiet "$ctr" "$part" "/opt/tensorant/$part" >/dev/null
 done
 buildah run --isolation chroot "$ctr" -- find /opt/tensorant -name __pycache__ -prune -exec rm -rf {} +
 buildah config --workingdir /opt/tensorant \
     --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1 --env PYTHONPATH=/opt/tensorant \
     --env HF_HOME=/workspace/data/cache/huggingface \
-    --env "TENSORANT_TRAINER_COMMAND=python -m shared.trainer.smoke" --env TENSORANT_TRAINER_USER=trainer \
-    --entrypoint '["python", "-m", "shared.agent"]' --cmd '' "$ctr"
+    --env "TENSORANT_TRAINER_COMMAND=python -m machine.trainer.smoke" --env TENSORANT_TRAINER_USER=trainer \
+    --entrypoint '["python", "-m", "machine.agent"]' --cmd '' "$ctr"
 buildah commit --quiet --format docker "$ctr" "$image" >/dev/null
 echo "vm container: $image built in $((SECONDS - start)) s" >&2
 echo "$image"

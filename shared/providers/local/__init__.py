@@ -16,9 +16,15 @@ def build(config: BaseModel, settings: Settings) -> ComputeProvider:
     return compute.build(config, settings)
 
 
+def model_source(base_model: str) -> tuple[str, str]:
+    from shared.providers.local import models  # imports the trainer (machine/): only when asked
+
+    return models.source(base_model)
+
+
 # The machine is the developer's own host: it exists only outside production, and the smoke
 # trainer's adapter (no training, for a machine without a GPU) may pass verification there.
 PROVIDER = ProviderInfo("local", LocalConfig, build, {"price_per_hour": 0.0}, dev_only=True, smoke_trainer_allowed=True,
-                        resumes_training=True, retired_fields={
+                        resumes_training=True, model_source=model_source, retired_fields={
                             "trainer_command": "the trainer command is an operator setting (TENSORANT_TRAINER_COMMAND), "
                                                "not part of a connection; remove the field"})

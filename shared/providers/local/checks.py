@@ -42,7 +42,7 @@ def run_checks(machines: Path, trainer_command: str, repo_root: Path) -> list[Ch
                             message="no /proc here; the local provider runs only on Linux"))
     probe_env = {k: os.environ[k] for k in INHERITED if k in os.environ} | {"PYTHONPATH": str(repo_root)}
     # cwd: a `-c` program imports from its working directory first; the agent is the repository's.
-    result = subprocess.run([sys.executable, "-c", "import shared.agent.main, shared.trainer.smoke"],
+    result = subprocess.run([sys.executable, "-c", "import machine.agent.main, machine.trainer.smoke"],
                             env=probe_env, cwd=repo_root, capture_output=True, text=True, timeout=60, check=False)
     if result.returncode == 0:
         checks.append(Check(name="agent", status=CheckStatus.ok, message="the agent module imports"))
@@ -52,7 +52,7 @@ def run_checks(machines: Path, trainer_command: str, repo_root: Path) -> list[Ch
                             message=f"the agent does not import ({import_error(result.stderr)}); install the "
                                     "project's dependencies (the control plane's log has the traceback)"))
     # Which trainer, not its command line: that holds the interpreter's path on this host.
-    if "shared.trainer.smoke" in trainer_command:
+    if "machine.trainer.smoke" in trainer_command:
         checks.append(Check(name="trainer", status=CheckStatus.warn,
                             message="runs use the smoke trainer (TENSORANT_TRAINER_COMMAND), which trains nothing "
                                     "and writes a random adapter"))

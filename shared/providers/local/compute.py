@@ -3,7 +3,7 @@
 For running the whole control plane without a cloud (and for tests). Linux only: the
 process table is read from /proc.
 
-- The machine: `python -m shared.agent`, started detached in its own session through a
+- The machine: `python -m machine.agent`, started detached in its own session through a
   short-lived launcher (so it is never our zombie), with the work directory
   `<local_root>/machines/<ref.name>/` (marker.json; data/ is TENSORANT_DATA_DIR, the
   machine's "disk").
@@ -332,7 +332,7 @@ class LocalCompute:
             self._write_marker(workdir, marker | {"spawns": spawns})
             try:
                 result = subprocess.run(
-                    [sys.executable, "-c", _LAUNCHER, str(workdir / "agent.log"), sys.executable, "-m", "shared.agent"],
+                    [sys.executable, "-c", _LAUNCHER, str(workdir / "agent.log"), sys.executable, "-m", "machine.agent"],
                     env=self._agent_env(spec, workdir), cwd=workdir, capture_output=True, text=True, timeout=60,
                     check=True)
                 pid = int(result.stdout.strip())

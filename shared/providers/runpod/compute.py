@@ -192,7 +192,7 @@ class RunPodCompute:
         agent reads and writes the storage keys as files there: the presigned URLs the
         volume storage also offers are dropped, so the pod holds no storage credential."""
         # TENSORANT_POWEROFF: an agent that stops by itself stops its pod with the pod-scoped RUNPOD_API_KEY
-        # RunPod puts in the pod's environment (shared/agent/guard.py).
+        # RunPod puts in the pod's environment (machine/agent/guard.py).
         env = {"TENSORANT_DATA_DIR": self._data_dir(spec.ref), "TENSORANT_POWEROFF": "runpod", **spec.bootstrap.env}
         if self.config.network_volume_id and "TENSORANT_ADAPTER_KEY" in env:
             for key in _PRESIGNED:

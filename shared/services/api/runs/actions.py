@@ -216,7 +216,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
 def _resume(run: RunRecord) -> RunView:
     """Start the retained machine and move the run back to training (`recover --resume`). The agent, stopped
     while its trainer had a checkpoint, hears `resume: true` in a heartbeat reply and runs the trainer again
-    from that checkpoint (shared/agent/agent.py): on a cloud its machine boots again and the container
+    from that checkpoint (machine/agent/agent.py): on a cloud its machine boots again and the container
     starts again on the kept disk; on the local provider a trainer frozen by the retain simply continues.
     The runtime limit and the heartbeat deadline count again from now: the old ones have passed, or the
     run would not be retained. A resume that fails later (the trainer cannot load the checkpoint, the agent

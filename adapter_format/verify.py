@@ -35,8 +35,8 @@ from typing import Any, BinaryIO, NoReturn, TypeGuard
 
 import numpy as np
 
-from shared.adapters.base_models import get_base_model
-from shared.adapters.smoke import CONFIG_NAME, MANIFEST_NAME, SMOKE_TRAINER, WEIGHTS_NAME
+from adapter_format.base_models import get_base_model
+from adapter_format.smoke import CONFIG_NAME, MANIFEST_NAME, SMOKE_TRAINER, WEIGHTS_NAME
 
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME)
 MAX_ENTRIES = 64

@@ -2,7 +2,7 @@
 
 No hub access: the tokenizer is a byte-level BPE trained here with `tokenizers` on a small
 corpus, with a ChatML chat template, and the weights are random-initialised from the
-architecture's config (shared.adapters.base_models). Used by the CPU trainer tests, the GPU
+architecture's config (adapter_format.base_models). Used by the CPU trainer tests, the GPU
 check (real dimensions, random weights) and the trainer benchmark.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from shared.adapters.base_models import BaseModel, get_base_model
+from adapter_format.base_models import BaseModel, get_base_model
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -50,7 +50,7 @@ def build_tokenizer(vocab_size: int, corpus: Iterable[str] = ()) -> Any:
 def declared(base_model: str) -> BaseModel:
     model = get_base_model(base_model)
     if model is None:
-        raise ValueError(f"base model {base_model!r} is not declared in shared.adapters.base_models")
+        raise ValueError(f"base model {base_model!r} is not declared in adapter_format.base_models")
     return model
 
 

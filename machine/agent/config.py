@@ -1,6 +1,6 @@
 """The agent's configuration: the environment it starts with, TENSORANT_BOOTSTRAP decoded over it.
 
-The variables themselves are described in the agent's --help (shared.agent.main).
+The variables themselves are described in the agent's --help (machine.agent.main).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ BOOTSTRAP_VAR = "TENSORANT_BOOTSTRAP"
 
 
 def default_trainer_command() -> str:
-    return f"{shlex.quote(sys.executable)} -m shared.trainer.smoke"
+    return f"{shlex.quote(sys.executable)} -m machine.trainer.smoke"
 
 
 class BootstrapError(ValueError):
@@ -85,7 +85,7 @@ class AgentConfig:
     hf_token: str = ""  # for gated base models; a secret
     complete_retry_s: float = 1800.0  # how long to keep trying to report completion
     heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
-    # Self-protection (shared.agent.guard): the bounds past which the agent stops training and powers
+    # Self-protection (machine.agent.guard): the bounds past which the agent stops training and powers
     # its machine off by itself, when the control plane that should have done it is gone or wrong.
     runtime_limit_s: float = 0.0  # the run's runtime limit; 0 = unknown
     deadline_at: float = 0.0  # the run's runtime deadline at launch (epoch seconds); 0 = unknown

@@ -43,7 +43,7 @@ HOME, owning the output directory), so it cannot read the agent's environment or
 
 Environment: TENSORANT_RUN_ID, TENSORANT_API_URL, TENSORANT_RUN_TOKEN (never printed),
 TENSORANT_BASE_MODEL, TENSORANT_DATA_DIR (/workspace/data), TENSORANT_TRAINER_COMMAND
-(default: the smoke trainer, `python -m shared.trainer.smoke`), TENSORANT_HEARTBEAT_INTERVAL_S
+(default: the smoke trainer, `python -m machine.trainer.smoke`), TENSORANT_HEARTBEAT_INTERVAL_S
 (30), and storage access: either TENSORANT_STORAGE_DIR with TENSORANT_DATASET_KEY /
 TENSORANT_ADAPTER_KEY / TENSORANT_LOGS_KEY, or presigned TENSORANT_DATASET_URL (GET),
 TENSORANT_ADAPTER_UPLOAD_URL (PUT) and TENSORANT_LOGS_UPLOAD_URL (PUT); TENSORANT_DATASET_SHA256,
@@ -56,7 +56,7 @@ when set, TENSORANT_BASE_MODEL_PATH, TENSORANT_TRAINING (JSON settings) and HF_T
 secret: masked in every forwarded line), but never the run token or the storage URLs.
 
 Only the standard library (urllib) and this package are imported, so the agent runs in
-any image that has Python and these files (shared/__init__.py and shared/agent/).
+any image that has Python and these files (machine/__init__.py and machine/agent/).
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ import os
 import signal
 import sys
 
-from shared.agent.agent import Agent
-from shared.agent.config import AgentConfig, overlay_bootstrap
+from machine.agent.agent import Agent
+from machine.agent.config import AgentConfig, overlay_bootstrap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The entry point of `python -m shared.agent`; this module's docstring is its --help."""
+    """The entry point of `python -m machine.agent`; this module's docstring is its --help."""
     summary, _, details = (__doc__ or "").partition("\n\n")
-    parser = argparse.ArgumentParser(prog="python -m shared.agent", description=summary,
+    parser = argparse.ArgumentParser(prog="python -m machine.agent", description=summary,
                                      epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)  # no options: the environment configures the agent; --help describes it
     try:

@@ -19,7 +19,7 @@ header, which must not be learned), the text after it is the end marker. A row c
 inside an assistant turn keeps that turn's end marker, so a truncated answer still teaches stopping.
 
 `encode` is the per-row definition of all this; a training set is encoded in batches by
-shared.trainer.encoding (same ids and labels, into compact arrays), and read from disk as a
+machine.trainer.encoding (same ids and labels, into compact arrays), and read from disk as a
 `DatasetRows`: checked once, then streamed again when encoded instead of held as parsed rows.
 """
 
@@ -60,7 +60,7 @@ class Example:
 @dataclass
 class Tokenized:
     """One encoded example: lists from `encode`, int32 numpy views from a batch-encoded set
-    (shared.trainer.encoding); both support len(), slicing and torch.as_tensor."""
+    (machine.trainer.encoding); both support len(), slicing and torch.as_tensor."""
 
     input_ids: list[int] | np.ndarray
     labels: list[int] | np.ndarray
@@ -186,7 +186,7 @@ SENTINEL = "TENSORANTSENTINEL7F3A"
 
 
 # (messages, add_generation_prompt) -> the rendered text: `render` itself, or a stand-in proven to
-# give the same text (shared.trainer.encoding.SkeletonRenderer).
+# give the same text (machine.trainer.encoding.SkeletonRenderer).
 Renderer = Callable[[list[dict[str, str]], bool], str]
 
 
@@ -234,7 +234,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, str]],
 
 def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
     """Token ids and labels for one example, truncated to max_seq_len tokens: the reference that
-    shared.trainer.encoding's batch path must match token for token (tests/trainer/test_encoding.py)."""
+    machine.trainer.encoding's batch path must match token for token (tests/trainer/test_encoding.py)."""
     if example.text is not None:
         ids = list(tokenizer(example.text, add_special_tokens=True)["input_ids"])
         return Tokenized(ids[:max_seq_len], ids[:max_seq_len], len(ids) > max_seq_len)

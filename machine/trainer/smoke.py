@@ -1,19 +1,19 @@
-"""Smoke trainer: it does NOT train anything (`python -m shared.trainer.smoke`).
+"""Smoke trainer: it does NOT train anything (`python -m machine.trainer.smoke`).
 
 It exists so the whole path (agent, heartbeats, export, upload, verification, release)
 can run on a machine without a GPU. It counts the dataset's rows, prints progress lines
 the agent understands, and writes a correctly shaped LoRA adapter of random small values
-for a declared base model (shared.adapters.base_models), with a manifest that says
+for a declared base model (adapter_format.base_models), with a manifest that says
 "trainer": "smoke (no training)".
 
 Environment:
   TENSORANT_OUTPUT_DIR         where adapter_config.json, adapter_model.safetensors, manifest.json go
-  TENSORANT_BASE_MODEL         a base model declared in shared.adapters.base_models
+  TENSORANT_BASE_MODEL         a base model declared in adapter_format.base_models
   TENSORANT_DATASET_PATH       the JSONL dataset (rows are counted, nothing else)
   TENSORANT_SMOKE_STEPS        number of fake steps (default 5)
   TENSORANT_SMOKE_STEP_SECONDS sleep per step (default 0.2)
   TENSORANT_SMOKE_FAIL         when set, exit with this code after the first step (tests)
-Checkpoints (tests of stop and resume, in the real trainer's layout: shared.trainer.lora):
+Checkpoints (tests of stop and resume, in the real trainer's layout: machine.trainer.lora):
   TENSORANT_CHECKPOINT_DIR     set by the agent; with TENSORANT_SMOKE_CHECKPOINT_EVERY=<k>, every
                                k steps before the last the adapter files and a manifest.json with
                                checkpoint_step and steps are made whole in <dir>/.partial, renamed
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from shared.adapters.smoke import MANIFEST_NAME, build_adapter_files
+from adapter_format.smoke import MANIFEST_NAME, build_adapter_files
 
 
 def count_rows(path: str) -> int:
@@ -53,7 +53,7 @@ def with_manifest(files: dict[str, bytes], **extra: object) -> dict[str, bytes]:
 
 
 def write_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Path:
-    """root/step-<step> made whole before it gets its name, as shared.trainer.lora.write_checkpoint does
+    """root/step-<step> made whole before it gets its name, as machine.trainer.lora.write_checkpoint does
     (that module imports the real trainer's dependencies): a trainer killed at any moment leaves at least
     one complete checkpoint."""
     partial = root / ".partial"

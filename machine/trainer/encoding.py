@@ -1,5 +1,5 @@
 """A training set encoded in batches into compact arrays: the same ids and labels as
-shared.trainer.data.encode gives row by row, at a fraction of the time and memory.
+machine.trainer.data.encode gives row by row, at a fraction of the time and memory.
 
 Row by row, a chat row renders its chat template 1 + 3 x (assistant turns) times through
 apply_chat_template, tokenizes alone, labels tokens in a Python loop, and keeps its ids and labels as
@@ -29,7 +29,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from shared.trainer.data import (
+from machine.trainer.data import (
     IGNORE,
     DatasetRows,
     Encoded,
@@ -340,5 +340,5 @@ def encode_splits(tokenizer: Any, rows: DatasetRows, splits: Sequence[Sequence[i
 def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
     """Every example encoded (in batches, into compact arrays); rows left with no trained token are
     counted in `dropped` and left out. (data.encode_each is the row-by-row reference it is checked
-    against; this module builds on shared.trainer.data, never the other way round.)"""
+    against; this module builds on machine.trainer.data, never the other way round.)"""
     return encode_examples(tokenizer, examples, max_seq_len)

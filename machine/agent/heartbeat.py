@@ -5,7 +5,7 @@ queued for the next heartbeat, sent in batches within the API's limits. A heartb
 every interval and at each phase change; its reply may stop the trainer (`stop: true`), let
 a halted run resume (`resume: true`) or replace the short-lived run token (`token`).
 
-Reporter is the base of the Agent (shared.agent.agent): it holds the state every part of
+Reporter is the base of the Agent (machine.agent.agent): it holds the state every part of
 the agent shares (configuration, state file, the stop and halt events).
 """
 
@@ -17,11 +17,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from shared.agent.config import AgentConfig
-from shared.agent.guard import Guard
-from shared.agent.redact import redact_text, register_secret
-from shared.agent.state import STATE_FILE, AgentState
-from shared.agent.transport import ControlPlane
+from machine.agent.config import AgentConfig
+from machine.agent.guard import Guard
+from machine.agent.redact import redact_text, register_secret
+from machine.agent.state import STATE_FILE, AgentState
+from machine.agent.transport import ControlPlane
 
 MAX_LINES_PER_HEARTBEAT = 500  # the API's limit (shared.models.Heartbeat)
 MAX_LINE_CHARS = 2000

@@ -25,7 +25,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shared.trainer.data import IGNORE, Tokenized
+from machine.trainer.data import IGNORE, Tokenized
 
 BATCHING = ("auto", "padded", "grouped", "packed")
 GROUP_CHUNK = 64  # examples sorted together: large enough to find similar lengths, small enough to stay random
@@ -45,7 +45,7 @@ def choose_batching(setting: str, model_type: str, attention: str | None, *, cud
     set the gap is wider (the issue's check: 80.9 against 69.2 bare packed and 37.6 padded). Under
     flash attention (varlen kernels) packed. On a GPU under sdpa the answer depends on the GPU, the
     model and the lengths (one sdpa call per example and layer against padded batches' one call):
-    wants_probe says so, and shared.trainer.gpu.probe_batching times both on the run's own data;
+    wants_probe says so, and machine.trainer.gpu.probe_batching times both on the run's own data;
     grouped is what this returns for it until measured."""
     if setting == "packed" and model_type not in PACKABLE:
         return "grouped"  # packing would silently let examples attend to each other

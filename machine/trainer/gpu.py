@@ -3,7 +3,7 @@ timed probe that lets `batching: auto` choose between grouped and packed on a GP
 
 A driver older than the pinned torch's CUDA runtime needs makes torch.cuda.is_available() False
 with no error at all: the trainer would train on the CPU, for hours, on a GPU machine. The agent
-checks the driver before its first report (shared/agent/gpu.py, from the image's
+checks the driver before its first report (machine/agent/gpu.py, from the image's
 TENSORANT_MIN_NVIDIA_DRIVER); this is the trainer's check for any other way torch misses the GPU
 (a trainer run by hand, an image without the setting): an NVIDIA driver is present, torch sees no
 GPU: exit EXIT_GPU with the driver's version and what to do.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from shared.agent.gpu import DRIVER_FILE, EXIT_GPU, driver_version
+from machine.agent.gpu import DRIVER_FILE, EXIT_GPU, driver_version
 
 __all__ = ["EXIT_GPU", "Neftune", "gpu_problem", "probe_batching"]
 PROBE_BATCHES = 4  # timed micro-batches per mode, after one untimed (kernels load, the allocator warms)
@@ -34,7 +34,7 @@ def gpu_problem(driver_file: str = DRIVER_FILE) -> str | None:
     runtime = torch.version.cuda
     if runtime is None:
         return (f"this machine has an NVIDIA driver ({found}) but this PyTorch {torch.__version__} is a CPU "
-                "build: install the CUDA build of torch (shared/trainer/requirements.txt's pin from PyPI)")
+                "build: install the CUDA build of torch (machine/trainer/requirements.txt's pin from PyPI)")
     try:  # the CUDA version the driver supports, e.g. 12020 for 12.2 (0 when libcuda is missing)
         supports = int(getattr(torch._C, "_cuda_getDriverVersion")())  # noqa: B009 (private: not in the stubs)
     except (AttributeError, RuntimeError):
@@ -88,8 +88,8 @@ def probe_batching(model: Any, examples: Sequence[Any], batch_size: int, seed: i
     Returns (the mode, {mode: real tokens per second})."""
     import torch
 
-    from shared.trainer.batches import batch_stream, collate, trained_tokens
-    from shared.trainer.loss import loss_sum
+    from machine.trainer.batches import batch_stream, collate, trained_tokens
+    from machine.trainer.loss import loss_sum
 
     cuda = device.type == "cuda"
     rng = torch.get_rng_state()

@@ -1,11 +1,11 @@
-"""The real trainer: a LoRA fine-tune with transformers + peft (`python -m shared.trainer.lora`).
+"""The real trainer: a LoRA fine-tune with transformers + peft (`python -m machine.trainer.lora`).
 
-Environment (the agent -> trainer contract; shared/agent passes it):
+Environment (the agent -> trainer contract; machine/agent passes it):
   TENSORANT_OUTPUT_DIR       writes adapter_config.json, adapter_model.safetensors, manifest.json
   TENSORANT_DATASET_PATH     JSONL; rows {"messages"}, {"prompt","completion"} or {"text"}
   TENSORANT_BASE_MODEL       the run's declared base model id (written into adapter_config.json)
   TENSORANT_BASE_MODEL_PATH  optional local model directory; otherwise the hub id is downloaded
-  TENSORANT_TRAINING         JSON training settings (shared.trainer.config); missing = defaults
+  TENSORANT_TRAINING         JSON training settings (machine.trainer.config); missing = defaults
   HF_TOKEN                   optional hub token for gated models; handed to the hub client only
   TENSORANT_TORCH_THREADS    optional CPU thread count (tiny models on a busy CPU run several
                              times faster on one thread than on two contended ones)
@@ -24,12 +24,12 @@ Environment (the agent -> trainer contract; shared/agent passes it):
 
 A plain loop (torch AdamW + warmup/cosine schedule) rather than HF Trainer: fewer moving parts,
 exact control of the loss mask, the progress lines and determinism. Micro-batches are packed or
-length-grouped (shared.trainer.batches, the `batching` setting) and the loss is a chunked
-cross-entropy over the learned positions only (shared.trainer.loss): no full logits tensor. It prints
+length-grouped (machine.trainer.batches, the `batching` setting) and the loss is a chunked
+cross-entropy over the learned positions only (machine.trainer.loss): no full logits tensor. It prints
 `progress=<0..1> step=<n> loss=<x> lr=<y>` per optimizer step and, with eval_every_steps,
 `eval step=<n> eval_loss=<x>` per evaluation (early stopping and the best adapter kept: the settings
-of shared.trainer.config). Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
-not be loaded, 4 the machine's GPU cannot be used (shared.trainer.gpu: a driver older than torch's
+of machine.trainer.config). Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
+not be loaded, 4 the machine's GPU cannot be used (machine.trainer.gpu: a driver older than torch's
 CUDA needs), 1 anything else.
 """
 
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shared.trainer.batches import (
+from machine.trainer.batches import (
     batch_stream,
     choose_batching,
     collate,
@@ -60,13 +60,13 @@ from shared.trainer.batches import (
     use_segment_attention,
     wants_probe,
 )
-from shared.trainer.config import SettingsError, TrainerSettings, parse_settings
-from shared.trainer.data import DatasetError, DatasetRows, Encoded, Example, Tokenized, sample_prompt, scan_dataset
-from shared.trainer.encoding import encode_splits, with_inputs
-from shared.trainer.gpu import EXIT_GPU, Neftune, gpu_problem, probe_batching
-from shared.trainer.loss import loss_sum
-from shared.trainer.templates import TemplateError
-from shared.trainer.templates import apply as apply_template
+from machine.trainer.config import SettingsError, TrainerSettings, parse_settings
+from machine.trainer.data import DatasetError, DatasetRows, Encoded, Example, Tokenized, sample_prompt, scan_dataset
+from machine.trainer.encoding import encode_splits, with_inputs
+from machine.trainer.gpu import EXIT_GPU, Neftune, gpu_problem, probe_batching
+from machine.trainer.loss import loss_sum
+from machine.trainer.templates import TemplateError
+from machine.trainer.templates import apply as apply_template
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"

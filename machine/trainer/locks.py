@@ -1,7 +1,7 @@
 """An exclusive lock on a file, held across processes (the local provider's launches, and the
 trainer's model cache: queue messages and runs may race each other on one host). It lives in
-shared/trainer so the training image, which holds only shared/agent, shared/trainer and
-shared/adapters, has it; shared.providers.local.locks re-exports it."""
+machine/trainer so the training image, which holds only machine/agent, machine/trainer and
+adapter_format, has it; shared.providers.local.locks re-exports it."""
 
 from __future__ import annotations
 

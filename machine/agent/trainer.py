@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shared.agent.config import BOOTSTRAP_VAR, AgentConfig
-from shared.agent.heartbeat import Reporter
-from shared.agent.redact import redact_text
-from shared.agent.state import Failed
-from shared.agent.uploads import Uploads
+from machine.agent.config import BOOTSTRAP_VAR, AgentConfig
+from machine.agent.heartbeat import Reporter
+from machine.agent.redact import redact_text
+from machine.agent.state import Failed
+from machine.agent.uploads import Uploads
 
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
-CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (shared.trainer.lora)
+CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (machine.trainer.lora)
 _CHECKPOINT = re.compile(r"checkpoint step=(\d+)(?:\s|$)")
 TAIL_LINES = 20  # the trainer lines a failure report carries
 # `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.

@@ -1,6 +1,6 @@
 """The smoke adapter: a PEFT-shaped LoRA adapter with random small values and nothing learned.
 
-The smoke trainer (shared.trainer.smoke) writes these files, and tests build valid
+The smoke trainer (machine.trainer.smoke) writes these files, and tests build valid
 and deliberately broken archives with `build_adapter_zip`. One code path for both, so the
 verifier is tested on exactly what the smoke trainer produces.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from shared.adapters.base_models import BaseModel, get_base_model
+from adapter_format.base_models import BaseModel, get_base_model
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -75,7 +75,7 @@ def adapter_config(base_model: str, r: int, targets: Iterable[str]) -> dict[str,
 def _declared(base_model: str) -> BaseModel:
     model = get_base_model(base_model)
     if model is None:
-        raise ValueError(f"base model {base_model!r} is not declared in shared.adapters.base_models; "
+        raise ValueError(f"base model {base_model!r} is not declared in adapter_format.base_models; "
                          "the smoke adapter needs its shapes")
     return model
 

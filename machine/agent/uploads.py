@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from shared.agent.config import AgentConfig
-from shared.agent.state import Failed
-from shared.agent.storage import DirStorage, UrlStorage
-from shared.agent.transport import describe_error
+from machine.agent.config import AgentConfig
+from machine.agent.state import Failed
+from machine.agent.storage import DirStorage, UrlStorage
+from machine.agent.transport import describe_error
 
 CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"  # adapter.zip on the disk stays the final adapter's name
 # What an adapter archive holds, and all it may hold (the verifier refuses any other entry): a

@@ -2,8 +2,8 @@
 
 What the state file recorded decides where a restarted agent picks up (a finished or stopped
 phase is never run again); a halted run with a checkpoint waits for a resume. The parts it
-drives: Reporter (shared.agent.heartbeat), TrainerSupervisor (shared.agent.trainer) and
-Uploads (shared.agent.uploads).
+drives: Reporter (machine.agent.heartbeat), TrainerSupervisor (machine.agent.trainer) and
+Uploads (machine.agent.uploads).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import threading
 import time
 from pathlib import Path
 
-from shared.agent.gpu import EXIT_GPU, driver_problem
-from shared.agent.guard import POWEROFF_EXIT, stop_runpod_pod
-from shared.agent.state import Failed
-from shared.agent.trainer import TrainerSupervisor
+from machine.agent.gpu import EXIT_GPU, driver_problem
+from machine.agent.guard import POWEROFF_EXIT, stop_runpod_pod
+from machine.agent.state import Failed
+from machine.agent.trainer import TrainerSupervisor
 
 AGENT_PHASES = ("provisioning", "preparing", "training", "exporting")  # the run states an agent reports in
 
@@ -190,7 +190,7 @@ class Agent(TrainerSupervisor):
             self.guard.heard(again.ok, self.api.rejected)
 
     def _watch(self) -> None:
-        """The guard's bounds (shared.agent.guard), checked every few seconds whatever the agent is doing."""
+        """The guard's bounds (machine.agent.guard), checked every few seconds whatever the agent is doing."""
         while not self.stop.wait(min(self.config.heartbeat_interval_s, 5.0)):
             why = self.guard.reason(working=self.working)
             if why:
@@ -199,7 +199,7 @@ class Agent(TrainerSupervisor):
 
     def self_stop(self, why: str) -> None:
         """Stop training (its last checkpoint is uploaded), upload the logs, record the stop and power the
-        machine off keeping its disk (shared.agent.guard says how on each cloud)."""
+        machine off keeping its disk (machine.agent.guard says how on each cloud)."""
         if self.self_stopping:
             return
         self.self_stopping = True

@@ -9,7 +9,7 @@ longer knows it) for TENSORANT_GONE_GRACE_S. The margin and bounds are well beyo
 plane's own (heartbeat timeout 600 s): a control plane that works always acts first.
 
 It then stops the trainer (its last checkpoint is uploaded), uploads its logs, records the stop,
-and powers the machine off, keeping the disk (shared.agent.agent.Agent.self_stop), so the worst
+and powers the machine off, keeping the disk (machine.agent.agent.Agent.self_stop), so the worst
 case is the disk's bill, never the GPU's:
 - "exit" (AWS and Azure VMs: cloud-init's script runs the container): the agent exits with
   POWEROFF_EXIT and the host script runs `poweroff`. On AWS the instance was launched with
@@ -32,7 +32,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 
-from shared.agent.config import AgentConfig
+from machine.agent.config import AgentConfig
 
 POWEROFF_EXIT = 80  # the agent's exit code that asks cloud-init's script to power the machine off
 GONE = (404, 410)  # the control plane's answers for a run it does not know

@@ -2,7 +2,7 @@
 
 A run trains with the tokenizer's own chat template unless it gives one: a name below, or a Jinja
 chat template's text (as in a tokenizer_config.json). The template decides what the model sees
-around each turn and which characters are the assistant's (shared.trainer.data finds them by
+around each turn and which characters are the assistant's (machine.trainer.data finds them by
 rendering the conversation turn by turn), so the adapter should be used with the same template:
 the manifest's settings carry it. A template's markers (<|im_start|> ...) are special tokens only
 when the model's vocabulary has them; otherwise they are learned as plain text.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.trainer.data import FALLBACK_TEMPLATE, SENTINEL
+from machine.trainer.data import FALLBACK_TEMPLATE, SENTINEL
 
 PRESETS = {
     # Qwen2.5, SmolLM2 and many others: <|im_start|>role\ncontent<|im_end|>\n

@@ -7,7 +7,7 @@ runtime needs 580.65.06 or newer); unset (the local provider, a CPU machine) che
 driver's version is read from /proc/driver/nvidia/version, which the NVIDIA container runtime shows
 inside the container (TENSORANT_NVIDIA_DRIVER_FILE names another file, for the machine harness); no
 such file means no NVIDIA driver here, and that is left to the container start (docker --gpus) and
-to the trainer (shared.trainer.lora refuses a GPU torch cannot use). Standard library only.
+to the trainer (machine.trainer.lora refuses a GPU torch cannot use). Standard library only.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ model on the meta device, applies the same casts and checks the weights and LoRA
                one layer recomputed at a time, b x s x (6 x hidden + 2 x q_dim + 2 x kv_dim + 4 x
                intermediate) x 2 bytes (SDPA attention: no s x s score matrix is stored).
                Without checkpointing every layer keeps that working set.
-  logits       the trainer never holds the full b x s x vocab logits (shared/trainer/loss.py): lm_head
+  logits       the trainer never holds the full b x s x vocab logits (machine/trainer/loss.py): lm_head
                and the cross-entropy run on LOSS_CHUNK_ELEMENTS / vocab learned tokens at a time,
                recomputed in backward, so one chunk is alive: min(b x s, chunk) x vocab x 12 bytes
                (logits, their fp32 log-softmax and gradient), at most 2**25 x 12 = 384 MiB.
@@ -49,7 +49,7 @@ GiB = 1024**3
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = ATTENTION + MLP
-# Logits elements per chunk of the trainer's chunked cross-entropy (shared/trainer/loss.py uses this).
+# Logits elements per chunk of the trainer's chunked cross-entropy (machine/trainer/loss.py uses this).
 LOSS_CHUNK_ELEMENTS = 2**25
 _NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double quantization)
 ALLOCATOR_MARGIN = 1.10  # reserved over allocated: the caching allocator's fragmentation

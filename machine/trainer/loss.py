@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.adapters.base_models import LOSS_CHUNK_ELEMENTS as CHUNK_ELEMENTS
-from shared.trainer.data import IGNORE
+from adapter_format.base_models import LOSS_CHUNK_ELEMENTS as CHUNK_ELEMENTS
+from machine.trainer.data import IGNORE
 
 # CHUNK_ELEMENTS, logits elements per chunk: 2**25 fp32 = 128 MiB (plus as much for the gradient)
 # whatever the vocabulary; declared with the memory table, whose logits term it sets.
