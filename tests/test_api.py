@@ -90,7 +90,7 @@ def test_secrets_are_write_only_and_never_logged(h: Harness, secretive: None, ca
     from shared.runs.backends import compute_slot, unsealed_config
     from shared.store import get_store
 
-    rec = get_store().get_connection("org-a", compute_slot("secretive"))
+    rec = get_store().connections.get("org-a", compute_slot("secretive"))
     assert rec is not None
     assert unsealed_config(rec[0]).api_key.get_secret_value() == SECRET  # type: ignore[attr-defined]
     assert SECRET not in rec[0].sealed and SECRET not in json.dumps(rec[0].config)

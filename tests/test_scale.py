@@ -82,10 +82,10 @@ def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(h: Harness, cloud: Cl
 def five_orgs(h: Harness, cloud: Cloud) -> Iterator[list[tuple[str, str]]]:
     """The harness org's memory connection, copied to four more orgs."""
     store = get_store()
-    conn, _ = store.get_connection(h.org, "compute:memory") or (None, None)
+    conn, _ = store.connections.get(h.org, "compute:memory") or (None, None)
     assert conn is not None
     for i in range(4):
-        store.put_connection(conn.model_copy(update={"org": f"zz-org-{i}"}), None)
+        store.connections.put(conn.model_copy(update={"org": f"zz-org-{i}"}), None)
     yield sweeper.accounts()
 
 

@@ -20,13 +20,13 @@ BAD_IDS = ["abc\n", "a#b", "a\\b", "a\x01b", "a\x7fb", "x" * 100_000, "a b", "a\
 def test_store_has_no_falsy_org_means_all_orgs(h: Harness, org: Any) -> None:
     h.create_run("memory", "mem-a10")
     store = get_store()
-    for call in (lambda: store.list_runs(org), lambda: store.list_connections(org),
+    for call in (lambda: store.list_runs(org), lambda: store.connections.in_org(org),
                  lambda: store.list_projects(org)):
         with pytest.raises(ValueError, match="one valid org"):
             call()
     # The explicit all-orgs calls exist, for the sweeper, the heartbeat check and admins.
     assert {r.org for r in store.list_runs_all_orgs()} == {"org-a"}
-    assert {c.org for c in store.list_connections_all_orgs()} == {"org-a"}
+    assert {c.org for c in store.connections.all_orgs()} == {"org-a"}
 
 
 @pytest.mark.parametrize("bad", BAD_IDS, ids=lambda b: repr(b)[:20])
@@ -63,10 +63,10 @@ def test_sealed_secret_copied_from_another_org_fails_clearly(h: Harness) -> None
     other.save_storage({"kind": "local"})
     other.close()
     store = get_store()
-    mine, etag = store.get_connection("org-a", "storage") or (None, "")
-    theirs, _ = store.get_connection("org-b", "storage") or (None, "")
+    mine, etag = store.connections.get("org-a", "storage") or (None, "")
+    theirs, _ = store.connections.get("org-b", "storage") or (None, "")
     assert mine and theirs
-    store.put_connection(mine.model_copy(update={"sealed": theirs.sealed}), etag)
+    store.connections.put(mine.model_copy(update={"sealed": theirs.sealed}), etag)
     status, body, headers = h.call("POST", "/api/projects", json_body={"name": "x"})
     assert status == 409, body
     assert "does not open for this organization" in body["detail"]

@@ -36,12 +36,12 @@ def unsealed_config(rec: ConnectionRecord) -> BaseModel:
 
 
 def storage_config(org: str) -> BaseModel | None:
-    got = get_store().get_connection(org, STORAGE_SLOT)
+    got = get_store().connections.get(org, STORAGE_SLOT)
     return unsealed_config(got[0]) if got else None
 
 
 def compute_for(org: str, provider: str, *, require_connected: bool = False) -> ComputeProvider:
-    got = get_store().get_connection(org, compute_slot(provider))
+    got = get_store().connections.get(org, compute_slot(provider))
     if not got:
         raise Conflict(f"no {provider} compute connection is saved; an owner saves it under connections/compute/{provider}")
     rec = got[0]

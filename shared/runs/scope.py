@@ -147,12 +147,12 @@ def report_credential_failure(org: str, provider: str, reason: str) -> list[str]
     Returns the ids of the warned runs."""
     store = get_store()
     slot = compute_slot(provider)
-    got = store.get_connection(org, slot)
+    got = store.connections.get(org, slot)
     if got is not None and got[0].status != ConnectionStatus.failed:
         check = Check(name="credentials", status=CheckStatus.fail,
                       message=f"the provider rejected the saved credentials: {reason}; replace them (save the "
                               "connection again with a working key)")
-        store.put_connection(got[0].model_copy(update={
+        store.connections.put(got[0].model_copy(update={
             "status": ConnectionStatus.failed, "checks": [check, *got[0].checks], "checked_at": now()}), got[1])
     warned = []
     for run in store.active_runs(org):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
-import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -26,11 +24,8 @@ from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.models import (
-    KEY_PATTERN,
-    ORG_PATTERN,
     CatalogRecord,
     CloudResource,
-    ConnectionRecord,
     DatasetVersionRecord,
     OrgSecretRecord,
     ProjectRecord,
@@ -38,12 +33,13 @@ from shared.models import (
     RunRecord,
     RunState,
 )
-from shared.store.tables import Table
+from shared.store.connections import Connections
+from shared.store.keys import id_key, org_key, row_key, time_key
+from shared.store.tables import MAX_RACE_RETRIES, Table
 
 # The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
 WATCHED = HOLDS_MACHINE
 
-MAX_RACE_RETRIES = 8
 LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
 # One log chunk is one entity whose `data` property (JSON, ASCII: json.dumps escapes the rest)
 # stays under the service's 32K UTF-16 characters per string property, with room for the rest.
@@ -56,34 +52,6 @@ _LINE_KEY = "{:010d}"
 # takes seconds (an HTTP request); one older is a launch that died in between.
 ACTIVE_RUNS_KEY = "active-runs"
 LAUNCH_GRACE_S = 600
-_ORG = re.compile(ORG_PATTERN)
-_KEY = re.compile(KEY_PATTERN)
-
-
-def _org(org: object) -> str:
-    """Every per-org call names one org: an empty or malformed org is a bug, never "all orgs"."""
-    if not isinstance(org, str) or not _ORG.fullmatch(org):
-        raise ValueError(f"a store call needs one valid org, not {org!r:.80}")
-    return org
-
-
-_SLOT = re.compile(r"^(storage|compute:[a-z][a-z0-9_-]{0,31})$")
-
-
-def _id(value: str, what: str) -> str:
-    """An id that cannot be a table key (/, #, ?, \\, control characters, too long) names nothing."""
-    if not isinstance(value, str) or not _KEY.fullmatch(value):
-        raise NotFound(f"{what} not found")
-    return value
-
-
-def _rk(key: str) -> str:
-    # Table keys may not contain / \ # ?
-    return key.replace(":", "~").replace("/", "|")
-
-
-def _event_key() -> str:
-    return f"{int(now_ts() * 1_000_000):020d}-{secrets.token_hex(3)}"
 
 
 def _descending(event_key: str) -> str:
@@ -118,6 +86,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.connections = Connections(self.table("connections"))
 
     def table(self, name: str) -> Table:
         return self._tables[name]
@@ -128,42 +97,16 @@ class Store:
             self._service.delete_table(t.name)
             t._client = None
 
-    # ------------------------------------------------------------ connections
-    def get_connection(self, org: str, slot: str) -> tuple[ConnectionRecord, str] | None:
-        if not isinstance(slot, str) or not _SLOT.fullmatch(slot):
-            return None  # no provider has such a name: nothing is saved under it
-        got = self.table("connections").get(_org(org), _rk(slot))
-        return (ConnectionRecord.model_validate(got[0]), got[1]) if got else None
-
-    def put_connection(self, rec: ConnectionRecord, etag: str | None) -> str:
-        t = self.table("connections")
-        data = rec.model_dump(mode="json")
-        if etag is None:
-            return t.insert(rec.org, _rk(rec.slot), data, provider=rec.provider)
-        return t.update(rec.org, _rk(rec.slot), data, etag, provider=rec.provider)
-
-    def delete_connection(self, org: str, slot: str) -> None:
-        if isinstance(slot, str) and _SLOT.fullmatch(slot):
-            self.table("connections").delete(_org(org), _rk(slot))
-
-    def list_connections(self, org: str) -> list[ConnectionRecord]:
-        q = self.table("connections").query("PartitionKey eq @org", org=_org(org))
-        return [ConnectionRecord.model_validate(d) for d, _ in q]
-
-    def list_connections_all_orgs(self) -> list[ConnectionRecord]:
-        """Every org's connections: the sweeper and the catalog timer only, never a user request."""
-        return [ConnectionRecord.model_validate(d) for d, _ in self.table("connections").query()]
-
     # ------------------------------------------------------------ org secrets (sealed)
     def get_org_secret(self, org: str, name: str) -> OrgSecretRecord | None:
-        got = self.table("secrets").get(_org(org), _id(name, "secret"))
+        got = self.table("secrets").get(org_key(org), id_key(name, "secret"))
         return OrgSecretRecord.model_validate(got[0]) if got else None
 
     def put_org_secret(self, rec: OrgSecretRecord) -> None:
-        self.table("secrets").upsert(_org(rec.org), _id(rec.name, "secret"), rec.model_dump(mode="json"))
+        self.table("secrets").upsert(org_key(rec.org), id_key(rec.name, "secret"), rec.model_dump(mode="json"))
 
     def delete_org_secret(self, org: str, name: str) -> None:
-        self.table("secrets").delete(_org(org), _id(name, "secret"))
+        self.table("secrets").delete(org_key(org), id_key(name, "secret"))
 
     # ------------------------------------------------------------ catalogs
     def get_catalog(self, org: str, provider: str) -> CatalogRecord | None:
@@ -178,40 +121,40 @@ class Store:
         self.table("projects").insert(rec.org, rec.id, rec.model_dump(mode="json"))
 
     def get_project(self, org: str, project_id: str) -> ProjectRecord:
-        got = self.table("projects").get(_org(org), _id(project_id, f"project {project_id!r:.80}"))
+        got = self.table("projects").get(org_key(org), id_key(project_id, f"project {project_id!r:.80}"))
         if not got:
             raise NotFound(f"project {project_id} not found")
         return ProjectRecord.model_validate(got[0])
 
     def list_projects(self, org: str) -> list[ProjectRecord]:
-        q = self.table("projects").query("PartitionKey eq @org", org=_org(org))
+        q = self.table("projects").query("PartitionKey eq @org", org=org_key(org))
         return [ProjectRecord.model_validate(d) for d, _ in q]
 
     def list_projects_page(self, org: str, *, limit: int, after: str | None = None
                            ) -> tuple[list[ProjectRecord], str | None]:
         """One page of the org's projects in id order, and the RowKey the next page starts after."""
         got, nxt = self.table("projects").page("PartitionKey eq @org and RowKey gt @after", limit=limit,
-                                               org=_org(org), after=after or "")
+                                               org=org_key(org), after=after or "")
         return [ProjectRecord.model_validate(d) for d, _ in got], nxt
 
     def create_dataset(self, rec: DatasetVersionRecord) -> None:
         self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
 
     def get_dataset(self, org: str, dataset_id: str) -> DatasetVersionRecord:
-        got = self.table("datasets").get(_org(org), _id(dataset_id, f"dataset version {dataset_id!r:.80}"))
+        got = self.table("datasets").get(org_key(org), id_key(dataset_id, f"dataset version {dataset_id!r:.80}"))
         if not got:
             raise NotFound(f"dataset version {dataset_id} not found")
         return DatasetVersionRecord.model_validate(got[0])
 
     def list_datasets(self, org: str, project_id: str) -> list[DatasetVersionRecord]:
-        q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=_org(org), p=project_id)
+        q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=org_key(org), p=project_id)
         return [DatasetVersionRecord.model_validate(d) for d, _ in q]
 
     def list_datasets_page(self, org: str, project_id: str, *, limit: int, after: str | None = None
                            ) -> tuple[list[DatasetVersionRecord], str | None]:
         """One page of a project's dataset versions in id order, and the RowKey the next page starts after."""
         got, nxt = self.table("datasets").page("PartitionKey eq @org and project eq @p and RowKey gt @after",
-                                               limit=limit, org=_org(org), p=project_id, after=after or "")
+                                               limit=limit, org=org_key(org), p=project_id, after=after or "")
         return [DatasetVersionRecord.model_validate(d) for d, _ in got], nxt
 
     # ------------------------------------------------------------ runs
@@ -220,7 +163,7 @@ class Store:
                                          project=rec.project_id)
 
     def get_run(self, org: str, run_id: str) -> tuple[RunRecord, str]:
-        got = self.table("runs").get(_org(org), _id(run_id, f"run {run_id!r:.80}"))
+        got = self.table("runs").get(org_key(org), id_key(run_id, f"run {run_id!r:.80}"))
         if not got:
             raise NotFound(f"run {run_id} not found")
         return RunRecord.model_validate(got[0]), got[1]
@@ -232,13 +175,13 @@ class Store:
     def delete_run(self, org: str, run_id: str, etag: str) -> None:
         """Delete a run record as read (ETag); a run changed since then raises Conflict."""
         try:
-            self.table("runs").delete(_org(org), _id(run_id, f"run {run_id!r:.80}"), etag=etag)
+            self.table("runs").delete(org_key(org), id_key(run_id, f"run {run_id!r:.80}"), etag=etag)
         except ConcurrencyError as exc:
             raise Conflict(f"run {run_id} changed while it was being deleted (launched?); nothing was deleted") \
                 from exc
 
     def list_runs(self, org: str, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
-        return self._query_runs(_org(org), states)
+        return self._query_runs(org_key(org), states)
 
     def list_runs_page(self, org: str, *, limit: int, after: str | None = None,
                        states: set[RunState] | frozenset[RunState] | None = None,
@@ -251,7 +194,7 @@ class Store:
 
         split = f"r-{NEWEST_FIRST_FROM}"
         clauses: list[str] = ["PartitionKey eq @org"]
-        params: dict[str, Any] = {"org": _org(org)}
+        params: dict[str, Any] = {"org": org_key(org)}
         if states:
             names = sorted(s.value for s in states)
             clauses.append("( " + " or ".join(f"state eq @s{i}" for i in range(len(names))) + " )")
@@ -350,19 +293,19 @@ class Store:
     # (build_watch_index: records written before the index existed).
 
     def watch_run(self, org: str, run_id: str) -> None:
-        self.table("watch").upsert(_org(org), run_id, {"org": org, "run_id": run_id})
+        self.table("watch").upsert(org_key(org), run_id, {"org": org, "run_id": run_id})
 
     def unwatch_run(self, org: str, run_id: str) -> None:
         from azure.core.exceptions import ResourceNotFoundError
 
         try:
-            self.table("watch").delete(_org(org), run_id)
+            self.table("watch").delete(org_key(org), run_id)
         except ResourceNotFoundError:
             pass
 
     def watched(self, org: str | None = None) -> list[tuple[str, str]]:
         """(org, run id) of every indexed run, or one org's: one query of the index."""
-        q = self.table("watch").query("PartitionKey eq @org", org=_org(org)) if org else self.table("watch").query()
+        q = self.table("watch").query("PartitionKey eq @org", org=org_key(org)) if org else self.table("watch").query()
         return [(d["org"], d["run_id"]) for d, _ in q if d["org"] != "~"]  # "~": the built marker
 
     def get_runs(self, keys: list[tuple[str, str]], threads: int = 8) -> list[RunRecord]:
@@ -385,7 +328,7 @@ class Store:
     def active_runs(self, org: str) -> list[RunRecord]:
         """The org's runs that hold a machine (or wait to), from the watch index: cost grows with
         its active runs, not with every run it ever had."""
-        return [r for r in self.get_runs(self.watched(_org(org))) if r.state in WATCHED]
+        return [r for r in self.get_runs(self.watched(org_key(org))) if r.state in WATCHED]
 
     def build_watch_index(self) -> int | None:
         """Index the watched runs of records written before the index existed, once per deployment
@@ -459,7 +402,7 @@ class Store:
         """
         table = self.table("quotas")
         for attempt in range(MAX_RACE_RETRIES):
-            got = table.get(_org(org), ACTIVE_RUNS_KEY)
+            got = table.get(org_key(org), ACTIVE_RUNS_KEY)
             held: dict[str, int] = dict(got[0].get("runs", {})) if got else {}
             holding = {r.id for r in self.active_runs(org)}
             kept = {rid: at for rid, at in held.items() if rid in holding or self._launching(org, rid, at)}
@@ -496,7 +439,7 @@ class Store:
         """Free run_id's reservation; releasing one that is gone (released twice) changes nothing."""
         table = self.table("quotas")
         for _ in range(MAX_RACE_RETRIES):
-            got = table.get(_org(org), ACTIVE_RUNS_KEY)
+            got = table.get(org_key(org), ACTIVE_RUNS_KEY)
             held = dict(got[0].get("runs", {})) if got else {}
             if got is None or run_id not in held:
                 return
@@ -511,7 +454,7 @@ class Store:
 
     def active_reservations(self, org: str) -> dict[str, int]:
         """The org's reservations as stored (run id -> reserved at, epoch seconds), for tests and admins."""
-        got = self.table("quotas").get(_org(org), ACTIVE_RUNS_KEY)
+        got = self.table("quotas").get(org_key(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
 
     # ------------------------------------------------------------ measured throughput (forecasts)
@@ -520,15 +463,15 @@ class Store:
     # forecast of a like run (shared/runs/forecast.py). One point read, whatever the org's history.
 
     def get_throughput(self, org: str, key: str) -> dict[str, Any] | None:
-        got = self.table("throughput").get(_org(org), key)
+        got = self.table("throughput").get(org_key(org), key)
         return got[0] if got else None
 
     def put_throughput(self, org: str, key: str, data: dict[str, Any]) -> None:
-        self.table("throughput").upsert(_org(org), key, data)
+        self.table("throughput").upsert(org_key(org), key, data)
 
     # ------------------------------------------------------------ events, logs, ledger, audit
     def add_event(self, run_id: str, event: RunEvent) -> None:
-        key, data = _event_key(), event.model_dump(mode="json")
+        key, data = time_key(), event.model_dump(mode="json")
         self.table("events").upsert(run_id, key, data, kind=event.kind)
         # The same event under a descending key in a partition of its own (`~` is in no run id): the run
         # view reads the newest page in one query (Table storage reads keys ascending only).
@@ -537,9 +480,9 @@ class Store:
     def count_event(self, org: str, run_id: str, source: str, limit: int) -> int:
         """Count one more event of `source` on a run (shared/runs/events.py bounds them): the count with
         this one, which stops at limit + 1, so a flood past the bound costs one read per event and no write."""
-        table, key = self.table("quotas"), f"events~{_id(run_id, 'run')}~{source}"
+        table, key = self.table("quotas"), f"events~{id_key(run_id, 'run')}~{source}"
         for _ in range(MAX_RACE_RETRIES):
-            got = table.get(_org(org), key)
+            got = table.get(org_key(org), key)
             count = int(got[0].get("count", 0)) if got else 0
             if count > limit:
                 return count + 1  # not written: past the bound, nothing more is counted
@@ -609,7 +552,7 @@ class Store:
 
     def record_resource(self, res: CloudResource) -> None:
         data = res.model_dump(mode="json")
-        self.table("ledger").upsert(res.run_id or "-", _rk(f"{res.provider}:{res.kind}:{res.id}"), data, org=res.org)
+        self.table("ledger").upsert(res.run_id or "-", row_key(f"{res.provider}:{res.kind}:{res.id}"), data, org=res.org)
 
     def list_ledger(self, run_id: str) -> list[CloudResource]:
         q = self.table("ledger").query("PartitionKey eq @r", r=run_id)
@@ -617,7 +560,7 @@ class Store:
 
     def audit(self, action: str, **data: Any) -> None:
         event = {"at": now().isoformat(), "action": action, **data}
-        self.table("audit").upsert(now().strftime("%Y%m%d"), _event_key(), event, action=action)
+        self.table("audit").upsert(now().strftime("%Y%m%d"), time_key(), event, action=action)
 
     def list_audit(self) -> Iterator[dict[str, Any]]:
         for d, _ in self.table("audit").query():

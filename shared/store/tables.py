@@ -14,6 +14,8 @@ from typing import Any
 from shared.errors import ConcurrencyError, Conflict
 
 Entity = dict[str, Any]
+# How many times a read-decide-write whose ETag lost a race reads and decides again before it gives up.
+MAX_RACE_RETRIES = 8
 
 
 class Table:

@@ -106,7 +106,7 @@ def seed(h: Any, orgs: int, runs_per_org: int, active: int) -> None:
     store = get_store()
     live_id, _ = training_run(h)  # one real launch: a template record with every field set
     template, _ = store.get_run(h.org, live_id)
-    conn, _ = store.get_connection(h.org, "compute:memory") or (None, None)
+    conn, _ = store.connections.get(h.org, "compute:memory") or (None, None)
     assert conn is not None
     names = [h.org] + [f"org-{i:05d}" for i in range(1, orgs)]
     far = template.deadlines.model_copy(update={"heartbeat_by": None, "runtime_by": None, "provisioning_by": None})
@@ -115,7 +115,7 @@ def seed(h: Any, orgs: int, runs_per_org: int, active: int) -> None:
         org = names[i]
         if org != h.org:
             sealed = seal({}, aad=f"{org}|compute:memory")
-            store.put_connection(conn.model_copy(update={"org": org, "sealed": sealed}), None)
+            store.connections.put(conn.model_copy(update={"org": org, "sealed": sealed}), None)
         entities = []
         n_active = sum(1 for k in range(active) if k % orgs == i) - (1 if org == h.org else 0)
         for k in range(runs_per_org - (1 if org == h.org else 0)):

@@ -30,12 +30,12 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         registry.refuse_unavailable(provider)  # no `local` offers in production: it runs code on this host
         slots = [compute_slot(provider)]
     else:
-        slots = [r.slot for r in store.list_connections(principal.org) if r.slot.startswith("compute:")
+        slots = [r.slot for r in store.connections.in_org(principal.org) if r.slot.startswith("compute:")
                  and registry.available(r.slot.removeprefix("compute:"))]
     items, catalogs = [], []
     for slot in slots:
         name = slot.removeprefix("compute:")
-        if store.get_connection(principal.org, slot) is None:
+        if store.connections.get(principal.org, slot) is None:
             raise NotFound(f"no {name} compute connection is saved; an owner saves it with "
                            f"{_save_command(name)}, then the catalog fills in")
         rec = store.get_catalog(principal.org, name)

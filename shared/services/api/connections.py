@@ -50,7 +50,7 @@ def _config_warnings(config: BaseModel) -> list[str]:
 
 def _save(principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
     store = get_store()
-    got = store.get_connection(principal.org, slot)
+    got = store.connections.get(principal.org, slot)
     rec = ConnectionRecord(
         org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
         config=registry.public_config(config),
@@ -58,7 +58,7 @@ def _save(principal: Principal, slot: str, provider: str, config: BaseModel, loc
         location=location, warnings=_config_warnings(config), saved_at=now(),
         revision=(got[0].revision + 1) if got else 1,
     )
-    store.put_connection(rec, got[1] if got else None)
+    store.connections.put(rec, got[1] if got else None)
     get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(rec)
 
@@ -73,7 +73,7 @@ def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionVi
         if name in body:
             raise InvalidInput.field(name, advice)
     model = registry.config_model(provider)
-    got = get_store().get_connection(principal.org, compute_slot(provider))
+    got = get_store().connections.get(principal.org, compute_slot(provider))
     existing = unsealed_config(got[0]) if got else None
     try:
         config = model.model_validate(_keep_existing_secrets(body, model, existing))
@@ -88,7 +88,7 @@ def save_storage(principal: Principal, body: Any) -> ConnectionView:
     if not isinstance(body, dict) or "kind" not in body:
         raise InvalidInput.field("kind", "say which storage: \"local\", \"s3\" or \"runpod_volume\"")
     refuse_unavailable_storage(str(body["kind"]), get_settings())  # local storage (this host's disk) is dev-only
-    got = get_store().get_connection(principal.org, STORAGE_SLOT)
+    got = get_store().connections.get(principal.org, STORAGE_SLOT)
     existing = unsealed_config(got[0]) if got else None
     try:
         config = parse_storage_config(body)
@@ -111,32 +111,32 @@ def _shown(location: str) -> str:
 
 
 def get_one(principal: Principal, slot: str) -> ConnectionView:
-    got = get_store().get_connection(principal.org, slot)
+    got = get_store().connections.get(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")
     return view(got[0])
 
 
 def list_all(principal: Principal) -> dict[str, Any]:
-    return {"items": [view(r) for r in get_store().list_connections(principal.org)]}
+    return {"items": [view(r) for r in get_store().connections.in_org(principal.org)]}
 
 
 def delete_compute(principal: Principal, provider: str) -> None:
     require(principal, Role.owner)
     slot = compute_slot(provider)
-    if not get_store().get_connection(principal.org, slot):
+    if not get_store().connections.get(principal.org, slot):
         raise NotFound(f"no {slot} connection is saved")
     holding = [r.id for r in get_store().active_runs(principal.org) if r.provider == provider]
     if holding:
         raise Conflict(f"runs {', '.join(holding[:5])} still hold {provider} machines; release or recover them first, "
                        "or the control plane could not clean them up")
-    get_store().delete_connection(principal.org, slot)
+    get_store().connections.delete(principal.org, slot)
 
 
 def request_check(principal: Principal, provider: str) -> ConnectionView:
     require(principal, Role.owner)
     slot = compute_slot(provider)
-    got = get_store().get_connection(principal.org, slot)
+    got = get_store().connections.get(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")
     quotas.take(principal, "check")  # each check calls the cloud with the org's credentials

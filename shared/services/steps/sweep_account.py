@@ -91,7 +91,7 @@ def sweep_account(msg: SweepMessage) -> None:
 def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
               compute: ProviderFactory = compute_for) -> dict[str, Any]:
     """Sweep one account; returns {"findings": [...], stats..., "skipped": why (when it did not)}."""
-    got = get_store().get_connection(org, compute_slot(provider_name))
+    got = get_store().connections.get(org, compute_slot(provider_name))
     if got is None or got[0].status == ConnectionStatus.checking:
         return {"findings": [], "skipped": "the connection is gone or being checked"}
     if dry_run:

@@ -36,7 +36,7 @@ def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | Non
 def validate_connection(msg: ConnectionMessage) -> None:
     org, slot = msg.org, msg.slot
     store = get_store()
-    got = store.get_connection(org, slot)
+    got = store.connections.get(org, slot)
     if not got:
         return  # deleted since the message was sent
     rec, _ = got
@@ -53,8 +53,8 @@ def validate_connection(msg: ConnectionMessage) -> None:
     status = ConnectionStatus.failed if any(c.status == CheckStatus.fail for c in checks) else ConnectionStatus.connected
     if catalog is not None:
         store.put_catalog(catalog)
-    current = store.get_connection(org, slot)
+    current = store.connections.get(org, slot)
     if current is None or current[0].revision != rec.revision:
         return  # saved again meanwhile: that save's own check reports
-    store.put_connection(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
+    store.connections.put(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
                          current[1])

@@ -10,7 +10,7 @@ from shared.store import get_store
 
 def queue_all_refreshes() -> int:
     count = 0
-    for rec in get_store().list_connections_all_orgs():
+    for rec in get_store().connections.all_orgs():
         if rec.slot.startswith("compute:") and rec.status == ConnectionStatus.connected:
             get_queues().send(Step.refresh_catalog, ConnectionMessage(org=rec.org, slot=rec.slot))
             count += 1

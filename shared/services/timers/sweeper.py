@@ -53,7 +53,7 @@ def new_sweep_id() -> str:
 def accounts() -> list[tuple[str, str]]:
     """(org, provider) of every compute connection that can be swept, in key order."""
     out = set()
-    for conn in get_store().list_connections_all_orgs():
+    for conn in get_store().connections.all_orgs():
         if conn.slot.startswith("compute:") and conn.status != ConnectionStatus.checking:
             out.add((conn.org, conn.provider))
     return sorted(out)

@@ -64,7 +64,7 @@ def _check_provider(org: str, provider: str) -> None:
     if provider not in registry.compute_names():
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
                                  f"{', '.join(registry.compute_names())}")
-    if get_store().get_connection(org, compute_slot(provider)) is None:
+    if get_store().connections.get(org, compute_slot(provider)) is None:
         raise InvalidInput.field("provider", f"no {provider} compute connection is saved; an owner saves it first "
                                  f"(`tensorant connections save-compute {provider} ...`)")
 
