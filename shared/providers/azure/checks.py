@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shared.errors import ProviderError
+from shared.errors import AuthError, ProviderError
 from shared.models import Check, CheckStatus
 from shared.providers.azure import catalog
 from shared.providers.azure.catalog import AvailableSize
@@ -110,6 +110,9 @@ class _Checks:
                 version = self.client.get("reading the gallery image version", client.gallery_image_versions.get,
                                           gallery["rg"], gallery["gallery"], gallery["image"], gallery["version"])
             except ProviderError as e:
+                if gallery["sub"].lower() != self.config.subscription_id and (
+                        isinstance(e, AuthError) or e.code in ("SubscriptionNotFound", "InvalidSubscriptionId")):
+                    return Check(name="image", status=CheckStatus.fail, message=self.foreign_gallery(gallery, e))
                 return Check(name="image", status=CheckStatus.fail, message=f"{e.reason} Fix: {reader_hint}.")
             if definition is None or version is None:
                 return Check(name="image", status=CheckStatus.fail,
@@ -166,6 +169,22 @@ class _Checks:
                          message="Image not usable: " + "; ".join(problems) + ".")
         return Check(name="image", status=CheckStatus.ok, message="The image exists and is a Linux x64 Gen2 image"
                      + (f" replicated to {self.region}." if gallery else f" in {self.region}."))
+
+    def foreign_gallery(self, gallery: dict[str, str], error: ProviderError) -> str:
+        """What to do when a gallery in another subscription cannot be read: the Tensorant roles are custom
+        roles whose AssignableScopes name only the training subscription, so they cannot be assigned there."""
+        gallery_id = (f"/subscriptions/{gallery['sub']}/resourceGroups/{gallery['rg']}/providers/Microsoft.Compute/"
+                      f"galleries/{gallery['gallery']}")
+        return (f"The image is in a Compute Gallery in subscription {gallery['sub']}, not in the training "
+                f"subscription {self.config.subscription_id}, and the service principal cannot read it there "
+                f"({error.code or 'refused'}). The Tensorant roles can only be assigned in the training subscription "
+                "(their AssignableScopes), so assigning them does not reach this gallery. Fix, either: (1) in "
+                f"subscription {gallery['sub']}, have its owner assign the built-in Reader role (or the Tensorant "
+                f"Image Reader role after adding /subscriptions/{gallery['sub']} to its AssignableScopes) to this "
+                f"application's service principal at the gallery {gallery_id}, then wait for the assignment to "
+                "propagate (the VM create reads the image version there too); or (2) copy the image version into a "
+                f"Compute Gallery in subscription {self.config.subscription_id} (az sig image-version create with "
+                "--image-version-id set to this version's ID) and use the new version's ID.")
 
     def check_subnet(self) -> Check:
         parts = self.config.subnet_parts

@@ -173,6 +173,10 @@ class FakeArm:
         self.price_page_size = 3
         self.price_queries: list[str] = []
         self.sas: dict[str, str] = {}  # SAS signature -> the VM id whose serial log it reads
+        # The principal's roles are assignable only in SUB (infra/azure's AssignableScopes), so in any other
+        # subscription it may only read, and only under these scopes (a role such as Reader assigned there by
+        # that subscription's owner); anything else there is 403 AuthorizationFailed, as ARM answers it.
+        self.foreign_read_scopes: list[str] = []
         self.blob_reads: list[tuple[str, str]] = []  # (method, Range header) of every serial log read
         self.lock = threading.RLock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -271,6 +275,7 @@ class FakeArm:
                 auth = headers.get("Authorization", "")
                 if not auth.startswith("Bearer ") or auth[7:] not in self.tokens:
                     raise ArmError(401, "InvalidAuthenticationToken", "The access token is invalid.")
+                self._authorize(method, path)
                 for fault in self.faults:
                     if fault.method == method and fault.times > 0 and re.search(fault.pattern, path.lower()):
                         fault.times -= 1
@@ -280,6 +285,24 @@ class FakeArm:
                 return e.status, {}, {"error": {"code": e.code, "message": e.message}}
             except Exception as e:  # a fake bug must show as a 500, not a dropped connection
                 return 500, {}, {"error": {"code": "FakeBug", "message": repr(e)}}
+
+    def _readable(self, resource_id: str) -> bool:
+        """Whether the principal may read resource_id: anything in SUB, elsewhere only under a granted scope."""
+        low = resource_id.lower()
+        if low.startswith(f"/subscriptions/{SUB}/") or low == f"/subscriptions/{SUB}":
+            return True
+        return any(low == s.lower().rstrip("/") or low.startswith(s.lower().rstrip("/") + "/")
+                   for s in self.foreign_read_scopes)
+
+    def _authorize(self, method: str, path: str) -> None:
+        """ARM's role check for a request outside SUB (see foreign_read_scopes), with Azure's error body."""
+        low = path.lower()
+        if low.startswith(f"/subscriptions/{SUB}/") or (method == "GET" and self._readable(path)):
+            return
+        raise ArmError(403, "AuthorizationFailed", (
+            f"The client '{CLIENT}' with object id '{CLIENT}' does not have authorization to perform action "
+            f"'{rbac_action(method, path)}' over scope '{path}' or the scope is invalid. If access was recently "
+            "granted, please refresh your credentials."))
 
     def _openid(self, path: str) -> tuple[int, dict[str, str], Any]:
         tenant = path.strip("/").split("/")[0]
@@ -428,6 +451,12 @@ class FakeArm:
             return 200, {}, existing
         props = body["properties"]
         image_id = props["storageProfile"]["imageReference"]["id"]
+        if not self._readable(image_id):  # ARM's linked access check on the referenced image
+            raise ArmError(403, "LinkedAuthorizationFailed", (
+                f"The client '{CLIENT}' with object id '{CLIENT}' has permission to perform action "
+                f"'Microsoft.Compute/virtualMachines/write' on scope '{path}'; however, it does not have permission "
+                f"to perform action(s) '{rbac_action('GET', image_id)}' on the linked scope(s) '{image_id}' "
+                "(respectively) or the linked scope(s) are invalid."))
         if self.get(image_id) is None:
             raise ArmError(404, "ImageNotFound", f"image {image_id} not found")
         for ref in props["networkProfile"]["networkInterfaces"]:
@@ -582,6 +611,16 @@ class FakeArm:
                     nic["_reserved_for"] = res["id"]
 
         return 202, self._lro(done, provider, location=True), None
+
+
+def rbac_action(method: str, path: str) -> str:
+    """The RBAC action ARM names for a request on a resource path, e.g. GET .../galleries/g/images/i ->
+    Microsoft.Compute/galleries/images/read (types are every other segment after the namespace)."""
+    after = path.split("/providers/", 1)[-1].split("/")
+    namespace, rest = after[0], after[1:]
+    types = [rest[i] for i in range(0, len(rest), 2)]
+    verb = {"GET": "read", "PUT": "write", "PATCH": "write", "DELETE": "delete"}.get(method, "action")
+    return "/".join([namespace, *types, verb])
 
 
 def _kind(low_path: str) -> str:

@@ -110,3 +110,54 @@ def test_validate_unregistered_resource_provider(fake: FakeArm) -> None:
               message="The subscription is not registered to use namespace 'Microsoft.Compute'.")
     sizes = checks(make_compute(fake))["gpu_sizes"]
     assert sizes.status == CheckStatus.fail and "Resource providers" in sizes.message
+
+
+# ---------------------------------------------------------------- a gallery in another subscription
+
+OTHER_SUB = "22222222-3333-4444-5555-666666666666"
+OTHER_GALLERY = f"/subscriptions/{OTHER_SUB}/resourceGroups/shared-images/providers/Microsoft.Compute/galleries/corp"
+OTHER_VERSION_ID = f"{OTHER_GALLERY}/images/tgpu/versions/1.0.0"
+
+
+def seed_other_subscription_gallery(fake: FakeArm) -> AzureConfig:
+    """The seeded gallery image and version, copied into a gallery in another subscription of the tenant."""
+    definition, version = fake.get(GALLERY_IMAGE), fake.get(GALLERY_VERSION_ID)
+    assert definition and version
+    fake.put(f"{OTHER_GALLERY}/images/tgpu", {k: v for k, v in definition.items() if k not in ("id", "name")})
+    fake.put(OTHER_VERSION_ID, {k: v for k, v in version.items() if k not in ("id", "name")})
+    return AzureConfig(**config_body(image_id=OTHER_VERSION_ID))
+
+
+def test_gallery_in_another_subscription_without_a_grant_says_what_to_do(fake: FakeArm) -> None:
+    """The Tensorant roles are assignable only in the training subscription: the check must not tell the
+    owner to assign them at a gallery elsewhere, but name the two ways that work."""
+    cfg = seed_other_subscription_gallery(fake)
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.fail
+    assert f"subscription {OTHER_SUB}" in image.message and "AuthorizationFailed" in image.message
+    assert "Reader role" in image.message and OTHER_GALLERY in image.message  # (1) a read grant at that gallery
+    assert "az sig image-version create" in image.message  # (2) or a copy in the training subscription
+    # the fake answered as ARM does, and the check read nothing else there
+    assert [m for m, p, _, _ in fake.requests if OTHER_SUB in p] == ["GET"]
+    assert writes(fake) == []
+
+
+def test_gallery_in_another_subscription_readable_passes(fake: FakeArm) -> None:
+    cfg = seed_other_subscription_gallery(fake)
+    fake.foreign_read_scopes.append(OTHER_GALLERY)  # Reader assigned at the gallery in its own subscription
+    assert checks(make_compute(fake, config=cfg))["image"].status == CheckStatus.ok
+
+
+def test_a_vm_from_another_subscriptions_gallery_needs_the_read_grant_too(fake: FakeArm) -> None:
+    """ARM's linked access check: creating the VM reads the image version in its subscription."""
+    import pytest
+
+    from shared.errors import AuthError
+    from tests.providers.azure.rig import spec
+
+    cfg = seed_other_subscription_gallery(fake)
+    with pytest.raises(AuthError) as info:
+        make_compute(fake, config=cfg).launch(spec())
+    assert info.value.code == "LinkedAuthorizationFailed"
+    fake.foreign_read_scopes.append(OTHER_GALLERY)
+    assert make_compute(fake, config=cfg).launch(spec())
