@@ -170,13 +170,13 @@ def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
     assert shown == {"huggingface_token": {"set": True}}
     from shared.store import get_store
 
-    rec = get_store().get_org_secret("org-a", "huggingface-token")
+    rec = get_store().secrets.get("org-a", "huggingface-token")
     assert rec is not None and HF_SECRET not in rec.model_dump_json()
     # Sealed for this org: the blob copied to another org's row does not open.
     from shared.security import SealedSecretError
     from shared.services.api import org_secrets
 
-    get_store().put_org_secret(rec.model_copy(update={"org": "org-b"}))
+    get_store().secrets.put(rec.model_copy(update={"org": "org-b"}))
     with pytest.raises(SealedSecretError):
         org_secrets.hf_token("org-b")
 

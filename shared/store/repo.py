@@ -27,7 +27,6 @@ from shared.models import (
     CatalogRecord,
     CloudResource,
     DatasetVersionRecord,
-    OrgSecretRecord,
     ProjectRecord,
     RunEvent,
     RunRecord,
@@ -35,6 +34,7 @@ from shared.models import (
 )
 from shared.store.connections import Connections
 from shared.store.keys import id_key, org_key, row_key, time_key
+from shared.store.org_secrets import OrgSecrets
 from shared.store.tables import MAX_RACE_RETRIES, Table
 
 # The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
@@ -86,6 +86,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.secrets = OrgSecrets(self.table("secrets"))
         self.connections = Connections(self.table("connections"))
 
     def table(self, name: str) -> Table:
@@ -96,17 +97,6 @@ class Store:
         for t in self._tables.values():
             self._service.delete_table(t.name)
             t._client = None
-
-    # ------------------------------------------------------------ org secrets (sealed)
-    def get_org_secret(self, org: str, name: str) -> OrgSecretRecord | None:
-        got = self.table("secrets").get(org_key(org), id_key(name, "secret"))
-        return OrgSecretRecord.model_validate(got[0]) if got else None
-
-    def put_org_secret(self, rec: OrgSecretRecord) -> None:
-        self.table("secrets").upsert(org_key(rec.org), id_key(rec.name, "secret"), rec.model_dump(mode="json"))
-
-    def delete_org_secret(self, org: str, name: str) -> None:
-        self.table("secrets").delete(org_key(org), id_key(name, "secret"))
 
     # ------------------------------------------------------------ catalogs
     def get_catalog(self, org: str, provider: str) -> CatalogRecord | None:

@@ -25,7 +25,7 @@ def _aad(org: str, name: str) -> str:
 
 
 def _view(org: str) -> OrgSecretsView:
-    return OrgSecretsView(huggingface_token={"set": get_store().get_org_secret(org, HF_TOKEN) is not None})
+    return OrgSecretsView(huggingface_token={"set": get_store().secrets.get(org, HF_TOKEN) is not None})
 
 
 def show(principal: Principal) -> OrgSecretsView:
@@ -37,7 +37,7 @@ def show(principal: Principal) -> OrgSecretsView:
 def set_hf_token(principal: Principal, body: OrgSecretSet) -> OrgSecretsView:
     require(principal, Role.owner)
     register_secret(body.token)
-    get_store().put_org_secret(OrgSecretRecord(
+    get_store().secrets.put(OrgSecretRecord(
         org=principal.org, name=HF_TOKEN, sealed=seal({"value": body.token}, aad=_aad(principal.org, HF_TOKEN)),
         saved_at=now(), saved_by=principal.sub))
     return _view(principal.org)
@@ -45,12 +45,12 @@ def set_hf_token(principal: Principal, body: OrgSecretSet) -> OrgSecretsView:
 
 def delete_hf_token(principal: Principal) -> None:
     require(principal, Role.owner)
-    get_store().delete_org_secret(principal.org, HF_TOKEN)
+    get_store().secrets.delete(principal.org, HF_TOKEN)
 
 
 def hf_token(org: str) -> str:
     """The org's Hugging Face token for a run's bootstrap, or "" when none is set."""
-    rec = get_store().get_org_secret(org, HF_TOKEN)
+    rec = get_store().secrets.get(org, HF_TOKEN)
     if rec is None:
         return ""
     value: Any = unseal(rec.sealed, aad=_aad(org, HF_TOKEN)).get("value", "")
