@@ -45,17 +45,9 @@ def decode(text: str) -> dict[str, Any]:
     return result
 
 
-@dataclass(frozen=True)
-class PoisonMessage:
-    id: str
-    pop_receipt: str
-    body: dict[str, Any]
-    inserted_on: str
-    dequeue_count: int
-
-
 class Queues:
-    """Send, and the admin operations on poison queues."""
+    """Send, and each queue's client: the poison queues' list, replay and discard are
+    shared/services/api/admin.py's, on `client()` (one implementation)."""
 
     def __init__(self, connection_string: str, *, delay_scale: float = 1.0, on_send: Iterable[SendHook] = ()) -> None:
         """delay_scale multiplies every delay (0: tests that drive steps in-process on a simulated
@@ -94,30 +86,6 @@ class Queues:
     def length(self, name: str) -> int:
         return int(self.client(name).get_queue_properties().approximate_message_count)
 
-    def peek_poison(self, queue: Queue, limit: int = 32) -> list[PoisonMessage]:
-        """Receive with a short visibility so admins can see ids and receipts."""
-        msgs = self.client(queue.poison).receive_messages(messages_per_page=limit, visibility_timeout=1)
-        out = []
-        for m in msgs:
-            out.append(PoisonMessage(m.id, m.pop_receipt, decode(m.content), str(m.inserted_on), m.dequeue_count))
-            if len(out) >= limit:
-                break
-        return out
-
-    def take_poison(self, queue: Queue, message_id: str | None) -> list[PoisonMessage]:
-        """Receive poison messages (one by id, or all) and delete them once returned."""
-        taken: list[PoisonMessage] = []
-        client = self.client(queue.poison)
-        for m in client.receive_messages(messages_per_page=32, visibility_timeout=30):
-            if message_id is None or m.id == message_id:
-                taken.append(PoisonMessage(m.id, m.pop_receipt, decode(m.content), str(m.inserted_on), m.dequeue_count))
-            else:
-                client.update_message(m, visibility_timeout=0)  # not ours: visible again at once
-        return taken
-
-    def delete_poison(self, queue: Queue, msg: PoisonMessage) -> None:
-        self.client(queue.poison).delete_message(msg.id, msg.pop_receipt)
-
     def clear_all(self) -> None:
         for q in Queue:
             for name in (q.value, q.poison):
@@ -132,7 +100,6 @@ class _Options:
 
 _options = _Options()
 _default: Queues | None = None
-_override: Queues | None = None
 _lock = threading.Lock()  # the chaos test sends from several threads
 
 
@@ -163,8 +130,6 @@ def _apply() -> None:
 
 def get_queues() -> Queues:
     global _default
-    if _override is not None:
-        return _override
     with _lock:
         if _default is None:
             from shared.settings import get_settings
@@ -174,24 +139,18 @@ def get_queues() -> Queues:
         return _default
 
 
-def set_queues(q: Queues | None) -> None:
-    """Benchmarks: use these queues instead of the ones built from settings."""
-    global _override
-    _override = q
-
-
 def reset_queues() -> None:
     """Tests: forget the queues (the next get_queues() builds them from the current settings)
     and every configure()d setting."""
-    global _default, _override, _options
-    _default = _override = None
+    global _default, _options
+    _default = None
     _options = _Options()
 
 
 def _after_fork_in_child() -> None:
     # A forked process must not share the parent's pooled connections; the settings stay.
-    global _default, _override
-    _default = _override = None
+    global _default
+    _default = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -50,11 +50,6 @@ def decode(blob: str) -> dict[str, str]:
     return data
 
 
-def env_file(env: dict[str, str]) -> str:
-    """The whole env file: one line."""
-    return f"{VAR}={encode(env)}\n"
-
-
 def pod_env(env: dict[str, str]) -> list[dict[str, str]]:
     """RunPod's env input: the same single variable."""
     return [{"key": VAR, "value": encode(env)}]

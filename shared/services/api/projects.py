@@ -155,14 +155,6 @@ class CheckedJsonl:
         return self.rows
 
 
-def validate_jsonl(data: bytes, max_bytes: int = MAX_DATASET_BYTES) -> int:
-    """Check a whole dataset held in memory (no copy of it is made)."""
-    checked = CheckedJsonl(io.BytesIO(data), max_bytes)
-    while checked.read(STREAM_CHUNK):
-        pass
-    return checked.finish()
-
-
 def _store_checked(org: str, key: str, source: BinaryIO, max_bytes: int) -> CheckedJsonl:
     """Stream `source` into storage at `key` while checking it; nothing is kept if it is invalid."""
     storage = storage_for(org)
