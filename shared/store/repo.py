@@ -24,7 +24,6 @@ from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.models import (
-    CatalogRecord,
     CloudResource,
     DatasetVersionRecord,
     ProjectRecord,
@@ -32,6 +31,7 @@ from shared.models import (
     RunRecord,
     RunState,
 )
+from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.keys import id_key, org_key, row_key, time_key
 from shared.store.org_secrets import OrgSecrets
@@ -86,6 +86,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.catalogs = Catalogs(self.table("catalogs"))
         self.secrets = OrgSecrets(self.table("secrets"))
         self.connections = Connections(self.table("connections"))
 
@@ -97,14 +98,6 @@ class Store:
         for t in self._tables.values():
             self._service.delete_table(t.name)
             t._client = None
-
-    # ------------------------------------------------------------ catalogs
-    def get_catalog(self, org: str, provider: str) -> CatalogRecord | None:
-        got = self.table("catalogs").get(org, provider)
-        return CatalogRecord.model_validate(got[0]) if got else None
-
-    def put_catalog(self, rec: CatalogRecord) -> None:
-        self.table("catalogs").upsert(rec.org, rec.provider, rec.model_dump(mode="json"))
 
     # ------------------------------------------------------------ projects and datasets
     def create_project(self, rec: ProjectRecord) -> None:

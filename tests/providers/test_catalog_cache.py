@@ -59,6 +59,6 @@ def test_failed_refresh_serves_the_last_good_copy_with_its_time(h: Harness, clou
     assert [o.offer_id for o in kept.offers] == [OFFER.offer_id]  # the last good copy
     assert kept.fetched_at == first_at  # with the time it was fetched, not the failed attempt's
     assert "Pricing API" in kept.last_error and kept.last_error_at == first_at + timedelta(hours=1)
-    stored = catalog.get_store().get_catalog(h.org, "memory")
+    stored = catalog.get_store().catalogs.get(h.org, "memory")
     assert stored is not None and [o.offer_id for o in stored.offers] == [OFFER.offer_id]
     assert find_offer(h.org, "memory", OFFER.offer_id).total_per_hour == OFFER.total_per_hour

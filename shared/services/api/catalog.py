@@ -38,7 +38,7 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         if store.connections.get(principal.org, slot) is None:
             raise NotFound(f"no {name} compute connection is saved; an owner saves it with "
                            f"{_save_command(name)}, then the catalog fills in")
-        rec = store.get_catalog(principal.org, name)
+        rec = store.catalogs.get(principal.org, name)
         max_age = get_settings().catalog_max_age_s
         stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age
         if stale:
@@ -65,12 +65,12 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
 
 
 def cached_offers(org: str, provider: str) -> list[GpuOffer]:
-    rec = get_store().get_catalog(org, provider)
+    rec = get_store().catalogs.get(org, provider)
     return list(rec.offers) if rec else []
 
 
 def find_offer(org: str, provider: str, offer_id: str) -> GpuOffer:
-    rec = get_store().get_catalog(org, provider)
+    rec = get_store().catalogs.get(org, provider)
     for offer in rec.offers if rec else []:
         if offer.offer_id == offer_id:
             return offer

@@ -17,7 +17,7 @@ from shared.store import get_store
 
 def refresh(org: str, provider: str) -> CatalogRecord:
     store = get_store()
-    previous = store.get_catalog(org, provider)
+    previous = store.catalogs.get(org, provider)
     try:
         offers = compute_for(org, provider).offers()
         rec = CatalogRecord(org=org, provider=provider, offers=offers, fetched_at=now())
@@ -26,7 +26,7 @@ def refresh(org: str, provider: str) -> CatalogRecord:
         rec = CatalogRecord(org=org, provider=provider, offers=previous.offers if previous else [],
                             fetched_at=previous.fetched_at if previous else None,
                             last_error=exc.reason, last_error_at=now())
-    store.put_catalog(rec)
+    store.catalogs.put(rec)
     return rec
 
 

@@ -52,7 +52,7 @@ def validate_connection(msg: ConnectionMessage) -> None:
         )], None
     status = ConnectionStatus.failed if any(c.status == CheckStatus.fail for c in checks) else ConnectionStatus.connected
     if catalog is not None:
-        store.put_catalog(catalog)
+        store.catalogs.put(catalog)
     current = store.connections.get(org, slot)
     if current is None or current[0].revision != rec.revision:
         return  # saved again meanwhile: that save's own check reports
