@@ -63,7 +63,7 @@ def _committed(h: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
 def test_a_committed_dataset_cannot_change_through_its_upload_url(s3h: Harness, moto_bucket: str,
                                                                  second: bytes) -> None:
     grant, rec = _committed(s3h)
-    stored = get_store().get_dataset(s3h.org, rec["id"]).storage_key
+    stored = get_store().datasets.get(s3h.org, rec["id"]).storage_key
     before = _bucket(moto_bucket)
     assert before[f"org-a/{stored}"] == GOOD and rec["sha256"] == hashlib.sha256(GOOD).hexdigest()
 
@@ -78,7 +78,7 @@ def test_a_committed_dataset_cannot_change_through_its_upload_url(s3h: Harness, 
     after = _bucket(moto_bucket)
     assert after == {k: v for k, v in before.items() if not k.startswith("org-a/uploads/")}
     assert after[f"org-a/{stored}"] == GOOD
-    assert get_store().get_dataset(s3h.org, rec["id"]).sha256 == hashlib.sha256(GOOD).hexdigest()
+    assert get_store().datasets.get(s3h.org, rec["id"]).sha256 == hashlib.sha256(GOOD).hexdigest()
 
 
 def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, moto_bucket: str,
@@ -88,7 +88,7 @@ def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, moto
     from shared.services.api import projects
 
     grant, rec = _committed(s3h)
-    stored = get_store().get_dataset(s3h.org, rec["id"]).storage_key
+    stored = get_store().datasets.get(s3h.org, rec["id"]).storage_key
     project = stored.split("/")[1]
     # The loser: its look came before the winner's record, and it reads a different upload.
     monkeypatch.setattr(projects, "_dataset_exists", lambda org, dataset_id: False)
@@ -117,7 +117,7 @@ def test_launch_refuses_a_dataset_changed_after_validation(h: Harness, cloud: Cl
     assert len(cloud.machines) == 1
 
     changed = h.create_run("memory", "mem-a10", project=(pid, dsid))
-    rec = get_store().get_dataset(h.org, dsid)
+    rec = get_store().datasets.get(h.org, dsid)
     path = Path(env["TENSORANT_LOCAL_ROOT"]) / "storage" / h.org / rec.storage_key
     path.write_bytes(path.read_bytes() + b'{"text": "slipped in after the commit"}\n')
     run = h.launch(changed)

@@ -21,7 +21,7 @@ def test_store_has_no_falsy_org_means_all_orgs(h: Harness, org: Any) -> None:
     h.create_run("memory", "mem-a10")
     store = get_store()
     for call in (lambda: store.list_runs(org), lambda: store.connections.in_org(org),
-                 lambda: store.list_projects(org)):
+                 lambda: store.projects.in_org(org)):
         with pytest.raises(ValueError, match="one valid org"):
             call()
     # The explicit all-orgs calls exist, for the sweeper, the heartbeat check and admins.

@@ -154,7 +154,7 @@ def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, st
         rec = h.ok("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])
         assert rec["id"] == grant["dataset_id"] and rec["rows"] == data.count(b"\n")
         assert rec["sha256"] == hashlib.sha256(data).hexdigest() and rec["size_bytes"] == len(data)
-        stored = get_store().get_dataset(h.org, rec["id"]).storage_key
+        stored = get_store().datasets.get(h.org, rec["id"]).storage_key
         keys = [o["Key"] for o in boto3.client(
             "s3", endpoint_url=moto_bucket, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
             aws_secret_access_key="x" * 40).list_objects_v2(Bucket="tensorant-data").get("Contents", [])]

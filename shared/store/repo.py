@@ -25,8 +25,6 @@ from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.models import (
     CloudResource,
-    DatasetVersionRecord,
-    ProjectRecord,
     RunEvent,
     RunRecord,
     RunState,
@@ -35,6 +33,7 @@ from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.keys import id_key, org_key, row_key, time_key
 from shared.store.org_secrets import OrgSecrets
+from shared.store.projects import Datasets, Projects
 from shared.store.tables import MAX_RACE_RETRIES, Table
 
 # The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
@@ -86,6 +85,8 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.projects = Projects(self.table("projects"))
+        self.datasets = Datasets(self.table("datasets"))
         self.catalogs = Catalogs(self.table("catalogs"))
         self.secrets = OrgSecrets(self.table("secrets"))
         self.connections = Connections(self.table("connections"))
@@ -98,47 +99,6 @@ class Store:
         for t in self._tables.values():
             self._service.delete_table(t.name)
             t._client = None
-
-    # ------------------------------------------------------------ projects and datasets
-    def create_project(self, rec: ProjectRecord) -> None:
-        self.table("projects").insert(rec.org, rec.id, rec.model_dump(mode="json"))
-
-    def get_project(self, org: str, project_id: str) -> ProjectRecord:
-        got = self.table("projects").get(org_key(org), id_key(project_id, f"project {project_id!r:.80}"))
-        if not got:
-            raise NotFound(f"project {project_id} not found")
-        return ProjectRecord.model_validate(got[0])
-
-    def list_projects(self, org: str) -> list[ProjectRecord]:
-        q = self.table("projects").query("PartitionKey eq @org", org=org_key(org))
-        return [ProjectRecord.model_validate(d) for d, _ in q]
-
-    def list_projects_page(self, org: str, *, limit: int, after: str | None = None
-                           ) -> tuple[list[ProjectRecord], str | None]:
-        """One page of the org's projects in id order, and the RowKey the next page starts after."""
-        got, nxt = self.table("projects").page("PartitionKey eq @org and RowKey gt @after", limit=limit,
-                                               org=org_key(org), after=after or "")
-        return [ProjectRecord.model_validate(d) for d, _ in got], nxt
-
-    def create_dataset(self, rec: DatasetVersionRecord) -> None:
-        self.table("datasets").insert(rec.org, rec.id, rec.model_dump(mode="json"), project=rec.project_id)
-
-    def get_dataset(self, org: str, dataset_id: str) -> DatasetVersionRecord:
-        got = self.table("datasets").get(org_key(org), id_key(dataset_id, f"dataset version {dataset_id!r:.80}"))
-        if not got:
-            raise NotFound(f"dataset version {dataset_id} not found")
-        return DatasetVersionRecord.model_validate(got[0])
-
-    def list_datasets(self, org: str, project_id: str) -> list[DatasetVersionRecord]:
-        q = self.table("datasets").query("PartitionKey eq @org and project eq @p", org=org_key(org), p=project_id)
-        return [DatasetVersionRecord.model_validate(d) for d, _ in q]
-
-    def list_datasets_page(self, org: str, project_id: str, *, limit: int, after: str | None = None
-                           ) -> tuple[list[DatasetVersionRecord], str | None]:
-        """One page of a project's dataset versions in id order, and the RowKey the next page starts after."""
-        got, nxt = self.table("datasets").page("PartitionKey eq @org and project eq @p and RowKey gt @after",
-                                               limit=limit, org=org_key(org), p=project_id, after=after or "")
-        return [DatasetVersionRecord.model_validate(d) for d, _ in got], nxt
 
     # ------------------------------------------------------------ runs
     def create_run(self, rec: RunRecord) -> str:

@@ -96,7 +96,7 @@ def save_storage(principal: Principal, body: Any) -> ConnectionView:
     except ValidationError as exc:
         raise invalid(exc) from exc
     location = make_storage(config, get_settings(), principal.org).location()
-    if got and got[0].location != location and get_store().list_projects(principal.org):
+    if got and got[0].location != location and get_store().projects.in_org(principal.org):
         raise Conflict(
             f"storage location cannot change once the organization has projects (saved: {_shown(got[0].location)}, "
             f"new: {_shown(location)}); rotating credentials for the same location is allowed; moving existing data "

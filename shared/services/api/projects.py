@@ -35,14 +35,14 @@ def create_project(principal: Principal, body: ProjectCreate) -> ProjectRecord:
     require(principal, Role.owner, Role.member)
     storage_for(principal.org)  # a project needs storage: fail now, not at the first upload
     rec = ProjectRecord(org=principal.org, id=new_id("p"), name=body.name, created_at=now())
-    get_store().create_project(rec)
+    get_store().projects.create(rec)
     return rec
 
 
 def list_projects(principal: Principal, limit: str | None = None, cursor: str | None = None) -> dict[str, Any]:
     """One page of the org's projects in id order (paging: limit, cursor; `next` null on the last)."""
     page = paging.request(limit, cursor, "projects", principal.org)
-    found, nxt = get_store().list_projects_page(principal.org, limit=page.limit, after=page.after)
+    found, nxt = get_store().projects.page(principal.org, limit=page.limit, after=page.after)
     return {"items": found, "next": paging.cursor_for(nxt, "projects", principal.org)}
 
 
@@ -174,7 +174,7 @@ def _record(principal: Principal, project_id: str, dataset_id: str, key: str, ch
                                sha256=checked.sha.hexdigest(), size_bytes=checked.size, storage_key=key,
                                created_at=now())
     try:
-        get_store().create_dataset(rec)  # after the object: a crash leaves an unused object, not a dangling record
+        get_store().datasets.create(rec)  # after the object: a crash leaves an unused object, not a dangling record
     except Conflict as exc:
         # Another commit of this dataset won. The store's text names its table: say what happened instead.
         raise _already_committed(dataset_id) from exc
@@ -189,7 +189,7 @@ def _already_committed(dataset_id: str) -> Conflict:
 def upload_dataset(principal: Principal, project_id: str, data: bytes) -> DatasetVersionRecord:
     """A dataset sent in the request body (the HTTP layer caps it at MAX_UPLOAD_BYTES)."""
     require(principal, Role.owner, Role.member)
-    get_store().get_project(principal.org, project_id)
+    get_store().projects.get(principal.org, project_id)
     quotas.take(principal, "upload")  # each streams up to 90 MiB through the checks into storage
     dataset_id = new_id("d")
     key = dataset_key(project_id, dataset_id)
@@ -201,7 +201,7 @@ def dataset_upload_url(principal: Principal, project_id: str) -> dict[str, Any]:
     """A presigned PUT URL for a dataset too large for the API (S3 / RunPod volume storage);
     POST .../datasets/commit then validates the object in storage by streaming it."""
     require(principal, Role.owner, Role.member)
-    get_store().get_project(principal.org, project_id)
+    get_store().projects.get(principal.org, project_id)
     quotas.take(principal, "upload-url")
     dataset_id = new_id("d")
     url = storage_for(principal.org).upload_url(upload_key(project_id, dataset_id), DIRECT_UPLOAD_TTL_S)
@@ -223,7 +223,7 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
     concurrent commit can overwrite or delete the object a record names."""
     require(principal, Role.owner, Role.member)
     store = get_store()
-    store.get_project(principal.org, project_id)
+    store.projects.get(principal.org, project_id)
     quotas.take(principal, "upload")  # each streams up to 256 MiB from storage through the checks
     dataset_id = body.get("dataset_id") if isinstance(body, dict) else None
     if not isinstance(dataset_id, str) or not re.fullmatch(ID_PATTERN, dataset_id):
@@ -262,7 +262,7 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
 
 def _dataset_exists(org: str, dataset_id: str) -> bool:
     try:
-        get_store().get_dataset(org, dataset_id)
+        get_store().datasets.get(org, dataset_id)
     except NotFound:
         return False
     return True
@@ -271,9 +271,9 @@ def _dataset_exists(org: str, dataset_id: str) -> bool:
 def list_datasets(principal: Principal, project_id: str, limit: str | None = None,
                   cursor: str | None = None) -> dict[str, Any]:
     """One page of a project's dataset versions in id order (paging: limit, cursor)."""
-    get_store().get_project(principal.org, project_id)
+    get_store().projects.get(principal.org, project_id)
     page = paging.request(limit, cursor, "datasets", principal.org, project_id)
-    found, nxt = get_store().list_datasets_page(principal.org, project_id, limit=page.limit, after=page.after)
+    found, nxt = get_store().datasets.page(principal.org, project_id, limit=page.limit, after=page.after)
     return {"items": found, "next": paging.cursor_for(nxt, "datasets", principal.org, project_id)}
 
 

@@ -52,7 +52,7 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     current_key_since()  # recorded before the first token on a new key (shared/key_rotation.py)
     token = mint_agent_token(run.org, run.id, ttl_s=min(settings.provisioning_timeout_s + settings.agent_token_ttl_s,
                                                         AGENT_TOKEN_MAX_TTL_S))
-    dataset = get_store().get_dataset(run.org, run.dataset_version_id)
+    dataset = get_store().datasets.get(run.org, run.dataset_version_id)
     # The object must still be the one validated (a volume or bucket may have changed it since):
     # refused with its reason if it changed.
     check_stored_dataset(run.org, dataset)

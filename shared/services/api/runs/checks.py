@@ -89,8 +89,8 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     store = get_store()
     model = base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
     training = resolve_training(body.kind, body.training)
-    store.get_project(org, body.project_id)
-    dataset = store.get_dataset(org, body.dataset_version_id)
+    store.projects.get(org, body.project_id)
+    dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
     _check_provider(org, body.provider)
