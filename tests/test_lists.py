@@ -243,7 +243,7 @@ def test_a_stored_zero_throughput_is_never_divided_by(h: Harness, cloud: Cloud) 
     run, _ = get_store().get_run(h.org, run_id)
     key = forecast.like_key(run.provider, run.base_model, run.offer.gpu, run.training)
     for rate in (0, 0.0, float("inf"), -1, "3"):
-        get_store().put_throughput(h.org, key, {"run_id": run_id, "tokens_per_s": rate})
+        get_store().throughput.put(h.org, key, {"run_id": run_id, "tokens_per_s": rate})
         assert forecast.measured_for(h.org, run.provider, run.base_model, run.offer.gpu, run.training) is None
     got = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
     assert "measured by run" not in got["forecast"]["basis"]

@@ -225,7 +225,7 @@ def record_measured(run: RunRecord) -> bool:
     c = run.forecast_check
     if c is None or c.training_s < MIN_MEASURED_S or not usable_rate(c.throughput_tokens_per_s):
         return False
-    get_store().put_throughput(run.org, like_key(run.provider, run.base_model, run.offer.gpu, run.training), {
+    get_store().throughput.put(run.org, like_key(run.provider, run.base_model, run.offer.gpu, run.training), {
         "run_id": run.id, "tokens_per_s": c.throughput_tokens_per_s, "training_s": c.training_s,
         "at": now().isoformat(), "provider": run.provider, "base_model": run.base_model, "gpu": run.offer.gpu,
         "precision": run.training.precision})
@@ -234,7 +234,7 @@ def record_measured(run: RunRecord) -> bool:
 
 def measured_for(org: str, provider: str, base_model: str, gpu: str, training: TrainingSettings) -> Measured | None:
     """The last measured throughput of a like run in the org (one point read of the index), or None."""
-    row = get_store().get_throughput(org, like_key(provider, base_model, gpu, training))
+    row = get_store().throughput.get(org, like_key(provider, base_model, gpu, training))
     if row is None or not usable_rate(row.get("tokens_per_s")) or not isinstance(row.get("run_id"), str):
         return None
     return Measured(row["run_id"], float(row["tokens_per_s"]))

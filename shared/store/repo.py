@@ -35,6 +35,7 @@ from shared.store.keys import id_key, org_key, row_key, time_key
 from shared.store.org_secrets import OrgSecrets
 from shared.store.projects import Datasets, Projects
 from shared.store.tables import MAX_RACE_RETRIES, Table
+from shared.store.throughput import Throughput
 
 # The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
 WATCHED = HOLDS_MACHINE
@@ -85,6 +86,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.throughput = Throughput(self.table("throughput"))
         self.projects = Projects(self.table("projects"))
         self.datasets = Datasets(self.table("datasets"))
         self.catalogs = Catalogs(self.table("catalogs"))
@@ -399,18 +401,6 @@ class Store:
         """The org's reservations as stored (run id -> reserved at, epoch seconds), for tests and admins."""
         got = self.table("quotas").get(org_key(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
-
-    # ------------------------------------------------------------ measured throughput (forecasts)
-    # One row per (org, provider, base model, GPU, precision settings): the last measured tokens per
-    # second, written when a run's final adapter is verified with the trainer's figures, read by the
-    # forecast of a like run (shared/runs/forecast.py). One point read, whatever the org's history.
-
-    def get_throughput(self, org: str, key: str) -> dict[str, Any] | None:
-        got = self.table("throughput").get(org_key(org), key)
-        return got[0] if got else None
-
-    def put_throughput(self, org: str, key: str, data: dict[str, Any]) -> None:
-        self.table("throughput").upsert(org_key(org), key, data)
 
     # ------------------------------------------------------------ events, logs, ledger, audit
     def add_event(self, run_id: str, event: RunEvent) -> None:
