@@ -228,7 +228,7 @@ def test_runpod_low_credit_warns_retained_runs(rp: tuple[Harness, FakeRunPod]) -
     h.drain()  # the timer sends one sweep-account message per connection
 
     def credit_warnings() -> list[str]:
-        return [e.message for e in get_store().list_events(run_id, kind="warning") if "prepaid credit" in e.message]
+        return [e.message for e in get_store().events.read(run_id, kind="warning") if "prepaid credit" in e.message]
 
     assert credit_warnings() == []
     fake.balance = 4.0

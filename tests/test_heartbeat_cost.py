@@ -131,7 +131,7 @@ def test_a_run_view_reads_a_bounded_page_of_events(h: Harness, cloud: Cloud, cal
     run, _ = store.get_run(h.org, run_id)
     for i in range(run_service.VIEW_EVENTS + 50):
         h.clock.advance(0.001)  # events are keyed by the time they are written
-        store.add_event(run_id, RunEvent(at=run.updated_at + timedelta(milliseconds=i), kind="warning",
+        store.events.add(run_id, RunEvent(at=run.updated_at + timedelta(milliseconds=i), kind="warning",
                                          message=f"w{i}"))
     calls.take()
     view = h.ok("GET", f"/api/runs/{run_id}")

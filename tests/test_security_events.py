@@ -12,7 +12,7 @@ from tests.harness import Harness, smoke_adapter_zip
 def _warnings(h: Harness, run_id: str) -> list[str]:
     from shared.store import get_store
 
-    return [e.message for e in get_store().list_events(run_id, kind="warning")]
+    return [e.message for e in get_store().events.read(run_id, kind="warning")]
 
 
 def test_boot_failure_reports_after_the_agent_reported_are_bounded(h: Harness, cloud: Cloud) -> None:
@@ -35,7 +35,7 @@ def test_draft_edits_write_a_bounded_number_of_events(h: Harness, cloud: Cloud) 
     run_id = h.create_run("memory", "mem-a10")
     for i in range(MAX_EVENTS_PER_SOURCE + 5):
         h.ok("PATCH", f"/api/runs/{run_id}", json_body={"price_limit_per_hour": 10 + i % 2})
-    edits = [e for e in get_store().list_events(run_id) if e.message.startswith("draft edited")]
+    edits = [e for e in get_store().events.read(run_id) if e.message.startswith("draft edited")]
     assert len(edits) <= MAX_EVENTS_PER_SOURCE, len(edits)
 
 

@@ -17,14 +17,14 @@ MAX_EVENTS_PER_SOURCE = 50
 def event(run: RunRecord, kind: str, message: str, *, source: str = "", **data: Any) -> None:
     """One entry on the run's timeline; `source`: what a caller repeats (see MAX_EVENTS_PER_SOURCE)."""
     if source:
-        n = get_store().count_event(run.org, run.id, source, MAX_EVENTS_PER_SOURCE)
+        n = get_store().events.count(run.org, run.id, source, MAX_EVENTS_PER_SOURCE)
         if n > MAX_EVENTS_PER_SOURCE + 1:
             return
         if n == MAX_EVENTS_PER_SOURCE + 1:
             kind, data = "warning", {}
             message = (f"this run reached {MAX_EVENTS_PER_SOURCE} events from {source}; further ones are "
                        "not recorded")
-    get_store().add_event(run.id, RunEvent(at=now(), kind=kind, message=message, state=run.state, data=data))
+    get_store().events.add(run.id, RunEvent(at=now(), kind=kind, message=message, state=run.state, data=data))
 
 
 def transition_event(before: RunState, run: RunRecord) -> None:

@@ -21,21 +21,12 @@ _NOT_NVIDIA = re.compile(r"\bAMD\b|\bInstinct\b|\bMI\d{3}", re.I)
 EXCLUDED_NOTE = ("T4, V100, P100, RTX 20xx and other pre-Ampere or non-NVIDIA GPUs are not offered "
                  "(the trainer needs Ampere or newer)")
 
-# The training image needs a host driver for CUDA MIN_CUDA or newer. RunPod filters hosts by the
-# CUDA version their driver reports, against an exact list (allowedCudaVersions), so the list names
-# every version from the minimum up that RunPod's API knows: a host reporting 13.1 is as good as one
-# reporting 13.0. Add a version here when RunPod starts reporting it. The same list filters the
-# catalog's prices and stock (lowestPrice) and the pod create, so an offered GPU can be rented.
+# The training image needs a host driver for CUDA MIN_CUDA or newer. RunPod places a pod, and prices
+# and stocks a GPU, on hosts whose driver reports this CUDA version or newer when asked with
+# `minCudaVersion` (a field of the pod create's input and of lowestPrice's: dstack and gpuhunt send
+# it), so a version RunPod reports after this was written is included. The exact list
+# (allowedCudaVersions) turned down every host newer than the list, and lowestPrice does not define it.
 MIN_CUDA = "13.0"
-RUNPOD_CUDA_VERSIONS = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9",
-                        "13.0", "13.1")
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
-
-
-CUDA_VERSIONS = [v for v in RUNPOD_CUDA_VERSIONS if _version(v) >= _version(MIN_CUDA)]
 
 
 def is_supported_gpu(gpu_id: str, display: str = "") -> bool:
@@ -52,10 +43,13 @@ def slug(text: str) -> str:
 
 
 def gpu_offers(gpu_types: list[dict[str, Any]], *, cloud: str, dc: str | None, disk_gb: int) -> list[GpuOffer]:
-    """Priced single-GPU offers from RunPod's gpuTypes answer, cheapest first (lowestPrice asked for
-    hosts with one of CUDA_VERSIONS: see client.OFFERS)."""
+    """Priced single-GPU offers from RunPod's gpuTypes answer, cheapest first. lowestPrice was asked for
+    one GPU on hosts of the cloud type (and the volume's datacenter) with CUDA MIN_CUDA or newer
+    (client.offers_input): a GPU it reports no stock for has no host a pod of the run could be placed
+    on, with or without a datacenter, and is left out."""
     disk_per_hour = pricing.disk_per_hour(disk_gb)
-    note = f"Single GPU. {EXCLUDED_NOTE}. Disk: {disk_gb} GB of container disk and pod volume."
+    note = (f"Single GPU. {EXCLUDED_NOTE}. Listed while RunPod has it in stock on a host with CUDA {MIN_CUDA} or "
+            f"newer. Disk: {disk_gb} GB of container disk and pod volume.")
     if dc:
         note += f" Only GPUs in the network volume's datacenter {dc}; the volume is billed separately."
     offers: list[GpuOffer] = []
@@ -64,8 +58,8 @@ def gpu_offers(gpu_types: list[dict[str, Any]], *, cloud: str, dc: str | None, d
         if not gpu_id or not is_supported_gpu(gpu_id, str(gpu.get("displayName") or "")):
             continue
         lowest = gpu.get("lowestPrice") or {}
-        if dc and not lowest.get("stockStatus"):
-            continue  # not available in the volume's datacenter
+        if not lowest.get("stockStatus"):
+            continue  # no host in stock with the CUDA minimum (in the volume's datacenter, when there is one)
         offered = {"SECURE": gpu.get("secureCloud"), "COMMUNITY": gpu.get("communityCloud")}.get(cloud, True)
         if not offered:
             continue

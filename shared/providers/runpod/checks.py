@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from shared.errors import AuthError, ProviderError
+from shared.errors import AuthError, ProviderError, RetryableError
 from shared.models import Check, CheckStatus
 from shared.providers.runpod.client import VOLUMES, RunPodApi, account, balance_of, list_pods
 from shared.providers.runpod.config import RunPodConfig
@@ -29,8 +29,10 @@ def run_checks(api: RunPodApi, config: RunPodConfig, prefix: str) -> list[Check]
         pods = list_pods(api)
     except AuthError as exc:
         return [Check(name="api key", status=CheckStatus.fail, message=exc.reason)]
-    except ProviderError as exc:
+    except RetryableError as exc:
         return [Check(name="api key", status=CheckStatus.fail, message=f"{exc.reason}; check again later")]
+    except ProviderError as exc:  # permanent: a later check would be answered the same
+        return [Check(name="api key", status=CheckStatus.fail, message=exc.reason)]
     ours = sum(1 for p in pods if str(p.get("name", "")).startswith(prefix))
     checks.append(Check(name="api key", status=CheckStatus.ok,
                         message=f"RunPod accepted the key (account {acct.get('id', '?')})"))

@@ -58,6 +58,10 @@ class RunPodApi:
             )
         except requests.RequestException as exc:
             raise RetryableError(f"cannot reach the RunPod API: {type(exc).__name__}", code="network") from exc
+        if resp.status_code == 400:
+            # RunPod answers a request its schema refuses with 400 and the GraphQL errors: read them, so
+            # the error says which field (errors.translate), not a raw body.
+            _errors_of(resp)
         err = from_status(resp.status_code, resp.text)
         if err:
             raise err
@@ -91,6 +95,16 @@ def _json(resp: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RetryableError("RunPod API answered with an unexpected body", code="bad_json")
     return body
+
+
+def _errors_of(resp: Any) -> None:
+    """Raise the GraphQL errors a non-200 answer carries, if it carries any."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return
+    if isinstance(body, dict) and body.get("errors"):
+        _data(body)
 
 
 def _data(body: dict[str, Any]) -> dict[str, Any]:
@@ -127,14 +141,27 @@ CREATE = (
     "mutation Create($input: PodFindAndDeployOnDemandInput!) { podFindAndDeployOnDemand(input: $input) { "
     + POD_FIELDS + " } }"
 )
-# $cuda: the host CUDA versions the training image accepts (catalog.CUDA_VERSIONS), the same list the
-# pod create sends, so price and stock are those of hosts a pod of the run could be placed on.
-OFFERS = """query Offers($dc: String, $secure: Boolean, $cuda: [String]) {
+# lowestPrice's input travels whole as one variable of its own type, as gpuhunt sends it (offers_input):
+# no field's scalar type is restated here.
+OFFERS = """query Offers($price: GpuLowestPriceInput) {
   gpuTypes { id displayName memoryInGb secureCloud communityCloud securePrice communityPrice
-    lowestPrice(input: {gpuCount: 1, dataCenterId: $dc, secureCloud: $secure, allowedCudaVersions: $cuda}) {
-      uninterruptablePrice stockStatus } }
+    lowestPrice(input: $price) { uninterruptablePrice stockStatus } }
 }"""
 VOLUMES = "query Volumes { myself { networkVolumes { id name size dataCenterId } } }"
+
+
+def offers_input(*, dc: str | None, secure: bool | None, min_cuda: str) -> dict[str, Any]:
+    """OFFERS' variables: price and stock of one GPU on the hosts a pod of the run could be placed on
+    (the pod create's cloud type, datacenter and CUDA minimum). The fields are GpuLowestPriceInput's as
+    gpuhunt sends them (gpuCount, secureCloud, dataCenterId, minCudaVersion, ...); allowedCudaVersions
+    is the pod create's, not lowestPrice's."""
+    price: dict[str, Any] = {"gpuCount": 1}
+    if secure is not None:  # ALL: both clouds
+        price["secureCloud"] = secure
+    if dc:
+        price["dataCenterId"] = dc
+    price["minCudaVersion"] = min_cuda
+    return {"price": price}
 
 
 def get_pod_query(pod_id: str) -> str:

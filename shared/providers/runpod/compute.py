@@ -35,7 +35,7 @@ from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import bootstrap_env, console
 from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef
 from shared.providers.runpod import catalog, checks
-from shared.providers.runpod.catalog import CUDA_VERSIONS, PROVIDER, is_supported_gpu
+from shared.providers.runpod.catalog import MIN_CUDA, PROVIDER, is_supported_gpu
 from shared.providers.runpod.client import (
     CREATE,
     OFFERS,
@@ -47,6 +47,7 @@ from shared.providers.runpod.client import (
     check_pod_id,
     get_pod_query,
     list_pods,
+    offers_input,
     resume_mutation,
     stop_mutation,
     terminate_mutation,
@@ -133,7 +134,7 @@ class RunPodCompute:
         dc = self.config.datacenter_id or None
         cloud = self._cloud()
         secure = {"SECURE": True, "COMMUNITY": False}.get(cloud)
-        data = self.api.query(OFFERS, {"dc": dc, "secure": secure, "cuda": CUDA_VERSIONS})
+        data = self.api.query(OFFERS, offers_input(dc=dc, secure=secure, min_cuda=MIN_CUDA))
         pod_volume = 0 if self.config.network_volume_id else self.config.volume_gb
         return catalog.gpu_offers(data.get("gpuTypes") or [], cloud=cloud, dc=dc,
                                   disk_gb=self.config.container_disk_gb + pod_volume)
@@ -169,7 +170,7 @@ class RunPodCompute:
             "ports": "",  # no public ports: the agent only calls out
             "supportPublicIp": False,
             "startSsh": True,  # RunPod's basic SSH proxy for manual recovery; opens no port
-            "allowedCudaVersions": CUDA_VERSIONS,  # a host whose driver supports CUDA MIN_CUDA or newer
+            "minCudaVersion": MIN_CUDA,  # a host whose driver supports this CUDA version or newer
         }
         if self.config.network_volume_id:
             pod_input["networkVolumeId"] = self.config.network_volume_id

@@ -1,7 +1,9 @@
 """Translate RunPod answers (GraphQL error messages, HTTP statuses) into shared.errors.
 
 RunPod's GraphQL errors carry only a message, so the message is classified by pattern;
-an unknown message is retryable (the step retries, then its deadline decides).
+an unknown message is retryable (the step retries, then its deadline decides). A message in which
+RunPod's schema refuses the request is read first: it names a field, and a field's name may hold any
+word the other patterns look for ("clientBalance", "permissions").
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ _SCHEMA = re.compile(r"cannot query field|unknown argument|unknown type|expected
 def translate(message: str) -> ProviderError:
     """One GraphQL error message -> the error tree. Unknown messages are retryable."""
     text = f"RunPod: {message}"
+    if _SCHEMA.search(message):
+        return PermanentError(
+            f"RunPod's API refused the shape of Tensorant's request: {message} Retrying cannot change that; "
+            "RunPod's API has changed or Tensorant sends a field it does not define (report it with this message).",
+            code="schema")
     if _NOT_FOUND.search(message):
         return RunPodNotFound(text, code="not_found")
     if _AUTH.search(message):
@@ -55,8 +62,6 @@ def translate(message: str) -> ProviderError:
         return PermanentError(f"{text}. Add credit in RunPod Billing, then try again.", code="funds")
     if _THROTTLED.search(message):
         return ThrottledError(text, code="throttled", retry_after_s=30.0)
-    if _SCHEMA.search(message):
-        return PermanentError(f"{text} (the RunPod API rejected the request's shape)", code="schema")
     return RetryableError(text, code="graphql", retry_after_s=30.0)
 
 

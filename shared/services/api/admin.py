@@ -45,7 +45,7 @@ def _run_info(body: dict[str, Any]) -> dict[str, str]:
         run, _ = get_store().get_run(str(org), str(run_id))
     except NotFound:
         return {"run_state": "", "last_error": "the run no longer exists"}
-    errors = [e.message for e in get_store().list_events(run.id, kind="step-error")]
+    errors = [e.message for e in get_store().events.read(run.id, kind="step-error")]
     last = errors[-1] if errors else (run.release_error if run.state == RunState.releasing else "")
     return {"run_state": run.state.value, "last_error": last}
 

@@ -48,6 +48,6 @@ def _record(run_id: str, message: str) -> None:
     from shared.store import get_store
 
     try:
-        get_store().add_event(run_id, RunEvent(at=now(), kind="step-error", message=message))
+        get_store().events.add(run_id, RunEvent(at=now(), kind="step-error", message=message))
     except Exception:
         get_logger().exception("could not record the step error")

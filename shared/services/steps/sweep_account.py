@@ -347,7 +347,7 @@ def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: d
         return []
     out: list[dict[str, Any]] = []
     for run in retained if message else []:
-        recent = [e for e in get_store().list_events(run.id, kind="warning")
+        recent = [e for e in get_store().events.read(run.id, kind="warning")
                   if e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S]
         if recent:
             continue

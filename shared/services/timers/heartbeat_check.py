@@ -262,7 +262,7 @@ def _release_unstarted(run: RunRecord, why: str) -> int:
 
 
 def _give_up_verify(run: RunRecord) -> int:
-    errors = [e.message for e in get_store().list_events(run.id, kind="step-error")]
+    errors = [e.message for e in get_store().events.read(run.id, kind="step-error")]
     why = f"the adapter could not be verified within {VERIFY_LIMIT_S // 60} min"
     why += f" (last error: {errors[-1]})" if errors else ""
     if run.state == RunState.verifying:

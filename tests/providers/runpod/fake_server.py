@@ -3,10 +3,14 @@
 Hand-written: RunPod publishes no emulator. It understands exactly the operations
 shared/providers/runpod sends (podFindAndDeployOnDemand with variables; pod, myself
 { pods | id clientBalance | networkVolumes }, podStop, podResume, podTerminate as the runpod package
-formats them; gpuTypes with lowestPrice variables), answers like RunPod does (401 for a
+formats them; gpuTypes with lowestPrice's input), answers like RunPod does (401 for a
 bad key, GraphQL `errors` otherwise), and records every raw request body so a test can
-check what arrived. Each GPU type's hosts report one CUDA version (its "cuda", else HOST_CUDA);
-an allowedCudaVersions filter (pod create, lowestPrice) matches it exactly, as RunPod does.
+check what arrived. Every request is first checked against the schema RunPod's clients use
+(graphql_schema.py): a field, argument or input field it does not define is answered HTTP 400
+with graphql-js's words, as RunPod's server answers it, before anything is done.
+Each GPU type's hosts report one CUDA version (its "cuda", else HOST_CUDA): a minCudaVersion
+(pod create, lowestPrice) admits hosts at or above it, an allowedCudaVersions list (pod create
+only) those whose version it names exactly.
 Point the code at it with RUNPOD_API_BASE_URL=fake.url.
 """
 
@@ -18,6 +22,8 @@ import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.providers.runpod import graphql_schema
 
 DEFAULT_GPUS: list[dict[str, Any]] = [
     # id, memory, secure price, community price, datacenters with stock
@@ -40,8 +46,7 @@ DEFAULT_GPUS: list[dict[str, Any]] = [
 ]
 
 CAPACITY_MESSAGE = "There are no longer any instances available with the requested specifications. Please refresh."
-# The CUDA version a GPU type's hosts report when the GPU does not say ("cuda" in its entry). RunPod
-# matches a pod's allowedCudaVersions (and lowestPrice's) exactly against it, as strings.
+# The CUDA version a GPU type's hosts report when the GPU does not say ("cuda" in its entry).
 HOST_CUDA = "13.0"
 
 
@@ -53,6 +58,7 @@ class FakeRunPod:
         self.volumes: list[dict[str, Any]] = [
             {"id": "vol0abc123", "name": "tensorant", "size": 100, "dataCenterId": "EU-RO-1"}]
         self.requests: list[dict[str, Any]] = []  # {"raw": bytes, "auth": str, "body": parsed}
+        self.price_inputs: list[dict[str, Any]] = []  # each gpuTypes query's lowestPrice input, resolved
         self.balance: float | None = 100.0  # myself.clientBalance (prepaid credit, USD); None = not answered
         self.account_id = "user_fake"
         self.lock = threading.Lock()
@@ -106,6 +112,14 @@ class FakeRunPod:
 
     def _public(self, pod: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in pod.items() if not k.startswith("_") and k not in ("env", "input")}
+
+    def answer(self, query: str, variables: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The HTTP status and body for one authenticated request: 400 for one the schema refuses."""
+        _, errors = graphql_schema.validate(query, variables)
+        if errors:
+            return 400, {"errors": [{"message": m, "extensions": {"code": "GRAPHQL_VALIDATION_FAILED"}}
+                                    for m in errors]}
+        return 200, self.handle(query, variables)
 
     def handle(self, query: str, variables: dict[str, Any]) -> dict[str, Any]:
         for op in self.permission_denied:
@@ -177,7 +191,7 @@ class FakeRunPod:
         dc = inp.get("dataCenterId")
         if dc and dc not in gpu["dcs"]:
             return {"errors": [{"message": CAPACITY_MESSAGE}]}
-        if not _cuda_ok(gpu, inp.get("allowedCudaVersions")):
+        if not _cuda_ok(gpu, inp.get("minCudaVersion"), inp.get("allowedCudaVersions")):
             return {"errors": [{"message": CAPACITY_MESSAGE}]}  # no host with an allowed CUDA version
         pod_id = secrets.token_hex(7)
         pod = self._pod(pod_id, inp.get("name", ""), "RUNNING", imageName=inp.get("imageName"),
@@ -188,18 +202,23 @@ class FakeRunPod:
         return {"data": {"podFindAndDeployOnDemand": self._public(pod)}}
 
     def _gpu_types(self, query: str, variables: dict[str, Any]) -> list[dict[str, Any]]:
-        dc = variables.get("dc")
-        cuda_var = re.search(r"allowedCudaVersions:\s*\$(\w+)", query)  # lowestPrice's host CUDA filter
-        allowed = variables.get(cuda_var.group(1)) if cuda_var else None
+        """Every GPU type; lowestPrice answers for the hosts its input admits (cloud, datacenter, CUDA
+        minimum): no such host in stock = stockStatus and price null, as RunPod answers."""
+        lowest = graphql_schema.parse(query).find("gpuTypes", "lowestPrice")
+        asked = graphql_schema.resolve(lowest.args["input"], variables) if lowest and "input" in lowest.args else None
+        asked = asked or {}
+        dc, secure = asked.get("dataCenterId"), asked.get("secureCloud")
+        self.price_inputs.append(asked)
         out = []
         for g in self.gpus:
-            in_stock = (dc is None or dc in g["dcs"]) and _cuda_ok(g, allowed)
-            stock = "High" if in_stock else None
+            in_cloud = True if secure is None else g["securePrice"] > 0 if secure else g["communityPrice"] > 0
+            in_stock = in_cloud and (dc is None or dc in g["dcs"]) and _cuda_ok(g, asked.get("minCudaVersion"), None)
+            price = g["communityPrice"] if secure is False else g["securePrice"]
             out.append({"id": g["id"], "displayName": g["displayName"], "memoryInGb": g["memoryInGb"],
                         "secureCloud": g["securePrice"] > 0, "communityCloud": g["communityPrice"] > 0,
                         "securePrice": g["securePrice"], "communityPrice": g["communityPrice"],
-                        "lowestPrice": {"uninterruptablePrice": g["securePrice"] if stock else None,
-                                        "stockStatus": stock}})
+                        "lowestPrice": {"uninterruptablePrice": price if in_stock else None,
+                                        "stockStatus": "High" if in_stock else None}})
         return out
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -225,7 +244,7 @@ class FakeRunPod:
                     elif auth != f"Bearer {fake.api_key}":
                         status, answer = 401, {"error": "Unauthorized"}
                     else:
-                        status, answer = 200, fake.handle(body.get("query", ""), body.get("variables") or {})
+                        status, answer = fake.answer(body.get("query", ""), body.get("variables") or {})
                 data = json.dumps(answer).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -236,6 +255,14 @@ class FakeRunPod:
         return Handler
 
 
-def _cuda_ok(gpu: dict[str, Any], allowed: list[str] | None) -> bool:
-    """Whether the GPU's hosts pass an allowedCudaVersions filter (None or empty = no filter)."""
-    return not allowed or gpu.get("cuda", HOST_CUDA) in allowed
+def _cuda_ok(gpu: dict[str, Any], minimum: str | None, allowed: list[str] | None) -> bool:
+    """Whether the GPU's hosts pass a minCudaVersion (numeric, at or above) and an allowedCudaVersions
+    list (exact strings); None or empty = no filter."""
+    host = gpu.get("cuda", HOST_CUDA)
+    if minimum and _version(host) < _version(minimum):
+        return False
+    return not allowed or host in allowed
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))

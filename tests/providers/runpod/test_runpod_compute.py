@@ -95,26 +95,19 @@ def test_offers_with_network_volume_only_in_its_datacenter(fake: FakeRunPod) -> 
     assert all(o.region == "EUR-IS-1" and "billed separately" in o.note for o in offers)
 
 
-def test_cuda_versions_are_every_known_version_from_the_minimum_up() -> None:
-    from shared.providers.runpod import catalog
-
-    assert catalog.MIN_CUDA == "13.0"
-    assert catalog.CUDA_VERSIONS[0] == "13.0" and "13.1" in catalog.CUDA_VERSIONS
-    assert catalog.CUDA_VERSIONS == [v for v in catalog.RUNPOD_CUDA_VERSIONS if v.startswith("13.")]
-
-
 def test_a_host_with_a_newer_cuda_13_is_offered_and_rented(fake: FakeRunPod) -> None:
-    """A GPU whose hosts report CUDA 13.1 is in the catalog, and the pod create accepts those hosts."""
+    """A GPU whose hosts report CUDA 13.1 is in the catalog, and the pod create accepts those hosts
+    (tests/providers/runpod/test_cuda_and_stock.py: the CUDA minimum, stock without a volume)."""
     next(g for g in fake.gpus if g["id"] == "NVIDIA A40")["cuda"] = "13.1"
     offers = provider(network_volume_id="vol0abc123", datacenter_id="EU-RO-1").offers()
     assert "NVIDIA A40" in {o.machine_type for o in offers}
     (pod,) = volume_provider().launch(spec())
     assert pod.kind == "pod" and len(fake.pods) == 1
-    assert "13.1" in fake.creates()[0]["variables"]["input"]["allowedCudaVersions"]
+    assert fake.creates()[0]["variables"]["input"]["minCudaVersion"] == "13.0"
 
 
 def test_a_gpu_whose_hosts_are_below_cuda_13_is_not_offered(fake: FakeRunPod) -> None:
-    """The catalog asks RunPod's price and stock for the same CUDA versions the pod create sends: a GPU
+    """The catalog asks RunPod's price and stock for the same CUDA minimum the pod create sends: a GPU
     whose hosts report only CUDA 12.8 is out of the volume datacenter's catalog, and a launch on it
     anyway gets RunPod's capacity answer."""
     next(g for g in fake.gpus if g["id"] == "NVIDIA A40")["cuda"] = "12.8"
@@ -155,7 +148,7 @@ def test_launch_creates_one_pod_and_is_idempotent(fake: FakeRunPod) -> None:
     assert inp["gpuCount"] == 1 and inp["gpuTypeId"] == "NVIDIA A40"
     assert inp["imageName"] == "ghcr.io/tensorant/trainer:2026.11"
     assert inp["ports"] == "" and inp["supportPublicIp"] is False
-    assert "13.0" in inp["allowedCudaVersions"] and "12.9" not in inp["allowedCudaVersions"]
+    assert inp["minCudaVersion"] == "13.0" and "allowedCudaVersions" not in inp
     assert "networkVolumeId" not in inp and inp["volumeInGb"] >= 10 and inp["volumeMountPath"] == "/workspace"
     env = from_pod_env(inp["env"])
     assert env["TENSORANT_DATA_DIR"] == "/workspace/data" and env["TENSORANT_RUN_ID"] == "run-abc"

@@ -69,10 +69,10 @@ def warnings_of(run: RunRecord, *, retention: bool = False) -> list[str]:
 def timeline(run_id: str) -> list[RunEvent]:
     """The first VIEW_EVENTS // 2 events and, when there are more, the newest VIEW_EVENTS // 2, each once."""
     store, half = get_store(), VIEW_EVENTS // 2
-    first = store.list_events(run_id, exclude_kind="log", limit=half)
+    first = store.events.read(run_id, exclude_kind="log", limit=half)
     if len(first) < half:
         return first
-    newest = [e for e in store.list_newest_events(run_id, exclude_kind="log", limit=half) if e not in first]
+    newest = [e for e in store.events.newest(run_id, exclude_kind="log", limit=half) if e not in first]
     return first + newest
 
 
