@@ -68,6 +68,25 @@ def retry_after(err: Any, default: float = 30.0) -> float:
     return default
 
 
+def throttle_of(err: Any) -> tuple[str, str]:
+    """(code, limit) of a 429. Resource Manager answers SubscriptionRequestsThrottled; the Compute resource
+    provider answers OperationNotAllowed with the reason in its details (TooManyRequests, its target the
+    policy, e.g. PutVM3Min), and names the policy in x-ms-ratelimit-remaining-resource too."""
+    code = error_code(err)
+    inner = getattr(err, "error", None)
+    for detail in getattr(inner, "details", None) or []:
+        if getattr(detail, "code", None) == "TooManyRequests":
+            return "TooManyRequests", str(getattr(detail, "target", "") or "")
+    resp = getattr(err, "response", None)
+    # One value per policy, joined by commas when several came: "Microsoft.Compute/HighCostGet3Min;159, ...;0"
+    remaining = str((getattr(resp, "headers", None) or {}).get("x-ms-ratelimit-remaining-resource") or "")
+    spent = [v.strip().split(";")[0] for v in remaining.split(",") if v.strip().endswith(";0")]
+    limit = spent[0].split("/", 1)[-1] if spent else ""
+    if not code or code == "OperationNotAllowed":
+        code = "TooManyRequests"
+    return code, limit
+
+
 def is_not_found(err: Any) -> bool:
     return status_code(err) == 404
 
@@ -100,8 +119,10 @@ def translate(err: Exception, doing: str) -> ProviderError:
         return PermanentError(f"Subscription not found ({code}): copy the subscription ID from the subscription's "
                               "overview again; only public-cloud subscriptions are supported.", code=code)
     if status == 429:
-        return ThrottledError(f"Azure throttled {doing}; retrying after the interval it asked for",
-                              code=code or "TooManyRequests", retry_after_s=retry_after(err))
+        code, limit = throttle_of(err)
+        wait = retry_after(err)
+        return ThrottledError(f"Azure throttled {doing} ({code}{': ' + limit if limit else ''}); retrying after the "
+                              f"{wait:g} s it asked for", code=code, retry_after_s=wait)
     if code in ("AllocationFailed", "OverconstrainedAllocationRequest", "ZonalAllocationFailed",
                 "OverconstrainedZonalAllocationRequest"):
         return CapacityError(

@@ -75,6 +75,7 @@ class Fault:
     message: str = "injected"
     times: int = 1
     headers: dict[str, str] = field(default_factory=dict)
+    body: dict[str, Any] | None = None  # the whole answer's body (default: {"error": {code, message}})
 
 
 @dataclass
@@ -214,6 +215,37 @@ class FakeArm:
              headers: dict[str, str] | None = None) -> None:
         self.faults.append(Fault(method, pattern, status, code, message, times, headers or {}))
 
+    def throttle(self, method: str, pattern: str, *, by: str = "arm", retry_after: int = 5, times: int = 1,
+                 policy: str = "PutVM3Min") -> None:
+        """Answer the next `times` matching requests 429 as Azure throttles them (learn.microsoft.com:
+        "Troubleshooting API throttling errors" and "Throttling Resource Manager requests"): Retry-After in
+        seconds and the remaining-calls header of whoever throttled, with its error body.
+        by="arm": Resource Manager's subscription limit (SubscriptionRequestsThrottled,
+        x-ms-ratelimit-remaining-subscription-reads/-writes/-deletes: 0).
+        by="compute": the Compute resource provider's policy `policy` (code OperationNotAllowed, the reason in
+        details: TooManyRequests with the policy as its target; x-ms-ratelimit-remaining-resource: 0)."""
+        headers = {"Retry-After": str(retry_after)}
+        body: dict[str, Any]
+        if by == "arm":
+            kind = {"GET": "read", "DELETE": "delete"}.get(method, "write")
+            headers[f"x-ms-ratelimit-remaining-subscription-{kind}s"] = "0"
+            body = {"error": {"code": "SubscriptionRequestsThrottled", "message": (
+                f"Number of '{kind}' requests for subscription '{SUB}' actor '{CLIENT}' exceeded. Please try again "
+                f"after '{retry_after}' seconds after additional tips: https://aka.ms/ARMThrottling")}}
+        elif by == "compute":
+            headers["x-ms-ratelimit-remaining-resource"] = f"Microsoft.Compute/{policy};0"
+            start = dt.datetime.fromtimestamp(now_ts(), dt.UTC)
+            group = {"operationGroup": policy, "startTime": start.isoformat(),
+                     "endTime": (start + dt.timedelta(seconds=retry_after)).isoformat(),
+                     "allowedRequestCount": 240, "measuredRequestCount": 241}
+            body = {"error": {"code": "OperationNotAllowed", "message": "The server rejected the request because too "
+                              "many requests have been received for this subscription.",
+                              "details": [{"code": "TooManyRequests", "target": policy, "message": json.dumps(group)}]}}
+        else:
+            raise ValueError(by)
+        self.faults.append(Fault(method, pattern, 429, str(body["error"]["code"]), times=times, headers=headers,
+                                 body=body))
+
     def latest_op_due(self) -> bool:
         """Whether the newest operation can complete at its next poll (the one a caller waits on)."""
         with self.lock:
@@ -279,7 +311,8 @@ class FakeArm:
                 for fault in self.faults:
                     if fault.method == method and fault.times > 0 and re.search(fault.pattern, path.lower()):
                         fault.times -= 1
-                        return fault.status, fault.headers, {"error": {"code": fault.code, "message": fault.message}}
+                        return fault.status, fault.headers, fault.body or {"error": {"code": fault.code,
+                                                                                     "message": fault.message}}
                 return self._arm(method, path, query, data)
             except ArmError as e:
                 return e.status, {}, {"error": {"code": e.code, "message": e.message}}
