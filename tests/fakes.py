@@ -27,11 +27,12 @@ class MemoryConfig(BaseModel):
 class Machine:
     id: str
     tags: dict[str, str]
-    state: str = "running"  # running | stopped | terminated
+    state: str = "running"  # running | stopped | shutting-down | terminated
     disk_id: str = ""
     disk_exists: bool = True
     created_at: Any = None
     env: dict[str, str] = field(default_factory=dict)
+    image: str = ""
 
 
 class Cloud:
@@ -43,6 +44,9 @@ class Cloud:
         self.calls: list[str] = []
         self.launch_error: Exception | None = None
         self.before_create: Any = None  # called inside launch, before the machine exists
+        # Deletions accepted but not confirmed: a released machine stays shutting-down, its disk kept,
+        # and release answers not done until this is cleared (as a cloud's asynchronous delete).
+        self.hold_deletes = False
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines.values() if m.state != "terminated" or m.disk_exists]
@@ -50,6 +54,10 @@ class Cloud:
 
 OFFER = GpuOffer(provider="memory", offer_id="mem-a10", gpu="A10", gpu_memory_gb=24, machine_type="mem.a10",
                  region="local", compute_per_hour=1.0, disk_per_hour=0.01, total_per_hour=1.01)
+
+
+STATE_MAP = {"running": MachineState.running, "stopped": MachineState.stopped,
+             "shutting-down": MachineState.stopping}
 
 
 class MemoryCompute:
@@ -98,7 +106,7 @@ class MemoryCompute:
             self.cloud.before_create()
         n = next(self.cloud.ids)
         m = Machine(id=f"i-{n:04d}", tags=dict(spec.ref.tags), disk_id=f"vol-{n:04d}", created_at=now(),
-                    env=dict(spec.bootstrap.env))
+                    env=dict(spec.bootstrap.env), image=spec.bootstrap.container_image)
         self.cloud.machines[m.id] = m
         return self._res(m)
 
@@ -113,7 +121,7 @@ class MemoryCompute:
         ms = [m for m in self._owned(ref, resources) if m.state != "terminated"]
         if not ms:
             return Description(MachineState.gone)
-        return Description(MachineState.running if ms[0].state == "running" else MachineState.stopped)
+        return Description(STATE_MAP[ms[0].state])
 
     def retain(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self.cloud.calls.append("retain")
@@ -131,9 +139,14 @@ class MemoryCompute:
 
     def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self.cloud.calls.append("release")
-        for m in self._owned(ref, resources):
-            m.state = "terminated"
-            m.disk_exists = False
+        owned = self._owned(ref, resources)
+        for m in owned:
+            if not self.cloud.hold_deletes:
+                m.state, m.disk_exists = "terminated", False
+            elif m.state != "terminated":
+                m.state = "shutting-down"
+        if any(m.state != "terminated" or m.disk_exists for m in owned):
+            return CloudProgress(done=False, detail="the machine is shutting down", retry_after_s=5)
         return CloudProgress(done=True)
 
     def list_managed(self) -> Iterable[CloudResource]:

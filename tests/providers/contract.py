@@ -8,30 +8,55 @@ How a provider plugs in (one file, tests/providers/<name>/test_contract.py):
         @pytest.fixture
         def provider_env(self, <your fake cloud fixtures>) -> Iterator[ProviderEnv]:
             yield ProviderEnv(provider=..., ref=..., spec=..., machines=..., disks=...,
-                              everything=..., add_foreign=..., page_size=..., list_requests=...,
-                              slow_release=...)
+                              everything=..., add_foreign=..., page_size=..., handed=...,
+                              list_requests=..., slow_release=...)
 
 The fixture points the real provider class at the provider's fake cloud (moto server, the
 fake ARM, the fake RunPod GraphQL server, the local process table) and says how to look
 into that cloud *without* going through the provider, so every assertion reads the
 cloud's own view. Each field of ProviderEnv documents what it must return. A provider
 that cannot offer a hook (say, no way to delay deletion) passes None and the one test
-that needs it is skipped with the reason.
+that needs it is skipped with the reason; `handed` (what a launch gave the machine) has no
+such way out: a provider that cannot show it hands the agent its bootstrap does not pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
+import yaml
 
-from shared.providers.base import CloudProgress, ComputeProvider, LaunchSpec, RunRef
+from machine.agent.config import overlay_bootstrap
+from shared.models import CloudResource
+from shared.providers import bootstrap_env, cloudinit
+from shared.providers.base import Bootstrap, CloudProgress, ComputeProvider, LaunchSpec, RunRef
 
 Foreign = Literal["unmarked", "other-deployment"]
 MAX_POLLS = 30  # outcome polls before a test gives up (fakes confirm within a few)
+
+
+# What every launch must get to the agent (the exchange's and the reports' URLs, the run's token).
+AGENT_KEYS = ("TENSORANT_RUN_ID", "TENSORANT_API_URL", "TENSORANT_RUN_TOKEN")
+
+
+@dataclasses.dataclass(frozen=True)
+class Handed:
+    """What a launch handed the machine, read back from the fake cloud's record of the create call,
+    decoded from the cloud's encoding (base64 user data) but otherwise as the machine gets it."""
+
+    user_data: str | None = None
+    """Cloud-init user data (EC2 user data, Azure customData): the script and its one-time claim,
+    which the machine exchanges for its environment (shared/providers/cloudinit.py)."""
+    env: dict[str, str] | None = None
+    """The environment the agent process starts with (a RunPod pod's env, the local agent's
+    process environment), TENSORANT_BOOTSTRAP still encoded: the check decodes it as the agent does."""
+    image: str | None = None
+    """The container image the machine is told to run, where the cloud records it apart from
+    the user data (RunPod's imageName); None where nothing runs an image (local)."""
 
 
 @dataclasses.dataclass
@@ -55,6 +80,10 @@ class ProviderEnv:
     deployment, same org and run id as the given ref). Returns the ids it created."""
     page_size: int
     """The list page size the fixture set on the provider (the provider's smallest allowed)."""
+    handed: Callable[[RunRef], Handed]
+    """What the launch of the run's machine handed it, read from the fake cloud (not from the
+    provider): user data, or the environment and image. Required: the agent's bootstrap is what
+    makes a machine a training machine, and check_handed decides whether it got there."""
     list_requests: Callable[[], int] | None = None
     """How many list requests the fake cloud has answered so far; None where the cloud
     has no paging (the provider reads everything in one answer)."""
@@ -71,6 +100,59 @@ def poll(action: Callable[[], CloudProgress]) -> CloudProgress:
             return out
         out = action()
     raise AssertionError(f"never done: {out.detail}")
+
+
+def check_handed(handed: Handed, spec: LaunchSpec) -> None:
+    """Assert the machine got the agent's bootstrap of `spec`: on a cloud-init machine the
+    project's script with this run's one-time claim and its URLs, and no value of the
+    environment (user data stays readable on the machine); otherwise every variable of the
+    environment with its value, as the agent reads it, and the image where the cloud records one."""
+    if handed.user_data is not None:
+        _check_user_data(handed.user_data, spec)
+        return
+    assert handed.env is not None, "the launch handed the machine neither user data nor an environment"
+    got = overlay_bootstrap(handed.env)
+    missing = sorted(k for k, v in spec.bootstrap.env.items() if got.get(k) != v)
+    assert not missing, f"the machine's environment lacks or changes {missing} of the agent's bootstrap"
+    if handed.image is not None:
+        assert handed.image == spec.bootstrap.container_image, f"the machine runs {handed.image!r}"
+
+
+def _check_user_data(text: str, spec: LaunchSpec) -> None:
+    try:
+        config: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AssertionError(f"the user data is not YAML: {exc}") from None
+    assert text.startswith("#cloud-config\n") and isinstance(config, dict), "the user data is not a cloud-config"
+    files = {f.get("path"): f.get("content", "") for f in config.get("write_files") or [] if isinstance(f, dict)}
+    assert cloudinit.SCRIPT in files, f"the user data writes no {cloudinit.SCRIPT}"
+    claim = bootstrap_env.claim(spec.ref.org, spec.ref.run_id)
+    expected = cloudinit.script(spec.bootstrap, claim)
+    assert files[cloudinit.SCRIPT].rstrip("\n") == expected.rstrip("\n"), (
+        f"{cloudinit.SCRIPT} is not the bootstrap script for this run's claim, URL and image")
+    leaked = sorted(k for k, v in spec.bootstrap.env.items()
+                    if k not in cloudinit.REQUIRED and len(v) >= 4 and v in text)
+    assert not leaked, f"the user data holds the values of {leaked}; it may hold only the claim"
+
+
+class DropsTheEnvironment:
+    """A provider that launches with a bootstrap of its own in place of the spec's (the agent's
+    token gone, the API URL elsewhere), as a skeleton that never wires the spec through would:
+    what the contract's check must catch. Every other method is the wrapped provider's."""
+
+    def __init__(self, inner: ComputeProvider) -> None:
+        self.inner = inner
+
+    def launch(self, spec: LaunchSpec) -> list[CloudResource]:
+        own = Bootstrap(container_image=spec.bootstrap.container_image,
+                        env={"TENSORANT_RUN_ID": spec.ref.run_id, "TENSORANT_API_URL": "http://127.0.0.1:9/elsewhere"})
+        return self.inner.launch(dataclasses.replace(spec, bootstrap=own))
+
+    def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
+        return self.inner.release(ref, resources)
+
+    def list_managed(self) -> Iterable[CloudResource]:
+        return self.inner.list_managed()
 
 
 def _ref(env: ProviderEnv, run_id: str) -> RunRef:
@@ -163,3 +245,26 @@ class ProviderContract:
             assert env.machines(env.ref) or env.disks(env.ref)
         poll(lambda: env.provider.release(env.ref, resources))
         assert env.machines(env.ref) == [] and env.disks(env.ref) == []
+
+    def test_launch_hands_the_machine_the_agents_bootstrap(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        spec = env.spec(env.ref)
+        absent = [k for k in AGENT_KEYS if not spec.bootstrap.env.get(k)]
+        assert not absent, f"the fixture's spec must carry what the agent needs: {absent}"
+        env.provider.launch(spec)
+        check_handed(env.handed(env.ref), spec)
+        env.provider.launch(spec)  # found, not created: what the machine got is unchanged
+        check_handed(env.handed(env.ref), spec)
+        poll(lambda: env.provider.release(env.ref, []))
+
+    def test_the_check_fails_a_launch_that_drops_the_bootstrap(self, provider_env: ProviderEnv) -> None:
+        # The hook reads what the cloud recorded, not the spec: a launch that hands the machine a
+        # bootstrap of its own (no token, another API URL) must fail the check above.
+        env = provider_env
+        spec = env.spec(env.ref)
+        dropping = DropsTheEnvironment(env.provider)
+        dropping.launch(spec)
+        handed = env.handed(env.ref)
+        with pytest.raises(AssertionError):
+            check_handed(handed, spec)
+        poll(lambda: dropping.release(env.ref, []))

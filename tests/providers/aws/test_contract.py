@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 from shared.models import GpuOffer
 from shared.providers.base import TAG_DEPLOYMENT, TAG_RUN, Bootstrap, LaunchSpec, RunRef
 from tests.providers.aws.rig import AMI_GOOD, ZONE, Rig, inject
-from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
+from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
 
 OFFER = GpuOffer(provider="aws", offer_id=f"us-east-1/{ZONE}/g6.xlarge", gpu="NVIDIA L4", gpu_memory_gb=22.4,
                  machine_type="g6.xlarge", region="us-east-1", zone=ZONE, compute_per_hour=0.8048,
@@ -31,8 +32,9 @@ class TestAwsContract(ProviderContract):
 
         def spec(ref: RunRef) -> LaunchSpec:
             boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
-                             env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok",
-                                  "TENSORANT_API_URL": "https://cp.example.com"})
+                             env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_RUN_TOKEN": "tok-contract-aws",
+                                  "TENSORANT_API_URL": "https://cp.example.com"},
+                             secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
             return LaunchSpec(ref=ref, offer=OFFER, bootstrap=boot)
 
         def machines(ref: RunRef) -> list[str]:
@@ -60,6 +62,12 @@ class TestAwsContract(ProviderContract):
             vols = [m["Ebs"]["VolumeId"] for m in inst.get("BlockDeviceMappings") or [] if m.get("Ebs")]
             return [inst["InstanceId"], *vols]
 
+        def handed(ref: RunRef) -> Handed:
+            # The user data moto recorded for the instance (base64, as EC2 answers it).
+            [instance] = machines(ref)
+            value = ec2.describe_instance_attribute(InstanceId=instance, Attribute="userData")["UserData"].get("Value")
+            return Handed(user_data=base64.b64decode(value).decode() if value else None)
+
         @contextmanager
         def slow_release() -> Iterator[None]:
             # EC2 accepts the termination but reports it still shutting down.
@@ -74,6 +82,6 @@ class TestAwsContract(ProviderContract):
         ref = RunRef("test", "org-1", "run-c1")
         yield ProviderEnv(
             provider=rig.compute(page_size=PAGE), ref=ref, spec=spec, machines=machines, disks=disks,
-            everything=everything, add_foreign=add_foreign, page_size=PAGE,
+            everything=everything, add_foreign=add_foreign, page_size=PAGE, handed=handed,
             list_requests=lambda: sum(1 for _, op in rig.log.calls if op == "DescribeInstances"),
             slow_release=slow_release)

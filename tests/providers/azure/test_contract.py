@@ -8,6 +8,7 @@ carries another deployment's marks for the same org and run id.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from shared.providers.base import RunRef
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.azure.rig import IMAGE_ID, TRAIN_RG, make_compute, spec
-from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
+from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
 
 VM = "Microsoft.Compute/virtualMachines"
 DISK = "Microsoft.Compute/disks"
@@ -71,6 +72,13 @@ class TestAzureContract(ProviderContract):
         def list_requests() -> int:
             return sum(1 for m, p, _, _ in fake.requests if m == "GET" and p.lower().endswith("/virtualmachines"))
 
+        def handed(ref: RunRef) -> Handed:
+            # The VM's osProfile.customData as the fake ARM recorded it from the create (base64).
+            vm = fake.get(fake.rid(TRAIN_RG, VM, ref.name))
+            assert vm is not None, "no VM"
+            custom = vm.get("_custom_data")
+            return Handed(user_data=base64.b64decode(custom).decode() if custom else None)
+
         @contextmanager
         def slow_release() -> Iterator[None]:
             # Azure accepts the delete (202) but the operation stays InProgress until released.
@@ -83,5 +91,5 @@ class TestAzureContract(ProviderContract):
         provider: Any = make_compute(fake, lro_wait_s=0.2)
         yield ProviderEnv(
             provider=provider, ref=RunRef("test", "org-1", "run-c1"), spec=spec, machines=machines, disks=disks,
-            everything=everything, add_foreign=add_foreign, page_size=fake.page_size, list_requests=list_requests,
+            everything=everything, add_foreign=add_foreign, page_size=fake.page_size, handed=handed, list_requests=list_requests,
             slow_release=slow_release)

@@ -23,7 +23,7 @@ from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.local.compute import LocalCompute
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
-from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
+from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
 
 
 def _processes() -> dict[int, tuple[int, str, dict[str, str]]]:
@@ -106,6 +106,14 @@ class TestLocalContract(ProviderContract):
                     {"deployment": deployment + "x", "org": ref.org, "run_id": ref.run_id, "name": ref.name}))
             return [str(proc.pid), str(workdir)]
 
+        def handed(ref: RunRef) -> Handed:
+            # The environment the run's agent process started with (its /proc environ); no image runs here.
+            pids = [pid for pid, (pgid, _, env) in _processes().items()
+                    if str(pgid) in machines(ref) and env.get("TENSORANT_RUN_ID") == ref.run_id]
+            assert pids, "no agent process"
+            raw = Path(f"/proc/{min(pids)}/environ").read_bytes()
+            return Handed(env=dict(item.decode().partition("=")[::2] for item in raw.split(b"\0") if item))
+
         @contextmanager
         def slow_release() -> Iterator[None]:
             pinned = machines_dir / provider_env_ref.name / "data" / "pinned"
@@ -120,7 +128,7 @@ class TestLocalContract(ProviderContract):
         try:
             yield ProviderEnv(
                 provider=provider, ref=provider_env_ref, spec=spec, machines=machines, disks=disks,
-                everything=everything, add_foreign=add_foreign, page_size=2,
+                everything=everything, add_foreign=add_foreign, page_size=2, handed=handed,
                 list_requests=None,  # the process table is read whole
                 slow_release=slow_release if _can_pin(tmp_path) else None)
         finally:

@@ -12,7 +12,7 @@ from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.runpod.compute import RunPodCompute, is_run_pod
 from shared.providers.runpod.config import RunPodConfig
 from shared.settings import Settings
-from tests.providers.contract import Foreign, ProviderContract, ProviderEnv
+from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
 from tests.providers.runpod.fake_server import FakeRunPod
 
 KEY = "rpa_TESTKEY0123456789"
@@ -28,7 +28,9 @@ class TestRunPodContract(ProviderContract):
 
         def spec(ref: RunRef) -> LaunchSpec:
             boot = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11",
-                             env={"TENSORANT_RUN_ID": ref.run_id})
+                             env={"TENSORANT_RUN_ID": ref.run_id, "TENSORANT_API_URL": "https://cp.example.com",
+                                  "TENSORANT_RUN_TOKEN": "tok-contract-runpod"},
+                             secret_env_keys=frozenset({"TENSORANT_RUN_TOKEN"}))
             return LaunchSpec(ref=ref, offer=OFFER, bootstrap=boot)
 
         def machines(ref: RunRef) -> list[str]:
@@ -39,6 +41,11 @@ class TestRunPodContract(ProviderContract):
             name = (f"notebook-{ref.run_id}" if kind == "unmarked"
                     else RunRef(ref.deployment + "x", ref.org, ref.run_id).name)
             return [fake.add_pod(name)]
+
+        def handed(ref: RunRef) -> Handed:
+            # The pod's env and image as the fake server recorded them from podFindAndDeployOnDemand.
+            [pod] = [fake.pods[pid] for pid in machines(ref)]
+            return Handed(env={e["key"]: e["value"] for e in pod["env"]}, image=str(pod["imageName"]))
 
         @contextmanager
         def slow_release() -> Iterator[None]:
@@ -54,7 +61,7 @@ class TestRunPodContract(ProviderContract):
                 provider=provider, ref=RunRef("test", "org-1", "run-c1"), spec=spec, machines=machines,
                 disks=machines,  # the pod volume at /workspace lives and dies with the pod
                 everything=lambda: {pid: str(pod["desiredStatus"]) for pid, pod in fake.pods.items()},
-                add_foreign=add_foreign, page_size=2,
+                add_foreign=add_foreign, page_size=2, handed=handed,
                 list_requests=None,  # myself.pods answers every pod at once
                 slow_release=slow_release)
         finally:

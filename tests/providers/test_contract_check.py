@@ -1,0 +1,38 @@
+"""The contract's bootstrap check itself (tests/providers/contract.check_handed) on cloud-init user data:
+it must pass what AWS and Azure send and fail what would leave the machine without its agent."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.providers import bootstrap_env, cloudinit
+from shared.providers.base import Bootstrap, LaunchSpec, RunRef
+from tests.fakes import OFFER
+from tests.providers.contract import Handed, check_handed
+
+REF = RunRef("test", "org-1", "run-check")
+SPEC = LaunchSpec(ref=REF, offer=OFFER, bootstrap=Bootstrap(
+    container_image="ghcr.io/tensorant/trainer:1",
+    env={"TENSORANT_RUN_ID": REF.run_id, "TENSORANT_API_URL": "https://cp.example.com",
+         "TENSORANT_RUN_TOKEN": "tok-secret-check"}))
+
+
+def _rendered(ref: RunRef = REF, bootstrap: Bootstrap = SPEC.bootstrap) -> str:
+    return cloudinit.render(bootstrap, bootstrap_env.claim(ref.org, ref.run_id))
+
+
+def test_the_user_data_a_cloud_init_launch_renders_passes() -> None:
+    check_handed(Handed(user_data=_rendered()), SPEC)
+
+
+@pytest.mark.parametrize(("user_data", "caught"), [
+    (None, "neither user data nor an environment"),
+    ("", "not a cloud-config"),
+    ("#cloud-config\nruncmd: [true]\n", "writes no /usr/local/bin/tensorant-train"),
+    (_rendered(ref=RunRef("test", "org-1", "run-other")), "not the bootstrap script"),
+    (_rendered(bootstrap=Bootstrap("busybox", SPEC.bootstrap.env)), "not the bootstrap script"),
+    (_rendered() + "# tok-secret-check\n", "holds the values of \\['TENSORANT_RUN_TOKEN'\\]"),
+], ids=["nothing", "empty", "no-script", "another-runs-claim", "another-image", "the-token"])
+def test_the_check_fails_user_data_without_the_runs_bootstrap(user_data: str | None, caught: str) -> None:
+    with pytest.raises(AssertionError, match=caught):
+        check_handed(Handed(user_data=user_data), SPEC)
