@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from shared.errors import AuthError, PermanentError, RetryableError
+from shared.errors import AuthError, PermanentError, RetryableError, ThrottledError
 from shared.log import register_secret
 from shared.providers.runpod.errors import AUTH_HINT, from_status, translate
 
@@ -98,13 +98,21 @@ def _json(resp: Any) -> dict[str, Any]:
 
 
 def _errors_of(resp: Any) -> None:
-    """Raise the GraphQL errors a non-200 answer carries, if it carries any."""
+    """Raise the GraphQL errors a 400 carries, if it carries any. A message errors.translate does not
+    know stays permanent here: RunPod refused the request itself, and the same request is refused again."""
     try:
         body = resp.json()
     except ValueError:
         return
-    if isinstance(body, dict) and body.get("errors"):
+    if not isinstance(body, dict) or not body.get("errors"):
+        return
+    try:
         _data(body)
+    except ThrottledError:
+        raise
+    except RetryableError as exc:
+        raise PermanentError(f"RunPod API refused the request (HTTP 400): {exc.reason.removeprefix('RunPod: ')}",
+                             code="http_400") from exc
 
 
 def _data(body: dict[str, Any]) -> dict[str, Any]:

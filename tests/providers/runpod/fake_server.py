@@ -68,6 +68,7 @@ class FakeRunPod:
         self.phantom_create = False  # answer a create with an id but never keep the pod
         self.terminate_lag = 0  # gets that still return a terminated pod before it vanishes
         self.http_status = 0  # answer every call with this status (e.g. 500)
+        self.refuse_400 = ""  # answer every call HTTP 400 with this GraphQL error message
         self.permission_denied: set[str] = set()  # operation names answered "not authorized"
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -235,12 +236,15 @@ class FakeRunPod:
                     body = json.loads(raw)
                 except ValueError:
                     body = {}
+                answer: dict[str, Any]
                 with fake.lock:
                     fake.requests.append({"raw": raw, "auth": auth, "body": body, "path": self.path})
                     if self.path != "/graphql":
                         status, answer = 404, {"error": "not found"}
                     elif fake.http_status:
                         status, answer = fake.http_status, {"error": "injected"}
+                    elif fake.refuse_400:
+                        status, answer = 400, {"errors": [{"message": fake.refuse_400}]}
                     elif auth != f"Bearer {fake.api_key}":
                         status, answer = 401, {"error": "Unauthorized"}
                     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from shared.errors import AuthError, CapacityError, PermanentError
+from shared.errors import AuthError, CapacityError, PermanentError, ThrottledError
 from shared.models import CheckStatus
 from shared.providers.runpod import catalog
 from shared.providers.runpod.client import RunPodApi
@@ -53,6 +53,19 @@ def test_a_field_the_schema_does_not_define_is_a_permanent_schema_error(fake: Fa
     assert 'Field "allowedCudaVersions" is not defined by type "GpuLowestPriceInput"' in exc.value.reason
     assert "retrying cannot" in exc.value.reason.lower()
     assert len(fake.requests) == 1
+
+
+def test_a_400_whose_message_is_not_a_schema_error_stays_permanent(fake: FakeRunPod) -> None:
+    """Reading a 400's GraphQL errors (the requests client: catalog, pod create, volumes) must not make it
+    retryable: an unknown message is retryable on a 200 (RunPod's 'Something went wrong'), but RunPod
+    refused this request itself."""
+    fake.refuse_400 = "Invalid GPU type"
+    with pytest.raises(PermanentError) as exc:
+        provider().offers()
+    assert exc.value.code == "http_400" and "Invalid GPU type" in exc.value.reason
+    fake.refuse_400 = "Too many requests, slow down"
+    with pytest.raises(ThrottledError):
+        provider().offers()
 
 
 @pytest.mark.parametrize(("query", "variables", "words"), [
