@@ -54,6 +54,10 @@ LOSS_CHUNK_ELEMENTS = 2**25
 _NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double quantization)
 ALLOCATOR_MARGIN = 1.10  # reserved over allocated: the caching allocator's fragmentation
 CUDA_CONTEXT = 3 * GiB // 4  # CUDA context + cuBLAS workspace, outside max_memory_allocated
+# training.merged (adapter_format.merged): one presigned PUT uploads the merged archive (S3 takes at most
+# 5 GiB in one) and one verify-adapter invocation reads it whole, so it holds at most this much: a model of
+# up to about 2B parameters in bf16. Larger declared models are refused at create (merged_bytes).
+MAX_MERGED_BYTES = 4 * GiB
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,10 @@ class BaseModel:
         """GPU bytes an offer must have for a LoRA run at these settings (peak_allocated's
         keywords): the peak allocation with the allocator's margin and the CUDA context."""
         return int(self.peak_allocated(**settings) * ALLOCATOR_MARGIN) + CUDA_CONTEXT
+
+    def merged_bytes(self) -> int:
+        """The merged weights in bf16, the declared checkpoints' dtype (the archive adds a few kB)."""
+        return self.param_count() * 2
 
     def describe(self, **settings: Any) -> dict[str, Any]:
         """A JSON-ready summary for listings (GET /api/base-models)."""

@@ -39,6 +39,21 @@ from adapter_format.base_models import get_base_model
 from adapter_format.smoke import CONFIG_NAME, MANIFEST_NAME, SMOKE_TRAINER, WEIGHTS_NAME
 
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which entries an archive must and may hold: the adapter's three files, or a merged model's
+    (adapter_format.merged). Anything else in the archive is refused, never unpacked."""
+
+    required: tuple[str, ...]
+    allowed: Callable[[str], bool]
+    noun: str  # "adapter": said in the messages
+    a_noun: str  # "an adapter"
+    listing: str  # the files it may hold, in words
+
+
+ADAPTER = Layout(REQUIRED, lambda name: name in REQUIRED, "adapter", "an adapter", ", ".join(REQUIRED))
 MAX_ENTRIES = 64
 # Unpacked in memory: at most the archive limit (verify_adapter.MAX_ADAPTER_BYTES), not 2 GiB (a zip may declare up to 2 GiB of
 # entries, and each verify step would hold it all).
@@ -307,7 +322,7 @@ class _Archive:
 
 
 def _safe_unzip(source: BinaryIO, size: int, max_entries: int, max_total_bytes: int, max_ratio: float,
-                problems: list[str], summary: dict[str, Any]) -> _Archive:
+                problems: list[str], summary: dict[str, Any], *, layout: Layout = ADAPTER) -> _Archive:
     # Before zipfile parses the directory: 400,000 entries took it 13 s and 150 MiB.
     source.seek(max(size - _TAIL_BYTES, 0))
     declared = _declared_directory(source.read(_TAIL_BYTES))
@@ -340,13 +355,13 @@ def _safe_unzip(source: BinaryIO, size: int, max_entries: int, max_total_bytes: 
         why = _unsafe_name(name)
         if why:
             problems.append(f"Archive entry {name!r} {why}; rebuild the archive with plain relative paths.")
-        elif name.rsplit("/", 1)[-1] in REQUIRED and name not in REQUIRED:
-            problems.append(f"{name} is inside a folder; put the adapter files at the top level of the archive.")
-        elif name not in REQUIRED and not name.endswith("/"):  # an empty folder entry is never read
+        elif layout.allowed(name.rsplit("/", 1)[-1]) and not layout.allowed(name):
+            problems.append(f"{name} is inside a folder; put the {layout.noun} files at the top level of the archive.")
+        elif not layout.allowed(name) and not name.endswith("/"):  # an empty folder entry is never read
             # Nothing but the adapter is unpacked: 1000 MiB of junk beside a good adapter took the host
             # from 0.56 to 2.13 GiB.
-            problems.append(f"Archive entry {name!r} is not part of an adapter; the archive must hold only "
-                            f"{', '.join(REQUIRED)}, so zip only those.")
+            problems.append(f"Archive entry {name!r} is not part of {layout.a_noun}; the archive must hold only "
+                            f"{layout.listing}, so zip only those.")
         # Unix mode in the high 16 bits. zipfile.writestr(name, data) writes 0o600 with no file-type
         # bits at all, and Windows tools write 0: both are plain files. A link, device, FIFO or socket
         # type is refused, and so is a directory (Unix type or DOS attribute) whose name does not end
@@ -374,10 +389,10 @@ def _safe_unzip(source: BinaryIO, size: int, max_entries: int, max_total_bytes: 
         if info.file_size >= RATIO_FLOOR_BYTES and info.file_size > max_ratio * max(info.compress_size, 1):
             problems.append(f"Archive entry {name!r} expands {info.file_size} bytes from {info.compress_size} "
                             f"(more than {max_ratio:.0f}:1), which looks like a zip bomb; it was not unpacked.")
-    for name in REQUIRED:
+    for name in layout.required:
         if name not in seen:
-            problems.append(f"The archive has no {name} at its top level; an adapter archive needs "
-                            f"{', '.join(REQUIRED)}.")
+            problems.append(f"The archive has no {name} at its top level; the {layout.noun} archive needs "
+                            f"{', '.join(layout.required)}.")
     if problems:
         raise _Stop
     declared_total = sum(i.file_size for i in infos)
@@ -649,11 +664,10 @@ class _Tensor:
     end: int
 
 
-def _parse_safetensors(weights: _Member, size: int, problems: list[str],
-                       summary: dict[str, Any]) -> list[_Tensor] | None:
+def _parse_safetensors(weights: _Member, size: int, problems: list[str], summary: dict[str, Any],
+                       name: str = WEIGHTS_NAME) -> list[_Tensor] | None:
     """The header of the weights entry (size bytes, as the zip declares; reading more is refused),
     read from its stream: the tensor data after it is left to _check_finite."""
-    name = WEIGHTS_NAME
     head = weights.read_exactly(8)
     if head is None:
         problems.append(f"{name} is {size} bytes, too short to hold a safetensors header; export it again.")
@@ -823,7 +837,7 @@ def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems:
                             "the export is incomplete, so export the adapter again.")
 
 
-def _check_finite(weights: _Member, tensors: list[_Tensor], problems: list[str]) -> None:
+def _check_finite(weights: _Member, tensors: list[_Tensor], problems: list[str], name: str = WEIGHTS_NAME) -> None:
     """Every value finite, read from the stream in order (the header check made the tensors cover
     the data section exactly): at most _CHUNK bytes of the weights are held at a time."""
     for t in sorted(tensors, key=lambda t: t.start):
@@ -833,7 +847,7 @@ def _check_finite(weights: _Member, tensors: list[_Tensor], problems: list[str])
         while left:
             chunk = weights.read_exactly(min(left, _CHUNK - _CHUNK % item))
             if chunk is None:
-                problems.append(f"{WEIGHTS_NAME} ends inside tensor {t.name}; the file is truncated, so export "
+                problems.append(f"{name} ends inside tensor {t.name}; the file is truncated, so export "
                                 "it again.")
                 raise _Stop
             bits = np.frombuffer(chunk, dtype=unsigned)

@@ -93,11 +93,12 @@ def release_run(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="runs/{id}/adapter", methods=["GET"], auth_level=ANON)
 @http.api(summary="The verified adapter of a succeeded run: application/zip (local storage, header "
-                  "X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before",
+                  "X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before. ?format=merged: "
+                  "the adapter merged into the base model (training.merged), 404 when the run has none",
           response="adapter download")
 def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
     def call() -> object:
-        got = adapter.adapter(http.principal(req), req.route_params["id"])
+        got = adapter.adapter(http.principal(req), req.route_params["id"], req.params.get("format"))
         if isinstance(got, adapter.AdapterStream):
             return func.HttpResponse(got.data, status_code=200, mimetype="application/zip", headers={
                 "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,

@@ -207,6 +207,9 @@ class TrainingSettings(Model):
     optimizer: Literal["adamw", "adamw_8bit", "sgd"] = Field(default="adamw", description=(
         "adamw_8bit: bitsandbytes, on a CUDA GPU; sgd: momentum 0.9"))
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    merged: bool = Field(default=False, strict=True, description=(
+        "also deliver the adapter merged into the base model's weights (GET /api/runs/{id}/adapter?format=merged), "
+        "verified like the adapter; for base models up to about 2B parameters"))
 
     @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction",
                      "early_stopping_threshold", "neftune_alpha", "weight_decay", mode="before")
@@ -441,6 +444,11 @@ class RunRecord(Model):
     planned_steps: int | None = None
     # The recovery under way may end with a checkpoint's adapter (the owner said accept_checkpoint).
     accept_checkpoint: bool = False
+    # training.merged: the merged model's archive (runs/<id>/merged.zip) as the agent reported it, kept by the
+    # verify step only when it passes (adapter_format.merged); merged_note says why a run that asked has none.
+    merged_sha256: str = ""
+    merged_size: int = 0
+    merged_note: str = ""
 
 
 # ---------------------------------------------------------------- queue messages
@@ -576,6 +584,9 @@ class AgentComplete(Model):
     last_lines: list[Annotated[str, Field(max_length=2000)]] = Field(default_factory=list, max_length=20)
     # status failed: what failed, when the agent knows (the run's reason names it); absent = the trainer.
     stage: Literal["dataset", "training", "export", "upload"] | None = None
+    # status ok with training.merged: the merged model's archive (merged.zip), when the machine made one.
+    merged_sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    merged_size: int = Field(default=0, ge=0)
 
 
 class BootstrapClaim(Model):
@@ -674,6 +685,10 @@ class RunView(Model):
     adapter_kind: Literal["final", "checkpoint"] | None = None
     checkpoint_step: int | None = None
     planned_steps: int | None = None
+    # training.merged: the verified merged model (GET /api/runs/{id}/adapter?format=merged), or why there is none.
+    merged_sha256: str = ""
+    merged_size: int = 0
+    merged_note: str = ""
 
 
 class ConnectionView(Model):

@@ -90,10 +90,11 @@ class Agent(TrainerSupervisor):
             self.heartbeat("exporting", 1.0)
             st.update(phase="exporting")
             sha256, size = self.uploads.export()
+            merged = self.uploads.export_merged()
             st.update(phase="exported", adapter_sha256=sha256, adapter_size=size)
             self.uploads.upload_logs()
             self.heartbeat("exporting", 1.0)
-            self.complete({"status": "ok", "sha256": sha256, "size": size})
+            self.complete({"status": "ok", "sha256": sha256, "size": size, **merged})
         except Failed as exc:
             if self._interrupted():
                 return self._stopped()

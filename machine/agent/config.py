@@ -79,6 +79,8 @@ class AgentConfig:
     dataset_url: str = ""
     adapter_upload_url: str = ""
     logs_upload_url: str = ""
+    merged_key: str = ""  # training.merged: where merged.zip goes (a directory), or its presigned URL
+    merged_upload_url: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
@@ -114,6 +116,8 @@ class AgentConfig:
             dataset_url=env.get("TENSORANT_DATASET_URL", ""),
             adapter_upload_url=env.get("TENSORANT_ADAPTER_UPLOAD_URL", ""),
             logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
+            merged_key=env.get("TENSORANT_MERGED_KEY", ""),
+            merged_upload_url=env.get("TENSORANT_MERGED_UPLOAD_URL", ""),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
@@ -129,4 +133,4 @@ class AgentConfig:
 
     def secrets(self) -> list[str]:
         return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,
-                            self.hf_token) if s]
+                            self.merged_upload_url, self.hf_token) if s]

@@ -1,4 +1,4 @@
-"""The agent's transfers: the dataset down; the adapter, checkpoint adapters and logs up.
+"""The agent's transfers: the dataset down; the adapter, checkpoint adapters, the merged model and logs up.
 
 The adapter is zipped from the trainer's output directory, which the trainer (another user,
 the customer's code) owns: only the adapter's own files at its top level go into an archive,
@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -28,6 +29,11 @@ CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"  # adapter.zip on the disk stays t
 # checkpoint's optimizer state stays on the disk, and nothing else the trainer writes is exported.
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
 MANIFEST = "manifest.json"
+# training.merged: the trainer's output/merged folder (machine.trainer.merge) and the files of it that are
+# exported; the verifier refuses any other entry (adapter_format.merged).
+MERGED_DIR = "merged"
+_MERGED_FILE = re.compile(r"^(config\.json|generation_config\.json|manifest\.json|model\.safetensors(\.index\.json)?"
+                          r"|model-\d{5}-of-\d{5}\.safetensors)$")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 # O_NONBLOCK: a FIFO would block the open; O_NOCTTY: a terminal never becomes the agent's.
@@ -126,6 +132,17 @@ def zip_folder(folder: Path, final: Path, names: tuple[str, ...] = ADAPTER_FILES
     tmp.replace(final)
 
 
+def merged_names(folder: Path) -> tuple[str, ...]:
+    """The merged model's file names at folder's top level (listed from a descriptor of the folder, not
+    followed through a link; zip_folder opens each the same way)."""
+    folder_fd = os.open(folder, _FOLDER)
+    try:
+        names = os.listdir(folder_fd)
+    finally:
+        os.close(folder_fd)
+    return tuple(sorted(n for n in names if _MERGED_FILE.match(n)))
+
+
 def _absent(name: str, folder_fd: int) -> bool:
     try:
         os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
@@ -190,12 +207,14 @@ class Uploads:
         network storage reached through its S3 API (presigned URLs plus the volume's keys, i.e. an
         AWS or Azure host) it is DATA_DIR/runs/<RUN_ID>/adapter.zip, the volume's own layout;
         otherwise DATA_DIR/adapter.zip."""
-        key = self.config.adapter_key
-        if key and not self.config.storage_dir and self.config.adapter_upload_url:
+        return self._kept_at(self.config.adapter_key, self.config.adapter_upload_url, "adapter.zip")
+
+    def _kept_at(self, key: str, url: str, name: str) -> Path:
+        if key and not self.config.storage_dir and url:
             path = (self.data_dir / key).resolve()
             if str(path).startswith(str(self.data_dir.resolve()) + os.sep):
                 return path
-        return self.data_dir / "adapter.zip"
+        return self.data_dir / name
 
     def output_exists(self) -> bool:
         """Whether the machine holds anything worth recovering: a file the trainer wrote, an archive."""
@@ -221,6 +240,29 @@ class Uploads:
                          f"{final}", output_exists=True, stage="upload") from exc
         self.log(f"adapter uploaded ({size} bytes, sha256 {sha256})")
         return sha256, size
+
+    def export_merged(self) -> dict[str, str | int]:
+        """training.merged (the control plane gave a key or URL for merged.zip): the trainer's output/merged
+        zipped and uploaded; the completion's merged_sha256 and merged_size. A trainer that made none, or an
+        export that fails, is logged and gives {}: the adapter is the run's product, and the run succeeds
+        without the merged model, its reason in the log."""
+        if not (self.config.merged_key or self.config.merged_upload_url):
+            return {}
+        final = self._kept_at(self.config.merged_key, self.config.merged_upload_url, "merged.zip")
+        try:
+            zip_folder(self.output / MERGED_DIR, final, merged_names(self.output / MERGED_DIR))
+            sha256, size = file_sha256(final), final.stat().st_size
+            storage = self.storage()
+            target = self.config.merged_key if isinstance(storage, DirStorage) else self.config.merged_upload_url
+            storage.upload(target, final)
+        except FileNotFoundError:
+            self.log("the trainer wrote no merged model (its log says why); the adapter is exported without it")
+            return {}
+        except Exception as exc:
+            self.log(f"could not export the merged model: {describe_error(exc)}; the adapter is exported without it")
+            return {}
+        self.log(f"merged model uploaded ({size} bytes, sha256 {sha256})")
+        return {"merged_sha256": sha256, "merged_size": size}
 
     def upload_checkpoint(self, folder: Path) -> None:
         """Upload a checkpoint folder's adapter as the run's adapter archive. Best effort: a

@@ -68,6 +68,8 @@ class TrainerSettings:
     warmup_steps: int | None = None  # overrides warmup_ratio
     optimizer: str = "adamw"  # adamw | adamw_8bit (bitsandbytes, CUDA) | sgd (momentum 0.9)
     weight_decay: float = 0.0  # decoupled (AdamW's); for sgd, L2
+    # Also write the adapter merged into the base model's weights (machine.trainer.merge): a second artifact.
+    merged: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +88,8 @@ _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True),
 _CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),
             "kind": ("trial", "full"), "batching": ("auto", "padded", "grouped", "packed"),
             "lr_scheduler": ("cosine", "linear", "constant"), "optimizer": ("adamw", "adamw_8bit", "sgd")}
-_BOOL = ("load_in_4bit", "gradient_checkpointing", "keep_best", "train_on_inputs", "use_dora", "use_rslora")
+_BOOL = ("load_in_4bit", "gradient_checkpointing", "keep_best", "train_on_inputs", "use_dora", "use_rslora",
+         "merged")
 _NULLABLE = ("max_steps", "max_examples", "eval_every_steps", "early_stopping_patience", "chat_template",
              "neftune_alpha", "warmup_steps")
 MAX_CHAT_TEMPLATE = 16384  # characters: a template is a few kB; the settings travel in an env variable

@@ -1,7 +1,9 @@
 """The real trainer: a LoRA fine-tune with transformers + peft (`python -m machine.trainer.lora`).
 
 Environment (the agent -> trainer contract; machine/agent passes it):
-  TENSORANT_OUTPUT_DIR       writes adapter_config.json, adapter_model.safetensors, manifest.json
+  TENSORANT_OUTPUT_DIR       writes adapter_config.json, adapter_model.safetensors, manifest.json (and with
+                             training.merged, the adapter merged into the base model in merged/:
+                             machine.trainer.merge)
   TENSORANT_DATASET_PATH     JSONL; rows {"messages"}, {"prompt","completion"} or {"text"}
   TENSORANT_BASE_MODEL       the run's declared base model id (written into adapter_config.json)
   TENSORANT_BASE_MODEL_PATH  optional local model directory; otherwise the hub id is downloaded
@@ -797,6 +799,15 @@ def train(env: dict[str, str]) -> int:
     losses = progress.losses
     log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {job.output} "
         f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
+    if s.merged:
+        # The training model (and its optimizer state) freed first: the merge loads the base model again.
+        del run, model, optimizer, scheduler, neftune, progress
+        from machine.trainer.merge import free_memory, merge_into_output
+
+        free_memory(cuda)
+        # On the GPU only when the run trained there unquantized: it held at least these weights then.
+        merge_into_output(job.source, job.output, base_model, device="cuda" if cuda and not s.load_in_4bit else "cpu",
+                          token=job.token)
     return 0
 
 

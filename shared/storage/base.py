@@ -5,6 +5,7 @@ Layout inside the backend (under an optional prefix):
   datasets/<PROJECT_ID>/<DATASET_VERSION_ID>.<COMMIT>.jsonl  a direct upload, as its commit validated it
   uploads/<PROJECT_ID>/<DATASET_VERSION_ID>.jsonl            a direct upload before its commit (upload_key)
   runs/<RUN_ID>/adapter.zip      the verified adapter GET /api/runs/{id}/adapter serves
+  runs/<RUN_ID>/merged.zip       training.merged: the adapter merged into the base model (?format=merged)
   runs/<RUN_ID>/logs.txt
   data/<RUN_ID>/...              RunPod network volume only: the pod's working directory (see scratch_key)
 """
@@ -22,6 +23,10 @@ def dataset_key(project_id: str, dataset_id: str) -> str:
 
 def adapter_key(run_id: str) -> str:
     return f"runs/{run_id}/adapter.zip"
+
+
+def merged_key(run_id: str) -> str:
+    return f"runs/{run_id}/merged.zip"
 
 
 def logs_key(run_id: str) -> str:
@@ -112,9 +117,9 @@ class StorageBackend(Protocol):
         backend has no URLs (local directory: the API streams the object instead)."""
         ...
 
-    def agent_env(self, run_id: str, dataset: str, *,
-                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
+    def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
+                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
         """Environment giving the agent short-lived, narrow access: download the dataset,
-        upload runs/<RUN_ID>/adapter.zip and logs, valid for ttl_s (the run's whole life).
-        Returns (env, keys that are secret)."""
+        upload runs/<RUN_ID>/adapter.zip and logs (and merged.zip when merged: training.merged),
+        valid for ttl_s (the run's whole life). Returns (env, keys that are secret)."""
         ...

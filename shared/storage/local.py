@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key
+from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
 from shared.storage.config import LocalStorageConfig
 
 
@@ -106,12 +106,14 @@ class LocalStorage:
     def download_url(self, key: str, ttl_s: int) -> str | None:
         return None  # a directory has no URLs: GET /api/runs/{id}/adapter streams the file
 
-    def agent_env(self, run_id: str, dataset: str, *,
-                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
+    def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
+                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
         env = {
             "TENSORANT_STORAGE_DIR": str(self.root),
             "TENSORANT_DATASET_KEY": dataset,
             "TENSORANT_ADAPTER_KEY": adapter_key(run_id),
             "TENSORANT_LOGS_KEY": logs_key(run_id),
         }
+        if merged:
+            env["TENSORANT_MERGED_KEY"] = merged_key(run_id)
         return env, frozenset()

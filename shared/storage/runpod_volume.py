@@ -20,7 +20,7 @@ import re
 from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.storage.base import Readable, adapter_key, logs_key
+from shared.storage.base import Readable, adapter_key, logs_key, merged_key
 from shared.storage.config import RunPodVolumeConfig, S3StorageConfig
 from shared.storage.s3 import AGENT_URL_TTL_S, S3Storage
 
@@ -105,12 +105,13 @@ class RunPodVolumeStorage:
     def download_url(self, key: str, ttl_s: int) -> str | None:
         return self.s3.download_url(key, ttl_s)
 
-    def agent_env(self, run_id: str, dataset: str, *,
-                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
-        env, secret = self.s3.agent_env(run_id, dataset, ttl_s=ttl_s)
+    def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
+                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
+        env, secret = self.s3.agent_env(run_id, dataset, ttl_s=ttl_s, merged=merged)
         env.update({
             "TENSORANT_DATASET_KEY": dataset,
             "TENSORANT_ADAPTER_KEY": adapter_key(run_id),
             "TENSORANT_LOGS_KEY": logs_key(run_id),
+            **({"TENSORANT_MERGED_KEY": merged_key(run_id)} if merged else {}),
         })
         return env, secret

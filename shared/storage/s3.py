@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import register_secret
 from shared.models import Check, CheckStatus
-from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key
+from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
 from shared.storage.config import S3StorageConfig
 from shared.storage.endpoint_guard import (
     ENDPOINT_UNREACHABLE,
@@ -298,8 +298,8 @@ class S3Storage:
         register_secret(url)
         return url
 
-    def agent_env(self, run_id: str, dataset: str, *,
-                  ttl_s: int | None = None) -> tuple[dict[str, str], frozenset[str]]:
+    def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
+                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
         """Presigned URLs only (never the access key): GET the dataset, PUT the adapter and the logs.
 
         Each URL works for its one key and method until it expires (ttl_s, default 12 h):
@@ -310,6 +310,8 @@ class S3Storage:
             "TENSORANT_ADAPTER_UPLOAD_URL": self.presign("PUT", adapter_key(run_id), ttl_s),
             "TENSORANT_LOGS_UPLOAD_URL": self.presign("PUT", logs_key(run_id), ttl_s),
         }
+        if merged:
+            env["TENSORANT_MERGED_UPLOAD_URL"] = self.presign("PUT", merged_key(run_id), ttl_s)
         for url in env.values():
             register_secret(url)
         return env, frozenset(env)

@@ -233,7 +233,8 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
             return None
         if body.status == "ok":
             r = walk(r, RunState.verifying)
-            return r.model_copy(update={"adapter_sha256": body.sha256, "adapter_size": body.size, "progress": 1.0})
+            return r.model_copy(update={"adapter_sha256": body.sha256, "adapter_size": body.size, "progress": 1.0,
+                                        "merged_sha256": body.merged_sha256, "merged_size": body.merged_size})
         if body.output_exists is False:
             # Nothing on the machine to recover: keeping its disk would only bill.
             return transition(r, RunState.releasing, outcome=Outcome.failed, reason=(

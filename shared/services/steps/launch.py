@@ -58,7 +58,8 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     check_stored_dataset(run.org, dataset)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S
-    storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl)
+    storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl,
+                                                              merged=run.training.merged)
     env = {
         "TENSORANT_RUN_ID": run.id,
         "TENSORANT_API_URL": settings.public_url,

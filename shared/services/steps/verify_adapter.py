@@ -3,7 +3,9 @@
 It serves a run in verifying (the agent reported completion) or recovering (an owner asked
 to recover a retained run). A good archive ends the run succeeded through releasing; a bad
 one retains the machine and disk (verifying) or leaves the run retained (recovering), with
-the problems as the reason. A checkpoint's adapter (its manifest's checkpoint_step) is an
+the problems as the reason. With training.merged, the merged model (runs/<id>/merged.zip) is verified
+next, as strictly (adapter_format.merged); refused or missing, the run still succeeds with its adapter, and
+merged_note says why there is no merged model. A checkpoint's adapter (its manifest's checkpoint_step) is an
 incomplete training: it ends a run only at a recovery whose owner accepted it
 (accept_checkpoint), marked adapter_kind "checkpoint" with its step; otherwise it is refused
 like a bad archive, saying to resume or to accept it.
@@ -23,7 +25,7 @@ from shared.runs.events import event
 from shared.runs.moves import move
 from shared.settings import get_settings
 from shared.steps import Step
-from shared.storage.base import ObjectMissing, adapter_key
+from shared.storage.base import ObjectMissing, adapter_key, merged_key
 from shared.store import get_store
 
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
@@ -33,17 +35,18 @@ MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
 SPOOL_CHUNK = 1024 * 1024
 
 
-def spool(storage: Any, key: str) -> tuple[BinaryIO, str, int]:
+def spool(storage: Any, key: str, max_bytes: int = MAX_ADAPTER_BYTES,
+          what: str = "the adapter archive") -> tuple[BinaryIO, str, int]:
     """The object at `key` in a temporary file (deleted when closed), with its sha256 and size."""
     digest, size = hashlib.sha256(), 0
     out = tempfile.TemporaryFile()  # noqa: SIM115  (the caller closes it)
     try:
-        with storage.open_stream(key, MAX_ADAPTER_BYTES) as src:
+        with storage.open_stream(key, max_bytes) as src:
             while chunk := src.read(SPOOL_CHUNK):
                 digest.update(chunk)
                 size += len(chunk)
-                if size > MAX_ADAPTER_BYTES:
-                    raise ValueError(f"the adapter archive is larger than {MAX_ADAPTER_BYTES} bytes")
+                if size > max_bytes:
+                    raise ValueError(f"{what} is larger than {max_bytes} bytes")
                 out.write(chunk)
         out.seek(0)
     except BaseException:
@@ -103,10 +106,16 @@ def verify_adapter(msg: StepMessage) -> None:
         checked = forecast.check(run.forecast, result.summary) if run.forecast and step is None else None
         if checked is not None:
             recorded["forecast_check"] = checked
+        merged = run.training.merged and step is None
+        if merged:
+            recorded |= check_merged(run)
         run, _ = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
                       **recorded)
         event(run, "audit", what, sha256=run.adapter_sha256,
               **({"checkpoint_step": step} if step is not None else {}))
+        if merged:
+            event(run, "audit" if run.merged_sha256 else "warning", run.merged_note or "merged model verified",
+                  sha256=run.merged_sha256)
         if checked is not None:
             event(run, "audit", forecast.check_summary(checked), **checked.model_dump())
             forecast.record_measured(run)  # the like runs' index, for the forecasts of later runs
@@ -121,6 +130,28 @@ def verify_adapter(msg: StepMessage) -> None:
         return
     run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=why)
     get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+
+
+def check_merged(run: RunRecord) -> dict[str, object]:
+    """The run fields that record its merged model: kept when the archive the agent reported passes
+    adapter_format.merged, cleared with merged_note saying why when it does not or none was reported."""
+    from adapter_format.merged import MAX_MERGED_BYTES, verify_merged
+
+    if not run.merged_sha256:
+        return {"merged_note": "no merged model: the machine did not make one (the run's log says why)"}
+    key = merged_key(run.id)
+    try:
+        archive, _, _ = spool(storage_for(run.org), key, MAX_MERGED_BYTES, "the merged model's archive")
+        with archive:
+            problems = verify_merged(archive, base_model=run.base_model, expected_sha256=run.merged_sha256).problems
+    except ObjectMissing:
+        problems = [f"no merged archive at {key} in storage"]
+    except ValueError as exc:
+        problems = [str(exc)]
+    if problems:
+        return {"merged_sha256": "", "merged_size": 0,
+                "merged_note": "no merged model: its verification failed: " + "; ".join(problems)}
+    return {"merged_note": ""}
 
 
 def refuse_recovery(run: RunRecord, refusal: str, sha256: str) -> None:

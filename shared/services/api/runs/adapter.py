@@ -1,5 +1,6 @@
 """The adapter of a run: downloaded once the run has succeeded, and read for use only while its
-sha256 is the one recorded for the run."""
+sha256 is the one recorded for the run. `format=merged`: the adapter merged into its base model's weights
+(training.merged), verified like the adapter (adapter_format.merged), served the same way."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from adapter_format.base_models import MAX_MERGED_BYTES
 from shared.clock import now
-from shared.errors import Conflict
+from shared.errors import Conflict, InvalidInput, NotFound
 from shared.models import Role, RunRecord, RunState
 from shared.runs.backends import storage_for
 from shared.runs.events import event
 from shared.security import Principal, require
-from shared.storage.base import ObjectMissing, adapter_key
+from shared.storage.base import ObjectMissing, adapter_key, merged_key
 from shared.store import get_store
 
 MAX_UPLOAD = 1024 * 1024 * 1024
@@ -32,31 +34,46 @@ class AdapterStream:
     filename: str
 
 
-def adapter(principal: Principal, run_id: str) -> AdapterStream | dict[str, Any]:
-    """The verified adapter of a succeeded run: its bytes (local storage) or a short-lived URL."""
+FORMATS = ("adapter", "merged")
+
+
+def adapter(principal: Principal, run_id: str, fmt: str | None = None) -> AdapterStream | dict[str, Any]:
+    """The verified adapter (or, fmt "merged", merged model) of a succeeded run: its bytes (local storage)
+    or a short-lived URL."""
     require(principal, Role.owner, Role.member)
+    if fmt not in (None, "", *FORMATS):
+        raise InvalidInput.field("format", f"is {fmt!r}; use adapter (the default) or merged")
     run, _ = get_store().get_run(principal.org, run_id)
     if run.state != RunState.succeeded or not run.adapter_sha256:
         raise Conflict(f"the adapter is not available: the run is {run.state.value}; it can be downloaded once "
                        "the run has succeeded with a verified adapter")
+    if fmt == "merged":
+        if not run.merged_sha256:
+            raise NotFound("this run has no merged model: " + (
+                run.merged_note or "it was not asked for (set training.merged: true on a new run)"))
+        return _serve(principal, run, merged_key(run.id), "merged model", (run.merged_sha256, run.merged_size))
+    return _serve(principal, run, adapter_key(run.id), "adapter", (run.adapter_sha256, run.adapter_size))
+
+
+def _serve(principal: Principal, run: RunRecord, key: str, what: str,
+           verified: tuple[str, int]) -> AdapterStream | dict[str, Any]:
     storage = storage_for(run.org)
-    key = adapter_key(run.id)
     url = storage.download_url(key, ADAPTER_URL_TTL_S)
     if url is not None:
-        event(run, "audit", f"adapter download link issued to {principal.sub} (valid {ADAPTER_URL_TTL_S // 60} min)")
+        event(run, "audit", f"{what} download link issued to {principal.sub} (valid {ADAPTER_URL_TTL_S // 60} min)")
         return {"url": url, "expires_at": now() + timedelta(seconds=ADAPTER_URL_TTL_S),
-                "sha256": run.adapter_sha256, "size": run.adapter_size}
+                "sha256": verified[0], "size": verified[1]}
     try:
-        data = storage.get(key, MAX_UPLOAD)
+        data = storage.get(key, MAX_MERGED_BYTES if what != "adapter" else MAX_UPLOAD)
     except ObjectMissing as exc:
-        raise Conflict("the verified adapter is no longer in the organization's storage (deleted outside the "
+        raise Conflict(f"the verified {what} is no longer in the organization's storage (deleted outside the "
                        "control plane?)") from exc
     sha = hashlib.sha256(data).hexdigest()
-    if sha != run.adapter_sha256:
+    if sha != verified[0]:
         # Never hand out bytes that are not the ones the verifier accepted.
-        raise Conflict(f"the stored adapter has changed since it was verified (sha256 {sha[:12]}..., verified "
-                       f"{run.adapter_sha256[:12]}...); it is not served")
-    return AdapterStream(data=data, sha256=sha, filename=f"{run.id}-adapter.zip")
+        raise Conflict(f"the stored {what} has changed since it was verified (sha256 {sha[:12]}..., verified "
+                       f"{verified[0][:12]}...); it is not served")
+    return AdapterStream(data=data, sha256=sha, filename=f"{run.id}-{what.split()[0]}.zip")
 
 
 def adapter_for_use(run: RunRecord, max_bytes: int = MAX_UPLOAD) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from adapter_format.base_models import MAX_MERGED_BYTES, BaseModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
@@ -58,6 +59,15 @@ def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, traini
         "eligible_offer_ids": eligible}])
 
 
+def _check_merged(model: BaseModel, training: TrainingSettings) -> None:
+    """training.merged only where the merged weights fit one merged archive (adapter_format.base_models)."""
+    if training.merged and model.merged_bytes() > MAX_MERGED_BYTES:
+        raise InvalidInput.field("training.merged", (
+            f"{model.name}'s merged weights take {model.merged_bytes() / 1e9:.1f} GB in bf16, more than the "
+            f"{MAX_MERGED_BYTES / 1024**3:g} GiB a merged model may take (one upload and one verification); leave "
+            "merged out, download the adapter and merge it where you serve it (peft's merge_and_unload)"))
+
+
 def _check_provider(org: str, provider: str) -> None:
     from shared.providers import registry
 
@@ -89,6 +99,7 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     store = get_store()
     model = base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
     training = resolve_training(body.kind, body.training)
+    _check_merged(model, training)
     store.projects.get(org, body.project_id)
     dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:

@@ -92,7 +92,8 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
         final_cost=t.final_cost, warnings=warnings_of(run, retention=with_events), forecast=run.forecast,
         forecast_check=run.forecast_check, adapter_kind=run.adapter_kind, checkpoint_step=run.checkpoint_step,
-        planned_steps=run.planned_steps,
+        planned_steps=run.planned_steps, merged_sha256=run.merged_sha256, merged_size=run.merged_size,
+        merged_note=run.merged_note,
     )
 
 

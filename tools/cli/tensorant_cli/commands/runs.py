@@ -94,7 +94,9 @@ def add_parser(sub: Any) -> None:
         s.set_defaults(fn=cmd_runs)
     dl = leaf(r, "download", "save the verified adapter of a succeeded run (adapter.zip)",
               "tensorant runs download --last -o adapter.zip", objects=False, run_id=True)
-    dl.add_argument("-o", "--output", metavar="FILE", help="default: <RUN_ID>-adapter.zip")
+    dl.add_argument("-o", "--output", metavar="FILE", help="default: <RUN_ID>-adapter.zip (<RUN_ID>-merged.zip)")
+    dl.add_argument("--merged", action="store_true",
+                    help="the adapter merged into the base model's weights (a run with training.merged)")
     dl.set_defaults(fn=cmd_runs_download)
 
 
@@ -271,39 +273,55 @@ def training_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
-    """Save the run's verified adapter: streamed (local storage) or fetched from its short-lived URL."""
-    import hashlib
-
+    """Save the run's verified adapter (--merged: its merged model): streamed (local storage) or fetched from
+    its short-lived URL, written to a temporary file and kept only when its sha256 is the verified one."""
     import requests
 
     args.id = run_id_of(args, client)
-
+    what = "merged" if args.merged else "adapter"
     headers = {"Accept": "application/zip, application/json, application/problem+json"}
     if client.token:
         headers["Authorization"] = f"Bearer {client.token}"
     try:
-        resp = requests.get(f"{client.url}/api/runs/{args.id}/adapter", headers=headers, timeout=client.timeout)
+        resp = requests.get(f"{client.url}/api/runs/{args.id}/adapter", headers=headers, timeout=client.timeout,
+                            params={"format": "merged"} if args.merged else None, stream=True)
     except requests.ConnectionError:
         raise ApiError(0, f"cannot reach {client.url}", "is the control plane running? (`make run`)") from None
     if resp.status_code >= 400:
         raise _error(resp)
     if resp.headers.get("Content-Type", "").startswith("application/zip"):
-        data, expected = resp.content, resp.headers.get("X-Adapter-Sha256", "")
+        body, expected = resp, resp.headers.get("X-Adapter-Sha256", "")
     else:
         link = resp.json()
-        got = requests.get(link["url"], timeout=max(client.timeout, 300))  # presigned: no Authorization header
-        if got.status_code >= 400:
-            raise ApiError(got.status_code, "the download link was refused",
+        body = requests.get(link["url"], timeout=max(client.timeout, 300), stream=True)  # presigned: no Authorization
+        if body.status_code >= 400:
+            raise ApiError(body.status_code, "the download link was refused",
                            "it is short-lived: run `tensorant runs download` again")
-        data, expected = got.content, str(link.get("sha256") or "")
-    sha = hashlib.sha256(data).hexdigest()
-    if expected and sha != expected:
-        raise ApiError(0, "the download does not match the verified adapter",
-                       f"sha256 {sha}, expected {expected}; nothing was saved")
-    out = Path(args.output or f"{args.id}-adapter.zip")
-    out.write_bytes(data)
-    say(f"saved {out} ({len(data)} bytes, sha256 {sha})")
+        expected = str(link.get("sha256") or "")
+    out = Path(args.output or f"{args.id}-{what}.zip")
+    sha, size = _save_checked(body, out, expected, what)
+    say(f"saved {out} ({size} bytes, sha256 {sha})")
     return 0
+
+
+def _save_checked(resp: Any, out: Path, expected: str, what: str) -> tuple[str, int]:
+    """The response body written to out through out.part (a merged model is gigabytes: never held whole),
+    renamed only when its sha256 is `expected`."""
+    import hashlib
+
+    digest, size, part = hashlib.sha256(), 0, out.with_name(out.name + ".part")
+    with open(part, "wb") as f:
+        for chunk in resp.iter_content(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+            f.write(chunk)
+    sha = digest.hexdigest()
+    if expected and sha != expected:
+        part.unlink()
+        raise ApiError(0, f"the download does not match the verified {what}",
+                       f"sha256 {sha}, expected {expected}; nothing was saved")
+    part.replace(out)
+    return sha, size
 
 
 ENDED = ("succeeded", "failed", "cancelled")
