@@ -9,11 +9,12 @@ import hashlib
 import io
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
-from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client, local_training_setup
+from tests.e2e.local_host import TERMINAL_OR_RETAINED, Client, LocalSetup, local_training_setup
 
 pytestmark = pytest.mark.e2e
 BASE = "tensorant/tiny-llama"
@@ -25,14 +26,13 @@ def real_trainer(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TENSORANT_TORCH_THREADS", "1")
 
 
-def run_to_end(api: Client, setup: object, training: dict[str, object]) -> dict[str, object]:
+def run_to_end(api: Client, setup: LocalSetup, training: dict[str, Any]) -> dict[str, Any]:
     run = api("POST", "/api/runs", json={
-        "project_id": setup.project_id, "dataset_version_id": setup.dataset_id,  # type: ignore[attr-defined]
-        "provider": "local", "offer_id": setup.offer["offer_id"], "base_model": BASE,  # type: ignore[attr-defined]
-        "price_limit_per_hour": 1.0, "training": training})
+        "project_id": setup.project_id, "dataset_version_id": setup.dataset_id, "provider": "local",
+        "offer_id": setup.offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0, "training": training})
     api("POST", f"/api/runs/{run['id']}/launch", json={"confirm": True})
-    done: dict[str, object] = api.wait(f"/api/runs/{run['id']}", lambda x: x["state"] in TERMINAL_OR_RETAINED,
-                                       timeout=180)
+    done: dict[str, Any] = api.wait(f"/api/runs/{run['id']}", lambda x: x["state"] in TERMINAL_OR_RETAINED,
+                                    timeout=180)
     assert done["state"] == "succeeded", (done["reason"], api("GET", f"/api/runs/{run['id']}/logs")["lines"][-30:])
     return done
 
@@ -45,7 +45,7 @@ def test_merged_model_is_verified_downloaded_and_answers_as_base_plus_adapter(ap
     from shared import settings
 
     setup = local_training_setup(api, "merged", BASE)
-    training = {"max_steps": 4, "batch_size": 4, "max_seq_len": 64, "learning_rate": 0.01, "sample_prompts": 0}
+    training: dict[str, Any] = {"max_steps": 4, "batch_size": 4, "max_seq_len": 64, "learning_rate": 0.01, "sample_prompts": 0}
     plain = run_to_end(api, setup, training)
     r = requests.get(f"{api.url}/api/runs/{plain['id']}/adapter?format=merged", headers=dict(api.s.headers), timeout=10)
     assert r.status_code == 404 and "not asked for" in r.json()["detail"]
