@@ -1,5 +1,5 @@
 """A run's events are bounded per source, and the run view shows the newest with the first
-(shared/runs/events.py, Store.count_event, runs/view.timeline); the boot-failure report's exit code is an int."""
+(shared/runs/events.py, store.events.count, runs/view.timeline); the boot-failure report's exit code is an int."""
 
 from __future__ import annotations
 

@@ -25,12 +25,12 @@ from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.models import (
     CloudResource,
-    RunEvent,
     RunRecord,
     RunState,
 )
 from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
+from shared.store.events import Events
 from shared.store.keys import id_key, org_key, row_key, time_key
 from shared.store.org_secrets import OrgSecrets
 from shared.store.projects import Datasets, Projects
@@ -52,16 +52,6 @@ _LINE_KEY = "{:010d}"
 # takes seconds (an HTTP request); one older is a launch that died in between.
 ACTIVE_RUNS_KEY = "active-runs"
 LAUNCH_GRACE_S = 600
-
-
-def _descending(event_key: str) -> str:
-    """An event key's mirror: later events sort first."""
-    micros, tail = event_key.split("-", 1)
-    return f"{10**20 - 1 - int(micros):020d}-{tail}"
-
-
-def _newest_partition(run_id: str) -> str:
-    return f"{run_id}~newest"
 
 
 @dataclass(frozen=True)
@@ -86,6 +76,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.events = Events(self.table("events"), self.table("quotas"))
         self.throughput = Throughput(self.table("throughput"))
         self.projects = Projects(self.table("projects"))
         self.datasets = Datasets(self.table("datasets"))
@@ -402,56 +393,7 @@ class Store:
         got = self.table("quotas").get(org_key(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
 
-    # ------------------------------------------------------------ events, logs, ledger, audit
-    def add_event(self, run_id: str, event: RunEvent) -> None:
-        key, data = time_key(), event.model_dump(mode="json")
-        self.table("events").upsert(run_id, key, data, kind=event.kind)
-        # The same event under a descending key in a partition of its own (`~` is in no run id): the run
-        # view reads the newest page in one query (Table storage reads keys ascending only).
-        self.table("events").upsert(_newest_partition(run_id), _descending(key), data, kind=event.kind)
-
-    def count_event(self, org: str, run_id: str, source: str, limit: int) -> int:
-        """Count one more event of `source` on a run (shared/runs/events.py bounds them): the count with
-        this one, which stops at limit + 1, so a flood past the bound costs one read per event and no write."""
-        table, key = self.table("quotas"), f"events~{id_key(run_id, 'run')}~{source}"
-        for _ in range(MAX_RACE_RETRIES):
-            got = table.get(org_key(org), key)
-            count = int(got[0].get("count", 0)) if got else 0
-            if count > limit:
-                return count + 1  # not written: past the bound, nothing more is counted
-            try:
-                if got is None:
-                    table.insert(org, key, {"count": 1})
-                else:
-                    table.update(org, key, {"count": count + 1}, got[1])
-                return count + 1
-            except (ConcurrencyError, Conflict):
-                continue  # another writer counted meanwhile: read again
-        return limit + 2  # that many writers at once is a flood: the event is dropped
-
-    def list_newest_events(self, run_id: str, *, exclude_kind: str | None = None, limit: int) -> list[RunEvent]:
-        """A run's newest `limit` events (one query), oldest first; events written before the descending
-        copy existed are not in it."""
-        clauses, params = ["PartitionKey eq @r"], {"r": _newest_partition(run_id)}
-        if exclude_kind:
-            clauses.append("kind ne @x")
-            params["x"] = exclude_kind
-        q = self.table("events").query(" and ".join(clauses), top=limit, **params)
-        return [RunEvent.model_validate(d) for d, _ in q][:limit][::-1]
-
-    def list_events(self, run_id: str, kind: str | None = None, *, exclude_kind: str | None = None,
-                    limit: int | None = None) -> list[RunEvent]:
-        """A run's events, oldest first; `limit` bounds the read (one page of at most `limit`)."""
-        clauses, params = ["PartitionKey eq @r"], {"r": run_id}
-        if kind:
-            clauses.append("kind eq @k")
-            params["k"] = kind
-        if exclude_kind:
-            clauses.append("kind ne @x")  # logs of older runs were events of kind "log"
-            params["x"] = exclude_kind
-        q = self.table("events").query(" and ".join(clauses), top=limit, **params)
-        return [RunEvent.model_validate(d) for d, _ in q]
-
+    # ------------------------------------------------------------ logs, ledger, audit
     def add_log_lines(self, run_id: str, start: int, lines: list[str]) -> int:
         """Store lines numbered start, start+1, ... in chunks (one entity each, every property
         under the table's limit); returns the number of chunks written (one write each)."""
