@@ -17,6 +17,8 @@ Maps the two calls the bootstrap makes onto something real:
     no-gpu     docker's own failure without the NVIDIA runtime (exit code 125).
     no-agent   an image whose agent cannot start: the entrypoint runs without the agent's files (in an
                empty folder, without site-packages, where this checkout is installed).
+    exit:N     a container that prints 50 lines ("container line <k>") and exits with code N (the
+               bootstrap's own steps, without an agent).
 - `docker rm -f N`: nothing to remove.
 Every call is appended to SHIM_CALLS (one JSON line), so tests see what the machine ran.
 """
@@ -158,6 +160,10 @@ def _run(args: list[str]) -> int:
     if mode == "no-gpu":
         print(NO_GPU, file=sys.stderr)
         return 125
+    if mode.startswith("exit:"):
+        for k in range(1, 51):
+            print(f"container line {k}")
+        return int(mode[5:])
     if mode == "buildah":
         return _buildah(env, volumes)
     agent_env = _agent_env(env, volumes)

@@ -5,8 +5,10 @@
   --config-file`, Debian package cloud-init), its write_files written under a sandbox folder
   that stands for the machine's `/` (with their permissions), and its runcmd run with bash. The
   script's absolute paths are read inside the sandbox, as a chroot would show them; curl is the
-  real one. PATH starts with two shims: `docker` (tests/docker_shim.py: pull, and run of the
-  image's ENTRYPOINT) and `sleep`, which adds its seconds to the simulated clock's ledger
+  real one. PATH starts with shims: `systemctl` (tests/systemd_shim.py: runcmd enables and starts
+  the training unit; the unit's ExecStart runs once runcmd is done, and again at each later boot
+  if it is enabled), `docker` (tests/docker_shim.py: pull, and run of the image's ENTRYPOINT),
+  `poweroff` (recorded) and `sleep`, which adds its seconds to the simulated clock's ledger
   (LedgerClock) and returns at once, so a pull retried with backoff costs simulated minutes.
 - A RunPod pod request (image, env, volume mount path): `docker run` of the same image with
   the pod's env and its volume at the mount path (RunPod runs the image's entrypoint itself).
@@ -38,8 +40,7 @@ from shared import clock
 REPO = Path(__file__).resolve().parents[1]
 # What the cloud-init script may touch: these folders live under the sandbox.
 SANDBOXED = ("/etc/tensorant", "/var/lib/tensorant", "/var/log/tensorant", "/usr/local/bin/tensorant",
-             "/var/lib/cloud/scripts/per-boot")
-PER_BOOT = "/var/lib/cloud/scripts/per-boot"  # cloud-init runs every file here at every boot (scripts_per_boot)
+             "/etc/systemd/system")
 
 
 @dataclass(frozen=True)
@@ -133,20 +134,23 @@ class Machine:
             self.path(folder).mkdir(parents=True, exist_ok=True)
         self.env = {
             "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(root),
-            "SHIM_CALLS": str(self.calls), "SHIM_STATE": str(root),
+            "SHIM_CALLS": str(self.calls), "SHIM_STATE": str(root), "SHIM_ROOT": str(self.path("/")),
             **{f"SHIM_{k.upper()}": v for k, v in shim.items()},
         }
         docker = self.bin / "docker"
         shim_py = shlex.quote(str(REPO / "tests/docker_shim.py"))
         docker.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shim_py} \"$@\"\n")
+        systemctl = self.bin / "systemctl"
+        self.systemd = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'tests/systemd_shim.py'))}"
+        systemctl.write_text(f"#!/bin/sh\nexec {self.systemd} \"$@\"\n")
         sleep = self.bin / "sleep"
         sleep.write_text(f"#!/bin/sh\necho \"$1\" >> {shlex.quote(str(clock_.ledger))}\n")
         # The guest's own poweroff: recorded; the test plays what the cloud then does to the machine.
         self.poweroffs = root / "poweroff-calls"
         poweroff = self.bin / "poweroff"
         poweroff.write_text(f"#!/bin/sh\necho poweroff >> {shlex.quote(str(self.poweroffs))}\n")
-        self.commands = ""
-        for shim_file in (docker, sleep, poweroff):
+        self.booted = False
+        for shim_file in (docker, systemctl, sleep, poweroff):
             shim_file.chmod(0o755)
 
     def path(self, absolute: str) -> Path:
@@ -172,14 +176,15 @@ class Machine:
             target.chmod(int(entry.get("permissions", "0644"), 8))
         commands = [self._sandboxed(" ".join(shlex.quote(str(a)) for a in cmd) if isinstance(cmd, list) else cmd)
                     for cmd in config.get("runcmd", [])]
-        # cloud-init's final stage: the per-boot scripts (every boot), then runcmd (the first boot only).
-        self.commands = f'for f in {shlex.quote(str(self.path(PER_BOOT)))}/*; do [ -x "$f" ] && "$f"; done'
-        self._start(["bash", "-c", "\n".join([self.commands, *commands])])
+        # cloud-init's final stage runs runcmd (the first boot only); systemd then runs the start jobs it queued.
+        self.booted = True
+        self._start(["bash", "-c", "\n".join([*commands, f"exec {self.systemd} boot first"])])
 
     def boot_again(self) -> None:
-        """The cloud started the stopped machine again: its disk as it was, the per-boot scripts run."""
-        assert self.commands and self.exited() is not None, "boot_again after the machine was powered off"
-        self._start(["bash", "-c", self.commands])
+        """The cloud started the stopped machine again: its disk as it was; cloud-init's runcmd does not run
+        again (once per instance), systemd starts the units enabled for multi-user.target."""
+        assert self.booted and self.exited() is not None, "boot_again after the machine was powered off"
+        self._start(["bash", "-c", f"exec {self.systemd} boot again"])
 
     def powered_off_by_guest(self) -> bool:
         return self.poweroffs.exists() and "poweroff" in self.poweroffs.read_text()
@@ -246,6 +251,12 @@ class Machine:
         if not self.calls.exists():
             return []
         return [json.loads(line) for line in self.calls.read_text().splitlines()]
+
+    def systemctl_calls(self) -> list[list[str]]:
+        import json
+
+        calls = self.root / "systemctl-calls.jsonl"  # tests/systemd_shim.py
+        return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
 
 
 def wait_for(predicate: Any, what: str, timeout: float = 120, *, machine: Machine | None = None,

@@ -16,8 +16,26 @@ POST /api/agent/runs/<id>/boot-failed with the run's token, read by curl from a 
 header file. The control plane then releases the run as failed (nothing ran, nothing to
 recover). A run the agent already reported on ignores such a report except as an event.
 
+The container runs under systemd, not inside cloud-init: cloud-init writes the script and the
+unit tensorant-run.service, and its runcmd only enables the unit and starts it without waiting.
+So the hours of training output go to the journal (bounded by journald; docker keeps its own
+rotated copy), not to cloud-init's final stage, its log and the serial console, and a stop of the
+machine reaches the agent through the unit's ExecStop (`docker stop`, a grace of STOP_GRACE_S).
+
+After a reboot (a retained machine started again by `recover --start` or `recover --resume`):
+cloud-init runs runcmd once per instance, and a stop/start keeps the instance, so nothing of
+cloud-init's starts anything again; the unit is enabled, so systemd starts it at every boot. The
+script then neither exchanges the claim (its environment is on the disk) nor pulls the image
+(pulled on an earlier boot: a resumed run trains with the image it started with, and a registry
+outage does not stop a recovery), and the container starts again on the kept disk. What it does
+is the agent's state file's to decide (machine/agent/agent.py): a completed or stopped run idles
+until the machine is stopped again; a run stopped with a checkpoint waits, heartbeating, for the
+control plane's resume, which `recover --resume` gives and `recover --start` does not (the
+machine then stays idle for the recovery until it is stopped, by the owner or the idle stop).
+
 tests/machine.py executes exactly this text (cloud-init's schema check, its files written
-under a sandbox root, its commands run by bash with `docker` shimmed).
+under a sandbox root, its runcmd run by bash with `systemctl`, `docker` and `sleep` shimmed:
+tests/systemd_shim.py starts the unit as systemd would).
 """
 
 from __future__ import annotations
@@ -32,9 +50,13 @@ CONTAINER_DATA_DIR = "/workspace/data"
 ENV_FILE = "/etc/tensorant/agent.env"
 REPORT_HEADER_FILE = "/etc/tensorant/report.header"
 SCRIPT = "/usr/local/bin/tensorant-train"
-# cloud-init runs what is in this folder on every boot (its scripts_per_boot module), the first included:
-# a machine started again for `recover --resume` runs the container again on its kept disk.
-PER_BOOT = "/var/lib/cloud/scripts/per-boot/tensorant-train"
+UNIT_NAME = "tensorant-run.service"
+UNIT = f"/etc/systemd/system/{UNIT_NAME}"
+# The image this machine pulled, once pulled: a later boot does not pull again.
+PULLED_STAMP = "/var/lib/tensorant/pulled-image"
+# A stop of the machine (the cloud stops it, a poweroff) gives the agent this long after its SIGTERM to record
+# the stop and end its trainer (machine.agent: 30 s for the trainer), then docker kills it.
+STOP_GRACE_S = 60
 POWEROFF_EXIT = 80  # machine.agent.guard.POWEROFF_EXIT: the agent stopped by itself and asks for a poweroff
 BOOT_LOG = "/var/log/tensorant-bootstrap.log"
 MAX_USER_DATA = 16 * 1024  # EC2's limit; Azure's custom data allows more, the tighter bound serves both
@@ -55,16 +77,23 @@ CLAIM_RE = re.compile(r"^[A-Za-z0-9._-]{1,300}$")
 # create or start it (no NVIDIA runtime: "could not select device driver"), 126/127 the entrypoint
 # cannot be run. Anything else is the agent's exit.
 _SCRIPT = r"""#!/bin/bash
-# Runs the training container once. First it exchanges the one-time claim below for the machine's
-# environment (the claim is dead afterwards: nothing in the user data is a secret then). When the
-# pull, the container start or the agent fails before the agent reported, it tells the control
-# plane, so the run is released within minutes.
+# Runs the training container, as the systemd unit __UNIT_NAME__ (at every boot). First it exchanges
+# the one-time claim below for the machine's environment (the claim is dead afterwards: nothing in the
+# user data is a secret then). When the pull, the container start or the agent fails before the agent
+# reported, it tells the control plane, so the run is released within minutes.
+# `tensorant-train stop` is the unit's ExecStop: the machine is stopping.
 set -uo pipefail
 IMAGE=__IMAGE__
 CLAIM_URL=__CLAIM_URL__
 REPORT_URL=__REPORT_URL__
 DATA=__DATA__
 LOG=__LOG__
+STAMP=__STAMP__
+if [ "${1:-}" = stop ]; then
+  # SIGTERM to the agent, which records the stop and ends its trainer; killed after the grace.
+  docker stop --time __STOP_GRACE__ tensorant-train >/dev/null 2>&1
+  exit 0
+fi
 mkdir -p "$DATA" "$(dirname __ENV_FILE__)"
 touch "$LOG" && chmod 600 "$LOG"
 
@@ -126,25 +155,49 @@ if [ ! -s __ENV_FILE__ ]; then
   exchange || { say "no environment: the boot deadline will release this machine"; exit 1; }
 fi
 
-attempt=1
-delay=__FIRST_DELAY__
-while :; do
-  say "pulling $IMAGE (attempt $attempt of __ATTEMPTS__)"
-  # Bounded: a pull that hangs (a registry that accepts and never answers) would hold the machine
-  # until the boot deadline; `timeout` ends it (exit code 124) and it counts as a failed attempt.
-  timeout __PULL_TIMEOUT__ docker pull "$IMAGE" 2>&1 | tee -a "$LOG"
-  code=${PIPESTATUS[0]}
-  [ "$code" -eq 0 ] && break
-  if [ "$attempt" -ge __ATTEMPTS__ ]; then
-    say "docker pull failed (exit code $code) after $attempt attempts"
-    report pull "$code" "$attempt"
-    exit "$code"
-  fi
-  say "docker pull failed (exit code $code); retrying in $delay s"
-  sleep "$delay"
-  attempt=$((attempt + 1))
-  delay=$((delay * 2))
-done
+pull() {
+  local attempt=1 delay=__FIRST_DELAY__ code
+  while :; do
+    say "pulling $IMAGE (attempt $attempt of __ATTEMPTS__)"
+    # Bounded: a pull that hangs (a registry that accepts and never answers) would hold the machine
+    # until the boot deadline; `timeout` ends it (exit code 124) and it counts as a failed attempt.
+    timeout __PULL_TIMEOUT__ docker pull "$IMAGE" 2>&1 | tee -a "$LOG"
+    code=${PIPESTATUS[0]}
+    [ "$code" -eq 0 ] && return 0
+    if [ "$attempt" -ge __ATTEMPTS__ ]; then
+      say "docker pull failed (exit code $code) after $attempt attempts"
+      report pull "$code" "$attempt"
+      exit "$code"
+    fi
+    say "docker pull failed (exit code $code); retrying in $delay s"
+    sleep "$delay"
+    attempt=$((attempt + 1))
+    delay=$((delay * 2))
+  done
+}
+# Started again (a reboot for a recovery): the image it ran is here; not pulled again.
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$IMAGE" ]; then
+  say "$IMAGE was pulled on an earlier boot of this machine; not pulled again"
+else
+  pull
+  echo "$IMAGE" >"$STAMP"
+fi
+
+# The container's output goes to the journal as it comes (this unit's output; docker keeps its own
+# rotated copy); only its last lines are added to $LOG, for a failure's report: all of it would grow
+# without bound.
+keep_last() {
+  python3 -c '
+import collections, sys
+last = collections.deque(maxlen=20)
+for line in iter(lambda: sys.stdin.buffer.readline(4096), b""):
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+    last.append(line.rstrip(b"\n") + b"\n")
+with open(sys.argv[1], "ab") as log:
+    log.writelines(last)
+' "$LOG"
+}
 
 docker rm -f tensorant-train >/dev/null 2>&1 || true
 say "starting the training container"
@@ -152,7 +205,7 @@ say "starting the training container"
 # docker's own copy of the output is rotated (json-file, 3 x 50 MB).
 docker run --name tensorant-train --gpus all --restart no --env-file __ENV_FILE__ -e TENSORANT_POWEROFF=exit \
   --shm-size __SHM_SIZE__ --log-driver json-file --log-opt max-size=50m --log-opt max-file=3 \
-  -v "$DATA:__CONTAINER_DATA__" "$IMAGE" 2>&1 | tee -a "$LOG"
+  -v "$DATA:__CONTAINER_DATA__" "$IMAGE" 2>&1 | keep_last
 code=${PIPESTATUS[0]}
 say "the training container exited with code $code"
 if [ "$code" -eq __POWEROFF_EXIT__ ]; then
@@ -171,6 +224,29 @@ if [ "$code" -ne 0 ] && [ "$code" -ne 143 ] && [ ! -e "$DATA/agent-state.json" ]
   report "$stage" "$code" 1
 fi
 exit "$code"
+"""
+
+# The unit cloud-init writes; its runcmd enables it and starts it without waiting (render()).
+_UNIT = """[Unit]
+Description=Tensorant training container (the run's agent)
+# Wanted, not required: without a Docker engine the script still runs, its pull fails and it reports that.
+Wants=network-online.target docker.service
+After=network-online.target docker.service
+
+[Service]
+Type=simple
+ExecStart=__SCRIPT__
+ExecStop=__SCRIPT__ stop
+# The script retries the pull itself; a container that exited is not run again until the next boot.
+Restart=no
+SuccessExitStatus=143
+StandardOutput=journal
+StandardError=inherit
+TimeoutStopSec=__STOP_TIMEOUT__
+
+[Install]
+# Every boot starts it again: a machine started again for a recovery runs the agent on its kept disk.
+WantedBy=multi-user.target
 """
 
 
@@ -195,7 +271,7 @@ def _one_line(what: str, value: str) -> None:
 
 
 def script(bootstrap: Bootstrap, claim: str) -> str:
-    """The bash script the machine runs (cloud-init writes it to SCRIPT and runs it at every boot)."""
+    """The bash script the machine runs (cloud-init writes it to SCRIPT; the unit runs it at every boot)."""
     if not CLAIM_RE.fullmatch(claim):
         raise ValueError("the bootstrap claim must be 1-300 characters of A-Z a-z 0-9 . _ -")
     values = {
@@ -206,12 +282,18 @@ def script(bootstrap: Bootstrap, claim: str) -> str:
         "__DATA__": HOST_DATA_DIR, "__LOG__": BOOT_LOG, "__HEADER__": REPORT_HEADER_FILE,
         "__ENV_FILE__": ENV_FILE, "__CONTAINER_DATA__": CONTAINER_DATA_DIR,
         "__ATTEMPTS__": str(PULL_ATTEMPTS), "__FIRST_DELAY__": str(PULL_FIRST_DELAY_S),
-        "__POWEROFF_EXIT__": str(POWEROFF_EXIT),
+        "__POWEROFF_EXIT__": str(POWEROFF_EXIT), "__UNIT_NAME__": UNIT_NAME, "__STAMP__": PULLED_STAMP,
+        "__STOP_GRACE__": str(STOP_GRACE_S),
     }
     text = _SCRIPT
     for key, value in values.items():
         text = text.replace(key, value)
     return text
+
+
+def unit() -> str:
+    """The systemd unit that runs SCRIPT (cloud-init writes it to UNIT)."""
+    return _UNIT.replace("__SCRIPT__", SCRIPT).replace("__STOP_TIMEOUT__", str(STOP_GRACE_S + 30))
 
 
 def _indent(text: str) -> str:
@@ -222,9 +304,10 @@ REQUIRED = ("TENSORANT_RUN_ID", "TENSORANT_API_URL")  # the exchange's and the r
 
 
 def render(bootstrap: Bootstrap, claim: str) -> str:
-    """The user data: the script and the one-time claim it exchanges for the environment. None of the
-    environment's values (run token, storage access, Hugging Face token) is in it: user data stays
-    readable through the metadata service for the machine's whole life."""
+    """The user data: the script with the one-time claim it exchanges for the environment, the unit that
+    runs it, and a runcmd that only enables and starts the unit (cloud-init's final stage does not wait for
+    it). None of the environment's values (run token, storage access, Hugging Face token) is in it: user
+    data stays readable through the metadata service for the machine's whole life."""
     missing = [k for k in REQUIRED if not bootstrap.env.get(k)]
     if missing:
         raise ValueError(f"the bootstrap has no {', '.join(missing)}")
@@ -236,10 +319,14 @@ def render(bootstrap: Bootstrap, claim: str) -> str:
         "    permissions: '0700'\n"
         "    content: |\n"
         f"{_indent(script(bootstrap, claim))}\n"
-        f"  - path: {PER_BOOT}\n"
-        "    permissions: '0700'\n"
+        f"  - path: {UNIT}\n"
+        "    permissions: '0644'\n"
         "    content: |\n"
-        f"      #!/bin/sh\n      exec {SCRIPT}\n"
+        f"{_indent(unit())}\n"
+        "runcmd:\n"
+        "  - [systemctl, daemon-reload]\n"
+        f"  - [systemctl, enable, {UNIT_NAME}]\n"
+        f"  - [systemctl, start, --no-block, {UNIT_NAME}]\n"
     )
     if len(text.encode()) > MAX_USER_DATA:
         raise ValueError(f"user data is {len(text.encode())} bytes, over the 16 KB limit")
