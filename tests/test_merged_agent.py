@@ -11,10 +11,10 @@ from machine.agent.config import AgentConfig
 from machine.agent.uploads import Uploads
 
 
-def uploads(tmp_path: Path, logged: list[str], **config: str) -> Uploads:
+def uploads(tmp_path: Path, logged: list[str], merged_key: str = "") -> Uploads:
     cfg = AgentConfig(run_id="run-m", api_url="http://127.0.0.1:9", token="t", base_model="tensorant/tiny-llama",
                       data_dir=tmp_path / "data", trainer_command="true", storage_dir=str(tmp_path / "storage"),
-                      adapter_key="runs/run-m/adapter.zip", **config)
+                      adapter_key="runs/run-m/adapter.zip", merged_key=merged_key)
     (tmp_path / "data").mkdir(exist_ok=True)
     return Uploads(cfg, logged.append, output=tmp_path / "out", logs_path=tmp_path / "data" / "logs.txt")
 
