@@ -18,7 +18,7 @@ from machine.agent.config import AgentConfig
 from machine.agent.heartbeat import MAX_LINES_PER_HEARTBEAT
 from shared.services.api import agent as agent_service
 from shared.store import get_store
-from shared.store.repo import LOG_CHUNK_CHARS, log_chunks
+from shared.store.logs import LOG_CHUNK_CHARS, log_chunks
 from tests.fakes import Cloud, training_run
 from tests.harness import Harness, TestAgent, smoke_adapter_zip
 

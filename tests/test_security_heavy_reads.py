@@ -27,13 +27,13 @@ def test_metrics_read_the_newest_page_and_follow_a_cursor(h: Harness, cloud: Clo
         agent.heartbeat("training", 0.5, _lines(start, min(500, total - start)))
     reads: list[int] = []
     store = get_store()
-    original = store.read_logs
+    original = store.logs.read
 
     def counting(run: str, after: int, limit: int) -> tuple[list[str], int]:
         reads.append(limit)
         return original(run, after, limit)
 
-    store.read_logs = counting  # type: ignore[method-assign,assignment]
+    store.logs.read = counting  # type: ignore[method-assign,assignment]
     try:
         newest = h.ok("GET", f"/api/runs/{run_id}/metrics")
         assert reads == [METRIC_LINES]  # not the whole log
@@ -48,7 +48,7 @@ def test_metrics_read_the_newest_page_and_follow_a_cursor(h: Harness, cloud: Clo
         assert steps == list(range(total))
         assert max(reads) == METRIC_LINES
     finally:
-        store.read_logs = original  # type: ignore[method-assign]
+        store.logs.read = original  # type: ignore[method-assign]
     status, body, _ = h.call("GET", f"/api/runs/{run_id}/metrics", params={"after": "-1"})
     assert status == 422 and body["errors"][0]["field"] == "after", body
 

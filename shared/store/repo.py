@@ -9,7 +9,6 @@ key was first seen: shared/key_rotation.py).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import threading
@@ -32,6 +31,7 @@ from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.events import Events
 from shared.store.keys import id_key, org_key, row_key, time_key
+from shared.store.logs import Logs
 from shared.store.org_secrets import OrgSecrets
 from shared.store.projects import Datasets, Projects
 from shared.store.tables import MAX_RACE_RETRIES, Table
@@ -41,12 +41,6 @@ from shared.store.throughput import Throughput
 WATCHED = HOLDS_MACHINE
 
 LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
-# One log chunk is one entity whose `data` property (JSON, ASCII: json.dumps escapes the rest)
-# stays under the service's 32K UTF-16 characters per string property, with room for the rest.
-LOG_CHUNK_CHARS = 28_000
-# A chunk's RowKey is the line number after its last line, zero-padded: `RowKey gt <cursor>`
-# then finds the chunk that holds line <cursor> first, in key order.
-_LINE_KEY = "{:010d}"
 # The quotas-table row of an org's active-run reservations, and how long a reservation whose
 # run is still a draft counts: a launch reserves before it writes the run queued, and that
 # takes seconds (an HTTP request); one older is a launch that died in between.
@@ -76,6 +70,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.logs = Logs(self.table("logs"))
         self.events = Events(self.table("events"), self.table("quotas"))
         self.throughput = Throughput(self.table("throughput"))
         self.projects = Projects(self.table("projects"))
@@ -393,38 +388,7 @@ class Store:
         got = self.table("quotas").get(org_key(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
 
-    # ------------------------------------------------------------ logs, ledger, audit
-    def add_log_lines(self, run_id: str, start: int, lines: list[str]) -> int:
-        """Store lines numbered start, start+1, ... in chunks (one entity each, every property
-        under the table's limit); returns the number of chunks written (one write each)."""
-        chunks = log_chunks(lines)
-        first = start
-        for chunk in chunks:
-            end = first + len(chunk)
-            data = {"start": first, "at": now().isoformat(), "lines": chunk}
-            self.table("logs").upsert(run_id, _LINE_KEY.format(end), data)
-            first = end
-        return len(chunks)
-
-    def read_logs(self, run_id: str, after: int, limit: int) -> tuple[list[str], int]:
-        """Up to `limit` stored lines numbered >= after, in order; returns (lines, the number
-        of the line after the last one returned, or `after` when none was). Reads only the
-        chunks it returns lines from (plus the rest of the page they came in)."""
-        out: list[str] = []
-        cursor = after
-        q = self.table("logs").pages("PartitionKey eq @r and RowKey gt @k", per_page=min(max(limit // 100, 4), 100),
-                                     r=run_id, k=_LINE_KEY.format(after))
-        for data, _ in q:
-            start, lines = int(data["start"]), list(data["lines"])
-            skip = max(0, cursor - start)
-            take = lines[skip:skip + limit - len(out)]
-            out.extend(take)
-            # A chunk lost between its run write and its own write leaves a gap in the numbers.
-            cursor = start + skip + len(take)
-            if len(out) >= limit:
-                break
-        return out, cursor
-
+    # ------------------------------------------------------------ ledger, audit
     def record_resource(self, res: CloudResource) -> None:
         data = res.model_dump(mode="json")
         self.table("ledger").upsert(res.run_id or "-", row_key(f"{res.provider}:{res.kind}:{res.id}"), data, org=res.org)
@@ -440,27 +404,6 @@ class Store:
     def list_audit(self) -> Iterator[dict[str, Any]]:
         for d, _ in self.table("audit").query():
             yield d
-
-
-def log_chunks(lines: list[str], budget: int = LOG_CHUNK_CHARS) -> list[list[str]]:
-    """Split lines into chunks whose JSON stays within budget characters (a line longer than
-    the budget alone is cut to fit: callers cap lines far below it)."""
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    size = 2  # the list's brackets
-    for line in lines:
-        n = len(json.dumps(line)) + 1  # + the separating comma
-        if n > budget - 2:
-            line = line[: (budget - 16) // 12]  # 12 = the longest escape (a surrogate pair) of one character
-            n = len(json.dumps(line)) + 1
-        if current and size + n > budget:
-            chunks.append(current)
-            current, size = [], 2
-        current.append(line)
-        size += n
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 _override: Store | None = None

@@ -142,7 +142,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc
     if wrote and decided["lines"]:
         # Numbered from the run's count at the write that won: concurrent heartbeats never share numbers.
-        store.add_log_lines(run_id, decided["start"], decided["lines"])
+        store.logs.add(run_id, decided["start"], decided["lines"])
     if wrote and decided["warn"]:
         event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
               "(the full log is uploaded with the adapter)")

@@ -34,7 +34,7 @@ def logs(principal: Principal, run_id: str, after: str | None = None, limit: str
         count = int(limit)
     else:
         raise InvalidInput.field("limit", f"a whole number from 1 to {LOG_PAGE_MAX}")
-    lines, cursor = get_store().read_logs(run.id, start, count)
+    lines, cursor = get_store().logs.read(run.id, start, count)
     done = len(lines) < count and run.state in TERMINAL
     return {"lines": lines, "next": None if done else str(cursor), "state": run.state.value}
 
@@ -111,7 +111,7 @@ def metrics(principal: Principal, run_id: str, after: str | None = None) -> dict
     points: dict[int, dict[str, Any]] = {}
     evals: dict[int, dict[str, Any]] = {}  # the eval curve beside the loss (eval_every_steps)
     eval_loss: float | None = None
-    lines, cursor = get_store().read_logs(run_id, start, METRIC_LINES)
+    lines, cursor = get_store().logs.read(run_id, start, METRIC_LINES)
     for line in lines:
         point = parse_metric_line(line)
         if point is not None:
