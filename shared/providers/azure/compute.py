@@ -41,6 +41,7 @@ How it meets the ComputeProvider contracts (shared/providers/base.py):
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -72,6 +73,12 @@ from shared.providers.base import (
 from shared.settings import Settings
 
 ADMIN_USER = "tensorant"
+# Azure's limits on what launch sends (a request over them is refused with InvalidParameter, after the NIC was
+# made): OSProfile.customData decodes to at most 65,535 bytes (azure-rest-api-specs, ComputeRP
+# computeRPCommon.json), 87,380 base64 characters; a Linux VM name and its computer name have at most 64
+# characters, and a host name is letters, digits and inner hyphens (learn.microsoft.com resource-name-rules).
+CUSTOM_DATA_MAX_BYTES = 65535
+VM_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?")
 NIC_RESERVED = "NicReservedForAnotherVm"
 BOOT_LOG_ACTION = "Microsoft.Compute/virtualMachines/retrieveBootDiagnosticsData/action"
 SAS_MINUTES = 5  # the serial log's SAS URI is read at once
@@ -242,13 +249,21 @@ class AzureCompute:
                                  "choose an offer from the current catalog", code="RegionMismatch")
         vm_name, nic_name, _ = self.names(ref)
         log = get_logger()
+        if not VM_NAME.fullmatch(vm_name):
+            raise PermanentError(f"the run's VM name {vm_name!r} is not one Azure accepts as a Linux VM and host name "
+                                 "(1-64 lower-case letters, digits and inner hyphens); nothing was created",
+                                 code="BadName")
         # Rendered before anything is created: a bootstrap that cannot be rendered (over the
-        # 16 KB bound, a newline in a value) must not leave a NIC behind or escape untranslated.
+        # 16 KB bound, a newline in a value) or that Azure would refuse must not leave a NIC behind.
         try:
             claim = bootstrap_env.claim(spec.ref.org, spec.ref.run_id)
-            custom_data = base64.b64encode(cloudinit.render(spec.bootstrap, claim).encode()).decode()
+            user_data = cloudinit.render(spec.bootstrap, claim).encode()
         except ValueError as exc:
             raise PermanentError(f"cannot build the VM's custom data: {exc}", code="BadBootstrap") from exc
+        if len(user_data) > CUSTOM_DATA_MAX_BYTES:
+            raise PermanentError(f"the VM's custom data is {len(user_data)} bytes, over Azure's {CUSTOM_DATA_MAX_BYTES}; "
+                                 "nothing was created", code="BadBootstrap")
+        custom_data = base64.b64encode(user_data).decode()
 
         vm = self._get_vm(vm_name, instance_view=True)
         if vm is not None:
@@ -331,7 +346,7 @@ class AzureCompute:
                     "dataDisks": [],
                 },
                 "osProfile": {
-                    "computerName": vm_name[:64],
+                    "computerName": vm_name,  # VM_NAME: a valid Linux host name too
                     "adminUsername": ADMIN_USER,
                     "customData": custom_data,
                     "linuxConfiguration": {

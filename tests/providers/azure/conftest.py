@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from shared import clock
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.azure.rig import make_compute, seeded_arm
 
@@ -27,3 +28,12 @@ def fake(tmp_path: Path) -> Iterator[FakeArm]:
 @pytest.fixture
 def compute(fake: FakeArm) -> AzureCompute:
     return make_compute(fake)
+
+
+@pytest.fixture
+def sim_clock() -> Iterator[clock.FakeClock]:
+    """The simulated clock, for the core and the fake alike (an operation's time, a NIC's reservation)."""
+    fake_clock = clock.FakeClock()
+    clock.set_clock(fake_clock)
+    yield fake_clock
+    clock.set_clock(None)

@@ -17,6 +17,8 @@ signature checked), with the VM's console text (`set_console`, else a short boot
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import ipaddress
 import json
@@ -91,9 +93,13 @@ class Op:
 
 
 class ArmError(Exception):
-    def __init__(self, status: int, code: str, message: str = "") -> None:
+    def __init__(self, status: int, code: str, message: str = "", *, target: str = "") -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message or code
+        self.status, self.code, self.message, self.target = status, code, message or code, target
+
+    def body(self) -> dict[str, Any]:
+        error = {"code": self.code, "message": self.message}
+        return {"error": {**error, "target": self.target} if self.target else error}
 
 
 # ------------------------------------------------------------------ a tiny OData $filter evaluator
@@ -159,6 +165,7 @@ class FakeArm:
         self.faults: list[Fault] = []
         self.op_polls = 1
         self.op_seconds = 0.0  # > 0: a new operation takes this long on the core's (simulated) clock
+        self.disk_update_s = 0.0  # > 0: a disk PATCH (202, long-running as in Azure) takes this long instead
         self.hold_ops = False
         self.allocation_failure: str | None = None
         self.keep_nic_on_vm_delete = False
@@ -315,7 +322,7 @@ class FakeArm:
                                                                                      "message": fault.message}}
                 return self._arm(method, path, query, data)
             except ArmError as e:
-                return e.status, {}, {"error": {"code": e.code, "message": e.message}}
+                return e.status, {}, e.body()
             except Exception as e:  # a fake bug must show as a 500, not a dropped connection
                 return 500, {}, {"error": {"code": "FakeBug", "message": repr(e)}}
 
@@ -380,10 +387,11 @@ class FakeArm:
     # ---------------------------------------------------------- ARM
 
     def _lro(self, effect: Any, provider: str, *, error: dict[str, str] | None = None,
-             location: bool = False) -> dict[str, str]:
+             location: bool = False, seconds: float | None = None) -> dict[str, str]:
         op_id = uuid.uuid4().hex
+        seconds = self.op_seconds if seconds is None else seconds
         self.ops[op_id] = Op(effect=effect, remaining=self.op_polls, error=error,
-                             due_at=now_ts() + self.op_seconds if self.op_seconds > 0 else None)
+                             due_at=now_ts() + seconds if seconds > 0 else None)
         base = f"{self.url}/subscriptions/{SUB}/providers/{provider}/locations/{self.region}"
         headers = {"Azure-AsyncOperation": f"{base}/operations/{op_id}?api-version=2024-01-01", "Retry-After": "0"}
         if location:
@@ -456,11 +464,7 @@ class FakeArm:
         if method == "PUT" and kind == "nic":
             return self._put_nic(path, data)
         if method == "PATCH" and kind == "disk":
-            res = self.get(rid)
-            if res is None:
-                raise ArmError(404, "ResourceNotFound", "disk not found")
-            res["tags"] = {**(res.get("tags") or {}), **(data.get("tags") or {})}
-            return 200, {}, res
+            return self._patch_disk(rid, data)
         if method == "DELETE":
             return self._delete(rid, kind)
         raise ArmError(400, "UnsupportedByFake", f"{method} {path}")
@@ -478,11 +482,57 @@ class FakeArm:
         # A test sets vm["_iv_extra"] to what Azure adds about the guest: vmAgent statuses, bootDiagnostics.
         return {"statuses": statuses, **vm.get("_iv_extra", {})}
 
+    def _patch_disk(self, rid: str, data: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        """Disks_Update is long-running in Azure (azure-rest-api-specs DiskRP disk.json: 200 or 202 with
+        x-ms-long-running-operation): 202 with Azure-AsyncOperation and Location, the change applied when the
+        operation completes. A PATCH's tags replace the disk's tags, as ARM's PATCH does."""
+        res = self.get(rid)
+        if res is None:
+            raise ArmError(404, "ResourceNotFound", f"The Resource '{rid}' was not found.")
+        res["properties"]["provisioningState"] = "Updating"
+
+        def done() -> None:
+            if "tags" in data:
+                res["tags"] = dict(data["tags"] or {})
+            res["properties"]["provisioningState"] = "Succeeded"
+
+        headers = self._lro(done, "Microsoft.Compute", location=True, seconds=self.disk_update_s)
+        return 202, headers, None
+
+    @staticmethod
+    def _refuse_bad_vm_request(path: str, props: dict[str, Any]) -> None:
+        """What Azure refuses in a Linux VM create before anything is made, with its codes (InvalidParameter
+        and the target): a VM name or computer name over 64 characters or with characters Azure does not allow
+        (learn.microsoft.com resource-name-rules: Linux names end in neither '.' nor '-'), and custom data
+        that is not base64 or decodes to more than 65,535 bytes (OSProfile.customData in azure-rest-api-specs;
+        87,380 base64 characters)."""
+        name = path.rsplit("/", 1)[-1]
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", name) or name[-1] in ".-":
+            raise ArmError(400, "InvalidParameter", f"The value '{name}' of parameter 'vmName' is invalid: a Linux "
+                           "virtual machine name has 1 to 64 letters, digits, '_', '.' or '-' and cannot end with "
+                           "'.' or '-'.", target="vmName")
+        os_profile = props.get("osProfile") or {}
+        computer = str(os_profile.get("computerName") or name)
+        if len(computer) > 64 or re.search(r"[`~!@#$%^&*()=+_\[\]{}\\|;:'\",<>/?\s]", computer):
+            raise ArmError(400, "InvalidParameter", "Linux host name cannot exceed 64 characters in length or contain "
+                           "the following characters: ` ~ ! @ # $ % ^ & * ( ) = + _ [ ] { } \\ | ; : ' \" , < > / ?.",
+                           target="computerName")
+        custom = os_profile.get("customData")
+        if custom is not None:
+            try:
+                size = len(base64.b64decode(str(custom), validate=True))
+            except (binascii.Error, ValueError):
+                size = -1
+            if size < 0 or size > 65535:
+                raise ArmError(400, "InvalidParameter", "Custom data in OSProfile must be in Base64 encoding and with "
+                               "a maximum length of 87380 characters.", target="customData")
+
     def _put_vm(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
         existing = self.get(path)
         if existing is not None:
             return 200, {}, existing
         props = body["properties"]
+        self._refuse_bad_vm_request(path, props)
         image_id = props["storageProfile"]["imageReference"]["id"]
         if not self._readable(image_id):  # ARM's linked access check on the referenced image
             raise ArmError(403, "LinkedAuthorizationFailed", (

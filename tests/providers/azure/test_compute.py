@@ -182,16 +182,6 @@ def test_retain_not_done_until_azure_confirms(fake: FakeArm) -> None:
     assert compute.retain(REF, []).done
 
 
-@pytest.fixture
-def sim_clock() -> Any:
-    from shared import clock
-
-    fake_clock = clock.FakeClock()
-    clock.set_clock(fake_clock)
-    yield fake_clock
-    clock.set_clock(None)
-
-
 def test_release_deletes_vm_then_confirms_disk_and_nic_gone(fake: FakeArm, compute: Any, sim_clock: Any) -> None:
     compute.launch(spec())
     compute.retain(REF, [])
