@@ -78,7 +78,7 @@ class TrainerSettings:
 # name -> (kind, low, high, low_open): ranges as in the contract; None = unbounded on that side.
 _INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "batch_size": (1, 256),
         "gradient_accumulation": (1, 256), "max_seq_len": (16, 32768), "seed": (0, 2**32 - 1),
-        "sample_prompts": (0, 10), "max_examples": (1, None),
+        "sample_prompts": (0, 10), "max_examples": (1, 10_000_000),
         "checkpoint_every_steps": (1, 100000), "checkpoint_every_s": (30, 7 * 24 * 3600),
         "eval_every_steps": (1, 100000), "early_stopping_patience": (1, 1000), "warmup_steps": (0, 100000)}
 _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
