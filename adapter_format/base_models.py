@@ -37,6 +37,10 @@ than it hands out) and CUDA_CONTEXT (0.75 GiB: the CUDA context and cuBLAS works
 max_memory_allocated does not count). Llama-3.1-8B LoRA at batch 2 x 512 tokens: 16.0 GiB
 allocated (torchtune publishes a 16.2 GiB peak for its single-device LoRA recipe); at the default
 4 x 1024 17.2 GiB allocated, 19.7 GiB needed. QLoRA at 4 x 1024: 10.6 GiB allocated, 12.4 needed.
+
+A merged model (training.merged, machine/trainer/merge.py) is built after the training model is freed:
+the base weights in bf16 again (the `weights` term of an unquantized run, so the table covers it) plus
+one adapted module's B @ A at a time; a 4-bit run merges on the CPU (2 bytes a parameter of host RAM).
 """
 
 from __future__ import annotations
@@ -55,9 +59,11 @@ _NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double qu
 ALLOCATOR_MARGIN = 1.10  # reserved over allocated: the caching allocator's fragmentation
 CUDA_CONTEXT = 3 * GiB // 4  # CUDA context + cuBLAS workspace, outside max_memory_allocated
 # training.merged (adapter_format.merged): one presigned PUT uploads the merged archive (S3 takes at most
-# 5 GiB in one) and one verify-adapter invocation reads it whole, so it holds at most this much: a model of
-# up to about 2B parameters in bf16. Larger declared models are refused at create (merged_bytes).
-MAX_MERGED_BYTES = 4 * GiB
+# 5 GiB in one) and one verify-adapter invocation downloads and reads it whole (measured: 484 MB/s of one
+# core here, so 3 GiB is ~7 s of CPU; the download dominates: ~64 s at 50 MB/s, inside the step's 100 s),
+# so it holds at most this much: up to about 1.5B parameters in bf16, Llama-3.2-1B (2.5 GB) the largest
+# declared. Larger declared models are refused at create (merged_bytes).
+MAX_MERGED_BYTES = 3 * GiB
 
 
 @dataclass(frozen=True)

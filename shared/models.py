@@ -209,7 +209,7 @@ class TrainingSettings(Model):
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
     merged: bool = Field(default=False, strict=True, description=(
         "also deliver the adapter merged into the base model's weights (GET /api/runs/{id}/adapter?format=merged), "
-        "verified like the adapter; for base models up to about 2B parameters"))
+        "verified like the adapter; for base models of up to about 1.5B parameters (3 GiB of merged weights)"))
 
     @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction",
                      "early_stopping_threshold", "neftune_alpha", "weight_decay", mode="before")

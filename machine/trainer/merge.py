@@ -26,7 +26,7 @@ from typing import Any
 
 MERGED_DIR = "merged"
 MANIFEST_NAME = "manifest.json"
-# Shards well under the 4 GiB a merged archive may hold (adapter_format.base_models.MAX_MERGED_BYTES).
+# Shards well under what a merged archive may hold (adapter_format.base_models.MAX_MERGED_BYTES).
 MAX_SHARD_SIZE = "2GB"
 # What save_pretrained writes that the merged archive carries; anything else it writes is left out.
 _KEPT = re.compile(r"^(config\.json|generation_config\.json|model\.safetensors(\.index\.json)?"
