@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.store import get_store
-from shared.store.repo import Store
+from shared.store.ledger import Ledger
 from tests.fakes import Cloud
 from tests.harness import Harness
 
@@ -14,16 +14,16 @@ from tests.harness import Harness
 def test_a_launch_retried_after_a_crash_bills_from_the_machines_creation(h: Harness, cloud: Cloud,
                                                                          monkeypatch: Any) -> None:
     run_id = h.create_run("memory", "mem-a10")
-    real = Store.record_resource
+    real = Ledger.record
     crashes = [1]
 
-    def crash_once(self: Store, res: Any) -> None:
+    def crash_once(self: Ledger, res: Any) -> None:
         if crashes:
             crashes.pop()
             raise RuntimeError("the host died after the cloud created the machine")
         real(self, res)
 
-    monkeypatch.setattr(Store, "record_resource", crash_once)
+    monkeypatch.setattr(Ledger, "record", crash_once)
     h.ok("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": True})
     created = h.clock.t
     h.drain()  # the launch step dies after the cloud call

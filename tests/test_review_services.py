@@ -200,7 +200,7 @@ def test_retain_finds_a_machine_the_launch_step_never_recorded(h: Harness, cloud
     def crash(res: Any) -> None:
         raise RuntimeError("crash after the cloud call")
 
-    monkeypatch.setattr(store, "record_resource", crash)
+    monkeypatch.setattr(store.ledger, "record", crash)
     run_id = h.create_run("memory", "mem-a10")
     h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     h.max_dequeue = 1

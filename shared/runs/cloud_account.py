@@ -25,7 +25,7 @@ def cloud_account(run: RunRecord) -> str:
 
     try:
         provider = compute_for(run.org, run.provider)
-        ref, resources = ref_of(run), merge_resources(get_store().list_ledger(run.id), run.resources)
+        ref, resources = ref_of(run), merge_resources(get_store().ledger.read(run.id), run.resources)
         desc = provider.describe(ref, resources)
     except Exception as exc:
         return f"the cloud's state of the machine could not be read: {redact_text(str(exc))[:300]}"

@@ -17,7 +17,7 @@ from shared.store import get_store
 def stop_machine(run: RunRecord, *, why: str) -> RunRecord:
     """provider.retain on a retained run's machine; clears machine_started_at once the cloud confirms.
     Raises ProviderError. Used by stop() and heartbeat-check's idle stop."""
-    resources = merge_resources(get_store().list_ledger(run.id), run.resources)
+    resources = merge_resources(get_store().ledger.read(run.id), run.resources)
     out = compute_for(run.org, run.provider).retain(ref_of(run), resources)
     if out.done:
         note = out.billing_note or "the machine is stopped; its disk still bills"

@@ -23,14 +23,14 @@ from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import HOLDS_MACHINE, TERMINAL
 from shared.models import (
-    CloudResource,
     RunRecord,
     RunState,
 )
 from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.events import Events
-from shared.store.keys import id_key, org_key, row_key, time_key
+from shared.store.keys import id_key, org_key, time_key
+from shared.store.ledger import Ledger
 from shared.store.logs import Logs
 from shared.store.org_secrets import OrgSecrets
 from shared.store.projects import Datasets, Projects
@@ -70,6 +70,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.ledger = Ledger(self.table("ledger"))
         self.logs = Logs(self.table("logs"))
         self.events = Events(self.table("events"), self.table("quotas"))
         self.throughput = Throughput(self.table("throughput"))
@@ -388,15 +389,7 @@ class Store:
         got = self.table("quotas").get(org_key(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
 
-    # ------------------------------------------------------------ ledger, audit
-    def record_resource(self, res: CloudResource) -> None:
-        data = res.model_dump(mode="json")
-        self.table("ledger").upsert(res.run_id or "-", row_key(f"{res.provider}:{res.kind}:{res.id}"), data, org=res.org)
-
-    def list_ledger(self, run_id: str) -> list[CloudResource]:
-        q = self.table("ledger").query("PartitionKey eq @r", r=run_id)
-        return [CloudResource.model_validate(d) for d, _ in q]
-
+    # ------------------------------------------------------------ audit
     def audit(self, action: str, **data: Any) -> None:
         event = {"at": now().isoformat(), "action": action, **data}
         self.table("audit").upsert(now().strftime("%Y%m%d"), time_key(), event, action=action)

@@ -136,7 +136,8 @@ class CrashingStore(Store):
     def __init__(self, connection_string: str, prefix: str) -> None:
         super().__init__(connection_string, prefix)
         # The repositories' writes, under the names the crash reports give them.
-        for repo, method, name in ((self.events, "add", "add_event"),):
+        for repo, method, name in ((self.events, "add", "add_event"),
+                                  (self.ledger, "record", "record_resource")):
             setattr(repo, method, self._crashing(name, getattr(repo, method)))
 
     def _crashing(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -156,9 +157,6 @@ class CrashingStore(Store):
 
     def create_run(self, *a: Any, **kw: Any) -> Any:
         return self._write("create_run", super().create_run, *a, **kw)
-
-    def record_resource(self, *a: Any, **kw: Any) -> Any:
-        return self._write("record_resource", super().record_resource, *a, **kw)
 
     def audit(self, *a: Any, **kw: Any) -> Any:
         return self._write("audit", super().audit, *a, **kw)

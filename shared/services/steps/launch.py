@@ -150,7 +150,7 @@ def launch(msg: StepMessage) -> None:
         fail_to_release(run, f"launch failed: {exc.reason}")
         return
     for res in resources:
-        store.record_resource(res)
+        store.ledger.record(res)
     up_at = machine_up_at(run, resources, create_called_at)
 
     def change(r: RunRecord) -> RunRecord | None:

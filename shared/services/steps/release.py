@@ -38,7 +38,7 @@ def release(msg: StepMessage) -> None:
         return
     if msg.reason == BOOT_FAILED and run.release_attempts == 0:
         run = note_cloud_account(run)  # before the machine, and what the cloud knows of it, is gone
-    resources = merge_resources(store.list_ledger(run.id), run.resources)
+    resources = merge_resources(store.ledger.read(run.id), run.resources)
     try:
         provider = compute_for(run.org, run.provider)
         refuse_other_scope(run, provider)  # a connection moved to another scope would "release" nothing
@@ -50,7 +50,7 @@ def release(msg: StepMessage) -> None:
         out, detail = None, exc.reason
     if out is not None and out.done:
         for res in resources:
-            store.record_resource(res.model_copy(update={"state": "deleted"}))
+            store.ledger.record(res.model_copy(update={"state": "deleted"}))
         move(run, released_state(run), expect=Step.release.serves, release_error="", billing_note="", released_at=now())
         return
     attempts = run.release_attempts + 1

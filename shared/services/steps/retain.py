@@ -35,7 +35,7 @@ def retain(msg: StepMessage) -> None:
         event(run, "warning", f"the machine was not stopped and may still be billing: {exc.reason}")
         return
     ref = ref_of(run)
-    resources = merge_resources(get_store().list_ledger(run.id), run.resources)
+    resources = merge_resources(get_store().ledger.read(run.id), run.resources)
     # Asked even with nothing recorded: a launch that crashed between the cloud call and the
     # record leaves a machine only its marks can find (every provider describes by the ref).
     desc = provider.describe(ref, resources)

@@ -266,12 +266,12 @@ def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
     """For resources the cloud gives no creation time (RunPod pods): the first sighting is
     written to the ledger, and the grace period counts from there."""
     store, grace = get_store(), _grace()
-    ledger = {(r.kind, r.id): r for r in store.list_ledger(run_id)}
+    ledger = {(r.kind, r.id): r for r in store.ledger.read(run_id)}
     old = True
     for res in found:
         seen = ledger.get((res.kind, res.id))
         if seen is None or seen.created_at is None:
-            store.record_resource(res.model_copy(update={"created_at": t, "state": "sighted by the sweeper"}))
+            store.ledger.record(res.model_copy(update={"created_at": t, "state": "sighted by the sweeper"}))
             old = False
         elif t - seen.created_at < grace:
             old = False
