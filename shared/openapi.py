@@ -84,7 +84,7 @@ MORE_ERRORS: dict[str, set[int]] = {
     "run_metrics": {429},  # heavy reads per minute
     "get_storage": {404},  # no storage connection saved
     "runpod_volumes": {404, 409},  # no RunPod connection saved, or RunPod refused the listing
-    "run_adapter": {409},  # not succeeded (yet), or the stored adapter is gone or changed
+    "run_adapter": {404, 409},  # no merged model (format=merged); not succeeded (yet), or the stored file gone or changed
     "list_runs": {400},  # a cursor this list did not make
     "list_projects": {400},
     "list_datasets": {400},
@@ -115,6 +115,8 @@ QUERY: dict[str, list[dict[str, Any]]] = {
     ],
     "list_projects": PAGE_PARAMS,
     "list_datasets": PAGE_PARAMS,
+    "run_adapter": [{"name": "format", "schema": {"type": "string", "enum": ["adapter", "merged"], "default": "adapter"},
+                     "description": "merged: the adapter merged into the base model's weights (training.merged)"}],
     "get_usage": [{"name": "since", "schema": {"type": "string"}, "example": "2026-01-01",
                    "description": "an ISO date or date-time; 30 days ago when omitted"}],
     "gpus": [

@@ -138,7 +138,9 @@ def check_merged(run: RunRecord) -> dict[str, object]:
     from adapter_format.merged import MAX_MERGED_BYTES, verify_merged
 
     if not run.merged_sha256:
-        return {"merged_note": "no merged model: the machine did not make one (the run's log says why)"}
+        # The trainer's merge or the agent's export failed (each says why in the run's log), or the adapter was
+        # recovered without a completion of the agent's, which is what reports a merged model.
+        return {"merged_note": "no merged model: the machine did not make one or report it (the run's log says why)"}
     key = merged_key(run.id)
     try:
         archive, _, _ = spool(storage_for(run.org), key, MAX_MERGED_BYTES, "the merged model's archive")
