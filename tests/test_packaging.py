@@ -3,6 +3,9 @@ tool, and the agent and the CLI import in a bare virtual environment (their own 
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import json
 import os
 import re
@@ -14,6 +17,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from shared.providers.lazy import LazyImport
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("tensorant_cli", "tensorant_devhost", "croniter")
@@ -59,23 +64,81 @@ def _distribution_of(module: str) -> str:
     raise AssertionError(f"no installed distribution holds {module}: install the provider's SDK in the dev venv")
 
 
+def _sdk_adaptors() -> dict[str, list[LazyImport]]:
+    """Provider name -> the adaptors its sdk.py declares ([] for a provider without an SDK)."""
+    from shared.providers import lazy
+    from shared.providers.registry import providers
+
+    out: dict[str, list[LazyImport]] = {}
+    for name in providers():
+        found = importlib.util.find_spec(f"shared.providers.{name}.sdk")
+        out[name] = lazy.adaptors_of(importlib.import_module(f"shared.providers.{name}.sdk")) if found else []
+    return out
+
+
 def test_every_provider_sdk_is_importable_and_in_both_requirement_files() -> None:
     # A provider's SDK missing from pyproject breaks `pip install .`; missing from requirements.txt it is
     # absent on Azure (the remote build installs only the lock) and the provider fails at its first call.
+    from importlib.metadata import requires
+
+    from shared.providers import lazy
     from shared.providers.registry import providers
 
-    named = {m: info.name for info in providers().values() for m in info.sdk_modules}
+    adaptors = _sdk_adaptors()
+    for name, info in providers().items():  # the registry's list is the adaptors', never kept by hand
+        expected = lazy.modules_of(importlib.import_module(f"shared.providers.{name}.sdk")) if adaptors[name] else ()
+        assert info.sdk_modules == expected, f"{name}: ProviderInfo(sdk_modules=modules_of(sdk)), from its sdk.py"
+    named = {a.module_name: (name, a) for name, found in adaptors.items() for a in found}
     imported = subprocess.run([sys.executable, "-c", "import " + ", ".join(named)], cwd=ROOT, capture_output=True,
                               text=True, timeout=120, check=False)
     assert imported.returncode == 0, f"a provider SDK does not import in the dev venv: {imported.stderr[-1500:]}"
     declared = {re.sub(r"[-_.]+", "-", _requirement_name(d)).lower()
                 for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    # A module of a distribution that a declared one requires (azure-core, of azure-identity) is installed with it.
+    brought = {re.sub(r"[-_.]+", "-", _requirement_name(r)).lower() for d in declared for r in requires(d) or []
+               if "extra ==" not in r}
     pins = _lock()
-    for module, provider in named.items():
+    for module, (provider, adaptor) in named.items():
         dist = _distribution_of(module)
-        assert dist in declared, f"{provider} imports {module} ({dist}): add {dist} to pyproject.toml dependencies"
+        assert dist == re.sub(r"[-_.]+", "-", adaptor.distribution).lower(), \
+            f"{provider}'s adaptor of {module} names {adaptor.distribution} in its install hint; it is in {dist}"
+        assert dist in declared | brought, f"{provider} imports {module} ({dist}): add {dist} to pyproject.toml"
         assert dist in pins, f"{provider} imports {module} ({dist}): run `make lock` to pin it in requirements.txt"
-    assert "botocore" in named and _distribution_of("azure.mgmt.compute") == "azure-mgmt-compute"
+        # A namespace package (azure, google.cloud) imports with none of the SDK in it: name the module with the code.
+        assert importlib.import_module(module).__file__, f"{provider}: {module} is a namespace package"
+    assert "botocore.config" in named and _distribution_of("azure.mgmt.compute") == "azure-mgmt-compute"
+
+
+# What a provider package may import directly: the app's own packages and its model library. Anything else is
+# an SDK, imported through an adaptor of the package's sdk.py.
+APP_IMPORTS = {"shared", "machine", "adapter_format", "pydantic"}
+
+
+def _direct_sdk_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        found += [f"{where}:{node.lineno}: {n}" for n in names
+                  if n.split(".")[0] not in APP_IMPORTS | set(sys.stdlib_module_names)]
+    return found
+
+
+def test_a_provider_imports_its_sdk_only_through_its_adaptors(tmp_path: Path) -> None:
+    # A module imported directly (at the top of a module, or in a function) is in no sdk_modules list: the
+    # import-time test below would not see it loaded, nor the requirement test above check its distribution.
+    offences = [hit for path in sorted((ROOT / "shared" / "providers").glob("*/*.py")) for hit in _direct_sdk_imports(path)]
+    assert offences == [], "import these through a LazyImport in the package's sdk.py:\n" + "\n".join(offences)
+    # The check itself: a direct import, at the top or inside a function, is found; the app's own are not.
+    probe = tmp_path / "client.py"
+    probe.write_text("import json\nfrom pydantic import BaseModel\nfrom shared.providers.gcp import sdk\n"
+                     "import google.auth\ndef f():\n    from google.cloud import compute_v1\n")
+    assert [hit.rsplit(" ", 1)[-1] for hit in _direct_sdk_imports(probe)] == ["google.auth", "google.cloud"]
 
 
 def test_import_function_app_loads_no_provider_sdk() -> None:

@@ -41,8 +41,9 @@ class ProviderInfo:
     config_model: type[BaseModel]  # what a user saves (<name>/config.py, no SDK)
     factory: ComputeFactory  # imports the lifecycle module, and through it the SDK client, only when called
     example: dict[str, Any]  # a config_model body for the OpenAPI document (tests/test_openapi.py validates it)
-    # The SDK's top-level modules the provider imports (lazily): never loaded by function_app, importable
-    # in the dev venv, and each one's distribution listed in pyproject.toml and requirements.txt.
+    # The SDK modules the provider imports, `lazy.modules_of(sdk)`: derived from the LazyImport adaptors of its
+    # sdk.py, the only way a provider package imports a third-party module (tests/test_packaging.py). Never
+    # loaded by function_app, importable in the dev venv, each one's distribution in requirements.txt.
     sdk_modules: tuple[str, ...] = ()
     # Exists only outside production (TENSORANT_ENV=production): the local provider runs its
     # "machine" as a process on the control plane's own host, which no tenant may have there.

@@ -96,7 +96,7 @@ def test_every_entry_loads_and_its_factory_is_typed() -> None:
         assert inspect.signature(factory).return_annotation in ("ComputeProvider", ComputeProvider), name
         assert all(m and not m.startswith(".") for m in info.sdk_modules)
     assert registry.sdk_modules() == sorted(set(registry.sdk_modules()))
-    assert {"boto3", "runpod"} <= set(registry.sdk_modules())
+    assert {"boto3", "runpod.api.graphql"} <= set(registry.sdk_modules())
     assert registry.smoke_trainer_providers() == ["local"]
 
 

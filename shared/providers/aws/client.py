@@ -21,6 +21,7 @@ from typing import Any
 from shared import budget
 from shared.errors import ThrottledError
 from shared.log import register_secret
+from shared.providers.aws import sdk
 from shared.providers.aws.config import AwsConfig
 from shared.providers.aws.errors import is_throttle, translate
 
@@ -55,11 +56,10 @@ class AwsClient:
     def client(self, service: str) -> Any:
         if service in self._clients:
             return self._clients[service]
-        import boto3
-        from botocore.config import Config
+        Config = sdk.botocore_config.Config
 
         if self._session is None:
-            self._session = boto3.session.Session(
+            self._session = sdk.boto3.session.Session(
                 aws_access_key_id=self.config.access_key_id,
                 aws_secret_access_key=self.config.secret_access_key.get_secret_value(),
                 aws_session_token=(self.config.session_token.get_secret_value()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from shared.providers.azure import sdk
 from shared.providers.azure.config import AzureConfig
 from shared.providers.base import ComputeProvider
+from shared.providers.lazy import modules_of
 from shared.providers.registry import ProviderInfo
 from shared.settings import Settings
 
@@ -28,5 +30,5 @@ EXAMPLE = {
 }
 
 PROVIDER = ProviderInfo("azure", AzureConfig, build, EXAMPLE,
-                        sdk_modules=("azure.identity", "azure.mgmt.compute", "azure.mgmt.network"),
+                        sdk_modules=modules_of(sdk),
                         resumes_training=True)

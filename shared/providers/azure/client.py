@@ -25,6 +25,7 @@ from shared import budget
 from shared.clock import now_ts
 from shared.errors import RetryableError
 from shared.log import register_secret
+from shared.providers.azure import sdk
 from shared.providers.azure.config import AzureConfig
 from shared.providers.azure.errors import retry_after, status_code, translate
 from shared.providers.azure.pricing import RETAIL_PRICES_URL, RetailPrices
@@ -121,7 +122,7 @@ class AzureClient:
             if self.endpoints.credential is not None:
                 self._cred = self.endpoints.credential
             else:
-                from azure.identity import ClientSecretCredential
+                ClientSecretCredential = sdk.identity.ClientSecretCredential
 
                 kw: dict[str, Any] = {}
                 if self.endpoints.authority:
@@ -137,7 +138,7 @@ class AzureClient:
     def sign_in_error(self) -> str | None:
         """Ask Microsoft Entra ID for an ARM token: None when it is granted, else the refusal's text
         (it carries the AADSTS code that says what is wrong). Other failures propagate."""
-        from azure.core.exceptions import ClientAuthenticationError
+        ClientAuthenticationError = sdk.core_exceptions.ClientAuthenticationError
 
         try:
             self.credential().get_token(ARM_SCOPE)
@@ -164,14 +165,14 @@ class AzureClient:
         """ComputeManagementClient for the connection's subscription (or another one: a gallery's)."""
         sub = (subscription_id or self.config.subscription_id).lower()
         if sub not in self._compute_clients:
-            from azure.mgmt.compute import ComputeManagementClient
+            ComputeManagementClient = sdk.mgmt_compute.ComputeManagementClient
 
             self._compute_clients[sub] = ComputeManagementClient(self.credential(), sub, **self._client_kwargs())
         return self._compute_clients[sub]
 
     def network(self) -> Any:
         if self._network is None:
-            from azure.mgmt.network import NetworkManagementClient
+            NetworkManagementClient = sdk.mgmt_network.NetworkManagementClient
 
             self._network = NetworkManagementClient(self.credential(), self.config.subscription_id,
                                                     **self._client_kwargs())
@@ -186,7 +187,7 @@ class AzureClient:
     def call(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One Azure call: short 429s retried inline (bounded, and only within the invocation's
         budget), everything else translated."""
-        from azure.core.exceptions import AzureError
+        AzureError = sdk.core_exceptions.AzureError
 
         for attempt in range(MAX_THROTTLE_RETRIES + 1):
             try:
@@ -202,7 +203,7 @@ class AzureClient:
 
     def get(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         """A GET where 404 means "not there" (None); otherwise as call()."""
-        from azure.core.exceptions import AzureError
+        AzureError = sdk.core_exceptions.AzureError
 
         def get() -> Any:
             try:
@@ -218,7 +219,7 @@ class AzureClient:
     def call_once(self, doing: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any | None:
         """One request without inline retries, for callers that answer "not yet" themselves
         (release turns a refusal into CloudProgress(done=False)). 404 = None; other errors translated."""
-        from azure.core.exceptions import AzureError
+        AzureError = sdk.core_exceptions.AzureError
 
         try:
             return fn(*args, **kwargs)
@@ -233,7 +234,7 @@ class AzureClient:
         server ignore the range). The URL grants read access: it is registered as a secret and never
         appears in an error. Errors are RetryableError. Only an https URL of a storage host (BLOB_HOST) is
         read, and no redirect is followed (a 3xx is an error), so an answer cannot send the read elsewhere."""
-        import requests
+        requests = sdk.requests
 
         register_secret(url)
         self._check_blob_url(url)
@@ -279,7 +280,7 @@ class AzureClient:
         (shared/budget.py) or `until` (a shared.clock timestamp: several operations waited on together).
         True = finished (raises if it failed); False = not yet, Azure goes on with it and the caller
         reports "not done yet"."""
-        from azure.core.exceptions import AzureError
+        AzureError = sdk.core_exceptions.AzureError
 
         end = now_ts() + budget.remaining(self.endpoints.lro_wait_s)
         if until is not None:

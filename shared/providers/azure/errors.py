@@ -20,6 +20,7 @@ from shared.errors import (
     ThrottledError,
 )
 from shared.log import get_logger
+from shared.providers.azure import sdk
 
 QUOTA_CODES = {"QuotaExceeded", "LowPriorityQuotaExceeded"}
 # OperationNotAllowed is Azure's code for many refusals, quota among them: read by its message.
@@ -93,12 +94,9 @@ def is_not_found(err: Any) -> bool:
 
 def translate(err: Exception, doing: str) -> ProviderError:
     """One Azure exception -> one ProviderError whose reason says what to do."""
-    from azure.core.exceptions import (
-        ClientAuthenticationError,
-        HttpResponseError,
-        ServiceRequestError,
-        ServiceResponseError,
-    )
+    exceptions = sdk.core_exceptions
+    ClientAuthenticationError, HttpResponseError = exceptions.ClientAuthenticationError, exceptions.HttpResponseError
+    ServiceRequestError, ServiceResponseError = exceptions.ServiceRequestError, exceptions.ServiceResponseError
 
     if isinstance(err, ProviderError):
         return err

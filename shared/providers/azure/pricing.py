@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import ProviderError, RetryableError
+from shared.providers.azure import sdk
 
 RETAIL_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 HOURS_PER_MONTH = 730
@@ -57,7 +58,7 @@ class RetailPrices:
         self.currency = currency
 
     def _items(self, odata_filter: str) -> list[dict[str, Any]]:
-        import requests
+        requests = sdk.requests
 
         url: str | None = self.base_url
         # meterRegion='primary': each meter once, from its primary region (without it the API also returns

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from shared.providers.base import ComputeProvider
+from shared.providers.lazy import modules_of
 from shared.providers.registry import ProviderInfo
+from shared.providers.runpod import sdk
 from shared.providers.runpod.config import RunPodConfig, with_storage
 from shared.settings import Settings
 
@@ -18,5 +20,5 @@ def build(config: BaseModel, settings: Settings) -> ComputeProvider:
 
 
 PROVIDER = ProviderInfo("runpod", RunPodConfig, build, {"api_key": "<RunPod API key>", "cloud_type": "SECURE"},
-                        sdk_modules=("runpod",), prepare_config=with_storage, resumes_training=True,
+                        sdk_modules=modules_of(sdk), prepare_config=with_storage, resumes_training=True,
                         working_files_on_storage=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from shared.errors import AuthError, PermanentError, RetryableError, ThrottledError
 from shared.log import register_secret
+from shared.providers.runpod import sdk
 from shared.providers.runpod.errors import AUTH_HINT, from_status, translate
 
 DEFAULT_BASE_URL = "https://api.runpod.io"
@@ -47,7 +48,7 @@ class RunPodApi:
 
     def query(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
         """POST {query, variables}; returns `data`. Values travel only as variables."""
-        import requests
+        requests = sdk.requests
 
         try:
             resp = requests.post(
@@ -69,9 +70,9 @@ class RunPodApi:
 
     def sdk(self, query: str) -> dict[str, Any]:
         """Run a fixed (or pod-id-only) query through the runpod package; returns `data`."""
-        import requests
-        from runpod import error as rp_error
-        from runpod.api.graphql import run_graphql_query
+        requests = sdk.requests
+        rp_error = sdk.runpod_error
+        run_graphql_query = sdk.runpod_graphql.run_graphql_query
 
         try:
             body = run_graphql_query(query, api_key=self._key)
@@ -187,18 +188,18 @@ def list_pods(api: RunPodApi) -> list[dict[str, Any]]:
 
 
 def stop_mutation(pod_id: str) -> str:
-    from runpod.api.mutations.pods import generate_pod_stop_mutation
+    generate_pod_stop_mutation = sdk.runpod_pod_mutations.generate_pod_stop_mutation
 
     return str(generate_pod_stop_mutation(check_pod_id(pod_id)))
 
 
 def resume_mutation(pod_id: str) -> str:
-    from runpod.api.mutations.pods import generate_pod_resume_mutation
+    generate_pod_resume_mutation = sdk.runpod_pod_mutations.generate_pod_resume_mutation
 
     return str(generate_pod_resume_mutation(check_pod_id(pod_id), 1))
 
 
 def terminate_mutation(pod_id: str) -> str:
-    from runpod.api.mutations.pods import generate_pod_terminate_mutation
+    generate_pod_terminate_mutation = sdk.runpod_pod_mutations.generate_pod_terminate_mutation
 
     return str(generate_pod_terminate_mutation(check_pod_id(pod_id)))

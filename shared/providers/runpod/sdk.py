@@ -1,0 +1,13 @@
+"""Every third-party module the runpod provider imports, one lazy adaptor each (shared/providers/lazy.py):
+nothing is imported until first used, a missing SDK says what to install, and ProviderInfo.sdk_modules
+is derived from this list."""
+
+from __future__ import annotations
+
+from shared.providers.lazy import LazyImport
+
+NEEDED_BY = "the runpod provider"
+requests = LazyImport("requests", "requests", needed_by=NEEDED_BY)  # the GraphQL API itself
+runpod_error = LazyImport("runpod.error", "runpod", needed_by=NEEDED_BY)
+runpod_graphql = LazyImport("runpod.api.graphql", "runpod", needed_by=NEEDED_BY)
+runpod_pod_mutations = LazyImport("runpod.api.mutations.pods", "runpod", needed_by=NEEDED_BY)
