@@ -60,3 +60,21 @@ def test_an_adaptor_imports_on_first_use_and_reaches_submodules() -> None:
     assert out.stdout.split() == ["False", "True", "email.mime"]
     with pytest.raises(AttributeError, match="no attribute or submodule 'no_such_part'"):
         LazyImport("email", "stdlib").no_such_part  # noqa: B018
+
+
+@pytest.mark.parametrize(("hidden", "call", "package"), [
+    ("runpod", "from shared.providers.runpod import client; client.stop_mutation('abc123')", "runpod"),
+    ("azure.mgmt.compute", "from shared.providers.azure import sdk; sdk.mgmt_compute.ComputeManagementClient",
+     "azure-mgmt-compute"),
+    ("boto3", "from shared.providers.aws.client import AwsClient; from shared.providers.aws.config import AwsConfig; "
+              "AwsClient(AwsConfig.model_validate({'region': 'us-east-1', 'access_key_id': 'AKIAIOSFODNN7EXAMPLE', "
+              "'secret_access_key': 'x' * 40, 'ami_id': 'ami-0123456789abcdef0', 'subnet_id': 'subnet-0123456789abcdef0', "
+              "'security_group_id': 'sg-0123456789abcdef0'})).client('ec2')", "boto3"),
+], ids=["runpod", "azure", "aws"])
+def test_a_provider_without_its_sdk_says_what_to_install(hidden: str, call: str, package: str) -> None:
+    # sys.modules[name] = None makes `import name` fail as if it were not installed.
+    code = (f"import sys; sys.modules[{hidden!r}] = None\n"
+            f"try:\n    {call}\nexcept Exception as exc:\n    print(type(exc).__name__, exc.reason)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("PermanentError ") and f"pip install {package}`" in out.stdout, out.stdout
