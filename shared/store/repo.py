@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -26,10 +26,11 @@ from shared.models import (
     RunRecord,
     RunState,
 )
+from shared.store.audit import Audit
 from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.events import Events
-from shared.store.keys import id_key, org_key, time_key
+from shared.store.keys import id_key, org_key
 from shared.store.ledger import Ledger
 from shared.store.logs import Logs
 from shared.store.org_secrets import OrgSecrets
@@ -70,6 +71,7 @@ class Store:
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
         self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.audit = Audit(self.table("audit"))
         self.ledger = Ledger(self.table("ledger"))
         self.logs = Logs(self.table("logs"))
         self.events = Events(self.table("events"), self.table("quotas"))
@@ -388,15 +390,6 @@ class Store:
         """The org's reservations as stored (run id -> reserved at, epoch seconds), for tests and admins."""
         got = self.table("quotas").get(org_key(org), ACTIVE_RUNS_KEY)
         return dict(got[0].get("runs", {})) if got else {}
-
-    # ------------------------------------------------------------ audit
-    def audit(self, action: str, **data: Any) -> None:
-        event = {"at": now().isoformat(), "action": action, **data}
-        self.table("audit").upsert(now().strftime("%Y%m%d"), time_key(), event, action=action)
-
-    def list_audit(self) -> Iterator[dict[str, Any]]:
-        for d, _ in self.table("audit").query():
-            yield d
 
 
 _override: Store | None = None

@@ -137,7 +137,7 @@ class CrashingStore(Store):
         super().__init__(connection_string, prefix)
         # The repositories' writes, under the names the crash reports give them.
         for repo, method, name in ((self.events, "add", "add_event"),
-                                  (self.ledger, "record", "record_resource")):
+                                  (self.ledger, "record", "record_resource"), (self.audit, "add", "audit")):
             setattr(repo, method, self._crashing(name, getattr(repo, method)))
 
     def _crashing(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -157,9 +157,6 @@ class CrashingStore(Store):
 
     def create_run(self, *a: Any, **kw: Any) -> Any:
         return self._write("create_run", super().create_run, *a, **kw)
-
-    def audit(self, *a: Any, **kw: Any) -> Any:
-        return self._write("audit", super().audit, *a, **kw)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from tests.harness import Harness
 def audits(action: str) -> list[dict[str, Any]]:
     from shared.store import get_store
 
-    return [a for a in get_store().list_audit() if a["action"] == action]
+    return [a for a in get_store().audit.read() if a["action"] == action]
 
 
 def sweep(h: Harness, dry_run: bool = False) -> Any:

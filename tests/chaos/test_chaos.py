@@ -52,7 +52,7 @@ def test_chaos_leaves_nothing_leaked_stuck_or_duplicated(setup: tuple[Harness, C
         chaos.close()
     store = get_store()
     runs = {r.id: r for r in store.list_runs(h.org)}
-    audit = Counter(a["action"] for a in store.list_audit())
+    audit = Counter(a["action"] for a in store.audit.read())
     states = Counter(r.state.value for r in runs.values())
     f = chaos.faults
     crash_points = {step: sorted({(k, w) for (s, k, w) in f.fired if s == step}) for step in STEPS}

@@ -80,7 +80,7 @@ def test_two_hosts_leave_nothing_leaked_stuck_or_duplicated(two_hosts: TwoHosts)
     store = get_store()
     runs = {r.id: r for r in store.list_runs(chaos.org)}
     states = Counter(r.state.value for r in runs.values())
-    audit = Counter(a["action"] for a in store.list_audit())
+    audit = Counter(a["action"] for a in store.audit.read())
     events = chaos.events()
     kinds = Counter(e["event"] for e in events)
     crashes = [e for e in events if e["event"] == "crash"]

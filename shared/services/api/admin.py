@@ -109,7 +109,7 @@ def replay(principal: Principal, queue: str, message_id: str | None) -> dict[str
         else:
             queues_.send(q, body)  # sent first: a crash here duplicates (harmless), never loses
         client.delete_message(m.id, m.pop_receipt)
-        store.audit("poison-replay", queue=q.value, message_id=m.id, by=principal.sub,
+        store.audit.add("poison-replay", queue=q.value, message_id=m.id, by=principal.sub,
                     run_id=str(body.get("run_id", "")), org=str(body.get("org", "")))
     return {"replayed": [m.id for m in taken]}
 
@@ -124,7 +124,7 @@ def discard(principal: Principal, queue: str, message_id: str) -> dict[str, Any]
     for m in taken:
         body = _body(m)
         # Audited before the delete: the body is the only record of what was dropped.
-        store.audit("poison-discard", queue=q.value, message_id=m.id, by=principal.sub,
+        store.audit.add("poison-discard", queue=q.value, message_id=m.id, by=principal.sub,
                     run_id=str(body.get("run_id", "")), org=str(body.get("org", "")), body=body)
         client.delete_message(m.id, m.pop_receipt)
     return {"discarded": [m.id for m in taken]}

@@ -59,7 +59,7 @@ def put(principal: Principal, body: Any) -> OrgLimits:
         limits = OrgLimits.model_validate(get_limits(principal.org).model_dump() | body)
     except ValidationError as exc:
         raise invalid(exc) from exc
-    get_store().audit("org limits set", org=principal.org, by=principal.sub, **limits.model_dump())
+    get_store().audit.add("org limits set", org=principal.org, by=principal.sub, **limits.model_dump())
     return set_limits(principal.org, limits)
 
 

@@ -202,7 +202,7 @@ def _refuse_duplicate(org: str, name: str, other: str, dry_run: bool) -> dict[st
 
 def _audit(kind: str, finding: dict[str, Any]) -> None:
     # The audit record's own "action" is its kind; the finding's action goes in as "decision".
-    get_store().audit(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
+    get_store().audit.add(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
 
 
 def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
