@@ -49,33 +49,33 @@ def test_heartbeat_check_reads_the_active_runs_not_the_history(h: Harness, cloud
 def test_the_index_follows_the_state_changes(h: Harness, cloud: Cloud) -> None:
     store = get_store()
     run_id = h.create_run("memory", "mem-a10")
-    assert (h.org, run_id) not in store.watched(h.org)  # a draft waits on nothing
+    assert (h.org, run_id) not in store.watch.ids(h.org)  # a draft waits on nothing
     h.launch(run_id)
-    assert (h.org, run_id) in store.watched(h.org)
+    assert (h.org, run_id) in store.watch.ids(h.org)
     h.agent(run_id).train(smoke_adapter_zip())
     assert h.get_run(run_id)["state"] == "succeeded"
-    assert (h.org, run_id) not in store.watched(h.org) and (h.org, run_id) not in store.watched()
+    assert (h.org, run_id) not in store.watch.ids(h.org) and (h.org, run_id) not in store.watch.ids()
 
 
 def test_the_index_is_built_once_for_runs_recorded_before_it(h: Harness, cloud: Cloud) -> None:
     store = get_store()
     run_id, _ = training_run(h)
-    store.unwatch_run(h.org, run_id)  # as if written before the index existed
+    store.watch.remove(h.org, run_id)  # as if written before the index existed
     store.table("watch").delete("~", "built")
     assert heartbeat_check.check_all()["watched"] == 1
-    assert (h.org, run_id) in store.watched(h.org)
+    assert (h.org, run_id) in store.watch.ids(h.org)
     assert store.build_watch_index() is None  # done: never scans the runs table again
 
 
 def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(h: Harness, cloud: Cloud) -> None:
     store = get_store()
     run_id = h.create_run("memory", "mem-a10")
-    store.watch_run(h.org, run_id)  # a launch that died between indexing the run and moving it
+    store.watch.add(h.org, run_id)  # a launch that died between indexing the run and moving it
     heartbeat_check.check_all()
-    assert (h.org, run_id) in store.watched(h.org)  # maybe a write in flight: kept
+    assert (h.org, run_id) in store.watch.ids(h.org)  # maybe a write in flight: kept
     h.clock.advance(heartbeat_check.PRUNE_AFTER_S + 1)
     assert heartbeat_check.check_all()["pruned"] == 1
-    assert (h.org, run_id) not in store.watched(h.org)
+    assert (h.org, run_id) not in store.watch.ids(h.org)
 
 
 @pytest.fixture

@@ -37,9 +37,7 @@ from shared.store.org_secrets import OrgSecrets
 from shared.store.projects import Datasets, Projects
 from shared.store.tables import MAX_RACE_RETRIES, Table
 from shared.store.throughput import Throughput
-
-# The run states the watch index holds: a machine may bill, or a deadline or a step is pending.
-WATCHED = HOLDS_MACHINE
+from shared.store.watch import WATCHED, WatchIndex
 
 LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
 # The quotas-table row of an org's active-run reservations, and how long a reservation whose
@@ -70,7 +68,7 @@ class Store:
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
         self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
         self._runs_lock = threading.Lock()
-        self._watch_built = False  # build_watch_index found the marker (it is never removed)
+        self.watch = WatchIndex(self.table("watch"))
         self.audit = Audit(self.table("audit"))
         self.ledger = Ledger(self.table("ledger"))
         self.logs = Logs(self.table("logs"))
@@ -195,7 +193,7 @@ class Store:
                 self._remember_run(run, etag)
                 return run, False
             if new.state in WATCHED and run.state not in WATCHED:
-                self.watch_run(new.org, new.id)  # indexed before it is watched (see watch_run)
+                self.watch.add(new.org, new.id)  # indexed before it is watched (shared/store/watch.py)
             try:
                 etag = self.put_run(new, etag)
             except ConcurrencyError:
@@ -209,38 +207,13 @@ class Store:
                 continue
             self._remember_run(new, etag)
             if run.state in WATCHED and new.state not in WATCHED:
-                self.unwatch_run(org, run_id)
+                self.watch.remove(org, run_id)
             if new.state in TERMINAL and run.state not in TERMINAL:
                 # The run has ended: its active-run slot is free. A crash before this line leaves
                 # the reservation of an ended run, which the next reservation drops.
                 self.release_active_slot(org, run_id)
             return new, True
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
-
-    # ------------------------------------------------------------ the watch index
-    # The runs that hold a machine or wait on a deadline (WATCHED), one row each in the `watch`
-    # table (PartitionKey org, RowKey run id), so the timers read what is active, never every run
-    # ever kept. Kept by mutate_run, the one write of a state change: the row is written before a
-    # run enters a watched state and deleted after it leaves, so a crash between the two writes
-    # leaves an extra row, never a watched run without one. heartbeat-check prunes extra rows
-    # (prune_watch), and builds the index once from the runs table where it is missing
-    # (build_watch_index: records written before the index existed).
-
-    def watch_run(self, org: str, run_id: str) -> None:
-        self.table("watch").upsert(org_key(org), run_id, {"org": org, "run_id": run_id})
-
-    def unwatch_run(self, org: str, run_id: str) -> None:
-        from azure.core.exceptions import ResourceNotFoundError
-
-        try:
-            self.table("watch").delete(org_key(org), run_id)
-        except ResourceNotFoundError:
-            pass
-
-    def watched(self, org: str | None = None) -> list[tuple[str, str]]:
-        """(org, run id) of every indexed run, or one org's: one query of the index."""
-        q = self.table("watch").query("PartitionKey eq @org", org=org_key(org)) if org else self.table("watch").query()
-        return [(d["org"], d["run_id"]) for d, _ in q if d["org"] != "~"]  # "~": the built marker
 
     def get_runs(self, keys: list[tuple[str, str]], threads: int = 8) -> list[RunRecord]:
         """The runs named by (org, run id), read by point reads in parallel; a missing one is skipped."""
@@ -262,23 +235,18 @@ class Store:
     def active_runs(self, org: str) -> list[RunRecord]:
         """The org's runs that hold a machine (or wait to), from the watch index: cost grows with
         its active runs, not with every run it ever had."""
-        return [r for r in self.get_runs(self.watched(org_key(org))) if r.state in WATCHED]
+        return [r for r in self.get_runs(self.watch.ids(org_key(org))) if r.state in WATCHED]
 
     def build_watch_index(self) -> int | None:
         """Index the watched runs of records written before the index existed, once per deployment
         (a marker row says it is done). One scan of the runs table, ever. Returns the runs indexed,
         or None when it was done before."""
-        if self._watch_built:
-            return None  # seen built by this process: no read on every tick
-        marker = self.table("watch").get("~", "built")
-        if marker is not None:
-            self._watch_built = True
+        if self.watch.built():
             return None
         runs = self._query_runs(None, WATCHED)
         for run in runs:
-            self.watch_run(run.org, run.id)
-        self.table("watch").upsert("~", "built", {"org": "~", "run_id": "~", "runs": len(runs)})
-        self._watch_built = True
+            self.watch.add(run.org, run.id)
+        self.watch.mark_built(len(runs))
         return len(runs)
 
     # The runs this process last read or wrote through mutate_run, with their ETags (bounded).

@@ -127,7 +127,7 @@ def seed(h: Any, orgs: int, runs_per_org: int, active: int) -> None:
             entities.append(("create", _entity(org, rec.id, rec.model_dump(mode="json"),
                                                {"state": rec.state.value, "project": rec.project_id})))
             if live:
-                store.watch_run(org, rec.id)
+                store.watch.add(org, rec.id)
         client = store.table("runs").client
         for start in range(0, len(entities), 100):
             client.submit_transaction(entities[start:start + 100])

@@ -151,7 +151,7 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool,
         return {**stats, "findings": [_refuse_duplicate(org, name, other, dry_run)]}
     # Read after listing the cloud (see the module docstring): the org's watched runs, and the runs
     # the listing names that are not among them (ended runs whose machine is still listed).
-    watched = store.get_runs(store.watched(org))
+    watched = store.get_runs(store.watch.ids(org))
     runs = {r.id: r for r in watched}
     named = sorted({r.run_id for r in resources} - set(runs))
     runs.update({r.id: r for r in store.get_runs([(org, rid) for rid in named])})

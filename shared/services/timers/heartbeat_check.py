@@ -46,7 +46,7 @@ from shared.runs.retention import UNTRAINED, never_trained, retention_action
 from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
 from shared.store import get_store
-from shared.store.repo import WATCHED
+from shared.store.watch import WATCHED
 
 # A run sitting in one of these states this long with no sign of its step lost its message (a
 # crash between the write and the send, or a poisoned message): send it again, at most
@@ -122,7 +122,7 @@ def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
     """The runs of the watch index that are still watched, and how many stale rows were pruned."""
     store = get_store()
     store.build_watch_index()  # once per deployment: runs recorded before the index existed
-    keys = store.watched()
+    keys = store.watch.ids()
     found = {(r.org, r.id): r for r in store.get_runs(keys)}
     pruned = 0
     for key in keys:
@@ -130,7 +130,7 @@ def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
         if run is not None and run.state in WATCHED:
             continue
         if run is None or (t - max(run.state_changed_at, run.updated_at)).total_seconds() > PRUNE_AFTER_S:
-            store.unwatch_run(*key)
+            store.watch.remove(*key)
             pruned += 1
     return [r for r in found.values() if r.state in WATCHED], pruned
 
