@@ -3,7 +3,10 @@ recorded it, checked against the operation's request schema from azure-rest-api-
 (arm_request_schemas.json: the fragments, their source files and commits, and the api-version the installed
 SDK sends). The check is ARM's for what it covers: an unknown property (the Compute RP refuses one: "Could
 not find member ..."), a read-only one, a wrong JSON type, a missing required property, a value outside a
-closed enum (x-ms-enum modelAsString false; an extensible one is checked against the pinned SDK's enum)."""
+closed enum (x-ms-enum modelAsString false; an extensible one is checked against the pinned SDK's enum).
+The fragments are from the newest spec files reachable here, older than the api-version the SDK sends, so the
+same bodies are also checked against the SDK's own models, which are generated from the pinned api-version:
+every key a field there, none read-only."""
 
 from __future__ import annotations
 
@@ -150,3 +153,67 @@ def test_the_extensible_enum_values_sent_are_known_to_the_pinned_sdk(fake: FakeA
     allocation = nic["properties"]["ipConfigurations"][0]["properties"]["privateIPAllocationMethod"]
     assert allocation in {e.value for e in nm.IPAllocationMethod}
     assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"].startswith(f"/subscriptions/{SUB}/")
+
+
+# ---------------------------------------------------------------- the pinned api-version, from the SDK's models
+
+
+def sdk_fields(model: Any) -> dict[str, Any]:
+    """The wire names of an azure-mgmt model's fields (the installed SDK's models are generated from the
+    api-version it pins) -> the field: its visibility and, for a nested model, its class."""
+    model.__new__(model)  # the SDK's model base computes the field table on first construction
+    return {f._rest_name: f for f in model._attr_to_rest_field.values()}
+
+
+def nested_model(field: Any) -> type | None:
+    """The model class a field holds (a list's: its items'), or None for a plain value."""
+    kind = field._class_type
+    if not isinstance(kind, type):
+        kind = (getattr(kind, "args", None) or (None,))[0]  # a list of models: a partial of the model reader
+    return kind if isinstance(kind, type) and any(c.__name__ == "Model" for c in kind.__mro__[1:]) else None
+
+
+def sdk_problems(value: Any, model: type, where: str = "body") -> list[str]:
+    """Keys the pinned api-version's model does not have, or has only as read-only, in a request body."""
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in sdk_problems(item, model, f"{where}[{i}]")]
+    if not isinstance(value, dict):
+        return []
+    fields = sdk_fields(model)
+    out: list[str] = []
+    for key, item in value.items():
+        field = fields.get(key)
+        if field is None:
+            out.append(f"{where}.{key}: not in {model.__name__} of the pinned api-version")
+        elif list(field._visibility or []) == ["read"]:
+            out.append(f"{where}.{key}: read-only in the pinned api-version")
+        elif (inner := nested_model(field)) is not None:
+            out += sdk_problems(item, inner, f"{where}.{key}")
+    return out
+
+
+def test_every_body_uses_only_writable_fields_of_the_pinned_api_version(fake: FakeArm) -> None:
+    """The vendored fragments are older than the api-version the SDK sends: the same bodies are also
+    checked against the SDK's models, which are generated from that api-version."""
+    from azure.mgmt.compute import models as cm
+    from azure.mgmt.network import models as nm
+
+    models = {"VirtualMachines_CreateOrUpdate": cm.VirtualMachine, "NetworkInterfaces_CreateOrUpdate":
+              nm.NetworkInterface, "Disks_Update": cm.DiskUpdate}
+    exercise(fake)
+    checked: set[str] = set()
+    failures: list[str] = []
+    for method, path, _, body in fake.requests:
+        name = operation_of(method, path) if body is not None else None
+        if name is not None:
+            checked.add(name)
+            failures += [f"{name}: {p}" for p in sdk_problems(body, models[name])]
+    assert not failures, failures
+    assert checked == set(models)
+    # the walk reaches nested models: a misspelt key three levels down is found
+    vm = make_compute(fake)._vm_body(REF, "Standard_NC24ads_A100_v4", 128, "")
+    vm["properties"]["osProfile"]["linuxConfiguration"]["provisionVmAgent"] = True
+    vm["properties"]["provisioningState"] = "Succeeded"
+    assert sdk_problems(vm, cm.VirtualMachine) == [
+        "body.properties.osProfile.linuxConfiguration.provisionVmAgent: not in LinuxConfiguration of the pinned "
+        "api-version", "body.properties.provisioningState: read-only in the pinned api-version"]
