@@ -160,3 +160,14 @@ def test_a_run_that_did_not_ask_has_no_merged_model(h: Harness) -> None:
     h.agent(run["id"]).train(trained_adapter_zip(base_model=TINY))
     status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
     assert status == 404 and "not asked for" in body["detail"] and "training.merged" in body["detail"]
+
+
+def test_the_clis_status_block_says_where_the_merged_model_is_or_why_there_is_none() -> None:
+    from tensorant_cli.render import status_block
+
+    run = {"id": "r-1", "state": "succeeded", "training": {"merged": True}, "offer": {}, "merged_sha256": "ab" * 32,
+           "merged_size": 538_000_000}
+    assert "  merged model: verified (538 MB): tensorant runs download r-1 --merged" in status_block(run)
+    note = "no merged model: its verification failed: model.norm.weight holds 1 NaN"
+    assert f"  {note}" in status_block({**run, "merged_sha256": "", "merged_note": note})
+    assert not any("merged" in line for line in status_block({**run, "training": {}}))

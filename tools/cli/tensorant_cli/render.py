@@ -178,6 +178,17 @@ def adapter_line(run: dict[str, Any]) -> str | None:
                      "this is not a completed adapter")
 
 
+def merged_line(run: dict[str, Any]) -> str | None:
+    """training.merged, once the run has an adapter: the merged model's download, or why there is none."""
+    if not (run.get("training") or {}).get("merged") or run.get("state") != "succeeded":
+        return None
+    if run.get("merged_sha256"):
+        size = int(run.get("merged_size") or 0)
+        return printable(f"merged model: verified ({size / 1e6:,.0f} MB): tensorant runs download {run.get('id')} "
+                         "--merged")
+    return printable(str(run.get("merged_note") or "no merged model"))
+
+
 def status_line(run: dict[str, Any]) -> str:
     """One line: id, state, phase, progress, reason (the short form, for cancel/release/recover)."""
     parts = [f"{run.get('id', '?')}", f"state={run.get('state', '?')}"]
@@ -233,6 +244,8 @@ def status_block(run: dict[str, Any]) -> list[str]:
     ]
     if (adapter := adapter_line(run)) is not None:
         lines.append(f"  {adapter}")
+    if (merged := merged_line(run)) is not None:
+        lines.append(f"  {merged}")
     if run.get("reason"):
         first, *rest = reason_lines(run["reason"]) or [""]
         lines += [f"  reason: {first}", *(f"    {line}" for line in rest)]
