@@ -6,7 +6,7 @@ partition in key order, a page at a time (GET /api/runs). So a run id starts wit
 creation, inverted (NEWEST_FIRST_SPAN minus epoch milliseconds, 9 base-36 digits), then 8 random hex
 digits. In base 36 those 9 digits begin with a letter from NEWEST_FIRST_FROM up to 'z' for the next
 thousand years, while run ids from before this scheme ("r-" + 12 hex digits) begin with 0-9 or a-f:
-the two never mix, and a list reads the new range first, then the old one (Store.list_runs_page).
+the two never mix, and a list reads the new range first, then the old one (store.runs.page).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def _cancel_discard(h: Harness, run_id: str) -> Any:
 
 def test_run_records_the_scope_its_machine_was_created_in(azure_h: Harness, arm: FakeArm) -> None:
     run_id, _ = _retained_run(azure_h, arm)
-    run, _ = get_store().get_run(azure_h.org, run_id)
+    run, _ = get_store().runs.get(azure_h.org, run_id)
     assert run.scope == {"subscription": SUB, "resource_group": TRAIN_RG, "region": "eastus"}
 
 
@@ -209,7 +209,7 @@ def test_runpod_key_of_another_account_refused_while_a_pod_is_held(rp: tuple[Har
     h, fake = rp
     run_id = h.create_run("runpod", _rp_offer(h))
     assert h.launch(run_id)["state"] == "provisioning"
-    assert get_store().get_run(h.org, run_id)[0].scope == {"account": "user_fake"}
+    assert get_store().runs.get(h.org, run_id)[0].scope == {"account": "user_fake"}
     fake.api_key, fake.account_id = "rpa_OTHERACCOUNT0123456", "user_other"
     with pytest.raises(ApiError) as err:
         h.ok("PUT", "/api/connections/compute/runpod", json_body={"api_key": "rpa_OTHERACCOUNT0123456"})

@@ -251,7 +251,7 @@ def test_a_refused_upload_keeps_the_original_reason_and_records_no_digest(h: Har
         assert run["state"] == "retained"
         assert run["reason"].startswith(first.rstrip(". ") + ". Recovery refused: adapter verification failed")
         assert run["reason"].count("exit code 137") == 1 and run["reason"].count("Recovery refused") == 1
-        assert run["adapter_sha256"] == "" and get_store().get_run(h.org, run_id)[0].adapter_sha256 == ""
+        assert run["adapter_sha256"] == "" and get_store().runs.get(h.org, run_id)[0].adapter_sha256 == ""
     refused = [e for e in run["events"] if e["kind"] == "warning" and e["message"].startswith("recovery refused")]
     assert refused and refused[-1]["data"]["refused_sha256"] == hashlib.sha256(bad).hexdigest(), refused
 

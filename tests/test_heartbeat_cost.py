@@ -102,16 +102,16 @@ def test_a_heartbeat_after_another_write_reads_the_run_again(h: Harness, cloud: 
     from shared.store.repo import Store
 
     other = Store(get_settings().storage_connection, get_settings().table_prefix)
-    other.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"progress": 0.15}))
+    other.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"progress": 0.15}))
     calls.take()
     reply = agent.heartbeat("training", 0.2)
     counts = calls.take()
     # The stale copy's write is refused by its ETag, then one read and one write.
     assert counts[("runs", "update")] == 2 and counts[("runs", "get")] == 1, counts
-    assert reply["stop"] is False and get_store().get_run(h.org, run_id)[0].progress == 0.2
+    assert reply["stop"] is False and get_store().runs.get(h.org, run_id)[0].progress == 0.2
 
     # A run stopped elsewhere: the copy says "training", the stored run says stop; the reply follows the store.
-    other.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.retaining}))
+    other.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.retaining}))
     assert agent.heartbeat("training", 0.3)["stop"] is True
 
 
@@ -128,7 +128,7 @@ def test_a_phase_change_adds_only_its_transition_event(h: Harness, cloud: Cloud,
 def test_a_run_view_reads_a_bounded_page_of_events(h: Harness, cloud: Cloud, calls: Calls) -> None:
     run_id, agent = training_run(h)
     store = get_store()
-    run, _ = store.get_run(h.org, run_id)
+    run, _ = store.runs.get(h.org, run_id)
     for i in range(run_service.VIEW_EVENTS + 50):
         h.clock.advance(0.001)  # events are keyed by the time they are written
         store.events.add(run_id, RunEvent(at=run.updated_at + timedelta(milliseconds=i), kind="warning",
@@ -159,21 +159,21 @@ def test_concurrent_heartbeats_on_one_run_never_answer_5xx(h: Harness, cloud: Cl
     accepted = sorted(f"line {i}" for i, status in answers if status == 200)
     page = h.ok("GET", f"/api/runs/{run_id}/logs", params={"limit": "5000"})
     assert sorted(page["lines"]) == accepted
-    assert get_store().get_run(h.org, run_id)[0].log_lines == len(accepted)
+    assert get_store().runs.get(h.org, run_id)[0].log_lines == len(accepted)
     assert statuses[200] >= 80, statuses  # a lost race is retried, not simply refused
 
 
 def test_a_race_lost_past_the_retries_answers_409_not_500(h: Harness, cloud: Cloud,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from shared.errors import ConcurrencyError
-    from shared.store.repo import Store
+    from shared.store.runs import Runs
 
     run_id, _ = training_run(h)
 
-    def always_lost(self: Store, *a: Any, **kw: Any) -> Any:
+    def always_lost(self: Runs, *a: Any, **kw: Any) -> Any:
         raise ConcurrencyError("run kept changing")
 
-    monkeypatch.setattr(Store, "mutate_run", always_lost)
+    monkeypatch.setattr(Runs, "mutate", always_lost)
     status, body, headers = h.call("POST", f"/api/runs/{run_id}/cancel", token="member", json_body={})
     assert status == 409 and body["title"] == "Conflict" and "send it again" in body["detail"], body
     assert headers.get("Retry-After") == "1"

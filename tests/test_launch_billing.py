@@ -29,6 +29,6 @@ def test_a_launch_retried_after_a_crash_bills_from_the_machines_creation(h: Harn
     h.drain()  # the launch step dies after the cloud call
     h.clock.advance(61)  # the message comes back after the host's retry (and the launch claim's settle time)
     h.drain()
-    run = get_store().get_run(h.org, run_id)[0]
+    run = get_store().runs.get(h.org, run_id)[0]
     assert run.resources and run.machine_up_at is not None
     assert abs(run.machine_up_at.timestamp() - created) < 0.001, (run.machine_up_at.timestamp(), created)

@@ -50,7 +50,7 @@ def seed(h: Harness, template: RunRecord, n: int, *, state: RunState = RunState.
         rec = template.model_copy(update={
             "id": rid, "state": state, "project_id": project or template.project_id,
             "billing": None if old_ids else template.billing})
-        get_store().create_run(rec)
+        get_store().runs.create(rec)
         ids.append(rid)
     return ids
 
@@ -71,7 +71,7 @@ def all_pages(h: Harness, **params: str) -> tuple[list[str], int]:
 
 def test_runs_list_pages_every_run_once_newest_first_with_filters(h: Harness, cloud: Cloud) -> None:
     first = h.create_run("memory", "mem-a10")
-    template, _ = get_store().get_run(h.org, first)
+    template, _ = get_store().runs.get(h.org, first)
     other_project = h.project_and_dataset()[0]
     old = seed(h, template, 3, old_ids=True)  # before newest-first ids: listed after the others
     done = seed(h, template, 40)
@@ -96,7 +96,7 @@ def test_runs_list_pages_every_run_once_newest_first_with_filters(h: Harness, cl
 
 
 def test_a_bad_cursor_or_limit_is_refused_naming_it(h: Harness, cloud: Cloud) -> None:
-    template, _ = get_store().get_run(h.org, h.create_run("memory", "mem-a10"))
+    template, _ = get_store().runs.get(h.org, h.create_run("memory", "mem-a10"))
     seed(h, template, 3)
     nxt = h.ok("GET", "/api/runs", params={"limit": "2"})["next"]
     body, sig = nxt.rsplit(".", 1)
@@ -119,7 +119,7 @@ def test_runs_list_costs_the_same_requests_for_10_or_300_runs(h: Harness, cloud:
     h.launch(run_id)
     h.clock.advance(600)
     h.agent(run_id).train(smoke_adapter_zip())
-    template, _ = get_store().get_run(h.org, run_id)
+    template, _ = get_store().runs.get(h.org, run_id)
     assert template.billing is not None and template.state == RunState.succeeded
     seed(h, template, 9)
 
@@ -143,7 +143,7 @@ def test_runs_list_costs_the_same_requests_for_10_or_300_runs(h: Harness, cloud:
 
 def compare_paths(run_id: str) -> usage.Timing:
     """The billing figures from the record equal the figures from the events."""
-    run, _ = get_store().get_run("org-a", run_id)
+    run, _ = get_store().runs.get("org-a", run_id)
     assert run.billing is not None
     from_record = usage.timing(run)
     from_events = usage.timing(run.model_copy(update={"billing": None}))
@@ -187,7 +187,7 @@ def test_a_record_from_before_billing_still_costs_from_its_events(h: Harness, cl
     h.agent(run_id).complete_failed("boom", exit_code=3)
     h.clock.advance(1800)
     store = get_store()
-    store.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"billing": None}))
+    store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"billing": None}))
     run = h.get_run(run_id)
     assert run["billed_machine_s"] == pytest.approx(3600, abs=1) and run["billed_disk_only_s"] == pytest.approx(1800)
 
@@ -240,7 +240,7 @@ def test_a_stored_zero_throughput_is_never_divided_by(h: Harness, cloud: Cloud) 
 
     project = h.project_and_dataset(rows=40)
     run_id = h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
-    run, _ = get_store().get_run(h.org, run_id)
+    run, _ = get_store().runs.get(h.org, run_id)
     key = forecast.like_key(run.provider, run.base_model, run.offer.gpu, run.training)
     for rate in (0, 0.0, float("inf"), -1, "3"):
         get_store().throughput.put(h.org, key, {"run_id": run_id, "tokens_per_s": rate})
@@ -260,7 +260,7 @@ def test_cli_runs_list_pages_with_a_cursor_hint_or_all(h: Harness, cloud: Cloud,
         def get(self, path: str, **params: str) -> Any:
             return h.ok("GET", path, params={k: v for k, v in params.items() if v})
 
-    template, _ = get_store().get_run(h.org, h.create_run("memory", "mem-a10"))
+    template, _ = get_store().runs.get(h.org, h.create_run("memory", "mem-a10"))
     ids = [*seed(h, template, 4)[::-1], template.id]
     monkeypatch.setattr(cli, "Client", HarnessClient)
     assert cli.main(["runs", "list", "--limit", "2", "-q"]) == 0

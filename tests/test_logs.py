@@ -39,12 +39,12 @@ def test_long_lines_are_cut_and_marked(h: Harness, cloud: Cloud) -> None:
 
 def test_a_heartbeat_over_the_byte_limit_is_refused_before_any_write(h: Harness, cloud: Cloud) -> None:
     run_id, agent = training_run(h)
-    before, _ = get_store().get_run(h.org, run_id)
+    before, _ = get_store().runs.get(h.org, run_id)
     # 500 lines of 2000 characters: 1 MB, the table entity's limit. Before: a 500 after the run was written.
     status, body = beat(h, agent, ["z" * 2000] * 500)
     assert status == 422, body
     assert "logs" in body["detail"] and "smaller batches" in body["detail"]
-    after, _ = get_store().get_run(h.org, run_id)
+    after, _ = get_store().runs.get(h.org, run_id)
     assert after == before
     assert h.ok("GET", f"/api/runs/{run_id}/logs")["lines"] == []
 

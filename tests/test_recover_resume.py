@@ -66,7 +66,7 @@ def test_the_start_is_recorded_before_the_cloud_call(h: Harness, cloud: Cloud, r
     seen: list[Any] = []
 
     def start_then_die(self: Any, ref: Any, resources: Any) -> Any:
-        seen.append(get_store().get_run(h.org, run_id)[0])
+        seen.append(get_store().runs.get(h.org, run_id)[0])
         raise RuntimeError("the host died during the cloud call")  # not a cloud answer: a crash
 
     monkeypatch.setattr(MemoryCompute, "start", start_then_die)
@@ -75,7 +75,7 @@ def test_the_start_is_recorded_before_the_cloud_call(h: Harness, cloud: Cloud, r
     # What the cloud call found, and what a crash leaves: the machine shown started and billed as running
     # (heartbeat-check's idle stop stops it again), never a started machine billed as a stopped disk.
     assert seen[0].machine_started_at is not None and seen[0].billing.machine_running
-    stored = get_store().get_run(h.org, run_id)[0]
+    stored = get_store().runs.get(h.org, run_id)[0]
     assert stored.state.value == "retained" and stored.machine_started_at is not None
     run = h.get_run(run_id)
     assert any(e.get("data", {}).get("machine") == "started" for e in run["events"])
@@ -91,7 +91,7 @@ def test_a_refused_start_leaves_the_run_retained_and_billed_as_disk(h: Harness, 
     monkeypatch.setattr(MemoryCompute, "start", no_gpu)
     status, body, _ = h.call("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
     assert status == 409 and "stays retained" in body["detail"], body
-    stored = get_store().get_run(h.org, run_id)[0]
+    stored = get_store().runs.get(h.org, run_id)[0]
     assert stored.state.value == "retained" and stored.machine_started_at is None
     assert stored.billing is not None and not stored.billing.machine_running
     run = h.get_run(run_id)

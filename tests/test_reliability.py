@@ -107,13 +107,13 @@ def test_stop_a_machine_started_for_recovery(h: Harness, cloud: Cloud) -> None:
     run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
     assert m.state == "running"
     assert "billing resumes" in run["billing_note"] and f"runs stop {run_id}" in run["billing_note"]
-    assert get_store().get_run(h.org, run_id)[0].machine_started_at is not None
+    assert get_store().runs.get(h.org, run_id)[0].machine_started_at is not None
 
     status, run, _ = h.call("POST", f"/api/runs/{run_id}/stop", token="member")
     assert status == 202, run
     assert m.state == "stopped" and m.disk_exists
     assert run["state"] == "retained" and run["billing_note"] == "compute stopped; the disk still bills"
-    assert get_store().get_run(h.org, run_id)[0].machine_started_at is None
+    assert get_store().runs.get(h.org, run_id)[0].machine_started_at is None
     # Only a retained run's machine is the user's to stop.
     other = h.create_run("memory", "mem-a10")
     status, body, _ = h.call("POST", f"/api/runs/{other}/stop")
@@ -141,7 +141,7 @@ def test_an_idle_started_machine_is_stopped_with_a_warning(h: Harness, cloud: Cl
     assert run["state"] == "retained"
     warnings = [e["message"] for e in run["events"] if e["kind"] == "warning"]
     assert any("stopped automatically after 900 s" in w for w in warnings), warnings
-    assert get_store().get_run(h.org, run_id)[0].machine_started_at is None
+    assert get_store().runs.get(h.org, run_id)[0].machine_started_at is None
 
 
 def test_cli_runs_stop(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
@@ -235,7 +235,7 @@ def test_an_adapter_replaced_after_verification_is_refused(h: Harness, cloud: Cl
     h.launch(run_id)
     data = smoke_adapter_zip()
     h.agent(run_id).train(data)
-    run = get_store().get_run(h.org, run_id)[0]
+    run = get_store().runs.get(h.org, run_id)[0]
     assert run.state.value == "succeeded"
     assert adapter_for_use(run) == data
     # The agent's presigned upload URL outlives the run: a late PUT replaces the object.

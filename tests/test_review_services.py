@@ -37,15 +37,15 @@ def test_cancel_racing_the_launch_step_is_not_lost(h: Harness, cloud: Cloud, mon
     # the machine before the cancel writes. The cancel must still take effect.
     run_id = queued_run(h)
     store = get_store()
-    real_get_run = store.get_run
+    real_get_run = store.runs.get
 
     def get_run_then_launch(org: str, rid: str) -> Any:
         got = real_get_run(org, rid)
-        monkeypatch.setattr(store, "get_run", real_get_run)
+        monkeypatch.setattr(store.runs, "get", real_get_run)
         h.drain()  # the launch step runs meanwhile
         return got
 
-    monkeypatch.setattr(store, "get_run", get_run_then_launch)
+    monkeypatch.setattr(store.runs, "get", get_run_then_launch)
     h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
     h.drain()
     assert h.get_run(run_id)["state"] == "cancelled"
@@ -146,8 +146,8 @@ def test_release_of_a_run_without_outcome_ends_failed(h: Harness, cloud: Cloud) 
     # A record written before outcomes existed (or by hand): release must still finish.
     run_id = h.create_run("memory", "mem-a10")
     h.launch(run_id)
-    run, _ = get_store().get_run(h.org, run_id)
-    get_store().mutate_run(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.releasing,
+    run, _ = get_store().runs.get(h.org, run_id)
+    get_store().runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.releasing,
                                                                           "outcome": None}))
     h.ok("POST", f"/api/runs/{run_id}/release")
     h.drain()

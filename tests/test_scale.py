@@ -30,12 +30,12 @@ def finished_copies(run: RunRecord, n: int) -> None:
     """n ended runs of the same org written straight to the table: the history a busy org keeps."""
     store = get_store()
     for i in range(n):
-        store.create_run(run.model_copy(update={"id": f"{run.id}-old{i:03d}", "state": RunState.succeeded}))
+        store.runs.create(run.model_copy(update={"id": f"{run.id}-old{i:03d}", "state": RunState.succeeded}))
 
 
 def test_heartbeat_check_reads_the_active_runs_not_the_history(h: Harness, cloud: Cloud, calls: Calls) -> None:
     run_id, _ = training_run(h)
-    run, _ = get_store().get_run(h.org, run_id)
+    run, _ = get_store().runs.get(h.org, run_id)
     finished_copies(run, 40)
     heartbeat_check.check_all()  # builds the index once (one scan), for records older than it
     calls.take()
@@ -64,7 +64,7 @@ def test_the_index_is_built_once_for_runs_recorded_before_it(h: Harness, cloud: 
     store.table("watch").delete("~", "built")
     assert heartbeat_check.check_all()["watched"] == 1
     assert (h.org, run_id) in store.watch.ids(h.org)
-    assert store.build_watch_index() is None  # done: never scans the runs table again
+    assert store.runs.build_watch_index() is None  # done: never scans the runs table again
 
 
 def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(h: Harness, cloud: Cloud) -> None:

@@ -111,7 +111,7 @@ def _seed(host: Any, seeded: Seeded) -> None:
     run_id = seeded.runs["succeeded"]
     storage_for(ORG).put(adapter_key(run_id), data)
     t = now()
-    get_store().mutate_run(ORG, run_id, lambda r: r.model_copy(update={
+    get_store().runs.mutate(ORG, run_id, lambda r: r.model_copy(update={
         "state": RunState.succeeded, "outcome": Outcome.succeeded, "launched_at": t, "released_at": t,
         "state_changed_at": t, "adapter_sha256": hashlib.sha256(data).hexdigest(), "adapter_size": len(data)}))
 

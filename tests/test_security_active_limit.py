@@ -32,7 +32,7 @@ def launch(h: Harness, run_id: str) -> tuple[int, Any, dict[str, str]]:
 
 
 def active(h: Harness) -> set[str]:
-    return {r.id for r in get_store().list_runs(h.org) if r.state != RunState.draft and r.state != RunState.cancelled}
+    return {r.id for r in get_store().runs.in_org(h.org) if r.state != RunState.draft and r.state != RunState.cancelled}
 
 
 def test_ten_concurrent_launches_get_exactly_the_limit(h: Harness) -> None:
@@ -112,8 +112,8 @@ def test_the_reservation_of_a_run_that_ended_without_freeing_it_is_ignored(h: Ha
     first, second = (h.create_run("memory", "mem-a10", project=project) for _ in range(2))
     assert launch(h, first)[0] == 202
     store = get_store()
-    run, etag = store.get_run(h.org, first)
-    store.put_run(run.model_copy(update={"state": RunState.failed}), etag)  # ended; the release line never ran
+    run, etag = store.runs.get(h.org, first)
+    store.runs.put(run.model_copy(update={"state": RunState.failed}), etag)  # ended; the release line never ran
     assert list(store.active_reservations(h.org)) == [first]
     assert launch(h, second)[0] == 202
     assert list(store.active_reservations(h.org)) == [second]

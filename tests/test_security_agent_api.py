@@ -26,7 +26,7 @@ def active_run(h: Harness) -> str:
 
 
 def refused_note(h: Harness, run_id: str) -> str:
-    run, _ = get_store().get_run(h.org, run_id)
+    run, _ = get_store().runs.get(h.org, run_id)
     return run.agent_refused
 
 

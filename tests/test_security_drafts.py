@@ -37,7 +37,7 @@ def create(h: Harness, project: tuple[str, str], **fields: Any) -> tuple[int, An
 
 
 def stored(run_id: str) -> dict[str, Any]:
-    return get_store().get_run("org-a", run_id)[0].model_dump(mode="json")
+    return get_store().runs.get("org-a", run_id)[0].model_dump(mode="json")
 
 
 def fields_of(body: Any) -> list[str]:
@@ -171,8 +171,8 @@ def test_a_draft_saved_before_requests_were_stored_switches_kind_too(h: Harness)
     project = h.project_and_dataset()
     run_id = create(h, project, training={"max_steps": 5})[1]["id"]
     store = get_store()
-    run, etag = store.get_run("org-a", run_id)
-    store.put_run(run.model_copy(update={"request": None}), etag)
+    run, etag = store.runs.get("org-a", run_id)
+    store.runs.put(run.model_copy(update={"request": None}), etag)
     full = h.ok("PATCH", f"/api/runs/{run_id}", json_body={"kind": "full"})
     t = full["training"]
     assert (t["kind"], t["max_steps"], t["max_examples"], full["runtime_limit_s"]) == ("full", 5, None, 3600)

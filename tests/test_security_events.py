@@ -46,7 +46,7 @@ def test_the_run_view_shows_the_newest_events_with_the_first(h: Harness, cloud: 
     agent.heartbeat("training", 0.2)
     from shared.store import get_store
 
-    run, _ = get_store().get_run(h.org, run_id)
+    run, _ = get_store().runs.get(h.org, run_id)
     for i in range(VIEW_EVENTS + 50):  # any flood of events between the launch and the end
         h.clock.advance(1)
         event(run, "audit", f"note {i}")

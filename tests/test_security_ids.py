@@ -20,12 +20,12 @@ BAD_IDS = ["abc\n", "a#b", "a\\b", "a\x01b", "a\x7fb", "x" * 100_000, "a b", "a\
 def test_store_has_no_falsy_org_means_all_orgs(h: Harness, org: Any) -> None:
     h.create_run("memory", "mem-a10")
     store = get_store()
-    for call in (lambda: store.list_runs(org), lambda: store.connections.in_org(org),
+    for call in (lambda: store.runs.in_org(org), lambda: store.connections.in_org(org),
                  lambda: store.projects.in_org(org)):
         with pytest.raises(ValueError, match="one valid org"):
             call()
     # The explicit all-orgs calls exist, for the sweeper, the heartbeat check and admins.
-    assert {r.org for r in store.list_runs_all_orgs()} == {"org-a"}
+    assert {r.org for r in store.runs.all_orgs()} == {"org-a"}
     assert {c.org for c in store.connections.all_orgs()} == {"org-a"}
 
 

@@ -101,13 +101,13 @@ def test_launch_claim_is_granted_once_per_settle_period(h: Harness, cloud: Cloud
 
     store = get_store()
     run_id = h.create_run("memory", "mem-a10")
-    run, _ = store.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.provisioning}))
-    assert store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (run, False)  # just written
+    run, _ = store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.provisioning}))
+    assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (run, False)  # just written
     h.clock.advance(LAUNCH_SETTLE_S + 1)
-    claimed, granted = store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S)
+    claimed, granted = store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S)
     assert granted and claimed.updated_at > run.updated_at
-    assert store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (claimed, False)  # claimed just now
+    assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (claimed, False)  # claimed just now
     h.clock.advance(LAUNCH_SETTLE_S + 1)
     res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=h.org)
-    launched, _ = store.mutate_run(h.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
-    assert store.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (launched, False)  # launched already
+    launched, _ = store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
+    assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (launched, False)  # launched already

@@ -48,5 +48,5 @@ def note_cloud_account(run: RunRecord) -> RunRecord:
             return None
         return r.model_copy(update={"reason": f"{r.reason} ({said})"[:6000]})
 
-    new, _ = get_store().mutate_run(run.org, run.id, change)
+    new, _ = get_store().runs.mutate(run.org, run.id, change)
     return new

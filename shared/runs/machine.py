@@ -36,4 +36,4 @@ def stop_machine(run: RunRecord, *, why: str) -> RunRecord:
             r = billing.switched(r, False, now())
         return r.model_copy(update={**update, "updated_at": now()})
 
-    return get_store().mutate_run(run.org, run.id, change)[0]
+    return get_store().runs.mutate(run.org, run.id, change)[0]

@@ -4,7 +4,7 @@ shared.lifecycle (transition, walk), recorded as a transition event on the run's
 `move` is the common form (from the states the caller expects to one target); `move_run` takes a
 change that decides from the run as stored (a cancel's target depends on where the run is now; a
 heartbeat walks phases and writes progress in the same write). Writes that leave the state as it is
-(notes, release attempts, re-send marks) use the store's mutate_run directly.
+(notes, release attempts, re-send marks) use the store's runs.mutate directly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from shared.store import get_store
 
 def move_run(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
              attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool]:
-    """store.mutate_run(change), with a transition event when the write changed the run's state.
+    """store.runs.mutate(change), with a transition event when the write changed the run's state.
 
     The event's "from" state is the one `change` saw in the attempt that wrote (a lost race re-reads,
     and the run may have moved meanwhile). Returns (run as stored now, whether this call wrote it)."""
@@ -39,7 +39,7 @@ def move_run(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | No
     kw: dict[str, Any] = {"from_last_write": from_last_write}
     if attempts is not None:
         kw["attempts"] = attempts
-    new, wrote = get_store().mutate_run(org, run_id, watched, **kw)
+    new, wrote = get_store().runs.mutate(org, run_id, watched, **kw)
     if wrote and new.state != seen[0]:
         transition_event(seen[0], new)
     return new, wrote

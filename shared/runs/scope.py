@@ -29,7 +29,7 @@ from shared.store import get_store
 
 def holding(org: str, provider: str) -> list[RunRecord]:
     # A queued run has no machine yet (launch writes provisioning before any cloud call).
-    return [r for r in get_store().active_runs(org) if r.provider == provider and r.state != RunState.queued]
+    return [r for r in get_store().runs.active(org) if r.provider == provider and r.state != RunState.queued]
 
 
 def scope_text(scope: dict[str, str]) -> str:
@@ -155,7 +155,7 @@ def report_credential_failure(org: str, provider: str, reason: str) -> list[str]
         store.connections.put(got[0].model_copy(update={
             "status": ConnectionStatus.failed, "checks": [check, *got[0].checks], "checked_at": now()}), got[1])
     warned = []
-    for run in store.active_runs(org):
+    for run in store.runs.active(org):
         if run.provider == provider:
             event(run, "warning", f"the {provider} credentials no longer work ({reason}): this run's machine and "
                                   "disk cannot be stopped, recovered or deleted until an owner replaces them")

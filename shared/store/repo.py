@@ -11,35 +11,30 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
-from shared.clock import now, now_ts
+from shared.clock import now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
-from shared.lifecycle import HOLDS_MACHINE, TERMINAL
+from shared.lifecycle import HOLDS_MACHINE
 from shared.models import (
-    RunRecord,
     RunState,
 )
 from shared.store.audit import Audit
 from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.events import Events
-from shared.store.keys import id_key, org_key
+from shared.store.keys import org_key
 from shared.store.ledger import Ledger
 from shared.store.logs import Logs
 from shared.store.org_secrets import OrgSecrets
 from shared.store.projects import Datasets, Projects
+from shared.store.runs import Runs
 from shared.store.tables import MAX_RACE_RETRIES, Table
 from shared.store.throughput import Throughput
-from shared.store.watch import WATCHED, WatchIndex
+from shared.store.watch import WatchIndex
 
-LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
 # The quotas-table row of an org's active-run reservations, and how long a reservation whose
 # run is still a draft counts: a launch reserves before it writes the run queued, and that
 # takes seconds (an HTTP request); one older is a launch that died in between.
@@ -66,9 +61,8 @@ class Store:
         names = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
                  "secrets", "quotas", "watch", "leases", "sweeps", "throughput", "keys")
         self._tables = {n: Table(self._service, f"{prefix}{n}") for n in names}
-        self._last_runs: OrderedDict[tuple[str, str], tuple[RunRecord, str]] = OrderedDict()
-        self._runs_lock = threading.Lock()
         self.watch = WatchIndex(self.table("watch"))
+        self.runs = Runs(self.table("runs"), self.watch, ended=self.release_active_slot)
         self.audit = Audit(self.table("audit"))
         self.ledger = Ledger(self.table("ledger"))
         self.logs = Logs(self.table("logs"))
@@ -88,203 +82,6 @@ class Store:
         for t in self._tables.values():
             self._service.delete_table(t.name)
             t._client = None
-
-    # ------------------------------------------------------------ runs
-    def create_run(self, rec: RunRecord) -> str:
-        return self.table("runs").insert(rec.org, rec.id, rec.model_dump(mode="json"), state=rec.state.value,
-                                         project=rec.project_id)
-
-    def get_run(self, org: str, run_id: str) -> tuple[RunRecord, str]:
-        got = self.table("runs").get(org_key(org), id_key(run_id, f"run {run_id!r:.80}"))
-        if not got:
-            raise NotFound(f"run {run_id} not found")
-        return RunRecord.model_validate(got[0]), got[1]
-
-    def put_run(self, rec: RunRecord, etag: str) -> str:
-        return self.table("runs").update(rec.org, rec.id, rec.model_dump(mode="json"), etag, state=rec.state.value,
-                                         project=rec.project_id)
-
-    def delete_run(self, org: str, run_id: str, etag: str) -> None:
-        """Delete a run record as read (ETag); a run changed since then raises Conflict."""
-        try:
-            self.table("runs").delete(org_key(org), id_key(run_id, f"run {run_id!r:.80}"), etag=etag)
-        except ConcurrencyError as exc:
-            raise Conflict(f"run {run_id} changed while it was being deleted (launched?); nothing was deleted") \
-                from exc
-
-    def list_runs(self, org: str, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
-        return self._query_runs(org_key(org), states)
-
-    def list_runs_page(self, org: str, *, limit: int, after: str | None = None,
-                       states: set[RunState] | frozenset[RunState] | None = None,
-                       project: str | None = None) -> tuple[list[RunRecord], str | None]:
-        """One page of the org's runs, newest first, and the RowKey the next page starts after (None at
-        the end). Newest-first ids (shared/ids.py) are read first, then the ids from before them
-        (in id order). Filters: the state column, and the project column (every run write sets it; a
-        run last written before it existed is not found by a project filter)."""
-        from shared.ids import NEWEST_FIRST_FROM
-
-        split = f"r-{NEWEST_FIRST_FROM}"
-        clauses: list[str] = ["PartitionKey eq @org"]
-        params: dict[str, Any] = {"org": org_key(org)}
-        if states:
-            names = sorted(s.value for s in states)
-            clauses.append("( " + " or ".join(f"state eq @s{i}" for i in range(len(names))) + " )")
-            params.update({f"s{i}": n for i, n in enumerate(names)})
-        if project is not None:
-            clauses.append("project eq @p")
-            params["p"] = project
-        runs: list[RunRecord] = []
-        table = self.table("runs")
-        if after is None or after >= split:  # newest-first ids first
-            q = " and ".join([*clauses, "RowKey gt @after" if after else "RowKey ge @after"])
-            got, nxt = table.page(q, limit=limit, **params, after=after or split)
-            runs = [RunRecord.model_validate(d) for d, _ in got]
-            if nxt is not None:
-                return runs, nxt
-            if len(runs) >= limit:
-                return runs, "r-"  # the older ids' range comes next
-            after = "r-"
-        q = " and ".join([*clauses, "RowKey gt @after", "RowKey lt @split"])
-        got, nxt = table.page(q, limit=limit - len(runs), **params, after=after, split=split)
-        return runs + [RunRecord.model_validate(d) for d, _ in got], nxt
-
-    def list_runs_all_orgs(self, states: set[RunState] | frozenset[RunState] | None = None) -> list[RunRecord]:
-        """Every org's runs: the heartbeat check, the sweeper and admin services only."""
-        return self._query_runs(None, states)
-
-    def _query_runs(self, org: str | None, states: set[RunState] | frozenset[RunState] | None) -> list[RunRecord]:
-        clauses: list[str] = []
-        params: dict[str, Any] = {}
-        if org is not None:
-            clauses.append("PartitionKey eq @org")
-            params["org"] = org
-        if states:
-            names = sorted(s.value for s in states)
-            clauses.append("( " + " or ".join(f"state eq @s{i}" for i in range(len(names))) + " )")
-            params.update({f"s{i}": n for i, n in enumerate(names)})
-        q = self.table("runs").query(" and ".join(clauses) if clauses else None, **params)
-        return [RunRecord.model_validate(d) for d, _ in q]
-
-    def mutate_run(
-        self, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None],
-        *, attempts: int = MAX_RACE_RETRIES, from_last_write: bool = False,
-    ) -> tuple[RunRecord, bool]:
-        """Read-modify-write with the ETag; `change` returns None to leave the run as it is.
-
-        Returns (run as stored now, whether this call wrote it). Lost races re-read and
-        call `change` again, so it must decide from the run it is given. Each call is one
-        read and at most one write per attempt.
-
-        from_last_write (heartbeats): first try the write on the run as this process last read
-        or wrote it, with that ETag, skipping the read. A stale copy only costs a lost race
-        (the service refuses the ETag) and the usual read; a decision not to write is never
-        taken on the copy, always on the stored run. Not counted as an attempt.
-        """
-        attempt = 0
-        cached = self._recall_run(org, run_id) if from_last_write else None
-        while attempt < attempts:
-            run, etag = cached or self.get_run(org, run_id)
-            from_copy, cached = cached is not None, None
-            new = change(run)
-            if new is None:
-                if from_copy:
-                    continue  # decide again on the stored run
-                self._remember_run(run, etag)
-                return run, False
-            if new.state in WATCHED and run.state not in WATCHED:
-                self.watch.add(new.org, new.id)  # indexed before it is watched (shared/store/watch.py)
-            try:
-                etag = self.put_run(new, etag)
-            except ConcurrencyError:
-                self._forget_run(org, run_id)
-                if from_copy:
-                    continue
-                # Someone else wrote in between: a short random pause spreads the writers out,
-                # so a crowd of them converges instead of colliding again on every retry.
-                attempt += 1
-                time.sleep(random.uniform(0, 0.002 * attempt))
-                continue
-            self._remember_run(new, etag)
-            if run.state in WATCHED and new.state not in WATCHED:
-                self.watch.remove(org, run_id)
-            if new.state in TERMINAL and run.state not in TERMINAL:
-                # The run has ended: its active-run slot is free. A crash before this line leaves
-                # the reservation of an ended run, which the next reservation drops.
-                self.release_active_slot(org, run_id)
-            return new, True
-        raise ConcurrencyError(f"run {run_id} kept changing; try again")
-
-    def get_runs(self, keys: list[tuple[str, str]], threads: int = 8) -> list[RunRecord]:
-        """The runs named by (org, run id), read by point reads in parallel; a missing one is skipped."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(key: tuple[str, str]) -> RunRecord | None:
-            try:
-                return self.get_run(*key)[0]
-            except NotFound:
-                return None
-
-        if len(keys) <= 1:
-            found = [one(k) for k in keys]
-        else:
-            with ThreadPoolExecutor(max_workers=min(threads, len(keys))) as pool:
-                found = list(pool.map(one, keys))
-        return [r for r in found if r is not None]
-
-    def active_runs(self, org: str) -> list[RunRecord]:
-        """The org's runs that hold a machine (or wait to), from the watch index: cost grows with
-        its active runs, not with every run it ever had."""
-        return [r for r in self.get_runs(self.watch.ids(org_key(org))) if r.state in WATCHED]
-
-    def build_watch_index(self) -> int | None:
-        """Index the watched runs of records written before the index existed, once per deployment
-        (a marker row says it is done). One scan of the runs table, ever. Returns the runs indexed,
-        or None when it was done before."""
-        if self.watch.built():
-            return None
-        runs = self._query_runs(None, WATCHED)
-        for run in runs:
-            self.watch.add(run.org, run.id)
-        self.watch.mark_built(len(runs))
-        return len(runs)
-
-    # The runs this process last read or wrote through mutate_run, with their ETags (bounded).
-    def _remember_run(self, run: RunRecord, etag: str) -> None:
-        with self._runs_lock:
-            self._last_runs.pop((run.org, run.id), None)
-            self._last_runs[(run.org, run.id)] = (run, etag)
-            while len(self._last_runs) > LAST_RUNS_KEPT:
-                self._last_runs.popitem(last=False)
-
-    def _recall_run(self, org: str, run_id: str) -> tuple[RunRecord, str] | None:
-        with self._runs_lock:
-            return self._last_runs.get((org, run_id))
-
-    def _forget_run(self, org: str, run_id: str) -> None:
-        with self._runs_lock:
-            self._last_runs.pop((org, run_id), None)
-
-    def claim_launch(self, org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
-        """Claim a provisioning run with no recorded resources for one create attempt.
-
-        The claim is its own field (launch_claimed_at), written with the run's ETag, and granted only
-        settle_s after the previous claim (the move to provisioning is the first): a create that
-        crashed or timed out may have made a machine that listing does not show yet, so two attempts
-        closer together could each create one. Other writes (a heartbeat, a note) do not extend it.
-        Returns (run as stored now, whether this call claimed it).
-        """
-
-        def change(r: RunRecord) -> RunRecord | None:
-            if r.state != RunState.provisioning or r.resources:
-                return None
-            # Records from before the field: their last write was the claim.
-            last = r.launch_claimed_at or r.updated_at
-            if (now() - last).total_seconds() < settle_s:
-                return None
-            return r.model_copy(update={"launch_claimed_at": now(), "updated_at": now()})
-
-        return self.mutate_run(org, run_id, change)
 
     # ------------------------------------------------------------ active-run reservations
     # max_active_runs is one atomic decision: the org's reservations, keyed by run
@@ -306,7 +103,7 @@ class Store:
         for attempt in range(MAX_RACE_RETRIES):
             got = table.get(org_key(org), ACTIVE_RUNS_KEY)
             held: dict[str, int] = dict(got[0].get("runs", {})) if got else {}
-            holding = {r.id for r in self.active_runs(org)}
+            holding = {r.id for r in self.runs.active(org)}
             kept = {rid: at for rid, at in held.items() if rid in holding or self._launching(org, rid, at)}
             active = len(set(kept) | holding)
             if run_id in kept:
@@ -330,7 +127,7 @@ class Store:
         when its launch has written the run since, or may still be under way (the run is a
         draft and the reservation recent). Its run ended, or was deleted: dropped."""
         try:
-            run, _ = self.get_run(org, run_id)
+            run, _ = self.runs.get(org, run_id)
         except NotFound:
             return False
         if run.state in HOLDS_MACHINE:

@@ -105,7 +105,7 @@ def seed(h: Any, orgs: int, runs_per_org: int, active: int) -> None:
 
     store = get_store()
     live_id, _ = training_run(h)  # one real launch: a template record with every field set
-    template, _ = store.get_run(h.org, live_id)
+    template, _ = store.runs.get(h.org, live_id)
     conn, _ = store.connections.get(h.org, "compute:memory") or (None, None)
     assert conn is not None
     names = [h.org] + [f"org-{i:05d}" for i in range(1, orgs)]
@@ -134,7 +134,7 @@ def seed(h: Any, orgs: int, runs_per_org: int, active: int) -> None:
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(one_org, range(orgs)))
-    store.build_watch_index()  # the marker: a deployment whose index exists (no scan in the tick)
+    store.runs.build_watch_index()  # the marker: a deployment whose index exists (no scan in the tick)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, int]]:

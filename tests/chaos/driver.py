@@ -136,27 +136,19 @@ class CrashingStore(Store):
     def __init__(self, connection_string: str, prefix: str) -> None:
         super().__init__(connection_string, prefix)
         # The repositories' writes, under the names the crash reports give them.
-        for repo, method, name in ((self.events, "add", "add_event"),
-                                  (self.ledger, "record", "record_resource"), (self.audit, "add", "audit")):
+        for repo, method, name in ((self.runs, "put", "put_run"), (self.runs, "create", "create_run"),
+                                   (self.events, "add", "add_event"), (self.ledger, "record", "record_resource"),
+                                   (self.audit, "add", "audit")):
             setattr(repo, method, self._crashing(name, getattr(repo, method)))
 
     def _crashing(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def write(*a: Any, **kw: Any) -> Any:
-            return self._write(name, fn, *a, **kw)
+            self.faults.before(f"store.{name}")
+            out = fn(*a, **kw)
+            self.faults.after(f"store.{name}")
+            return out
 
         return write
-
-    def _write(self, name: str, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
-        self.faults.before(f"store.{name}")
-        out = fn(*a, **kw)
-        self.faults.after(f"store.{name}")
-        return out
-
-    def put_run(self, *a: Any, **kw: Any) -> Any:
-        return self._write("put_run", super().put_run, *a, **kw)
-
-    def create_run(self, *a: Any, **kw: Any) -> Any:
-        return self._write("create_run", super().create_run, *a, **kw)
 
 
 @dataclass
@@ -376,7 +368,7 @@ class Chaos:
 
     # ------------------------------------------------------------ phases
     def runs(self) -> list[RunRecord]:
-        return get_store().list_runs(self.h.org)
+        return get_store().runs.in_org(self.h.org)
 
     def chaos_phase(self, rounds: int, step_s: float, max_rounds: int) -> None:
         """`rounds` rounds of step_s simulated seconds, and more (up to max_rounds) until every

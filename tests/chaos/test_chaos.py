@@ -51,7 +51,7 @@ def test_chaos_leaves_nothing_leaked_stuck_or_duplicated(setup: tuple[Harness, C
     finally:
         chaos.close()
     store = get_store()
-    runs = {r.id: r for r in store.list_runs(h.org)}
+    runs = {r.id: r for r in store.runs.in_org(h.org)}
     audit = Counter(a["action"] for a in store.audit.read())
     states = Counter(r.state.value for r in runs.values())
     f = chaos.faults

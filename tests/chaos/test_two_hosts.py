@@ -78,7 +78,7 @@ def test_two_hosts_leave_nothing_leaked_stuck_or_duplicated(two_hosts: TwoHosts)
     chaos.stop()
 
     store = get_store()
-    runs = {r.id: r for r in store.list_runs(chaos.org)}
+    runs = {r.id: r for r in store.runs.in_org(chaos.org)}
     states = Counter(r.state.value for r in runs.values())
     audit = Counter(a["action"] for a in store.audit.read())
     events = chaos.events()

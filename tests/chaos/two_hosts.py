@@ -226,7 +226,7 @@ class TwoHosts:
 
     # ------------------------------------------------------------ settle
     def runs(self) -> list[RunRecord]:
-        return get_store().list_runs(self.org)
+        return get_store().runs.in_org(self.org)
 
     def pending(self) -> int:
         q = get_queues()

@@ -98,7 +98,7 @@ def start_local_host(monkeypatch: pytest.MonkeyPatch, trainer_command: str | Non
 
     # Only this test's runs (its own tables): other test sessions on the same machine run
     # local agents under the same deployment id, and those are not ours to judge or end.
-    mine = {r.id for org in ("org-a", "demo") for r in get_store().list_runs(org)}
+    mine = {r.id for org in ("org-a", "demo") for r in get_store().runs.in_org(org)}
     local = LocalCompute(LocalConfig(), settings.get_settings())
     leaks = [res for res in local.list_managed() if res.run_id in mine]
     for res in leaks:

@@ -33,7 +33,7 @@ def test_user_data_holds_no_secret_and_the_claim_is_good_once(boot_aws_h: tuple[
     h, ec2 = boot_aws_h
     h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": HF})
     run_id, _, user_data = _aws_launch(h, ec2)
-    record, _ = get_store().get_run("org-a", run_id)
+    record, _ = get_store().runs.get("org-a", run_id)
     assert record.state == RunState.provisioning and record.machine_up_at is not None
     # A machine that never reaches the control plane is due within minutes, not at the boot deadline.
     assert record.deadlines.first_report_by is not None and record.deadlines.provisioning_by is not None
@@ -54,7 +54,7 @@ def test_user_data_holds_no_secret_and_the_claim_is_good_once(boot_aws_h: tuple[
     assert any("X-Amz-Signature" in v for v in env.values())  # presigned storage URLs come with it
     h.ok("POST", f"/api/agent/runs/{run_id}/heartbeat", token=got["token"], json_body={"phase": "preparing"})
 
-    record, _ = get_store().get_run("org-a", run_id)
+    record, _ = get_store().runs.get("org-a", run_id)
     assert record.bootstrap_claimed_at is not None
     assert record.deadlines.provisioning_by is not None and record.deadlines.provisioning_by > boot_by
 
@@ -74,6 +74,6 @@ def test_a_claim_for_another_run_or_forged_is_refused(boot_aws_h: tuple[BootHarn
                        (f"/api/agent/runs/{run_id}/bootstrap", {"claim": bootstrap_env.claim("org-b", run_id)})):
         status, answer, _ = h.call("POST", path, token=None, json_body=body)
         assert status in (401, 404), (status, answer)
-    record, _ = get_store().get_run("org-a", run_id)
+    record, _ = get_store().runs.get("org-a", run_id)
     assert record.bootstrap_claimed_at is None  # none of them used the claim up
     h.ok("POST", f"/api/agent/runs/{run_id}/bootstrap", token=None, json_body={"claim": claim})

@@ -201,7 +201,7 @@ class Case:
 
 
 def _record(h: BootHarness, run_id: str) -> Any:
-    return get_store().get_run("org-a", run_id)[0]
+    return get_store().runs.get("org-a", run_id)[0]
 
 
 def test_vm_succeeded(vm_plane: tuple[BootHarness, Any, int], vm_rig: VmRig, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ def _run_info(body: dict[str, Any]) -> dict[str, str]:
     if not org or not run_id:
         return {"run_state": "", "last_error": ""}
     try:
-        run, _ = get_store().get_run(str(org), str(run_id))
+        run, _ = get_store().runs.get(str(org), str(run_id))
     except NotFound:
         return {"run_state": "", "last_error": "the run no longer exists"}
     errors = [e.message for e in get_store().events.read(run.id, kind="step-error")]

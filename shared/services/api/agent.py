@@ -51,7 +51,7 @@ def _note_refused(header: str | None, run_id: str, why: str) -> None:
     if claims.get("run") != run_id or not isinstance(org, str) or not ORG_RE.fullmatch(org):
         return
     try:
-        run, _ = get_store().get_run(org, run_id)
+        run, _ = get_store().runs.get(org, run_id)
     except Exception:  # no such run: nothing to note
         return
     t = now()
@@ -65,7 +65,7 @@ def _note_refused(header: str | None, run_id: str, why: str) -> None:
         return r.model_copy(update={"agent_refused": why[:300], "agent_refused_at": t})
 
     try:
-        get_store().mutate_run(org, run_id, change)
+        get_store().runs.mutate(org, run_id, change)
     except Exception:  # a note, never a reason to answer other than 401
         return
 
@@ -222,7 +222,7 @@ def _last_lines(body: AgentComplete) -> str:
 
 def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
     store = get_store()
-    run, _ = store.get_run(org, run_id)
+    run, _ = store.runs.get(org, run_id)
     refuse_ended(run)
     before = run.state
     if body.status == "ok" and not body.sha256:

@@ -52,7 +52,7 @@ def _reason(body: BootFailure) -> str:
 
 
 def boot_failed(org: str, run_id: str, body: BootFailure) -> dict[str, Any]:
-    run, _ = get_store().get_run(org, run_id)
+    run, _ = get_store().runs.get(org, run_id)
     refuse_ended(run)
     if run.state == RunState.provisioning:
         run, wrote = move(run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
@@ -84,7 +84,7 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     if org is None:
         raise Unauthorized("the bootstrap claim is not valid for this run")
     store = get_store()
-    run, _ = store.get_run(org, run_id)
+    run, _ = store.runs.get(org, run_id)
     refuse_ended(run)
     t = now()
 
@@ -95,7 +95,7 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
         deadlines = r.deadlines.model_copy(update={"provisioning_by": max(pull_by, r.deadlines.provisioning_by or t)})
         return r.model_copy(update={"bootstrap_claimed_at": t, "deadlines": deadlines, "updated_at": t})
 
-    run, wrote = store.mutate_run(org, run_id, change)
+    run, wrote = store.runs.mutate(org, run_id, change)
     if not wrote:
         why = (f"it was exchanged at {run.bootstrap_claimed_at.isoformat()}" if run.bootstrap_claimed_at
                else f"the run is {run.state.value}")

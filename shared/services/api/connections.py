@@ -126,7 +126,7 @@ def delete_compute(principal: Principal, provider: str) -> None:
     slot = compute_slot(provider)
     if not get_store().connections.get(principal.org, slot):
         raise NotFound(f"no {slot} connection is saved")
-    holding = [r.id for r in get_store().active_runs(principal.org) if r.provider == provider]
+    holding = [r.id for r in get_store().runs.active(principal.org) if r.provider == provider]
     if holding:
         raise Conflict(f"runs {', '.join(holding[:5])} still hold {provider} machines; release or recover them first, "
                        "or the control plane could not clean them up")

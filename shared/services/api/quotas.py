@@ -164,7 +164,7 @@ def free_unless_launched(org: str, run_id: str) -> None:
     concurrent launch of the same run won, or the write landed before the error)."""
     store = get_store()
     try:
-        run, _ = store.get_run(org, run_id)
+        run, _ = store.runs.get(org, run_id)
     except NotFound:
         run = None
     if run is None or run.state not in HOLDS_MACHINE:

@@ -164,7 +164,7 @@ def usage(principal: Principal, since: str | None) -> dict[str, Any]:
     """
     start = parse_since(since)
     per: dict[str, dict[str, Any]] = {}
-    for run in get_store().list_runs(principal.org):
+    for run in get_store().runs.in_org(principal.org):
         if run.launched_at is None or run.launched_at < start:
             continue
         t = timing(run)

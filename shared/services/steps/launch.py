@@ -92,7 +92,7 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
 
 # A create that crashed or timed out may have made a machine that listing does not show
 # yet (new instances are invisible to listing for a while), so find-before-create alone
-# can create a second one. Each create attempt first claims the run (Store.claim_launch),
+# can create a second one. Each create attempt first claims the run (store.runs.claim_launch),
 # and a claim is granted only this long after the previous one.
 LAUNCH_SETTLE_S = 60
 
@@ -110,7 +110,7 @@ def machine_up_at(run: RunRecord, resources: list[CloudResource], called_at: dat
 
 def launch(msg: StepMessage) -> None:
     store = get_store()
-    run, _ = store.get_run(msg.org, msg.run_id)
+    run, _ = store.runs.get(msg.org, msg.run_id)
     if run.state not in Step.launch.serves:
         return  # moved on (a duplicate or late delivery)
     claimed = False
@@ -121,7 +121,7 @@ def launch(msg: StepMessage) -> None:
     if run.state != RunState.provisioning or run.resources:
         return  # moved on, or launched already (duplicate delivery)
     if not claimed:
-        run, claimed = store.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
+        run, claimed = store.runs.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
         if run.state != RunState.provisioning or run.resources:
             return
         if not claimed:  # another attempt is recent: its machine may not be listed yet
@@ -166,7 +166,7 @@ def launch(msg: StepMessage) -> None:
         return r.model_copy(update={"resources": merged, "scope": r.scope or scope, "updated_at": now(),
                                     "machine_up_at": r.machine_up_at or up_at, "deadlines": deadlines})
 
-    run, _ = store.mutate_run(run.org, run.id, change)
+    run, _ = store.runs.mutate(run.org, run.id, change)
     event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))
     if run.state == RunState.releasing:
         # Its release may have looked before these resources existed: look again.

@@ -33,7 +33,7 @@ def release_delay(attempts: int) -> float:
 
 def release(msg: StepMessage) -> None:
     store = get_store()
-    run, _ = store.get_run(msg.org, msg.run_id)
+    run, _ = store.runs.get(msg.org, msg.run_id)
     if run.state not in Step.release.serves:
         return
     if msg.reason == BOOT_FAILED and run.release_attempts == 0:
@@ -62,7 +62,7 @@ def release(msg: StepMessage) -> None:
         return r.model_copy(update={"release_attempts": attempts, "release_error": detail, "updated_at": now(),
                                     "release_after": now() + timedelta(seconds=delay)})
 
-    run, wrote = store.mutate_run(run.org, run.id, change)
+    run, wrote = store.runs.mutate(run.org, run.id, change)
     if wrote and out is None:
         event(run, "warning", f"release attempt {attempts} failed: {detail}; retrying in {int(delay)} s")
     get_queues().send(Step.release, msg, delay_s=delay)

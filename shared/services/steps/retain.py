@@ -24,7 +24,7 @@ from shared.store import get_store
 
 
 def retain(msg: StepMessage) -> None:
-    run, _ = get_store().get_run(msg.org, msg.run_id)
+    run, _ = get_store().runs.get(msg.org, msg.run_id)
     if run.state not in Step.retain.serves:
         return
     provider = compute_for(run.org, run.provider)

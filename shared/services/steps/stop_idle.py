@@ -24,7 +24,7 @@ def idle_for(started_s: float) -> str:
 
 
 def stop_idle(msg: StepMessage) -> None:
-    run, _ = get_store().get_run(msg.org, msg.run_id)
+    run, _ = get_store().runs.get(msg.org, msg.run_id)
     idle_stop_s = get_settings().recovery_idle_stop_s
     started = run.machine_started_at
     if run.state != RunState.retained or started is None or (now() - started).total_seconds() <= idle_stop_s:

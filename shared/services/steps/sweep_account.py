@@ -151,10 +151,10 @@ def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool,
         return {**stats, "findings": [_refuse_duplicate(org, name, other, dry_run)]}
     # Read after listing the cloud (see the module docstring): the org's watched runs, and the runs
     # the listing names that are not among them (ended runs whose machine is still listed).
-    watched = store.get_runs(store.watch.ids(org))
+    watched = store.runs.get_many(store.watch.ids(org))
     runs = {r.id: r for r in watched}
     named = sorted({r.run_id for r in resources} - set(runs))
-    runs.update({r.id: r for r in store.get_runs([(org, rid) for rid in named])})
+    runs.update({r.id: r for r in store.runs.get_many([(org, rid) for rid in named])})
     stats["runs_read"] = len(runs)
     t, budget = now(), _Budget(lease)
     findings = _leaks(org, name, provider, resources, runs, t, dry_run, budget)
@@ -381,7 +381,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
         if not dry_run:
             update = {"release_attempts": attempts, "release_error": error, "updated_at": t,
                       "release_after": t + timedelta(seconds=delay)}
-            _, wrote = store.mutate_run(org, run.id, _retry_due(run.release_after, update))
+            _, wrote = store.runs.mutate(org, run.id, _retry_due(run.release_after, update))
             if not wrote:
                 continue
             # Written before sent: a crash in between delays the retry by one backoff, never loses it.

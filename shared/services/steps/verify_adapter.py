@@ -59,7 +59,7 @@ def verify_adapter(msg: StepMessage) -> None:
     from adapter_format.verify import verify_adapter as check_archive
     from shared.providers.registry import smoke_trainer_providers
 
-    run, _ = get_store().get_run(msg.org, msg.run_id)
+    run, _ = get_store().runs.get(msg.org, msg.run_id)
     if run.state not in Step.verify_adapter.serves:
         return
     key = adapter_key(run.id)

@@ -23,7 +23,7 @@ settings.recovery_idle_stop_s, a stop-idle message stops it (shared/services/ste
 this timer never waits on a cloud call.
 
 What one tick reads: the watch index (the runs that hold a machine or wait on a deadline, kept by the
-one state-change write: Store.watch_run), then those runs by point reads, in parallel. Its cost grows
+one state-change write: shared/store/watch.py), then those runs by point reads, in parallel. Its cost grows
 with the active runs, never with the runs ever kept; a write only for a run that acts. An index row
 whose run has left the watched states (a crash between the run's write and the row's delete) is
 pruned once that run has been quiet for PRUNE_AFTER_S.
@@ -114,16 +114,16 @@ def _refused(run: RunRecord) -> str:
 
 
 # An index row whose run is no longer watched is deleted once the run has been quiet this long: a
-# write that indexes a run before moving it (Store.mutate_run) is never in flight longer.
+# write that indexes a run before moving it (store.runs.mutate) is never in flight longer.
 PRUNE_AFTER_S = 900
 
 
 def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
     """The runs of the watch index that are still watched, and how many stale rows were pruned."""
     store = get_store()
-    store.build_watch_index()  # once per deployment: runs recorded before the index existed
+    store.runs.build_watch_index()  # once per deployment: runs recorded before the index existed
     keys = store.watch.ids()
-    found = {(r.org, r.id): r for r in store.get_runs(keys)}
+    found = {(r.org, r.id): r for r in store.runs.get_many(keys)}
     pruned = 0
     for key in keys:
         run = found.get(key)
@@ -244,7 +244,7 @@ def _warn_retention(run: RunRecord, warning: str, t: datetime) -> int:
             return None
         return r.model_copy(update={"retention_warned_at": t})
 
-    new, wrote = get_store().mutate_run(run.org, run.id, change)
+    new, wrote = get_store().runs.mutate(run.org, run.id, change)
     if not wrote:
         return 0
     event(new, "warning", warning)
@@ -303,7 +303,7 @@ def _resend(run: RunRecord, t: datetime) -> int:
             return None  # it moved, was re-sent by another tick, or its step claimed it meanwhile: not lost
         return r.model_copy(update={"resent_at": t, "updated_at": t})
 
-    _, wrote = get_store().mutate_run(run.org, run.id, change)
+    _, wrote = get_store().runs.mutate(run.org, run.id, change)
     if not wrote:
         return 0
     # Written before sent: a crash in between delays the resend by one interval, never loses it.

@@ -51,7 +51,7 @@ def launch(principal: Principal, run_id: str, body: RunLaunch) -> RunView:
     if not body.confirm:
         raise InvalidInput.field("confirm", "launching rents a GPU billed to your account; send confirm: true")
     store = get_store()
-    run, _ = store.get_run(principal.org, run_id)
+    run, _ = store.runs.get(principal.org, run_id)
     if run.state != RunState.draft:
         raise Conflict(f"nothing was launched: the run is {run.state.value}"
                        + (" (launched already)" if run.launched_at else "") + "; only a draft can be launched")
@@ -158,7 +158,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     require(principal, Role.owner, Role.member)
     accept = body.accept_checkpoint if body else _flag("accept_checkpoint", accept_checkpoint)
     store = get_store()
-    run, _ = store.get_run(principal.org, run_id)
+    run, _ = store.runs.get(principal.org, run_id)
     if run.state == RunState.recovering:
         return view(run)
     quotas.take(principal, "recover")  # a recovery verifies an archive or starts a machine
@@ -186,7 +186,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
             r = billing.switched(r, True, started)  # GPU billing resumes
             return r.model_copy(update={"billing_note": note, "machine_started_at": started, "updated_at": started})
 
-        return view(store.mutate_run(run.org, run.id, note_billing)[0])
+        return view(store.runs.mutate(run.org, run.id, note_billing)[0])
     sha = ""
     if upload is not None:
         if not upload:
@@ -239,7 +239,7 @@ def _resume(run: RunRecord) -> RunView:
         return r.model_copy(update={"machine_started_at": r.machine_started_at or started, "updated_at": started,
                                     "billing_note": "the machine is being started to resume training"})
 
-    run, wrote = store.mutate_run(run.org, run.id, starting)
+    run, wrote = store.runs.mutate(run.org, run.id, starting)
     if run.state != RunState.retained:
         return view(run)
     if wrote:
@@ -256,7 +256,7 @@ def _resume(run: RunRecord) -> RunView:
             return r.model_copy(update={"machine_started_at": None, "updated_at": now(),
                                         "billing_note": "the machine is stopped; its disk still bills"})
 
-        run, _ = store.mutate_run(run.org, run.id, not_started)
+        run, _ = store.runs.mutate(run.org, run.id, not_started)
         event(run, "warning", f"the resume did not start the machine: {why}", machine="stopped")
         raise Conflict(f"the cloud refused to start the machine: {why}; the run stays retained with its disk: try "
                        "mode resume again later, or recover with mode verify_saved") from exc
@@ -289,7 +289,7 @@ def _flag(field: str, value: str | None) -> bool:
 
 def retry_release(principal: Principal, run_id: str) -> RunView:
     require(principal, Role.owner, Role.member)
-    run, _ = get_store().get_run(principal.org, run_id)
+    run, _ = get_store().runs.get(principal.org, run_id)
     if run.state != RunState.releasing:
         raise Conflict(f"only a run in releasing can retry its release; this one is {run.state.value}")
     quotas.take(principal, "release")
@@ -302,7 +302,7 @@ def stop(principal: Principal, run_id: str) -> RunView:
     """Stop a retained run's machine again (provider.retain once more): a machine started for
     recovery bills for its GPU until then. Safe to repeat; the disk is kept."""
     require(principal, Role.owner, Role.member)
-    run, _ = get_store().get_run(principal.org, run_id)
+    run, _ = get_store().runs.get(principal.org, run_id)
     if run.state not in (RunState.retained, RunState.recovering):
         raise Conflict(f"only a retained run's machine can be stopped; this one is {run.state.value}"
                        + ("" if run.state in TERMINAL else " (its machine is the control plane's to stop)"))

@@ -43,7 +43,7 @@ def adapter(principal: Principal, run_id: str, fmt: str | None = None) -> Adapte
     require(principal, Role.owner, Role.member)
     if fmt not in (None, "", *FORMATS):
         raise InvalidInput.field("format", f"is {fmt!r}; use adapter (the default) or merged")
-    run, _ = get_store().get_run(principal.org, run_id)
+    run, _ = get_store().runs.get(principal.org, run_id)
     if run.state != RunState.succeeded or not run.adapter_sha256:
         raise Conflict(f"the adapter is not available: the run is {run.state.value}; it can be downloaded once "
                        "the run has succeeded with a verified adapter")

@@ -64,7 +64,7 @@ def create(principal: Principal, body: RunCreate) -> RunView:
         org=principal.org, id=newest_first_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
         state_changed_at=t, created_by=principal.sub, billing=Billing(), **_draft_fields(body, checked),
     )
-    get_store().create_run(run)
+    get_store().runs.create(run)
     event(run, "transition", "draft saved; nothing is rented until launch",
           estimate_per_hour=checked.offer.total_per_hour)
     _kind_event(run, checked.dataset)
@@ -97,7 +97,7 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     edit changes nothing."""
     require(principal, Role.owner, Role.member)
     store = get_store()
-    run, _ = store.get_run(principal.org, run_id)
+    run, _ = store.runs.get(principal.org, run_id)
     if run.state != RunState.draft:
         raise Conflict(f"only a draft can be edited; this run is {run.state.value}")
     fields = body.model_dump(exclude_none=True, exclude={"training"})
@@ -125,7 +125,7 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
                            "changed by this one: read the draft and send the edit again")
         return r.model_copy(update=updates)
 
-    new, wrote = store.mutate_run(principal.org, run_id, change)
+    new, wrote = store.runs.mutate(principal.org, run_id, change)
     if not wrote:
         raise Conflict(f"only a draft can be edited; this run is {new.state.value} now")
     # Edits are the user's to repeat at will: their events are bounded per run (shared/runs/events.py).
@@ -143,7 +143,7 @@ def delete(principal: Principal, run_id: str) -> None:
     """Delete a draft (nothing was rented for it); any other run is kept as a record."""
     require(principal, Role.owner, Role.member)
     store = get_store()
-    run, etag = store.get_run(principal.org, run_id)
+    run, etag = store.runs.get(principal.org, run_id)
     if run.state in TERMINAL:
         # "Cancel it instead" sent the owner of a succeeded run to a command that does nothing for it.
         raise Conflict(f"only a draft can be deleted; this run is {run.state.value}, and an ended run stays as "
@@ -151,5 +151,5 @@ def delete(principal: Principal, run_id: str) -> None:
     if run.state != RunState.draft:
         raise Conflict(f"only a draft can be deleted; this run is {run.state.value}: cancel it instead "
                        f"(`tensorant runs cancel {run.id}`), and it stays as the record of what was billed")
-    store.delete_run(run.org, run.id, etag)  # ETag-guarded: a launch in between wins
+    store.runs.delete(run.org, run.id, etag)  # ETag-guarded: a launch in between wins
     return None

@@ -21,7 +21,7 @@ def logs(principal: Principal, run_id: str, after: str | None = None, limit: str
 
     `next` is the cursor for the following lines; null once the run is terminal and every
     stored line was returned (while it runs, polling with `next` picks up new lines)."""
-    run, _ = get_store().get_run(principal.org, run_id)
+    run, _ = get_store().runs.get(principal.org, run_id)
     if after is None or after == "":
         start = 0
     elif after.isascii() and after.isdigit() and len(after) <= 10:
@@ -100,7 +100,7 @@ def metrics(principal: Principal, run_id: str, after: str | None = None) -> dict
     """Per-step loss from the trainer's progress lines in the run's stored logs: of its newest METRIC_LINES
     lines, or of the METRIC_LINES after the line cursor `after` (`next` follows; null at the end of a
     run that ended). Rate-limited per org (quotas.take_read)."""
-    run, _ = get_store().get_run(principal.org, run_id)
+    run, _ = get_store().runs.get(principal.org, run_id)
     if after is None or after == "":
         start = max(0, run.log_lines - METRIC_LINES)
     elif after.isascii() and after.isdigit() and len(after) <= 10:

@@ -98,7 +98,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
 
 
 def get(principal: Principal, run_id: str) -> RunView:
-    run, _ = get_store().get_run(principal.org, run_id)
+    run, _ = get_store().runs.get(principal.org, run_id)
     return view(run)
 
 
@@ -121,7 +121,7 @@ def list_runs(principal: Principal, *, limit: str | None = None, cursor: str | N
     states = _states(state)
     filters = (",".join(sorted(s.value for s in states)) if states else "", project or "")
     page = paging.request(limit, cursor, "runs", principal.org, *filters)
-    runs, nxt = get_store().list_runs_page(principal.org, limit=page.limit, after=page.after, states=states,
+    runs, nxt = get_store().runs.page(principal.org, limit=page.limit, after=page.after, states=states,
                                            project=project or None)
     return {"items": [view(r, with_events=False) for r in runs],
             "next": paging.cursor_for(nxt, "runs", principal.org, *filters)}
