@@ -801,7 +801,7 @@ def train(env: dict[str, str]) -> int:
         f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
     if s.merged:
         # The training model (and its optimizer state) freed first: the merge loads the base model again.
-        del run, model, optimizer, scheduler, neftune, progress
+        del run, model, loaded, optimizer, scheduler, neftune, progress
         from machine.trainer.merge import free_memory, merge_into_output
 
         free_memory(cuda)

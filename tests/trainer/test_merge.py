@@ -166,13 +166,31 @@ def test_the_verifier_refuses_what_is_not_the_base_models_merged_weights(good: d
 
 
 def test_a_trainer_run_with_merged_writes_the_verified_merged_model(tiny_model: Path, tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     need_torch()
+    import gc
+
+    from transformers import PreTrainedModel
+
+    from machine.trainer import merge
     from machine.trainer.lora import train
 
+    alive: list[int] = []
+    real = merge.merge_into_output
+
+    def counting(*args: Any, **kw: Any) -> bool:
+        # The training model must be gone before the base model is loaded again (the GPU holds one copy).
+        gc.collect()
+        alive.append(sum(isinstance(o, PreTrainedModel) for o in gc.get_objects()))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(merge, "merge_into_output", counting)
     data = write_jsonl(tmp_path / "data.jsonl", pirate_rows(12))
-    settings = {"max_steps": 2, "batch_size": 4, "lora_r": 4, "max_seq_len": 48, "sample_prompts": 0, "merged": True}
+    settings = {"max_steps": 2, "batch_size": 4, "lora_r": 4, "max_seq_len": 48, "sample_prompts": 0, "merged": True,
+                "neftune_alpha": 5.0}
     assert train(trainer_env(tiny_model, data, tmp_path / "out", settings)) == 0
+    assert alive == [0]
     assert "merging the adapter into" in capsys.readouterr().out
     result = verify_merged(zipped(tmp_path / "out" / "merged", tmp_path), base_model=TINY, expected_sha256=None)
     assert result.ok, result.problems
