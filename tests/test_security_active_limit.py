@@ -2,7 +2,7 @@
 
 Before: 6 concurrent launches with max_active_runs=1 were all answered 202 and queued (more GPUs
 rented than the quota allows). Now each launch takes a reservation keyed by its run id in one
-ETag-guarded row of the quotas table (Store.reserve_active_slot); it is freed when the run ends
+ETag-guarded row of the quotas table (store.slots.reserve); it is freed when the run ends
 or when the launch that took it fails, and a reservation left by a crash is dropped when counting.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from shared.models import RunState
 from shared.store import get_store
-from shared.store.repo import LAUNCH_GRACE_S
+from shared.store.slots import LAUNCH_GRACE_S
 from tests.harness import Harness
 
 LIMIT = 3
@@ -57,7 +57,7 @@ def test_ten_concurrent_launches_get_exactly_the_limit(h: Harness) -> None:
         assert status == 409 and headers["Content-Type"].startswith("application/problem+json"), body
         assert f"(limit {LIMIT})" in body["detail"] and "nothing was launched" in body["detail"], body
     assert active(h) == won  # nothing else was queued
-    assert set(get_store().active_reservations(h.org)) == won
+    assert set(get_store().slots.held(h.org)) == won
     assert all(h.get_run(r)["state"] == "draft" for r in refused)
 
     h.drain()  # the machines are made for the winners only
@@ -68,7 +68,7 @@ def test_ten_concurrent_launches_get_exactly_the_limit(h: Harness) -> None:
     h.ok("POST", f"/api/runs/{ended}/cancel", token="member", json_body={"discard": True})
     h.drain()
     assert h.get_run(ended)["state"] == "cancelled"
-    assert set(get_store().active_reservations(h.org)) == won - {ended}
+    assert set(get_store().slots.held(h.org)) == won - {ended}
     assert launch(h, drafts[10])[0] == 202
     assert launch(h, sorted(refused)[0])[0] == 409
 
@@ -79,7 +79,7 @@ def test_a_launch_refused_after_taking_its_slot_frees_it(h: Harness) -> None:
     too_dear = h.create_run("memory", "mem-a10", project=project, price_limit=0.5)  # the offer costs 1.01/h
     status, body, _ = launch(h, too_dear)
     assert status == 409 and "above the run's limit" in body["detail"], body
-    assert get_store().active_reservations(h.org) == {}
+    assert get_store().slots.held(h.org) == {}
     assert launch(h, h.create_run("memory", "mem-a10", project=project))[0] == 202
 
 
@@ -89,20 +89,20 @@ def test_reservations_are_idempotent_and_crash_leftovers_are_dropped(h: Harness)
     a, b, c = (h.create_run("memory", "mem-a10", project=project) for _ in range(3))
     # A message delivered twice, or a launch retried: one run holds one slot, however often it asks.
     for _ in range(3):
-        slot = store.reserve_active_slot(h.org, a, 2)
+        slot = store.slots.reserve(h.org, a, 2)
         assert slot.granted and slot.active == 1
-    assert list(store.active_reservations(h.org)) == [a]
+    assert list(store.slots.held(h.org)) == [a]
     # Released twice: the second changes nothing (and never frees another run's slot).
-    assert store.reserve_active_slot(h.org, b, 2).granted
-    store.release_active_slot(h.org, a)
-    store.release_active_slot(h.org, a)
-    assert list(store.active_reservations(h.org)) == [b]
+    assert store.slots.reserve(h.org, b, 2).granted
+    store.slots.release(h.org, a)
+    store.slots.release(h.org, a)
+    assert list(store.slots.held(h.org)) == [b]
     # A launch that died between its reservation and the run's write: its draft holds the slot
     # while the launch may still be under way, then it is dropped.
-    assert not store.reserve_active_slot(h.org, c, 1).granted
+    assert not store.slots.reserve(h.org, c, 1).granted
     h.clock.advance(LAUNCH_GRACE_S + 1)
-    assert store.reserve_active_slot(h.org, c, 1).granted
-    assert list(store.active_reservations(h.org)) == [c]
+    assert store.slots.reserve(h.org, c, 1).granted
+    assert list(store.slots.held(h.org)) == [c]
 
 
 def test_the_reservation_of_a_run_that_ended_without_freeing_it_is_ignored(h: Harness) -> None:
@@ -114,9 +114,9 @@ def test_the_reservation_of_a_run_that_ended_without_freeing_it_is_ignored(h: Ha
     store = get_store()
     run, etag = store.runs.get(h.org, first)
     store.runs.put(run.model_copy(update={"state": RunState.failed}), etag)  # ended; the release line never ran
-    assert list(store.active_reservations(h.org)) == [first]
+    assert list(store.slots.held(h.org)) == [first]
     assert launch(h, second)[0] == 202
-    assert list(store.active_reservations(h.org)) == [second]
+    assert list(store.slots.held(h.org)) == [second]
 
 
 def test_runs_launched_before_reservations_existed_still_count(h: Harness) -> None:
@@ -124,6 +124,6 @@ def test_runs_launched_before_reservations_existed_still_count(h: Harness) -> No
     project = h.project_and_dataset()
     first, second = (h.create_run("memory", "mem-a10", project=project) for _ in range(2))
     assert launch(h, first)[0] == 202
-    get_store().release_active_slot(h.org, first)  # as if launched by an older version: no reservation
+    get_store().slots.release(h.org, first)  # as if launched by an older version: no reservation
     status, body, _ = launch(h, second)
     assert status == 409 and "(limit 1)" in body["detail"], body

@@ -16,7 +16,7 @@ discarded (shared/runs/retention.py).
 The rate limit is a fixed one-minute window counted in the `quotas` table with ETag-guarded
 writes, so it holds across host instances (a per-process counter would not). max_active_runs
 is a reservation per launched run in one ETag-guarded row of that table
-(Store.reserve_active_slot): reading a count and then writing the launch would let concurrent
+(store.slots.reserve): reading a count and then writing the launch would let concurrent
 launches all see the same free slot and all start. The reservation is freed when the run ends
 (the store, on its move to a terminal state) or when the launch that took it fails.
 """
@@ -147,7 +147,7 @@ def reserve_active(principal: Principal, run: RunRecord, limits: OrgLimits) -> b
     """Take one of the org's max_active_runs slots for this run, or 409. Returns whether this
     call took it (False: the run held one already, from a launch attempt of it under way or
     one that died); a launch that fails after taking its slot frees it (free_unless_launched)."""
-    slot = get_store().reserve_active_slot(principal.org, run.id, limits.max_active_runs)
+    slot = get_store().slots.reserve(principal.org, run.id, limits.max_active_runs)
     if not slot.granted:
         raise Conflict(f"nothing was launched: the organization has {slot.active} launched runs that are not "
                        f"finished (limit {limits.max_active_runs}); wait for one to finish, cancel one, or an "
@@ -168,4 +168,4 @@ def free_unless_launched(org: str, run_id: str) -> None:
     except NotFound:
         run = None
     if run is None or run.state not in HOLDS_MACHINE:
-        store.release_active_slot(org, run_id)
+        store.slots.release(org, run_id)
