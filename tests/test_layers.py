@@ -60,8 +60,40 @@ def test_the_run_domain_imports_no_service() -> None:
 def test_only_moves_records_a_state_change() -> None:
     # A transition event written anywhere else would be a second way to change a run's state.
     users = [str(p.relative_to(ROOT)) for p in SHARED.rglob("*.py")
-             if "transition_event" in p.read_text() and p.name not in ("events.py", "moves.py")]
+             if "transition_event" in p.read_text()
+             and str(p.relative_to(ROOT)) not in ("shared/runs/events.py", "shared/runs/moves.py")]
     assert users == []
+
+
+def test_only_the_run_repositorys_write_changes_a_run() -> None:
+    """A run record is written by Runs.mutate (shared/store/runs.py), which keeps the watch index and the
+    active-run slot with the write; moves.py adds the transition event around it. Nothing else in the control
+    plane reaches the runs table or calls Runs.put, mutate's raw write (tests do, to fake an old record)."""
+    import re
+
+    runs_py = SHARED / "store" / "runs.py"
+    raw = re.compile(r"""table\(\s*["']runs["']\s*\)|\bruns\.put\(""")
+    offenders = [str(p.relative_to(ROOT)) for p in [*SHARED.rglob("*.py"), *(ROOT / "functions").rglob("*.py")]
+                 if p != runs_py and raw.search(p.read_text())]
+    assert offenders == []
+    writes: dict[str, set[str]] = {}  # method of Runs -> the writes it calls (self._table.<write>, self.put)
+    [runs] = [n for n in ast.parse(runs_py.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "Runs"]
+    for method in (n for n in runs.body if isinstance(n, ast.FunctionDef)):
+        for call in (n for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
+            target = ast.unparse(call.func)
+            if target == "self.put" or re.fullmatch(r"self\._table\.(insert|update|upsert)", target):
+                writes.setdefault(method.name, set()).add(target)
+    assert writes == {"create": {"self._table.insert"}, "put": {"self._table.update"}, "mutate": {"self.put"}}
+
+
+def test_each_store_repository_is_small() -> None:
+    """The store is one small repository per table or aggregate (shared/store/), never again one class with
+    a method for every table: at most 12 public methods each."""
+    sizes = {f"{p.relative_to(ROOT)}:{node.name}": sum(1 for f in node.body if isinstance(f, ast.FunctionDef)
+                                                       and not f.name.startswith("_"))
+             for p in sources("store") for node in ast.parse(p.read_text()).body if isinstance(node, ast.ClassDef)}
+    assert "shared/store/runs.py:Runs" in sizes and "shared/store/repo.py:Store" in sizes
+    assert {name: n for name, n in sizes.items() if n > 12} == {}
 
 
 def test_no_service_branches_on_a_providers_name() -> None:
