@@ -157,9 +157,9 @@ def wait_until(predicate: Any, timeout: float = 10.0) -> Any:
 
 def test_smoke_run_reports_phases_and_a_verifiable_adapter(world: dict[str, Any], api: FakeAgentApi) -> None:
     compute = LocalCompute(LocalConfig(), world["settings"])
-    # Heartbeats every 0.1 s; the trainer runs 4 steps of 0.15 s.
+    # Heartbeats every 0.1 s; the trainer runs 4 steps of 0.4 s (room for 4 training beats on a busy machine).
     spec = spec_for(world, api, "run-ok", TENSORANT_HEARTBEAT_INTERVAL_S="0.1", TENSORANT_SMOKE_STEPS="4",
-                    TENSORANT_SMOKE_STEP_SECONDS="0.15")
+                    TENSORANT_SMOKE_STEP_SECONDS="0.4")
     resources = compute.launch(spec)
     assert {r.kind for r in resources} == {"process", "workdir"}
     process = next(r for r in resources if r.kind == "process")
