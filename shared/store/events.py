@@ -60,13 +60,15 @@ class Events:
         q = self._table.query(" and ".join(clauses), top=limit, **params)
         return [RunEvent.model_validate(d) for d, _ in q][:limit][::-1]
 
-    def read(self, run_id: str, kind: str | None = None, *, exclude_kind: str | None = None,
+    def read(self, run_id: str, kind: str | tuple[str, ...] | None = None, *, exclude_kind: str | None = None,
              limit: int | None = None) -> list[RunEvent]:
-        """A run's events, oldest first; `limit` bounds the read (one page of at most `limit`)."""
+        """A run's events, oldest first, of one kind or any of several; `limit` bounds the read (one page of
+        at most `limit`)."""
         clauses, params = ["PartitionKey eq @r"], {"r": run_id}
-        if kind:
-            clauses.append("kind eq @k")
-            params["k"] = kind
+        kinds = (kind,) if isinstance(kind, str) else kind or ()
+        if kinds:
+            clauses.append("( " + " or ".join(f"kind eq @k{i}" for i in range(len(kinds))) + " )")
+            params.update({f"k{i}": k for i, k in enumerate(kinds)})
         if exclude_kind:
             clauses.append("kind ne @x")  # logs of older runs were events of kind "log"
             params["x"] = exclude_kind

@@ -43,9 +43,7 @@ class Timing:
 
 def timeline_events(run_id: str) -> list[RunEvent]:
     """The events the timeline needs (transitions and audit lines; never the log lines)."""
-    q = get_store().table("events").query("PartitionKey eq @r and ( kind eq @t or kind eq @a )",
-                                          r=run_id, t="transition", a="audit")
-    return [RunEvent.model_validate(d) for d, _ in q]
+    return get_store().events.read(run_id, kind=("transition", "audit"))
 
 
 def _release_confirmed_at(run: RunRecord, events: list[RunEvent]) -> datetime | None:
