@@ -67,7 +67,7 @@ MAX_MERGED_BYTES = 3 * GiB
 
 
 @dataclass(frozen=True)
-class BaseModel:
+class DeclaredModel:
     name: str
     architecture: Architecture
     hidden_size: int
@@ -194,44 +194,44 @@ class BaseModel:
 
 _MODELS = [
     # Exists so the smoke trainer and the verifier have shapes to check; no weights anywhere.
-    BaseModel("tensorant/smoke-tiny", "llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
+    DeclaredModel("tensorant/smoke-tiny", "llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=4,
               head_dim=16, intermediate_size=128, vocab_size=512, tie_embeddings=True,
               default_targets=("q_proj", "v_proj"), note="smoke tests only (no weights)"),
     # Tiny random-initialised models of real architectures for the CPU trainer tests. tiny-llama has
     # heads x head_dim (4 x 32 = 128) != hidden (64), so q/o shapes differ from hidden x hidden.
-    BaseModel("tensorant/tiny-llama", "llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+    DeclaredModel("tensorant/tiny-llama", "llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
               head_dim=32, intermediate_size=128, vocab_size=512, tie_embeddings=True,
               note="random weights, built locally for tests"),
-    BaseModel("tensorant/tiny-qwen2", "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+    DeclaredModel("tensorant/tiny-qwen2", "qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
               head_dim=16, intermediate_size=128, vocab_size=512, tie_embeddings=True, attention_bias=True,
               note="random weights, built locally for tests"),
-    BaseModel("HuggingFaceTB/SmolLM2-135M-Instruct", "llama", hidden_size=576, num_layers=30, num_heads=9,
+    DeclaredModel("HuggingFaceTB/SmolLM2-135M-Instruct", "llama", hidden_size=576, num_layers=30, num_heads=9,
               num_kv_heads=3, head_dim=64, intermediate_size=1536, vocab_size=49152, tie_embeddings=True,
               rope_theta=100000.0, max_position=8192),
-    BaseModel("Qwen/Qwen2.5-0.5B-Instruct", "qwen2", hidden_size=896, num_layers=24, num_heads=14,
+    DeclaredModel("Qwen/Qwen2.5-0.5B-Instruct", "qwen2", hidden_size=896, num_layers=24, num_heads=14,
               num_kv_heads=2, head_dim=64, intermediate_size=4864, vocab_size=151936, tie_embeddings=True,
               attention_bias=True, rope_theta=1000000.0, max_position=32768, rms_norm_eps=1e-6),
-    BaseModel("Qwen/Qwen2.5-0.5B", "qwen2", hidden_size=896, num_layers=24, num_heads=14,
+    DeclaredModel("Qwen/Qwen2.5-0.5B", "qwen2", hidden_size=896, num_layers=24, num_heads=14,
               num_kv_heads=2, head_dim=64, intermediate_size=4864, vocab_size=151936, tie_embeddings=True,
               attention_bias=True, rope_theta=1000000.0, max_position=32768, rms_norm_eps=1e-6),
-    BaseModel("Qwen/Qwen2.5-7B-Instruct", "qwen2", hidden_size=3584, num_layers=28, num_heads=28,
+    DeclaredModel("Qwen/Qwen2.5-7B-Instruct", "qwen2", hidden_size=3584, num_layers=28, num_heads=28,
               num_kv_heads=4, head_dim=128, intermediate_size=18944, vocab_size=152064, tie_embeddings=False,
               attention_bias=True, rope_theta=1000000.0, max_position=32768, rms_norm_eps=1e-6),
-    BaseModel("meta-llama/Llama-3.2-1B", "llama", hidden_size=2048, num_layers=16, num_heads=32,
+    DeclaredModel("meta-llama/Llama-3.2-1B", "llama", hidden_size=2048, num_layers=16, num_heads=32,
               num_kv_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256, tie_embeddings=True,
               rope_theta=500000.0, max_position=131072, note="gated on the Hugging Face hub: needs a token"),
-    BaseModel("meta-llama/Llama-3.1-8B-Instruct", "llama", hidden_size=4096, num_layers=32, num_heads=32,
+    DeclaredModel("meta-llama/Llama-3.1-8B-Instruct", "llama", hidden_size=4096, num_layers=32, num_heads=32,
               num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256, tie_embeddings=False,
               rope_theta=500000.0, max_position=131072, note="gated on the Hugging Face hub: needs a token"),
-    BaseModel("mistralai/Mistral-7B-Instruct-v0.3", "mistral", hidden_size=4096, num_layers=32, num_heads=32,
+    DeclaredModel("mistralai/Mistral-7B-Instruct-v0.3", "mistral", hidden_size=4096, num_layers=32, num_heads=32,
               num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32768, tie_embeddings=False,
               rope_theta=1000000.0, max_position=32768),
-    BaseModel("mistralai/Mistral-7B-v0.1", "mistral", hidden_size=4096, num_layers=32, num_heads=32,
+    DeclaredModel("mistralai/Mistral-7B-v0.1", "mistral", hidden_size=4096, num_layers=32, num_heads=32,
               num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=32000, tie_embeddings=False,
               max_position=32768),
 ]
-BASE_MODELS: dict[str, BaseModel] = {m.name: m for m in _MODELS}
+BASE_MODELS: dict[str, DeclaredModel] = {m.name: m for m in _MODELS}
 
 
-def get_base_model(name: str) -> BaseModel | None:
+def get_base_model(name: str) -> DeclaredModel | None:
     return BASE_MODELS.get(name)

@@ -16,7 +16,7 @@ import hashlib
 import re
 from typing import Any, BinaryIO
 
-from adapter_format.base_models import MAX_MERGED_BYTES, BaseModel, get_base_model
+from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel, get_base_model
 from adapter_format.verify import (
     MAX_ENTRIES,
     MAX_PROBLEMS,
@@ -48,7 +48,7 @@ LAYOUT = Layout(required=(CONFIG_NAME, MANIFEST_NAME), noun="merged model", a_no
                         f"with {INDEX_NAME}, and {GENERATION_NAME}")
 
 
-def expected_tensors(model: BaseModel) -> dict[str, tuple[int, ...]]:
+def expected_tensors(model: DeclaredModel) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape of the model's transformers checkpoint (tied embeddings: no lm_head)."""
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
@@ -149,7 +149,7 @@ def _shard_names(archive: _Archive, problems: list[str]) -> list[str]:
     return names
 
 
-def _check_config(raw: bytes, model: BaseModel, problems: list[str]) -> None:
+def _check_config(raw: bytes, model: DeclaredModel, problems: list[str]) -> None:
     config = _load_json(raw, CONFIG_NAME, problems)
     if config is None:
         return
@@ -164,7 +164,7 @@ def _check_config(raw: bytes, model: BaseModel, problems: list[str]) -> None:
         problems.append(f"{CONFIG_NAME} has a quantization_config; a merged model holds plain weights.")
 
 
-def _check_tensors(tensors: dict[str, _Tensor], model: BaseModel, problems: list[str],
+def _check_tensors(tensors: dict[str, _Tensor], model: DeclaredModel, problems: list[str],
                    summary: dict[str, Any]) -> None:
     expected = expected_tensors(model)
     missing = sorted(set(expected) - set(tensors))

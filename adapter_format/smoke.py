@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from adapter_format.base_models import BaseModel, get_base_model
+from adapter_format.base_models import DeclaredModel, get_base_model
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -72,7 +72,7 @@ def adapter_config(base_model: str, r: int, targets: Iterable[str]) -> dict[str,
     }
 
 
-def _declared(base_model: str) -> BaseModel:
+def _declared(base_model: str) -> DeclaredModel:
     model = get_base_model(base_model)
     if model is None:
         raise ValueError(f"base model {base_model!r} is not declared in adapter_format.base_models; "

@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import ConnectionView
-from shared.runs.backends import STORAGE_SLOT, compute_slot
+from shared.runs.org_backends import STORAGE_SLOT, compute_slot
 from shared.services.api import connections
 
 bp = func.Blueprint()

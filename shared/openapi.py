@@ -208,9 +208,9 @@ def _storage_config(doc: _Doc) -> dict[str, Any]:
 
     from pydantic import Field
 
+    from shared.org_storage.config import StorageConfig
+    from shared.org_storage.registry import storage_config_models
     from shared.settings import get_settings
-    from shared.storage.config import StorageConfig
-    from shared.storage.registry import storage_config_models
 
     # In production without the dev-only kinds (local storage), as the save refuses them there.
     members = storage_config_models(get_settings())
@@ -319,7 +319,7 @@ def _parameters(route: str, op_id: str) -> list[dict[str, Any]]:
 
 
 def build(app: Any) -> dict[str, Any]:
-    from shared.appindex import functions_of
+    from shared.function_index import functions_of
 
     doc = _Doc()
     problem = doc.ref(Problem)

@@ -109,7 +109,7 @@ def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
+def module_s3_url() -> Iterator[str]:
     """moto's S3 on a loopback port for one module, with an org's bucket and a RunPod volume's."""
     import boto3
 
@@ -124,7 +124,7 @@ def moto_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def moto_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def fresh_s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """moto's S3 for one test, with an empty org bucket; the settings allow its loopback http endpoint."""
     import boto3
 
@@ -155,7 +155,7 @@ def fake_api() -> Iterator[FakeApi]:
 
 
 @pytest.fixture(scope="session")
-def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def moto_ec2_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """moto in server mode on loopback for the session, its EC2 seeded with the rig's AMIs; its URL."""
     from tests.providers.aws.rig import moto_ec2_server
 
@@ -174,11 +174,11 @@ def pricing_server() -> Iterator[PricingServer]:
 
 
 @pytest.fixture
-def rig(moto_server: str, pricing_server: PricingServer) -> Rig:
+def rig(moto_ec2_url: str, pricing_server: PricingServer) -> Rig:
     """The AWS rig on a freshly reset moto: a VPC, subnet and security group, and a call counter."""
     from tests.providers.aws.rig import new_rig
 
-    return new_rig(moto_server, pricing_server)
+    return new_rig(moto_ec2_url, pricing_server)
 
 
 @pytest.fixture

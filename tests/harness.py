@@ -18,9 +18,9 @@ import azure.functions as func
 
 from shared import clock, queues
 from shared.models import Role
+from shared.org_storage.base import adapter_key
 from shared.queues import Queue, get_queues
 from shared.security import mint_agent_token, mint_user_token
-from shared.storage.base import adapter_key
 from tensorant_devhost.routes import RouteTemplate
 
 SMOKE_MODEL = "tensorant/smoke-tiny"
@@ -52,7 +52,7 @@ def app_functions(app: Any) -> tuple[list[Route], dict[str, Callable[..., Any]],
     """The app's user functions: HTTP routes (method, template, function) matched as the dev
     host matches them (the Functions route syntax, in ASP.NET precedence), queue functions
     by queue name, timer functions by function name."""
-    from shared.appindex import functions_of
+    from shared.function_index import functions_of
 
     routes: list[Route] = []
     queue_fns: dict[str, Callable[..., Any]] = {}
@@ -274,7 +274,7 @@ class TestAgent:
                          json_body={"phase": phase, "progress": progress, "logs": logs or []})
 
     def upload(self, data: bytes) -> None:
-        from shared.runs.backends import storage_for
+        from shared.runs.org_backends import storage_for
 
         storage_for(self.h.org).put(adapter_key(self.run_id), data)
 

@@ -34,13 +34,13 @@ from machine.agent.config import AgentConfig, BootstrapError, overlay_bootstrap
 from machine.agent.transport import with_retries
 from shared.errors import PermanentError
 from shared.models import GpuOffer, MachineState
+from shared.org_storage.base import ObjectMissing, adapter_key, dataset_key, logs_key
+from shared.org_storage.config import LocalStorageConfig
+from shared.org_storage.local import LocalStorage
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.local.compute import LocalCompute, scan
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
-from shared.storage.base import ObjectMissing, adapter_key, dataset_key, logs_key
-from shared.storage.config import LocalStorageConfig
-from shared.storage.local import LocalStorage
 
 TOKEN = "run-token-" + "s3cr3t" * 4
 POLL = 0.05

@@ -87,7 +87,7 @@ def test_secrets_are_write_only_and_never_logged(h: Harness, secretive: None, ca
     h.ok("PUT", "/api/connections/compute/secretive", json_body={"region": "r2"})
     status, bad, _ = h.call("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET, "region": 5})
     assert status == 422 and bad["errors"][0]["field"] == "region"
-    from shared.runs.backends import compute_slot, unsealed_config
+    from shared.runs.org_backends import compute_slot, unsealed_config
     from shared.store import get_store
 
     rec = get_store().connections.get("org-a", compute_slot("secretive"))

@@ -73,7 +73,7 @@ def test_deadline_bounds_waits_on_the_core_clock() -> None:
 
 def registered() -> dict[str, Any]:
     import function_app
-    from shared.appindex import functions_of
+    from shared.function_index import functions_of
 
     return {fn.get_function_name(): fn for fn in functions_of(function_app.app)}
 

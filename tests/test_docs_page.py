@@ -23,7 +23,7 @@ class _AppServer:
 
     def __init__(self) -> None:
         import function_app
-        from shared.appindex import functions_of
+        from shared.function_index import functions_of
 
         self.routes: list[tuple[re.Pattern[str], Any]] = []
         for fn in functions_of(function_app.app):

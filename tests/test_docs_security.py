@@ -19,7 +19,7 @@ SCRIPT = ROOT / "functions" / "docs_assets" / "tensorant-docs.js"
 
 def _handler(name: str) -> Any:
     import function_app
-    from shared.appindex import functions_of
+    from shared.function_index import functions_of
 
     return next(fn.get_user_function() for fn in functions_of(function_app.app) if fn.get_function_name() == name)
 

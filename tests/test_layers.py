@@ -40,7 +40,7 @@ def sources(*folders: str) -> list[Path]:
 
 
 def test_only_the_http_edge_imports_the_http_layer() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in sources("services", "runs", "storage", "providers", "store")
+    offenders = [str(p.relative_to(ROOT)) for p in sources("services", "runs", "org_storage", "providers", "store")
                  if any(m == "shared.http" or m.startswith("shared.http.") for m in imports(p))]
     assert offenders == [], f"import errors from shared.errors, not shared.http: {offenders}"
 
@@ -102,7 +102,7 @@ def test_no_service_branches_on_a_providers_name() -> None:
     import re
 
     branch = re.compile(r"""(provider|\.provider|name)\s*(==|!=)\s*["'](local|aws|azure|runpod|memory)["']""")
-    files = [*sources("services", "runs", "store", "storage"), *sorted((ROOT / "adapter_format").rglob("*.py"))]
+    files = [*sources("services", "runs", "store", "org_storage"), *sorted((ROOT / "adapter_format").rglob("*.py"))]
     offenders = [f"{p.relative_to(ROOT)}:{n}" for p in files
                  for n, line in enumerate(p.read_text().splitlines(), 1) if branch.search(line)]
     assert offenders == [], f"declare the capability in ProviderInfo instead: {offenders}"

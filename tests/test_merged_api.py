@@ -18,7 +18,7 @@ import pytest
 from adapter_format.base_models import BASE_MODELS
 from adapter_format.merged import expected_tensors
 from shared.models import GpuOffer
-from shared.storage.base import merged_key
+from shared.org_storage.base import merged_key
 from tests.fakes import OFFER, Cloud, MemoryCompute
 from tests.harness import Harness, TestAgent, trained_adapter_zip
 
@@ -78,7 +78,7 @@ def merged_zip(base_model: str = TINY, nan: str = "") -> bytes:
 
 def train_merged(h: Harness, run_id: str, merged: bytes | None) -> TestAgent:
     """The agent's export with training.merged: adapter.zip, then merged.zip, one completion naming both."""
-    from shared.runs.backends import storage_for
+    from shared.runs.org_backends import storage_for
 
     agent = h.agent(run_id)
     for phase in ("preparing", "training", "exporting"):
@@ -129,7 +129,7 @@ def test_a_verified_merged_model_is_served_and_a_replaced_one_is_not(h: Harness)
     assert status == 200 and hashlib.sha256(got).hexdigest() == done["adapter_sha256"]  # the default: the adapter
     status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "gguf"})
     assert status == 422 and body["errors"][0]["field"] == "format"
-    from shared.runs.backends import storage_for
+    from shared.runs.org_backends import storage_for
 
     storage_for(h.org).put(merged_key(agent.run_id), merged + b"tampered")
     status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", params={"format": "merged"})

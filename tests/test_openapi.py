@@ -12,9 +12,9 @@ from pydantic import BaseModel
 
 from shared import models
 from shared.openapi import EXAMPLES, MORE_ERRORS, PROBLEM, QUERY, TAGS, build
+from shared.org_storage.config import StorageConfig
 from shared.providers import registry
 from shared.services.api.runs import logs as runs
-from shared.storage.config import StorageConfig
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_document_is_served_and_repeatable() -> None:
     import azure.functions as func
 
     import function_app
-    from shared.appindex import functions_of
+    from shared.function_index import functions_of
 
     # Read twice: the app's own name record is not touched, so the worker can still index it.
     assert len(functions_of(function_app.app)) == len(functions_of(function_app.app))

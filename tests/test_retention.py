@@ -54,7 +54,7 @@ def test_a_silent_preparing_run_whose_checkpoint_reached_storage_is_kept(h: Harn
 
 
 def test_storage_that_cannot_answer_keeps_the_disk(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:
-    from shared.storage.local import LocalStorage
+    from shared.org_storage.local import LocalStorage
 
     def unreachable(self: Any, key: str, max_bytes: int) -> Any:
         raise OSError("storage account unreachable")

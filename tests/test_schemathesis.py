@@ -86,9 +86,9 @@ def _seed(host: Any, seeded: Seeded) -> None:
     from adapter_format.smoke import build_adapter_zip
     from shared.clock import now
     from shared.models import Outcome, RunState
-    from shared.runs.backends import storage_for
+    from shared.org_storage.base import adapter_key
+    from shared.runs.org_backends import storage_for
     from shared.security import mint_agent_token
-    from shared.storage.base import adapter_key
     from shared.store import get_store
 
     seeded.call("PUT", "/api/connections/storage", json={"kind": "local"})

@@ -23,8 +23,8 @@ import boto3
 import pytest
 import requests
 
+from shared.org_storage.base import upload_key
 from shared.providers.local.checks import run_checks
-from shared.storage.base import upload_key
 from shared.store import get_store
 from tests.fakes import Cloud
 from tests.harness import Harness
@@ -34,9 +34,9 @@ GOOD = b'{"text": "the validated dataset"}\n'
 
 
 @pytest.fixture
-def s3h(env: dict[str, str], moto_bucket: str) -> Iterator[Harness]:
+def s3h(env: dict[str, str], fresh_s3_url: str) -> Iterator[Harness]:
     harness = Harness()
-    conn = harness.save_storage({"kind": "s3", "endpoint": moto_bucket, "region": "us-east-1",
+    conn = harness.save_storage({"kind": "s3", "endpoint": fresh_s3_url, "region": "us-east-1",
                                  "bucket": "tensorant-data", "prefix": "org-a", "access_key_id": "AKIATESTKEY00001",
                                  "secret_access_key": "s3cr3t-Access-Key-For-Tests-0123456789ab"})
     assert conn["status"] == "connected", conn
@@ -60,11 +60,11 @@ def _committed(h: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
 
 @pytest.mark.parametrize("second", [b'{"text": "swapped"}\n', b'{"text": "ok"}\n{broken\n'],
                          ids=["valid", "invalid"])
-def test_a_committed_dataset_cannot_change_through_its_upload_url(s3h: Harness, moto_bucket: str,
+def test_a_committed_dataset_cannot_change_through_its_upload_url(s3h: Harness, fresh_s3_url: str,
                                                                  second: bytes) -> None:
     grant, rec = _committed(s3h)
     stored = get_store().datasets.get(s3h.org, rec["id"]).storage_key
-    before = _bucket(moto_bucket)
+    before = _bucket(fresh_s3_url)
     assert before[f"org-a/{stored}"] == GOOD and rec["sha256"] == hashlib.sha256(GOOD).hexdigest()
 
     # The URL still accepts a PUT for its hour, but only into the staging key, which nobody reads again.
@@ -75,13 +75,13 @@ def test_a_committed_dataset_cannot_change_through_its_upload_url(s3h: Harness, 
     assert "datasets " not in problem["detail"] and "already exists" not in problem["detail"]  # no table named
 
     # The committed object is the validated one, the record unchanged, and the re-PUT object removed.
-    after = _bucket(moto_bucket)
+    after = _bucket(fresh_s3_url)
     assert after == {k: v for k, v in before.items() if not k.startswith("org-a/uploads/")}
     assert after[f"org-a/{stored}"] == GOOD
     assert get_store().datasets.get(s3h.org, rec["id"]).sha256 == hashlib.sha256(GOOD).hexdigest()
 
 
-def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, moto_bucket: str,
+def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, fresh_s3_url: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Two commits of one upload at once: both pass the "already committed?" look before either has a
     record. The loser must not touch the winner's object, and its 409 names no table."""
@@ -92,19 +92,19 @@ def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, moto
     project = stored.split("/")[1]
     # The loser: its look came before the winner's record, and it reads a different upload.
     monkeypatch.setattr(projects, "_dataset_exists", lambda org, dataset_id: False)
-    boto3.client("s3", endpoint_url=moto_bucket, **ROOT_KEYS).put_object(
+    boto3.client("s3", endpoint_url=fresh_s3_url, **ROOT_KEYS).put_object(
         Bucket="tensorant-data", Key=f"org-a/{upload_key(project, rec['id'])}", Body=b'{"text": "other"}\n')
     status, problem, _ = s3h.call("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])
     assert status == 409 and "is already committed" in problem["detail"], problem
     assert "datasets " not in problem["detail"]
-    after = _bucket(moto_bucket)
+    after = _bucket(fresh_s3_url)
     assert after[f"org-a/{stored}"] == GOOD  # the winner's object is untouched
     # The loser's own copy was removed, and the staged object nobody reads again.
     assert [k for k in after if f"/{project}/" in k] == [f"org-a/{stored}"]
 
 
 def test_each_commit_writes_a_key_of_its_own() -> None:
-    from shared.storage.base import committed_dataset_key
+    from shared.org_storage.base import committed_dataset_key
 
     a, b = committed_dataset_key("p-1", "d-1", "c1"), committed_dataset_key("p-1", "d-1", "c2")
     assert a != b and a.startswith("datasets/p-1/d-1.") and a.endswith(".jsonl")
@@ -183,7 +183,7 @@ def test_an_import_error_is_named_without_its_file() -> None:
     assert import_error("") == "it failed"
 
 
-def test_the_storage_location_conflict_names_no_host_path(env: dict[str, str], moto_bucket: str,
+def test_the_storage_location_conflict_names_no_host_path(env: dict[str, str], fresh_s3_url: str,
                                                           tmp_path: Path) -> None:
     from tests.harness import ApiError
 
@@ -193,7 +193,7 @@ def test_the_storage_location_conflict_names_no_host_path(env: dict[str, str], m
         harness.project_and_dataset()
         with pytest.raises(ApiError) as err:
             harness.ok("PUT", "/api/connections/storage", json_body={
-                "kind": "s3", "endpoint": moto_bucket, "region": "us-east-1", "bucket": "tensorant-data",
+                "kind": "s3", "endpoint": fresh_s3_url, "region": "us-east-1", "bucket": "tensorant-data",
                 "access_key_id": "AKIATESTKEY00001", "secret_access_key": "s3cr3t-Access-Key-For-Tests-0123456789ab"})
         text = json.dumps(err.value.body)
         assert err.value.status == 409 and "local storage directory" in text, text

@@ -89,7 +89,7 @@ def test_local_absent_from_catalog_and_openapi_in_production(harness: Any, monke
     assert "LocalConfig" not in doc and "LocalStorageConfig" not in doc and '"local"' not in doc
     # A row saved before production is never run on the production host.
     from shared.errors import PermanentError
-    from shared.runs.backends import compute_for
+    from shared.runs.org_backends import compute_for
 
     with pytest.raises(PermanentError, match="only outside production"):
         compute_for(harness.org, "local")
@@ -141,9 +141,9 @@ from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.local.compute import LocalCompute
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
-from shared.storage.base import dataset_key
-from shared.storage.config import LocalStorageConfig
-from shared.storage.local import LocalStorage
+from shared.org_storage.base import dataset_key
+from shared.org_storage.config import LocalStorageConfig
+from shared.org_storage.local import LocalStorage
 
 root, api_url, deployment, command = sys.argv[1:5]
 settings = Settings(deployment_id=deployment, local_root=root + "/local", trainer_command=command)

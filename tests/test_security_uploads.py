@@ -139,10 +139,10 @@ def test_line_errors_keep_their_wording_and_store_nothing(h: Harness, env: dict[
     assert status == 409 and "local storage" in problem["detail"]
 
 
-def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, str], moto_bucket: str) -> None:
+def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, str], fresh_s3_url: str) -> None:
     h = Harness()
     try:
-        conn = h.save_storage({"kind": "s3", "endpoint": moto_bucket, "region": "us-east-1", "bucket": "tensorant-data",
+        conn = h.save_storage({"kind": "s3", "endpoint": fresh_s3_url, "region": "us-east-1", "bucket": "tensorant-data",
                                "prefix": "org-a", "access_key_id": "AKIATESTKEY00001",
                                "secret_access_key": "s3cr3t-Access-Key-For-Tests-0123456789ab"})
         assert conn["status"] == "connected", conn
@@ -156,7 +156,7 @@ def test_direct_upload_to_s3_then_commit_streams_and_validates(env: dict[str, st
         assert rec["sha256"] == hashlib.sha256(data).hexdigest() and rec["size_bytes"] == len(data)
         stored = get_store().datasets.get(h.org, rec["id"]).storage_key
         keys = [o["Key"] for o in boto3.client(
-            "s3", endpoint_url=moto_bucket, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+            "s3", endpoint_url=fresh_s3_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
             aws_secret_access_key="x" * 40).list_objects_v2(Bucket="tensorant-data").get("Contents", [])]
         # The commit's own key (so a later commit of the same dataset cannot write over it).
         assert [k for k in keys if k.startswith(f"org-a/datasets/{project}/{rec['id']}.")] == [f"org-a/{stored}"]

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def queue_functions() -> dict[str, list[tuple[str, str]]]:
     """queue name -> [(function name, module)] for every queue trigger function_app registers."""
     import function_app
-    from shared.appindex import functions_of
+    from shared.function_index import functions_of
 
     found: dict[str, list[tuple[str, str]]] = {}
     for fn in functions_of(function_app.app):

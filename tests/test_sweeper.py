@@ -9,7 +9,7 @@ import pytest
 
 from shared.clock import now
 from shared.providers.base import ComputeProvider, RunRef
-from shared.runs.backends import compute_for
+from shared.runs.org_backends import compute_for
 from shared.services.steps import sweep_account
 from shared.settings import get_settings
 from shared.store import leases

@@ -9,9 +9,9 @@ import os
 import tracemalloc
 from pathlib import Path
 
+from shared.org_storage.config import LocalStorageConfig
+from shared.org_storage.local import LocalStorage
 from shared.services.steps.verify_adapter import SPOOL_CHUNK, spool
-from shared.storage.config import LocalStorageConfig
-from shared.storage.local import LocalStorage
 
 
 def test_the_archive_is_spooled_to_disk_in_chunks(tmp_path: Path) -> None:

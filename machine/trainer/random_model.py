@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from adapter_format.base_models import BaseModel, get_base_model
+from adapter_format.base_models import DeclaredModel, get_base_model
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -47,7 +47,7 @@ def build_tokenizer(vocab_size: int, corpus: Iterable[str] = ()) -> Any:
     return fast
 
 
-def declared(base_model: str) -> BaseModel:
+def declared(base_model: str) -> DeclaredModel:
     model = get_base_model(base_model)
     if model is None:
         raise ValueError(f"base model {base_model!r} is not declared in adapter_format.base_models")

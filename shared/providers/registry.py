@@ -61,7 +61,7 @@ class ProviderInfo:
     resumes_training: bool = False
     # The run's working files (dataset copy, checkpoints) live on the org's storage, not only on the
     # machine's disk (RunPod mounts the org's network volume): the release removes them after a
-    # succeeded or cancelled run (shared/services/steps/scratch.py).
+    # succeeded or cancelled run (shared/services/steps/working_files.py).
     working_files_on_storage: bool = False
     # Fields a saved connection once had and no longer takes -> what to do instead (refused by name,
     # with that advice, before the config model's generic "extra inputs" refusal).

@@ -76,7 +76,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from adapter_format.base_models import BaseModel
+from adapter_format.base_models import DeclaredModel
 from shared.clock import now
 from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, RunRecord, TrainingSettings
 from shared.store import get_store
@@ -159,14 +159,14 @@ def gpu_figures(gpu_name: str) -> Gpu:
     return UNKNOWN_GPU
 
 
-def compute_params(model: BaseModel) -> int:
+def compute_params(model: DeclaredModel) -> int:
     """N: the parameters a token is multiplied by. The input embeddings are a lookup; a tied lm_head
     is counted once in param_count and is a real matmul, so only an untied model's embeddings go."""
     embeddings = 0 if model.tie_embeddings else model.vocab_size * model.hidden_size
     return model.param_count() - embeddings
 
 
-def flops_per_token(model: BaseModel, training: TrainingSettings) -> float:
+def flops_per_token(model: DeclaredModel, training: TrainingSettings) -> float:
     per_param = 6 if training.gradient_checkpointing else 4
     return per_param * compute_params(model)
 
@@ -177,7 +177,7 @@ class Throughput:
     why: str
 
 
-def throughput(model: BaseModel, offer: GpuOffer, training: TrainingSettings) -> Throughput:
+def throughput(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Throughput:
     per_token = flops_per_token(model, training)
     formula = (f"{'6' if training.gradient_checkpointing else '4'} x {compute_params(model) / 1e9:.3g}B params "
                f"per token (LoRA{', gradient checkpointing' if training.gradient_checkpointing else ''})")
@@ -263,7 +263,7 @@ def tokens_per_example(dataset: DatasetVersionRecord, training: TrainingSettings
     return max(1, min(per_row, training.max_seq_len))
 
 
-def startup_s(model: BaseModel, offer: GpuOffer) -> tuple[int, str]:
+def startup_s(model: DeclaredModel, offer: GpuOffer) -> tuple[int, str]:
     if offer.provider == LOCAL_PROVIDER:
         return LOCAL_STARTUP_S, f"startup {LOCAL_STARTUP_S // 60} min (a local process: imports, model load)"
     weights = 2 * model.param_count()
@@ -273,7 +273,7 @@ def startup_s(model: BaseModel, offer: GpuOffer) -> tuple[int, str]:
     return CLOUD_BOOT_S + CLOUD_IMAGE_PULL_S + fetch, why
 
 
-def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: BaseModel, offer: GpuOffer,
+def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: DeclaredModel, offer: GpuOffer,
          measured: Measured | None = None) -> Forecast:
     """The forecast of a run with these resolved settings (trial bounds applied) on this offer; with
     `measured`, at that like run's measured throughput instead of the table's."""

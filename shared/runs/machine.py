@@ -8,8 +8,8 @@ from typing import Any
 from shared.clock import now
 from shared.models import RunRecord, RunState
 from shared.runs import billing
-from shared.runs.backends import compute_for, ref_of
 from shared.runs.events import event
+from shared.runs.org_backends import compute_for, ref_of
 from shared.runs.resources import merge_resources
 from shared.store import get_store
 

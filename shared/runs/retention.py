@@ -20,9 +20,9 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from shared.models import RunRecord, RunState
-from shared.runs.backends import storage_for
+from shared.org_storage.base import ObjectMissing, adapter_key
+from shared.runs.org_backends import storage_for
 from shared.runs.org_limits import DAY_S, OrgLimits
-from shared.storage.base import ObjectMissing, adapter_key
 
 # The owner is warned this long before the discard (half-way for a limit shorter than twice this).
 WARN_BEFORE_S = 2 * DAY_S

@@ -21,8 +21,8 @@ from shared.log import redact_text
 from shared.models import Check, CheckStatus, ConnectionStatus, MachineState, RunRecord, RunState
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, scope_differs, scope_of
-from shared.runs.backends import compute_for, compute_slot, ref_of, with_storage_context
 from shared.runs.events import event
+from shared.runs.org_backends import compute_for, compute_slot, ref_of, with_storage_context
 from shared.settings import get_settings
 from shared.store import get_store
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared.storage.base import adapter_key, dataset_key, logs_key
+from shared.org_storage.base import adapter_key, dataset_key, logs_key
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP_S = 0.1

@@ -178,10 +178,10 @@ class Agents:
             return {m.tags.get("tensorant:run", "") for m in self.cloud.machines.values() if m.state == "running"}
 
     def act(self, runs: list[RunRecord]) -> None:
-        from shared.runs.backends import storage_for
+        from shared.org_storage.base import adapter_key
+        from shared.runs.org_backends import storage_for
         from shared.services.api import agent as agent_api
         from shared.services.api.runs import actions as run_api
-        from shared.storage.base import adapter_key
 
         running = self.running()
         for run in runs:

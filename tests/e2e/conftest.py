@@ -43,7 +43,7 @@ def api(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Client
 
 
 @pytest.fixture
-def plane(env: dict[str, str], moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
+def plane(env: dict[str, str], moto_ec2_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
     """The control plane as a machine sees it: the app's HTTP routes on a loopback port (queues are
     drained by the test's Harness, on a simulated clock), custom S3 storage on moto."""
     import function_app
@@ -53,7 +53,7 @@ def plane(env: dict[str, str], moto_server: str, monkeypatch: pytest.MonkeyPatch
     port = free_port()
     monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto listens on loopback http
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_ec2_url)
     reset_settings()
     host = Host(function_app.app, root=ROOT, port=port, load_settings=False, queues=False, timers=False).start()
     try:

@@ -144,8 +144,8 @@ def test_a_late_boot_report_does_not_end_a_running_run(boot_aws_h: tuple[BootHar
 # ---------------------------------------------------------------- Azure
 
 @pytest.fixture
-def boot_azure_h(plane: Any, moto_server: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
-    h = boot_harness(tmp_path, moto_server)
+def boot_azure_h(plane: Any, moto_ec2_url: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
+    h = boot_harness(tmp_path, moto_ec2_url)
     conn = h.save_compute("azure", config_body())
     assert conn["status"] == "connected", conn["checks"]
     yield h
@@ -187,11 +187,11 @@ def test_azure_failed_pull_is_released_with_the_clouds_account(boot_azure_h: Boo
 # ---------------------------------------------------------------- RunPod
 
 @pytest.fixture
-def boot_runpod_h(plane: Any, moto_server: str, monkeypatch: pytest.MonkeyPatch,
+def boot_runpod_h(plane: Any, moto_ec2_url: str, monkeypatch: pytest.MonkeyPatch,
              tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
     fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
-    h = boot_harness(tmp_path, moto_server)
+    h = boot_harness(tmp_path, moto_ec2_url)
     assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
     yield h, fake_rp
     h.close()

@@ -79,8 +79,8 @@ def await_checkpoint(h: BootHarness, run_id: str, machine: Machine) -> None:
 
 def stored_manifest(run_id: str) -> dict[str, Any]:
     """The manifest of the run's adapter archive in the org's storage (custom S3 on moto)."""
-    from shared.runs.backends import storage_for
-    from shared.storage.base import adapter_key
+    from shared.org_storage.base import adapter_key
+    from shared.runs.org_backends import storage_for
 
     with storage_for("org-a").open_stream(adapter_key(run_id), 64 << 20) as stream:
         data = stream.read()
@@ -302,8 +302,8 @@ def test_aws_agent_powers_off_past_its_deadline_and_margin(boot_aws_h: tuple[Boo
 # ---------------------------------------------------------------- Azure
 
 @pytest.fixture
-def azure_h(plane: Any, moto_server: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
-    h = boot_harness(tmp_path, moto_server)
+def azure_h(plane: Any, moto_ec2_url: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
+    h = boot_harness(tmp_path, moto_ec2_url)
     conn = h.save_compute("azure", config_body())
     assert conn["status"] == "connected", conn["checks"]
     yield h
@@ -370,11 +370,11 @@ def test_azure_agent_powers_off_when_the_control_plane_is_gone(azure_h: BootHarn
 # ---------------------------------------------------------------- RunPod
 
 @pytest.fixture
-def runpod_h(plane: Any, moto_server: str, monkeypatch: pytest.MonkeyPatch,
+def runpod_h(plane: Any, moto_ec2_url: str, monkeypatch: pytest.MonkeyPatch,
              tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
     fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
-    h = boot_harness(tmp_path, moto_server)
+    h = boot_harness(tmp_path, moto_ec2_url)
     assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
     yield h, fake_rp
     h.close()

@@ -25,14 +25,14 @@ VOLUME = {"kind": "runpod_volume", "volume_id": "vol0abc123", "datacenter_id": "
 
 
 @pytest.fixture
-def runpod(monkeypatch: pytest.MonkeyPatch, moto_url: str) -> Iterator[FakeRunPod]:
-    from shared.storage import runpod_volume
+def runpod(monkeypatch: pytest.MonkeyPatch, module_s3_url: str) -> Iterator[FakeRunPod]:
+    from shared.org_storage import runpod_volume
 
     fake = FakeRunPod(api_key=KEY).start()
     monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
     monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")  # moto listens on loopback http
     reset_settings()
-    monkeypatch.setattr(runpod_volume, "volume_endpoint", lambda datacenter: moto_url)
+    monkeypatch.setattr(runpod_volume, "volume_endpoint", lambda datacenter: module_s3_url)
     yield fake
     fake.stop()
 
@@ -97,8 +97,8 @@ def test_failed_export_stops_pod_then_saved_adapter_recovers(runpod_h: Harness, 
 # ---------------------------------------------------------------- the pod's working files on the volume
 
 
-def volume_s3(moto_url: str) -> Any:
-    return boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+def volume_s3(module_s3_url: str) -> Any:
+    return boto3.client("s3", endpoint_url=module_s3_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
                         aws_secret_access_key="x" * 40)
 
 
@@ -121,12 +121,12 @@ def volume_keys(s3: Any, prefix: str) -> list[str]:
 
 
 def test_success_removes_the_pods_working_files_but_serves_the_adapter(
-        runpod_h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
+        runpod_h: Harness, runpod: FakeRunPod, module_s3_url: str) -> None:
     import hashlib
 
     import requests
 
-    s3 = volume_s3(moto_url)
+    s3 = volume_s3(module_s3_url)
     other = "r0neighbour"  # another run's working files: never touched
     s3.put_object(Bucket="vol0abc123", Key=f"data/{other}/agent-state.json", Body=b"{}")
     run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h))
@@ -154,8 +154,8 @@ def test_success_removes_the_pods_working_files_but_serves_the_adapter(
 
 
 def test_retained_run_keeps_the_pods_working_files_until_recovered(
-        runpod_h: Harness, runpod: FakeRunPod, moto_url: str) -> None:
-    s3 = volume_s3(moto_url)
+        runpod_h: Harness, runpod: FakeRunPod, module_s3_url: str) -> None:
+    s3 = volume_s3(module_s3_url)
     run_id = runpod_h.create_run("runpod", offer_in_volume_datacenter(runpod_h))
     runpod_h.launch(run_id)
     keys = pod_writes_scratch(s3, run_id, from_pod_env(runpod.creates()[0]["variables"]["input"]["env"]))
@@ -186,11 +186,11 @@ def test_storage_location_cannot_change_once_a_project_exists(runpod_h: Harness)
 
 
 @pytest.fixture
-def h_s3(env: dict[str, str], runpod: FakeRunPod, moto_url: str) -> Iterator[Harness]:
-    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
+def h_s3(env: dict[str, str], runpod: FakeRunPod, module_s3_url: str) -> Iterator[Harness]:
+    boto3.client("s3", endpoint_url=module_s3_url, region_name="us-east-1", aws_access_key_id="AKIAROOT0000",
                  aws_secret_access_key="x" * 40).create_bucket(Bucket="tensorant-e2e")
     harness = Harness()
-    storage = harness.save_storage({"kind": "s3", "endpoint": moto_url, "region": "us-east-1",
+    storage = harness.save_storage({"kind": "s3", "endpoint": module_s3_url, "region": "us-east-1",
                                     "bucket": "tensorant-e2e", "prefix": "org-a", "access_key_id": "AKIAE2ETEST0001",
                                     "secret_access_key": "e2e-secret-0123456789abcdefghij"})
     assert storage["status"] == "connected", storage["checks"]

@@ -76,7 +76,7 @@ def vm_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VmRig]:
 
 
 @pytest.fixture
-def vm_plane(env: dict[str, str], moto_server: str, rig: Any, vm_rig: VmRig, monkeypatch: pytest.MonkeyPatch,
+def vm_plane(env: dict[str, str], moto_ec2_url: str, rig: Any, vm_rig: VmRig, monkeypatch: pytest.MonkeyPatch,
              tmp_path: Path) -> Iterator[tuple[BootHarness, Any, int]]:
     """The control plane as the VM sees it (http://10.0.2.100:<port>), storage on moto through 10.0.2.100."""
     import function_app
@@ -86,16 +86,16 @@ def vm_plane(env: dict[str, str], moto_server: str, rig: Any, vm_rig: VmRig, mon
     from tests.e2e.local_host import ROOT
 
     port = free_port()
-    moto_port = moto_server.rsplit(":", 1)[1]
+    moto_port = moto_ec2_url.rsplit(":", 1)[1]
     monkeypatch.setenv("TENSORANT_PUBLIC_URL", f"http://{vm_rig.vm.GUEST_HOST}:{port}")
     monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_ec2_url)
     monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", rig.pricing.url)
     monkeypatch.setenv("TENSORANT_CONTAINER_IMAGE", vm_rig.image)
     monkeypatch.delenv("TENSORANT_TRAINER_COMMAND", raising=False)  # the image's own: the smoke trainer
     # The storage client pins each connection to the address it resolved (the SSRF guard, no proxy): here
     # 10.0.2.100 is the host's loopback, as the guest's forwards make it.
-    from shared.storage import endpoint_guard
+    from shared.org_storage import endpoint_guard
 
     resolve = endpoint_guard.resolve_checked
     monkeypatch.setattr(endpoint_guard, "resolve_checked", lambda host, port, **kw: (

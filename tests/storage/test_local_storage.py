@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from shared.org_storage.config import LocalStorageConfig
+from shared.org_storage.registry import make_storage, parse_storage_config
 from shared.settings import Settings
-from shared.storage.config import LocalStorageConfig
-from shared.storage.registry import make_storage, parse_storage_config
 from tests.harness import Harness
 
 

@@ -7,11 +7,11 @@ from urllib.parse import parse_qs, urlsplit
 import requests
 
 from shared.models import CheckStatus
+from shared.org_storage.base import adapter_key
+from shared.org_storage.config import RunPodVolumeConfig
+from shared.org_storage.registry import make_storage
+from shared.org_storage.runpod_volume import RunPodVolumeStorage, volume_endpoint
 from shared.settings import Settings
-from shared.storage.base import adapter_key
-from shared.storage.config import RunPodVolumeConfig
-from shared.storage.registry import make_storage
-from shared.storage.runpod_volume import RunPodVolumeStorage, volume_endpoint
 
 SECRET = "rps_TESTSECRET0123456789abcdef"
 
@@ -42,16 +42,16 @@ def test_compute_key_pasted_as_s3_key_is_named() -> None:
         assert "compute API key" in checks[0].message and "S3 API Keys" in checks[0].message
 
 
-def test_validate_probe_on_volume(moto_url: str) -> None:
-    checks = RunPodVolumeStorage(config(), endpoint=moto_url).validate()
+def test_validate_probe_on_volume(module_s3_url: str) -> None:
+    checks = RunPodVolumeStorage(config(), endpoint=module_s3_url).validate()
     assert [(c.name, c.status) for c in checks] == [
         ("write", CheckStatus.ok), ("read", CheckStatus.ok), ("delete", CheckStatus.ok)]
 
 
-def test_missing_volume_named_as_volume(moto_url: str) -> None:
+def test_missing_volume_named_as_volume(module_s3_url: str) -> None:
     cfg = RunPodVolumeConfig(volume_id="volmissing1", datacenter_id="EU-RO-1", access_key_id="user_abc",
                              secret_access_key=SECRET)  # type: ignore[arg-type]
-    checks = RunPodVolumeStorage(cfg, endpoint=moto_url).validate()
+    checks = RunPodVolumeStorage(cfg, endpoint=module_s3_url).validate()
     assert checks[0].status == CheckStatus.fail and "network volume volmissing1 does not exist" in checks[0].message
 
 
@@ -68,8 +68,8 @@ def test_unreachable_volume_endpoint_points_to_the_datacenter_not_a_url() -> Non
     assert "check the URL" not in write.message  # the owner entered no URL
 
 
-def test_agent_env_urls_signed_for_datacenter_and_keys(moto_url: str) -> None:
-    s = RunPodVolumeStorage(config(), endpoint=moto_url)
+def test_agent_env_urls_signed_for_datacenter_and_keys(module_s3_url: str) -> None:
+    s = RunPodVolumeStorage(config(), endpoint=module_s3_url)
     s.put("datasets/p1/d1.jsonl", b"{}\n")
     env, secret_keys = s.agent_env("run-1", "datasets/p1/d1.jsonl")
     assert env["TENSORANT_ADAPTER_KEY"] == "runs/run-1/adapter.zip"

@@ -10,9 +10,9 @@ import boto3
 import pytest
 
 from shared.models import CheckStatus
-from shared.storage.config import RunPodVolumeConfig, S3StorageConfig
-from shared.storage.runpod_volume import RunPodVolumeStorage
-from shared.storage.s3 import S3Storage
+from shared.org_storage.config import RunPodVolumeConfig, S3StorageConfig
+from shared.org_storage.runpod_volume import RunPodVolumeStorage
+from shared.org_storage.s3 import S3Storage
 from tests.storage.moto_s3 import start_moto_with_auth
 
 ROOT = {"region_name": "us-east-1", "aws_access_key_id": "AKIAROOT0000", "aws_secret_access_key": "x" * 40}

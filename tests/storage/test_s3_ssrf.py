@@ -15,10 +15,10 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from shared.models import CheckStatus
+from shared.org_storage.config import S3StorageConfig
+from shared.org_storage.endpoint_guard import EndpointRefused, is_public, resolve_checked, split_endpoint
+from shared.org_storage.s3 import S3Storage
 from shared.settings import reset_settings
-from shared.storage.config import S3StorageConfig
-from shared.storage.endpoint_guard import EndpointRefused, is_public, resolve_checked, split_endpoint
-from shared.storage.s3 import S3Storage
 from tests.storage.moto_s3 import free_port, start_moto
 
 # Spellings of non-public addresses; getaddrinfo turns the numeric ones into 127.0.0.1 etc.

@@ -32,6 +32,7 @@ from shared import clock
 from shared.errors import CapacityError, PermanentError
 from shared.log import register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
+from shared.org_storage.base import scratch_key
 from shared.providers import bootstrap_env, console
 from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef
 from shared.providers.runpod import catalog, checks
@@ -55,7 +56,6 @@ from shared.providers.runpod.client import (
 from shared.providers.runpod.config import RunPodConfig
 from shared.providers.runpod.errors import RunPodNotFound
 from shared.settings import Settings
-from shared.storage.base import scratch_key
 
 DATA_DIR = "/workspace/data"
 MOUNT = "/workspace"  # where a pod mounts its volume (the org's network volume, or its own)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from shared.storage.config import RunPodVolumeConfig
+from shared.org_storage.config import RunPodVolumeConfig
 
 
 class RunPodConfig(BaseModel):

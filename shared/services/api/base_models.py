@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adapter_format.base_models import BASE_MODELS, BaseModel, GiB
+from adapter_format.base_models import BASE_MODELS, DeclaredModel, GiB
 from shared.errors import InvalidInput
 from shared.models import GpuOffer, TrainingSettings
 
@@ -36,7 +36,7 @@ class Fit:
     why: str = ""  # when it does not fit
 
 
-def declared(name: str) -> BaseModel:
+def declared(name: str) -> DeclaredModel:
     """The declared model, or 422 on base_model listing the declared ids."""
     model = BASE_MODELS.get(name)
     if model is None:
@@ -45,11 +45,11 @@ def declared(name: str) -> BaseModel:
     return model
 
 
-def is_test_model(model: BaseModel) -> bool:
+def is_test_model(model: DeclaredModel) -> bool:
     return model.name.startswith(TEST_MODEL_PREFIX)
 
 
-def refuse_test_model_off_local(model: BaseModel, provider: str) -> None:
+def refuse_test_model_off_local(model: DeclaredModel, provider: str) -> None:
     """422 on base_model when a cloud run names a test model (see the module docstring)."""
     from shared.settings import get_settings
 
@@ -62,19 +62,19 @@ def refuse_test_model_off_local(model: BaseModel, provider: str) -> None:
         f"{', '.join(real)} (GET /api/base-models)"))
 
 
-def _local_source(model: BaseModel) -> tuple[str, str]:
+def _local_source(model: DeclaredModel) -> tuple[str, str]:
     from shared.providers.registry import info_of
 
     info = info_of(LOCAL_PROVIDER)
     return info.model_source(model.name) if info and info.model_source else ("", "")
 
 
-def local_loadable(model: BaseModel) -> bool:
+def local_loadable(model: DeclaredModel) -> bool:
     """Whether the local provider's trainer (no hub access) can load the model on this host."""
     return bool(_local_source(model)[0])
 
 
-def refuse_unloadable_on_local(model: BaseModel, provider: str) -> None:
+def refuse_unloadable_on_local(model: DeclaredModel, provider: str) -> None:
     """422 on base_model when a local run names a model this host cannot load without the hub: the
     trainer would fail it a minute in with the hub's connection error."""
     if provider != LOCAL_PROVIDER or local_loadable(model):
@@ -89,14 +89,14 @@ def refuse_unloadable_on_local(model: BaseModel, provider: str) -> None:
         + f"; or download it once into the cache (`hf download {model.name}`, with hub access)"))
 
 
-def memory_needed(model: BaseModel, training: TrainingSettings) -> int:
+def memory_needed(model: DeclaredModel, training: TrainingSettings) -> int:
     return model.estimate_memory(batch_size=training.batch_size, seq_len=training.max_seq_len,
                                  lora_r=training.lora_r, target_modules=training.target_modules,
                                  load_in_4bit=training.load_in_4bit,
                                  gradient_checkpointing=training.gradient_checkpointing)
 
 
-def fit(model: BaseModel, offer: GpuOffer, training: TrainingSettings) -> Fit:
+def fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Fit:
     needed = memory_needed(model, training)
     gb = round(needed / GiB, 1)
     if offer.provider == LOCAL_PROVIDER:

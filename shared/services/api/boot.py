@@ -8,7 +8,7 @@ Two ways a start fails, both released (never retained: nothing ran, nothing can 
 - it stays silent past the boot deadline (heartbeat-check, settings.provisioning_timeout_s).
 The release step then adds what the cloud says of the machine (EC2 state reason and console
 output, Azure instance view and boot diagnostics, RunPod pod status) before deleting it
-(shared/runs/cloud_account.py).
+(shared/runs/cloud_report.py).
 
 Before any of this a cloud-init machine (AWS, Azure) exchanges the one-time claim its user data
 holds for its environment (exchange_claim): user data is readable through the metadata service for
@@ -27,7 +27,7 @@ from shared.log import redact_text
 from shared.models import BootFailure, BootstrapClaim, Outcome, RunRecord, RunState, StepMessage
 from shared.providers import bootstrap_env, cloudinit
 from shared.queues import get_queues
-from shared.runs.cloud_account import BOOT_FAILED
+from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.services.api.agent import refuse_ended

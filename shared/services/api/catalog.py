@@ -12,7 +12,7 @@ from shared.errors import InvalidInput, NotFound
 from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
 from shared.queues import get_queues
-from shared.runs.backends import compute_slot
+from shared.runs.org_backends import compute_slot
 from shared.security import Principal
 from shared.settings import get_settings
 from shared.steps import Step

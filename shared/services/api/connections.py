@@ -14,15 +14,15 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, NotFound, ProviderError, invalid
 from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus, ConnectionView, Role
+from shared.org_storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
 from shared.providers import registry
 from shared.queues import get_queues
-from shared.runs.backends import STORAGE_SLOT, compute_for, compute_slot, unsealed_config
+from shared.runs.org_backends import STORAGE_SLOT, compute_for, compute_slot, unsealed_config
 from shared.runs.scope import guard_held_machines
 from shared.security import Principal, require, seal
 from shared.services.api import quotas
 from shared.settings import get_settings
 from shared.steps import Step
-from shared.storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
 from shared.store import get_store
 
 

@@ -16,10 +16,10 @@ from shared.errors import Conflict, InvalidInput, NotFound, PermanentError
 from shared.ids import new_id
 from shared.limits import MAX_UPLOAD_BYTES
 from shared.models import ID_PATTERN, DatasetVersionRecord, ProjectCreate, ProjectRecord, Role
-from shared.runs.backends import storage_for
+from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key
+from shared.runs.org_backends import storage_for
 from shared.security import Principal, require
 from shared.services.api import paging, quotas
-from shared.storage.base import STREAM_CHUNK, ObjectMissing, committed_dataset_key, dataset_key, upload_key
 from shared.store import get_store
 
 # Through the API a dataset is at most MAX_UPLOAD_BYTES (90 MiB, under the Functions

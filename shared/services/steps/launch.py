@@ -22,9 +22,9 @@ from shared.log import get_logger, redact_text
 from shared.models import CloudResource, RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.queues import get_queues
-from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
 from shared.runs.moves import fail_to_release, move
+from shared.runs.org_backends import compute_for, ref_of, storage_for
 from shared.runs.resources import merge_resources
 from shared.security import mint_agent_token
 from shared.services.api import org_secrets

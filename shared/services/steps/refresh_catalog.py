@@ -11,7 +11,7 @@ from shared.clock import now
 from shared.errors import ProviderError
 from shared.log import get_logger
 from shared.models import CatalogRecord, ConnectionMessage
-from shared.runs.backends import compute_for
+from shared.runs.org_backends import compute_for
 from shared.store import get_store
 
 

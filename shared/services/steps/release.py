@@ -14,13 +14,13 @@ from shared.errors import ProviderError
 from shared.lifecycle import released_state
 from shared.models import RunRecord, RunState, StepMessage
 from shared.queues import get_queues
-from shared.runs.backends import compute_for, ref_of
-from shared.runs.cloud_account import BOOT_FAILED, note_cloud_account
+from shared.runs.cloud_report import BOOT_FAILED, note_cloud_report
 from shared.runs.events import event
 from shared.runs.moves import move
+from shared.runs.org_backends import compute_for, ref_of
 from shared.runs.resources import merge_resources
 from shared.runs.scope import refuse_other_scope
-from shared.services.steps.scratch import remove_after_release
+from shared.services.steps.working_files import remove_after_release
 from shared.settings import get_settings
 from shared.steps import Step
 from shared.store import get_store
@@ -37,7 +37,7 @@ def release(msg: StepMessage) -> None:
     if run.state not in Step.release.serves:
         return
     if msg.reason == BOOT_FAILED and run.release_attempts == 0:
-        run = note_cloud_account(run)  # before the machine, and what the cloud knows of it, is gone
+        run = note_cloud_report(run)  # before the machine, and what the cloud knows of it, is gone
     resources = merge_resources(store.ledger.read(run.id), run.resources)
     try:
         provider = compute_for(run.org, run.provider)

@@ -13,9 +13,9 @@ from shared.errors import ProviderError, RetryableError
 from shared.log import redact_text
 from shared.models import MachineState, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
-from shared.runs.backends import compute_for, ref_of
 from shared.runs.events import event
 from shared.runs.moves import move
+from shared.runs.org_backends import compute_for, ref_of
 from shared.runs.resources import merge_resources
 from shared.runs.retention import checkpoint_saved
 from shared.runs.scope import refuse_other_scope

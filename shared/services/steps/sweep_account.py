@@ -47,9 +47,9 @@ from shared.log import get_logger, redact_text
 from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
-from shared.runs.backends import compute_for, compute_slot
 from shared.runs.events import event
 from shared.runs.moves import move
+from shared.runs.org_backends import compute_for, compute_slot
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.services.steps.release import release_delay

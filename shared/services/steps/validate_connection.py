@@ -9,7 +9,7 @@ from shared.clock import now
 from shared.errors import ProviderError
 from shared.log import get_logger
 from shared.models import CatalogRecord, Check, CheckStatus, ConnectionMessage, ConnectionRecord, ConnectionStatus
-from shared.runs.backends import STORAGE_SLOT, compute_for, storage_for
+from shared.runs.org_backends import STORAGE_SLOT, compute_for, storage_for
 from shared.runs.scope import held_machines_check
 from shared.store import get_store
 

@@ -18,14 +18,14 @@ import tempfile
 from typing import Any, BinaryIO
 
 from shared.models import Outcome, RunRecord, RunState, StepMessage
+from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
 from shared.queues import get_queues
 from shared.runs import forecast
-from shared.runs.backends import storage_for
 from shared.runs.events import event
 from shared.runs.moves import move
+from shared.runs.org_backends import storage_for
 from shared.settings import get_settings
 from shared.steps import Step
-from shared.storage.base import ObjectMissing, adapter_key, merged_key
 from shared.store import get_store
 
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024

@@ -38,7 +38,7 @@ from shared.clock import now
 from shared.lifecycle import ACTIVE, transition
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
-from shared.runs.cloud_account import BOOT_FAILED
+from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move, move_run
 from shared.runs.org_limits import OrgLimits, get_limits

@@ -1,5 +1,5 @@
 """The AWS adapter's own fixtures. The rig they build on (tests/providers/aws/rig.py) and its
-moto_server, pricing_server and rig fixtures are shared with other folders: those fixtures are in
+moto_ec2_url, pricing_server and rig fixtures are shared with other folders: those fixtures are in
 tests/conftest.py."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 through MOTO_AMIS_PATH, the Pricing API answered from recorded pages, a counter of every AWS
 request the adapter makes, and injected answers for what moto cannot produce.
 
-The fixtures built on it are in tests/conftest.py (moto_server, pricing_server, rig: the e2e
+The fixtures built on it are in tests/conftest.py (moto_ec2_url, pricing_server, rig: the e2e
 tests and tests/test_security_imds.py use them too) and tests/providers/aws/conftest.py.
 """
 
@@ -147,15 +147,15 @@ class Rig:
                           page_size=page_size)
 
 
-def new_rig(moto_url: str, pricing: PricingServer) -> Rig:
+def new_rig(module_s3_url: str, pricing: PricingServer) -> Rig:
     """A rig on a freshly reset moto and pricing fake: one VPC with a subnet in ZONE and a security group."""
     import boto3
     import requests
 
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10).raise_for_status()
+    requests.post(f"{module_s3_url}/moto-api/reset", timeout=10).raise_for_status()
     pricing.requests.clear()
     pricing.fail_with = None
-    kw = {"endpoint_url": moto_url, "region_name": REGION, "aws_access_key_id": "AKIAIOSFODNN7EXAMPLE",
+    kw = {"endpoint_url": module_s3_url, "region_name": REGION, "aws_access_key_id": "AKIAIOSFODNN7EXAMPLE",
           "aws_secret_access_key": "x" * 40}
     ec2 = boto3.client("ec2", **kw)
     iam = boto3.client("iam", **kw)
@@ -163,7 +163,7 @@ def new_rig(moto_url: str, pricing: PricingServer) -> Rig:
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24", AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
     sg = ec2.create_security_group(GroupName="tensorant-train", Description="training", VpcId=vpc)["GroupId"]
     log = CallLog()
-    rig = Rig(moto_url, pricing, log, ec2, iam, subnet, sg, vpc, listeners=[log])
+    rig = Rig(module_s3_url, pricing, log, ec2, iam, subnet, sg, vpc, listeners=[log])
     rig.listeners.append(ebs_default_key(rig))
     return rig
 

@@ -35,11 +35,11 @@ def test_offers_are_single_gpu_ampere_or_newer_with_disk(rig: Rig) -> None:
     assert by_type["g5.xlarge"].gpu_memory_gb == pytest.approx(22.4)
 
 
-def test_pricing_queries_are_filtered_paginated_and_sent_to_us_east_1(rig: Rig, moto_server: str) -> None:
+def test_pricing_queries_are_filtered_paginated_and_sent_to_us_east_1(rig: Rig, moto_ec2_url: str) -> None:
     import boto3
 
     # Train in us-west-2: the Pricing API is still called in us-east-1, with the training region in the filter.
-    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name="us-west-2", aws_access_key_id="AKIAX" * 4,
+    ec2 = boto3.client("ec2", endpoint_url=moto_ec2_url, region_name="us-west-2", aws_access_key_id="AKIAX" * 4,
                        aws_secret_access_key="x" * 40)
     vpc = ec2.create_vpc(CidrBlock="10.50.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.50.1.0/24", AvailabilityZone="us-west-2a")["Subnet"]

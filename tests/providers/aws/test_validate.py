@@ -85,10 +85,10 @@ def test_missing_key_pair_and_instance_profile(rig: Rig) -> None:
     assert "account 999999999999" in checks["instance_profile"].message
 
 
-def test_zone_without_supported_gpus(rig: Rig, moto_server: str) -> None:
+def test_zone_without_supported_gpus(rig: Rig, moto_ec2_url: str) -> None:
     import boto3
 
-    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name="af-south-1", aws_access_key_id="AKIAX" * 4,
+    ec2 = boto3.client("ec2", endpoint_url=moto_ec2_url, region_name="af-south-1", aws_access_key_id="AKIAX" * 4,
                        aws_secret_access_key="x" * 40)
     vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.1.0/24", AvailabilityZone="af-south-1a")["Subnet"]

@@ -338,8 +338,8 @@ def test_importing_the_provider_loads_no_sdk() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, shared.providers.runpod.config, shared.providers.runpod.compute, shared.storage.s3, "
-            "shared.storage.runpod_volume; print(sorted(m for m in ('runpod', 'boto3', 'requests') if m in sys.modules))")
+    code = ("import sys, shared.providers.runpod.config, shared.providers.runpod.compute, shared.org_storage.s3, "
+            "shared.org_storage.runpod_volume; print(sorted(m for m in ('runpod', 'boto3', 'requests') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
 

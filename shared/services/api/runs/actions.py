@@ -22,13 +22,14 @@ from shared.models import (
     RunView,
     StepMessage,
 )
+from shared.org_storage.base import adapter_key
 from shared.providers.registry import resumable_providers, resumes_training
 from shared.queues import get_queues
 from shared.runs import billing
-from shared.runs.backends import compute_for, ref_of, storage_for
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
 from shared.runs.moves import move_run
+from shared.runs.org_backends import compute_for, ref_of, storage_for
 from shared.runs.retention import checkpoint_saved
 from shared.security import Principal, require
 from shared.services.api import quotas
@@ -37,7 +38,6 @@ from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.view import view
 from shared.settings import get_settings
 from shared.steps import Step, serving
-from shared.storage.base import adapter_key
 from shared.store import get_store
 
 # A cancel of a run in these states must say discard true or false: its machine may hold the

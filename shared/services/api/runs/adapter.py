@@ -13,10 +13,10 @@ from adapter_format.base_models import MAX_MERGED_BYTES
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.models import Role, RunRecord, RunState
-from shared.runs.backends import storage_for
+from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
 from shared.runs.events import event
+from shared.runs.org_backends import storage_for
 from shared.security import Principal, require
-from shared.storage.base import ObjectMissing, adapter_key, merged_key
 from shared.store import get_store
 
 MAX_UPLOAD = 1024 * 1024 * 1024

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adapter_format.base_models import MAX_MERGED_BYTES, BaseModel
+from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
-from shared.runs.backends import compute_slot
+from shared.runs.org_backends import compute_slot
 from shared.services.api import base_models, quotas
 from shared.services.api.catalog import cached_offers, find_offer
 from shared.settings import get_settings
@@ -59,7 +59,7 @@ def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, traini
         "eligible_offer_ids": eligible}])
 
 
-def _check_merged(model: BaseModel, training: TrainingSettings) -> None:
+def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
     """training.merged only where the merged weights fit one merged archive (adapter_format.base_models)."""
     if training.merged and model.merged_bytes() > MAX_MERGED_BYTES:
         raise InvalidInput.field("training.merged", (

@@ -40,7 +40,7 @@ def scratch_key(run_id: str) -> str:
     (each run apart: every pod of the org shares the volume). It holds the dataset copy, output/,
     adapter.zip, logs.txt and agent-state.json (which holds a run token), and outlives the pod. It is
     not where the verified adapter is served from (adapter_key). Kept while the run may be recovered;
-    removed by the release step once the run ends succeeded or cancelled (shared/services/steps/scratch.py).
+    removed by the release step once the run ends succeeded or cancelled (shared/services/steps/working_files.py).
     """
     return f"data/{run_id}"
 

@@ -17,11 +17,11 @@ BOOT_FAILED = "boot-failed"
 CLOUD_SAYS = "the cloud says: "
 
 
-def cloud_account(run: RunRecord) -> str:
+def cloud_report(run: RunRecord) -> str:
     """What the cloud says of the run's machine (one describe), or why that could not be read.
     Never raises: a cloud outage must not stop a deadline or a release."""
     from shared.providers.base import console_of
-    from shared.runs.backends import compute_for, ref_of
+    from shared.runs.org_backends import compute_for, ref_of
 
     try:
         provider = compute_for(run.org, run.provider)
@@ -35,11 +35,11 @@ def cloud_account(run: RunRecord) -> str:
     return (CLOUD_SAYS + said) if said.strip("; ") else ""
 
 
-def note_cloud_account(run: RunRecord) -> RunRecord:
+def note_cloud_report(run: RunRecord) -> RunRecord:
     """Before a never-started machine is deleted: the cloud's account, added to the run's reason once."""
     if CLOUD_SAYS in run.reason:
         return run
-    said = cloud_account(run)
+    said = cloud_report(run)
     if not said:
         return run
 

@@ -20,9 +20,9 @@ import re
 from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.storage.base import Readable, adapter_key, logs_key, merged_key
-from shared.storage.config import RunPodVolumeConfig, S3StorageConfig
-from shared.storage.s3 import AGENT_URL_TTL_S, S3Storage
+from shared.org_storage.base import Readable, adapter_key, logs_key, merged_key
+from shared.org_storage.config import RunPodVolumeConfig, S3StorageConfig
+from shared.org_storage.s3 import AGENT_URL_TTL_S, S3Storage
 
 _COMPUTE_KEY = re.compile(r"^(rpa_[A-Za-z0-9]+|[A-Z0-9]{32,})$")
 COMPUTE_KEY_MESSAGE = (

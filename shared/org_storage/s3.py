@@ -1,6 +1,6 @@
 """Custom S3 storage (AWS S3 or any S3-compatible endpoint), through boto3 (imported lazily).
 
-Keys follow shared/storage/base.py's layout under the configured prefix. The control
+Keys follow shared/org_storage/base.py's layout under the configured prefix. The control
 plane uses the organization's access key; the agent on a training machine never gets
 it: agent_env hands out presigned URLs, each for one object and one method, valid for
 AGENT_URL_TTL_S (12 hours by default, at most 7 days, SigV4's limit).
@@ -14,9 +14,9 @@ from typing import Any, BinaryIO
 from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import register_secret
 from shared.models import Check, CheckStatus
-from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
-from shared.storage.config import S3StorageConfig
-from shared.storage.endpoint_guard import (
+from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
+from shared.org_storage.config import S3StorageConfig
+from shared.org_storage.endpoint_guard import (
     ENDPOINT_UNREACHABLE,
     EndpointRefused,
     PinnedSender,

@@ -1,7 +1,7 @@
 """Local-directory storage for running without a cloud (and for tests).
 
 The directory is always the one make_storage builds, <TENSORANT_LOCAL_ROOT>/storage/<org>;
-a saved config cannot name another (shared/storage/config.py refuses `directory`).
+a saved config cannot name another (shared/org_storage/config.py refuses `directory`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
-from shared.storage.config import LocalStorageConfig
+from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
+from shared.org_storage.config import LocalStorageConfig
 
 
 class LocalStorage:

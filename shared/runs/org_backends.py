@@ -12,12 +12,12 @@ from pydantic import BaseModel
 from shared.errors import Conflict
 from shared.log import register_secret
 from shared.models import ConnectionRecord, ConnectionStatus, RunRecord
+from shared.org_storage.base import StorageBackend
+from shared.org_storage.registry import make_storage, parse_storage_config
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, RunRef
 from shared.security import unseal
 from shared.settings import get_settings
-from shared.storage.base import StorageBackend
-from shared.storage.registry import make_storage, parse_storage_config
 from shared.store import get_store
 
 STORAGE_SLOT = "storage"

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from shared.errors import PermanentError, RetryableError
 from shared.models import CloudResource, Outcome, RunRecord
+from shared.org_storage.base import scratch_key
 from shared.runs.events import event
-from shared.storage.base import scratch_key
 
 REMOVED_AFTER = {Outcome.succeeded, Outcome.cancelled}
 
@@ -45,7 +45,7 @@ def remove_after_release(run: RunRecord, resources: list[CloudResource]) -> None
     """
     if run.outcome not in REMOVED_AFTER or not on_network_volume(resources):
         return
-    from shared.runs.backends import storage_config, storage_for
+    from shared.runs.org_backends import storage_config, storage_for
 
     folder = scratch_key(run.id) + "/"
     if storage_config(run.org) is None:

@@ -1,4 +1,4 @@
-"""Service-layer review: cancel in every state, completion edge cases, stuck verification,
+"""Cancel in every state, completion edge cases, stuck verification,
 release without an outcome, recovery start errors. Real handlers, Azurite, the memory provider."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_failed_completion_while_provisioning_retains(h: Harness, cloud: Cloud) 
 
 
 def _break_storage(monkeypatch: Any) -> None:
-    from shared.storage.local import LocalStorage
+    from shared.org_storage.local import LocalStorage
 
     def unreachable(self: Any, key: str, max_bytes: int) -> Any:
         raise OSError("storage account unreachable")
