@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import ConnectionView
-from shared.runs.org_backends import STORAGE_SLOT, compute_slot
+from shared.runs.org_backends import STORAGE_SLOT, compute_connection_slot
 from shared.services.api import connections
 
 bp = func.Blueprint()
@@ -20,7 +20,7 @@ def save_compute(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="connections/compute/{provider}", methods=["GET"], auth_level=ANON)
 @http.api(summary="Show a compute connection (secrets are never returned)", response=ConnectionView)
 def get_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.get_one(http.principal(req), compute_slot(req.route_params["provider"])))
+    return http.respond(lambda: connections.get_one(http.principal(req), compute_connection_slot(req.route_params["provider"])))
 
 
 @bp.route(route="connections/compute/{provider}", methods=["DELETE"], auth_level=ANON)

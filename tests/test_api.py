@@ -87,10 +87,10 @@ def test_secrets_are_write_only_and_never_logged(h: Harness, secretive: None, ca
     h.ok("PUT", "/api/connections/compute/secretive", json_body={"region": "r2"})
     status, bad, _ = h.call("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET, "region": 5})
     assert status == 422 and bad["errors"][0]["field"] == "region"
-    from shared.runs.org_backends import compute_slot, unsealed_config
+    from shared.runs.org_backends import compute_connection_slot, unsealed_config
     from shared.store import get_store
 
-    rec = get_store().connections.get("org-a", compute_slot("secretive"))
+    rec = get_store().connections.get("org-a", compute_connection_slot("secretive"))
     assert rec is not None
     assert unsealed_config(rec[0]).api_key.get_secret_value() == SECRET  # type: ignore[attr-defined]
     assert SECRET not in rec[0].sealed and SECRET not in json.dumps(rec[0].config)

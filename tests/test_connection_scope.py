@@ -41,10 +41,10 @@ def _retained_run(h: Harness, arm: FakeArm) -> tuple[str, list[str]]:
 def _resave_unguarded(h: Harness, provider: str, body: dict[str, Any]) -> None:
     """Store a connection the way a save did before the guard existed (no held-machine check)."""
     from shared.providers import registry
-    from shared.runs.org_backends import compute_slot
+    from shared.runs.org_backends import compute_connection_slot
     from shared.services.api.connections import _save
 
-    _save(Principal(sub="owner@a", org=h.org, role=Role.owner), compute_slot(provider), provider,
+    _save(Principal(sub="owner@a", org=h.org, role=Role.owner), compute_connection_slot(provider), provider,
           registry.config_model(provider).model_validate(body))
     h.drain()
 

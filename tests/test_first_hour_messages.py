@@ -306,11 +306,11 @@ def test_a_forecast_without_a_measured_pace_says_how_far_off_it_may_be() -> None
     data = DatasetVersionRecord(org="o", project_id="p", id="d-1", rows=40, sha256="0" * 64, size_bytes=40 * 400,
                                 storage_key="k", created_at=datetime.now(UTC))
     model = BASE_MODELS["HuggingFaceTB/SmolLM2-135M-Instruct"]
-    table = forecast.make(data, TrainingSettings(kind="trial", max_steps=30), model, local)
+    table = forecast.predict(data, TrainingSettings(kind="trial", max_steps=30), model, local)
     assert "no run of this model measured on this host's CPU yet" in table.uncertainty
     line = forecast_line({"offer": {"currency": "USD"}, "forecast": table.model_dump()})
     assert line is not None and "it may be several times off" in line
-    measured = forecast.make(data, TrainingSettings(kind="trial", max_steps=30), model, local,
+    measured = forecast.predict(data, TrainingSettings(kind="trial", max_steps=30), model, local,
                              forecast.Measured(run_id="r-0", tokens_per_s=50.0))
     assert measured.uncertainty == ""
     line = forecast_line({"offer": {"currency": "USD"}, "forecast": measured.model_dump()})

@@ -36,7 +36,7 @@ def dataset(rows: int, bytes_per_row: int) -> DatasetVersionRecord:
 def test_forecast_of_a_known_dataset_on_an_a10() -> None:
     # 1,000 rows of 1,200 bytes: 300 tokens each. A full run at the defaults: 100 rows held out,
     # 900 / batch 4 = 225 steps, 225 x 4 x 300 = 270,000 tokens.
-    got = forecast.make(dataset(1000, 1200), TrainingSettings(kind="full"), BASE_MODELS[BIG], OFFER)
+    got = forecast.predict(dataset(1000, 1200), TrainingSettings(kind="full"), BASE_MODELS[BIG], OFFER)
     assert (got.steps, got.tokens, got.tokens_source) == (225, 270_000, "estimated from bytes")
     # Llama-3.1-8B: N = its parameters less the untied input embeddings, 6 x N FLOPs per token
     # (LoRA with gradient checkpointing); an A10 at 125 TFLOPS bf16 and 35 % MFU.
@@ -57,19 +57,19 @@ def test_forecast_of_a_known_dataset_on_an_a10() -> None:
 def test_throughput_follows_the_gpu_precision_4bit_and_model_size() -> None:
     ds, model = dataset(1000, 1200), BASE_MODELS[BIG]
     h100 = OFFER.model_copy(update={"gpu": "H100 SXM"})
-    a10 = forecast.make(ds, TrainingSettings(kind="full"), model, OFFER).throughput_tokens_per_s
-    fast = forecast.make(ds, TrainingSettings(kind="full"), model, h100).throughput_tokens_per_s
+    a10 = forecast.predict(ds, TrainingSettings(kind="full"), model, OFFER).throughput_tokens_per_s
+    fast = forecast.predict(ds, TrainingSettings(kind="full"), model, h100).throughput_tokens_per_s
     assert fast / a10 == pytest.approx(989 * 0.40 / (125 * 0.35), rel=1e-3)
-    qlora = forecast.make(ds, TrainingSettings(kind="full", load_in_4bit=True), model, OFFER).throughput_tokens_per_s
+    qlora = forecast.predict(ds, TrainingSettings(kind="full", load_in_4bit=True), model, OFFER).throughput_tokens_per_s
     assert qlora == pytest.approx(a10 * forecast.QLORA_SPEED, rel=1e-3)
-    fp32 = forecast.make(ds, TrainingSettings(kind="full", precision="fp32"), model, OFFER).throughput_tokens_per_s
+    fp32 = forecast.predict(ds, TrainingSettings(kind="full", precision="fp32"), model, OFFER).throughput_tokens_per_s
     assert fp32 == pytest.approx(a10 * 31.2 / 125, rel=1e-3)
-    no_ckpt = forecast.make(ds, TrainingSettings(kind="full", gradient_checkpointing=False), model, OFFER)
+    no_ckpt = forecast.predict(ds, TrainingSettings(kind="full", gradient_checkpointing=False), model, OFFER)
     assert no_ckpt.throughput_tokens_per_s == pytest.approx(a10 * 6 / 4, rel=1e-3)
     # A model under 1B gets half the MFU; a GPU not in the table gets conservative figures.
-    small = forecast.make(ds, TrainingSettings(kind="full"), BASE_MODELS[SMALL], OFFER)
+    small = forecast.predict(ds, TrainingSettings(kind="full"), BASE_MODELS[SMALL], OFFER)
     assert "17.5% MFU" in small.basis
-    odd = forecast.make(ds, TrainingSettings(kind="full"), model, OFFER.model_copy(update={"gpu": "Mystery X1"}))
+    odd = forecast.predict(ds, TrainingSettings(kind="full"), model, OFFER.model_copy(update={"gpu": "Mystery X1"}))
     assert odd.throughput_tokens_per_s < a10 and "not in the table" in odd.basis
     # Names as the providers spell them.
     assert forecast.gpu_figures("NVIDIA A10G").name == "A10G"
@@ -80,7 +80,7 @@ def test_throughput_follows_the_gpu_precision_4bit_and_model_size() -> None:
 
 def test_local_cpu_and_tokens_capped_by_max_seq_len() -> None:
     # 8,000 bytes a row is 2,000 tokens; max_seq_len 512 cuts each example there.
-    got = forecast.make(dataset(100, 8000), TrainingSettings(kind="trial", max_steps=10, max_examples=64,
+    got = forecast.predict(dataset(100, 8000), TrainingSettings(kind="trial", max_steps=10, max_examples=64,
                                                              max_seq_len=512),
                         BASE_MODELS["HuggingFaceTB/SmolLM2-135M-Instruct"], LOCAL)
     assert got.tokens == 10 * 4 * 512
@@ -107,7 +107,7 @@ def test_steps_are_the_trainers(rows: int, settings: dict[str, Any]) -> None:
 
 
 def test_runtime_limit_for_and_warnings() -> None:
-    got = forecast.make(dataset(1000, 1200), TrainingSettings(kind="full"), BASE_MODELS[BIG], OFFER)
+    got = forecast.predict(dataset(1000, 1200), TrainingSettings(kind="full"), BASE_MODELS[BIG], OFFER)
     assert forecast.runtime_limit_for(got) == 1800  # 1.5 x 840 s = 1,260 s, rounded up to 30 min
     assert forecast.warnings(got, 2.0, 1800, "USD") == []
     # 1.02/h over 10 min allows 0.17; the forecast costs 0.24: the price warning.

@@ -4,7 +4,7 @@ machine runs, so reading a run's cost needs no event (services/api/usage.timing 
 from before it fall back to the timeline's events).
 
 Where the machine's billing changes: the move to retained (stopped, disk kept) and a resume's move from
-retained to training (started: shared/runs/moves.move_run), a recovery start (services/api/runs/actions),
+retained to training (started: shared/runs/moves.move_stored), a recovery start (services/api/runs/actions),
 a confirmed stop (shared/runs/machine.stop_machine). The first segment opens at machine_up_at (the
 launch step's create call) and the last one closes at released_at or the run's end: both already on
 the record, so launch and release need no write here.

@@ -273,7 +273,7 @@ def startup_s(model: DeclaredModel, offer: GpuOffer) -> tuple[int, str]:
     return CLOUD_BOOT_S + CLOUD_IMAGE_PULL_S + fetch, why
 
 
-def make(dataset: DatasetVersionRecord, training: TrainingSettings, model: DeclaredModel, offer: GpuOffer,
+def predict(dataset: DatasetVersionRecord, training: TrainingSettings, model: DeclaredModel, offer: GpuOffer,
          measured: Measured | None = None) -> Forecast:
     """The forecast of a run with these resolved settings (trial bounds applied) on this offer; with
     `measured`, at that like run's measured throughput instead of the table's."""
@@ -360,7 +360,7 @@ def warnings(forecast: Forecast, price_limit_per_hour: float, runtime_limit_s: i
     return []
 
 
-def check(predicted: Forecast, measured: dict[str, object]) -> ForecastCheck | None:
+def compare(predicted: Forecast, measured: dict[str, object]) -> ForecastCheck | None:
     """The forecast against the trainer's manifest figures (train_seconds, tokens, steps, as the
     verifier read them), or None when the manifest has none (the smoke trainer, older trainers).
     Only the training part is checked: the startup allowance is not measured by the trainer."""

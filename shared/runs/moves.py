@@ -1,7 +1,7 @@
 """The one way a run's state changes: an ETag-guarded write whose change moves the run only through
 shared.lifecycle (transition, walk), recorded as a transition event on the run's timeline.
 
-`move` is the common form (from the states the caller expects to one target); `move_run` takes a
+`move` is the common form (from the states the caller expects to one target); `move_stored` takes a
 change that decides from the run as stored (a cancel's target depends on where the run is now; a
 heartbeat walks phases and writes progress in the same write). Writes that leave the state as it is
 (notes, release attempts, re-send marks) use the store's runs.mutate directly.
@@ -22,7 +22,7 @@ from shared.steps import Step
 from shared.store import get_store
 
 
-def move_run(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
+def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
              attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool]:
     """store.runs.mutate(change), with a transition event when the write changed the run's state.
 
@@ -56,7 +56,7 @@ def move(run: RunRecord, target: RunState, *, expect: set[RunState] | frozenset[
         moved = transition(r, target, reason=reason, outcome=outcome)
         return moved.model_copy(update=updates) if updates else moved
 
-    return move_run(run.org, run.id, change)
+    return move_stored(run.org, run.id, change)
 
 
 def fail_to_release(run: RunRecord, reason: str) -> None:

@@ -23,7 +23,7 @@ from shared.store import get_store
 STORAGE_SLOT = "storage"
 
 
-def compute_slot(provider: str) -> str:
+def compute_connection_slot(provider: str) -> str:
     return f"compute:{provider}"
 
 
@@ -41,7 +41,7 @@ def storage_config(org: str) -> BaseModel | None:
 
 
 def compute_for(org: str, provider: str, *, require_connected: bool = False) -> ComputeProvider:
-    got = get_store().connections.get(org, compute_slot(provider))
+    got = get_store().connections.get(org, compute_connection_slot(provider))
     if not got:
         raise Conflict(f"no {provider} compute connection is saved; an owner saves it under connections/compute/{provider}")
     rec = got[0]

@@ -22,12 +22,12 @@ from shared.models import Check, CheckStatus, ConnectionStatus, MachineState, Ru
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, scope_differs, scope_of
 from shared.runs.events import event
-from shared.runs.org_backends import compute_for, compute_slot, ref_of, with_storage_context
+from shared.runs.org_backends import compute_connection_slot, compute_for, ref_of, with_storage_context
 from shared.settings import get_settings
 from shared.store import get_store
 
 
-def holding(org: str, provider: str) -> list[RunRecord]:
+def runs_holding_machines(org: str, provider: str) -> list[RunRecord]:
     # A queued run has no machine yet (launch writes provisioning before any cloud call).
     return [r for r in get_store().runs.active(org) if r.provider == provider and r.state != RunState.queued]
 
@@ -77,7 +77,7 @@ def held_problems(org: str, provider_name: str, new: ComputeProvider,
 
 def guard_held_machines(org: str, provider_name: str, config: BaseModel) -> None:
     """Refuse (409) a compute connection save that would lose sight of a machine or disk a run holds."""
-    held = holding(org, provider_name)
+    held = runs_holding_machines(org, provider_name)
     if not held:
         return
     try:
@@ -102,7 +102,7 @@ def guard_held_machines(org: str, provider_name: str, config: BaseModel) -> None
 
 def held_machines_check(org: str, provider_name: str, provider: ComputeProvider) -> list[Check]:
     """The connection check's part: do these credentials see every machine a run holds?"""
-    held = holding(org, provider_name)
+    held = runs_holding_machines(org, provider_name)
     if not held:
         return []
     try:
@@ -146,7 +146,7 @@ def report_credential_failure(org: str, provider: str, reason: str) -> list[str]
     machine, since cleanup and recovery cannot work until an owner replaces the key.
     Returns the ids of the warned runs."""
     store = get_store()
-    slot = compute_slot(provider)
+    slot = compute_connection_slot(provider)
     got = store.connections.get(org, slot)
     if got is not None and got[0].status != ConnectionStatus.failed:
         check = Check(name="credentials", status=CheckStatus.fail,

@@ -18,7 +18,7 @@ from shared.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.events import event
-from shared.runs.moves import move_run
+from shared.runs.moves import move_stored
 from shared.security import ORG_RE, AgentToken, signed_agent_claims, verify_agent
 from shared.settings import get_settings
 from shared.steps import serving
@@ -136,7 +136,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         })
 
     try:
-        run, wrote = move_run(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
+        run, wrote = move_stored(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
     except ConcurrencyError as exc:
         # Nothing was written: the agent sends its state again with the next heartbeat.
         raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc
@@ -243,7 +243,7 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         return transition(r, RunState.retaining, reason=_failure_reason(body) + "; the machine is stopped and its "
                           "disk kept so output can be recovered" + _last_lines(body)[:2000])
 
-    run, wrote = move_run(org, run_id, change)
+    run, wrote = move_stored(org, run_id, change)
     repeated = run.state in (RunState.verifying, RunState.retaining) or (
         run.state == RunState.releasing and run.outcome == Outcome.failed and body.status == "failed")
     if not wrote and not repeated and before not in ACTIVE:

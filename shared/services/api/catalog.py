@@ -12,7 +12,7 @@ from shared.errors import InvalidInput, NotFound
 from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
 from shared.queues import get_queues
-from shared.runs.org_backends import compute_slot
+from shared.runs.org_backends import compute_connection_slot
 from shared.security import Principal
 from shared.settings import get_settings
 from shared.steps import Step
@@ -28,7 +28,7 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
     store = get_store()
     if provider:
         registry.refuse_unavailable(provider)  # no `local` offers in production: it runs code on this host
-        slots = [compute_slot(provider)]
+        slots = [compute_connection_slot(provider)]
     else:
         slots = [r.slot for r in store.connections.in_org(principal.org) if r.slot.startswith("compute:")
                  and registry.available(r.slot.removeprefix("compute:"))]

@@ -17,7 +17,7 @@ from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus,
 from shared.org_storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
 from shared.providers import registry
 from shared.queues import get_queues
-from shared.runs.org_backends import STORAGE_SLOT, compute_for, compute_slot, unsealed_config
+from shared.runs.org_backends import STORAGE_SLOT, compute_connection_slot, compute_for, unsealed_config
 from shared.runs.scope import guard_held_machines
 from shared.security import Principal, require, seal
 from shared.services.api import quotas
@@ -73,14 +73,14 @@ def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionVi
         if name in body:
             raise InvalidInput.field(name, advice)
     model = registry.config_model(provider)
-    got = get_store().connections.get(principal.org, compute_slot(provider))
+    got = get_store().connections.get(principal.org, compute_connection_slot(provider))
     existing = unsealed_config(got[0]) if got else None
     try:
         config = model.model_validate(_keep_existing_secrets(body, model, existing))
     except ValidationError as exc:
         raise invalid(exc) from exc
     guard_held_machines(principal.org, provider, config)
-    return _save(principal, compute_slot(provider), provider, config)
+    return _save(principal, compute_connection_slot(provider), provider, config)
 
 
 def save_storage(principal: Principal, body: Any) -> ConnectionView:
@@ -123,7 +123,7 @@ def list_all(principal: Principal) -> dict[str, Any]:
 
 def delete_compute(principal: Principal, provider: str) -> None:
     require(principal, Role.owner)
-    slot = compute_slot(provider)
+    slot = compute_connection_slot(provider)
     if not get_store().connections.get(principal.org, slot):
         raise NotFound(f"no {slot} connection is saved")
     holding = [r.id for r in get_store().runs.active(principal.org) if r.provider == provider]
@@ -135,7 +135,7 @@ def delete_compute(principal: Principal, provider: str) -> None:
 
 def request_check(principal: Principal, provider: str) -> ConnectionView:
     require(principal, Role.owner)
-    slot = compute_slot(provider)
+    slot = compute_connection_slot(provider)
     got = get_store().connections.get(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")

@@ -49,7 +49,7 @@ from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.org_backends import compute_for, compute_slot
+from shared.runs.org_backends import compute_connection_slot, compute_for
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.services.steps.release import release_delay
@@ -91,7 +91,7 @@ def sweep_account(msg: SweepMessage) -> None:
 def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
               compute: ProviderFactory = compute_for) -> dict[str, Any]:
     """Sweep one account; returns {"findings": [...], stats..., "skipped": why (when it did not)}."""
-    got = get_store().connections.get(org, compute_slot(provider_name))
+    got = get_store().connections.get(org, compute_connection_slot(provider_name))
     if got is None or got[0].status == ConnectionStatus.checking:
         return {"findings": [], "skipped": "the connection is gone or being checked"}
     if dry_run:

@@ -103,7 +103,7 @@ def verify_adapter(msg: StepMessage) -> None:
             "adapter_sha256": sha256, "adapter_size": size}
         recorded |= {"adapter_kind": "final" if step is None else "checkpoint", "checkpoint_step": step,
                      "planned_steps": planned if isinstance(planned, int) else None}
-        checked = forecast.check(run.forecast, result.summary) if run.forecast and step is None else None
+        checked = forecast.compare(run.forecast, result.summary) if run.forecast and step is None else None
         if checked is not None:
             recorded["forecast_check"] = checked
         merged = run.training.merged and step is None

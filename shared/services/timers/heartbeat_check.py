@@ -40,7 +40,7 @@ from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
-from shared.runs.moves import move, move_run
+from shared.runs.moves import move, move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.runs.retention import UNTRAINED, never_trained, retention_action
 from shared.settings import get_settings
@@ -226,7 +226,7 @@ def _discard(run: RunRecord, why: str) -> int:
             return None  # recovered, resumed or cancelled meanwhile
         return transition(r, RunState.releasing, reason=why, outcome=Outcome.failed)
 
-    new, wrote = move_run(run.org, run.id, change)
+    new, wrote = move_stored(run.org, run.id, change)
     if not wrote:
         return 0
     # Written before sent: a crash in between leaves a run in releasing, which the sweeper retries.
@@ -277,7 +277,7 @@ def _give_up_verify(run: RunRecord) -> int:
             return None
         return transition(r, VERIFY_GIVE_UP[r.state], reason=why)
 
-    new, wrote = move_run(run.org, run.id, change)
+    new, wrote = move_stored(run.org, run.id, change)
     if not wrote:
         return 0
     if new.state == RunState.retaining:

@@ -28,7 +28,7 @@ from shared.queues import get_queues
 from shared.runs import billing
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
-from shared.runs.moves import move_run
+from shared.runs.moves import move_stored
 from shared.runs.org_backends import compute_for, ref_of, storage_for
 from shared.runs.retention import checkpoint_saved
 from shared.security import Principal, require
@@ -97,7 +97,7 @@ def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: 
                                    runtime_by=t + timedelta(seconds=r.runtime_limit_s)),
         })
 
-    run, wrote = move_run(principal.org, run_id, change)
+    run, wrote = move_stored(principal.org, run_id, change)
     if not wrote:  # a concurrent launch (or cancel) got there first
         raise Conflict(f"nothing was launched: the run is {run.state.value}; only a draft can be launched")
     return run
@@ -134,7 +134,7 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
         target, outcome = plan(r.state)
         return transition(r, target, reason=f"cancelled by {principal.sub}", outcome=outcome)
 
-    new, wrote = move_run(principal.org, run_id, change)
+    new, wrote = move_stored(principal.org, run_id, change)
     step = serving(new.state)
     if wrote and step is not None:
         # Sent after the write: a crash in between leaves retaining to heartbeat-check's
@@ -208,7 +208,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
         r = r.model_copy(update={"accept_checkpoint": accept, "retained_reason": kept})
         return r.model_copy(update={"adapter_sha256": sha, "adapter_size": size}) if sha else r
 
-    new, _ = move_run(run.org, run.id, change)
+    new, _ = move_stored(run.org, run.id, change)
     get_queues().send(Step.verify_adapter, StepMessage(org=new.org, run_id=new.id, reason="recovery"))
     return view(new)
 
@@ -272,7 +272,7 @@ def _resume(run: RunRecord) -> RunView:
         return r.model_copy(update={"deadlines": deadlines, "machine_started_at": None,
                                     "billing_note": outcome.billing_note or r.billing_note})
 
-    new, wrote = move_run(run.org, run.id, change)
+    new, wrote = move_stored(run.org, run.id, change)
     if wrote:
         event(new, "audit", "machine started to resume training from the last checkpoint", detail=outcome.detail)
     return view(new)

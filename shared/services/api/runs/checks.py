@@ -10,7 +10,7 @@ from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
-from shared.runs.org_backends import compute_slot
+from shared.runs.org_backends import compute_connection_slot
 from shared.services.api import base_models, quotas
 from shared.services.api.catalog import cached_offers, find_offer
 from shared.settings import get_settings
@@ -74,7 +74,7 @@ def _check_provider(org: str, provider: str) -> None:
     if provider not in registry.compute_names():
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
                                  f"{', '.join(registry.compute_names())}")
-    if get_store().connections.get(org, compute_slot(provider)) is None:
+    if get_store().connections.get(org, compute_connection_slot(provider)) is None:
         raise InvalidInput.field("provider", f"no {provider} compute connection is saved; an owner saves it first "
                                  f"(`tensorant connections save-compute {provider} ...`)")
 
@@ -110,7 +110,7 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     _check_fit(org, body.provider, offer, body.base_model, training)
     base_models.refuse_unloadable_on_local(model, body.provider)
     like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
-    predicted = forecast.make(dataset, training, model, offer, like)
+    predicted = forecast.predict(dataset, training, model, offer, like)
     limit, note = _runtime_limit(org, body, predicted)
     return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,
                           forecast=predicted, limit_note=note)
