@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, NoReturn, TypeGuard
 
 import numpy as np
 
-from adapter_format.base_models import get_base_model
+from adapter_format.base_models import DeclaredModel, get_base_model
 from adapter_format.smoke import CONFIG_NAME, MANIFEST_NAME, SMOKE_TRAINER, WEIGHTS_NAME
 
 REQUIRED = (CONFIG_NAME, WEIGHTS_NAME, MANIFEST_NAME)
@@ -109,6 +109,12 @@ class _Stop(Exception):
     """Raised inside a stage when later checks cannot run."""
 
 
+def _refuse(problems: list[str], message: str) -> NoReturn:
+    """Record why the archive cannot be read further, and stop: the later checks need what failed."""
+    problems.append(message)
+    raise _Stop
+
+
 def verify_adapter(
     data: bytes | BinaryIO,
     *,
@@ -154,9 +160,8 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
             summary: dict[str, Any]) -> None:
     provider, smoke_allowed_on = who
     if expected_sha256 is not None and summary["sha256"] != expected_sha256.lower():
-        problems.append(f"The archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent reported; "
-                        "the upload is incomplete or was replaced, so upload the adapter again.")
-        raise _Stop
+        _refuse(problems, f"The archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent "
+                          "reported; the upload is incomplete or was replaced, so upload the adapter again.")
     archive = _safe_unzip(source, summary["size"], max_entries, max_total_bytes, max_ratio, problems, summary)
     # The two JSON files whole (at most MAX_JSON_BYTES each); the weights are streamed, never held.
     config_raw, manifest_raw = archive.read_small(CONFIG_NAME), archive.read_small(MANIFEST_NAME)
@@ -164,8 +169,6 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
     manifest = _check_manifest(manifest_raw, base_model, provider, smoke_allowed_on, problems, summary)
     with archive.stream(WEIGHTS_NAME) as weights:
         tensors = _parse_safetensors(weights, archive.size(WEIGHTS_NAME), problems, summary)
-        if tensors is None:
-            raise _Stop
         if config is not None:  # a manifest problem need not hide a shape problem: report both
             _check_pairs(config, tensors, base_model, problems, summary)
         _check_finite(weights, tensors, problems)
@@ -258,13 +261,11 @@ class _Member:
         self.archive.total += len(chunk)
         name, limit = self.info.filename, self.archive.max_ratio
         if self.size > self.info.file_size or self.archive.total > self.archive.max_total_bytes:
-            self.archive.problems.append(f"Archive entry {name!r} unpacks to more than it declares or than the "
-                                         "size allowed; rebuild the archive.")
-            raise _Stop
+            _refuse(self.archive.problems, f"Archive entry {name!r} unpacks to more than it declares or than the "
+                                           "size allowed; rebuild the archive.")
         if self.size >= RATIO_FLOOR_BYTES and self.size > limit * max(self.info.compress_size, 1):
-            self.archive.problems.append(f"Archive entry {name!r} expands more than {limit:.0f}:1, which looks "
-                                         "like a zip bomb; it was not unpacked.")
-            raise _Stop
+            _refuse(self.archive.problems, f"Archive entry {name!r} expands more than {limit:.0f}:1, which looks "
+                                           "like a zip bomb; it was not unpacked.")
         self._digest.update(chunk)
         return chunk
 
@@ -312,9 +313,8 @@ class _Archive:
     def read_small(self, name: str) -> bytes:
         """A JSON entry whole, refused (not read) above MAX_JSON_BYTES."""
         if self.infos[name].file_size > MAX_JSON_BYTES:
-            self.problems.append(f"{name} is {self.infos[name].file_size} bytes, more than the {MAX_JSON_BYTES} "
-                                 "allowed for a JSON file.")
-            raise _Stop
+            _refuse(self.problems, f"{name} is {self.infos[name].file_size} bytes, more than the {MAX_JSON_BYTES} "
+                                   "allowed for a JSON file.")
         with self.stream(name) as member:
             data = member.read_exactly(self.infos[name].file_size) or b""
             member.sha256()  # to its end: more than it declares, or a bad CRC, is refused
@@ -323,84 +323,130 @@ class _Archive:
 
 def _safe_unzip(source: BinaryIO, size: int, max_entries: int, max_total_bytes: int, max_ratio: float,
                 problems: list[str], summary: dict[str, Any], *, layout: Layout = ADAPTER) -> _Archive:
-    # Before zipfile parses the directory: 400,000 entries took it 13 s and 150 MiB.
-    source.seek(max(size - _TAIL_BYTES, 0))
-    declared = _declared_directory(source.read(_TAIL_BYTES))
-    if declared is not None:
-        entries, directory_bytes = declared
-        if entries > max_entries:
-            summary["entries"] = entries
-            problems.append(f"The archive has {entries} entries, more than the {max_entries} allowed; "
-                            "zip only the adapter files.")
-            raise _Stop
-        if directory_bytes > max_entries * DIRECTORY_BYTES_PER_ENTRY:  # an entry count that lies
-            problems.append(f"The archive's central directory is {directory_bytes} bytes, more than "
-                            f"{max_entries} entries need; zip only the adapter files.")
-            raise _Stop
-    try:
-        source.seek(0)
-        zf = zipfile.ZipFile(source)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-        problems.append(f"The file is not a readable zip archive ({exc}); upload the adapter as a .zip file.")
-        raise _Stop from exc
+    """The archive opened for reading, after its directory passed every bound: the entry count and
+    directory size it declares, then each entry's name, type and storage, the layout's files, the
+    total unpacked size. Nothing is unpacked here."""
+    _check_declared_directory(source, size, max_entries, problems, summary)
+    zf = _open_zip(source, problems)
     infos = zf.infolist()
     summary["entries"] = len(infos)
-    if len(infos) > max_entries:
-        problems.append(f"The archive has {len(infos)} entries, more than the {max_entries} allowed; "
-                        "zip only the adapter files.")
+    _check_entry_count(len(infos), max_entries, problems, summary)
+    seen = _check_entries(infos, layout, max_ratio, problems)
+    _check_required(seen, layout, problems)
+    if problems:
         raise _Stop
+    _check_total_size(infos, max_total_bytes, problems)
+    summary["files"] = sorted(seen)
+    return _Archive(zf, {i.filename: i for i in infos}, max_total_bytes, max_ratio, problems)
+
+
+def _check_declared_directory(source: BinaryIO, size: int, max_entries: int, problems: list[str],
+                              summary: dict[str, Any]) -> None:
+    """The entry count and central directory size the end record declares, before zipfile parses the
+    directory (400,000 entries took it 13 s and 150 MiB)."""
+    source.seek(max(size - _TAIL_BYTES, 0))
+    declared = _declared_directory(source.read(_TAIL_BYTES))
+    if declared is None:
+        return
+    entries, directory_bytes = declared
+    _check_entry_count(entries, max_entries, problems, summary)
+    if directory_bytes > max_entries * DIRECTORY_BYTES_PER_ENTRY:  # an entry count that lies
+        _refuse(problems, f"The archive's central directory is {directory_bytes} bytes, more than "
+                          f"{max_entries} entries need; zip only the adapter files.")
+
+
+def _check_entry_count(entries: int, max_entries: int, problems: list[str], summary: dict[str, Any]) -> None:
+    """At most max_entries: zipfile parses and holds a record of each."""
+    if entries > max_entries:
+        summary["entries"] = entries
+        _refuse(problems, f"The archive has {entries} entries, more than the {max_entries} allowed; "
+                          "zip only the adapter files.")
+
+
+def _open_zip(source: BinaryIO, problems: list[str]) -> zipfile.ZipFile:
+    try:
+        source.seek(0)
+        return zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        _refuse(problems, f"The file is not a readable zip archive ({exc}); upload the adapter as a .zip file.")
+
+
+def _check_entries(infos: list[zipfile.ZipInfo], layout: Layout, max_ratio: float, problems: list[str]) -> set[str]:
+    """Every entry's problems, in the entry's order (all of them: the user fixes the archive once);
+    returns the names seen."""
     seen: set[str] = set()
     for info in infos:
         name = info.filename
-        why = _unsafe_name(name)
-        if why:
-            problems.append(f"Archive entry {name!r} {why}; rebuild the archive with plain relative paths.")
-        elif layout.allowed(name.rsplit("/", 1)[-1]) and not layout.allowed(name):
-            problems.append(f"{name} is inside a folder; put the {layout.noun} files at the top level of the archive.")
-        elif not layout.allowed(name) and not name.endswith("/"):  # an empty folder entry is never read
-            # Nothing but the adapter is unpacked: 1000 MiB of junk beside a good adapter took the host
-            # from 0.56 to 2.13 GiB.
-            problems.append(f"Archive entry {name!r} is not part of {layout.a_noun}; the archive must hold only "
-                            f"{layout.listing}, so zip only those.")
-        # Unix mode in the high 16 bits. zipfile.writestr(name, data) writes 0o600 with no file-type
-        # bits at all, and Windows tools write 0: both are plain files. A link, device, FIFO or socket
-        # type is refused, and so is a directory (Unix type or DOS attribute) whose name does not end
-        # in "/", which zipfile would otherwise read as a file.
-        mode = info.external_attr >> 16
-        kind = stat.S_IFMT(mode)
-        is_dir_attr = stat.S_ISDIR(mode) or bool(info.external_attr & _DOS_DIRECTORY)
-        if stat.S_ISLNK(mode):
-            problems.append(f"Archive entry {name!r} is a symbolic link; zip the files themselves, not links.")
-        elif kind and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            problems.append(f"Archive entry {name!r} is not a regular file; zip only regular files.")
-        elif is_dir_attr and not name.endswith("/"):
-            problems.append(f"Archive entry {name!r} is marked as a directory but named like a file; "
-                            "zip only regular files.")
-        elif name.endswith("/") and info.file_size:
-            problems.append(f"Archive entry {name!r} is a directory that holds data; rebuild the archive.")
-        if name in seen:
-            problems.append(f"Archive entry {name!r} appears twice; keep one copy of each file.")
+        twice = f"Archive entry {name!r} appears twice; keep one copy of each file." if name in seen else ""
+        found = (_name_problem(name, layout), _kind_problem(info), twice, *_storage_problems(info, max_ratio))
+        problems.extend(p for p in found if p)
         seen.add(name)
-        if info.flag_bits & 0x1:
-            problems.append(f"Archive entry {name!r} is encrypted; upload an unencrypted archive.")
-        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            problems.append(f"Archive entry {name!r} uses compression method {info.compress_type}; "
-                            "use plain deflate or no compression.")
-        if info.file_size >= RATIO_FLOOR_BYTES and info.file_size > max_ratio * max(info.compress_size, 1):
-            problems.append(f"Archive entry {name!r} expands {info.file_size} bytes from {info.compress_size} "
-                            f"(more than {max_ratio:.0f}:1), which looks like a zip bomb; it was not unpacked.")
+    return seen
+
+
+def _name_problem(name: str, layout: Layout) -> str:
+    """A plain relative path, at the top level, of a file the layout holds; "" when it is."""
+    why = _unsafe_name(name)
+    if why:
+        return f"Archive entry {name!r} {why}; rebuild the archive with plain relative paths."
+    if layout.allowed(name.rsplit("/", 1)[-1]) and not layout.allowed(name):
+        return f"{name} is inside a folder; put the {layout.noun} files at the top level of the archive."
+    if not layout.allowed(name) and not name.endswith("/"):  # an empty folder entry is never read
+        # Nothing but the adapter is unpacked: 1000 MiB of junk beside a good adapter took the host
+        # from 0.56 to 2.13 GiB.
+        return (f"Archive entry {name!r} is not part of {layout.a_noun}; the archive must hold only "
+                f"{layout.listing}, so zip only those.")
+    return ""
+
+
+def _kind_problem(info: zipfile.ZipInfo) -> str:
+    """A regular file, or an empty folder named as one; "" when it is.
+
+    Unix mode in the high 16 bits. zipfile.writestr(name, data) writes 0o600 with no file-type
+    bits at all, and Windows tools write 0: both are plain files. A link, device, FIFO or socket
+    type is refused, and so is a directory (Unix type or DOS attribute) whose name does not end
+    in "/", which zipfile would otherwise read as a file."""
+    name, mode = info.filename, info.external_attr >> 16
+    kind = stat.S_IFMT(mode)
+    is_dir_attr = stat.S_ISDIR(mode) or bool(info.external_attr & _DOS_DIRECTORY)
+    if stat.S_ISLNK(mode):
+        return f"Archive entry {name!r} is a symbolic link; zip the files themselves, not links."
+    if kind and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return f"Archive entry {name!r} is not a regular file; zip only regular files."
+    if is_dir_attr and not name.endswith("/"):
+        return f"Archive entry {name!r} is marked as a directory but named like a file; zip only regular files."
+    if name.endswith("/") and info.file_size:
+        return f"Archive entry {name!r} is a directory that holds data; rebuild the archive."
+    return ""
+
+
+def _storage_problems(info: zipfile.ZipInfo, max_ratio: float) -> list[str]:
+    """Stored or deflated, unencrypted, and expanding at most max_ratio:1 as declared (what it
+    really unpacks to is bounded again while it is read: _Member)."""
+    name, found = info.filename, []
+    if info.flag_bits & 0x1:
+        found.append(f"Archive entry {name!r} is encrypted; upload an unencrypted archive.")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        found.append(f"Archive entry {name!r} uses compression method {info.compress_type}; "
+                     "use plain deflate or no compression.")
+    if info.file_size >= RATIO_FLOOR_BYTES and info.file_size > max_ratio * max(info.compress_size, 1):
+        found.append(f"Archive entry {name!r} expands {info.file_size} bytes from {info.compress_size} "
+                     f"(more than {max_ratio:.0f}:1), which looks like a zip bomb; it was not unpacked.")
+    return found
+
+
+def _check_required(seen: set[str], layout: Layout, problems: list[str]) -> None:
     for name in layout.required:
         if name not in seen:
             problems.append(f"The archive has no {name} at its top level; the {layout.noun} archive needs "
                             f"{', '.join(layout.required)}.")
-    if problems:
-        raise _Stop
+
+
+def _check_total_size(infos: list[zipfile.ZipInfo], max_total_bytes: int, problems: list[str]) -> None:
+    """What the entries declare, together (each is held to its declared size while it is read)."""
     declared_total = sum(i.file_size for i in infos)
     if declared_total > max_total_bytes:
-        problems.append(f"The archive unpacks to {declared_total} bytes, more than the {max_total_bytes} allowed.")
-        raise _Stop
-    summary["files"] = sorted(seen)
-    return _Archive(zf, {i.filename: i for i in infos}, max_total_bytes, max_ratio, problems)
+        _refuse(problems, f"The archive unpacks to {declared_total} bytes, more than the {max_total_bytes} allowed.")
 
 
 # ---------------------------------------------------------------- config and manifest
@@ -519,7 +565,13 @@ def _target_matcher(targets: Any) -> Callable[[str], bool] | None:
         return None
     if targets.lower() == "all-linear":  # PEFT's shorthand, when a config keeps it unexpanded
         return lambda key: True
-    body = targets.removesuffix("$")  # fullmatch anchors the end anyway
+    return _pattern_matcher(targets)
+
+
+def _pattern_matcher(pattern: str) -> Callable[[str], bool] | None:
+    """A target_modules regular expression of the shapes PEFT users write, parsed by hand (see
+    _target_matcher); None for any other."""
+    body = pattern.removesuffix("$")  # fullmatch anchors the end anyway
     prefix = next((p for p in (".*\\.", ".*") if body.startswith(p)), "")
     body = body[len(prefix):]
     group = next((g for g in ("(?:", "(") if body.startswith(g) and body.endswith(")")), None)
@@ -572,37 +624,22 @@ class _Lora:
 
 
 def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dict[str, Any]) -> _Lora | None:
+    """adapter_config.json: a LoRA config of the run's base model, with a rank, an alpha and target
+    modules the verifier can judge; None when any of it is wrong (the pair checks need all of it)."""
     config = _load_json(raw, CONFIG_NAME, problems)
     if config is None:
         return None
     before = len(problems)
-    if config.get("peft_type") != "LORA":
-        problems.append(f"{CONFIG_NAME} has peft_type {config.get('peft_type')!r}; only LoRA adapters "
-                        "(peft_type \"LORA\") are accepted.")
-    r = config.get("r")
-    if not (_is_int(r) and r > 0):
-        problems.append(f"{CONFIG_NAME} has r = {_brief(r)}; the LoRA rank must be a whole number above 0.")
-    alpha = config.get("lora_alpha")
-    if not (_is_number(alpha) and alpha > 0):
-        problems.append(f"{CONFIG_NAME} has lora_alpha = {_brief(alpha)}; it must be a number above 0.")
+    problems.extend(_lora_problems(config))
     targets = config.get("target_modules")
-    targeted = None
-    if not ((isinstance(targets, str) and targets) or (isinstance(targets, list) and targets and all(
-            isinstance(t, str) and t for t in targets))):
-        problems.append(f"{CONFIG_NAME} has target_modules = {_brief(targets)}; name the modules LoRA adapts "
-                        "(for example [\"q_proj\", \"v_proj\"]).")
-    elif (targeted := _target_matcher(targets)) is None:
-        problems.append(f"{CONFIG_NAME} has target_modules = {_brief(targets)}, a regular expression the verifier "
-                        "does not evaluate (it accepts \"all-linear\" and plain alternations such as "
-                        "\".*\\\\.(q_proj|v_proj)\"); write target_modules as a list of module names, for example "
-                        "[\"q_proj\", \"v_proj\"].")
+    targeted = _targets(targets, problems)
     found = config.get("base_model_name_or_path")
     if found != base_model:
         problems.append(f"{CONFIG_NAME} names base model {found!r}, but this run trains {base_model!r}; "
                         "train the adapter on the run's base model.")
     rank_keys = _pattern_keys(config, "rank_pattern", problems)
     _pattern_keys(config, "alpha_pattern", problems)  # alphas do not change shapes: checked, not used
-    summary.update(r=r, lora_alpha=alpha, target_modules=targets)
+    summary.update(r=config.get("r"), lora_alpha=config.get("lora_alpha"), target_modules=targets)
     if len(problems) != before or targeted is None:
         return None
     return _Lora(r=config["r"], targets=targets, targeted=targeted, ranks=_DottedNames(rank_keys),
@@ -610,9 +647,43 @@ def _check_config(raw: bytes, base_model: str, problems: list[str], summary: dic
                  use_dora=config.get("use_dora") is True)
 
 
+def _lora_problems(config: dict[str, Any]) -> list[str]:
+    """peft_type LORA, a whole rank above 0 and a lora_alpha above 0."""
+    found = []
+    if config.get("peft_type") != "LORA":
+        found.append(f"{CONFIG_NAME} has peft_type {config.get('peft_type')!r}; only LoRA adapters "
+                     "(peft_type \"LORA\") are accepted.")
+    r = config.get("r")
+    if not (_is_int(r) and r > 0):
+        found.append(f"{CONFIG_NAME} has r = {_brief(r)}; the LoRA rank must be a whole number above 0.")
+    alpha = config.get("lora_alpha")
+    if not (_is_number(alpha) and alpha > 0):
+        found.append(f"{CONFIG_NAME} has lora_alpha = {_brief(alpha)}; it must be a number above 0.")
+    return found
+
+
+def _targets(targets: Any, problems: list[str]) -> Callable[[str], bool] | None:
+    """target_modules as a matcher: a non-empty string, or a non-empty list of non-empty names, that
+    _target_matcher can judge; None (a problem recorded) otherwise."""
+    if not ((isinstance(targets, str) and targets) or (isinstance(targets, list) and targets and all(
+            isinstance(t, str) and t for t in targets))):
+        problems.append(f"{CONFIG_NAME} has target_modules = {_brief(targets)}; name the modules LoRA adapts "
+                        "(for example [\"q_proj\", \"v_proj\"]).")
+        return None
+    targeted = _target_matcher(targets)
+    if targeted is None:
+        problems.append(f"{CONFIG_NAME} has target_modules = {_brief(targets)}, a regular expression the verifier "
+                        "does not evaluate (it accepts \"all-linear\" and plain alternations such as "
+                        "\".*\\\\.(q_proj|v_proj)\"); write target_modules as a list of module names, for example "
+                        "[\"q_proj\", \"v_proj\"].")
+    return targeted
+
+
 def _check_manifest(raw: bytes, base_model: str, provider: str | None, smoke_allowed_on: tuple[str, ...],
                     problems: list[str],
                     summary: dict[str, Any]) -> dict[str, Any] | None:
+    """manifest.json: a real trainer's (the smoke trainer only where allowed) of the run's base model;
+    what it measured goes to the summary."""
     manifest = _load_json(raw, MANIFEST_NAME, problems)
     if manifest is None:
         return None
@@ -624,16 +695,21 @@ def _check_manifest(raw: bytes, base_model: str, provider: str | None, smoke_all
     if "base_model" in manifest and manifest["base_model"] != base_model:
         problems.append(f"{MANIFEST_NAME} names base model {manifest['base_model']!r}, but this run trains "
                         f"{base_model!r}.")
-    summary.update(trainer=manifest.get("trainer"),
-                   rows=manifest.get("rows") if _is_int(manifest.get("rows")) else None)
-    # What the trainer measured, for the forecast's check (shared/runs/forecast.check); only numbers pass.
+    summary.update(_measured(manifest))
+    return manifest
+
+
+def _measured(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the trainer reports, for the summary: only numbers pass."""
+    found = {"trainer": manifest.get("trainer"), "rows": manifest.get("rows") if _is_int(manifest.get("rows")) else None}
+    # What the trainer measured, for the forecast's check (shared/runs/forecast.compare).
     for key in ("train_seconds", "tokens", "steps"):
         if _is_number(manifest.get(key)):
-            summary[key] = manifest[key]
+            found[key] = manifest[key]
     if _is_int(manifest.get("checkpoint_step")):  # a checkpoint's adapter, not the final one
-        summary.update(checkpoint_step=manifest["checkpoint_step"],
-                       steps=manifest.get("steps") if _is_int(manifest.get("steps")) else None)
-    return manifest
+        found.update(checkpoint_step=manifest["checkpoint_step"],
+                     steps=manifest.get("steps") if _is_int(manifest.get("steps")) else None)
+    return found
 
 
 def _check_listed(manifest: dict[str, Any], digests: dict[str, str], problems: list[str]) -> None:
@@ -665,89 +741,127 @@ class _Tensor:
 
 
 def _parse_safetensors(weights: _Member, size: int, problems: list[str], summary: dict[str, Any],
-                       name: str = WEIGHTS_NAME) -> list[_Tensor] | None:
+                       name: str = WEIGHTS_NAME) -> list[_Tensor]:
     """The header of the weights entry (size bytes, as the zip declares; reading more is refused),
-    read from its stream: the tensor data after it is left to _check_finite."""
+    read from its stream: the tensor data after it is left to _check_finite. A header that fails
+    stops the verification (_Stop): no tensor of it can be trusted."""
+    header_len = _header_length(weights, size, name, problems)
+    header = _header_object(weights, header_len, size, name, problems)
+    _check_tensor_count(header, name, problems)
+    base = 8 + header_len
+    tensors = _header_tensors(header, base, size - base, name, problems)
+    _check_coverage(tensors, base, size, name, problems)
+    summary["tensors"] = len(tensors)
+    summary["dtypes"] = sorted({t.dtype for t in tensors})
+    return tensors
+
+
+def _header_length(weights: _Member, size: int, name: str, problems: list[str]) -> int:
+    """The header's length, the file's first 8 bytes, at most MAX_HEADER_BYTES."""
     head = weights.read_exactly(8)
     if head is None:
-        problems.append(f"{name} is {size} bytes, too short to hold a safetensors header; export it again.")
-        return None
+        _refuse(problems, f"{name} is {size} bytes, too short to hold a safetensors header; export it again.")
     (header_len,) = struct.unpack("<Q", head)
     if header_len > MAX_HEADER_BYTES:
-        problems.append(f"{name} declares a {header_len}-byte header, more than the {MAX_HEADER_BYTES} allowed; "
-                        "the file is corrupt or not a safetensors file.")
-        return None
+        _refuse(problems, f"{name} declares a {header_len}-byte header, more than the {MAX_HEADER_BYTES} allowed; "
+                          "the file is corrupt or not a safetensors file.")
+    return int(header_len)
+
+
+def _header_object(weights: _Member, header_len: int, size: int, name: str, problems: list[str]) -> dict[str, Any]:
+    """The header's JSON object (parse_json bounds its nesting and integers), read only when the
+    file holds all of it."""
     raw = weights.read_exactly(header_len) if 8 + header_len <= size else None
     if raw is None:
-        problems.append(f"{name} declares a {header_len}-byte header but the file is only {size} bytes; "
-                        "the file is truncated, so export it again.")
-        return None
+        _refuse(problems, f"{name} declares a {header_len}-byte header but the file is only {size} bytes; "
+                          "the file is truncated, so export it again.")
     try:
         header = parse_json(raw)
     except ValueError as exc:
-        problems.append(f"{name} has a header that is not valid JSON ({exc}); the file is corrupt.")
-        return None
+        _refuse(problems, f"{name} has a header that is not valid JSON ({exc}); the file is corrupt.")
     if not isinstance(header, dict):
-        problems.append(f"{name} has a header that is not a JSON object; the file is corrupt.")
-        return None
+        _refuse(problems, f"{name} has a header that is not a JSON object; the file is corrupt.")
+    return header
+
+
+def _check_tensor_count(header: dict[str, Any], name: str, problems: list[str]) -> None:
+    """At most MAX_TENSORS tensors: the pair, rank and finite-value checks run over each."""
     count = len(header) - ("__metadata__" in header)
     if count > MAX_TENSORS:
-        problems.append(f"{name} holds {count} tensors, more than the {MAX_TENSORS} allowed; "
-                        "save only the LoRA adapter weights.")
-        return None
-    base = 8 + header_len
-    buffer_len = size - base
+        _refuse(problems, f"{name} holds {count} tensors, more than the {MAX_TENSORS} allowed; "
+                          "save only the LoRA adapter weights.")
+
+
+def _header_tensors(header: dict[str, Any], base: int, buffer_len: int, name: str,
+                    problems: list[str]) -> list[_Tensor]:
+    """Every entry's tensor (base: where the data section starts, buffer_len bytes long); each
+    malformed entry is reported, and any stops."""
     tensors: list[_Tensor] = []
     before = len(problems)
     for key, entry in header.items():
         if key == "__metadata__":
             continue
-        if len(key) > MAX_TENSOR_NAME:
-            problems.append(f"{name}: tensor {_brief(key)} has a {len(key)}-character name, more than the "
-                            f"{MAX_TENSOR_NAME} allowed; the file is corrupt or not a PEFT adapter.")
-            continue
-        if not isinstance(entry, dict):
-            problems.append(f"{name}: tensor {key} has a malformed header entry.")
-            continue
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPES:
-            problems.append(f"{name}: tensor {key} has dtype {dtype!r}; save the adapter as F32, F16 or BF16.")
-            continue
-        if isinstance(shape, list) and len(shape) > MAX_DIMS:  # before a loop over its dimensions
-            problems.append(f"{name}: tensor {key} has {len(shape)} dimensions, more than the {MAX_DIMS} a LoRA "
-                            "weight has; the file is corrupt or not a PEFT adapter.")
-            continue
-        if (not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape)
-                or not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)):
-            problems.append(f"{name}: tensor {key} has a malformed shape or data_offsets.")
-            continue
-        start, end = offsets
-        if not 0 <= start <= end <= buffer_len:
-            problems.append(f"{name}: tensor {key} points at bytes {start}..{end} outside the {buffer_len}-byte "
-                            "data section; the file is truncated or corrupt.")
-            continue
-        expected = math.prod(shape) * DTYPES[dtype][0]  # exact: at most MAX_DIMS factors of MAX_DIM
-        if end - start != expected:
-            problems.append(f"{name}: tensor {key} has {end - start} bytes of data but shape {shape} in {dtype} "
-                            f"needs {expected}; the file is corrupt.")
-            continue
-        tensors.append(_Tensor(key, dtype, tuple(shape), base + start, base + end))
+        fields = _entry_fields(key, entry, name)
+        found = fields if isinstance(fields, str) else _entry_data(key, *fields, base, buffer_len, name)
+        if isinstance(found, str):
+            problems.append(found)
+        else:
+            tensors.append(found)
     if len(problems) != before:
-        return None
-    # The data section must be covered exactly, in order: no gaps, no overlaps, nothing after.
+        raise _Stop
+    return tensors
+
+
+def _entry_fields(key: str, entry: Any, name: str) -> tuple[str, list[int], list[int]] | str:
+    """A header entry's dtype, shape and data_offsets, each of its form; or what is wrong with it."""
+    if len(key) > MAX_TENSOR_NAME:
+        return (f"{name}: tensor {_brief(key)} has a {len(key)}-character name, more than the "
+                f"{MAX_TENSOR_NAME} allowed; the file is corrupt or not a PEFT adapter.")
+    if not isinstance(entry, dict):
+        return f"{name}: tensor {key} has a malformed header entry."
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPES:
+        return f"{name}: tensor {key} has dtype {dtype!r}; save the adapter as F32, F16 or BF16."
+    if isinstance(shape, list) and len(shape) > MAX_DIMS:  # before a loop over its dimensions
+        return (f"{name}: tensor {key} has {len(shape)} dimensions, more than the {MAX_DIMS} a LoRA "
+                "weight has; the file is corrupt or not a PEFT adapter.")
+    if not _is_shape(shape) or not _is_offsets(offsets):
+        return f"{name}: tensor {key} has a malformed shape or data_offsets."
+    return dtype, shape, offsets
+
+
+def _is_shape(shape: Any) -> TypeGuard[list[int]]:
+    return isinstance(shape, list) and all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape)
+
+
+def _is_offsets(offsets: Any) -> TypeGuard[list[int]]:
+    return isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
+
+
+def _entry_data(key: str, dtype: str, shape: list[int], offsets: list[int], base: int, buffer_len: int,
+                name: str) -> _Tensor | str:
+    """The entry's data inside the data section and exactly as long as its shape and dtype need."""
+    start, end = offsets
+    if not 0 <= start <= end <= buffer_len:
+        return (f"{name}: tensor {key} points at bytes {start}..{end} outside the {buffer_len}-byte "
+                "data section; the file is truncated or corrupt.")
+    expected = math.prod(shape) * DTYPES[dtype][0]  # exact: at most MAX_DIMS factors of MAX_DIM
+    if end - start != expected:
+        return (f"{name}: tensor {key} has {end - start} bytes of data but shape {shape} in {dtype} "
+                f"needs {expected}; the file is corrupt.")
+    return _Tensor(key, dtype, tuple(shape), base + start, base + end)
+
+
+def _check_coverage(tensors: list[_Tensor], base: int, size: int, name: str, problems: list[str]) -> None:
+    """The data section covered exactly, in order: no gaps, no overlaps, nothing after."""
     position = base
     for t in sorted(tensors, key=lambda t: (t.start, t.end)):
         if t.start != position:
-            problems.append(f"{name}: tensor {t.name} starts at byte {t.start - base}, not {position - base}; tensor "
-                            "data overlaps or leaves gaps, so the file is corrupt.")
-            return None
+            _refuse(problems, f"{name}: tensor {t.name} starts at byte {t.start - base}, not {position - base}; "
+                              "tensor data overlaps or leaves gaps, so the file is corrupt.")
         position = t.end
     if position != size:
-        problems.append(f"{name} has {size - position} bytes after the last tensor; the file is corrupt.")
-        return None
-    summary["tensors"] = len(tensors)
-    summary["dtypes"] = sorted({t.dtype for t in tensors})
-    return tensors
+        _refuse(problems, f"{name} has {size - position} bytes after the last tensor; the file is corrupt.")
 
 
 # ---------------------------------------------------------------- LoRA pairs
@@ -766,75 +880,114 @@ def _rank_for(module: str, lora: _Lora) -> int:
 
 def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems: list[str],
                  summary: dict[str, Any]) -> None:
+    """The LoRA weights against the config and the declared base model: only lora_A/lora_B pairs (and
+    DoRA magnitudes), each targeted, of the configured rank, fitting the base model's module, and
+    every layer of every target adapted. problems may hold the config's and the manifest's already:
+    the checks that judge the whole export run only when nothing else is wrong."""
     declared = get_base_model(base_model)
     summary["base_model_declared"] = declared is not None
+    pairs, magnitudes = _group_tensors(tensors, lora.use_dora, problems)
+    if not pairs and not problems:
+        problems.append(f"{WEIGHTS_NAME} holds no LoRA weights; the export wrote an empty adapter.")
+    for module, pair in sorted(pairs.items()):
+        _check_pair(module, pair, lora, declared, base_model, problems)
+    _check_magnitudes(magnitudes, pairs, lora.use_dora, problems)
+    summary["modules"] = len(pairs)
+    if declared is not None and isinstance(lora.targets, list) and not problems:
+        _check_every_layer(pairs, lora.targets, declared, base_model, problems)
+
+
+def _group_tensors(tensors: list[_Tensor], use_dora: bool,
+                   problems: list[str]) -> tuple[dict[str, dict[str, _Tensor]], dict[str, _Tensor]]:
+    """module -> {"A": lora_A, "B": lora_B}, and module -> DoRA magnitude; any other tensor is refused."""
     pairs: dict[str, dict[str, _Tensor]] = {}
     magnitudes: dict[str, _Tensor] = {}
     for t in tensors:
         match = _LORA_KEY.match(t.name)
-        if match is None and lora.use_dora and (dora := _MAGNITUDE_KEY.match(t.name)) is not None:
+        if match is None and use_dora and (dora := _MAGNITUDE_KEY.match(t.name)) is not None:
             magnitudes[dora["module"]] = t
-            continue
-        if match is None:
+        elif match is None:
             problems.append(f"{WEIGHTS_NAME} holds {t.name}, which is not a lora_A/lora_B weight; "
                             "save only the LoRA adapter weights.")
-            continue
-        pairs.setdefault(match["module"], {})[match["ab"]] = t
-    if not pairs and not problems:
-        problems.append(f"{WEIGHTS_NAME} holds no LoRA weights; the export wrote an empty adapter.")
-    targets = lora.targets
-    for module, pair in sorted(pairs.items()):
-        if set(pair) != {"A", "B"}:
-            have = next(iter(pair))
-            want = "B" if have == "A" else "A"
-            problems.append(f"{WEIGHTS_NAME} has lora_{have} but no lora_{want} for {module}; every adapted "
-                            "module needs both.")
-            continue
-        a, b = pair["A"], pair["B"]
-        short = module.rsplit(".", 1)[-1]
-        if not lora.targeted(_peft_key(module)):
-            problems.append(f"{WEIGHTS_NAME} adapts {module}, which is not in target_modules {_brief(targets)}.")
-        if len(a.shape) != 2 or len(b.shape) != 2:
-            problems.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} must both be 2-D.")
-            continue
-        rank = _rank_for(module, lora)
-        if a.shape[0] != rank or b.shape[1] != rank:
-            problems.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not have the "
-                            f"rank r = {rank} from {CONFIG_NAME} (expected A [r, in] and B [out, r]).")
-            continue
-        if declared is not None:
-            dims = declared.modules.get(short)
-            layer = _LAYER.search("." + module + ".")
-            if layer and int(layer.group(1)) >= declared.num_layers:
-                problems.append(f"{module}: {base_model} has only {declared.num_layers} layers.")
-            if dims is None:
-                problems.append(f"{module}: {base_model} has no module {short!r} that a LoRA adapter can target "
-                                f"(known: {', '.join(sorted(declared.modules))}).")
-            elif (a.shape[1], b.shape[0]) != dims:
-                problems.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
-                                f"{base_model}, whose {short} maps {dims[0]} -> {dims[1]}; was it trained on "
-                                "another model?")
+        else:
+            pairs.setdefault(match["module"], {})[match["ab"]] = t
+    return pairs, magnitudes
+
+
+def _check_pair(module: str, pair: dict[str, _Tensor], lora: _Lora, declared: DeclaredModel | None, base_model: str,
+                problems: list[str]) -> None:
+    """One adapted module: both halves, in target_modules, of its rank, fitting the base model."""
+    if set(pair) != {"A", "B"}:
+        have = next(iter(pair))
+        want = "B" if have == "A" else "A"
+        problems.append(f"{WEIGHTS_NAME} has lora_{have} but no lora_{want} for {module}; every adapted "
+                        "module needs both.")
+        return
+    a, b = pair["A"], pair["B"]
+    if not lora.targeted(_peft_key(module)):
+        problems.append(f"{WEIGHTS_NAME} adapts {module}, which is not in target_modules {_brief(lora.targets)}.")
+    rank = _rank_problem(module, a, b, lora)
+    if rank:
+        problems.append(rank)
+    elif declared is not None:
+        problems.extend(_fit_problems(module, a, b, declared, base_model))
+
+
+def _rank_problem(module: str, a: _Tensor, b: _Tensor, lora: _Lora) -> str:
+    """A [r, in] and B [out, r], r the module's rank in the config; "" when they are."""
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} must both be 2-D."
+    rank = _rank_for(module, lora)
+    if a.shape[0] != rank or b.shape[1] != rank:
+        return (f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not have the "
+                f"rank r = {rank} from {CONFIG_NAME} (expected A [r, in] and B [out, r]).")
+    return ""
+
+
+def _fit_problems(module: str, a: _Tensor, b: _Tensor, declared: DeclaredModel, base_model: str) -> list[str]:
+    """The module in the base model: a layer it has, a module it has, and that module's in and out."""
+    found = []
+    short = module.rsplit(".", 1)[-1]
+    layer = _LAYER.search("." + module + ".")
+    if layer and int(layer.group(1)) >= declared.num_layers:
+        found.append(f"{module}: {base_model} has only {declared.num_layers} layers.")
+    dims = declared.modules.get(short)
+    if dims is None:
+        found.append(f"{module}: {base_model} has no module {short!r} that a LoRA adapter can target "
+                     f"(known: {', '.join(sorted(declared.modules))}).")
+    elif (a.shape[1], b.shape[0]) != dims:
+        found.append(f"{module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
+                     f"{base_model}, whose {short} maps {dims[0]} -> {dims[1]}; was it trained on "
+                     "another model?")
+    return found
+
+
+def _check_magnitudes(magnitudes: dict[str, _Tensor], pairs: dict[str, dict[str, _Tensor]], use_dora: bool,
+                      problems: list[str]) -> None:
+    """DoRA: one magnitude [out] beside each pair, and (when nothing else is wrong) one for every pair."""
     for module, magnitude in sorted(magnitudes.items()):
         pair = pairs.get(module, {})
         if "B" not in pair:
             problems.append(f"{WEIGHTS_NAME} holds a DoRA magnitude for {module}, which has no LoRA pair.")
         elif magnitude.shape != (pair["B"].shape[0],):
-            problems.append(f"{module}: the DoRA magnitude {list(magnitude.shape)} must have one value per output feature "
-                            f"([{pair['B'].shape[0]}], as lora_B {list(pair['B'].shape)}).")
-    if lora.use_dora and pairs and len(magnitudes) != len(pairs) and not problems:
+            problems.append(f"{module}: the DoRA magnitude {list(magnitude.shape)} must have one value per output "
+                            f"feature ([{pair['B'].shape[0]}], as lora_B {list(pair['B'].shape)}).")
+    if use_dora and pairs and len(magnitudes) != len(pairs) and not problems:
         problems.append(f"{CONFIG_NAME} says use_dora, but {len(pairs) - len(magnitudes)} of the {len(pairs)} adapted "
                         "modules have no DoRA magnitude; export the adapter again.")
-    summary["modules"] = len(pairs)
-    if declared is not None and isinstance(targets, list) and not problems:
-        # Every layer of every declared target should be adapted: a hole means a partial export.
-        names = [t for t in dict.fromkeys(targets) if t in declared.modules]  # a repeated name counts once
-        found = {(int(m.group(1)), module.rsplit(".", 1)[-1]) for module in pairs if (m := _LAYER.search("." + module + "."))}
-        missing = [f"layer {layer} {name}" for layer in range(declared.num_layers) for name in names
-                   if (layer, name) not in found]
-        if missing:
-            problems.append(f"{WEIGHTS_NAME} has no LoRA weights for {len(missing)} of the {declared.num_layers} x "
-                            f"{len(names)} adapted modules of {base_model} (first: {', '.join(missing[:3])}); "
-                            "the export is incomplete, so export the adapter again.")
+
+
+def _check_every_layer(pairs: dict[str, dict[str, _Tensor]], targets: list[str], declared: DeclaredModel,
+                       base_model: str, problems: list[str]) -> None:
+    """Every layer of every declared target adapted: a hole means a partial export."""
+    names = [t for t in dict.fromkeys(targets) if t in declared.modules]  # a repeated name counts once
+    found = {(int(m.group(1)), module.rsplit(".", 1)[-1]) for module in pairs if (m := _LAYER.search("." + module + "."))}
+    missing = [f"layer {layer} {name}" for layer in range(declared.num_layers) for name in names
+               if (layer, name) not in found]
+    if missing:
+        problems.append(f"{WEIGHTS_NAME} has no LoRA weights for {len(missing)} of the {declared.num_layers} x "
+                        f"{len(names)} adapted modules of {base_model} (first: {', '.join(missing[:3])}); "
+                        "the export is incomplete, so export the adapter again.")
 
 
 def _check_finite(weights: _Member, tensors: list[_Tensor], problems: list[str], name: str = WEIGHTS_NAME) -> None:
