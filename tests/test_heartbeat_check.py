@@ -31,6 +31,25 @@ def test_silent_heartbeat_retains_and_keeps_the_disk(h: Harness, cloud: ChaosClo
     assert m.state == "stopped" and m.disk_exists
 
 
+def test_a_silent_run_whose_agent_token_expired_says_so_not_a_key_change(h: Harness, cloud: ChaosCloud) -> None:
+    from shared.security import mint_agent_token
+
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.2)
+    agent.token = mint_agent_token(h.org, run_id, ttl_s=300)  # one the agent failed to renew
+    h.serve(301)
+    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/heartbeat", token=agent.token,
+                             json_body={"phase": "training", "progress": 0.3})
+    assert status == 401 and "expired" in body["detail"], body
+    h.serve(get_settings().heartbeat_timeout_s)
+    run = h.get_run(run_id)
+    assert run["state"] == "retained", run
+    assert "its calls were refused: the bearer token has expired" in run["reason"], run["reason"]
+    assert "TENSORANT_AGENT_TOKEN_TTL_S" in run["reason"] and "JWT_SECRET" not in run["reason"], run["reason"]
+
+
 def test_boot_deadline_releases_a_machine_that_never_reported(h: Harness, cloud: ChaosCloud) -> None:
     run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
     h.launch(run_id)  # the agent never reports (image pull hangs)

@@ -107,10 +107,15 @@ def missed_deadline(run: RunRecord, t: datetime, since: datetime | None = None) 
 
 
 def _refused(run: RunRecord) -> str:
+    """Why the agent's calls were refused, with what to check. Only a token whose signature verifies is
+    noted (services/api/agent._note_refused), so a rotated-out key never shows here: an expired token does,
+    after the agent lost its route for longer than the token's lifetime or was stopped that long."""
     if not run.agent_refused:
         return ""
-    return (f"; its calls were refused: {run.agent_refused} (was TENSORANT_JWT_SECRET changed without "
-            "TENSORANT_JWT_SECRET_PREVIOUS?)")
+    hint = (" (the agent could not renew its token in time: it lost its route to TENSORANT_PUBLIC_URL, or its "
+            f"machine was stopped for longer than TENSORANT_AGENT_TOKEN_TTL_S, {get_settings().agent_token_ttl_s} s)"
+            if "expired" in run.agent_refused else "")
+    return f"; its calls were refused: {run.agent_refused}{hint}"
 
 
 # An index row whose run is no longer watched is deleted once the run has been quiet this long: a
