@@ -111,3 +111,31 @@ def test_launch_claim_is_granted_once_per_settle_period(h: Harness, cloud: Cloud
     res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=h.org)
     launched, _ = store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
     assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (launched, False)  # launched already
+
+
+def test_two_deliveries_verifying_at_once_record_the_adapter_once(h: Harness, cloud: Cloud, monkeypatch) -> None:
+    """Two deliveries read the run in verifying and both verify; the later one's move finds the run moved
+    and records nothing: one 'adapter verified' event, one release message."""
+    from shared.services.steps import verify_adapter as step
+    from shared.store import get_store
+    from tests.harness import trained_adapter_zip
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).train(trained_adapter_zip())  # the first delivery verified it, and the run ended
+    done, etag = get_store().runs.get(h.org, run_id)
+    assert done.state == RunState.succeeded
+    # The second delivery read the run before the first one's write: in verifying.
+    stale = done.model_copy(update={"state": RunState.verifying})
+    store = get_store()
+    runs = type("Runs", (), {"get": lambda self, org, rid: (stale, etag)})()
+    monkeypatch.setattr(step, "get_store", lambda: type("S", (), {"runs": runs, "__getattr__":
+                                                                  lambda self, n: getattr(store, n)})())
+    sent: list[object] = []
+    monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {"send": lambda self, *a: sent.append(a)})())
+    step.verify_adapter(StepMessage(org=h.org, run_id=run_id))
+    monkeypatch.undo()
+    verified = [e for e in get_store().events.read(run_id, "audit") if e.message.startswith("adapter verified")]
+    assert len(verified) == 1, verified
+    assert sent == [], sent  # no second release message
+    assert h.get_run(run_id)["state"] == "succeeded"

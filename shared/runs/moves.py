@@ -23,7 +23,7 @@ from shared.store import get_store
 
 
 def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
-             attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool]:
+                attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool]:
     """store.runs.mutate(change), with a transition event when the write changed the run's state.
 
     The event's "from" state is the one `change` saw in the attempt that wrote (a lost race re-reads,

@@ -90,8 +90,9 @@ def verify_adapter(msg: StepMessage) -> None:
         if run.state == RunState.recovering:
             refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
             return
-        run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal)
-        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+        run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal)
+        if wrote:
+            get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
         return
     if not problems:
         # A checkpoint here was accepted by the owner: the run's reason, view and events say which step it holds.
@@ -109,8 +110,10 @@ def verify_adapter(msg: StepMessage) -> None:
         merged = run.training.merged and step is None
         if merged:
             recorded |= check_merged(run)
-        run, _ = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
-                      **recorded)
+        run, wrote = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
+                          **recorded)
+        if not wrote:  # a second delivery verified the same archive at the same time: the first recorded it
+            return
         event(run, "audit", what, sha256=run.adapter_sha256,
               **({"checkpoint_step": step} if step is not None else {}))
         if merged:
@@ -128,8 +131,9 @@ def verify_adapter(msg: StepMessage) -> None:
         refuse_recovery(run, why + "; the machine and disk are still retained, so fix the archive and recover again, "
                         "or cancel with discard", sha256)
         return
-    run, _ = move(run, RunState.retaining, expect={RunState.verifying}, reason=why)
-    get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+    run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=why)
+    if wrote:
+        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
 
 
 def check_merged(run: RunRecord) -> dict[str, object]:
