@@ -29,6 +29,7 @@ from adapter_format.verify import (
     _check_listed,
     _load_json,
     _parse_safetensors,
+    _refuse,
     _safe_unzip,
     _sha256_of,
     _Stop,
@@ -88,13 +89,11 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
             problems: list[str], summary: dict[str, Any]) -> None:
     declared = get_base_model(base_model)
     if declared is None:
-        problems.append(f"{base_model!r} is not a declared base model, so its merged weights have nothing to be "
-                        "checked against.")
-        raise _Stop
+        _refuse(problems, f"{base_model!r} is not a declared base model, so its merged weights have nothing to be "
+                          "checked against.")
     if expected_sha256 is not None and summary["sha256"] != expected_sha256.lower():
-        problems.append(f"The merged archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent "
-                        "reported; the upload is incomplete or was replaced.")
-        raise _Stop
+        _refuse(problems, f"The merged archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent "
+                          "reported; the upload is incomplete or was replaced.")
     archive = _safe_unzip(source, summary["size"], MAX_ENTRIES, max_total_bytes, MAX_RATIO, problems, summary,
                           layout=LAYOUT)
     shards = _shard_names(archive, problems)
@@ -102,37 +101,62 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
     digests = {CONFIG_NAME: hashlib.sha256(config_raw).hexdigest(),
                MANIFEST_NAME: hashlib.sha256(manifest_raw).hexdigest()}
     _check_config(config_raw, declared, problems)
-    manifest = _load_json(manifest_raw, MANIFEST_NAME, problems)
+    manifest = _check_manifest(manifest_raw, base_model, problems)
+    weight_map = _read_optional(archive, digests, problems)
+    tensors, where = _read_shards(archive, shards, digests, problems, summary)
+    _check_tensors(tensors, declared, problems, summary)
+    if len(shards) > 1 or INDEX_NAME in archive.infos:
+        _check_index(weight_map, where, problems)
+    summary.update(unpacked_bytes=archive.total, shards=len(shards))
+    if manifest is not None:
+        _check_listed(manifest, digests, problems)
+
+
+def _check_manifest(raw: bytes, base_model: str, problems: list[str]) -> dict[str, Any] | None:
+    """manifest.json: a JSON object naming the run's base model."""
+    manifest = _load_json(raw, MANIFEST_NAME, problems)
     if manifest is not None and manifest.get("base_model") != base_model:
         problems.append(f"{MANIFEST_NAME} names base model {_brief(manifest.get('base_model'))}, but this run "
                         f"trains {base_model!r}.")
+    return manifest
+
+
+def _read_optional(archive: _Archive, digests: dict[str, str], problems: list[str]) -> Any:
+    """generation_config.json and the index, where present: JSON objects, their digests recorded.
+    Returns the index's weight_map (None without one), checked against the shards later."""
+    weight_map = None
     for name in (GENERATION_NAME, INDEX_NAME):
         if name in archive.infos:
             raw = archive.read_small(name)
             digests[name] = hashlib.sha256(raw).hexdigest()
             parsed = _load_json(raw, name, problems)
             if name == INDEX_NAME and parsed is not None:
-                summary["weight_map"] = parsed.get("weight_map")
+                weight_map = parsed.get("weight_map")
+    return weight_map
+
+
+def _read_shards(archive: _Archive, shards: list[str], digests: dict[str, str], problems: list[str],
+                 summary: dict[str, Any]) -> tuple[dict[str, _Tensor], dict[str, str]]:
+    """Each shard read once, in bounded chunks: its header, every value finite, its digest recorded.
+    Returns the tensors over all shards by name, and which shard holds each."""
     where: dict[str, str] = {}
     tensors: dict[str, _Tensor] = {}
     for shard in shards:
         with archive.stream(shard) as weights:
             found = _parse_safetensors(weights, archive.size(shard), problems, summary, name=shard)
-            if found is None:
-                raise _Stop
-            for t in found:
-                if t.name in tensors:
-                    problems.append(f"{shard} holds {t.name}, which {where[t.name]} holds too.")
-                tensors[t.name], where[t.name] = t, shard
+            _add_shard(shard, found, tensors, where, problems)
             _check_finite(weights, found, problems, name=shard)
             digests[shard] = weights.sha256()
-    _check_tensors(tensors, declared, problems, summary)
-    if len(shards) > 1 or INDEX_NAME in archive.infos:
-        _check_index(summary.pop("weight_map", None), where, problems)
-    summary.pop("weight_map", None)
-    summary.update(unpacked_bytes=archive.total, shards=len(shards))
-    if manifest is not None:
-        _check_listed(manifest, digests, problems)
+    return tensors, where
+
+
+def _add_shard(shard: str, found: list[_Tensor], tensors: dict[str, _Tensor], where: dict[str, str],
+               problems: list[str]) -> None:
+    """The shard's tensors added to those of the shards before it: no tensor in two shards."""
+    for t in found:
+        if t.name in tensors:
+            problems.append(f"{shard} holds {t.name}, which {where[t.name]} holds too.")
+        tensors[t.name], where[t.name] = t, shard
 
 
 def _shard_names(archive: _Archive, problems: list[str]) -> list[str]:
@@ -143,9 +167,8 @@ def _shard_names(archive: _Archive, problems: list[str]) -> list[str]:
     counts = {int(m[2]) for n in names if (m := _SHARD.match(n))}
     if SINGLE_NAME in names or len(counts) != 1 or names != [
             f"model-{k:05d}-of-{n:05d}.safetensors" for n in counts for k in range(1, n + 1)]:
-        problems.append(f"The merged archive's weights must be {SINGLE_NAME} or every shard model-0000k-of-0000n of "
-                        f"one n, not {_brief(names, 200)}; export it again.")
-        raise _Stop
+        _refuse(problems, f"The merged archive's weights must be {SINGLE_NAME} or every shard model-0000k-of-0000n "
+                          f"of one n, not {_brief(names, 200)}; export it again.")
     return names
 
 
