@@ -1,7 +1,15 @@
 import azure.functions as func
 
 from shared import http
-from shared.models import AgentComplete, BootFailure, BootstrapClaim, BootstrapGrant, Heartbeat, HeartbeatReply
+from shared.models import (
+    AgentComplete,
+    BootFailure,
+    BootstrapClaim,
+    BootstrapGrant,
+    Heartbeat,
+    HeartbeatReply,
+    RestartGrant,
+)
 from shared.services.api import agent, boot
 
 bp = func.Blueprint()
@@ -45,3 +53,12 @@ def boot_failed(req: func.HttpRequest) -> func.HttpResponse:
           request=BootstrapClaim, response=BootstrapGrant)
 def bootstrap(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: boot.exchange_claim(req.route_params["id"], http.parse(req, BootstrapClaim)))
+
+
+@bp.route(route="agent/runs/{id}/restart", methods=["POST"], auth_level=ANON)
+@http.api(summary="The agent of a retained machine started again (recover start_machine or resume) exchanges its "
+          "token, which may have expired while the machine was stopped, for a fresh one and fresh storage access: "
+          "accepted once per start, for a token issued before it; a second is refused and recorded",
+          response=RestartGrant)
+def restart(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: boot.exchange_restart(req.headers.get("Authorization"), req.route_params["id"]))

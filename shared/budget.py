@@ -159,7 +159,7 @@ BOUNDS: dict[str, str] = {
         "create_project", "list_projects", "upload_dataset", "dataset_upload_url", "commit_dataset",
         "list_datasets", "create_run", "list_runs", "get_run", "patch_run", "delete_run", "run_metrics",
         "run_logs", "launch_run", "cancel_run", "release_run", "run_adapter", "get_usage", "get_limits",
-        "put_limits", "heartbeat", "complete", "boot_failed", "bootstrap", "queues", "poison", "replay", "discard",
+        "put_limits", "heartbeat", "complete", "boot_failed", "bootstrap", "restart", "queues", "poison", "replay", "discard",
         "sweep", "sweep_report",  # an admin sweep is enqueued (202), one account per sweep-account message
         "list_base_models", "list_org_secrets", "put_hf_token", "delete_hf_token", "openapi", "docs",
         "docs_asset",

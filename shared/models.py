@@ -422,6 +422,11 @@ class RunRecord(Model):
     agent_refused_at: datetime | None = None
     # When the machine exchanged its bootstrap claim for its environment (once: a second is refused).
     bootstrap_claimed_at: datetime | None = None
+    # When the control plane last started the retained machine (recover start_machine or resume), and when its
+    # agent exchanged the token that expired while the machine was stopped for a fresh one (once per start: a
+    # second is refused; shared/services/api/boot.py exchange_restart).
+    restart_requested_at: datetime | None = None
+    restart_exchanged_at: datetime | None = None
     # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
     pace_warned: bool = False
     # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
@@ -600,6 +605,16 @@ class BootstrapGrant(Model):
 
     bootstrap: str = Field(description="TENSORANT_BOOTSTRAP: base64 of the agent's environment (a JSON object)")
     token: str = Field(description="the run's agent token, for the machine's own failure report")
+
+
+class RestartGrant(Model):
+    """What an agent whose retained machine was started again gets for its expired token, once per start."""
+
+    token: str = Field(description="a fresh agent token for the same org and run")
+    token_expires_at: datetime
+    bootstrap: str = Field(description=(
+        "base64 of a JSON object: the storage access and deadline the agent continues with (presigned URLs "
+        "handed at launch may have expired while the machine was stopped)"))
 
 
 class BootFailure(Model):

@@ -75,10 +75,12 @@ def _claim(claims: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:
 
 
 def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
-            wrong_kind: type[Unauthorized] | type[Forbidden] = Unauthorized) -> dict[str, Any]:
+            wrong_kind: type[Unauthorized] | type[Forbidden] = Unauthorized, *,
+            allow_expired: bool = False) -> dict[str, Any]:
     """Verify signature, audience, issuer and every claim's type and shape; never a 500.
 
-    `wrong_kind`: the error for a valid token of the other kind (user vs agent)."""
+    `wrong_kind`: the error for a valid token of the other kind (user vs agent). `allow_expired`: only the
+    expiry is not checked (the restart exchange, whose own rules bound what an expired token gets)."""
     import jwt
 
     if not header or not header.lower().startswith("bearer "):
@@ -116,7 +118,7 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
         raise Unauthorized(f"the bearer token's lifetime is over the {max_ttl_s} s allowed; mint a shorter one")
     if iat > now_ts() + CLOCK_SKEW_S:
         raise Unauthorized("the bearer token was issued in the future")
-    if exp < now_ts():
+    if exp < now_ts() and not allow_expired:
         raise Unauthorized("the bearer token has expired; mint a new one")
     _claim(claims, "org", ORG_RE)
     _claim(claims, "sub", SUB_RE)
@@ -141,9 +143,11 @@ class AgentToken:
     issued_at: float = 0.0  # the token's iat (a previous-key token issued after the rotation is not renewed)
 
 
-def verify_agent(header: str | None, run_id: str) -> AgentToken:
-    """A token minted for exactly this run: its org and expiry (one verification)."""
-    claims = _decode(header, AGENT_AUDIENCE, "agent", AGENT_TOKEN_MAX_TTL_S, wrong_kind=Forbidden)
+def verify_agent(header: str | None, run_id: str, *, allow_expired: bool = False) -> AgentToken:
+    """A token minted for exactly this run: its org and expiry (one verification). `allow_expired`: for
+    the restart exchange only (shared/services/api/boot.py exchange_restart); nothing else is relaxed."""
+    claims = _decode(header, AGENT_AUDIENCE, "agent", AGENT_TOKEN_MAX_TTL_S, wrong_kind=Forbidden,
+                     allow_expired=allow_expired)
     run = _claim(claims, "run", RUN_RE)
     if run != run_id:
         raise Forbidden("this token is not the token of this run")

@@ -13,6 +13,11 @@ output, Azure instance view and boot diagnostics, RunPod pod status) before dele
 Before any of this a cloud-init machine (AWS, Azure) exchanges the one-time claim its user data
 holds for its environment (exchange_claim): user data is readable through the metadata service for
 the machine's whole life, so it carries no secret that outlives that first exchange.
+
+A retained machine started again (recover start_machine or resume) was stopped for hours or days: its
+agent's token (settings.agent_token_ttl_s) and presigned URLs may have expired meanwhile. The agent then
+exchanges its expired token, once per start, for a fresh one (exchange_restart), with the same discipline
+as the claim.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from shared import metrics
 from shared.clock import now
 from shared.errors import Conflict, Unauthorized
+from shared.lifecycle import ACTIVE
 from shared.log import redact_text
 from shared.models import BootFailure, BootstrapClaim, Outcome, RunRecord, RunState, StepMessage
 from shared.providers import bootstrap_env, cloudinit
@@ -30,8 +36,10 @@ from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move
+from shared.runs.org_backends import storage_for
+from shared.security import mint_agent_token, verify_agent
 from shared.services.api.agent import refuse_ended
-from shared.services.steps.launch import bootstrap_for
+from shared.services.steps.launch import EXPORT_MARGIN_S, bootstrap_for
 from shared.settings import get_settings
 from shared.steps import Step
 from shared.store import get_store
@@ -105,3 +113,64 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     env = {"TENSORANT_DATA_DIR": cloudinit.CONTAINER_DATA_DIR, **bootstrap_for(run).env}
     event(run, "audit", "the machine exchanged its bootstrap claim for its environment")
     return {"bootstrap": bootstrap_env.encode(env), "token": env["TENSORANT_RUN_TOKEN"]}
+
+
+def _restart_open(r: RunRecord, issued_at: float) -> str:
+    """Why this run's restart cannot be exchanged for a token issued at `issued_at`; "" when it can."""
+    asked = r.restart_requested_at
+    if asked is None:
+        return "the control plane never started this run's machine again"
+    if r.restart_exchanged_at is not None and r.restart_exchanged_at >= asked:
+        return f"this start's exchange was made at {r.restart_exchanged_at.isoformat()}"
+    if issued_at >= int(asked.timestamp()):  # iat is whole seconds: one of the start's second counts as after it
+        return "the token was issued after the machine was started again; heartbeats renew it"
+    if r.state not in ACTIVE and not (r.state == RunState.retained and r.machine_started_at is not None):
+        return f"the run is {r.state.value} and its machine is not started"
+    return ""
+
+
+def exchange_restart(header: str | None, run_id: str) -> dict[str, Any]:
+    """A fresh token (and storage access) for an agent whose retained machine was started again, once per start.
+
+    The token sent may have expired; nothing else is relaxed (signature, audience, issuer, org and run are
+    verified as for any agent call). Accepted only when the control plane started the machine after that
+    token was issued (restart_requested_at, recorded by recover start_machine or resume), the machine is
+    started (or the run back in an agent phase) and that start was not exchanged yet; the write that marks it
+    exchanged comes first (ETag-guarded), so two exchanges racing get one answer. A refusal is recorded on
+    the run when it has a start to exchange: a second exchange means an old token was used by someone else
+    (or the first answer was lost; then the deadlines retain the run again, and a new resume opens a new
+    exchange)."""
+    token = verify_agent(header, run_id, allow_expired=True)
+    store = get_store()
+    run, _ = store.runs.get(token.org, run_id)
+    refuse_ended(run)
+    why = _restart_open(run, token.issued_at)
+    t = now()
+
+    def change(r: RunRecord) -> RunRecord | None:
+        return None if _restart_open(r, token.issued_at) else r.model_copy(update={"restart_exchanged_at": t})
+
+    if not why:
+        run, wrote = store.runs.mutate(token.org, run_id, change)
+        why = "" if wrote else (_restart_open(run, token.issued_at) or "the run changed at the same time")
+    if why:
+        if run.restart_requested_at is not None:
+            event(run, "warning", f"an exchange of an agent token for the restart of the machine was refused "
+                  f"({why}): each start of a retained machine is exchanged once", source="machine")
+        raise Conflict(f"the restart exchange was refused: {why}")
+    ttl = get_settings().agent_token_ttl_s
+    fresh = mint_agent_token(token.org, run_id, ttl_s=ttl)
+    event(run, "audit", "the agent of the machine started again exchanged its expired token for a fresh one")
+    return {"token": fresh, "token_expires_at": (t + timedelta(seconds=ttl)).isoformat(),
+            "bootstrap": bootstrap_env.encode(_continue_env(run))}
+
+
+def _continue_env(run: RunRecord) -> dict[str, str]:
+    """What the agent continues with: storage access valid for the runtime limit and the export from now (what
+    it was handed at launch may have expired while the machine was stopped), and the run's current deadline."""
+    dataset = get_store().datasets.get(run.org, run.dataset_version_id)
+    env, _ = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=run.runtime_limit_s + EXPORT_MARGIN_S,
+                                            merged=run.training.merged)
+    if run.deadlines.runtime_by is not None:
+        env["TENSORANT_DEADLINE_AT"] = str(int(run.deadlines.runtime_by.timestamp()))
+    return env

@@ -168,6 +168,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     if mode == "resume":
         return _resume(run)
     if mode == "start_machine":
+        run = _request_restart(run)
         try:
             outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
         except ProviderError as exc:
@@ -237,6 +238,7 @@ def _resume(run: RunRecord) -> RunView:
             return None
         r = billing.switched(r, True, started)
         return r.model_copy(update={"machine_started_at": r.machine_started_at or started, "updated_at": started,
+                                    "restart_requested_at": started,
                                     "billing_note": "the machine is being started to resume training"})
 
     run, wrote = store.runs.mutate(run.org, run.id, starting)
@@ -276,6 +278,19 @@ def _resume(run: RunRecord) -> RunView:
     if wrote:
         event(new, "audit", "machine started to resume training from the last checkpoint", detail=outcome.detail)
     return view(new)
+
+
+def _request_restart(run: RunRecord) -> RunRecord:
+    """Recorded before the cloud call starts the retained machine: its agent comes back with a token that may
+    have expired while the machine was stopped, and may exchange it once for a fresh one because of this start
+    (shared/services/api/boot.py exchange_restart). A crash after this write leaves only an exchange open that
+    nobody without the run's signed token can use."""
+    t = now()
+
+    def change(r: RunRecord) -> RunRecord | None:
+        return r.model_copy(update={"restart_requested_at": t}) if r.state == RunState.retained else None
+
+    return get_store().runs.mutate(run.org, run.id, change)[0]
 
 
 def _flag(field: str, value: str | None) -> bool:
