@@ -9,7 +9,7 @@ import pytest
 
 from shared.clock import now
 from shared.providers.base import ComputeProvider, RunRef
-from shared.runs.org_backends import compute_for
+from shared.runs.org_backends import compute_of
 from shared.services.steps import sweep_account
 from shared.settings import get_settings
 from shared.store import leases
@@ -205,7 +205,7 @@ def test_two_sweeps_at_once_release_a_leak_once_with_one_audit_entry(h: Harness,
         try:
             results.append(sweep_account.sweep_one(
                 h.org, "memory", sweep_id=sweep_id, dry_run=False,
-                compute=lambda org, name: cast(ComputeProvider, Meets(compute_for(org, name)))))
+                compute=lambda rec: cast(ComputeProvider, Meets(compute_of(rec)))))
         finally:
             met.abort()
 
@@ -233,6 +233,25 @@ def test_a_dead_sweepers_lease_runs_out_for_its_account_alone(h: Harness, cloud:
     [f] = sweep(h)["findings"]
     assert f["action"] == "release" and ghost.state == "terminated"
     assert "skipped" not in sweep(h)  # each sweep ends its lease
+
+
+def test_an_account_sweep_reads_its_connection_once(h: Harness, cloud: ChaosCloud, monkeypatch) -> None:
+    from shared.store import get_store
+
+    ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, h.org, "r-ghost").tags, now())
+    h.clock.advance(grace() + 1)
+    connections = get_store().connections
+    reads: list[tuple[str, str]] = []
+    real_get = connections.get
+
+    def counted(org: str, slot: str) -> Any:
+        reads.append((org, slot))
+        return real_get(org, slot)
+
+    monkeypatch.setattr(connections, "get", counted)
+    out = sweep_account.sweep_one(h.org, "memory", sweep_id="s20260101000000-cccccc", dry_run=False)
+    assert [f["action"] for f in out["findings"]] == ["release"] and ghost.state == "terminated"
+    assert reads == [(h.org, "compute:memory")], reads
 
 
 def test_a_second_delivery_of_one_sweep_does_nothing(h: Harness, cloud: ChaosCloud) -> None:
@@ -271,7 +290,7 @@ def test_a_long_account_sweep_renews_its_short_lease(h: Harness, cloud: ChaosClo
             return self.provider.release(*args)
 
     out = sweep_account.sweep_one(h.org, "memory", sweep_id="s20260101000000-bbbbbb", dry_run=False,
-                                  compute=lambda org, p: cast(ComputeProvider, Slow(compute_for(org, p))))
+                                  compute=lambda rec: cast(ComputeProvider, Slow(compute_of(rec))))
     assert [f["action"] for f in out["findings"]] == ["release"] and ghost.state == "terminated"
     assert taken_meanwhile == [None]  # renewed before the release: nobody could take it meanwhile
     assert leases.take(name, 60) is not None  # ended when the sweep was done

@@ -47,8 +47,13 @@ def compute_for(org: str, provider: str, *, require_connected: bool = False) -> 
     rec = got[0]
     if require_connected and rec.status != ConnectionStatus.connected:
         raise Conflict(f"the {provider} connection is {rec.status.value}; fix its failed checks first")
-    config = with_storage_context(provider, unsealed_config(rec), org)
-    return registry.make_compute(provider, config, get_settings())
+    return compute_of(rec)
+
+
+def compute_of(rec: ConnectionRecord) -> ComputeProvider:
+    """The compute provider of a saved connection already read (the account sweep reads it once)."""
+    config = with_storage_context(rec.provider, unsealed_config(rec), rec.org)
+    return registry.make_compute(rec.provider, config, get_settings())
 
 
 def with_storage_context(provider: str, config: BaseModel, org: str) -> BaseModel:

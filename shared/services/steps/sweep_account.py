@@ -44,12 +44,12 @@ from shared.clock import now, now_ts
 from shared.errors import AuthError, ProviderError
 from shared.lifecycle import ACTIVE, TERMINAL
 from shared.log import get_logger, redact_text
-from shared.models import CloudResource, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
+from shared.models import CloudResource, ConnectionRecord, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.org_backends import compute_connection_slot, compute_for
+from shared.runs.org_backends import compute_connection_slot, compute_of
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.services.steps.release import release_delay
@@ -62,7 +62,7 @@ GONE_STATES = frozenset({"terminated", "deleted"})
 # The run states whose lost step message the sweeper re-sends (the step table's: releasing).
 RESENDS: dict[RunState, Step] = resent_by(Resender.sweeper)
 
-ProviderFactory = Callable[[str, str], ComputeProvider]
+ProviderFactory = Callable[[ConnectionRecord], ComputeProvider]  # a connection read once per sweep
 
 # The cloud calls that act on one account (releases, describes) start only within this many seconds
 # of the sweep's start: with each call bounded by the provider's own waits, one invocation stays
@@ -89,13 +89,13 @@ def sweep_account(msg: SweepMessage) -> None:
 
 
 def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
-              compute: ProviderFactory = compute_for) -> dict[str, Any]:
+              compute: ProviderFactory = compute_of) -> dict[str, Any]:
     """Sweep one account; returns {"findings": [...], stats..., "skipped": why (when it did not)}."""
     got = get_store().connections.get(org, compute_connection_slot(provider_name))
     if got is None or got[0].status == ConnectionStatus.checking:
         return {"findings": [], "skipped": "the connection is gone or being checked"}
     if dry_run:
-        return _sweep(org, provider_name, compute, dry_run=True)
+        return _sweep(org, provider_name, lambda: compute(got[0]), dry_run=True)
     lease = leases.take(lease_name(org, provider_name), LEASE_S)
     if lease is None:
         get_logger().info("account sweep skipped: another sweep holds its lease",
@@ -104,7 +104,7 @@ def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
     if lease.data.get("sweep") == sweep_id:
         leases.end(lease)
         return {"findings": [], "skipped": "this sweep has swept this account already (a second delivery)"}
-    out = _sweep(org, provider_name, compute, dry_run=False, lease=lease)
+    out = _sweep(org, provider_name, lambda: compute(got[0]), dry_run=False, lease=lease)
     leases.end(lease, sweep=sweep_id, swept_at=now_ts())
     return out
 
@@ -129,12 +129,12 @@ class _Budget:
         return True
 
 
-def _sweep(org: str, name: str, compute: ProviderFactory, *, dry_run: bool,
+def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_run: bool,
            lease: leases.Lease | None = None) -> dict[str, Any]:
     settings, store = get_settings(), get_store()
     stats: dict[str, Any] = {"org": org, "provider": name, "listed": 0, "runs_read": 0}
     try:
-        provider = compute(org, name)
+        provider = compute()
         resources = _ours(provider.list_managed(), settings.deployment_id, org)
     except Exception as exc:  # one broken account (a secret that no longer opens) never poisons the step
         reason = exc.reason if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {redact_text(str(exc))}"
