@@ -364,10 +364,12 @@ def _check_entry_count(entries: int, max_entries: int, problems: list[str], summ
 
 
 def _open_zip(source: BinaryIO, problems: list[str]) -> zipfile.ZipFile:
+    """zipfile's reading of the directory; what it cannot read is refused (a directory record that needs
+    a newer zip version than zipfile's raised NotImplementedError out of the verify step)."""
     try:
         source.seek(0)
         return zipfile.ZipFile(source)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+    except (*_READ_ERRORS, zipfile.LargeZipFile) as exc:
         _refuse(problems, f"The file is not a readable zip archive ({exc}); upload the adapter as a .zip file.")
 
 
