@@ -139,3 +139,36 @@ def test_two_deliveries_verifying_at_once_record_the_adapter_once(h: Harness, cl
     assert len(verified) == 1, verified
     assert sent == [], sent  # no second release message
     assert h.get_run(run_id)["state"] == "succeeded"
+
+
+def test_a_throttled_release_waits_as_long_as_the_cloud_asked(h: Harness, cloud: Cloud, monkeypatch) -> None:
+    """Azure's Compute throttling asks for up to 20 minutes: the release's own backoff (15 s, 30 s, ...) would
+    retry early and count against the same limit."""
+    from shared.errors import ThrottledError
+    from shared.services.steps import release as step
+    from shared.store import get_store
+    from tests.harness import trained_adapter_zip
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    real = step.compute_for
+
+    class Throttled:
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.inner, name)
+
+        def release(self, *args: object) -> object:
+            raise ThrottledError("PutVM3Min: too many requests", code="TooManyRequests", retry_after_s=1200)
+
+    monkeypatch.setattr(step, "compute_for", lambda org, provider: Throttled(real(org, provider)))
+    sent: list[float] = []
+    queues = step.get_queues()
+    monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {
+        "send": lambda self, s, m, delay_s=0.0: sent.append(delay_s) if s == Step.release else queues.send(s, m)})())
+    h.agent(run_id).train(trained_adapter_zip())  # verified; its release is throttled
+    run, _ = get_store().runs.get(h.org, run_id)
+    assert run.state == RunState.releasing and run.release_attempts == 1, run
+    assert sent == [1200], sent

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from shared.clock import now
-from shared.errors import ProviderError
+from shared.errors import ProviderError, RetryableError
 from shared.lifecycle import released_state
 from shared.models import RunRecord, RunState, StepMessage
 from shared.queues import get_queues
@@ -39,6 +39,7 @@ def release(msg: StepMessage) -> None:
     if msg.reason == BOOT_FAILED and run.release_attempts == 0:
         run = note_cloud_report(run)  # before the machine, and what the cloud knows of it, is gone
     resources = merge_resources(store.ledger.read(run.id), run.resources)
+    asked = 0.0
     try:
         provider = compute_for(run.org, run.provider)
         refuse_other_scope(run, provider)  # a connection moved to another scope would "release" nothing
@@ -48,13 +49,16 @@ def release(msg: StepMessage) -> None:
             remove_after_release(run, resources)  # the pod's files on a network volume; nothing writes there now
     except ProviderError as exc:
         out, detail = None, exc.reason
+        asked = exc.retry_after_s if isinstance(exc, RetryableError) else 0.0  # a throttled cloud's own wait
     if out is not None and out.done:
         for res in resources:
             store.ledger.record(res.model_copy(update={"state": "deleted"}))
         move(run, released_state(run), expect=Step.release.serves, release_error="", billing_note="", released_at=now())
         return
     attempts = run.release_attempts + 1
-    delay = out.retry_after_s if out is not None and attempts < 4 else release_delay(attempts)
+    # Never sooner than a throttled cloud asked (Azure's Compute limits ask up to 20 min): an early retry
+    # counts against the same limit and prolongs it.
+    delay = out.retry_after_s if out is not None and attempts < 4 else max(release_delay(attempts), asked)
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.releasing:
