@@ -155,29 +155,11 @@ def build_adapter_zip(
     corruption is wrong.
     """
     files = build_adapter_files(base_model, rows=rows, r=r, dtype=dtype, seed=seed)
-    model = _declared(base_model)
     if config_overrides:
-        config = json.loads(files[CONFIG_NAME])
-        for key, value in config_overrides.items():
-            if value is None:
-                config.pop(key, None)
-            else:
-                config[key] = value
-        files[CONFIG_NAME] = json.dumps(config, indent=2).encode()
+        files[CONFIG_NAME] = _overridden(files[CONFIG_NAME], config_overrides)
     if nan or wrong_rank:
-        rng = np.random.default_rng(seed)
-        tensors: dict[str, tuple[str, list[int], bytes]] = {}
-        for layer in range(model.num_layers):
-            for module in model.default_targets:
-                n_in, n_out = model.modules[module]
-                a = rng.normal(0.0, 0.01, size=(r, n_in))
-                rb = r + 1 if wrong_rank and not tensors else r
-                b = rng.normal(0.0, 0.01, size=(n_out, rb))
-                if nan and not tensors:
-                    a[0, 0] = np.nan
-                tensors[tensor_name(layer, module, "A")] = (dtype, [r, n_in], _to_bytes(a, dtype))
-                tensors[tensor_name(layer, module, "B")] = (dtype, [n_out, rb], _to_bytes(b, dtype))
-        files[WEIGHTS_NAME] = write_safetensors(tensors, {"format": "pt"})
+        files[WEIGHTS_NAME] = _broken_weights(_declared(base_model), r=r, dtype=dtype, seed=seed, nan=nan,
+                                              wrong_rank=wrong_rank)
     if weights is not None:
         files[WEIGHTS_NAME] = weights
     payload = {name: data for name, data in files.items() if name != MANIFEST_NAME}
@@ -186,3 +168,31 @@ def build_adapter_zip(
         files.pop(name, None)
     files.update(extra or {})
     return zip_files(files)
+
+
+def _overridden(config_raw: bytes, overrides: dict[str, object]) -> bytes:
+    """adapter_config.json with keys replaced (None as a value deletes the key)."""
+    config = json.loads(config_raw)
+    for key, value in overrides.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return json.dumps(config, indent=2).encode()
+
+
+def _broken_weights(model: DeclaredModel, *, r: int, dtype: str, seed: int, nan: bool, wrong_rank: bool) -> bytes:
+    """The smoke weights (the same random values) with a NaN in the first lora_A, or the first lora_B of rank r+1."""
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, tuple[str, list[int], bytes]] = {}
+    for layer in range(model.num_layers):
+        for module in model.default_targets:
+            n_in, n_out = model.modules[module]
+            a = rng.normal(0.0, 0.01, size=(r, n_in))
+            rb = r + 1 if wrong_rank and not tensors else r
+            b = rng.normal(0.0, 0.01, size=(n_out, rb))
+            if nan and not tensors:
+                a[0, 0] = np.nan
+            tensors[tensor_name(layer, module, "A")] = (dtype, [r, n_in], _to_bytes(a, dtype))
+            tensors[tensor_name(layer, module, "B")] = (dtype, [n_out, rb], _to_bytes(b, dtype))
+    return write_safetensors(tensors, {"format": "pt"})
