@@ -172,3 +172,21 @@ def test_a_throttled_release_waits_as_long_as_the_cloud_asked(h: Harness, cloud:
     run, _ = get_store().runs.get(h.org, run_id)
     assert run.state == RunState.releasing and run.release_attempts == 1, run
     assert sent == [1200], sent
+
+
+def test_an_archive_the_verifier_cannot_read_is_refused_not_poison(h: Harness, cloud: Cloud, monkeypatch) -> None:
+    """An error the verifier did not foresee on an untrusted archive is a refusal: the run is retained with
+    why, where the step used to fail until its message was set aside as poison."""
+    import adapter_format.verify as verify
+    from tests.harness import trained_adapter_zip
+
+    def unforeseen(*args: object, **kw: object) -> object:
+        raise NotImplementedError("zip file version 9.6")
+
+    monkeypatch.setattr(verify, "verify_adapter", unforeseen)
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).train(trained_adapter_zip())
+    run = h.get_run(run_id)
+    assert run["state"] == "retained", run
+    assert "could not be read by the verifier (NotImplementedError: zip file version 9.6)" in run["reason"], run

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO, TypeVar
 
+from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
 from shared.queues import get_queues
@@ -28,6 +30,7 @@ from shared.settings import get_settings
 from shared.steps import Step
 from shared.store import get_store
 
+Judged = TypeVar("Judged")
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
 # The archive is copied from storage to a temporary file in chunks of this size, never held whole:
 # with the verifier's own bound (adapter_format/verify.MEMORY_BOUND_BYTES) a verification holds a few
@@ -55,6 +58,19 @@ def spool(storage: Any, key: str, max_bytes: int = MAX_ADAPTER_BYTES,
     return out, digest.hexdigest(), size
 
 
+def unreadable_is_refused(verify: Callable[[], Judged]) -> Judged:
+    """The verifier's judgement of an archive already in a local file. The archive is untrusted: an error the
+    verifier did not foresee (zipfile's NotImplementedError for a newer zip version was one) refuses it as
+    unreadable, as ValueError, instead of failing the step until its message is set aside as poison."""
+    try:
+        return verify()
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(f"the archive could not be read by the verifier ({type(exc).__name__}: "
+                         f"{redact_text(str(exc))[:200]})") from exc
+
+
 def verify_adapter(msg: StepMessage) -> None:
     from adapter_format.verify import verify_adapter as check_archive
     from shared.providers.registry import smoke_trainer_providers
@@ -70,9 +86,9 @@ def verify_adapter(msg: StepMessage) -> None:
             # Tests that play a cloud machine run the smoke trainer (TENSORANT_ALLOW_TEST_MODELS, test-only):
             # its adapter is judged as on the local provider.
             provider = "local" if get_settings().allow_test_models else run.provider
-            result = check_archive(archive, base_model=run.base_model,
-                                   expected_sha256=run.adapter_sha256 or None, provider=provider,
-                                   smoke_allowed_on=tuple(smoke_trainer_providers()))
+            result = unreadable_is_refused(lambda: check_archive(
+                archive, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None, provider=provider,
+                smoke_allowed_on=tuple(smoke_trainer_providers())))
         problems = list(result.problems)
     except ObjectMissing:
         problems = [f"no adapter archive at {key} in storage"]
@@ -149,7 +165,8 @@ def check_merged(run: RunRecord) -> dict[str, object]:
     try:
         archive, _, _ = spool(storage_for(run.org), key, MAX_MERGED_BYTES, "the merged model's archive")
         with archive:
-            problems = verify_merged(archive, base_model=run.base_model, expected_sha256=run.merged_sha256).problems
+            problems = unreadable_is_refused(lambda: verify_merged(
+                archive, base_model=run.base_model, expected_sha256=run.merged_sha256)).problems
     except ObjectMissing:
         problems = [f"no merged archive at {key} in storage"]
     except ValueError as exc:
