@@ -77,10 +77,10 @@ def test_a_resume_after_the_token_expired_was_lost_and_now_continues(h: Harness,
     assert status == 200, grant
     status, reply = beat(h, run_id, grant["token"])
     assert status == 200 and reply["resume"] is True and reply["state"] == "training", reply
-    env = json.loads(base64.b64decode(grant["bootstrap"]))
+    env = json.loads(base64.b64decode(grant["bootstrap"]))  # storage access from now, nothing else
     run = stored(h, run_id)
-    assert env["TENSORANT_DEADLINE_AT"] == str(int(run.deadlines.runtime_by.timestamp()))  # the resumed deadline
-    assert "TENSORANT_RUN_TOKEN" not in env and env.get("TENSORANT_STORAGE_DIR"), sorted(env)
+    assert set(env) == {"TENSORANT_STORAGE_DIR", "TENSORANT_DATASET_KEY", "TENSORANT_ADAPTER_KEY",
+                        "TENSORANT_LOGS_KEY"}, sorted(env)
     claims = jwt.decode(grant["token"], options={"verify_signature": False})
     assert (claims["org"], claims["run"], claims["aud"]) == (h.org, run_id, AGENT_AUDIENCE)
     assert claims["exp"] - claims["iat"] == get_settings().agent_token_ttl_s
@@ -170,3 +170,107 @@ def test_the_route_is_documented_for_the_agent(h: Harness) -> None:
     op = spec["paths"]["/api/agent/runs/{id}/restart"]["post"]
     assert op["security"] == [{"agent": []}] and {"401", "403", "404", "409"} <= set(op["responses"])
     assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/RestartGrant")
+
+
+# ---------------------------------------------------------------- the agent's side (machine/agent)
+
+class _Plane:
+    """A control plane on loopback that refuses every token but `good`, and answers the restart exchange once."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.good = "fresh-token"
+        self.calls: list[tuple[str, str]] = []
+        self.exchanges_left = 1
+        plane = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                what, token = self.path.rsplit("/", 1)[1], self.headers["Authorization"].split(" ", 1)[1]
+                plane.calls.append((what, token))
+                if what == "restart" and plane.exchanges_left:
+                    plane.exchanges_left -= 1
+                    env = {"TENSORANT_ADAPTER_UPLOAD_URL": "https://storage.example/new-adapter?sig=2",
+                           "TENSORANT_RUN_ID": "r-another", "TENSORANT_API_URL": "https://elsewhere.example"}
+                    self._answer(200, {"token": plane.good, "bootstrap": base64.b64encode(json.dumps(env).encode())
+                                       .decode()})
+                elif what == "restart":
+                    self._answer(409, {"detail": "the restart exchange was refused"})
+                else:
+                    self._answer(200 if token == plane.good else 401, {"state": "training", "stop": False})
+
+            def _answer(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_the_agent_exchanges_an_expired_token_once_and_continues_with_what_it_gets(tmp_path: Any) -> None:
+    from machine.agent.config import AgentConfig
+    from machine.agent.heartbeat import Reporter
+
+    plane = _Plane()
+    try:
+        env = {"TENSORANT_RUN_ID": "r-0123456789ab", "TENSORANT_API_URL": plane.url, "TENSORANT_RUN_TOKEN": "old-token",
+               "TENSORANT_DATA_DIR": str(tmp_path), "TENSORANT_ADAPTER_UPLOAD_URL": "https://storage.example/a?sig=1",
+               "TENSORANT_DATASET_URL": "https://storage.example/d?sig=1"}
+        config = AgentConfig.from_env(env)
+        agent = Reporter(config, environ=env)
+        answer = agent.api.post("heartbeat", {"phase": "training"}, give_up_after_s=5)
+        assert answer.ok and plane.calls == [("heartbeat", "old-token"), ("restart", "old-token"),
+                                             ("heartbeat", "fresh-token")], plane.calls
+        # The storage access it was handed replaces the launch's; nothing else (run, API) can change.
+        assert agent.config.adapter_upload_url == "https://storage.example/new-adapter?sig=2"
+        assert agent.api.config is agent.config and agent.guard.config is agent.config
+        assert (agent.config.run_id, agent.config.api_url) == ("r-0123456789ab", plane.url)
+        assert agent.config.dataset_url == "https://storage.example/d?sig=1"
+
+        # Restarted again on the same disk: the fresh token and storage access are kept (state file, 0600).
+        again = Reporter(config, environ=env)
+        assert again.api.token == "fresh-token"
+        assert again.config.adapter_upload_url == "https://storage.example/new-adapter?sig=2"
+        assert (tmp_path / "agent-state.json").stat().st_mode & 0o777 == 0o600
+
+        # A token the control plane refuses again is offered to the exchange once, not at every call.
+        plane.good = "a-later-token"
+        plane.calls.clear()
+        for _ in range(3):
+            assert not agent.api.post("heartbeat", {"phase": "training"}, give_up_after_s=5).ok
+        assert [what for what, _ in plane.calls] == ["heartbeat", "restart", "heartbeat", "heartbeat"], plane.calls
+    finally:
+        plane.server.shutdown()
+
+
+def test_an_agent_started_again_on_its_disk_is_not_stopped_by_the_deadline_at_launch(tmp_path: Any) -> None:
+    """Hours after the launch's deadline the control plane starts the retained machine again: the agent's guard
+    (machine/agent/guard.py) must not power it off within seconds for a deadline that no longer holds. A first
+    start past it still stops."""
+    import time
+
+    from machine.agent.config import AgentConfig
+    from machine.agent.heartbeat import Reporter
+    from machine.agent.state import STATE_FILE
+
+    def agent_on(data_dir: Any) -> Reporter:
+        env = {"TENSORANT_RUN_ID": "r-0123456789ab", "TENSORANT_API_URL": "http://127.0.0.1:9", "TENSORANT_RUN_TOKEN": "t",
+               "TENSORANT_DATA_DIR": str(data_dir), "TENSORANT_DEADLINE_AT": str(int(time.time()) - 3 * 3600)}
+        return Reporter(AgentConfig.from_env(env), environ=env)
+
+    assert "deadline" in agent_on(tmp_path / "first").guard.reason(working=True)
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / STATE_FILE).write_text(json.dumps({"run_id": "r-0123456789ab", "phase": "training",
+                                                              "stopped": True, "stop_reason": "retained"}))
+    assert agent_on(tmp_path / "again").guard.reason(working=True) == ""

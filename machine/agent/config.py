@@ -10,8 +10,9 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 BOOTSTRAP_VAR = "TENSORANT_BOOTSTRAP"
 
@@ -61,6 +62,16 @@ def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
     if value < 0 or value != value:
         raise ValueError(f"agent: {key} must be a number of seconds, not negative")
     return value
+
+
+# What the restart exchange hands an agent whose machine was started again, and the field each one sets: its
+# storage access (what the machine got at launch may have expired while it was stopped).
+CONTINUE_FIELDS = {
+    "TENSORANT_STORAGE_DIR": "storage_dir", "TENSORANT_DATASET_KEY": "dataset_key",
+    "TENSORANT_ADAPTER_KEY": "adapter_key", "TENSORANT_LOGS_KEY": "logs_key", "TENSORANT_MERGED_KEY": "merged_key",
+    "TENSORANT_DATASET_URL": "dataset_url", "TENSORANT_ADAPTER_UPLOAD_URL": "adapter_upload_url",
+    "TENSORANT_LOGS_UPLOAD_URL": "logs_upload_url", "TENSORANT_MERGED_UPLOAD_URL": "merged_upload_url",
+}
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,14 @@ class AgentConfig:
             gone_grace_s=_seconds(env, "TENSORANT_GONE_GRACE_S", 900),
             poweroff=env.get("TENSORANT_POWEROFF", "").strip().lower(),
         )
+
+    def continued(self, bootstrap: str) -> AgentConfig:
+        """This configuration with what a restart exchange handed over (base64 of a JSON object, as
+        TENSORANT_BOOTSTRAP): its storage access; nothing else (the run, the API, the data directory, the
+        trainer, the bounds) can change. BootstrapError when it does not decode."""
+        fresh = overlay_bootstrap({BOOTSTRAP_VAR: bootstrap})
+        values: dict[str, Any] = {field: fresh[key] for key, field in CONTINUE_FIELDS.items() if key in fresh}
+        return replace(self, **values)
 
     def secrets(self) -> list[str]:
         return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,

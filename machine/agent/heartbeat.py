@@ -69,8 +69,44 @@ class Reporter:
         saved_token = self.state.get("token")
         if isinstance(saved_token, str) and saved_token:
             register_secret(saved_token)
+        continued = self.state.get("continue_with")
+        if isinstance(continued, str) and continued:
+            # A restart exchange's storage access outlives the agent (another reboot): laid over the launch's.
+            try:
+                self.config = config = config.continued(continued)
+            except ValueError:
+                self.log("the storage access kept from a restart exchange does not decode; using the launch's")
+            for secret in config.secrets():
+                register_secret(secret)
         self.api = ControlPlane(config, self.log, token=saved_token if isinstance(saved_token, str) else "")
-        self.guard = Guard(config, resumed=bool(self.state.get("resumed")))
+        self.api.on_restart = self._restarted
+        # Started on a disk where it had run before (a retained machine started again, for a resume or for
+        # recovery): the control plane stopped it and started it again, so the run's deadline at launch, long
+        # past after a stop of hours, no longer holds (it powered the machine off within seconds of the start);
+        # the runtime limit counted from this start and the unreachable bound still do.
+        restarted = bool(self.state.get("phase") or self.state.get("stopped") or self.state.get("completion"))
+        self.guard = Guard(config, resumed=bool(self.state.get("resumed")) or restarted)
+
+    def _restarted(self, grant: dict[str, Any]) -> None:
+        """The restart exchange's answer (ControlPlane): the fresh token is kept, and the storage access and
+        deadline it carries replace the launch's, which may have expired while the machine was stopped."""
+        bootstrap = grant.get("bootstrap")
+        kept: dict[str, Any] = {}
+        if isinstance(bootstrap, str) and bootstrap:
+            try:
+                config = self.config.continued(bootstrap)
+            except ValueError:
+                self.log("the restart exchange's storage access does not decode; continuing with the launch's")
+            else:
+                for secret in config.secrets():
+                    register_secret(secret)
+                self.use_config(config)
+                kept["continue_with"] = bootstrap  # the state file is 0600: it holds the token already
+        self.state.update(token=self.api.token, **kept)
+
+    def use_config(self, config: AgentConfig) -> None:
+        """Every part that holds the configuration gets this one (TrainerSupervisor adds its uploads)."""
+        self.config = self.api.config = self.guard.config = config
 
     def log(self, message: str) -> None:
         line = redact_text(f"agent: {message}")

@@ -26,7 +26,10 @@ or stopped phase is never run again and the output folder is never wiped: a stop
 completed run idles, a finished trainer goes straight to export, a trainer interrupted
 without a recorded stop is reported failed with its output kept. A heartbeat reply with
 `stop: true` stops the trainer (SIGTERM, SIGKILL after TENSORANT_STOP_GRACE_S, 30), records
-the stop and idles; a reply's `token` replaces the run token (tokens are short-lived).
+the stop and idles; a reply's `token` replaces the run token (tokens are short-lived). A
+retained machine started again after hours comes back with an expired token: a call refused
+401 offers it once to POST /api/agent/runs/{id}/restart, which answers a fresh token and
+storage access when the control plane started the machine after the token was issued.
 
 Checkpoints: the trainer gets TENSORANT_CHECKPOINT_DIR=DATA_DIR/checkpoint and
 prints `checkpoint step=<k>` after each one it completes. The agent then uploads that

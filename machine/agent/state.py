@@ -31,7 +31,8 @@ class AgentState:
     decides what it does, so that training is never run twice over output that may be the
     only copy. Fields: run_id, phase (preparing, training, trained, exporting, exported),
     trainer_exit, adapter_sha256, adapter_size, completion (the body to send), completion_sent,
-    stopped + stop_reason, token (the latest renewed one).
+    stopped + stop_reason, token (the latest renewed one), continue_with (the storage access a restart
+    exchange handed over, laid over the launch's at every start).
     Written atomically (temporary file, fsync, rename), mode 0600: it holds the token.
     """
 

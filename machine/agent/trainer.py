@@ -120,7 +120,8 @@ class TrainerSupervisor(Reporter):
         super().__init__(config, environ=environ)
         self.output = self.data_dir / "adapter"
         self.checkpoints = self.data_dir / CHECKPOINT_DIR
-        self.uploads = Uploads(config, self.log, output=self.output, logs_path=self.logs_path)
+        # self.config: the launch's, or a restart exchange's storage access kept on the disk (Reporter).
+        self.uploads = Uploads(self.config, self.log, output=self.output, logs_path=self.logs_path)
         self.checkpoint_seen = 0  # the last `checkpoint step=<k>` the trainer printed
         self.checkpoint_uploaded = 0
         self.trainer: subprocess.Popen[bytes] | None = None
@@ -132,6 +133,10 @@ class TrainerSupervisor(Reporter):
         self.geteuid: Callable[[], int] = os.geteuid
         self.getpwnam: Callable[[str], Any] = pwd.getpwnam
         self.chown: Callable[[Path, int, int], None] = os.chown
+
+    def use_config(self, config: AgentConfig) -> None:
+        super().use_config(config)
+        self.uploads.config = config
 
     def trainer_env(self, dataset: Path, output: Path, resume_from: Path | None = None) -> dict[str, str]:
         env = {k: v for k, v in self.environ.items() if k not in _TRAINER_HIDDEN}

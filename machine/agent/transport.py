@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -68,23 +69,60 @@ class Answer:
     rejected: bool = False  # a 4xx: sending the same again will not help
 
 
+RESTART = "restart"
+
+
 class ControlPlane:
-    """POSTs to /api/agent/runs/{id}/{heartbeat,complete} with the run's bearer token.
+    """POSTs to /api/agent/runs/{id}/{heartbeat,complete,...} with the run's bearer token.
 
     The token is short-lived: a heartbeat reply may carry a fresh one, which replaces it
-    (and is kept in the state file, so a restarted agent still holds a valid one)."""
+    (and is kept in the state file, so a restarted agent still holds a valid one). A retained
+    machine is stopped for hours or days, longer than a token lives: a call refused 401 offers
+    the token, once, to the restart exchange (POST .../restart), which gives a fresh one when the
+    control plane started this machine again after the token was issued; the call is then sent
+    again. `on_restart` gets the exchange's answer (the agent keeps the token and the storage
+    access it carries)."""
 
     def __init__(self, config: AgentConfig, log: Callable[[str], None], token: str = "") -> None:
         self.config = config
         self.log = log
         self.rejected = 0  # the HTTP status of the last post the control plane refused (a 4xx), else 0
         self.token = token or config.token
+        self.offered = ""  # the last token offered to the restart exchange: each is offered once
+        self.on_restart: Callable[[dict[str, Any]], None] | None = None
+        self.exchange_lock = threading.Lock()  # heartbeats and the completion may be refused together
 
     def switch_token(self, token: str) -> None:
         register_secret(token)
         self.token = token
 
     def post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> Answer:
+        sent_with = self.token
+        answer = self._post(what, body, give_up_after_s=give_up_after_s)
+        if self.rejected == 401 and what != RESTART and self._exchange(sent_with, give_up_after_s):
+            answer = self._post(what, body, give_up_after_s=give_up_after_s)
+        return answer
+
+    def _exchange(self, refused: str, give_up_after_s: float) -> bool:
+        """After a 401: whether the restart exchange gave a fresh token (or another call already did)."""
+        with self.exchange_lock:
+            if self.token != refused:
+                return True  # exchanged meanwhile by another call
+            if self.offered == refused:
+                return False
+            self.offered = refused
+            answer = self._post(RESTART, {}, give_up_after_s=give_up_after_s)
+            token = answer.body.get("token")
+            if not answer.ok or not isinstance(token, str) or not token:
+                return False
+            self.switch_token(token)
+            self.log("this machine was started again after its token expired; the token was exchanged for a "
+                     "fresh one")
+            if self.on_restart is not None:
+                self.on_restart(answer.body)
+            return True
+
+    def _post(self, what: str, body: dict[str, Any], *, give_up_after_s: float) -> Answer:
         url = f"{self.config.api_url}/api/agent/runs/{self.config.run_id}/{what}"
         data = json.dumps(body).encode()
 

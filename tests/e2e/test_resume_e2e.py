@@ -47,6 +47,7 @@ TRAINER_ENV = {"TENSORANT_SMOKE_STEPS": str(STEPS), "TENSORANT_SMOKE_STEP_SECOND
                "TENSORANT_SMOKE_CHECKPOINT_EVERY": "2", "TENSORANT_SMOKE_HOLD_AT": str(HOLD),
                "TENSORANT_HEARTBEAT_INTERVAL_S": "1"}
 UNREACHABLE_S = 2
+STOPPED_EXTRA_S = 3600  # a retained machine stays stopped this long past its agent's token's expiry
 DEADLINE_IN_S = 15  # real seconds from launch to the deadline's self-stop: the checkpoint comes in about 3
 
 
@@ -105,12 +106,18 @@ def retain_at_runtime_limit(h: BootHarness, run_id: str, machine: Machine, data_
     assert "runtime limit" in run["reason"], run["reason"]
     wait_for(lambda: agent_state(data_dir).get("stopped"), "the agent to record its stop", 60, machine=machine)
     machine.power_off()
+    # Stopped for longer than any token the agent holds lives (the launch's covers the image pull too): the agent
+    # comes back with an expired one and exchanges it once for a fresh one (POST .../restart).
+    settings = get_settings()
+    h.clock.advance(settings.provisioning_timeout_s + settings.agent_token_ttl_s + STOPPED_EXTRA_S)
     return dict(run)
 
 
-def resume_to_succeeded(h: BootHarness, run_id: str, machine: Machine, data_dir: Path) -> dict[str, Any]:
+def resume_to_succeeded(h: BootHarness, run_id: str, machine: Machine, data_dir: Path, *,
+                        expired: bool = True) -> dict[str, Any]:
     """What every cloud's resume ends in: trained on from the held checkpoint to the planned steps, once, and
-    succeeded with one final adapter."""
+    succeeded with one final adapter. `expired`: the machine was stopped longer than its agent's token lives
+    (retain_at_runtime_limit), so the agent exchanged it once; else it needed no exchange."""
     run = finish(h, run_id, machine)
     lines = logs(h, run_id)
     assert run["state"] == "succeeded", f"{run['reason']}\n{h.step_errors}\n{machine.console()[-3000:]}"
@@ -119,6 +126,10 @@ def resume_to_succeeded(h: BootHarness, run_id: str, machine: Machine, data_dir:
     # As a set: events written at one simulated instant do not keep their order.
     assert {"retaining -> retained", "retained -> training", "releasing -> succeeded"} <= set(walked), walked
     assert any(f"resuming from step-{HOLD:06d} (step {HOLD} of {STEPS})" in line for line in lines), lines[-30:]
+    # The token it came back with had expired while the machine was stopped: exchanged once, for this start.
+    assert any("the token was exchanged for a fresh one" in line for line in lines) == expired, lines[-30:]
+    assert [e["kind"] for e in run["events"] if "exchanged its expired token" in e["message"]] == ["audit"] * expired
+    assert not any("restart of the machine was refused" in e["message"] for e in run["events"])
     trained = [line.split()[1] for line in lines if line.startswith("progress=")]
     assert trained == [f"step={k}" for k in range(1, STEPS + 1)], trained  # every step once, across the stop
     manifest = stored_manifest(run_id)
@@ -271,7 +282,7 @@ def test_aws_agent_powers_off_when_the_control_plane_is_gone(boot_aws_h: tuple[B
         h.drain()
         assert run["state"] == "training" and _ec2_state(ec2, instance) == "running", (run, h.step_errors)
         machine.boot_again()
-        resume_to_succeeded(h, run_id, machine, data)
+        resume_to_succeeded(h, run_id, machine, data, expired=False)  # stopped for minutes: its token still lives
 
 
 def test_aws_agent_powers_off_past_its_deadline_and_margin(boot_aws_h: tuple[BootHarness, Any],
@@ -364,7 +375,7 @@ def test_azure_agent_powers_off_when_the_control_plane_is_gone(azure_h: BootHarn
         h.drain()
         assert run["state"] == "training", (run, h.step_errors)
         machine.boot_again()
-        resume_to_succeeded(h, run_id, machine, data)
+        resume_to_succeeded(h, run_id, machine, data, expired=False)  # stopped for minutes: its token still lives
 
 
 # ---------------------------------------------------------------- RunPod
@@ -436,4 +447,53 @@ def test_runpod_pod_stops_itself_when_the_control_plane_is_gone(runpod_h: tuple[
         h.drain()
         assert run["state"] == "training" and fake_rp.pods[pod]["desiredStatus"] == "RUNNING", (run, h.step_errors)
         machine.start_pod(pod_input, _pod_env(fake_rp, pod))
-        resume_to_succeeded(h, run_id, machine, data)
+        resume_to_succeeded(h, run_id, machine, data, expired=False)
+
+
+# ---------------------------------------------------------------- local
+
+def test_local_resume_after_the_agents_token_expired(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local provider's retain freezes the agent (SIGSTOP) and its resume thaws it (SIGCONT): the agent comes
+    back with the token it held, expired after a stop longer than a token lives, exchanges it once and trains to
+    succeeded (its frozen trainer continuing, or run again from the checkpoint when the agent had heard stop:
+    a race the local provider cannot order, tests/e2e/test_checkpoints_e2e.py)."""
+    import sys
+    import time
+
+    from shared import clock, settings
+    from shared.services.timers.heartbeat_check import check_all
+    from tests.e2e.local_host import TERMINAL_OR_RETAINED
+    from tests.e2e.test_local_e2e import setup_org
+
+    smoke = {"TENSORANT_SMOKE_STEPS": "8", "TENSORANT_SMOKE_STEP_SECONDS": "1", "TENSORANT_SMOKE_CHECKPOINT_EVERY": "2"}
+    monkeypatch.setenv("TENSORANT_TRAINER_COMMAND",
+                       "env " + " ".join(f"{k}={v}" for k, v in smoke.items()) + f" {sys.executable} -m machine.trainer.smoke")
+    settings.reset_settings()
+    try:
+        project, dataset = setup_org(api)
+        offer = api("GET", "/api/catalog/gpus?provider=local")["items"][0]
+        run_id = api("POST", "/api/runs", json={
+            "project_id": project, "dataset_version_id": dataset, "provider": "local", "offer_id": offer["offer_id"],
+            "base_model": "tensorant/smoke-tiny", "price_limit_per_hour": 1.0, "runtime_limit_s": 60})["id"]
+        api("POST", f"/api/runs/{run_id}/launch", json={"confirm": True})
+        deadline = time.monotonic() + 90
+        while not any("checkpoint adapter uploaded" in line for line in api("GET", f"/api/runs/{run_id}/logs")["lines"]):
+            assert time.monotonic() < deadline, api("GET", f"/api/runs/{run_id}/logs")["lines"][-20:]
+            time.sleep(0.2)
+
+        clock.set_clock(lambda: time.time() + 120)  # the runtime limit passes at the next tick
+        assert check_all()["retained"] == 1
+        run = api.wait(f"/api/runs/{run_id}", lambda r: r["state"] in TERMINAL_OR_RETAINED, timeout=60)
+        assert run["state"] == "retained", run
+        s = get_settings()
+        stopped = 120 + s.provisioning_timeout_s + s.agent_token_ttl_s + STOPPED_EXTRA_S
+        clock.set_clock(lambda: time.time() + stopped)  # the machine stays frozen past its token's lifetime
+
+        assert api("POST", f"/api/runs/{run_id}/recover", json={"mode": "resume"})["state"] == "training"
+        run = api.wait(f"/api/runs/{run_id}", lambda r: r["state"] in TERMINAL_OR_RETAINED, timeout=120)
+        lines = api("GET", f"/api/runs/{run_id}/logs")["lines"]
+        assert run["state"] == "succeeded", (run["reason"], lines[-30:])
+        assert [e["kind"] for e in run["events"] if "exchanged its expired token" in e["message"]] == ["audit"]
+        assert any("the token was exchanged for a fresh one" in line for line in lines), lines[-30:]
+    finally:
+        clock.set_clock(None)
