@@ -9,7 +9,10 @@ never leaves this machine. What the guest sees as 10.0.2.100 the host reaches th
 10.0.2.100 works on both sides.
 
 QEMU runs in its own process group with PR_SET_PDEATHSIG: it dies with the process that started
-it, so a test cut short leaves no VM behind; `Vm.stop` kills it and removes its disk.
+it, so a test cut short leaves no VM behind; `Vm.stop` kills it and removes its disk. `Vm.shutdown`
+stops it the way a cloud stops a machine (the guest shuts down cleanly; this image has no ACPI
+handler, so the host's "power button" is a line on the guest's second serial port), and `Vm.start`
+with `fresh=False` boots the same disk again.
 """
 
 from __future__ import annotations
@@ -33,6 +36,29 @@ GUEST_HOST = "10.0.2.100"  # the host, as the guest reaches it
 REGISTRY_GUEST_PORT = 5000  # the image's /etc/docker/daemon.json trusts 10.0.2.100:5000 over HTTP
 HOOK = "/usr/local/lib/tensorant-vm/nvidia-container-runtime-hook"
 DISK_SIZE = "6G"
+UNIT = "tensorant-run.service"  # shared/providers/cloudinit.UNIT_NAME (this module imports nothing of the app)
+EC2_UUID = "ec2e1916-9099-7caf-fd21-0123456789ab"  # an EC2 machine's DMI system uuid starts with "ec2"
+# The guest's power button: a line "poweroff" on its ttyS1 (QEMU's -serial pipe: <work>/ctl.in, ctl.out).
+POWER_BUTTON = """#!/bin/sh
+# vm-check: the host asks for a clean shutdown, as a cloud's stop does (this image has no logind or acpid).
+exec </dev/ttyS1
+stty -echo icanon
+while read -r line; do
+    if [ "$line" = poweroff ]; then exec systemctl poweroff; fi
+done
+"""
+POWER_UNIT = """[Unit]
+Description=vm-check: the host's power button on ttyS1
+
+[Service]
+ExecStart=/usr/local/lib/tensorant-vm/power-button
+
+[Install]
+WantedBy=multi-user.target
+"""
+# The training unit's output on the serial console too, so a case sees its stages and prints them on a
+# failure; a cloud VM keeps it in the journal (shared/providers/cloudinit.py).
+CONSOLE_DROP_IN = "[Service]\nStandardOutput=journal+console\n"
 
 
 class Unavailable(Exception):
@@ -119,15 +145,17 @@ class Registry:
         _kill(self.proc)
 
 
-def variant(local: str, tag: str, entrypoint: list[str]) -> str:
-    """The local image with another entrypoint (a broken image, for a case), committed as `tag`."""
+def variant(local: str, tag: str, entrypoint: list[str] | None = None, env: dict[str, str] | None = None) -> str:
+    """The local image with another entrypoint (a broken image, for a case) or more ENV, committed as `tag`."""
     import json
 
     ctr = subprocess.run(["buildah", "from", "--quiet", "--pull-never", local], check=True, capture_output=True,
                          text=True).stdout.strip()
     try:
-        subprocess.run(["buildah", "config", "--entrypoint", json.dumps(entrypoint), ctr], check=True,
-                       capture_output=True)
+        config = ["--entrypoint", json.dumps(entrypoint)] if entrypoint is not None else []
+        for key, value in (env or {}).items():
+            config += ["--env", f"{key}={value}"]
+        subprocess.run(["buildah", "config", *config, ctr], check=True, capture_output=True)
         subprocess.run(["buildah", "commit", "--quiet", "--format", "docker", ctr, tag], check=True,
                        capture_output=True)
     finally:
@@ -216,13 +244,18 @@ class Vm:
     console in `work/console.log`. forwards: guest port on 10.0.2.100 -> host loopback port."""
 
     def __init__(self, rootfs: Path, work: Path, user_data: str, *, forwards: dict[int, int],
-                 gpu_hook: bool = True, instance_id: str = "i-vmcheck", memory_mb: int = 2048) -> None:
+                 gpu_hook: bool = True, instance_id: str = "i-vmcheck", memory_mb: int = 2048,
+                 imds_port: int | None = None) -> None:
+        """imds_port: the user data comes from an instance metadata service on this loopback port
+        (tools/vm/imds.py), read by cloud-init's Ec2 datasource at 169.254.169.254, instead of a NoCloud seed."""
         self.rootfs, self.work, self.user_data = rootfs, work, user_data
         self.forwards, self.gpu_hook, self.instance_id, self.memory_mb = forwards, gpu_hook, instance_id, memory_mb
+        self.imds_port = imds_port
         self.console_path = work / "console.log"
         self.disk = work / "disk.img"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.boots = 0
 
     def _make_disk(self) -> None:
         root = self.work / "root"
@@ -230,37 +263,81 @@ class Vm:
             shutil.rmtree(root)
         # Hard links: a case's tree costs no copy; every file a case writes is new (never written through).
         subprocess.run(["cp", "-al", str(self.rootfs), str(root)], check=True)
-        seed = root / "var/lib/cloud/seed/nocloud"
-        seed.mkdir(parents=True, exist_ok=True)
-        (seed / "user-data").write_text(self.user_data)
-        (seed / "meta-data").write_text(f"instance-id: {self.instance_id}\nlocal-hostname: tensorant-vm\n")
-        (root / "etc/cloud/cloud.cfg.d/95-tensorant-vm.cfg").write_text("datasource_list: [ NoCloud, None ]\n")
+        if self.imds_port is None:
+            seed = root / "var/lib/cloud/seed/nocloud"
+            seed.mkdir(parents=True, exist_ok=True)
+            (seed / "user-data").write_text(self.user_data)
+            (seed / "meta-data").write_text(f"instance-id: {self.instance_id}\nlocal-hostname: tensorant-vm\n")
+            (root / "etc/cloud/cloud.cfg.d/95-tensorant-vm.cfg").write_text("datasource_list: [ NoCloud, None ]\n")
+        else:
+            # As an EC2 AMI has it: the Ec2 datasource alone. The machine's DMI says EC2 (start(): system uuid
+            # and serial "ec2..."), so cloud-init takes it for AWS and asks for an IMDSv2 token (on a platform
+            # it does not know it reads IMDSv1 only, which EC2 refuses under HttpTokens=required). eth0 is the
+            # metadata service's network, as on EC2 (cloud-init brings it up); eth1 reaches 10.0.2.100.
+            (root / "etc/cloud/cloud.cfg.d/95-tensorant-vm.cfg").write_text(
+                "datasource_list: [ Ec2, None ]\ndatasource:\n  Ec2:\n"
+                "    metadata_urls: [ 'http://169.254.169.254' ]\n")
+            (root / "etc/network/interfaces.d/eth1-host").write_text("auto eth1\niface eth1 inet dhcp\n")
         if self.gpu_hook:  # a GPU host's NVIDIA container toolkit, without the GPU (tools/vm/build.sh)
             (root / "usr/local/bin/nvidia-container-runtime-hook").symlink_to(HOOK)
+        button = root / "usr/local/lib/tensorant-vm/power-button"
+        button.write_text(POWER_BUTTON)
+        button.chmod(0o755)
+        units = root / "etc/systemd/system"
+        (units / "vm-check-power.service").write_text(POWER_UNIT)
+        (units / "multi-user.target.wants/vm-check-power.service").symlink_to("/etc/systemd/system/vm-check-power.service")
+        (units / f"{UNIT}.d").mkdir()
+        (units / f"{UNIT}.d/vm-check-console.conf").write_text(CONSOLE_DROP_IN)
         self.disk.unlink(missing_ok=True)
         subprocess.run(["truncate", "-s", DISK_SIZE, str(self.disk)], check=True)
         subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(self.disk)], check=True)
         shutil.rmtree(root)
 
-    def start(self) -> Vm:
+    def start(self, fresh: bool = True) -> Vm:
+        """Boot: a fresh disk (the machine's first boot), or the disk as the last boot left it (fresh=False:
+        the cloud started the stopped machine again). Each boot's console is kept: console.log is the
+        current one, console-<n>.log the earlier ones."""
         self.work.mkdir(parents=True, exist_ok=True)
-        self._make_disk()
+        if fresh or not self.disk.exists():
+            self._make_disk()
+        if self.boots and self.console_path.exists():
+            self.console_path.rename(self.work / f"console-{self.boots}.log")
+        self.boots += 1
+        control = self.work / "ctl"
+        for end in ("in", "out"):
+            pipe = Path(f"{control}.{end}")
+            pipe.unlink(missing_ok=True)
+            os.mkfifo(pipe)
         forwards = []
         for guest, host in self.forwards.items():
             relay = self.work / f"relay-{guest}.sh"  # a file: a comma in guestfwd's cmd breaks QEMU's parser
             relay.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'relay.py'} {host}\n")
             relay.chmod(0o755)
             forwards.append(f"guestfwd=tcp:{GUEST_HOST}:{guest}-cmd:{relay}")
+        network = ["-netdev", ",".join(["user,id=n0,restrict=on", *forwards]), "-device", "virtio-net-pci,netdev=n0"]
+        if self.imds_port is not None:
+            # 169.254.169.254 as on EC2: QEMU forwards a guest address only inside its user network, so the
+            # metadata service has its own NIC on 169.254.0.0/16, the first (eth0, cloud-init's fallback
+            # interface, where its init-local stage looks for EC2's metadata service).
+            relay = self.work / "relay-imds.sh"
+            relay.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'relay.py'} {self.imds_port}\n")
+            relay.chmod(0o755)
+            network = ["-netdev", "user,id=n1,restrict=on,net=169.254.0.0/16,host=169.254.0.2,dhcpstart=169.254.0.15,"
+                       f"guestfwd=tcp:169.254.169.254:80-cmd:{relay}", "-device", "virtio-net-pci,netdev=n1",
+                       # EC2's DMI as cloud-init identifies it (DataSourceEc2.identify_aws): uuid "ec2..." = serial.
+                       "-smbios", f"type=1,manufacturer=Amazon EC2,product=g6.xlarge,uuid={EC2_UUID},serial={EC2_UUID}",
+                       *network]
         boot = self.rootfs / "boot"
         kernel = sorted(boot.glob("vmlinuz-*"))[-1]
         initrd = sorted(boot.glob("initrd.img-*"))[-1]
         command = [
             "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", str(self.memory_mb), "-smp", "2",
             "-nographic", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console_path}",
+            "-serial", f"pipe:{control}",  # ttyS1: the power button (POWER_BUTTON)
             "-kernel", str(kernel), "-initrd", str(initrd),
             "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0",
             "-drive", f"file={self.disk},format=raw,if=virtio",
-            "-netdev", ",".join(["user,id=n0,restrict=on", *forwards]), "-device", "virtio-net-pci,netdev=n0",
+            *network,
             "-pidfile", str(self.work / "qemu.pid"),  # tools/vm/check.sh kills any left
         ]
         self.console_path.write_text("")
@@ -278,6 +355,33 @@ class Vm:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def shutdown(self, timeout: float = 300) -> bool:
+        """Stop the machine as a cloud stops it, disk kept: the guest is asked to shut down cleanly (systemd
+        stops its units: the training unit's ExecStop) and QEMU ends with its poweroff. Past `timeout` it is
+        killed, as a cloud forces a stop. Returns whether the guest shut down by itself."""
+        if not self.running():
+            return False
+        try:
+            fd = os.open(self.work / "ctl.in", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"poweroff\n")
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            _kill(self.proc)
+            return False
+
+    def kill(self) -> None:
+        """Pulled the plug: QEMU killed, the disk kept as it was."""
+        if self.proc is not None:
+            _kill(self.proc)
 
     def stop(self) -> None:
         """Power off (the cloud deleted the machine): QEMU killed, the disk removed."""
