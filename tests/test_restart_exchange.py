@@ -156,13 +156,18 @@ def test_a_start_for_recovery_after_the_token_expired_reaches_its_verification(
     assert beat(h, run_id, again["token"])[1]["resume"] is True
 
 
-def test_a_stopped_machine_is_not_exchanged_for(h: Harness, cloud: Cloud, resumable: None) -> None:
-    """A start for recovery, then the machine stopped again (runs stop): no exchange while it is stopped."""
+def test_a_start_for_recovery_reaches_the_verification_and_the_ended_run_refuses_the_exchange(
+        h: Harness, cloud: Cloud, resumable: None) -> None:
+    """recover --start hours after the retain, the agent's token exchanged, then the saved adapter verified: the
+    run succeeds, and its ended run accepts no exchange (nor any agent call) any more."""
     run_id, token = _retained(h)
     h.clock.advance(STOPPED_S)
     h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
-    h.ok("POST", f"/api/runs/{run_id}/stop")
-    _refused(h, run_id, token, 409, "its machine is not started")
+    status, grant = exchange(h, run_id, token)
+    assert status == 200 and beat(h, run_id, grant["token"])[0] == 200, grant
+    run = h.recover(run_id)
+    assert run["state"] == "succeeded", (run["reason"], h.step_errors)
+    _refused(h, run_id, grant["token"], 401, "no longer accepted")
 
 
 def test_the_route_is_documented_for_the_agent(h: Harness) -> None:

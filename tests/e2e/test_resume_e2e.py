@@ -258,6 +258,37 @@ def test_aws_resume_continues_from_the_checkpoint_on_the_kept_disk(boot_aws_h: t
     assert [c[0] for c in machine.docker_calls()].count("run") == 2
 
 
+def test_aws_start_for_recovery_after_the_token_expired_then_resume(boot_aws_h: tuple[BootHarness, Any],
+                                                                   tmp_path: Path) -> None:
+    """`recover --start` hours after the retain: the instance boots again, the agent on the kept disk exchanges its
+    expired token (once), finds its stop and its checkpoint and waits, heard; `recover --resume` (a new start: its
+    exchanged token still lives, so no second exchange) trains on to succeeded."""
+    h, ec2 = boot_aws_h
+    run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=60)
+    machine = machine_for(tmp_path / "vm", h)
+    data = machine.path(cloudinit.HOST_DATA_DIR)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    retain_at_runtime_limit(h, run_id, machine, data)
+
+    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    assert run["state"] == "retained" and _ec2_state(ec2, instance) == "running", run
+    machine.boot_again()
+    wait_for(lambda: any("exchanged its expired token" in e["message"] for e in h.get_run(run_id)["events"]),
+             "the agent to exchange its expired token", 60, machine=machine, between=h.drain)
+    # The agent's own log on the disk (a retained run stores no lines): it waits, heard with its fresh token.
+    wait_for(lambda: "waiting for a resume" in (data / "logs.txt").read_text(), "the agent to wait for a resume", 60,
+             machine=machine, between=h.drain)
+    since = (data / "logs.txt").read_text().split("the token was exchanged for a fresh one", 1)
+    assert len(since) == 2 and "HTTP 401" not in since[1], since[-1][-2000:]
+
+    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+    h.drain()
+    assert run["state"] == "training", (run, h.step_errors)
+    resume_to_succeeded(h, run_id, machine, data)
+    assert [c[0] for c in machine.docker_calls()].count("run") == 2
+
+
 def test_aws_agent_powers_off_when_the_control_plane_is_gone(boot_aws_h: tuple[BootHarness, Any], plane: Any,
                                                               tmp_path: Path) -> None:
     h, ec2 = boot_aws_h

@@ -124,8 +124,8 @@ def _restart_open(r: RunRecord, issued_at: float) -> str:
         return f"this start's exchange was made at {r.restart_exchanged_at.isoformat()}"
     if issued_at >= int(asked.timestamp()):  # iat is whole seconds: one of the start's second counts as after it
         return "the token was issued after the machine was started again; heartbeats renew it"
-    if r.state not in ACTIVE and not (r.state == RunState.retained and r.machine_started_at is not None):
-        return f"the run is {r.state.value} and its machine is not started"
+    if r.state not in ACTIVE and r.state != RunState.retained:
+        return f"the run is {r.state.value}: its agent is not waiting to go on"
     return ""
 
 
@@ -134,8 +134,9 @@ def exchange_restart(header: str | None, run_id: str) -> dict[str, Any]:
 
     The token sent may have expired; nothing else is relaxed (signature, audience, issuer, org and run are
     verified as for any agent call). Accepted only when the control plane started the machine after that
-    token was issued (restart_requested_at, recorded by recover start_machine or resume), the machine is
-    started (or the run back in an agent phase) and that start was not exchanged yet; the write that marks it
+    token was issued (restart_requested_at, recorded by recover start_machine or resume before its cloud call:
+    the local provider's machine answers within a second of its start), the run is retained or back in an
+    agent phase, and that start was not exchanged yet; the write that marks it
     exchanged comes first (ETag-guarded), so two exchanges racing get one answer. A refusal is recorded on
     the run when it has a start to exchange: a second exchange means an old token was used by someone else
     (or the first answer was lost; then the deadlines retain the run again, and a new resume opens a new
@@ -167,10 +168,8 @@ def exchange_restart(header: str | None, run_id: str) -> dict[str, Any]:
 
 def _continue_env(run: RunRecord) -> dict[str, str]:
     """What the agent continues with: storage access valid for the runtime limit and the export from now (what
-    it was handed at launch may have expired while the machine was stopped), and the run's current deadline."""
+    it was handed at launch may have expired while the machine was stopped)."""
     dataset = get_store().datasets.get(run.org, run.dataset_version_id)
     env, _ = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=run.runtime_limit_s + EXPORT_MARGIN_S,
                                             merged=run.training.merged)
-    if run.deadlines.runtime_by is not None:
-        env["TENSORANT_DEADLINE_AT"] = str(int(run.deadlines.runtime_by.timestamp()))
     return env
