@@ -189,6 +189,7 @@ class _Plane:
         self.good = "fresh-token"
         self.calls: list[tuple[str, str]] = []
         self.exchanges_left = 1
+        self.down = False  # the restart route answers 503
         plane = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -196,7 +197,9 @@ class _Plane:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 what, token = self.path.rsplit("/", 1)[1], self.headers["Authorization"].split(" ", 1)[1]
                 plane.calls.append((what, token))
-                if what == "restart" and plane.exchanges_left:
+                if what == "restart" and plane.down:
+                    self._answer(503, {"detail": "the state store is unreachable"})
+                elif what == "restart" and plane.exchanges_left:
                     plane.exchanges_left -= 1
                     env = {"TENSORANT_ADAPTER_UPLOAD_URL": "https://storage.example/new-adapter?sig=2",
                            "TENSORANT_RUN_ID": "r-another", "TENSORANT_API_URL": "https://elsewhere.example"}
@@ -234,6 +237,10 @@ def test_the_agent_exchanges_an_expired_token_once_and_continues_with_what_it_ge
                "TENSORANT_DATASET_URL": "https://storage.example/d?sig=1"}
         config = AgentConfig.from_env(env)
         agent = Reporter(config, environ=env)
+        plane.down = True  # no answer to the exchange: offered again at the next refusal, not given up
+        assert not agent.api.post("heartbeat", {"phase": "training"}, give_up_after_s=0.1).ok
+        plane.down = False
+        plane.calls.clear()
         answer = agent.api.post("heartbeat", {"phase": "training"}, give_up_after_s=5)
         assert answer.ok and plane.calls == [("heartbeat", "old-token"), ("restart", "old-token"),
                                              ("heartbeat", "fresh-token")], plane.calls

@@ -114,6 +114,8 @@ class ControlPlane:
             answer = self._post(RESTART, {}, give_up_after_s=give_up_after_s)
             token = answer.body.get("token")
             if not answer.ok or not isinstance(token, str) or not token:
+                if not answer.rejected:
+                    self.offered = ""  # no answer (the control plane unreachable): offered again at the next 401
                 return False
             self.switch_token(token)
             self.log("this machine was started again after its token expired; the token was exchanged for a "
