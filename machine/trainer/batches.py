@@ -27,7 +27,6 @@ from typing import Any
 
 from machine.trainer.data import IGNORE, Tokenized
 
-BATCHING = ("auto", "padded", "grouped", "packed")
 GROUP_CHUNK = 64  # examples sorted together: large enough to find similar lengths, small enough to stay random
 # Decoder architectures whose transformers attention honours packed position ids (masking_utils'
 # packed-sequence detection); others are trained `grouped`.

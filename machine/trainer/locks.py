@@ -1,7 +1,7 @@
 """An exclusive lock on a file, held across processes (the local provider's launches, and the
 trainer's model cache: queue messages and runs may race each other on one host). It lives in
 machine/trainer so the training image, which holds only machine/agent, machine/trainer and
-adapter_format, has it; shared.providers.local.locks re-exports it."""
+adapter_format, has it; the local provider imports it from here."""
 
 from __future__ import annotations
 

@@ -45,10 +45,6 @@ class Datasets:
             raise NotFound(f"dataset version {dataset_id} not found")
         return DatasetVersionRecord.model_validate(got[0])
 
-    def in_project(self, org: str, project_id: str) -> list[DatasetVersionRecord]:
-        q = self._table.query("PartitionKey eq @org and project eq @p", org=org_key(org), p=project_id)
-        return [DatasetVersionRecord.model_validate(d) for d, _ in q]
-
     def page(self, org: str, project_id: str, *, limit: int, after: str | None = None
              ) -> tuple[list[DatasetVersionRecord], str | None]:
         """One page of a project's dataset versions in id order, and the RowKey the next page starts after."""

@@ -88,10 +88,6 @@ def throttle_of(err: Any) -> tuple[str, str]:
     return code, limit
 
 
-def is_not_found(err: Any) -> bool:
-    return status_code(err) == 404
-
-
 def translate(err: Exception, doing: str) -> ProviderError:
     """One Azure exception -> one ProviderError whose reason says what to do."""
     exceptions = sdk.core_exceptions

@@ -37,13 +37,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 import shared
+from machine.trainer.locks import file_lock
 from shared import clock
 from shared.errors import PermanentError, RetryableError
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef
 from shared.providers.local import catalog, checks
 from shared.providers.local.config import LocalConfig
-from shared.providers.local.locks import file_lock
 from shared.settings import Settings
 
 MARK_MANAGED = "TENSORANT_MANAGED"

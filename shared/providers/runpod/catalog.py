@@ -34,10 +34,6 @@ def is_supported_gpu(gpu_id: str, display: str = "") -> bool:
     return bool(_SUPPORTED.search(text)) and not _NOT_NVIDIA.search(text)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
