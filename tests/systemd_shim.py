@@ -103,18 +103,17 @@ def _unit(name: str) -> Path:
     return path
 
 
-def _command(line: str) -> tuple[list[str], bool]:
-    """An Exec line as argv, and whether its failure is ignored (the "-" prefix)."""
-    ignore = line.startswith("-")
-    argv = shlex.split(line[1:] if ignore else line)
+def _command(line: str) -> list[str]:
+    """An Exec line as argv (a "-" prefix, failure ignored, is dropped: nothing here acts on a failure)."""
+    argv = shlex.split(line[1:] if line.startswith("-") else line)
     if not argv or not argv[0].startswith("/"):
         raise Refused(f"Exec line {line!r}: the command must be an absolute path (prefixes other than - not played)")
-    return argv, ignore
+    return argv
 
 
 def systemctl(args: list[str]) -> int:
     _record(args)
-    no_block = "--no-block" in args
+    # --no-block: the start job is queued either way (below); a simple service counts as started once forked.
     words = [a for a in args if a != "--no-block"]
     if any(w.startswith("-") for w in words):
         raise Refused(f"systemctl shim: options {[w for w in words if w.startswith('-')]} are not played")
@@ -139,9 +138,7 @@ def systemctl(args: list[str]) -> int:
         return 0
     if len(words) == 2 and words[0] == "start":
         parse(_unit(words[1]))
-        # A blocking start returns once a simple service is forked; the unit runs either way. Played as queued:
-        # cloud-init's runcmd goes on at once, the unit runs when runcmd is done.
-        del no_block
+        # Played as queued: cloud-init's runcmd goes on at once, the unit runs when runcmd is done.
         with open(_jobs(), "a") as f:
             f.write(words[1] + "\n")
         return 0
@@ -163,14 +160,13 @@ def _environment(sections: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
 def _run_unit(name: str) -> int:
     sections = parse(_unit(name))
     env = _environment(sections)
-    start, _ = _command(_one(sections, "Service", "ExecStart") or "")
+    start = _command(_one(sections, "Service", "ExecStart") or "")
     done = subprocess.run(start, env=env, cwd=_root(), stdin=subprocess.DEVNULL)
     code = done.returncode if done.returncode >= 0 else 128 - done.returncode
     post = [v for k, v in sections["Service"] if k == "ExecStopPost"]
     for line in post:
-        argv, _ignore = _command(line)
         result = "success" if code == 0 else "exit-code"
-        subprocess.run(argv, env={**env, "SERVICE_RESULT": result, "EXIT_CODE": "exited", "EXIT_STATUS": str(code)},
+        subprocess.run(_command(line), env={**env, "SERVICE_RESULT": result, "EXIT_CODE": "exited", "EXIT_STATUS": str(code)},
                        cwd=_root(), stdin=subprocess.DEVNULL)
     return code
 
