@@ -54,12 +54,15 @@ def test_a_check_that_crashes_reports_a_fixed_message(monkeypatch: pytest.Monkey
                            config={}, sealed="", saved_at=datetime(2026, 1, 1, tzinfo=UTC))
     saved: list[ConnectionRecord] = []
 
-    class Store:
-        def get_connection(self, org: str, slot: str) -> tuple[ConnectionRecord, str]:
+    class Connections:
+        def get(self, org: str, slot: str) -> tuple[ConnectionRecord, str]:
             return rec, "etag"
 
-        def put_connection(self, record: ConnectionRecord, etag: Any) -> None:
+        def put(self, record: ConnectionRecord, etag: Any) -> None:
             saved.append(record)
+
+    class Store:
+        connections = Connections()
 
     def crash(_: ConnectionRecord) -> Any:
         raise OSError(f"Tunnel connection failed: 407 at {PROXY} via {INTERNAL}")
