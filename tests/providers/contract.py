@@ -136,16 +136,18 @@ def _check_user_data(text: str, spec: LaunchSpec) -> None:
 
 
 class DropsTheEnvironment:
-    """A provider that launches with a bootstrap of its own in place of the spec's (the agent's
-    token gone, the API URL elsewhere), as a skeleton that never wires the spec through would:
-    what the contract's check must catch. Every other method is the wrapped provider's."""
+    """A provider that launches with a bootstrap of its own in place of the spec's (another token, the
+    API URL elsewhere), as a skeleton that never wires the spec through would: what the contract's check
+    must catch. Every other method is the wrapped provider's. (Another token, not none: the local
+    provider's agent exits at once without one, and its launch then fails before the check is reached.)"""
 
     def __init__(self, inner: ComputeProvider) -> None:
         self.inner = inner
 
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         own = Bootstrap(container_image=spec.bootstrap.container_image,
-                        env={"TENSORANT_RUN_ID": spec.ref.run_id, "TENSORANT_API_URL": "http://127.0.0.1:9/elsewhere"})
+                        env={"TENSORANT_RUN_ID": spec.ref.run_id, "TENSORANT_API_URL": "http://127.0.0.1:9/elsewhere",
+                             "TENSORANT_RUN_TOKEN": "not-this-runs-token"})
         return self.inner.launch(dataclasses.replace(spec, bootstrap=own))
 
     def release(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
@@ -259,7 +261,7 @@ class ProviderContract:
 
     def test_the_check_fails_a_launch_that_drops_the_bootstrap(self, provider_env: ProviderEnv) -> None:
         # The hook reads what the cloud recorded, not the spec: a launch that hands the machine a
-        # bootstrap of its own (no token, another API URL) must fail the check above.
+        # bootstrap of its own (another token, another API URL) must fail the check above.
         env = provider_env
         spec = env.spec(env.ref)
         dropping = DropsTheEnvironment(env.provider)
