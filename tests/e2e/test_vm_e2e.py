@@ -412,6 +412,26 @@ def test_vm_runpod_pod_spec_runs_the_agent_to_succeeded(vm_plane: tuple[BootHarn
           f"{run['billed_machine_s']:.0f} s")
 
 
+def test_vm_azure_custom_data_runs_the_agent_to_succeeded(arm: Any, vm_plane: tuple[BootHarness, Any, int],
+                                                          vm_rig: VmRig, tmp_path: Path) -> None:
+    """Azure's customData exactly as the Azure provider sent it to the fake ARM, booted as a NoCloud seed:
+    cloud-init's Azure datasource needs the platform's wireserver and OVF media, which no loopback fake
+    serves, so what differs from Azure is the datasource, not the user data."""
+    from tests.e2e.test_bootstrap_e2e import _azure_launch
+    from tests.providers.azure.rig import config_body
+
+    h, _, port = vm_plane
+    conn = h.save_compute("azure", config_body())
+    assert conn["status"] == "connected", conn["checks"]
+    run_id, _, user_data = _azure_launch(h, arm)
+    case = Case("azure", vm_rig, h, port, tmp_path, imds=False).boot(user_data)
+    run = case.drive(run_id)
+    assert run["state"] == "succeeded", f"{run['reason']}\n{case.console_tail()}"
+    assert "claim exchanged" in case.stages and "pulled" in case.stages, case.stages
+    print(f"vm-check azure: boot to first heartbeat {case.stages['first report']:.0f} s, billed "
+          f"{run['billed_machine_s']:.0f} s")
+
+
 def _logs(h: BootHarness, run_id: str) -> list[str]:
     return list(h.ok("GET", f"/api/runs/{run_id}/logs")["lines"])
 
