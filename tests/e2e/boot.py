@@ -27,6 +27,9 @@ class BootHarness(Harness):
         clock.set_clock(self.clock)
 
 
+RUNPOD_KEY = "rpa_BOOTKEY0123456789"  # the fake RunPod server's key in the boot fixtures (tests/e2e/conftest.py)
+
+
 def boot_harness(tmp_path: Path, moto: str) -> BootHarness:
     """A BootHarness whose org stores its data on custom S3 (moto), as a customer's machine reaches it."""
     import boto3

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from tensorant_devhost.host import Host
     from tests.e2e.boot import BootHarness
     from tests.providers.aws.rig import Rig
+    from tests.providers.azure.fake_arm import FakeArm
+    from tests.providers.runpod.fake_server import FakeRunPod
 
 
 @pytest.fixture
@@ -75,3 +77,32 @@ def boot_aws_h(plane: Host, rig: Rig, monkeypatch: pytest.MonkeyPatch,
     ec2 = rig.ec2
     yield h, ec2
     h.close()
+
+
+@pytest.fixture
+def boot_azure_h(plane: Host, moto_ec2_url: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
+    """A BootHarness with a connected azure compute connection on the fake ARM."""
+    from tests.e2e.boot import boot_harness
+    from tests.providers.azure.rig import config_body
+
+    h = boot_harness(tmp_path, moto_ec2_url)
+    conn = h.save_compute("azure", config_body())
+    assert conn["status"] == "connected", conn["checks"]
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def boot_runpod_h(plane: Host, moto_ec2_url: str, monkeypatch: pytest.MonkeyPatch,
+                  tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
+    """A BootHarness with a connected runpod compute connection on the fake GraphQL server, and that server."""
+    from tests.e2e.boot import RUNPOD_KEY, boot_harness
+    from tests.providers.runpod.fake_server import FakeRunPod
+
+    fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
+    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
+    h = boot_harness(tmp_path, moto_ec2_url)
+    assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
+    yield h, fake_rp
+    h.close()
+    fake_rp.stop()

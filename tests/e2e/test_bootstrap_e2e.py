@@ -15,7 +15,6 @@ with the GPU time it cost measured in simulated seconds.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,14 @@ import pytest
 
 from shared.providers import cloudinit
 from shared.settings import get_settings
-from tests.e2e.boot import BootHarness, boot_harness, finish
+from tests.e2e.boot import BootHarness, finish
 from tests.harness import Harness
 from tests.machine import Machine, wait_for
 from tests.providers.azure.fake_arm import FakeArm
-from tests.providers.azure.rig import config_body
 from tests.providers.runpod.fake_server import FakeRunPod
 
 pytestmark = pytest.mark.e2e
 
-RUNPOD_KEY = "rpa_BOOTKEY0123456789"
 
 
 # ---------------------------------------------------------------- AWS (boot_aws_h: tests/e2e/conftest.py)
@@ -143,15 +140,6 @@ def test_a_late_boot_report_does_not_end_a_running_run(boot_aws_h: tuple[BootHar
 
 # ---------------------------------------------------------------- Azure
 
-@pytest.fixture
-def boot_azure_h(plane: Any, moto_ec2_url: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
-    h = boot_harness(tmp_path, moto_ec2_url)
-    conn = h.save_compute("azure", config_body())
-    assert conn["status"] == "connected", conn["checks"]
-    yield h
-    h.close()
-
-
 def _azure_launch(h: Harness, arm: FakeArm) -> tuple[str, str, str]:
     offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
                  if o["machine_type"] == "Standard_NC24ads_A100_v4")
@@ -185,18 +173,6 @@ def test_azure_failed_pull_is_released_with_the_clouds_account(boot_azure_h: Boo
 
 
 # ---------------------------------------------------------------- RunPod
-
-@pytest.fixture
-def boot_runpod_h(plane: Any, moto_ec2_url: str, monkeypatch: pytest.MonkeyPatch,
-             tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
-    fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
-    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
-    h = boot_harness(tmp_path, moto_ec2_url)
-    assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
-    yield h, fake_rp
-    h.close()
-    fake_rp.stop()
-
 
 def _runpod_launch(h: Harness) -> str:
     offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]

@@ -31,15 +31,13 @@ import pytest
 
 from shared.providers import cloudinit
 from shared.settings import get_settings
-from tests.e2e.boot import END, BootHarness, boot_harness, finish
+from tests.e2e.boot import END, RUNPOD_KEY, BootHarness, finish
 from tests.machine import Machine, wait_for
 from tests.providers.azure.fake_arm import FakeArm
-from tests.providers.azure.rig import config_body
 from tests.providers.runpod.fake_server import FakeRunPod
 
 pytestmark = pytest.mark.e2e
 
-RUNPOD_KEY = "rpa_RESUMEKEY0123456789"
 STEPS, HOLD = 6, 4
 # What the image's ENV would carry in these tests (tests/docker_shim.py SHIM_AGENT_ENV): the smoke trainer's
 # checkpoint mode, and heartbeats every second (a resumed agent asks every interval whether to go on).
@@ -347,15 +345,6 @@ def test_aws_agent_powers_off_past_its_deadline_and_margin(boot_aws_h: tuple[Boo
 
 # ---------------------------------------------------------------- Azure
 
-@pytest.fixture
-def azure_h(plane: Any, moto_ec2_url: str, arm: FakeArm, tmp_path: Path) -> Iterator[BootHarness]:
-    h = boot_harness(tmp_path, moto_ec2_url)
-    conn = h.save_compute("azure", config_body())
-    assert conn["status"] == "connected", conn["checks"]
-    yield h
-    h.close()
-
-
 def _azure_launch(h: BootHarness, arm: FakeArm, runtime_limit_s: int) -> tuple[str, dict[str, Any], str]:
     run_id, run = launch(h, "azure", "Standard_NC24ads_A100_v4", runtime_limit_s)
     vm = next(r["id"] for r in run["resources"] if r["kind"] == "vm")
@@ -366,9 +355,9 @@ def _arm_resources(arm: FakeArm, run: dict[str, Any]) -> dict[str, Any]:
     return {r["kind"]: arm.get(r["id"]) for r in run["resources"]}
 
 
-def test_azure_resume_continues_from_the_checkpoint_on_the_kept_disk(azure_h: BootHarness, arm: FakeArm,
+def test_azure_resume_continues_from_the_checkpoint_on_the_kept_disk(boot_azure_h: BootHarness, arm: FakeArm,
                                                                      tmp_path: Path) -> None:
-    h = azure_h
+    h = boot_azure_h
     run_id, launched, user_data = _azure_launch(h, arm, runtime_limit_s=60)
     machine = machine_for(tmp_path / "vm", h)
     data = machine.path(cloudinit.HOST_DATA_DIR)
@@ -388,9 +377,9 @@ def test_azure_resume_continues_from_the_checkpoint_on_the_kept_disk(azure_h: Bo
     assert all(arm.get(r["id"]) is None for r in launched["resources"] if r["kind"] == "vm")
 
 
-def test_azure_agent_powers_off_when_the_control_plane_is_gone(azure_h: BootHarness, arm: FakeArm, plane: Any,
+def test_azure_agent_powers_off_when_the_control_plane_is_gone(boot_azure_h: BootHarness, arm: FakeArm, plane: Any,
                                                                 tmp_path: Path) -> None:
-    h = azure_h
+    h = boot_azure_h
     run_id, launched, user_data = _azure_launch(h, arm, runtime_limit_s=7200)
     machine = machine_for(tmp_path / "vm", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
     data = machine.path(cloudinit.HOST_DATA_DIR)
@@ -415,18 +404,6 @@ def test_azure_agent_powers_off_when_the_control_plane_is_gone(azure_h: BootHarn
 
 # ---------------------------------------------------------------- RunPod
 
-@pytest.fixture
-def runpod_h(plane: Any, moto_ec2_url: str, monkeypatch: pytest.MonkeyPatch,
-             tmp_path: Path) -> Iterator[tuple[BootHarness, FakeRunPod]]:
-    fake_rp = FakeRunPod(api_key=RUNPOD_KEY).start()
-    monkeypatch.setenv("RUNPOD_API_BASE_URL", fake_rp.url)
-    h = boot_harness(tmp_path, moto_ec2_url)
-    assert h.save_compute("runpod", {"api_key": RUNPOD_KEY})["status"] == "connected"
-    yield h, fake_rp
-    h.close()
-    fake_rp.stop()
-
-
 def _runpod_launch(h: BootHarness, fake_rp: FakeRunPod, runtime_limit_s: int) -> tuple[str, str, dict[str, Any]]:
     run_id, run = launch(h, "runpod", "NVIDIA A40", runtime_limit_s)
     pod_input = fake_rp.creates()[0]["variables"]["input"]
@@ -440,8 +417,8 @@ def _pod_env(fake_rp: FakeRunPod, pod: str) -> dict[str, str]:
 
 
 def test_runpod_resume_continues_from_the_checkpoint_on_the_kept_volume(
-        runpod_h: tuple[BootHarness, FakeRunPod], tmp_path: Path) -> None:
-    h, fake_rp = runpod_h
+        boot_runpod_h: tuple[BootHarness, FakeRunPod], tmp_path: Path) -> None:
+    h, fake_rp = boot_runpod_h
     run_id, pod, pod_input = _runpod_launch(h, fake_rp, runtime_limit_s=60)
     machine = machine_for(tmp_path / "pod", h)
     data = machine.root / "fs/runpod-volume/data"
@@ -458,9 +435,9 @@ def test_runpod_resume_continues_from_the_checkpoint_on_the_kept_volume(
     assert fake_rp.ops().count("podResume") == 1 and "podTerminate" in fake_rp.ops()  # released at the end
 
 
-def test_runpod_pod_stops_itself_when_the_control_plane_is_gone(runpod_h: tuple[BootHarness, FakeRunPod],
+def test_runpod_pod_stops_itself_when_the_control_plane_is_gone(boot_runpod_h: tuple[BootHarness, FakeRunPod],
                                                                  plane: Any, tmp_path: Path) -> None:
-    h, fake_rp = runpod_h
+    h, fake_rp = boot_runpod_h
     run_id, pod, pod_input = _runpod_launch(h, fake_rp, runtime_limit_s=7200)
     machine = machine_for(tmp_path / "pod", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
     data = machine.root / "fs/runpod-volume/data"

@@ -393,7 +393,8 @@ def pod_user_data(pod_input: dict[str, Any]) -> str:
 
 def test_vm_runpod_pod_spec_runs_the_agent_to_succeeded(vm_plane: tuple[BootHarness, Any, int], vm_rig: VmRig,
                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.e2e.test_bootstrap_e2e import RUNPOD_KEY, _runpod_launch
+    from tests.e2e.boot import RUNPOD_KEY
+    from tests.e2e.test_bootstrap_e2e import _runpod_launch
     from tests.providers.runpod.fake_server import FakeRunPod
 
     h, _, port = vm_plane
