@@ -77,6 +77,16 @@ def await_checkpoint(h: BootHarness, run_id: str, machine: Machine) -> None:
     wait_for(held, "the checkpoint at the held step to be uploaded", 90, machine=machine, between=h.drain)
 
 
+def booted_to_checkpoint(h: BootHarness, run_id: str, user_data: str, root: Path,
+                         **extra: str) -> tuple[Machine, Path]:
+    """A cloud-init machine booted with the launch's user data, trained to the checkpoint its trainer holds at;
+    the machine and its data directory."""
+    machine = machine_for(root, h, **extra)
+    machine.boot(user_data)
+    await_checkpoint(h, run_id, machine)
+    return machine, machine.path(cloudinit.HOST_DATA_DIR)
+
+
 def stored_manifest(run_id: str) -> dict[str, Any]:
     """The manifest of the run's adapter archive in the org's storage (custom S3 on moto)."""
     from shared.org_storage.base import adapter_key
@@ -244,10 +254,7 @@ def test_aws_resume_continues_from_the_checkpoint_on_the_kept_disk(boot_aws_h: t
                                                                    tmp_path: Path) -> None:
     h, ec2 = boot_aws_h
     run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=60)
-    machine = machine_for(tmp_path / "vm", h)
-    data = machine.path(cloudinit.HOST_DATA_DIR)
-    machine.boot(user_data)
-    await_checkpoint(h, run_id, machine)
+    machine, data = booted_to_checkpoint(h, run_id, user_data, tmp_path / "vm")
     retain_at_runtime_limit(h, run_id, machine, data)
     assert _ec2_state(ec2, instance) == "stopped" and _volumes(ec2, instance)  # the disk kept
 
@@ -267,10 +274,7 @@ def test_aws_start_for_recovery_after_the_token_expired_then_resume(boot_aws_h: 
     exchanged token still lives, so no second exchange) trains on to succeeded."""
     h, ec2 = boot_aws_h
     run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=60)
-    machine = machine_for(tmp_path / "vm", h)
-    data = machine.path(cloudinit.HOST_DATA_DIR)
-    machine.boot(user_data)
-    await_checkpoint(h, run_id, machine)
+    machine, data = booted_to_checkpoint(h, run_id, user_data, tmp_path / "vm")
     retain_at_runtime_limit(h, run_id, machine, data)
 
     run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
@@ -295,10 +299,7 @@ def test_aws_agent_powers_off_when_the_control_plane_is_gone(boot_aws_h: tuple[B
                                                               tmp_path: Path) -> None:
     h, ec2 = boot_aws_h
     run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=7200)
-    machine = machine_for(tmp_path / "vm", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
-    data = machine.path(cloudinit.HOST_DATA_DIR)
-    machine.boot(user_data)
-    await_checkpoint(h, run_id, machine)
+    machine, data = booted_to_checkpoint(h, run_id, user_data, tmp_path / "vm", TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
     plane.stop()  # the control plane is gone; storage (S3) is still there
     assert_powered_off_by_the_host_script(machine)
     assert_self_stopped_with_checkpoint(run_id, data)
@@ -330,10 +331,7 @@ def test_aws_agent_powers_off_past_its_deadline_and_margin(boot_aws_h: tuple[Boo
     limit, margin = 60, 1
     h.clock.t = time.time() - limit - margin + DEADLINE_IN_S
     run_id, instance, user_data = _aws_launch(h, ec2, runtime_limit_s=limit)
-    machine = machine_for(tmp_path / "vm", h, TENSORANT_SELF_STOP_MARGIN_S=str(margin))
-    data = machine.path(cloudinit.HOST_DATA_DIR)
-    machine.boot(user_data)
-    await_checkpoint(h, run_id, machine)
+    machine, data = booted_to_checkpoint(h, run_id, user_data, tmp_path / "vm", TENSORANT_SELF_STOP_MARGIN_S=str(margin))
     assert machine.exited() is None, "the deadline passed before the checkpoint: raise DEADLINE_IN_S"
     assert_powered_off_by_the_host_script(machine)
     state = agent_state(data)
@@ -359,10 +357,7 @@ def test_azure_resume_continues_from_the_checkpoint_on_the_kept_disk(boot_azure_
                                                                      tmp_path: Path) -> None:
     h = boot_azure_h
     run_id, launched, user_data = _azure_launch(h, arm, runtime_limit_s=60)
-    machine = machine_for(tmp_path / "vm", h)
-    data = machine.path(cloudinit.HOST_DATA_DIR)
-    machine.boot(user_data)
-    await_checkpoint(h, run_id, machine)
+    machine, data = booted_to_checkpoint(h, run_id, user_data, tmp_path / "vm")
     retain_at_runtime_limit(h, run_id, machine, data)
     kept = _arm_resources(arm, launched)
     assert all(found is not None for found in kept.values()), kept  # the VM and its disk kept
@@ -381,10 +376,7 @@ def test_azure_agent_powers_off_when_the_control_plane_is_gone(boot_azure_h: Boo
                                                                 tmp_path: Path) -> None:
     h = boot_azure_h
     run_id, launched, user_data = _azure_launch(h, arm, runtime_limit_s=7200)
-    machine = machine_for(tmp_path / "vm", h, TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
-    data = machine.path(cloudinit.HOST_DATA_DIR)
-    machine.boot(user_data)
-    await_checkpoint(h, run_id, machine)
+    machine, data = booted_to_checkpoint(h, run_id, user_data, tmp_path / "vm", TENSORANT_UNREACHABLE_STOP_S=str(UNREACHABLE_S))
     plane.stop()
     assert_powered_off_by_the_host_script(machine)
     assert_self_stopped_with_checkpoint(run_id, data)
