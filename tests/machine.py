@@ -102,13 +102,18 @@ class LedgerClock(clock.FakeClock):
             return self.t
 
 
-def require_cloud_init() -> str:
-    found = shutil.which("cloud-init")
+def require_debian_tool(command: str, package: str, checks: str) -> str:
+    """The tool's path. Missing, the test fails in CI (.ci/run installs the Debian package) and skips elsewhere."""
+    found = shutil.which(command)
     if found:
         return found
     if os.environ.get("CI") == "true":
-        pytest.fail("cloud-init is not installed (.ci/run installs the Debian package); the bootstrap is not checked")
-    pytest.skip("cloud-init is not installed here (apt-get install cloud-init); .ci/run installs it")
+        pytest.fail(f"{command} is not installed (Debian package {package}); {checks} is not checked")
+    pytest.skip(f"{command} is not installed here (apt-get install {package}); .ci/run installs it")
+
+
+def require_cloud_init() -> str:
+    return require_debian_tool("cloud-init", "cloud-init", "the bootstrap")
 
 
 def check_cloud_config(user_data: str, work: Path) -> None:

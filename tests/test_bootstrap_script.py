@@ -4,7 +4,6 @@ tests/e2e/test_bootstrap_e2e.py execute it.)"""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import yaml
 
 from shared.providers import cloudinit
 from shared.providers.base import Bootstrap
-from tests.machine import check_cloud_config
+from tests.machine import check_cloud_config, require_debian_tool
 
 BOOTSTRAP = Bootstrap(container_image="ghcr.io/tensorant/trainer:2026.11", env={
     "TENSORANT_RUN_ID": "r-0123456789ab", "TENSORANT_RUN_TOKEN": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln",
@@ -57,12 +56,7 @@ def test_a_broken_script_fails_shellcheck(tmp_path: Path) -> None:
 
 
 def _systemd_analyze() -> str:
-    found = shutil.which("systemd-analyze")
-    if found:
-        return found
-    if os.environ.get("CI") == "true":
-        pytest.fail("systemd-analyze is not installed (Debian package systemd); the unit is not checked")
-    pytest.skip("systemd-analyze is not installed here (apt-get install systemd)")
+    return require_debian_tool("systemd-analyze", "systemd", "the unit")
 
 
 def _verify(unit_text: str, folder: Path) -> str:
