@@ -156,6 +156,26 @@ class MemoryCompute:
                 yield from self._res(m)
 
 
+H100 = GpuOffer(provider="memory", offer_id="mem-h100", gpu="H100", gpu_memory_gb=80, machine_type="mem.h100",
+                region="local", compute_per_hour=3.0, disk_per_hour=0.01, total_per_hour=3.01)
+
+
+class TwoOffers(MemoryCompute):
+    """The A10 and an H100: a model too big for the A10 still fits one offer."""
+
+    def offers(self) -> list[GpuOffer]:
+        return [OFFER, H100]
+
+
+def draft(h: Any, base_model: str = "tensorant/tiny-llama", **fields: Any) -> tuple[int, Any]:
+    """POST /api/runs as a member on the A10 offer (a project with 100 rows): (status, body)."""
+    pid, dsid = h.project_and_dataset(rows=100)
+    body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
+            "base_model": base_model, "price_limit_per_hour": 10.0, **fields}
+    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    return status, got
+
+
 _undo: list[registry.Undo] = []  # what install_memory_provider did
 
 

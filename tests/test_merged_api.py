@@ -17,31 +17,15 @@ import pytest
 
 from adapter_format.base_models import BASE_MODELS
 from adapter_format.merged import expected_tensors
-from shared.models import GpuOffer
 from shared.org_storage.base import merged_key
-from tests.fakes import OFFER, Cloud, MemoryCompute
+from tests.fakes import Cloud, TwoOffers, draft
 from tests.harness import Harness, TestAgent, trained_adapter_zip
 
 TINY = "tensorant/tiny-llama"
 BIG = "meta-llama/Llama-3.1-8B-Instruct"
-H100 = GpuOffer(provider="memory", offer_id="mem-h100", gpu="H100", gpu_memory_gb=80, machine_type="mem.h100",
-                region="local", compute_per_hour=3.0, disk_per_hour=0.01, total_per_hour=3.01)
-
-
-class TwoOffers(MemoryCompute):
-    def offers(self) -> list[GpuOffer]:
-        return [OFFER, H100]
 
 
 pytestmark = pytest.mark.memory_provider(compute=TwoOffers)
-
-
-def draft(h: Harness, **fields: Any) -> tuple[int, Any]:
-    pid, dsid = h.project_and_dataset(rows=100)
-    body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
-            "base_model": TINY, "price_limit_per_hour": 10.0, **fields}
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
-    return status, got
 
 
 def safetensors(shapes: dict[str, tuple[int, ...]], nan: str = "") -> bytes:

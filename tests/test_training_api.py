@@ -10,31 +10,15 @@ from typing import Any
 
 import pytest
 
-from shared.models import GpuOffer
-from tests.fakes import OFFER, Cloud, MemoryCompute
+from tests.fakes import Cloud, TwoOffers, draft
 from tests.harness import Harness, trained_adapter_zip
 
-H100 = GpuOffer(provider="memory", offer_id="mem-h100", gpu="H100", gpu_memory_gb=80, machine_type="mem.h100",
-                region="local", compute_per_hour=3.0, disk_per_hour=0.01, total_per_hour=3.01)
 HF_SECRET = "hf_DoNotLeakThisToken0123456789abcdef"
 BIG = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-class TwoOffers(MemoryCompute):
-    def offers(self) -> list[GpuOffer]:
-        return [OFFER, H100]
-
-
 # `cloud`, and so `h`, serve an H100 too: a model too big for the A10 still fits one offer.
 pytestmark = pytest.mark.memory_provider(compute=TwoOffers)
-
-
-def draft(h: Harness, **fields: Any) -> tuple[int, Any]:
-    pid, dsid = h.project_and_dataset(rows=100)
-    body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
-            "base_model": "tensorant/tiny-llama", "price_limit_per_hour": 10.0, **fields}
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
-    return status, got
 
 
 def test_defaults_trial_bounds_and_full_runs(h: Harness) -> None:
