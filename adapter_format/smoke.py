@@ -84,18 +84,9 @@ def build_adapter_files(base_model: str, *, rows: int = 0, r: int = 8, dtype: st
                         seed: int = 0) -> dict[str, bytes]:
     """adapter_config.json, adapter_model.safetensors and manifest.json for a declared model."""
     model = _declared(base_model)
-    rng = np.random.default_rng(seed)
-    tensors: dict[str, tuple[str, list[int], bytes]] = {}
-    for layer in range(model.num_layers):
-        for module in model.default_targets:
-            n_in, n_out = model.modules[module]
-            a = rng.normal(0.0, 0.01, size=(r, n_in))
-            b = rng.normal(0.0, 0.01, size=(n_out, r))
-            tensors[tensor_name(layer, module, "A")] = (dtype, [r, n_in], _to_bytes(a, dtype))
-            tensors[tensor_name(layer, module, "B")] = (dtype, [n_out, r], _to_bytes(b, dtype))
     files = {
         CONFIG_NAME: json.dumps(adapter_config(base_model, r, model.default_targets), indent=2).encode(),
-        WEIGHTS_NAME: write_safetensors(tensors, {"format": "pt"}),
+        WEIGHTS_NAME: _weights(model, r=r, dtype=dtype, seed=seed),
     }
     files[MANIFEST_NAME] = manifest_bytes(base_model, files, rows=rows, trainer=SMOKE_TRAINER)
     return files
@@ -158,7 +149,7 @@ def build_adapter_zip(
     if config_overrides:
         files[CONFIG_NAME] = _overridden(files[CONFIG_NAME], config_overrides)
     if nan or wrong_rank:
-        files[WEIGHTS_NAME] = _broken_weights(_declared(base_model), r=r, dtype=dtype, seed=seed, nan=nan,
+        files[WEIGHTS_NAME] = _weights(_declared(base_model), r=r, dtype=dtype, seed=seed, nan=nan,
                                               wrong_rank=wrong_rank)
     if weights is not None:
         files[WEIGHTS_NAME] = weights
@@ -181,8 +172,10 @@ def _overridden(config_raw: bytes, overrides: dict[str, object]) -> bytes:
     return json.dumps(config, indent=2).encode()
 
 
-def _broken_weights(model: DeclaredModel, *, r: int, dtype: str, seed: int, nan: bool, wrong_rank: bool) -> bytes:
-    """The smoke weights (the same random values) with a NaN in the first lora_A, or the first lora_B of rank r+1."""
+def _weights(model: DeclaredModel, *, r: int, dtype: str, seed: int, nan: bool = False,
+             wrong_rank: bool = False) -> bytes:
+    """The smoke weights: random lora_A/lora_B of rank r for every default target; broken on demand with a NaN in
+    the first lora_A, or the first lora_B of rank r+1 (the same random values either way)."""
     rng = np.random.default_rng(seed)
     tensors: dict[str, tuple[str, list[int], bytes]] = {}
     for layer in range(model.num_layers):
