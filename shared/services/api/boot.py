@@ -36,10 +36,9 @@ from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.org_backends import storage_for
 from shared.security import mint_agent_token, verify_agent
 from shared.services.api.agent import refuse_ended
-from shared.services.steps.launch import EXPORT_MARGIN_S, bootstrap_for
+from shared.services.steps.launch import EXPORT_MARGIN_S, bootstrap_for, storage_access
 from shared.settings import get_settings
 from shared.steps import Step
 from shared.store import get_store
@@ -170,6 +169,5 @@ def _continue_env(run: RunRecord) -> dict[str, str]:
     """What the agent continues with: storage access valid for the runtime limit and the export from now (what
     it was handed at launch may have expired while the machine was stopped)."""
     dataset = get_store().datasets.get(run.org, run.dataset_version_id)
-    env, _ = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=run.runtime_limit_s + EXPORT_MARGIN_S,
-                                            merged=run.training.merged)
+    env, _ = storage_access(run, dataset, run.runtime_limit_s + EXPORT_MARGIN_S)
     return env

@@ -19,7 +19,7 @@ from shared.errors import PermanentError, ProviderError, RetryableError
 from shared.key_rotation import current_key_since
 from shared.lifecycle import TERMINAL
 from shared.log import get_logger, redact_text
-from shared.models import CloudResource, RunRecord, RunState, StepMessage
+from shared.models import CloudResource, DatasetVersionRecord, RunRecord, RunState, StepMessage
 from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.queues import get_queues
 from shared.runs.events import event
@@ -46,6 +46,14 @@ def launch_spec(run: RunRecord) -> LaunchSpec:
                       must_work_until=until)
 
 
+def storage_access(run: RunRecord, dataset: DatasetVersionRecord,
+                   ttl_s: int) -> tuple[dict[str, str], frozenset[str]]:
+    """The agent's storage environment for `ttl_s` (presigned URLs or keys: its dataset, adapter, merged model when
+    asked, logs), and which of its variables are secret. At launch, and again at a restart's exchange
+    (shared/services/api/boot.py), whose launch-time URLs may have expired while the machine was stopped."""
+    return storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl_s, merged=run.training.merged)
+
+
 def bootstrap_for(run: RunRecord) -> Bootstrap:
     settings = get_settings()
     # Short-lived, renewed through heartbeats, so a leaked token dies soon; the first covers the image pull too.
@@ -58,8 +66,7 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     check_stored_dataset(run.org, dataset)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S
-    storage_env, secret_keys = storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl,
-                                                              merged=run.training.merged)
+    storage_env, secret_keys = storage_access(run, dataset, ttl)
     env = {
         "TENSORANT_RUN_ID": run.id,
         "TENSORANT_API_URL": settings.public_url,
