@@ -5,6 +5,7 @@ renewal never widens the token's org or run (shared/key_rotation.py)."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 from collections.abc import Iterator
 
@@ -95,3 +96,64 @@ def test_a_renewal_keeps_the_tokens_org_and_run(h: Harness, cloud: Cloud, rotate
     assert {k: claims[k] for k in ("org", "run", "sub", "typ", "aud", "iss")} == \
         {k: old[k] for k in ("org", "run", "sub", "typ", "aud", "iss")}
     assert claims["exp"] - claims["iat"] == get_settings().agent_token_ttl_s
+
+
+def forge_user(secret: str, org: str, iat: int, role: str = "owner", ttl_s: int = 3600) -> str:
+    import jwt
+
+    from shared.security import USER_AUDIENCE
+
+    return jwt.encode({"sub": "mallory@x", "org": org, "role": role, "typ": "user", "iat": iat, "exp": iat + ttl_s,
+                       "aud": USER_AUDIENCE, "iss": _issuer()}, secret, algorithm="HS256")
+
+
+def test_a_user_token_forged_with_the_rotated_out_key_is_refused(h: Harness, cloud: Cloud, rotate) -> None:
+    h.clock.advance(60)
+    old = rotate(keep_previous=True)
+    assert h.call("GET", "/api/runs", token="member")[0] == 200  # issued before the rotation: still good
+    h.clock.advance(600)
+    forged = forge_user(old, h.org, int(h.clock.t))
+    status, body, _ = h.call("GET", "/api/runs", token=forged)
+    assert status == 401 and "rotated out" in body["detail"], body
+    # Another org, owner role: the same.
+    status, _, _ = h.call("GET", "/api/runs", token=forge_user(old, "org-z", int(h.clock.t)))
+    assert status == 401
+    assert h.call("GET", "/api/runs", token=forge_user(NEW_SECRET, h.org, int(h.clock.t)))[0] == 200
+
+
+def _exchange(h: Harness, run_id: str, claim: str) -> tuple[int, object]:
+    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/bootstrap", token=None, json_body={"claim": claim})
+    return status, body
+
+
+def test_a_claim_forged_with_the_rotated_out_key_is_refused(h: Harness, cloud: Cloud, rotate) -> None:
+    from shared.providers.bootstrap_env import CLAIM_PREFIX, _claim_mac
+
+    before = h.create_run("memory", "mem-a10")
+    h.launch(before)
+    h.clock.advance(60)
+    old = rotate(keep_previous=True)
+    h.clock.advance(60)
+    after = h.create_run("memory", "mem-a10")
+    h.launch(after)  # minted on the new key: the new key is seen before this launch
+    assert h.get_run(after)["state"] == "provisioning"
+    forged = f"{CLAIM_PREFIX}.{h.org}.{after}.{_claim_mac(old, h.org, after)}"
+    status, body = _exchange(h, after, forged)
+    assert status == 401 and "rotated out" in json.dumps(body), body
+    # A run launched before the rotation: its claim, on the previous key, is still good.
+    assert h.get_run(before)["state"] == "provisioning"
+    status, body = _exchange(h, before, f"{CLAIM_PREFIX}.{h.org}.{before}.{_claim_mac(old, h.org, before)}")
+    assert status == 200, body
+
+
+def test_a_claim_expires_at_the_boot_deadline(h: Harness, cloud: Cloud) -> None:
+    from shared.providers.bootstrap_env import claim
+    from shared.store import get_store
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    record, _ = get_store().runs.get(h.org, run_id)
+    assert record.deadlines.provisioning_by is not None
+    h.clock.t = record.deadlines.provisioning_by.timestamp() + 1  # before the sweep releases it
+    status, body = _exchange(h, run_id, claim(h.org, run_id))
+    assert status == 401 and "expired" in json.dumps(body), body

@@ -83,9 +83,10 @@ def claim(org: str, run_id: str) -> str:
     return f"{CLAIM_PREFIX}.{org}.{run_id}.{_claim_mac(get_settings().jwt_secret, org, run_id)}"
 
 
-def claim_org(text: str, run_id: str) -> str | None:
-    """The org a claim for this run was made for; None when it is not one this deployment made (either
-    signing key of a rotation is accepted, as for tokens)."""
+def claim_org(text: str, run_id: str) -> tuple[str, bool] | None:
+    """The org a claim for this run was made for, and whether it is signed with the previous key of a
+    rotation (the exchange then accepts it only for a run launched before the new key was first seen,
+    as for agent tokens); None when it is not one this deployment made."""
     parts = text.split(".")
     if len(text) > CLAIM_MAX_CHARS or len(parts) < 4 or parts[0] != CLAIM_PREFIX:
         return None
@@ -93,7 +94,8 @@ def claim_org(text: str, run_id: str) -> str | None:
     if run != run_id or not ORG_RE.fullmatch(org) or not RUN_RE.fullmatch(run):
         return None
     settings = get_settings()
-    for secret in [settings.jwt_secret, *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]:
+    for previous, secret in enumerate([settings.jwt_secret,
+                                       *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]):
         if hmac.compare_digest(mac, _claim_mac(secret, org, run)):
-            return org
+            return org, bool(previous)
     return None

@@ -28,6 +28,7 @@ from typing import Any
 from shared import metrics
 from shared.clock import now
 from shared.errors import Conflict, Unauthorized
+from shared.key_rotation import current_key_since
 from shared.lifecycle import ACTIVE
 from shared.log import redact_text
 from shared.models import BootFailure, BootstrapClaim, Outcome, RunRecord, RunState, StepMessage
@@ -87,13 +88,21 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     the answer to the first was lost; then the machine cannot start and the boot deadline releases
     it). The exchange is the machine's first report: the boot deadline then allows the image pull
     (provisioning_by moves to now + the provisioning timeout)."""
-    org = bootstrap_env.claim_org(body.claim, run_id)
-    if org is None:
+    found = bootstrap_env.claim_org(body.claim, run_id)
+    if found is None:
         raise Unauthorized("the bootstrap claim is not valid for this run")
+    org, previous_key = found
     store = get_store()
     run, _ = store.runs.get(org, run_id)
     refuse_ended(run)
     t = now()
+    if previous_key and (run.launched_at is None or run.launched_at.timestamp() >= current_key_since()):
+        # A launch after the rotation signs with the new key: this claim was forged with the rotated-out one.
+        raise Unauthorized("the bootstrap claim is signed with a key that was rotated out and its run was launched "
+                           "after the rotation")
+    if run.deadlines.provisioning_by is not None and t > run.deadlines.provisioning_by:
+        raise Unauthorized("the bootstrap claim has expired: the run's boot deadline passed "
+                           f"({run.deadlines.provisioning_by.isoformat()})")
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.provisioning or r.bootstrap_claimed_at is not None:
