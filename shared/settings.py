@@ -107,6 +107,19 @@ class Settings(BaseModel):
     # The first token also covers the boot deadline (an image pull comes before the first heartbeat).
     agent_token_ttl_s: int = Field(default=2 * 3600, ge=300, le=AGENT_TOKEN_MAX_TTL_S, description=(
         "an agent token's lifetime (300 s to 8 days), renewed through heartbeats"))
+    # Operator ceilings (DESIGN: every per-organization limit has a deployment-wide one): an owner sets
+    # the org's limits under them only, so no org can take the capacity that protects the others.
+    org_max_active_runs_ceiling: int = Field(default=50, ge=1, le=1000, description=(
+        "the most max_active_runs any organization may have (its owner sets a value up to it)"))
+    org_runs_per_minute_ceiling: int = Field(default=30, ge=1, le=1000, description=(
+        "the most runs_per_minute any organization may have; the heavy routes (uploads, recoveries, checks, "
+        "metrics) are limited by the same value"))
+    org_max_price_ceiling: float = Field(default=1000.0, gt=0, le=1000, description=(
+        "the most max_price_limit_per_hour any organization may have"))
+    org_max_runtime_ceiling_s: int = Field(default=7 * 24 * 3600, ge=60, le=7 * 24 * 3600, description=(
+        "the most max_runtime_limit_s any organization may have"))
+    org_retention_ceiling_s: int = Field(default=365 * 24 * 3600, ge=24 * 3600, le=365 * 24 * 3600, description=(
+        "the most retention_limit_s any organization may have"))
 
     @field_validator("env")
     @classmethod
@@ -172,6 +185,11 @@ _ENV = {
     "allow_test_models": "TENSORANT_ALLOW_TEST_MODELS",
     "recovery_idle_stop_s": "TENSORANT_RECOVERY_IDLE_STOP_S",
     "agent_token_ttl_s": "TENSORANT_AGENT_TOKEN_TTL_S",
+    "org_max_active_runs_ceiling": "TENSORANT_ORG_MAX_ACTIVE_RUNS_CEILING",
+    "org_runs_per_minute_ceiling": "TENSORANT_ORG_RUNS_PER_MINUTE_CEILING",
+    "org_max_price_ceiling": "TENSORANT_ORG_MAX_PRICE_CEILING",
+    "org_max_runtime_ceiling_s": "TENSORANT_ORG_MAX_RUNTIME_CEILING_S",
+    "org_retention_ceiling_s": "TENSORANT_ORG_RETENTION_CEILING_S",
 }
 # What README's table says for a default that is not worth printing (a connection string, a public
 # development secret); every other default is printed as it is.

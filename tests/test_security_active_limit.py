@@ -22,8 +22,12 @@ LIMIT = 3
 
 
 @pytest.fixture(autouse=True)
-def active_runs_limit(h: Harness) -> None:
-    """LIMIT active runs at most; a rate limit that the bursts here never reach."""
+def active_runs_limit(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LIMIT active runs at most; a rate limit that the bursts here never reach (the operator's ceiling raised)."""
+    from shared.settings import reset_settings
+
+    monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "1000")
+    reset_settings()
     h.ok("PUT", "/api/org/limits", json_body={"max_active_runs": LIMIT, "runs_per_minute": 1000})
 
 

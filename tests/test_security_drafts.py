@@ -22,8 +22,13 @@ LOCAL = {"provider": "local", "offer_id": "local-smoke", "base_model": SMOL}
 
 
 @pytest.fixture(autouse=True)
-def local_and_roomy_limits(h: Harness) -> None:
-    """The local provider connected too, and limits no edit here runs into by accident."""
+def local_and_roomy_limits(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local provider connected too, and limits no edit here runs into by accident (the operator's
+    ceiling raised)."""
+    from shared.settings import reset_settings
+
+    monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "1000")
+    reset_settings()
     h.save_compute("local", {})
     h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1000, "max_price_limit_per_hour": 20,
                                               "max_runtime_limit_s": 86400})

@@ -136,3 +136,36 @@ def test_release_check_recover_and_upload_url_are_rate_limited(h: Harness) -> No
     refused = h.call("POST", f"/api/runs/{retained[1]}/recover", body=archive, content_type="application/zip")
     assert recovered[0] < 400 and refused[0] == 429, (recovered[:2], refused[:2])
     assert "recoveries in a minute" in refused[1]["detail"]
+
+
+def test_no_owner_can_raise_a_limit_past_the_operators_ceiling(h: Harness, monkeypatch) -> None:
+    """Before: an owner set runs_per_minute and max_active_runs to 1,000 and one org's uploads slowed the others'."""
+    from shared.runs.org_limits import CEILINGS
+    from shared.settings import get_settings, reset_settings
+
+    for field, (setting, _) in CEILINGS.items():
+        too_high = getattr(get_settings(), setting) + 1
+        status, body, _ = h.call("PUT", "/api/org/limits", json_body={field: too_high})
+        assert status == 422 and [e["field"] for e in body["errors"]] == [field], (field, body)
+        assert "ceiling" in body["detail"]
+    assert h.ok("GET", "/api/org/limits") == quotas.OrgLimits().model_dump()  # nothing was saved
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 20, "max_active_runs": 20})
+    # The operator lowers the ceilings afterwards: they bind at once, on the saved values too.
+    monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "2")
+    monkeypatch.setenv("TENSORANT_ORG_MAX_ACTIVE_RUNS_CEILING", "3")
+    reset_settings()
+    got = h.ok("GET", "/api/org/limits")
+    assert got["runs_per_minute"] == 2 and got["max_active_runs"] == 3
+
+
+def test_heavy_routes_are_limited_by_the_ceiling(h: Harness, monkeypatch) -> None:
+    from shared.settings import reset_settings
+
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 20})
+    monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "2")
+    reset_settings()
+    pid, _ = h.project_and_dataset()  # the minute's first upload
+    line = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
+    codes = [h.call("POST", f"/api/projects/{pid}/datasets", token="member", body=line,
+                    content_type="application/x-ndjson")[0] for _ in range(2)]
+    assert codes == [201, 429], codes

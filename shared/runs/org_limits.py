@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.settings import get_settings
 from shared.store import get_store
 
 LIMITS_KEY = "limits"
@@ -34,9 +35,46 @@ class OrgLimits(BaseModel):
         "retained"))
 
 
+# Each limit's operator ceiling: the Settings field and its app setting's name.
+CEILINGS = {
+    "max_active_runs": ("org_max_active_runs_ceiling", "TENSORANT_ORG_MAX_ACTIVE_RUNS_CEILING"),
+    "runs_per_minute": ("org_runs_per_minute_ceiling", "TENSORANT_ORG_RUNS_PER_MINUTE_CEILING"),
+    "max_price_limit_per_hour": ("org_max_price_ceiling", "TENSORANT_ORG_MAX_PRICE_CEILING"),
+    "max_runtime_limit_s": ("org_max_runtime_ceiling_s", "TENSORANT_ORG_MAX_RUNTIME_CEILING_S"),
+    "retention_limit_s": ("org_retention_ceiling_s", "TENSORANT_ORG_RETENTION_CEILING_S"),
+}
+
+
+def ceiling(field: str) -> float:
+    return float(getattr(get_settings(), CEILINGS[field][0]))
+
+
+def over_ceilings(values: dict[str, object]) -> list[dict[str, str]]:
+    """The problem+json errors of the values an owner asks for that pass the deployment's ceilings."""
+    errors = []
+    for field, (_, env) in CEILINGS.items():
+        value = values.get(field)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > ceiling(field):
+            errors.append({"field": field, "message": (
+                f"{value:g} is above this deployment's ceiling of {ceiling(field):g}; ask for at most that (the "
+                f"operator sets the ceiling with {env})")})
+    return errors
+
+
+def capped(limits: OrgLimits) -> OrgLimits:
+    """The limits in force: each at most its ceiling (a ceiling lowered after an owner set a higher
+    value binds at once; so does one below a default)."""
+    update = {}
+    for field in CEILINGS:
+        top = ceiling(field)
+        if getattr(limits, field) > top:
+            update[field] = type(getattr(limits, field))(top)
+    return limits.model_copy(update=update) if update else limits
+
+
 def get_limits(org: str) -> OrgLimits:
     got = get_store().table("quotas").get(org, LIMITS_KEY)
-    return OrgLimits.model_validate(got[0]) if got else OrgLimits()
+    return capped(OrgLimits.model_validate(got[0]) if got else OrgLimits())
 
 
 def set_limits(org: str, limits: OrgLimits) -> OrgLimits:

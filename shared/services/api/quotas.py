@@ -32,7 +32,7 @@ from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, To
 from shared.lifecycle import HOLDS_MACHINE
 from shared.models import Role, RunCreate, RunRecord
 from shared.runs.org_limits import LIMITS_KEY as LIMITS_KEY
-from shared.runs.org_limits import OrgLimits, get_limits
+from shared.runs.org_limits import OrgLimits, get_limits, over_ceilings
 from shared.runs.org_limits import set_limits as set_limits
 from shared.security import Principal, require
 from shared.settings import get_settings
@@ -54,6 +54,9 @@ def put(principal: Principal, body: Any) -> OrgLimits:
     require(principal, Role.owner)
     if not isinstance(body, dict):
         raise InvalidInput.field("body", "send the limits as a JSON object")
+    errors = over_ceilings(body)
+    if errors:
+        raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
     try:
         # Fields left out keep their current value.
         limits = OrgLimits.model_validate(get_limits(principal.org).model_dump() | body)
