@@ -101,7 +101,7 @@ def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
         got = adapter.adapter(http.principal(req), req.route_params["id"], req.params.get("format"))
         if isinstance(got, adapter.AdapterStream):
             return func.HttpResponse(got.data, status_code=200, mimetype="application/zip", headers={
-                "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,
+                **http.NO_STORE, "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,
                 "Content-Disposition": f'attachment; filename="{got.filename}"'})
         return got
 

@@ -171,13 +171,18 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
+# Every API answer: never stored by a browser or proxy (they carry tokens' effects, presigned URLs, an
+# org's data), and never sniffed into another type (a JSON body holding `<script>` stays JSON).
+NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
 def reply(body: Any, status: int = 200, content_type: str = "application/json",
           headers: dict[str, str] | None = None) -> Any:
     import azure.functions as func
 
     text = body if isinstance(body, str) else json.dumps(to_json(body), default=str)
     return func.HttpResponse(text, status_code=status, mimetype=content_type.split(";")[0],
-                             headers={"Content-Type": content_type, **(headers or {})})
+                             headers={**NO_STORE, "Content-Type": content_type, **(headers or {})})
 
 
 def problem(status: int, title: str, detail: str, errors: list[dict[str, Any]] | None = None,
