@@ -7,7 +7,8 @@ problem is one sentence that tells the user what is wrong and what to do.
 Stages: checksum -> safe unzip -> required files (each stops the later ones when it
 fails: no point reading tensors from an archive that is not safe to open) -> config,
 manifest, safetensors header -> LoRA pairs and shapes (when the config and header parsed)
-and finite values (when the header parsed).
+and, only when nothing was refused so far, finite values and the manifest's digests (the
+only stages that inflate the weights).
 
 The archive is the uploader's, so no text in it is ever compiled as a regular expression
 (a pattern such as "(a+)+" backtracks for minutes with the GIL held, and "(" raises):
@@ -171,6 +172,10 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
         tensors = _parse_safetensors(weights, archive.size(WEIGHTS_NAME), problems, summary)
         if config is not None:  # a manifest problem need not hide a shape problem: report both
             _check_pairs(config, tensors, base_model, problems, summary)
+        if problems:
+            # Refused already: the checks so far read the JSON files and the header only; inflating,
+            # hashing and scanning the weights (up to 1 GiB, seconds of CPU) would change no answer.
+            raise _Stop
         _check_finite(weights, tensors, problems)
         digests = {CONFIG_NAME: hashlib.sha256(config_raw).hexdigest(), WEIGHTS_NAME: weights.sha256(),
                    MANIFEST_NAME: hashlib.sha256(manifest_raw).hexdigest()}

@@ -11,7 +11,8 @@ included: not one of the app's records reached the worker's channel.)
 
 Secrets are redacted twice: by key name in structured fields, and by value for every
 secret the process has handled (registered when a connection is unsealed or a token
-is minted), so a secret pasted into an error message is masked too.
+is minted), so a secret pasted into an error message is masked too; the value's common
+encodings (reversed, base64, hex, percent-encoded) are masked as well.
 """
 
 from __future__ import annotations
@@ -28,18 +29,37 @@ from datetime import UTC, datetime
 from typing import Any
 
 _SECRET_VALUES: set[str] = set()
+_LONGEST_FIRST: list[str] = []  # _SECRET_VALUES, longest first (rebuilt when one is added)
 _SECRET_KEYS = re.compile(r"(secret|password|token|api_?key|access_?key|authorization|sealed|credential)", re.I)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-]+")
 MASK = "***"
 
 
+def _encodings(value: str) -> set[str]:
+    """The forms a secret is commonly printed in besides itself (a trainer printing the org's Hugging Face
+    token reversed or base64 passed the exact match): reversed, base64 (standard and URL-safe, padding
+    dropped), hex (either case) and percent-encoded."""
+    import base64
+    from urllib.parse import quote
+
+    raw = value.encode()
+    forms = {value[::-1], base64.b64encode(raw).decode().rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("="),
+             raw.hex(), raw.hex().upper(), quote(value, safe="")}
+    return {form for form in forms if len(form) >= 6}
+
+
 def register_secret(value: str | None) -> None:
+    global _LONGEST_FIRST
     if value and len(value) >= 6:
-        _SECRET_VALUES.add(value)
+        before = len(_SECRET_VALUES)
+        _SECRET_VALUES.update({value, *_encodings(value)})
+        if len(_SECRET_VALUES) != before:
+            _LONGEST_FIRST = sorted(_SECRET_VALUES, key=len, reverse=True)
 
 
 def redact_text(text: str) -> str:
-    for value in _SECRET_VALUES:
+    # Longest first: a secret that contains another (or another's encoding) is masked whole.
+    for value in _LONGEST_FIRST:
         if value in text:
             text = text.replace(value, MASK)
     return _BEARER.sub(r"\1" + MASK, text)

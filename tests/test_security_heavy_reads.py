@@ -64,6 +64,23 @@ def test_metrics_reads_and_dataset_uploads_are_rate_limited_per_org(h: Harness, 
     path = f"/api/projects/{project[0]}/datasets"
     first, second = (h.call("POST", path, body=data, content_type="application/x-ndjson") for _ in range(2))
     assert first[0] == 201 and second[0] == 429, (first[:2], second[:2])
-    assert "dataset uploads and commits in a minute" in second[1]["detail"]
+    assert "uploads (datasets, their commits, recovery archives) in a minute" in second[1]["detail"]
     h.clock.advance(60)
     assert h.call("GET", f"/api/runs/{run_id}/metrics")[0] == 200  # the next minute
+
+
+def test_recovery_uploads_count_with_the_dataset_uploads(h: Harness, cloud: Cloud) -> None:
+    """Before: a member's recovery uploads (each verified: up to 2.3 s of CPU) were not counted with the
+    other heavy uploads, and one to a run being recovered was read and answered with no count at all."""
+    from tests.harness import smoke_adapter_zip
+
+    project = h.project_and_dataset()
+    run_id = h.create_run("memory", "mem-a10", project=project)
+    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1})
+    h.clock.t = (int(h.clock.t // 60) + 1) * 60 + 1.0  # a new minute
+    data = b'{"prompt": "a", "completion": "b"}\n' * 3
+    assert h.call("POST", f"/api/projects/{project[0]}/datasets", body=data,
+                  content_type="application/x-ndjson")[0] == 201
+    status, body, _ = h.call("POST", f"/api/runs/{run_id}/recover", token="member", body=smoke_adapter_zip(),
+                             content_type="application/zip")
+    assert status == 429 and "recovery archives" in body["detail"], (status, body)

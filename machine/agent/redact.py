@@ -17,9 +17,22 @@ _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-]+")
 MIN_SECRET_CHARS = 6
 
 
+def _encodings(value: str) -> set[str]:
+    """The forms a trainer most easily prints a secret in to get it past an exact match: reversed, base64
+    (standard and URL-safe, padding dropped), hex (either case), percent-encoded (shared.log's list)."""
+    import base64
+    from urllib.parse import quote
+
+    raw = value.encode()
+    forms = {value[::-1], base64.b64encode(raw).decode().rstrip("="), base64.urlsafe_b64encode(raw).decode().rstrip("="),
+             raw.hex(), raw.hex().upper(), quote(value, safe="")}
+    return {form for form in forms if len(form) >= MIN_SECRET_CHARS}
+
+
 def register_secret(value: str | None) -> None:
     if value and len(value) >= MIN_SECRET_CHARS:
         _SECRETS.add(value)
+        _SECRETS.update(_encodings(value))
 
 
 def redact_text(text: str) -> str:

@@ -87,7 +87,30 @@ LOG_LIMIT_LINE = f"[tensorant] this run reached {MAX_RUN_LOG_LINES} log lines; f
 HEARTBEAT_ATTEMPTS = 16
 
 
-def _cap_line(line: str) -> str:
+# The control plane's own lines in a run's log begin with CONTROL_MARK; a machine's line (the agent's or
+# the trainer's: both run on a machine the org's code controls) that would too is stored with
+# MACHINE_MARK first, so in the log, the console and the CLI alike no machine text passes for the
+# control plane's words (`[tensorant] warning: ... https://evil.example`).
+CONTROL_MARK = "[tensorant]"
+MACHINE_MARK = "[machine] "
+# What a reader's eye skips before the first visible character: spaces, controls, zero-width and
+# bidirectional marks (Unicode categories Z*, Cc and Cf).
+_INVISIBLE_CATEGORIES = ("Zs", "Zl", "Zp", "Cc", "Cf")
+
+
+def _looks_like_control(line: str) -> bool:
+    import unicodedata
+
+    shown = unicodedata.normalize("NFKC", line)  # fullwidth ［ｔｅｎｓｏｒａｎｔ］ reads the same
+    start = 0
+    while start < len(shown) and unicodedata.category(shown[start]) in _INVISIBLE_CATEGORIES:
+        start += 1
+    head = "".join(c for c in shown[start:start + 64] if unicodedata.category(c) != "Cf")
+    return head.casefold().startswith(CONTROL_MARK[:-1].casefold())
+
+
+def _machine_line(line: str) -> str:
+    line = MACHINE_MARK + line if _looks_like_control(line) else line
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + TRUNCATED_MARK
 
 
@@ -102,7 +125,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
     (shared/key_rotation.py: a token forged with the rotated-out key must not be laundered)."""
     store = get_store()
     t = now()
-    lines = [_cap_line(line) for line in hb.logs]
+    lines = [_machine_line(line) for line in hb.logs]
     size = sum(len(line.encode()) for line in lines)
     if size > MAX_HEARTBEAT_LOG_BYTES:
         # Refused before any write, as a 4xx: the agent drops the batch instead of resending it.

@@ -94,7 +94,7 @@ def _take(org: str, action: str, per_minute: int) -> None:
 
 _WHAT = {"create": "run creates", "launch": "run launches", "release": "release retries",
          "check": "connection checks", "recover": "recoveries", "upload-url": "dataset upload URLs",
-         "upload": "dataset uploads and commits", "metrics": "metrics reads"}
+         "upload": "uploads (datasets, their commits, recovery archives)", "metrics": "metrics reads"}
 # Reads that cost the control plane a lot (a run's metrics parse up to METRIC_LINES of its log: 40 MB a call
 # raised another org's median latency from 38 to 392 ms) are limited too, at this many per runs_per_minute:
 # a page that polls a run's chart every few seconds stays under it.

@@ -156,6 +156,9 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     resume training from the last checkpoint. A checkpoint's adapter ends the run only when the caller
     accepts it (body accept_checkpoint, or the query parameter `accept_checkpoint` with an upload)."""
     require(principal, Role.owner, Role.member)
+    if upload is not None:
+        # An upload is a heavy request whatever happens to it: counted with the dataset uploads, first.
+        quotas.take(principal, "upload")
     accept = body.accept_checkpoint if body else _flag("accept_checkpoint", accept_checkpoint)
     store = get_store()
     run, _ = store.runs.get(principal.org, run_id)
