@@ -30,6 +30,16 @@ AUTH_CODES = frozenset({
     "UnrecognizedClientException", "InvalidAccessKeyId", "RequestExpired", "OptInRequired",
     "Blocked", "PendingVerification",
 })
+# Codes of an account or region that is not ready, not of bad keys: each has its own remedy.
+ACCOUNT_STATE_HINTS = {
+    "PendingVerification": ("the AWS account is still being verified (new accounts: usually minutes, up to 4 "
+                            "hours); wait for AWS's email that it is active, then launch again."),
+    "OptInRequired": ("{region} is an opt-in region that this account has not enabled (or a subscription is "
+                      "missing): an account administrator enables it under Account → AWS Regions, then the "
+                      "connection is checked again."),
+    "Blocked": ("the AWS account is blocked (unpaid bill, verification or a policy issue): contact AWS Support "
+                "or check the account's billing; nothing in the connection can fix it."),
+}
 CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity"})
 QUOTA_CODES = frozenset({"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxInstanceCountExceeded"})
 UNSUPPORTED_CODES = frozenset({"Unsupported", "InvalidParameterCombination", "InvalidInstanceType",
@@ -100,8 +110,21 @@ def translate(exc: BaseException, *, action: str, region: str = "", zone: str = 
                              "Compare it with the policy template in the AWS connection guide (approved AMI, "
                              "subnet, security group, key pair and the tensorant:managed tag condition).",
                              code=code)
+        if code in ACCOUNT_STATE_HINTS:
+            # The keys are fine: the account or region is not ready, so "check the access key" misleads.
+            return AuthError(f"AWS refused {action} ({code}): {ACCOUNT_STATE_HINTS[code].format(region=region or 'the region')}",
+                             code=code)
         return AuthError(f"AWS rejected the credentials during {action} ({code}); check the access key ID "
                          "and secret, or create a new access key for the dedicated IAM user.", code=code)
+    if code == "InsufficientFreeAddressesInSubnet":
+        return PermanentError(f"The connection's subnet has no free IP address left for {action} ({code}): free "
+                              "addresses in it (terminate unused instances or network interfaces) or save the "
+                              "connection with a subnet that has more (a larger CIDR block).", code=code)
+    if code == "VolumeLimitExceeded":
+        return QuotaError(f"Your EBS storage quota in {region or 'this region'} does not allow the run's disk "
+                          f"({code}): in Service Quotas → Amazon Elastic Block Store, request an increase of the "
+                          "volume type's storage quota (e.g. 'Storage for General Purpose SSD (gp3) volumes, in "
+                          f"TiB'), or delete unused volumes. AWS said: {message}", code=code)
     if code in UNSUPPORTED_CODES:
         return PermanentError(f"AWS cannot run {instance_type or 'this request'} as configured ({code}): "
                               f"{message} Choose another GPU type or zone.", code=code)
