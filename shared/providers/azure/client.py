@@ -74,6 +74,29 @@ class AzureEndpoints:
 # ------------------------------------------------------------ ARM body helpers
 
 
+def without_auto_registration(client: Any) -> Any:
+    """The azure-mgmt client with its ARMAutoResourceProviderRegistrationPolicy taken out of the pipeline.
+
+    On a 409 MissingSubscriptionRegistration that policy POSTs .../providers/<namespace>/register and then
+    polls it with time.sleep(10): with a role broader than the documents' it would register silently
+    (registering is an administrator's task, the Azure guide says) and a step would sleep. The generated
+    clients take no flag for it (only a whole `policies=` list built from their private config), so it is
+    unlinked from the built pipeline; errors.translate keeps the hint for the administrator."""
+    from azure.mgmt.core.policies import ARMAutoResourceProviderRegistrationPolicy
+
+    pipeline = client._client._pipeline
+    chain = pipeline._impl_policies
+    for i, policy in enumerate(chain):
+        if isinstance(policy, ARMAutoResourceProviderRegistrationPolicy):
+            if i > 0:
+                chain[i - 1].next = policy.next
+            del chain[i]
+            break
+    else:
+        raise RuntimeError("azure-mgmt-core's pipeline changed: ARMAutoResourceProviderRegistrationPolicy not found")
+    return client
+
+
 def dig(d: Any, *path: str, default: Any = None) -> Any:
     """d[path[0]][path[1]]..., or default where a level is missing or not a dict."""
     for key in path:
@@ -167,15 +190,16 @@ class AzureClient:
         if sub not in self._compute_clients:
             ComputeManagementClient = sdk.mgmt_compute.ComputeManagementClient
 
-            self._compute_clients[sub] = ComputeManagementClient(self.credential(), sub, **self._client_kwargs())
+            self._compute_clients[sub] = without_auto_registration(
+                ComputeManagementClient(self.credential(), sub, **self._client_kwargs()))
         return self._compute_clients[sub]
 
     def network(self) -> Any:
         if self._network is None:
             NetworkManagementClient = sdk.mgmt_network.NetworkManagementClient
 
-            self._network = NetworkManagementClient(self.credential(), self.config.subscription_id,
-                                                    **self._client_kwargs())
+            self._network = without_auto_registration(
+                NetworkManagementClient(self.credential(), self.config.subscription_id, **self._client_kwargs()))
         return self._network
 
     def prices(self) -> RetailPrices:

@@ -110,6 +110,8 @@ def test_validate_unregistered_resource_provider(fake: FakeArm) -> None:
               message="The subscription is not registered to use namespace 'Microsoft.Compute'.")
     sizes = checks(make_compute(fake))["gpu_sizes"]
     assert sizes.status == CheckStatus.fail and "Resource providers" in sizes.message
+    # The SDK's automatic registration is off (issue 41.14): registering is an administrator's task.
+    assert not [r for r in fake.requests if r[0] == "POST" and r[1].lower().endswith("/register")], fake.requests
 
 
 # ---------------------------------------------------------------- a gallery in another subscription
