@@ -48,6 +48,7 @@ class AvailableSize:
     size: GpuSize
     family: str  # the quota family, e.g. StandardNCADSA100v4Family
     vcpus: int
+    accelerated_networking: bool = False  # the SKU's AcceleratedNetworkingEnabled capability
 
     @property
     def name(self) -> str:
@@ -89,7 +90,9 @@ def available_sizes(client: AzureClient, region: str) -> tuple[dict[str, Availab
             unavailable[size.name] = reason
             continue
         available[size.name.lower()] = AvailableSize(size=size, family=str(sku.get("family", "")),
-                                                     vcpus=int(caps.get("vCPUs", size.vcpus)))
+                                                     vcpus=int(caps.get("vCPUs", size.vcpus)),
+                                                     accelerated_networking=caps.get(
+                                                         "AcceleratedNetworkingEnabled", "False").lower() == "true")
     return available, unavailable
 
 

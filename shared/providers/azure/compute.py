@@ -288,7 +288,7 @@ class AzureCompute:
                         "properties": {"subnet": {"id": self.config.subnet_id},
                                        "privateIPAllocationMethod": "Dynamic"},  # and no public IP, ever
                     }],
-                    "enableAcceleratedNetworking": True,
+                    "enableAcceleratedNetworking": self._accelerated_networking(size.name),
                 },
             }
             poller = self.client.call(f"creating network interface {nic_name}",
@@ -319,6 +319,13 @@ class AzureCompute:
         if done:
             self._tag_disk(ref)
         return self._launched(ref)
+
+    def _accelerated_networking(self, size: str) -> bool:
+        """Whether the size's own SKU record says AcceleratedNetworkingEnabled: asked of a size that lacks
+        it, Azure refuses the VM create (a size added to the table later must not fail there)."""
+        available, _ = catalog.available_sizes(self.client, self.region)
+        found = available.get(size.lower())
+        return bool(found and found.accelerated_networking)
 
     @staticmethod
     def _nic_not_ready(nic_name: str) -> RetryableError:

@@ -63,14 +63,15 @@ def config_body(**over: Any) -> dict[str, Any]:
 
 
 def _sku(name: str, family: str, vcpus: int, gpus: int = 1, restrictions: list[Any] | None = None,
-         arch: str = "x64") -> dict[str, Any]:
+         arch: str = "x64", accelerated: bool = True) -> dict[str, Any]:
     return {
         "resourceType": "virtualMachines", "name": name, "tier": "Standard", "size": name.split("_", 1)[1],
         "family": family, "locations": ["eastus"],
         "locationInfo": [{"location": "eastus", "zones": ["1", "2", "3"]}],
         "capabilities": [{"name": "vCPUs", "value": str(vcpus)}, {"name": "GPUs", "value": str(gpus)},
                          {"name": "HyperVGenerations", "value": "V1,V2"},
-                         {"name": "CpuArchitectureType", "value": arch}],
+                         {"name": "CpuArchitectureType", "value": arch},
+                         {"name": "AcceleratedNetworkingEnabled", "value": str(accelerated)}],
         "restrictions": restrictions or [],
     }
 

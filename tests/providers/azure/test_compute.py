@@ -63,6 +63,20 @@ def test_launch_creates_private_vm_with_marks_and_is_idempotent(fake: FakeArm, c
     assert not [p for _, p in writes(fake) if "virtualnetworks" in p.lower() or "/images/" in p.lower()]
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_accelerated_networking_only_where_the_size_has_it(fake: FakeArm, compute: Any, enabled: bool) -> None:
+    """Issue 41.15: the NIC asked for accelerated networking whatever the size; a size without the
+    AcceleratedNetworkingEnabled capability fails at create."""
+    for sku in fake.skus:
+        if sku.get("name") == "Standard_NC24ads_A100_v4":
+            for cap in sku["capabilities"]:
+                if cap["name"] == "AcceleratedNetworkingEnabled":
+                    cap["value"] = str(enabled)
+    compute.launch(spec())
+    nic = fake.get(NIC_ID)
+    assert nic and nic["properties"]["enableAcceleratedNetworking"] is enabled
+
+
 def test_allocation_failure_cleans_up_vm_disk_and_nic(fake: FakeArm, compute: Any) -> None:
     fake.allocation_failure = "AllocationFailed"
     with pytest.raises(CapacityError) as info:
