@@ -27,6 +27,28 @@ SIGN_IN_HINTS = {
 }
 
 
+# A gallery image definition's SecurityType feature (Azure: "Trusted Launch for Azure VMs", image
+# definitions): without one, or with a *Supported value, the image boots as Standard; TrustedLaunch allows
+# Trusted Launch VMs only (a Standard create is refused with 400); ConfidentialVM needs a confidential size,
+# and no supported GPU size is one.
+TRUSTED_LAUNCH_ONLY = "trustedlaunch"
+CONFIDENTIAL_ONLY = "confidentialvm"
+
+
+def image_security_type(definition: dict[str, Any]) -> str:
+    """The definition's SecurityType feature, lower-cased ("" when it has none)."""
+    for feature in dig(definition, "properties", "features", default=[]) or []:
+        if str(feature.get("name", "")).lower() == "securitytype":
+            return str(feature.get("value", "")).lower()
+    return ""
+
+
+CONFIDENTIAL_FIX = ("the gallery image definition's SecurityType is ConfidentialVM, which needs a confidential VM "
+                    "size, and no supported GPU size is one: publish the image version in a definition with "
+                    "SecurityType TrustedLaunchSupported, TrustedLaunch or none, and save the connection with "
+                    "that version's ID")
+
+
 def run_checks(client: AzureClient, config: AzureConfig, public_url: str = "") -> list[Check]:
     """Read-only checks with fix hints, in order: authentication, image, subnet, gpu_sizes, prices, quota.
     public_url is the control plane's URL (TENSORANT_PUBLIC_URL): the VMs must reach it for heartbeats."""
@@ -99,6 +121,7 @@ class _Checks:
 
     def check_image(self) -> Check:
         problems: list[str] = []
+        trusted = ""
         gallery = self.config.gallery_parts
         reader_hint = ("assign the Tensorant Image Reader role at the image (or its gallery / resource group) "
                        "and wait for the assignment to propagate")
@@ -131,6 +154,12 @@ class _Checks:
                 problems.append("the image version has data disks; publish one with only an OS disk")
             if dig(version, "properties", "provisioningState", default="Succeeded") != "Succeeded":
                 problems.append("the image version has not finished publishing")
+            security = image_security_type(definition)
+            if security == CONFIDENTIAL_ONLY:
+                problems.append(CONFIDENTIAL_FIX)
+            elif security == TRUSTED_LAUNCH_ONLY:
+                trusted = (" Its definition allows Trusted Launch only: VMs are created with securityType "
+                           "TrustedLaunch (vTPM on, Secure Boot off so the NVIDIA driver's kernel modules load).")
         else:
             managed = self.config.managed_image_parts
             assert managed
@@ -168,7 +197,7 @@ class _Checks:
             return Check(name="image", status=CheckStatus.fail,
                          message="Image not usable: " + "; ".join(problems) + ".")
         return Check(name="image", status=CheckStatus.ok, message="The image exists and is a Linux x64 Gen2 image"
-                     + (f" replicated to {self.region}." if gallery else f" in {self.region}."))
+                     + (f" replicated to {self.region}." if gallery else f" in {self.region}.") + trusted)
 
     def foreign_gallery(self, gallery: dict[str, str], error: ProviderError) -> str:
         """What to do when a gallery in another subscription cannot be read: the Tensorant roles are custom

@@ -264,6 +264,7 @@ class AzureCompute:
             raise PermanentError(f"the VM's custom data is {len(user_data)} bytes, over Azure's {CUSTOM_DATA_MAX_BYTES}; "
                                  "nothing was created", code="BadBootstrap")
         custom_data = base64.b64encode(user_data).decode()
+        security = self._security_profile()  # before anything is created: a refusal leaves nothing
 
         vm = self._get_vm(vm_name, instance_view=True)
         if vm is not None:
@@ -305,6 +306,7 @@ class AzureCompute:
         for key in spec.bootstrap.secret_env_keys:
             register_secret(spec.bootstrap.env.get(key))
         vm_body = self._vm_body(ref, size.name, spec.disk_gb or self.config.os_disk_gb, custom_data)
+        vm_body["properties"]["securityProfile"] = security
         doing = f"creating VM {vm_name} ({size.name})"
         log.info("azure: creating VM", extra={"vm": vm_name, "size": size.name})
         try:
@@ -319,6 +321,25 @@ class AzureCompute:
         if done:
             self._tag_disk(ref)
         return self._launched(ref)
+
+    def _security_profile(self) -> dict[str, Any]:
+        """The VM's securityProfile as its image requires: a gallery image whose definition allows Trusted
+        Launch only is refused a Standard VM (400 at create), so it gets TrustedLaunch, with Secure Boot off
+        (the NVIDIA driver's DKMS-built modules are unsigned) and the vTPM on. Read at each launch: the
+        definition can change after the connection's check."""
+        gallery = self.config.gallery_parts
+        if not gallery:
+            return {"securityType": "Standard"}  # a managed image: Standard only
+        definition = self.client.get("reading the gallery image definition",
+                                     self.client.compute(gallery["sub"]).gallery_images.get,
+                                     gallery["rg"], gallery["gallery"], gallery["image"]) or {}
+        security = checks.image_security_type(definition)
+        if security == checks.CONFIDENTIAL_ONLY:
+            raise PermanentError(f"cannot launch: {checks.CONFIDENTIAL_FIX}; nothing was created",
+                                 code="UnsupportedSecurityType")
+        if security == checks.TRUSTED_LAUNCH_ONLY:
+            return {"securityType": "TrustedLaunch", "uefiSettings": {"secureBootEnabled": False, "vTpmEnabled": True}}
+        return {"securityType": "Standard"}
 
     def _accelerated_networking(self, size: str) -> bool:
         """Whether the size's own SKU record says AcceleratedNetworkingEnabled: asked of a size that lacks

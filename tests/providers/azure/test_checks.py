@@ -160,6 +160,30 @@ def test_a_vm_from_another_subscriptions_gallery_needs_the_read_grant_too(fake: 
     cfg = seed_other_subscription_gallery(fake)
     with pytest.raises(AuthError) as info:
         make_compute(fake, config=cfg).launch(spec())
-    assert info.value.code == "LinkedAuthorizationFailed"
+    # The launch reads the image definition first (its security type, issue 41.12), so it is refused there,
+    # before anything is created; without that read ARM's linked check refuses the VM create.
+    assert info.value.code in ("AuthorizationFailed", "LinkedAuthorizationFailed")
+    assert writes(fake) == []
     fake.foreign_read_scopes.append(OTHER_GALLERY)
     assert make_compute(fake, config=cfg).launch(spec())
+
+
+# ---------------------------------------------------------------- Trusted Launch (issue 41.12)
+
+
+def test_a_trusted_launch_only_definition_is_read_and_named(fake: FakeArm) -> None:
+    definition = fake.get(GALLERY_IMAGE)
+    assert definition
+    definition["properties"]["features"] = [{"name": "SecurityType", "value": "TrustedLaunch"}]
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.ok and "Trusted Launch only" in image.message, image.message
+
+
+def test_a_confidential_vm_definition_is_refused_at_the_check_with_the_fix(fake: FakeArm) -> None:
+    definition = fake.get(GALLERY_IMAGE)
+    assert definition
+    definition["properties"]["features"] = [{"name": "SecurityType", "value": "ConfidentialVM"}]
+    cfg = AzureConfig(**config_body(image_id=GALLERY_VERSION_ID))
+    image = checks(make_compute(fake, config=cfg))["image"]
+    assert image.status == CheckStatus.fail and "TrustedLaunchSupported" in image.message, image.message

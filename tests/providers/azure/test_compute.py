@@ -77,6 +77,39 @@ def test_accelerated_networking_only_where_the_size_has_it(fake: FakeArm, comput
     assert nic and nic["properties"]["enableAcceleratedNetworking"] is enabled
 
 
+@pytest.mark.parametrize(("security", "sent"), [("TrustedLaunch", "TrustedLaunch"),
+                                                ("TrustedLaunchSupported", "Standard"), (None, "Standard")])
+def test_a_gallery_image_launches_with_the_security_type_its_definition_requires(
+        fake: FakeArm, security: str | None, sent: str) -> None:
+    """Issue 41.12: a Trusted-Launch-only image was sent securityType Standard, which Azure refuses with 400."""
+    from shared.providers.azure.config import AzureConfig
+    from tests.providers.azure.rig import GALLERY_IMAGE, GALLERY_VERSION_ID
+
+    definition = fake.get(GALLERY_IMAGE)
+    assert definition
+    if security:
+        definition["properties"]["features"] = [{"name": "SecurityType", "value": security}]
+    compute = make_compute(fake, config=AzureConfig(**config_body(image_id=GALLERY_VERSION_ID)))
+    compute.launch(spec())
+    vm = fake.get(VM_ID)
+    assert vm and vm["properties"]["securityProfile"]["securityType"] == sent
+    if sent == "TrustedLaunch":
+        assert vm["properties"]["securityProfile"]["uefiSettings"] == {"secureBootEnabled": False, "vTpmEnabled": True}
+
+
+def test_a_confidential_only_image_is_refused_before_anything_is_created(fake: FakeArm) -> None:
+    from shared.providers.azure.config import AzureConfig
+    from tests.providers.azure.rig import GALLERY_IMAGE, GALLERY_VERSION_ID
+
+    definition = fake.get(GALLERY_IMAGE)
+    assert definition
+    definition["properties"]["features"] = [{"name": "SecurityType", "value": "ConfidentialVM"}]
+    compute = make_compute(fake, config=AzureConfig(**config_body(image_id=GALLERY_VERSION_ID)))
+    with pytest.raises(PermanentError, match="TrustedLaunchSupported"):
+        compute.launch(spec())
+    assert not writes(fake)
+
+
 def test_allocation_failure_cleans_up_vm_disk_and_nic(fake: FakeArm, compute: Any) -> None:
     fake.allocation_failure = "AllocationFailed"
     with pytest.raises(CapacityError) as info:
