@@ -43,6 +43,11 @@ class S3StorageConfig(_Config):
     def _endpoint(cls, v: str) -> str:
         if not v:
             return v
+        if re.match(r"^(?:https?://)?[^/]+\.(?:blob|dfs)\.core\.windows\.net(?:[:/]|$)", v.strip(), re.I):
+            # The Azure product document: an Azure subscription does not make Azure Blob Storage an S3 endpoint.
+            raise ValueError("an Azure Blob Storage URL (*.blob.core.windows.net) is not an S3 endpoint: Blob Storage "
+                             "has no S3 API, even with an Azure subscription. Use an S3-compatible service's endpoint "
+                             "(AWS S3: leave endpoint empty), or keep RunPod network storage")
         if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$", v):
             raise ValueError("endpoint must be a URL like https://s3.example.com (no path)")
         if not v.startswith("https://"):
