@@ -64,7 +64,8 @@ class Settings(BaseModel):
     encryption_key: str = Field(default=DEV_ENCRYPTION_KEY, description=(
         "base64 of 32 random bytes: the AES-GCM key sealing connection secrets (required in production)"))
     public_url: str = Field(default="http://localhost:7071", description=(
-        "the URL the agents on the machines send heartbeats to"))
+        "the URL the agents on the machines send heartbeats to; unset in Azure: https://<WEBSITE_HOSTNAME>, "
+        "the site's default host name"))
     local_root: str = Field(default=".tensorant", description=(
         "the local provider's machine directories, local storage and converted models"))
     trainer_command: str = Field(default="", description=(
@@ -228,8 +229,15 @@ def environment_names() -> dict[str, str]:
     return dict(_ENV)
 
 
+PLATFORM_HOST_NAME = "WEBSITE_HOSTNAME"
+
+
 def load_settings() -> Settings:
     values = {field: os.environ[var] for field, var in _ENV.items() if os.environ.get(var)}
+    if "public_url" not in values and os.environ.get(PLATFORM_HOST_NAME):
+        # In Azure the platform sets the site's defaultHostName here; the template sets no URL of its own
+        # (infra/controlplane/main.bicep: a setting cannot read its own site's defaultHostName).
+        values["public_url"] = "https://" + os.environ[PLATFORM_HOST_NAME].strip().rstrip("/")
     if values.get("storage_connection") == "UseDevelopmentStorage=true":
         values["storage_connection"] = AZURITE
     settings = Settings(**values)  # type: ignore[arg-type]

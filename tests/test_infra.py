@@ -20,7 +20,9 @@ BICEP = ROOT / "infra" / "controlplane" / "main.bicep"
 SCHEMA_DIR = ROOT / "infra" / "controlplane" / "schema"
 # Settings with a safe default in production need not be set by the template.
 REQUIRED_IN_PRODUCTION = {"env", "storage_connection", "deployment_id", "jwt_secret", "jwt_secret_previous",
-                          "encryption_key", "public_url"}
+                          "encryption_key"}
+# public_url is the platform's WEBSITE_HOSTNAME in Azure (the site's defaultHostName): see
+# test_the_public_url_is_the_sites_default_host_name.
 # Identity-based connection: the host and the app read the account name, never a key.
 IDENTITY_STORAGE = {"AzureWebJobsStorage": "AzureWebJobsStorage__accountName"}
 KEY_VAULT_SETTINGS = ("TENSORANT_JWT_SECRET", "TENSORANT_JWT_SECRET_PREVIOUS", "TENSORANT_ENCRYPTION_KEY")
@@ -183,7 +185,7 @@ def test_alerts_watch_the_poison_queues_the_sweep_and_leaks(template: Template) 
     (rules,) = template.of_type("Microsoft.Insights/scheduledQueryRules")
     assert rules.loop == "alert in alerts"
     alerts = {a["name"]: a["query"] for a in template.variables["alerts"]}
-    assert set(alerts) == {"poison-queue-not-empty", "sweep-did-not-finish", "leak-found"}
+    assert set(alerts) == {"poison-queue-not-empty", "sweep-did-not-finish", "leak-found", "no-telemetry"}
     assert f'"{metrics.POISON_DEPTH}"' in alerts["poison-queue-not-empty"]
     assert f'"{metrics.SWEEP_FINISHED}"' in alerts["sweep-did-not-finish"]
     assert f'"{metrics.SWEEP_FINDINGS}"' in alerts["leak-found"] and '"leak"' in alerts["leak-found"]
@@ -249,3 +251,191 @@ def test_the_app_reads_the_identity_based_connection_the_template_sets(template:
 
     monkeypatch.setenv("AzureWebJobsStorage", AZURITE)
     assert "127.0.0.1" in service_client(TableServiceClient, "table", AZURITE).url
+
+
+
+# ---------------------------------------------------------------- names (issue 41.7)
+
+RG_ID = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/tensorant"
+# Each resource type's naming rules (learn.microsoft.com: "Naming rules and restrictions for Azure resources").
+NAME_RULES = {
+    "microsoft.web/sites": r"[A-Za-z0-9][A-Za-z0-9-]{0,58}[A-Za-z0-9]",
+    "microsoft.web/serverfarms": r"[A-Za-z0-9-]{1,60}",
+    "microsoft.storage/storageaccounts": r"[a-z0-9]{3,24}",
+    "microsoft.keyvault/vaults": r"(?!.*--)[A-Za-z][A-Za-z0-9-]{1,22}[A-Za-z0-9]",
+    "microsoft.operationalinsights/workspaces": r"[A-Za-z0-9][A-Za-z0-9-]{2,61}[A-Za-z0-9]",
+    "microsoft.insights/components": r"[^%&\\?/]{0,259}[^%&\\?/. ]",
+    "microsoft.managedidentity/userassignedidentities": r"[A-Za-z0-9][A-Za-z0-9_-]{2,127}",
+    "microsoft.insights/actiongroups": r"[^%&\\?/*<>:#]{1,260}",
+    "microsoft.insights/scheduledqueryrules": r"[^*#&+:<>?@%{}\\/]{1,260}",
+}
+GLOBAL = {"microsoft.web/sites", "microsoft.storage/storageaccounts", "microsoft.keyvault/vaults"}
+
+
+def _unique_string(*parts: str) -> str:
+    """Like ARM's uniqueString: 13 lowercase letters and digits, deterministic in its arguments."""
+    import base64
+    import hashlib
+
+    digest = hashlib.sha256("|".join(parts).encode()).digest()
+    return base64.b32encode(digest).decode().lower().replace("=", "")[:13]
+
+
+def _split_args(text: str) -> list[str]:
+    args, depth, start, quoted = [], 0, 0, False
+    for i, c in enumerate(text):
+        if c == "'":
+            quoted = not quoted
+        elif not quoted and c in "([{":
+            depth += 1
+        elif not quoted and c in ")]}":
+            depth -= 1
+        elif not quoted and c == "," and depth == 0:
+            args.append(text[start:i])
+            start = i + 1
+    args.append(text[start:])
+    return [a.strip() for a in args if a.strip()]
+
+
+def _evaluate(text: str, env: dict[str, Any]) -> Any:
+    """The few Bicep expressions the template's names use: interpolated strings, take, toLower, replace,
+    uniqueString, resourceGroup().id, params, variables and a loop item's fields."""
+    text = text.strip()
+    if text.startswith("'") and text.endswith("'"):
+        out, i, body = [], 0, text[1:-1]
+        while i < len(body):
+            if body.startswith("${", i):
+                depth, j = 1, i + 2
+                while depth:
+                    depth += {"{": 1, "}": -1}.get(body[j], 0)
+                    j += 1
+                out.append(str(_evaluate(body[i + 2:j - 1], env)))
+                i = j
+            else:
+                out.append(body[i])
+                i += 1
+        return "".join(out)
+    if text == "resourceGroup().id":
+        return RG_ID
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    call = re.fullmatch(r"(\w+)\((.*)\)", text, re.S)
+    if call:
+        args = [_evaluate(a, env) for a in _split_args(call.group(2))]
+        fn = call.group(1)
+        if fn == "uniqueString":
+            return _unique_string(*args)
+        if fn == "take":
+            return args[0][:args[1]]
+        if fn == "toLower":
+            return args[0].lower()
+        if fn == "replace":
+            return args[0].replace(args[1], args[2])
+        raise AssertionError(f"function {fn} not understood")
+    value: Any = env[text.split(".")[0]]
+    for part in text.split(".")[1:]:
+        value = value[part]
+    return value
+
+
+def _names(t: Template, deployment_id: str) -> list[tuple[str, str]]:
+    env: dict[str, Any] = {"deploymentId": deployment_id, "location": "eastus"}
+    for var, value in t.variables.items():
+        if isinstance(value, (Expr, str)) and var not in env:
+            try:
+                env[var] = _evaluate(text_of(value) if isinstance(value, Expr) else f"'{value}'", env)
+            except (KeyError, AssertionError):
+                pass  # not a name (an object, a list)
+        else:
+            env[var] = value
+    out = []
+    for r in t.resources.values():
+        if "parent" in r.body or r.type.lower() == "microsoft.authorization/roleassignments":
+            continue  # a child's name is fixed; a role assignment's is a guid()
+        name = r.body["name"]
+        items = [{}] if not r.loop else [{"alert": a} for a in t.variables["alerts"]]
+        for item in items:
+            out.append((r.type.lower(), _evaluate(text_of(name) if isinstance(name, Expr) else f"'{name}'",
+                                                   {**env, **item})))
+    return out
+
+
+def test_every_name_fits_its_resource_types_rules_for_every_id_length(template: Template) -> None:
+    """Before: the app was `tensorant-<id>` (a global name anyone may hold), the Key Vault name ended in "-"
+    for a 17-character id and lost its unique suffix from 18, and the storage account from 22."""
+    decorators = template.params["deploymentId"]["decorators"]
+    longest = int(next(d for d in decorators if d.startswith("@maxLength"))[len("@maxLength("):-1])
+    shortest = int(next(d for d in decorators if d.startswith("@minLength"))[len("@minLength("):-1])
+    assert (shortest, longest) == (2, 31)  # the settings' own pattern for TENSORANT_DEPLOYMENT_ID
+    for length in range(1, longest + 1):
+        deployment_id = ("prod" + "x7" * 20)[:length]
+        suffix = _unique_string(RG_ID, deployment_id)
+        names = _names(template, deployment_id)
+        assert {kind for kind, _ in names} == set(NAME_RULES), {kind for kind, _ in names} ^ set(NAME_RULES)
+        for kind, name in names:
+            assert re.fullmatch(NAME_RULES[kind], name), (length, kind, name)
+            if kind in GLOBAL:
+                assert suffix in name, (length, kind, name)  # unique whatever the id's length
+
+
+def test_the_public_url_is_the_sites_default_host_name(template: Template, monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.settings import load_settings
+
+    assert "TENSORANT_PUBLIC_URL" not in app_settings(template)  # it cannot read its own site's defaultHostName
+    assert "app.properties.defaultHostName" in BICEP.read_text()  # the `url` output
+    monkeypatch.delenv("TENSORANT_PUBLIC_URL", raising=False)
+    monkeypatch.setenv("WEBSITE_HOSTNAME", "tensorant-prod-abc.azurewebsites.net")
+    assert load_settings().public_url == "https://tensorant-prod-abc.azurewebsites.net"
+    monkeypatch.setenv("TENSORANT_PUBLIC_URL", "https://api.example.com")  # a custom domain wins
+    assert load_settings().public_url == "https://api.example.com"
+
+
+# ---------------------------------------------------------------- telemetry (issue 41.8)
+
+
+def test_telemetry_is_exported_once_by_every_worker_version(template: Template) -> None:
+    host = json.loads((ROOT / "host.json").read_text())
+    assert host["telemetryMode"] == "OpenTelemetry"  # else the host logs every exported message again
+    settings = app_settings(template)
+    assert settings["PYTHON_ENABLE_OPENTELEMETRY"] == "true"  # worker 4.34
+    assert settings["PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY"] == "true"  # worker 4.38 and later
+    from shared.log import SERVICE
+
+    assert settings["PYTHON_APPLICATIONINSIGHTS_LOGGER_NAME"] == SERVICE  # the app's records, not the worker's
+
+
+def test_the_sweep_alert_does_not_fire_on_missing_telemetry_and_another_does(template: Template) -> None:
+    alerts = {a["name"]: a["query"] for a in template.variables["alerts"]}
+    assert "exported > 0" in alerts["sweep-did-not-finish"]
+    assert "where exported == 0" in alerts["no-telemetry"] and "print exported = 0" in alerts["no-telemetry"]
+
+
+# ---------------------------------------------------------------- Key Vault references and defence in depth
+
+
+def test_the_app_starts_after_its_secrets_and_their_grant(template: Template) -> None:
+    """Issue 41.9: an unresolved Key Vault reference at first start makes the worker index 0 functions."""
+    app = site(template)
+    depends = {text_of(d) for d in app.body["dependsOn"]}
+    assert {"secretsRole", "jwtSecretValue", "jwtSecretPreviousValue", "encryptionKeyValue"} <= depends
+    assert text_of(app.body["properties"]["keyVaultReferenceIdentity"]) == "secretsIdentity.id"
+    role = template.resources["secretsRole"]
+    assert text_of(role.body["properties"]["principalId"]) == "secretsIdentity.properties.principalId"
+    assert "app." not in text_of(role.body["name"])  # nothing in the grant waits for the app
+
+
+def test_defence_in_depth_decisions_are_in_the_template(template: Template) -> None:
+    """Issue 41.10, each decided here and in docs/security.md "Deployment"."""
+    (vault,) = template.of_type("Microsoft.KeyVault/vaults")
+    assert vault.body["properties"]["enablePurgeProtection"] is True
+    assert vault.body["properties"]["publicNetworkAccess"] == "Enabled"
+    (storage,) = template.of_type("Microsoft.Storage/storageAccounts")
+    assert storage.body["properties"]["publicNetworkAccess"] == "Enabled"
+    (insights,) = template.of_type("Microsoft.Insights/components")
+    assert insights.body["properties"]["DisableLocalAuth"] is False
+    policies = {r.body["name"]: r.body["properties"]["allow"]
+                for r in template.of_type("Microsoft.Web/sites/basicPublishingCredentialsPolicies")}
+    assert policies == {"scm": False, "ftp": False}
+    text = (ROOT / "docs" / "security.md").read_text()
+    for decision in ("purge protection", "basic-auth publishing", "DisableLocalAuth", "public network"):
+        assert decision in text, decision

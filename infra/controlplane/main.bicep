@@ -3,7 +3,7 @@
 // Insights with alerts, and a Key Vault holding the secrets. Customer-side templates (AWS IAM
 // policy, Azure custom roles) are in ../aws and ../azure. Why this plan and these limits: ../README.md.
 //
-// First deployment (the secrets are written to Key Vault only when given):
+// First deployment (the secrets are written to Key Vault only when given; the app's URL is the `url` output):
 //   az deployment group create -g <rg> -f infra/controlplane/main.bicep \
 //     -p deploymentId=prod jwtSecret=<random, 32+ bytes> encryptionKey=<base64 of 32 random bytes>
 // Later deployments: the same command without the secrets. Nothing the operator changed in Key Vault
@@ -33,7 +33,7 @@ param encryptionKey string = ''
 @description('Training container image the agent runs in.')
 param containerImage string = 'ghcr.io/tensorant/trainer:2026.11'
 
-@description('Memory of one instance (MB). 4096: the adapter verifier holds up to about 2 GiB, plus the worker and the other invocations on the instance (infra/README.md).')
+@description('Memory of one instance (MB). 4096: a verification holds up to MEMORY_BOUND_BYTES (about 14 MiB) beside a recovery body of up to 90 MiB, times the invocations on one instance (infra/README.md).')
 @allowed([ 2048, 4096 ])
 param instanceMemoryMB int = 4096
 
@@ -50,10 +50,17 @@ param httpPerInstanceConcurrency int = 8
 @description('Where the alerts are mailed; empty: the alerts fire in the portal only.')
 param alertEmail string = ''
 
+// Names (issue 41.7), each within its resource type's rules for every id of 2-31 characters
+// (tests/test_infra.py computes them all): the app, the vault and the storage account are global names,
+// so each carries a suffix unique to this resource group and id (uniqueString: 13 lowercase letters and
+// digits). The app: 2-60 letters, digits, hyphens. Storage: 3-24 lowercase letters and digits. Key Vault:
+// 3-24 letters, digits and single hyphens, starting with a letter, not ending with a hyphen.
+var suffix = uniqueString(resourceGroup().id, deploymentId)
 var name = 'tensorant-${deploymentId}'
-var storageName = take(toLower(replace('ta${deploymentId}${uniqueString(resourceGroup().id)}', '-', '')), 24)
+var siteName = '${name}-${suffix}'
+var storageName = 'ta${take(deploymentId, 9)}${suffix}'
 var deploymentContainer = 'app-package'
-var vaultName = take('kv-${replace(name, 'tensorant-', 'ta-')}-${uniqueString(resourceGroup().id)}', 24)
+var vaultName = 'kv${take(deploymentId, 9)}${suffix}'
 // Built-in role definition ids (the same in every tenant).
 var roles = {
   storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
@@ -74,6 +81,10 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     // Identity only: no account key to leak, none in any app setting.
     allowSharedKeyAccess: false
     defaultToOAuthAuthentication: true
+    // Public network, deliberately (docs/security.md "Deployment"): the Flex app reaches it without VNet
+    // integration, and without a key nothing but an identity holding a data role gets in.
+    publicNetworkAccess: 'Enabled'
+    networkAcls: { defaultAction: 'Allow', bypass: 'AzureServices' }
   }
 }
 
@@ -103,6 +114,9 @@ resource insights 'Microsoft.Insights/components@2020-02-02' = {
   properties: {
     Application_Type: 'web'
     WorkspaceResourceId: workspace.id
+    // Key (connection string) ingestion stays on: the Python worker's exporter is configured by the
+    // connection string only (docs/security.md "Deployment").
+    DisableLocalAuth: false
   }
 }
 
@@ -121,7 +135,20 @@ resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
     tenantId: subscription().tenantId
     sku: { family: 'A', name: 'standard' }
     enableRbacAuthorization: true
+    // The encryption key seals every connection secret: a deleted vault or secret must stay recoverable.
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 90
+    enablePurgeProtection: true
+    publicNetworkAccess: 'Enabled' // the app resolves its references over the public endpoint (no VNet)
   }
+}
+
+// The identity the app reads its Key Vault references with. Created, and granted Key Vault Secrets User,
+// before the app exists (issue 41.9): with the app's own system identity the grant can only follow the app,
+// and a first start with unresolved references indexes 0 functions (LESSONS).
+resource secretsIdentity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: '${name}-secrets'
+  location: location
 }
 
 // Written only when given: a re-run without the parameters leaves a rotated secret alone.
@@ -146,13 +173,19 @@ resource encryptionKeyValue 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = if 
 }
 
 resource app 'Microsoft.Web/sites@2025-05-01' = {
-  name: name
+  name: siteName
   location: location
   kind: 'functionapp,linux'
-  identity: { type: 'SystemAssigned' }
+  identity: {
+    type: 'SystemAssigned, UserAssigned'
+    userAssignedIdentities: { '${secretsIdentity.id}': {} }
+  }
+  // The secrets and the grant to read them exist before the app first starts (issue 41.9).
+  dependsOn: [ secretsRole, jwtSecretValue, jwtSecretPreviousValue, encryptionKeyValue ]
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    keyVaultReferenceIdentity: secretsIdentity.id
     functionAppConfig: {
       // The published package: a blob in this container, read with the app's identity.
       deployment: {
@@ -177,10 +210,16 @@ resource app 'Microsoft.Web/sites@2025-05-01' = {
       appSettings: [
         { name: 'AzureWebJobsStorage__accountName', value: storage.name }
         { name: 'APPLICATIONINSIGHTS_CONNECTION_STRING', value: insights.properties.ConnectionString }
+        // Both names (issue 41.8): worker 4.34 reads the first, 4.38 and later the second; host.json's
+        // telemetryMode OpenTelemetry stops the host from logging the same messages again, and the logger
+        // name exports the app's records only (not the worker's own).
+        { name: 'PYTHON_ENABLE_OPENTELEMETRY', value: 'true' }
         { name: 'PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY', value: 'true' }
+        { name: 'PYTHON_APPLICATIONINSIGHTS_LOGGER_NAME', value: 'tensorant' }
         { name: 'TENSORANT_ENV', value: 'production' }
         { name: 'TENSORANT_DEPLOYMENT_ID', value: deploymentId }
-        { name: 'TENSORANT_PUBLIC_URL', value: 'https://${name}.azurewebsites.net' }
+        // No TENSORANT_PUBLIC_URL: the app takes https://<WEBSITE_HOSTNAME>, the platform's defaultHostName
+        // (issue 41.7; a setting cannot read its own site's defaultHostName). Set it for a custom domain.
         { name: 'TENSORANT_JWT_SECRET', value: '@Microsoft.KeyVault(VaultName=${vault.name};SecretName=jwt-secret)' }
         { name: 'TENSORANT_JWT_SECRET_PREVIOUS', value: '@Microsoft.KeyVault(VaultName=${vault.name};SecretName=jwt-secret-previous)' }
         { name: 'TENSORANT_ENCRYPTION_KEY', value: '@Microsoft.KeyVault(VaultName=${vault.name};SecretName=encryption-key)' }
@@ -223,13 +262,26 @@ resource tableRole 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
 }
 
 resource secretsRole 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(vault.id, app.id, roles.keyVaultSecretsUser)
+  name: guid(vault.id, secretsIdentity.id, roles.keyVaultSecretsUser)
   scope: vault
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles.keyVaultSecretsUser)
-    principalId: app.identity.principalId
+    principalId: secretsIdentity.properties.principalId
     principalType: 'ServicePrincipal'
   }
+}
+
+// No basic-auth publishing (issue 41.10): deployments use Entra ID (az / func publish with a token).
+resource scmBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2023-12-01' = {
+  parent: app
+  name: 'scm'
+  properties: { allow: false }
+}
+
+resource ftpBasicAuth 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2023-12-01' = {
+  parent: app
+  name: 'ftp'
+  properties: { allow: false }
 }
 
 // Alerts on the app's own metrics (shared/metrics.py; OpenTelemetry, stored as customMetrics).
@@ -252,9 +304,16 @@ var alerts = [
   }
   {
     name: 'sweep-did-not-finish'
-    description: 'No sweep finished in 30 minutes (it runs every 5): leaks go unnoticed and stuck releases are not retried.'
+    description: 'No sweep finished in 30 minutes (it runs every 5) while the app exports its other metrics: leaks go unnoticed and stuck releases are not retried.'
     severity: 1
-    query: 'customMetrics | where name == "tensorant.sweep.finished" | summarize finished = count() | where finished == 0'
+    // Fail safe (issue 41.8): only while other tensorant metrics arrive; no metric at all is the alert below.
+    query: 'customMetrics | where name startswith "tensorant." | summarize exported = count(), finished = countif(name == "tensorant.sweep.finished") | where exported > 0 and finished == 0'
+  }
+  {
+    name: 'no-telemetry'
+    description: 'The app exported no metric in 30 minutes: it is down, or its worker exports none (PYTHON_ENABLE_OPENTELEMETRY / PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY, infra/README.md).'
+    severity: 1
+    query: 'union (print exported = 0), (customMetrics | where name startswith "tensorant." | summarize exported = count()) | summarize exported = sum(exported) | where exported == 0'
   }
   {
     name: 'leak-found'
