@@ -41,12 +41,13 @@ from shared.models import RunState
 from shared.providers import cloudinit
 from shared.store import get_store
 from tests.e2e.boot import END, BootHarness, boot_harness
+from tests.e2e.boot_limit import boot_limit_s, measure
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not os.environ.get("TENSORANT_VM_CHECK"), reason="make vm-check builds the VM and sets TENSORANT_VM_CHECK")]
 
 CASE_TIMEOUT_S = float(os.environ.get("TENSORANT_VM_CASE_TIMEOUT_S", "1500"))
-BOOT_LIMIT_S = 300  # cloud-init's first stage came at 46-84 s of uptime here
+# The limit to reach cloud-init: derived from the machine's speed at each boot (tests/e2e/boot_limit.py).
 # The smoke trainer's checkpoint mode (machine/trainer/smoke.py) as the image's ENV: a checkpoint every 2 steps
 # of 6, held after step 4 until the run is stopped; heartbeats every 5 s (a stopped agent asks that often
 # whether to resume).
@@ -171,12 +172,22 @@ class Case:
         base = Path(os.environ["TENSORANT_VM_WORK"]) / tmp_path.name if os.environ.get("TENSORANT_VM_WORK") else tmp_path
         self.forwards, self.gpu_hook, self.vm_rig, self.work = forwards, gpu_hook, vm_rig, base / name
         self.last = time.monotonic()
+        self.boot_limit_s = self.measure_speed()
+
+    def measure_speed(self) -> float:
+        """The boot limit from the machine's speed now (tests/e2e/boot_limit.py), said on the output."""
+        wall, cpu = measure()
+        limit = boot_limit_s(wall, cpu, ceiling_s=CASE_TIMEOUT_S)
+        print(f"\nvm-check {self.name}: fixed work took {wall:.2f} s ({cpu:.2f} s of CPU): boot limit {limit:.0f} s",
+              flush=True)
+        return limit
 
     def boot(self, user_data: str) -> Case:
         """The machine's first boot: a fresh disk with the user data."""
         from tools.vm.imds import Imds
 
         self.tries += 1
+        self.boot_limit_s = self.measure_speed()
         started = time.monotonic()
         if self.use_imds and self.imds is None:
             self.imds = Imds(user_data)
@@ -189,6 +200,7 @@ class Case:
     def reboot(self) -> Case:
         """The cloud started the stopped machine again: the same disk boots."""
         self.tries = 1
+        self.boot_limit_s = self.measure_speed()
         self.machine.start(fresh=False)
         return self
 
@@ -218,16 +230,17 @@ class Case:
                 self.mark(up)
                 if run["state"] in until or (done is not None and done(run)):
                     return run
-                if self.stage("cloud-init init-local") not in self.stages and up > BOOT_LIMIT_S:
+                if self.stage("cloud-init init-local") not in self.stages and up > self.boot_limit_s:
                     # The emulator, not the product: a VM that never reached cloud-init (it takes about a
                     # minute here) is booted once more from the same disk, said on the output; the second
                     # time it is a failure of the check's machine, named as such.
                     if self.tries > 1:
                         raise AssertionError(f"vm-check INFRASTRUCTURE: {self.name}'s VM twice did not reach "
-                                             f"cloud-init in {BOOT_LIMIT_S} s:\n{self.console_tail()}")
-                    print(f"\nvm-check {self.name}: the VM did not reach cloud-init in {BOOT_LIMIT_S} s; booting "
+                                             f"cloud-init in {self.boot_limit_s:.0f} s:\n{self.console_tail()}")
+                    print(f"\nvm-check {self.name}: the VM did not reach cloud-init in {self.boot_limit_s:.0f} s; booting "
                           "it again", flush=True)
                     self.tries += 1
+                    self.boot_limit_s = self.measure_speed()
                     self.machine.kill()
                     self.machine.start(fresh=self.machine.boots == 1)
                     continue
