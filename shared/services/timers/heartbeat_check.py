@@ -42,6 +42,7 @@ from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move, move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
+from shared.runs.outbox import drain_stale
 from shared.runs.retention import UNTRAINED, never_trained, retention_action
 from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
@@ -132,7 +133,9 @@ def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
     pruned = 0
     for key in keys:
         run = found.get(key)
-        if run is not None and run.state in WATCHED:
+        if run is not None and run.notices:
+            drain_stale([run], t)  # webhook notices a crash left behind (shared/runs/outbox.py)
+        if run is not None and (run.state in WATCHED or run.notices):
             continue
         if run is None or (t - max(run.state_changed_at, run.updated_at)).total_seconds() > PRUNE_AFTER_S:
             store.watch.remove(*key)
