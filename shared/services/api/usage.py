@@ -17,6 +17,7 @@ from typing import Any
 
 from shared.clock import now
 from shared.errors import InvalidInput
+from shared.runs import budgets
 
 # The computation lives in the run domain (webhooks and budgets price runs too); its names stay here.
 from shared.runs.costs import MACHINE_STARTED as MACHINE_STARTED
@@ -73,4 +74,7 @@ def usage(principal: Principal, since: str | None) -> dict[str, Any]:
              "checkpoint_adapters": sum(r["checkpoint_adapters"] for r in providers),
              "gpu_hours": round(sum(r["gpu_hours"] for r in providers), 4),
              "cost": round(sum(r["cost"] for r in providers), 4)}
-    return {"since": start.isoformat(), "providers": providers, "total": total}
+    # This calendar month's budgets: billed, committed (billed + the most active runs can still cost), left,
+    # the month's forecast (billed + the active runs' forecasts) and the thresholds crossed (shared/runs/budgets).
+    return {"since": start.isoformat(), "providers": providers, "total": total,
+            "budget": budgets.view(principal.org)}

@@ -36,8 +36,10 @@ from datetime import datetime
 from shared import metrics
 from shared.clock import now
 from shared.lifecycle import ACTIVE, transition
+from shared.log import get_logger
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
+from shared.runs import budgets
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move, move_stored
@@ -200,6 +202,11 @@ def check_all() -> dict[str, int]:
             if run.state == RunState.provisioning and run.resources:
                 continue  # launched; waiting for the agent is the deadlines' job
             counts["resent"] += _resend(run, t)
+    for org in sorted({r.org for r in runs}):  # budgets: only orgs with active runs can spend more
+        try:
+            budgets.check_thresholds(org, t)
+        except Exception:
+            get_logger().exception("budget check failed", extra={"org": org})
     return counts
 
 
@@ -255,7 +262,7 @@ def _warn_retention(run: RunRecord, warning: str, t: datetime) -> int:
     new, wrote = get_store().runs.mutate(run.org, run.id, change)
     if not wrote:
         return 0
-    event(new, "warning", warning)
+    event(new, "warning", warning, type="run.retention_warning")
     return 1
 
 
