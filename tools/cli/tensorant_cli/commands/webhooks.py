@@ -20,7 +20,8 @@ def add_parser(sub: Any) -> None:
     add.add_argument("--disabled", action="store_true", help="register it disabled")
     leaf(wh, "list", "list endpoints (secrets are never shown again)", "tensorant webhooks list")
     for name, help_, example in (
-            ("rotate", "new signing secret, printed once; the old one signs 24 h more", "tensorant webhooks rotate wh-0123456789ab"),
+            ("rotate", "new signing secret, printed once; the old one signs 24 h more",
+             "tensorant webhooks rotate wh-0123456789ab"),
             ("test", "send a webhook.test event to the endpoint", "tensorant webhooks test wh-0123456789ab"),
             ("deliveries", "the endpoint's last 100 delivery attempts", "tensorant webhooks deliveries wh-0123456789ab"),
             ("delete", "delete an endpoint", "tensorant webhooks delete wh-0123456789ab"),
