@@ -234,3 +234,22 @@ def test_a_crash_before_the_send_is_delivered_by_heartbeat_check(env: dict[str, 
     h.drain()
     assert rx.types() == ["run.queued"]
     assert get_store().runs.get(h.org, run_id)[0].notices == []
+
+
+def test_a_failed_connection_check_is_told(env: dict[str, str], loopback_ok: None, cloud: Cloud,
+                                           rx: Receiver) -> None:
+    h = Harness()
+    try:
+        add_hook(h, rx, types=["connection.check_failed"])
+        from shared.models import Check, CheckStatus
+        from tests import fakes
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fakes.MemoryCompute, "validate",
+                       lambda self: [Check(name="credentials", status=CheckStatus.fail, message="bad key")])
+            assert h.save_compute("memory", {})["status"] == "failed"
+        assert rx.types() == ["connection.check_failed"]
+        data = rx.events[0]["body"]["data"]
+        assert data["failed_checks"] == ["credentials"] and "bad key" not in str(data)
+    finally:
+        h.close()
