@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from tests.fake_api import FakeApi, run_cli
 
-HOOK = {"id": "wh-0123456789ab", "url": "https://hooks.example.com/t", "types": ["run.succeeded"], "enabled": True,
-        "description": "", "created_at": "2026-12-06T00:00:00Z", "rotated_at": None,
+HOOK: dict[str, Any] = {
+    "id": "wh-0123456789ab", "url": "https://hooks.example.com/t", "types": ["run.succeeded"], "enabled": True,
+    "description": "", "created_at": "2026-12-06T00:00:00Z", "rotated_at": None,
         "previous_secret_valid_until": None, "failing_since": None, "last_success_at": None, "notice": ""}
 SECRET = "whsec_" + "A" * 43 + "="
 
