@@ -151,3 +151,18 @@ def test_thresholds_are_told_and_stop_at_budget_retains(h: Harness, monkeypatch:
         assert len(rx.events) == 4
     finally:
         rx.stop()
+
+
+def test_a_run_across_the_month_boundary_bills_each_month_its_share(h: Harness) -> None:
+    h.clock.t = datetime(2027, 1, 31, 23, 0, tzinfo=UTC).timestamp()
+    set_limits(h, monthly_budget_usd=100.0)
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=3 * 3600)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.2)
+    h.clock.t = datetime(2027, 2, 1, 1, 0, tzinfo=UTC).timestamp()
+    agent.heartbeat("training", 0.6)
+    b = budget(h)  # 2 h billed, one of them in February; 1 h of its runtime limit left
+    assert b["billed_usd"] == pytest.approx(HOUR_COST, rel=0.02)
+    assert b["held_usd"] == pytest.approx(HOUR_COST, rel=0.02)
+    assert b["committed_usd"] == pytest.approx(2 * HOUR_COST, rel=0.02) and b["left_usd"] < 98
