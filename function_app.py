@@ -9,6 +9,7 @@ from functions import (
     catalog,
     connections,
     console,
+    deliver_webhook,
     docs,
     heartbeat_check,
     launch,
@@ -25,6 +26,7 @@ from functions import (
     usage,
     validate_connection,
     verify_adapter,
+    webhooks,
 )
 from shared.log import configure as configure_logging
 from shared.settings import get_settings
@@ -40,7 +42,7 @@ get_settings()
 app = func.FunctionApp()
 for module in (connections, catalog, projects, runs, usage, org_limits, agent, admin, validate_connection,
                refresh_catalog, launch, verify_adapter, retain, release, sweep_account, stop_idle, heartbeat_check,
-               sweeper, base_models, org_secrets, console):
+               sweeper, base_models, org_secrets, console, webhooks, deliver_webhook):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

@@ -29,6 +29,7 @@ FILES: dict[str, str] = {
     "runs.js": "text/javascript",
     "run.js": "text/javascript",
     "usage.js": "text/javascript",
+    "webhooks.js": "text/javascript",
 }
 # Scripts and styles from this host only, no inline script, no framing; fetches go to this API only.
 # (The loss curve is SVG built in the DOM, not an image; `data:` is for the favicon.)

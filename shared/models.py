@@ -348,6 +348,18 @@ class Deadlines(Model):
     runtime_by: datetime | None = None
 
 
+class Notice(Model):
+    """One outside event of a run not yet handed to its webhook deliveries (the run's outbox): written
+    in the same write as the change it tells of, removed once its deliveries are queued
+    (shared/runs/outbox.py), so a crash in between delays it, never loses it."""
+
+    id: str = Field(pattern=r"^msg_[A-Za-z0-9_-]{8,64}$")  # the webhook-id of every delivery of it
+    type: str = Field(max_length=64)
+    at: datetime
+    state: str = ""
+    reason: str = Field(default="", max_length=2000)
+
+
 class Billing(Model):
     """A run's billed time, kept on its record where the machine's billing changes (retained, started for
     recovery or a resume, stopped): a list or the usage summary reads no events (shared/runs/billing.py).
@@ -454,6 +466,8 @@ class RunRecord(Model):
     merged_sha256: str = ""
     merged_size: int = 0
     merged_note: str = ""
+    # The run's outbox: outside events (webhooks) written with the change they tell of (Notice).
+    notices: list[Notice] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- queue messages

@@ -95,7 +95,7 @@ class Settings(BaseModel):
         "(`tensorant dev-token`)"))
     # moto and local S3 servers listen on loopback over http; production refuses to start with it.
     allow_private_endpoints: bool = Field(default=False, description=(
-        "tests only (production refuses it): a custom S3 endpoint may be http:// on a loopback or "
+        "tests only (production refuses it): a custom S3 endpoint or a webhook URL may be http:// on a loopback or "
         "private address"))
     # The test models are random weights built on the machine; a real cloud machine would ask the
     # hub for them and get 404.

@@ -26,6 +26,7 @@ from enum import StrEnum
 from pydantic import BaseModel
 
 from shared.models import ConnectionMessage, RunState, StepMessage, SweepMessage
+from shared.webhooks.models import DeliveryMessage
 
 
 class Step(StrEnum):
@@ -39,6 +40,7 @@ class Step(StrEnum):
     release = "release"
     sweep_account = "sweep-account"
     stop_idle = "stop-idle"
+    deliver_webhook = "deliver-webhook"
 
     @property
     def poison(self) -> str:
@@ -92,6 +94,9 @@ TABLE: dict[Step, StepSpec] = {spec.step: spec for spec in (
     # heartbeat-check's: stop a retained run's machine started for recovery and left idle. It serves no
     # state of its own (a retained run is no step's); the handler checks the run is retained and idle.
     StepSpec(Step.stop_idle, StepMessage, frozenset(), None),
+    # One delivery of one event to one webhook endpoint; its own retries are messages to itself with a delay
+    # (shared/services/steps/deliver_webhook.py); a lost one is queued again from the run's outbox.
+    StepSpec(Step.deliver_webhook, DeliveryMessage, frozenset(), None),
 )}
 
 # The steps that act on runs, in the order a run meets them.

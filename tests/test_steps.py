@@ -47,7 +47,7 @@ def test_every_queue_trigger_is_a_step_and_every_step_has_one() -> None:
 def test_queue_names_are_the_step_names() -> None:
     assert Queue is Step
     assert [s.value for s in Step] == ["validate-connection", "refresh-catalog", "launch", "verify-adapter",
-                                       "retain", "release", "sweep-account", "stop-idle"]
+                                       "retain", "release", "sweep-account", "stop-idle", "deliver-webhook"]
 
 
 @pytest.mark.parametrize("step", list(Step), ids=str)

@@ -1,10 +1,11 @@
-// The console's router (#/connections, #/configure, #/runs, #/runs/<id>, #/usage) and its sign-in.
+// The console's router (#/connections, #/configure, #/runs, #/runs/<id>, #/usage, #/webhooks) and its sign-in.
 import { api, claims, token } from "./api.js";
 import { connectionsPage } from "./connections.js";
 import { configurePage } from "./configure.js";
 import { runsPage } from "./runs.js";
 import { runPage } from "./run.js";
 import { usagePage } from "./usage.js";
+import { webhooksPage } from "./webhooks.js";
 import { errorBox, field, h, fill } from "./ui.js";
 
 const main = document.getElementById("main");
@@ -37,7 +38,8 @@ function signInPage(message) {
 function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   if (parts[0] === "runs" && parts[1]) return [runPage, parts[1]];
-  const pages = { connections: connectionsPage, configure: configurePage, runs: runsPage, usage: usagePage };
+  const pages = { connections: connectionsPage, configure: configurePage, runs: runsPage, usage: usagePage,
+    webhooks: webhooksPage };
   return [pages[parts[0]] || connectionsPage];
 }
 

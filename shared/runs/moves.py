@@ -15,9 +15,11 @@ from typing import Any
 from shared.lifecycle import transition
 from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
+from shared.outside_events import for_transition
 from shared.queues import get_queues
 from shared.runs import billing
 from shared.runs.events import transition_event
+from shared.runs.outbox import drain, with_notice
 from shared.steps import Step
 from shared.store import get_store
 
@@ -33,8 +35,13 @@ def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord |
     def watched(r: RunRecord) -> RunRecord | None:
         seen[:] = [r.state]
         new = change(r)
+        if new is None:
+            return None
         # The machine stopped (retained) or started (resumed) in this same write: its billed time.
-        return None if new is None else billing.after_move(r, new)
+        new = billing.after_move(r, new)
+        told = for_transition(r.state, new.state)
+        # The webhook notice is written with the change (the run's outbox: shared/runs/outbox.py).
+        return new if told is None else with_notice(new, told.value, new.reason)
 
     kw: dict[str, Any] = {"from_last_write": from_last_write}
     if attempts is not None:
@@ -42,6 +49,8 @@ def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord |
     new, wrote = get_store().runs.mutate(org, run_id, watched, **kw)
     if wrote and new.state != seen[0]:
         transition_event(seen[0], new)
+    if wrote and new.notices:
+        new = drain(new)
     return new, wrote
 
 

@@ -6,7 +6,9 @@ its org's retention limit (shared/runs/retention.py), and a timer imports no API
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.settings import get_settings
 from shared.store import get_store
@@ -33,6 +35,34 @@ class OrgLimits(BaseModel):
         "the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit "
         "the run is discarded (machine and disk released, the run failed). Counted from when the run was last "
         "retained"))
+    # Budgets (shared/runs/budgets.py): USD per calendar month (UTC); None: no budget.
+    monthly_budget_usd: float | None = Field(default=None, ge=0, le=10_000_000, description=(
+        "the organization's monthly budget in USD: a launch whose maximum cost would take committed spend (billed "
+        "this month + the most the active runs can still cost) over it is refused"))
+    project_budgets_usd: dict[str, float] = Field(default_factory=dict, max_length=100, description=(
+        "monthly budgets in USD per project id, held like the organization's"))
+    budget_thresholds_pct: list[int] = Field(default_factory=lambda: [50, 80, 100], min_length=1, max_length=10,
+                                             description="billed spend, in % of a budget, that is announced "
+                                             "(an audit line and a budget.threshold webhook)")
+    stop_at_budget: bool = Field(default=False, description=(
+        "at 100 % of a budget, retain its active runs (machine stopped, disk kept, recoverable)"))
+
+    @field_validator("project_budgets_usd")
+    @classmethod
+    def _projects(cls, v: dict[str, float]) -> dict[str, float]:
+        for project, usd in v.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", project):
+                raise ValueError(f"{project!r:.40} is not a project id")
+            if not 0 <= usd <= 10_000_000:
+                raise ValueError(f"project {project}: the budget must be between 0 and 10000000 USD")
+        return v
+
+    @field_validator("budget_thresholds_pct")
+    @classmethod
+    def _thresholds(cls, v: list[int]) -> list[int]:
+        if any(not 1 <= x <= 100 for x in v):
+            raise ValueError("each threshold is a percentage from 1 to 100")
+        return sorted(set(v))
 
 
 # Each limit's operator ceiling: the Settings field and its app setting's name.

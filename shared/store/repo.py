@@ -12,7 +12,8 @@ builds them over one table service and hands them out as attributes (store.runs,
 Tables with one owner module outside this package, read through `table(name)`: quotas (org limits and
 rate-limit windows: shared/runs/org_limits.py, shared/services/api/quotas.py; per-run event counts and
 the reservations above are its rows too), leases (leases.py, installation.py), sweeps (the sweeper's
-reports), keys (when each JWT key was first seen: shared/key_rotation.py).
+reports), keys (when each JWT key was first seen: shared/key_rotation.py), webhooks (endpoints and
+deliveries: shared/webhooks/store.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from shared.store.throughput import Throughput
 from shared.store.watch import WatchIndex
 
 TABLES = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
-          "secrets", "quotas", "watch", "leases", "sweeps", "throughput", "keys")
+          "secrets", "quotas", "watch", "leases", "sweeps", "throughput", "keys",
+          "webhooks")
 
 
 class Store:

@@ -29,6 +29,12 @@ LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeat
 States = set[RunState] | frozenset[RunState]
 
 
+def _watched(run: RunRecord) -> bool:
+    """Indexed: in a watched state, or holding webhook notices not yet queued (heartbeat-check queues
+    them after a crash: shared/runs/outbox.py)."""
+    return run.state in WATCHED or bool(run.notices)
+
+
 class Runs:
     def __init__(self, table: Table, watch: WatchIndex, ended: Callable[[str, str], None]) -> None:
         """`ended(org, run_id)`: called once a write has ended the run (frees its active-run slot)."""
@@ -173,7 +179,7 @@ class Runs:
                     continue  # decide again on the stored run
                 self._remember(run, etag)
                 return run, False
-            if new.state in WATCHED and run.state not in WATCHED:
+            if _watched(new) and not _watched(run):
                 self._watch.add(new.org, new.id)  # indexed before it is watched (shared/store/watch.py)
             try:
                 etag = self.put(new, etag)
@@ -187,7 +193,7 @@ class Runs:
                 time.sleep(random.uniform(0, 0.002 * attempt))
                 continue
             self._remember(new, etag)
-            if run.state in WATCHED and new.state not in WATCHED:
+            if _watched(run) and not _watched(new):
                 self._watch.remove(org, run_id)
             if new.state in TERMINAL and run.state not in TERMINAL:
                 # The run has ended: its active-run slot is free. A crash before this line leaves

@@ -170,7 +170,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
               "(the full log is uploaded with the adapter)")
     if wrote and decided["pace"]:
-        event(run, "warning", decided["pace"])
+        event(run, "warning", decided["pace"], type="run.pace_warning")
     if not wrote:
         refuse_ended(run)
     reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE,

@@ -58,3 +58,20 @@ def validate_connection(msg: ConnectionMessage) -> None:
         return  # saved again meanwhile: that save's own check reports
     store.connections.put(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
                          current[1])
+    if status == ConnectionStatus.failed:
+        _tell_failed(rec, checks)
+
+
+def _tell_failed(rec: ConnectionRecord, checks: list[Check]) -> None:
+    """connection.check_failed to the org's webhooks: once per saved revision and set of failing checks (the id
+    is derived from them, so a re-run of this step after a crash sends it under the same id)."""
+    import hashlib
+    import re
+
+    from shared.runs.outbox import send_event
+
+    failing = sorted(c.name for c in checks if c.status == CheckStatus.fail)
+    digest = hashlib.sha256(f"{rec.slot}|{rec.revision}|{','.join(failing)}".encode()).hexdigest()[:16]
+    ident = f"msg_conn-{re.sub(r'[^A-Za-z0-9_-]', '-', rec.slot)[:40]}-{digest}"
+    # The checks' names only: their messages may quote the cloud's words, which stay in the connection's view.
+    send_event(rec.org, "connection.check_failed", ident, {"connection": rec.slot, "failed_checks": failing})

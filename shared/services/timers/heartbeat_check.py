@@ -36,12 +36,15 @@ from datetime import datetime
 from shared import metrics
 from shared.clock import now
 from shared.lifecycle import ACTIVE, transition
+from shared.log import get_logger
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
+from shared.runs import budgets
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move, move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
+from shared.runs.outbox import drain_stale
 from shared.runs.retention import UNTRAINED, never_trained, retention_action
 from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
@@ -132,7 +135,9 @@ def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
     pruned = 0
     for key in keys:
         run = found.get(key)
-        if run is not None and run.state in WATCHED:
+        if run is not None and run.notices:
+            drain_stale([run], t)  # webhook notices a crash left behind (shared/runs/outbox.py)
+        if run is not None and (run.state in WATCHED or run.notices):
             continue
         if run is None or (t - max(run.state_changed_at, run.updated_at)).total_seconds() > PRUNE_AFTER_S:
             store.watch.remove(*key)
@@ -197,6 +202,11 @@ def check_all() -> dict[str, int]:
             if run.state == RunState.provisioning and run.resources:
                 continue  # launched; waiting for the agent is the deadlines' job
             counts["resent"] += _resend(run, t)
+    for org in sorted({r.org for r in runs}):  # budgets: only orgs with active runs can spend more
+        try:
+            budgets.check_thresholds(org, t)
+        except Exception:
+            get_logger().exception("budget check failed", extra={"org": org})
     return counts
 
 
@@ -252,7 +262,7 @@ def _warn_retention(run: RunRecord, warning: str, t: datetime) -> int:
     new, wrote = get_store().runs.mutate(run.org, run.id, change)
     if not wrote:
         return 0
-    event(new, "warning", warning)
+    event(new, "warning", warning, type="run.retention_warning")
     return 1
 
 

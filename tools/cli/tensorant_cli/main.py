@@ -26,6 +26,7 @@ from tensorant_cli.commands import (
     projects,
     runs,
     usage,
+    webhooks,
 )
 from tensorant_cli.commands.common import FORMATTER, UsageError
 from tensorant_cli.output import say
@@ -33,7 +34,7 @@ from tensorant_cli.output import say
 __all__ = ["build_parser", "main"]
 
 # In the order `tensorant --help` lists them.
-COMMANDS = (dev_token, connections, projects, datasets, catalog, usage, runs, base_models, admin)
+COMMANDS = (dev_token, connections, projects, datasets, catalog, usage, runs, base_models, webhooks, admin)
 
 
 def build_parser() -> argparse.ArgumentParser:

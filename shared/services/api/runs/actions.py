@@ -12,6 +12,7 @@ from shared.lifecycle import ACTIVE, TERMINAL, transition
 from shared.log import redact_text
 from shared.models import (
     Deadlines,
+    GpuOffer,
     Outcome,
     Role,
     RunCancel,
@@ -25,7 +26,7 @@ from shared.models import (
 from shared.org_storage.base import adapter_key
 from shared.providers.registry import resumable_providers, resumes_training
 from shared.queues import get_queues
-from shared.runs import billing
+from shared.runs import billing, budgets
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
 from shared.runs.moves import move_stored
@@ -83,6 +84,19 @@ def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: 
         raise Conflict(f"nothing was launched: {price}, above the run's limit of {run.price_limit_per_hour:.4f}/h; "
                        "raise price_limit_per_hour (PATCH the draft) or choose another offer")
     compute_for(principal.org, run.provider, require_connected=True)
+    # The budgets, at the price found now: atomic like the active-run slot (shared/runs/budgets.py).
+    priced = run.model_copy(update={"offer": offer})
+    budgeted = budgets.reserve(principal.org, priced, budgets.hourly_price(priced) * run.runtime_limit_s / 3600,
+                               limits)
+    try:
+        return _write_queued(principal, run_id, offer)
+    except BaseException:
+        if budgeted:
+            budgets.release(principal.org, run_id)
+        raise
+
+
+def _write_queued(principal: Principal, run_id: str, offer: GpuOffer) -> RunRecord:
     t = now()
 
     def change(r: RunRecord) -> RunRecord | None:

@@ -33,6 +33,16 @@ def cmd_usage(args: argparse.Namespace, client: Client) -> int:
         if total.get("checkpoint_adapters"):
             say(f"{total['checkpoint_adapters']} of these runs ended with a checkpoint's adapter (accepted at a "
                 "recovery), not a completed training")
+        budget = data.get("budget") or {}
+        limited = [b for b in budget.get("budgets") or [] if b.get("budget_usd") is not None]
+        if limited:
+            say(f"\nbudgets for {budget.get('month')} (committed = billed + the most active runs can still cost)"
+                + (": active runs are retained at 100 %" if budget.get("stop_at_budget") else ""))
+            table([{**b, "budget": money(b.get("budget_usd"), "USD"), "billed": money(b.get("billed_usd"), "USD"),
+                    "committed": money(b.get("committed_usd"), "USD"), "left": money(b.get("left_usd"), "USD"),
+                    "forecast": money(b.get("forecast_usd"), "USD"),
+                    "crossed": ",".join(f"{p}%" for p in b.get("crossed_pct") or []) or "-"} for b in limited],
+                  ["name", "budget", "billed", "committed", "left", "forecast", "crossed"])
 
     emit(args, data, text, ids=[])
     return 0
