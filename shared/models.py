@@ -429,6 +429,11 @@ class RunRecord(Model):
     restart_exchanged_at: datetime | None = None
     # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
     pace_warned: bool = False
+    # The pace's clock: when a heartbeat of the current training period first reported progress (the first
+    # optimizer step done), and that progress. The model's loading and one-time conversion before it (minutes
+    # on a CPU) are not the trainer's pace; a resumed run starts from its checkpoint's progress.
+    pace_from: datetime | None = None
+    pace_from_progress: float = 0.0
     # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
     forecast: Forecast | None = None
     # The forecast against the trainer's own figures, once its final adapter is verified.

@@ -175,11 +175,35 @@ def test_the_pace_warning_says_seconds_never_0_min() -> None:
     from shared.services.api.agent import pace_warning
 
     t = datetime(2026, 1, 1, tzinfo=UTC)
-    run = SimpleNamespace(state=RunState.training, state_changed_at=t - timedelta(seconds=6),
+    run = SimpleNamespace(state=RunState.training, state_changed_at=t - timedelta(seconds=8),
+                          pace_from=t - timedelta(seconds=6), pace_from_progress=0.0,
                           deadlines=SimpleNamespace(runtime_by=t + timedelta(seconds=20)))
     said = pace_warning(run, 0.1, t)  # type: ignore[arg-type]
     assert "0 min" not in said
-    assert "10% of the planned steps in 6 s" in said and "needs about 1 min" in said and "ends in 20 s" in said
+    assert "10% of the planned steps in 6 s" in said and "needs about 54 s more" in said and "ends in 20 s" in said
+
+
+def _warnings(h: Harness, run_id: str) -> list[str]:
+    return [line for line in h.ok("GET", f"/api/runs/{run_id}/logs")["lines"] if "warning" in str(line)]
+
+
+def test_the_pace_clock_starts_at_the_first_training_step(h: Harness, cloud: Any) -> None:
+    """The quickstart's pace warning said "12% of the planned steps in 8 min ... needs about 60 min" when
+    the 8 minutes were the one-time model conversion before the first step; the run succeeded."""
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=1800)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.0)
+    h.clock.advance(8 * 60)  # loading and converting the model: no step yet
+    agent.heartbeat("training", 0.01)  # the first step
+    h.clock.advance(60)
+    agent.heartbeat("training", 0.12)  # 11% in a minute: ~8 min more, well within the limit
+    assert _warnings(h, run_id) == []
+    # A pace that would not finish is still said, from the first step's clock.
+    h.clock.advance(10 * 60)
+    agent.heartbeat("training", 0.2)  # 19% in 11 min: ~47 min more, the limit ends in ~20 min
+    said = _warnings(h, run_id)
+    assert len(said) == 1 and "19% of the planned steps in 11 min" in str(said[0]), said
 
 
 # ---------------------------------------------------------------- retained runs
