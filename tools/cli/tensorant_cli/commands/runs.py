@@ -51,7 +51,10 @@ def add_parser(sub: Any) -> None:
     leaf(r, "get", "a run: state, time, cost, resources, loss sparkline, history", "tensorant runs get --last",
          run_id=True)
     leaf(r, "release", "retry a release the cloud has not confirmed", "tensorant runs release --last", run_id=True)
-    leaf(r, "delete", "delete a draft", "tensorant runs delete --last", run_id=True)
+    de = leaf(r, "delete", "delete a draft; with --yes a run that holds a machine is discarded as "
+              "`runs cancel --discard --yes` does", "tensorant runs delete --last", run_id=True)
+    de.add_argument("--yes", action="store_true",
+                    help="a run that is not a draft: delete its machine and disk, with any output on them")
     la = leaf(r, "launch", "show the estimate and launch (asks unless --yes)", "tensorant runs launch --last --yes",
               run_id=True)
     la.add_argument("--yes", action="store_true", help="launch without asking")
@@ -227,9 +230,7 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
         run = client.request("PATCH", f"/api/runs/{run_id_of(args, client)}", body=body)
         emit(args, run, lambda: _show_run(run))
     elif a == "delete":
-        run_id = run_id_of(args, client)
-        client.delete(f"/api/runs/{run_id}")
-        emit(args, {"id": run_id, "deleted": True}, f"deleted draft {run_id}")
+        return _delete(args, client)
     elif a == "launch":
         return _launch(args, client)
     elif a == "watch":
@@ -355,6 +356,34 @@ def _cancel(args: argparse.Namespace, client: Client) -> int:
         body["discard"] = True
     run = client.post(f"/api/runs/{args.id}/cancel", body)
     say(status_line(run) if isinstance(run, dict) else run)
+    return 0
+
+
+def _delete(args: argparse.Namespace, client: Client) -> int:
+    """A draft is deleted. A run that holds a machine (queued to retained) cannot be deleted, only
+    discarded: with --yes that is what `runs delete` means, so it does what `runs cancel --discard --yes`
+    does (the run stays as the record of what was billed); without --yes the refusal names that command.
+    An ended run stays as a record: the API says so."""
+    run_id = args.id = run_id_of(args, client)
+    try:
+        current = client.get(f"/api/runs/{run_id}")
+    except ApiError:
+        current = None  # the delete itself says what is wrong
+    state = current.get("state") if isinstance(current, dict) else None
+    if state is not None and state != "draft" and state not in ENDED:
+        if not args.yes:
+            say(f"error: run {run_id} is {state}, not a draft: nothing was deleted. To delete its machine and disk "
+                f"(with any output on them) run `tensorant runs cancel {run_id} --discard --yes` (or `runs delete "
+                f"{run_id} --yes`); to keep the disk for recovery, `tensorant runs cancel {run_id} --keep`",
+                file=sys.stderr)
+            return 1
+        run = client.post(f"/api/runs/{run_id}/cancel", {"discard": True})
+        emit(args, run, lambda: say(f"run {run_id} was {state}, not a draft: cancelled with its machine and disk "
+                                    "discarded (it stays as the record of what was billed)\n"
+                                    + (status_line(run) if isinstance(run, dict) else str(run))))
+        return 0
+    client.delete(f"/api/runs/{run_id}")
+    emit(args, {"id": run_id, "deleted": True}, f"deleted draft {run_id}")
     return 0
 
 
