@@ -106,6 +106,21 @@ class Transport:
             resp.close()
             self.sleep(wait)
 
+    def fetch(self, url: str, *, timeout: float | None = None) -> Any:
+        """GET an absolute URL outside the API (a presigned download link) as a stream: no Authorization
+        header goes to it, and no retry. Its requests.Response, or Unreachable / the status's ApiError."""
+        import requests
+
+        try:
+            resp = self._session().get(url, timeout=timeout or self.timeout, stream=True)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise Unreachable(0, "the download link could not be reached", type(exc).__name__) from exc
+        if resp.status_code >= 400:
+            resp.close()
+            raise error_for(resp.status_code, "the download link was refused",
+                            "it is short-lived: ask for the download again")
+        return resp
+
     def request(self, method: str, path: str, *, body: Any = None, data: bytes | None = None,
                 content_type: str | None = None, params: Mapping[str, Any] | None = None) -> Any:
         """send(), the answer decoded: JSON, text when it is not JSON, None when empty."""

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tensorant_cli.client import ApiError, Client, _error
+from tensorant_cli.client import ApiError, Client
 from tensorant_cli.commands.common import UsageError, group, leaf, run_id_of
 from tensorant_cli.commands.watch import logs, watch
 from tensorant_cli.output import cell, emit, items, say, short, table
@@ -276,28 +276,15 @@ def training_from(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
     """Save the run's verified adapter (--merged: its merged model): streamed (local storage) or fetched from
     its short-lived URL, written to a temporary file and kept only when its sha256 is the verified one."""
-    import requests
-
     args.id = run_id_of(args, client)
     what = "merged" if args.merged else "adapter"
-    headers = {"Accept": "application/zip, application/json, application/problem+json"}
-    if client.token:
-        headers["Authorization"] = f"Bearer {client.token}"
-    try:
-        resp = requests.get(f"{client.url}/api/runs/{args.id}/adapter", headers=headers, timeout=client.timeout,
-                            params={"format": "merged"} if args.merged else None, stream=True)
-    except requests.ConnectionError:
-        raise ApiError(0, f"cannot reach {client.url}", "is the control plane running? (`make run`)") from None
-    if resp.status_code >= 400:
-        raise _error(resp)
+    resp = client.stream(f"/api/runs/{args.id}/adapter", params={"format": "merged"} if args.merged else None,
+                         accept="application/zip, application/json, application/problem+json")
     if resp.headers.get("Content-Type", "").startswith("application/zip"):
         body, expected = resp, resp.headers.get("X-Adapter-Sha256", "")
     else:
         link = resp.json()
-        body = requests.get(link["url"], timeout=max(client.timeout, 300), stream=True)  # presigned: no Authorization
-        if body.status_code >= 400:
-            raise ApiError(body.status_code, "the download link was refused",
-                           "it is short-lived: run `tensorant runs download` again")
+        body = client.fetch(link["url"], timeout=max(client.timeout, 300))  # presigned: no Authorization
         expected = str(link.get("sha256") or "")
     out = Path(args.output or f"{args.id}-{what}.zip")
     sha, size = _save_checked(body, out, expected, what)
