@@ -434,6 +434,9 @@ class RunRecord(Model):
     # on a CPU) are not the trainer's pace; a resumed run starts from its checkpoint's progress.
     pace_from: datetime | None = None
     pace_from_progress: float = 0.0
+    # The runtime limit passed after the trainer finished every planned step (while it ran its final eval and
+    # samples): heartbeat-check sent the run to verify the final adapter the agent had uploaded, not to retaining.
+    finished_at_limit: bool = False
     # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
     forecast: Forecast | None = None
     # The forecast against the trainer's own figures, once its final adapter is verified.

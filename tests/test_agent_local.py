@@ -1117,3 +1117,34 @@ def test_a_resume_that_fails_in_the_trainer_reports_its_checkpoint_as_output(tmp
     # The output folder is empty, but the checkpoint is on the disk: the run must be retained, not released.
     assert done["status"] == "failed" and done["exit_code"] == 7 and done["output_exists"] is True, done
     assert running.stop() == 0
+
+
+def test_the_final_adapter_is_uploaded_before_the_trainers_samples_and_never_replaced_after_a_stop(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    """A runtime limit passing while the trainer generated its samples left only a checkpoint in storage: the
+    final adapter, written before them, is uploaded at the trainer's line; the stop that follows (the control
+    plane verifies that archive) uploads nothing over it."""
+    from adapter_format.smoke import build_adapter_files
+
+    files = build_adapter_files("tensorant/smoke-tiny")
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "out = pathlib.Path(os.environ['TENSORANT_OUTPUT_DIR'])\n"
+        f"for name, data in {files!r}.items():\n"
+        "    (out / name).write_bytes(data)\n"
+        "print('progress=1.0000 step=2 loss=0.1', flush=True)\n"
+        "print('trainer: final adapter written (2 of 2 steps); the final eval and samples follow', flush=True)\n"
+        "time.sleep(120)  # the samples\n")
+    running = Running(in_process_agent(tmp_path, api, "run-final", f"{sys.executable} {script}"))
+    stored = tmp_path / "storage" / "runs" / "run-final" / "adapter.zip"
+    wait_until(lambda: stored.is_file(), timeout=15)
+    with zipfile.ZipFile(stored) as z:
+        assert {n: z.read(n) for n in z.namelist()} == files  # the final adapter, not a checkpoint
+    before = stored.read_bytes()
+    assert verify_adapter(before, base_model="tensorant/smoke-tiny", expected_sha256=None).ok
+    api.replies["heartbeat"] = [{"state": "verifying", "stop": True}]
+    wait_until(lambda: state_of(tmp_path).get("stopped"), timeout=15)
+    assert running.watched.idling.wait(timeout=10)
+    assert api.of("run-final", "complete") == [] and stored.read_bytes() == before
+    assert running.stop() == 0

@@ -386,3 +386,48 @@ def test_watch_says_a_failures_reason_once_line_by_line(fake_api: Any, capsys: p
     assert run_cli(fake_api, "runs", "get", "r-1") == 0
     out = capsys.readouterr().out
     assert "\\x0a" not in out and out.count("trainer: lora kind=trial") == 1, out
+
+
+# ---------------------------------------------------------------- the runtime limit after the last step
+
+
+def _finished_at_the_limit(h: Harness, archive: bytes) -> dict[str, Any]:
+    """A run whose trainer did every planned step (progress 1.0) and runs its final eval and samples when the
+    runtime limit passes; `archive` is what the agent uploaded meanwhile."""
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=600)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.5)
+    agent.heartbeat("training", 1.0, ["trainer: final adapter written (8 of 8 steps); the final eval and samples "
+                                      "follow"])
+    agent.upload(archive)
+    h.clock.advance(601)
+    h.tick("heartbeat_check")
+    reply = agent.heartbeat("training", 1.0)
+    assert reply["stop"] is True and reply["state"] == "verifying"  # the trainer's samples are cut
+    h.drain()
+    return h.get_run(run_id)
+
+
+def test_a_training_that_finished_its_steps_is_verified_at_the_limit_not_retained(h: Harness, cloud: Any) -> None:
+    """The runtime limit passed while the trainer generated its post-training samples: the run was retained
+    ("training stopped before its planned steps", false) although every step was done and its adapter written."""
+    from tests.harness import smoke_adapter_zip
+
+    run = _finished_at_the_limit(h, smoke_adapter_zip())
+    assert run["state"] == "succeeded", run["reason"]
+    assert run["adapter_kind"] == "final"
+    assert "runtime limit passed after the training finished all its planned steps" in run["reason"], run["reason"]
+    assert "samples were cut" in run["reason"] and "before its planned steps" not in run["reason"]
+
+
+def test_a_finished_training_whose_final_adapter_is_not_in_storage_is_retained_saying_so(
+        h: Harness, cloud: Any) -> None:
+    """Only a checkpoint reached storage: retained, and the reason does not say training stopped short."""
+    from tests.test_checkpoint_recovery import checkpoint_zip
+
+    run = _finished_at_the_limit(h, checkpoint_zip(step=50, steps=60))
+    assert run["state"] == "retained", run["reason"]
+    assert "before its planned steps" not in run["reason"], run["reason"]
+    assert "the training finished all its planned steps, but its final adapter did not reach storage" \
+        in run["reason"], run["reason"]

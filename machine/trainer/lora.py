@@ -73,6 +73,9 @@ from machine.trainer.templates import apply as apply_template
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 MANIFEST_NAME = "manifest.json"
+# Printed once the final adapter is in the output directory, before the final eval and samples (the agent
+# uploads it at this line: machine/agent/trainer.py matches it).
+FINAL_WRITTEN = "trainer: final adapter written"
 STATE_NAME = "trainer_state.pt"
 TRAINER = "lora"
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -787,6 +790,15 @@ def train(env: dict[str, str]) -> int:
         return timing
 
     eval_after = keep_best(run, progress)
+    # The final adapter first, before the final eval and the samples (minutes on a CPU): a run whose runtime limit
+    # passes during those still has its finished training's adapter, which the agent uploads at this line
+    # (machine/agent/trainer.py). Written again below with the eval and samples: the same weights, so the
+    # files stay consistent whichever of the two writes a reader sees.
+    job.output.mkdir(parents=True, exist_ok=True)
+    write_outputs(job.output, model, base_model, targets,
+                  build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
+                                 timing=timing, started=started, precision=precision, samples=[]))
+    log(f"{FINAL_WRITTEN} ({progress.steps_done} of {run.total_steps} steps); the final eval and samples follow")
     if eval_after is None:
         eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching)
     if eval_after is not None:

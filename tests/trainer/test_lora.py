@@ -69,6 +69,18 @@ def test_loss_falls_and_progress_lines(runs: list[tuple[Path, str]]) -> None:
     assert "sample with adapter:" in log and len(manifest["samples"]) == 1
 
 
+def test_the_final_adapter_is_written_before_the_final_eval_and_samples(runs: list[tuple[Path, str]]) -> None:
+    """A runtime limit passing while the trainer ran its samples found no final adapter: it is written (and
+    said, for the agent to upload) right after the last step, then again with the eval and samples."""
+    _, log = runs[0]
+    lines = log.splitlines()
+    final = next(i for i, line in enumerate(lines) if line.startswith("trainer: final adapter written (24 of 24"))
+    last_step = max(i for i, line in enumerate(lines) if line.startswith("progress="))
+    samples = next(i for i, line in enumerate(lines) if line.startswith("sample prompt:"))
+    after = next(i for i, line in enumerate(lines) if "eval_loss after training" in line)
+    assert last_step < final < min(samples, after), lines[last_step:]
+
+
 def test_manifest_counts_per_split_and_padding(runs: list[tuple[Path, str]], tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
