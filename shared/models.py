@@ -437,6 +437,9 @@ class RunRecord(Model):
     # The runtime limit passed after the trainer finished every planned step (while it ran its final eval and
     # samples): heartbeat-check sent the run to verify the final adapter the agent had uploaded, not to retaining.
     finished_at_limit: bool = False
+    # Recorded by the retain step when the machine is stopped: whether an adapter of the run (a checkpoint's or the
+    # final one) is in storage then. False: nothing to verify or resume from (a cancel before the first checkpoint).
+    adapter_saved: bool | None = None
     # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
     forecast: Forecast | None = None
     # The forecast against the trainer's own figures, once its final adapter is verified.
@@ -712,6 +715,9 @@ class RunView(Model):
     merged_sha256: str = ""
     merged_size: int = 0
     merged_note: str = ""
+    # A retained run: whether an adapter of it (a checkpoint's, or the final one) was in storage when its machine
+    # was stopped; false: nothing to verify or resume from. None: not retained, or not known.
+    adapter_saved: bool | None = None
 
 
 class ConnectionView(Model):

@@ -431,3 +431,54 @@ def test_a_finished_training_whose_final_adapter_is_not_in_storage_is_retained_s
     assert "before its planned steps" not in run["reason"], run["reason"]
     assert "the training finished all its planned steps, but its final adapter did not reach storage" \
         in run["reason"], run["reason"]
+
+
+# ---------------------------------------------------------------- cancel --keep before the first checkpoint
+
+
+def test_cancel_keep_gives_the_agent_time_to_checkpoint_before_the_machine_stops(h: Harness, cloud: Any) -> None:
+    """`cancel --keep` before the first checkpoint left nothing to resume from: the machine is stopped only after
+    the agent has heard `stop` (its trainer saves a checkpoint of the current step, which the agent uploads)."""
+    from shared.services.api.runs.actions import CANCEL_CHECKPOINT_S
+    from tensorant_cli.render import next_steps
+    from tests.test_checkpoint_recovery import checkpoint_zip
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.05)
+    t0 = h.clock()
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
+    # The retain step (which stops the machine) is sent delayed: the agent hears `stop` first.
+    assert [round(due - t0) for due in h._due.values()] == [CANCEL_CHECKPOINT_S]
+    assert h.get_run(run_id)["state"] == "retaining"
+    assert agent.heartbeat("training", 0.05)["stop"] is True
+    agent.upload(checkpoint_zip(step=3, steps=60))  # the checkpoint the trainer saved at the SIGTERM
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and run["adapter_saved"] is True
+    assert [m.state for m in cloud.machines.values()] == ["stopped"]
+    assert "asked to save a checkpoint" in run["reason"]
+    assert any("--resume" in line for line in next_steps(run))
+
+
+def test_a_retained_run_with_nothing_saved_offers_only_what_works(h: Harness, cloud: Any) -> None:
+    """Nothing reached storage (a trainer that cannot checkpoint): the next steps listed --verify-saved and
+    --resume, both of which then failed. They say there is nothing to recover and offer what works."""
+    from tensorant_cli.render import next_steps
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.05)
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and run["adapter_saved"] is False, run
+    steps = "\n".join(next_steps(run))
+    assert "nothing of this run's training was saved" in steps
+    assert "--verify-saved" not in steps and "--resume" not in steps and "--upload" not in steps
+    assert f"runs cancel {run_id} --discard" in steps and "--start-machine" in steps
+    for body in ({"mode": "verify_saved"}, {"mode": "resume"}):
+        status, refused, _ = h.call("POST", f"/api/runs/{run_id}/recover", json_body=body)
+        assert status == 409 and "nothing" in refused["detail"], refused
+    assert h.get_run(run_id)["state"] == "retained"

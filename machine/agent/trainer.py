@@ -221,7 +221,10 @@ class TrainerSupervisor(Reporter):
                     self.uploads.upload_checkpoint(output, what="final adapter (the trainer's final eval and "
                                                                 "samples follow)")
                 if self.stop.wait(0.05) or self.halted.is_set():
+                    # SIGTERM asks the trainer to save a checkpoint at its current step first (machine.trainer.lora):
+                    # a cancel that keeps the disk before the first periodic checkpoint still leaves one to resume.
                     self.stop_trainer(proc)
+                    reader.join(timeout=5)  # its last lines, the checkpoint it saved at the stop among them
                     if self.checkpoint_seen > self.checkpoint_uploaded:
                         self.export_checkpoint()  # the checkpoint it completed last is the one to keep
                     return

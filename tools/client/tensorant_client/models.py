@@ -375,6 +375,7 @@ class RunView(ApiModel):
     merged_sha256: str = Field(default="")
     merged_size: int = Field(default=0)
     merged_note: str = Field(default="")
+    adapter_saved: bool | None = Field(default=None)
 
 
 class S3StorageConfig(ApiModel):
