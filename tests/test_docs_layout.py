@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 # The folders whose every module the table must name (package markers aside).
-MAPPED = ["machine/agent", "machine/trainer", "tools/cli/tensorant_cli", "tools/devhost/tensorant_devhost",
+MAPPED = ["machine/agent", "machine/trainer", "tools/cli/tensorant_cli", "tools/client/tensorant_client",
+          "tools/devhost/tensorant_devhost",
           "adapter_format", *sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("shared/*/__init__.py"))]
 MARKERS = {"__init__.py", "__main__.py"}
 PATH_LIKE = re.compile(r"^[\w.<>{},*/-]+$")

@@ -3,6 +3,7 @@ said too little or the wrong thing."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -59,6 +60,37 @@ def test_ctrl_c_stops_a_running_runs_agent_and_says_resume(env: dict[str, str],
         run.say_what_is_kept()
         out = capsys.readouterr().out
         assert "--resume|--verify-saved|--upload FILE" in out and f"runs cancel {run_id} --discard" in out
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+
+
+def test_ctrl_c_on_another_port_prints_commands_that_carry_the_url(env: dict[str, str],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`make run PORT=7081`, Ctrl-C: the recovery and discard commands it printed answered `cannot reach
+    http://localhost:7071`. Each now carries TENSORANT_URL (and a token for another org)."""
+    from tensorant_devhost import run
+
+    machines = Path(env["TENSORANT_LOCAL_ROOT"]).resolve() / "machines"
+    run_id = "r-port" + secrets.token_hex(3)
+    marks = {"TENSORANT_MANAGED": "true", "TENSORANT_DEPLOYMENT_ID": env["TENSORANT_DEPLOYMENT_ID"],
+             "TENSORANT_ORG": "acme", "TENSORANT_RUN_ID": run_id, "TENSORANT_LOCAL_MACHINES": str(machines)}
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env={**os.environ, **marks}, start_new_session=True)
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while _state(agent.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run.say_what_is_kept(7081)
+        out = capsys.readouterr().out
+        commands = [line for line in out.splitlines() if f"runs recover {run_id}" in line
+                    or f"runs cancel {run_id}" in line]
+        assert len(commands) == 2, out
+        prefix = "TENSORANT_URL=http://localhost:7081 TENSORANT_TOKEN=$(tensorant dev-token --org acme) tensorant"
+        assert all(prefix in line for line in commands), commands
+        # On the default port and the dev org nothing is added.
+        assert run.cli_prefix("demo", 7071) == ""
     finally:
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
@@ -129,3 +161,39 @@ def test_readme_says_what_a_newcomer_needs() -> None:
     for shape in ('{"messages": ', '{"prompt": "...", "completion": "..."}', '{"text": "..."}'):
         assert shape in readme  # the dataset format, documented outside an error message
     assert "/api/console" in readme and "recover <RUN_ID> --resume" in readme
+
+
+def test_runs_delete_yes_discards_a_run_that_holds_a_machine(fake_api: FakeApi,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`runs delete --yes` was refused (no such flag) while `cancel --discard --yes` worked: for a run that is
+    not a draft, --yes now means the discard; without it the refusal names the exact commands."""
+    retained = _run("retained", RETAINED)
+    fake_api.on("GET", "/api/runs/r-1", retained, retained)
+    fake_api.on("POST", "/api/runs/r-1/cancel", {**retained, "state": "releasing"})
+    assert run_cli(fake_api, "runs", "delete", "r-1") == 1
+    err = capsys.readouterr().err
+    assert "tensorant runs cancel r-1 --discard --yes" in err and "nothing was deleted" in err, err
+    assert fake_api.sent("POST", "/api/runs/r-1/cancel") == [] and fake_api.sent("DELETE", "/api/runs/r-1") == []
+    assert run_cli(fake_api, "runs", "delete", "r-1", "--yes") == 0
+    assert [json.loads(r["body"]) for r in fake_api.sent("POST", "/api/runs/r-1/cancel")] == [{"discard": True}]
+    assert "machine and disk discarded" in capsys.readouterr().out
+    # A draft is deleted as before.
+    fake_api.on("GET", "/api/runs/r-2", {**retained, "id": "r-2", "state": "draft"})
+    fake_api.on("DELETE", "/api/runs/r-2", None, status=204)
+    assert run_cli(fake_api, "runs", "delete", "r-2", "--yes") == 0
+    assert len(fake_api.sent("DELETE", "/api/runs/r-2")) == 1
+
+
+def test_each_long_install_step_says_it_is_still_working() -> None:
+    """[1/4] and [4/4] printed nothing for minutes on a busy machine: each long step runs the Makefile's
+    TICK, which prints a line every TICK_S seconds until the step ends."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "Makefile").read_text()
+    tick = next(line for line in text.splitlines() if line.startswith("TICK :="))[len("TICK :="):]
+    for step in ("[1/4]", "[2/4]", "[4/4]"):
+        recipe = text[text.index(f'@echo "{step}'):].split("\n\n", 1)[0]
+        assert "$(TICK)" in recipe.split("\n", 1)[1], step
+    shell = tick.replace("$(TICK_S)", "0.2").replace("$$", "$")
+    out = subprocess.run(["bash", "-c", f"start=$SECONDS; {shell} sleep 0.7; echo done"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert out.count("still working:") >= 2 and out.rstrip().endswith("done"), out

@@ -175,11 +175,35 @@ def test_the_pace_warning_says_seconds_never_0_min() -> None:
     from shared.services.api.agent import pace_warning
 
     t = datetime(2026, 1, 1, tzinfo=UTC)
-    run = SimpleNamespace(state=RunState.training, state_changed_at=t - timedelta(seconds=6),
+    run = SimpleNamespace(state=RunState.training, state_changed_at=t - timedelta(seconds=8),
+                          pace_from=t - timedelta(seconds=6), pace_from_progress=0.0,
                           deadlines=SimpleNamespace(runtime_by=t + timedelta(seconds=20)))
     said = pace_warning(run, 0.1, t)  # type: ignore[arg-type]
     assert "0 min" not in said
-    assert "10% of the planned steps in 6 s" in said and "needs about 1 min" in said and "ends in 20 s" in said
+    assert "10% of the planned steps in 6 s" in said and "needs about 54 s more" in said and "ends in 20 s" in said
+
+
+def _warnings(h: Harness, run_id: str) -> list[str]:
+    return [line for line in h.ok("GET", f"/api/runs/{run_id}/logs")["lines"] if "warning" in str(line)]
+
+
+def test_the_pace_clock_starts_at_the_first_training_step(h: Harness, cloud: Any) -> None:
+    """The quickstart's pace warning said "12% of the planned steps in 8 min ... needs about 60 min" when
+    the 8 minutes were the one-time model conversion before the first step; the run succeeded."""
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=1800)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.0)
+    h.clock.advance(8 * 60)  # loading and converting the model: no step yet
+    agent.heartbeat("training", 0.01)  # the first step
+    h.clock.advance(60)
+    agent.heartbeat("training", 0.12)  # 11% in a minute: ~8 min more, well within the limit
+    assert _warnings(h, run_id) == []
+    # A pace that would not finish is still said, from the first step's clock.
+    h.clock.advance(10 * 60)
+    agent.heartbeat("training", 0.2)  # 19% in 11 min: ~47 min more, the limit ends in ~20 min
+    said = _warnings(h, run_id)
+    assert len(said) == 1 and "19% of the planned steps in 11 min" in str(said[0]), said
 
 
 # ---------------------------------------------------------------- retained runs
@@ -362,3 +386,99 @@ def test_watch_says_a_failures_reason_once_line_by_line(fake_api: Any, capsys: p
     assert run_cli(fake_api, "runs", "get", "r-1") == 0
     out = capsys.readouterr().out
     assert "\\x0a" not in out and out.count("trainer: lora kind=trial") == 1, out
+
+
+# ---------------------------------------------------------------- the runtime limit after the last step
+
+
+def _finished_at_the_limit(h: Harness, archive: bytes) -> dict[str, Any]:
+    """A run whose trainer did every planned step (progress 1.0) and runs its final eval and samples when the
+    runtime limit passes; `archive` is what the agent uploaded meanwhile."""
+    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=600)
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.5)
+    agent.heartbeat("training", 1.0, ["trainer: final adapter written (8 of 8 steps); the final eval and samples "
+                                      "follow"])
+    agent.upload(archive)
+    h.clock.advance(601)
+    h.tick("heartbeat_check")
+    reply = agent.heartbeat("training", 1.0)
+    assert reply["stop"] is True and reply["state"] == "verifying"  # the trainer's samples are cut
+    h.drain()
+    return h.get_run(run_id)
+
+
+def test_a_training_that_finished_its_steps_is_verified_at_the_limit_not_retained(h: Harness, cloud: Any) -> None:
+    """The runtime limit passed while the trainer generated its post-training samples: the run was retained
+    ("training stopped before its planned steps", false) although every step was done and its adapter written."""
+    from tests.harness import smoke_adapter_zip
+
+    run = _finished_at_the_limit(h, smoke_adapter_zip())
+    assert run["state"] == "succeeded", run["reason"]
+    assert run["adapter_kind"] == "final"
+    assert "runtime limit passed after the training finished all its planned steps" in run["reason"], run["reason"]
+    assert "samples were cut" in run["reason"] and "before its planned steps" not in run["reason"]
+
+
+def test_a_finished_training_whose_final_adapter_is_not_in_storage_is_retained_saying_so(
+        h: Harness, cloud: Any) -> None:
+    """Only a checkpoint reached storage: retained, and the reason does not say training stopped short."""
+    from tests.test_checkpoint_recovery import checkpoint_zip
+
+    run = _finished_at_the_limit(h, checkpoint_zip(step=50, steps=60))
+    assert run["state"] == "retained", run["reason"]
+    assert "before its planned steps" not in run["reason"], run["reason"]
+    assert "the training finished all its planned steps, but its final adapter did not reach storage" \
+        in run["reason"], run["reason"]
+
+
+# ---------------------------------------------------------------- cancel --keep before the first checkpoint
+
+
+def test_cancel_keep_gives_the_agent_time_to_checkpoint_before_the_machine_stops(h: Harness, cloud: Any) -> None:
+    """`cancel --keep` before the first checkpoint left nothing to resume from: the machine is stopped only after
+    the agent has heard `stop` (its trainer saves a checkpoint of the current step, which the agent uploads)."""
+    from shared.services.api.runs.actions import CANCEL_CHECKPOINT_S
+    from tensorant_cli.render import next_steps
+    from tests.test_checkpoint_recovery import checkpoint_zip
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    agent = h.agent(run_id)
+    agent.heartbeat("training", 0.05)
+    t0 = h.clock()
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
+    # The retain step (which stops the machine) is sent delayed: the agent hears `stop` first.
+    assert [round(due - t0) for due in h._due.values()] == [CANCEL_CHECKPOINT_S]
+    assert h.get_run(run_id)["state"] == "retaining"
+    assert agent.heartbeat("training", 0.05)["stop"] is True
+    agent.upload(checkpoint_zip(step=3, steps=60))  # the checkpoint the trainer saved at the SIGTERM
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and run["adapter_saved"] is True
+    assert [m.state for m in cloud.machines.values()] == ["stopped"]
+    assert "asked to save a checkpoint" in run["reason"]
+    assert any("--resume" in line for line in next_steps(run))
+
+
+def test_a_retained_run_with_nothing_saved_offers_only_what_works(h: Harness, cloud: Any) -> None:
+    """Nothing reached storage (a trainer that cannot checkpoint): the next steps listed --verify-saved and
+    --resume, both of which then failed. They say there is nothing to recover and offer what works."""
+    from tensorant_cli.render import next_steps
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.05)
+    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
+    h.drain()
+    run = h.get_run(run_id)
+    assert run["state"] == "retained" and run["adapter_saved"] is False, run
+    steps = "\n".join(next_steps(run))
+    assert "nothing of this run's training was saved" in steps
+    assert "--verify-saved" not in steps and "--resume" not in steps and "--upload" not in steps
+    assert f"runs cancel {run_id} --discard" in steps and "--start-machine" in steps
+    for body in ({"mode": "verify_saved"}, {"mode": "resume"}):
+        status, refused, _ = h.call("POST", f"/api/runs/{run_id}/recover", json_body=body)
+        assert status == 409 and "nothing" in refused["detail"], refused
+    assert h.get_run(run_id)["state"] == "retained"

@@ -154,13 +154,16 @@ def test_a_pace_that_cannot_finish_in_time_is_said_early_once(h: Harness, cloud:
     h.launch(run_id)
     agent = h.agent(run_id)
     agent.heartbeat("training", 0.0)
+    h.clock.advance(60)  # loading the model: not the pace
+    agent.heartbeat("training", 0.01)  # the first step: the pace's clock starts
     h.clock.advance(240)
-    agent.heartbeat("training", 0.1)  # 10 % in 4 min: 40 min in all, the limit is 20
+    agent.heartbeat("training", 0.11)  # 10 % in 4 min: about 36 min more, the limit ends in 15
     h.clock.advance(30)
     agent.heartbeat("training", 0.12)
     run = h.get_run(run_id)
     warnings = [e["message"] for e in run["events"] if e["kind"] == "warning"]
-    assert len(warnings) == 1 and "needs about 40 min" in warnings[0] and "--runtime-limit" in warnings[0], warnings
+    assert len(warnings) == 1 and "needs about 36 min more" in warnings[0] and "--runtime-limit" in warnings[0], \
+        warnings
     assert any("[tensorant] warning: at the trainer's pace" in line
                for line in h.ok("GET", f"/api/runs/{run_id}/logs")["lines"])
 

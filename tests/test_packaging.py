@@ -21,7 +21,7 @@ import pytest
 from shared.providers.lazy import LazyImport
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ("tensorant_cli", "tensorant_devhost", "croniter")
+TOOLS = ("tensorant_cli", "tensorant_client", "tensorant_devhost", "croniter")
 # The control plane's own heavy libraries, which the CLI must not declare either (besides every provider SDK).
 APP_HEAVY = {"numpy", "pydantic", "pydantic-core"}
 # The plain HTTP client: an adaptor of the providers that call HTTPS APIs themselves, and the CLI's one dependency.
@@ -220,6 +220,11 @@ def test_the_cli_declares_no_cloud_sdk_numpy_or_pydantic() -> None:
     assert all(_heavy(n) for n in ("boto3", "botocore", "azure-mgmt-compute", "azure-data-tables", "runpod", "numpy",
                                    "pydantic"))
     assert not _heavy(PLAIN_HTTP)
+    # Its HTTP code is tensorant_client's, which declares requests and pydantic (its typed models) and nothing
+    # heavier; the CLI never imports those models (test_the_cli_imports_with_the_standard_library_alone).
+    client = tomllib.loads((ROOT / "tools" / "client" / "pyproject.toml").read_text())["project"]
+    assert "tensorant-client" in names
+    assert sorted(_requirement_name(r) for r in client["dependencies"]) == ["pydantic", "requests"]
 
 
 def _norm(name: str) -> str:
@@ -285,8 +290,10 @@ def test_the_agent_runs_with_the_standard_library_and_its_own_files(bare_python:
 
 
 def test_the_cli_imports_with_the_standard_library_alone(bare_python: Path, tmp_path: Path) -> None:
+    # With tensorant_client, its HTTP code: the CLI loads that package's transport, never its models (pydantic).
     _copy_py(ROOT / "tools" / "cli" / "tensorant_cli", tmp_path / "tensorant_cli")
-    foreign, help_text = _probe(bare_python, tmp_path, "tensorant_cli", "tensorant_cli.main")
+    _copy_py(ROOT / "tools" / "client" / "tensorant_client", tmp_path / "tensorant_client")
+    foreign, help_text = _probe(bare_python, tmp_path, "tensorant_cli,tensorant_client", "tensorant_cli.main")
     assert foreign == []
     assert "usage: tensorant" in help_text
     # The one command that needs the control plane's code says so instead of a traceback.

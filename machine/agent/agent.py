@@ -88,6 +88,10 @@ class Agent(TrainerSupervisor):
                 self.log(f"resuming after a restart: the trainer finished earlier (phase {st.get('phase')}); "
                          "exporting its output")
             self.heartbeat("exporting", 1.0)
+            if self._interrupted():
+                # Stopped meanwhile (the runtime limit sent the run to verify the adapter already uploaded):
+                # uploading another now would replace the archive being verified.
+                return self._stopped()
             st.update(phase="exporting")
             sha256, size = self.uploads.export()
             merged = self.uploads.export_merged()

@@ -31,6 +31,9 @@ from machine.agent.uploads import Uploads
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (machine.trainer.lora)
 _CHECKPOINT = re.compile(r"checkpoint step=(\d+)(?:\s|$)")
+# The trainer wrote its final adapter and goes on with its final eval and samples (machine.trainer.lora's
+# FINAL_WRITTEN): uploaded at once, so a runtime limit passing during those finds the finished training's adapter.
+_FINAL = re.compile(r"trainer: final adapter written(?:\s|$)")
 TAIL_LINES = 20  # the trainer lines a failure report carries
 # `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
 _PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
@@ -124,6 +127,8 @@ class TrainerSupervisor(Reporter):
         self.uploads = Uploads(self.config, self.log, output=self.output, logs_path=self.logs_path)
         self.checkpoint_seen = 0  # the last `checkpoint step=<k>` the trainer printed
         self.checkpoint_uploaded = 0
+        self.final_seen = False  # the trainer printed that its final adapter is written (_FINAL)
+        self.final_uploaded = False
         self.trainer: subprocess.Popen[bytes] | None = None
         self.trainer_user: tuple[int, int] | None = None  # (uid, gid) when it runs as its own user
         self.last_line = ""
@@ -206,12 +211,20 @@ class TrainerSupervisor(Reporter):
         self.trainer = proc
         reader = threading.Thread(target=self._read_output, args=(proc.stdout,), daemon=True)
         reader.start()
+        self.final_seen = self.final_uploaded = False
         try:
             while proc.poll() is None:
                 if self.checkpoint_seen > self.checkpoint_uploaded:
                     self.export_checkpoint()
+                if self.final_seen and not self.final_uploaded:
+                    self.final_uploaded = True
+                    self.uploads.upload_checkpoint(output, what="final adapter (the trainer's final eval and "
+                                                                "samples follow)")
                 if self.stop.wait(0.05) or self.halted.is_set():
+                    # SIGTERM asks the trainer to save a checkpoint at its current step first (machine.trainer.lora):
+                    # a cancel that keeps the disk before the first periodic checkpoint still leaves one to resume.
                     self.stop_trainer(proc)
+                    reader.join(timeout=5)  # its last lines, the checkpoint it saved at the stop among them
                     if self.checkpoint_seen > self.checkpoint_uploaded:
                         self.export_checkpoint()  # the checkpoint it completed last is the one to keep
                     return
@@ -292,6 +305,8 @@ class TrainerSupervisor(Reporter):
             saved = _CHECKPOINT.match(line)
             if saved:
                 self.checkpoint_seen = max(self.checkpoint_seen, int(saved.group(1)))
+            if _FINAL.match(line):
+                self.final_seen = True
             self.last_line = line
             self.tail.append(redact_text(line))
             self._record(line)

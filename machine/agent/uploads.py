@@ -264,9 +264,10 @@ class Uploads:
         self.log(f"merged model uploaded ({size} bytes, sha256 {sha256})")
         return {"merged_sha256": sha256, "merged_size": size}
 
-    def upload_checkpoint(self, folder: Path) -> None:
-        """Upload a checkpoint folder's adapter as the run's adapter archive. Best effort: a
-        failure only means storage keeps an older checkpoint; training goes on."""
+    def upload_checkpoint(self, folder: Path, what: str = "") -> None:
+        """Upload a checkpoint folder's adapter (or, `what` saying so, the output folder's final adapter
+        before the trainer ends) as the run's adapter archive. Best effort: a failure only means storage
+        keeps an older checkpoint; training goes on."""
         archive = self.data_dir / CHECKPOINT_ARCHIVE
         try:
             # A checkpoint the trainer replaces while it is read fails here: the next one is uploaded.
@@ -281,7 +282,7 @@ class Uploads:
         except Exception as exc:
             self.log(f"could not upload the checkpoint's adapter: {describe_error(exc)}")
             return
-        self.log(f"checkpoint adapter uploaded ({folder.name}, {archive.stat().st_size} bytes)")
+        self.log(f"{what or 'checkpoint adapter'} uploaded ({folder.name}, {archive.stat().st_size} bytes)")
 
     def upload_logs(self) -> None:
         try:

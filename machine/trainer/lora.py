@@ -46,6 +46,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -73,6 +74,10 @@ from machine.trainer.templates import apply as apply_template
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 MANIFEST_NAME = "manifest.json"
+EXIT_STOPPED = 143  # stopped by SIGTERM during training (128 + 15, as a process killed by it reports)
+# Printed once the final adapter is in the output directory, before the final eval and samples (the agent
+# uploads it at this line: machine/agent/trainer.py matches it).
+FINAL_WRITTEN = "trainer: final adapter written"
 STATE_NAME = "trainer_state.pt"
 TRAINER = "lora"
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -504,12 +509,28 @@ def save_checkpoint(run: Run, step: int, p: Progress) -> None:
 
 def train_loop(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress) -> tuple[float, float] | int:
     """Steps first_step..total_steps; (wall seconds, this process's CPU seconds), or exit 1 when the
-    loss stops being finite."""
+    loss stops being finite, or EXIT_STOPPED after a SIGTERM."""
+    params = [q for q in run.model.parameters() if q.requires_grad]
+    run.model.train()
+    # SIGTERM (the agent stopping the trainer: a cancel that keeps the disk, a deadline, the machine stopping)
+    # ends the loop at the current step's end with a checkpoint of it, so a stop before the first periodic one
+    # still leaves something to resume from. Outside the loop SIGTERM ends the process as usual.
+    asked: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: asked.append(signum))
+    except ValueError:  # not the main thread (called in-process): no handler to install
+        return _steps(run, stream, p, params, asked)
+    try:
+        return _steps(run, stream, p, params, asked)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _steps(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress, params: list[Any],
+           asked: list[int]) -> tuple[float, float] | int:
     import torch
 
     s, model = run.job.s, run.model
-    params = [q for q in model.parameters() if q.requires_grad]
-    model.train()
     train_started = last_checkpoint = time.monotonic()
     train_cpu_started = time.process_time()
     for step in range(p.first_step, run.total_steps + 1):
@@ -549,10 +570,14 @@ def train_loop(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progr
         if evaluating and not evaluate_during(run, step, p):
             break  # early stopping: the adapter is written as after the last step
         due = step % s.checkpoint_every_steps == 0 or time.monotonic() - last_checkpoint >= s.checkpoint_every_s
-        if run.job.checkpoint_root is not None and step < run.total_steps and due:
+        if run.job.checkpoint_root is not None and step < run.total_steps and (due or asked):
             # The last step needs none: the final adapter is written right after it.
             save_checkpoint(run, step, p)
             last_checkpoint = time.monotonic()
+        if asked and step < run.total_steps:
+            log(f"trainer: stopped (SIGTERM) at step {step} of {run.total_steps}"
+                + ("; its checkpoint is saved" if run.job.checkpoint_root is not None else ""))
+            return EXIT_STOPPED
     return time.monotonic() - train_started, time.process_time() - train_cpu_started
 
 
@@ -787,6 +812,15 @@ def train(env: dict[str, str]) -> int:
         return timing
 
     eval_after = keep_best(run, progress)
+    # The final adapter first, before the final eval and the samples (minutes on a CPU): a run whose runtime limit
+    # passes during those still has its finished training's adapter, which the agent uploads at this line
+    # (machine/agent/trainer.py). Written again below with the eval and samples: the same weights, so the
+    # files stay consistent whichever of the two writes a reader sees.
+    job.output.mkdir(parents=True, exist_ok=True)
+    write_outputs(job.output, model, base_model, targets,
+                  build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
+                                 timing=timing, started=started, precision=precision, samples=[]))
+    log(f"{FINAL_WRITTEN} ({progress.steps_done} of {run.total_steps} steps); the final eval and samples follow")
     if eval_after is None:
         eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching)
     if eval_after is not None:

@@ -69,7 +69,8 @@ class LocalHost:
 
     def env(self) -> dict[str, str]:
         """The environment for a CLI subprocess (or a shell script) against this host."""
-        path = os.pathsep.join([str(ROOT), str(ROOT / "tools" / "cli"), str(ROOT / "tools" / "devhost")])
+        path = os.pathsep.join([str(ROOT), str(ROOT / "tools" / "cli"), str(ROOT / "tools" / "devhost"),
+                                str(ROOT / "tools" / "client")])
         return {**os.environ, "TENSORANT_URL": self.url, "TENSORANT_TOKEN": self.token, "PYTHONPATH": path}
 
 

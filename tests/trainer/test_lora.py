@@ -69,6 +69,18 @@ def test_loss_falls_and_progress_lines(runs: list[tuple[Path, str]]) -> None:
     assert "sample with adapter:" in log and len(manifest["samples"]) == 1
 
 
+def test_the_final_adapter_is_written_before_the_final_eval_and_samples(runs: list[tuple[Path, str]]) -> None:
+    """A runtime limit passing while the trainer ran its samples found no final adapter: it is written (and
+    said, for the agent to upload) right after the last step, then again with the eval and samples."""
+    _, log = runs[0]
+    lines = log.splitlines()
+    final = next(i for i, line in enumerate(lines) if line.startswith("trainer: final adapter written (24 of 24"))
+    last_step = max(i for i, line in enumerate(lines) if line.startswith("progress="))
+    samples = next(i for i, line in enumerate(lines) if line.startswith("sample prompt:"))
+    after = next(i for i, line in enumerate(lines) if "eval_loss after training" in line)
+    assert last_step < final < min(samples, after), lines[last_step:]
+
+
 def test_manifest_counts_per_split_and_padding(runs: list[tuple[Path, str]], tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -217,3 +229,33 @@ def test_resuming_from_the_last_checkpoint_ends_with_the_same_adapter(
     proc = start_trainer(env)
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "written for other settings" in log
+
+
+def test_sigterm_during_training_saves_a_checkpoint_of_that_step_and_exits_143(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """`cancel --keep` before the first checkpoint (every 50 steps or 600 s) left nothing to resume from: the
+    agent's SIGTERM now makes the trainer save one at the step it is on."""
+    import signal
+
+    need_torch()
+    dataset = write_jsonl(tmp_path / "data.jsonl", pirate_rows(30))
+    env = trainer_env(tiny_model, dataset, tmp_path / "out", {**SETTINGS, "checkpoint_every_steps": 50})
+    env.update(TENSORANT_CHECKPOINT_DIR=str(tmp_path / "checkpoint"), TENSORANT_TEST_STEP_SLEEP_S="0.3")
+    proc = start_trainer(env)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # the first step done: stop it as the agent does
+        lines.append(line)
+        if line.startswith("progress="):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    log = "".join(lines) + rest
+    assert proc.returncode == 143, log[-3000:]
+    saved = [line for line in log.splitlines() if line.startswith("checkpoint step=")]
+    assert len(saved) == 1, log[-3000:]
+    step = int(saved[0].split()[1].split("=")[1])
+    assert 1 <= step < 24 and f"stopped (SIGTERM) at step {step} of 24; its checkpoint is saved" in log
+    manifest = json.loads((Path(saved[0].split("dir=", 1)[1]) / "manifest.json").read_text())
+    assert manifest["checkpoint_step"] == step and manifest["steps"] == 24
+    assert not (tmp_path / "out" / "adapter_model.safetensors").exists()  # no final adapter: training stopped

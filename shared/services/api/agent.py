@@ -146,6 +146,10 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         decided["lines"] = keep
         if PHASE_ORDER.index(target) > PHASE_ORDER.index(r.state):
             r = walk(r, target)
+        if r.state == RunState.training and hb.progress > 0 and (
+                r.pace_from is None or r.pace_from < r.state_changed_at):
+            # The first step of this training period (a resume starts a new one): the pace is measured from here.
+            r = r.model_copy(update={"pace_from": t, "pace_from_progress": hb.progress})
         pace = "" if r.pace_warned else pace_warning(r, hb.progress, t)
         if pace:
             decided["pace"] = pace
@@ -200,30 +204,36 @@ _STAGE_HEADS = {
 }
 
 
-# The pace is judged once this much of the training is done: earlier, model loading (a GGUF conversion
-# takes minutes on a CPU) weighs too much in the elapsed time.
+# The pace is judged once this much of the training is done since its first step: a few steps' time is noise.
 PACE_MIN_PROGRESS = 0.1
 
 
 def pace_warning(run: RunRecord, progress: float, t: datetime) -> str:
     """What to say when, at the trainer's pace so far, the planned steps would end after the runtime
-    limit: the run would be retained at the limit with its output kept, instead of succeeding."""
+    limit: the run would be retained at the limit with its output kept, instead of succeeding. The pace is
+    counted from the first step (run.pace_from), never from the move to training: loading the model (a
+    GGUF conversion takes minutes on a CPU) happens once, before it, and is not what the remaining steps take."""
     limit_at = run.deadlines.runtime_by
-    if run.state != RunState.training or progress < PACE_MIN_PROGRESS or progress >= 1.0 or limit_at is None:
+    since = run.pace_from
+    if run.state != RunState.training or since is None or since < run.state_changed_at or progress >= 1.0 \
+            or limit_at is None:
         return ""
-    elapsed = (t - run.state_changed_at).total_seconds()
-    finish_at = t + timedelta(seconds=elapsed * (1 - progress) / progress)
-    if finish_at <= limit_at:
+    done = progress - run.pace_from_progress
+    elapsed = (t - since).total_seconds()
+    if done < PACE_MIN_PROGRESS or elapsed <= 0:
+        return ""
+    remaining = elapsed * (1 - progress) / done
+    if t + timedelta(seconds=remaining) <= limit_at:
         return ""
     from shared.runs.forecast import apart, minutes
 
     # Said in seconds under a minute ("in 0 min ... ends in 0 min" read as nothing), and to the second
     # when the need and what is left would read alike.
-    need, left = apart(elapsed / progress, max(1.0, (limit_at - t).total_seconds()))
-    return (f"at the trainer's pace so far ({progress:.0%} of the planned steps in {minutes(elapsed)}) the training "
-            f"needs about {need}, but the runtime limit ends in {left}: the run will then be retained "
-            "with its output kept, not succeed. Next time give it a longer limit (--runtime-limit) or fewer steps "
-            "(--set-training max_steps=N)")
+    need, left = apart(remaining, max(1.0, (limit_at - t).total_seconds()))
+    return (f"at the trainer's pace since its first step ({done:.0%} of the planned steps in {minutes(elapsed)}) "
+            f"the training needs about {need} more, but the runtime limit ends in {left}: the run will then be "
+            "retained with its output kept, not succeed. Next time give it a longer limit (--runtime-limit) or fewer "
+            "steps (--set-training max_steps=N)")
 
 
 def _failure_reason(body: AgentComplete) -> str:

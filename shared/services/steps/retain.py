@@ -67,7 +67,7 @@ def retain(msg: StepMessage) -> None:
         get_queues().send(Step.retain, msg, delay_s=out.retry_after_s)
         return
     move(run, RunState.retained, expect=Step.retain.serves, billing_note=out.billing_note,
-         release_if_nothing_saved=False)
+         release_if_nothing_saved=False, adapter_saved=_saved(run))
 
 
 def _saved(run: RunRecord) -> bool:

@@ -100,8 +100,15 @@ def verify_adapter(msg: StepMessage) -> None:
         # The agent uploads each checkpoint's adapter as it is made, so a run stopped before its final adapter
         # holds the last one: an incomplete training, not a completed adapter. It ends the run only when the
         # owner said so at the recovery (accept_checkpoint); otherwise the run stays retained.
-        refusal = (f"the archive is the checkpoint at step {step} of {planned} (training stopped before its planned "
-                   "steps), not a completed adapter; resume training from it (recover mode resume), or accept it as "
+        if run.finished_at_limit:
+            # The trainer had reported every planned step: saying training stopped before them would be false.
+            what_happened = (f"the archive is the checkpoint at step {step} of {planned}, not the final adapter: the "
+                             "training finished all its planned steps, but its final adapter did not reach storage "
+                             "before the machine was stopped")
+        else:
+            what_happened = (f"the archive is the checkpoint at step {step} of {planned} (training stopped before its "
+                             "planned steps), not a completed adapter")
+        refusal = (what_happened + "; resume training from it (recover mode resume), or accept it as "
                    "the run's adapter (recover again with accept_checkpoint: true)")
         if run.state == RunState.recovering:
             refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
@@ -114,6 +121,9 @@ def verify_adapter(msg: StepMessage) -> None:
         # A checkpoint here was accepted by the owner: the run's reason, view and events say which step it holds.
         what = f"adapter verified: the checkpoint at step {step} of {planned} (training stopped before the final " \
                "adapter), accepted as the run's adapter" if step is not None else "adapter verified"
+        if run.finished_at_limit and step is None:
+            what += ("; the runtime limit passed after the training finished all its planned steps: the final eval "
+                     "and the base-vs-adapter samples were cut")
         # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
         # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
         recorded: dict[str, object] = {} if run.adapter_sha256 else {

@@ -35,7 +35,7 @@ from datetime import datetime
 
 from shared import metrics
 from shared.clock import now
-from shared.lifecycle import ACTIVE, transition
+from shared.lifecycle import ACTIVE, transition, walk
 from shared.log import get_logger
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
@@ -168,7 +168,7 @@ def fleet_metrics(runs: list[RunRecord]) -> None:
 def check_all() -> dict[str, int]:
     t = now()
     counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0,
-              "retention_warned": 0, "discarded": 0}
+              "retention_warned": 0, "discarded": 0, "verified_at_limit": 0}
     idle_stop_s = get_settings().recovery_idle_stop_s
     limits: dict[str, OrgLimits] = {}  # read once per org in a tick, only for orgs with a retained run
     since = serving_since(t)
@@ -192,6 +192,8 @@ def check_all() -> dict[str, int]:
                 counts["idle_stops_sent"] += 1
         elif why and run.state == RunState.provisioning:
             counts["failed"] += _release_unstarted(run, why)
+        elif why and _trained_to_the_end(run, t):
+            counts["verified_at_limit"] += _verify_finished(run, why)
         elif why:
             counts["retained"] += _retain(run, why)
         elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
@@ -214,6 +216,36 @@ def _quiet_for(run: RunRecord, t: datetime) -> float:
     """How long the run has sat in its state with no sign of its step: no re-send, no launch claim."""
     marks = [m for m in (run.resent_at, run.launch_claimed_at) if m is not None]
     return (t - max([run.state_changed_at, *marks])).total_seconds()
+
+
+def _trained_to_the_end(run: RunRecord, t: datetime) -> bool:
+    """At the runtime limit, the trainer had done every planned step (it reports progress 1.0 at the last):
+    what runs then is its final eval and its samples, after it wrote the final adapter, which the agent uploads
+    at once (machine/agent/trainer.py). Not a run to retain as if its training had stopped short."""
+    limit = run.deadlines.runtime_by
+    return run.state == RunState.training and run.progress >= 1.0 and limit is not None and t > limit
+
+
+def _verify_finished(run: RunRecord, why: str) -> int:
+    """Verify the finished training's adapter in storage instead of retaining the run: the heartbeat reply then
+    says stop (the final eval and samples are cut), verified it succeeds; a checkpoint or nothing there retains
+    it as before (verify_adapter says which)."""
+    since = run.state_changed_at
+    reason = (why + " after the training finished all its planned steps, while the trainer ran its final eval and "
+              "samples: those are cut, and the final adapter it wrote is verified")
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.training or r.state_changed_at != since or r.progress < 1.0:
+            return None
+        moved = transition(walk(r, RunState.exporting), RunState.verifying, reason=reason)
+        return moved.model_copy(update={"finished_at_limit": True})
+
+    moved, wrote = move_stored(run.org, run.id, change)
+    if not wrote:
+        return 0
+    event(moved, "warning", reason)
+    get_queues().send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id))
+    return 1
 
 
 def _retain(run: RunRecord, why: str) -> int:

@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from tensorant_cli.client import ApiError, Client
+from tensorant_cli.client import Client, render_error
 from tensorant_cli.commands import (
     admin,
     base_models,
@@ -30,6 +30,7 @@ from tensorant_cli.commands import (
 )
 from tensorant_cli.commands.common import FORMATTER, UsageError
 from tensorant_cli.output import say
+from tensorant_client.errors import ApiError
 
 __all__ = ["build_parser", "main"]
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     except ApiError as exc:
         # Rendered line by line, in the CLI's words; a hint that names the run names this one.
-        print(exc.render(run_id=str(getattr(args, "id", None) or "<RUN_ID>")), file=sys.stderr)
+        print(render_error(exc, run_id=str(getattr(args, "id", None) or "<RUN_ID>")), file=sys.stderr)
         return 1
     except UsageError as exc:
         say(f"error: {exc}", file=sys.stderr)

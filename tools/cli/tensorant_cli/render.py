@@ -257,6 +257,16 @@ def next_steps(run: dict[str, Any]) -> list[str]:
     if run.get("state") != "retained":
         return []
     rid = str(run.get("id"))
+    if run.get("adapter_saved") is False:
+        # No checkpoint or adapter reached storage (stopped before its first checkpoint): --verify-saved and
+        # --resume would only fail, and there is no archive to --upload.
+        return [
+            "nothing of this run's training was saved (it stopped before its first checkpoint): there is nothing "
+            "to verify or resume from. What works (the disk bills until the run ends):",
+            f"  tensorant runs cancel {rid} --discard              release the machine and disk",
+            f"  tensorant runs recover {rid} --start-machine       start the machine to look at its disk (GPU "
+            "billing resumes)",
+        ]
     return [
         "what to do next (the machine is stopped and its disk kept: the disk bills until the run ends):",
         f"  tensorant runs recover {rid} --verify-saved        verify the adapter in storage (the final one, else "

@@ -175,7 +175,19 @@ def _rss_mb(pids: list[int]) -> int:
     return round(kb / 1024)
 
 
-def say_what_is_kept() -> None:
+DEFAULT_PORT = 7071  # the CLI's default URL is http://localhost:7071 (tensorant_cli.main)
+
+
+def cli_prefix(org: str, port: int) -> str:
+    """What a printed `tensorant ...` command needs before it to reach this host as that org: the URL on a
+    port other than the CLI's default (without it the command answered `cannot reach http://localhost:7071`),
+    a token for an org other than the dev token's."""
+    url = "" if port == DEFAULT_PORT else f"TENSORANT_URL=http://localhost:{port} "
+    token = "" if org == DEV_ORG else f"TENSORANT_TOKEN=$(tensorant dev-token --org {org}) "
+    return url + token
+
+
+def say_what_is_kept(port: int = DEFAULT_PORT) -> None:
     """At shutdown: the local agents that outlive this host, and why. A retained run's agent and
     trainer are stopped, not ended (a stopped machine whose disk is kept, for recovery) and hold
     their memory until the run is recovered or discarded. A running one is stopped the same way
@@ -208,24 +220,24 @@ def say_what_is_kept() -> None:
     print("Left behind by this stop (local agents outlive the host, as cloud machines outlive the "
           "control plane):", flush=True)
     for (run_id, org), pids in sorted(runs.items()):
+        cli = cli_prefix(org, port) + "tensorant"
         if run_id in paused:
             print(f"  run {run_id} (org {org}): was running; its agent and trainer are stopped now ({_rss_mb(pids)} "
                   "MB of memory), so it trains no further with nobody enforcing its runtime limit. The next "
-                  f"`make run` retains it; then `tensorant runs recover {run_id} --resume` trains on from its "
+                  f"`make run` retains it; then `{cli} runs recover {run_id} --resume` trains on from its "
                   "last checkpoint")
         elif stopped[(run_id, org)]:
             print(f"  run {run_id} (org {org}): retained, its agent and trainer stopped, {_rss_mb(pids)} MB of "
                   f"memory: kept so its output can be recovered "
-                  f"(`tensorant runs recover {run_id} --resume|--verify-saved|--upload FILE|--start-machine`)")
+                  f"(`{cli} runs recover {run_id} --resume|--verify-saved|--upload FILE|--start-machine`)")
         else:
             print(f"  run {run_id} (org {org}): its agent could not be stopped ({_rss_mb(pids)} MB of memory): "
-                  f"end it with `tensorant runs cancel {run_id} --discard --yes` after the next `make run`")
+                  f"end it with `{cli} runs cancel {run_id} --discard --yes` after the next `make run`")
     retained = sorted(key for key, all_stopped in stopped.items() if all_stopped)
     if retained:
         print("To discard a retained run's machine and disk (with any output on them):")
         for run_id, org in retained:
-            token = "" if org == DEV_ORG else f"TENSORANT_TOKEN=$(tensorant dev-token --org {org}) "
-            print(f"  {token}tensorant runs cancel {run_id} --discard --yes")
+            print(f"  {cli_prefix(org, port)}tensorant runs cancel {run_id} --discard --yes")
     sys.stdout.flush()
 
 
@@ -321,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if host is not None:
             host.stop()
             try:
-                say_what_is_kept()
+                say_what_is_kept(port)
             except Exception as exc:  # a report: it must not keep Azurite from being stopped below
                 print(f"(could not list the local agents this host leaves behind: {exc})", flush=True)
         if azurite is not None:

@@ -43,6 +43,10 @@ from shared.store import get_store
 
 # A cancel of a run in these states must say discard true or false: its machine may hold the
 # only copy of the adapter.
+# How long a training run cancelled with its disk kept runs on before its machine is stopped: a heartbeat of its
+# agent (every second on the local provider, 30 s on a cloud, whose machine stop reaches the agent as a SIGTERM
+# anyway) and its trainer's checkpoint of the current step.
+CANCEL_CHECKPOINT_S = 20
 MAY_HOLD_OUTPUT = frozenset({RunState.training, RunState.exporting, RunState.verifying, RunState.retaining,
                              RunState.retained, RunState.recovering})
 
@@ -140,20 +144,31 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
             return RunState.retaining, None
         raise Conflict(f"the run is {state.value}; cancel with discard: true to release its machine and disk")
 
+    was: list[RunState] = []
+
     def change(r: RunRecord) -> RunRecord | None:
         # Decided from the run as stored now: a step may have moved it since the user saw it
         # (queued -> provisioning), and the cancel must still apply to where it is.
         if r.state in TERMINAL or r.state == RunState.releasing:
             return None
+        was[:] = [r.state]
         target, outcome = plan(r.state)
-        return transition(r, target, reason=f"cancelled by {principal.sub}", outcome=outcome)
+        reason = f"cancelled by {principal.sub}"
+        if target == RunState.retaining and r.state == RunState.training:
+            reason += ("; the trainer is asked to save a checkpoint of its current step before the machine is "
+                       "stopped and its disk kept")
+        return transition(r, target, reason=reason, outcome=outcome)
 
     new, wrote = move_stored(principal.org, run_id, change)
     step = serving(new.state)
     if wrote and step is not None:
         # Sent after the write: a crash in between leaves retaining to heartbeat-check's
-        # re-send and releasing to the sweeper.
-        get_queues().send(step, StepMessage(org=new.org, run_id=new.id))
+        # re-send and releasing to the sweeper. A training run kept for recovery is stopped a little later:
+        # its agent hears `stop` in a heartbeat reply meanwhile and has its trainer save a checkpoint of the
+        # step it is on (a SIGTERM: machine/trainer/lora.py), uploaded at once, so a cancel before the first
+        # periodic checkpoint still leaves one to resume from.
+        delay = CANCEL_CHECKPOINT_S if new.state == RunState.retaining and was == [RunState.training] else 0
+        get_queues().send(step, StepMessage(org=new.org, run_id=new.id), delay_s=delay)
     return view(new)
 
 
@@ -182,6 +197,11 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     if run.state != RunState.retained:
         raise Conflict(f"only a retained run can be recovered; this one is {run.state.value}")
     mode = "upload" if upload is not None else (body.mode if body else "verify_saved")
+    if mode == "verify_saved" and _nothing_saved(run):
+        # Refused before anything moves: a recovery that can only fail would say so minutes later.
+        raise Conflict("there is nothing in storage to verify: no checkpoint or adapter of this run was saved (it "
+                       "stopped before its first checkpoint); recover with mode start_machine to look at its disk, "
+                       "or cancel with discard: true to release the machine and disk")
     if mode == "resume":
         return _resume(run)
     if mode == "start_machine":
@@ -231,6 +251,15 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     return view(new)
 
 
+def _nothing_saved(run: RunRecord) -> bool:
+    """Whether storage says no adapter of the run is there; a storage that does not answer is not a no (the
+    recovery's verification then says what it finds)."""
+    try:
+        return not checkpoint_saved(run)
+    except Exception:
+        return False
+
+
 def _resume(run: RunRecord) -> RunView:
     """Start the retained machine and move the run back to training (`recover --resume`). The agent, stopped
     while its trainer had a checkpoint, hears `resume: true` in a heartbeat reply and runs the trainer again
@@ -239,13 +268,14 @@ def _resume(run: RunRecord) -> RunView:
     The runtime limit and the heartbeat deadline count again from now: the old ones have passed, or the
     run would not be retained. A resume that fails later (the trainer cannot load the checkpoint, the agent
     never reports) retains the run again, disk kept: only a discard deletes."""
+    # Nothing saved first: the other refusal would send the owner to verify_saved, which then fails too.
+    if not checkpoint_saved(run):
+        raise Conflict("there is nothing to resume from: no checkpoint of this run was saved (its adapter is not in "
+                       "storage), so training would start over; cancel with discard, or launch a new run")
     if not resumes_training(run.provider):
         able = ", ".join(resumable_providers()) or "no provider"
         raise Conflict(f"resume is not available on {run.provider} (it is on {able}); recover with mode "
                        "verify_saved (the last checkpoint's adapter is in storage) instead")
-    if not checkpoint_saved(run):
-        raise Conflict("there is nothing to resume from: no checkpoint of this run was saved (its adapter is not in "
-                       "storage), so training would start over; cancel with discard, or launch a new run")
     store, started = get_store(), now()
 
     def starting(r: RunRecord) -> RunRecord | None:

@@ -150,6 +150,8 @@ def delete(principal: Principal, run_id: str) -> None:
                        "the record of what it trained and billed (nothing of it runs or bills now)")
     if run.state != RunState.draft:
         raise Conflict(f"only a draft can be deleted; this run is {run.state.value}: cancel it instead "
-                       f"(`tensorant runs cancel {run.id}`), and it stays as the record of what was billed")
+                       f"(`tensorant runs cancel {run.id} --discard --yes` deletes its machine and disk with any "
+                       f"output on them; `--keep` keeps the disk for recovery), and it stays as the record of what "
+                       "was billed")
     store.runs.delete(run.org, run.id, etag)  # ETag-guarded: a launch in between wins
     return None

@@ -94,6 +94,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         forecast_check=run.forecast_check, adapter_kind=run.adapter_kind, checkpoint_step=run.checkpoint_step,
         planned_steps=run.planned_steps, merged_sha256=run.merged_sha256, merged_size=run.merged_size,
         merged_note=run.merged_note,
+        adapter_saved=run.adapter_saved if run.state == RunState.retained else None,
     )
 
 

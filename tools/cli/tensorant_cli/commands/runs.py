@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tensorant_cli.client import ApiError, Client, _error
+from tensorant_cli.client import ApiError, Client
 from tensorant_cli.commands.common import UsageError, group, leaf, run_id_of
 from tensorant_cli.commands.watch import logs, watch
 from tensorant_cli.output import cell, emit, items, say, short, table
@@ -51,7 +51,10 @@ def add_parser(sub: Any) -> None:
     leaf(r, "get", "a run: state, time, cost, resources, loss sparkline, history", "tensorant runs get --last",
          run_id=True)
     leaf(r, "release", "retry a release the cloud has not confirmed", "tensorant runs release --last", run_id=True)
-    leaf(r, "delete", "delete a draft", "tensorant runs delete --last", run_id=True)
+    de = leaf(r, "delete", "delete a draft; with --yes a run that holds a machine is discarded as "
+              "`runs cancel --discard --yes` does", "tensorant runs delete --last", run_id=True)
+    de.add_argument("--yes", action="store_true",
+                    help="a run that is not a draft: delete its machine and disk, with any output on them")
     la = leaf(r, "launch", "show the estimate and launch (asks unless --yes)", "tensorant runs launch --last --yes",
               run_id=True)
     la.add_argument("--yes", action="store_true", help="launch without asking")
@@ -227,9 +230,7 @@ def cmd_runs(args: argparse.Namespace, client: Client) -> int:
         run = client.request("PATCH", f"/api/runs/{run_id_of(args, client)}", body=body)
         emit(args, run, lambda: _show_run(run))
     elif a == "delete":
-        run_id = run_id_of(args, client)
-        client.delete(f"/api/runs/{run_id}")
-        emit(args, {"id": run_id, "deleted": True}, f"deleted draft {run_id}")
+        return _delete(args, client)
     elif a == "launch":
         return _launch(args, client)
     elif a == "watch":
@@ -275,28 +276,15 @@ def training_from(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_runs_download(args: argparse.Namespace, client: Client) -> int:
     """Save the run's verified adapter (--merged: its merged model): streamed (local storage) or fetched from
     its short-lived URL, written to a temporary file and kept only when its sha256 is the verified one."""
-    import requests
-
     args.id = run_id_of(args, client)
     what = "merged" if args.merged else "adapter"
-    headers = {"Accept": "application/zip, application/json, application/problem+json"}
-    if client.token:
-        headers["Authorization"] = f"Bearer {client.token}"
-    try:
-        resp = requests.get(f"{client.url}/api/runs/{args.id}/adapter", headers=headers, timeout=client.timeout,
-                            params={"format": "merged"} if args.merged else None, stream=True)
-    except requests.ConnectionError:
-        raise ApiError(0, f"cannot reach {client.url}", "is the control plane running? (`make run`)") from None
-    if resp.status_code >= 400:
-        raise _error(resp)
+    resp = client.stream(f"/api/runs/{args.id}/adapter", params={"format": "merged"} if args.merged else None,
+                         accept="application/zip, application/json, application/problem+json")
     if resp.headers.get("Content-Type", "").startswith("application/zip"):
         body, expected = resp, resp.headers.get("X-Adapter-Sha256", "")
     else:
         link = resp.json()
-        body = requests.get(link["url"], timeout=max(client.timeout, 300), stream=True)  # presigned: no Authorization
-        if body.status_code >= 400:
-            raise ApiError(body.status_code, "the download link was refused",
-                           "it is short-lived: run `tensorant runs download` again")
+        body = client.fetch(link["url"], timeout=max(client.timeout, 300))  # presigned: no Authorization
         expected = str(link.get("sha256") or "")
     out = Path(args.output or f"{args.id}-{what}.zip")
     sha, size = _save_checked(body, out, expected, what)
@@ -355,6 +343,34 @@ def _cancel(args: argparse.Namespace, client: Client) -> int:
         body["discard"] = True
     run = client.post(f"/api/runs/{args.id}/cancel", body)
     say(status_line(run) if isinstance(run, dict) else run)
+    return 0
+
+
+def _delete(args: argparse.Namespace, client: Client) -> int:
+    """A draft is deleted. A run that holds a machine (queued to retained) cannot be deleted, only
+    discarded: with --yes that is what `runs delete` means, so it does what `runs cancel --discard --yes`
+    does (the run stays as the record of what was billed); without --yes the refusal names that command.
+    An ended run stays as a record: the API says so."""
+    run_id = args.id = run_id_of(args, client)
+    try:
+        current = client.get(f"/api/runs/{run_id}")
+    except ApiError:
+        current = None  # the delete itself says what is wrong
+    state = current.get("state") if isinstance(current, dict) else None
+    if state is not None and state != "draft" and state not in ENDED:
+        if not args.yes:
+            say(f"error: run {run_id} is {state}, not a draft: nothing was deleted. To delete its machine and disk "
+                f"(with any output on them) run `tensorant runs cancel {run_id} --discard --yes` (or `runs delete "
+                f"{run_id} --yes`); to keep the disk for recovery, `tensorant runs cancel {run_id} --keep`",
+                file=sys.stderr)
+            return 1
+        run = client.post(f"/api/runs/{run_id}/cancel", {"discard": True})
+        emit(args, run, lambda: say(f"run {run_id} was {state}, not a draft: cancelled with its machine and disk "
+                                    "discarded (it stays as the record of what was billed)\n"
+                                    + (status_line(run) if isinstance(run, dict) else str(run))))
+        return 0
+    client.delete(f"/api/runs/{run_id}")
+    emit(args, {"id": run_id, "deleted": True}, f"deleted draft {run_id}")
     return 0
 
 
