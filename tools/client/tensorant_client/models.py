@@ -214,6 +214,10 @@ class OrgLimits(ApiModel):
     max_runtime_limit_s: int = Field(default=86400, description="highest runtime_limit_s a run may have")
     runs_per_minute: int = Field(default=10, description="run creations (and, separately, launches) per minute")
     retention_limit_s: int = Field(default=1209600, description="how long a retained run keeps its stopped machine and disk (billed as disk) without a recovery: the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit the run is discarded (machine and disk released, the run failed). Counted from when the run was last retained")
+    monthly_budget_usd: float | None = Field(default=None, description="the organization's monthly budget in USD: a launch whose maximum cost would take committed spend (billed this month + the most the active runs can still cost) over it is refused")
+    project_budgets_usd: dict[str, float] | None = Field(default=None, description="monthly budgets in USD per project id, held like the organization's")
+    budget_thresholds_pct: list[int] | None = Field(default=None, description="billed spend, in % of a budget, that is announced (an audit line and a budget.threshold webhook)")
+    stop_at_budget: bool = Field(default=False, description="at 100 % of a budget, retain its active runs (machine stopped, disk kept, recoverable)")
 
 
 class OrgSecretSet(ApiModel):
@@ -433,6 +437,51 @@ class TrainingSettings(ApiModel):
     merged: bool = Field(default=False, description="also deliver the adapter merged into the base model's weights (GET /api/runs/{id}/adapter?format=merged), verified like the adapter; for base models of up to about 1.5B parameters (3 GiB of merged weights)")
 
 
+class WebhookCreate(ApiModel):
+    url: str = Field(description="https:// URL on a public address (private, loopback and link-local are refused)")
+    types: list[str] | None = Field(default=None, description="event types to send (default: all)")
+    enabled: bool = Field(default=True)
+    description: str = Field(default="")
+
+
+class WebhookPatch(ApiModel):
+    url: str | None = Field(default=None, description="https:// URL on a public address (private, loopback and link-local are refused)")
+    types: list[str] | None = Field(default=None)
+    enabled: bool | None = Field(default=None, description="true re-enables an endpoint disabled for failing")
+    description: str | None = Field(default=None)
+
+
+class WebhookSecret(ApiModel):
+    """The view with its signing secret: returned once, at creation and at rotation."""
+
+    id: str
+    url: str
+    types: list[str]
+    enabled: bool
+    description: str
+    created_at: datetime
+    rotated_at: datetime | None = Field(default=None)
+    previous_secret_valid_until: datetime | None = Field(default=None)
+    failing_since: datetime | None = Field(default=None)
+    last_success_at: datetime | None = Field(default=None)
+    notice: str = Field(default="")
+    secret: str
+
+
+class WebhookView(ApiModel):
+    id: str
+    url: str
+    types: list[str]
+    enabled: bool
+    description: str
+    created_at: datetime
+    rotated_at: datetime | None = Field(default=None)
+    previous_secret_valid_until: datetime | None = Field(default=None)
+    failing_since: datetime | None = Field(default=None)
+    last_success_at: datetime | None = Field(default=None)
+    notice: str = Field(default="")
+
+
 MODELS: dict[str, type[ApiModel]] = {
     "AgentComplete": AgentComplete,
     "AwsConfig": AwsConfig,
@@ -472,6 +521,10 @@ MODELS: dict[str, type[ApiModel]] = {
     "S3StorageConfig": S3StorageConfig,
     "SweepRequest": SweepRequest,
     "TrainingSettings": TrainingSettings,
+    "WebhookCreate": WebhookCreate,
+    "WebhookPatch": WebhookPatch,
+    "WebhookSecret": WebhookSecret,
+    "WebhookView": WebhookView,
 }
 ENUMS: dict[str, tuple[str, ...]] = {
     "CheckStatus": ('ok', 'warn', 'fail'),

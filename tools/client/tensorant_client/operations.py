@@ -36,10 +36,12 @@ OPERATIONS: dict[str, Operation] = {
     "console_file": Operation("GET", "/api/console/{name}", ('name',), (), None, None, None),
     "create_project": Operation("POST", "/api/projects", (), (), "json", "ProjectRecord", None),
     "create_run": Operation("POST", "/api/runs", (), (), "json", "RunView", None),
+    "create_webhook": Operation("POST", "/api/org/webhooks", (), (), "json", "WebhookSecret", None),
     "dataset_upload_url": Operation("POST", "/api/projects/{id}/datasets/upload-url", ('id',), (), None, None, None),
     "delete_compute": Operation("DELETE", "/api/connections/compute/{provider}", ('provider',), (), None, None, None),
     "delete_hf_token": Operation("DELETE", "/api/org/secrets/huggingface-token", (), (), None, None, None),
     "delete_run": Operation("DELETE", "/api/runs/{id}", ('id',), (), None, None, None),
+    "delete_webhook": Operation("DELETE", "/api/org/webhooks/{id}", ('id',), (), None, None, None),
     "discard": Operation("DELETE", "/api/platform/queues/{queue}/poison/{message_id}", ('queue', 'message_id'), (), None, None, None),
     "docs": Operation("GET", "/api/docs", (), (), None, None, None),
     "docs_asset": Operation("GET", "/api/docs/assets/{name}", ('name',), (), None, None, None),
@@ -48,6 +50,7 @@ OPERATIONS: dict[str, Operation] = {
     "get_run": Operation("GET", "/api/runs/{id}", ('id',), (), None, "RunView", None),
     "get_storage": Operation("GET", "/api/connections/storage", (), (), None, "ConnectionView", None),
     "get_usage": Operation("GET", "/api/usage", (), ('since',), None, None, None),
+    "get_webhook": Operation("GET", "/api/org/webhooks/{id}", ('id',), (), None, "WebhookView", None),
     "gpus": Operation("GET", "/api/catalog/gpus", (), ('provider', 'base_model'), None, None, None),
     "heartbeat": Operation("POST", "/api/agent/runs/{id}/heartbeat", ('id',), (), "json", "HeartbeatReply", None),
     "launch_run": Operation("POST", "/api/runs/{id}/launch", ('id',), (), "json", "RunView", None),
@@ -57,8 +60,10 @@ OPERATIONS: dict[str, Operation] = {
     "list_org_secrets": Operation("GET", "/api/org/secrets", (), (), None, "OrgSecretsView", None),
     "list_projects": Operation("GET", "/api/projects", (), ('limit', 'cursor'), None, None, "ProjectRecord"),
     "list_runs": Operation("GET", "/api/runs", (), ('limit', 'cursor', 'state', 'project'), None, None, "RunView"),
+    "list_webhooks": Operation("GET", "/api/org/webhooks", (), (), None, None, None),
     "openapi": Operation("GET", "/api/openapi.json", (), (), None, None, None),
     "patch_run": Operation("PATCH", "/api/runs/{id}", ('id',), (), "json", "RunView", None),
+    "patch_webhook": Operation("PATCH", "/api/org/webhooks/{id}", ('id',), (), "json", "WebhookView", None),
     "poison": Operation("GET", "/api/platform/queues/{queue}/poison", ('queue',), (), None, None, None),
     "put_hf_token": Operation("PUT", "/api/org/secrets/huggingface-token", (), (), "json", "OrgSecretsView", None),
     "put_limits": Operation("PUT", "/api/org/limits", (), (), "json", "OrgLimits", None),
@@ -67,6 +72,7 @@ OPERATIONS: dict[str, Operation] = {
     "release_run": Operation("POST", "/api/runs/{id}/release", ('id',), (), None, "RunView", None),
     "replay": Operation("POST", "/api/platform/queues/{queue}/poison/replay", ('queue',), (), "json", None, None),
     "restart": Operation("POST", "/api/agent/runs/{id}/restart", ('id',), (), None, "RestartGrant", None),
+    "rotate_webhook": Operation("POST", "/api/org/webhooks/{id}/rotate", ('id',), (), None, "WebhookSecret", None),
     "run_adapter": Operation("GET", "/api/runs/{id}/adapter", ('id',), ('format',), None, None, None),
     "run_logs": Operation("GET", "/api/runs/{id}/logs", ('id',), ('after', 'limit'), None, None, None),
     "run_metrics": Operation("GET", "/api/runs/{id}/metrics", ('id',), (), None, None, None),
@@ -76,7 +82,9 @@ OPERATIONS: dict[str, Operation] = {
     "stop_run": Operation("POST", "/api/runs/{id}/stop", ('id',), (), None, "RunView", None),
     "sweep": Operation("POST", "/api/platform/sweep", (), (), "json", None, None),
     "sweep_report": Operation("GET", "/api/platform/sweeps/{sweep_id}", ('sweep_id',), (), None, None, None),
+    "test_webhook": Operation("POST", "/api/org/webhooks/{id}/test", ('id',), (), None, None, None),
     "upload_dataset": Operation("POST", "/api/projects/{id}/datasets", ('id',), (), "application/x-ndjson", "DatasetVersionRecord", None),
+    "webhook_deliveries": Operation("GET", "/api/org/webhooks/{id}/deliveries", ('id',), (), None, None, None),
 }
 
 
@@ -130,6 +138,10 @@ class Api:
         """Save a run draft with its price estimate (nothing is rented) (POST /api/runs)."""
         return self._call("create_run", {}, None, body, None)
 
+    def create_webhook(self, body: models.WebhookCreate | dict[str, Any]) -> models.WebhookSecret:
+        """Register a webhook endpoint (owners; at most 10); its signing secret is returned once (POST /api/org/webhooks)."""
+        return self._call("create_webhook", {}, None, body, None)
+
     def dataset_upload_url(self, id: str) -> Any:
         """A presigned PUT URL for a dataset too large for the API (S3 / RunPod volume storage) (POST /api/projects/{id}/datasets/upload-url)."""
         return self._call("dataset_upload_url", {"id": id}, None, None, None)
@@ -145,6 +157,10 @@ class Api:
     def delete_run(self, id: str) -> None:
         """Delete a draft (drafts only; ended runs stay as a record) (DELETE /api/runs/{id})."""
         return self._call("delete_run", {"id": id}, None, None, None)
+
+    def delete_webhook(self, id: str) -> None:
+        """Delete a webhook endpoint (owners) (DELETE /api/org/webhooks/{id})."""
+        return self._call("delete_webhook", {"id": id}, None, None, None)
 
     def discard(self, queue: str, message_id: str) -> Any:
         """Discard one poison message (audited) (DELETE /api/platform/queues/{queue}/poison/{message_id})."""
@@ -177,6 +193,10 @@ class Api:
     def get_usage(self, *, since: str | None = None) -> Any:
         """The organization's usage since a date (?since=2026-01-01): runs, GPU hours, cost per provider (GET /api/usage)."""
         return self._call("get_usage", {}, {"since": since}, None, None)
+
+    def get_webhook(self, id: str) -> models.WebhookView:
+        """One webhook endpoint (GET /api/org/webhooks/{id})."""
+        return self._call("get_webhook", {"id": id}, None, None, None)
 
     def gpus(self, *, provider: Literal["aws", "azure", "local", "runpod"] | None = None, base_model: str | None = None) -> Any:
         """GPU offers with compute, disk and total price per hour; with base_model, whether each fits (GET /api/catalog/gpus)."""
@@ -226,6 +246,10 @@ class Api:
         """Every item of list_runs, page after page (following its `next` cursor)."""
         return self._pages("list_runs", {}, {"limit": limit, "state": state, "project": project})
 
+    def list_webhooks(self) -> Any:
+        """The organization's webhook endpoints (secrets are never returned) (GET /api/org/webhooks)."""
+        return self._call("list_webhooks", {}, None, None, None)
+
     def openapi(self) -> Any:
         """This API's OpenAPI document (GET /api/openapi.json)."""
         return self._call("openapi", {}, None, None, None)
@@ -233,6 +257,10 @@ class Api:
     def patch_run(self, id: str, body: models.RunPatch | dict[str, Any]) -> models.RunView:
         """Edit a draft (any field of a create; drafts only) (PATCH /api/runs/{id})."""
         return self._call("patch_run", {"id": id}, None, body, None)
+
+    def patch_webhook(self, id: str, body: models.WebhookPatch | dict[str, Any]) -> models.WebhookView:
+        """Change a webhook endpoint (owners): url, types, enabled, description (PATCH /api/org/webhooks/{id})."""
+        return self._call("patch_webhook", {"id": id}, None, body, None)
 
     def poison(self, queue: str) -> Any:
         """Poison messages with their run and last error (admins) (GET /api/platform/queues/{queue}/poison)."""
@@ -265,6 +293,10 @@ class Api:
     def restart(self, id: str) -> models.RestartGrant:
         """The agent of a retained machine started again (recover start_machine or resume) exchanges its token, which may have expired while the machine was stopped, for a fresh one and fresh storage access: accepted once per start, for a token issued before it; a second is refused and recorded (POST /api/agent/runs/{id}/restart)."""
         return self._call("restart", {"id": id}, None, None, None)
+
+    def rotate_webhook(self, id: str) -> models.WebhookSecret:
+        """Rotate the signing secret (owners); the new one is returned once, the old one signs 24 h more (POST /api/org/webhooks/{id}/rotate)."""
+        return self._call("rotate_webhook", {"id": id}, None, None, None)
 
     def run_adapter(self, id: str, *, format: Literal["adapter", "merged"] | None = None) -> Any:
         """The verified adapter of a succeeded run: application/zip (local storage, header X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before. ?format=merged: the adapter merged into the base model (training.merged), 404 when the run has none (GET /api/runs/{id}/adapter)."""
@@ -302,6 +334,14 @@ class Api:
         """An admin sweep's progress (accounts done of all) and its findings so far (GET /api/platform/sweeps/{sweep_id})."""
         return self._call("sweep_report", {"sweep_id": sweep_id}, None, None, None)
 
+    def test_webhook(self, id: str) -> Any:
+        """Send a webhook.test event to the endpoint (owners) (POST /api/org/webhooks/{id}/test)."""
+        return self._call("test_webhook", {"id": id}, None, None, None)
+
     def upload_dataset(self, id: str, data: bytes) -> models.DatasetVersionRecord:
         """Upload a JSONL dataset version (each line validated) (POST /api/projects/{id}/datasets)."""
         return self._call("upload_dataset", {"id": id}, None, None, data)
+
+    def webhook_deliveries(self, id: str) -> Any:
+        """The endpoint's last 100 delivery attempts (event id, type, status or error, duration) (GET /api/org/webhooks/{id}/deliveries)."""
+        return self._call("webhook_deliveries", {"id": id}, None, None, None)
