@@ -140,6 +140,24 @@ def test_test_models_only_on_local_unless_the_test_setting_allows_them(
     assert status == 200, body
 
 
+def test_test_models_are_not_offered_unless_the_operator_allows_them(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base-model list (the API's, so the CLI's and the console's) and the lists in errors name the
+    test models only under TENSORANT_ALLOW_TEST_MODELS."""
+    from shared.settings import reset_settings
+
+    listed = [m["id"] for m in h.ok("GET", "/api/base-models", token="member")["items"]]
+    assert "tensorant/smoke-tiny" in listed  # the conftest's test setting is on
+    monkeypatch.setenv("TENSORANT_ALLOW_TEST_MODELS", "0")
+    reset_settings()
+    listed = [m["id"] for m in h.ok("GET", "/api/base-models", token="member")["items"]]
+    assert listed and not [m for m in listed if m.startswith("tensorant/")]
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in listed
+    status, body = draft(h, base_model="no/such-model")
+    assert status == 422 and "HuggingFaceTB/SmolLM2-135M-Instruct" in body["detail"]
+    assert "tensorant/" not in body["detail"]
+
+
 def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
         h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)

@@ -14,7 +14,12 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, NotFound, ProviderError, invalid
 from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus, ConnectionView, Role
-from shared.org_storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
+from shared.org_storage.registry import (
+    make_storage,
+    parse_storage_config,
+    refuse_unavailable_storage,
+    storage_config_models,
+)
 from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs.org_backends import STORAGE_SLOT, compute_connection_slot, compute_for, unsealed_config
@@ -31,15 +36,24 @@ def view(rec: ConnectionRecord) -> ConnectionView:
                           checks=rec.checks, warnings=rec.warnings, saved_at=rec.saved_at, checked_at=rec.checked_at)
 
 
+# The wire form of a secret left unchanged: omitted, or sent back as the API shows it ({"set": true}).
+KEEP_SECRET = {"set": True}
+
+
 def _keep_existing_secrets(body: dict[str, Any], model: type[BaseModel], existing: BaseModel | None) -> dict[str, Any]:
-    """Secrets are write-only: a save that omits one keeps the stored value."""
-    if existing is None or type(existing) is not model:
-        return body
+    """Secrets are write-only: a save that omits one, or sends back the shown {"set": true}, keeps the
+    stored value (a form re-saved unchanged must not need the secret typed again)."""
     merged = dict(body)
+    same = existing is not None and type(existing) is model
     for name in model.model_fields:
-        value = getattr(existing, name)
-        if isinstance(value, SecretStr) and name not in merged:
+        if name in merged and merged[name] != KEEP_SECRET:
+            continue
+        value = getattr(existing, name) if same else None
+        if isinstance(value, SecretStr) and value.get_secret_value():
             merged[name] = value.get_secret_value()
+        elif name in merged:
+            raise InvalidInput.field(name, "no saved secret to keep (nothing saved yet, or the connection's kind "
+                                           "changed): enter the value")
     return merged
 
 
@@ -90,9 +104,10 @@ def save_storage(principal: Principal, body: Any) -> ConnectionView:
     refuse_unavailable_storage(str(body["kind"]), get_settings())  # local storage (this host's disk) is dev-only
     got = get_store().connections.get(principal.org, STORAGE_SLOT)
     existing = unsealed_config(got[0]) if got else None
+    models = {str(m.model_fields["kind"].default): m for m in storage_config_models(get_settings())}
     try:
-        config = parse_storage_config(body)
-        config = parse_storage_config(_keep_existing_secrets(body, type(config), existing))
+        model = models.get(str(body["kind"]))
+        config = parse_storage_config(_keep_existing_secrets(body, model, existing) if model else body)
     except ValidationError as exc:
         raise invalid(exc) from exc
     location = make_storage(config, get_settings(), principal.org).location()
