@@ -706,6 +706,21 @@ class RunView(Model):
     merged_note: str = ""
 
 
+class RunEstimate(Model):
+    """What a run request would be as a draft, without saving it (POST /api/runs/forecast): the same
+    checks and resolution as a create, so a form can show the price and forecast as it changes."""
+
+    offer: GpuOffer
+    price_limit_per_hour: float
+    runtime_limit_s: int = Field(description="the runtime limit the draft would get (the user's, else the default "
+                                             "or the forecast's)")
+    max_cost: float = Field(description="the offer's price per hour over the runtime limit: the most the run "
+                                        "can cost in GPU time")
+    forecast: Forecast
+    limit_note: str = Field(default="", description="why the runtime limit is not the default, when it is not")
+    warnings: list[str] = Field(default_factory=list, description="what the draft's limits will refuse or not cover")
+
+
 class ConnectionView(Model):
     slot: str
     provider: str

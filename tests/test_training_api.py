@@ -257,3 +257,22 @@ def test_an_hf_token_must_look_like_one(h: Harness, token: str) -> None:
     # A common string saved as a "token" would be masked in every log line and error text from then on.
     status, body, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": token})
     assert status == 422 and body["errors"][0]["field"] == "token", body
+
+
+def test_a_forecast_without_saving_matches_the_create(h: Harness) -> None:
+    """POST /api/runs/forecast: the create's checks and forecast, nothing saved, the rate limit untouched."""
+    pid, dsid = h.project_and_dataset(rows=100)
+    body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
+            "base_model": "tensorant/tiny-llama", "price_limit_per_hour": 10.0, "kind": "full"}
+    for _ in range(12):  # more than the default runs_per_minute: a form asks at every change
+        got = h.ok("POST", "/api/runs/forecast", token="member", json_body=body)
+    assert h.ok("GET", "/api/runs", token="member")["items"] == []
+    run = h.ok("POST", "/api/runs", token="member", json_body=body)
+    assert got["forecast"] == run["forecast"] and got["runtime_limit_s"] == run["runtime_limit_s"]
+    assert got["offer"]["offer_id"] == "mem-a10" and got["warnings"] == run["warnings"]
+    assert got["max_cost"] == pytest.approx(run["offer"]["total_per_hour"] * run["runtime_limit_s"] / 3600, abs=1e-3)
+    # A price limit under the offer's price: the same warning the draft would carry.
+    low = h.ok("POST", "/api/runs/forecast", token="member", json_body={**body, "price_limit_per_hour": 0.01})
+    assert any("above the price limit" in w for w in low["warnings"])
+    status, bad, _ = h.call("POST", "/api/runs/forecast", token="member", json_body={**body, "offer_id": "nope"})
+    assert status in (404, 422) and "offer" in json.dumps(bad)
