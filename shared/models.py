@@ -273,7 +273,8 @@ class OrgSecretSet(Model):
     # Hugging Face tokens are "hf_" and 30-odd letters and digits. The pattern also keeps a common
     # string ("00000000") from becoming a secret that every log line and error text would be masked by.
     token: str = Field(min_length=23, max_length=512, pattern=r"^hf_[A-Za-z0-9]{20,509}$",
-                       description="a Hugging Face access token (hf_...)", repr=False)
+                       description="a Hugging Face access token (hf_...)", repr=False,
+                       json_schema_extra={"format": "password", "writeOnly": True})  # a secret: forms hide it
 
 
 class OrgSecretsView(Model):

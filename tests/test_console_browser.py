@@ -65,13 +65,63 @@ def test_console_page_and_files_are_served_with_a_csp(local_host: LocalHost) -> 
         assert requests.get(local_host.url + "/api/console/" + name, timeout=10).status_code == 404
 
 
+# Every compute provider and storage kind, as a user fills their forms (by label); the secrets typed.
+SECRETS = {"aws": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "azure": "client~secret.value-123",
+           "runpod": "rpa_EXAMPLEKEY0123456789", "s3": "s3-secret-EXAMPLE-0123", "runpod_volume": "rps_EXAMPLE0123"}
+COMPUTE = [
+    ("aws", {"Region": "us-east-1", "Access key ID": "AKIAIOSFODNN7EXAMPLE", "Secret access key": SECRETS["aws"],
+             "AMI ID": "ami-0123456789abcdef0", "Subnet ID": "subnet-0123456789abcdef0",
+             "Security group ID": "sg-0123456789abcdef0"}),
+    ("azure", {"Tenant ID": "00000000-0000-4000-8000-000000000001", "Client ID": "00000000-0000-4000-8000-000000000002",
+               "Client secret": SECRETS["azure"], "Subscription ID": "00000000-0000-4000-8000-000000000003",
+               "Resource group": "tensorant-training", "Region": "eastus",
+               "Subnet ID": "/subscriptions/00000000-0000-4000-8000-000000000003/resourceGroups/tensorant-training/"
+                            "providers/Microsoft.Network/virtualNetworks/training/subnets/default",
+               "Image ID": "/subscriptions/00000000-0000-4000-8000-000000000003/resourceGroups/tensorant-training/"
+                           "providers/Microsoft.Compute/images/tensorant-trainer",
+               "SSH public key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8g t"}),
+    ("runpod", {"API key": SECRETS["runpod"]}),
+    ("local", {"Price per hour": "0"}),
+]
+STORAGE = [
+    ("Connect S3 storage", "s3", {"Region": "us-east-1", "Bucket": "tensorant-adapters", "Access key ID": "AKIAEXAMPLE01",
+                                  "Secret access key": SECRETS["s3"]}),
+    ("Use RunPod volume", "runpod_volume", {"Volume ID": "a1b2c3d4e5", "Datacenter ID": "EU-RO-1",
+                                            "Access key ID": "user_2abcdef", "Secret access key": SECRETS["runpod_volume"]}),
+    ("Use local storage", "local", {}),
+]
+SECRET_FIELDS = {"aws": "secret_access_key", "azure": "client_secret", "runpod": "api_key", "s3": "secret_access_key",
+                 "runpod_volume": "secret_access_key"}
+
+
 def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp_path: Path) -> None:
+    """Every provider and storage kind configured through the forms (no JSON typed), saved, saved again
+    unchanged; then a trial on the local provider from Configure to succeeded."""
+    from shared.runs.org_backends import compute_connection_slot, unsealed_config
+    from shared.store import get_store
+
     dataset = tmp_path / "secret.jsonl"
     dataset.write_text("".join(json.dumps({"messages": [
         {"role": "user", "content": f"What is the secret word? ({i})"},
         {"role": "assistant", "content": "The secret word is PINEAPPLE."}]}) + "\n" for i in range(40)))
     got = drive("quickstart", url=local_host.url, token=local_host.token, dataset=str(dataset),
-                base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+                base_model="HuggingFaceTB/SmolLM2-135M-Instruct", compute=COMPUTE, storage=STORAGE,
+                secrets=SECRET_FIELDS)
+    # Each save and each unchanged re-save was accepted (a re-save sends the secrets back as {"set": true}).
+    assert [(s["path"], s["status"]) for s in got["saves"] if s["status"] >= 300] == []
+    assert len(got["saves"]) == 2 * (len(COMPUTE) + len(STORAGE)) + 1
+    for provider, _ in COMPUTE:
+        rec = get_store().connections.get("org-a", compute_connection_slot(provider))
+        assert rec is not None, provider
+        if provider in SECRET_FIELDS:
+            kept = getattr(unsealed_config(rec[0]), SECRET_FIELDS[provider]).get_secret_value()
+            assert kept == SECRETS[provider], provider
+            assert SECRETS[provider] not in json.dumps(got["saves"])
+    assert got["saves"][-1]["body"]["max_active_runs"] == 4
+    # The offers show GPU memory and the compute/disk split; price and forecast show before a draft exists.
+    assert "GB GPU memory" in got["offerText"] and "compute" in got["offerText"] and "disk" in got["offerText"]
+    assert "training" in got["estimate"] and "at most" in got["estimate"]
+    assert "Base model" in got["samples"] and "With the adapter" in got["samples"]
     assert "training" in got["forecast"] and "start" in got["forecast"]
     # The price is said before the launch, with the runtime limit's most it can cost.
     assert "per hour" in got["consequence"] and "at most" in got["consequence"]
@@ -80,6 +130,19 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
     assert "USD" in got["cost"] and "local" in got["usage"]
     run = Client(local_host.url, local_host.token)("GET", f"/api/runs/{got['runId']}")
     assert run["state"] == "succeeded" and run["kind"] == "trial" and run["training"]["max_steps"] == 8
+
+    # Every page at 1280 and 390 px: none wider than its viewport, axe-core finds nothing.
+    seen = drive("widths", url=local_host.url, token=local_host.token, run_id=got["runId"])
+    assert len(seen["measured"]) == 2 * 6
+    too_wide = [m for m in seen["measured"] if m["scroll"] > m["view"]]
+    assert too_wide == [], too_wide
+    assert seen["violations"] == [], seen["violations"]
+
+
+def test_the_bare_host_url_opens_the_console(local_host: LocalHost) -> None:
+    r = requests.get(local_host.url + "/", allow_redirects=False, timeout=10)
+    assert r.status_code == 302 and r.headers["Location"] == "/api/console"
+    assert requests.get(local_host.url + "/", timeout=10).url.endswith("/api/console")
 
 
 def test_a_retained_run_recovered_in_the_console(local_host: LocalHost, tmp_path: Path,
