@@ -119,7 +119,7 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
             assert SECRETS[provider] not in json.dumps(got["saves"])
     assert got["saves"][-1]["body"]["max_active_runs"] == 4
     # The offers show GPU memory and the compute/disk split; price and forecast show before a draft exists.
-    assert "GB GPU memory" in got["offerText"] and "compute" in got["offerText"] and "disk" in got["offerText"]
+    assert "no GPU" in got["offerText"] and "compute" in got["offerText"] and "disk" in got["offerText"]
     assert "training" in got["estimate"] and "at most" in got["estimate"]
     assert "Base model" in got["samples"] and "With the adapter" in got["samples"]
     assert "training" in got["forecast"] and "start" in got["forecast"]

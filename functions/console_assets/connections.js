@@ -129,6 +129,7 @@ export async function connectionsPage() {
         buttons.append(again, drop);
       }
       fill(body, form, conn ? buttons : null);
+      card.dataset.drawn = String(Number(card.dataset.drawn || 0) + 1); // the form is drawn anew (tests wait on it)
     }
     fill(card, h("h3", { id: `title-${key}` }, title, " ", badgeBox), statusBox, body);
     cards[key] = { draw, drawForm };
@@ -176,6 +177,7 @@ export async function connectionsPage() {
       const parts = [form];
       if (chosen === "runpod_volume") parts.unshift(volumePicker(built, out));
       fill(body, parts);
+      card.dataset.drawn = String(Number(card.dataset.drawn || 0) + 1);
     }
     function draw() {
       fill(badgeBox, statusBadge(key, by.storage));

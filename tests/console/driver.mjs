@@ -24,12 +24,17 @@ async function signIn(page) {
   await page.getByRole("heading", { name: "Connections", level: 1 }).waitFor();
 }
 
-// Clicks a form's submit button and returns the API's answer to the PUT it sends.
-async function submit(page, button, path) {
+// Clicks a form's submit button and returns the API's answer to the PUT it sends, once the card's form
+// is drawn anew from what was saved (the card counts its draws in data-drawn).
+async function submit(page, card, button, path) {
+  const drawn = Number(await card.getAttribute("data-drawn"));
   const answer = page.waitForResponse((r) => r.request().method() === "PUT" && new URL(r.url()).pathname === path);
   await button.click();
   const r = await answer;
-  return { path, status: r.status(), body: await r.json().catch(() => null) };
+  const got = { path, status: r.status(), body: await r.json().catch(() => null) };
+  if (r.status() < 300) await page.waitForFunction(([id, n]) => Number(document.getElementById(id).dataset.drawn) > n,
+    [await card.getAttribute("id"), drawn]);
+  return got;
 }
 
 // Settings -> Connections through the forms only (no JSON typed): every storage kind and every compute
@@ -39,12 +44,12 @@ async function connectionForms(page) {
   for (const [provider, fields] of args.compute) {
     const card = page.locator(`#card-${provider}`);
     for (const [label, value] of Object.entries(fields)) await card.getByLabel(label).fill(value);
-    saves.push(await submit(page, card.getByRole("button", { name: "Connect" }), `/api/connections/compute/${provider}`));
+    saves.push(await submit(page, card, card.getByRole("button", { name: "Connect" }), `/api/connections/compute/${provider}`));
     // Drawn again from what was saved: the secrets say "saved", the button "Save and check again".
     const again = card.getByRole("button", { name: "Save and check again" });
     await again.waitFor();
     if (args.secrets[provider]) await card.locator(`[data-saved="${args.secrets[provider]}"]`).waitFor();
-    saves.push(await submit(page, again, `/api/connections/compute/${provider}`));
+    saves.push(await submit(page, card, again, `/api/connections/compute/${provider}`));
   }
   await page.locator('#card-local [data-status="connected"]').waitFor({ timeout: 30000 });
   // Storage: the local kind last (a kind's location cannot change once the organization has projects).
@@ -52,10 +57,10 @@ async function connectionForms(page) {
   for (const [choice, kind, fields] of args.storage) {
     await storage.getByLabel(choice).check();
     for (const [label, value] of Object.entries(fields)) await storage.getByLabel(label).fill(value);
-    saves.push(await submit(page, storage.getByRole("button", { name: /^(Connect|Save) storage$/ }), "/api/connections/storage"));
+    saves.push(await submit(page, storage, storage.getByRole("button", { name: /^(Connect|Save) storage$/ }), "/api/connections/storage"));
     await storage.getByRole("button", { name: "Save storage" }).waitFor();
     if (args.secrets[kind]) await storage.locator(`[data-saved="${args.secrets[kind]}"]`).waitFor();
-    saves.push(await submit(page, storage.getByRole("button", { name: "Save storage" }), "/api/connections/storage"));
+    saves.push(await submit(page, storage, storage.getByRole("button", { name: "Save storage" }), "/api/connections/storage"));
   }
   await page.locator('#card-storage [data-status="connected"]').waitFor({ timeout: 30000 });
   // The organization's limits, a form of its own.
@@ -216,7 +221,11 @@ try {
   page.on("console", (m) => { if (m.type() === "error") problems.push(m.text()); });
   page.on("pageerror", (e) => problems.push(String(e)));
   // Which request failed (the console's own "Failed to load resource" line does not say).
-  page.on("response", (r) => { if (r.status() >= 400 && !expected(r)) problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}`); });
+  page.on("response", async (r) => {
+    if (r.status() < 400 || expected(r)) return;
+    const body = await r.text().catch(() => "");
+    problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}: ${body.slice(0, 300)}`);
+  });
   page.setDefaultTimeout(20000);
   const scenarios = { quickstart, retained, widths };
   const out = await scenarios[scenario](page);
