@@ -183,3 +183,25 @@ def test_openapi_lists_every_route_with_models(h: Harness) -> None:
     assert len(routes) == len(h.routes)
     status, page, _ = h.call("GET", "/api/docs", token=None)
     assert status == 200 and b"openapi.json" in page and b"https://" not in page
+
+
+def test_a_save_made_while_a_check_records_its_verdict_is_made_again(h: Harness, secretive: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check of the first save records its verdict between a re-save's read and write: the re-save is
+    made again on a fresh read (it answered 409 "send it again" to the console's unchanged re-save)."""
+    from shared.errors import ConcurrencyError
+    from shared.store import get_store
+
+    h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET})
+    connections = get_store().connections
+    real_put, raced = connections.put, []
+
+    def put_once_raced(rec: object, etag: str | None) -> str:
+        if not raced:
+            raced.append(True)
+            raise ConcurrencyError("the check wrote its verdict meanwhile")
+        return real_put(rec, etag)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(connections, "put", put_once_raced)
+    saved = h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": {"set": True}, "region": "r9"})
+    assert raced and saved["config"]["region"] == "r9"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -122,6 +123,7 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
     assert "no GPU" in got["offerText"] and "compute" in got["offerText"] and "disk" in got["offerText"]
     assert "training" in got["estimate"] and "at most" in got["estimate"]
     assert "Base model" in got["samples"] and "With the adapter" in got["samples"]
+    assert got["offerCount"] == 1  # quick changes of the base model: the offer is listed once
     assert "training" in got["forecast"] and "start" in got["forecast"]
     # The price is said before the launch, with the runtime limit's most it can cost.
     assert "per hour" in got["consequence"] and "at most" in got["consequence"]
@@ -132,7 +134,22 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
     assert run["state"] == "succeeded" and run["kind"] == "trial" and run["training"]["max_steps"] == 8
 
     # Every page at 1280 and 390 px: none wider than its viewport, axe-core finds nothing.
-    seen = drive("widths", url=local_host.url, token=local_host.token, run_id=got["runId"])
+    texts = [
+        "at the trainer's pace so far ... Next time give it a longer limit (--runtime-limit) or fewer steps "
+        "(--set-training max_steps=N)",
+        "the archive is the checkpoint at step 50 of 120 (training stopped before its planned steps), not a completed "
+        "adapter; resume training from it (recover mode resume), or accept it as the run's adapter (recover again "
+        "with accept_checkpoint: true)",
+        "raise price_limit_per_hour or runtime_limit_s, or train fewer steps (training max_steps); max_price_limit_per_hour",
+    ]
+    seen = drive("widths", url=local_host.url, token=local_host.token, run_id=got["runId"], texts=texts)
+    said = seen["words"]["said"]
+    for text in said:
+        assert "--" not in text and "accept_checkpoint" not in text and "recover mode" not in text, text
+        assert not re.search(r"\b(price_limit_per_hour|runtime_limit_s|max_steps)\b", text), text
+    assert '"Resume training" button' in said[1] and "Accept the checkpoint" in said[1]
+    assert "the Price limit" in said[2] and "Max price limit per hour (Connections" in said[2]
+    assert seen["words"]["samples"] == [{"prompt": "Q?", "base": "", "adapter": "it's A\n", "expected": "A"}]
     assert len(seen["measured"]) == 2 * 6
     too_wide = [m for m in seen["measured"] if m["scroll"] > m["view"]]
     assert too_wide == [], too_wide
@@ -166,4 +183,5 @@ def test_a_retained_run_recovered_in_the_console(local_host: LocalHost, tmp_path
     assert "exit code 3" in got["reason"] and "What to do next" in got["next"]
     assert "stays retained" in got["consequence"] and "released" in got["consequence"]
     assert got["refused"], "the refused upload is said on the page"
+    assert got["uploadUrl"].endswith("/recover?accept_checkpoint=true")  # the checkpoint accepted from the console
     assert api("GET", f"/api/runs/{run_id}")["state"] == "succeeded"

@@ -239,6 +239,7 @@ export async function runPage(runId) {
   const samplesBox = h("div");
   const samples = [];
   let shownSamples = -1;
+  let afterEnd = 0;
   let cursor = "", logsDone = false, stopped = false, timer = null, shownState = "", shownEvents = -1, shownPoints = -1;
 
   function drawHead() {
@@ -314,8 +315,10 @@ export async function runPage(runId) {
     } catch (err) {
       say(err.message);
     }
-    // Polled until it has ended and its last log line is shown.
-    if (!stopped && !(TERMINAL.has(run.state) && logsDone) && run.state !== "draft") timer = setTimeout(tick, POLL_MS);
+    // Polled until it has ended, its last log line is shown and its timeline has the last transition (the
+    // state is written before its event: a read between the two has the state without it), a few polls at most.
+    const settled = run.events.some((e) => e.kind === "transition" && e.state === run.state) || ++afterEnd > 5;
+    if (!stopped && !(TERMINAL.has(run.state) && logsDone && settled) && run.state !== "draft") timer = setTimeout(tick, POLL_MS);
   }
 
   draw();

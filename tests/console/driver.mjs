@@ -85,8 +85,14 @@ async function quickstart(page) {
   await page.getByLabel("Upload a dataset").setInputFiles(args.dataset);
   await page.getByRole("button", { name: "Upload dataset" }).click();
   await page.locator("select:has(option:text-matches('40 rows'))").waitFor();
-  await page.getByLabel("Base model").selectOption(args.base_model);
   await page.getByLabel("Provider").selectOption("local");
+  // The base model changed quickly: each change starts a load of the offers, only the last one is shown.
+  const models = await page.getByLabel("Base model").locator("option").evaluateAll((os) => os.map((o) => o.value));
+  for (const m of [...models, ...models].slice(0, 6)) await page.getByLabel("Base model").selectOption(m);
+  await page.getByLabel("Base model").selectOption(args.base_model);
+  await page.locator('input[name=offer][value="local-smoke"]').waitFor();
+  await page.waitForLoadState("networkidle");
+  const offerCount = await page.locator("input[name=offer]").count();
   await page.locator('input[name=offer][value="local-smoke"]').check();
   await page.getByLabel("Price limit (per hour)").fill("1");
   await page.getByLabel("Learning rate").fill("0.001");
@@ -116,6 +122,7 @@ async function quickstart(page) {
   const runId = page.url().split("#/runs/")[1];
   await page.locator("#samples .sample").first().waitFor();
   const samples = await page.locator("#samples").textContent();
+  await page.locator('#timeline strong:text-is("succeeded")').waitFor();
   const timeline = await page.locator("#timeline").textContent();
   const cost = await page.locator("#cost").textContent();
   await shot(page, "05-run-succeeded");
@@ -127,7 +134,7 @@ async function quickstart(page) {
   await page.locator("#usage").waitFor();
   const usage = await page.locator("#usage").textContent();
   await shot(page, "07-usage");
-  return { runId, forecast, consequence, timeline, cost, usage, saves, estimate, offerText, samples };
+  return { runId, forecast, consequence, timeline, cost, usage, saves, estimate, offerText, samples, offerCount };
 }
 
 // Every page at a desktop's and a phone's width: none wider than its viewport, a screenshot of each,
@@ -174,7 +181,15 @@ async function widths(page) {
       await measure(hash.split("/")[0] + (hash.includes("/") ? "-page" : ""), width);
     }
   }
-  return { measured, violations };
+  // The console's words for the API's and the CLI's (ui.js), and the sample lines' reader (run.js).
+  const words = await page.evaluate(async (texts) => {
+    const ui = await import("/api/console/ui.js");
+    const run = await import("/api/console/run.js");
+    return { said: texts.map(ui.consoleWords),
+      samples: run.samplesFrom(["sample prompt: 'Q?'", "sample base model: ''", "sample with adapter: \"it's A\\n\"",
+        "sample dataset answer: 'A'", "progress=1.000 step=8"], []) };
+  }, args.texts || []);
+  return { measured, violations, words };
 }
 
 async function retained(page) {
@@ -193,7 +208,10 @@ async function retained(page) {
   await page.locator('#run-state:text-is("retained")').waitFor({ timeout: 30000 });
   const refused = await page.locator("#reason").textContent();
 
-  // Then the good one, by keyboard only: focus the file's button, Enter, Tab to confirm, Enter.
+  // Then the good one, by keyboard only: focus the file's button, Enter, Tab to confirm, Enter; with the
+  // checkpoint accepted (the query parameter the API reads with an upload).
+  await page.getByLabel("Accept the checkpoint as the run's adapter").check();
+  const upload = page.waitForRequest((r) => r.method() === "POST" && r.url().includes("/recover"));
   await page.getByLabel("Adapter archive (adapter.zip)").setInputFiles(args.good_zip);
   await page.getByRole("button", { name: "Upload and verify" }).focus();
   await page.keyboard.press("Enter");
@@ -202,10 +220,11 @@ async function retained(page) {
   await shot(page, "09-recover-confirmation");
   await page.keyboard.press("Tab"); // "Go back" has the focus first: Tab moves to the action
   await page.keyboard.press("Enter");
+  const uploadUrl = (await upload).url();
   await page.locator('#run-state:text-is("succeeded")').waitFor({ timeout: 60000 });
   await page.locator('#resources td:text-is("released")').first().waitFor();
   await shot(page, "10-run-recovered");
-  return { next, reason, refused, consequence };
+  return { next, reason, refused, consequence, uploadUrl };
 }
 
 // Refusals a scenario provokes on purpose (the retained run's bad archive): said on the page, not a problem.

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from shared.clock import now
-from shared.errors import Conflict, InvalidInput, NotFound, ProviderError, invalid
+from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, ProviderError, invalid
 from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus, ConnectionView, Role
 from shared.org_storage.registry import (
     make_storage,
@@ -62,17 +62,28 @@ def _config_warnings(config: BaseModel) -> list[str]:
     return list(fn()) if callable(fn) else []
 
 
+# A save is read, then written with the read's ETag; a check that records its verdict in between (a re-save
+# right after a save meets the first save's check) makes the write fail: the save is made again on the new read.
+SAVE_TRIES = 4
+
+
 def _save(principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
     store = get_store()
-    got = store.connections.get(principal.org, slot)
-    rec = ConnectionRecord(
-        org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
-        config=registry.public_config(config),
-        sealed=seal(registry.sealed_config(config), aad=f"{principal.org}|{slot}"),
-        location=location, warnings=_config_warnings(config), saved_at=now(),
-        revision=(got[0].revision + 1) if got else 1,
-    )
-    store.connections.put(rec, got[1] if got else None)
+    for attempt in range(SAVE_TRIES):
+        got = store.connections.get(principal.org, slot)
+        rec = ConnectionRecord(
+            org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
+            config=registry.public_config(config),
+            sealed=seal(registry.sealed_config(config), aad=f"{principal.org}|{slot}"),
+            location=location, warnings=_config_warnings(config), saved_at=now(),
+            revision=(got[0].revision + 1) if got else 1,
+        )
+        try:
+            store.connections.put(rec, got[1] if got else None)
+            break
+        except ConcurrencyError:
+            if attempt == SAVE_TRIES - 1:
+                raise
     get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(rec)
 
