@@ -74,6 +74,7 @@ RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending th
 # its service raises that the route cannot show. tests/test_openapi.py checks every name here.
 MORE_ERRORS: dict[str, set[int]] = {
     "create_run": {404, 429},  # the body's project or dataset version unknown; run creates per minute
+    "forecast_run": {404},  # the body's project or dataset version unknown (not rate limited)
     "launch_run": {429},  # run launches per minute
     "recover_run": {429},
     "release_run": {429},

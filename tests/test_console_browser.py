@@ -149,6 +149,13 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
         assert not re.search(r"\b(price_limit_per_hour|runtime_limit_s|max_steps)\b", text), text
     assert '"Resume training" button' in said[1] and "Accept the checkpoint" in said[1]
     assert "the Price limit" in said[2] and "Max price limit per hour (Connections" in said[2]
+    # A run that tried several GPUs (the run view's attempts, answered by the page's router for now): a
+    # line per attempt in the timeline with the cloud's code, and the candidate that ran.
+    tried = drive("attempts", url=local_host.url, token=local_host.token, run_id=got["runId"])
+    assert len(tried["attemptLines"]) == 3, tried
+    assert "refused" in tried["attemptLines"][0] and "InsufficientInstanceCapacity" in tried["attemptLines"][0]
+    assert "azure/westeurope" in tried["attemptLines"][1] and "launched" in tried["attemptLines"][2]
+    assert "local-smoke" in tried["ranOn"] and "local" in tried["ranOn"]
     assert seen["words"]["samples"] == [{"prompt": "Q?", "base": "", "adapter": "it's A\n", "expected": "A"}]
     assert len(seen["measured"]) == 2 * 6
     too_wide = [m for m in seen["measured"] if m["scroll"] > m["view"]]
