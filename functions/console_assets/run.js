@@ -121,7 +121,7 @@ function timeline(run) {
     " ", e.kind === "transition" ? `— ${consoleWords(e.message)}` : consoleWords(e.message)) }));
   for (const a of attempts) {
     const took = a.seconds !== undefined && a.seconds !== null ? `, ${duration(a.seconds)}` : "";
-    lines.push({ at: a.started_at, node: h("li", { class: `attempt ${a.outcome === "launched" ? "" : "warning"}`, "data-outcome": a.outcome },
+    lines.push({ at: a.started_at, node: h("li", { class: `attempt ${a.outcome}`, "data-outcome": a.outcome },
       h("time", { datetime: a.started_at || "" }, when(a.started_at)),
       h("strong", {}, `attempt ${(a.index ?? 0) + 1}: ${a.outcome}`), " — ",
       candidateText(a, cur), a.code ? ` (${a.code})` : "", a.message ? `: ${consoleWords(a.message)}` : "", took) });
