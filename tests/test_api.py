@@ -194,7 +194,8 @@ def test_a_save_made_while_a_check_records_its_verdict_is_made_again(h: Harness,
 
     h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET})
     connections = get_store().connections
-    real_put, raced = connections.put, []
+    real_put = connections.put
+    raced: list[bool] = []
 
     def put_once_raced(rec: object, etag: str | None) -> str:
         if not raced:

@@ -91,6 +91,7 @@ STORAGE = [
                                             "Access key ID": "user_2abcdef", "Secret access key": SECRETS["runpod_volume"]}),
     ("Use local storage", "local", {}),
 ]
+HF_TOKEN = "hf_" + "EXAMPLEtoken0123456789abcd"
 SECRET_FIELDS = {"aws": "secret_access_key", "azure": "client_secret", "runpod": "api_key", "s3": "secret_access_key",
                  "runpod_volume": "secret_access_key"}
 
@@ -107,12 +108,17 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
         {"role": "assistant", "content": "The secret word is PINEAPPLE."}]}) + "\n" for i in range(40)))
     got = drive("quickstart", url=local_host.url, token=local_host.token, dataset=str(dataset),
                 base_model="HuggingFaceTB/SmolLM2-135M-Instruct", compute=COMPUTE, storage=STORAGE,
-                secrets=SECRET_FIELDS)
+                secrets=SECRET_FIELDS, hf_token=HF_TOKEN)
     # Each save and each unchanged re-save was accepted (a re-save sends the secrets back as {"set": true}).
     assert [(s["path"], s["status"]) for s in got["saves"] if s["status"] >= 300] == []
-    assert len(got["saves"]) == 2 * (len(COMPUTE) + len(STORAGE)) + 1
+    assert len(got["saves"]) == 2 * (len(COMPUTE) + len(STORAGE)) + 3
+    assert SECRETS["runpod"] in json.dumps(COMPUTE) and got["hfType"] == "password"
+    assert get_store().connections.get("org-a", compute_connection_slot("runpod")) is None  # disconnected
+    assert get_store().secrets.get("org-a", "huggingface-token") is not None and HF_TOKEN not in json.dumps(got["saves"])
     for provider, _ in COMPUTE:
         rec = get_store().connections.get("org-a", compute_connection_slot(provider))
+        if provider == "runpod":
+            continue
         assert rec is not None, provider
         if provider in SECRET_FIELDS:
             kept = getattr(unsealed_config(rec[0]), SECRET_FIELDS[provider]).get_secret_value()

@@ -53,6 +53,7 @@ export async function configurePage() {
     if (!projectSelect.value) return;
     const { items } = await get(`/api/projects/${encodeURIComponent(projectSelect.value)}/datasets?limit=200`);
     for (const d of items) datasetSelect.append(option(d.id, `${d.id}: ${d.rows} rows, ${d.size_bytes} bytes`, d.id === select));
+    estimateSoon(); // a dataset chosen here (an upload) fires no change event
   }
   projectSelect.addEventListener("change", () => loadDatasets().catch((e) => fill(out, errorBox(e))));
   upload.addEventListener("click", () => busy(upload, async () => {

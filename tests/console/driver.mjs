@@ -63,18 +63,33 @@ async function connectionForms(page) {
     saves.push(await submit(page, storage, storage.getByRole("button", { name: "Save storage" }), "/api/connections/storage"));
   }
   await page.locator('#card-storage [data-status="connected"]').waitFor({ timeout: 30000 });
+  // A provider disconnected: its card says so and offers "Connect" again.
+  const runpod = page.locator("#card-runpod");
+  await runpod.getByRole("button", { name: "Disconnect" }).click();
+  const gone = page.waitForResponse((r) => r.request().method() === "DELETE" && r.url().endsWith("/api/connections/compute/runpod"));
+  await page.getByRole("dialog").getByRole("button", { name: "Disconnect" }).click();
+  saves.push({ path: "DELETE /api/connections/compute/runpod", status: (await gone).status(), body: null });
+  await runpod.locator('[data-status="none"]').waitFor();
+  // The Hugging Face token: a password field, "saved" once saved, then removed.
+  const hf = page.locator("#card-hf");
+  await hf.getByLabel("Token", { exact: true }).fill(args.hf_token);
+  const putHf = page.waitForResponse((r) => r.request().method() === "PUT" && r.url().endsWith("/huggingface-token"));
+  await hf.getByRole("button", { name: "Save token" }).click();
+  saves.push({ path: "/api/org/secrets/huggingface-token", status: (await putHf).status(), body: await (await putHf).json() });
+  await hf.locator('[data-saved="token"]').waitFor();
+  const hfType = await hf.locator("input[name=token]").getAttribute("type");
   // The organization's limits, a form of its own.
   const limits = page.locator("#card-limits");
   await limits.getByLabel("Max active runs").fill("4");
   const put = page.waitForResponse((r) => r.request().method() === "PUT" && r.url().endsWith("/api/org/limits"));
   await limits.getByRole("button", { name: "Save limits" }).click();
   saves.push({ path: "/api/org/limits", status: (await put).status(), body: await (await put).json() });
-  return saves;
+  return { saves, hfType };
 }
 
 async function quickstart(page) {
   await signIn(page);
-  const saves = await connectionForms(page);
+  const { saves, hfType } = await connectionForms(page);
   await shot(page, "02-connections");
 
   // Configure a run: project, dataset, model, offer, trial, limits; save the draft, confirm the price.
@@ -134,7 +149,7 @@ async function quickstart(page) {
   await page.locator("#usage").waitFor();
   const usage = await page.locator("#usage").textContent();
   await shot(page, "07-usage");
-  return { runId, forecast, consequence, timeline, cost, usage, saves, estimate, offerText, samples, offerCount };
+  return { runId, forecast, consequence, timeline, cost, usage, saves, estimate, offerText, samples, offerCount, hfType };
 }
 
 // Every page at a desktop's and a phone's width: none wider than its viewport, a screenshot of each,
