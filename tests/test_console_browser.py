@@ -129,6 +129,7 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
     assert "no GPU" in got["offerText"] and "compute" in got["offerText"] and "disk" in got["offerText"]
     assert "training" in got["estimate"] and "at most" in got["estimate"]
     assert "Base model" in got["samples"] and "With the adapter" in got["samples"]
+    assert "enter the volume ID and datacenter ID" in got["volumesAnswer"], got["volumesAnswer"]
     assert got["offerCount"] == 1  # quick changes of the base model: the offer is listed once
     assert "training" in got["forecast"] and "start" in got["forecast"]
     # The price is said before the launch, with the runtime limit's most it can cost.
