@@ -33,8 +33,9 @@ def _browser_or_skip() -> None:
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's `chromium` package (apt-get install -y chromium)")
     if shutil.which("node") is None:
         pytest.skip("no node on PATH: the console's browser tests drive Chromium with playwright-core from npm")
-    if not (ROOT / "node_modules" / "playwright-core" / "package.json").is_file():
-        pytest.skip("playwright-core is not installed: run `make install` (npm install, package.json)")
+    for package in ("playwright-core", "axe-core"):
+        if not (ROOT / "node_modules" / package / "package.json").is_file():
+            pytest.skip(f"{package} is not installed: run `make install` (npm install, package.json)")
 
 
 def drive(scenario: str, **args: Any) -> dict[str, Any]:
