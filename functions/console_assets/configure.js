@@ -295,7 +295,7 @@ function draftPanel(run) {
         h("dt", {}, "Price"), h("dd", {}, `${money(price, cur)}/h${several ? " (the dearest acceptable GPU)" : ""} (your limit ${money(run.price_limit_per_hour, cur)}/h)`),
         h("dt", {}, "Forecast"), h("dd", { id: "forecast" }, forecastText(run)),
         h("dt", {}, "Runtime limit"), h("dd", {}, `${duration(limit)} (at most ${money(atMost, cur)})`),
-        run.forecast ? [h("dt", {}, "Basis"), h("dd", { class: "hint" }, run.forecast.basis)] : null),
+        run.forecast ? [h("dt", {}, "Basis"), h("dd", { class: "hint" }, consoleWords(run.forecast.basis))] : null),
       candidatesList(run),
       run.warnings.map((w) => h("div", { class: "warning" }, consoleWords(w)))),
     h("div", { class: "buttons" }, launch,
