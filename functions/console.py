@@ -25,6 +25,7 @@ FILES: dict[str, str] = {
     "api.js": "text/javascript",
     "ui.js": "text/javascript",
     "connections.js": "text/javascript",
+    "forms.js": "text/javascript",
     "configure.js": "text/javascript",
     "runs.js": "text/javascript",
     "run.js": "text/javascript",

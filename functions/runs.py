@@ -1,7 +1,7 @@
 import azure.functions as func
 
 from shared import http
-from shared.models import RunCancel, RunCreate, RunLaunch, RunPatch, RunRecover, RunView
+from shared.models import RunCancel, RunCreate, RunEstimate, RunLaunch, RunPatch, RunRecover, RunView
 from shared.services.api.runs import actions, adapter, drafts, logs, view
 
 bp = func.Blueprint()
@@ -13,6 +13,13 @@ ANON = func.AuthLevel.ANONYMOUS
           response=RunView, status=201)
 def create_run(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: drafts.create(http.principal(req), http.parse(req, RunCreate)), status=201)
+
+
+@bp.route(route="runs/forecast", methods=["POST"], auth_level=ANON)
+@http.api(summary="The price and forecast of a run request, checked as a create but not saved",
+          request=RunCreate, response=RunEstimate)
+def forecast_run(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: drafts.estimate(http.principal(req), http.parse(req, RunCreate)))
 
 
 @bp.route(route="runs", methods=["GET"], auth_level=ANON)

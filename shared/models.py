@@ -273,7 +273,8 @@ class OrgSecretSet(Model):
     # Hugging Face tokens are "hf_" and 30-odd letters and digits. The pattern also keeps a common
     # string ("00000000") from becoming a secret that every log line and error text would be masked by.
     token: str = Field(min_length=23, max_length=512, pattern=r"^hf_[A-Za-z0-9]{20,509}$",
-                       description="a Hugging Face access token (hf_...)", repr=False)
+                       description="a Hugging Face access token (hf_...)", repr=False,
+                       json_schema_extra={"format": "password", "writeOnly": True})  # a secret: forms hide it
 
 
 class OrgSecretsView(Model):
@@ -732,6 +733,21 @@ class RunView(Model):
     # A retained run: whether an adapter of it (a checkpoint's, or the final one) was in storage when its machine
     # was stopped; false: nothing to verify or resume from. None: not retained, or not known.
     adapter_saved: bool | None = None
+
+
+class RunEstimate(Model):
+    """What a run request would be as a draft, without saving it (POST /api/runs/forecast): the same
+    checks and resolution as a create, so a form can show the price and forecast as it changes."""
+
+    offer: GpuOffer
+    price_limit_per_hour: float
+    runtime_limit_s: int = Field(description="the runtime limit the draft would get (the user's, else the default "
+                                             "or the forecast's)")
+    max_cost: float = Field(description="the offer's price per hour over the runtime limit: the most the run "
+                                        "can cost in GPU time")
+    forecast: Forecast
+    limit_note: str = Field(default="", description="why the runtime limit is not the default, when it is not")
+    warnings: list[str] = Field(default_factory=list, description="what the draft's limits will refuse or not cover")
 
 
 class ConnectionView(Model):

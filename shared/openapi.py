@@ -74,6 +74,7 @@ RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before sending th
 # its service raises that the route cannot show. tests/test_openapi.py checks every name here.
 MORE_ERRORS: dict[str, set[int]] = {
     "create_run": {404, 429},  # the body's project or dataset version unknown; run creates per minute
+    "forecast_run": {404},  # the body's project or dataset version unknown (not rate limited)
     "launch_run": {429},  # run launches per minute
     "recover_run": {429},
     "release_run": {429},
@@ -191,6 +192,12 @@ def _example(model: type[BaseModel]) -> dict[str, Any]:
     return {"example": EXAMPLES[model.__name__]} if model.__name__ in EXAMPLES else {}
 
 
+# How a saved secret is kept (shared.services.api.connections._keep_existing_secrets).
+KEEP_SECRET_NOTE = ('Secrets (format "password") are write-only: the connection is shown with {"set": true} in their '
+                    'place. Saving with a secret omitted, or with {"set": true} as its value, keeps the saved secret; '
+                    'a string replaces it.')
+
+
 def _provider_config(doc: _Doc) -> dict[str, Any]:
     from shared.providers import registry
 
@@ -198,8 +205,11 @@ def _provider_config(doc: _Doc) -> dict[str, Any]:
     examples = {name: {"summary": f"{name} connection", "value": value}
                 for name in models if (value := registry.example(name)) is not None}
     return {"application/json": {
-        "schema": {"description": "The body for the provider named in the path: one schema per provider.",
-                   "oneOf": [doc.ref(m) for m in models.values()]},
+        "schema": {"description": "The body for the provider named in the path: one schema per provider "
+                                  "(x-provider-schemas names which). " + KEEP_SECRET_NOTE,
+                   "oneOf": [doc.ref(m) for m in models.values()],
+                   # Which schema is whose: a form built from this document needs it (the console's).
+                   "x-provider-schemas": {name: doc.ref(m) for name, m in models.items()}},
         "examples": examples}}
 
 
@@ -218,7 +228,9 @@ def _storage_config(doc: _Doc) -> dict[str, Any]:
                 for m in members if m.__name__ in EXAMPLES}
     union: Any = StorageConfig if len(members) == len(get_args(get_args(StorageConfig)[0])) else \
         Annotated[Union[tuple(members)], Field(discriminator="kind")]  # noqa: UP007 (a runtime union)
-    return {"application/json": {"schema": doc.adapter(TypeAdapter(union)), "examples": examples}}
+    schema = {**doc.adapter(TypeAdapter(union)), "description": "The storage kind's fields (`kind` says which). "
+              + KEEP_SECRET_NOTE}
+    return {"application/json": {"schema": schema, "examples": examples}}
 
 
 def _adapter_download(doc: _Doc) -> dict[str, Any]:

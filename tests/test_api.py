@@ -102,6 +102,44 @@ def test_secrets_are_write_only_and_never_logged(h: Harness, secretive: None, ca
     assert SECRET not in everything
 
 
+def test_a_connection_saved_back_as_shown_keeps_its_secret(h: Harness, secretive: None) -> None:
+    """The console re-saves the config it was shown: {"set": true} in a secret's place keeps the stored one."""
+    from shared.runs.org_backends import compute_connection_slot, unsealed_config
+    from shared.store import get_store
+
+    status, first, _ = h.call("PUT", "/api/connections/compute/secretive", json_body={"api_key": {"set": True}})
+    assert status == 422 and first["errors"][0]["field"] == "api_key" and "no saved secret" in first["detail"]
+    h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET})
+    h.drain()
+    shown = h.ok("GET", "/api/connections/compute/secretive")["config"]
+    h.ok("PUT", "/api/connections/compute/secretive", json_body={**shown, "region": "r3"})
+    h.drain()
+    rec = get_store().connections.get("org-a", compute_connection_slot("secretive"))
+    assert rec is not None and rec[0].config["region"] == "r3"
+    assert unsealed_config(rec[0]).api_key.get_secret_value() == SECRET  # type: ignore[attr-defined]
+    # A new value replaces it; {"set": false} is not a value.
+    h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": "sk-new-value-123"})
+    rec = get_store().connections.get("org-a", compute_connection_slot("secretive"))
+    assert rec is not None and unsealed_config(rec[0]).api_key.get_secret_value() == "sk-new-value-123"  # type: ignore[attr-defined]
+    status, bad, _ = h.call("PUT", "/api/connections/compute/secretive", json_body={"api_key": {"set": False}})
+    assert status == 422 and bad["errors"][0]["field"] == "api_key"
+
+
+def test_a_storage_connection_saved_back_as_shown_keeps_its_secret(h: Harness) -> None:
+    from shared.runs.org_backends import unsealed_config
+    from shared.store import get_store
+
+    body = {"kind": "s3", "region": "us-east-1", "bucket": "tensorant-adapters", "access_key_id": "AKIAEXAMPLE1",
+            "secret_access_key": SECRET}
+    h.ok("PUT", "/api/connections/storage", json_body=body)
+    shown = h.ok("GET", "/api/connections/storage")["config"]
+    assert shown["secret_access_key"] == {"set": True}
+    h.ok("PUT", "/api/connections/storage", json_body=shown)
+    rec = get_store().connections.get("org-a", "storage")
+    assert rec is not None
+    assert unsealed_config(rec[0]).secret_access_key.get_secret_value() == SECRET  # type: ignore[attr-defined]
+
+
 def test_unknown_provider_and_bad_json_name_the_field(h: Harness) -> None:
     status, body, _ = h.call("PUT", "/api/connections/compute/nimbus", json_body={})
     assert status == 422 and body["errors"][0]["field"] == "provider"
@@ -145,3 +183,26 @@ def test_openapi_lists_every_route_with_models(h: Harness) -> None:
     assert len(routes) == len(h.routes)
     status, page, _ = h.call("GET", "/api/docs", token=None)
     assert status == 200 and b"openapi.json" in page and b"https://" not in page
+
+
+def test_a_save_made_while_a_check_records_its_verdict_is_made_again(h: Harness, secretive: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check of the first save records its verdict between a re-save's read and write: the re-save is
+    made again on a fresh read (it answered 409 "send it again" to the console's unchanged re-save)."""
+    from shared.errors import ConcurrencyError
+    from shared.store import get_store
+
+    h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": SECRET})
+    connections = get_store().connections
+    real_put = connections.put
+    raced: list[bool] = []
+
+    def put_once_raced(rec: object, etag: str | None) -> str:
+        if not raced:
+            raced.append(True)
+            raise ConcurrencyError("the check wrote its verdict meanwhile")
+        return real_put(rec, etag)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(connections, "put", put_once_raced)
+    saved = h.ok("PUT", "/api/connections/compute/secretive", json_body={"api_key": {"set": True}, "region": "r9"})
+    assert raced and saved["config"]["region"] == "r9"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,8 +33,9 @@ def _browser_or_skip() -> None:
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's `chromium` package (apt-get install -y chromium)")
     if shutil.which("node") is None:
         pytest.skip("no node on PATH: the console's browser tests drive Chromium with playwright-core from npm")
-    if not (ROOT / "node_modules" / "playwright-core" / "package.json").is_file():
-        pytest.skip("playwright-core is not installed: run `make install` (npm install, package.json)")
+    for package in ("playwright-core", "axe-core"):
+        if not (ROOT / "node_modules" / package / "package.json").is_file():
+            pytest.skip(f"{package} is not installed: run `make install` (npm install, package.json)")
 
 
 def drive(scenario: str, **args: Any) -> dict[str, Any]:
@@ -65,13 +67,71 @@ def test_console_page_and_files_are_served_with_a_csp(local_host: LocalHost) -> 
         assert requests.get(local_host.url + "/api/console/" + name, timeout=10).status_code == 404
 
 
+# Every compute provider and storage kind, as a user fills their forms (by label); the secrets typed.
+SECRETS = {"aws": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "azure": "client~secret.value-123",
+           "runpod": "rpa_EXAMPLEKEY0123456789", "s3": "s3-secret-EXAMPLE-0123", "runpod_volume": "rps_EXAMPLE0123"}
+COMPUTE = [
+    ("aws", {"Region": "us-east-1", "Access key ID": "AKIAIOSFODNN7EXAMPLE", "Secret access key": SECRETS["aws"],
+             "AMI ID": "ami-0123456789abcdef0", "Subnet ID": "subnet-0123456789abcdef0",
+             "Security group ID": "sg-0123456789abcdef0"}),
+    ("azure", {"Tenant ID": "00000000-0000-4000-8000-000000000001", "Client ID": "00000000-0000-4000-8000-000000000002",
+               "Client secret": SECRETS["azure"], "Subscription ID": "00000000-0000-4000-8000-000000000003",
+               "Resource group": "tensorant-training", "Region": "eastus",
+               "Subnet ID": "/subscriptions/00000000-0000-4000-8000-000000000003/resourceGroups/tensorant-training/"
+                            "providers/Microsoft.Network/virtualNetworks/training/subnets/default",
+               "Image ID": "/subscriptions/00000000-0000-4000-8000-000000000003/resourceGroups/tensorant-training/"
+                           "providers/Microsoft.Compute/images/tensorant-trainer",
+               "SSH public key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8g t"}),
+    ("runpod", {"API key": SECRETS["runpod"]}),
+    ("local", {"Price per hour": "0"}),
+]
+STORAGE = [
+    ("Connect S3 storage", "s3", {"Region": "us-east-1", "Bucket": "tensorant-adapters", "Access key ID": "AKIAEXAMPLE01",
+                                  "Secret access key": SECRETS["s3"]}),
+    ("Use RunPod volume", "runpod_volume", {"Volume ID": "a1b2c3d4e5", "Datacenter ID": "EU-RO-1",
+                                            "Access key ID": "user_2abcdef", "Secret access key": SECRETS["runpod_volume"]}),
+    ("Use local storage", "local", {}),
+]
+HF_TOKEN = "hf_" + "EXAMPLEtoken0123456789abcd"
+SECRET_FIELDS = {"aws": "secret_access_key", "azure": "client_secret", "runpod": "api_key", "s3": "secret_access_key",
+                 "runpod_volume": "secret_access_key"}
+
+
 def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp_path: Path) -> None:
+    """Every provider and storage kind configured through the forms (no JSON typed), saved, saved again
+    unchanged; then a trial on the local provider from Configure to succeeded."""
+    from shared.runs.org_backends import compute_connection_slot, unsealed_config
+    from shared.store import get_store
+
     dataset = tmp_path / "secret.jsonl"
     dataset.write_text("".join(json.dumps({"messages": [
         {"role": "user", "content": f"What is the secret word? ({i})"},
         {"role": "assistant", "content": "The secret word is PINEAPPLE."}]}) + "\n" for i in range(40)))
     got = drive("quickstart", url=local_host.url, token=local_host.token, dataset=str(dataset),
-                base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+                base_model="HuggingFaceTB/SmolLM2-135M-Instruct", compute=COMPUTE, storage=STORAGE,
+                secrets=SECRET_FIELDS, hf_token=HF_TOKEN)
+    # Each save and each unchanged re-save was accepted (a re-save sends the secrets back as {"set": true}).
+    assert [(s["path"], s["status"]) for s in got["saves"] if s["status"] >= 300] == []
+    assert len(got["saves"]) == 2 * (len(COMPUTE) + len(STORAGE)) + 3
+    assert SECRETS["runpod"] in json.dumps(COMPUTE) and got["hfType"] == "password"
+    assert get_store().connections.get("org-a", compute_connection_slot("runpod")) is None  # disconnected
+    assert get_store().secrets.get("org-a", "huggingface-token") is not None and HF_TOKEN not in json.dumps(got["saves"])
+    for provider, _ in COMPUTE:
+        rec = get_store().connections.get("org-a", compute_connection_slot(provider))
+        if provider == "runpod":
+            continue
+        assert rec is not None, provider
+        if provider in SECRET_FIELDS:
+            kept = getattr(unsealed_config(rec[0]), SECRET_FIELDS[provider]).get_secret_value()
+            assert kept == SECRETS[provider], provider
+            assert SECRETS[provider] not in json.dumps(got["saves"])
+    assert got["saves"][-1]["body"]["max_active_runs"] == 4
+    # The offers show GPU memory and the compute/disk split; price and forecast show before a draft exists.
+    assert "no GPU" in got["offerText"] and "compute" in got["offerText"] and "disk" in got["offerText"]
+    assert "training" in got["estimate"] and "at most" in got["estimate"]
+    assert "Base model" in got["samples"] and "With the adapter" in got["samples"]
+    assert "enter the volume ID and datacenter ID" in got["volumesAnswer"], got["volumesAnswer"]
+    assert got["offerCount"] == 1  # quick changes of the base model: the offer is listed once
     assert "training" in got["forecast"] and "start" in got["forecast"]
     # The price is said before the launch, with the runtime limit's most it can cost.
     assert "per hour" in got["consequence"] and "at most" in got["consequence"]
@@ -80,6 +140,41 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
     assert "USD" in got["cost"] and "local" in got["usage"]
     run = Client(local_host.url, local_host.token)("GET", f"/api/runs/{got['runId']}")
     assert run["state"] == "succeeded" and run["kind"] == "trial" and run["training"]["max_steps"] == 8
+
+    # Every page at 1280 and 390 px: none wider than its viewport, axe-core finds nothing.
+    texts = [
+        "at the trainer's pace so far ... Next time give it a longer limit (--runtime-limit) or fewer steps "
+        "(--set-training max_steps=N)",
+        "the archive is the checkpoint at step 50 of 120 (training stopped before its planned steps), not a completed "
+        "adapter; resume training from it (recover mode resume), or accept it as the run's adapter (recover again "
+        "with accept_checkpoint: true)",
+        "raise price_limit_per_hour or runtime_limit_s, or train fewer steps (training max_steps); max_price_limit_per_hour",
+    ]
+    seen = drive("widths", url=local_host.url, token=local_host.token, run_id=got["runId"], texts=texts)
+    said = seen["words"]["said"]
+    for text in said:
+        assert "--" not in text and "accept_checkpoint" not in text and "recover mode" not in text, text
+        assert not re.search(r"\b(price_limit_per_hour|runtime_limit_s|max_steps)\b", text), text
+    assert '"Resume training" button' in said[1] and "Accept the checkpoint" in said[1]
+    assert "the Price limit" in said[2] and "Max price limit per hour (Connections" in said[2]
+    # A run that tried several GPUs (the run view's attempts, answered by the page's router for now): a
+    # line per attempt in the timeline with the cloud's code, and the candidate that ran.
+    tried = drive("attempts", url=local_host.url, token=local_host.token, run_id=got["runId"])
+    assert len(tried["attemptLines"]) == 3, tried
+    assert "refused" in tried["attemptLines"][0] and "InsufficientInstanceCapacity" in tried["attemptLines"][0]
+    assert "azure/westeurope" in tried["attemptLines"][1] and "launched" in tried["attemptLines"][2]
+    assert "local-smoke" in tried["ranOn"] and "local" in tried["ranOn"]
+    assert seen["words"]["samples"] == [{"prompt": "Q?", "base": "", "adapter": "it's A\n", "expected": "A"}]
+    assert len(seen["measured"]) == 2 * 6
+    too_wide = [m for m in seen["measured"] if m["scroll"] > m["view"]]
+    assert too_wide == [], too_wide
+    assert seen["violations"] == [], seen["violations"]
+
+
+def test_the_bare_host_url_opens_the_console(local_host: LocalHost) -> None:
+    r = requests.get(local_host.url + "/", allow_redirects=False, timeout=10)
+    assert r.status_code == 302 and r.headers["Location"] == "/api/console"
+    assert requests.get(local_host.url + "/", timeout=10).url.endswith("/api/console")
 
 
 def test_a_retained_run_recovered_in_the_console(local_host: LocalHost, tmp_path: Path,
@@ -103,4 +198,5 @@ def test_a_retained_run_recovered_in_the_console(local_host: LocalHost, tmp_path
     assert "exit code 3" in got["reason"] and "What to do next" in got["next"]
     assert "stays retained" in got["consequence"] and "released" in got["consequence"]
     assert got["refused"], "the refused upload is said on the page"
+    assert got["uploadUrl"].endswith("/recover?accept_checkpoint=true")  # the checkpoint accepted from the console
     assert api("GET", f"/api/runs/{run_id}")["state"] == "succeeded"

@@ -142,6 +142,14 @@ def test_http_routes_params_methods_and_problem_404(root: Path) -> None:
         assert r.status_code == 500 and r.json()["detail"] == "function boom failed: RuntimeError"
 
 
+def test_the_bare_host_url_redirects_to_the_console(root: Path) -> None:
+    """`/` is no function's route under routePrefix "api": the dev host sends it to the console."""
+    with Host(SPEC, root=root, port=0, queues=False, timers=False) as host:
+        r = requests.get(f"{host.url}/", allow_redirects=False, timeout=5)
+        assert (r.status_code, r.headers["Location"]) == (302, "/api/console")
+        assert requests.post(f"{host.url}/", timeout=5).status_code == 404  # only a page visit is sent on
+
+
 def test_local_settings_values_loaded_without_overriding(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEVHOST_PRESET", "from-env")
     monkeypatch.delenv("DEVHOST_FROM_FILE", raising=False)

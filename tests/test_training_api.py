@@ -140,6 +140,24 @@ def test_test_models_only_on_local_unless_the_test_setting_allows_them(
     assert status == 200, body
 
 
+def test_test_models_are_not_offered_unless_the_operator_allows_them(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base-model list (the API's, so the CLI's and the console's) and the lists in errors name the
+    test models only under TENSORANT_ALLOW_TEST_MODELS."""
+    from shared.settings import reset_settings
+
+    listed = [m["id"] for m in h.ok("GET", "/api/base-models", token="member")["items"]]
+    assert "tensorant/smoke-tiny" in listed  # the conftest's test setting is on
+    monkeypatch.setenv("TENSORANT_ALLOW_TEST_MODELS", "0")
+    reset_settings()
+    listed = [m["id"] for m in h.ok("GET", "/api/base-models", token="member")["items"]]
+    assert listed and not [m for m in listed if m.startswith("tensorant/")]
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in listed
+    status, body = draft(h, base_model="no/such-model")
+    assert status == 422 and "HuggingFaceTB/SmolLM2-135M-Instruct" in body["detail"]
+    assert "tensorant/" not in body["detail"]
+
+
 def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
         h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)
@@ -239,3 +257,22 @@ def test_an_hf_token_must_look_like_one(h: Harness, token: str) -> None:
     # A common string saved as a "token" would be masked in every log line and error text from then on.
     status, body, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": token})
     assert status == 422 and body["errors"][0]["field"] == "token", body
+
+
+def test_a_forecast_without_saving_matches_the_create(h: Harness) -> None:
+    """POST /api/runs/forecast: the create's checks and forecast, nothing saved, the rate limit untouched."""
+    pid, dsid = h.project_and_dataset(rows=100)
+    body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
+            "base_model": "tensorant/tiny-llama", "price_limit_per_hour": 10.0, "kind": "full"}
+    for _ in range(12):  # more than the default runs_per_minute: a form asks at every change
+        got = h.ok("POST", "/api/runs/forecast", token="member", json_body=body)
+    assert h.ok("GET", "/api/runs", token="member")["items"] == []
+    run = h.ok("POST", "/api/runs", token="member", json_body=body)
+    assert got["forecast"] == run["forecast"] and got["runtime_limit_s"] == run["runtime_limit_s"]
+    assert got["offer"]["offer_id"] == "mem-a10" and got["warnings"] == run["warnings"]
+    assert got["max_cost"] == pytest.approx(run["offer"]["total_per_hour"] * run["runtime_limit_s"] / 3600, abs=1e-3)
+    # A price limit under the offer's price: the same warning the draft would carry.
+    low = h.ok("POST", "/api/runs/forecast", token="member", json_body={**body, "price_limit_per_hour": 0.01})
+    assert any("above the price limit" in w for w in low["warnings"])
+    status, bad, _ = h.call("POST", "/api/runs/forecast", token="member", json_body={**body, "offer_id": "nope"})
+    assert status in (404, 422) and "offer" in json.dumps(bad)

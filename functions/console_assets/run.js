@@ -1,16 +1,55 @@
 // A run: its state and timeline, live logs, the loss curve, time and cost, its resources and their
 // release, and what can be done now (each action says its consequence before it is done).
 import { api, get, token } from "./api.js";
-import { TERMINAL, badge, busy, confirmAction, duration, errorBox, field, h, money, say, when, fill } from "./ui.js";
+import { TERMINAL, badge, busy, confirmAction, consoleWords, duration, errorBox, field, h, money, say, when, fill } from "./ui.js";
 
 const POLL_MS = 1500;
 const ACTIVE = new Set(["queued", "provisioning", "preparing", "training", "exporting", "verifying"]);
 const EARLY = new Set(["queued", "provisioning", "preparing"]); // nothing trained yet: nothing to keep
 
 // What a retained run means, and what each way out of it does.
-const NEXT_FOR_RETAINED = "The machine is stopped and its disk kept (the disk bills until the run ends). Recover the adapter: "
-  + "verify the one already saved (the final adapter, else the last checkpoint's), upload an adapter.zip you fetched, "
-  + "or resume training from the last checkpoint; or discard the run to release everything.";
+const NEXT_FOR_RETAINED = "The machine is stopped and its disk kept (the disk bills until the run ends). Recover the adapter "
+  + "below: \"Verify the saved adapter\" (the final adapter, else the last checkpoint's when \"Accept the checkpoint\" is ticked), "
+  + "\"Upload and verify\" an adapter.zip you fetched, or \"Resume training\" from the last checkpoint; or \"Discard the run\" "
+  + "to release everything.";
+
+// The trainer logs, after training, the base model's and the adapter's answers to a few held-out prompts,
+// each as a Python literal: `sample prompt: '...'`, `sample base model: ...`, `sample with adapter: ...`,
+// `sample dataset answer: ...`. They are gathered here for their own panel.
+const SAMPLE_LINE = /sample (prompt|base model|with adapter|dataset answer): (.*)$/;
+const SAMPLE_KEY = { prompt: "prompt", "base model": "base", "with adapter": "adapter", "dataset answer": "expected" };
+
+// A Python str literal ('...' or "...") as its text; anything else as it is.
+export function pyString(literal) {
+  const q = literal[0];
+  if ((q !== "'" && q !== '"') || literal[literal.length - 1] !== q) return literal;
+  const body = literal.slice(1, -1);
+  const simple = { n: "\n", t: "\t", r: "\r", "\\": "\\", "'": "'", '"': '"', 0: "\0" };
+  return body.replace(/\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)/g, (m, e) => {
+    if (e[0] === "x" || e[0] === "u" || e[0] === "U") return String.fromCodePoint(parseInt(e.slice(1), 16));
+    return e in simple ? simple[e] : m;
+  });
+}
+
+export function samplesFrom(lines, into) {
+  for (const line of lines) {
+    const m = SAMPLE_LINE.exec(typeof line === "string" ? line : "");
+    if (!m) continue;
+    const key = SAMPLE_KEY[m[1]];
+    if (key === "prompt" || !into.length) into.push({});
+    into[into.length - 1][key] = pyString(m[2].trim());
+  }
+  return into;
+}
+
+function samplesPanel(samples) {
+  if (!samples.length) return h("p", { class: "hint", id: "samples-empty" }, "The base model's and the adapter's answers show here after training (the trainer writes them to the log).");
+  const row = (label, text, cls) => [h("dt", {}, label), h("dd", { class: cls }, text === undefined ? "-" : (text || "(empty answer)"))];
+  return h("div", { id: "samples" }, samples.map((x, i) => h("div", { class: "sample" },
+    h("h3", {}, `Prompt ${i + 1}`),
+    h("dl", { class: "facts" }, row("Prompt", x.prompt, "said"), row("Base model", x.base, "said"),
+      row("With the adapter", x.adapter, "said adapter"), row("Dataset answer", x.expected, "said")))));
+}
 
 function chart(points) {
   const W = 600, H = 220, L = 48, R = 12, T = 12, B = 30;
@@ -33,6 +72,11 @@ function chart(points) {
     points.length === 1 ? h("circle", { cx: sx(x0), cy: sy(y0), r: 3, fill: "currentColor" }) : null);
 }
 
+function candidateText(c, cur) {
+  const price = c.total_per_hour ?? c.price_per_hour;
+  return `${c.gpu || c.offer_id} (${c.offer_id}) on ${c.connection || c.provider}${price !== undefined && price !== null ? `, ${money(price, cur)}/h` : ""}`;
+}
+
 function facts(run) {
   const cur = run.offer.currency;
   const f = run.forecast, chk = run.forecast_check;
@@ -48,7 +92,10 @@ function facts(run) {
     h("dt", {}, "Runtime limit"), h("dd", {}, duration(run.runtime_limit_s)),
     h("dt", {}, "Price limit"), h("dd", {}, `${money(run.price_limit_per_hour, cur)}/h`),
     f ? [h("dt", {}, "Forecast"), h("dd", {}, `~${duration(f.training_s)} training + ${duration(f.startup_s)} start, ~${money(f.cost, cur)}`)] : null,
-    chk ? [h("dt", {}, "Measured"), h("dd", {}, `${duration(chk.training_s)} training (forecast ${Math.round(chk.training_error * 100)} % off)`)] : null,
+    chk ? [h("dt", {}, "Measured"), h("dd", { id: "forecast-check" }, `${duration(chk.training_s)} training (forecast ${Math.abs(Math.round(chk.training_error * 100))} % ${chk.training_error >= 0 ? "long" : "short"})`)] : null,
+    run.ran_on ? [h("dt", {}, "Ran on"), h("dd", { id: "ran-on" }, candidateText(run.ran_on, cur))] : null,
+    run.candidates && run.candidates.length > 1 ? [h("dt", {}, "Acceptable GPUs"), h("dd", {}, h("ol", { class: "candidates" },
+      run.candidates.map((c) => h("li", {}, candidateText(c, cur)))))] : null,
     run.adapter_sha256 ? [h("dt", {}, "Adapter sha256"), h("dd", {}, h("code", {}, run.adapter_sha256))] : null,
     h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
     run.released_at ? [h("dt", {}, "Released"), h("dd", {}, when(run.released_at))] : null);
@@ -56,20 +103,31 @@ function facts(run) {
 
 function resources(run) {
   if (!run.resources.length) return h("p", { class: "hint" }, run.state === "draft" ? "Nothing yet: a draft holds no machine." : "No cloud resources recorded.");
-  return h("table", { id: "resources" },
+  return h("div", { class: "table-scroll", tabindex: "0", role: "region", "aria-label": "Resources table" }, h("table", { id: "resources" },
     h("thead", {}, h("tr", {}, ["Kind", "Id", "Region", "State"].map((c) => h("th", { scope: "col" }, c)))),
     h("tbody", {}, run.resources.map((r) => h("tr", {},
       h("td", {}, r.kind), h("td", {}, h("code", {}, r.id)), h("td", {}, r.region || "-"), h("td", {}, r.state)))),
-    run.release_error ? h("caption", { class: "error" }, `release: ${run.release_error} (attempt ${run.release_attempts})`) : null);
+    run.release_error ? h("caption", { class: "error" }, `release: ${run.release_error} (attempt ${run.release_attempts})`) : null));
 }
 
+// The timeline: the run's events and, where the run tried several GPUs, a line per attempt, by time.
 function timeline(run) {
   const events = run.events.filter((e) => e.kind !== "log");
-  if (!events.length) return h("p", { class: "hint" }, "No events yet.");
-  return h("ol", { class: "timeline", id: "timeline" }, events.map((e) =>
-    h("li", { class: e.kind }, h("time", { datetime: e.at }, when(e.at)),
-      e.kind === "transition" ? h("strong", {}, e.state || "") : h("span", { class: "muted" }, `${e.kind}: `),
-      " ", e.kind === "transition" ? `— ${e.message}` : e.message)));
+  const attempts = run.attempts || [];
+  if (!events.length && !attempts.length) return h("p", { class: "hint" }, "No events yet.");
+  const cur = run.offer.currency;
+  const lines = events.map((e) => ({ at: e.at, node: h("li", { class: e.kind }, h("time", { datetime: e.at }, when(e.at)),
+    e.kind === "transition" ? h("strong", {}, e.state || "") : h("span", { class: "muted" }, `${e.kind}: `),
+    " ", e.kind === "transition" ? `— ${consoleWords(e.message)}` : consoleWords(e.message)) }));
+  for (const a of attempts) {
+    const took = a.seconds !== undefined && a.seconds !== null ? `, ${duration(a.seconds)}` : "";
+    lines.push({ at: a.started_at, node: h("li", { class: `attempt ${a.outcome}`, "data-outcome": a.outcome },
+      h("time", { datetime: a.started_at || "" }, when(a.started_at)),
+      h("strong", {}, `attempt ${(a.index ?? 0) + 1}: ${a.outcome}`), " — ",
+      candidateText(a, cur), a.code ? ` (${a.code})` : "", a.message ? `: ${consoleWords(a.message)}` : "", took) });
+  }
+  lines.sort((x, y) => (Date.parse(x.at || 0) || 0) - (Date.parse(y.at || 0) || 0));
+  return h("ol", { class: "timeline", id: "timeline" }, lines.map((l) => l.node));
 }
 
 // One action: what it does is said beside its button, and again in the confirmation.
@@ -116,18 +174,25 @@ function actions(run, refresh) {
       consequence: "Asks the cloud again to delete the machine, disk and network interface; the run ends once it confirms.",
       run: () => then(api("POST", `${path}/release`)) }));
   } else if (run.state === "retained") {
+    // A checkpoint's adapter (training stopped before its planned steps) ends the run only when the owner says so.
+    const accept = h("input", { type: "checkbox", id: "accept-checkpoint" });
+    list.push(h("div", { class: "action" }, h("div", { class: "field check" }, accept,
+      h("label", { for: "accept-checkpoint" }, "Accept the checkpoint as the run's adapter")),
+      h("p", {}, "Tick it to let a verification below accept the last checkpoint's adapter (training stopped before its planned steps) as the run's adapter; untick it and only a completed adapter is accepted.")));
     list.push(action({ id: "act-verify-saved", label: "Verify the saved adapter",
-      consequence: "Verifies the adapter already in storage (the final one, else the last checkpoint's). If it passes, the run succeeds and the machine and disk are released; if it is refused, the run stays retained.",
-      run: () => then(api("POST", `${path}/recover`, { json: { mode: "verify_saved" } })) }));
+      consequence: "Verifies the adapter already in storage (the final one, else the last checkpoint's, if accepted above). If it passes, the run succeeds and the machine and disk are released; if it is refused, the run stays retained.",
+      run: () => then(api("POST", `${path}/recover`, { json: accept.checked
+        ? { mode: "verify_saved", accept_checkpoint: true } : { mode: "verify_saved" } })) }));
     const file = h("input", { type: "file", accept: ".zip,application/zip", id: "adapter-file" });
     list.push(action({ id: "act-upload", label: "Upload and verify", extra: field("Adapter archive (adapter.zip)", file),
       consequence: "Uploads the adapter.zip you fetched from the machine and verifies it. If it passes, the run succeeds and the machine and disk are released; if it is refused, the run stays retained with the refusal said.",
       run: async () => {
         if (!file.files.length) throw new Error("Choose the adapter.zip to upload first.");
-        await then(api("POST", `${path}/recover`, { body: await file.files[0].arrayBuffer(), type: "application/zip" }));
+        await then(api("POST", `${path}/recover${accept.checked ? "?accept_checkpoint=true" : ""}`,
+          { body: await file.files[0].arrayBuffer(), type: "application/zip" }));
       } }));
     list.push(action({ id: "act-resume", label: "Resume training",
-      consequence: "Starts the machine and trains on from the last checkpoint to the planned steps (local provider only so far). GPU billing resumes and the runtime limit counts again from now.",
+      consequence: "Starts the machine and trains on from the last checkpoint to the planned steps. GPU billing resumes and the runtime limit counts again from now.",
       run: () => then(api("POST", `${path}/recover`, { json: { mode: "resume" } })) }));
     const running = run.resources.some((r) => r.state.startsWith("running"));
     if (running) {
@@ -171,6 +236,10 @@ export async function runPage(runId) {
   const head = h("div"), factsBox = h("div"), resBox = h("div"), timeBox = h("div"), actBox = h("section", { "aria-labelledby": "actions-title" });
   const chartBox = h("div");
   const logs = h("pre", { class: "logs", id: "logs", tabindex: "0", "aria-label": "Training log" });
+  const samplesBox = h("div");
+  const samples = [];
+  let shownSamples = -1;
+  let afterEnd = 0;
   let cursor = "", logsDone = false, stopped = false, timer = null, shownState = "", shownEvents = -1, shownPoints = -1;
 
   function drawHead() {
@@ -178,10 +247,10 @@ export async function runPage(runId) {
       h("h1", {}, `Run ${run.id} `, h("span", { id: "run-state", class: `badge ${run.state}` }, run.state)),
       h("p", {}, ACTIVE.has(run.state) ? [`Phase: ${run.phase || run.state} `, h("progress", { max: 1, value: run.progress || 0, "aria-label": "Progress" }),
         ` ${Math.round((run.progress || 0) * 100)} %`] : null),
-      run.reason ? h("div", { class: run.state === "failed" || run.state === "retained" ? "warning" : "panel", id: "reason" }, run.reason) : null,
+      run.reason ? h("div", { class: run.state === "failed" || run.state === "retained" ? "warning" : "panel", id: "reason" }, consoleWords(run.reason)) : null,
       run.state === "retained" ? h("div", { class: "panel", id: "next-steps" }, h("strong", {}, "What to do next: "), NEXT_FOR_RETAINED) : null,
       run.billing_note ? h("p", { class: "hint" }, run.billing_note) : null,
-      run.warnings.map((w) => h("div", { class: "warning" }, w)));
+      run.warnings.map((w) => h("div", { class: "warning" }, consoleWords(w))));
   }
 
   function draw() {
@@ -213,8 +282,10 @@ export async function runPage(runId) {
       if (got.lines.length) {
         const atEnd = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
         logs.append(got.lines.map((l) => (typeof l === "string" ? l : JSON.stringify(l))).join("\n") + "\n");
+        samplesFrom(got.lines, samples);
         if (atEnd) logs.scrollTop = logs.scrollHeight;
       }
+      if (samples.length !== shownSamples) { fill(samplesBox, samplesPanel(samples)); shownSamples = samples.length; }
       if (got.next === null) { logsDone = true; break; }
       const moved = got.next !== cursor;
       cursor = got.next;
@@ -244,11 +315,14 @@ export async function runPage(runId) {
     } catch (err) {
       say(err.message);
     }
-    // Polled until it has ended and its last log line is shown.
-    if (!stopped && !(TERMINAL.has(run.state) && logsDone) && run.state !== "draft") timer = setTimeout(tick, POLL_MS);
+    // Polled until it has ended, its last log line is shown and its timeline has the last transition (the
+    // state is written before its event: a read between the two has the state without it), a few polls at most.
+    const settled = run.events.some((e) => e.kind === "transition" && e.state === run.state) || ++afterEnd > 5;
+    if (!stopped && !(TERMINAL.has(run.state) && logsDone && settled) && run.state !== "draft") timer = setTimeout(tick, POLL_MS);
   }
 
   draw();
+  fill(samplesBox, samplesPanel(samples));
   if (run.state !== "draft") await Promise.all([pollLogs(), pollMetrics()]).catch((e) => fill(chartBox, errorBox(e)));
   timer = setTimeout(tick, POLL_MS);
   return {
@@ -257,6 +331,7 @@ export async function runPage(runId) {
         h("section", { "aria-labelledby": "cost-title" }, h("h2", { id: "cost-title" }, "Time and cost"), factsBox),
         h("section", { "aria-labelledby": "res-title" }, h("h2", { id: "res-title" }, "Resources"), resBox)),
       h("section", { "aria-labelledby": "loss-title" }, h("h2", { id: "loss-title" }, "Loss"), chartBox),
+      h("section", { "aria-labelledby": "samples-title" }, h("h2", { id: "samples-title" }, "Base model vs adapter"), samplesBox),
       h("section", { "aria-labelledby": "logs-title" }, h("h2", { id: "logs-title" }, "Training logs"), logs),
       h("section", { "aria-labelledby": "timeline-title" }, h("h2", { id: "timeline-title" }, "Timeline"), timeBox),
       h("p", {}, h("a", { href: "#/runs" }, "All runs"))],

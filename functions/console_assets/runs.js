@@ -31,7 +31,8 @@ export async function runsPage() {
     }
     cursors.length = index + 1;
     if (page.next) cursors.push(page.next);
-    fill(table, page.items.length ? h("table", {},
+    // The table scrolls inside its own box on a narrow screen, not the page.
+    fill(table, page.items.length ? h("div", { class: "table-scroll", tabindex: "0", role: "region", "aria-label": "Runs table" }, h("table", {},
       h("caption", { class: "hint" }, `Page ${index + 1}, newest first`),
       h("thead", {}, h("tr", {}, ["Run", "State", "Kind", "Provider · GPU", "Base model", "Created", "Elapsed", "Cost"]
         .map((c) => h("th", { scope: "col" }, c)))),
@@ -39,7 +40,7 @@ export async function runsPage() {
         h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(r.id)}` }, r.id)),
         h("td", {}, badge(r.state)), h("td", {}, r.kind),
         h("td", {}, `${r.provider} · ${r.offer.gpu}`), h("td", {}, r.base_model), h("td", {}, when(r.created_at)),
-        h("td", {}, duration(r.elapsed_s)), h("td", {}, money(r.final_cost ?? r.cost_so_far, r.offer.currency))))))
+        h("td", {}, duration(r.elapsed_s)), h("td", {}, money(r.final_cost ?? r.cost_so_far, r.offer.currency)))))))
       : h("p", {}, index ? "No more runs." : "No runs yet: configure one."));
     // The buttons are drawn anew with each page: the focus goes to the new one of the same id.
     const prev = h("button", { type: "button", id: "prev-page", disabled: index === 0 }, "Previous page");

@@ -43,7 +43,7 @@ export function badge(text) {
 }
 
 export function errorBox(err) {
-  return h("div", { class: "error", role: "alert" }, err && err.message ? err.message : String(err));
+  return h("div", { class: "error", role: "alert" }, consoleWords(err && err.message ? err.message : String(err)));
 }
 
 export function say(text) {
@@ -109,4 +109,34 @@ export function fill(el, ...children) {
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false)
     .map((c) => (c instanceof Node ? c : document.createTextNode(String(c)))));
   return el;
+}
+
+// The API's and the CLI's words in a message, as what to click or fill in the console (the API names
+// its JSON fields, the CLI its flags: neither is on the page). Phrases first, then fields as whole words.
+const CONSOLE_PHRASES = [
+  ["raise price_limit_per_hour (PATCH the draft)", "raise the Price limit (edit the draft: configure it again)"],
+  ["resume training from it (recover mode resume)", "resume training from it (the \"Resume training\" button)"],
+  ["recover again with accept_checkpoint: true", "recover again with \"Accept the checkpoint as the run's adapter\" ticked"],
+  ["Next time give it a longer limit (--runtime-limit) or fewer steps (--set-training max_steps=N)",
+    "Next time give it a longer Runtime limit or fewer Max steps when you configure the run"],
+  ["(--runtime-limit)", "(the Runtime limit when you configure a run)"],
+  ["(--set-training max_steps=N)", "(Max steps)"],
+  ["(training max_steps)", "(Max steps)"],
+  ["send discard: true", "use \"Cancel and discard\""],
+  ["accept_checkpoint", "\"Accept the checkpoint as the run's adapter\""],
+  ["under /api/org/limits", "under Connections → Limits"],
+];
+const CONSOLE_FIELDS = {
+  price_limit_per_hour: "the Price limit", runtime_limit_s: "the Runtime limit", max_steps: "Max steps",
+  max_seq_len: "Max sequence length", offer_id: "the GPU offer", base_model: "the Base model",
+  dataset_version_id: "the Dataset version", max_runtime_limit_s: "the organization's Max runtime limit (Connections → Limits)",
+  max_price_limit_per_hour: "the organization's Max price limit per hour (Connections → Limits)",
+  max_active_runs: "the organization's Max active runs (Connections → Limits)",
+};
+const CONSOLE_FIELD = new RegExp(`\\b(${Object.keys(CONSOLE_FIELDS).join("|")})\\b`, "g");
+
+export function consoleWords(text) {
+  let out = String(text ?? "");
+  for (const [from, to] of CONSOLE_PHRASES) out = out.split(from).join(to);
+  return out.replace(CONSOLE_FIELD, (m) => CONSOLE_FIELDS[m]);
 }

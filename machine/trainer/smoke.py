@@ -124,6 +124,12 @@ def main() -> int:
         tmp.write_bytes(data)
         tmp.replace(out / name)
     print(f"smoke trainer: wrote {', '.join(sorted(files))} to {out}", flush=True)
+    # The real trainer's sample lines (lora.sample_outputs), so the console's base-vs-adapter panel has
+    # something to show in tests; a random model generates nothing, and that is what they say.
+    print(f"sample prompt: {'What does the smoke trainer answer?'!r}", flush=True)
+    print(f"sample base model: {''!r}", flush=True)
+    print(f"sample with adapter: {'(the smoke trainer trains nothing: no answer)'!r}", flush=True)
+    print(f"sample dataset answer: {'(not read by the smoke trainer)'!r}", flush=True)
     return 0
 
 

@@ -32,11 +32,12 @@ class S3StorageConfig(_Config):
     kind: Literal["s3"] = "s3"
     endpoint: str = Field(default="", description="https URL; empty for AWS S3 in `region`")
     # The region goes into the AWS endpoint's host name: letters, digits and hyphens only.
-    region: str = Field(min_length=2, max_length=40, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]$")
-    bucket: str = Field(min_length=3, max_length=63)
-    prefix: str = ""
-    access_key_id: str = Field(min_length=4, max_length=128)
-    secret_access_key: SecretStr
+    region: str = Field(min_length=2, max_length=40, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]$",
+                        description="The bucket's region, e.g. us-east-1")
+    bucket: str = Field(min_length=3, max_length=63, description="The bucket's name (not its ARN)")
+    prefix: str = Field(default="", description="Optional: a folder in the bucket for this organization's objects")
+    access_key_id: str = Field(min_length=4, max_length=128, description="An access key ID allowed on the bucket")
+    secret_access_key: SecretStr = Field(description="The access key's secret")
 
     @field_validator("endpoint")
     @classmethod
@@ -75,10 +76,13 @@ class S3StorageConfig(_Config):
 
 class RunPodVolumeConfig(_Config):
     kind: Literal["runpod_volume"] = "runpod_volume"
-    volume_id: str = Field(min_length=4, max_length=64, pattern=r"^[a-z0-9]+$")
-    datacenter_id: str = Field(min_length=3, max_length=32, pattern=r"^[A-Z]{2,3}-[A-Z]{2,4}-\d+$")
-    access_key_id: str = Field(min_length=4, max_length=128)
-    secret_access_key: SecretStr
+    volume_id: str = Field(min_length=4, max_length=64, pattern=r"^[a-z0-9]+$", description=(
+        "The network volume's ID (pick it from the list, or see RunPod's Storage page)"))
+    datacenter_id: str = Field(min_length=3, max_length=32, pattern=r"^[A-Z]{2,3}-[A-Z]{2,4}-\d+$", description=(
+        "The volume's datacenter, e.g. EU-RO-1: pods run there"))
+    access_key_id: str = Field(min_length=4, max_length=128, description=(
+        "The RunPod S3 API key's access key (user_...), not the RunPod API key"))
+    secret_access_key: SecretStr = Field(description="The S3 API key's secret (rps_...)")
 
 
 StorageConfig = Annotated[

@@ -30,19 +30,21 @@ class AwsConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     region: str = Field(description="Commercial AWS region, e.g. us-east-1")
-    access_key_id: str
-    secret_access_key: SecretStr
-    session_token: SecretStr | None = None
+    access_key_id: str = Field(description="The IAM user's access key ID (AKIA...), of the policy in infra/aws")
+    secret_access_key: SecretStr = Field(description="The access key's secret")
+    session_token: SecretStr | None = Field(default=None, description="Only for temporary credentials (STS)")
     # When the pasted credentials are temporary, their Expiration (as printed by
     # `aws sts get-session-token` or `aws configure export-credentials`). The token
     # itself is opaque, so this is the only way to show the expiry.
-    session_expires_at: datetime | None = None
-    ami_id: str
-    subnet_id: str
-    security_group_id: str
-    key_name: str | None = None
-    instance_profile_arn: str | None = None
-    workspace_disk_gb: int = Field(default=100, ge=MIN_WORKSPACE_GB, le=MAX_WORKSPACE_GB)
+    session_expires_at: datetime | None = Field(default=None, description="When temporary credentials expire")
+    ami_id: str = Field(description="The training image (AMI) in this region, e.g. ami-0abc...")
+    subnet_id: str = Field(description="The subnet the machines start in (subnet-...), in this region")
+    security_group_id: str = Field(description="A security group with no inbound rules (sg-...)")
+    key_name: str | None = Field(default=None, description="Optional: an EC2 key pair's name, for SSH to a retained machine")
+    instance_profile_arn: str | None = Field(default=None, description=(
+        "Optional: the machines' instance profile ARN (S3 access without keys)"))
+    workspace_disk_gb: int = Field(default=100, ge=MIN_WORKSPACE_GB, le=MAX_WORKSPACE_GB,
+                                   description="The workspace disk (gp3) in GiB")
 
     @field_validator("region")
     @classmethod

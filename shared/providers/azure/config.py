@@ -107,7 +107,7 @@ class AzureConfig(BaseModel):
     tenant_id: str = Field(description="Directory (tenant) ID")
     client_id: str = Field(description="Application (client) ID")
     client_secret: SecretStr = Field(description="The client secret's Value (not its Secret ID)")
-    subscription_id: str
+    subscription_id: str = Field(description="The subscription's ID (a GUID)")
     resource_group: str = Field(description="The dedicated training resource group")
     region: str = Field(description="Location code such as eastus")
     subnet_id: str = Field(description="The subnet's complete resource ID")

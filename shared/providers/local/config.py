@@ -17,7 +17,8 @@ REMOVED_FIELDS = ("trainer_command",)
 class LocalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    price_per_hour: float = Field(default=0.0, ge=0.0, le=1000.0)
+    price_per_hour: float = Field(default=0.0, ge=0.0, le=1000.0, description=(
+        "What an hour of this host counts as in costs and usage (0: free)"))
 
     @model_validator(mode="before")
     @classmethod

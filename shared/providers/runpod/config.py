@@ -26,15 +26,19 @@ class RunPodConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    api_key: SecretStr
+    api_key: SecretStr = Field(description="The RunPod API key (Restricted: read/write on pods), not the S3 API key")
     # Network volumes exist only in Secure Cloud; COMMUNITY / ALL are allowed without one.
-    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = "SECURE"
-    network_volume_id: str = Field(default="", max_length=64, pattern=r"^([a-z0-9]{4,64})?$")
-    datacenter_id: str = Field(default="", max_length=32, pattern=r"^([A-Z]{2,3}-[A-Z]{2,4}-\d+)?$")
-    container_disk_gb: int = Field(default=40, ge=10, le=1000)
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = Field(default="SECURE", description=(
+        "Secure Cloud, Community Cloud, or both (network volumes need Secure)"))
+    network_volume_id: str = Field(default="", max_length=64, pattern=r"^([a-z0-9]{4,64})?$", description=(
+        "Filled from the storage connection when it is a RunPod volume; leave empty"))
+    datacenter_id: str = Field(default="", max_length=32, pattern=r"^([A-Z]{2,3}-[A-Z]{2,4}-\d+)?$", description=(
+        "Filled from the storage connection when it is a RunPod volume; leave empty"))
+    container_disk_gb: int = Field(default=40, ge=10, le=1000, description="The pod's container disk in GB (wiped on stop)")
     # Pod volume at /workspace when there is no network volume: it survives a stop, so a
     # retained pod keeps /workspace/data/adapter.zip (the container disk is wiped on stop).
-    volume_gb: int = Field(default=50, ge=10, le=4000)
+    volume_gb: int = Field(default=50, ge=10, le=4000, description=(
+        "The pod's own volume at /workspace in GB, when there is no network volume (kept on stop)"))
 
     @model_validator(mode="after")
     def _volume(self) -> RunPodConfig:

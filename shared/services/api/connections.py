@@ -12,9 +12,14 @@ from typing import Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from shared.clock import now
-from shared.errors import Conflict, InvalidInput, NotFound, ProviderError, invalid
+from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, ProviderError, invalid
 from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus, ConnectionView, Role
-from shared.org_storage.registry import make_storage, parse_storage_config, refuse_unavailable_storage
+from shared.org_storage.registry import (
+    make_storage,
+    parse_storage_config,
+    refuse_unavailable_storage,
+    storage_config_models,
+)
 from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs.org_backends import STORAGE_SLOT, compute_connection_slot, compute_for, unsealed_config
@@ -31,15 +36,24 @@ def view(rec: ConnectionRecord) -> ConnectionView:
                           checks=rec.checks, warnings=rec.warnings, saved_at=rec.saved_at, checked_at=rec.checked_at)
 
 
+# The wire form of a secret left unchanged: omitted, or sent back as the API shows it ({"set": true}).
+KEEP_SECRET = {"set": True}
+
+
 def _keep_existing_secrets(body: dict[str, Any], model: type[BaseModel], existing: BaseModel | None) -> dict[str, Any]:
-    """Secrets are write-only: a save that omits one keeps the stored value."""
-    if existing is None or type(existing) is not model:
-        return body
+    """Secrets are write-only: a save that omits one, or sends back the shown {"set": true}, keeps the
+    stored value (a form re-saved unchanged must not need the secret typed again)."""
     merged = dict(body)
+    same = existing is not None and type(existing) is model
     for name in model.model_fields:
-        value = getattr(existing, name)
-        if isinstance(value, SecretStr) and name not in merged:
+        if name in merged and merged[name] != KEEP_SECRET:
+            continue
+        value = getattr(existing, name) if same else None
+        if isinstance(value, SecretStr) and value.get_secret_value():
             merged[name] = value.get_secret_value()
+        elif name in merged:
+            raise InvalidInput.field(name, "no saved secret to keep (nothing saved yet, or the connection's kind "
+                                           "changed): enter the value")
     return merged
 
 
@@ -48,17 +62,28 @@ def _config_warnings(config: BaseModel) -> list[str]:
     return list(fn()) if callable(fn) else []
 
 
+# A save is read, then written with the read's ETag; a check that records its verdict in between (a re-save
+# right after a save meets the first save's check) makes the write fail: the save is made again on the new read.
+SAVE_TRIES = 4
+
+
 def _save(principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
     store = get_store()
-    got = store.connections.get(principal.org, slot)
-    rec = ConnectionRecord(
-        org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
-        config=registry.public_config(config),
-        sealed=seal(registry.sealed_config(config), aad=f"{principal.org}|{slot}"),
-        location=location, warnings=_config_warnings(config), saved_at=now(),
-        revision=(got[0].revision + 1) if got else 1,
-    )
-    store.connections.put(rec, got[1] if got else None)
+    for attempt in range(SAVE_TRIES):
+        got = store.connections.get(principal.org, slot)
+        rec = ConnectionRecord(
+            org=principal.org, slot=slot, provider=provider, status=ConnectionStatus.checking,
+            config=registry.public_config(config),
+            sealed=seal(registry.sealed_config(config), aad=f"{principal.org}|{slot}"),
+            location=location, warnings=_config_warnings(config), saved_at=now(),
+            revision=(got[0].revision + 1) if got else 1,
+        )
+        try:
+            store.connections.put(rec, got[1] if got else None)
+            break
+        except ConcurrencyError:
+            if attempt == SAVE_TRIES - 1:
+                raise
     get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(rec)
 
@@ -90,9 +115,10 @@ def save_storage(principal: Principal, body: Any) -> ConnectionView:
     refuse_unavailable_storage(str(body["kind"]), get_settings())  # local storage (this host's disk) is dev-only
     got = get_store().connections.get(principal.org, STORAGE_SLOT)
     existing = unsealed_config(got[0]) if got else None
+    models = {str(m.model_fields["kind"].default): m for m in storage_config_models(get_settings())}
     try:
-        config = parse_storage_config(body)
-        config = parse_storage_config(_keep_existing_secrets(body, type(config), existing))
+        model = models.get(str(body["kind"]))
+        config = parse_storage_config(_keep_existing_secrets(body, model, existing) if model else body)
     except ValidationError as exc:
         raise invalid(exc) from exc
     location = make_storage(config, get_settings(), principal.org).location()

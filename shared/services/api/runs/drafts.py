@@ -11,7 +11,18 @@ from shared.clock import now
 from shared.errors import Conflict, InvalidInput, invalid
 from shared.ids import newest_first_id
 from shared.lifecycle import TERMINAL
-from shared.models import Billing, DatasetVersionRecord, Role, RunCreate, RunKind, RunPatch, RunRecord, RunState, RunView
+from shared.models import (
+    Billing,
+    DatasetVersionRecord,
+    Role,
+    RunCreate,
+    RunEstimate,
+    RunKind,
+    RunPatch,
+    RunRecord,
+    RunState,
+    RunView,
+)
 from shared.runs import forecast
 from shared.runs.events import event
 from shared.security import Principal, require
@@ -72,6 +83,21 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     for warning in warnings_of(run):
         event(run, "warning", warning)
     return view(run)
+
+
+def estimate(principal: Principal, body: RunCreate) -> RunEstimate:
+    """The draft a create of `body` would save, checked the same way, but not saved and not rate
+    limited (a form asks at each change): its offer, runtime limit, forecast and warnings."""
+    require(principal, Role.owner, Role.member)
+    quotas.check_edit(principal, body)  # the org's limits as at create, without taking from the rate limit
+    checked = checks.check_request(principal.org, body)
+    t = now()
+    run = RunRecord(org=principal.org, id="estimate", project_id=body.project_id, created_at=t, updated_at=t,
+                    state_changed_at=t, created_by=principal.sub, billing=Billing(), **_draft_fields(body, checked))
+    return RunEstimate(offer=run.offer, price_limit_per_hour=run.price_limit_per_hour,
+                       runtime_limit_s=run.runtime_limit_s,
+                       max_cost=round(run.offer.total_per_hour * run.runtime_limit_s / 3600, 4),
+                       forecast=checked.forecast, limit_note=checked.limit_note, warnings=warnings_of(run))
 
 
 def request_of(run: RunRecord) -> RunCreate:
