@@ -34,16 +34,16 @@ class AgentComplete(ApiModel):
 
 class AwsConfig(ApiModel):
     region: str = Field(description="Commercial AWS region, e.g. us-east-1")
-    access_key_id: str
-    secret_access_key: str
-    session_token: str | None = Field(default=None)
-    session_expires_at: datetime | None = Field(default=None)
-    ami_id: str
-    subnet_id: str
-    security_group_id: str
-    key_name: str | None = Field(default=None)
-    instance_profile_arn: str | None = Field(default=None)
-    workspace_disk_gb: int = Field(default=100)
+    access_key_id: str = Field(description="The IAM user's access key ID (AKIA...), of the policy in infra/aws")
+    secret_access_key: str = Field(description="The access key's secret")
+    session_token: str | None = Field(default=None, description="Only for temporary credentials (STS)")
+    session_expires_at: datetime | None = Field(default=None, description="When temporary credentials expire")
+    ami_id: str = Field(description="The training image (AMI) in this region, e.g. ami-0abc...")
+    subnet_id: str = Field(description="The subnet the machines start in (subnet-...), in this region")
+    security_group_id: str = Field(description="A security group with no inbound rules (sg-...)")
+    key_name: str | None = Field(default=None, description="Optional: an EC2 key pair's name, for SSH to a retained machine")
+    instance_profile_arn: str | None = Field(default=None, description="Optional: the machines' instance profile ARN (S3 access without keys)")
+    workspace_disk_gb: int = Field(default=100, description="The workspace disk (gp3) in GiB")
 
 
 class AzureConfig(ApiModel):
@@ -52,7 +52,7 @@ class AzureConfig(ApiModel):
     tenant_id: str = Field(description="Directory (tenant) ID")
     client_id: str = Field(description="Application (client) ID")
     client_secret: str = Field(description="The client secret's Value (not its Secret ID)")
-    subscription_id: str
+    subscription_id: str = Field(description="The subscription's ID (a GUID)")
     resource_group: str = Field(description="The dedicated training resource group")
     region: str = Field(description="Location code such as eastus")
     subnet_id: str = Field(description="The subnet's complete resource ID")
@@ -196,7 +196,7 @@ class HeartbeatReply(ApiModel):
 
 
 class LocalConfig(ApiModel):
-    price_per_hour: float = Field(default=0.0)
+    price_per_hour: float = Field(default=0.0, description="What an hour of this host counts as in costs and usage (0: free)")
 
 
 class LocalStorageConfig(ApiModel):
@@ -280,6 +280,18 @@ class RunCreate(ApiModel):
     training: TrainingSettings | None = Field(default=None)
 
 
+class RunEstimate(ApiModel):
+    """What a run request would be as a draft, without saving it (POST /api/runs/forecast): the same checks and resolution as a create, so a form can show the price and forecast as it changes."""
+
+    offer: GpuOffer
+    price_limit_per_hour: float
+    runtime_limit_s: int = Field(description="the runtime limit the draft would get (the user's, else the default or the forecast's)")
+    max_cost: float = Field(description="the offer's price per hour over the runtime limit: the most the run can cost in GPU time")
+    forecast: Forecast
+    limit_note: str = Field(default="", description="why the runtime limit is not the default, when it is not")
+    warnings: list[str] | None = Field(default=None, description="what the draft's limits will refuse or not cover")
+
+
 class RunEvent(ApiModel):
     v: int = Field(default=1)
     at: datetime
@@ -311,20 +323,20 @@ class RunPatch(ApiModel):
 class RunPodConfig(ApiModel):
     """The RunPod compute connection. `api_key` is the RunPod API key (Restricted, read/write on pods; network-volume discovery when storage is a RunPod volume). It is not the S3 API key of the storage connection: the two are not interchangeable. `network_volume_id` and `datacenter_id` are not typed by the user on the compute card: when the organization's storage connection is a RunPod network volume, the service that builds the provider fills them from that storage config (with_storage below, the provider's registry hook) before constructing RunPodCompute. Then offers list only GPUs in that datacenter and every pod mounts the volume at /workspace, pinned to that datacenter. Empty = custom S3 (pods get their own volume)."""
 
-    api_key: str
-    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = Field(default="SECURE")
-    network_volume_id: str = Field(default="")
-    datacenter_id: str = Field(default="")
-    container_disk_gb: int = Field(default=40)
-    volume_gb: int = Field(default=50)
+    api_key: str = Field(description="The RunPod API key (Restricted: read/write on pods), not the S3 API key")
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = Field(default="SECURE", description="Secure Cloud, Community Cloud, or both (network volumes need Secure)")
+    network_volume_id: str = Field(default="", description="Filled from the storage connection when it is a RunPod volume; leave empty")
+    datacenter_id: str = Field(default="", description="Filled from the storage connection when it is a RunPod volume; leave empty")
+    container_disk_gb: int = Field(default=40, description="The pod's container disk in GB (wiped on stop)")
+    volume_gb: int = Field(default=50, description="The pod's own volume at /workspace in GB, when there is no network volume (kept on stop)")
 
 
 class RunPodVolumeConfig(ApiModel):
     kind: Literal["runpod_volume"] = Field(default="runpod_volume")
-    volume_id: str
-    datacenter_id: str
-    access_key_id: str
-    secret_access_key: str
+    volume_id: str = Field(description="The network volume's ID (pick it from the list, or see RunPod's Storage page)")
+    datacenter_id: str = Field(description="The volume's datacenter, e.g. EU-RO-1: pods run there")
+    access_key_id: str = Field(description="The RunPod S3 API key's access key (user_...), not the RunPod API key")
+    secret_access_key: str = Field(description="The S3 API key's secret (rps_...)")
 
 
 class RunRecover(ApiModel):
@@ -385,11 +397,11 @@ class RunView(ApiModel):
 class S3StorageConfig(ApiModel):
     kind: Literal["s3"] = Field(default="s3")
     endpoint: str = Field(default="", description="https URL; empty for AWS S3 in `region`")
-    region: str
-    bucket: str
-    prefix: str = Field(default="")
-    access_key_id: str
-    secret_access_key: str
+    region: str = Field(description="The bucket's region, e.g. us-east-1")
+    bucket: str = Field(description="The bucket's name (not its ARN)")
+    prefix: str = Field(default="", description="Optional: a folder in the bucket for this organization's objects")
+    access_key_id: str = Field(description="An access key ID allowed on the bucket")
+    secret_access_key: str = Field(description="The access key's secret")
 
 
 class SweepRequest(ApiModel):
@@ -511,6 +523,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "RestartGrant": RestartGrant,
     "RunCancel": RunCancel,
     "RunCreate": RunCreate,
+    "RunEstimate": RunEstimate,
     "RunEvent": RunEvent,
     "RunLaunch": RunLaunch,
     "RunPatch": RunPatch,

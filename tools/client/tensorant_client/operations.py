@@ -45,6 +45,7 @@ OPERATIONS: dict[str, Operation] = {
     "discard": Operation("DELETE", "/api/platform/queues/{queue}/poison/{message_id}", ('queue', 'message_id'), (), None, None, None),
     "docs": Operation("GET", "/api/docs", (), (), None, None, None),
     "docs_asset": Operation("GET", "/api/docs/assets/{name}", ('name',), (), None, None, None),
+    "forecast_run": Operation("POST", "/api/runs/forecast", (), (), "json", "RunEstimate", None),
     "get_compute": Operation("GET", "/api/connections/compute/{provider}", ('provider',), (), None, "ConnectionView", None),
     "get_limits": Operation("GET", "/api/org/limits", (), (), None, "OrgLimits", None),
     "get_run": Operation("GET", "/api/runs/{id}", ('id',), (), None, "RunView", None),
@@ -173,6 +174,10 @@ class Api:
     def docs_asset(self, name: str) -> str:
         """A file of the docs page's vendored renderer (GET /api/docs/assets/{name})."""
         return self._call("docs_asset", {"name": name}, None, None, None)
+
+    def forecast_run(self, body: models.RunCreate | dict[str, Any]) -> models.RunEstimate:
+        """The price and forecast of a run request, checked as a create but not saved (POST /api/runs/forecast)."""
+        return self._call("forecast_run", {}, None, body, None)
 
     def get_compute(self, provider: str) -> models.ConnectionView:
         """Show a compute connection (secrets are never returned) (GET /api/connections/compute/{provider})."""
