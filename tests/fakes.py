@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from shared.clock import now
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import registry
-from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef
+from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef, marks_extra
 from shared.settings import Settings
 
 
@@ -89,7 +89,7 @@ class MemoryCompute:
         base = {"provider": "memory", "run_id": m.tags.get("tensorant:run", ""), "org": m.tags.get("tensorant:org", ""),
                 "deployment": m.tags.get("tensorant:deployment", ""), "created_at": m.created_at,
                 "managed": m.tags.get("tensorant:managed") == "true",
-                "extra": {"store": m.tags["tensorant:store"]} if m.tags.get("tensorant:store") else {}}
+                "extra": marks_extra(m.tags)}
         out = [CloudResource(kind="instance", id=m.id, state=m.state, **base)]
         if m.disk_exists:
             out.append(CloudResource(kind="volume", id=m.disk_id, **base))

@@ -34,6 +34,16 @@ TAG_RUN = "tensorant:run"
 # The state store that launched it (shared/store/installation.py): two control planes that share a
 # deployment id and a cloud account would otherwise each take the other's machines for leaks.
 TAG_STORE = "tensorant:store"
+# The compute connection that launched it (`aws`, `aws/us-west-2`): two connections that reach the
+# same account and region each sweep only their own machines (shared/services/steps/sweep_account.py).
+TAG_CONNECTION = "tensorant:connection"
+
+
+def marks_extra(tags: dict[str, str]) -> dict[str, str]:
+    """The marks a listed resource carries beyond the run's, for CloudResource.extra: `store` (the
+    launching state store) and `connection` (the launching compute connection), where tagged."""
+    return {**({"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {}),
+            **({"connection": tags[TAG_CONNECTION]} if tags.get(TAG_CONNECTION) else {})}
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class RunRef:
     org: str
     run_id: str
     store: str = ""  # the launching state store's installation id ("" where unknown: not tagged)
+    connection: str = ""  # the launching compute connection's name ("" where unknown: not tagged)
 
     @property
     def name(self) -> str:
@@ -58,6 +69,7 @@ class RunRef:
             TAG_ORG: self.org,
             TAG_RUN: self.run_id,
             **({TAG_STORE: self.store} if self.store else {}),
+            **({TAG_CONNECTION: self.connection} if self.connection else {}),
         }
 
 

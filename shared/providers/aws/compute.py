@@ -43,12 +43,12 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
-    TAG_STORE,
     CloudProgress,
     ComputeProvider,
     Description,
     LaunchSpec,
     RunRef,
+    marks_extra,
 )
 from shared.settings import Settings
 
@@ -464,7 +464,7 @@ class AwsCompute:
                              run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
                              deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
                              created_at=created_at, state=state,
-                             extra={**extra, **({"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {})})
+                             extra={**extra, **marks_extra(tags)})
 
 
 def build(config: BaseModel, settings: Settings, **deps: Any) -> ComputeProvider:

@@ -63,12 +63,12 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
-    TAG_STORE,
     CloudProgress,
     ComputeProvider,
     Description,
     LaunchSpec,
     RunRef,
+    marks_extra,
 )
 from shared.settings import Settings
 
@@ -163,7 +163,7 @@ class AzureCompute:
             org=tags.get(TAG_ORG, ""), deployment=tags.get(TAG_DEPLOYMENT, ""),
             managed=tags.get(TAG_MANAGED) == "true", created_at=_parse_time(props.get("timeCreated")),
             state=state or str(props.get("provisioningState", "")),
-            extra={"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {},
+            extra=marks_extra(tags),
         )
 
     def _expected(self, ref: RunRef) -> list[CloudResource]:
