@@ -26,6 +26,7 @@ PROVIDER_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 # (another account or region of that provider, e.g. aws/us-west-2). The provider part is checked against
 # the registry (aws, azure, runpod, local; a test's override); the stored key spells '/' as '|'.
 CONNECTION_PATTERN = r"^[a-z][a-z0-9_-]{0,31}(/[a-z0-9][a-z0-9-]{0,39})?$"
+CONNECTION_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"  # the part after the '/'
 # An offer id is built by a provider: region/zone/type (AWS), azure:region:size, runpod-... slugs.
 OFFER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
 # A declared base model id: "name" or "owner/name", Hugging Face style.

@@ -95,9 +95,9 @@ def save_compute(principal: Principal, name: str, body: Any) -> ConnectionView:
         raise InvalidInput.field("body", "send the connection fields as a JSON object")
     registry.refuse_unavailable(provider)  # `local` runs code on this host: only outside production
     info = registry.info_of(provider)
-    for name, advice in (info.retired_fields if info else {}).items():
-        if name in body:
-            raise InvalidInput.field(name, advice)
+    for retired, advice in (info.retired_fields if info else {}).items():
+        if retired in body:
+            raise InvalidInput.field(retired, advice)
     model = registry.config_model(provider)
     got = get_store().connections.get(principal.org, compute_connection_slot(name))
     existing = unsealed_config(got[0]) if got else None
