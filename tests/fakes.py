@@ -47,6 +47,7 @@ class Cloud:
         # Deletions accepted but not confirmed: a released machine stays shutting-down, its disk kept,
         # and release answers not done until this is cleared (as a cloud's asynchronous delete).
         self.hold_deletes = False
+        self.preflight_no: dict[str, str] = {}  # offer id -> what preflight answers against it
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines.values() if m.state != "terminated" or m.disk_exists]
@@ -70,6 +71,9 @@ class MemoryCompute:
     def validate(self) -> list[Check]:
         self.cloud.calls.append("validate")
         return [Check(name="credentials", status=CheckStatus.ok, message="fake account")]
+
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        return self.cloud.preflight_no.get(offer.offer_id)
 
     def scope(self) -> dict[str, str]:
         return {}  # one in-process cloud: nothing to compare

@@ -185,6 +185,19 @@ class ComputeProvider(Protocol):
         """
         ...
 
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        """Why `offer` cannot start now, from what the connection may read before creating anything
+        (Azure compute usages: the VM family's and the regional vCPUs; AWS Service Quotas: the family's
+        On-Demand vCPUs, with the optional servicequotas:GetServiceQuota grant), e.g. "Standard
+        NCADSH100v5 Family vCPUs: 0 of 40 free in eastus ...". None: nothing known against it (it fits,
+        or the provider cannot tell: RunPod's stock is checked by launch itself, local has no quota).
+
+        A read; never raises (a read that fails is None: the launch reports the cloud's own refusal).
+        `ref`: the run it is for; a machine of that run that already exists is never a reason (a
+        repeated launch finds it). A "no" skips the candidate; it never fails a run by itself.
+        """
+        ...
+
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         """Create (or find) the run's machine; return every resource recorded for it.
 
