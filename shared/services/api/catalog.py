@@ -41,7 +41,8 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
     else:
         slots = [r.slot for r in store.connections.in_org(principal.org) if r.slot.startswith("compute:")
                  and registry.available(provider_of(connection_of_slot(r.slot)))]
-    items, catalogs = [], []
+    items: list[GpuOffer] = []
+    catalogs: list[dict[str, Any]] = []
     for slot in slots:
         name = connection_of_slot(slot)
         if store.connections.get(principal.org, slot) is None:
