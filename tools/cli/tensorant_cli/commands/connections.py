@@ -17,8 +17,8 @@ from tensorant_cli.schema import SetError, apply_set, compute_schema, provider_n
 # Not a list of names: which providers exist is the control plane's to say (its registry, and
 # whether the deployment is production), so the help points at the command that asks it.
 PROVIDER_HELP = "one of `tensorant connections providers`"
-CONNECTION_HELP = ("`{provider}` (its default connection) or `{provider}/{name}` (another account or region of "
-                   "it, e.g. aws/us-west-2); " + PROVIDER_HELP)
+CONNECTION_HELP = (PROVIDER_HELP + " (its default connection), or PROVIDER/NAME: another account or region of "
+                   "it saved under a name, e.g. aws/us-west-2")
 NAME_HELP = "save it as the named connection {provider}/NAME beside the default (e.g. --name us-west-2)"
 
 
