@@ -100,6 +100,13 @@ def test_a_run_on_us_west_2_launches_there_and_trains_to_succeeded(two: Harness,
     assert instance["Placement"]["AvailabilityZone"] == WEST_ZONE
     stored, _ = get_store().runs.get(two.org, run_id)
     assert stored.scope["region"] == WEST and stored.connection == "aws/us-west-2"
+    # Scoped on its own: the connection holding the run may not move to another region, the default may change.
+    status, body, _ = two.call("PUT", NAMED, json_body=rig.body(workspace_disk_gb=50))
+    assert status == 409 and "region us-west-2 -> us-east-1" in str(body) and run_id in str(body)
+    assert two.ok("GET", NAMED)["config"]["region"] == WEST
+    assert two.call("PUT", "/api/connections/compute/aws", json_body=rig.body(workspace_disk_gb=60))[0] == 202
+    two.drain()
+    assert two.ok("GET", "/api/connections/compute/aws")["status"] == "connected"
 
     two.agent(run_id).train(trained_adapter_zip())
     run = two.get_run(run_id)
