@@ -127,3 +127,20 @@ def test_a_sweep_of_one_connection_never_judges_anothers_machines(h: Harness, cl
     assert [(f["provider"], f["run_id"]) for f in report["findings"] if f["action"] == "release"] == [
         ("memory/b", "r-ghost-b")]
     assert leak_b.state == "terminated"
+
+
+def test_rows_saved_before_names_read_as_the_default_connection(h: Harness) -> None:
+    """No migration: the default connection's row is keyed as it always was, and a catalog row or a run
+    written before names existed (no `connection`) reads as the provider's default."""
+    from shared.models import CatalogRecord
+    from shared.runs.org_backends import run_connection
+    from tests.fakes import OFFER
+
+    store = get_store()
+    assert store.table("connections").get(h.org, "compute~memory") is not None  # the key of old
+    store.catalogs.put(CatalogRecord(org=h.org, provider="memory", offers=[OFFER], fetched_at=now()))
+    [offer] = h.ok("GET", "/api/catalog/gpus", params={"provider": "memory"})["items"]
+    assert offer["connection"] == "memory" and offer["offer_id"] == OFFER.offer_id
+    run_id = h.create_run("memory", OFFER.offer_id)
+    run, _ = store.runs.get(h.org, run_id)
+    assert run.connection == "" and run_connection(run) == "memory"
