@@ -10,4 +10,5 @@ bp = func.Blueprint()
 @http.api(summary="GPU offers with compute, disk and total price per hour; with base_model, whether each fits")
 def gpus(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: catalog.offers_view(http.principal(req), req.params.get("provider"),
-                                                    req.params.get("base_model") or None))
+                                                    req.params.get("base_model") or None,
+                                                    req.params.get("connection") or None))

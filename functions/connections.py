@@ -36,6 +36,39 @@ def check_compute(req: func.HttpRequest) -> func.HttpResponse:
                         status=202)
 
 
+# Named compute connections ({provider}/{name}: another account or region of the provider) live under
+# .../{provider}/named/{name}: one segment more than .../{provider}/check, so a connection named
+# "check" is .../aws/named/check and no route is ambiguous.
+def _named(req: func.HttpRequest) -> str:
+    return connections.connection_name(req.route_params["provider"], req.route_params["name"])
+
+
+@bp.route(route="connections/compute/{provider}/named/{name}", methods=["PUT"], auth_level=ANON)
+@http.api(summary="Save a named compute connection {provider}/{name} (owners); checks run in the background",
+          request="provider config", response=ConnectionView, status=202)
+def save_named_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.save_compute(http.principal(req), _named(req), http.json_body(req)),
+                        status=202)
+
+
+@bp.route(route="connections/compute/{provider}/named/{name}", methods=["GET"], auth_level=ANON)
+@http.api(summary="Show a named compute connection (secrets are never returned)", response=ConnectionView)
+def get_named_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.get_one(http.principal(req), compute_connection_slot(_named(req))))
+
+
+@bp.route(route="connections/compute/{provider}/named/{name}", methods=["DELETE"], auth_level=ANON)
+@http.api(summary="Delete a named compute connection (owners; refused while runs hold machines)", status=204)
+def delete_named_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.delete_compute(http.principal(req), _named(req)))
+
+
+@bp.route(route="connections/compute/{provider}/named/{name}/check", methods=["POST"], auth_level=ANON)
+@http.api(summary="Run a named connection's checks again", response=ConnectionView, status=202)
+def check_named_compute(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: connections.request_check(http.principal(req), _named(req)), status=202)
+
+
 @bp.route(route="connections/storage", methods=["PUT"], auth_level=ANON)
 @http.api(summary="Save the organization's storage connection (owners)", request="storage config",
           response=ConnectionView, status=202)

@@ -153,9 +153,11 @@ BOUNDS: dict[str, str] = {
     "stop_run": HTTP_CLOUD,  # provider.retain of a machine started for recovery
     "runpod_volumes": HTTP_CLOUD,  # one RunPod GraphQL read
     "save_compute": HTTP_CLOUD, "check_compute": HTTP_CLOUD,  # scope read; the checks run in a step
+    "save_named_compute": HTTP_CLOUD, "check_named_compute": HTTP_CLOUD,  # the same, for a named connection
     # routes on the store and storage only
     **dict.fromkeys([
-        "get_compute", "delete_compute", "save_storage", "get_storage", "list_connections", "gpus",
+        "get_compute", "delete_compute", "get_named_compute", "delete_named_compute",
+        "save_storage", "get_storage", "list_connections", "gpus",
         "create_project", "list_projects", "upload_dataset", "dataset_upload_url", "commit_dataset",
         "list_datasets", "create_run", "list_runs", "get_run", "patch_run", "delete_run", "run_metrics",
         "run_logs", "launch_run", "cancel_run", "release_run", "run_adapter", "get_usage", "get_limits",

@@ -22,6 +22,11 @@ ID_PATTERN = r"^[a-z0-9][a-z0-9-]{2,62}$"
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 ORG_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 PROVIDER_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
+# A compute connection's name: `{provider}` (the provider's default connection) or `{provider}/{name}`
+# (another account or region of that provider, e.g. aws/us-west-2). The provider part is checked against
+# the registry (aws, azure, runpod, local; a test's override); the stored key spells '/' as '|'.
+CONNECTION_PATTERN = r"^[a-z][a-z0-9_-]{0,31}(/[a-z0-9][a-z0-9-]{0,39})?$"
+CONNECTION_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"  # the part after the '/'
 # An offer id is built by a provider: region/zone/type (AWS), azure:region:size, runpod-... slugs.
 OFFER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
 # A declared base model id: "name" or "owner/name", Hugging Face style.
@@ -115,6 +120,7 @@ class GpuOffer(Model):
     total_per_hour: float
     currency: str = "USD"
     note: str = ""
+    connection: str = ""  # the compute connection it is offered through; "" = the provider's default
 
 
 class CloudResource(Model):
@@ -296,7 +302,7 @@ class OrgSecretRecord(Model):
 class ConnectionRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
-    slot: str  # compute:<provider> | storage
+    slot: str  # compute:<provider> | compute:<provider>/<name> | storage
     provider: str
     status: ConnectionStatus
     config: dict[str, Any]  # public part only; secrets live in `sealed`
@@ -313,6 +319,7 @@ class CatalogRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
     provider: str
+    connection: str = ""  # whose catalog (one per compute connection); "" = the provider's default
     offers: list[GpuOffer]
     fetched_at: datetime | None = None
     last_error: str = ""
@@ -381,6 +388,8 @@ class RunRecord(Model):
     kind: RunKind
     provider: str
     offer: GpuOffer
+    # The compute connection of the current candidate ("" = the provider's default, `provider`).
+    connection: str = ""
     price_limit_per_hour: float
     runtime_limit_s: int
     dataset_version_id: str
@@ -513,6 +522,8 @@ class SweepMessage(Model):
     org: str = Field(pattern=ORG_PATTERN)
     provider: str = Field(pattern=PROVIDER_PATTERN)
     sweep: str = Field(pattern=KEY_PATTERN)
+    # The compute connection swept ("" = the provider's default: messages sent before names existed).
+    connection: str = Field(default="", pattern=r"^$|" + CONNECTION_PATTERN)
     dry_run: bool = False
     report: bool = False
 
@@ -529,6 +540,8 @@ class RunCreate(Model):
     kind: RunKind = RunKind.trial
     provider: str = Field(pattern=PROVIDER_PATTERN)
     offer_id: str = Field(pattern=OFFER_PATTERN)
+    # The compute connection to run on: `{provider}` (the default when left out) or `{provider}/{name}`.
+    connection: str | None = Field(default=None, pattern=CONNECTION_PATTERN)
     price_limit_per_hour: float = Field(gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str = Field(pattern=KEY_PATTERN)
@@ -554,6 +567,7 @@ class RunPatch(Model):
     kind: RunKind | None = None
     provider: str | None = Field(default=None, pattern=PROVIDER_PATTERN)
     offer_id: str | None = Field(default=None, pattern=OFFER_PATTERN)
+    connection: str | None = Field(default=None, pattern=CONNECTION_PATTERN)
     price_limit_per_hour: float | None = Field(default=None, gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN)
@@ -753,6 +767,7 @@ class RunEstimate(Model):
 class ConnectionView(Model):
     slot: str
     provider: str
+    name: str = ""  # a compute connection's name: `{provider}` or `{provider}/{name}`; "" for storage
     status: ConnectionStatus
     config: dict[str, Any]
     checks: list[Check]

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from shared.models import Problem
+from shared.models import CONNECTION_NAME_PATTERN, CONNECTION_PATTERN, Problem
 
 PROBLEM = "application/problem+json"
 REF = "#/components/schemas/{model}"
@@ -122,6 +122,8 @@ QUERY: dict[str, list[dict[str, Any]]] = {
                    "description": "an ISO date or date-time; 30 days ago when omitted"}],
     "gpus": [
         {"name": "provider", "schema": {"type": "string"}, "description": "only this provider's offers"},
+        {"name": "connection", "schema": {"type": "string", "pattern": CONNECTION_PATTERN}, "example": "aws/us-west-2",
+         "description": "only this compute connection's offers: `{provider}` (the default) or `{provider}/{name}`"},
         {"name": "base_model", "schema": {"type": "string"},
          "description": "a declared base model: each offer says whether a LoRA run of it fits"},
     ],
@@ -322,6 +324,8 @@ def _parameters(route: str, op_id: str) -> list[dict[str, Any]]:
 
     def with_providers(name: str, schema: dict[str, Any]) -> dict[str, Any]:
         # A provider, in the path or the query, is one of the registry's: the document follows it.
+        if name == "name" and "/named/{name}" in route:  # a named compute connection's name
+            return {**schema, "pattern": CONNECTION_NAME_PATTERN}
         return {**schema, "enum": registry.compute_names()} if name == "provider" else schema
 
     params = [{"name": name, "in": "path", "required": True, "schema": with_providers(name, {"type": "string"})}

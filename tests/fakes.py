@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from shared.clock import now
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import registry
-from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef
+from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef, marks_extra
 from shared.settings import Settings
 
 
@@ -47,6 +47,7 @@ class Cloud:
         # Deletions accepted but not confirmed: a released machine stays shutting-down, its disk kept,
         # and release answers not done until this is cleared (as a cloud's asynchronous delete).
         self.hold_deletes = False
+        self.preflight_no: dict[str, str] = {}  # offer id -> what preflight answers against it
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines.values() if m.state != "terminated" or m.disk_exists]
@@ -71,6 +72,9 @@ class MemoryCompute:
         self.cloud.calls.append("validate")
         return [Check(name="credentials", status=CheckStatus.ok, message="fake account")]
 
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        return self.cloud.preflight_no.get(offer.offer_id)
+
     def scope(self) -> dict[str, str]:
         return {}  # one in-process cloud: nothing to compare
 
@@ -89,7 +93,7 @@ class MemoryCompute:
         base = {"provider": "memory", "run_id": m.tags.get("tensorant:run", ""), "org": m.tags.get("tensorant:org", ""),
                 "deployment": m.tags.get("tensorant:deployment", ""), "created_at": m.created_at,
                 "managed": m.tags.get("tensorant:managed") == "true",
-                "extra": {"store": m.tags["tensorant:store"]} if m.tags.get("tensorant:store") else {}}
+                "extra": marks_extra(m.tags)}
         out = [CloudResource(kind="instance", id=m.id, state=m.state, **base)]
         if m.disk_exists:
             out.append(CloudResource(kind="volume", id=m.disk_id, **base))

@@ -274,3 +274,24 @@ def test_dev_token_decodes_with_org_role_and_sub(capsys: pytest.CaptureFixture[s
     finally:
         monkeypatch.delenv("TENSORANT_JWT_SECRET")
         reset_settings()
+
+
+def test_named_compute_connections_are_saved_shown_checked_and_deleted(local_host: LocalHost,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    h = local_host
+    setup_org(h, capsys)  # the default `local`
+    code, out, err = h.cli(capsys, "connections", "save-compute", "local", "--name", "second",
+                           "--set", "price_per_hour=0.25", "--wait")
+    assert code == 0 and "compute:local/second: connected" in out, (out, err)
+    code, out, err = h.cli(capsys, "connections", "save-compute", "local/third", "--set", "price_per_hour=0.75")
+    assert code == 0, err
+    code, out, _ = h.cli(capsys, "connections", "show", "--json")
+    assert {c["name"] for c in json.loads(out)["items"]} >= {"local", "local/second", "local/third"}
+    code, out, _ = h.cli(capsys, "catalog", "--connection", "local/second", "--json")
+    assert code == 0 and {o["connection"] for o in json.loads(out)["items"]} == {"local/second"}
+    assert h.cli(capsys, "connections", "check", "local/second", "--wait")[0] == 0
+    code, out, _ = h.cli(capsys, "connections", "delete", "local/second")
+    assert code == 0 and "local/second" in out
+    code, out, _ = h.cli(capsys, "connections", "show", "--json")
+    assert "local/second" not in {c["name"] for c in json.loads(out)["items"]}
+    assert "local" in {c["name"] for c in json.loads(out)["items"]}  # the default is untouched

@@ -34,6 +34,16 @@ TAG_RUN = "tensorant:run"
 # The state store that launched it (shared/store/installation.py): two control planes that share a
 # deployment id and a cloud account would otherwise each take the other's machines for leaks.
 TAG_STORE = "tensorant:store"
+# The compute connection that launched it (`aws`, `aws/us-west-2`): two connections that reach the
+# same account and region each sweep only their own machines (shared/services/steps/sweep_account.py).
+TAG_CONNECTION = "tensorant:connection"
+
+
+def marks_extra(tags: dict[str, str]) -> dict[str, str]:
+    """The marks a listed resource carries beyond the run's, for CloudResource.extra: `store` (the
+    launching state store) and `connection` (the launching compute connection), where tagged."""
+    return {**({"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {}),
+            **({"connection": tags[TAG_CONNECTION]} if tags.get(TAG_CONNECTION) else {})}
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class RunRef:
     org: str
     run_id: str
     store: str = ""  # the launching state store's installation id ("" where unknown: not tagged)
+    connection: str = ""  # the launching compute connection's name ("" where unknown: not tagged)
 
     @property
     def name(self) -> str:
@@ -58,6 +69,7 @@ class RunRef:
             TAG_ORG: self.org,
             TAG_RUN: self.run_id,
             **({TAG_STORE: self.store} if self.store else {}),
+            **({TAG_CONNECTION: self.connection} if self.connection else {}),
         }
 
 
@@ -170,6 +182,19 @@ class ComputeProvider(Protocol):
         Idempotent (reads only). An empty catalog (no supported GPU where the connection
         points) raises PermanentError with what to change; pricing outages raise
         ProviderError/RetryableError.
+        """
+        ...
+
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        """Why `offer` cannot start now, from what the connection may read before creating anything
+        (Azure compute usages: the VM family's and the regional vCPUs; AWS Service Quotas: the family's
+        On-Demand vCPUs, with the optional servicequotas:GetServiceQuota grant), e.g. "Standard
+        NCADSH100v5 Family vCPUs: 0 of 40 free in eastus ...". None: nothing known against it (it fits,
+        or the provider cannot tell: RunPod's stock is checked by launch itself, local has no quota).
+
+        A read; never raises (a read that fails is None: the launch reports the cloud's own refusal).
+        `ref`: the run it is for; a machine of that run that already exists is never a reason (a
+        repeated launch finds it). A "no" skips the candidate; it never fails a run by itself.
         """
         ...
 

@@ -21,10 +21,10 @@ def cloud_report(run: RunRecord) -> str:
     """What the cloud says of the run's machine (one describe), or why that could not be read.
     Never raises: a cloud outage must not stop a deadline or a release."""
     from shared.providers.base import console_of
-    from shared.runs.org_backends import compute_for, ref_of
+    from shared.runs.org_backends import compute_for, ref_of, run_connection
 
     try:
-        provider = compute_for(run.org, run.provider)
+        provider = compute_for(run.org, run_connection(run))
         ref, resources = ref_of(run), merge_resources(get_store().ledger.read(run.id), run.resources)
         desc = provider.describe(ref, resources)
     except Exception as exc:

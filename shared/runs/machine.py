@@ -9,7 +9,7 @@ from shared.clock import now
 from shared.models import RunRecord, RunState
 from shared.runs import billing
 from shared.runs.events import event
-from shared.runs.org_backends import compute_for, ref_of
+from shared.runs.org_backends import compute_for, ref_of, run_connection
 from shared.runs.resources import merge_resources
 from shared.store import get_store
 
@@ -18,7 +18,7 @@ def stop_machine(run: RunRecord, *, why: str) -> RunRecord:
     """provider.retain on a retained run's machine; clears machine_started_at once the cloud confirms.
     Raises ProviderError. Used by stop() and heartbeat-check's idle stop."""
     resources = merge_resources(get_store().ledger.read(run.id), run.resources)
-    out = compute_for(run.org, run.provider).retain(ref_of(run), resources)
+    out = compute_for(run.org, run_connection(run)).retain(ref_of(run), resources)
     if out.done:
         note = out.billing_note or "the machine is stopped; its disk still bills"
         update: dict[str, Any] = {"billing_note": note, "machine_started_at": None}

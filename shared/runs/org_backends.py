@@ -1,17 +1,22 @@
 """An org's backends, built from its saved connections: the compute provider per cloud, the
 storage backend, and the reference by which providers know a run.
 
-Connections are saved in slots: `storage`, and `compute:<provider>` per cloud. Their sealed
-configuration is opened here, and every secret in it is registered for log redaction.
+Connections are saved in slots: `storage`, and `compute:<name>` per compute connection, where the
+name is `{provider}` (the provider's default connection, the only one before names existed) or
+`{provider}/{name}` (another account or region of the same provider: one connection is one account
+and one region). Their sealed configuration is opened here, and every secret in it is registered
+for log redaction.
 """
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel
 
-from shared.errors import Conflict
+from shared.errors import Conflict, InvalidInput
 from shared.log import register_secret
-from shared.models import ConnectionRecord, ConnectionStatus, RunRecord
+from shared.models import CONNECTION_PATTERN, ConnectionRecord, ConnectionStatus, RunRecord
 from shared.org_storage.base import StorageBackend
 from shared.org_storage.registry import make_storage, parse_storage_config
 from shared.providers import registry
@@ -23,8 +28,41 @@ from shared.store import get_store
 STORAGE_SLOT = "storage"
 
 
-def compute_connection_slot(provider: str) -> str:
-    return f"compute:{provider}"
+_CONNECTION = re.compile(CONNECTION_PATTERN)
+
+
+def compute_connection_slot(name: str) -> str:
+    """The slot of the compute connection `name` (`aws`, `aws/us-west-2`)."""
+    return f"compute:{name}"
+
+
+def provider_of(name: str) -> str:
+    """The provider of a connection name: `aws/us-west-2` -> `aws`, `aws` -> `aws`."""
+    return name.split("/", 1)[0]
+
+
+def connection_of_slot(slot: str) -> str:
+    """A compute slot's connection name (`compute:aws/us-west-2` -> `aws/us-west-2`)."""
+    return slot.removeprefix("compute:")
+
+
+def run_connection(run: RunRecord) -> str:
+    """The connection a run's current candidate runs on (runs made before names: the provider's default)."""
+    return run.connection or run.provider
+
+
+def check_connection_name(name: str, field: str = "connection", provider: str | None = None) -> str:
+    """422 naming `field` unless `name` is a connection name of a provider this deployment offers (and,
+    given `provider`, of that one). Returns the name."""
+    if not isinstance(name, str) or not _CONNECTION.fullmatch(name):
+        raise InvalidInput.field(field, f"{str(name)[:80]!r} is not a connection name: use `{{provider}}` (the default "
+                                 "connection, e.g. aws) or `{provider}/{name}` (e.g. aws/us-west-2; the name is "
+                                 "lowercase letters, digits and '-', at most 40)")
+    if provider is not None and provider_of(name) != provider:
+        raise InvalidInput.field(field, f"{name!r} is a {provider_of(name)} connection, not {provider}: name one of "
+                                 f"{provider} (e.g. {provider} or {provider}/<name>), or change provider")
+    registry.refuse_unavailable(provider_of(name))
+    return name
 
 
 def unsealed_config(rec: ConnectionRecord) -> BaseModel:
@@ -40,13 +78,20 @@ def storage_config(org: str) -> BaseModel | None:
     return unsealed_config(got[0]) if got else None
 
 
-def compute_for(org: str, provider: str, *, require_connected: bool = False) -> ComputeProvider:
-    got = get_store().connections.get(org, compute_connection_slot(provider))
+def route_of(name: str) -> str:
+    """The API path (under /api/) of the compute connection `name`."""
+    provider, _, sub = name.partition("/")
+    return f"connections/compute/{provider}" + (f"/named/{sub}" if sub else "")
+
+
+def compute_for(org: str, name: str, *, require_connected: bool = False) -> ComputeProvider:
+    """The provider of the org's compute connection `name` (`aws`, the default; `aws/us-west-2`)."""
+    got = get_store().connections.get(org, compute_connection_slot(name))
     if not got:
-        raise Conflict(f"no {provider} compute connection is saved; an owner saves it under connections/compute/{provider}")
+        raise Conflict(f"no {name} compute connection is saved; an owner saves it under {route_of(name)}")
     rec = got[0]
     if require_connected and rec.status != ConnectionStatus.connected:
-        raise Conflict(f"the {provider} connection is {rec.status.value}; fix its failed checks first")
+        raise Conflict(f"the {name} connection is {rec.status.value}; fix its failed checks first")
     return compute_of(rec)
 
 
@@ -75,4 +120,5 @@ def ref_of(run: RunRecord) -> RunRef:
     """How providers find and mark the run's resources (this deployment, the org, the run)."""
     from shared.store.installation import installation_id
 
-    return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id, store=installation_id())
+    return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id, store=installation_id(),
+                  connection=run_connection(run))

@@ -7,6 +7,9 @@ reads as "already gone", the run ends and the machine bills on. So a save that c
 is refused while any run holds a machine or disk, new credentials for the same scope must show
 they see every held machine, and release/retain/the sweeper refuse to act across scopes.
 
+Each compute connection (`aws`, `aws/us-west-2`: one account and region each) has its own scope:
+the functions here take a connection's name and judge only the runs launched through it.
+
 Also here: what happens to the runs holding machines when a provider rejects the saved credentials
 outside a check (the sweeper's listing).
 """
@@ -22,14 +25,22 @@ from shared.models import Check, CheckStatus, ConnectionStatus, MachineState, Ru
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, scope_differs, scope_of
 from shared.runs.events import event
-from shared.runs.org_backends import compute_connection_slot, compute_for, ref_of, with_storage_context
+from shared.runs.org_backends import (
+    compute_connection_slot,
+    compute_for,
+    provider_of,
+    ref_of,
+    run_connection,
+    with_storage_context,
+)
 from shared.settings import get_settings
 from shared.store import get_store
 
 
-def runs_holding_machines(org: str, provider: str) -> list[RunRecord]:
+def runs_holding_machines(org: str, connection: str) -> list[RunRecord]:
+    """The org's runs holding a machine or disk made through the compute connection `connection`."""
     # A queued run has no machine yet (launch writes provisioning before any cloud call).
-    return [r for r in get_store().runs.active(org) if r.provider == provider and r.state != RunState.queued]
+    return [r for r in get_store().runs.active(org) if run_connection(r) == connection and r.state != RunState.queued]
 
 
 def scope_text(scope: dict[str, str]) -> str:
@@ -41,7 +52,7 @@ def runs_text(runs: list[RunRecord]) -> str:
     return shown + (f" and {len(runs) - 10} more" if len(runs) > 10 else "")
 
 
-def held_problems(org: str, provider_name: str, new: ComputeProvider,
+def held_problems(org: str, connection: str, new: ComputeProvider,
                    held: list[RunRecord]) -> tuple[dict[str, tuple[str, str]], list[RunRecord], list[str]]:
     """(scope changes, runs in another scope, runs whose machine the new connection cannot see: why)."""
     new_scope = scope_of(new)  # may raise ProviderError: the caller reports it
@@ -54,7 +65,7 @@ def held_problems(org: str, provider_name: str, new: ComputeProvider,
         if not recorded:
             if legacy is None:
                 try:
-                    legacy = scope_of(compute_for(org, provider_name))
+                    legacy = scope_of(compute_for(org, connection))
                 except Exception:  # the old credentials may be the broken ones: compare nothing
                     legacy = {}
             recorded = legacy
@@ -75,16 +86,17 @@ def held_problems(org: str, provider_name: str, new: ComputeProvider,
     return changes, moved, unseen
 
 
-def guard_held_machines(org: str, provider_name: str, config: BaseModel) -> None:
+def guard_held_machines(org: str, connection: str, config: BaseModel) -> None:
     """Refuse (409) a compute connection save that would lose sight of a machine or disk a run holds."""
-    held = runs_holding_machines(org, provider_name)
+    held = runs_holding_machines(org, connection)
     if not held:
         return
+    provider = provider_of(connection)
     try:
-        new = registry.make_compute(provider_name, with_storage_context(provider_name, config, org), get_settings())
-        changes, moved, unseen = held_problems(org, provider_name, new, held)
+        new = registry.make_compute(provider, with_storage_context(provider, config, org), get_settings())
+        changes, moved, unseen = held_problems(org, connection, new, held)
     except ProviderError as exc:
-        raise Conflict(f"nothing was saved: runs {runs_text(held)} hold {provider_name} machines or disks, and the "
+        raise Conflict(f"nothing was saved: runs {runs_text(held)} hold {connection} machines or disks, and the "
                        f"new credentials could not be checked against them ({redact_text(exc.reason)}); fix the "
                        "credentials, or release or cancel those runs first") from exc
     if moved:
@@ -100,13 +112,13 @@ def guard_held_machines(org: str, provider_name: str, config: BaseModel) -> None
                        "(same account and permissions), or release or cancel those runs first")
 
 
-def held_machines_check(org: str, provider_name: str, provider: ComputeProvider) -> list[Check]:
+def held_machines_check(org: str, connection: str, provider: ComputeProvider) -> list[Check]:
     """The connection check's part: do these credentials see every machine a run holds?"""
-    held = runs_holding_machines(org, provider_name)
+    held = runs_holding_machines(org, connection)
     if not held:
         return []
     try:
-        changes, moved, unseen = held_problems(org, provider_name, provider, held)
+        changes, moved, unseen = held_problems(org, connection, provider, held)
     except ProviderError as exc:
         return [Check(name="held machines", status=CheckStatus.fail,
                       message=f"could not check the machines runs {runs_text(held)} hold: {exc.reason}")]
@@ -135,18 +147,18 @@ def refuse_other_scope(run: RunRecord, provider: ComputeProvider) -> None:
         what = "; ".join(f"{k} {a}, now {b}" for k, (a, b) in sorted(diff.items()))
         raise PermanentError(
             f"refusing to act in another scope: run {run.id}'s machine was created in {scope_text(run.scope)}, "
-            f"but the {run.provider} connection now points elsewhere ({what}); there it would find nothing and "
+            f"but the {run_connection(run)} connection now points elsewhere ({what}); there it would find nothing and "
             "leave the machine billing. Save the connection back to that scope (credentials that see the machine), "
             "then retry", code="ScopeChanged")
 
 
-def report_credential_failure(org: str, provider: str, reason: str) -> list[str]:
+def report_credential_failure(org: str, connection: str, reason: str) -> list[str]:
     """The provider rejected the saved credentials outside a check (a key revoked or expired
     while runs hold machines). Mark the connection failed and warn on every run that holds a
     machine, since cleanup and recovery cannot work until an owner replaces the key.
     Returns the ids of the warned runs."""
     store = get_store()
-    slot = compute_connection_slot(provider)
+    slot = compute_connection_slot(connection)
     got = store.connections.get(org, slot)
     if got is not None and got[0].status != ConnectionStatus.failed:
         check = Check(name="credentials", status=CheckStatus.fail,
@@ -156,8 +168,8 @@ def report_credential_failure(org: str, provider: str, reason: str) -> list[str]
             "status": ConnectionStatus.failed, "checks": [check, *got[0].checks], "checked_at": now()}), got[1])
     warned = []
     for run in store.runs.active(org):
-        if run.provider == provider:
-            event(run, "warning", f"the {provider} credentials no longer work ({reason}): this run's machine and "
+        if run_connection(run) == connection:
+            event(run, "warning", f"the {connection} credentials no longer work ({reason}): this run's machine and "
                                   "disk cannot be stopped, recovered or deleted until an owner replaces them")
             warned.append(run.id)
     return warned

@@ -1,4 +1,6 @@
-"""An org's saved connections: one row per slot (`storage`, `compute:<provider>`), written with its ETag."""
+"""An org's saved connections: one row per slot (`storage`, `compute:<provider>`, and a named compute
+connection's `compute:<provider>/<name>`), written with its ETag. RowKeys may not hold '/': row_key
+spells it '|' (and ':' '~'), so the default connection's row is where it always was."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from shared.models import ConnectionRecord
 from shared.store.keys import org_key, row_key
 from shared.store.tables import Table
 
-_SLOT = re.compile(r"^(storage|compute:[a-z][a-z0-9_-]{0,31})$")
+_SLOT = re.compile(r"^(storage|compute:[a-z][a-z0-9_-]{0,31}(/[a-z0-9][a-z0-9-]{0,39})?)$")
 
 
 class Connections:

@@ -176,6 +176,15 @@ class ProviderContract:
         [machine] = env.machines(env.ref)
         assert machine in {r.id for r in first} and machine in {r.id for r in second}
 
+    def test_preflight_is_a_read_that_never_refuses_the_runs_own_machine(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        spec = env.spec(env.ref)
+        said = env.provider.preflight(spec.offer)
+        assert said is None or (isinstance(said, str) and said.strip()), said
+        assert env.machines(env.ref) == []  # a read: nothing created
+        env.provider.launch(spec)
+        assert env.provider.preflight(spec.offer, env.ref) is None  # a repeated launch finds its machine
+
     def test_release_of_a_missing_machine_is_done(self, provider_env: ProviderEnv) -> None:
         env = provider_env
         never = _ref(env, env.ref.run_id + "-never")

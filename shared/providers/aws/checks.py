@@ -13,7 +13,7 @@ from typing import Any
 from shared.clock import now
 from shared.errors import AuthError, ProviderError
 from shared.models import Check, CheckStatus
-from shared.providers.aws import catalog, pricing
+from shared.providers.aws import catalog, pricing, quotas
 from shared.providers.aws.client import AwsClient
 from shared.providers.aws.config import AwsConfig
 from shared.providers.aws.errors import AUTH_CODES
@@ -82,6 +82,8 @@ class _Checks:
                         "account policy blocks us-east-1.")
             else:
                 add("catalog", False, "The GPU catalog cannot load until the AMI and subnet checks pass.")
+            quota_ok, quota_text = quotas.check(self.aws)  # optional grant: a warning when refused
+            add("quota_preflight", quota_ok, quota_text)
         add("not_proven", None,
             "Saving launches nothing, so it cannot prove that the image boots, that Docker and the NVIDIA "
             "runtime work, that your GPU quota suffices, or that the subnet's outbound network works. The "

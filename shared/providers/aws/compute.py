@@ -34,7 +34,7 @@ from shared.errors import AuthError, PermanentError, ProviderError
 from shared.log import get_logger, register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import bootstrap_env, cloudinit, console
-from shared.providers.aws import catalog, checks, pricing
+from shared.providers.aws import catalog, checks, pricing, quotas
 from shared.providers.aws.client import ApiCallHook, AwsClient
 from shared.providers.aws.config import AwsConfig
 from shared.providers.aws.errors import NOT_FOUND_CODES
@@ -43,12 +43,12 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
-    TAG_STORE,
     CloudProgress,
     ComputeProvider,
     Description,
     LaunchSpec,
     RunRef,
+    marks_extra,
 )
 from shared.settings import Settings
 
@@ -151,6 +151,14 @@ class AwsCompute:
     def validate(self) -> list[Check]:
         """Every connection check (see checks.py); launches nothing."""
         return checks.run_checks(self.aws, self.config, self.settings.public_url)
+
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        """Why `offer` cannot start under the region's On-Demand vCPU quota of its family, or None
+        (quotas.py: read only with the optional servicequotas:GetServiceQuota grant). A read, never
+        raises; an instance of `ref` already running is its own, never a reason."""
+        if offer.region and offer.region != self.region:
+            return None  # another region's offer: launch refuses it with its own reason
+        return quotas.preflight(self.aws, offer.machine_type, (TAG_RUN, ref.run_id) if ref else None)
 
     # ------------------------------------------------------------------ Protocol: launch
 
@@ -464,7 +472,7 @@ class AwsCompute:
                              run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
                              deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
                              created_at=created_at, state=state,
-                             extra={**extra, **({"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {})})
+                             extra={**extra, **marks_extra(tags)})
 
 
 def build(config: BaseModel, settings: Settings, **deps: Any) -> ComputeProvider:

@@ -11,6 +11,7 @@ when Azure lists it for the subscription in the region AND the Retail Prices API
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from shared.models import GpuOffer
 from shared.providers.azure.client import AzureClient, as_dict, dig, region_code
@@ -24,15 +25,17 @@ class GpuSize:
     gpu_memory_gb: float
     vcpus: int
     memory_gb: float
+    # Its quota family as compute usages name it (the Resource SKU's `family`), for preflight.
+    family: str = ""
 
 
 SUPPORTED: dict[str, GpuSize] = {
     s.name.lower(): s
     for s in (
-        GpuSize("Standard_NV36ads_A10_v5", "A10", 24, 36, 440),
-        GpuSize("Standard_NV36adms_A10_v5", "A10", 24, 36, 880),
-        GpuSize("Standard_NC24ads_A100_v4", "A100", 80, 24, 220),
-        GpuSize("Standard_NC40ads_H100_v5", "H100 NVL", 94, 40, 320),
+        GpuSize("Standard_NV36ads_A10_v5", "A10", 24, 36, 440, "standardNVADSA10v5Family"),
+        GpuSize("Standard_NV36adms_A10_v5", "A10", 24, 36, 880, "standardNVADSA10v5Family"),
+        GpuSize("Standard_NC24ads_A100_v4", "A100", 80, 24, 220, "StandardNCADSA100v4Family"),
+        GpuSize("Standard_NC40ads_H100_v5", "H100 NVL", 94, 40, 320, "standardNCadsH100v5Family"),
     )
 }
 
@@ -117,3 +120,25 @@ def offers(client: AzureClient, prices: RetailPrices, region: str, os_disk_gb: i
             note=f"{PRICE_NOTE} OS disk: Premium SSD {disk.tier} ({disk.size_gb} GiB).",
         ))
     return out
+
+
+def quota_shortfall(usages: list[dict[str, Any]], size: GpuSize, region: str) -> str | None:
+    """Why one more VM of `size` does not fit the compute usages of `region` (Usage - List: each item's
+    name.value is a quota family or `cores`, the Total Regional vCPUs), or None (it fits, or the usages
+    do not name its family: nothing known). Names are compared without case, as Azure's vary."""
+    by_name = {str(dig(u, "name", "value", default="")).lower(): u for u in usages}
+    for key in (size.family.lower(), "cores"):
+        u = by_name.get(key)
+        if u is None:
+            if key != "cores":
+                return None  # the family is not listed: nothing to compare
+            continue
+        limit, current = int(u.get("limit", 0)), int(u.get("currentValue", 0))
+        free = limit - current
+        if free < size.vcpus:
+            label = str(dig(u, "name", "localizedValue", default="")) or (
+                "Total Regional vCPUs" if key == "cores" else f"{size.family} vCPUs")
+            return (f"{label}: {max(free, 0)} of {limit} free in {region}, {size.name} needs {size.vcpus}; request "
+                    "more in Subscriptions -> Usage + quotas (quota approval does not reserve capacity), or choose "
+                    "another region or size")
+    return None

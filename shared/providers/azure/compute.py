@@ -63,12 +63,12 @@ from shared.providers.base import (
     TAG_MANAGED,
     TAG_ORG,
     TAG_RUN,
-    TAG_STORE,
     CloudProgress,
     ComputeProvider,
     Description,
     LaunchSpec,
     RunRef,
+    marks_extra,
 )
 from shared.settings import Settings
 
@@ -163,7 +163,7 @@ class AzureCompute:
             org=tags.get(TAG_ORG, ""), deployment=tags.get(TAG_DEPLOYMENT, ""),
             managed=tags.get(TAG_MANAGED) == "true", created_at=_parse_time(props.get("timeCreated")),
             state=state or str(props.get("provisioningState", "")),
-            extra={"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {},
+            extra=marks_extra(tags),
         )
 
     def _expected(self, ref: RunRef) -> list[CloudResource]:
@@ -225,6 +225,24 @@ class AzureCompute:
         prices cannot be loaded (the catalog keeps its previous entries).
         """
         return catalog.offers(self.client, self.client.prices(), self.region, self.config.os_disk_gb)
+
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        """Why one more VM of the offer's size does not fit this region's compute usages (its VM family's
+        vCPUs and the Total Regional vCPUs: Microsoft.Compute/locations/usages/read, in the documented
+        role), or None. A read, never raises (a failed read knows nothing: None). A VM of `ref` that
+        already exists is the run's own: nothing to refuse."""
+        size = catalog.supported(offer.machine_type)
+        if size is None or not size.family or (offer.region and offer.region != self.region):
+            return None  # launch refuses an unsupported size or another region with its own reason
+        try:
+            if ref is not None and self._get_vm(self.names(ref)[0]) is not None:
+                return None
+            usages: list[dict[str, Any]] = self.client.call(
+                "reading compute quota", lambda: [as_dict(u) for u in self.client.compute().usage.list(self.region)])
+        except ProviderError as exc:
+            get_logger().info("azure preflight: the usages could not be read", extra={"reason": exc.reason[:200]})
+            return None
+        return catalog.quota_shortfall(usages, size, self.region)
 
     # ------------------------------------------------------------ launch
 

@@ -303,6 +303,10 @@ class LocalCompute:
 
     # ---------------------------------------------------------------- Protocol
 
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        """This host has no quota: nothing is known against a launch."""
+        return None
+
     def scope(self) -> dict[str, str]:
         """{}: there is one host and its machines directory, so a re-saved connection still sees every run."""
         return {}

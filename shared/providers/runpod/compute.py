@@ -86,6 +86,11 @@ class RunPodCompute:
 
     # ------------------------------------------------------------ scope and credit
 
+    def preflight(self, offer: GpuOffer, ref: RunRef | None = None) -> str | None:
+        """Nothing read ahead: RunPod has no quota to read, and its stock is checked by launch itself
+        (a pod create that finds none is a CapacityError), so an extra read here would only race it."""
+        return None
+
     def scope(self) -> dict[str, str]:
         """The RunPod account the key belongs to (myself.id). A new key of the same account can
         manage the same pods (rotation); a key of another account cannot."""

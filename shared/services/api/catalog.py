@@ -12,29 +12,39 @@ from shared.errors import InvalidInput, NotFound
 from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
 from shared.queues import get_queues
-from shared.runs.org_backends import compute_connection_slot
+from shared.runs.org_backends import check_connection_name, compute_connection_slot, connection_of_slot, provider_of
 from shared.security import Principal
 from shared.settings import get_settings
 from shared.steps import Step
 from shared.store import get_store
 
 
-def offers_view(principal: Principal, provider: str | None, base_model: str | None = None) -> dict[str, Any]:
-    """The cached offers; with base_model, each offer says whether it `fits` a LoRA run of that
-    model at the default training settings, and the `memory_needed_gb`."""
+def offers_view(principal: Principal, provider: str | None, base_model: str | None = None,
+                connection: str | None = None) -> dict[str, Any]:
+    """The cached offers (of one `connection`, of every connection of one `provider`, or of all the
+    org's compute connections); each names its connection. With base_model, each offer says whether
+    it `fits` a LoRA run of that model at the default training settings, and the `memory_needed_gb`."""
     from shared.services.api import base_models
 
     model = base_models.declared(base_model) if base_model else None
     store = get_store()
-    if provider:
+    if connection:
+        check_connection_name(connection, provider=provider or None)  # 422 naming `connection`
+        slots = [compute_connection_slot(connection)]
+    elif provider:
         registry.refuse_unavailable(provider)  # no `local` offers in production: it runs code on this host
-        slots = [compute_connection_slot(provider)]
+        named = sorted(r.slot for r in store.connections.in_org(principal.org)
+                       if r.slot.startswith(compute_connection_slot(provider + "/")))
+        slots = [compute_connection_slot(provider), *named]
+        if store.connections.get(principal.org, slots[0]) is None and named:
+            slots = named  # only named connections of this provider: their offers, no default to name
     else:
         slots = [r.slot for r in store.connections.in_org(principal.org) if r.slot.startswith("compute:")
-                 and registry.available(r.slot.removeprefix("compute:"))]
-    items, catalogs = [], []
+                 and registry.available(provider_of(connection_of_slot(r.slot)))]
+    items: list[GpuOffer] = []
+    catalogs: list[dict[str, Any]] = []
     for slot in slots:
-        name = slot.removeprefix("compute:")
+        name = connection_of_slot(slot)
         if store.connections.get(principal.org, slot) is None:
             raise NotFound(f"no {name} compute connection is saved; an owner saves it with "
                            f"{_save_command(name)}, then the catalog fills in")
@@ -44,8 +54,8 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         if stale:
             get_queues().send(Step.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
         if rec:
-            items.extend(rec.offers)
-        catalogs.append({"provider": name, "fetched_at": rec.fetched_at if rec else None,
+            items.extend(o.model_copy(update={"connection": name}) for o in rec.offers)  # older rows lack it
+        catalogs.append({"provider": provider_of(name), "connection": name, "fetched_at": rec.fetched_at if rec else None,
                          "last_error": rec.last_error if rec else "", "refreshing": stale})
     shown: list[Any] = list(items)
     if model is not None:
@@ -64,18 +74,20 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
                     "taxes and discounts are not included."}
 
 
-def cached_offers(org: str, provider: str) -> list[GpuOffer]:
-    rec = get_store().catalogs.get(org, provider)
-    return list(rec.offers) if rec else []
+def cached_offers(org: str, connection: str) -> list[GpuOffer]:
+    """The cached offers of the compute connection `connection` (`aws`, `aws/us-west-2`)."""
+    rec = get_store().catalogs.get(org, connection)
+    return [o.model_copy(update={"connection": connection}) for o in rec.offers] if rec else []
 
 
-def find_offer(org: str, provider: str, offer_id: str) -> GpuOffer:
-    rec = get_store().catalogs.get(org, provider)
-    for offer in rec.offers if rec else []:
+def find_offer(org: str, connection: str, offer_id: str) -> GpuOffer:
+    """The offer `offer_id` in the catalog of the compute connection `connection`, naming it."""
+    offers = cached_offers(org, connection)
+    for offer in offers:
         if offer.offer_id == offer_id:
             return offer
-    known = ", ".join(o.offer_id for o in (rec.offers if rec else [])[:10]) or "none (is the connection connected?)"
-    raise InvalidInput.field("offer_id", f"{offer_id!r} is not in the {provider} catalog now; choose one of: {known}")
+    known = ", ".join(o.offer_id for o in offers[:10]) or "none (is the connection connected?)"
+    raise InvalidInput.field("offer_id", f"{offer_id!r} is not in the {connection} catalog now; choose one of: {known}")
 
 
 def _save_command(provider: str) -> str:
@@ -83,8 +95,8 @@ def _save_command(provider: str) -> str:
     else a JSON file of the fields the user writes (no such file exists until they do)."""
     from shared.providers import registry
 
-    required = [n for n, f in registry.config_model(provider).model_fields.items() if f.is_required()]
+    required = [n for n, f in registry.config_model(provider_of(provider)).model_fields.items() if f.is_required()]
     if not required:
         return f"`tensorant connections save-compute {provider}`"
-    return (f"`tensorant connections save-compute {provider} --from-file {provider}.json` (a JSON file you write "
+    return (f"`tensorant connections save-compute {provider} --from-file {provider_of(provider)}.json` (a JSON file you write "
             f"with {', '.join(required)}; `tensorant connections save-compute --help` has an example)")

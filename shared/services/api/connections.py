@@ -1,5 +1,9 @@
 """Saving, showing and checking an organization's compute and storage connections.
 
+A compute connection is one account and one region, named `{provider}` (the default, under
+/api/connections/compute/{provider}) or `{provider}/{name}` (beside it, under
+/api/connections/compute/{provider}/named/{name}); each is saved, checked, priced and deleted on its own.
+
 Saving validates the fields at once (a clear error naming the field), seals the
 secrets, stores the connection as `checking` and queues validate-connection; the
 checks run there and never create anything billable.
@@ -22,7 +26,16 @@ from shared.org_storage.registry import (
 )
 from shared.providers import registry
 from shared.queues import get_queues
-from shared.runs.org_backends import STORAGE_SLOT, compute_connection_slot, compute_for, unsealed_config
+from shared.runs.org_backends import (
+    STORAGE_SLOT,
+    check_connection_name,
+    compute_connection_slot,
+    compute_for,
+    connection_of_slot,
+    provider_of,
+    run_connection,
+    unsealed_config,
+)
 from shared.runs.scope import guard_held_machines
 from shared.security import Principal, require, seal
 from shared.services.api import quotas
@@ -32,7 +45,8 @@ from shared.store import get_store
 
 
 def view(rec: ConnectionRecord) -> ConnectionView:
-    return ConnectionView(slot=rec.slot, provider=rec.provider, status=rec.status, config=rec.config,
+    name = connection_of_slot(rec.slot) if rec.slot.startswith("compute:") else ""
+    return ConnectionView(slot=rec.slot, provider=rec.provider, name=name, status=rec.status, config=rec.config,
                           checks=rec.checks, warnings=rec.warnings, saved_at=rec.saved_at, checked_at=rec.checked_at)
 
 
@@ -88,24 +102,36 @@ def _save(principal: Principal, slot: str, provider: str, config: BaseModel, loc
     return view(rec)
 
 
-def save_compute(principal: Principal, provider: str, body: Any) -> ConnectionView:
+def connection_name(provider: str, name: str | None = None) -> str:
+    """The connection a route names: `{provider}` (the default), or `{provider}/{name}`; 422 naming the
+    field when either part is not a name."""
+    if name is None:
+        return check_connection_name(provider, field="provider")
+    if "/" in provider:
+        raise InvalidInput.field("provider", "is a provider name (aws, azure, runpod, local), without '/'")
+    return check_connection_name(f"{provider}/{name}", field="name")
+
+
+def save_compute(principal: Principal, name: str, body: Any) -> ConnectionView:
+    """Save the compute connection `name` (`aws`, the default; `aws/us-west-2`, a named one)."""
     require(principal, Role.owner)
+    provider = provider_of(name)
     if not isinstance(body, dict):
         raise InvalidInput.field("body", "send the connection fields as a JSON object")
     registry.refuse_unavailable(provider)  # `local` runs code on this host: only outside production
     info = registry.info_of(provider)
-    for name, advice in (info.retired_fields if info else {}).items():
-        if name in body:
-            raise InvalidInput.field(name, advice)
+    for retired, advice in (info.retired_fields if info else {}).items():
+        if retired in body:
+            raise InvalidInput.field(retired, advice)
     model = registry.config_model(provider)
-    got = get_store().connections.get(principal.org, compute_connection_slot(provider))
+    got = get_store().connections.get(principal.org, compute_connection_slot(name))
     existing = unsealed_config(got[0]) if got else None
     try:
         config = model.model_validate(_keep_existing_secrets(body, model, existing))
     except ValidationError as exc:
         raise invalid(exc) from exc
-    guard_held_machines(principal.org, provider, config)
-    return _save(principal, compute_connection_slot(provider), provider, config)
+    guard_held_machines(principal.org, name, config)
+    return _save(principal, compute_connection_slot(name), provider, config)
 
 
 def save_storage(principal: Principal, body: Any) -> ConnectionView:
@@ -147,21 +173,21 @@ def list_all(principal: Principal) -> dict[str, Any]:
     return {"items": [view(r) for r in get_store().connections.in_org(principal.org)]}
 
 
-def delete_compute(principal: Principal, provider: str) -> None:
+def delete_compute(principal: Principal, name: str) -> None:
     require(principal, Role.owner)
-    slot = compute_connection_slot(provider)
+    slot = compute_connection_slot(name)
     if not get_store().connections.get(principal.org, slot):
         raise NotFound(f"no {slot} connection is saved")
-    holding = [r.id for r in get_store().runs.active(principal.org) if r.provider == provider]
+    holding = [r.id for r in get_store().runs.active(principal.org) if run_connection(r) == name]
     if holding:
-        raise Conflict(f"runs {', '.join(holding[:5])} still hold {provider} machines; release or recover them first, "
+        raise Conflict(f"runs {', '.join(holding[:5])} still hold {name} machines; release or recover them first, "
                        "or the control plane could not clean them up")
     get_store().connections.delete(principal.org, slot)
 
 
-def request_check(principal: Principal, provider: str) -> ConnectionView:
+def request_check(principal: Principal, name: str) -> ConnectionView:
     require(principal, Role.owner)
-    slot = compute_connection_slot(provider)
+    slot = compute_connection_slot(name)
     got = get_store().connections.get(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")

@@ -24,7 +24,7 @@ from shared.providers.base import Bootstrap, LaunchSpec, scope_of
 from shared.queues import get_queues
 from shared.runs.events import event
 from shared.runs.moves import fail_to_release, move
-from shared.runs.org_backends import compute_for, ref_of, storage_for
+from shared.runs.org_backends import compute_for, ref_of, run_connection, storage_for
 from shared.runs.resources import merge_resources
 from shared.security import mint_agent_token
 from shared.services.api import org_secrets
@@ -136,7 +136,7 @@ def launch(msg: StepMessage) -> None:
             get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
             return
     log = get_logger()
-    provider = compute_for(run.org, run.provider)
+    provider = compute_for(run.org, run_connection(run))
     create_called_at = now()  # billing counts from the create call: a cloud may bill from then
     try:
         scope = scope_of(provider)  # where the machine is made: release and the sweeper act only there

@@ -11,19 +11,22 @@ from shared.clock import now
 from shared.errors import ProviderError
 from shared.log import get_logger
 from shared.models import CatalogRecord, ConnectionMessage
-from shared.runs.org_backends import compute_for
+from shared.runs.org_backends import compute_for, connection_of_slot, provider_of
+from shared.services.steps.validate_connection import offers_of
 from shared.store import get_store
 
 
-def refresh(org: str, provider: str) -> CatalogRecord:
-    store = get_store()
-    previous = store.catalogs.get(org, provider)
+def refresh(org: str, connection: str) -> CatalogRecord:
+    """Refresh the catalog of the compute connection `connection` (`aws`, `aws/us-west-2`)."""
+    store, provider = get_store(), provider_of(connection)
+    previous = store.catalogs.get(org, connection)
     try:
-        offers = compute_for(org, provider).offers()
-        rec = CatalogRecord(org=org, provider=provider, offers=offers, fetched_at=now())
+        offers = offers_of(connection, compute_for(org, connection).offers())
+        rec = CatalogRecord(org=org, provider=provider, connection=connection, offers=offers, fetched_at=now())
     except ProviderError as exc:
-        get_logger().warning("catalog refresh failed; serving the last good copy", extra={"provider": provider})
-        rec = CatalogRecord(org=org, provider=provider, offers=previous.offers if previous else [],
+        get_logger().warning("catalog refresh failed; serving the last good copy", extra={"connection": connection})
+        rec = CatalogRecord(org=org, provider=provider, connection=connection,
+                            offers=previous.offers if previous else [],
                             fetched_at=previous.fetched_at if previous else None,
                             last_error=exc.reason, last_error_at=now())
     store.catalogs.put(rec)
@@ -31,4 +34,4 @@ def refresh(org: str, provider: str) -> CatalogRecord:
 
 
 def refresh_catalog(msg: ConnectionMessage) -> None:
-    refresh(msg.org, msg.slot.removeprefix("compute:"))
+    refresh(msg.org, connection_of_slot(msg.slot))

@@ -17,7 +17,7 @@ from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED, note_cloud_report
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.org_backends import compute_for, ref_of
+from shared.runs.org_backends import compute_for, ref_of, run_connection
 from shared.runs.resources import merge_resources
 from shared.runs.scope import refuse_other_scope
 from shared.services.steps.working_files import remove_after_release
@@ -41,7 +41,7 @@ def release(msg: StepMessage) -> None:
     resources = merge_resources(store.ledger.read(run.id), run.resources)
     asked = 0.0
     try:
-        provider = compute_for(run.org, run.provider)
+        provider = compute_for(run.org, run_connection(run))
         refuse_other_scope(run, provider)  # a connection moved to another scope would "release" nothing
         out = provider.release(ref_of(run), resources)
         detail = out.detail

@@ -15,7 +15,7 @@ from shared.models import MachineState, Outcome, RunRecord, RunState, StepMessag
 from shared.queues import get_queues
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.org_backends import compute_for, ref_of
+from shared.runs.org_backends import compute_for, ref_of, run_connection
 from shared.runs.resources import merge_resources
 from shared.runs.retention import checkpoint_saved
 from shared.runs.scope import refuse_other_scope
@@ -27,7 +27,7 @@ def retain(msg: StepMessage) -> None:
     run, _ = get_store().runs.get(msg.org, msg.run_id)
     if run.state not in Step.retain.serves:
         return
-    provider = compute_for(run.org, run.provider)
+    provider = compute_for(run.org, run_connection(run))
     try:
         refuse_other_scope(run, provider)  # in another scope the machine reads as gone: never judge it there
     except ProviderError as exc:

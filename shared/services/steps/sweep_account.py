@@ -1,5 +1,5 @@
-"""sweep-account: sweep one compute connection (org, provider) for machines, disks and NICs that bill
-without a live run, and release them. The sweeper timer sends one message per connection
+"""sweep-account: sweep one compute connection (org, connection name: `aws`, `aws/us-west-2`) for
+machines, disks and NICs that bill without a live run, and release them. The sweeper timer sends one message per connection
 (shared/services/timers/sweeper.py); an admin's sweep sends the same messages.
 
 One account, in this order:
@@ -21,7 +21,11 @@ What it does:
   then fails the run with "nothing to retain or release".
 
 Only resources carrying this deployment's mark and this org's mark (or, for providers without tags
-such as RunPod, this deployment's name prefix and a run id that is ours) are ever considered. Every
+such as RunPod, this deployment's name prefix and a run id that is ours) are ever considered, and of
+those only this connection's: a resource's connection mark names it, else (RunPod pods, Azure's OS
+disk before its tag, machines made before the mark) its run's connection does, else (no run) it is the
+provider's default connection's. So two connections that reach one account and region never judge
+each other's machines. A finding's `provider` is the connection's name. Every
 action and every dry-run finding is an audit event.
 
 Bounded: the cloud calls that act (releases, describes) stop once ACCOUNT_BUDGET_S is spent, well
@@ -49,7 +53,7 @@ from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
 from shared.runs.events import event
 from shared.runs.moves import move
-from shared.runs.org_backends import compute_connection_slot, compute_of
+from shared.runs.org_backends import compute_connection_slot, compute_of, provider_of, run_connection
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.services.steps.release import release_delay
@@ -74,8 +78,8 @@ ACCOUNT_BUDGET_S = 60
 LEASE_S = 90
 
 
-def lease_name(org: str, provider: str) -> str:
-    return f"sweep~{org}~{provider}"
+def lease_name(org: str, connection: str) -> str:
+    return f"sweep~{org}~{connection.replace('/', '|')}"  # table keys may not hold '/'
 
 
 def sweep_account(msg: SweepMessage) -> None:
@@ -83,7 +87,7 @@ def sweep_account(msg: SweepMessage) -> None:
     admin's sweep: shared/services/timers/sweeper.record_report)."""
     from shared.services.timers.sweeper import record_report
 
-    out = sweep_one(msg.org, msg.provider, sweep_id=msg.sweep, dry_run=msg.dry_run)
+    out = sweep_one(msg.org, msg.connection or msg.provider, sweep_id=msg.sweep, dry_run=msg.dry_run)
     if msg.report:
         record_report(msg, out)
 
@@ -146,8 +150,8 @@ def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_r
             finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
         _audit("sweep-list-failed", finding)
         return {**stats, "findings": [finding]}
-    stats["listed"] = len(resources)
     if (other := _other_store(resources)) is not None:
+        stats["listed"] = len(resources)
         return {**stats, "findings": [_refuse_duplicate(org, name, other, dry_run)]}
     # Read after listing the cloud (see the module docstring): the org's watched runs, and the runs
     # the listing names that are not among them (ended runs whose machine is still listed).
@@ -156,11 +160,13 @@ def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_r
     named = sorted({r.run_id for r in resources} - set(runs))
     runs.update({r.id: r for r in store.runs.get_many([(org, rid) for rid in named])})
     stats["runs_read"] = len(runs)
+    resources = [r for r in resources if _of_connection(r, name, runs)]
+    stats["listed"] = len(resources)
     t, budget = now(), _Budget(lease)
     findings = _leaks(org, name, provider, resources, runs, t, dry_run, budget)
     findings += _vanished(org, name, provider, resources, runs, t, dry_run, budget)
     findings += _low_credit(org, name, provider, runs, t, dry_run)
-    findings += _stuck_releases(org, (r for r in runs.values() if r.provider == name), t, dry_run)
+    findings += _stuck_releases(org, (r for r in runs.values() if run_connection(r) == name), t, dry_run)
     if budget.left_over:
         stats["left_for_next_tick"] = budget.left_over
     get_logger().info("account swept", extra={"dry_run": dry_run, **stats, "findings": len(findings)})
@@ -211,6 +217,17 @@ def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list
     # a while) bills nothing and counts as absent.
     return [r for r in resources if r.managed and r.deployment == deployment and r.run_id and r.org in (org, "")
             and r.state.lower() not in GONE_STATES]
+
+
+def _of_connection(res: CloudResource, connection: str, runs: dict[str, RunRecord]) -> bool:
+    """Whether the listed resource is the connection's to judge (see the module docstring)."""
+    mark = res.extra.get("connection")
+    if mark:
+        return mark == connection
+    run = runs.get(res.run_id)
+    if run is not None:
+        return run_connection(run) == connection
+    return connection == provider_of(connection)
 
 
 def _grace() -> timedelta:
@@ -291,7 +308,7 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
     listed_runs = {r.run_id for r in resources}
     out: list[dict[str, Any]] = []
     for run in runs.values():
-        if run.provider != provider_name or run.state not in ACTIVE or run.id in listed_runs:
+        if run_connection(run) != provider_name or run.state not in ACTIVE or run.id in listed_runs:
             continue
         machines = [r for r in run.resources if r.kind in MACHINE_KINDS]
         if not machines or t - run.state_changed_at < grace:
@@ -338,7 +355,7 @@ def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: d
     included: warn on each retained run while the provider says its credit is low (one read per
     tick and connection, only when a run is retained; at most one warning a day per run)."""
     warning_of = getattr(provider, "credit_warning", None)
-    retained = [r for r in runs.values() if r.provider == provider_name and r.state == RunState.retained]
+    retained = [r for r in runs.values() if run_connection(r) == provider_name and r.state == RunState.retained]
     if not callable(warning_of) or not retained:
         return []
     try:
@@ -375,7 +392,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
         attempts = run.release_attempts + 1
         delay = release_delay(attempts)
         error = run.release_error or "the release was not confirmed (its message may have been lost)"
-        finding = {"org": org, "provider": run.provider, "run_id": run.id, "reason": error,
+        finding = {"org": org, "provider": run_connection(run), "run_id": run.id, "reason": error,
                    "resources": [f"{r.kind}:{r.id}" for r in run.resources], "attempt": attempts,
                    "next_in_s": int(delay), "action": "would re-send release" if dry_run else "re-send release"}
         if not dry_run:

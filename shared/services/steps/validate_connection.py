@@ -8,23 +8,37 @@ from __future__ import annotations
 from shared.clock import now
 from shared.errors import ProviderError
 from shared.log import get_logger
-from shared.models import CatalogRecord, Check, CheckStatus, ConnectionMessage, ConnectionRecord, ConnectionStatus
-from shared.runs.org_backends import STORAGE_SLOT, compute_for, storage_for
+from shared.models import (
+    CatalogRecord,
+    Check,
+    CheckStatus,
+    ConnectionMessage,
+    ConnectionRecord,
+    ConnectionStatus,
+    GpuOffer,
+)
+from shared.runs.org_backends import STORAGE_SLOT, compute_for, connection_of_slot, storage_for
 from shared.runs.scope import held_machines_check
 from shared.store import get_store
+
+
+def offers_of(connection: str, offers: list[GpuOffer]) -> list[GpuOffer]:
+    """The offers as the catalog keeps them: each names the connection it is offered through."""
+    return [o.model_copy(update={"connection": connection}) for o in offers]
 
 
 def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | None]:
     if rec.slot == STORAGE_SLOT:
         return storage_for(rec.org).validate(), None
-    provider = compute_for(rec.org, rec.provider)
+    name = connection_of_slot(rec.slot)  # each named connection is checked and priced on its own
+    provider = compute_for(rec.org, name)
     checks = list(provider.validate())
-    checks.extend(held_machines_check(rec.org, rec.provider, provider))
+    checks.extend(held_machines_check(rec.org, name, provider))
     catalog = None
     if not any(c.status == CheckStatus.fail for c in checks):
         try:
-            offers = provider.offers()
-            catalog = CatalogRecord(org=rec.org, provider=rec.provider, offers=offers, fetched_at=now())
+            offers = offers_of(name, provider.offers())
+            catalog = CatalogRecord(org=rec.org, provider=rec.provider, connection=name, offers=offers, fetched_at=now())
             checks.append(Check(name="catalog", status=CheckStatus.ok if offers else CheckStatus.fail,
                                 message=f"{len(offers)} supported GPU offers priced" if offers else
                                 "no supported GPU offer is available with this setup; see the checks above"))

@@ -28,6 +28,7 @@ from shared.errors import NotFound
 from shared.log import get_logger
 from shared.models import ConnectionStatus, SweepMessage
 from shared.queues import get_queues
+from shared.runs.org_backends import connection_of_slot, provider_of
 from shared.steps import Step
 from shared.store import get_store, leases
 
@@ -51,11 +52,12 @@ def new_sweep_id() -> str:
 
 
 def accounts() -> list[tuple[str, str]]:
-    """(org, provider) of every compute connection that can be swept, in key order."""
+    """(org, connection name) of every compute connection that can be swept, in key order: each named
+    connection (`aws/us-west-2`) is an account of its own, swept apart from the default (`aws`)."""
     out = set()
     for conn in get_store().connections.all_orgs():
         if conn.slot.startswith("compute:") and conn.status != ConnectionStatus.checking:
-            out.add((conn.org, conn.provider))
+            out.add((conn.org, connection_of_slot(conn.slot)))
     return sorted(out)
 
 
@@ -101,8 +103,9 @@ def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report:
     def one(i: int) -> bool:
         if i >= FANOUT_MAX_SENDS or now_ts() > until:
             return False
-        org, provider = order[i]
-        msg = SweepMessage(org=org, provider=provider, sweep=sweep_id, dry_run=dry_run, report=report)
+        org, name = order[i]
+        msg = SweepMessage(org=org, provider=provider_of(name), connection=name if name != provider_of(name) else "",
+                           sweep=sweep_id, dry_run=dry_run, report=report)
         queues.send(Step.sweep_account, msg, delay_s=spread * i / n if spread else 0)
         return True
 
@@ -118,10 +121,12 @@ def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report:
 def record_report(msg: SweepMessage, out: dict[str, Any]) -> None:
     """Keep one account's findings under its admin sweep's id."""
     findings = out.get("findings", [])
-    row = {"org": msg.org, "provider": msg.provider, "at": now().isoformat(), "count": len(findings),
+    name = msg.connection or msg.provider
+    row = {"org": msg.org, "provider": name, "at": now().isoformat(), "count": len(findings),
            "listed": out.get("listed", 0), "runs_read": out.get("runs_read", 0),
            "findings": findings[:REPORT_FINDINGS], **({"skipped": out["skipped"]} if out.get("skipped") else {})}
-    get_store().table("sweeps").upsert(msg.sweep, f"{msg.org}~{msg.provider}", json.loads(json.dumps(row, default=str)))
+    get_store().table("sweeps").upsert(msg.sweep, f"{msg.org}~{name.replace('/', '|')}",
+                                       json.loads(json.dumps(row, default=str)))
 
 
 def report(sweep_id: str) -> dict[str, Any]:

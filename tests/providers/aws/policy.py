@@ -16,6 +16,7 @@ def granted_actions() -> list[str]:
     policy = json.loads((INFRA / "control-plane-policy.json").read_text())
     statements = list(policy["Statement"])
     statements.append(json.loads((INFRA / "passrole-statement.json").read_text()))
+    statements.append(json.loads((INFRA / "quota-preflight-statement.json").read_text()))  # optional grant
     out: list[str] = []
     for st in statements:
         if st.get("Effect") != "Allow":

@@ -118,6 +118,8 @@ class Rig:
     # that answers short-circuits the request (see inject). The call counter comes first.
     listeners: list[Any] = field(default_factory=list)
     ebs_default_key: str = "alias/aws/ebs"  # what GetEbsDefaultKmsKeyId answers (ebs_default_key)
+    # What GetServiceQuota answers (service_quotas): quota code -> vCPUs; None = the optional grant is absent.
+    quotas: dict[str, float] | None = None
 
     def on_api_call(self, service: str, operation: str, params: dict[str, Any]) -> Any:
         for listener in list(self.listeners):
@@ -165,6 +167,8 @@ def new_rig(module_s3_url: str, pricing: PricingServer) -> Rig:
     log = CallLog()
     rig = Rig(module_s3_url, pricing, log, ec2, iam, subnet, sg, vpc, listeners=[log])
     rig.listeners.append(ebs_default_key(rig))
+    rig.quotas = dict(DEFAULT_QUOTAS)
+    rig.listeners.append(service_quotas(rig))
     return rig
 
 
@@ -235,5 +239,44 @@ def strict_client_token(ec2: Any) -> Any:
         found = [i for r in ec2.describe_instances(Filters=[
             {"Name": "tag:tensorant:run", "Values": [run]}])["Reservations"] for i in r["Instances"]]
         return _Http(200), {"Instances": found[:1], "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    return listener
+
+
+
+# What GetServiceQuota answers on a new rig (Rig.quotas): the grant is present, both GPU families at 64 vCPUs.
+DEFAULT_QUOTAS = {"L-DB2E81BA": 64.0, "L-417A185B": 64.0}
+
+
+def service_quotas(rig: Rig, *, region: str = REGION) -> Any:
+    """Service Quotas' GetServiceQuota for EC2's quota codes, which moto does not serve (its
+    servicequotas backend knows only `vpc` and answers NoSuchResourceException for every EC2 code):
+    the smallest honest fake, answering in the API's own response shape (a `Quota` object with the
+    code, name, ARN and applied `Value`) from rig.quotas. rig.quotas None: the optional grant is absent,
+    every call is refused with AccessDeniedException as IAM refuses it."""
+    from shared.providers.aws.quotas import FAMILIES
+
+    def listener(svc: str, op: str, params: dict[str, Any]) -> Any:
+        if svc != "servicequotas" or op != "GetServiceQuota":
+            return None
+        body = params.get("body") or {}
+        if isinstance(body, bytes | str):
+            body = json.loads(body or "{}")
+        code = str(body.get("QuotaCode", ""))
+        values = rig.quotas
+        if values is None:
+            return _Http(400), {"Error": {"Code": "AccessDeniedException", "Message": (
+                f"User: arn:aws:iam::{ACCOUNT}:user/tensorant is not authorized to perform: "
+                f"servicequotas:GetServiceQuota on resource: arn:aws:servicequotas:{region}:{ACCOUNT}:ec2/{code}")},
+                "ResponseMetadata": {"HTTPStatusCode": 400}}
+        if body.get("ServiceCode") != "ec2" or code not in values:
+            return _Http(400), {"Error": {"Code": "NoSuchResourceException", "Message": (
+                "The request failed because the specified resource does not exist.")},
+                "ResponseMetadata": {"HTTPStatusCode": 400}}
+        return _Http(200), {"Quota": {
+            "ServiceCode": "ec2", "ServiceName": "Amazon Elastic Compute Cloud (Amazon EC2)",
+            "QuotaArn": f"arn:aws:servicequotas:{region}:{ACCOUNT}:ec2/{code}", "QuotaCode": code,
+            "QuotaName": FAMILIES.get(code, ("", ()))[0], "Value": float(values[code]), "Unit": "None",
+            "Adjustable": True, "GlobalQuota": False}, "ResponseMetadata": {"HTTPStatusCode": 200}}
 
     return listener

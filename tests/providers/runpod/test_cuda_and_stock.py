@@ -194,3 +194,11 @@ def test_a_gpu_without_stock_is_left_out_with_or_without_a_datacenter() -> None:
     stocked = {**gpu, "lowestPrice": {"uninterruptablePrice": 0.39, "stockStatus": "Low"}}
     (offer,) = catalog.gpu_offers([stocked], cloud="SECURE", dc=None, disk_gb=50)
     assert offer.compute_per_hour == 0.39 and offer.region == "any"
+
+
+def test_preflight_reads_nothing(fake: FakeRunPod) -> None:
+    """RunPod has no quota to read, and its stock is judged by the pod create itself (a CapacityError
+    the run's failover handles), so preflight answers None without a request."""
+    before = len(fake.requests)
+    assert provider().preflight(spec().offer) is None
+    assert len(fake.requests) == before

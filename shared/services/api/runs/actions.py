@@ -30,7 +30,7 @@ from shared.runs import billing, budgets
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
 from shared.runs.moves import move_stored
-from shared.runs.org_backends import compute_for, ref_of, storage_for
+from shared.runs.org_backends import compute_for, ref_of, run_connection, storage_for
 from shared.runs.retention import checkpoint_saved
 from shared.security import Principal, require
 from shared.services.api import quotas
@@ -80,14 +80,14 @@ def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: 
     """The rest of a launch, once the run holds an active-run slot: the rate limit, the offer's
     price now, the connection, then the draft -> queued write. Returns the run as queued."""
     quotas.take_launch(principal, limits)
-    offer = find_offer(principal.org, run.provider, run.offer.offer_id)
+    offer = find_offer(principal.org, run_connection(run), run.offer.offer_id)
     if offer.total_per_hour > run.price_limit_per_hour:
         changed = abs(offer.total_per_hour - run.offer.total_per_hour) > 1e-9
         price = (f"the offer now costs {offer.total_per_hour:.4f}/h (it was {run.offer.total_per_hour:.4f}/h "
                  "when the draft was saved)" if changed else f"the estimate is {offer.total_per_hour:.4f}/h")
         raise Conflict(f"nothing was launched: {price}, above the run's limit of {run.price_limit_per_hour:.4f}/h; "
                        "raise price_limit_per_hour (PATCH the draft) or choose another offer")
-    compute_for(principal.org, run.provider, require_connected=True)
+    compute_for(principal.org, run_connection(run), require_connected=True)
     # The budgets, at the price found now: atomic like the active-run slot (shared/runs/budgets.py).
     priced = run.model_copy(update={"offer": offer})
     budgeted = budgets.reserve(principal.org, priced, budgets.hourly_price(priced) * run.runtime_limit_s / 3600,
@@ -207,7 +207,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
     if mode == "start_machine":
         run = _request_restart(run)
         try:
-            outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+            outcome = compute_for(run.org, run_connection(run)).start(ref_of(run), run.resources)
         except ProviderError as exc:
             raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
                            "retained: try mode start_machine again later, or recover with mode verify_saved or "
@@ -294,7 +294,7 @@ def _resume(run: RunRecord) -> RunView:
     if wrote:
         event(run, "audit", "machine start requested to resume training from the last checkpoint", machine="started")
     try:
-        outcome = compute_for(run.org, run.provider).start(ref_of(run), run.resources)
+        outcome = compute_for(run.org, run_connection(run)).start(ref_of(run), run.resources)
     except ProviderError as exc:
         why = redact_text(exc.reason)
 

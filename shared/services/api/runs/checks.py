@@ -10,7 +10,7 @@ from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
-from shared.runs.org_backends import compute_connection_slot
+from shared.runs.org_backends import check_connection_name, compute_connection_slot, route_of
 from shared.services.api import base_models, quotas
 from shared.services.api.catalog import cached_offers, find_offer
 from shared.settings import get_settings
@@ -40,7 +40,8 @@ def resolve_training(kind: RunKind, training: TrainingSettings) -> TrainingSetti
 
 
 def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
-    """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
+    """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can
+    (`provider`: the connection whose catalog lists them)."""
     model = base_models.declared(base_model)
     got = base_models.fit(model, offer, training)
     if got.fits:
@@ -68,15 +69,20 @@ def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
             "merged out, download the adapter and merge it where you serve it (peft's merge_and_unload)"))
 
 
-def _check_provider(org: str, provider: str) -> None:
+def _check_provider(org: str, provider: str, connection: str | None = None) -> str:
+    """The run's compute connection (`provider` by default, or the named `connection` of that provider),
+    422 naming the field unless it is saved. Returns its name."""
     from shared.providers import registry
 
     if provider not in registry.compute_names():
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
                                  f"{', '.join(registry.compute_names())}")
-    if get_store().connections.get(org, compute_connection_slot(provider)) is None:
-        raise InvalidInput.field("provider", f"no {provider} compute connection is saved; an owner saves it first "
-                                 f"(`tensorant connections save-compute {provider} ...`)")
+    name = check_connection_name(connection, provider=provider) if connection else provider
+    if get_store().connections.get(org, compute_connection_slot(name)) is None:
+        field = "connection" if connection else "provider"
+        raise InvalidInput.field(field, f"no {name} compute connection is saved; an owner saves it first "
+                                 f"(`tensorant connections save-compute {name} ...`, or PUT /api/{route_of(name)})")
+    return name
 
 
 @dataclass(frozen=True)
@@ -104,10 +110,10 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
-    _check_provider(org, body.provider)
+    connection = _check_provider(org, body.provider, body.connection)
     base_models.refuse_test_model_off_local(model, body.provider)
-    offer = find_offer(org, body.provider, body.offer_id)
-    _check_fit(org, body.provider, offer, body.base_model, training)
+    offer = find_offer(org, connection, body.offer_id)
+    _check_fit(org, connection, offer, body.base_model, training)
     base_models.refuse_unloadable_on_local(model, body.provider)
     like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
     predicted = forecast.predict(dataset, training, model, offer, like)

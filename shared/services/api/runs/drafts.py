@@ -37,6 +37,7 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
     """What a draft stores of a checked request (create and edit alike)."""
     return {
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
+        "connection": body.connection if body.connection and body.connection != body.provider else "",
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
         "forecast": checked.forecast,
@@ -113,6 +114,7 @@ def request_of(run: RunRecord) -> RunCreate:
             "max_steps": None if training.max_steps == TRIAL_MAX_STEPS else training.max_steps})
         runtime = None if runtime == TRIAL_RUNTIME_LIMIT_S else runtime
     return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
+                     connection=run.connection or None,
                      price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
                      dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training)
 

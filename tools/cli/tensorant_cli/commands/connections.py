@@ -17,6 +17,20 @@ from tensorant_cli.schema import SetError, apply_set, compute_schema, provider_n
 # Not a list of names: which providers exist is the control plane's to say (its registry, and
 # whether the deployment is production), so the help points at the command that asks it.
 PROVIDER_HELP = "one of `tensorant connections providers`"
+CONNECTION_HELP = (PROVIDER_HELP + " (its default connection), or PROVIDER/NAME: another account or region of "
+                   "it saved under a name, e.g. aws/us-west-2")
+NAME_HELP = "save it as the named connection {provider}/NAME beside the default (e.g. --name us-west-2)"
+
+
+def connection_path(connection: str, name: str | None = None) -> str:
+    """The API path of a compute connection: `aws` -> .../compute/aws, `aws/us-west-2` (or `aws` with
+    name us-west-2) -> .../compute/aws/named/us-west-2."""
+    provider, _, sub = connection.partition("/")
+    if name:
+        if sub and sub != name:
+            raise UsageError(f"{connection} already names a connection; leave out --name {name}")
+        sub = name
+    return f"/api/connections/compute/{provider}" + (f"/named/{sub}" if sub else "")
 
 
 def add_parser(sub: Any) -> None:
@@ -24,12 +38,14 @@ def add_parser(sub: Any) -> None:
     for name, help_, example in (
             ("save-compute", "save a compute connection (values typed by the API schema)",
              "tensorant connections save-compute local --set price_per_hour=0 --wait\n"
-             "tensorant connections save-compute aws --from-file aws.json --set workspace_disk_gb=200"),
+             "tensorant connections save-compute aws --from-file aws.json --set workspace_disk_gb=200\n"
+             "tensorant connections save-compute aws --name us-west-2 --from-file aws-west.json"),
             ("save-storage", "save the organization's storage",
              "tensorant connections save-storage --set kind=local")):
         s = leaf(c, name, help_, example)
         if name == "save-compute":
-            s.add_argument("provider", help=PROVIDER_HELP)
+            s.add_argument("provider", help=CONNECTION_HELP)
+            s.add_argument("--name", help=NAME_HELP)
         s.add_argument("--from-file", "--file", dest="from_file", metavar="JSON_FILE",
                        help="the whole connection body as a JSON file")
         s.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -39,10 +55,10 @@ def add_parser(sub: Any) -> None:
                            help="wait for the checks and the catalog; exit 1 if the connection failed")
     leaf(c, "show", "all of the organization's connections and their checks", "tensorant connections show")
     ck = leaf(c, "check", "check a compute connection again", "tensorant connections check aws --wait")
-    ck.add_argument("provider")
+    ck.add_argument("provider", help=CONNECTION_HELP)
     ck.add_argument("--wait", action="store_true", help="wait for the verdict; exit 1 if the connection failed")
     leaf(c, "delete", "delete a compute connection", "tensorant connections delete aws",
-         objects=False).add_argument("provider")
+         objects=False).add_argument("provider", help=CONNECTION_HELP)
     leaf(c, "providers", "the compute providers this control plane offers (from its API document)",
          "tensorant connections providers")
     for s in c.choices.values():
@@ -51,7 +67,8 @@ def add_parser(sub: Any) -> None:
 
 def cmd_connections(args: argparse.Namespace, client: Client) -> int:
     if args.action == "save-compute":
-        conn = client.put(f"/api/connections/compute/{args.provider}", _body_from(args, client, args.provider))
+        conn = client.put(connection_path(args.provider, args.name),
+                          _body_from(args, client, args.provider.partition("/")[0]))
         if args.wait:
             return _wait_connected(args, client, conn)
         emit(args, conn, lambda: _show_connection(conn), ids=[])
@@ -71,12 +88,12 @@ def cmd_connections(args: argparse.Namespace, client: Client) -> int:
 
         emit(args, data, text, ids=[str(c.get("slot")) for c in conns])
     elif args.action == "check":
-        conn = client.post(f"/api/connections/compute/{args.provider}/check")
+        conn = client.post(connection_path(args.provider) + "/check")
         if args.wait:
             return _wait_connected(args, client, conn)
         emit(args, conn, lambda: _show_connection(conn), ids=[])
     elif args.action == "delete":
-        client.delete(f"/api/connections/compute/{args.provider}")
+        client.delete(connection_path(args.provider))
         say(f"deleted the {args.provider} connection")
     elif args.action == "providers":
         return _providers(args, client)
@@ -139,7 +156,7 @@ def _wait_connected(args: argparse.Namespace, client: Client, conn: Any, timeout
             say(f"error: the checks did not finish within {timeout:.0f} s", file=sys.stderr)
             return 1
         time.sleep(0.5)
-        conn = client.get(f"/api/connections/compute/{args.provider}")
+        conn = client.get(connection_path(args.provider, getattr(args, "name", None)))
     emit(args, conn, lambda: _show_connection(conn), ids=[])
     return 0 if isinstance(conn, dict) and conn.get("status") == "connected" else 1
 

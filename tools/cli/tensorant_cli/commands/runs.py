@@ -106,6 +106,8 @@ def add_parser(sub: Any) -> None:
 def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--dataset", required=required, help="dataset version id (`tensorant datasets list`)")
     p.add_argument("--provider", required=required)
+    p.add_argument("--connection", help="the provider's compute connection to run on: `{provider}` (the default) or "
+                   "`{provider}/{name}`, e.g. aws/us-west-2 (`tensorant connections show`)")
     p.add_argument("--offer", required=required, help="offer id from `tensorant catalog`")
     p.add_argument("--base-model", required=required, help="a declared base model id")
     p.add_argument("--price-limit", type=float, required=required, help="USD per hour")
@@ -119,7 +121,8 @@ def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
 def _run_create_body(args: argparse.Namespace, partial: bool) -> dict[str, Any]:
     fields = {"project_id": getattr(args, "project", None), "dataset_version_id": args.dataset,
               "provider": args.provider, "offer_id": args.offer, "base_model": args.base_model,
-              "price_limit_per_hour": args.price_limit, "kind": args.kind, "runtime_limit_s": args.runtime_limit}
+              "price_limit_per_hour": args.price_limit, "kind": args.kind, "runtime_limit_s": args.runtime_limit,
+              "connection": getattr(args, "connection", None)}
     if not partial and fields["kind"] is None:
         fields["kind"] = "trial"
     body = {k: v for k, v in fields.items() if v is not None}
