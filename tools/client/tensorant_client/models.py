@@ -113,6 +113,7 @@ ConnectionStatus: TypeAlias = Literal["checking", "connected", "failed"]
 class ConnectionView(ApiModel):
     slot: str
     provider: str
+    name: str = Field(default="")
     status: ConnectionStatus
     config: dict[str, Any]
     checks: list[Check]
@@ -177,6 +178,7 @@ class GpuOffer(ApiModel):
     total_per_hour: float
     currency: str = Field(default="USD")
     note: str = Field(default="")
+    connection: str = Field(default="")
 
 
 class Heartbeat(ApiModel):
@@ -273,6 +275,7 @@ class RunCreate(ApiModel):
     kind: RunKind = Field(default="trial")
     provider: str
     offer_id: str
+    connection: str | None = Field(default=None)
     price_limit_per_hour: float
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str
@@ -313,6 +316,7 @@ class RunPatch(ApiModel):
     kind: RunKind | None = Field(default=None)
     provider: str | None = Field(default=None)
     offer_id: str | None = Field(default=None)
+    connection: str | None = Field(default=None)
     price_limit_per_hour: float | None = Field(default=None)
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str | None = Field(default=None)

@@ -30,6 +30,7 @@ OPERATIONS: dict[str, Operation] = {
     "bootstrap": Operation("POST", "/api/agent/runs/{id}/bootstrap", ('id',), (), "json", "BootstrapGrant", None),
     "cancel_run": Operation("POST", "/api/runs/{id}/cancel", ('id',), (), "json", "RunView", None),
     "check_compute": Operation("POST", "/api/connections/compute/{provider}/check", ('provider',), (), None, "ConnectionView", None),
+    "check_named_compute": Operation("POST", "/api/connections/compute/{provider}/named/{name}/check", ('provider', 'name'), (), None, "ConnectionView", None),
     "commit_dataset": Operation("POST", "/api/projects/{id}/datasets/commit", ('id',), (), "json", "DatasetVersionRecord", None),
     "complete": Operation("POST", "/api/agent/runs/{id}/complete", ('id',), (), "json", None, None),
     "console": Operation("GET", "/api/console", (), (), None, None, None),
@@ -40,6 +41,7 @@ OPERATIONS: dict[str, Operation] = {
     "dataset_upload_url": Operation("POST", "/api/projects/{id}/datasets/upload-url", ('id',), (), None, None, None),
     "delete_compute": Operation("DELETE", "/api/connections/compute/{provider}", ('provider',), (), None, None, None),
     "delete_hf_token": Operation("DELETE", "/api/org/secrets/huggingface-token", (), (), None, None, None),
+    "delete_named_compute": Operation("DELETE", "/api/connections/compute/{provider}/named/{name}", ('provider', 'name'), (), None, None, None),
     "delete_run": Operation("DELETE", "/api/runs/{id}", ('id',), (), None, None, None),
     "delete_webhook": Operation("DELETE", "/api/org/webhooks/{id}", ('id',), (), None, None, None),
     "discard": Operation("DELETE", "/api/platform/queues/{queue}/poison/{message_id}", ('queue', 'message_id'), (), None, None, None),
@@ -48,11 +50,12 @@ OPERATIONS: dict[str, Operation] = {
     "forecast_run": Operation("POST", "/api/runs/forecast", (), (), "json", "RunEstimate", None),
     "get_compute": Operation("GET", "/api/connections/compute/{provider}", ('provider',), (), None, "ConnectionView", None),
     "get_limits": Operation("GET", "/api/org/limits", (), (), None, "OrgLimits", None),
+    "get_named_compute": Operation("GET", "/api/connections/compute/{provider}/named/{name}", ('provider', 'name'), (), None, "ConnectionView", None),
     "get_run": Operation("GET", "/api/runs/{id}", ('id',), (), None, "RunView", None),
     "get_storage": Operation("GET", "/api/connections/storage", (), (), None, "ConnectionView", None),
     "get_usage": Operation("GET", "/api/usage", (), ('since',), None, None, None),
     "get_webhook": Operation("GET", "/api/org/webhooks/{id}", ('id',), (), None, "WebhookView", None),
-    "gpus": Operation("GET", "/api/catalog/gpus", (), ('provider', 'base_model'), None, None, None),
+    "gpus": Operation("GET", "/api/catalog/gpus", (), ('provider', 'connection', 'base_model'), None, None, None),
     "heartbeat": Operation("POST", "/api/agent/runs/{id}/heartbeat", ('id',), (), "json", "HeartbeatReply", None),
     "launch_run": Operation("POST", "/api/runs/{id}/launch", ('id',), (), "json", "RunView", None),
     "list_base_models": Operation("GET", "/api/base-models", (), (), None, None, None),
@@ -79,6 +82,7 @@ OPERATIONS: dict[str, Operation] = {
     "run_metrics": Operation("GET", "/api/runs/{id}/metrics", ('id',), (), None, None, None),
     "runpod_volumes": Operation("GET", "/api/connections/runpod/volumes", (), (), None, None, None),
     "save_compute": Operation("PUT", "/api/connections/compute/{provider}", ('provider',), (), "json", "ConnectionView", None),
+    "save_named_compute": Operation("PUT", "/api/connections/compute/{provider}/named/{name}", ('provider', 'name'), (), "json", "ConnectionView", None),
     "save_storage": Operation("PUT", "/api/connections/storage", (), (), "json", "ConnectionView", None),
     "stop_run": Operation("POST", "/api/runs/{id}/stop", ('id',), (), None, "RunView", None),
     "sweep": Operation("POST", "/api/platform/sweep", (), (), "json", None, None),
@@ -114,6 +118,10 @@ class Api:
     def check_compute(self, provider: str) -> models.ConnectionView:
         """Run the connection's checks again (POST /api/connections/compute/{provider}/check)."""
         return self._call("check_compute", {"provider": provider}, None, None, None)
+
+    def check_named_compute(self, provider: str, name: str) -> models.ConnectionView:
+        """Run a named connection's checks again (POST /api/connections/compute/{provider}/named/{name}/check)."""
+        return self._call("check_named_compute", {"provider": provider, "name": name}, None, None, None)
 
     def commit_dataset(self, id: str, body: models.DatasetCommit | dict[str, Any]) -> models.DatasetVersionRecord:
         """Validate a directly uploaded dataset (streamed from storage) and save it as a version (POST /api/projects/{id}/datasets/commit)."""
@@ -155,6 +163,10 @@ class Api:
         """Delete the Hugging Face token (owners) (DELETE /api/org/secrets/huggingface-token)."""
         return self._call("delete_hf_token", {}, None, None, None)
 
+    def delete_named_compute(self, provider: str, name: str) -> None:
+        """Delete a named compute connection (owners; refused while runs hold machines) (DELETE /api/connections/compute/{provider}/named/{name})."""
+        return self._call("delete_named_compute", {"provider": provider, "name": name}, None, None, None)
+
     def delete_run(self, id: str) -> None:
         """Delete a draft (drafts only; ended runs stay as a record) (DELETE /api/runs/{id})."""
         return self._call("delete_run", {"id": id}, None, None, None)
@@ -187,6 +199,10 @@ class Api:
         """The organization's run limits (quotas and the run rate limit) (GET /api/org/limits)."""
         return self._call("get_limits", {}, None, None, None)
 
+    def get_named_compute(self, provider: str, name: str) -> models.ConnectionView:
+        """Show a named compute connection (secrets are never returned) (GET /api/connections/compute/{provider}/named/{name})."""
+        return self._call("get_named_compute", {"provider": provider, "name": name}, None, None, None)
+
     def get_run(self, id: str) -> models.RunView:
         """A run: state, phase, progress, estimate, resources, events (GET /api/runs/{id})."""
         return self._call("get_run", {"id": id}, None, None, None)
@@ -203,9 +219,9 @@ class Api:
         """One webhook endpoint (GET /api/org/webhooks/{id})."""
         return self._call("get_webhook", {"id": id}, None, None, None)
 
-    def gpus(self, *, provider: Literal["aws", "azure", "local", "runpod"] | None = None, base_model: str | None = None) -> Any:
+    def gpus(self, *, provider: Literal["aws", "azure", "local", "runpod"] | None = None, connection: str | None = None, base_model: str | None = None) -> Any:
         """GPU offers with compute, disk and total price per hour; with base_model, whether each fits (GET /api/catalog/gpus)."""
-        return self._call("gpus", {}, {"provider": provider, "base_model": base_model}, None, None)
+        return self._call("gpus", {}, {"provider": provider, "connection": connection, "base_model": base_model}, None, None)
 
     def heartbeat(self, id: str, body: models.Heartbeat | dict[str, Any]) -> models.HeartbeatReply:
         """Agent heartbeat: phase, progress, log lines (the run's own token only); the reply says whether to stop and may carry a renewed token (POST /api/agent/runs/{id}/heartbeat)."""
@@ -322,6 +338,10 @@ class Api:
     def save_compute(self, provider: str, body: models.AwsConfig | models.AzureConfig | models.LocalConfig | models.RunPodConfig | dict[str, Any]) -> models.ConnectionView:
         """Save a compute connection (owners); checks run in the background (PUT /api/connections/compute/{provider})."""
         return self._call("save_compute", {"provider": provider}, None, body, None)
+
+    def save_named_compute(self, provider: str, name: str, body: models.AwsConfig | models.AzureConfig | models.LocalConfig | models.RunPodConfig | dict[str, Any]) -> models.ConnectionView:
+        """Save a named compute connection {provider}/{name} (owners); checks run in the background (PUT /api/connections/compute/{provider}/named/{name})."""
+        return self._call("save_named_compute", {"provider": provider, "name": name}, None, body, None)
 
     def save_storage(self, body: models.LocalStorageConfig | models.S3StorageConfig | models.RunPodVolumeConfig | dict[str, Any]) -> models.ConnectionView:
         """Save the organization's storage connection (owners) (PUT /api/connections/storage)."""
