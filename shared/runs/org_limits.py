@@ -32,6 +32,9 @@ class OrgLimits(BaseModel):
         "the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit "
         "the run is discarded (machine and disk released, the run failed). Counted from when the run was last "
         "retained"))
+    max_capacity_wait_s: int = Field(default=6 * 3600, ge=0, le=7 * 24 * 3600, description=(
+        "highest capacity_wait_s a run may have: how long it may keep trying its candidates again when every one "
+        "refused for capacity, quota or stock (nothing bills while it waits)"))
 
 
 def get_limits(org: str) -> OrgLimits:

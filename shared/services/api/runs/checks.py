@@ -8,11 +8,13 @@ from typing import Any
 
 from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
-from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
+from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCandidate, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
 from shared.runs.org_backends import compute_connection_slot
+from shared.runs.org_limits import get_limits
 from shared.services.api import base_models, quotas
-from shared.services.api.catalog import cached_offers, find_offer
+from shared.services.api.catalog import cached_offers
+from shared.services.api.runs import candidates as run_candidates
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -69,9 +71,10 @@ def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
 
 
 def _check_provider(org: str, provider: str) -> None:
+    """`provider`: a provider, or a compute connection's name (`aws/us-west-2`: its provider is checked)."""
     from shared.providers import registry
 
-    if provider not in registry.compute_names():
+    if provider.split("/", 1)[0] not in registry.compute_names():
         raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
                                  f"{', '.join(registry.compute_names())}")
     if get_store().connections.get(org, compute_connection_slot(provider)) is None:
@@ -84,6 +87,7 @@ class CheckedRequest:
     """A run request that passed every check a draft must pass, resolved as the run stores it."""
 
     offer: GpuOffer
+    candidates: list[RunCandidate]
     training: TrainingSettings
     runtime_limit_s: int
     dataset: DatasetVersionRecord
@@ -104,15 +108,21 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
-    _check_provider(org, body.provider)
-    base_models.refuse_test_model_off_local(model, body.provider)
-    offer = find_offer(org, body.provider, body.offer_id)
-    _check_fit(org, body.provider, offer, body.base_model, training)
-    base_models.refuse_unloadable_on_local(model, body.provider)
-    like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
-    predicted = forecast.predict(dataset, training, model, offer, like)
-    limit, note = _runtime_limit(org, body, predicted)
-    return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,
+    most_wait = get_limits(org).max_capacity_wait_s
+    if body.capacity_wait_s > most_wait:
+        raise InvalidInput.field("capacity_wait_s", (
+            f"{body.capacity_wait_s} s is above the organization's max_capacity_wait_s of {most_wait} s; lower it, "
+            "or an owner raises max_capacity_wait_s under /api/org/limits"))
+    picked = run_candidates.resolve(org, body, model, training, dataset)
+    offer = picked[0].offer
+    # The forecast the run shows (and the runtime limit it sets) is the one of the candidate it may cost
+    # most on: the launch may end on any of them. Each is made from like runs on that candidate's GPU.
+    forecasts = [forecast.predict(dataset, training, model, c.offer, forecast.measured_for(
+        org, c.offer.provider, body.base_model, c.offer.gpu, training)) for c in picked]
+    predicted = max(forecasts, key=lambda f: (f.cost, f.total_s))
+    longest = max(forecasts, key=lambda f: f.total_s)
+    limit, note = _runtime_limit(org, body, longest)
+    return CheckedRequest(offer=offer, candidates=picked, training=training, runtime_limit_s=limit, dataset=dataset,
                           forecast=predicted, limit_note=note)
 
 
