@@ -207,3 +207,31 @@ def test_aws_capacity_then_azure_quota_then_runpod_trains(env: dict[str, str], r
         _sweeper_finds_nothing(h)
     finally:
         h.close()
+
+
+# ---------------------------------------------------------------- local (over HTTP, the real agent and trainer)
+
+
+def test_local_trains_after_the_first_candidate_refused(rig: Rig, proxy: RefusingProxy, api: Any) -> None:
+    """The dev host serving the app: EC2 refuses the first candidate, the local provider's agent process
+    trains the second to succeeded, and nothing of either is left."""
+    from tests.e2e.local_host import TERMINAL_OR_RETAINED
+    from tests.e2e.test_local_e2e import setup_org
+
+    project, dataset = setup_org(api)
+    api("PUT", "/api/connections/compute/aws", json=rig.body(workspace_disk_gb=50))
+    conn = api.wait("/api/connections/compute/aws", lambda c: c["status"] != "checking", 60)
+    assert conn["status"] == "connected", conn
+    aws = next(o for o in api("GET", "/api/catalog/gpus?provider=aws")["items"] if o["machine_type"] == "g6.xlarge")
+    local = api("GET", "/api/catalog/gpus?provider=local")["items"][0]
+    proxy.refuse["g6.xlarge"] = Refusal("InsufficientInstanceCapacity")
+    run = api("POST", "/api/runs", json={
+        "project_id": project, "dataset_version_id": dataset, "base_model": "tensorant/smoke-tiny",
+        "price_limit_per_hour": 10.0, "candidates": [{"connection": "aws", "offer_id": aws["offer_id"]},
+                                                     {"connection": "local", "offer_id": local["offer_id"]}]})
+    api("POST", f"/api/runs/{run['id']}/launch", json={"confirm": True})
+    run = api.wait(f"/api/runs/{run['id']}", lambda r: r["state"] in TERMINAL_OR_RETAINED, 120)
+    assert run["state"] == "succeeded", run["reason"]
+    assert _attempts(run) == [("aws", "refused", "InsufficientInstanceCapacity"), ("local", "launched", "")]
+    assert run["ran_on"]["provider"] == "local" and len(run["adapter_sha256"]) == 64
+    assert _live_instances(rig) == []
