@@ -45,10 +45,11 @@ def dearest_offer(run: RunRecord) -> GpuOffer:
 
 
 def attempt_no(run: RunRecord) -> int:
-    """The attempt whose marks the run's machine carries: the launched attempt's, else the one in flight
+    """The attempt whose marks the run's machine carries: the launched (or failed) attempt's, else the one in flight
     (the next index). Written ahead of any cloud call: an attempt's index is the count of attempts decided
     before it, stored on the run in the same write that decided the previous one."""
-    if run.attempts and run.attempts[-1].outcome == "launched":
+    if run.attempts and run.attempts[-1].outcome in ("launched", "failed"):
+        # The machine's attempt, or the one whose configuration error ended the run: its release looks there.
         return run.attempts[-1].index
     return len(run.attempts)
 
