@@ -186,7 +186,12 @@ def test_a_crash_between_two_attempts_leaves_one_machine_at_most(h: Harness, clo
             raise Crash(name)
 
     release = FourOffers.release
-    monkeypatch.setattr(FourOffers, "release", lambda self, ref, res: (once("release"), release(self, ref, res))[1])
+
+    def crashing_release(self: FourOffers, ref: Any, res: Any) -> Any:
+        once("release")
+        return release(self, ref, res)
+
+    monkeypatch.setattr(FourOffers, "release", crashing_release)
     mutate = get_store().runs.mutate
 
     def mutate_then(org: str, rid: str, change: Any, **kw: Any) -> Any:
@@ -279,3 +284,40 @@ def test_provider_and_offer_may_be_left_to_the_first_candidate(h: Harness) -> No
     assert got["provider"] == "memory" and got["offer"]["offer_id"] == "mem-h100"
     assert [c["offer_id"] for c in got["candidates"]] == ["mem-h100", "mem-a10"]
     assert got["attempts"] == [] and got["ran_on"] is None
+
+
+def test_a_runpod_volume_pins_runpod_candidates_to_its_datacenter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import SecretStr
+
+    from shared.org_storage.config import RunPodVolumeConfig
+    from shared.services.api.runs import candidates
+
+    volume = RunPodVolumeConfig(volume_id="vol0abc123", datacenter_id="EU-RO-1", access_key_id="user_x",
+                                secret_access_key=SecretStr("rps_x"))
+    monkeypatch.setattr(candidates, "storage_config", lambda org: volume)
+    there = GpuOffer(provider="runpod", offer_id="runpod-secure-eu-ro-1-a40", gpu="A40", gpu_memory_gb=48,
+                     machine_type="NVIDIA A40", region="EU-RO-1", compute_per_hour=0.4, disk_per_hour=0.0,
+                     total_per_hour=0.4)
+    elsewhere = there.model_copy(update={"offer_id": "runpod-secure-us-ks-2-a40", "region": "US-KS-2"})
+    assert candidates.unreachable_storage("org-a", there) is None
+    why = candidates.unreachable_storage("org-a", elsewhere)
+    assert why is not None and "EU-RO-1" in why and "US-KS-2" in why
+    assert candidates.unreachable_storage("org-a", OFFER) is None  # another provider reaches it over its S3 API
+
+
+def test_a_drafts_candidates_can_be_edited_and_launch_rechecks_every_price(h: Harness, cloud: Cloud,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = _run(h, ["mem-a10"])
+    edited = h.ok("PATCH", f"/api/runs/{run_id}", token="member",
+                  json_body={"candidates": [{"connection": "memory", "offer_id": "mem-l40s"},
+                                            {"connection": "memory", "offer_id": "mem-h100"}]})
+    assert [c["offer_id"] for c in edited["candidates"]] == ["mem-l40s", "mem-h100"]
+    assert edited["offer"]["offer_id"] == "mem-l40s" and edited["estimate_per_hour"] == H100.total_per_hour
+    # The H100's price rose above the limit after the draft: the launch names it and rents nothing.
+    dear = H100.model_copy(update={"total_per_hour": 9.0, "compute_per_hour": 8.99})
+    monkeypatch.setattr(FourOffers, "offers", lambda self: [OFFER, L40S, A100, dear])
+    h.ok("POST", "/api/connections/compute/memory/check")
+    h.drain()
+    status, got, _ = h.call("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    assert status == 409 and "candidate 2" in got["detail"] and "mem-h100" in got["detail"], got
+    assert h.get_run(run_id)["state"] == "draft" and not cloud.live()

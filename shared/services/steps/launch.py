@@ -50,7 +50,8 @@ EXPORT_MARGIN_S = 3600  # after the runtime limit: time to export, verify and re
 def launch_spec(run: RunRecord) -> LaunchSpec:
     """What the provider gets: the machine to make, and the run's limits, so it can refuse a launch it
     could not finish or clean up (credentials expiring first, credit too low)."""
-    start = run.launched_at or now()
+    # A later candidate's machine (after refusals, perhaps a capacity wait) must work from its own create on.
+    start = now() if run.attempts else (run.launched_at or now())
     until = start + timedelta(seconds=get_settings().provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S)
     return LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run),
                       price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=run.runtime_limit_s,
