@@ -25,10 +25,42 @@ from shared.models import (
 from shared.org_storage.config import RunPodVolumeConfig
 from shared.runs import forecast
 from shared.runs.candidates import provider_of
-from shared.runs.org_backends import storage_config
+from shared.runs.org_backends import compute_connection_slot, storage_config
 from shared.services.api import base_models
 from shared.services.api.catalog import cached_offers, find_offer
 from shared.store import get_store
+
+
+def check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
+    """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
+    model = base_models.declared(base_model)
+    got = base_models.fit(model, offer, training)
+    if got.fits:
+        return
+    eligible = [o.offer_id for o in cached_offers(org, provider) if base_models.fit(model, o, training).fits]
+    if eligible:
+        choose = f"offers that fit: {', '.join(eligible[:20])}"
+    elif offer.provider == base_models.LOCAL_PROVIDER and model.param_count() > base_models.LOCAL_MAX_PARAMS:
+        # No setting brings a model over the CPU cap under it: only another model or provider helps.
+        choose = (f"{model.name} is too large for the local CPU provider: choose a smaller model (up to "
+                  f"{base_models.LOCAL_MAX_PARAMS / 1e9:g}B parameters, GET /api/base-models) or a GPU provider")
+    else:
+        choose = f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit"
+    raise InvalidInput(f"offer_id: {got.why}; {choose}", errors=[{
+        "field": "offer_id", "message": got.why, "memory_needed_gb": got.memory_needed_gb,
+        "eligible_offer_ids": eligible}])
+
+
+def check_provider(org: str, provider: str) -> None:
+    """`provider`: a provider, or a compute connection's name (`aws/us-west-2`: its provider is checked)."""
+    from shared.providers import registry
+
+    if provider.split("/", 1)[0] not in registry.compute_names():
+        raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
+                                 f"{', '.join(registry.compute_names())}")
+    if get_store().connections.get(org, compute_connection_slot(provider)) is None:
+        raise InvalidInput.field("provider", f"no {provider} compute connection is saved; an owner saves it first "
+                                 f"(`tensorant connections save-compute {provider} ...`)")
 
 
 def _labelled(label: str, what: str, check: Callable[[], None]) -> None:
@@ -42,9 +74,14 @@ def _labelled(label: str, what: str, check: Callable[[], None]) -> None:
 
 
 def unreachable_storage(org: str, offer: GpuOffer) -> str | None:
-    """Why the org's storage cannot be used from a machine of this offer, or None."""
+    """Why the org's storage cannot be used from a machine of this offer, or None. A provider that mounts the
+    org's network volume (its working files live on it: RunPod) can mount it only in its datacenter; any
+    other machine reaches the volume over its S3-compatible API."""
+    from shared.providers.registry import info_of
+
     config = storage_config(org)
-    if isinstance(config, RunPodVolumeConfig) and offer.provider == "runpod" \
+    info = info_of(offer.provider)
+    if isinstance(config, RunPodVolumeConfig) and info is not None and info.working_files_on_storage \
             and offer.region != config.datacenter_id:
         return (f"the organization's storage is RunPod network volume {config.volume_id} in datacenter "
                 f"{config.datacenter_id}, and a pod mounts it only there; this offer is in {offer.region or 'any'} "
@@ -54,11 +91,9 @@ def unreachable_storage(org: str, offer: GpuOffer) -> str | None:
 
 def _check_one(org: str, body: RunCreate, req: CandidateRequest, label: str, model: DeclaredModel,
                training: TrainingSettings, strict_price: bool) -> RunCandidate:
-    from shared.services.api.runs.checks import _check_fit, _check_provider
-
     provider = provider_of(req.connection)
     what = f"{req.connection} {req.offer_id}"
-    _labelled(label, what, lambda: _check_provider(org, req.connection))
+    _labelled(label, what, lambda: check_provider(org, req.connection))
     _labelled(label, what, lambda: base_models.refuse_test_model_off_local(model, provider))
     offer: GpuOffer | None = None
 
@@ -69,7 +104,7 @@ def _check_one(org: str, body: RunCreate, req: CandidateRequest, label: str, mod
     _labelled(label, what, found)
     assert offer is not None
     got = offer
-    _labelled(label, what, lambda: _check_fit(org, req.connection, got, body.base_model, training))
+    _labelled(label, what, lambda: check_fit(org, req.connection, got, body.base_model, training))
     _labelled(label, what, lambda: base_models.refuse_unloadable_on_local(model, provider))
     if strict_price and got.total_per_hour > body.price_limit_per_hour:
         raise InvalidInput.field(label, f"{what} costs {got.total_per_hour:g} {got.currency}/h, above the run's "
@@ -94,8 +129,6 @@ def _requests(body: RunCreate) -> list[tuple[CandidateRequest, str]]:
 def resolve(org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
             dataset: DatasetVersionRecord) -> list[RunCandidate]:
     """Every candidate of the request, checked, in order (the first is the run's provider/offer)."""
-    from shared.services.api.runs.checks import _check_fit, _check_provider
-
     asked = _requests(body)
     if len(asked) > MAX_CANDIDATES:
         raise InvalidInput.field("candidates", f"{len(asked)} candidates with the run's own offer; at most "
@@ -109,10 +142,10 @@ def resolve(org: str, body: RunCreate, model: DeclaredModel, training: TrainingS
             raise InvalidInput.field(label or "candidates", f"{req.connection} {req.offer_id} is listed twice")
         seen.add(key)
         if not label:  # the run's own provider/offer: refused as a single offer always was
-            _check_provider(org, body.provider)
+            check_provider(org, body.provider)
             base_models.refuse_test_model_off_local(model, body.provider)
             offer = find_offer(org, body.provider, body.offer_id)
-            _check_fit(org, body.provider, offer, body.base_model, training)
+            check_fit(org, body.provider, offer, body.base_model, training)
             base_models.refuse_unloadable_on_local(model, body.provider)
             if several and offer.total_per_hour > body.price_limit_per_hour:
                 raise InvalidInput.field("offer_id", (

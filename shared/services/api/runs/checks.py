@@ -10,10 +10,8 @@ from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCandidate, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
-from shared.runs.org_backends import compute_connection_slot
 from shared.runs.org_limits import get_limits
 from shared.services.api import base_models, quotas
-from shared.services.api.catalog import cached_offers
 from shared.services.api.runs import candidates as run_candidates
 from shared.settings import get_settings
 from shared.store import get_store
@@ -41,26 +39,6 @@ def resolve_training(kind: RunKind, training: TrainingSettings) -> TrainingSetti
     return training.model_copy(update=update)
 
 
-def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
-    """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
-    model = base_models.declared(base_model)
-    got = base_models.fit(model, offer, training)
-    if got.fits:
-        return
-    eligible = [o.offer_id for o in cached_offers(org, provider) if base_models.fit(model, o, training).fits]
-    if eligible:
-        choose = f"offers that fit: {', '.join(eligible[:20])}"
-    elif offer.provider == base_models.LOCAL_PROVIDER and model.param_count() > base_models.LOCAL_MAX_PARAMS:
-        # No setting brings a model over the CPU cap under it: only another model or provider helps.
-        choose = (f"{model.name} is too large for the local CPU provider: choose a smaller model (up to "
-                  f"{base_models.LOCAL_MAX_PARAMS / 1e9:g}B parameters, GET /api/base-models) or a GPU provider")
-    else:
-        choose = f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit"
-    raise InvalidInput(f"offer_id: {got.why}; {choose}", errors=[{
-        "field": "offer_id", "message": got.why, "memory_needed_gb": got.memory_needed_gb,
-        "eligible_offer_ids": eligible}])
-
-
 def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
     """training.merged only where the merged weights fit one merged archive (adapter_format.base_models)."""
     if training.merged and model.merged_bytes() > MAX_MERGED_BYTES:
@@ -68,18 +46,6 @@ def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
             f"{model.name}'s merged weights take {model.merged_bytes() / 1e9:.1f} GB in bf16, more than the "
             f"{MAX_MERGED_BYTES / 1024**3:g} GiB a merged model may take (one upload and one verification); leave "
             "merged out, download the adapter and merge it where you serve it (peft's merge_and_unload)"))
-
-
-def _check_provider(org: str, provider: str) -> None:
-    """`provider`: a provider, or a compute connection's name (`aws/us-west-2`: its provider is checked)."""
-    from shared.providers import registry
-
-    if provider.split("/", 1)[0] not in registry.compute_names():
-        raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
-                                 f"{', '.join(registry.compute_names())}")
-    if get_store().connections.get(org, compute_connection_slot(provider)) is None:
-        raise InvalidInput.field("provider", f"no {provider} compute connection is saved; an owner saves it first "
-                                 f"(`tensorant connections save-compute {provider} ...`)")
 
 
 @dataclass(frozen=True)
