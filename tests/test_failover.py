@@ -321,3 +321,12 @@ def test_a_drafts_candidates_can_be_edited_and_launch_rechecks_every_price(h: Ha
     status, got, _ = h.call("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     assert status == 409 and "candidate 2" in got["detail"] and "mem-h100" in got["detail"], got
     assert h.get_run(run_id)["state"] == "draft" and not cloud.live()
+
+
+def test_a_named_connection_not_saved_is_refused_by_name(h: Harness) -> None:
+    status, got = _create(h, ["mem-a10"], candidates=[{"connection": "memory", "offer_id": "mem-a10"},
+                                                      {"connection": "memory/us-west-2", "offer_id": "mem-l40s"}])
+    assert status == 422 and got["errors"][0]["field"] == "candidates[1]", got
+    assert "memory/us-west-2" in got["detail"]
+    status, got = _create(h, ["mem-a10"], candidates=[{"connection": "nope", "offer_id": "mem-a10"}])
+    assert status == 422 and "unknown provider" in got["detail"], got

@@ -179,7 +179,9 @@ class RunPodCompute:
         try:
             data = self.api.query(CREATE, {"input": pod_input})
         except CapacityError as exc:
-            raise CapacityError(self._capacity_reason(spec.offer.gpu or gpu_id), code="capacity") from exc
+            # RunPod's own words kept (a run's attempts show them): "There are no longer any instances ...".
+            raise CapacityError(f"{self._capacity_reason(spec.offer.gpu or gpu_id)} ({exc.reason})",
+                                code="capacity") from exc
         pod = data.get("podFindAndDeployOnDemand") or {}
         check_pod_id(str(pod.get("id") or ""))
         pod.setdefault("name", pod_name(ref))
