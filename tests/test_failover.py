@@ -276,6 +276,18 @@ def test_fallback_fitting_fills_by_forecast_cost_under_the_price_limit(h: Harnes
     assert got["estimate_per_hour"] == A100.total_per_hour
     costs = {c["offer_id"]: c["total_per_hour"] for c in got["candidates"]}
     assert costs["mem-a100"] == max(costs.values())
+    # The ones added are ordered by forecast cost (price x forecast time), then price.
+    from adapter_format.base_models import BASE_MODELS
+    from shared.models import TrainingSettings
+    from shared.runs import forecast
+    from shared.store import get_store
+
+    dataset = get_store().datasets.get(h.org, got["dataset_version_id"])
+    training = TrainingSettings.model_validate(got["training"])
+    by_id = {o.offer_id: o for o in (OFFER, A100)}
+    predicted = {i: forecast.predict(dataset, training, BASE_MODELS["tensorant/smoke-tiny"], by_id[i]).cost
+                 for i in listed[1:]}
+    assert listed[1:] == sorted(listed[1:], key=lambda i: (predicted[i], by_id[i].total_per_hour)), predicted
 
 
 def test_provider_and_offer_may_be_left_to_the_first_candidate(h: Harness) -> None:
