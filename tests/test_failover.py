@@ -342,3 +342,34 @@ def test_a_named_connection_not_saved_is_refused_by_name(h: Harness) -> None:
     assert "memory/us-west-2" in got["detail"]
     status, got = _create(h, ["mem-a10"], candidates=[{"connection": "nope", "offer_id": "mem-a10"}])
     assert status == 422 and "unknown provider" in got["detail"], got
+
+
+def test_a_capacity_wait_moves_the_boot_deadline_past_it(h: Harness, cloud: Cloud) -> None:
+    """Heartbeat-check does not end a run that waits for capacity at the boot deadline it had at launch
+    (TENSORANT_PROVISIONING_TIMEOUT_S, 900 s): the wait's round moves it past the wait (nothing bills meanwhile)."""
+    from shared.settings import get_settings
+
+    cloud.refuse["mem.a10"] = CapacityError("no a10", code="capacity")
+    run_id = _run(h, ["mem-a10"], capacity_wait_s=3 * 3600)
+    held: list[float] = []
+    send = h._send
+
+    def hold_delayed(queue: Any, body: Any, delay_s: float = 0) -> None:
+        if delay_s >= 60:  # the round's next try, waiting in the queue: held here, never delivered
+            held.append(delay_s)
+            return
+        send(queue, body, delay_s)
+
+    h._send = hold_delayed  # type: ignore[method-assign]
+    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    h.drain()
+    assert held == [60.0]
+    run = h.get_run(run_id)
+    assert run["state"] == "provisioning" and [a["outcome"] for a in run["attempts"]] == ["refused"]
+    timeout = get_settings().provisioning_timeout_s
+    # Served minute by minute past the launch's boot deadline: heartbeat-check re-sends the held try (a lost
+    # message, as it should), each round refuses and waits again, and the run is never ended for its boot.
+    h.serve(timeout + 300)
+    run = h.get_run(run_id)
+    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    assert len(run["attempts"]) >= 2 and all(a["outcome"] == "refused" for a in run["attempts"])
