@@ -124,6 +124,26 @@ def test_aws_refusal_fails_over_to_the_next_offer_which_trains(aws_h: Harness, r
     _sweeper_finds_nothing(aws_h)
 
 
+def test_aws_instance_a_refused_create_left_is_terminated_before_the_next(aws_h: Harness, rig: Rig,
+                                                                          proxy: RefusingProxy) -> None:
+    """EC2 made an instance and still answered InsufficientInstanceCapacity: it is terminated (confirmed)
+    before the next candidate's create, so the run never holds two."""
+    offers = _offers(aws_h, "aws")
+    first, second = offers["g6.xlarge"], next(o for t, o in offers.items() if t != "g6.xlarge")
+    proxy.refuse["g6.xlarge"] = Refusal("InsufficientInstanceCapacity", after_create=True)
+    run_id = _run(aws_h, [("aws", first["offer_id"]), ("aws", second["offer_id"])])
+    run = aws_h.launch(run_id)
+    assert _attempts(run) == [("aws", "refused", "InsufficientInstanceCapacity"), ("aws", "launched", "")]
+    every = [i for r in rig.ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    states = sorted((i["InstanceType"], i["State"]["Name"]) for i in every)
+    assert len(every) == 2 and ("g6.xlarge", "terminated") in states, states
+    assert [i["InstanceType"] for i in _live_instances(rig)] == [second["machine_type"]]
+    aws_h.agent(run_id).train(trained_adapter_zip())
+    assert aws_h.get_run(run_id)["state"] == "succeeded"
+    assert _live_instances(rig) == []
+    _sweeper_finds_nothing(aws_h)
+
+
 def test_aws_configuration_error_fails_at_once_without_the_next(aws_h: Harness, rig: Rig,
                                                                 proxy: RefusingProxy) -> None:
     offers = _offers(aws_h, "aws")

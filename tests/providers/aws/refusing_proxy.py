@@ -36,6 +36,9 @@ MESSAGES = {
 class Refusal:
     code: str
     times: int | None = None  # None: every request
+    # The request reaches moto first (an instance is made), then EC2's error is answered: a create that said
+    # no and still left something (as an instance that goes pending -> terminated), which must be released.
+    after_create: bool = False
 
 
 class RefusingProxy:
@@ -56,7 +59,7 @@ class RefusingProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def answer(self, body: bytes) -> tuple[int, bytes] | None:
+    def answer(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes] | None:
         """The error for a RunInstances of a refused type, else None (forwarded)."""
         form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
         if form.get("Action", [""])[0] != "RunInstances":
@@ -69,6 +72,8 @@ class RefusingProxy:
             refusal.times -= 1
         status, text = MESSAGES[refusal.code]
         self.refused.append((itype, refusal.code))
+        if refusal.after_create:
+            requests.post(self.upstream + "/", data=body, timeout=60, headers=headers).raise_for_status()
         message = text.format(type=itype)
         xml = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
                f"<Code>{refusal.code}</Code><Message>{message}</Message></Error></Errors>"
@@ -87,14 +92,15 @@ class RefusingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                got = proxy.answer(body) if self.command == "POST" else None
+                skip = {"host", "content-length", "connection", "accept-encoding"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                got = proxy.answer(body, headers) if self.command == "POST" else None
                 if got is not None:
                     status, out = got
                     headers = {"Content-Type": "text/xml;charset=UTF-8"}
                 else:
-                    skip = {"host", "content-length", "connection", "accept-encoding"}
                     resp = requests.request(self.command, proxy.upstream + self.path, data=body, timeout=60,
-                                            headers={k: v for k, v in self.headers.items() if k.lower() not in skip})
+                                            headers=headers)
                     status, out = resp.status_code, resp.content
                     headers = {k: v for k, v in resp.headers.items()
                                if k.lower() not in ("content-length", "transfer-encoding", "connection",
