@@ -101,6 +101,7 @@ bench: install
 	$(PY) -m tests.bench.agent_overhead_bench
 	$(PY) -m tests.bench.heartbeat_bench
 	$(PY) -m tests.bench.launch_bench
+	$(PY) -m tests.bench.failover_bench
 	$(PY) -m tests.bench.crash_recover_bench
 	$(MAKE) bench-trainers
 

@@ -138,6 +138,9 @@ class CloudResource(Model):
     created_at: datetime | None = None
     state: str = ""
     extra: dict[str, str] = Field(default_factory=dict)
+    # The launch attempt that made it (its marks carry it: tag tensorant:attempt, or the name's -try<n>;
+    # 0 = the first, unmarked): the sweeper releases an abandoned attempt's resources (issue 37).
+    attempt: int = 0
 
 
 class RunEvent(Model):
@@ -380,6 +383,59 @@ class Billing(Model):
     machine_running: bool = True  # in the open segment
 
 
+MAX_CANDIDATES = 8
+
+
+class CandidateRequest(Model):
+    """One acceptable (connection, offer) of a run, as the API takes it."""
+
+    connection: str = Field(pattern=CONNECTION_PATTERN, description=(
+        "a compute connection: the provider's default (`aws`) or a named one (`aws/us-west-2`)"))
+    offer_id: str = Field(pattern=OFFER_PATTERN)
+
+    @field_validator("offer_id")
+    @classmethod
+    def _no_dot_segments(cls, v: str) -> str:
+        if ".." in v or "//" in v:
+            raise ValueError("may not contain '..' or '//'")
+        return v
+
+
+class RunCandidate(Model):
+    """A checked candidate as the run stores it: its connection and the offer (with its price) it was checked at."""
+
+    connection: str
+    offer: GpuOffer
+
+
+class CandidateView(Model):
+    connection: str
+    provider: str
+    offer_id: str
+    gpu: str
+    total_per_hour: float
+
+
+class RunAttempt(Model):
+    """One launch attempt on one candidate (shared/services/steps/launch.py). `index` is its place in the run's
+    attempts and is carried by the marks of whatever the attempt created."""
+
+    index: int
+    connection: str
+    provider: str
+    offer_id: str
+    gpu: str
+    price_per_hour: float
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    outcome: Literal["launched", "refused", "skipped", "failed"]
+    code: str = ""
+    message: str = ""
+    seconds: float = 0.0
+    # Whether what a refused attempt may have created was confirmed gone (the next attempt waits for it).
+    released: bool = True
+
+
 class RunRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
@@ -489,6 +545,16 @@ class RunRecord(Model):
     merged_note: str = ""
     # The run's outbox: outside events (webhooks) written with the change they tell of (Notice).
     notices: list[Notice] = Field(default_factory=list)
+    # Candidates and attempts (issue 37): `provider` and `offer` above are always the current candidate's.
+    # connection (above): the candidate's connection ("" = the provider's default); candidates: every acceptable
+    # (connection, offer) in order, empty = the single provider/offer; candidate_index: the one tried now;
+    # attempts: every attempt decided so far (the one in flight has index len(attempts)).
+    candidates: list[RunCandidate] = Field(default_factory=list)
+    candidate_index: int = 0
+    attempts: list[RunAttempt] = Field(default_factory=list)
+    capacity_wait_s: int = 0
+    # When the run began waiting for capacity (every candidate refused once): capacity_wait_s counts from it.
+    capacity_wait_since: datetime | None = None
 
 
 # ---------------------------------------------------------------- queue messages
@@ -548,6 +614,29 @@ class RunCreate(Model):
     base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
     # Training settings; omitted fields take the defaults, a trial run is bounded
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+    candidates: list[CandidateRequest] | None = Field(default=None, max_length=MAX_CANDIDATES, description=(
+        "the acceptable (connection, offer) pairs in order, at most 8; the launch tries the next when a cloud has "
+        "no capacity, quota or stock for one. provider/offer_id may be left out: they are the first candidate's"))
+    fallback: Literal["none", "fitting"] = Field(default="none", description=(
+        "fitting: add every offer of the organization's connected accounts that holds the model at these settings "
+        "and is under the price limit (up to 8 in all), cheapest forecast cost first"))
+    capacity_wait_s: int = Field(default=0, ge=0, le=7 * 24 * 3600, description=(
+        "when every candidate refused: how long to keep trying the list again (backing off) before the run fails; "
+        "at most the organization's max_capacity_wait_s"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_candidate(cls, data: Any) -> Any:
+        # provider/offer_id left out: the first candidate's (its connection names the provider).
+        if isinstance(data, dict) and data.get("candidates") and isinstance(data["candidates"], list):
+            first = data["candidates"][0]
+            if isinstance(first, dict):
+                data = dict(data)
+                data.setdefault("provider", str(first.get("connection", "")).split("/", 1)[0])
+                data.setdefault("offer_id", first.get("offer_id"))
+                if "/" in str(first.get("connection", "")) and data.get("offer_id") == first.get("offer_id"):
+                    data.setdefault("connection", first.get("connection"))
+        return data
 
     @field_validator("offer_id", "base_model")
     @classmethod
@@ -574,6 +663,9 @@ class RunPatch(Model):
     base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
     training: TrainingSettings | None = Field(default=None, description=(
         "the training settings to change; the ones left out keep the draft's (null clears an optional one)"))
+    candidates: list[CandidateRequest] | None = Field(default=None, max_length=MAX_CANDIDATES)
+    fallback: Literal["none", "fitting"] | None = None
+    capacity_wait_s: int | None = Field(default=None, ge=0, le=7 * 24 * 3600)
 
     @field_validator("offer_id", "base_model")
     @classmethod
@@ -744,6 +836,11 @@ class RunView(Model):
     merged_sha256: str = ""
     merged_size: int = 0
     merged_note: str = ""
+    # Candidates and attempts (issue 37): every acceptable candidate in order, each launch attempt, and the
+    # candidate the machine runs on (null until one launched).
+    candidates: list[CandidateView] = Field(default_factory=list)
+    attempts: list[RunAttempt] = Field(default_factory=list)
+    ran_on: CandidateView | None = None
     # A retained run: whether an adapter of it (a checkpoint's, or the final one) was in storage when its machine
     # was stopped; false: nothing to verify or resume from. None: not retained, or not known.
     adapter_saved: bool | None = None

@@ -121,6 +121,8 @@ class Settings(BaseModel):
         "the most max_runtime_limit_s any organization may have"))
     org_retention_ceiling_s: int = Field(default=365 * 24 * 3600, ge=24 * 3600, le=365 * 24 * 3600, description=(
         "the most retention_limit_s any organization may have"))
+    org_max_capacity_wait_ceiling_s: int = Field(default=7 * 24 * 3600, ge=0, le=7 * 24 * 3600, description=(
+        "the most max_capacity_wait_s any organization may have"))
 
     @field_validator("env")
     @classmethod
@@ -191,6 +193,7 @@ _ENV = {
     "org_max_price_ceiling": "TENSORANT_ORG_MAX_PRICE_CEILING",
     "org_max_runtime_ceiling_s": "TENSORANT_ORG_MAX_RUNTIME_CEILING_S",
     "org_retention_ceiling_s": "TENSORANT_ORG_RETENTION_CEILING_S",
+    "org_max_capacity_wait_ceiling_s": "TENSORANT_ORG_MAX_CAPACITY_WAIT_CEILING_S",
 }
 # What README's table says for a default that is not worth printing (a connection string, a public
 # development secret); every other default is printed as it is.

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from shared.clock import now
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import registry
-from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef, marks_extra
+from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef, attempt_of_tags, marks_extra
 from shared.settings import Settings
 
 
@@ -48,6 +48,11 @@ class Cloud:
         # and release answers not done until this is cleared (as a cloud's asynchronous delete).
         self.hold_deletes = False
         self.preflight_no: dict[str, str] = {}  # offer id -> what preflight answers against it
+        # Refusals per machine type (issue 37): the create of that type raises the error; with
+        # `refuse_after_create`, only after making the machine (as an Azure VM that failed allocation, or an
+        # EC2 instance that went pending -> terminated, leaves something to release).
+        self.refuse: dict[str, Exception] = {}
+        self.refuse_after_create = False
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines.values() if m.state != "terminated" or m.disk_exists]
@@ -85,14 +90,14 @@ class MemoryCompute:
     def _find(self, ref: RunRef) -> Machine | None:
         for m in self.cloud.machines.values():
             if m.tags.get("tensorant:run") == ref.run_id and m.tags.get("tensorant:deployment") == ref.deployment \
-                    and m.state != "terminated":
+                    and m.state != "terminated" and attempt_of_tags(m.tags) == ref.attempt:
                 return m
         return None
 
     def _res(self, m: Machine) -> list[CloudResource]:
         base = {"provider": "memory", "run_id": m.tags.get("tensorant:run", ""), "org": m.tags.get("tensorant:org", ""),
                 "deployment": m.tags.get("tensorant:deployment", ""), "created_at": m.created_at,
-                "managed": m.tags.get("tensorant:managed") == "true",
+                "managed": m.tags.get("tensorant:managed") == "true", "attempt": attempt_of_tags(m.tags),
                 "extra": marks_extra(m.tags)}
         out = [CloudResource(kind="instance", id=m.id, state=m.state, **base)]
         if m.disk_exists:
@@ -102,22 +107,31 @@ class MemoryCompute:
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         self.cloud.calls.append("launch")
         found = self._find(spec.ref)
+        if found and found.state == "failed":  # a create that failed allocation (refuse_after_create)
+            raise self.cloud.refuse.get(spec.offer.machine_type) or RuntimeError("failed machine")
         if found:
             return self._res(found)
         if self.cloud.launch_error:
             raise self.cloud.launch_error
+        refusal = self.cloud.refuse.get(spec.offer.machine_type)
+        if refusal is not None and not self.cloud.refuse_after_create:
+            raise refusal
         if self.cloud.before_create:
             self.cloud.before_create()
         n = next(self.cloud.ids)
         m = Machine(id=f"i-{n:04d}", tags=dict(spec.ref.tags), disk_id=f"vol-{n:04d}", created_at=now(),
                     env=dict(spec.bootstrap.env), image=spec.bootstrap.container_image)
         self.cloud.machines[m.id] = m
+        if refusal is not None:
+            m.state = "failed"  # left behind in a failed state, as Azure leaves a VM whose allocation failed
+            raise refusal
         return self._res(m)
 
     def _owned(self, ref: RunRef, resources: list[CloudResource]) -> list[Machine]:
         ids = {r.id for r in resources if r.kind == "instance"}
         ms = [m for m in self.cloud.machines.values() if m.id in ids or
-              (m.tags.get("tensorant:run") == ref.run_id and m.tags.get("tensorant:deployment") == ref.deployment)]
+              (m.tags.get("tensorant:run") == ref.run_id and m.tags.get("tensorant:deployment") == ref.deployment
+               and attempt_of_tags(m.tags) == ref.attempt)]
         return [m for m in ms if m.tags.get("tensorant:deployment") == self.deployment]
 
     def describe(self, ref: RunRef, resources: list[CloudResource]) -> Description:

@@ -20,6 +20,7 @@ the control plane's heartbeat reply says resume (machine/agent/agent.py), to the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,6 +45,21 @@ def marks_extra(tags: dict[str, str]) -> dict[str, str]:
     launching state store) and `connection` (the launching compute connection), where tagged."""
     return {**({"store": tags[TAG_STORE]} if tags.get(TAG_STORE) else {}),
             **({"connection": tags[TAG_CONNECTION]} if tags.get(TAG_CONNECTION) else {})}
+# The launch attempt (issue 37: a run may try several candidates): absent on the first (0), so a run's
+# first machine is marked and named as before; `-try<n>` ends the names of a later attempt's resources.
+TAG_ATTEMPT = "tensorant:attempt"
+_ATTEMPT_SUFFIX = re.compile(r"^(?P<run>.+)-try(?P<n>[1-9][0-9]{0,2})$")
+
+
+def split_attempt(run_part: str) -> tuple[str, int]:
+    """(run id, attempt) of the run part of a deterministic name (`r-abc` -> 0, `r-abc-try2` -> 2)."""
+    m = _ATTEMPT_SUFFIX.match(run_part)
+    return (m["run"], int(m["n"])) if m else (run_part, 0)
+
+
+def attempt_of_tags(tags: dict[str, str]) -> int:
+    value = tags.get(TAG_ATTEMPT, "")
+    return int(value) if value.isdigit() and len(value) <= 3 else 0
 
 
 @dataclass(frozen=True)
@@ -55,11 +71,12 @@ class RunRef:
     run_id: str
     store: str = ""  # the launching state store's installation id ("" where unknown: not tagged)
     connection: str = ""  # the launching compute connection's name ("" where unknown: not tagged)
+    attempt: int = 0  # the launch attempt (TAG_ATTEMPT): a later candidate's machine is marked apart
 
     @property
     def name(self) -> str:
         """Deterministic machine name (RunPod pods, Azure VM/NIC/disk names)."""
-        return f"tensorant-{self.deployment}-{self.run_id}"
+        return f"tensorant-{self.deployment}-{self.run_id}" + (f"-try{self.attempt}" if self.attempt else "")
 
     @property
     def tags(self) -> dict[str, str]:
@@ -70,6 +87,7 @@ class RunRef:
             TAG_RUN: self.run_id,
             **({TAG_STORE: self.store} if self.store else {}),
             **({TAG_CONNECTION: self.connection} if self.connection else {}),
+            **({TAG_ATTEMPT: str(self.attempt)} if self.attempt else {}),
         }
 
 

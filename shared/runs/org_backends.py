@@ -116,9 +116,12 @@ def storage_for(org: str) -> StorageBackend:
     return make_storage(config, get_settings(), org)
 
 
-def ref_of(run: RunRecord) -> RunRef:
-    """How providers find and mark the run's resources (this deployment, the org, the run)."""
+def ref_of(run: RunRecord, attempt: int | None = None) -> RunRef:
+    """How providers find and mark the run's resources (this deployment, the org, the run, and the launch
+    attempt: the current one's unless `attempt` names an earlier one, shared/runs/candidates.py)."""
+    from shared.runs.candidates import attempt_no
     from shared.store.installation import installation_id
 
+    n = attempt_no(run) if attempt is None else attempt
     return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id, store=installation_id(),
-                  connection=run_connection(run))
+                  connection=run_connection(run), attempt=n)

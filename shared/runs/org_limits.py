@@ -35,6 +35,9 @@ class OrgLimits(BaseModel):
         "the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit "
         "the run is discarded (machine and disk released, the run failed). Counted from when the run was last "
         "retained"))
+    max_capacity_wait_s: int = Field(default=6 * 3600, ge=0, le=7 * 24 * 3600, description=(
+        "highest capacity_wait_s a run may have: how long it may keep trying its candidates again when every one "
+        "refused for capacity, quota or stock (nothing bills while it waits)"))
     # Budgets (shared/runs/budgets.py): USD per calendar month (UTC); None: no budget.
     monthly_budget_usd: float | None = Field(default=None, ge=0, le=10_000_000, description=(
         "the organization's monthly budget in USD: a launch whose maximum cost would take committed spend (billed "
@@ -72,6 +75,7 @@ CEILINGS = {
     "max_price_limit_per_hour": ("org_max_price_ceiling", "TENSORANT_ORG_MAX_PRICE_CEILING"),
     "max_runtime_limit_s": ("org_max_runtime_ceiling_s", "TENSORANT_ORG_MAX_RUNTIME_CEILING_S"),
     "retention_limit_s": ("org_retention_ceiling_s", "TENSORANT_ORG_RETENTION_CEILING_S"),
+    "max_capacity_wait_s": ("org_max_capacity_wait_ceiling_s", "TENSORANT_ORG_MAX_CAPACITY_WAIT_CEILING_S"),
 }
 
 

@@ -48,6 +48,7 @@ from shared.providers.base import (
     Description,
     LaunchSpec,
     RunRef,
+    attempt_of_tags,
     marks_extra,
 )
 from shared.settings import Settings
@@ -183,7 +184,9 @@ class AwsCompute:
     def launch(self, spec: LaunchSpec) -> list[CloudResource]:
         ref = spec.ref
         self._refuse_short_session(spec)
-        existing = self._instances_by_tags(ref, states=LIVE_STATES)
+        # This attempt's instance only: an earlier attempt's (another candidate's) is not this one's machine.
+        existing = [i for i in self._instances_by_tags(ref, states=LIVE_STATES)
+                    if attempt_of_tags(_tags(i)) == ref.attempt]
         if existing:
             return self._resources(ref, existing[0])
         for key in spec.bootstrap.secret_env_keys:
@@ -232,8 +235,9 @@ class AwsCompute:
     def _resources(self, ref: RunRef, instance: dict[str, Any]) -> list[CloudResource]:
         """The instance and the volumes EC2 reports attached (at launch they may not be listed yet)."""
         tags = _tags(instance)
-        common = {"provider": "aws", "region": self.region, "run_id": tags.get(TAG_RUN, ref.run_id),
+        common: dict[str, Any] = {"provider": "aws", "region": self.region, "run_id": tags.get(TAG_RUN, ref.run_id),
                   "org": tags.get(TAG_ORG, ref.org), "deployment": tags.get(TAG_DEPLOYMENT, ref.deployment)}
+        common["attempt"] = attempt_of_tags(tags) if tags else ref.attempt
         out = [CloudResource(
             kind="instance", id=instance["InstanceId"], name=tags.get("Name", ref.name),
             created_at=_utc(instance.get("LaunchTime")), state=instance.get("State", {}).get("Name", ""),
@@ -428,7 +432,8 @@ class AwsCompute:
                                "DeleteOnTermination and is deleted with it (ec2:DescribeVolumes is not granted, "
                                "so the deletion was not read back)")
             raise
-        left = [v for v in volumes if v.get("State") != "deleted"]
+        # The attempt's own volumes: a later attempt's machine (the sweeper releasing an abandoned one) keeps its.
+        left = [v for v in volumes if v.get("State") != "deleted" and attempt_of_tags(_tags(v)) == ref.attempt]
         if not left:
             done = ", ".join(i["InstanceId"] for i in instances) or "no instance found"
             return CloudProgress(done=True, detail=f"terminated ({done}); the run's volumes are gone")
@@ -471,7 +476,7 @@ class AwsCompute:
         return CloudResource(provider="aws", kind=kind, id=id, name=tags.get("Name", ""), region=self.region,
                              run_id=tags.get(TAG_RUN, ""), org=tags.get(TAG_ORG, ""),
                              deployment=tags.get(TAG_DEPLOYMENT, ""), managed=tags.get(TAG_MANAGED) == "true",
-                             created_at=created_at, state=state,
+                             created_at=created_at, state=state, attempt=attempt_of_tags(tags),
                              extra={**extra, **marks_extra(tags)})
 
 

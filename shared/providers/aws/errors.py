@@ -40,8 +40,12 @@ ACCOUNT_STATE_HINTS = {
     "Blocked": ("the AWS account is blocked (unpaid bill, verification or a policy issue): contact AWS Support "
                 "or check the account's billing; nothing in the connection can fix it."),
 }
-CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity"})
-QUOTA_CODES = frozenset({"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxInstanceCountExceeded"})
+# EC2 answers these as server errors (HTTP 500); failover (shared/services/steps/launch.py) moves to the
+# run's next candidate on any of them or of QUOTA_CODES.
+CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
+                            "UnfulfillableCapacity"})
+QUOTA_CODES = frozenset({"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxInstanceCountExceeded",
+                         "MaxSpotInstanceCountExceeded"})
 UNSUPPORTED_CODES = frozenset({"Unsupported", "InvalidParameterCombination", "InvalidInstanceType",
                                "UnsupportedOperation"})
 TRANSIENT_CODES = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable",

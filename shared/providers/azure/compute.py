@@ -68,7 +68,9 @@ from shared.providers.base import (
     Description,
     LaunchSpec,
     RunRef,
+    attempt_of_tags,
     marks_extra,
+    split_attempt,
 )
 from shared.settings import Settings
 
@@ -162,14 +164,14 @@ class AzureCompute:
             region=region_code(str(body.get("location", self.region))), run_id=tags.get(TAG_RUN, ""),
             org=tags.get(TAG_ORG, ""), deployment=tags.get(TAG_DEPLOYMENT, ""),
             managed=tags.get(TAG_MANAGED) == "true", created_at=_parse_time(props.get("timeCreated")),
-            state=state or str(props.get("provisioningState", "")),
+            state=state or str(props.get("provisioningState", "")), attempt=attempt_of_tags(tags),
             extra=marks_extra(tags),
         )
 
     def _expected(self, ref: RunRef) -> list[CloudResource]:
         vm, nic, disk = self.names(ref)
-        common = dict(provider=self.name, region=self.region, run_id=ref.run_id, org=ref.org,
-                      deployment=ref.deployment)
+        common: dict[str, Any] = dict(provider=self.name, region=self.region, run_id=ref.run_id, org=ref.org,
+                      deployment=ref.deployment, attempt=ref.attempt)
         return [
             CloudResource(kind="vm", id=self._rid("Microsoft.Compute/virtualMachines", vm), name=vm, **common),
             CloudResource(kind="disk", id=self._rid("Microsoft.Compute/disks", disk), name=disk, **common),
@@ -729,8 +731,8 @@ class AzureCompute:
                 yield self._resource("disk", disk, state=str(dig(disk, "properties", "diskState", default="")))
             elif not disk.get("tags") and name.startswith(prefix) and name.endswith("-osdisk"):
                 res = self._resource("disk", disk, state=str(dig(disk, "properties", "diskState", default="")))
-                run_id = name[len(prefix):-len("-osdisk")]
-                yield res.model_copy(update={"run_id": run_id, "deployment": self.settings.deployment_id,
+                run_id, attempt = split_attempt(name[len(prefix):-len("-osdisk")])
+                yield res.model_copy(update={"run_id": run_id, "attempt": attempt, "deployment": self.settings.deployment_id,
                                              "managed": True, "extra": {"tagged": "false"}})
         for nic in self.client.call("listing network interfaces",
                                     lambda: [as_dict(n) for n in network.network_interfaces.list(self.rg)]):

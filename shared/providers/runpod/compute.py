@@ -34,7 +34,7 @@ from shared.log import register_secret
 from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.org_storage.base import scratch_key
 from shared.providers import bootstrap_env, console
-from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef
+from shared.providers.base import CloudProgress, ComputeProvider, Description, LaunchSpec, RunRef, split_attempt
 from shared.providers.runpod import catalog, checks
 from shared.providers.runpod.catalog import MIN_CUDA, PROVIDER, is_supported_gpu
 from shared.providers.runpod.client import (
@@ -184,7 +184,9 @@ class RunPodCompute:
         try:
             data = self.api.query(CREATE, {"input": pod_input})
         except CapacityError as exc:
-            raise CapacityError(self._capacity_reason(spec.offer.gpu or gpu_id), code="capacity") from exc
+            # RunPod's own words kept (a run's attempts show them): "There are no longer any instances ...".
+            raise CapacityError(f"{self._capacity_reason(spec.offer.gpu or gpu_id)} ({exc.reason})",
+                                code="capacity") from exc
         pod = data.get("podFindAndDeployOnDemand") or {}
         check_pod_id(str(pod.get("id") or ""))
         pod.setdefault("name", pod_name(ref))
@@ -305,8 +307,10 @@ class RunPodCompute:
         for pod in self._list():
             name = str(pod.get("name") or "")
             if name.startswith(self.prefix) and _has_pod_id(pod):
-                run_id, _, org = name[len(self.prefix):].partition("--")
+                run_part, _, org = name[len(self.prefix):].partition("--")
+                run_id, attempt = split_attempt(run_part)
                 yield CloudResource(provider=PROVIDER, kind="pod", id=pod["id"], name=name, run_id=run_id, org=org,
+                                    attempt=attempt,
                                     deployment=self.settings.deployment_id, state=str(pod.get("desiredStatus") or ""),
                                     region=self.config.datacenter_id)
 
@@ -366,7 +370,7 @@ class RunPodCompute:
         if self.config.network_volume_id:
             extra["networkVolumeId"] = self.config.network_volume_id
         return CloudResource(provider=PROVIDER, kind="pod", id=str(pod["id"]), name=str(pod.get("name") or pod_name(ref)),
-                             region=self.config.datacenter_id, run_id=ref.run_id, org=ref.org,
+                             region=self.config.datacenter_id, run_id=ref.run_id, org=ref.org, attempt=ref.attempt,
                              deployment=ref.deployment, created_at=created_at,
                              state=str(pod.get("desiredStatus") or ""), extra=extra)
 

@@ -11,20 +11,31 @@ Waiting for the agent is the heartbeat-check's job (its deadlines).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from shared.budget import IN_PROGRESS
 from shared.clock import now
-from shared.errors import PermanentError, ProviderError, RetryableError
+from shared.errors import CapacityError, PermanentError, ProviderError, QuotaError, RetryableError
 from shared.key_rotation import current_key_since
 from shared.lifecycle import TERMINAL
 from shared.log import get_logger, redact_text
-from shared.models import CloudResource, DatasetVersionRecord, RunRecord, RunState, StepMessage
-from shared.providers.base import Bootstrap, LaunchSpec, scope_of
+from shared.models import (
+    CloudResource,
+    DatasetVersionRecord,
+    RunAttempt,
+    RunCandidate,
+    RunRecord,
+    RunState,
+    StepMessage,
+)
+from shared.providers.base import Bootstrap, ComputeProvider, LaunchSpec, RunRef, scope_of
 from shared.queues import get_queues
+from shared.runs.candidates import attempt_lines, candidates_of, connection_of, with_candidate
 from shared.runs.events import event
 from shared.runs.moves import fail_to_release, move
-from shared.runs.org_backends import compute_for, ref_of, run_connection, storage_for
+from shared.runs.org_backends import compute_for, ref_of, storage_for
 from shared.runs.resources import merge_resources
 from shared.security import mint_agent_token
 from shared.services.api import org_secrets
@@ -39,7 +50,8 @@ EXPORT_MARGIN_S = 3600  # after the runtime limit: time to export, verify and re
 def launch_spec(run: RunRecord) -> LaunchSpec:
     """What the provider gets: the machine to make, and the run's limits, so it can refuse a launch it
     could not finish or clean up (credentials expiring first, credit too low)."""
-    start = run.launched_at or now()
+    # A later candidate's machine (after refusals, perhaps a capacity wait) must work from its own create on.
+    start = now() if run.attempts else (run.launched_at or now())
     until = start + timedelta(seconds=get_settings().provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S)
     return LaunchSpec(ref=ref_of(run), offer=run.offer, bootstrap=bootstrap_for(run),
                       price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=run.runtime_limit_s,
@@ -127,6 +139,17 @@ def launch(msg: StepMessage) -> None:
                             launch_claimed_at=now())
     if run.state != RunState.provisioning or run.resources:
         return  # moved on, or launched already (duplicate delivery)
+    # One machine per run across attempts: what a refused attempt may have made is confirmed gone first.
+    if not _abandoned_released(run, msg):
+        return
+    if run.candidate_index >= len(candidates_of(run)):
+        _all_refused(run, msg)
+        return
+    deadline = run.deadlines.provisioning_by
+    if run.attempts and deadline and now() > deadline:
+        fail_to_release(run, "no candidate launched before the provisioning deadline; the attempts:\n"
+                        + attempt_lines(run.attempts))
+        return
     if not claimed:
         run, claimed = store.runs.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
         if run.state != RunState.provisioning or run.resources:
@@ -136,13 +159,17 @@ def launch(msg: StepMessage) -> None:
             get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
             return
     log = get_logger()
-    provider = compute_for(run.org, run_connection(run))
+    candidate = candidates_of(run)[run.candidate_index]
+    provider = compute_for(run.org, connection_of(run))
     create_called_at = now()  # billing counts from the create call: a cloud may bill from then
+    refusal = _preflight_refusal(provider, candidate, ref_of(run))
+    if refusal is not None:
+        _next_candidate(run, msg, "skipped", "preflight", refusal, create_called_at, released=True)
+        return
     try:
         scope = scope_of(provider)  # where the machine is made: release and the sweeper act only there
         resources = provider.launch(launch_spec(run))
     except RetryableError as exc:
-        deadline = run.deadlines.provisioning_by
         if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
             fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
             return
@@ -152,17 +179,27 @@ def launch(msg: StepMessage) -> None:
             event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
         get_queues().send(Step.launch, msg, delay_s=exc.retry_after_s)
         return
+    except (CapacityError, QuotaError) as exc:
+        # The cloud has no capacity, quota or stock for this candidate: not the run's fault, so the next one.
+        _refused(run, msg, provider, exc, create_called_at)
+        return
     except PermanentError as exc:
+        # Anything else (credentials, image, subnet, a bootstrap that cannot be built) is a configuration
+        # error: failover would hide it, so the run fails as with one candidate.
         log.warning("launch failed permanently", extra={"reason": exc.reason})
+        _record_failed(run, exc, create_called_at)
         fail_to_release(run, f"launch failed: {exc.reason}")
         return
     for res in resources:
         store.ledger.record(res)
     up_at = machine_up_at(run, resources, create_called_at)
+    launched = _attempt(run, "launched", "", "", create_called_at)
+    timeout_s = get_settings().provisioning_timeout_s
 
     def change(r: RunRecord) -> RunRecord | None:
         merged = merge_resources(r.resources, resources)
-        if merged == r.resources and (r.scope or not scope):
+        recorded = any(a.outcome == "launched" for a in r.attempts)
+        if merged == r.resources and (r.scope or not scope) and recorded:
             return None
         # A machine that exchanges a bootstrap claim (cloud-init) must do so within minutes of its create
         # call: heartbeat-check releases it at first_report_by rather than at the whole boot deadline.
@@ -170,11 +207,21 @@ def launch(msg: StepMessage) -> None:
         deadlines = r.deadlines
         if first_s and deadlines.first_report_by is None:
             deadlines = deadlines.model_copy(update={"first_report_by": create_called_at + timedelta(seconds=first_s)})
+        if r.attempts and deadlines.provisioning_by is not None:
+            # A later candidate's machine boots from its own create call: the refusals before it took
+            # none of its boot allowance.
+            boot_by = create_called_at + timedelta(seconds=timeout_s)
+            deadlines = deadlines.model_copy(update={"provisioning_by": max(deadlines.provisioning_by, boot_by)})
+        attempts = r.attempts if recorded or len(r.attempts) != launched.index else [*r.attempts, launched]
         return r.model_copy(update={"resources": merged, "scope": r.scope or scope, "updated_at": now(),
-                                    "machine_up_at": r.machine_up_at or up_at, "deadlines": deadlines})
+                                    "machine_up_at": r.machine_up_at or up_at, "deadlines": deadlines,
+                                    "attempts": attempts})
 
     run, _ = store.runs.mutate(run.org, run.id, change)
-    event(run, "audit", "machine created: " + ", ".join(f"{r.kind} {r.id}" for r in resources))
+    several = len(run.attempts) > 1 or len(run.candidates) > 1
+    on = f" on {candidate.connection} {candidate.offer.offer_id} ({candidate.offer.gpu}, " \
+         f"{candidate.offer.total_per_hour:g} {candidate.offer.currency}/h)" if several else ""
+    event(run, "audit", "machine created" + on + ": " + ", ".join(f"{r.kind} {r.id}" for r in resources))
     if run.state == RunState.releasing:
         # Its release may have looked before these resources existed: look again.
         get_queues().send(Step.release, msg)
@@ -187,3 +234,172 @@ def launch(msg: StepMessage) -> None:
         except ProviderError as exc:
             detail = f"release failed ({redact_text(exc.reason)}); the sweeper will retry"
         event(run, "audit", f"the machine was created after the run ended: {detail}")
+
+
+# ---------------------------------------------------------------- failover (issue 37)
+#
+# A run's candidates are tried one per invocation, in order. A capacity, quota or stock refusal releases
+# whatever the attempt made (confirmed), records the attempt, and sends the launch message again for the
+# next candidate; the attempt's index is on the run before any cloud call of it (the count of attempts
+# decided), and the marks of what it creates carry it, so a resumed invocation and the sweeper can tell an
+# abandoned attempt's machine from the live one. When every candidate refused, the run waits
+# (capacity_wait_s, backing off through queue delays) and tries the list again, or fails with one line
+# per attempt.
+
+# A run's record holds its attempts; past this many it fails rather than grow without bound.
+MAX_ATTEMPTS = 48
+CAPACITY_BACKOFF_S = (60, 120, 300, 600, 900)  # then 900 s between rounds
+MESSAGE_CHARS = 300
+
+
+def _preflight_refusal(provider: ComputeProvider, candidate: RunCandidate, ref: RunRef) -> str | None:
+    """Why the candidate cannot be launched without asking the cloud to create anything (Azure usages,
+    AWS Service Quotas), or None. A refusal skips the candidate with an event; it never fails the run.
+    The provider's preflight is a read that never raises and never counts the run's own machine
+    (`ref`: a repeated launch of this attempt)."""
+    return provider.preflight(candidate.offer, ref)
+
+
+def _attempt(run: RunRecord, outcome: str, code: str, message: str, started: datetime,
+             released: bool = True) -> RunAttempt:
+    c = candidates_of(run)[min(run.candidate_index, len(candidates_of(run)) - 1)]
+    t = now()
+    return RunAttempt(index=len(run.attempts), connection=c.connection, provider=c.offer.provider,
+                      offer_id=c.offer.offer_id, gpu=c.offer.gpu, price_per_hour=c.offer.total_per_hour,
+                      started_at=started, ended_at=t, outcome=outcome,  # type: ignore[arg-type]
+                      code=code[:64], message=redact_text(message)[:MESSAGE_CHARS],
+                      seconds=round(max(0.0, (t - started).total_seconds()), 3), released=released)
+
+
+def _record_failed(run: RunRecord, exc: ProviderError, started: datetime) -> None:
+    attempt = _attempt(run, "failed", exc.code, exc.reason, started)
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.provisioning or r.resources or len(r.attempts) != attempt.index:
+            return None
+        return r.model_copy(update={"attempts": [*r.attempts, attempt], "updated_at": now()})
+
+    get_store().runs.mutate(run.org, run.id, change)
+
+
+def _refused(run: RunRecord, msg: StepMessage, provider: ComputeProvider, exc: ProviderError,
+             started: datetime) -> None:
+    """Release what the refused attempt made (an Azure NIC or failed VM, an instance that went pending ->
+    terminated), then move on. A release not confirmed yet is finished by the next invocation first."""
+    try:
+        released = provider.release(ref_of(run), []).done
+    except ProviderError as err:
+        get_logger().warning("release of a refused attempt failed", extra={"reason": err.reason})
+        released = False
+    _next_candidate(run, msg, "refused", exc.code or type(exc).__name__, exc.reason, started, released=released)
+
+
+def _next_candidate(run: RunRecord, msg: StepMessage, outcome: str, code: str, message: str, started: datetime,
+                    *, released: bool) -> None:
+    attempt = _attempt(run, outcome, code, message, started, released)
+    nxt = run.candidate_index + 1
+    count = len(candidates_of(run))
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.provisioning or r.resources or len(r.attempts) != attempt.index:
+            return None  # a duplicate delivery decided this attempt already
+        # The refused create was answered, and the next attempt's marks differ from this one's: nothing of
+        # it can hide from the next find-before-create, so the next claim is due at once.
+        update: dict[str, Any] = {"attempts": [*r.attempts, attempt], "updated_at": now(),
+                                  "launch_claimed_at": now() - timedelta(seconds=LAUNCH_SETTLE_S)}
+        update |= with_candidate(r, nxt) if nxt < count else {"candidate_index": nxt}
+        moved = r.model_copy(update=update)
+        return moved.model_copy(update={"machine_name": ref_of(moved).name})
+
+    run, wrote = get_store().runs.mutate(run.org, run.id, change)
+    if not wrote:
+        return
+    after = (f"trying candidate {nxt + 1} of {count}: {run.connection or run.provider} {run.offer.offer_id} "
+             f"({run.offer.gpu}, {run.offer.total_per_hour:g} {run.offer.currency}/h)") if nxt < count \
+        else "every candidate refused"
+    event(run, "warning", f"attempt {attempt.index + 1} on {attempt.connection} {attempt.offer_id} ({attempt.gpu}) "
+          f"{outcome}: {attempt.code}: {attempt.message}; {after}", type="run.attempt_refused",
+          attempt=attempt.index, connection=attempt.connection, provider=attempt.provider,
+          offer_id=attempt.offer_id, outcome=outcome, code=attempt.code, seconds=attempt.seconds)
+    get_queues().send(Step.launch, msg)
+
+
+def _abandoned_released(run: RunRecord, msg: StepMessage) -> bool:
+    """Whether every refused attempt's resources are confirmed gone; releases them (by their attempt's
+    marks) when not, and sends the launch message again while the cloud has not confirmed."""
+    pending = [a for a in run.attempts if not a.released]
+    if not pending:
+        return True
+    waiting = []
+    for a in pending:
+        try:
+            out = compute_for(run.org, a.connection).release(ref_of(run, a.index), [])
+        except ProviderError as exc:
+            waiting.append(f"attempt {a.index + 1}: {redact_text(exc.reason)}")
+            continue
+        if not out.done:
+            waiting.append(f"attempt {a.index + 1}: {out.detail}")
+            continue
+        run, _ = get_store().runs.mutate(run.org, run.id, _mark_released(a.index))
+    if not waiting:
+        return True
+    deadline = run.deadlines.provisioning_by
+    if deadline and now() > deadline:
+        # The run ends; the sweeper releases what the attempt left (its marks name the attempt).
+        fail_to_release(run, "no candidate launched before the provisioning deadline, and the cloud has not "
+                        "confirmed the release of " + "; ".join(waiting) + "; the attempts:\n"
+                        + attempt_lines(run.attempts))
+        return False
+    event(run, "audit", "waiting for the cloud to confirm the release of " + "; ".join(waiting),
+          source="attempt-release")
+    get_queues().send(Step.launch, msg, delay_s=15.0)
+    return False
+
+
+def _mark_released(index: int) -> Callable[[RunRecord], RunRecord | None]:
+    def change(r: RunRecord) -> RunRecord | None:
+        if index >= len(r.attempts) or r.attempts[index].released:
+            return None
+        attempts = list(r.attempts)
+        attempts[index] = attempts[index].model_copy(update={"released": True})
+        return r.model_copy(update={"attempts": attempts, "updated_at": now()})
+
+    return change
+
+
+def _all_refused(run: RunRecord, msg: StepMessage) -> None:
+    """Every candidate refused in this round: wait and try the list again while capacity_wait_s allows,
+    else fail with one line per attempt."""
+    t = now()
+    since = run.capacity_wait_since or t
+    count = len(candidates_of(run))
+    rounds = max(1, len(run.attempts) // max(1, count))
+    delay = CAPACITY_BACKOFF_S[min(rounds - 1, len(CAPACITY_BACKOFF_S) - 1)]
+    until = since + timedelta(seconds=run.capacity_wait_s)
+    if run.capacity_wait_s > 0 and t + timedelta(seconds=delay) <= until and len(run.attempts) + count <= MAX_ATTEMPTS:
+        settings = get_settings()
+
+        def change(r: RunRecord) -> RunRecord | None:
+            if r.state != RunState.provisioning or r.resources or r.candidate_index < count:
+                return None
+            d = r.deadlines
+            # Nothing bills while the run waits: its boot and runtime deadlines start after the wait.
+            shift: dict[str, Any] = {"provisioning_by": max(d.provisioning_by or t, t + timedelta(
+                seconds=delay + settings.provisioning_timeout_s))}
+            if d.runtime_by is not None:
+                shift["runtime_by"] = max(d.runtime_by, t + timedelta(seconds=delay + r.runtime_limit_s))
+            moved = r.model_copy(update={
+                **with_candidate(r, 0), "capacity_wait_since": since, "updated_at": t,
+                "deadlines": d.model_copy(update=shift),
+                # The next claim (the next round's first create) is due after the delay.
+                "launch_claimed_at": t + timedelta(seconds=delay - LAUNCH_SETTLE_S)})
+            return moved.model_copy(update={"machine_name": ref_of(moved).name})
+
+        run, wrote = get_store().runs.mutate(run.org, run.id, change)
+        if wrote:
+            event(run, "audit", f"every candidate refused; trying them again in {delay // 60} min (capacity_wait_s: "
+                  f"until {until.strftime('%H:%M UTC')})", source="capacity-wait", delay_s=delay)
+            get_queues().send(Step.launch, msg, delay_s=float(delay))
+        return
+    waited = f" (waited for capacity since {since.strftime('%H:%M UTC')})" if run.capacity_wait_since else ""
+    fail_to_release(run, f"every candidate refused{waited}; the attempts:\n" + attempt_lines(run.attempts))

@@ -51,6 +51,7 @@ from shared.log import get_logger, redact_text
 from shared.models import CloudResource, ConnectionRecord, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
+from shared.runs import candidates
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.runs.org_backends import compute_connection_slot, compute_of, provider_of, run_connection
@@ -237,17 +238,20 @@ def _grace() -> timedelta:
 def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
            runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
     grace, settings = _grace(), get_settings()
-    by_run: dict[str, list[CloudResource]] = defaultdict(list)
+    # Grouped by run and launch attempt (issue 37): a live run owns only its current attempt's resources; an
+    # attempt it gave up (another candidate refused) is released here like a leak once past the grace.
+    by_run: dict[tuple[str, int], list[CloudResource]] = defaultdict(list)
     for res in resources:
-        by_run[res.run_id].append(res)
+        by_run[(res.run_id, res.attempt)].append(res)
     out = []
-    for run_id, found in sorted(by_run.items()):
+    for (run_id, attempt), found in sorted(by_run.items()):
         run = runs.get(run_id)
         if run is None and any(r.org == "" for r in found):
             # Untagged (RunPod) and not this org's run: another org may share the account. Run
             # ids are never deleted, so a real leak of this org always finds its run.
             continue
-        if run is not None and run.state not in TERMINAL:
+        gave_up = run is not None and run.state not in TERMINAL and candidates.abandoned(run, attempt)
+        if run is not None and run.state not in TERMINAL and not gave_up:
             continue  # a live run owns it; its own steps release or retain it
         if run is None:
             if any(r.created_at is None for r in found):
@@ -258,11 +262,13 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
         else:
             if any(r.created_at and t - r.created_at < grace for r in found):
                 continue
-            if t - run.state_changed_at < grace:
+            if t - run.state_changed_at < grace and not gave_up:
                 continue
         if not dry_run and not budget.allows():
             continue  # the budget is spent: the next tick finds it again
         reason = "its run is missing" if run is None else f"its run is {run.state.value} (released)"
+        if gave_up:
+            reason = f"launch attempt {attempt + 1} of its run was given up (another candidate was tried)"
         finding: dict[str, Any] = {
             "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
             "resources": [f"{r.kind}:{r.id}" for r in found],
@@ -270,7 +276,7 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
         }
         if not dry_run:
             try:
-                got = provider.release(RunRef(settings.deployment_id, org, run_id), found)
+                got = provider.release(RunRef(settings.deployment_id, org, run_id, attempt=attempt), found)
                 finding["done"], finding["detail"] = got.done, got.detail
             except ProviderError as exc:
                 finding["done"], finding["detail"] = False, exc.reason
@@ -305,7 +311,9 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
     from shared.models import MachineState
 
     grace, settings = _grace(), get_settings()
-    listed_runs = {r.run_id for r in resources}
+    # A given-up attempt's machine listed under the run is not the run's machine (issue 37).
+    listed_runs = {r.run_id for r in resources
+                   if r.run_id not in runs or r.attempt == candidates.attempt_no(runs[r.run_id])}
     out: list[dict[str, Any]] = []
     for run in runs.values():
         if run_connection(run) != provider_name or run.state not in ACTIVE or run.id in listed_runs:
@@ -326,7 +334,8 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
         if not budget.allows():
             continue
         try:
-            state = provider.describe(RunRef(settings.deployment_id, org, run.id), run.resources).state
+            ref = RunRef(settings.deployment_id, org, run.id, attempt=candidates.attempt_no(run))
+            state = provider.describe(ref, run.resources).state
         except ProviderError:
             continue  # not confirmed; the heartbeat deadline still covers it
         if state != MachineState.gone:

@@ -93,13 +93,47 @@ class Op:
 
 
 class ArmError(Exception):
-    def __init__(self, status: int, code: str, message: str = "", *, target: str = "") -> None:
+    def __init__(self, status: int, code: str, message: str = "", *, target: str = "",
+                 details: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.target = status, code, message or code, target
+        self.details = details or []
 
     def body(self) -> dict[str, Any]:
-        error = {"code": self.code, "message": self.message}
-        return {"error": {**error, "target": self.target} if self.target else error}
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.target:
+            error["target"] = self.target
+        if self.details:
+            error["details"] = self.details
+        return {"error": error}
+
+
+# What Azure answers a VM create it cannot serve (issue 37), per kind, as its documents and error bodies spell
+# it: allocation failures fail the create's long-running operation and leave the VM resource Failed (its OS
+# disk and the NIC made before it stay); SkuNotAvailable and a quota's OperationNotAllowed refuse the PUT.
+ALLOCATION_CODES = ("AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest")
+ALLOCATION_MESSAGE = ("Allocation failed. We do not have sufficient capacity for the requested VM size in this "
+                      "region. Read more about improving likelihood of allocation success at "
+                      "http://aka.ms/allocation-guidance")
+
+
+def refusal_error(code: str, size: str, region: str) -> ArmError:
+    if code == "SkuNotAvailable":
+        return ArmError(409, code, (
+            f"The requested VM size for resource 'Following SKUs have failed for Capacity Restrictions: {size}' is "
+            f"currently not available in location '{region}'. Please try another size or deploy to a different "
+            "location or different zones. See https://aka.ms/azureskunotavailable for details."))
+    if code == "QuotaExceeded":  # Compute's own answer: OperationNotAllowed, the quota in its words and details
+        family = "standard" + size.removeprefix("Standard_").split("_")[0].rstrip("0123456789") + "Family"
+        message = (f"Operation could not be completed as it results in exceeding approved {family} Cores quota. "
+                   f"Additional details - Deployment Model: Resource Manager, Location: {region}, Current Limit: 0, "
+                   "Current Usage: 0, Additional Required: 24, (Minimum) New Limit Required: 24. Submit a request "
+                   "for Quota increase at https://aka.ms/ProdportalCRP/#blade/Microsoft_Azure_Capacity/"
+                   "UsageAndQuota.ReactView by specifying parameters listed in the 'Details' section for "
+                   "deployment to succeed.")
+        return ArmError(409, "OperationNotAllowed", message, details=[
+            {"code": "QuotaExceeded", "target": family, "message": message}])
+    raise ValueError(code)
 
 
 # ------------------------------------------------------------------ a tiny OData $filter evaluator
@@ -168,6 +202,9 @@ class FakeArm:
         self.disk_update_s = 0.0  # > 0: a disk PATCH (202, long-running as in Azure) takes this long instead
         self.hold_ops = False
         self.allocation_failure: str | None = None
+        # Per VM size: a code of ALLOCATION_CODES (the create's operation fails), "SkuNotAvailable" or
+        # "QuotaExceeded" (the PUT is refused), as refusal_error and _put_vm answer it.
+        self.refuse_sizes: dict[str, str] = {}
         self.keep_nic_on_vm_delete = False
         # As Azure: a NIC its VM left stays reserved for that VM this long (on the core's clock), and a
         # delete meanwhile is 400 NicReservedForAnotherVm.
@@ -535,6 +572,9 @@ class FakeArm:
             return 200, {}, existing
         props = body["properties"]
         self._refuse_bad_vm_request(path, props)
+        refusal = self.refuse_sizes.get(str(props.get("hardwareProfile", {}).get("vmSize", "")))
+        if refusal and refusal not in ALLOCATION_CODES:
+            raise refusal_error(refusal, props["hardwareProfile"]["vmSize"], body["location"])
         image_id = props["storageProfile"]["imageReference"]["id"]
         if not self._readable(image_id):  # ARM's linked access check on the referenced image
             raise ArmError(403, "LinkedAuthorizationFailed", (
@@ -567,7 +607,7 @@ class FakeArm:
         self.resources[path.lower()] = vm
         for ref in props["networkProfile"]["networkInterfaces"]:
             self.get(ref["id"])["properties"]["virtualMachine"] = {"id": path}  # type: ignore[index]
-        failure = self.allocation_failure
+        failure = self.allocation_failure or refusal
 
         def done() -> None:
             # Azure creates the disk (untagged: VM tags do not propagate) whether or not allocation succeeds.
@@ -583,7 +623,7 @@ class FakeArm:
                 vm["properties"]["provisioningState"] = "Succeeded"
                 vm["_state"] = {"power": "running"}
 
-        error = {"code": failure, "message": "Allocation failed. No sufficient capacity."} if failure else None
+        error = {"code": failure, "message": ALLOCATION_MESSAGE} if failure else None
         public = {k: v for k, v in vm.items() if not k.startswith("_")}
         return 201, self._lro(done, "Microsoft.Compute", error=error), public
 

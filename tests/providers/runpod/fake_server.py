@@ -64,6 +64,7 @@ class FakeRunPod:
         self.lock = threading.Lock()
         # Fault injection.
         self.create_error = ""  # GraphQL error message for the next creates
+        self.sold_out: set[str] = set()  # GPU type ids whose creates RunPod answers CAPACITY_MESSAGE (no stock)
         self.resume_error = ""
         self.phantom_create = False  # answer a create with an id but never keep the pod
         self.terminate_lag = 0  # gets that still return a terminated pod before it vanishes
@@ -189,6 +190,8 @@ class FakeRunPod:
         gpu = next((g for g in self.gpus if g["id"] == inp.get("gpuTypeId")), None)
         if gpu is None:
             return {"errors": [{"message": "Invalid GPU type"}]}
+        if gpu["id"] in self.sold_out:
+            return {"errors": [{"message": CAPACITY_MESSAGE}]}
         dc = inp.get("dataCenterId")
         if dc and dc not in gpu["dcs"]:
             return {"errors": [{"message": CAPACITY_MESSAGE}]}

@@ -276,3 +276,28 @@ def next_steps(run: dict[str, Any]) -> list[str]:
         "started again)",
         f"  tensorant runs cancel {rid} --discard              release the machine and disk, deleting any output",
     ]
+
+
+def candidate_text(c: dict[str, Any]) -> str:
+    """One candidate (or the one that ran): connection, offer, GPU and price."""
+    return f"{c.get('connection')} {c.get('offer_id')} ({c.get('gpu')}, {money(c.get('total_per_hour'))}/h)"
+
+
+def candidate_lines(run: dict[str, Any]) -> list[str]:
+    """A run's candidates in order, and the one its machine runs on (`runs get`, the launch confirmation)."""
+    listed = [c for c in run.get("candidates") or [] if isinstance(c, dict)]
+    if len(listed) < 2 and not run.get("attempts"):
+        return []
+    out = [f"candidate {i + 1}: {candidate_text(c)}" for i, c in enumerate(listed)] if len(listed) > 1 else []
+    if isinstance(run.get("ran_on"), dict):
+        out.append(f"ran on: {candidate_text(run['ran_on'])}")
+    return out
+
+
+def attempt_line(a: dict[str, Any]) -> str:
+    """One launch attempt: which candidate, how it ended, the cloud's code and words, the seconds it took."""
+    code = f" {a.get('code')}" if a.get("code") else ""
+    message = f": {a.get('message')}" if a.get("message") and a.get("outcome") != "launched" else ""
+    return (f"attempt {int(a.get('index', 0)) + 1}: {a.get('connection')} {a.get('offer_id')} ({a.get('gpu')}, "
+            f"{money(a.get('price_per_hour'))}/h) {a.get('outcome')}{code} after {duration(a.get('seconds'))}"
+            f"{message}")

@@ -16,6 +16,7 @@ from shared.models import (
     Outcome,
     Role,
     RunCancel,
+    RunCandidate,
     RunLaunch,
     RunRecord,
     RunRecover,
@@ -27,6 +28,7 @@ from shared.org_storage.base import adapter_key
 from shared.providers.registry import resumable_providers, resumes_training
 from shared.queues import get_queues
 from shared.runs import billing, budgets
+from shared.runs.candidates import candidates_of
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
 from shared.runs.moves import move_stored
@@ -80,27 +82,40 @@ def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: 
     """The rest of a launch, once the run holds an active-run slot: the rate limit, the offer's
     price now, the connection, then the draft -> queued write. Returns the run as queued."""
     quotas.take_launch(principal, limits)
-    offer = find_offer(principal.org, run_connection(run), run.offer.offer_id)
-    if offer.total_per_hour > run.price_limit_per_hour:
-        changed = abs(offer.total_per_hour - run.offer.total_per_hour) > 1e-9
-        price = (f"the offer now costs {offer.total_per_hour:.4f}/h (it was {run.offer.total_per_hour:.4f}/h "
-                 "when the draft was saved)" if changed else f"the estimate is {offer.total_per_hour:.4f}/h")
-        raise Conflict(f"nothing was launched: {price}, above the run's limit of {run.price_limit_per_hour:.4f}/h; "
-                       "raise price_limit_per_hour (PATCH the draft) or choose another offer")
-    compute_for(principal.org, run_connection(run), require_connected=True)
-    # The budgets, at the price found now: atomic like the active-run slot (shared/runs/budgets.py).
-    priced = run.model_copy(update={"offer": offer})
+    # Every candidate at its price now: the launch may end on any of them, so none may be above the limit.
+    fresh: list[RunCandidate] = []
+    for i, cand in enumerate(candidates_of(run)):
+        which = f"candidate {i + 1} ({cand.connection} {cand.offer.offer_id}): " if run.candidates else ""
+        try:
+            offer = find_offer(principal.org, cand.connection, cand.offer.offer_id)
+        except InvalidInput as exc:
+            if not run.candidates:
+                raise
+            raise Conflict(f"nothing was launched: {which}{exc.detail}") from exc
+        if offer.total_per_hour > run.price_limit_per_hour:
+            changed = abs(offer.total_per_hour - cand.offer.total_per_hour) > 1e-9
+            price = (f"the offer now costs {offer.total_per_hour:.4f}/h (it was {cand.offer.total_per_hour:.4f}/h "
+                     "when the draft was saved)" if changed else f"the estimate is {offer.total_per_hour:.4f}/h")
+            raise Conflict(f"nothing was launched: {which}{price}, above the run's limit of "
+                           f"{run.price_limit_per_hour:.4f}/h; raise price_limit_per_hour (PATCH the draft) or choose "
+                           "another offer")
+        compute_for(principal.org, cand.connection, require_connected=True)
+        fresh.append(cand.model_copy(update={"offer": offer}))
+    offer = fresh[0].offer
+    # The budgets, at the dearest candidate's price found now: atomic like the active-run slot
+    # (shared/runs/budgets.py).
+    priced = run.model_copy(update={"offer": offer, "candidates": fresh if run.candidates else []})
     budgeted = budgets.reserve(principal.org, priced, budgets.hourly_price(priced) * run.runtime_limit_s / 3600,
                                limits)
     try:
-        return _write_queued(principal, run_id, offer)
+        return _write_queued(principal, run_id, offer, fresh)
     except BaseException:
         if budgeted:
             budgets.release(principal.org, run_id)
         raise
 
 
-def _write_queued(principal: Principal, run_id: str, offer: GpuOffer) -> RunRecord:
+def _write_queued(principal: Principal, run_id: str, offer: GpuOffer, fresh: list[RunCandidate]) -> RunRecord:
     t = now()
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -110,6 +125,7 @@ def _write_queued(principal: Principal, run_id: str, offer: GpuOffer) -> RunReco
         settings = get_settings()
         return r.model_copy(update={
             "offer": offer,  # the price at launch is what the run records
+            "candidates": fresh if r.candidates else [], "candidate_index": 0,
             "launched_at": t,
             "deadlines": Deadlines(provisioning_by=t + timedelta(seconds=settings.provisioning_timeout_s),
                                    runtime_by=t + timedelta(seconds=r.runtime_limit_s)),

@@ -8,11 +8,11 @@ from typing import Any
 
 from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
-from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
+from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCandidate, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
-from shared.runs.org_backends import check_connection_name, compute_connection_slot, route_of
+from shared.runs.org_limits import get_limits
 from shared.services.api import base_models, quotas
-from shared.services.api.catalog import cached_offers, find_offer
+from shared.services.api.runs import candidates as run_candidates
 from shared.settings import get_settings
 from shared.store import get_store
 
@@ -39,27 +39,6 @@ def resolve_training(kind: RunKind, training: TrainingSettings) -> TrainingSetti
     return training.model_copy(update=update)
 
 
-def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
-    """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can
-    (`provider`: the connection whose catalog lists them)."""
-    model = base_models.declared(base_model)
-    got = base_models.fit(model, offer, training)
-    if got.fits:
-        return
-    eligible = [o.offer_id for o in cached_offers(org, provider) if base_models.fit(model, o, training).fits]
-    if eligible:
-        choose = f"offers that fit: {', '.join(eligible[:20])}"
-    elif offer.provider == base_models.LOCAL_PROVIDER and model.param_count() > base_models.LOCAL_MAX_PARAMS:
-        # No setting brings a model over the CPU cap under it: only another model or provider helps.
-        choose = (f"{model.name} is too large for the local CPU provider: choose a smaller model (up to "
-                  f"{base_models.LOCAL_MAX_PARAMS / 1e9:g}B parameters, GET /api/base-models) or a GPU provider")
-    else:
-        choose = f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit"
-    raise InvalidInput(f"offer_id: {got.why}; {choose}", errors=[{
-        "field": "offer_id", "message": got.why, "memory_needed_gb": got.memory_needed_gb,
-        "eligible_offer_ids": eligible}])
-
-
 def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
     """training.merged only where the merged weights fit one merged archive (adapter_format.base_models)."""
     if training.merged and model.merged_bytes() > MAX_MERGED_BYTES:
@@ -69,27 +48,12 @@ def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
             "merged out, download the adapter and merge it where you serve it (peft's merge_and_unload)"))
 
 
-def _check_provider(org: str, provider: str, connection: str | None = None) -> str:
-    """The run's compute connection (`provider` by default, or the named `connection` of that provider),
-    422 naming the field unless it is saved. Returns its name."""
-    from shared.providers import registry
-
-    if provider not in registry.compute_names():
-        raise InvalidInput.field("provider", f"unknown provider {provider!r}; use one of "
-                                 f"{', '.join(registry.compute_names())}")
-    name = check_connection_name(connection, provider=provider) if connection else provider
-    if get_store().connections.get(org, compute_connection_slot(name)) is None:
-        field = "connection" if connection else "provider"
-        raise InvalidInput.field(field, f"no {name} compute connection is saved; an owner saves it first "
-                                 f"(`tensorant connections save-compute {name} ...`, or PUT /api/{route_of(name)})")
-    return name
-
-
 @dataclass(frozen=True)
 class CheckedRequest:
     """A run request that passed every check a draft must pass, resolved as the run stores it."""
 
     offer: GpuOffer
+    candidates: list[RunCandidate]
     training: TrainingSettings
     runtime_limit_s: int
     dataset: DatasetVersionRecord
@@ -110,15 +74,21 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
-    connection = _check_provider(org, body.provider, body.connection)
-    base_models.refuse_test_model_off_local(model, body.provider)
-    offer = find_offer(org, connection, body.offer_id)
-    _check_fit(org, connection, offer, body.base_model, training)
-    base_models.refuse_unloadable_on_local(model, body.provider)
-    like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
-    predicted = forecast.predict(dataset, training, model, offer, like)
-    limit, note = _runtime_limit(org, body, predicted)
-    return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,
+    most_wait = get_limits(org).max_capacity_wait_s
+    if body.capacity_wait_s > most_wait:
+        raise InvalidInput.field("capacity_wait_s", (
+            f"{body.capacity_wait_s} s is above the organization's max_capacity_wait_s of {most_wait} s; lower it, "
+            "or an owner raises max_capacity_wait_s under /api/org/limits"))
+    picked = run_candidates.resolve(org, body, model, training, dataset)
+    offer = picked[0].offer
+    # The forecast the run shows (and the runtime limit it sets) is the one of the candidate it may cost
+    # most on: the launch may end on any of them. Each is made from like runs on that candidate's GPU.
+    forecasts = [forecast.predict(dataset, training, model, c.offer, forecast.measured_for(
+        org, c.offer.provider, body.base_model, c.offer.gpu, training)) for c in picked]
+    predicted = max(forecasts, key=lambda f: (f.cost, f.total_s))
+    longest = max(forecasts, key=lambda f: f.total_s)
+    limit, note = _runtime_limit(org, body, longest)
+    return CheckedRequest(offer=offer, candidates=picked, training=training, runtime_limit_s=limit, dataset=dataset,
                           forecast=predicted, limit_note=note)
 
 

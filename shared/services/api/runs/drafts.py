@@ -24,6 +24,7 @@ from shared.models import (
     RunView,
 )
 from shared.runs import forecast
+from shared.runs.candidates import dearest_price
 from shared.runs.events import event
 from shared.security import Principal, require
 from shared.services.api import quotas
@@ -37,10 +38,13 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
     """What a draft stores of a checked request (create and edit alike)."""
     return {
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
-        "connection": body.connection if body.connection and body.connection != body.provider else "",
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
         "forecast": checked.forecast,
+        # Candidates (issue 37): stored when the request named more than its own offer.
+        "candidates": checked.candidates if body.candidates or body.fallback != "none" else [],
+        "candidate_index": 0, "capacity_wait_s": body.capacity_wait_s,
+        "connection": "" if checked.candidates[0].connection == body.provider else checked.candidates[0].connection,
         # training.kind is the run's kind (checked above): kept out, so a later kind switch applies.
         "request": body.model_copy(update={"training": body.training.model_copy(update={"kind": None})}),
     }
@@ -54,6 +58,15 @@ def _forecast_events(run: RunRecord, checked: CheckedRequest, source: str = "") 
               f"{run.forecast.basis}", source=source, **run.forecast.model_dump(exclude={"basis"}))
     if checked.limit_note:
         event(run, "audit", checked.limit_note, source=source, runtime_limit_s=run.runtime_limit_s)
+
+
+def _candidates_event(run: RunRecord, source: str = "") -> None:
+    if len(run.candidates) > 1:
+        dearest = dearest_price(run)
+        event(run, "audit", f"{len(run.candidates)} candidates, tried in order when a cloud has no capacity, quota "
+              "or stock: " + ", ".join(f"{c.connection} {c.offer.offer_id} ({c.offer.gpu}, {c.offer.total_per_hour:g}/h)"
+                                       for c in run.candidates)
+              + f"; the dearest, {dearest:g}/h, is the price the forecast and the limits use", source=source)
 
 
 def _kind_event(run: RunRecord, dataset: DatasetVersionRecord, source: str = "") -> None:
@@ -79,6 +92,7 @@ def create(principal: Principal, body: RunCreate) -> RunView:
     get_store().runs.create(run)
     event(run, "transition", "draft saved; nothing is rented until launch",
           estimate_per_hour=checked.offer.total_per_hour)
+    _candidates_event(run)
     _kind_event(run, checked.dataset)
     _forecast_events(run, checked)
     for warning in warnings_of(run):
@@ -134,6 +148,10 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     if not fields:
         raise InvalidInput.field("body", "send at least one field to change (the fields of a run create)")
     request = request_of(run)
+    if body.candidates and body.provider is None and body.offer_id is None:
+        # New candidates without a new provider/offer: the first candidate is the run's own.
+        fields["provider"] = body.candidates[0].connection.split("/", 1)[0]
+        fields["offer_id"] = body.candidates[0].offer_id
     merged = request.model_dump() | fields
     merged["training"] = request.training.model_dump() | fields.get("training", {})
     try:

@@ -9,6 +9,7 @@ from shared.errors import InvalidInput
 from shared.lifecycle import ACTIVE, TERMINAL
 from shared.models import CloudResource, RunEvent, RunRecord, RunState, RunView
 from shared.runs import forecast
+from shared.runs.candidates import candidates_of, dearest_offer, dearest_price, ran_on, view_of
 from shared.runs.org_limits import get_limits
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.retention import retention_note
@@ -57,8 +58,9 @@ def warnings_of(run: RunRecord, *, retention: bool = False) -> list[str]:
     if run.state != RunState.draft:
         return []
     out = []
-    if run.offer.total_per_hour > run.price_limit_per_hour:
-        out.append(f"the estimate {run.offer.total_per_hour:.4f} {run.offer.currency}/h is above the price limit "
+    dearest = dearest_offer(run)
+    if dearest.total_per_hour > run.price_limit_per_hour:
+        out.append(f"the estimate {dearest.total_per_hour:.4f} {dearest.currency}/h is above the price limit "
                    f"{run.price_limit_per_hour:.4f}/h: launch will be refused until price_limit_per_hour is raised "
                    "or another offer is chosen")
     if run.forecast is not None:  # limits that will not cover the forecast: a warning, not a refusal
@@ -83,7 +85,10 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
         outcome=run.outcome, phase=run.phase if run.state in ACTIVE else "", progress=run.progress,
         reason=run.reason, billing_note=run.billing_note,
-        offer=run.offer, estimate_per_hour=run.offer.total_per_hour, price_limit_per_hour=run.price_limit_per_hour,
+        offer=run.offer,
+        # Before a machine ran: the dearest candidate's price (the launch may end on it); then the price it runs at.
+        estimate_per_hour=run.offer.total_per_hour if ran_on(run) or not run.candidates else dearest_price(run),
+        price_limit_per_hour=run.price_limit_per_hour,
         runtime_limit_s=run.runtime_limit_s, base_model=run.base_model, dataset_version_id=run.dataset_version_id,
         resources=resource_states(run, t), adapter_sha256=run.adapter_sha256, release_error=run.release_error,
         release_attempts=run.release_attempts, created_at=run.created_at, updated_at=run.updated_at, events=events,
@@ -93,8 +98,8 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         final_cost=t.final_cost, warnings=warnings_of(run, retention=with_events), forecast=run.forecast,
         forecast_check=run.forecast_check, adapter_kind=run.adapter_kind, checkpoint_step=run.checkpoint_step,
         planned_steps=run.planned_steps, merged_sha256=run.merged_sha256, merged_size=run.merged_size,
-        merged_note=run.merged_note,
-        adapter_saved=run.adapter_saved if run.state == RunState.retained else None,
+        merged_note=run.merged_note, candidates=[view_of(c) for c in candidates_of(run)], attempts=run.attempts,
+        ran_on=ran_on(run), adapter_saved=run.adapter_saved if run.state == RunState.retained else None,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,9 @@ from tensorant_cli.commands.watch import logs, watch
 from tensorant_cli.output import cell, emit, items, say, short, table
 from tensorant_cli.render import (
     adapter_line,
+    attempt_line,
+    candidate_lines,
+    candidate_text,
     cli_words,
     clock,
     duration,
@@ -25,6 +29,7 @@ from tensorant_cli.render import (
     money,
     next_steps,
     percent,
+    printable,
     sparkline,
     status_block,
     status_line,
@@ -38,6 +43,9 @@ def add_parser(sub: Any) -> None:
               "    --offer local-smoke --base-model tensorant/smoke-tiny --price-limit 1 -q")
     cr.add_argument("--project", required=True)
     _run_fields(cr, required=True)
+    cr.add_argument("--fallback", choices=["none", "fitting"], default=None, help=(
+        "fitting: also accept every offer of your connected accounts that holds the model and is under the price "
+        "limit (up to 8 candidates in all), cheapest forecast cost first"))
     ed = leaf(r, "edit", "change fields of a draft", "tensorant runs edit --last --price-limit 2", run_id=True)
     _run_fields(ed, required=False)
     ls = leaf(r, "list", "list runs, newest first: state, progress, cost, duration, reason (a page at a time)",
@@ -105,10 +113,16 @@ def add_parser(sub: Any) -> None:
 
 def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--dataset", required=required, help="dataset version id (`tensorant datasets list`)")
-    p.add_argument("--provider", required=required)
+    p.add_argument("--provider", help="the provider of a plain offer id (not needed when every --offer names "
+                   "its connection)")
     p.add_argument("--connection", help="the provider's compute connection to run on: `{provider}` (the default) or "
-                   "`{provider}/{name}`, e.g. aws/us-west-2 (`tensorant connections show`)")
-    p.add_argument("--offer", required=required, help="offer id from `tensorant catalog`")
+                   "`{provider}/{name}`, e.g. aws/us-west-2 (`tensorant connections show`); plain offers use it")
+    p.add_argument("--offer", required=required, help=(
+        "offer id from `tensorant catalog`; several, comma-separated, are candidates tried in order when a cloud "
+        "has no capacity, quota or stock: each CONNECTION:OFFER (aws:us-east-1/us-east-1a/g6.xlarge, "
+        "aws/us-west-2:...) or a plain offer on --provider"))
+    p.add_argument("--capacity-wait", type=int, metavar="SECONDS", help=(
+        "when every candidate refused: keep trying them again (backing off) this long before the run fails"))
     p.add_argument("--base-model", required=required, help="a declared base model id")
     p.add_argument("--price-limit", type=float, required=required, help="USD per hour")
     p.add_argument("--runtime-limit", type=int, help="seconds")
@@ -118,11 +132,42 @@ def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
                    help="one training setting (repeatable), e.g. --set-training max_steps=20")
 
 
+_CONNECTION = re.compile(r"^[a-z][a-z0-9_-]{0,31}(/[a-z0-9][a-z0-9-]{0,39})?$")
+
+
+def parse_offers(text: str, provider: str | None) -> list[dict[str, str]]:
+    """`--offer a,b,c`: each entry CONNECTION:OFFER or a plain offer id on --provider, as the API's candidates.
+    An Azure offer id is itself azure:<region>:<size>: after a bare `azure:` it is read whole."""
+    out = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            raise UsageError(f"--offer: an empty entry in {text!r}; separate offers with single commas")
+        prefix, sep, rest = entry.partition(":")
+        if sep and rest and _CONNECTION.match(prefix) and not (prefix == "azure" and not rest.startswith("azure:")):
+            out.append({"connection": prefix, "offer_id": rest})
+        elif provider:
+            out.append({"connection": provider, "offer_id": entry})
+        elif prefix == "azure" and sep:
+            out.append({"connection": "azure", "offer_id": entry})
+        else:
+            raise UsageError(f"--offer {entry}: say its connection (CONNECTION:OFFER, e.g. aws:{entry}) or give "
+                             "--provider")
+    return out
+
+
 def _run_create_body(args: argparse.Namespace, partial: bool) -> dict[str, Any]:
-    fields = {"project_id": getattr(args, "project", None), "dataset_version_id": args.dataset,
-              "provider": args.provider, "offer_id": args.offer, "base_model": args.base_model,
-              "price_limit_per_hour": args.price_limit, "kind": args.kind, "runtime_limit_s": args.runtime_limit,
-              "connection": getattr(args, "connection", None)}
+    fields: dict[str, Any] = {
+        "project_id": getattr(args, "project", None), "dataset_version_id": args.dataset, "provider": args.provider,
+        "offer_id": None, "base_model": args.base_model, "price_limit_per_hour": args.price_limit,
+        "kind": args.kind, "runtime_limit_s": args.runtime_limit, "capacity_wait_s": args.capacity_wait,
+        "fallback": getattr(args, "fallback", None),
+        "connection": getattr(args, "connection", None)}
+    if args.offer:
+        offers = parse_offers(args.offer, getattr(args, "connection", None) or args.provider)
+        first = offers[0]
+        fields["provider"], fields["offer_id"] = first["connection"].split("/", 1)[0], first["offer_id"]
+        if len(offers) > 1 or "/" in first["connection"]:
+            fields["candidates"] = offers
     if not partial and fields["kind"] is None:
         fields["kind"] = "trial"
     body = {k: v for k, v in fields.items() if v is not None}
@@ -156,6 +201,10 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
         say(f"  billing: {run['billing_note']}")
     if run.get("release_error"):
         say(f"  release error (attempt {run.get('release_attempts')}): {run['release_error']}")
+    for line in candidate_lines(run):
+        say(f"  {line}")
+    for attempt in run.get("attempts") or []:
+        say(f"  {printable(attempt_line(attempt))}")
     for res in run.get("resources") or []:
         say(f"  resource {res.get('kind')} {res.get('id')}: {res.get('state') or '-'}")
     for line in next_steps(run):
@@ -176,7 +225,9 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
                  if isinstance(p, dict) and p.get("eval_loss") is not None]
         if evals:
             say(f"  eval {sparkline(evals)}  {evals[0]:.4g} -> {evals[-1]:.4g} over {len(evals)} evaluations")
-    events = [e for e in run.get("events") or [] if e.get("kind") in ("transition", "warning")]
+    # An attempt's refusal is said by its attempt line above.
+    events = [e for e in run.get("events") or [] if e.get("kind") in ("transition", "warning")
+              and (e.get("data") or {}).get("type") != "run.attempt_refused"]
     if events:
         say("  history:")
         said = ""
@@ -395,6 +446,14 @@ def _launch(args: argparse.Namespace, client: Client) -> int:
         f"runtime limit {duration(run.get('runtime_limit_s'))}", file=talk)
     if (forecast := forecast_line(run)) is not None:
         say(forecast[:1].upper() + forecast[1:], file=talk)
+    listed = run.get("candidates") or []
+    if len(listed) > 1:
+        # The launch may end on any candidate: the dearest's price and what the run can cost on it at most.
+        dearest = max(listed, key=lambda c: float(c.get("total_per_hour") or 0))
+        most = float(dearest.get("total_per_hour") or 0) * float(run.get("runtime_limit_s") or 0) / 3600
+        say("Candidates, tried in order when a cloud has no capacity, quota or stock: "
+            + "; ".join(candidate_text(c) for c in listed), file=talk)
+        say(f"The dearest is {candidate_text(dearest)}: at most {money(most)} for the runtime limit on it", file=talk)
     for w in run.get("warnings") or []:
         say(f"Warning: {cli_words(w, run_id)}", file=talk)
     if run.get("billing_note"):

@@ -13,6 +13,7 @@ from tensorant_cli.client import Client
 from tensorant_cli.commands.common import run_id_of
 from tensorant_cli.output import items, say
 from tensorant_cli.render import (
+    attempt_line,
     cli_words,
     clock,
     duration,
@@ -80,6 +81,7 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
     out = stream or sys.stdout
     tty = out.isatty()
     seen_events: set[tuple[str, str]] = set()
+    seen_attempts: set[int] = set()
     said_reason = ""  # the last transition's reason: a run keeps it through releasing -> failed
     cursor = _LogCursor(client, run_id) if logs else None
     drawn = 0  # lines of the status block on screen (a TTY only)
@@ -101,8 +103,15 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
         if cursor is not None and str(run.get("state", "")) in STOP_STATES:
             logged += cursor.rest()  # it has ended: whatever it logged comes before how it ended
         lines = [f"  | {line}" for line in logged]
+        # A line per launch attempt (a candidate refused for capacity, quota or stock, the one that launched).
+        for attempt in run.get("attempts") or []:
+            if isinstance(attempt, dict) and int(attempt.get("index", -1)) not in seen_attempts:
+                seen_attempts.add(int(attempt.get("index", -1)))
+                lines.append(f"{clock(attempt.get('ended_at'))}  {attempt_line(attempt)}")
         for e in run.get("events") or []:
             key = (str(e.get("at")), str(e.get("message")))
+            if (e.get("data") or {}).get("type") == "run.attempt_refused":
+                continue  # said by its attempt's line
             if e.get("kind") in ("transition", "warning") and key not in seen_events:
                 seen_events.add(key)
                 mark = "" if e.get("kind") == "transition" else "warning: "
