@@ -164,9 +164,9 @@ def due_per_tick(ticks: int) -> list[int]:
     start = clock.now_ts()
     out = []
     for i in range(ticks):
-        clock.set_clock(lambda t=start + i * INTERVAL_S: t)
+        clock.set_clock(clock.FakeClock(start + i * INTERVAL_S))
         out.append(len(sweeper.due_now(keys)))
-    clock.set_clock(lambda: start)
+    clock.set_clock(clock.FakeClock(start))
     return out
 
 
@@ -257,7 +257,8 @@ def aws_cpu(n: int, before: bool) -> dict[str, float]:
                 config=registry.public_config(config), sealed=seal(registry.sealed_config(config),
                                                                    aad=f"{org}|compute:aws"),
                 saved_at=now()), None)
-        first, second = [], []
+        first: list[float] = []
+        second: list[float] = []
         for org in orgs:
             for out in (first, second):
                 c0 = time.thread_time()

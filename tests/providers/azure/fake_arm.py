@@ -485,10 +485,10 @@ class FakeArm:
             prefix = path.lower() + "/"
             return 200, {}, {"value": [r for k, r in self.resources.items() if k.startswith(prefix)]}
         if method == "GET":
-            found = self.get(path)
-            if found is None:
+            got = self.get(path)
+            if got is None:
                 raise ArmError(404, "ResourceNotFound", f"The Resource '{path}' was not found.")
-            return 200, {}, found
+            return 200, {}, got
         if method == "DELETE":
             return (200, {}, None) if self.resources.pop(path.lower(), None) is not None else (204, {}, None)
         if method != "PUT":

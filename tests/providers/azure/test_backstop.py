@@ -23,6 +23,12 @@ def schedule(fake: FakeArm) -> dict[str, Any] | None:
     return fake.get(SCHEDULE_ID)
 
 
+def time_of(fake: FakeArm) -> Any:
+    got = schedule(fake)
+    assert got is not None, "no auto-shutdown schedule"
+    return got["properties"]["dailyRecurrence"]
+
+
 def test_launch_creates_the_schedule_resume_moves_it_release_removes_it(fake: FakeArm, compute: Any,
                                                                       sim_clock: FakeClock) -> None:
     sim_clock.t = datetime(2026, 12, 6, 9, 0, 10, tzinfo=UTC).timestamp()
@@ -37,13 +43,13 @@ def test_launch_creates_the_schedule_resume_moves_it_release_removes_it(fake: Fa
     assert got["tags"]["tensorant:run"] == REF.run_id
 
     compute.launch(replace(spec(), must_work_until=until))  # a repeated launch writes the same schedule
-    assert schedule(fake)["properties"]["dailyRecurrence"] == {"time": "1231"}
+    assert time_of(fake) == {"time": "1231"}
 
     sim_clock.advance(2 * 3600)  # retained, then resumed: the new deadline counts from now
     compute.retain(REF, [])
     compute.start(REF, [])
     note = compute.arm_backstop(REF, now() + timedelta(hours=5))
-    assert "16:31" in note and schedule(fake)["properties"]["dailyRecurrence"] == {"time": "1631"}
+    assert "16:31" in note and time_of(fake) == {"time": "1631"}
 
     fake.nic_reserved_s = 0
     assert compute.release(REF, []).done
