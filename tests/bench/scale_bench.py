@@ -3,7 +3,9 @@
 Run: make bench-scale   (or .venv/bin/python -m tests.bench.scale_bench [--orgs 10,100,1000,10000]
                          [--runs 100,1000,10000] [--active 10])
 
-Two curves, each point a fresh set of tables on one real Azurite (the state store a user has):
+First the sweep capacity at a realistic cloud (tests/bench/sweep_capacity.py: does every account get swept
+within its bound on one instance? `--sweep-only`, `--no-sweep`, `--before`, `--real-clock`); then
+two curves, each point a fresh set of tables on one real Azurite (the state store a user has):
 - orgs: N organizations with a compute connection each and 10 runs each, all ended but `--active`
   in all (the same number at every N), so what grows is history and connections, not work;
 - runs: one organization with N runs, all ended but `--active`.
