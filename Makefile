@@ -25,7 +25,7 @@ help:
 	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
 	@echo "make settings-doc  write README's settings table and local.settings.example.json from shared/settings.py"
 	@echo "make bench  benchmarks (tests/bench)"
-	@echo "make bench-scale  timers and lists at 10-10k orgs and 100-10k runs on Azurite (ratios per tick/request)"
+	@echo "make bench-scale  the sweep capacity at a realistic cloud (fits the interval?), timers and lists at 10-10k orgs and 100-10k runs on Azurite"
 	@echo "make bench-trainers  the project's trainer vs a bare loop vs TRL on SmolLM2 (installs TRL in .tensorant/bench-venv)"
 	@echo "make test-smollm2  opt-in: fine-tune the real SmolLM2-135M-Instruct weights on the CPU"
 	@echo "make test-quickstart  opt-in: README's quickstart as written with the real trainer, to succeeded"

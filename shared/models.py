@@ -577,6 +577,14 @@ class ConnectionMessage(Model):
     slot: str
 
 
+class SweepTarget(Model):
+    """One more account of a sweep-account message's batch."""
+
+    org: str = Field(pattern=ORG_PATTERN)
+    provider: str = Field(pattern=PROVIDER_PATTERN)
+    connection: str = Field(default="", pattern=r"^$|" + CONNECTION_PATTERN)  # "" = the provider's default
+
+
 class SweepMessage(Model):
     """Body of a sweep-account message: sweep one compute connection (org, provider) once.
 
@@ -592,6 +600,9 @@ class SweepMessage(Model):
     connection: str = Field(default="", pattern=r"^$|" + CONNECTION_PATTERN)
     dry_run: bool = False
     report: bool = False
+    # More accounts swept by the same invocation (the timer's fan-out sends accounts in batches: one queue
+    # request per batch, not per account); the message's own org/provider is the batch's first.
+    batch: list[SweepTarget] = Field(default_factory=list, max_length=16)
 
 
 # ---------------------------------------------------------------- API bodies

@@ -95,6 +95,7 @@ def sent_accounts() -> list[tuple[str, str]]:
     for m in client.receive_messages(messages_per_page=32, visibility_timeout=60):
         body = json.loads(base64.b64decode(m.content))
         out.append((body["org"], body["provider"]))
+        out += [(t["org"], t["provider"]) for t in body.get("batch", [])]  # the accounts batched with it
         client.delete_message(m)
     return out
 

@@ -207,6 +207,17 @@ def config_model(provider: str) -> type[BaseModel]:
     return providers()[provider].config_model
 
 
+def overridden(provider: str) -> bool:
+    """Whether a test override serves `provider` (its providers are built per call, never cached)."""
+    return provider in _overrides
+
+
+def has_prepare_config(provider: str) -> bool:
+    """Whether `provider` takes part of its config from the org's storage connection (prepare_config)."""
+    info = providers().get(provider)
+    return info is not None and info.prepare_config is not None
+
+
 def factory(provider: str) -> ComputeFactory:
     if provider in _overrides:
         return _overrides[provider][0]

@@ -21,8 +21,9 @@ from shared.org_storage.base import StorageBackend
 from shared.org_storage.registry import make_storage, parse_storage_config
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, RunRef
+from shared.runs import provider_cache
 from shared.security import unseal
-from shared.settings import get_settings
+from shared.settings import Settings, get_settings
 from shared.store import get_store
 
 STORAGE_SLOT = "storage"
@@ -96,9 +97,23 @@ def compute_for(org: str, name: str, *, require_connected: bool = False) -> Comp
 
 
 def compute_of(rec: ConnectionRecord) -> ComputeProvider:
-    """The compute provider of a saved connection already read (the account sweep reads it once)."""
-    config = with_storage_context(rec.provider, unsealed_config(rec), rec.org)
-    return registry.make_compute(rec.provider, config, get_settings())
+    """The compute provider of a saved connection already read (the account sweep reads it once); reused
+    while the connection (and, for a provider that reads it, the storage connection) is the same version
+    (shared/runs/provider_cache.py), so its SDK clients are built once per process, not per invocation."""
+    settings = get_settings()
+    if registry.overridden(rec.provider):
+        return _build(rec, settings)[0]
+    key = provider_cache.version_of(rec)
+    if registry.has_prepare_config(rec.provider):
+        got = get_store().connections.get(rec.org, STORAGE_SLOT)
+        key += provider_cache.version_of(got[0] if got else None)
+    return provider_cache.get((*key, id(settings)), settings, lambda: _build(rec, settings))
+
+
+def _build(rec: ConnectionRecord, settings: Settings) -> tuple[ComputeProvider, list[str]]:
+    opened = unsealed_config(rec)
+    config = with_storage_context(rec.provider, opened, rec.org)
+    return registry.make_compute(rec.provider, config, settings), registry.secret_values(opened)
 
 
 def with_storage_context(provider: str, config: BaseModel, org: str) -> BaseModel:

@@ -3,7 +3,9 @@
 Run: make bench-scale   (or .venv/bin/python -m tests.bench.scale_bench [--orgs 10,100,1000,10000]
                          [--runs 100,1000,10000] [--active 10])
 
-Two curves, each point a fresh set of tables on one real Azurite (the state store a user has):
+First the sweep capacity at a realistic cloud (tests/bench/sweep_capacity.py: does every account get swept
+within its bound on one instance? `--sweep-only`, `--no-sweep`, `--before`, `--real-clock`); then
+two curves, each point a fresh set of tables on one real Azurite (the state store a user has):
 - orgs: N organizations with a compute connection each and 10 runs each, all ended but `--active`
   in all (the same number at every N), so what grows is history and connections, not work;
 - runs: one organization with N runs, all ended but `--active`.
@@ -247,6 +249,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--orgs", default="10,100,1000,10000")
     p.add_argument("--runs", default="100,1000,10000")
     p.add_argument("--active", type=int, default=10)
+    # The sweep capacity at a realistic cloud (tests/bench/sweep_capacity.py).
+    p.add_argument("--sweep-only", action="store_true", help="only the sweep capacity curve")
+    p.add_argument("--no-sweep", action="store_true", help="skip the sweep capacity curve")
+    p.add_argument("--before", action="store_true", help="main's sweeper behaviour (no tiers, batches, cache)")
+    p.add_argument("--real-clock", action="store_true", help="cloud waits slept, not counted")
+    p.add_argument("--sample", type=int, default=150, help="account sweeps run for real per size")
+    p.add_argument("--aws-sample", type=int, default=20, help="accounts swept with the real AWS provider on moto")
+    p.add_argument("--fanout-sample", type=int, default=1500, help="real sends per fan-out before extrapolating")
     args = p.parse_args(argv)
     import logging
 
@@ -265,6 +275,12 @@ def main(argv: list[str] | None = None) -> None:
     print("scale bench: Azurite (in memory) + the in-memory cloud; wall times on a shared 2-core machine: read the "
           "ratios")
     try:
+        if not args.no_sweep:
+            from tests.bench import sweep_capacity
+
+            sweep_capacity.run(azurite, root, [int(x) for x in args.orgs.split(",") if x], args)
+            if args.sweep_only:
+                return
         orgs_rows = []
         for n in [int(x) for x in args.orgs.split(",") if x]:
             orgs_rows.append(point(azurite, root, n, RUNS_PER_ORG, args.active))

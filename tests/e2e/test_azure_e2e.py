@@ -68,7 +68,9 @@ def test_trial_succeeds_with_vm_disk_and_nic_gone(azure_h: Harness, arm: FakeArm
     assert run["state"] == "succeeded", (run["reason"], run["release_error"], azure_h.step_errors)
     assert [arm.get(rid) for rid in ids.values()] == [None, None, None]
     deletes = [p for m, p, _, _ in arm.requests if m == "DELETE"]
-    assert deletes and deletes[0] == ids["vm"]
+    # the VM's auto-shutdown schedule (written at launch: the cloud's own backstop) goes first, then the VM
+    assert any(m == "PUT" and "/schedules/shutdown-computevm-" in p for m, p, _, _ in arm.requests)
+    assert len(deletes) > 1 and "/schedules/shutdown-computevm-" in deletes[0] and deletes[1] == ids["vm"]
     # nothing of the customer's network or image was changed
     assert not [p for m, p, _, _ in arm.requests if m != "GET" and ("virtualNetworks" in p or "/images/" in p)]
 

@@ -14,6 +14,7 @@ tests may also pass endpoint_url / pricing_endpoint_url.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,6 +38,21 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 8.0
 
 
+# One boto3 session for every connection of this process: a session loads and parses each service's model
+# once (about 0.2 s of CPU for EC2), and a client made from it with the connection's own credentials costs
+# about 10-20 ms. The session holds no credentials (each client gets its own explicitly); botocore's sessions
+# are not safe to make clients from concurrently, so clients are made under _SESSION_LOCK.
+_SESSION: Any = None
+_SESSION_LOCK = threading.Lock()
+
+
+def _shared_session() -> Any:
+    global _SESSION
+    if _SESSION is None:
+        _SESSION = sdk.boto3.session.Session()
+    return _SESSION
+
+
 class AwsClient:
     def __init__(self, config: AwsConfig, *, endpoint_url: str | None = None,
                  pricing_endpoint_url: str | None = None, sleep: Callable[[float], None] = time.sleep,
@@ -47,37 +63,38 @@ class AwsClient:
         self.pricing_endpoint_url = pricing_endpoint_url
         self.sleep = sleep
         self.on_api_call = on_api_call
-        self._session: Any = None
         self._clients: dict[str, Any] = {}
         register_secret(config.secret_access_key.get_secret_value())
         if config.session_token:
             register_secret(config.session_token.get_secret_value())
 
     def client(self, service: str) -> Any:
-        if service in self._clients:
+        client = self._clients.get(service)
+        if client is not None:
+            return client
+        with _SESSION_LOCK:  # a cached provider serves concurrent invocations (shared/runs/provider_cache.py)
+            if service not in self._clients:
+                self._clients[service] = self._new_client(service)
             return self._clients[service]
+
+    def _new_client(self, service: str) -> Any:
         Config = sdk.botocore_config.Config
 
-        if self._session is None:
-            self._session = sdk.boto3.session.Session(
-                aws_access_key_id=self.config.access_key_id,
-                aws_secret_access_key=self.config.secret_access_key.get_secret_value(),
-                aws_session_token=(self.config.session_token.get_secret_value()
-                                   if self.config.session_token else None),
-                region_name=self.region,
-            )
         cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60,
                      user_agent_extra="tensorant")
-        kwargs: dict[str, Any] = {"config": cfg}
+        kwargs: dict[str, Any] = {
+            "config": cfg, "region_name": self.region, "aws_access_key_id": self.config.access_key_id,
+            "aws_secret_access_key": self.config.secret_access_key.get_secret_value(),
+            "aws_session_token": self.config.session_token.get_secret_value() if self.config.session_token else None,
+        }
         if service == "pricing":
             kwargs["region_name"] = PRICING_REGION
             if self.pricing_endpoint_url:
                 kwargs["endpoint_url"] = self.pricing_endpoint_url
         elif self.endpoint_url:
             kwargs["endpoint_url"] = self.endpoint_url
-        client = self._session.client(service, **kwargs)
+        client = _shared_session().client(service, **kwargs)
         client.meta.events.register("before-call", self._before_call)
-        self._clients[service] = client
         return client
 
     def _before_call(self, model: Any, params: Any, **_: Any) -> Any:

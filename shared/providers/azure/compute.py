@@ -51,9 +51,10 @@ from pydantic import BaseModel
 from shared.budget import IN_PROGRESS
 from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import get_logger, register_secret
-from shared.models import Check, CloudResource, GpuOffer, MachineState
+from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import bootstrap_env, cloudinit, console
 from shared.providers.azure import catalog, checks
+from shared.providers.azure.backstop import Backstop
 from shared.providers.azure.client import AzureClient, AzureEndpoints, as_dict, dig, region_code, same_id
 from shared.providers.azure.config import AzureConfig
 from shared.providers.azure.errors import ProvisioningFailure, translate
@@ -131,6 +132,7 @@ class AzureCompute:
         self.client = AzureClient(config, endpoints or AzureEndpoints())
         self.rg = config.resource_group
         self.region = config.region
+        self.backstop = Backstop(self.client, config.subscription_id, self.rg, self.region)
 
     # ------------------------------------------------------------ scope
 
@@ -218,7 +220,10 @@ class AzureCompute:
         Not idempotent in a meaningful sense: it reads the cloud as it is now. Vendor errors become
         failed checks, not exceptions (except an identity endpoint that cannot be reached at all).
         """
-        return checks.run_checks(self.client, self.config, self.settings.public_url)
+        found = checks.run_checks(self.client, self.config, self.settings.public_url)
+        if found and found[0].status != CheckStatus.fail:  # signed in: the backstop's grant (a warn when missing)
+            found.append(self.backstop.check())
+        return found
 
     def offers(self) -> list[GpuOffer]:
         """Supported single-GPU sizes this subscription may use in the region, priced (catalog.py).
@@ -296,6 +301,7 @@ class AzureCompute:
                 self._cleanup_failed(ref)
                 raise translate(ProvisioningFailure(code, message), f"creating VM {vm_name}")
             self._tag_disk(ref)
+            self.arm_backstop(ref, spec.must_work_until)
             return self._launched(ref)
 
         nic = self._get_nic(nic_name)
@@ -340,7 +346,15 @@ class AzureCompute:
             raise
         if done:
             self._tag_disk(ref)
+        self.arm_backstop(ref, spec.must_work_until)  # the VM resource exists once its create is accepted
         return self._launched(ref)
+
+    def arm_backstop(self, ref: RunRef, until: datetime | None) -> str:
+        """Write (or move) the VM's auto-shutdown schedule to deallocate it at `until` (the run's hard deadline)
+        plus a margin (backstop.py); at launch, and by the control plane after it starts the VM again. Never
+        raises; returns what was done, in words."""
+        vm_name = self.names(ref)[0]
+        return self.backstop.arm(vm_name, self._rid("Microsoft.Compute/virtualMachines", vm_name), ref.tags, until)
 
     def _security_profile(self) -> dict[str, Any]:
         """The VM's securityProfile as its image requires: a gallery image whose definition allows Trusted
@@ -606,6 +620,7 @@ class AzureCompute:
         vm = self._owned_vm(ref)
         if vm is not None:
             self._refuse_changed_attachments(vm, disk_id, nic_id)
+            self.backstop.remove(vm_name)  # first: no schedule outlives its VM's release
             if dig(vm, "properties", "provisioningState") != "Deleting":
                 poller = self.client.call(f"deleting VM {vm_name}",
                                           self.client.compute().virtual_machines.begin_delete, self.rg, vm_name)

@@ -38,8 +38,12 @@ nothing. A dry run acts on nothing and takes no lease.
 
 from __future__ import annotations
 
+import contextvars
+import random
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -83,14 +87,57 @@ def lease_name(org: str, connection: str) -> str:
     return f"sweep~{org}~{connection.replace('/', '|')}"  # table keys may not hold '/'
 
 
+# At most this many sweep-account invocations run at once in one worker process; another one is deferred (the
+# message sent again with a delay, the invocation returns at once). A sweep mostly waits on a cloud's listing
+# (0.2-0.8 s a call), and the worker runs every invocation (HTTP heartbeats too) on one thread pool of
+# min(32, cpu + 4) threads: without this bound the host's 6 queue invocations (batchSize 4 + newBatchThreshold
+# 2) of a slow cloud would hold every thread of a 2-core instance. Each invocation sweeps its batch's accounts
+# BATCH_THREADS at once on threads of its own, so one instance still sweeps MAX_RUNNING x BATCH_THREADS accounts
+# at once (docs/architecture.md, "Sweeping at scale").
+MAX_RUNNING = 2
+BATCH_THREADS = 4
+DEFER_S = (15, 45)  # a deferred message's delay, drawn in this range (deferred ones do not come back together)
+_running = threading.BoundedSemaphore(MAX_RUNNING)
+
+
 def sweep_account(msg: SweepMessage) -> None:
-    """The step: sweep one account once per sweep; the findings are audited (and reported for an
-    admin's sweep: shared/services/timers/sweeper.record_report)."""
+    """The step: sweep the message's accounts (its own and its batch's) once per sweep; the findings are
+    audited (and reported for an admin's sweep: shared/services/timers/sweeper.record_report)."""
+    if not _running.acquire(blocking=False):
+        delay = random.uniform(*DEFER_S)
+        get_logger().info("account sweep deferred: this worker runs its most sweeps at once",
+                          extra={"org": msg.org, "accounts": 1 + len(msg.batch), "delay_s": round(delay)})
+        get_queues().send(Step.sweep_account, msg, delay_s=delay)
+        return
+    try:
+        _sweep_batch(msg)
+    finally:
+        _running.release()
+
+
+def _sweep_batch(msg: SweepMessage) -> None:
     from shared.services.timers.sweeper import record_report
 
-    out = sweep_one(msg.org, msg.connection or msg.provider, sweep_id=msg.sweep, dry_run=msg.dry_run)
-    if msg.report:
-        record_report(msg, out)
+    targets = [(msg.org, msg.connection or msg.provider)] + [(t.org, t.connection or t.provider) for t in msg.batch]
+
+    def one(target: tuple[str, str]) -> None:
+        org, name = target
+        out = sweep_one(org, name, sweep_id=msg.sweep, dry_run=msg.dry_run)
+        if msg.report:
+            record_report(msg.model_copy(update={"org": org, "provider": provider_of(name),
+                                                 "connection": name if name != provider_of(name) else "",
+                                                 "batch": []}), out)
+
+    if len(targets) == 1:
+        one(targets[0])
+        return
+    # Each account on a copy of this invocation's context (its budget, its log fields; each sweep's lines
+    # name their account). An account whose
+    # sweep raised is swept again with the whole message (the others find their lease's sweep id: done).
+    with ThreadPoolExecutor(max_workers=min(BATCH_THREADS, len(targets))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, one, t) for t in targets]
+    for f in futures:
+        f.result()
 
 
 def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
@@ -110,8 +157,26 @@ def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
         leases.end(lease)
         return {"findings": [], "skipped": "this sweep has swept this account already (a second delivery)"}
     out = _sweep(org, provider_name, lambda: compute(got[0]), dry_run=False, lease=lease)
-    leases.end(lease, sweep=sweep_id, swept_at=now_ts())
+    marked = lease.data.get("active_marked_at")
+    if out.get("active") and not (isinstance(marked, (int, float)) and now_ts() - marked < ACTIVE_MARK_EVERY_S):
+        mark_active(org, provider_name)
+        marked = now_ts()
+    leases.end(lease, sweep=sweep_id, swept_at=now_ts(), **({"active_marked_at": marked} if marked else {}))
     return out
+
+
+# The sweeper's tiers (shared/services/timers/sweeper.py): an account whose sweep saw a watched run or a
+# listed resource is marked active, and is swept every interval for a day after the last such sweep (every
+# other account hourly). The mark lives in the sweeps table's ACTIVE_PARTITION, one row per account, with
+# its time as a column the fan-out filters on; written at most every ACTIVE_MARK_EVERY_S per account.
+ACTIVE_PARTITION = "~active"
+ACTIVE_MARK_EVERY_S = 3600
+
+
+def mark_active(org: str, provider: str) -> None:
+    # `provider`: the connection's name; a table key may not hold its '/' (spelled '|', as keys.row_key does).
+    get_store().table("sweeps").upsert(ACTIVE_PARTITION, f"{org}~{provider.replace('/', '|')}",
+                                       {"org": org, "provider": provider}, at=now_ts())
 
 
 class _Budget:
@@ -163,6 +228,7 @@ def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_r
     stats["runs_read"] = len(runs)
     resources = [r for r in resources if _of_connection(r, name, runs)]
     stats["listed"] = len(resources)
+    stats["active"] = bool(watched or resources)
     t, budget = now(), _Budget(lease)
     findings = _leaks(org, name, provider, resources, runs, t, dry_run, budget)
     findings += _vanished(org, name, provider, resources, runs, t, dry_run, budget)

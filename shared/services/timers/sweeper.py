@@ -12,12 +12,24 @@ or by the host is continued by the next tick, not restarted at the top of the al
 connections the messages are spread over the tick's interval (a visibility delay each), so the
 workers and the clouds' list APIs see a steady trickle, not a burst every five minutes.
 
-An admin's sweep (POST /api/platform/sweep) is the same fan-out with `report`: each account's
-findings are kept under the sweep's id (the `sweeps` table) for GET /api/platform/sweeps/{id}.
+Tiers, so 10,000 accounts fit one instance's interval: an account is swept every tick while its org has a
+watched run (the watch index) or its sweep saw a watched run or a listed resource within the last day (the
+active marks, shared/services/steps/sweep_account.mark_active); every other account once an hour, in the tick
+its hash picks (COLD_EVERY ticks apart, so each tick gets an even share of them). Below TIER_ABOVE accounts
+every account is swept every tick. Bounds (docs/architecture.md, "Sweeping at scale"): an active account is
+swept within one interval, any other within COLD_EVERY intervals (an hour) of the last, or one hour more when
+a fan-out was cut short (the rest of its tick's share waits for the same tick of the next hour).
+
+Sends are batched: one message carries up to SWEEP_BATCH accounts (one queue request per batch), which the
+sweep-account invocation sweeps a few at a time on its own threads.
+
+An admin's sweep (POST /api/platform/sweep) is the same fan-out with `report`, over every account: each
+account's findings are kept under the sweep's id (the `sweeps` table) for GET /api/platform/sweeps/{id}.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +38,7 @@ from typing import Any
 from shared.clock import now, now_ts
 from shared.errors import NotFound
 from shared.log import get_logger
-from shared.models import ConnectionStatus, SweepMessage
+from shared.models import ConnectionStatus, SweepMessage, SweepTarget
 from shared.queues import get_queues
 from shared.runs.org_backends import connection_of_slot, provider_of
 from shared.steps import Step
@@ -45,6 +57,13 @@ SEND_THREADS = 16
 FANOUT_LEASE = "sweep-fanout"
 # Findings kept per account in an admin sweep's report (one table property stays under its 32K limit).
 REPORT_FINDINGS = 50
+# Accounts per sweep-account message (SweepMessage.batch holds the rest of a batch).
+SWEEP_BATCH = 8
+# Tiers: an account neither active nor in an org with a watched run is swept every COLD_EVERY ticks (hourly);
+# below TIER_ABOVE accounts every account is swept every tick. ACTIVE_FOR_S: how long a sweep's active mark lasts.
+COLD_EVERY = 12
+TIER_ABOVE = 200
+ACTIVE_FOR_S = 24 * 3600
 
 
 def new_sweep_id() -> str:
@@ -78,7 +97,8 @@ def fan_out(*, dry_run: bool = False, report: bool = False, sweep_id: str | None
         get_logger().info("sweep fan-out skipped: another fan-out is sending")
         return {"sweep_id": sweep_id, "accounts": 0, "sent": 0, "skipped": "another fan-out is sending"}
     keys = accounts()
-    order = keys if report else rotated(keys, lease.data.get("cursor") if lease else None)
+    due = keys if report else due_now(keys)
+    order = due if report else rotated(due, lease.data.get("cursor") if lease else None)
     if report:
         get_store().table("sweeps").upsert(sweep_id, "~", {"dry_run": dry_run, "accounts": len(order),
                                                           "at": now().isoformat()})
@@ -88,34 +108,77 @@ def fan_out(*, dry_run: bool = False, report: bool = False, sweep_id: str | None
         # at the same place: every account once per interval); a cut one, where it stopped.
         cursor = list(order[sent - 1]) if 0 < sent < len(order) else lease.data.get("cursor")
         leases.end(lease, cursor=cursor, sweep=sweep_id, sent=sent, accounts=len(order), at=now_ts())
-    stats = {"sweep_id": sweep_id, "dry_run": dry_run, "accounts": len(order), "sent": sent}
+    stats = {"sweep_id": sweep_id, "dry_run": dry_run, "accounts": len(order), "sent": sent,
+             **({} if report else {"connections": len(keys)})}
     get_logger().info("sweep fanned out", extra=stats)
     return stats
 
 
+def slot_of(key: tuple[str, str]) -> int:
+    """The tick (of COLD_EVERY) in which an account that is not active is swept: a stable hash, so the
+    accounts spread evenly over the hour and each keeps its own tick."""
+    return int.from_bytes(hashlib.sha256(f"{key[0]}~{key[1]}".encode()).digest()[:4], "big") % COLD_EVERY
+
+
+def active_accounts() -> tuple[set[str], set[tuple[str, str]]]:
+    """The orgs with a watched run (the watch index: what is active now) and the accounts whose sweep saw
+    something within ACTIVE_FOR_S (their marks). Both reads grow with what is active, not with every account."""
+    from shared.services.steps.sweep_account import ACTIVE_PARTITION
+
+    store = get_store()
+    orgs = {org for org, _ in store.watch.ids()}
+    rows = store.table("sweeps").query("PartitionKey eq @p and at gt @t", p=ACTIVE_PARTITION,
+                                       t=now_ts() - ACTIVE_FOR_S)
+    return orgs, {(str(d["org"]), str(d["provider"])) for d, _ in rows}
+
+
+def due_now(keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The accounts this tick sweeps (see the module docstring), in key order."""
+    if len(keys) <= TIER_ABOVE:
+        return keys
+    orgs, marked = active_accounts()
+    tick = int(now_ts() // INTERVAL_S) % COLD_EVERY
+    return [k for k in keys if k[0] in orgs or k in marked or slot_of(k) == tick]
+
+
+def _named(name: str) -> str:
+    """A message's `connection`: the name of a named connection, "" for a provider's default."""
+    return name if name != provider_of(name) else ""
+
+
 def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report: bool) -> int:
-    """Send in order until the budget is spent; returns how many were sent (a prefix of order)."""
+    """Send in order, SWEEP_BATCH accounts a message, until the budget is spent; returns how many accounts
+    were sent (a prefix of order)."""
     n = len(order)
+    batches = [order[i:i + SWEEP_BATCH] for i in range(0, min(n, FANOUT_MAX_SENDS), SWEEP_BATCH)]
     spread = SPREAD_S if n > SPREAD_ABOVE and not report else 0
     until = now_ts() + FANOUT_BUDGET_S
     queues = get_queues()
 
-    def one(i: int) -> bool:
-        if i >= FANOUT_MAX_SENDS or now_ts() > until:
-            return False
-        org, name = order[i]
-        msg = SweepMessage(org=org, provider=provider_of(name), connection=name if name != provider_of(name) else "",
-                           sweep=sweep_id, dry_run=dry_run, report=report)
-        queues.send(Step.sweep_account, msg, delay_s=spread * i / n if spread else 0)
-        return True
+    def one(i: int) -> int:
+        if now_ts() > until:
+            return 0
+        batch = batches[i][:max(0, FANOUT_MAX_SENDS - i * SWEEP_BATCH)]
+        (org, name), rest = batch[0], batch[1:]
+        msg = SweepMessage(org=org, provider=provider_of(name), connection=_named(name), sweep=sweep_id,
+                           dry_run=dry_run, report=report,
+                           batch=[SweepTarget(org=o, provider=provider_of(n), connection=_named(n)) for o, n in rest])
+        queues.send(Step.sweep_account, msg, delay_s=spread * i / len(batches) if spread else 0)
+        return len(batch)
 
-    if n <= 1:
-        done = [one(i) for i in range(n)]
+
+    if len(batches) <= 1:
+        done = [one(i) for i in range(len(batches))]
     else:
-        with ThreadPoolExecutor(max_workers=min(SEND_THREADS, n)) as pool:
-            done = list(pool.map(one, range(n)))
+        with ThreadPoolExecutor(max_workers=min(SEND_THREADS, len(batches))) as pool:
+            done = list(pool.map(one, range(len(batches))))
     # The prefix that was sent (a send after the budget is skipped, and so is everything after it).
-    return next((i for i, ok in enumerate(done) if not ok), n)
+    sent = 0
+    for count in done:
+        if not count:
+            break
+        sent += count
+    return sent
 
 
 def record_report(msg: SweepMessage, out: dict[str, Any]) -> None:

@@ -485,6 +485,10 @@ class FakeArm:
                      r"(?:virtualmachines|disks|networkinterfaces))$", low)
         if m and method == "GET":
             return self._list(m.group(1), query, path)
+        m = re.match(r"^/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.devtestlab/schedules(/[^/]+)?$",
+                     low)
+        if m:
+            return self._schedule(method, path, bool(m.group(1)), data)
         m = re.match(r"^(.*/providers/microsoft\.compute/virtualmachines/[^/]+)/"
                      r"(deallocate|start|poweroff|instanceview|retrievebootdiagnosticsdata)$", low)
         if m:
@@ -507,6 +511,46 @@ class FakeArm:
         if method == "DELETE":
             return self._delete(rid, kind)
         raise ArmError(400, "UnsupportedByFake", f"{method} {path}")
+
+    def _schedule(self, method: str, path: str, one: bool, data: Any) -> tuple[int, dict[str, str], Any]:
+        """A VM's auto-shutdown schedule (Microsoft.DevTestLab/schedules, GlobalSchedules_*): the request body
+        checked against the vendored request schema (arm_request_schemas.json) and ARM's rules for the
+        ComputeVmShutdownTask (its name, its target VM, a daily HHmm time in a time zone)."""
+        if not one:
+            if method != "GET":
+                raise ArmError(400, "UnsupportedByFake", f"{method} {path}")
+            prefix = path.lower() + "/"
+            return 200, {}, {"value": [r for k, r in self.resources.items() if k.startswith(prefix)]}
+        if method == "GET":
+            got = self.get(path)
+            if got is None:
+                raise ArmError(404, "ResourceNotFound", f"The Resource '{path}' was not found.")
+            return 200, {}, got
+        if method == "DELETE":
+            return (200, {}, None) if self.resources.pop(path.lower(), None) is not None else (204, {}, None)
+        if method != "PUT":
+            raise ArmError(400, "UnsupportedByFake", f"{method} {path}")
+        from tests.providers.azure.test_request_schemas import problems  # the same check the schema test runs
+
+        found = problems(data, {"$ref": "Schedule"})
+        if found:
+            raise ArmError(400, "InvalidRequestContent", "; ".join(found))
+        props = data["properties"]
+        name = path.rsplit("/", 1)[-1]
+        target = str(props.get("targetResourceId", ""))
+        if props.get("taskType") != "ComputeVmShutdownTask" or not name.startswith("shutdown-computevm-"):
+            raise ArmError(400, "InvalidScheduleName", "A virtual machine's schedule is named "
+                           "shutdown-computevm-<vmName> with taskType ComputeVmShutdownTask.")
+        if self.get(target) is None or target.rsplit("/", 1)[-1].lower() != name[len("shutdown-computevm-"):].lower():
+            raise ArmError(400, "InvalidTargetResource", f"The target resource '{target}' was not found or does "
+                           "not match the schedule's name.")
+        time_of_day = str((props.get("dailyRecurrence") or {}).get("time", ""))
+        if not re.fullmatch(r"([01][0-9]|2[0-3])[0-5][0-9]", time_of_day) or not props.get("timeZoneId"):
+            raise ArmError(400, "InvalidSchedule", "dailyRecurrence.time (HHmm) and timeZoneId are required.")
+        created = self.get(path) is None
+        self.put(path, {**data, "name": name, "type": "microsoft.devtestlab/schedules",
+                        "properties": {**props, "provisioningState": "Succeeded"}})
+        return (201 if created else 200), {}, self.get(path)
 
     @staticmethod
     def _iv(vm: dict[str, Any]) -> dict[str, Any]:

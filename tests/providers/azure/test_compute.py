@@ -239,6 +239,8 @@ def test_release_deletes_vm_then_confirms_disk_and_nic_gone(fake: FakeArm, compu
     assert out.done
     assert fake.get(VM_ID) is None and fake.get(DISK_ID) is None and fake.get(NIC_ID) is None
     deletes = [p for m, p in writes(fake) if m == "DELETE"]
+    assert "/Microsoft.DevTestLab/schedules/shutdown-computevm-" in deletes[0]  # the VM's auto-shutdown first
+    deletes = deletes[1:]
     assert deletes[0] == VM_ID and deletes[-1] == NIC_ID
     # confirmation: a GET answering 404 for each resource after the deletes
     gets_after = [p for m, p, _, _ in fake.requests[-6:] if m == "GET"]

@@ -228,6 +228,7 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
             raise Conflict(f"the cloud refused to start the machine: {redact_text(exc.reason)}; the run stays "
                            "retained: try mode start_machine again later, or recover with mode verify_saved or "
                            "an adapter.zip upload") from exc
+        rearm_backstop(run, get_settings().recovery_idle_stop_s)
         note = outcome.billing_note or "the machine is starting: GPU billing resumes, training does not"
         note += (f"; it is stopped automatically after {get_settings().recovery_idle_stop_s} s, or stop it with "
                  f"POST /api/runs/{run.id}/stop (`tensorant runs stop {run.id}`)")
@@ -325,6 +326,7 @@ def _resume(run: RunRecord) -> RunView:
         event(run, "warning", f"the resume did not start the machine: {why}", machine="stopped")
         raise Conflict(f"the cloud refused to start the machine: {why}; the run stays retained with its disk: try "
                        "mode resume again later, or recover with mode verify_saved") from exc
+    rearm_backstop(run, get_settings().provisioning_timeout_s + run.runtime_limit_s)
     t = now()
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -390,3 +392,14 @@ def stop(principal: Principal, run_id: str) -> RunView:
         raise Conflict(f"the cloud refused to stop the machine: {redact_text(exc.reason)}; it may still be "
                        "billing: try again, or stop it in the cloud console") from exc
     return view(run)
+
+
+def rearm_backstop(run: RunRecord, for_s: float) -> None:
+    """Move the cloud's own stop of a machine started again (Azure's auto-shutdown schedule, the provider's
+    optional arm_backstop) to its new hard deadline: `for_s` from now plus the export margin. A provider without
+    one (AWS stops itself on a guest poweroff, RunPod's pod stop is the machine's own) needs nothing."""
+    from shared.services.steps.launch import EXPORT_MARGIN_S
+
+    arm = getattr(compute_for(run.org, run.provider), "arm_backstop", None)
+    if callable(arm):
+        event(run, "audit", str(arm(ref_of(run), now() + timedelta(seconds=for_s + EXPORT_MARGIN_S))))
