@@ -83,6 +83,21 @@ class BootstrapGrant(ApiModel):
     token: str = Field(description="the run's agent token, for the machine's own failure report")
 
 
+class CandidateRequest(ApiModel):
+    """One acceptable (connection, offer) of a run, as the API takes it."""
+
+    connection: str = Field(description="a compute connection: the provider's default (`aws`) or a named one (`aws/us-west-2`)")
+    offer_id: str
+
+
+class CandidateView(ApiModel):
+    connection: str
+    provider: str
+    offer_id: str
+    gpu: str
+    total_per_hour: float
+
+
 class Check(ApiModel):
     name: str
     status: CheckStatus
@@ -106,6 +121,7 @@ class CloudResource(ApiModel):
     created_at: datetime | None = Field(default=None)
     state: str = Field(default="")
     extra: dict[str, str] | None = Field(default=None)
+    attempt: int = Field(default=0)
 
 ConnectionStatus: TypeAlias = Literal["checking", "connected", "failed"]
 
@@ -216,6 +232,7 @@ class OrgLimits(ApiModel):
     max_runtime_limit_s: int = Field(default=86400, description="highest runtime_limit_s a run may have")
     runs_per_minute: int = Field(default=10, description="run creations (and, separately, launches) per minute")
     retention_limit_s: int = Field(default=1209600, description="how long a retained run keeps its stopped machine and disk (billed as disk) without a recovery: the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit the run is discarded (machine and disk released, the run failed). Counted from when the run was last retained")
+    max_capacity_wait_s: int = Field(default=21600, description="highest capacity_wait_s a run may have: how long it may keep trying its candidates again when every one refused for capacity, quota or stock (nothing bills while it waits)")
     monthly_budget_usd: float | None = Field(default=None, description="the organization's monthly budget in USD: a launch whose maximum cost would take committed spend (billed this month + the most the active runs can still cost) over it is refused")
     project_budgets_usd: dict[str, float] | None = Field(default=None, description="monthly budgets in USD per project id, held like the organization's")
     budget_thresholds_pct: list[int] | None = Field(default=None, description="billed spend, in % of a budget, that is announced (an audit line and a budget.threshold webhook)")
@@ -266,6 +283,24 @@ class RestartGrant(ApiModel):
     bootstrap: str = Field(description="base64 of a JSON object: the storage access and deadline the agent continues with (presigned URLs handed at launch may have expired while the machine was stopped)")
 
 
+class RunAttempt(ApiModel):
+    """One launch attempt on one candidate (shared/services/steps/launch.py). `index` is its place in the run's attempts and is carried by the marks of whatever the attempt created."""
+
+    index: int
+    connection: str
+    provider: str
+    offer_id: str
+    gpu: str
+    price_per_hour: float
+    started_at: datetime | None = Field(default=None)
+    ended_at: datetime | None = Field(default=None)
+    outcome: Literal["launched", "refused", "skipped", "failed"]
+    code: str = Field(default="")
+    message: str = Field(default="")
+    seconds: float = Field(default=0.0)
+    released: bool = Field(default=True)
+
+
 class RunCancel(ApiModel):
     discard: bool | None = Field(default=None, description="true: release the machine and disk and delete any output on them; false: stop the machine and keep its disk for recovery. Required for a run that may hold output.")
 
@@ -281,6 +316,9 @@ class RunCreate(ApiModel):
     dataset_version_id: str
     base_model: str = Field(description="a declared model id: name or owner/name")
     training: TrainingSettings | None = Field(default=None)
+    candidates: list[CandidateRequest] | None = Field(default=None, description="the acceptable (connection, offer) pairs in order, at most 8; the launch tries the next when a cloud has no capacity, quota or stock for one. provider/offer_id may be left out: they are the first candidate's")
+    fallback: Literal["none", "fitting"] = Field(default="none", description="fitting: add every offer of the organization's connected accounts that holds the model at these settings and is under the price limit (up to 8 in all), cheapest forecast cost first")
+    capacity_wait_s: int = Field(default=0, description="when every candidate refused: how long to keep trying the list again (backing off) before the run fails; at most the organization's max_capacity_wait_s")
 
 
 class RunEstimate(ApiModel):
@@ -322,6 +360,9 @@ class RunPatch(ApiModel):
     dataset_version_id: str | None = Field(default=None)
     base_model: str | None = Field(default=None)
     training: TrainingSettings | None = Field(default=None, description="the training settings to change; the ones left out keep the draft's (null clears an optional one)")
+    candidates: list[CandidateRequest] | None = Field(default=None)
+    fallback: Literal["none", "fitting"] | None = Field(default=None)
+    capacity_wait_s: int | None = Field(default=None)
 
 
 class RunPodConfig(ApiModel):
@@ -395,6 +436,9 @@ class RunView(ApiModel):
     merged_sha256: str = Field(default="")
     merged_size: int = Field(default=0)
     merged_note: str = Field(default="")
+    candidates: list[CandidateView] | None = Field(default=None)
+    attempts: list[RunAttempt] | None = Field(default=None)
+    ran_on: CandidateView | None = Field(default=None)
     adapter_saved: bool | None = Field(default=None)
 
 
@@ -505,6 +549,8 @@ MODELS: dict[str, type[ApiModel]] = {
     "BootFailure": BootFailure,
     "BootstrapClaim": BootstrapClaim,
     "BootstrapGrant": BootstrapGrant,
+    "CandidateRequest": CandidateRequest,
+    "CandidateView": CandidateView,
     "Check": Check,
     "CloudResource": CloudResource,
     "ConnectionView": ConnectionView,
@@ -525,6 +571,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "ProjectRecord": ProjectRecord,
     "ReplayRequest": ReplayRequest,
     "RestartGrant": RestartGrant,
+    "RunAttempt": RunAttempt,
     "RunCancel": RunCancel,
     "RunCreate": RunCreate,
     "RunEstimate": RunEstimate,
