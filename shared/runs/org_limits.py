@@ -6,6 +6,8 @@ its org's retention limit (shared/runs/retention.py), and a timer imports no API
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.store import get_store
@@ -32,6 +34,25 @@ class OrgLimits(BaseModel):
         "the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit "
         "the run is discarded (machine and disk released, the run failed). Counted from when the run was last "
         "retained"))
+
+
+class RetentionAffected(BaseModel):
+    """A retained run that a lowered retention limit brings forward: warned first, never discarded at once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    retained_since: datetime
+    discard_at: datetime = Field(description="the earliest discard under the new limit: the limit after the run "
+                                             "was retained, and at least the warning's interval after its warning")
+
+
+class LimitsAnswer(OrgLimits):
+    """PUT /api/org/limits's answer: the limits saved, and the retained runs whose discard they bring forward."""
+
+    retention_affects: list[RetentionAffected] = Field(default_factory=list, description=(
+        "the retained runs whose discard the new retention_limit_s brings forward; each is warned by an event "
+        "first and discarded no earlier than its discard_at"))
 
 
 def get_limits(org: str) -> OrgLimits:
