@@ -37,6 +37,7 @@ from shared import metrics
 from shared.clock import now
 from shared.lifecycle import ACTIVE, transition
 from shared.models import Outcome, RetentionCountdown, RunRecord, RunState, StepMessage
+from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
@@ -168,11 +169,11 @@ def fleet_metrics(runs: list[RunRecord]) -> None:
             running = run.state != RunState.retained or run.machine_started_at is not None
             rate = run.offer.total_per_hour if running else run.offer.disk_per_hour
             per_hour[run.provider] = per_hour.get(run.provider, 0.0) + rate
-    for state, n in by_state.items():
-        metrics.gauge(metrics.RUNS, n, state=state)
-    for provider, n in machines.items():
-        metrics.gauge(metrics.MACHINES_BILLING, n, provider=provider)
-        metrics.gauge(metrics.COST_PER_HOUR, round(per_hour[provider], 4), provider=provider)
+    # Every state and provider each time, a zero for none: a gauge left out keeps its last value.
+    providers = list(registry.providers())
+    metrics.gauges(metrics.RUNS, "state", by_state, [s.value for s in WATCHED])
+    metrics.gauges(metrics.MACHINES_BILLING, "provider", machines, providers)
+    metrics.gauges(metrics.COST_PER_HOUR, "provider", {p: round(v, 4) for p, v in per_hour.items()}, providers)
 
 
 def check_all() -> dict[str, int]:
