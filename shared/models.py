@@ -454,6 +454,9 @@ class RunRecord(Model):
     retention_warned_at: datetime | None = None
     # The warning's countdown to the discard (shared/runs/retention.py); None until the warning.
     retention_countdown: RetentionCountdown | None = None
+    # The state the last state change moved from, written by that change (shared/runs/moves.move_stored): the
+    # run view shows the change even before its transition event is written (events.pending_transition).
+    moved_from: RunState | None = None
     # What the verified adapter is: "final" (training ended) or "checkpoint" (the adapter of the checkpoint
     # at checkpoint_step of planned_steps: an incomplete training the owner accepted as the run's adapter).
     # None until an adapter is verified.

@@ -33,8 +33,12 @@ def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord |
     def watched(r: RunRecord) -> RunRecord | None:
         seen[:] = [r.state]
         new = change(r)
+        if new is None:
+            return None
+        if new.state != r.state:  # the view shows the change with this write (events.pending_transition)
+            new = new.model_copy(update={"moved_from": r.state})
         # The machine stopped (retained) or started (resumed) in this same write: its billed time.
-        return None if new is None else billing.after_move(r, new)
+        return billing.after_move(r, new)
 
     kw: dict[str, Any] = {"from_last_write": from_last_write}
     if attempts is not None:
