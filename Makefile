@@ -15,7 +15,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?=
 
-.PHONY: help install run test lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
+.PHONY: help install run test test-benches lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -72,6 +72,10 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# Every bench in tests/bench started at a tiny size, the minutes-long ones too (tests/test_benches.py).
+test-benches: install
+	TENSORANT_BENCH_ALL=1 $(PY) -m pytest -q tests/test_benches.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
