@@ -20,14 +20,21 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-_SECRET_VALUES: set[str] = set()
+# The secrets to mask, most recently registered last. Bounded: run tokens, presigned URLs and bootstrap blobs
+# are registered per run (a soak grew by them with every run), and a connection's keys are registered again
+# each time it is unsealed, so the ones in use stay in.
+MAX_SECRET_VALUES = 1024
+_SECRET_VALUES: OrderedDict[str, None] = OrderedDict()
+_SECRETS_LOCK = threading.Lock()
 _SECRET_KEYS = re.compile(r"(secret|password|token|api_?key|access_?key|authorization|sealed|credential)", re.I)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-]+")
 MASK = "***"
@@ -35,11 +42,17 @@ MASK = "***"
 
 def register_secret(value: str | None) -> None:
     if value and len(value) >= 6:
-        _SECRET_VALUES.add(value)
+        with _SECRETS_LOCK:
+            _SECRET_VALUES.pop(value, None)
+            _SECRET_VALUES[value] = None
+            while len(_SECRET_VALUES) > MAX_SECRET_VALUES:
+                _SECRET_VALUES.popitem(last=False)
 
 
 def redact_text(text: str) -> str:
-    for value in _SECRET_VALUES:
+    with _SECRETS_LOCK:
+        values = list(_SECRET_VALUES)
+    for value in values:
         if value in text:
             text = text.replace(value, MASK)
     return _BEARER.sub(r"\1" + MASK, text)
