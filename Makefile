@@ -10,15 +10,16 @@ STAMP := $(VENV)/.tensorant-installed
 AZURITE := node_modules/.bin/azurite
 INSTALL_LOG := $(VENV)/install.log
 # `make run` ports: the host's HTTP port, and Azurite's blob port (queue and table take the
-# next two). A second checkout runs beside the first with e.g. PORT=7081 AZURITE_PORT=10010.
+# next two). A second checkout runs beside the first with e.g. PORT=7081: Azurite's ports then default to
+# its own (10100-10102), and an Azurite that serves another checkout is refused.
 PORT ?= 7071
-AZURITE_PORT ?= 10000
+AZURITE_PORT ?=
 
-.PHONY: help install run test lint client bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
+.PHONY: help install run test test-benches lint client bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
-	@echo "           PORT=7071 AZURITE_PORT=10000 (blob; queue and table the next two) to run a second checkout"
+	@echo "           PORT=7081 runs a second checkout on its own Azurite (10100-10102; AZURITE_PORT=<blob port> to choose)"
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
 	@echo "make client regenerate tools/client's models and methods from the API's OpenAPI document"
@@ -77,10 +78,14 @@ $(AXE): | $(AZURITE)
 install: $(STAMP) $(AZURITE) $(AXE)
 
 run: install
-	$(PY) -m tensorant_devhost.run --port $(PORT) --azurite-port $(AZURITE_PORT)
+	$(PY) -m tensorant_devhost.run --port $(PORT) $(if $(AZURITE_PORT),--azurite-port $(AZURITE_PORT))
 
 test: install
 	$(PY) -m pytest -q
+
+# Every bench in tests/bench started at a tiny size, the minutes-long ones too (tests/test_benches.py).
+test-benches: install
+	TENSORANT_BENCH_ALL=1 $(PY) -m pytest -q tests/test_benches.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

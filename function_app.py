@@ -16,6 +16,7 @@ from functions import (
     org_limits,
     org_secrets,
     projects,
+    prune_history,
     refresh_catalog,
     release,
     retain,
@@ -42,7 +43,7 @@ get_settings()
 app = func.FunctionApp()
 for module in (connections, catalog, projects, runs, usage, org_limits, agent, admin, validate_connection,
                refresh_catalog, launch, verify_adapter, retain, release, sweep_account, stop_idle, heartbeat_check,
-               sweeper, base_models, org_secrets, console, webhooks, deliver_webhook):
+               sweeper, base_models, org_secrets, console, webhooks, deliver_webhook, prune_history):
     app.register_functions(module.bp)
 # The API reference describes this app's own functions: it is given the app, it does not import it.
 docs.attach(app)

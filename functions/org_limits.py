@@ -15,6 +15,6 @@ def get_limits(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="org/limits", methods=["PUT"], auth_level=ANON)
 @http.api(summary="Set the organization's run limits (owner); omitted fields keep their value",
-          request=quotas.OrgLimits, response=quotas.OrgLimits)
+          request=quotas.OrgLimits, response=quotas.LimitsAnswer)
 def put_limits(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: quotas.put(http.principal(req), http.json_body(req)))

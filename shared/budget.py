@@ -148,6 +148,7 @@ BOUNDS: dict[str, str] = {
     "retain": STEP, "release": STEP, "sweep_account": STEP, "stop_idle": STEP,
     # timers
     "refresh_catalog_timer": TIMER, "heartbeat_check": TIMER, "sweeper": TIMER,
+    "prune_history": TIMER,  # at most PER_TICK runs, within its own BUDGET_S
     # routes that reach a cloud inline
     "recover_run": HTTP_CLOUD,  # recover: provider.start of the retained machine
     "stop_run": HTTP_CLOUD,  # provider.retain of a machine started for recovery

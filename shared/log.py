@@ -21,14 +21,21 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-_SECRET_VALUES: set[str] = set()
+# The secrets to mask (each with its common encodings: shared/log.py _encodings), most recently registered
+# last. Bounded: run tokens, presigned URLs and bootstrap blobs are registered per run (a soak grew by them with
+# every run), and a connection's keys are registered again each time it is unsealed, so the ones in use stay in.
+MAX_SECRET_VALUES = 5 * 1024  # entries: about 1,024 secrets with their encodings
+_SECRET_VALUES: OrderedDict[str, None] = OrderedDict()
+_SECRETS_LOCK = threading.Lock()
 _LONGEST_FIRST: list[str] = []  # _SECRET_VALUES, longest first (rebuilt when one is added)
 _SECRET_KEYS = re.compile(r"(secret|password|token|api_?key|access_?key|authorization|sealed|credential)", re.I)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._\-]+")
@@ -51,10 +58,17 @@ def _encodings(value: str) -> set[str]:
 def register_secret(value: str | None) -> None:
     global _LONGEST_FIRST
     if value and len(value) >= 6:
-        before = len(_SECRET_VALUES)
-        _SECRET_VALUES.update({value, *_encodings(value)})
-        if len(_SECRET_VALUES) != before:
-            _LONGEST_FIRST = sorted(_SECRET_VALUES, key=len, reverse=True)
+        with _SECRETS_LOCK:
+            added = False
+            for v in (value, *_encodings(value)):
+                added = added or v not in _SECRET_VALUES
+                _SECRET_VALUES.pop(v, None)
+                _SECRET_VALUES[v] = None
+            while len(_SECRET_VALUES) > MAX_SECRET_VALUES:
+                _SECRET_VALUES.popitem(last=False)
+                added = True
+            if added:
+                _LONGEST_FIRST = sorted(_SECRET_VALUES, key=len, reverse=True)
 
 
 def redact_text(text: str) -> str:

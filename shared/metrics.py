@@ -12,6 +12,7 @@ Names are constants: the alert queries name them (tests/test_infra.py keeps both
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 RUNS = "tensorant.runs"  # gauge: runs by state
@@ -55,6 +56,22 @@ def gauge(name: str, value: float, **attributes: Any) -> None:
     instrument = _instrument(name, "gauge")
     if instrument is not None:
         instrument.set(value, _clean(attributes))
+
+
+# The label values each gauge family has been set for in this process, so that each export sets them all.
+_gauge_labels: dict[str, set[str]] = {}
+
+
+def gauges(name: str, label: str, values: Mapping[str, float], every: Iterable[str] = ()) -> None:
+    """One gauge family, whole: `values` by `label`, and a zero for each of `every` and for each label value
+    set before in this process and absent now. A gauge keeps its last value in every export until set
+    again, so a state or provider left out would report a run or machine long gone."""
+    with _lock:
+        labels = _gauge_labels.setdefault(name, set())
+        labels.update(every, values)
+        todo = sorted(labels)
+    for value in todo:
+        gauge(name, values.get(value, 0), **{label: value})
 
 
 def count(name: str, amount: float = 1, **attributes: Any) -> None:

@@ -436,6 +436,17 @@ class RunAttempt(Model):
     released: bool = True
 
 
+class RetentionCountdown(Model):
+    """The retention warning's countdown, on one clock: `stay` is the state_changed_at of the stay in retained
+    it was warned in; `period` when the control plane's serving period whose clock counts it began
+    (heartbeat_check.serving_since: a clock jump, or an instance whose clock disagrees, starts a new one);
+    `started` when it started, on that clock."""
+
+    stay: datetime
+    period: datetime
+    started: datetime
+
+
 class RunRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
@@ -530,6 +541,11 @@ class RunRecord(Model):
     release_if_nothing_saved: bool = False
     # When heartbeat-check warned that the retention limit is near (once per stay in retained).
     retention_warned_at: datetime | None = None
+    # The warning's countdown to the discard (shared/runs/retention.py); None until the warning.
+    retention_countdown: RetentionCountdown | None = None
+    # The state the last state change moved from, written by that change (shared/runs/moves.move_stored): the
+    # run view shows the change even before its transition event is written (events.pending_transition).
+    moved_from: RunState | None = None
     # What the verified adapter is: "final" (training ended) or "checkpoint" (the adapter of the checkpoint
     # at checkpoint_step of planned_steps: an incomplete training the owner accepted as the run's adapter).
     # None until an adapter is verified.

@@ -634,3 +634,24 @@ def test_a_running_function_keeps_its_message_and_a_crash_loses_it_only_for_a_le
     assert len(host._receive(f, 1)) == 1
     assert _visible(queue) == []
     assert _wait_for(lambda: len(_visible(queue)) == 1, timeout=5.0)  # back after its 1 s lease
+
+
+def test_a_second_checkout_never_shares_the_first_ones_azurite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make run PORT=7081` without AZURITE_PORT reused the first checkout's Azurite: the two hosts shared every
+    run, and one's sweep failed the other's training run (issue 38.6)."""
+    from tensorant_devhost import run
+
+    assert run.azurite_port_for(7071) == 10000 and run.azurite_port_for(7081) == 10100  # its own by default
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    own = Azurite().start()  # not the session's: the claim is a row in it
+    try:
+        blob, queue, table = own.ports
+        monkeypatch.setattr(run, "AZURITE_PORTS", {"Blob": blob, "Queue": queue, "Table": table})
+        assert run.ensure_azurite(first) is None  # reused, and claimed for the first checkout
+        assert run.ensure_azurite(first) is None  # the same checkout again: fine
+        with pytest.raises(run.RunError, match=r"serves another checkout .*first.*PORT=7081"):
+            run.ensure_azurite(second)
+    finally:
+        own.stop()

@@ -108,7 +108,7 @@ def test_queued_past_the_provisioning_deadline_fails_with_nothing_billed(h: Harn
     run_id = h.create_run("memory", "mem-a10")
     h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     get_queues().client(Queue.launch.value).clear_messages()
-    h.clock.advance(get_settings().provisioning_timeout_s + 1)  # one jump: no tick re-sends the launch
+    h.served(get_settings().provisioning_timeout_s + 1)  # no tick re-sends the launch meanwhile
     tick(h)
     run = h.get_run(run_id)
     assert run["state"] == "failed" and "nothing bills" in run["reason"]

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,3 +54,33 @@ def test_metrics_reach_the_meter_provider() -> None:
     assert got["tensorant.sweep.finished"][0]["value"] == 1
     assert got["tensorant.queue.poison_depth"][0] == {"attributes": {"queue": "launch-poison"}, "value": 3, "count": None}
     assert got["tensorant.starts.failed"][0]["attributes"] == {"cause": "pull"}
+
+
+def test_fleet_gauges_reset_every_state_and_provider_each_export(h: Any, cloud: Any, monkeypatch: Any) -> None:
+    """After a run ended, runs{training} and machines.billing{<provider>} read 0, not their last value (issue
+    38.8: fleet_metrics set only the states and providers present)."""
+    from shared import metrics
+    from shared.services.timers import heartbeat_check
+    from tests.harness import smoke_adapter_zip
+
+    last: dict[tuple[str, str], float] = {}
+
+    def record(name: str, value: float, **attributes: Any) -> None:
+        [(_, label)] = attributes.items()
+        last[(name, label)] = value
+
+    monkeypatch.setattr(metrics, "gauge", record)
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.3)
+    heartbeat_check.check_all()
+    assert last[(metrics.RUNS, "training")] == 1
+    assert last[(metrics.MACHINES_BILLING, "memory")] == 1 and last[(metrics.COST_PER_HOUR, "memory")] > 0
+    h.agent(run_id).train(smoke_adapter_zip())
+    h.drain()
+    assert h.get_run(run_id)["state"] == "succeeded"
+    heartbeat_check.check_all()
+    assert last[(metrics.RUNS, "training")] == 0
+    assert last[(metrics.MACHINES_BILLING, "memory")] == 0 and last[(metrics.COST_PER_HOUR, "memory")] == 0
+    # Every watched state and every provider is reported, present or not.
+    assert last[(metrics.RUNS, "exporting")] == 0 and last[(metrics.MACHINES_BILLING, "local")] == 0

@@ -33,6 +33,24 @@ def event(run: RunRecord, kind: str, message: str, *, source: str = "", **data: 
         notify(run, str(data["type"]), message)
 
 
+def _transition_message(before: RunState, run: RunRecord) -> str:
+    return f"{before.value} -> {run.state.value}" + (f": {run.reason}" if run.reason else "")
+
+
 def transition_event(before: RunState, run: RunRecord) -> None:
-    msg = f"{before.value} -> {run.state.value}" + (f": {run.reason}" if run.reason else "")
-    event(run, "transition", msg)
+    # At the change's own time (state_changed_at), so the event is the one pending_transition showed.
+    get_store().events.add(run.id, RunEvent(at=run.state_changed_at, kind="transition",
+                                            message=_transition_message(before, run), state=run.state))
+
+
+def pending_transition(run: RunRecord, events: list[RunEvent]) -> RunEvent | None:
+    """The run's last state change, as its transition event will read, when `events` lack it: the run and
+    its events are in different tables (no transaction spans them), so the event is written just after the
+    run, or never if the writer dies in between. The view adds it, so it never shows a state its history
+    lacks."""
+    if run.moved_from is None:
+        return None
+    if any(e.kind == "transition" and e.state == run.state and e.at >= run.state_changed_at for e in events):
+        return None
+    return RunEvent(at=run.state_changed_at, kind="transition", message=_transition_message(run.moved_from, run),
+                    state=run.state)

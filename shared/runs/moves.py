@@ -37,6 +37,8 @@ def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord |
         new = change(r)
         if new is None:
             return None
+        if new.state != r.state:  # the view shows the change with this write (events.pending_transition)
+            new = new.model_copy(update={"moved_from": r.state})
         # The machine stopped (retained) or started (resumed) in this same write: its billed time.
         new = billing.after_move(r, new)
         told = for_transition(r.state, new.state)

@@ -7,6 +7,7 @@ its org's retention limit (shared/runs/retention.py), and a timer imports no API
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -104,6 +105,25 @@ def capped(limits: OrgLimits) -> OrgLimits:
         if getattr(limits, field) > top:
             update[field] = type(getattr(limits, field))(top)
     return limits.model_copy(update=update) if update else limits
+
+
+class RetentionAffected(BaseModel):
+    """A retained run that a lowered retention limit brings forward: warned first, never discarded at once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    retained_since: datetime
+    discard_at: datetime = Field(description="the earliest discard under the new limit: the limit after the run "
+                                             "was retained, and at least the warning's interval after its warning")
+
+
+class LimitsAnswer(OrgLimits):
+    """PUT /api/org/limits's answer: the limits saved, and the retained runs whose discard they bring forward."""
+
+    retention_affects: list[RetentionAffected] = Field(default_factory=list, description=(
+        "the retained runs whose discard the new retention_limit_s brings forward; each is warned by an event "
+        "first and discarded no earlier than its discard_at"))
 
 
 def get_limits(org: str) -> OrgLimits:

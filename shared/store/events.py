@@ -31,6 +31,10 @@ class Events:
         self._table.upsert(run_id, key, data, kind=event.kind)
         self._table.upsert(_newest_partition(run_id), _descending(key), data, kind=event.kind)
 
+    def prune(self, run_id: str) -> int:
+        """Delete the run's timeline (both copies); returns how many rows."""
+        return self._table.delete_partition(run_id) + self._table.delete_partition(_newest_partition(run_id))
+
     def count(self, org: str, run_id: str, source: str, limit: int) -> int:
         """Count one more event of `source` on a run: the count with this one, which stops at limit + 1,
         so a flood past the bound costs one read per event and no write."""

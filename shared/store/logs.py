@@ -30,6 +30,10 @@ class Logs:
             first = end
         return len(chunks)
 
+    def prune(self, run_id: str) -> int:
+        """Delete the run's log chunks; returns how many."""
+        return self._table.delete_partition(run_id)
+
     def read(self, run_id: str, after: int, limit: int) -> tuple[list[str], int]:
         """Up to `limit` stored lines numbered >= after, in order; returns (lines, the number
         of the line after the last one returned, or `after` when none was). Reads only the

@@ -6,7 +6,8 @@ builds them over one table service and hands them out as attributes (store.runs,
   reservation in store.slots (slots.py: the active-run reservations that hold max_active_runs);
 - store.events (events.py: a run's timeline), store.logs (logs.py: agent log lines in bounded chunks),
   store.ledger (ledger.py: every cloud resource ever recorded for a run), store.audit (audit.py:
-  sweeper actions, poison discards);
+  sweeper actions, poison discards), store.ended (ended.py: ended runs whose events and logs wait for their
+  prune);
 - store.connections, store.secrets (org_secrets.py, sealed), store.catalogs, store.projects and
   store.datasets (projects.py), store.throughput (measured tokens per second, for forecasts).
 Tables with one owner module outside this package, read through `table(name)`: quotas (org limits and
@@ -21,9 +22,11 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
+from shared.clock import now_ts
 from shared.store.audit import Audit
 from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
+from shared.store.ended import EndedIndex
 from shared.store.events import Events
 from shared.store.ledger import Ledger
 from shared.store.logs import Logs
@@ -37,7 +40,7 @@ from shared.store.watch import WatchIndex
 
 TABLES = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
           "secrets", "quotas", "watch", "leases", "sweeps", "throughput", "keys",
-          "webhooks")
+          "webhooks", "ended")
 
 
 class Store:
@@ -64,6 +67,7 @@ class Store:
         self.projects = Projects(t("projects"))
         self.datasets = Datasets(t("datasets"))
         self.throughput = Throughput(t("throughput"))
+        self.ended = EndedIndex(t("ended"))
 
     def table(self, name: str) -> Table:
         return self._tables[name]
@@ -76,6 +80,9 @@ class Store:
 
     def _run_ended(self, org: str, run_id: str) -> None:
         self.slots.release(org, run_id)  # Runs.mutate has ended the run: its active-run slot is free
+        # Its history (events, logs) is pruned once the org's retention has passed (timers/prune_history.py).
+        # A crash before this line leaves that run's history kept: never more deleted than asked.
+        self.ended.add(org, run_id, now_ts())
 
 
 _override: Store | None = None

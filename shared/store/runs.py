@@ -227,6 +227,8 @@ class Runs:
     def _remember(self, run: RunRecord, etag: str) -> None:
         with self._lock:
             self._last.pop((run.org, run.id), None)
+            if run.state in TERMINAL:
+                return  # no heartbeat comes for an ended run: a soak held 1,024 ended records per process
             self._last[(run.org, run.id)] = (run, etag)
             while len(self._last) > LAST_RUNS_KEPT:
                 self._last.popitem(last=False)

@@ -155,7 +155,9 @@ def _bench(connection: str, args: argparse.Namespace) -> None:
     import tempfile
 
     env = {"AzureWebJobsStorage": connection, "TENSORANT_TABLE_PREFIX": "hb" + secrets.token_hex(4),
-           "TENSORANT_LOCAL_ROOT": tempfile.mkdtemp(prefix="hb-bench-"), "TENSORANT_DEPLOYMENT_ID": "bench"}
+           "TENSORANT_LOCAL_ROOT": tempfile.mkdtemp(prefix="hb-bench-"), "TENSORANT_DEPLOYMENT_ID": "bench",
+           # The clients' runs use the smoke model on the in-memory provider, as the test suite's do.
+           "TENSORANT_ALLOW_TEST_MODELS": "1"}
     os.environ.update(env)
     from shared import queues, settings
     from shared.store import get_store, reset_store

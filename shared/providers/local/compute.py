@@ -308,8 +308,10 @@ class LocalCompute:
         return None
 
     def scope(self) -> dict[str, str]:
-        """{}: there is one host and its machines directory, so a re-saved connection still sees every run."""
-        return {}
+        """Its machines directory: a control plane sees only the agents and work directories under its own
+        local root, so a run launched under another root (a second dev host on the same Azurite) is never
+        judged, retained or released from here (shared/runs/scope.refuse_other_scope)."""
+        return {"root": str(self.machines)}
 
     def validate(self) -> list[Check]:
         """Every connection check (see checks.py); starts no agent."""

@@ -27,13 +27,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from shared.clock import now_ts
+from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, TooManyRequests, invalid
 from shared.lifecycle import HOLDS_MACHINE
-from shared.models import Role, RunCreate, RunRecord
+from shared.models import Role, RunCreate, RunRecord, RunState
 from shared.runs.org_limits import LIMITS_KEY as LIMITS_KEY
-from shared.runs.org_limits import OrgLimits, get_limits, over_ceilings
+from shared.runs.org_limits import LimitsAnswer, OrgLimits, get_limits, over_ceilings
 from shared.runs.org_limits import set_limits as set_limits
+from shared.runs.retention import affected_by
 from shared.security import Principal, require
 from shared.settings import get_settings
 from shared.store import get_store
@@ -50,20 +51,29 @@ def view(principal: Principal) -> OrgLimits:
     return get_limits(principal.org)
 
 
-def put(principal: Principal, body: Any) -> OrgLimits:
+def put(principal: Principal, body: Any) -> LimitsAnswer:
+    """Save the org's limits. A lowered retention limit discards nothing at once: the answer lists the retained
+    runs it brings forward, and heartbeat-check warns each before it discards it (shared/runs/retention.py)."""
     require(principal, Role.owner)
     if not isinstance(body, dict):
         raise InvalidInput.field("body", "send the limits as a JSON object")
-    errors = over_ceilings(body)
+    old = get_limits(principal.org)
+    sent = {k: v for k, v in body.items() if k != "retention_affects"}  # an earlier answer sent back as is
+    errors = over_ceilings(sent)
     if errors:
         raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
     try:
         # Fields left out keep their current value.
-        limits = OrgLimits.model_validate(get_limits(principal.org).model_dump() | body)
+        limits = OrgLimits.model_validate(old.model_dump() | sent)
     except ValidationError as exc:
         raise invalid(exc) from exc
     get_store().audit.add("org limits set", org=principal.org, by=principal.sub, **limits.model_dump())
-    return set_limits(principal.org, limits)
+    set_limits(principal.org, limits)
+    affected = []
+    if limits.retention_limit_s < old.retention_limit_s:
+        retained = get_store().runs.in_org(principal.org, {RunState.retained})
+        affected = affected_by(retained, old, limits, now())
+    return LimitsAnswer(**limits.model_dump(), retention_affects=affected)
 
 
 def _take(org: str, action: str, per_minute: int) -> None:

@@ -37,7 +37,8 @@ from shared import metrics
 from shared.clock import now
 from shared.lifecycle import ACTIVE, transition, walk
 from shared.log import get_logger
-from shared.models import Outcome, RunRecord, RunState, StepMessage
+from shared.models import Outcome, RetentionCountdown, RunRecord, RunState, StepMessage
+from shared.providers import registry
 from shared.queues import get_queues
 from shared.runs import budgets
 from shared.runs.cloud_report import BOOT_FAILED
@@ -45,7 +46,7 @@ from shared.runs.events import event
 from shared.runs.moves import move, move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.runs.outbox import drain_stale
-from shared.runs.retention import UNTRAINED, never_trained, retention_action
+from shared.runs.retention import UNTRAINED, RetentionAction, never_trained, retention_action
 from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
 from shared.store import get_store
@@ -72,6 +73,12 @@ VERIFY_GIVE_UP = {RunState.verifying: RunState.retaining, RunState.recovering: R
 # its state store (a tick cannot run without the store): a new serving period starts, and no agent is
 # judged silent, or late for its boot, until the control plane has served a full heartbeat interval
 # (heartbeat_timeout_s) since. Agents could not get a heartbeat in while nothing was serving.
+# The record is clamped against the clock itself: a tick that finds the previous one in its future (the
+# clock went back, or an instance whose clock is behind another's) or further in its past than a few ticks
+# (the clock jumped forward) reads it as such an outage, as a restart is; the record then holds this tick's
+# time, so a clock that comes back never leaves the serving period in the future. A serving period is
+# thereby one steady clock: what is counted on it (the retention warning's interval) is counted again
+# after any jump.
 LIVENESS = ("~", "liveness")  # a row of the watch table's "~" partition (no org is "~")
 OUTAGE_AFTER_S = 180
 
@@ -82,20 +89,29 @@ def serving_since(t: datetime) -> datetime:
     got = table.get(*LIVENESS)
     last = float(got[0].get("last_tick", 0)) if got else 0.0
     since = float(got[0].get("serving_since", ts)) if got else ts
-    if not got or ts - last > OUTAGE_AFTER_S:
+    if not got or not 0 <= ts - last <= OUTAGE_AFTER_S or since > ts:
         since = ts
     table.upsert(*LIVENESS, {"org": "~", "run_id": "~", "last_tick": ts, "serving_since": since})
     return datetime.fromtimestamp(since, tz=t.tzinfo)
 
 
+def serving_long_enough(t: datetime, since: datetime | None) -> bool:
+    """Whether the control plane has served a full heartbeat interval on this clock (see serving_since)."""
+    return since is None or (t - since).total_seconds() > get_settings().heartbeat_timeout_s
+
+
 def missed_deadline(run: RunRecord, t: datetime, since: datetime | None = None) -> str | None:
     """Why the run has missed a deadline at `t`, or None. `since`: when the control plane's current
     serving period began; silence and boot deadlines count only after a full heartbeat interval of it
-    (the runtime limit is absolute: what was bought is all that is paid)."""
+    (the runtime limit is absolute for a run that may hold output, which it retains: what was bought is all
+    that is paid)."""
     d = run.deadlines
-    if d.runtime_by and t > d.runtime_by:
+    steady = serving_long_enough(t, since)
+    # A run that holds output is only retained (recoverable) at its runtime limit, on any clock; one still
+    # provisioning is released and failed, so only on a clock that has been steady a heartbeat interval.
+    if d.runtime_by and t > d.runtime_by and (steady or run.state != RunState.provisioning):
         return f"the run's runtime limit of {run.runtime_limit_s} s was reached"
-    if since is not None and (t - since).total_seconds() <= get_settings().heartbeat_timeout_s:
+    if not steady:
         return None  # the control plane itself was not serving a heartbeat interval ago
     if (run.state == RunState.provisioning and d.first_report_by and t > d.first_report_by
             and run.bootstrap_claimed_at is None):
@@ -158,11 +174,11 @@ def fleet_metrics(runs: list[RunRecord]) -> None:
             running = run.state != RunState.retained or run.machine_started_at is not None
             rate = run.offer.total_per_hour if running else run.offer.disk_per_hour
             per_hour[run.provider] = per_hour.get(run.provider, 0.0) + rate
-    for state, n in by_state.items():
-        metrics.gauge(metrics.RUNS, n, state=state)
-    for provider, n in machines.items():
-        metrics.gauge(metrics.MACHINES_BILLING, n, provider=provider)
-        metrics.gauge(metrics.COST_PER_HOUR, round(per_hour[provider], 4), provider=provider)
+    # Every state and provider each time, a zero for none: a gauge left out keeps its last value.
+    providers = list(registry.providers())
+    metrics.gauges(metrics.RUNS, "state", by_state, [s.value for s in WATCHED])
+    metrics.gauges(metrics.MACHINES_BILLING, "provider", machines, providers)
+    metrics.gauges(metrics.COST_PER_HOUR, "provider", {p: round(v, 4) for p, v in per_hour.items()}, providers)
 
 
 def check_all() -> dict[str, int]:
@@ -180,12 +196,12 @@ def check_all() -> dict[str, int]:
         if run.state == RunState.retained:
             if run.org not in limits:
                 limits[run.org] = get_limits(run.org)
-            action = retention_action(run, limits[run.org], t)
+            action = retention_action(run, limits[run.org], t, since)
             if action is not None and action.kind == "discard":
                 counts["discarded"] += _discard(run, action.message)
                 continue
             if action is not None:
-                counts["retention_warned"] += _warn_retention(run, action.message, t)
+                counts["retention_warned"] += _warn_retention(run, action, t, since)
             started = run.machine_started_at
             if started is not None and (t - started).total_seconds() > idle_stop_s:
                 get_queues().send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
@@ -196,7 +212,8 @@ def check_all() -> dict[str, int]:
             counts["verified_at_limit"] += _verify_finished(run, why)
         elif why:
             counts["retained"] += _retain(run, why)
-        elif run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by:
+        elif (run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by
+              and serving_long_enough(t, since)):
             counts["failed"] += _fail_queued(run)
         elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
             counts["retained"] += _give_up_verify(run)
@@ -281,20 +298,25 @@ def _discard(run: RunRecord, why: str) -> int:
     return 1
 
 
-def _warn_retention(run: RunRecord, warning: str, t: datetime) -> int:
-    """The owner's warning, once per stay in retained (the mark is written first: a crash in between loses
-    the event, never repeats it every minute; the run view says the date anyway)."""
+def _warn_retention(run: RunRecord, action: RetentionAction, t: datetime, period: datetime) -> int:
+    """The owner's warning, once per stay in retained, and the countdown to the discard on this serving
+    period's clock (started again, silently, on a new period). The mark is written first: a crash in between
+    loses the event, never repeats it every minute; the run view says the date anyway."""
     since = run.state_changed_at
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.retained or r.state_changed_at != since:
             return None
-        return r.model_copy(update={"retention_warned_at": t})
+        countdown = RetentionCountdown(stay=since, period=period, started=t)
+        update: dict[str, object] = {"retention_countdown": countdown}
+        if action.kind == "warn":
+            update["retention_warned_at"] = t
+        return r.model_copy(update=update)
 
     new, wrote = get_store().runs.mutate(run.org, run.id, change)
-    if not wrote:
+    if not wrote or action.kind != "warn":
         return 0
-    event(new, "warning", warning, type="run.retention_warning")
+    event(new, "warning", action.message, type="run.retention_warning")
     return 1
 
 

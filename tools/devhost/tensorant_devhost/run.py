@@ -38,15 +38,19 @@ DEV_ORG = "demo"
 
 def use_azurite_ports(blob: int) -> str:
     """Blob on `blob`, Queue and Table on the next two ports (a second checkout beside the
-    first: `make run PORT=7081 AZURITE_PORT=10010`); returns the connection string for them."""
-    from shared.settings import AZURITE
-
+    first: `make run PORT=7081`, azurite_port_for); returns the connection string for them."""
     global AZURITE_PORTS
     AZURITE_PORTS = {"Blob": blob, "Queue": blob + 1, "Table": blob + 2}
+    return _connection(AZURITE_PORTS)
+
+
+def _connection(ports: dict[str, int]) -> str:
+    from shared.settings import AZURITE
+
     conn = AZURITE
     for name, default in (("Blob", 10000), ("Queue", 10001), ("Table", 10002)):
-        port = blob + default - 10000
-        conn = conn.replace(f"{name}Endpoint=http://127.0.0.1:{default}/", f"{name}Endpoint=http://127.0.0.1:{port}/")
+        conn = conn.replace(f"{name}Endpoint=http://127.0.0.1:{default}/",
+                            f"{name}Endpoint=http://127.0.0.1:{ports[name]}/")
     return conn
 
 
@@ -76,8 +80,45 @@ def _uses_local_azurite(conn: str) -> bool:
         or f"localhost:{queue}" in conn or "127.0.0.1:10001" in conn or "localhost:10001" in conn
 
 
+# Which checkout an Azurite serves: a row in it, written by the run that started (or first reused) it. Two
+# checkouts on one Azurite share every table and queue: one's sweep judged the other's runs.
+CHECKOUT_TABLE = "tensorantdevhostcheckout"
+
+
+def azurite_port_for(http_port: int) -> int:
+    """Azurite's blob port when none is given: 10000 for the default 7071, and a checkout served on another
+    port (`make run PORT=7081`) gets its own three ports (10000 + 10 x the offset: 10100-10102)."""
+    port = 10000 + 10 * (http_port - 7071)
+    return port if 1024 <= port <= 65000 else 10000
+
+
+def claim_azurite(root: Path) -> None:
+    """Record that the Azurite on AZURITE_PORTS serves `root`, or refuse (RunError) one that serves another
+    checkout: its tables and queues would be shared with that checkout's host."""
+    from azure.core.exceptions import ResourceExistsError
+    from azure.data.tables import TableServiceClient
+
+    table = TableServiceClient.from_connection_string(_connection(AZURITE_PORTS)).get_table_client(CHECKOUT_TABLE)
+    try:
+        table.create_table()
+    except ResourceExistsError:
+        pass
+    mine = str(root.resolve())
+    try:
+        table.create_entity({"PartitionKey": "checkout", "RowKey": "root", "root": mine})
+        return
+    except ResourceExistsError:
+        serves = str(table.get_entity("checkout", "root").get("root", ""))
+    if serves != mine:
+        ports = ", ".join(map(str, AZURITE_PORTS.values()))
+        raise RunError(f"the Azurite on {ports} serves another checkout ({serves}): two checkouts on one Azurite share "
+                       "every run, queue and table, and one's sweep judges the other's runs. Give this one its own: "
+                       "make run PORT=7081 (its Azurite then uses 10100-10102), or AZURITE_PORT=<a free port>")
+
+
 def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
-    """Reuse an Azurite on the default ports or start one; return the process if this call started it."""
+    """Reuse an Azurite on the default ports or start one; return the process if this call started it.
+    Either way it is claimed for this checkout (claim_azurite): another checkout's Azurite is refused."""
     busy = {name: port for name, port in AZURITE_PORTS.items() if _listening(port)}
     if busy:
         foreign = [f"{port} ({name})" for name, port in busy.items()
@@ -86,6 +127,7 @@ def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
             taken = ", ".join(foreign or [f"{p} ({n})" for n, p in busy.items()])
             raise RunError(f"ports {taken} are in use by something that is not a complete Azurite. Stop it, "
                            "or set AzureWebJobsStorage in local.settings.json to the storage you want to use.")
+        claim_azurite(root)
         print(f"Reusing the Azurite already listening on {', '.join(map(str, AZURITE_PORTS.values()))}", flush=True)
         return None
     data = root / ".tensorant" / "azurite"
@@ -104,6 +146,11 @@ def ensure_azurite(root: Path) -> subprocess.Popen[bytes] | None:
             time.sleep(0.3)  # listening may be another Azurite that won the race; ours then exits
             if proc.poll() is not None:
                 raise RunError(f"Azurite exited at start (code {proc.returncode}); see {data / 'azurite.log'}")
+            try:
+                claim_azurite(root)
+            except Exception:
+                proc.terminate()
+                raise
             print(f"Started Azurite (data in {data})", flush=True)
             return proc
         time.sleep(0.1)
@@ -257,20 +304,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tensorant_devhost.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--app", default="function_app:app", help="module:attr of the FunctionApp")
     parser.add_argument("--port", type=int, default=0, help="HTTP port (default: local.settings.json or 7071)")
-    parser.add_argument("--azurite-port", type=int, default=int(os.environ.get("TENSORANT_AZURITE_PORT") or 10000),
-                        help="Azurite's blob port; queue and table use the next two (default 10000)")
+    parser.add_argument("--azurite-port", type=int, default=int(os.environ.get("TENSORANT_AZURITE_PORT") or 0),
+                        help="Azurite's blob port; queue and table use the next two (default 10000 for the HTTP "
+                             "port 7071, its own ports for another: azurite_port_for)")
     parser.add_argument("--no-azurite", action="store_true", help="use AzureWebJobsStorage as it is")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="log every HTTP request too (or set TENSORANT_LOG_REQUESTS=1)")
     args = parser.parse_args(argv)
     log_requests(args.verbose)
-    azurite_conn = use_azurite_ports(args.azurite_port)
 
     root = Path.cwd()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     host_section = load_local_settings(root / "local.settings.json")
     port = args.port or int(host_section.get("LocalHttpPort") or 7071)
+    azurite_conn = use_azurite_ports(args.azurite_port or azurite_port_for(port))
     if not _port_free(port):
         print(f"error: port {port} is in use (another `make run`?). Stop it, or pass --port.", file=sys.stderr)
         return 1

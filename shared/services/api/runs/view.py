@@ -10,6 +10,7 @@ from shared.lifecycle import ACTIVE, TERMINAL
 from shared.models import CloudResource, RunEvent, RunRecord, RunState, RunView
 from shared.runs import forecast
 from shared.runs.candidates import candidates_of, dearest_offer, dearest_price, ran_on, view_of
+from shared.runs.events import pending_transition
 from shared.runs.org_limits import get_limits
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.retention import retention_note
@@ -80,6 +81,9 @@ def timeline(run_id: str) -> list[RunEvent]:
 
 def view(run: RunRecord, with_events: bool = True) -> RunView:
     events = timeline(run.id) if with_events else []
+    pending = pending_transition(run, events) if with_events else None
+    if pending is not None:
+        events.append(pending)
     t = usage.timing(run, [] if run.state == RunState.draft else (events if with_events else None))
     return RunView(
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
