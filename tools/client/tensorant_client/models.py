@@ -213,6 +213,22 @@ class HeartbeatReply(ApiModel):
     token_expires_at: datetime | None = Field(default=None)
 
 
+class LimitsAnswer(ApiModel):
+    """PUT /api/org/limits's answer: the limits saved, and the retained runs whose discard they bring forward."""
+
+    max_active_runs: int = Field(default=5, description="launched runs not finished yet (holding a machine or disk)")
+    max_price_limit_per_hour: float = Field(default=100.0, description="highest price_limit_per_hour a run may have")
+    max_runtime_limit_s: int = Field(default=86400, description="highest runtime_limit_s a run may have")
+    runs_per_minute: int = Field(default=10, description="run creations (and, separately, launches) per minute")
+    retention_limit_s: int = Field(default=1209600, description="how long a retained run keeps its stopped machine and disk (billed as disk) without a recovery: the owner is warned by an event 2 days before (half-way for a limit under 4 days), and at the limit the run is discarded (machine and disk released, the run failed). Counted from when the run was last retained")
+    max_capacity_wait_s: int = Field(default=21600, description="highest capacity_wait_s a run may have: how long it may keep trying its candidates again when every one refused for capacity, quota or stock (nothing bills while it waits)")
+    monthly_budget_usd: float | None = Field(default=None, description="the organization's monthly budget in USD: a launch whose maximum cost would take committed spend (billed this month + the most the active runs can still cost) over it is refused")
+    project_budgets_usd: dict[str, float] | None = Field(default=None, description="monthly budgets in USD per project id, held like the organization's")
+    budget_thresholds_pct: list[int] | None = Field(default=None, description="billed spend, in % of a budget, that is announced (an audit line and a budget.threshold webhook)")
+    stop_at_budget: bool = Field(default=False, description="at 100 % of a budget, retain its active runs (machine stopped, disk kept, recoverable)")
+    retention_affects: list[RetentionAffected] | None = Field(default=None, description="the retained runs whose discard the new retention_limit_s brings forward; each is warned by an event first and discarded no earlier than its discard_at")
+
+
 class LocalConfig(ApiModel):
     price_per_hour: float = Field(default=0.0, description="What an hour of this host counts as in costs and usage (0: free)")
 
@@ -281,6 +297,14 @@ class RestartGrant(ApiModel):
     token: str = Field(description="a fresh agent token for the same org and run")
     token_expires_at: datetime
     bootstrap: str = Field(description="base64 of a JSON object: the storage access and deadline the agent continues with (presigned URLs handed at launch may have expired while the machine was stopped)")
+
+
+class RetentionAffected(ApiModel):
+    """A retained run that a lowered retention limit brings forward: warned first, never discarded at once."""
+
+    run_id: str
+    retained_since: datetime
+    discard_at: datetime = Field(description="the earliest discard under the new limit: the limit after the run was retained, and at least the warning's interval after its warning")
 
 
 class RunAttempt(ApiModel):
@@ -561,6 +585,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "GpuOffer": GpuOffer,
     "Heartbeat": Heartbeat,
     "HeartbeatReply": HeartbeatReply,
+    "LimitsAnswer": LimitsAnswer,
     "LocalConfig": LocalConfig,
     "LocalStorageConfig": LocalStorageConfig,
     "OrgLimits": OrgLimits,
@@ -571,6 +596,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "ProjectRecord": ProjectRecord,
     "ReplayRequest": ReplayRequest,
     "RestartGrant": RestartGrant,
+    "RetentionAffected": RetentionAffected,
     "RunAttempt": RunAttempt,
     "RunCancel": RunCancel,
     "RunCreate": RunCreate,

@@ -70,7 +70,7 @@ OPERATIONS: dict[str, Operation] = {
     "patch_webhook": Operation("PATCH", "/api/org/webhooks/{id}", ('id',), (), "json", "WebhookView", None),
     "poison": Operation("GET", "/api/platform/queues/{queue}/poison", ('queue',), (), None, None, None),
     "put_hf_token": Operation("PUT", "/api/org/secrets/huggingface-token", (), (), "json", "OrgSecretsView", None),
-    "put_limits": Operation("PUT", "/api/org/limits", (), (), "json", "OrgLimits", None),
+    "put_limits": Operation("PUT", "/api/org/limits", (), (), "json", "LimitsAnswer", None),
     "queues": Operation("GET", "/api/platform/queues", (), (), None, None, None),
     "recover_run": Operation("POST", "/api/runs/{id}/recover", ('id',), (), "json", "RunView", None),
     "release_run": Operation("POST", "/api/runs/{id}/release", ('id',), (), None, "RunView", None),
@@ -291,7 +291,7 @@ class Api:
         """Save the Hugging Face token (owners; write-only, sealed at rest, handed only to the trainer) (PUT /api/org/secrets/huggingface-token)."""
         return self._call("put_hf_token", {}, None, body, None)
 
-    def put_limits(self, body: models.OrgLimits | dict[str, Any]) -> models.OrgLimits:
+    def put_limits(self, body: models.OrgLimits | dict[str, Any]) -> models.LimitsAnswer:
         """Set the organization's run limits (owner); omitted fields keep their value (PUT /api/org/limits)."""
         return self._call("put_limits", {}, None, body, None)
 
