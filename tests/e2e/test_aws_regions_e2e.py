@@ -18,6 +18,7 @@ from shared.services.steps import sweep_account
 from shared.settings import get_settings
 from shared.store import get_store
 from tests.harness import SMOKE_MODEL, Harness, trained_adapter_zip
+from tests.providers.aws.refusing_proxy import Refusal, RefusingProxy
 from tests.providers.aws.rig import ZONE, CallLog, Rig
 
 pytestmark = pytest.mark.e2e
@@ -137,3 +138,55 @@ def test_a_sweep_of_one_region_never_touches_the_others_machine(two: Harness, ri
     assert [(f["action"], f["run_id"], f["provider"]) for f in out["findings"]] == [
         ("release", run_id, "aws/us-west-2")], out
     assert _instances(west["ec2"]) == []
+
+
+@pytest.fixture
+def two_behind_proxy(env: dict[str, str], rig: Rig, west: dict[str, Any],
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Harness, RefusingProxy]]:
+    """The two regions' connections with EC2 (moto) behind the refusing proxy (issue 37's failover)."""
+    proxy = RefusingProxy(rig.url).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", rig.pricing.url)
+    h = Harness()
+    try:
+        assert h.save_storage({"kind": "local"})["status"] == "connected"
+        assert h.save_compute("aws", rig.body(workspace_disk_gb=50))["status"] == "connected"
+        h.ok("PUT", NAMED, json_body=west["body"])
+        h.drain()
+        assert h.ok("GET", NAMED)["status"] == "connected"
+        yield h, proxy
+    finally:
+        h.close()
+        proxy.stop()
+
+
+def test_a_capacity_refusal_in_us_east_1_fails_over_to_us_west_2_which_trains(
+        two_behind_proxy: tuple[Harness, RefusingProxy], rig: Rig, west: dict[str, Any]) -> None:
+    h, proxy = two_behind_proxy
+    east_offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"connection": "aws"})["items"]
+                      if o["machine_type"] == "g6.xlarge")
+    west_offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"connection": "aws/us-west-2"})["items"]
+                      if o["machine_type"] == "g5.xlarge")
+    proxy.refuse["g6.xlarge"] = Refusal("InsufficientInstanceCapacity")
+    pid, dsid = h.project_and_dataset()
+    run_id = h.ok("POST", "/api/runs", token="member", json_body={
+        "project_id": pid, "dataset_version_id": dsid, "base_model": SMOKE_MODEL, "price_limit_per_hour": 100.0,
+        "runtime_limit_s": 3600, "candidates": [{"connection": "aws", "offer_id": east_offer["offer_id"]},
+                                                {"connection": "aws/us-west-2", "offer_id": west_offer["offer_id"]}]})["id"]
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    run = h.get_run(run_id)
+    assert [(a["connection"], a["outcome"], a["code"]) for a in run["attempts"]] == [
+        ("aws", "refused", "InsufficientInstanceCapacity"), ("aws/us-west-2", "launched", "")]
+    assert run["ran_on"]["connection"] == "aws/us-west-2"
+    # The machine is in us-west-2, marked with the connection and the attempt; nothing is left in us-east-1.
+    [instance] = _instances(west["ec2"])
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    assert tags["tensorant:connection"] == "aws/us-west-2" and tags["tensorant:attempt"] == "1"
+    assert _instances(rig.ec2) == []
+    stored, _ = get_store().runs.get(h.org, run_id)
+    assert stored.scope["region"] == WEST
+    h.agent(run_id).train(trained_adapter_zip())
+    run = h.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+    assert _instances(west["ec2"]) == [] and _instances(rig.ec2) == []
