@@ -157,8 +157,10 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
         assert not re.search(r"\b(price_limit_per_hour|runtime_limit_s|max_steps)\b", text), text
     assert '"Resume training" button' in said[1] and "Accept the checkpoint" in said[1]
     assert "the Price limit" in said[2] and "Max price limit per hour (Connections" in said[2]
-    # A run that tried several GPUs (the run view's attempts, answered by the page's router for now): a
-    # line per attempt in the timeline with the cloud's code, and the candidate that ran.
+    # A run that tried several GPUs: its record holds the candidates and attempts as the launch step writes
+    # them (the local provider never refuses), and the real run view carries them to the page: a line per
+    # attempt in the timeline with the cloud's code, and the candidate that ran.
+    _seed_attempts(got["runId"])
     tried = drive("attempts", url=local_host.url, token=local_host.token, run_id=got["runId"])
     assert len(tried["attemptLines"]) == 3, tried
     assert "refused" in tried["attemptLines"][0] and "InsufficientInstanceCapacity" in tried["attemptLines"][0]
@@ -169,6 +171,32 @@ def test_quickstart_in_the_console_to_a_succeeded_run(local_host: LocalHost, tmp
     too_wide = [m for m in seen["measured"] if m["scroll"] > m["view"]]
     assert too_wide == [], too_wide
     assert seen["violations"] == [], seen["violations"]
+
+
+def _seed_attempts(run_id: str) -> None:
+    from shared.models import GpuOffer, RunAttempt, RunCandidate, RunRecord
+    from shared.store import get_store
+
+    def offer(provider: str, offer_id: str, gpu: str, price: float) -> GpuOffer:
+        return GpuOffer(provider=provider, offer_id=offer_id, gpu=gpu, gpu_memory_gb=80, machine_type=offer_id,
+                        region="r", compute_per_hour=price, disk_per_hour=0, total_per_hour=price)
+
+    def seed(r: RunRecord) -> RunRecord:
+        cands = [RunCandidate(connection="aws", offer=offer("aws", "us-east-1/p5.48xlarge", "H100", 3.1)),
+                 RunCandidate(connection="azure/westeurope", offer=offer("azure", "westeurope/NC40ads_H100_v5", "H100",
+                                                                         3.4)),
+                 RunCandidate(connection="local", offer=r.offer)]
+        t = r.launched_at or r.created_at
+        tried = [RunAttempt(index=i, connection=c.connection, provider=c.offer.provider, offer_id=c.offer.offer_id,
+                            gpu=c.offer.gpu, price_per_hour=c.offer.total_per_hour, started_at=t, ended_at=t,
+                            outcome=outcome, code=code, message=message)
+                 for i, (c, (outcome, code, message)) in enumerate(zip(cands, [
+                     ("refused", "InsufficientInstanceCapacity", "We currently do not have sufficient capacity"),
+                     ("refused", "OperationNotAllowed", "quota exceeded for standardNCadsH100v5Family"),
+                     ("launched", "", "")], strict=True))]
+        return r.model_copy(update={"candidates": cands, "candidate_index": 2, "attempts": tried})
+
+    get_store().runs.mutate("org-a", run_id, seed)
 
 
 def test_the_bare_host_url_opens_the_console(local_host: LocalHost) -> None:

@@ -85,6 +85,33 @@ function input(idBase, name, prop, saved, required) {
       placeholder: p.default !== undefined ? String(p.default) : undefined });
     el.value = shown(saved ?? p.default);
     read = () => (el.value.trim() === "" ? undefined : Number(el.value));
+  } else if (p.type === "array") {
+    // A list of plain values, comma-separated (budget thresholds: "50, 80, 100").
+    const numeric = p.items && (p.items.type === "integer" || p.items.type === "number");
+    el = h("input", { ...attrs, type: "text", spellcheck: "false", autocomplete: "off",
+      placeholder: "comma-separated, e.g. " + (numeric ? "50, 80, 100" : "a, b") });
+    el.value = Array.isArray(saved ?? p.default) ? (saved ?? p.default).join(", ") : "";
+    read = () => {
+      const items = el.value.split(",").map((v) => v.trim()).filter(Boolean);
+      if (!items.length) return undefined;
+      return numeric ? items.map(Number) : items;
+    };
+  } else if (p.type === "object") {
+    // A map of names to values, as "name=value" pairs (per-project budgets: "proj-a=100, proj-b=50").
+    const numeric = p.additionalProperties && (p.additionalProperties.type === "integer" || p.additionalProperties.type === "number");
+    const current = saved && typeof saved === "object" ? saved : {};
+    el = h("input", { ...attrs, type: "text", spellcheck: "false", autocomplete: "off", placeholder: "name=value, name=value" });
+    el.value = Object.entries(current).map(([k, v]) => `${k}=${v}`).join(", ");
+    read = () => {
+      const pairs = el.value.split(",").map((v) => v.trim()).filter(Boolean).map((kv) => {
+        const at = kv.indexOf("=");
+        const k = (at < 0 ? kv : kv.slice(0, at)).trim();
+        const v = at < 0 ? "" : kv.slice(at + 1).trim();
+        return [k, numeric ? Number(v) : v];
+      });
+      if (!pairs.length) return Object.keys(current).length ? {} : undefined;
+      return Object.fromEntries(pairs);
+    };
   } else if (isSecret(p)) {
     el = h("input", { ...attrs, type: "password", autocomplete: "new-password", spellcheck: "false",
       placeholder: savedSecret ? "saved (type a new value to replace it)" : "" });
