@@ -146,6 +146,9 @@ class RunEvent(Model):
 # ---------------------------------------------------------------- training settings
 
 
+MAX_KEEP_CHECKPOINTS = 10
+
+
 class TrainingSettings(Model):
     """A run's training settings: the TENSORANT_TRAINING fields of the cross-team contract
     (names, defaults and ranges as machine/trainer/config.py checks them again on the machine).
@@ -184,6 +187,9 @@ class TrainingSettings(Model):
         "save a checkpoint (adapter + optimizer state) on the machine's disk every this many steps"))
     checkpoint_every_s: int = Field(default=600, ge=30, le=7 * 24 * 3600, strict=True, description=(
         "and at least every this many seconds; a retained run can be verified or resumed from it"))
+    keep_checkpoints: int = Field(default=3, ge=1, le=MAX_KEEP_CHECKPOINTS, strict=True, description=(
+        "how many of the newest checkpoints' adapters are kept in storage (GET /api/runs/{id}/checkpoints); "
+        "each newer one replaces the oldest"))
     eval_every_steps: int | None = Field(default=None, ge=1, le=100000, strict=True, description=(
         "evaluate on the held-out split every this many steps (the run's eval curve); the adapter of the "
         "best evaluation is the one written (keep_best)"))
@@ -360,6 +366,19 @@ class Billing(Model):
     machine_running: bool = True  # in the open segment
 
 
+class CheckpointInfo(Model):
+    """One checkpoint adapter the agent saved in storage, in slot `slot` of the run's ring of
+    keep_checkpoints slots (runs/<id>/checkpoints/slot-<n>.zip): reported by the agent in its heartbeats."""
+
+    step: int = Field(ge=1, le=10_000_000, strict=True)
+    slot: int = Field(ge=0, lt=MAX_KEEP_CHECKPOINTS, strict=True)
+    saved_at: datetime
+    train_loss: float | None = Field(default=None, ge=0.0, le=1e6)
+    eval_loss: float | None = Field(default=None, ge=0.0, le=1e6)
+    size: int = Field(ge=0, le=2**40, strict=True)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class RunRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
@@ -454,6 +473,8 @@ class RunRecord(Model):
     merged_sha256: str = ""
     merged_size: int = 0
     merged_note: str = ""
+    # The checkpoint adapters in storage, oldest step first (at most training.keep_checkpoints).
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- queue messages
@@ -567,6 +588,9 @@ class RunRecover(Model):
         "true: a checkpoint's adapter (training stopped before its planned steps) may end the run, marked "
         "adapter_kind checkpoint; false: such an archive is refused and the run stays retained (resume it "
         "instead). With an application/zip upload: the query parameter accept_checkpoint=true"))
+    checkpoint: int | None = Field(default=None, ge=1, le=10_000_000, strict=True, description=(
+        "verify_saved: the step of a kept checkpoint (GET /api/runs/{id}/checkpoints) whose adapter ends the run "
+        "(implies accept_checkpoint); resume: must be the newest kept checkpoint (only it is on the machine's disk)"))
 
 
 class Heartbeat(Model):
@@ -575,6 +599,8 @@ class Heartbeat(Model):
     # Strict: "0.5" or true is a broken agent, refused with 422 rather than read as a number.
     progress: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
     logs: list[Annotated[str, Field(strict=True)]] = Field(default_factory=list, max_length=500)
+    # The checkpoint adapters the agent has put in the run's checkpoint slots (its whole current list).
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list, max_length=MAX_KEEP_CHECKPOINTS)
 
 
 class AgentComplete(Model):

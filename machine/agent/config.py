@@ -71,6 +71,7 @@ CONTINUE_FIELDS = {
     "TENSORANT_ADAPTER_KEY": "adapter_key", "TENSORANT_LOGS_KEY": "logs_key", "TENSORANT_MERGED_KEY": "merged_key",
     "TENSORANT_DATASET_URL": "dataset_url", "TENSORANT_ADAPTER_UPLOAD_URL": "adapter_upload_url",
     "TENSORANT_LOGS_UPLOAD_URL": "logs_upload_url", "TENSORANT_MERGED_UPLOAD_URL": "merged_upload_url",
+    "TENSORANT_CHECKPOINT_KEYS": "checkpoint_keys", "TENSORANT_CHECKPOINT_UPLOAD_URLS": "checkpoint_upload_urls",
 }
 
 
@@ -92,6 +93,9 @@ class AgentConfig:
     logs_upload_url: str = ""
     merged_key: str = ""  # training.merged: where merged.zip goes (a directory), or its presigned URL
     merged_upload_url: str = ""
+    # The run's checkpoint slots (JSON lists): keys under storage_dir, or presigned PUT URLs.
+    checkpoint_keys: str = ""
+    checkpoint_upload_urls: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
@@ -129,6 +133,8 @@ class AgentConfig:
             logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
             merged_key=env.get("TENSORANT_MERGED_KEY", ""),
             merged_upload_url=env.get("TENSORANT_MERGED_UPLOAD_URL", ""),
+            checkpoint_keys=env.get("TENSORANT_CHECKPOINT_KEYS", ""),
+            checkpoint_upload_urls=env.get("TENSORANT_CHECKPOINT_UPLOAD_URLS", ""),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),

@@ -30,6 +30,7 @@ from machine.agent.uploads import Uploads
 
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (machine.trainer.lora)
+_LOSS = re.compile(r"\s(eval_)?loss=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
 _CHECKPOINT = re.compile(r"checkpoint step=(\d+)(?:\s|$)")
 TAIL_LINES = 20  # the trainer lines a failure report carries
 # `progress=<x>` opens a trainer's progress line; `step=.. loss=.. lr=..` may follow it.
@@ -124,6 +125,8 @@ class TrainerSupervisor(Reporter):
         self.uploads = Uploads(self.config, self.log, output=self.output, logs_path=self.logs_path)
         self.checkpoint_seen = 0  # the last `checkpoint step=<k>` the trainer printed
         self.checkpoint_uploaded = 0
+        self.last_loss: float | None = None  # the trainer's last `loss=` and `eval_loss=` (the checkpoints' list)
+        self.last_eval_loss: float | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
         self.trainer_user: tuple[int, int] | None = None  # (uid, gid) when it runs as its own user
         self.last_line = ""
@@ -289,6 +292,10 @@ class TrainerSupervisor(Reporter):
             match = _PROGRESS.match(line)
             if match:
                 self.progress = min(max(float(match.group(1)), 0.0), 1.0)
+            if match or line.startswith("eval "):
+                loss = _LOSS.search(line)
+                if loss:
+                    setattr(self, "last_eval_loss" if loss.group(1) else "last_loss", float(loss.group(2)))
             saved = _CHECKPOINT.match(line)
             if saved:
                 self.checkpoint_seen = max(self.checkpoint_seen, int(saved.group(1)))
@@ -299,6 +306,9 @@ class TrainerSupervisor(Reporter):
     def _last_trainer_line(self) -> str:
         return redact_text(self.last_line)[:300]
 
+    def kept_checkpoints(self) -> list[dict[str, object]]:
+        return list(self.uploads.kept)
+
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint folder (the trainer renames each into place whole)."""
         return newest_checkpoint(self.checkpoints)
@@ -308,4 +318,4 @@ class TrainerSupervisor(Reporter):
         self.checkpoint_uploaded = self.checkpoint_seen
         folder = self.latest_checkpoint()
         if folder is not None:
-            self.uploads.upload_checkpoint(folder)
+            self.uploads.upload_checkpoint(folder, self.last_loss, self.last_eval_loss)

@@ -51,7 +51,8 @@ def storage_access(run: RunRecord, dataset: DatasetVersionRecord,
     """The agent's storage environment for `ttl_s` (presigned URLs or keys: its dataset, adapter, merged model when
     asked, logs), and which of its variables are secret. At launch, and again at a restart's exchange
     (shared/services/api/boot.py), whose launch-time URLs may have expired while the machine was stopped."""
-    return storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl_s, merged=run.training.merged)
+    return storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl_s, merged=run.training.merged,
+                                          checkpoints=run.training.keep_checkpoints)
 
 
 def bootstrap_for(run: RunRecord) -> Bootstrap:
