@@ -21,7 +21,6 @@ from tests.fakes import Cloud
 from tests.harness import SMOKE_MODEL, ApiError, Harness
 from tests.test_checkpoint_recovery import checkpoint_zip
 
-
 # ---------------------------------------------------------------- the agent's ring of slots
 
 def _uploads(tmp_path: Path, keep: int) -> Uploads:
