@@ -390,6 +390,7 @@ class RunRecord(Model):
     price_limit_per_hour: float
     runtime_limit_s: int
     dataset_version_id: str
+    validation_dataset_version_id: str = ""  # "" = the eval split is held out of the training rows
     base_model: str
     state: RunState = RunState.draft
     outcome: Outcome | None = None
@@ -527,6 +528,9 @@ class RunCreate(Model):
     price_limit_per_hour: float = Field(gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str = Field(pattern=KEY_PATTERN)
+    validation_dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN, description=(
+        "a dataset version of the same project to evaluate on (all of its rows, up to the trainer's cap) instead "
+        "of holding out training.eval_fraction of the training rows"))
     base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
     # Training settings; omitted fields take the defaults, a trial run is bounded
     training: TrainingSettings = Field(default_factory=TrainingSettings)
@@ -552,6 +556,8 @@ class RunPatch(Model):
     price_limit_per_hour: float | None = Field(default=None, gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN)
+    validation_dataset_version_id: str | None = Field(default=None, pattern=r"^$|" + KEY_PATTERN, description=(
+        "a validation dataset version of the project; \"\" drops the draft's"))
     base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
     training: TrainingSettings | None = Field(default=None, description=(
         "the training settings to change; the ones left out keep the draft's (null clears an optional one)"))
@@ -696,6 +702,7 @@ class RunView(Model):
     runtime_limit_s: int
     base_model: str
     dataset_version_id: str
+    validation_dataset_version_id: str = ""
     resources: list[CloudResource]
     adapter_sha256: str
     release_error: str

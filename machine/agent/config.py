@@ -71,6 +71,7 @@ CONTINUE_FIELDS = {
     "TENSORANT_ADAPTER_KEY": "adapter_key", "TENSORANT_LOGS_KEY": "logs_key", "TENSORANT_MERGED_KEY": "merged_key",
     "TENSORANT_DATASET_URL": "dataset_url", "TENSORANT_ADAPTER_UPLOAD_URL": "adapter_upload_url",
     "TENSORANT_LOGS_UPLOAD_URL": "logs_upload_url", "TENSORANT_MERGED_UPLOAD_URL": "merged_upload_url",
+    "TENSORANT_EVAL_DATASET_KEY": "eval_dataset_key", "TENSORANT_EVAL_DATASET_URL": "eval_dataset_url",
     "TENSORANT_CHECKPOINT_KEYS": "checkpoint_keys", "TENSORANT_CHECKPOINT_UPLOAD_URLS": "checkpoint_upload_urls",
 }
 
@@ -96,6 +97,10 @@ class AgentConfig:
     # The run's checkpoint slots (JSON lists): keys under storage_dir, or presigned PUT URLs.
     checkpoint_keys: str = ""
     checkpoint_upload_urls: str = ""
+    # The run's validation dataset (validation_dataset_version_id): its key, or a presigned GET URL, and sha256.
+    eval_dataset_key: str = ""
+    eval_dataset_url: str = ""
+    eval_dataset_sha256: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
@@ -135,6 +140,9 @@ class AgentConfig:
             merged_upload_url=env.get("TENSORANT_MERGED_UPLOAD_URL", ""),
             checkpoint_keys=env.get("TENSORANT_CHECKPOINT_KEYS", ""),
             checkpoint_upload_urls=env.get("TENSORANT_CHECKPOINT_UPLOAD_URLS", ""),
+            eval_dataset_key=env.get("TENSORANT_EVAL_DATASET_KEY", ""),
+            eval_dataset_url=env.get("TENSORANT_EVAL_DATASET_URL", ""),
+            eval_dataset_sha256=env.get("TENSORANT_EVAL_DATASET_SHA256", "").lower(),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),

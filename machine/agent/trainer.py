@@ -26,7 +26,7 @@ from machine.agent.config import BOOTSTRAP_VAR, AgentConfig
 from machine.agent.heartbeat import Reporter
 from machine.agent.redact import redact_text
 from machine.agent.state import Failed
-from machine.agent.uploads import Uploads
+from machine.agent.uploads import VALIDATION_FILE, Uploads
 
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (machine.trainer.lora)
@@ -148,6 +148,9 @@ class TrainerSupervisor(Reporter):
                    PYTHONUNBUFFERED="1")
         if resume_from is not None:
             env["TENSORANT_RESUME_FROM"] = str(resume_from)
+        validation = dataset.parent / VALIDATION_FILE
+        if (self.config.eval_dataset_key or self.config.eval_dataset_url) and validation.is_file():
+            env["TENSORANT_EVAL_DATASET_PATH"] = str(validation)
         # The contract's optional inputs, set only when given (unset = the trainer's defaults).
         for key, value in (("TENSORANT_BASE_MODEL_PATH", self.config.base_model_path),
                            ("TENSORANT_TRAINING", self.config.training), ("HF_TOKEN", self.config.hf_token)):
@@ -186,6 +189,8 @@ class TrainerSupervisor(Reporter):
             if owned is not None:
                 self.chown(owned, pw.pw_uid, pw.pw_gid)
         os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
+        if "TENSORANT_EVAL_DATASET_PATH" in env:
+            os.chmod(env["TENSORANT_EVAL_DATASET_PATH"], 0o644)
         env.update(HOME=pw.pw_dir, USER=name, LOGNAME=name)
         kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
         # Its own user (never root): end_trainer then kills every process of it.

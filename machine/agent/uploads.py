@@ -25,6 +25,7 @@ from machine.agent.storage import DirStorage, UrlStorage
 from machine.agent.transport import describe_error
 
 CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"
+VALIDATION_FILE = "validation.jsonl"  # beside dataset.jsonl: the trainer's TENSORANT_EVAL_DATASET_PATH
 KEPT_FILE = "checkpoints-kept.json"  # which checkpoint is in which storage slot, kept across agent restarts
 MAX_SLOTS = 10  # shared.models.MAX_KEEP_CHECKPOINTS  # adapter.zip on the disk stays the final adapter's name
 # What an adapter archive holds, and all it may hold (the verifier refuses any other entry): a
@@ -240,7 +241,11 @@ class Uploads:
     def dataset_path(self) -> Path:
         """The dataset downloaded before a restart (it is on the kept disk), or fetched again if it is gone."""
         dest = self.data_dir / "dataset.jsonl"
-        return dest if dest.is_file() else self.fetch_dataset()
+        if not dest.is_file():
+            return self.fetch_dataset()
+        if (self.config.eval_dataset_key or self.config.eval_dataset_url) and not (self.data_dir / VALIDATION_FILE).is_file():
+            self.fetch_validation()
+        return dest
 
     def fetch_dataset(self) -> Path:
         dest = self.data_dir / "dataset.jsonl"
@@ -251,14 +256,33 @@ class Uploads:
         except Exception as exc:
             raise Failed(f"could not download the dataset: {describe_error(exc)}", output_exists=False,
                          stage="dataset") from exc
-        if self.config.dataset_sha256:
-            got = file_sha256(dest)
-            if got != self.config.dataset_sha256:
-                raise Failed(f"the downloaded dataset is not the validated one (sha256 {got}, validated "
-                             f"{self.config.dataset_sha256}): it changed in storage; upload a new version",
-                             output_exists=False, stage="dataset")
+        self._check_sha(dest, self.config.dataset_sha256, "dataset")
         self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
+        if self.config.eval_dataset_key or self.config.eval_dataset_url:
+            self.fetch_validation()
         return dest
+
+    def fetch_validation(self) -> Path:
+        """The run's validation dataset (validation_dataset_version_id) beside the dataset, checked like it."""
+        dest = self.data_dir / VALIDATION_FILE
+        storage = self.storage()
+        source = self.config.eval_dataset_key if isinstance(storage, DirStorage) else self.config.eval_dataset_url
+        try:
+            storage.fetch(source, dest)
+        except Exception as exc:
+            raise Failed(f"could not download the validation dataset: {describe_error(exc)}", output_exists=False,
+                         stage="dataset") from exc
+        self._check_sha(dest, self.config.eval_dataset_sha256, "validation dataset")
+        self.log(f"validation dataset downloaded ({dest.stat().st_size} bytes)")
+        return dest
+
+    def _check_sha(self, dest: Path, expected: str, what: str) -> None:
+        if expected:
+            got = file_sha256(dest)
+            if got != expected:
+                raise Failed(f"the downloaded {what} is not the validated one (sha256 {got}, validated "
+                             f"{expected}): it changed in storage; upload a new version",
+                             output_exists=False, stage="dataset")
 
     def archive_path(self) -> Path:
         """Where adapter.zip is kept on the machine (the product docs' recovery paths): with RunPod

@@ -124,9 +124,10 @@ class StorageBackend(Protocol):
         ...
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False, checkpoints: int = 0) -> tuple[dict[str, str], frozenset[str]]:
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
         """Environment giving the agent short-lived, narrow access: download the dataset,
         upload runs/<RUN_ID>/adapter.zip and logs (and merged.zip when merged: training.merged; and the
-        `checkpoints` slots of checkpoint_key as a JSON list),
+        `checkpoints` slots of checkpoint_key as a JSON list; and the dataset key `validation` to download),
         valid for ttl_s (the run's whole life). Returns (env, keys that are secret)."""
         ...

@@ -108,7 +108,8 @@ class LocalStorage:
         return None  # a directory has no URLs: GET /api/runs/{id}/adapter streams the file
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False, checkpoints: int = 0) -> tuple[dict[str, str], frozenset[str]]:
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
         env = {
             "TENSORANT_STORAGE_DIR": str(self.root),
             "TENSORANT_DATASET_KEY": dataset,
@@ -117,6 +118,8 @@ class LocalStorage:
         }
         if merged:
             env["TENSORANT_MERGED_KEY"] = merged_key(run_id)
+        if validation:
+            env["TENSORANT_EVAL_DATASET_KEY"] = validation
         if checkpoints:
             env["TENSORANT_CHECKPOINT_KEYS"] = json.dumps([checkpoint_key(run_id, i) for i in range(checkpoints)])
         return env, frozenset()

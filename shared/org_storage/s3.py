@@ -300,7 +300,8 @@ class S3Storage:
         return url
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False, checkpoints: int = 0) -> tuple[dict[str, str], frozenset[str]]:
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
         """Presigned URLs only (never the access key): GET the dataset, PUT the adapter and the logs.
 
         Each URL works for its one key and method until it expires (ttl_s, default 12 h):
@@ -313,6 +314,8 @@ class S3Storage:
         }
         if merged:
             env["TENSORANT_MERGED_UPLOAD_URL"] = self.presign("PUT", merged_key(run_id), ttl_s)
+        if validation:
+            env["TENSORANT_EVAL_DATASET_URL"] = self.presign("GET", validation, ttl_s)
         slots = [self.presign("PUT", checkpoint_key(run_id, i), ttl_s) for i in range(checkpoints)]
         for url in [*env.values(), *slots]:
             register_secret(url)

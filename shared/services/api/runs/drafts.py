@@ -28,6 +28,7 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
+        "validation_dataset_version_id": body.validation_dataset_version_id or "",
         "forecast": checked.forecast,
         # training.kind is the run's kind (checked above): kept out, so a later kind switch applies.
         "request": body.model_copy(update={"training": body.training.model_copy(update={"kind": None})}),
@@ -88,7 +89,8 @@ def request_of(run: RunRecord) -> RunCreate:
         runtime = None if runtime == TRIAL_RUNTIME_LIMIT_S else runtime
     return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
                      price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
-                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training)
+                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training,
+                     validation_dataset_version_id=run.validation_dataset_version_id or None)
 
 
 def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
@@ -105,6 +107,8 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
         fields["training"] = body.training.model_dump(exclude_unset=True)
     if not fields:
         raise InvalidInput.field("body", "send at least one field to change (the fields of a run create)")
+    if fields.get("validation_dataset_version_id") == "":
+        fields["validation_dataset_version_id"] = None  # dropped: the eval split is held out of the training rows
     request = request_of(run)
     merged = request.model_dump() | fields
     merged["training"] = request.training.model_dump() | fields.get("training", {})
