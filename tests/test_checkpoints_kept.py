@@ -184,3 +184,19 @@ def test_recover_a_named_checkpoint(h: Harness, cloud: Cloud) -> None:
     assert run["adapter_sha256"] == kept[1]["sha256"]
     status, body, _ = h.call("GET", f"/api/runs/{run_id}/adapter")
     assert status == 200 and hashlib.sha256(body).hexdigest() == kept[1]["sha256"]
+
+
+def test_the_agent_reads_the_losses_a_checkpoint_is_listed_with(tmp_path: Path) -> None:
+    from machine.agent.agent import Agent
+
+    (tmp_path / "data").mkdir()
+    agent = Agent(AgentConfig(run_id="run-k", api_url="http://127.0.0.1:9", token="t", base_model=SMOKE_MODEL,
+                              data_dir=tmp_path / "data", trainer_command="true"), environ={})
+    agent._read_output(io.BytesIO(b"progress=0.1000 step=2 loss=2.5000 lr=0.0002\n"
+                                  b"eval step=2 eval_loss=2.7500\n"
+                                  b"progress=0.2000 step=4 loss=2.2500 lr=0.0002\n"
+                                  b"checkpoint step=4\n"))
+    assert (agent.last_loss, agent.last_eval_loss, agent.checkpoint_seen) == (2.25, 2.75, 4)
+    agent._read_output(io.BytesIO(b"a line saying loss=9 is not a progress line\n"))
+    assert agent.last_loss == 2.25
+    assert agent.kept_checkpoints() == []  # nothing kept yet: heartbeats carry no list
