@@ -200,3 +200,20 @@ def test_the_agent_reads_the_losses_a_checkpoint_is_listed_with(tmp_path: Path) 
     agent._read_output(io.BytesIO(b"a line saying loss=9 is not a progress line\n"))
     assert agent.last_loss == 2.25
     assert agent.kept_checkpoints() == []  # nothing kept yet: heartbeats carry no list
+
+
+def test_the_trainer_never_sees_the_slot_or_validation_urls(tmp_path: Path) -> None:
+    from machine.agent.agent import Agent
+
+    slots = ["https://bucket.example/runs/r/checkpoints/slot-0.zip?X-Amz-Signature=aaaa"]
+    valid = "https://bucket.example/datasets/p/v.jsonl?X-Amz-Signature=bbbb"
+    environ = {"TENSORANT_CHECKPOINT_UPLOAD_URLS": json.dumps(slots), "TENSORANT_EVAL_DATASET_URL": valid, "PATH": "/bin"}
+    (tmp_path / "data").mkdir()
+    config = AgentConfig.from_env({"TENSORANT_RUN_ID": "run-k", "TENSORANT_API_URL": "http://127.0.0.1:9",
+                                   "TENSORANT_RUN_TOKEN": "t", "TENSORANT_DATA_DIR": str(tmp_path / "data"),
+                                   **environ})
+    agent = Agent(config, environ=environ)
+    env = agent.trainer_env(tmp_path / "data" / "dataset.jsonl", tmp_path / "out")
+    assert not {"TENSORANT_CHECKPOINT_UPLOAD_URLS", "TENSORANT_EVAL_DATASET_URL"} & set(env)
+    assert not any("X-Amz-Signature" in v for v in env.values())
+    assert {slots[0], valid} <= set(config.secrets())  # masked in every forwarded line

@@ -165,5 +165,11 @@ class AgentConfig:
         return replace(self, **values)
 
     def secrets(self) -> list[str]:
+        try:
+            slots = json.loads(self.checkpoint_upload_urls) if self.checkpoint_upload_urls else []
+        except ValueError:
+            slots = []
+        slot_urls = [str(u) for u in slots] if isinstance(slots, list) else []
         return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,
-                            self.merged_upload_url, self.hf_token) if s]
+                            self.merged_upload_url, self.hf_token, self.eval_dataset_url, self.checkpoint_upload_urls,
+                            *slot_urls) if s]

@@ -38,7 +38,8 @@ _PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|
 # Never handed to the trainer: it is the customer's (or our smoke) code and has no business
 # talking to the control plane or storage. The bootstrap holds all of those at once.
 _TRAINER_HIDDEN = ("TENSORANT_RUN_TOKEN", "TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL",
-                   "TENSORANT_LOGS_UPLOAD_URL", "TENSORANT_MERGED_UPLOAD_URL", BOOTSTRAP_VAR)
+                   "TENSORANT_LOGS_UPLOAD_URL", "TENSORANT_MERGED_UPLOAD_URL", "TENSORANT_CHECKPOINT_UPLOAD_URLS",
+                   "TENSORANT_EVAL_DATASET_URL", BOOTSTRAP_VAR)
 
 
 def _processes() -> list[tuple[int, int, int]]:
