@@ -282,8 +282,29 @@ class OrgSecretSet(Model):
                        description="a Hugging Face access token (hf_...)", repr=False)
 
 
+class OrgMlflowSet(Model):
+    """PUT /api/org/secrets/mlflow: where the trainer logs its parameters, losses, evaluations and the adapter's
+    digest. Write-only, sealed, handed to the trainer only (the machine reaches the server, never the control
+    plane)."""
+
+    tracking_uri: str = Field(max_length=2000, pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[^\s]*)?$",
+                              description="the MLflow tracking server's http(s) URL", repr=False)
+    token: str | None = Field(default=None, min_length=8, max_length=4096, pattern=r"^[\x21-\x7e]+$",
+                              description="sent as a Bearer token (MLFLOW_TRACKING_TOKEN)", repr=False)
+    experiment: str = Field(default="tensorant", min_length=1, max_length=250, pattern=r"^[\w .:/-]+$")
+
+
+class OrgWandbSet(Model):
+    """PUT /api/org/secrets/wandb: a Weights & Biases API key for the trainer (write-only, sealed)."""
+
+    api_key: str = Field(min_length=40, max_length=128, pattern=r"^[A-Za-z0-9_-]+$", repr=False)
+    project: str = Field(default="tensorant", min_length=1, max_length=128, pattern=r"^[\w.-]+$")
+
+
 class OrgSecretsView(Model):
     huggingface_token: dict[str, bool]
+    mlflow: dict[str, bool] = Field(default_factory=lambda: {"set": False})
+    wandb: dict[str, bool] = Field(default_factory=lambda: {"set": False})
 
 
 class OrgSecretRecord(Model):

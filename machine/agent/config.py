@@ -76,6 +76,10 @@ CONTINUE_FIELDS = {
 }
 
 
+# The org's metrics trackers (shared/services/api/org_secrets.py), for the trainer (machine/trainer/tracking.py).
+TRACKING_SECRET_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     run_id: str
@@ -105,6 +109,8 @@ class AgentConfig:
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
     hf_token: str = ""  # for gated base models; a secret
+    # The org's metrics trackers (org secrets): in the trainer's environment as they came, masked in every line.
+    tracking_secrets: tuple[str, ...] = ()
     complete_retry_s: float = 1800.0  # how long to keep trying to report completion
     heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
     # Self-protection (machine.agent.guard): the bounds past which the agent stops training and powers
@@ -147,6 +153,7 @@ class AgentConfig:
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
             hf_token=env.get("HF_TOKEN", ""),
+            tracking_secrets=tuple(env[k] for k in TRACKING_SECRET_VARS if env.get(k)),
             complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
             runtime_limit_s=_seconds(env, "TENSORANT_RUNTIME_LIMIT_S", 0),
             deadline_at=_seconds(env, "TENSORANT_DEADLINE_AT", 0),
@@ -172,4 +179,4 @@ class AgentConfig:
         slot_urls = [str(u) for u in slots] if isinstance(slots, list) else []
         return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,
                             self.merged_upload_url, self.hf_token, self.eval_dataset_url, self.checkpoint_upload_urls,
-                            *slot_urls) if s]
+                            *slot_urls, *self.tracking_secrets) if s]

@@ -822,6 +822,14 @@ def train(env: dict[str, str]) -> int:
     losses = progress.losses
     log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {job.output} "
         f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
+    if env.get("MLFLOW_TRACKING_URI") or env.get("WANDB_API_KEY"):
+        from machine.trainer import tracking
+
+        tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or base_model, params=s.as_dict(),
+                        losses=losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
+                        summary={"eval_loss_before": progress.eval_before, "eval_loss": eval_after,
+                                 "tokens": float(progress.tokens_seen), "train_seconds": timing[0]},
+                        adapter_sha256=hashlib.sha256((job.output / WEIGHTS_NAME).read_bytes()).hexdigest())
     if s.merged:
         # The training model (and its optimizer state) freed first: the merge loads the base model again.
         del run, model, loaded, optimizer, scheduler, neftune, progress

@@ -101,6 +101,9 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         **storage_env,
     }
     secret = {"TENSORANT_RUN_TOKEN", *secret_keys}
+    tracking, tracking_secret = org_secrets.tracking_env(run.org)  # MLflow / W&B: the trainer's alone
+    env.update(tracking)
+    secret |= tracking_secret
     hf_token = org_secrets.hf_token(run.org)
     if hf_token:
         # For gated models; the agent gives it to the trainer only and masks it in forwarded logs.
