@@ -125,3 +125,37 @@ def test_nothing_is_imported_or_sent_without_a_tracker() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'mlflow')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _wandb_python() -> str | None:
+    local = REPO / ".tensorant" / "wandb-venv" / "bin" / "python"
+    return str(local) if local.is_file() else None
+
+
+def test_wandb_offline_writes_the_run_and_sends_nothing(tmp_path: Path) -> None:
+    """W&B in its offline mode: the run's files are written under WANDB_DIR and no connection is made (its API
+    URL points at a loopback listener that must see nothing). wandb runs from its own venv (`make wandb-venv`),
+    with the project on PYTHONPATH: tracking.py needs nothing else."""
+    py = _wandb_python()
+    if py is None:
+        pytest.skip("no wandb: run `make wandb-venv` (installs PyPI wandb in .tensorant/wandb-venv)")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    code = ("from machine.trainer import tracking; "
+            "tracking.report(__import__('os').environ, print, run_name='run-w', params={'lora_r': 4}, "
+            "losses=[2.0, 1.5, 1.0], evals=[(2, 1.7)], summary={'eval_loss': 1.6}, adapter_sha256='" + SHA + "')")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path), "WANDB_MODE": "offline",
+           "WANDB_DIR": str(tmp_path), "WANDB_API_KEY": "k" * 40, "WANDB_PROJECT": "pirates",
+           "WANDB_BASE_URL": f"http://127.0.0.1:{listener.getsockname()[1]}", "WANDB_SILENT": "true"}
+    out = subprocess.run([py, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and "metrics logged to Weights & Biases" in out.stdout, out.stdout + out.stderr
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
+    [records] = list(runs[0].glob("run-*.wandb"))
+    data = records.read_bytes()
+    assert SHA.encode() in data and b"eval_loss" in data and b"lora_r" in data
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nothing connected: offline sends nothing
+    listener.close()
