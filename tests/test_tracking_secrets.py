@@ -66,3 +66,13 @@ def test_the_agent_masks_the_trackers_and_hands_them_to_the_trainer(tmp_path: ob
     assert {MLFLOW_URI, MLFLOW_TOKEN, WANDB_KEY} <= set(config.secrets())
     env = Agent(config, environ=environ).trainer_env(data / "dataset.jsonl", data / "out")
     assert (env["MLFLOW_TRACKING_TOKEN"], env["WANDB_API_KEY"]) == (MLFLOW_TOKEN, WANDB_KEY)
+
+
+def test_names_are_not_secrets(h: Harness) -> None:
+    """The experiment and project names are not masked (the default "tensorant" would be, everywhere)."""
+    from shared.log import redact_text
+
+    h.ok("PUT", "/api/org/secrets/wandb", json_body={"api_key": WANDB_KEY})
+    h.ok("PUT", "/api/org/secrets/mlflow", json_body={"tracking_uri": MLFLOW_URI, "experiment": "pirates"})
+    assert redact_text("tensorant pirates") == "tensorant pirates"
+    assert WANDB_KEY not in redact_text(f"key {WANDB_KEY}")

@@ -66,8 +66,9 @@ def hf_token(org: str) -> str:
 
 def _put(principal: Principal, name: str, value: dict[str, str]) -> OrgSecretsView:
     require(principal, Role.owner)
-    for v in value.values():
-        register_secret(v)
+    for k, v in value.items():
+        if k in _SECRET_VARS:  # not the experiment or project name: "tensorant" would be masked everywhere
+            register_secret(v)
     get_store().secrets.put(OrgSecretRecord(
         org=principal.org, name=name, sealed=seal(value, aad=_aad(principal.org, name)), saved_at=now(),
         saved_by=principal.sub))
