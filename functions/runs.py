@@ -2,7 +2,7 @@ import azure.functions as func
 
 from shared import http
 from shared.models import RunCancel, RunCreate, RunEstimate, RunLaunch, RunPatch, RunRecover, RunView
-from shared.services.api.runs import actions, adapter, drafts, logs, view
+from shared.services.api.runs import actions, adapter, checkpoints, drafts, logs, view
 
 bp = func.Blueprint()
 ANON = func.AuthLevel.ANONYMOUS
@@ -101,11 +101,14 @@ def release_run(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="runs/{id}/adapter", methods=["GET"], auth_level=ANON)
 @http.api(summary="The verified adapter of a succeeded run: application/zip (local storage, header "
                   "X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before. ?format=merged: "
-                  "the adapter merged into the base model (training.merged), 404 when the run has none",
+                  "the adapter merged into the base model (training.merged), 404 when the run has none. "
+                  "?checkpoint=<step>: a kept checkpoint's adapter, in any state of the run",
           response="adapter download")
 def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
     def call() -> object:
-        got = adapter.adapter(http.principal(req), req.route_params["id"], req.params.get("format"))
+        step = req.params.get("checkpoint")
+        got = (checkpoints.download(http.principal(req), req.route_params["id"], step) if step is not None
+               else adapter.adapter(http.principal(req), req.route_params["id"], req.params.get("format")))
         if isinstance(got, adapter.AdapterStream):
             return func.HttpResponse(got.data, status_code=200, mimetype="application/zip", headers={
                 **http.NO_STORE, "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,
@@ -113,6 +116,13 @@ def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
         return got
 
     return http.respond(call)
+
+
+@bp.route(route="runs/{id}/checkpoints", methods=["GET"], auth_level=ANON)
+@http.api(summary="The run's kept checkpoint adapters (the newest training.keep_checkpoints): step, saved_at, "
+                  "train_loss, eval_loss, size, sha256; download one with GET /api/runs/{id}/adapter?checkpoint=<step>")
+def run_checkpoints(req: func.HttpRequest) -> func.HttpResponse:
+    return http.respond(lambda: checkpoints.checkpoints(http.principal(req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}/stop", methods=["POST"], auth_level=ANON)

@@ -155,6 +155,9 @@ class RunEvent(Model):
 # ---------------------------------------------------------------- training settings
 
 
+MAX_KEEP_CHECKPOINTS = 10
+
+
 class TrainingSettings(Model):
     """A run's training settings: the TENSORANT_TRAINING fields of the cross-team contract
     (names, defaults and ranges as machine/trainer/config.py checks them again on the machine).
@@ -193,6 +196,9 @@ class TrainingSettings(Model):
         "save a checkpoint (adapter + optimizer state) on the machine's disk every this many steps"))
     checkpoint_every_s: int = Field(default=600, ge=30, le=7 * 24 * 3600, strict=True, description=(
         "and at least every this many seconds; a retained run can be verified or resumed from it"))
+    keep_checkpoints: int = Field(default=3, ge=1, le=MAX_KEEP_CHECKPOINTS, strict=True, description=(
+        "how many of the newest checkpoints' adapters are kept in storage (GET /api/runs/{id}/checkpoints); "
+        "each newer one replaces the oldest"))
     eval_every_steps: int | None = Field(default=None, ge=1, le=100000, strict=True, description=(
         "evaluate on the held-out split every this many steps (the run's eval curve); the adapter of the "
         "best evaluation is the one written (keep_best)"))
@@ -286,8 +292,29 @@ class OrgSecretSet(Model):
                        json_schema_extra={"format": "password", "writeOnly": True})  # a secret: forms hide it
 
 
+class OrgMlflowSet(Model):
+    """PUT /api/org/secrets/mlflow: where the trainer logs its parameters, losses, evaluations and the adapter's
+    digest. Write-only, sealed, handed to the trainer only (the machine reaches the server, never the control
+    plane)."""
+
+    tracking_uri: str = Field(max_length=2000, pattern=r"^https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?(/[^\s]*)?$",
+                              description="the MLflow tracking server's http(s) URL", repr=False)
+    token: str | None = Field(default=None, min_length=8, max_length=4096, pattern=r"^[\x21-\x7e]+$",
+                              description="sent as a Bearer token (MLFLOW_TRACKING_TOKEN)", repr=False)
+    experiment: str = Field(default="tensorant", min_length=1, max_length=250, pattern=r"^[\w .:/-]+$")
+
+
+class OrgWandbSet(Model):
+    """PUT /api/org/secrets/wandb: a Weights & Biases API key for the trainer (write-only, sealed)."""
+
+    api_key: str = Field(min_length=40, max_length=128, pattern=r"^[A-Za-z0-9_-]+$", repr=False)
+    project: str = Field(default="tensorant", min_length=1, max_length=128, pattern=r"^[\w.-]+$")
+
+
 class OrgSecretsView(Model):
     huggingface_token: dict[str, bool]
+    mlflow: dict[str, bool] = Field(default_factory=lambda: {"set": False})
+    wandb: dict[str, bool] = Field(default_factory=lambda: {"set": False})
 
 
 class OrgSecretRecord(Model):
@@ -447,6 +474,19 @@ class RetentionCountdown(Model):
     started: datetime
 
 
+class CheckpointInfo(Model):
+    """One checkpoint adapter the agent saved in storage, in slot `slot` of the run's ring of
+    keep_checkpoints slots (runs/<id>/checkpoints/slot-<n>.zip): reported by the agent in its heartbeats."""
+
+    step: int = Field(ge=1, le=10_000_000, strict=True)
+    slot: int = Field(ge=0, lt=MAX_KEEP_CHECKPOINTS, strict=True)
+    saved_at: datetime
+    train_loss: float | None = Field(default=None, ge=0.0, le=1e6)
+    eval_loss: float | None = Field(default=None, ge=0.0, le=1e6)
+    size: int = Field(ge=0, le=2**40, strict=True)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class RunRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
@@ -460,6 +500,7 @@ class RunRecord(Model):
     price_limit_per_hour: float
     runtime_limit_s: int
     dataset_version_id: str
+    validation_dataset_version_id: str = ""  # "" = the eval split is held out of the training rows
     base_model: str
     state: RunState = RunState.draft
     outcome: Outcome | None = None
@@ -571,6 +612,8 @@ class RunRecord(Model):
     capacity_wait_s: int = 0
     # When the run began waiting for capacity (every candidate refused once): capacity_wait_s counts from it.
     capacity_wait_since: datetime | None = None
+    # The checkpoint adapters in storage, oldest step first (at most training.keep_checkpoints).
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------- queue messages
@@ -638,6 +681,9 @@ class RunCreate(Model):
     price_limit_per_hour: float = Field(gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str = Field(pattern=KEY_PATTERN)
+    validation_dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN, description=(
+        "a dataset version of the same project to evaluate on (all of its rows, up to the trainer's cap) instead "
+        "of holding out training.eval_fraction of the training rows"))
     base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
     # Training settings; omitted fields take the defaults, a trial run is bounded
     training: TrainingSettings = Field(default_factory=TrainingSettings)
@@ -687,6 +733,8 @@ class RunPatch(Model):
     price_limit_per_hour: float | None = Field(default=None, gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN)
+    validation_dataset_version_id: str | None = Field(default=None, pattern=r"^$|" + KEY_PATTERN, description=(
+        "a validation dataset version of the project; \"\" drops the draft's"))
     base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
     training: TrainingSettings | None = Field(default=None, description=(
         "the training settings to change; the ones left out keep the draft's (null clears an optional one)"))
@@ -726,6 +774,9 @@ class RunRecover(Model):
         "true: a checkpoint's adapter (training stopped before its planned steps) may end the run, marked "
         "adapter_kind checkpoint; false: such an archive is refused and the run stays retained (resume it "
         "instead). With an application/zip upload: the query parameter accept_checkpoint=true"))
+    checkpoint: int | None = Field(default=None, ge=1, le=10_000_000, strict=True, description=(
+        "verify_saved: the step of a kept checkpoint (GET /api/runs/{id}/checkpoints) whose adapter ends the run "
+        "(implies accept_checkpoint); resume: must be the newest kept checkpoint (only it is on the machine's disk)"))
 
 
 class Heartbeat(Model):
@@ -734,6 +785,8 @@ class Heartbeat(Model):
     # Strict: "0.5" or true is a broken agent, refused with 422 rather than read as a number.
     progress: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
     logs: list[Annotated[str, Field(strict=True)]] = Field(default_factory=list, max_length=500)
+    # The checkpoint adapters the agent has put in the run's checkpoint slots (its whole current list).
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list, max_length=MAX_KEEP_CHECKPOINTS)
 
 
 class AgentComplete(Model):
@@ -829,6 +882,7 @@ class RunView(Model):
     runtime_limit_s: int
     base_model: str
     dataset_version_id: str
+    validation_dataset_version_id: str = ""
     resources: list[CloudResource]
     adapter_sha256: str
     release_error: str

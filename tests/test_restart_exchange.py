@@ -80,7 +80,7 @@ def test_a_resume_after_the_token_expired_was_lost_and_now_continues(h: Harness,
     env = json.loads(base64.b64decode(grant["bootstrap"]))  # storage access from now, nothing else
     run = stored(h, run_id)
     assert set(env) == {"TENSORANT_STORAGE_DIR", "TENSORANT_DATASET_KEY", "TENSORANT_ADAPTER_KEY",
-                        "TENSORANT_LOGS_KEY"}, sorted(env)
+                        "TENSORANT_LOGS_KEY", "TENSORANT_CHECKPOINT_KEYS"}, sorted(env)
     claims = jwt.decode(grant["token"], options={"verify_signature": False})
     assert (claims["org"], claims["run"], claims["aud"]) == (h.org, run_id, AGENT_AUDIENCE)
     assert claims["exp"] - claims["iat"] == get_settings().agent_token_ttl_s

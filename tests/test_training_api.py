@@ -14,6 +14,7 @@ from tests.fakes import Cloud, TwoOffers, draft
 from tests.harness import Harness, trained_adapter_zip
 
 HF_SECRET = "hf_DoNotLeakThisToken0123456789abcdef"
+NO_SECRETS = {"huggingface_token": {"set": False}, "mlflow": {"set": False}, "wandb": {"set": False}}
 BIG = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -161,15 +162,15 @@ def test_test_models_are_not_offered_unless_the_operator_allows_them(
 def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
         h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)
-    assert h.ok("GET", "/api/org/secrets") == {"huggingface_token": {"set": False}}
+    assert h.ok("GET", "/api/org/secrets") == NO_SECRETS
     status, _, _ = h.call("PUT", "/api/org/secrets/huggingface-token", token="member", json_body={"token": HF_SECRET})
     assert status == 403
     status, bad, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf bad\n" + HF_SECRET})
     assert status == 422 and bad["errors"][0]["field"] == "token"
     saved = h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": HF_SECRET})
-    assert saved == {"huggingface_token": {"set": True}}
+    assert saved == {"huggingface_token": {"set": True}, "mlflow": {"set": False}, "wandb": {"set": False}}
     shown = h.ok("GET", "/api/org/secrets")
-    assert shown == {"huggingface_token": {"set": True}}
+    assert shown == {"huggingface_token": {"set": True}, "mlflow": {"set": False}, "wandb": {"set": False}}
     from shared.store import get_store
 
     rec = get_store().secrets.get("org-a", "huggingface-token")
@@ -196,7 +197,7 @@ def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
     assert HF_SECRET not in everything
     status, _, _ = h.call("DELETE", "/api/org/secrets/huggingface-token")
     assert status == 204
-    assert h.ok("GET", "/api/org/secrets") == {"huggingface_token": {"set": False}}
+    assert h.ok("GET", "/api/org/secrets") == NO_SECRETS
 
 
 def test_adapter_is_409_until_succeeded_then_streamed_with_its_sha(h: Harness) -> None:

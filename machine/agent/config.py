@@ -71,7 +71,13 @@ CONTINUE_FIELDS = {
     "TENSORANT_ADAPTER_KEY": "adapter_key", "TENSORANT_LOGS_KEY": "logs_key", "TENSORANT_MERGED_KEY": "merged_key",
     "TENSORANT_DATASET_URL": "dataset_url", "TENSORANT_ADAPTER_UPLOAD_URL": "adapter_upload_url",
     "TENSORANT_LOGS_UPLOAD_URL": "logs_upload_url", "TENSORANT_MERGED_UPLOAD_URL": "merged_upload_url",
+    "TENSORANT_EVAL_DATASET_KEY": "eval_dataset_key", "TENSORANT_EVAL_DATASET_URL": "eval_dataset_url",
+    "TENSORANT_CHECKPOINT_KEYS": "checkpoint_keys", "TENSORANT_CHECKPOINT_UPLOAD_URLS": "checkpoint_upload_urls",
 }
+
+
+# The org's metrics trackers (shared/services/api/org_secrets.py), for the trainer (machine/trainer/tracking.py).
+TRACKING_SECRET_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
 
 
 @dataclass(frozen=True)
@@ -92,10 +98,19 @@ class AgentConfig:
     logs_upload_url: str = ""
     merged_key: str = ""  # training.merged: where merged.zip goes (a directory), or its presigned URL
     merged_upload_url: str = ""
+    # The run's checkpoint slots (JSON lists): keys under storage_dir, or presigned PUT URLs.
+    checkpoint_keys: str = ""
+    checkpoint_upload_urls: str = ""
+    # The run's validation dataset (validation_dataset_version_id): its key, or a presigned GET URL, and sha256.
+    eval_dataset_key: str = ""
+    eval_dataset_url: str = ""
+    eval_dataset_sha256: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
     hf_token: str = ""  # for gated base models; a secret
+    # The org's metrics trackers (org secrets): in the trainer's environment as they came, masked in every line.
+    tracking_secrets: tuple[str, ...] = ()
     complete_retry_s: float = 1800.0  # how long to keep trying to report completion
     heartbeat_retry_s: float = 20.0  # a heartbeat that cannot get through waits for the next one
     # Self-protection (machine.agent.guard): the bounds past which the agent stops training and powers
@@ -129,10 +144,16 @@ class AgentConfig:
             logs_upload_url=env.get("TENSORANT_LOGS_UPLOAD_URL", ""),
             merged_key=env.get("TENSORANT_MERGED_KEY", ""),
             merged_upload_url=env.get("TENSORANT_MERGED_UPLOAD_URL", ""),
+            checkpoint_keys=env.get("TENSORANT_CHECKPOINT_KEYS", ""),
+            checkpoint_upload_urls=env.get("TENSORANT_CHECKPOINT_UPLOAD_URLS", ""),
+            eval_dataset_key=env.get("TENSORANT_EVAL_DATASET_KEY", ""),
+            eval_dataset_url=env.get("TENSORANT_EVAL_DATASET_URL", ""),
+            eval_dataset_sha256=env.get("TENSORANT_EVAL_DATASET_SHA256", "").lower(),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
             hf_token=env.get("HF_TOKEN", ""),
+            tracking_secrets=tuple(env[k] for k in TRACKING_SECRET_VARS if env.get(k)),
             complete_retry_s=float(env.get("TENSORANT_COMPLETE_RETRY_S") or 1800),
             runtime_limit_s=_seconds(env, "TENSORANT_RUNTIME_LIMIT_S", 0),
             deadline_at=_seconds(env, "TENSORANT_DEADLINE_AT", 0),
@@ -151,5 +172,11 @@ class AgentConfig:
         return replace(self, **values)
 
     def secrets(self) -> list[str]:
+        try:
+            slots = json.loads(self.checkpoint_upload_urls) if self.checkpoint_upload_urls else []
+        except ValueError:
+            slots = []
+        slot_urls = [str(u) for u in slots] if isinstance(slots, list) else []
         return [s for s in (self.token, self.dataset_url, self.adapter_upload_url, self.logs_upload_url,
-                            self.merged_upload_url, self.hf_token) if s]
+                            self.merged_upload_url, self.hf_token, self.eval_dataset_url, self.checkpoint_upload_urls,
+                            *slot_urls, *self.tracking_secrets) if s]

@@ -124,6 +124,10 @@ class Reporter:
                 self.dropped += extra
             self.logs_file.write(line + "\n")
 
+    def kept_checkpoints(self) -> list[dict[str, object]]:
+        """The checkpoint adapters kept in storage (TrainerSupervisor), reported with each heartbeat."""
+        return []
+
     def heartbeat(self, phase: str, progress: float | None = None) -> None:
         """Send the phase, progress and every pending line (in batches the API accepts)."""
         with self.send_lock:
@@ -147,7 +151,11 @@ class Reporter:
                 lines.insert(0, f"agent: {self.dropped} log lines were dropped (too many to send)")
                 self.dropped = 0
         for i, batch in enumerate(_batches(lines) or [[]]):
-            body = {"phase": phase, "progress": round(min(max(self.progress, 0.0), 1.0), 4), "logs": batch}
+            body: dict[str, object] = {"phase": phase, "progress": round(min(max(self.progress, 0.0), 1.0), 4),
+                                       "logs": batch}
+            kept = self.kept_checkpoints()
+            if kept and i == 0:
+                body["checkpoints"] = kept
             answer = self.api.post("heartbeat", body, give_up_after_s=self.config.heartbeat_retry_s)
             self.guard.heard(answer.ok, self.api.rejected)
             if not answer.ok:

@@ -26,10 +26,11 @@ from machine.agent.config import BOOTSTRAP_VAR, AgentConfig
 from machine.agent.heartbeat import Reporter
 from machine.agent.redact import redact_text
 from machine.agent.state import Failed
-from machine.agent.uploads import Uploads
+from machine.agent.uploads import VALIDATION_FILE, Uploads
 
 REQUIRED_OUTPUT = ("adapter_config.json", "adapter_model.safetensors")
 CHECKPOINT_DIR = "checkpoint"  # under DATA_DIR: the trainer's step-<k> folders (machine.trainer.lora)
+_LOSS = re.compile(r"\s(eval_)?loss=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|$)")
 _CHECKPOINT = re.compile(r"checkpoint step=(\d+)(?:\s|$)")
 # The trainer wrote its final adapter and goes on with its final eval and samples (machine.trainer.lora's
 # FINAL_WRITTEN): uploaded at once, so a runtime limit passing during those finds the finished training's adapter.
@@ -40,7 +41,8 @@ _PROGRESS = re.compile(r"\s*progress=([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)(?:\s|
 # Never handed to the trainer: it is the customer's (or our smoke) code and has no business
 # talking to the control plane or storage. The bootstrap holds all of those at once.
 _TRAINER_HIDDEN = ("TENSORANT_RUN_TOKEN", "TENSORANT_DATASET_URL", "TENSORANT_ADAPTER_UPLOAD_URL",
-                   "TENSORANT_LOGS_UPLOAD_URL", "TENSORANT_MERGED_UPLOAD_URL", BOOTSTRAP_VAR)
+                   "TENSORANT_LOGS_UPLOAD_URL", "TENSORANT_MERGED_UPLOAD_URL", "TENSORANT_CHECKPOINT_UPLOAD_URLS",
+                   "TENSORANT_EVAL_DATASET_URL", BOOTSTRAP_VAR)
 
 
 def _processes() -> list[tuple[int, int, int]]:
@@ -129,6 +131,8 @@ class TrainerSupervisor(Reporter):
         self.checkpoint_uploaded = 0
         self.final_seen = False  # the trainer printed that its final adapter is written (_FINAL)
         self.final_uploaded = False
+        self.last_loss: float | None = None  # the trainer's last `loss=` and `eval_loss=` (the checkpoints' list)
+        self.last_eval_loss: float | None = None
         self.trainer: subprocess.Popen[bytes] | None = None
         self.trainer_user: tuple[int, int] | None = None  # (uid, gid) when it runs as its own user
         self.last_line = ""
@@ -150,6 +154,9 @@ class TrainerSupervisor(Reporter):
                    PYTHONUNBUFFERED="1")
         if resume_from is not None:
             env["TENSORANT_RESUME_FROM"] = str(resume_from)
+        validation = dataset.parent / VALIDATION_FILE
+        if (self.config.eval_dataset_key or self.config.eval_dataset_url) and validation.is_file():
+            env["TENSORANT_EVAL_DATASET_PATH"] = str(validation)
         # The contract's optional inputs, set only when given (unset = the trainer's defaults).
         for key, value in (("TENSORANT_BASE_MODEL_PATH", self.config.base_model_path),
                            ("TENSORANT_TRAINING", self.config.training), ("HF_TOKEN", self.config.hf_token)):
@@ -188,6 +195,8 @@ class TrainerSupervisor(Reporter):
             if owned is not None:
                 self.chown(owned, pw.pw_uid, pw.pw_gid)
         os.chmod(dataset, 0o644)  # the trainer reads it; everything else of the agent's stays its own
+        if "TENSORANT_EVAL_DATASET_PATH" in env:
+            os.chmod(env["TENSORANT_EVAL_DATASET_PATH"], 0o644)
         env.update(HOME=pw.pw_dir, USER=name, LOGNAME=name)
         kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
         # Its own user (never root): end_trainer then kills every process of it.
@@ -302,6 +311,10 @@ class TrainerSupervisor(Reporter):
             match = _PROGRESS.match(line)
             if match:
                 self.progress = min(max(float(match.group(1)), 0.0), 1.0)
+            if match or line.startswith("eval "):
+                loss = _LOSS.search(line)
+                if loss:
+                    setattr(self, "last_eval_loss" if loss.group(1) else "last_loss", float(loss.group(2)))
             saved = _CHECKPOINT.match(line)
             if saved:
                 self.checkpoint_seen = max(self.checkpoint_seen, int(saved.group(1)))
@@ -314,6 +327,9 @@ class TrainerSupervisor(Reporter):
     def _last_trainer_line(self) -> str:
         return redact_text(self.last_line)[:300]
 
+    def kept_checkpoints(self) -> list[dict[str, object]]:
+        return list(self.uploads.kept)
+
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint folder (the trainer renames each into place whole)."""
         return newest_checkpoint(self.checkpoints)
@@ -323,4 +339,4 @@ class TrainerSupervisor(Reporter):
         self.checkpoint_uploaded = self.checkpoint_seen
         folder = self.latest_checkpoint()
         if folder is not None:
-            self.uploads.upload_checkpoint(folder)
+            self.uploads.upload_checkpoint(folder, self.last_loss, self.last_eval_loss)

@@ -24,7 +24,10 @@ from machine.agent.state import Failed
 from machine.agent.storage import DirStorage, UrlStorage
 from machine.agent.transport import describe_error
 
-CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"  # adapter.zip on the disk stays the final adapter's name
+CHECKPOINT_ARCHIVE = "checkpoint-adapter.zip"
+VALIDATION_FILE = "validation.jsonl"  # beside dataset.jsonl: the trainer's TENSORANT_EVAL_DATASET_PATH
+KEPT_FILE = "checkpoints-kept.json"  # which checkpoint is in which storage slot, kept across agent restarts
+MAX_SLOTS = 10  # shared.models.MAX_KEEP_CHECKPOINTS  # adapter.zip on the disk stays the final adapter's name
 # What an adapter archive holds, and all it may hold (the verifier refuses any other entry): a
 # checkpoint's optimizer state stays on the disk, and nothing else the trainer writes is exported.
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "manifest.json")
@@ -56,6 +59,30 @@ def open_regular(name: str, folder_fd: int) -> BinaryIO | None:
         os.close(fd)
         return None
     return os.fdopen(fd, "rb")
+
+
+def _step_of(folder: Path) -> int:
+    m = re.fullmatch(r"step-(\d{1,8})", folder.name)
+    return int(m.group(1)) if m else 0
+
+
+def _read_kept(path: Path) -> list[dict[str, object]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    ok = isinstance(data, list) and all(isinstance(k, dict) and isinstance(k.get("step"), int)
+                                        and isinstance(k.get("slot"), int) for k in data)
+    return data if ok else []
+
+
+def _write_kept(path: Path, kept: list[dict[str, object]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open_archive(tmp) as f:
+        f.write(json.dumps(kept).encode())
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
 
 
 def file_sha256(path: Path) -> str:
@@ -171,6 +198,38 @@ class Uploads:
         self.data_dir = config.data_dir
         self.output = output  # the trainer's output directory: the final adapter
         self.logs_path = logs_path
+        self.kept: list[dict[str, object]] = _read_kept(self.data_dir / KEPT_FILE)
+
+    def checkpoint_slots(self) -> list[str]:
+        """The run's checkpoint slots: keys under the storage directory, or presigned PUT URLs."""
+        raw = self.config.checkpoint_keys if self.config.storage_dir else self.config.checkpoint_upload_urls
+        try:
+            slots = json.loads(raw) if raw else []
+        except ValueError:
+            return []
+        return [str(x) for x in slots][:MAX_SLOTS] if isinstance(slots, list) else []
+
+    def keep_checkpoint(self, archive: Path, step: int, train_loss: float | None, eval_loss: float | None) -> None:
+        """Put a checkpoint's archive in the slot of the oldest kept one (or a free slot) and list it for the
+        heartbeats. Its entry leaves the list (written to the disk) before the slot is overwritten, so no
+        report ever names a slot for a step it may no longer hold."""
+        slots = self.checkpoint_slots()
+        if not slots:
+            return
+        used = {int(str(k["slot"])) for k in self.kept}
+        free = [i for i in range(len(slots)) if i not in used]
+        slot = free[0] if free else int(str(min(self.kept, key=lambda k: int(str(k["step"])))["slot"]))
+        self.kept = [k for k in self.kept if k["slot"] != slot and k["step"] != step]
+        _write_kept(self.data_dir / KEPT_FILE, self.kept)
+        storage = self.storage()
+        storage.upload(slots[slot], archive)
+        entry: dict[str, object] = {"step": step, "slot": slot, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                        time.gmtime()),
+                                    "size": archive.stat().st_size, "sha256": file_sha256(archive)}
+        entry.update({k: round(v, 6) for k, v in (("train_loss", train_loss), ("eval_loss", eval_loss))
+                      if v is not None and 0 <= v <= 1e6})
+        self.kept = sorted([*self.kept, entry], key=lambda k: int(str(k["step"])))
+        _write_kept(self.data_dir / KEPT_FILE, self.kept)
 
     def storage(self) -> DirStorage | UrlStorage:
         if self.config.storage_dir:
@@ -182,7 +241,11 @@ class Uploads:
     def dataset_path(self) -> Path:
         """The dataset downloaded before a restart (it is on the kept disk), or fetched again if it is gone."""
         dest = self.data_dir / "dataset.jsonl"
-        return dest if dest.is_file() else self.fetch_dataset()
+        if not dest.is_file():
+            return self.fetch_dataset()
+        if (self.config.eval_dataset_key or self.config.eval_dataset_url) and not (self.data_dir / VALIDATION_FILE).is_file():
+            self.fetch_validation()
+        return dest
 
     def fetch_dataset(self) -> Path:
         dest = self.data_dir / "dataset.jsonl"
@@ -193,14 +256,33 @@ class Uploads:
         except Exception as exc:
             raise Failed(f"could not download the dataset: {describe_error(exc)}", output_exists=False,
                          stage="dataset") from exc
-        if self.config.dataset_sha256:
-            got = file_sha256(dest)
-            if got != self.config.dataset_sha256:
-                raise Failed(f"the downloaded dataset is not the validated one (sha256 {got}, validated "
-                             f"{self.config.dataset_sha256}): it changed in storage; upload a new version",
-                             output_exists=False, stage="dataset")
+        self._check_sha(dest, self.config.dataset_sha256, "dataset")
         self.log(f"dataset downloaded ({dest.stat().st_size} bytes)")
+        if self.config.eval_dataset_key or self.config.eval_dataset_url:
+            self.fetch_validation()
         return dest
+
+    def fetch_validation(self) -> Path:
+        """The run's validation dataset (validation_dataset_version_id) beside the dataset, checked like it."""
+        dest = self.data_dir / VALIDATION_FILE
+        storage = self.storage()
+        source = self.config.eval_dataset_key if isinstance(storage, DirStorage) else self.config.eval_dataset_url
+        try:
+            storage.fetch(source, dest)
+        except Exception as exc:
+            raise Failed(f"could not download the validation dataset: {describe_error(exc)}", output_exists=False,
+                         stage="dataset") from exc
+        self._check_sha(dest, self.config.eval_dataset_sha256, "validation dataset")
+        self.log(f"validation dataset downloaded ({dest.stat().st_size} bytes)")
+        return dest
+
+    def _check_sha(self, dest: Path, expected: str, what: str) -> None:
+        if expected:
+            got = file_sha256(dest)
+            if got != expected:
+                raise Failed(f"the downloaded {what} is not the validated one (sha256 {got}, validated "
+                             f"{expected}): it changed in storage; upload a new version",
+                             output_exists=False, stage="dataset")
 
     def archive_path(self) -> Path:
         """Where adapter.zip is kept on the machine (the product docs' recovery paths): with RunPod
@@ -264,10 +346,11 @@ class Uploads:
         self.log(f"merged model uploaded ({size} bytes, sha256 {sha256})")
         return {"merged_sha256": sha256, "merged_size": size}
 
-    def upload_checkpoint(self, folder: Path, what: str = "") -> None:
+    def upload_checkpoint(self, folder: Path, train_loss: float | None = None,
+                          eval_loss: float | None = None, what: str = "") -> None:
         """Upload a checkpoint folder's adapter (or, `what` saying so, the output folder's final adapter
-        before the trainer ends) as the run's adapter archive. Best effort: a failure only means storage
-        keeps an older checkpoint; training goes on."""
+        before the trainer ends) as the run's adapter archive, and a checkpoint into the run's ring of kept
+        checkpoints. Best effort: a failure only means storage keeps an older checkpoint; training goes on."""
         archive = self.data_dir / CHECKPOINT_ARCHIVE
         try:
             # A checkpoint the trainer replaces while it is read fails here: the next one is uploaded.
@@ -275,6 +358,9 @@ class Uploads:
             storage = self.storage()
             target = self.config.adapter_key if isinstance(storage, DirStorage) else self.config.adapter_upload_url
             storage.upload(target, archive)
+            step = _step_of(folder)
+            if step:
+                self.keep_checkpoint(archive, step, train_loss, eval_loss)
         except FileNotFoundError:
             # Expected now and then: the trainer renamed a newer checkpoint into place while this one was read.
             self.log(f"checkpoint {folder.name} was replaced while it was read; the next checkpoint is uploaded")

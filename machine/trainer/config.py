@@ -49,6 +49,7 @@ class TrainerSettings:
     # time limit keeps at most this much of its work unsaved.
     checkpoint_every_steps: int = 50
     checkpoint_every_s: int = 600
+    keep_checkpoints: int = 3  # the agent's: how many checkpoint adapters it keeps in storage
     # Evaluation on the held-out split every this many steps (None: before and after training only);
     # with it, the adapter of the best evaluation is the one written (keep_best), and training stops
     # after early_stopping_patience evaluations that did not improve the best by more than
@@ -80,6 +81,7 @@ _INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "
         "gradient_accumulation": (1, 256), "max_seq_len": (16, 32768), "seed": (0, 2**32 - 1),
         "sample_prompts": (0, 10), "max_examples": (1, 10_000_000),
         "checkpoint_every_steps": (1, 100000), "checkpoint_every_s": (30, 7 * 24 * 3600),
+        "keep_checkpoints": (1, 10),
         "eval_every_steps": (1, 100000), "early_stopping_patience": (1, 1000), "warmup_steps": (0, 100000)}
 _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
           "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False),

@@ -5,6 +5,8 @@ Environment (the agent -> trainer contract; machine/agent passes it):
                              training.merged, the adapter merged into the base model in merged/:
                              machine.trainer.merge)
   TENSORANT_DATASET_PATH     JSONL; rows {"messages"}, {"prompt","completion"} or {"text"}
+  TENSORANT_EVAL_DATASET_PATH  optional JSONL of the same kinds: the held-out split (its first rows, up to
+                             the usual cap) instead of eval_fraction of the training rows, which all train
   TENSORANT_BASE_MODEL       the run's declared base model id (written into adapter_config.json)
   TENSORANT_BASE_MODEL_PATH  optional local model directory; otherwise the hub id is downloaded
   TENSORANT_TRAINING         JSON training settings (machine.trainer.config); missing = defaults
@@ -51,7 +53,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,6 +112,12 @@ def split(examples: Sequence[T], s: TrainerSettings) -> tuple[list[T], list[T], 
     # else from the training rows (then they show what it learned, not how it generalises).
     samples = (held or train)[: s.sample_prompts]
     return train, held, samples
+
+
+def eval_split(n_eval_rows: int, s: TrainerSettings) -> list[int]:
+    """The rows of a separate validation file that are evaluated: the first MAX_EVAL_EXAMPLES (in file order,
+    so every run on that version evaluates the same rows)."""
+    return list(range(min(n_eval_rows, MAX_EVAL_EXAMPLES)))
 
 
 def plan_steps(n_train: int, s: TrainerSettings) -> int:
@@ -282,6 +290,9 @@ class Job:
     resume_from: Path | None
     step_sleep_s: float
     threads: int
+    # TENSORANT_EVAL_DATASET_PATH (the run's validation_dataset_version_id): the held-out split is this file's
+    # rows, and every row of the training file trains.
+    eval_rows: DatasetRows | None = None
 
 
 def read_job(env: dict[str, str]) -> Job | int:
@@ -294,6 +305,7 @@ def read_job(env: dict[str, str]) -> Job | int:
     try:
         s, warnings = parse_settings(env.get("TENSORANT_TRAINING"))
         rows = scan_dataset(dataset)  # every row checked, none held: they are read again when encoded
+        eval_rows = scan_dataset(env["TENSORANT_EVAL_DATASET_PATH"]) if env.get("TENSORANT_EVAL_DATASET_PATH") else None
     except (SettingsError, DatasetError, OSError) as exc:
         log(f"trainer: {exc}")
         return 2
@@ -315,7 +327,7 @@ def read_job(env: dict[str, str]) -> Job | int:
     return Job(output=Path(output), base_model=base_model, source=env.get("TENSORANT_BASE_MODEL_PATH") or base_model,
                token=env.get("HF_TOKEN") or None, s=s, rows=rows, checkpoint_root=checkpoint_root,
                resume_from=resume_from, step_sleep_s=float(env.get("TENSORANT_TEST_STEP_SLEEP_S") or 0),
-               threads=int(threads) if threads.isdigit() else 0)
+               threads=int(threads) if threads.isdigit() else 0, eval_rows=eval_rows)
 
 
 def load_base(job: Job, precision: str, cuda: bool) -> tuple[Any, Any] | int:
@@ -666,6 +678,7 @@ def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, ev
         "kind": s.kind,
         "train_examples": len(encoded.examples),
         "eval_examples": len(held.examples),
+        "eval_source": "validation_dataset" if job.eval_rows is not None else "held_out",
         "steps": run.total_steps,
         "epochs_seen": p.epoch + 1,
         "tokens": p.tokens_seen,
@@ -734,8 +747,13 @@ def train(env: dict[str, str]) -> int:
     device = torch.device("cuda" if cuda else "cpu")
     precision = choose_precision(s, cuda)
     # Row indices: a seeded shuffle depends only on the length, so these are the rows split() picked from parsed rows.
-    train_rows, eval_rows, sample_at = split(range(len(rows)), s)
-    sample_rows = rows.examples(sample_at)
+    if job.eval_rows is not None:
+        train_rows, _, _ = split(range(len(rows)), replace(s, eval_fraction=0.0))
+        eval_rows = eval_split(len(job.eval_rows), s)
+        sample_rows = job.eval_rows.examples(eval_rows[: s.sample_prompts])
+    else:
+        train_rows, eval_rows, sample_at = split(range(len(rows)), s)
+        sample_rows = rows.examples(sample_at)
     log(f"trainer: lora kind={s.kind} base_model={base_model} rows={len(rows)} train={len(train_rows)} "
         f"eval={len(eval_rows)} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
     if s.kind == "trial" or s.max_examples is not None:
@@ -751,7 +769,12 @@ def train(env: dict[str, str]) -> int:
         log(f"trainer: {exc}")
         return 2
 
-    encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
+    if job.eval_rows is not None:
+        [encoded] = encode_splits(tokenizer, rows, [train_rows], s.max_seq_len)
+        [held] = encode_splits(tokenizer, job.eval_rows, [eval_rows], s.max_seq_len)
+        log(f"trainer: evaluating on the validation dataset's {len(eval_rows)} rows (of {len(job.eval_rows)})")
+    else:
+        encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
     if s.train_on_inputs:
         # Training rows only: the held-out loss stays the assistant's, comparable across runs.
         encoded = with_inputs(encoded)
@@ -833,6 +856,14 @@ def train(env: dict[str, str]) -> int:
     losses = progress.losses
     log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {job.output} "
         f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
+    if env.get("MLFLOW_TRACKING_URI") or env.get("WANDB_API_KEY"):
+        from machine.trainer import tracking
+
+        tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or base_model, params=s.as_dict(),
+                        losses=losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
+                        summary={"eval_loss_before": progress.eval_before, "eval_loss": eval_after,
+                                 "tokens": float(progress.tokens_seen), "train_seconds": timing[0]},
+                        adapter_sha256=hashlib.sha256((job.output / WEIGHTS_NAME).read_bytes()).hexdigest())
     if s.merged:
         # The training model (and its optimizer state) freed first: the merge loads the base model again.
         del run, model, loaded, optimizer, scheduler, neftune, progress

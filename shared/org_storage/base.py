@@ -25,6 +25,12 @@ def adapter_key(run_id: str) -> str:
     return f"runs/{run_id}/adapter.zip"
 
 
+def checkpoint_key(run_id: str, slot: int) -> str:
+    """Slot `slot` of the run's ring of kept checkpoint adapters: a newer checkpoint overwrites the oldest
+    slot, so storage never holds more than keep_checkpoints of them, with nothing to delete."""
+    return f"runs/{run_id}/checkpoints/slot-{slot}.zip"
+
+
 def merged_key(run_id: str) -> str:
     return f"runs/{run_id}/merged.zip"
 
@@ -118,8 +124,10 @@ class StorageBackend(Protocol):
         ...
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
         """Environment giving the agent short-lived, narrow access: download the dataset,
-        upload runs/<RUN_ID>/adapter.zip and logs (and merged.zip when merged: training.merged),
+        upload runs/<RUN_ID>/adapter.zip and logs (and merged.zip when merged: training.merged; and the
+        `checkpoints` slots of checkpoint_key as a JSON list; and the dataset key `validation` to download),
         valid for ttl_s (the run's whole life). Returns (env, keys that are secret)."""
         ...

@@ -6,13 +6,14 @@ a saved config cannot name another (shared/org_storage/config.py refuses `direct
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 from typing import BinaryIO
 
 from shared.models import Check, CheckStatus
-from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
+from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, checkpoint_key, logs_key, merged_key
 from shared.org_storage.config import LocalStorageConfig
 
 
@@ -107,7 +108,8 @@ class LocalStorage:
         return None  # a directory has no URLs: GET /api/runs/{id}/adapter streams the file
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
         env = {
             "TENSORANT_STORAGE_DIR": str(self.root),
             "TENSORANT_DATASET_KEY": dataset,
@@ -116,4 +118,8 @@ class LocalStorage:
         }
         if merged:
             env["TENSORANT_MERGED_KEY"] = merged_key(run_id)
+        if validation:
+            env["TENSORANT_EVAL_DATASET_KEY"] = validation
+        if checkpoints:
+            env["TENSORANT_CHECKPOINT_KEYS"] = json.dumps([checkpoint_key(run_id, i) for i in range(checkpoints)])
         return env, frozenset()

@@ -106,8 +106,10 @@ class RunPodVolumeStorage:
         return self.s3.download_url(key, ttl_s)
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
-        env, secret = self.s3.agent_env(run_id, dataset, ttl_s=ttl_s, merged=merged)
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
+        env, secret = self.s3.agent_env(run_id, dataset, ttl_s=ttl_s, merged=merged, checkpoints=checkpoints,
+                                        validation=validation)
         env.update({
             "TENSORANT_DATASET_KEY": dataset,
             "TENSORANT_ADAPTER_KEY": adapter_key(run_id),

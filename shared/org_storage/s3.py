@@ -8,13 +8,14 @@ AGENT_URL_TTL_S (12 hours by default, at most 7 days, SigV4's limit).
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, BinaryIO
 
 from shared.errors import AuthError, PermanentError, ProviderError, RetryableError
 from shared.log import register_secret
 from shared.models import Check, CheckStatus
-from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, logs_key, merged_key
+from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, Readable, adapter_key, checkpoint_key, logs_key, merged_key
 from shared.org_storage.config import S3StorageConfig
 from shared.org_storage.endpoint_guard import (
     ENDPOINT_UNREACHABLE,
@@ -299,7 +300,8 @@ class S3Storage:
         return url
 
     def agent_env(self, run_id: str, dataset: str, *, ttl_s: int | None = None,
-                  merged: bool = False) -> tuple[dict[str, str], frozenset[str]]:
+                  merged: bool = False, checkpoints: int = 0,
+                  validation: str = "") -> tuple[dict[str, str], frozenset[str]]:
         """Presigned URLs only (never the access key): GET the dataset, PUT the adapter and the logs.
 
         Each URL works for its one key and method until it expires (ttl_s, default 12 h):
@@ -312,8 +314,13 @@ class S3Storage:
         }
         if merged:
             env["TENSORANT_MERGED_UPLOAD_URL"] = self.presign("PUT", merged_key(run_id), ttl_s)
-        for url in env.values():
+        if validation:
+            env["TENSORANT_EVAL_DATASET_URL"] = self.presign("GET", validation, ttl_s)
+        slots = [self.presign("PUT", checkpoint_key(run_id, i), ttl_s) for i in range(checkpoints)]
+        for url in [*env.values(), *slots]:
             register_secret(url)
+        if slots:
+            env["TENSORANT_CHECKPOINT_UPLOAD_URLS"] = json.dumps(slots)
         return env, frozenset(env)
 
 

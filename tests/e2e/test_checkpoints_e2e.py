@@ -81,6 +81,18 @@ def test_time_limit_mid_training_keeps_a_checkpoint_to_verify_or_resume(api: Cli
         assert run["state"] == "retained" and "runtime limit" in run["reason"], run
         assert not any(line.startswith(f"progress=1.0000 step={STEPS}") for line in logs(api, run_id))
 
+    # The kept checkpoints (issue 42.4), as the real agent reported them with the heartbeat that carried its
+    # "checkpoint adapter uploaded" line: listed with their train loss, and each downloadable by step.
+    kept = api("GET", f"/api/runs/{verified}/checkpoints")["checkpoints"]
+    assert kept and all(c["step"] in range(2, STEPS, 2) and c["train_loss"] is not None and c["size"] > 0
+                        for c in kept), kept
+    newest = kept[-1]["step"]
+    r = requests.get(f"{api.url}/api/runs/{verified}/adapter", params={"checkpoint": str(newest)},
+                     headers=dict(api.s.headers), timeout=30)
+    assert r.status_code == 200 and r.headers["X-Adapter-Sha256"] == kept[-1]["sha256"], r.text
+    with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+        assert json.loads(z.read("manifest.json"))["checkpoint_step"] == newest
+
     # verify_saved: no final adapter in storage, so the last checkpoint's is verified; it ends the run only when
     # the owner accepts it, and the run says which step it holds.
     api("POST", f"/api/runs/{verified}/recover", json={"mode": "verify_saved", "accept_checkpoint": True})

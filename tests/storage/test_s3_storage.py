@@ -118,3 +118,23 @@ def test_location_and_custom_ttl(module_s3_url: str) -> None:
     assert s.location() == f"s3://tensorant-data/org-a at {module_s3_url}"
     env, _ = s.agent_env("run-9", "datasets/p/d.jsonl", ttl_s=3 * 86400)
     assert parse_qs(urlsplit(env["TENSORANT_DATASET_URL"]).query)["X-Amz-Expires"] == [str(3 * 86400)]
+
+
+def test_agent_env_checkpoint_slots_and_validation_set(module_s3_url: str) -> None:
+    """Issue 42.4: one PUT URL per kept checkpoint slot, and a GET URL for the validation dataset; all secret."""
+    import json
+
+    from shared.org_storage.base import checkpoint_key
+
+    s = storage(module_s3_url)
+    s.put("datasets/p1/v1.jsonl", b'{"text": "held"}\n')
+    env, secret_keys = s.agent_env("run-7", "datasets/p1/d1.jsonl", checkpoints=2, validation="datasets/p1/v1.jsonl")
+    assert secret_keys == frozenset(env)
+    slots = json.loads(env["TENSORANT_CHECKPOINT_UPLOAD_URLS"])
+    assert len(slots) == 2
+    for i, url in enumerate(slots):
+        assert requests.put(url, data=f"slot {i}".encode(), timeout=10).status_code == 200
+        assert s.get(checkpoint_key("run-7", i), 100) == f"slot {i}".encode()
+        assert not presigned_signature_valid(url, "GET", SECRET)
+    assert requests.get(env["TENSORANT_EVAL_DATASET_URL"], timeout=10).content == b'{"text": "held"}\n'
+    assert not presigned_signature_valid(env["TENSORANT_EVAL_DATASET_URL"], "PUT", SECRET)

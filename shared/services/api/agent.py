@@ -154,6 +154,10 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         if pace:
             decided["pace"] = pace
             keep = decided["lines"] = [*keep, f"[tensorant] warning: {pace}"]
+        if hb.checkpoints:
+            # The agent's whole current list; a slot past the run's keep_checkpoints is not the run's.
+            kept = [c for c in hb.checkpoints if c.slot < r.training.keep_checkpoints]
+            r = r.model_copy(update={"checkpoints": sorted(kept, key=lambda c: c.step)})
         return r.model_copy(update={
             "pace_warned": r.pace_warned or bool(pace),
             "phase": hb.phase, "progress": max(hb.progress, r.progress if r.state == target else 0.0),

@@ -1,4 +1,4 @@
-"""Organization secrets: the Hugging Face token (for gated models).
+"""Organization secrets: the Hugging Face token (for gated models), and the metrics trackers (MLflow, W&B).
 
 Write-only, like connection secrets: sealed at rest with AES-GCM (shared/security.seal) with
 "<org>|secret:<name>" as the associated data, so a blob copied to another org's row does not
@@ -13,11 +13,13 @@ from typing import Any
 
 from shared.clock import now
 from shared.log import register_secret
-from shared.models import OrgSecretRecord, OrgSecretSet, OrgSecretsView, Role
+from shared.models import OrgMlflowSet, OrgSecretRecord, OrgSecretSet, OrgSecretsView, OrgWandbSet, Role
 from shared.security import Principal, require, seal, unseal
 from shared.store import get_store
 
 HF_TOKEN = "huggingface-token"
+MLFLOW = "mlflow"
+WANDB = "wandb"
 
 
 def _aad(org: str, name: str) -> str:
@@ -25,7 +27,10 @@ def _aad(org: str, name: str) -> str:
 
 
 def _view(org: str) -> OrgSecretsView:
-    return OrgSecretsView(huggingface_token={"set": get_store().secrets.get(org, HF_TOKEN) is not None})
+    secrets = get_store().secrets
+    return OrgSecretsView(huggingface_token={"set": secrets.get(org, HF_TOKEN) is not None},
+                          mlflow={"set": secrets.get(org, MLFLOW) is not None},
+                          wandb={"set": secrets.get(org, WANDB) is not None})
 
 
 def show(principal: Principal) -> OrgSecretsView:
@@ -57,3 +62,49 @@ def hf_token(org: str) -> str:
     token = value if isinstance(value, str) else ""
     register_secret(token)  # masked in every log line and error text from here on
     return token
+
+
+def _put(principal: Principal, name: str, value: dict[str, str]) -> OrgSecretsView:
+    require(principal, Role.owner)
+    for k, v in value.items():
+        if k in _SECRET_VARS:  # not the experiment or project name: "tensorant" would be masked everywhere
+            register_secret(v)
+    get_store().secrets.put(OrgSecretRecord(
+        org=principal.org, name=name, sealed=seal(value, aad=_aad(principal.org, name)), saved_at=now(),
+        saved_by=principal.sub))
+    return _view(principal.org)
+
+
+def set_mlflow(principal: Principal, body: OrgMlflowSet) -> OrgSecretsView:
+    value = {"MLFLOW_TRACKING_URI": body.tracking_uri, "MLFLOW_EXPERIMENT_NAME": body.experiment}
+    if body.token:
+        value["MLFLOW_TRACKING_TOKEN"] = body.token
+    return _put(principal, MLFLOW, value)
+
+
+def set_wandb(principal: Principal, body: OrgWandbSet) -> OrgSecretsView:
+    return _put(principal, WANDB, {"WANDB_API_KEY": body.api_key, "WANDB_PROJECT": body.project})
+
+
+def delete_tracker(principal: Principal, name: str) -> None:
+    require(principal, Role.owner)
+    get_store().secrets.delete(principal.org, name)
+
+
+# What of a tracker's sealed value is a secret (masked); the rest (experiment, project names) is not.
+_SECRET_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "WANDB_API_KEY")
+
+
+def tracking_env(org: str) -> tuple[dict[str, str], frozenset[str]]:
+    """The trainer's tracker environment from the org's saved trackers, and which of its variables are secret."""
+    env: dict[str, str] = {}
+    for name in (MLFLOW, WANDB):
+        rec = get_store().secrets.get(org, name)
+        if rec is None:
+            continue
+        value: Any = unseal(rec.sealed, aad=_aad(org, name))
+        env.update({str(k): v for k, v in value.items() if isinstance(v, str) and v} if isinstance(value, dict) else {})
+    for k in _SECRET_VARS:
+        if k in env:
+            register_secret(env[k])
+    return env, frozenset(k for k in env if k in _SECRET_VARS)

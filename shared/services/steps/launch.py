@@ -63,7 +63,20 @@ def storage_access(run: RunRecord, dataset: DatasetVersionRecord,
     """The agent's storage environment for `ttl_s` (presigned URLs or keys: its dataset, adapter, merged model when
     asked, logs), and which of its variables are secret. At launch, and again at a restart's exchange
     (shared/services/api/boot.py), whose launch-time URLs may have expired while the machine was stopped."""
-    return storage_for(run.org).agent_env(run.id, dataset.storage_key, ttl_s=ttl_s, merged=run.training.merged)
+    validation = validation_dataset(run)
+    env, secret = storage_for(run.org).agent_env(
+        run.id, dataset.storage_key, ttl_s=ttl_s, merged=run.training.merged, checkpoints=run.training.keep_checkpoints,
+        validation=validation.storage_key if validation else "")
+    if validation is not None:
+        env["TENSORANT_EVAL_DATASET_SHA256"] = validation.sha256  # the agent refuses another file, as the dataset's
+    return env, secret
+
+
+def validation_dataset(run: RunRecord) -> DatasetVersionRecord | None:
+    """The run's validation dataset version (validation_dataset_version_id), or None."""
+    if not run.validation_dataset_version_id:
+        return None
+    return get_store().datasets.get(run.org, run.validation_dataset_version_id)
 
 
 def bootstrap_for(run: RunRecord) -> Bootstrap:
@@ -76,6 +89,9 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
     # The object must still be the one validated (a volume or bucket may have changed it since):
     # refused with its reason if it changed.
     check_stored_dataset(run.org, dataset)
+    validation = validation_dataset(run)
+    if validation is not None:
+        check_stored_dataset(run.org, validation)
     # Access must outlive the run: provisioning, the runtime limit, and an hour to export.
     ttl = settings.provisioning_timeout_s + run.runtime_limit_s + EXPORT_MARGIN_S
     storage_env, secret_keys = storage_access(run, dataset, ttl)
@@ -97,6 +113,9 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         **storage_env,
     }
     secret = {"TENSORANT_RUN_TOKEN", *secret_keys}
+    tracking, tracking_secret = org_secrets.tracking_env(run.org)  # MLflow / W&B: the trainer's alone
+    env.update(tracking)
+    secret |= tracking_secret
     hf_token = org_secrets.hf_token(run.org)
     if hf_token:
         # For gated models; the agent gives it to the trainer only and masks it in forwarded logs.

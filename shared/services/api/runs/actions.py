@@ -38,6 +38,7 @@ from shared.security import Principal, require
 from shared.services.api import quotas
 from shared.services.api.catalog import find_offer
 from shared.services.api.runs.adapter import MAX_UPLOAD
+from shared.services.api.runs.checkpoints import named, read_checkpoint
 from shared.services.api.runs.view import view
 from shared.settings import get_settings
 from shared.steps import Step, serving
@@ -218,6 +219,14 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
         raise Conflict("there is nothing in storage to verify: no checkpoint or adapter of this run was saved (it "
                        "stopped before its first checkpoint); recover with mode start_machine to look at its disk, "
                        "or cancel with discard: true to release the machine and disk")
+    named_step = body.checkpoint if body else None
+    if named_step is not None and mode == "start_machine":
+        raise InvalidInput.field("checkpoint", "applies to mode verify_saved or resume, not start_machine")
+    if named_step is not None and mode == "resume":
+        newest = max((c.step for c in run.checkpoints), default=None)
+        if named_step != newest:
+            raise Conflict(f"only the newest kept checkpoint ({newest}) is on the machine's disk to resume from; "
+                           f"recover checkpoint {named_step} with mode verify_saved (its adapter ends the run)")
     if mode == "resume":
         return _resume(run)
     if mode == "start_machine":
@@ -251,13 +260,23 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
         storage_for(run.org).put(adapter_key(run.id), upload)
         sha = hashlib.sha256(upload).hexdigest()
     size = len(upload) if upload else 0
+    if named_step is not None:
+        # The named checkpoint's archive (checked against the agent's report) becomes the run's adapter archive,
+        # recorded with its sha256 below so the verifier reads exactly it; a crash before that write leaves
+        # the run retained, to recover again.
+        kept = named(run, named_step)
+        storage_for(run.org).put(adapter_key(run.id), read_checkpoint(run, kept))
+        sha, size, accept = kept.sha256, kept.size, True
+
+    source = (f"checkpoint {named_step}'s adapter" if named_step is not None
+              else "uploaded adapter" if sha else "saved adapter")
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.retained:
             return None
         # Why it was retained outlives this recovery's reason: a refused recovery says both.
         kept = _why_retained(r)
-        r = transition(r, RunState.recovering, reason=f"recovery: {'uploaded adapter' if sha else 'saved adapter'}"
+        r = transition(r, RunState.recovering, reason=f"recovery: {source}"
                        + (", a checkpoint's accepted" if accept else ""))
         # The owner's choice holds for this recovery only (verify-adapter reads it).
         r = r.model_copy(update={"accept_checkpoint": accept, "retained_reason": kept})

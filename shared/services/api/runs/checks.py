@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, NotFound
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCandidate, RunCreate, RunKind, TrainingSettings
 from shared.runs import forecast
 from shared.runs.org_limits import get_limits
@@ -58,6 +58,7 @@ class CheckedRequest:
     runtime_limit_s: int
     dataset: DatasetVersionRecord
     forecast: Forecast
+    validation: DatasetVersionRecord | None = None
     # Said in the run's events when the default runtime limit came from the forecast; else "".
     limit_note: str = ""
 
@@ -74,6 +75,7 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
+    validation = _check_validation(org, body)
     most_wait = get_limits(org).max_capacity_wait_s
     if body.capacity_wait_s > most_wait:
         raise InvalidInput.field("capacity_wait_s", (
@@ -89,7 +91,29 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     longest = max(forecasts, key=lambda f: f.total_s)
     limit, note = _runtime_limit(org, body, longest)
     return CheckedRequest(offer=offer, candidates=picked, training=training, runtime_limit_s=limit, dataset=dataset,
-                          forecast=predicted, limit_note=note)
+                          forecast=predicted, limit_note=note, validation=validation)
+
+
+def _check_validation(org: str, body: RunCreate) -> DatasetVersionRecord | None:
+    """The validation dataset version, held to the training set's checks: of the org and the run's project,
+    validated at upload like every version (each row one of the dataset formats), not empty, and not the
+    training version itself (evaluating on the rows it trains on would measure nothing)."""
+    vid = body.validation_dataset_version_id
+    if vid is None:
+        return None
+    if vid == body.dataset_version_id:
+        raise InvalidInput.field("validation_dataset_version_id", "is the training dataset version; name another "
+                                 "version, or leave it out to hold out training.eval_fraction of the training rows")
+    try:
+        validation = get_store().datasets.get(org, vid)
+    except NotFound:
+        raise InvalidInput.field("validation_dataset_version_id", f"no dataset version {vid!r} in this "
+                                 "organization; upload it to the run's project first") from None
+    if validation.project_id != body.project_id:
+        raise InvalidInput.field("validation_dataset_version_id", "this dataset version belongs to another project")
+    if validation.rows < 1:
+        raise InvalidInput.field("validation_dataset_version_id", "this dataset version has no rows to evaluate on")
+    return validation
 
 
 def _runtime_limit(org: str, body: RunCreate, predicted: Forecast) -> tuple[int, str]:

@@ -40,6 +40,7 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
+        "validation_dataset_version_id": body.validation_dataset_version_id or "",
         "forecast": checked.forecast,
         # Candidates (issue 37): stored when the request named more than its own offer.
         "candidates": checked.candidates if body.candidates or body.fallback != "none" else [],
@@ -130,7 +131,8 @@ def request_of(run: RunRecord) -> RunCreate:
     return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
                      connection=run.connection or None,
                      price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
-                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training)
+                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training,
+                     validation_dataset_version_id=run.validation_dataset_version_id or None)
 
 
 def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
@@ -147,6 +149,8 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
         fields["training"] = body.training.model_dump(exclude_unset=True)
     if not fields:
         raise InvalidInput.field("body", "send at least one field to change (the fields of a run create)")
+    if fields.get("validation_dataset_version_id") == "":
+        fields["validation_dataset_version_id"] = None  # dropped: the eval split is held out of the training rows
     request = request_of(run)
     if body.candidates and body.provider is None and body.offer_id is None:
         # New candidates without a new provider/offer: the first candidate is the run's own.
