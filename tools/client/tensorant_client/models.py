@@ -106,6 +106,18 @@ class Check(ApiModel):
 CheckStatus: TypeAlias = Literal["ok", "warn", "fail"]
 
 
+class CheckpointInfo(ApiModel):
+    """One checkpoint adapter the agent saved in storage, in slot `slot` of the run's ring of keep_checkpoints slots (runs/<id>/checkpoints/slot-<n>.zip): reported by the agent in its heartbeats."""
+
+    step: int
+    slot: int
+    saved_at: datetime
+    train_loss: float | None = Field(default=None)
+    eval_loss: float | None = Field(default=None)
+    size: int
+    sha256: str
+
+
 class CloudResource(ApiModel):
     """One thing a provider created for a run, as recorded in the ledger."""
 
@@ -201,6 +213,7 @@ class Heartbeat(ApiModel):
     phase: Literal["provisioning", "preparing", "training", "exporting"] = Field(description="the phase the agent is in; a phase behind the run's (a late or repeated heartbeat) does not move it back")
     progress: float = Field(default=0.0)
     logs: list[str] | None = Field(default=None)
+    checkpoints: list[CheckpointInfo] | None = Field(default=None)
 
 
 class HeartbeatReply(ApiModel):
@@ -255,6 +268,14 @@ class OrgLimits(ApiModel):
     stop_at_budget: bool = Field(default=False, description="at 100 % of a budget, retain its active runs (machine stopped, disk kept, recoverable)")
 
 
+class OrgMlflowSet(ApiModel):
+    """PUT /api/org/secrets/mlflow: where the trainer logs its parameters, losses, evaluations and the adapter's digest. Write-only, sealed, handed to the trainer only (the machine reaches the server, never the control plane)."""
+
+    tracking_uri: str = Field(description="the MLflow tracking server's http(s) URL")
+    token: str | None = Field(default=None, description="sent as a Bearer token (MLFLOW_TRACKING_TOKEN)")
+    experiment: str = Field(default="tensorant")
+
+
 class OrgSecretSet(ApiModel):
     """PUT /api/org/secrets/huggingface-token: write-only, never returned."""
 
@@ -263,6 +284,15 @@ class OrgSecretSet(ApiModel):
 
 class OrgSecretsView(ApiModel):
     huggingface_token: dict[str, bool]
+    mlflow: dict[str, bool] | None = Field(default=None)
+    wandb: dict[str, bool] | None = Field(default=None)
+
+
+class OrgWandbSet(ApiModel):
+    """PUT /api/org/secrets/wandb: a Weights & Biases API key for the trainer (write-only, sealed)."""
+
+    api_key: str
+    project: str = Field(default="tensorant")
 
 Outcome: TypeAlias = Literal["succeeded", "failed", "cancelled"]
 
@@ -338,6 +368,7 @@ class RunCreate(ApiModel):
     price_limit_per_hour: float
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str
+    validation_dataset_version_id: str | None = Field(default=None, description="a dataset version of the same project to evaluate on (all of its rows, up to the trainer's cap) instead of holding out training.eval_fraction of the training rows")
     base_model: str = Field(description="a declared model id: name or owner/name")
     training: TrainingSettings | None = Field(default=None)
     candidates: list[CandidateRequest] | None = Field(default=None, description="the acceptable (connection, offer) pairs in order, at most 8; the launch tries the next when a cloud has no capacity, quota or stock for one. provider/offer_id may be left out: they are the first candidate's")
@@ -382,6 +413,7 @@ class RunPatch(ApiModel):
     price_limit_per_hour: float | None = Field(default=None)
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str | None = Field(default=None)
+    validation_dataset_version_id: str | None = Field(default=None, description="a validation dataset version of the project; \"\" drops the draft's")
     base_model: str | None = Field(default=None)
     training: TrainingSettings | None = Field(default=None, description="the training settings to change; the ones left out keep the draft's (null clears an optional one)")
     candidates: list[CandidateRequest] | None = Field(default=None)
@@ -413,6 +445,7 @@ class RunRecover(ApiModel):
 
     mode: Literal["verify_saved", "start_machine", "resume"] = Field(default="verify_saved", description="verify_saved: verify the adapter in storage (the final one, else the last checkpoint's); start_machine: start the machine to fetch files; resume: start the machine and continue training from the last checkpoint to the planned steps")
     accept_checkpoint: bool = Field(default=False, description="true: a checkpoint's adapter (training stopped before its planned steps) may end the run, marked adapter_kind checkpoint; false: such an archive is refused and the run stays retained (resume it instead). With an application/zip upload: the query parameter accept_checkpoint=true")
+    checkpoint: int | None = Field(default=None, description="verify_saved: the step of a kept checkpoint (GET /api/runs/{id}/checkpoints) whose adapter ends the run (implies accept_checkpoint); resume: must be the newest kept checkpoint (only it is on the machine's disk)")
 
 RunState: TypeAlias = Literal["draft", "queued", "provisioning", "preparing", "training", "exporting", "verifying", "releasing", "succeeded", "failed", "cancelled", "retaining", "retained", "recovering"]
 
@@ -435,6 +468,7 @@ class RunView(ApiModel):
     runtime_limit_s: int
     base_model: str
     dataset_version_id: str
+    validation_dataset_version_id: str = Field(default="")
     resources: list[CloudResource]
     adapter_sha256: str
     release_error: str
@@ -505,6 +539,7 @@ class TrainingSettings(ApiModel):
     kind: Literal["trial", "full"] | None = Field(default=None, description="set from the run's kind")
     checkpoint_every_steps: int = Field(default=50, description="save a checkpoint (adapter + optimizer state) on the machine's disk every this many steps")
     checkpoint_every_s: int = Field(default=600, description="and at least every this many seconds; a retained run can be verified or resumed from it")
+    keep_checkpoints: int = Field(default=3, description="how many of the newest checkpoints' adapters are kept in storage (GET /api/runs/{id}/checkpoints); each newer one replaces the oldest")
     eval_every_steps: int | None = Field(default=None, description="evaluate on the held-out split every this many steps (the run's eval curve); the adapter of the best evaluation is the one written (keep_best)")
     early_stopping_patience: int | None = Field(default=None, description="stop after this many evaluations in a row that did not improve the best eval loss by more than early_stopping_threshold (needs eval_every_steps)")
     early_stopping_threshold: float = Field(default=0.0)
@@ -576,6 +611,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "CandidateRequest": CandidateRequest,
     "CandidateView": CandidateView,
     "Check": Check,
+    "CheckpointInfo": CheckpointInfo,
     "CloudResource": CloudResource,
     "ConnectionView": ConnectionView,
     "DatasetCommit": DatasetCommit,
@@ -589,8 +625,10 @@ MODELS: dict[str, type[ApiModel]] = {
     "LocalConfig": LocalConfig,
     "LocalStorageConfig": LocalStorageConfig,
     "OrgLimits": OrgLimits,
+    "OrgMlflowSet": OrgMlflowSet,
     "OrgSecretSet": OrgSecretSet,
     "OrgSecretsView": OrgSecretsView,
+    "OrgWandbSet": OrgWandbSet,
     "Problem": Problem,
     "ProjectCreate": ProjectCreate,
     "ProjectRecord": ProjectRecord,

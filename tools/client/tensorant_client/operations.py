@@ -41,8 +41,10 @@ OPERATIONS: dict[str, Operation] = {
     "dataset_upload_url": Operation("POST", "/api/projects/{id}/datasets/upload-url", ('id',), (), None, None, None),
     "delete_compute": Operation("DELETE", "/api/connections/compute/{provider}", ('provider',), (), None, None, None),
     "delete_hf_token": Operation("DELETE", "/api/org/secrets/huggingface-token", (), (), None, None, None),
+    "delete_mlflow": Operation("DELETE", "/api/org/secrets/mlflow", (), (), None, None, None),
     "delete_named_compute": Operation("DELETE", "/api/connections/compute/{provider}/named/{name}", ('provider', 'name'), (), None, None, None),
     "delete_run": Operation("DELETE", "/api/runs/{id}", ('id',), (), None, None, None),
+    "delete_wandb": Operation("DELETE", "/api/org/secrets/wandb", (), (), None, None, None),
     "delete_webhook": Operation("DELETE", "/api/org/webhooks/{id}", ('id',), (), None, None, None),
     "discard": Operation("DELETE", "/api/platform/queues/{queue}/poison/{message_id}", ('queue', 'message_id'), (), None, None, None),
     "docs": Operation("GET", "/api/docs", (), (), None, None, None),
@@ -71,6 +73,8 @@ OPERATIONS: dict[str, Operation] = {
     "poison": Operation("GET", "/api/platform/queues/{queue}/poison", ('queue',), (), None, None, None),
     "put_hf_token": Operation("PUT", "/api/org/secrets/huggingface-token", (), (), "json", "OrgSecretsView", None),
     "put_limits": Operation("PUT", "/api/org/limits", (), (), "json", "LimitsAnswer", None),
+    "put_mlflow": Operation("PUT", "/api/org/secrets/mlflow", (), (), "json", "OrgSecretsView", None),
+    "put_wandb": Operation("PUT", "/api/org/secrets/wandb", (), (), "json", "OrgSecretsView", None),
     "queues": Operation("GET", "/api/platform/queues", (), (), None, None, None),
     "recover_run": Operation("POST", "/api/runs/{id}/recover", ('id',), (), "json", "RunView", None),
     "release_run": Operation("POST", "/api/runs/{id}/release", ('id',), (), None, "RunView", None),
@@ -78,6 +82,7 @@ OPERATIONS: dict[str, Operation] = {
     "restart": Operation("POST", "/api/agent/runs/{id}/restart", ('id',), (), None, "RestartGrant", None),
     "rotate_webhook": Operation("POST", "/api/org/webhooks/{id}/rotate", ('id',), (), None, "WebhookSecret", None),
     "run_adapter": Operation("GET", "/api/runs/{id}/adapter", ('id',), ('format',), None, None, None),
+    "run_checkpoints": Operation("GET", "/api/runs/{id}/checkpoints", ('id',), (), None, None, None),
     "run_logs": Operation("GET", "/api/runs/{id}/logs", ('id',), ('after', 'limit'), None, None, None),
     "run_metrics": Operation("GET", "/api/runs/{id}/metrics", ('id',), (), None, None, None),
     "runpod_volumes": Operation("GET", "/api/connections/runpod/volumes", (), (), None, None, None),
@@ -163,6 +168,10 @@ class Api:
         """Delete the Hugging Face token (owners) (DELETE /api/org/secrets/huggingface-token)."""
         return self._call("delete_hf_token", {}, None, None, None)
 
+    def delete_mlflow(self) -> None:
+        """Delete the MLflow tracking server (owners) (DELETE /api/org/secrets/mlflow)."""
+        return self._call("delete_mlflow", {}, None, None, None)
+
     def delete_named_compute(self, provider: str, name: str) -> None:
         """Delete a named compute connection (owners; refused while runs hold machines) (DELETE /api/connections/compute/{provider}/named/{name})."""
         return self._call("delete_named_compute", {"provider": provider, "name": name}, None, None, None)
@@ -170,6 +179,10 @@ class Api:
     def delete_run(self, id: str) -> None:
         """Delete a draft (drafts only; ended runs stay as a record) (DELETE /api/runs/{id})."""
         return self._call("delete_run", {"id": id}, None, None, None)
+
+    def delete_wandb(self) -> None:
+        """Delete the Weights & Biases API key (owners) (DELETE /api/org/secrets/wandb)."""
+        return self._call("delete_wandb", {}, None, None, None)
 
     def delete_webhook(self, id: str) -> None:
         """Delete a webhook endpoint (owners) (DELETE /api/org/webhooks/{id})."""
@@ -295,6 +308,14 @@ class Api:
         """Set the organization's run limits (owner); omitted fields keep their value (PUT /api/org/limits)."""
         return self._call("put_limits", {}, None, body, None)
 
+    def put_mlflow(self, body: models.OrgMlflowSet | dict[str, Any]) -> models.OrgSecretsView:
+        """Save the MLflow tracking server the trainer logs to (owners; write-only, sealed at rest, handed only to the trainer) (PUT /api/org/secrets/mlflow)."""
+        return self._call("put_mlflow", {}, None, body, None)
+
+    def put_wandb(self, body: models.OrgWandbSet | dict[str, Any]) -> models.OrgSecretsView:
+        """Save the Weights & Biases API key the trainer logs with (owners; write-only, sealed at rest, handed only to the trainer) (PUT /api/org/secrets/wandb)."""
+        return self._call("put_wandb", {}, None, body, None)
+
     def queues(self) -> Any:
         """Queue and poison-queue depths (admins) (GET /api/platform/queues)."""
         return self._call("queues", {}, None, None, None)
@@ -320,8 +341,12 @@ class Api:
         return self._call("rotate_webhook", {"id": id}, None, None, None)
 
     def run_adapter(self, id: str, *, format: Literal["adapter", "merged"] | None = None) -> Any:
-        """The verified adapter of a succeeded run: application/zip (local storage, header X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before. ?format=merged: the adapter merged into the base model (training.merged), 404 when the run has none (GET /api/runs/{id}/adapter)."""
+        """The verified adapter of a succeeded run: application/zip (local storage, header X-Adapter-Sha256) or a short-lived download URL (S3, RunPod volume); 409 before. ?format=merged: the adapter merged into the base model (training.merged), 404 when the run has none. ?checkpoint=<step>: a kept checkpoint's adapter, in any state of the run (GET /api/runs/{id}/adapter)."""
         return self._call("run_adapter", {"id": id}, {"format": format}, None, None)
+
+    def run_checkpoints(self, id: str) -> Any:
+        """The run's kept checkpoint adapters (the newest training.keep_checkpoints): step, saved_at, train_loss, eval_loss, size, sha256; download one with GET /api/runs/{id}/adapter?checkpoint=<step> (GET /api/runs/{id}/checkpoints)."""
+        return self._call("run_checkpoints", {"id": id}, None, None, None)
 
     def run_logs(self, id: str, *, after: str | None = None, limit: int | None = None) -> Any:
         """Training log lines reported by the agent, a page at a time (after=<next cursor>, limit<=5000) (GET /api/runs/{id}/logs)."""
