@@ -87,6 +87,20 @@ def test_a_refused_candidate_moves_to_the_next_which_trains(h: Harness, cloud: C
     _swept_nothing(h)
 
 
+def test_a_preflight_no_skips_the_candidate_without_a_create(h: Harness, cloud: Cloud) -> None:
+    """Issue 37.3: the provider's preflight (Azure usages, AWS Service Quotas) says the first candidate cannot
+    start: it is skipped with its reason, never asked of the cloud, and the next one launches."""
+    cloud.preflight_no["mem-a10"] = "Standard NVADSA10v5 Family vCPUs: 0 of 36 free in eastus"
+    run_id = _run(h, ["mem-a10", "mem-h100"])
+    run = h.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    assert [(a["offer_id"], a["outcome"], a["code"]) for a in run["attempts"]] == [
+        ("mem-a10", "skipped", "preflight"), ("mem-h100", "launched", "")]
+    assert "0 of 36 free" in run["attempts"][0]["message"]
+    assert cloud.calls.count("launch") == 1  # only the H100 was created
+    assert len(cloud.live()) == 1
+
+
 def test_a_configuration_error_fails_at_once_without_trying_the_next(h: Harness, cloud: Cloud) -> None:
     cloud.refuse["mem.a10"] = AuthError("the credentials were rejected", code="AuthFailure")
     run_id = _run(h, ["mem-a10", "mem-h100"])
