@@ -62,7 +62,9 @@ def _launch(h: Harness, aws: dict[str, Any]) -> tuple[str, str, list[str]]:
     run = h.launch(run_id)
     launch_calls = aws["log"].take()
     assert run["state"] == "provisioning", run["reason"]
-    assert len(launch_calls) <= 4, launch_calls  # warm catalog; STS once: the account the run records as its scope
+    # Warm catalog; the preflight's one quota read (issue 37.3); STS once: the account the run records as its scope.
+    assert launch_calls[0] == ("servicequotas", "GetServiceQuota"), launch_calls
+    assert len(launch_calls) <= 5, launch_calls
     instance_id = next(r["id"] for r in run["resources"] if r["kind"] == "instance")
     volumes = [r["id"] for r in run["resources"] if r["kind"] == "volume"]
     assert volumes

@@ -166,6 +166,11 @@ def test_azure_refusal_releases_what_it_left_and_fails_over(azure_h: Harness, ar
     offers = _offers(azure_h, "azure")
     first, second = offers["Standard_NC24ads_A100_v4"], offers["Standard_NC40ads_H100_v5"]
     arm.refuse_sizes[first["machine_type"]] = code
+    # The rig's subscription has no H100 quota (the check's warning case); here it has some, or the launch's
+    # preflight (compute usages) would skip the H100 before asking for it.
+    for usage in arm.usages:
+        if usage["name"]["value"] == "standardNCadsH100v5Family":
+            usage["limit"] = 80
     run_id = _run(azure_h, [("azure", first["offer_id"]), ("azure", second["offer_id"])])
     run = _trains_to_succeeded(azure_h, run_id)
     expected = "OperationNotAllowed" if code == "QuotaExceeded" else code
