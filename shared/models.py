@@ -26,6 +26,8 @@ PROVIDER_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 OFFER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
 # A declared base model id: "name" or "owner/name", Hugging Face style.
 BASE_MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+# A Hub revision: a 40-hex commit id, or a branch or tag name (resolved to its commit id once, at create).
+BASE_MODEL_REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
 class Model(BaseModel):
@@ -385,6 +387,8 @@ class RunRecord(Model):
     runtime_limit_s: int
     dataset_version_id: str
     base_model: str
+    # A base model named by Hub id: the commit id its shapes were read at and the machine loads ("": declared).
+    base_model_revision: str = ""
     state: RunState = RunState.draft
     outcome: Outcome | None = None
     phase: str = ""
@@ -532,7 +536,11 @@ class RunCreate(Model):
     price_limit_per_hour: float = Field(gt=0, le=1000)
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str = Field(pattern=KEY_PATTERN)
-    base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
+    base_model: str = Field(pattern=BASE_MODEL_PATTERN, description=(
+        "a declared model id (GET /api/base-models), or any Hub model id of a supported architecture with "
+        "base_model_revision"))
+    base_model_revision: str | None = Field(default=None, pattern=BASE_MODEL_REVISION_PATTERN, description=(
+        "the Hub revision of base_model: a commit id, or a branch or tag resolved to its commit id at create"))
     # Training settings; omitted fields take the defaults, a trial run is bounded
     training: TrainingSettings = Field(default_factory=TrainingSettings)
 
@@ -558,6 +566,7 @@ class RunPatch(Model):
     runtime_limit_s: int | None = Field(default=None, ge=60, le=7 * 24 * 3600)
     dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN)
     base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
+    base_model_revision: str | None = Field(default=None, pattern=BASE_MODEL_REVISION_PATTERN)
     training: TrainingSettings | None = Field(default=None, description=(
         "the training settings to change; the ones left out keep the draft's (null clears an optional one)"))
 

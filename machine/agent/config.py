@@ -93,6 +93,7 @@ class AgentConfig:
     merged_key: str = ""  # training.merged: where merged.zip goes (a directory), or its presigned URL
     merged_upload_url: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
+    base_model_revision: str = ""  # a Hub model's pinned commit id, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
     hf_token: str = ""  # for gated base models; a secret
@@ -130,6 +131,7 @@ class AgentConfig:
             merged_key=env.get("TENSORANT_MERGED_KEY", ""),
             merged_upload_url=env.get("TENSORANT_MERGED_UPLOAD_URL", ""),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
+            base_model_revision=env.get("TENSORANT_BASE_MODEL_REVISION", ""),
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
             hf_token=env.get("HF_TOKEN", ""),

@@ -41,7 +41,9 @@ def declared(name: str) -> DeclaredModel:
     model = BASE_MODELS.get(name)
     if model is None:
         raise InvalidInput.field("base_model", f"{name!r} is not a declared base model; declared: "
-                                 f"{', '.join(sorted(m.name for m in offered()))} (GET /api/base-models)")
+                                 f"{', '.join(sorted(m.name for m in offered()))} (GET /api/base-models); or name "
+                                 "any Hub model of a supported architecture with base_model_revision (a commit id "
+                                 "or branch)")
     return model
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
-from shared.runs import forecast
+from shared.runs import forecast, hub_models
 from shared.runs.org_backends import compute_connection_slot
 from shared.services.api import base_models, quotas
 from shared.services.api.catalog import cached_offers, find_offer
@@ -39,9 +39,8 @@ def resolve_training(kind: RunKind, training: TrainingSettings) -> TrainingSetti
     return training.model_copy(update=update)
 
 
-def _check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
+def _check_fit(org: str, provider: str, offer: GpuOffer, model: DeclaredModel, training: TrainingSettings) -> None:
     """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
-    model = base_models.declared(base_model)
     got = base_models.fit(model, offer, training)
     if got.fits:
         return
@@ -90,6 +89,8 @@ class CheckedRequest:
     forecast: Forecast
     # Said in the run's events when the default runtime limit came from the forecast; else "".
     limit_note: str = ""
+    # A base model named by Hub id: the commit id its shapes were read at (shared/runs/hub_models.py); else "".
+    base_model_revision: str = ""
 
 
 def check_request(org: str, body: RunCreate) -> CheckedRequest:
@@ -97,7 +98,8 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     that skipped them once saved an undeclared model, which the machine then fetched from the hub with
     the org's token). The org's limits and the rate limit are the caller's (quotas)."""
     store = get_store()
-    model = base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
+    # 422 before any lookup: the cheapest refusal first (a Hub model's record is read from the hub once)
+    model, revision = hub_models.for_request(org, body.base_model, body.base_model_revision)
     training = resolve_training(body.kind, body.training)
     _check_merged(model, training)
     store.projects.get(org, body.project_id)
@@ -107,13 +109,13 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     _check_provider(org, body.provider)
     base_models.refuse_test_model_off_local(model, body.provider)
     offer = find_offer(org, body.provider, body.offer_id)
-    _check_fit(org, body.provider, offer, body.base_model, training)
+    _check_fit(org, body.provider, offer, model, training)
     base_models.refuse_unloadable_on_local(model, body.provider)
     like = forecast.measured_for(org, body.provider, body.base_model, offer.gpu, training)  # the index: one read
     predicted = forecast.predict(dataset, training, model, offer, like)
     limit, note = _runtime_limit(org, body, predicted)
     return CheckedRequest(offer=offer, training=training, runtime_limit_s=limit, dataset=dataset,
-                          forecast=predicted, limit_note=note)
+                          forecast=predicted, limit_note=note, base_model_revision=revision)
 
 
 def _runtime_limit(org: str, body: RunCreate, predicted: Forecast) -> tuple[int, str]:

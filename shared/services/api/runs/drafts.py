@@ -39,6 +39,7 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
+        "base_model_revision": checked.base_model_revision,
         "forecast": checked.forecast,
         # training.kind is the run's kind (checked above): kept out, so a later kind switch applies.
         "request": body.model_copy(update={"training": body.training.model_copy(update={"kind": None})}),
@@ -114,7 +115,8 @@ def request_of(run: RunRecord) -> RunCreate:
         runtime = None if runtime == TRIAL_RUNTIME_LIMIT_S else runtime
     return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
                      price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
-                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training)
+                     dataset_version_id=run.dataset_version_id, base_model=run.base_model,
+                     base_model_revision=run.base_model_revision or None, training=training)
 
 
 def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
