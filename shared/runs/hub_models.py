@@ -112,9 +112,9 @@ def _json(data: bytes, what: str) -> Any:
 
 def _refusal(model_id: str, revision: str, what: str, exc: HubError) -> InvalidInput:
     if exc.status in (401, 403):
-        fix = ("the model is gated or private: an owner saves a Hugging Face token with access to it "
-               "(`tensorant secrets set-hf-token`, PUT /api/org-secrets/huggingface-token), after accepting the "
-               "model's terms on the hub")
+        fix = ("the model is gated or private (or the saved token has no access to it): an owner saves a Hugging Face "
+               "token with access to it (PUT /api/org/secrets/huggingface-token), after accepting the model's terms "
+               "on the hub")
     elif exc.status == 404:
         fix = "check the id and the revision (a commit id, branch or tag that exists on the hub)"
     else:
@@ -186,6 +186,7 @@ def resolve(org: str, model_id: str, revision: str) -> tuple[DeclaredModel, str]
         return kept[0], sha
     try:
         config = _json(_fetch(_url(model_id, sha, "config.json"), token, limit=MAX_JSON_BYTES), "config.json")
+        model_from_config(model_id, config)  # refused before any more reads: an unsupported architecture
         model = model_from_config(model_id, config, _params(model_id, sha, token, dtype_of(config)))
     except HubError as exc:
         raise _refusal(model_id, sha, "config.json", exc) from exc
