@@ -220,3 +220,14 @@ def test_an_adapter_of_other_shapes_is_refused_against_the_hub_record(hub: FakeH
     got = h.get_run(run["id"])
     assert got["state"] != "succeeded", got
     assert "do not fit Qwen/Qwen3-0.6B" in str(got), got["reason"]
+
+
+def test_merged_only_for_the_architectures_the_merged_verifier_knows(hub: FakeHub, h: Any) -> None:
+    pid, dsid = h.project_and_dataset()
+    base = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
+            "price_limit_per_hour": 100.0, "runtime_limit_s": 3600, "base_model_revision": "main",
+            "training": {"merged": True}}
+    status, body, _ = h.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen3-0.6B"})
+    assert status == 422 and body["errors"][0]["field"] == "training.merged", body
+    status, body, _ = h.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen2.5-0.5B"})
+    assert status == 201, body

@@ -168,6 +168,7 @@ def check_merged(run: RunRecord) -> dict[str, object]:
     """The run fields that record its merged model: kept when the archive the agent reported passes
     adapter_format.merged, cleared with merged_note saying why when it does not or none was reported."""
     from adapter_format.merged import MAX_MERGED_BYTES, verify_merged
+    from shared.runs.hub_models import kept
 
     if not run.merged_sha256:
         # The trainer's merge or the agent's export failed (each says why in the run's log), or the adapter was
@@ -177,8 +178,9 @@ def check_merged(run: RunRecord) -> dict[str, object]:
     try:
         archive, _, _ = spool(storage_for(run.org), key, MAX_MERGED_BYTES, "the merged model's archive")
         with archive:
+            hub_model = kept(run.org, run.base_model, run.base_model_revision)
             problems = unreadable_is_refused(lambda: verify_merged(
-                archive, base_model=run.base_model, expected_sha256=run.merged_sha256)).problems
+                archive, base_model=run.base_model, expected_sha256=run.merged_sha256, model=hub_model)).problems
     except ObjectMissing:
         problems = [f"no merged archive at {key} in storage"]
     except ValueError as exc:

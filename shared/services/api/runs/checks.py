@@ -60,6 +60,13 @@ def _check_fit(org: str, provider: str, offer: GpuOffer, model: DeclaredModel, t
 
 def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
     """training.merged only where the merged weights fit one merged archive (adapter_format.base_models)."""
+    from adapter_format.merged import MERGE_ARCHITECTURES
+
+    if training.merged and model.architecture not in MERGE_ARCHITECTURES:
+        raise InvalidInput.field("training.merged", (
+            f"a merged model is verified for {', '.join(MERGE_ARCHITECTURES)} architectures; {model.name} is "
+            f"{model.architecture}: leave merged out, download the adapter and merge it where you serve it "
+            "(peft's merge_and_unload)"))
     if training.merged and model.merged_bytes() > MAX_MERGED_BYTES:
         raise InvalidInput.field("training.merged", (
             f"{model.name}'s merged weights take {model.merged_bytes() / 1e9:.1f} GB in bf16, more than the "
