@@ -276,7 +276,8 @@ class RunCreate(ApiModel):
     price_limit_per_hour: float
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str
-    base_model: str = Field(description="a declared model id: name or owner/name")
+    base_model: str = Field(description="a declared model id (GET /api/base-models), or any Hub model id of a supported architecture with base_model_revision")
+    base_model_revision: str | None = Field(default=None, description="the Hub revision of base_model: a commit id, or a branch or tag resolved to its commit id at create")
     training: TrainingSettings | None = Field(default=None)
 
 
@@ -317,6 +318,7 @@ class RunPatch(ApiModel):
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str | None = Field(default=None)
     base_model: str | None = Field(default=None)
+    base_model_revision: str | None = Field(default=None)
     training: TrainingSettings | None = Field(default=None, description="the training settings to change; the ones left out keep the draft's (null clears an optional one)")
 
 
