@@ -53,7 +53,7 @@ def test_phi3_lora_targets_its_fused_modules_at_the_derived_shapes() -> None:
     from machine.trainer import lora
     from machine.trainer.config import parse_settings
 
-    config = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+    config: dict[str, Any] = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
               "max_position_embeddings": 128, "pad_token_id": 0}
     derived = model_from_config("acme/tiny-phi3", config)
