@@ -706,6 +706,8 @@ class RunView(Model):
     base_model: str
     dataset_version_id: str
     resources: list[CloudResource]
+    # A base model named by Hub id: the commit id it was pinned to at create ("": a declared model).
+    base_model_revision: str = ""
     adapter_sha256: str
     release_error: str
     release_attempts: int

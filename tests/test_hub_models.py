@@ -109,6 +109,7 @@ def test_each_supported_architecture_is_accepted_by_hub_id(hub: FakeHub, h: Any,
 
     rec = get_store().runs.get(h.org, run["id"])[0]
     assert rec.base_model_revision == sha_of(model_id)  # the branch resolved once, the commit recorded
+    assert run["base_model_revision"] == sha_of(model_id)  # and shown in the run view
     kept = get_store().hub_models.get(h.org, model_id, sha_of(model_id))
     assert kept is not None
     assert kept[0].param_count() == PARAMS[model_id]  # the checkpoint's own count (index or header)

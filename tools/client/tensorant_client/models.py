@@ -369,6 +369,7 @@ class RunView(ApiModel):
     base_model: str
     dataset_version_id: str
     resources: list[CloudResource]
+    base_model_revision: str = Field(default="")
     adapter_sha256: str
     release_error: str
     release_attempts: int
