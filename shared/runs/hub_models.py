@@ -174,11 +174,9 @@ def _params(model_id: str, sha: str, token: str, dtype: str) -> int:
     return 0
 
 
-def resolve(org: str, model_id: str, revision: str) -> tuple[DeclaredModel, str]:
-    """(the model's shapes, its commit id), read from the hub once per org, id and commit; 422 when refused."""
-    from shared.services.api.org_secrets import hf_token
-
-    token = hf_token(org)
+def resolve(org: str, model_id: str, revision: str, token: str) -> tuple[DeclaredModel, str]:
+    """(the model's shapes, its commit id), read from the hub once per org, id and commit with the org's
+    Hugging Face token ("": none); 422 when refused."""
     sha = pin(model_id, revision, token)
     store = get_store().hub_models
     kept = store.get(org, model_id, sha)
@@ -204,11 +202,3 @@ def kept(org: str, model_id: str, revision: str) -> DeclaredModel | None:
     got = get_store().hub_models.get(org, model_id, revision)
     return got[0] if got else None
 
-
-def for_request(org: str, base_model: str, revision: str | None) -> tuple[DeclaredModel, str]:
-    """A run request's base model and pinned commit: declared (offline, no revision) or from the hub."""
-    if not revision:
-        from shared.services.api.base_models import declared
-
-        return declared(base_model), ""
-    return resolve(org, base_model, revision)

@@ -47,6 +47,17 @@ def declared(name: str) -> DeclaredModel:
     return model
 
 
+def for_request(org: str, base_model: str, revision: str | None) -> tuple[DeclaredModel, str]:
+    """A run request's base model and pinned commit: declared (the offline default, no revision), or read from
+    the hub with the org's token (shared/runs/hub_models.py)."""
+    if not revision:
+        return declared(base_model), ""
+    from shared.runs import hub_models
+    from shared.services.api.org_secrets import hf_token
+
+    return hub_models.resolve(org, base_model, revision, hf_token(org))
+
+
 def is_test_model(model: DeclaredModel) -> bool:
     return model.name.startswith(TEST_MODEL_PREFIX)
 

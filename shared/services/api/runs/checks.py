@@ -9,7 +9,7 @@ from typing import Any
 from adapter_format.base_models import MAX_MERGED_BYTES, DeclaredModel
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, Forecast, GpuOffer, RunCreate, RunKind, TrainingSettings
-from shared.runs import forecast, hub_models
+from shared.runs import forecast
 from shared.runs.org_backends import compute_connection_slot
 from shared.services.api import base_models, quotas
 from shared.services.api.catalog import cached_offers, find_offer
@@ -106,7 +106,7 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     the org's token). The org's limits and the rate limit are the caller's (quotas)."""
     store = get_store()
     # 422 before any lookup: the cheapest refusal first (a Hub model's record is read from the hub once)
-    model, revision = hub_models.for_request(org, body.base_model, body.base_model_revision)
+    model, revision = base_models.for_request(org, body.base_model, body.base_model_revision)
     training = resolve_training(body.kind, body.training)
     _check_merged(model, training)
     store.projects.get(org, body.project_id)
