@@ -13,6 +13,7 @@ import json
 import re
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -89,6 +90,7 @@ class FakeHub:
     params: dict[str, int] = field(default_factory=lambda: dict(PARAMS))
     gated: dict[str, str] = field(default_factory=dict)  # model id -> the one token that may read it
     requests: list[tuple[str, str]] = field(default_factory=list)  # (path, authorization)
+    delay_s: float = 0.0  # a slow hub: each answer waits this long
 
     def count(self, fragment: str) -> int:
         return sum(1 for path, _ in self.requests if fragment in path)
@@ -139,6 +141,8 @@ def fake_hub() -> Iterator[FakeHub]:
             auth = self.headers.get("Authorization", "")
             hub.requests.append((self.path, auth))
             status, body = hub._answer(self.path, auth, self.headers.get("Range", ""))
+            if hub.delay_s:
+                time.sleep(hub.delay_s)
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -232,3 +232,16 @@ def test_merged_only_for_the_architectures_the_merged_verifier_knows(hub: FakeHu
     assert status == 422 and body["errors"][0]["field"] == "training.merged", body
     status, body, _ = h.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen2.5-0.5B"})
     assert status == 201, body
+
+
+def test_a_slow_hub_is_cut_at_the_read_bound(hub: FakeHub, h: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from shared.runs import hub_models
+
+    monkeypatch.setattr(hub_models, "HUB_READ_S", 0.3)  # every request of one create together
+    hub.delay_s = 0.2  # each answer: the second request runs out of time
+    started = time.monotonic()
+    status, body = _create(h, "Qwen/Qwen3-0.6B", "main")
+    assert status == 422 and "the hub did not answer" in body["detail"], body
+    assert time.monotonic() - started < 3

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import time
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
@@ -35,7 +36,8 @@ from shared.errors import InvalidInput
 from shared.store import get_store
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
-TIMEOUT_S = 10.0
+TIMEOUT_S = 5.0  # one request
+HUB_READ_S = 20.0  # every request of one create together (as a cloud wait inline: budget.LRO_WAIT_S)
 MAX_JSON_BYTES = 4 * 1024 * 1024  # a config is a few kB; an index of a 400B model is ~100 kB
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_REDIRECTS = 2
@@ -47,7 +49,7 @@ class HubError(Exception):
         self.status = status
 
 
-def _fetch(url: str, token: str, *, limit: int, byte_range: str = "") -> bytes:
+def _fetch(url: str, token: str, *, limit: int, deadline: float, byte_range: str = "") -> bytes:
     """GET url through the endpoint guard; HubError with the status (0: unreachable) otherwise."""
     import urllib3
 
@@ -67,7 +69,10 @@ def _fetch(url: str, token: str, *, limit: int, byte_range: str = "") -> bytes:
             headers["authorization"] = f"Bearer {token}"
         if byte_range:
             headers["range"] = byte_range
-        timeout = urllib3.Timeout(total=TIMEOUT_S)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HubError(0, f"the hub took more than {HUB_READ_S:g} s")
+        timeout = urllib3.Timeout(total=min(TIMEOUT_S, left))
         if scheme == "https":
             import certifi
 
@@ -129,7 +134,7 @@ def _url(model_id: str, revision: str, path: str) -> str:
     return f"{base}/{model_id}/resolve/{quote(revision, safe='')}/{path}"
 
 
-def pin(model_id: str, revision: str, token: str) -> str:
+def pin(model_id: str, revision: str, token: str, deadline: float) -> str:
     """The commit id of a revision (a commit id as it is)."""
     if COMMIT.fullmatch(revision):
         return revision
@@ -137,7 +142,7 @@ def pin(model_id: str, revision: str, token: str) -> str:
 
     url = f"{get_settings().hf_endpoint.rstrip('/')}/api/models/{model_id}/revision/{quote(revision, safe='')}"
     try:
-        info = _json(_fetch(url, token, limit=MAX_JSON_BYTES), "the hub's model info")
+        info = _json(_fetch(url, token, limit=MAX_JSON_BYTES, deadline=deadline), "the hub's model info")
     except HubError as exc:
         raise _refusal(model_id, revision, "the revision", exc) from exc
     except ConfigRefused as exc:
@@ -149,21 +154,22 @@ def pin(model_id: str, revision: str, token: str) -> str:
     return sha
 
 
-def _params(model_id: str, sha: str, token: str, dtype: str) -> int:
+def _params(model_id: str, sha: str, token: str, dtype: str, deadline: float) -> int:
     """The checkpoint's own parameter count; 0 when it has neither an index nor a single safetensors file."""
     try:
-        index = _json(_fetch(_url(model_id, sha, "model.safetensors.index.json"), token, limit=MAX_JSON_BYTES),
-                      "model.safetensors.index.json")
+        index = _json(_fetch(_url(model_id, sha, "model.safetensors.index.json"), token, limit=MAX_JSON_BYTES,
+                             deadline=deadline), "model.safetensors.index.json")
         return params_from_index(index, dtype)
     except HubError as exc:
         if exc.status != 404:
             raise
     try:
-        head = _fetch(_url(model_id, sha, "model.safetensors"), token, limit=8, byte_range="bytes=0-7")
+        head = _fetch(_url(model_id, sha, "model.safetensors"), token, limit=8, deadline=deadline,
+                      byte_range="bytes=0-7")
         (size,) = struct.unpack("<Q", head[:8])
         if not 2 <= size <= MAX_HEADER_BYTES:
             return 0
-        header = _fetch(_url(model_id, sha, "model.safetensors"), token, limit=size,
+        header = _fetch(_url(model_id, sha, "model.safetensors"), token, limit=size, deadline=deadline,
                         byte_range=f"bytes=8-{7 + size}")
         return params_from_header(_json(header, "model.safetensors' header"))
     except HubError as exc:
@@ -177,15 +183,17 @@ def _params(model_id: str, sha: str, token: str, dtype: str) -> int:
 def resolve(org: str, model_id: str, revision: str, token: str) -> tuple[DeclaredModel, str]:
     """(the model's shapes, its commit id), read from the hub once per org, id and commit with the org's
     Hugging Face token ("": none); 422 when refused."""
-    sha = pin(model_id, revision, token)
+    deadline = time.monotonic() + HUB_READ_S
+    sha = pin(model_id, revision, token, deadline)
     store = get_store().hub_models
     kept = store.get(org, model_id, sha)
     if kept is not None:
         return kept[0], sha
     try:
-        config = _json(_fetch(_url(model_id, sha, "config.json"), token, limit=MAX_JSON_BYTES), "config.json")
+        config = _json(_fetch(_url(model_id, sha, "config.json"), token, limit=MAX_JSON_BYTES, deadline=deadline),
+                       "config.json")
         model_from_config(model_id, config)  # refused before any more reads: an unsupported architecture
-        model = model_from_config(model_id, config, _params(model_id, sha, token, dtype_of(config)))
+        model = model_from_config(model_id, config, _params(model_id, sha, token, dtype_of(config), deadline))
     except HubError as exc:
         raise _refusal(model_id, sha, "config.json", exc) from exc
     except ConfigRefused as exc:
