@@ -180,6 +180,7 @@ def test_the_hub_endpoint_goes_through_the_guard(hub: FakeHub, h: Any, monkeypat
     settings.reset_settings()
     status, body = _create(h, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
     assert status == 422 and "must be an https:// URL" in body["detail"], body
+    assert "TENSORANT_HF_ENDPOINT" in body["detail"], body
     monkeypatch.setenv("TENSORANT_HF_ENDPOINT", hub.url.replace("http://", "https://"))
     settings.reset_settings()
     status, body = _create(h, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))

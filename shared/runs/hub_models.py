@@ -62,7 +62,7 @@ def _fetch(url: str, token: str, *, limit: int, deadline: float, byte_range: str
             scheme, host, port = split_endpoint(url, allow_private=private)
             ip = resolve_checked(host, port, allow_private=private, resolver=system_resolver)
         except EndpointRefused as exc:
-            raise HubError(0, f"the hub endpoint {url.split('?')[0][:120]} is refused: {exc}") from exc
+            raise HubError(-1, f"{url.split('?')[0][:120]} is refused: {exc}") from exc
         parts = urlsplit(url)
         headers = {"host": parts.netloc, "user-agent": "tensorant-control-plane"}
         if token:
@@ -122,6 +122,9 @@ def _refusal(model_id: str, revision: str, what: str, exc: HubError) -> InvalidI
                "on the hub")
     elif exc.status == 404:
         fix = "check the id and the revision (a commit id, branch or tag that exists on the hub)"
+    elif exc.status == -1:
+        fix = (f"the hub endpoint is refused ({exc}); the operator sets TENSORANT_HF_ENDPOINT to the hub's public "
+               "https URL")
     else:
         fix = f"the hub did not answer ({exc}); try again later"
     return InvalidInput.field("base_model", f"cannot read {what} of {model_id} at {revision}: {fix}")
