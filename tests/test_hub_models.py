@@ -246,3 +246,16 @@ def test_a_slow_hub_is_cut_at_the_read_bound(hub: FakeHub, h: Any, monkeypatch: 
     status, body = _create(h, "Qwen/Qwen3-0.6B", "main")
     assert status == 422 and "the hub did not answer" in body["detail"], body
     assert time.monotonic() - started < 3
+
+
+def test_cli_sends_the_revision_and_names_its_flag() -> None:
+    from tensorant_cli.commands.runs import _run_create_body
+    from tensorant_cli.main import build_parser
+    from tensorant_cli.render import cli_words
+
+    args = build_parser().parse_args(["runs", "create", "--project", "p1", "--dataset", "d1", "--provider", "aws",
+                                      "--offer", "o1", "--base-model", "Qwen/Qwen3-0.6B", "--base-model-revision",
+                                      "main", "--price-limit", "2"])
+    body = _run_create_body(args, partial=False)
+    assert body["base_model"] == "Qwen/Qwen3-0.6B" and body["base_model_revision"] == "main"
+    assert cli_words("check base_model_revision") == "check --base-model-revision"

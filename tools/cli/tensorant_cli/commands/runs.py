@@ -107,7 +107,9 @@ def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--dataset", required=required, help="dataset version id (`tensorant datasets list`)")
     p.add_argument("--provider", required=required)
     p.add_argument("--offer", required=required, help="offer id from `tensorant catalog`")
-    p.add_argument("--base-model", required=required, help="a declared base model id")
+    p.add_argument("--base-model", required=required, help="a declared base model id, or a Hub id with --base-model-revision")
+    p.add_argument("--base-model-revision", metavar="REV",
+                   help="the Hub revision of --base-model (a commit id, or a branch resolved to its commit at create)")
     p.add_argument("--price-limit", type=float, required=required, help="USD per hour")
     p.add_argument("--runtime-limit", type=int, help="seconds")
     p.add_argument("--kind", choices=["trial", "full"], default=None, help="trial (default) or full")
@@ -119,6 +121,7 @@ def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
 def _run_create_body(args: argparse.Namespace, partial: bool) -> dict[str, Any]:
     fields = {"project_id": getattr(args, "project", None), "dataset_version_id": args.dataset,
               "provider": args.provider, "offer_id": args.offer, "base_model": args.base_model,
+              "base_model_revision": args.base_model_revision,
               "price_limit_per_hour": args.price_limit, "kind": args.kind, "runtime_limit_s": args.runtime_limit}
     if not partial and fields["kind"] is None:
         fields["kind"] = "trial"
