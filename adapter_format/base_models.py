@@ -48,11 +48,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Architecture = Literal["llama", "qwen2", "mistral"]
+Architecture = Literal["llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
 GiB = 1024**3
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = ATTENTION + MLP
+# Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj.
+FUSED_ATTENTION = ("qkv_proj", "o_proj")
+FUSED_ALL_LINEAR = (*FUSED_ATTENTION, "gate_up_proj", "down_proj")
 # Logits elements per chunk of the trainer's chunked cross-entropy (machine/trainer/loss.py uses this).
 LOSS_CHUNK_ELEMENTS = 2**25
 _NF4_BITS = 4.127  # 4 bits + fp8 absmax per 64 + fp32 per 256 blocks (double quantization)
@@ -84,6 +87,9 @@ class DeclaredModel:
     rms_norm_eps: float = 1e-5
     default_targets: tuple[str, ...] = ATTENTION
     note: str = ""
+    # The parameter count the checkpoint itself declares (a Hub model's safetensors index or header); 0: derived
+    # from the shapes. Gemma's extra norms and Qwen3's q/k norms are counted by it, not by param_count's formula.
+    params: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -97,6 +103,8 @@ class DeclaredModel:
     def modules(self) -> dict[str, tuple[int, int]]:
         """LoRA-targetable linear module name -> (in_features, out_features), per layer."""
         h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        if self.architecture == "phi3":
+            return {"qkv_proj": (h, q + 2 * kv), "o_proj": (q, h), "gate_up_proj": (h, 2 * i), "down_proj": (i, h)}
         return {
             "q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h),
@@ -107,6 +115,8 @@ class DeclaredModel:
         return sum(n_in * n_out for n_in, n_out in self.modules.values())
 
     def param_count(self) -> int:
+        if self.params:
+            return self.params
         per_layer = self.layer_linear_params() + 2 * self.hidden_size  # + two RMSNorms
         if self.attention_bias:
             per_layer += self.q_dim + 2 * self.kv_dim
@@ -124,10 +134,11 @@ class DeclaredModel:
 
     def targets(self, target_modules: str) -> tuple[str, ...]:
         """The module names of a TENSORANT_TRAINING target_modules value."""
+        fused = self.architecture == "phi3"
         if target_modules == "all-linear":
-            return ALL_LINEAR
+            return FUSED_ALL_LINEAR if fused else ALL_LINEAR
         if target_modules == "attention":
-            return ATTENTION
+            return FUSED_ATTENTION if fused else ATTENTION
         raise ValueError(f"target_modules must be 'attention' or 'all-linear', not {target_modules!r}")
 
     def hf_config(self) -> Any:
@@ -145,6 +156,8 @@ class DeclaredModel:
             return transformers.LlamaConfig(attention_bias=self.attention_bias, mlp_bias=False, **common)
         if self.architecture == "qwen2":
             return transformers.Qwen2Config(**common)
+        if self.architecture != "mistral":
+            raise ValueError(f"no transformers config is built here for {self.architecture}")
         return transformers.MistralConfig(sliding_window=None, **common)
 
     def weight_bytes(self, load_in_4bit: bool = False) -> int:

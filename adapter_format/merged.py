@@ -36,6 +36,8 @@ from adapter_format.verify import (
     _Tensor,
 )
 
+# The architectures whose full tensor list expected_tensors knows (a merged model of another is refused at create).
+MERGE_ARCHITECTURES = ("llama", "qwen2", "mistral")
 CONFIG_NAME = "config.json"
 GENERATION_NAME = "generation_config.json"
 MANIFEST_NAME = "manifest.json"
@@ -68,8 +70,9 @@ def expected_tensors(model: DeclaredModel) -> dict[str, tuple[int, ...]]:
 
 
 def verify_merged(data: bytes | BinaryIO, *, base_model: str, expected_sha256: str | None,
-                  max_total_bytes: int = MAX_MERGED_BYTES) -> VerifyResult:
-    """data: the archive (bytes or a seekable binary file, read in bounded chunks)."""
+                  max_total_bytes: int = MAX_MERGED_BYTES, model: DeclaredModel | None = None) -> VerifyResult:
+    """data: the archive (bytes or a seekable binary file, read in bounded chunks). model: a Hub model's shapes
+    (llama, qwen2 or mistral: the architectures MERGE_ARCHITECTURES lists); else the declared base_model."""
     import io
 
     source: BinaryIO = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
@@ -77,7 +80,7 @@ def verify_merged(data: bytes | BinaryIO, *, base_model: str, expected_sha256: s
     sha256, size = _sha256_of(source)
     summary: dict[str, Any] = {"size": size, "sha256": sha256, "base_model": base_model}
     try:
-        _verify(source, base_model, expected_sha256, max_total_bytes, problems, summary)
+        _verify(source, base_model, expected_sha256, max_total_bytes, problems, summary, model)
     except _Stop:
         pass
     if len(problems) > MAX_PROBLEMS:
@@ -86,8 +89,8 @@ def verify_merged(data: bytes | BinaryIO, *, base_model: str, expected_sha256: s
 
 
 def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_total_bytes: int,
-            problems: list[str], summary: dict[str, Any]) -> None:
-    declared = get_base_model(base_model)
+            problems: list[str], summary: dict[str, Any], model: DeclaredModel | None = None) -> None:
+    declared = model or get_base_model(base_model)
     if declared is None:
         _refuse(problems, f"{base_model!r} is not a declared base model, so its merged weights have nothing to be "
                           "checked against.")

@@ -81,9 +81,10 @@ def _declared(base_model: str) -> DeclaredModel:
 
 
 def build_adapter_files(base_model: str, *, rows: int = 0, r: int = 8, dtype: str = "F32",
-                        seed: int = 0) -> dict[str, bytes]:
-    """adapter_config.json, adapter_model.safetensors and manifest.json for a declared model."""
-    model = _declared(base_model)
+                        seed: int = 0, model: DeclaredModel | None = None) -> dict[str, bytes]:
+    """adapter_config.json, adapter_model.safetensors and manifest.json for a declared model (or `model`'s
+    shapes: a Hub model's, read from its config.json)."""
+    model = model or _declared(base_model)
     files = {
         CONFIG_NAME: json.dumps(adapter_config(base_model, r, model.default_targets), indent=2).encode(),
         WEIGHTS_NAME: _weights(model, r=r, dtype=dtype, seed=seed),
@@ -132,6 +133,7 @@ def build_adapter_zip(
     weights: bytes | None = None,
     trainer: str = SMOKE_TRAINER,
     measured: dict[str, float] | None = None,
+    model: DeclaredModel | None = None,
 ) -> bytes:
     """A valid smoke adapter archive, or a broken one for tests (every corruption off by default).
 
@@ -145,11 +147,11 @@ def build_adapter_zip(
     The manifest lists the files as they end up in the archive, so only the intended
     corruption is wrong.
     """
-    files = build_adapter_files(base_model, rows=rows, r=r, dtype=dtype, seed=seed)
+    files = build_adapter_files(base_model, rows=rows, r=r, dtype=dtype, seed=seed, model=model)
     if config_overrides:
         files[CONFIG_NAME] = _overridden(files[CONFIG_NAME], config_overrides)
     if nan or wrong_rank:
-        files[WEIGHTS_NAME] = _weights(_declared(base_model), r=r, dtype=dtype, seed=seed, nan=nan,
+        files[WEIGHTS_NAME] = _weights(model or _declared(base_model), r=r, dtype=dtype, seed=seed, nan=nan,
                                               wrong_rank=wrong_rank)
     if weights is not None:
         files[WEIGHTS_NAME] = weights

@@ -126,20 +126,22 @@ def verify_adapter(
     max_ratio: float = MAX_RATIO,
     provider: str | None = None,
     smoke_allowed_on: tuple[str, ...] = (),
+    model: DeclaredModel | None = None,
 ) -> VerifyResult:
     """data: the archive, as bytes or a seekable binary file (read in bounded chunks, never whole).
     provider: the run's compute provider; a smoke-trainer adapter is refused unless it is one of
     smoke_allowed_on (the caller passes the registry's smoke_trainer_providers(): a developer's own
     machine; on a cloud a smoke manifest means the image ran the wrong trainer). The adapter format
     knows no provider registry: the training image carries it without the control plane. None skips
-    that check (callers that do not know the run)."""
+    that check (callers that do not know the run). model: the base model's shapes where it is not declared
+    (a Hub model's, shared/runs/hub_models.py); else the declared model named base_model."""
     source: BinaryIO = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
     problems: list[str] = []
     sha256, size = _sha256_of(source)
     summary: dict[str, Any] = {"size": size, "sha256": sha256, "base_model": base_model}
     try:
         _verify(source, base_model, expected_sha256, max_entries, max_total_bytes, max_ratio,
-                (provider, smoke_allowed_on), problems, summary)
+                (provider, smoke_allowed_on), problems, summary, model=model)
     except _Stop:
         pass
     if len(problems) > MAX_PROBLEMS:  # one broken export can repeat a problem per module
@@ -158,7 +160,7 @@ def _sha256_of(source: BinaryIO) -> tuple[str, int]:
 
 def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_entries: int, max_total_bytes: int,
             max_ratio: float, who: tuple[str | None, tuple[str, ...]], problems: list[str],
-            summary: dict[str, Any]) -> None:
+            summary: dict[str, Any], *, model: DeclaredModel | None = None) -> None:
     provider, smoke_allowed_on = who
     if expected_sha256 is not None and summary["sha256"] != expected_sha256.lower():
         _refuse(problems, f"The archive's sha256 is {summary['sha256']}, not the {expected_sha256} the agent "
@@ -171,7 +173,7 @@ def _verify(source: BinaryIO, base_model: str, expected_sha256: str | None, max_
     with archive.stream(WEIGHTS_NAME) as weights:
         tensors = _parse_safetensors(weights, archive.size(WEIGHTS_NAME), problems, summary)
         if config is not None:  # a manifest problem need not hide a shape problem: report both
-            _check_pairs(config, tensors, base_model, problems, summary)
+            _check_pairs(config, tensors, base_model, problems, summary, model=model)
         if problems:
             # Refused already: the checks so far read the JSON files and the header only; inflating,
             # hashing and scanning the weights (up to 1 GiB, seconds of CPU) would change no answer.
@@ -886,12 +888,12 @@ def _rank_for(module: str, lora: _Lora) -> int:
 
 
 def _check_pairs(lora: _Lora, tensors: list[_Tensor], base_model: str, problems: list[str],
-                 summary: dict[str, Any]) -> None:
+                 summary: dict[str, Any], *, model: DeclaredModel | None = None) -> None:
     """The LoRA weights against the config and the declared base model: only lora_A/lora_B pairs (and
     DoRA magnitudes), each targeted, of the configured rank, fitting the base model's module, and
     every layer of every target adapted. problems may hold the config's and the manifest's already:
     the checks that judge the whole export run only when nothing else is wrong."""
-    declared = get_base_model(base_model)
+    declared = model or get_base_model(base_model)  # model: a Hub model's shapes, read from its config.json
     summary["base_model_declared"] = declared is not None
     pairs, magnitudes = _group_tensors(tensors, lora.use_dora, problems)
     if not pairs and not problems:

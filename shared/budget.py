@@ -155,12 +155,14 @@ BOUNDS: dict[str, str] = {
     "runpod_volumes": HTTP_CLOUD,  # one RunPod GraphQL read
     "save_compute": HTTP_CLOUD, "check_compute": HTTP_CLOUD,  # scope read; the checks run in a step
     "save_named_compute": HTTP_CLOUD, "check_named_compute": HTTP_CLOUD,  # the same, for a named connection
+    # a base model named by Hub id: its config.json read inline, once, within hub_models.HUB_READ_S
+    "create_run": HTTP_CLOUD, "patch_run": HTTP_CLOUD, "forecast_run": HTTP_CLOUD,
     # routes on the store and storage only
     **dict.fromkeys([
         "get_compute", "delete_compute", "get_named_compute", "delete_named_compute",
         "save_storage", "get_storage", "list_connections", "gpus",
         "create_project", "list_projects", "upload_dataset", "dataset_upload_url", "commit_dataset",
-        "list_datasets", "create_run", "list_runs", "get_run", "patch_run", "delete_run", "run_metrics",
+        "list_datasets", "list_runs", "get_run", "delete_run", "run_metrics",
         "run_logs", "launch_run", "cancel_run", "release_run", "run_adapter", "get_usage", "get_limits",
         "put_limits", "heartbeat", "complete", "boot_failed", "bootstrap", "restart", "queues", "poison", "replay", "discard",
         "sweep", "sweep_report",  # an admin sweep is enqueued (202), one account per sweep-account message

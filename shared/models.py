@@ -31,6 +31,8 @@ CONNECTION_NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"  # the part after the '/'
 OFFER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
 # A declared base model id: "name" or "owner/name", Hugging Face style.
 BASE_MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+# A Hub revision: a 40-hex commit id, or a branch or tag name (resolved to its commit id once, at create).
+BASE_MODEL_REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
 class Model(BaseModel):
@@ -502,6 +504,8 @@ class RunRecord(Model):
     dataset_version_id: str
     validation_dataset_version_id: str = ""  # "" = the eval split is held out of the training rows
     base_model: str
+    # A base model named by Hub id: the commit id its shapes were read at and the machine loads ("": declared).
+    base_model_revision: str = ""
     state: RunState = RunState.draft
     outcome: Outcome | None = None
     phase: str = ""
@@ -684,7 +688,11 @@ class RunCreate(Model):
     validation_dataset_version_id: str | None = Field(default=None, pattern=KEY_PATTERN, description=(
         "a dataset version of the same project to evaluate on (all of its rows, up to the trainer's cap) instead "
         "of holding out training.eval_fraction of the training rows"))
-    base_model: str = Field(pattern=BASE_MODEL_PATTERN, description="a declared model id: name or owner/name")
+    base_model: str = Field(pattern=BASE_MODEL_PATTERN, description=(
+        "a declared model id (GET /api/base-models), or any Hub model id of a supported architecture with "
+        "base_model_revision"))
+    base_model_revision: str | None = Field(default=None, pattern=BASE_MODEL_REVISION_PATTERN, description=(
+        "the Hub revision of base_model: a commit id, or a branch or tag resolved to its commit id at create"))
     # Training settings; omitted fields take the defaults, a trial run is bounded
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     candidates: list[CandidateRequest] | None = Field(default=None, max_length=MAX_CANDIDATES, description=(
@@ -736,6 +744,7 @@ class RunPatch(Model):
     validation_dataset_version_id: str | None = Field(default=None, pattern=r"^$|" + KEY_PATTERN, description=(
         "a validation dataset version of the project; \"\" drops the draft's"))
     base_model: str | None = Field(default=None, pattern=BASE_MODEL_PATTERN)
+    base_model_revision: str | None = Field(default=None, pattern=BASE_MODEL_REVISION_PATTERN)
     training: TrainingSettings | None = Field(default=None, description=(
         "the training settings to change; the ones left out keep the draft's (null clears an optional one)"))
     candidates: list[CandidateRequest] | None = Field(default=None, max_length=MAX_CANDIDATES)
@@ -884,6 +893,8 @@ class RunView(Model):
     dataset_version_id: str
     validation_dataset_version_id: str = ""
     resources: list[CloudResource]
+    # A base model named by Hub id: the commit id it was pinned to at create ("": a declared model).
+    base_model_revision: str = ""
     adapter_sha256: str
     release_error: str
     release_attempts: int

@@ -102,6 +102,11 @@ class Settings(BaseModel):
     allow_test_models: bool = Field(default=False, description=(
         "tests only (production refuses it): cloud runs may name the `tensorant/*` test models and pass the "
         "smoke trainer's adapter"))
+    # Base models named by Hub id (shared/runs/hub_models.py): config.json and the safetensors index are read here,
+    # through the same endpoint guard as other outbound URLs (https, public addresses).
+    hf_endpoint: str = Field(default="https://huggingface.co", max_length=200, description=(
+        "the Hugging Face hub the control plane reads a base model's config.json from (a mirror's URL where the hub "
+        "is not reachable)"))
     # GPU billing resumed when the machine started.
     recovery_idle_stop_s: int = Field(default=3600, ge=60, description=(
         "a retained machine started for recovery is stopped again after this long, with a warning event"))
@@ -186,6 +191,7 @@ _ENV = {
     "user_token_max_ttl_s": "TENSORANT_USER_TOKEN_MAX_TTL_S",
     "allow_private_endpoints": "TENSORANT_ALLOW_PRIVATE_ENDPOINTS",
     "allow_test_models": "TENSORANT_ALLOW_TEST_MODELS",
+    "hf_endpoint": "TENSORANT_HF_ENDPOINT",
     "recovery_idle_stop_s": "TENSORANT_RECOVERY_IDLE_STOP_S",
     "agent_token_ttl_s": "TENSORANT_AGENT_TOKEN_TTL_S",
     "org_max_active_runs_ceiling": "TENSORANT_ORG_MAX_ACTIVE_RUNS_CEILING",

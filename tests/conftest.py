@@ -58,6 +58,9 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
         # Cloud tests run the test models (tensorant/*) on fake clouds; without this a cloud run refuses
         # them (tests/test_training_api.py checks that refusal with the setting off).
         "TENSORANT_ALLOW_TEST_MODELS": "1",
+        # Nothing reaches the real hub: a run naming a Hub model (base_model_revision, e.g. from the schema fuzzer)
+        # is refused at the guard (the name does not resolve); tests of it serve tests/hub_fake.py.
+        "TENSORANT_HF_ENDPOINT": "https://hub.invalid",
     }
     for k, v in values.items():
         monkeypatch.setenv(k, v)

@@ -548,6 +548,7 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
         "TENSORANT_RUN_TOKEN": TOKEN,
         "TENSORANT_BASE_MODEL": "tensorant/smoke-tiny",
         "TENSORANT_BASE_MODEL_PATH": str(tmp_path / "models" / "smoke"),
+        "TENSORANT_BASE_MODEL_REVISION": "ab" * 20,  # a Hub model's pinned commit
         "TENSORANT_TRAINING": training,
         "HF_TOKEN": hf_token,
         "TENSORANT_DATA_DIR": str(tmp_path / "data"),
@@ -557,7 +558,7 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
         "TENSORANT_LOGS_KEY": "runs/run-boot/logs.txt",
         "TENSORANT_TRAINER_COMMAND": (
             'echo "hf=$HF_TOKEN training=$TENSORANT_TRAINING path=$TENSORANT_BASE_MODEL_PATH '
-            'boot=${TENSORANT_BOOTSTRAP:-absent} token=${TENSORANT_RUN_TOKEN:-absent}"'
+            'revision=$TENSORANT_BASE_MODEL_REVISION boot=${TENSORANT_BOOTSTRAP:-absent} token=${TENSORANT_RUN_TOKEN:-absent}"'
             ' && echo "progress=0.5 step=1 loss=1.5000 lr=0.0002"'
             f" && {sys.executable} -m machine.trainer.smoke"),
         "TENSORANT_SMOKE_STEPS": "2",
@@ -571,8 +572,8 @@ def test_bootstrapped_agent_forwards_the_trainer_contract_and_masks_hf_token(
         done = api.wait_complete("run-boot")
         assert done["status"] == "ok", done
         lines = [line for body in api.of("run-boot", "heartbeat") for line in body["logs"]]
-        assert (f"hf=*** training={training} path={tmp_path / 'models' / 'smoke'} boot=absent token=absent"
-                in lines), lines
+        assert (f"hf=*** training={training} path={tmp_path / 'models' / 'smoke'} revision={'ab' * 20} "
+                "boot=absent token=absent" in lines), lines
         assert "progress=0.5 step=1 loss=1.5000 lr=0.0002" in lines
         uploaded = (storage / "runs" / "run-boot" / "logs.txt").read_text()
         agent.send_signal(signal.SIGTERM)

@@ -106,6 +106,7 @@ class AgentConfig:
     eval_dataset_url: str = ""
     eval_dataset_sha256: str = ""
     base_model_path: str = ""  # a local directory holding the base model, for the trainer
+    base_model_revision: str = ""  # a Hub model's pinned commit id, for the trainer
     training: str = ""  # the run's training settings (a JSON object), passed to the trainer as is
     dataset_sha256: str = ""  # what the control plane validated; a download that differs is refused
     hf_token: str = ""  # for gated base models; a secret
@@ -150,6 +151,7 @@ class AgentConfig:
             eval_dataset_url=env.get("TENSORANT_EVAL_DATASET_URL", ""),
             eval_dataset_sha256=env.get("TENSORANT_EVAL_DATASET_SHA256", "").lower(),
             base_model_path=env.get("TENSORANT_BASE_MODEL_PATH", ""),
+            base_model_revision=env.get("TENSORANT_BASE_MODEL_REVISION", ""),
             training=env.get("TENSORANT_TRAINING", ""),
             dataset_sha256=env.get("TENSORANT_DATASET_SHA256", "").lower(),
             hf_token=env.get("HF_TOKEN", ""),

@@ -159,6 +159,7 @@ class TrainerSupervisor(Reporter):
             env["TENSORANT_EVAL_DATASET_PATH"] = str(validation)
         # The contract's optional inputs, set only when given (unset = the trainer's defaults).
         for key, value in (("TENSORANT_BASE_MODEL_PATH", self.config.base_model_path),
+                           ("TENSORANT_BASE_MODEL_REVISION", self.config.base_model_revision),
                            ("TENSORANT_TRAINING", self.config.training), ("HF_TOKEN", self.config.hf_token)):
             if value:
                 env[key] = value

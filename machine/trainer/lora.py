@@ -9,6 +9,7 @@ Environment (the agent -> trainer contract; machine/agent passes it):
                              the usual cap) instead of eval_fraction of the training rows, which all train
   TENSORANT_BASE_MODEL       the run's declared base model id (written into adapter_config.json)
   TENSORANT_BASE_MODEL_PATH  optional local model directory; otherwise the hub id is downloaded
+  TENSORANT_BASE_MODEL_REVISION  optional: the hub revision (commit id) to download
   TENSORANT_TRAINING         JSON training settings (machine.trainer.config); missing = defaults
   HF_TOKEN                   optional hub token for gated models; handed to the hub client only
   TENSORANT_TORCH_THREADS    optional CPU thread count (tiny models on a busy CPU run several
@@ -84,6 +85,8 @@ STATE_NAME = "trainer_state.pt"
 TRAINER = "lora"
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
+FUSED_ATTENTION = ["qkv_proj", "o_proj"]
+FUSED_ALL_LINEAR = [*FUSED_ATTENTION, "gate_up_proj", "down_proj"]
 MIN_EVAL_EXAMPLES = 20  # the contract: a held-out split only from this many examples up
 MAX_EVAL_EXAMPLES = 256  # eval is a check, not a second training pass
 MAX_LOSS_POINTS = 5000  # keeps manifest.json well under the verifier's 1 MiB JSON limit
@@ -136,11 +139,13 @@ def choose_precision(s: TrainerSettings, cuda: bool) -> str:
     return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
 
 
-def load_model(s: TrainerSettings, source: str, precision: str, cuda: bool, token: str | None) -> Any:
+def load_model(s: TrainerSettings, source: str, precision: str, cuda: bool, token: str | None,
+               revision: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if precision == "bf16" else torch.float32, "token": token}
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if precision == "bf16" else torch.float32, "token": token,
+                              "revision": revision}
     if s.load_in_4bit:
         if not cuda:
             raise SettingsError("training.load_in_4bit needs a CUDA GPU (bitsandbytes); this machine has none")
@@ -293,6 +298,8 @@ class Job:
     # TENSORANT_EVAL_DATASET_PATH (the run's validation_dataset_version_id): the held-out split is this file's
     # rows, and every row of the training file trains.
     eval_rows: DatasetRows | None = None
+    # TENSORANT_BASE_MODEL_REVISION: a Hub model's commit id, pinned at create (None: the hub's main, or a local path)
+    revision: str | None = None
 
 
 def read_job(env: dict[str, str]) -> Job | int:
@@ -327,7 +334,8 @@ def read_job(env: dict[str, str]) -> Job | int:
     return Job(output=Path(output), base_model=base_model, source=env.get("TENSORANT_BASE_MODEL_PATH") or base_model,
                token=env.get("HF_TOKEN") or None, s=s, rows=rows, checkpoint_root=checkpoint_root,
                resume_from=resume_from, step_sleep_s=float(env.get("TENSORANT_TEST_STEP_SLEEP_S") or 0),
-               threads=int(threads) if threads.isdigit() else 0, eval_rows=eval_rows)
+               threads=int(threads) if threads.isdigit() else 0, eval_rows=eval_rows,
+               revision=env.get("TENSORANT_BASE_MODEL_REVISION") or None)
 
 
 def load_base(job: Job, precision: str, cuda: bool) -> tuple[Any, Any] | int:
@@ -335,8 +343,8 @@ def load_base(job: Job, precision: str, cuda: bool) -> tuple[Any, Any] | int:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(job.source, token=job.token)
-        return tokenizer, load_model(job.s, job.source, precision, cuda, job.token)
+        tokenizer = AutoTokenizer.from_pretrained(job.source, token=job.token, revision=job.revision)
+        return tokenizer, load_model(job.s, job.source, precision, cuda, job.token, job.revision)
     except SettingsError as exc:
         log(f"trainer: {exc}")
         return 2
@@ -392,6 +400,8 @@ def add_lora(model: Any, s: TrainerSettings, cuda: bool) -> tuple[Any, str, bool
     # Packed rows under sdpa: attention per example instead of the row's square under a block mask.
     segments = (batching == "packed" or probe) and use_segment_attention(model)
     targets = ALL_LINEAR if s.target_modules == "all-linear" else ATTENTION
+    if model.config.model_type == "phi3":  # Phi-3 fuses q/k/v and gate/up (adapter_format.base_models)
+        targets = FUSED_ALL_LINEAR if s.target_modules == "all-linear" else FUSED_ATTENTION
     torch.manual_seed(s.seed)  # the LoRA init draws from here: same seed, same adapter
     model = get_peft_model(model, lora_config(s, targets))
     return model, batching, segments, targets

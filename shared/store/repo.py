@@ -9,7 +9,8 @@ builds them over one table service and hands them out as attributes (store.runs,
   sweeper actions, poison discards), store.ended (ended.py: ended runs whose events and logs wait for their
   prune);
 - store.connections, store.secrets (org_secrets.py, sealed), store.catalogs, store.projects and
-  store.datasets (projects.py), store.throughput (measured tokens per second, for forecasts).
+  store.datasets (projects.py), store.throughput (measured tokens per second, for forecasts),
+  store.hub_models (hub_models.py: base models by Hub id and revision, their derived shapes).
 Tables with one owner module outside this package, read through `table(name)`: quotas (org limits and
 rate-limit windows: shared/runs/org_limits.py, shared/services/api/quotas.py; per-run event counts and
 the reservations above are its rows too), leases (leases.py, installation.py), sweeps (the sweeper's
@@ -28,6 +29,7 @@ from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
 from shared.store.ended import EndedIndex
 from shared.store.events import Events
+from shared.store.hub_models import HubModels
 from shared.store.ledger import Ledger
 from shared.store.logs import Logs
 from shared.store.org_secrets import OrgSecrets
@@ -40,7 +42,7 @@ from shared.store.watch import WatchIndex
 
 TABLES = ("connections", "catalogs", "projects", "datasets", "runs", "events", "logs", "ledger", "audit",
           "secrets", "quotas", "watch", "leases", "sweeps", "throughput", "keys",
-          "webhooks", "ended")
+          "webhooks", "ended", "hubmodels")
 
 
 class Store:
@@ -68,6 +70,7 @@ class Store:
         self.datasets = Datasets(t("datasets"))
         self.throughput = Throughput(t("throughput"))
         self.ended = EndedIndex(t("ended"))
+        self.hub_models = HubModels(t("hubmodels"))
 
     def table(self, name: str) -> Table:
         return self._tables[name]

@@ -41,8 +41,21 @@ def declared(name: str) -> DeclaredModel:
     model = BASE_MODELS.get(name)
     if model is None:
         raise InvalidInput.field("base_model", f"{name!r} is not a declared base model; declared: "
-                                 f"{', '.join(sorted(m.name for m in offered()))} (GET /api/base-models)")
+                                 f"{', '.join(sorted(m.name for m in offered()))} (GET /api/base-models); or name "
+                                 "any Hub model of a supported architecture with base_model_revision (a commit id "
+                                 "or branch)")
     return model
+
+
+def for_request(org: str, base_model: str, revision: str | None) -> tuple[DeclaredModel, str]:
+    """A run request's base model and pinned commit: declared (the offline default, no revision), or read from
+    the hub with the org's token (shared/runs/hub_models.py)."""
+    if not revision:
+        return declared(base_model), ""
+    from shared.runs import hub_models
+    from shared.services.api.org_secrets import hf_token
+
+    return hub_models.resolve(org, base_model, revision, hf_token(org))
 
 
 def is_test_model(model: DeclaredModel) -> bool:

@@ -100,6 +100,8 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
         "TENSORANT_API_URL": settings.public_url,
         "TENSORANT_RUN_TOKEN": token,
         "TENSORANT_BASE_MODEL": run.base_model,
+        # A Hub model's commit id, pinned at create: the machine loads the revision whose shapes were checked.
+        **({"TENSORANT_BASE_MODEL_REVISION": run.base_model_revision} if run.base_model_revision else {}),
         # The resolved settings (trial bounds applied); the agent hands them to the trainer.
         # The agent hashes what it downloads: an object replaced after this check is refused there too.
         "TENSORANT_DATASET_SHA256": dataset.sha256,

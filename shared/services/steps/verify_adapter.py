@@ -74,6 +74,7 @@ def unreadable_is_refused(verify: Callable[[], Judged]) -> Judged:
 def verify_adapter(msg: StepMessage) -> None:
     from adapter_format.verify import verify_adapter as check_archive
     from shared.providers.registry import smoke_trainer_providers
+    from shared.runs.hub_models import kept
 
     run, _ = get_store().runs.get(msg.org, msg.run_id)
     if run.state not in Step.verify_adapter.serves:
@@ -86,9 +87,10 @@ def verify_adapter(msg: StepMessage) -> None:
             # Tests that play a cloud machine run the smoke trainer (TENSORANT_ALLOW_TEST_MODELS, test-only):
             # its adapter is judged as on the local provider.
             provider = "local" if get_settings().allow_test_models else run.provider
+            hub_model = kept(run.org, run.base_model, run.base_model_revision)  # a Hub model's shapes, kept at create
             result = unreadable_is_refused(lambda: check_archive(
                 archive, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None, provider=provider,
-                smoke_allowed_on=tuple(smoke_trainer_providers())))
+                smoke_allowed_on=tuple(smoke_trainer_providers()), model=hub_model))
         problems = list(result.problems)
     except ObjectMissing:
         problems = [f"no adapter archive at {key} in storage"]
@@ -166,6 +168,7 @@ def check_merged(run: RunRecord) -> dict[str, object]:
     """The run fields that record its merged model: kept when the archive the agent reported passes
     adapter_format.merged, cleared with merged_note saying why when it does not or none was reported."""
     from adapter_format.merged import MAX_MERGED_BYTES, verify_merged
+    from shared.runs.hub_models import kept
 
     if not run.merged_sha256:
         # The trainer's merge or the agent's export failed (each says why in the run's log), or the adapter was
@@ -175,8 +178,9 @@ def check_merged(run: RunRecord) -> dict[str, object]:
     try:
         archive, _, _ = spool(storage_for(run.org), key, MAX_MERGED_BYTES, "the merged model's archive")
         with archive:
+            hub_model = kept(run.org, run.base_model, run.base_model_revision)
             problems = unreadable_is_refused(lambda: verify_merged(
-                archive, base_model=run.base_model, expected_sha256=run.merged_sha256)).problems
+                archive, base_model=run.base_model, expected_sha256=run.merged_sha256, model=hub_model)).problems
     except ObjectMissing:
         problems = [f"no merged archive at {key} in storage"]
     except ValueError as exc:

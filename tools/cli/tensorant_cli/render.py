@@ -143,6 +143,7 @@ API_FLAGS = {
     "runtime_limit_s": "--runtime-limit",
     "dataset_version_id": "--dataset",
     "offer_id": "--offer",
+    "base_model_revision": "--base-model-revision",
     "base_model": "--base-model",
     "discard": "--discard or --keep",
 }

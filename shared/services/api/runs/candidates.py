@@ -31,9 +31,8 @@ from shared.services.api.catalog import cached_offers, find_offer
 from shared.store import get_store
 
 
-def check_fit(org: str, provider: str, offer: GpuOffer, base_model: str, training: TrainingSettings) -> None:
+def check_fit(org: str, provider: str, offer: GpuOffer, model: DeclaredModel, training: TrainingSettings) -> None:
     """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
-    model = base_models.declared(base_model)
     got = base_models.fit(model, offer, training)
     if got.fits:
         return
@@ -104,7 +103,7 @@ def _check_one(org: str, body: RunCreate, req: CandidateRequest, label: str, mod
     _labelled(label, what, found)
     assert offer is not None
     got = offer
-    _labelled(label, what, lambda: check_fit(org, req.connection, got, body.base_model, training))
+    _labelled(label, what, lambda: check_fit(org, req.connection, got, model, training))
     _labelled(label, what, lambda: base_models.refuse_unloadable_on_local(model, provider))
     if strict_price and got.total_per_hour > body.price_limit_per_hour:
         raise InvalidInput.field(label, f"{what} costs {got.total_per_hour:g} {got.currency}/h, above the run's "
@@ -148,7 +147,7 @@ def resolve(org: str, body: RunCreate, model: DeclaredModel, training: TrainingS
             check_provider(org, own, field="connection" if body.connection else "provider")
             base_models.refuse_test_model_off_local(model, body.provider)
             offer = find_offer(org, own, body.offer_id)
-            check_fit(org, own, offer, body.base_model, training)
+            check_fit(org, own, offer, model, training)
             base_models.refuse_unloadable_on_local(model, body.provider)
             if several and offer.total_per_hour > body.price_limit_per_hour:
                 raise InvalidInput.field("offer_id", (

@@ -41,6 +41,13 @@ def resolve_training(kind: RunKind, training: TrainingSettings) -> TrainingSetti
 
 def _check_merged(model: DeclaredModel, training: TrainingSettings) -> None:
     """training.merged only where the merged weights fit one merged archive (adapter_format.base_models)."""
+    from adapter_format.merged import MERGE_ARCHITECTURES
+
+    if training.merged and model.architecture not in MERGE_ARCHITECTURES:
+        raise InvalidInput.field("training.merged", (
+            f"a merged model is verified for {', '.join(MERGE_ARCHITECTURES)} architectures; {model.name} is "
+            f"{model.architecture}: leave merged out, download the adapter and merge it where you serve it "
+            "(peft's merge_and_unload)"))
     if training.merged and model.merged_bytes() > MAX_MERGED_BYTES:
         raise InvalidInput.field("training.merged", (
             f"{model.name}'s merged weights take {model.merged_bytes() / 1e9:.1f} GB in bf16, more than the "
@@ -61,6 +68,8 @@ class CheckedRequest:
     validation: DatasetVersionRecord | None = None
     # Said in the run's events when the default runtime limit came from the forecast; else "".
     limit_note: str = ""
+    # A base model named by Hub id: the commit id its shapes were read at (shared/runs/hub_models.py); else "".
+    base_model_revision: str = ""
 
 
 def check_request(org: str, body: RunCreate) -> CheckedRequest:
@@ -68,7 +77,8 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     that skipped them once saved an undeclared model, which the machine then fetched from the hub with
     the org's token). The org's limits and the rate limit are the caller's (quotas)."""
     store = get_store()
-    model = base_models.declared(body.base_model)  # 422 before any lookup: the cheapest refusal first
+    # 422 before any lookup: the cheapest refusal first (a Hub model's record is read from the hub once)
+    model, revision = base_models.for_request(org, body.base_model, body.base_model_revision)
     training = resolve_training(body.kind, body.training)
     _check_merged(model, training)
     store.projects.get(org, body.project_id)
@@ -91,7 +101,8 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     longest = max(forecasts, key=lambda f: f.total_s)
     limit, note = _runtime_limit(org, body, longest)
     return CheckedRequest(offer=offer, candidates=picked, training=training, runtime_limit_s=limit, dataset=dataset,
-                          forecast=predicted, limit_note=note, validation=validation)
+                          forecast=predicted, limit_note=note, validation=validation,
+                          base_model_revision=revision)
 
 
 def _check_validation(org: str, body: RunCreate) -> DatasetVersionRecord | None:

@@ -41,6 +41,7 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
         "price_limit_per_hour": body.price_limit_per_hour, "runtime_limit_s": checked.runtime_limit_s,
         "dataset_version_id": body.dataset_version_id, "base_model": body.base_model, "training": checked.training,
         "validation_dataset_version_id": body.validation_dataset_version_id or "",
+        "base_model_revision": checked.base_model_revision,
         "forecast": checked.forecast,
         # Candidates (issue 37): stored when the request named more than its own offer.
         "candidates": checked.candidates if body.candidates or body.fallback != "none" else [],
@@ -131,7 +132,8 @@ def request_of(run: RunRecord) -> RunCreate:
     return RunCreate(project_id=run.project_id, kind=run.kind, provider=run.provider, offer_id=run.offer.offer_id,
                      connection=run.connection or None,
                      price_limit_per_hour=run.price_limit_per_hour, runtime_limit_s=runtime,
-                     dataset_version_id=run.dataset_version_id, base_model=run.base_model, training=training,
+                     dataset_version_id=run.dataset_version_id, base_model=run.base_model,
+                     base_model_revision=run.base_model_revision or None, training=training,
                      validation_dataset_version_id=run.validation_dataset_version_id or None)
 
 

@@ -95,6 +95,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         price_limit_per_hour=run.price_limit_per_hour,
         runtime_limit_s=run.runtime_limit_s, base_model=run.base_model, dataset_version_id=run.dataset_version_id,
         validation_dataset_version_id=run.validation_dataset_version_id,
+        base_model_revision=run.base_model_revision,
         resources=resource_states(run, t), adapter_sha256=run.adapter_sha256, release_error=run.release_error,
         release_attempts=run.release_attempts, created_at=run.created_at, updated_at=run.updated_at, events=events,
         training=run.training,

@@ -123,7 +123,9 @@ def _run_fields(p: argparse.ArgumentParser, required: bool) -> None:
         "aws/us-west-2:...) or a plain offer on --provider"))
     p.add_argument("--capacity-wait", type=int, metavar="SECONDS", help=(
         "when every candidate refused: keep trying them again (backing off) this long before the run fails"))
-    p.add_argument("--base-model", required=required, help="a declared base model id")
+    p.add_argument("--base-model", required=required, help="a declared base model id, or a Hub id with --base-model-revision")
+    p.add_argument("--base-model-revision", metavar="REV",
+                   help="the Hub revision of --base-model (a commit id, or a branch resolved to its commit at create)")
     p.add_argument("--price-limit", type=float, required=required, help="USD per hour")
     p.add_argument("--runtime-limit", type=int, help="seconds")
     p.add_argument("--kind", choices=["trial", "full"], default=None, help="trial (default) or full")
@@ -160,7 +162,7 @@ def _run_create_body(args: argparse.Namespace, partial: bool) -> dict[str, Any]:
         "project_id": getattr(args, "project", None), "dataset_version_id": args.dataset, "provider": args.provider,
         "offer_id": None, "base_model": args.base_model, "price_limit_per_hour": args.price_limit,
         "kind": args.kind, "runtime_limit_s": args.runtime_limit, "capacity_wait_s": args.capacity_wait,
-        "fallback": getattr(args, "fallback", None),
+        "fallback": getattr(args, "fallback", None), "base_model_revision": getattr(args, "base_model_revision", None),
         "connection": getattr(args, "connection", None)}
     if args.offer:
         offers = parse_offers(args.offer, getattr(args, "connection", None) or args.provider)
