@@ -369,7 +369,8 @@ class RunCreate(ApiModel):
     runtime_limit_s: int | None = Field(default=None)
     dataset_version_id: str
     validation_dataset_version_id: str | None = Field(default=None, description="a dataset version of the same project to evaluate on (all of its rows, up to the trainer's cap) instead of holding out training.eval_fraction of the training rows")
-    base_model: str = Field(description="a declared model id: name or owner/name")
+    base_model: str = Field(description="a declared model id (GET /api/base-models), or any Hub model id of a supported architecture with base_model_revision")
+    base_model_revision: str | None = Field(default=None, description="the Hub revision of base_model: a commit id, or a branch or tag resolved to its commit id at create")
     training: TrainingSettings | None = Field(default=None)
     candidates: list[CandidateRequest] | None = Field(default=None, description="the acceptable (connection, offer) pairs in order, at most 8; the launch tries the next when a cloud has no capacity, quota or stock for one. provider/offer_id may be left out: they are the first candidate's")
     fallback: Literal["none", "fitting"] = Field(default="none", description="fitting: add every offer of the organization's connected accounts that holds the model at these settings and is under the price limit (up to 8 in all), cheapest forecast cost first")
@@ -415,6 +416,7 @@ class RunPatch(ApiModel):
     dataset_version_id: str | None = Field(default=None)
     validation_dataset_version_id: str | None = Field(default=None, description="a validation dataset version of the project; \"\" drops the draft's")
     base_model: str | None = Field(default=None)
+    base_model_revision: str | None = Field(default=None)
     training: TrainingSettings | None = Field(default=None, description="the training settings to change; the ones left out keep the draft's (null clears an optional one)")
     candidates: list[CandidateRequest] | None = Field(default=None)
     fallback: Literal["none", "fitting"] | None = Field(default=None)
@@ -470,6 +472,7 @@ class RunView(ApiModel):
     dataset_version_id: str
     validation_dataset_version_id: str = Field(default="")
     resources: list[CloudResource]
+    base_model_revision: str = Field(default="")
     adapter_sha256: str
     release_error: str
     release_attempts: int
