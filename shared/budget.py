@@ -145,7 +145,7 @@ HTTP_CLOUD = "http-cloud"  # calls a cloud inline: each wait capped at LRO_WAIT_
 BOUNDS: dict[str, str] = {
     # steps (shared/steps.py)
     "validate_connection": STEP, "refresh_catalog": STEP, "launch": STEP, "verify_adapter": STEP,
-    "retain": STEP, "release": STEP, "sweep_account": STEP, "stop_idle": STEP,
+    "retain": STEP, "release": STEP, "sweep_account": STEP, "stop_idle": STEP, "deliver_webhook": STEP,
     # timers
     "refresh_catalog_timer": TIMER, "heartbeat_check": TIMER, "sweeper": TIMER,
     "prune_history": TIMER,  # at most PER_TICK runs, within its own BUDGET_S
@@ -157,6 +157,8 @@ BOUNDS: dict[str, str] = {
     "save_named_compute": HTTP_CLOUD, "check_named_compute": HTTP_CLOUD,  # the same, for a named connection
     # a base model named by Hub id: its config.json read inline, once, within hub_models.HUB_READ_S
     "create_run": HTTP_CLOUD, "patch_run": HTTP_CLOUD, "forecast_run": HTTP_CLOUD,
+    # a webhook's URL resolved by the endpoint guard (DNS), bounded by its resolver's timeout
+    "create_webhook": HTTP_CLOUD, "patch_webhook": HTTP_CLOUD,
     # routes on the store and storage only
     **dict.fromkeys([
         "get_compute", "delete_compute", "get_named_compute", "delete_named_compute",
@@ -167,7 +169,9 @@ BOUNDS: dict[str, str] = {
         "put_limits", "heartbeat", "complete", "boot_failed", "bootstrap", "restart", "queues", "poison", "replay", "discard",
         "sweep", "sweep_report",  # an admin sweep is enqueued (202), one account per sweep-account message
         "list_base_models", "list_org_secrets", "put_hf_token", "delete_hf_token", "openapi", "docs",
-        "docs_asset",
+        "docs_asset", "run_checkpoints", "put_mlflow", "delete_mlflow", "put_wandb", "delete_wandb",
+        "get_webhook", "list_webhooks", "delete_webhook", "rotate_webhook", "webhook_deliveries",
+        "test_webhook",  # a webhook.test delivery is enqueued
         "console", "console_file"],  # the web console's static files (functions/console.py)
         HTTP),
 }

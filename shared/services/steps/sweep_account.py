@@ -169,12 +169,13 @@ def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
 # listed resource is marked active, and is swept every interval for a day after the last such sweep (every
 # other account hourly). The mark lives in the sweeps table's ACTIVE_PARTITION, one row per account, with
 # its time as a column the fan-out filters on; written at most every ACTIVE_MARK_EVERY_S per account.
-ACTIVE_PARTITION = "~active"
 ACTIVE_MARK_EVERY_S = 3600
 
 
 def mark_active(org: str, provider: str) -> None:
     # `provider`: the connection's name; a table key may not hold its '/' (spelled '|', as keys.row_key does).
+    from shared.services.timers.sweeper import ACTIVE_PARTITION
+
     get_store().table("sweeps").upsert(ACTIVE_PARTITION, f"{org}~{provider.replace('/', '|')}",
                                        {"org": org, "provider": provider}, at=now_ts())
 

@@ -120,11 +120,13 @@ def slot_of(key: tuple[str, str]) -> int:
     return int.from_bytes(hashlib.sha256(f"{key[0]}~{key[1]}".encode()).digest()[:4], "big") % COLD_EVERY
 
 
+# The sweeps table's partition of the accounts marked active (sweep_account.mark_active writes them).
+ACTIVE_PARTITION = "~active"
+
+
 def active_accounts() -> tuple[set[str], set[tuple[str, str]]]:
     """The orgs with a watched run (the watch index: what is active now) and the accounts whose sweep saw
     something within ACTIVE_FOR_S (their marks). Both reads grow with what is active, not with every account."""
-    from shared.services.steps.sweep_account import ACTIVE_PARTITION
-
     store = get_store()
     orgs = {org for org, _ in store.watch.ids()}
     rows = store.table("sweeps").query("PartitionKey eq @p and at gt @t", p=ACTIVE_PARTITION,
