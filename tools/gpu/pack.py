@@ -156,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     have = read_have(args.have) if args.have else DEVICE
     summary = pack(Path(args.dest), python_version=args.python_version,
                    platforms=tuple(args.platform or PLATFORMS), have=have, budget=args.budget_mib * 2**20)
-    print(f"pack: {len(summary['packed'])} wheels, {summary['bytes'] / 2**20:.1f} MiB in {args.dest}")  # type: ignore[operator]
-    for requirement, why in summary["left_out"].items():  # type: ignore[attr-defined]
+    packed, left_out, size = summary["packed"], summary["left_out"], summary["bytes"]
+    assert isinstance(packed, dict) and isinstance(left_out, dict) and isinstance(size, int)
+    print(f"pack: {len(packed)} wheels, {size / 2**20:.1f} MiB in {args.dest}")
+    for requirement, why in left_out.items():
         print(f"pack: left out {requirement}: {why}")
     return 0
 
