@@ -155,7 +155,9 @@ def trainer_env(case: Case, model_dir: Path, dataset: Path, out: Path, threads: 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "HF_TOKEN"}
     env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(dataset),
                TENSORANT_BASE_MODEL=case.base_model, TENSORANT_BASE_MODEL_PATH=str(model_dir),
-               TENSORANT_TRAINING=json.dumps(training), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+               TENSORANT_TRAINING=json.dumps(training), HF_HUB_OFFLINE="1",
+               # The packed wheels' folder (--wheels) stays on the path after the repository.
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     if threads:
         env["TENSORANT_TORCH_THREADS"] = str(threads)
     return env
@@ -389,53 +391,61 @@ def merged_verdicts(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-TRL_CHILD = """
-import json, sys, time, torch
-from datasets import Dataset
-from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import SFTConfig, SFTTrainer
-from machine.trainer.data import load_examples
-from machine.trainer.encoding import encode_all
-c = json.loads(sys.argv[1])
-cuda = c["device"] == "cuda"
-tokenizer = AutoTokenizer.from_pretrained(c["model"])
-# The project's own encoding: the same ids, and labels on the assistant's tokens only (-100 elsewhere);
-# TRL takes a dataset with input_ids and labels as already processed and keeps the labels.
-rows = encode_all(tokenizer, load_examples(c["data"]), c["seq_len"]).examples
-data = Dataset.from_list([{"input_ids": [int(x) for x in t.input_ids], "labels": [int(x) for x in t.labels]}
-                          for t in rows])
-args = SFTConfig(output_dir=c["out"], max_steps=c["steps"], per_device_train_batch_size=c["batch_size"],
-                 learning_rate=0.003, lr_scheduler_type="cosine", warmup_ratio=0.1, max_length=c["seq_len"],
-                 packing=c["packed"], padding_free=c["packed"], gradient_checkpointing=True,
-                 gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=cuda, use_cpu=not cuda,
-                 report_to="none", save_strategy="no", logging_steps=1, seed=1, disable_tqdm=True)
-model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.bfloat16 if cuda else torch.float32,
-                                             attn_implementation="sdpa")
-lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
-trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, peft_config=lora)
-counts = {"real": 0, "processed": 0, "trained": 0}
-collate = trainer.data_collator
-def counting(features):
-    # Counted from the batches TRL computes: its tokens-seen counter is off under padding-free packing.
-    batch = collate(features)
-    ids = batch["input_ids"]
-    counts["processed"] += ids.numel()
-    counts["real"] += int(batch["attention_mask"].sum()) if "attention_mask" in batch else ids.numel()
-    counts["trained"] += int((batch["labels"][:, 1:] != -100).sum())
-    return batch
-trainer.data_collator = counting
-if cuda:
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
-t = time.monotonic(); out = trainer.train()
-if cuda:
-    torch.cuda.synchronize()
-s = time.monotonic() - t
-print(json.dumps({"trl_train_s": round(s, 2), "trl_real_tokens": counts["real"], "trl_trained_tokens": counts["trained"],
-                  "trl_processed_tokens": counts["processed"], "trl_real_tokens_per_s": round(counts["real"] / s, 1),
-                  "trl_peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-                  "trl_loss": round(out.training_loss, 4)}))
-"""
+def trl_child(config: str) -> None:
+    """TRL SFTTrainer in its own process (trl_case), its figures printed as one JSON line. A module
+    function, not a `-c` script: datasets pickles (dill) what its map calls see, a script's globals too."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from machine.trainer.data import load_examples
+    from machine.trainer.encoding import encode_all
+
+    c = json.loads(config)
+    cuda = c["device"] == "cuda"
+    tokenizer = AutoTokenizer.from_pretrained(c["model"])
+    # The project's own encoding: the same ids, and labels on the assistant's tokens only (-100 elsewhere);
+    # TRL takes a dataset with input_ids and labels as already processed and keeps the labels.
+    rows = encode_all(tokenizer, load_examples(c["data"]), c["seq_len"]).examples
+    data = Dataset.from_list([{"input_ids": [int(x) for x in t.input_ids], "labels": [int(x) for x in t.labels]}
+                              for t in rows])
+    args = SFTConfig(output_dir=c["out"], max_steps=c["steps"], per_device_train_batch_size=c["batch_size"],
+                     learning_rate=0.003, lr_scheduler_type="cosine", warmup_ratio=0.1, max_length=c["seq_len"],
+                     packing=c["packed"], padding_free=c["packed"], gradient_checkpointing=True,
+                     gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=cuda, use_cpu=not cuda,
+                     report_to="none", save_strategy="no", logging_steps=1, seed=1, disable_tqdm=True)
+    model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.bfloat16 if cuda else torch.float32,
+                                                 attn_implementation="sdpa")
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, peft_config=lora)
+    counts = {"real": 0, "processed": 0, "trained": 0}
+    collate = trainer.data_collator
+
+    def counting(features: list[dict[str, Any]]) -> Any:
+        # Counted from the batches TRL computes: its tokens-seen counter is off under padding-free packing.
+        batch = collate(features)
+        ids = batch["input_ids"]
+        counts["processed"] += ids.numel()
+        counts["real"] += int(batch["attention_mask"].sum()) if "attention_mask" in batch else ids.numel()
+        counts["trained"] += int((batch["labels"][:, 1:] != -100).sum())
+        return batch
+
+    trainer.data_collator = counting
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.monotonic()
+    out = trainer.train()
+    if cuda:
+        torch.cuda.synchronize()
+    s = time.monotonic() - t
+    print(json.dumps({"trl_train_s": round(s, 2), "trl_real_tokens": counts["real"],
+                      "trl_trained_tokens": counts["trained"], "trl_processed_tokens": counts["processed"],
+                      "trl_real_tokens_per_s": round(counts["real"] / s, 1),
+                      "trl_peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                      "trl_loss": round(out.training_loss, 4)}))
 
 
 def trl_case(case: Case, work: Path, device: str, packed: bool) -> dict[str, Any]:
@@ -448,7 +458,8 @@ def trl_case(case: Case, work: Path, device: str, packed: bool) -> dict[str, Any
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     if device == "cpu":
         env.update(OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", TRL_CHILD, json.dumps(cfg)], env=env, cwd=REPO, text=True,
+    proc = subprocess.run([sys.executable, "-c", "import sys; from tests.gpu.check_training import trl_child; "
+                           "trl_child(sys.argv[1])", json.dumps(cfg)], env=env, cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     result: dict[str, Any] = {"case": f"TRL SFTTrainer {'packed padding-free' if packed else 'padded'} {case.base_model}",
                               "trl": True, "model": case.base_model, "mode": "packed" if packed else "grouped",
@@ -495,7 +506,9 @@ def table_lines(results: list[dict[str, Any]]) -> list[str]:
 def install_from(folder: Path, argv: list[str]) -> int:
     """Install the packed wheels (tools/gpu/pack.py) with no index into a folder of their own, then run
     the check again with it first on the path: the machine's torch and the rest stay as they are."""
-    site = Path(tempfile.gettempdir()) / "tensorant-gpu-site"
+    # Named site-packages: dill (datasets' fingerprints, under TRL) pickles modules by reference only
+    # from a path that says so, and fails on pyarrow's types by value.
+    site = Path(tempfile.gettempdir()) / "tensorant-gpu" / "site-packages"
     wheels = sorted(str(w) for w in folder.glob("*.whl"))
     if not wheels:
         print(f"check_training: no wheels in {folder} (run python -m tools.gpu.pack here first)", flush=True)
