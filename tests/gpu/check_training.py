@@ -357,7 +357,8 @@ def auto_verdicts(results: list[dict[str, Any]]) -> list[str]:
     lines = []
     for model in dict.fromkeys(r["model"] for r in results):
         by = {r["mode"]: r for r in results
-              if r["model"] == model and r.get("ok") and "4-bit" not in r["case"] and not r.get("merged")}
+              if r["model"] == model and r.get("ok") and "4-bit" not in r["case"] and not r.get("merged")
+              and r.get("optimizer", "adamw") == "adamw"}
         if not {"grouped", "packed"} <= set(by):
             continue
         faster = max(("grouped", "packed"), key=lambda m: by[m]["real_tokens_per_s"] or 0)
@@ -412,8 +413,8 @@ def trl_child(config: str) -> None:
     data = Dataset.from_list([{"input_ids": [int(x) for x in t.input_ids], "labels": [int(x) for x in t.labels]}
                               for t in rows])
     args = SFTConfig(output_dir=c["out"], max_steps=c["steps"], per_device_train_batch_size=c["batch_size"],
-                     learning_rate=0.003, lr_scheduler_type="cosine", warmup_ratio=0.1, max_length=c["seq_len"],
-                     packing=c["packed"], padding_free=c["packed"], gradient_checkpointing=True,
+                     learning_rate=0.003, lr_scheduler_type="cosine", warmup_steps=max(1, round(0.1 * c["steps"])),
+                     max_length=c["seq_len"], packing=c["packed"], padding_free=c["packed"], gradient_checkpointing=True,
                      gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=cuda, use_cpu=not cuda,
                      report_to="none", save_strategy="no", logging_steps=1, seed=1, disable_tqdm=True)
     model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.bfloat16 if cuda else torch.float32,
@@ -594,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             r = trl_case(cases[0], work, device, packed)
             print(json.dumps(r), flush=True)
             results.append(r)
-    verdicts = auto_verdicts(results) + merged_verdicts(results) + trl_verdicts(results)
+    ours = [r for r in results if not r.get("trl") and not r.get("skipped")]
+    verdicts = auto_verdicts(ours) + merged_verdicts(ours) + trl_verdicts(results)
     for r in results:
         if r.get("skipped"):
             verdicts.append(f"skipped {r['case']}: {r['skipped']}")
