@@ -437,7 +437,28 @@ def goals(results: list[dict[str, Any]]) -> list[str]:
     if trl:
         x = speed / trl["real_tokens_per_cpu_s"]
         out.append(f"{x:.2f}x TRL packed's real tokens/CPU-s (goal >= 1.0x): {'met' if x >= 1.0 else 'MISSED'}")
-    return out
+    return out + versus_trl(results)
+
+
+def versus_trl(results: list[dict[str, Any]]) -> list[str]:
+    """Like for like: the same token ids and labels (assistant tokens only) fed to both, tokens counted
+    from the batches each trainer computed; the project's grouped against TRL's padded batches, and
+    its packed rows (auto on the CPU) against TRL's packing."""
+    by = {r["name"]: r for r in results}
+    lines = []
+    for ours, theirs, what in (("project grouped", "trl padded", "grouped vs TRL padded"),
+                               ("project auto", "trl packed", "packed vs TRL packed")):
+        if ours in by and theirs in by:
+            a, b = by[ours], by[theirs]
+            lines.append(f"{what}: {a['real_tokens_per_cpu_s']:.1f} vs {b['real_tokens_per_cpu_s']:.1f} real tokens/CPU-s "
+                         f"= {a['real_tokens_per_cpu_s'] / b['real_tokens_per_cpu_s']:.2f}x ({ours} ran "
+                         f"{a.get('batching', variant_of(ours))}; label tokens {a['trained_tokens']} vs "
+                         f"{b['trained_tokens']})")
+    return lines
+
+
+def variant_of(name: str) -> str:
+    return name.split()[-1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,7 @@
 """GPU check: the real trainer on one GPU at real model sizes, from a plain checkout, in under 8 minutes.
 
+    python -m tools.gpu.pack                          # here: .gpu-wheels/, what the device machine lacks
+    python -m tests.gpu.check_training --wheels .gpu-wheels --trl --out $OUT   # there: no index, no network
     python -m tests.gpu.check_training --install      # pip installs the trainer's pins (+ bitsandbytes, trl)
     python -m tests.gpu.check_training                # the cases below on the GPU
     python -m tests.gpu.check_training --trl          # and TRL SFTTrainer padding-free on the same data
@@ -16,8 +18,14 @@ GPU; its manifest says which, with the probe's figures), and Qwen once in 4-bit.
 (non-padding) tokens per second of the training loop, the padding fraction, loss first -> last,
 peak GPU memory (torch.cuda.max_memory_allocated, from the manifest) against the memory table's
 peak_allocated and estimate_memory for those settings. Per model: which of grouped and packed was
-faster, and whether `auto` picked it. With --trl: TRL SFTTrainer (padding_free packing, bf16) on the
-same model and rows, timed the same way.
+faster, and whether `auto` picked it. With --trl: TRL SFTTrainer on the first model's rows as the
+project's trainer encodes them (input ids and labels: loss on the assistant's tokens only), padded and
+padding-free packed, real tokens counted from the batches TRL computes, and project/TRL tokens per
+second for grouped and packed. The Qwen model has the real 151,936-token vocabulary (only its
+tokenizer is small); every case must fit the memory table's peak allocated plus ALLOCATOR_MARGIN.
+Cases that need bitsandbytes (4-bit, adamw_8bit) are skipped, saying so, where it is not installed.
+--wheels DIR installs tools/gpu/pack.py's folder with no index first (the device machine has no
+network); --out DIR writes check.json and check.txt there.
 
 One merged case (training.merged: the adapter folded into the base model's weights after training,
 machine/trainer/merge.py): the Qwen2.5-0.5B-sized model in bf16, its trainer run with the merge timed
@@ -59,12 +67,14 @@ class Case:
     seq_len: int
     batching: str = "auto"
     merged: bool = False
+    optimizer: str = "adamw"
 
 
 SMOL, QWEN, LLAMA = "HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
 MODES = ("grouped", "packed", "auto")
 FULL = [*(Case(SMOL, False, 40, 8, 1024, m) for m in MODES), *(Case(QWEN, False, 40, 8, 1024, m) for m in MODES),
-        Case(QWEN, True, 30, 8, 1024), Case(QWEN, False, 20, 8, 1024, "packed", merged=True)]
+        Case(QWEN, True, 30, 8, 1024), Case(QWEN, False, 30, 8, 1024, optimizer="adamw_8bit"),
+        Case(QWEN, False, 20, 8, 1024, "packed", merged=True)]
 BIG = [Case(LLAMA, False, 20, 4, 1024), Case(LLAMA, True, 20, 4, 1024)]
 TINY = [*(Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES),
         Case("tensorant/tiny-llama", False, 12, 4, 64, "packed", merged=True)]
@@ -92,7 +102,7 @@ def dataset_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
 def figures(manifest: dict[str, Any], table: tuple[int, int]) -> dict[str, Any]:
     """The throughput and memory figures of one trainer run, from its manifest.json; table: the memory
     table's (peak_allocated, estimate_memory) for the run's settings."""
-    from adapter_format.base_models import GiB
+    from adapter_format.base_models import ALLOCATOR_MARGIN, GiB
 
     seconds, cpu = manifest["train_seconds"], manifest.get("train_cpu_seconds")
     peak = manifest.get("peak_gpu_memory_bytes")
@@ -104,7 +114,9 @@ def figures(manifest: dict[str, Any], table: tuple[int, int]) -> dict[str, Any]:
             "padding_fraction": manifest["padding_fraction"], "train_s": seconds,
             "peak_gpu_gib": round(peak / GiB, 2) if peak else None,
             "table_peak_gib": round(allocated / GiB, 2), "table_needed_gib": round(needed / GiB, 2),
-            "peak_of_table": round(peak / allocated, 2) if peak else None}
+            "peak_of_table": round(peak / allocated, 2) if peak else None,
+            # The table's stated margin: the caching allocator may hold ALLOCATOR_MARGIN over its figure.
+            "fits_table": peak is None or peak <= allocated * (1 + ALLOCATOR_MARGIN)}
 
 
 def export_zip(out: Path) -> bytes:
@@ -138,10 +150,14 @@ def trainer_env(case: Case, model_dir: Path, dataset: Path, out: Path, threads: 
                 "learning_rate": 0.003, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear",
                 "load_in_4bit": case.load_in_4bit, "warmup_ratio": 0.1, "sample_prompts": 1, "seed": 1,
                 "batching": case.batching, "eval_fraction": 0.05, **({"merged": True} if case.merged else {})}
+    if case.optimizer != "adamw":
+        training["optimizer"] = case.optimizer
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "HF_TOKEN"}
     env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(dataset),
                TENSORANT_BASE_MODEL=case.base_model, TENSORANT_BASE_MODEL_PATH=str(model_dir),
-               TENSORANT_TRAINING=json.dumps(training), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+               TENSORANT_TRAINING=json.dumps(training), HF_HUB_OFFLINE="1",
+               # The packed wheels' folder (--wheels) stays on the path after the repository.
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
     if threads:
         env["TENSORANT_TORCH_THREADS"] = str(threads)
     return env
@@ -153,6 +169,12 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
 
     spec = get_base_model(case.base_model)
     assert spec is not None
+    name = (f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'} batching={case.batching}"
+            f"{' merged' if case.merged else ''}{f' optimizer={case.optimizer}' if case.optimizer != 'adamw' else ''}")
+    needs_bnb = case.load_in_4bit or case.optimizer == "adamw_8bit"
+    if needs_bnb and device == "cuda" and importlib.util.find_spec("bitsandbytes") is None:
+        return {"case": name, "model": case.base_model, "mode": case.batching, "merged": case.merged, "ok": True,
+                "skipped": "bitsandbytes is not installed (tools/gpu/pack.py left it out: see its pack.json)"}
     t0 = time.monotonic()
     model_dir, weights = base_weights(case.base_model, work, device)
     built = time.monotonic() - t0
@@ -176,8 +198,8 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     proc = subprocess.run([sys.executable, *command], env=trainer_env(case, model_dir, dataset, out, threads),
                           cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     wall = time.monotonic() - t1
-    result: dict[str, Any] = {"case": f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'} "
-                                      f"batching={case.batching}{' merged' if case.merged else ''}",
+    result: dict[str, Any] = {"case": name, "optimizer": case.optimizer,
+                              "model_vocab": json.loads((model_dir / "config.json").read_text()).get("vocab_size"),
                               "model": case.base_model, "mode": case.batching, "merged": case.merged,
                               "weights": weights, "build_s": round(built, 1), "trainer_wall_s": round(wall, 1),
                               "rc": proc.returncode}
@@ -197,7 +219,7 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     result.update(figures(manifest, table), loss_first=round(first, 4), loss_last=round(last, 4),
                   precision=manifest["precision"], device=manifest["device"], verified=verdict.ok,
                   problems=verdict.problems[:3], loss_falls=last < first)
-    result["ok"] = bool(verdict.ok and last < first)
+    result["ok"] = bool(verdict.ok and last < first and result["fits_table"])
     if case.merged:
         merged = merged_figures(case, model_dir, out, timing, expect_device=device, table_peak=table[0])
         result.update(merged)
@@ -335,7 +357,8 @@ def auto_verdicts(results: list[dict[str, Any]]) -> list[str]:
     lines = []
     for model in dict.fromkeys(r["model"] for r in results):
         by = {r["mode"]: r for r in results
-              if r["model"] == model and r.get("ok") and "4-bit" not in r["case"] and not r.get("merged")}
+              if r["model"] == model and r.get("ok") and "4-bit" not in r["case"] and not r.get("merged")
+              and r.get("optimizer", "adamw") == "adamw"}
         if not {"grouped", "packed"} <= set(by):
             continue
         faster = max(("grouped", "packed"), key=lambda m: by[m]["real_tokens_per_s"] or 0)
@@ -369,46 +392,158 @@ def merged_verdicts(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def trl_case(case: Case, work: Path, device: str) -> dict[str, Any]:
-    """TRL SFTTrainer, padding-free packing, on the same model, rows and settings, timed like the trainer."""
+def trl_child(config: str) -> None:
+    """TRL SFTTrainer in its own process (trl_case), its figures printed as one JSON line. A module
+    function, not a `-c` script: datasets pickles (dill) what its map calls see, a script's globals too."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from machine.trainer.data import load_examples
+    from machine.trainer.encoding import encode_all
+
+    c = json.loads(config)
+    cuda = c["device"] == "cuda"
+    tokenizer = AutoTokenizer.from_pretrained(c["model"])
+    # The project's own encoding: the same ids, and labels on the assistant's tokens only (-100 elsewhere);
+    # TRL takes a dataset with input_ids and labels as already processed and keeps the labels.
+    rows = encode_all(tokenizer, load_examples(c["data"]), c["seq_len"]).examples
+    data = Dataset.from_list([{"input_ids": [int(x) for x in t.input_ids], "labels": [int(x) for x in t.labels]}
+                              for t in rows])
+    args = SFTConfig(output_dir=c["out"], max_steps=c["steps"], per_device_train_batch_size=c["batch_size"],
+                     learning_rate=0.003, lr_scheduler_type="cosine", warmup_steps=max(1, round(0.1 * c["steps"])),
+                     max_length=c["seq_len"], packing=c["packed"], padding_free=c["packed"], gradient_checkpointing=True,
+                     gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=cuda, use_cpu=not cuda,
+                     report_to="none", save_strategy="no", logging_steps=1, seed=1, disable_tqdm=True)
+    model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.bfloat16 if cuda else torch.float32,
+                                                 attn_implementation="sdpa")
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, peft_config=lora)
+    counts = {"real": 0, "processed": 0, "trained": 0}
+    collate = trainer.data_collator
+
+    def counting(features: list[dict[str, Any]]) -> Any:
+        # Counted from the batches TRL computes: its tokens-seen counter is off under padding-free packing.
+        batch = collate(features)
+        ids = batch["input_ids"]
+        counts["processed"] += ids.numel()
+        counts["real"] += int(batch["attention_mask"].sum()) if "attention_mask" in batch else ids.numel()
+        counts["trained"] += int((batch["labels"][:, 1:] != -100).sum())
+        return batch
+
+    trainer.data_collator = counting
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.monotonic()
+    out = trainer.train()
+    if cuda:
+        torch.cuda.synchronize()
+    s = time.monotonic() - t
+    print(json.dumps({"trl_train_s": round(s, 2), "trl_real_tokens": counts["real"],
+                      "trl_trained_tokens": counts["trained"], "trl_processed_tokens": counts["processed"],
+                      "trl_real_tokens_per_s": round(counts["real"] / s, 1),
+                      "trl_peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                      "trl_loss": round(out.training_loss, 4)}))
+
+
+def trl_case(case: Case, work: Path, device: str, packed: bool) -> dict[str, Any]:
+    """TRL SFTTrainer on the same model, rows, loss mask and settings as the project's case: padded
+    batches (against the project's grouped) or padding-free packing (against its packed)."""
     model_dir, _ = base_weights(case.base_model, work, device)
-    cfg = {"model": str(model_dir), "data": str(work / "data.jsonl"), "steps": case.steps,
-           "batch_size": case.batch_size, "seq_len": case.seq_len, "out": str(work / "trl-out"), "bf16": device == "cuda"}
-    script = f"""
-import json, time, torch
-from datasets import load_dataset
-from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import SFTConfig, SFTTrainer
-c = json.loads({json.dumps(json.dumps(cfg))})
-data = load_dataset("json", data_files=c["data"], split="train")
-args = SFTConfig(output_dir=c["out"], max_steps=c["steps"], per_device_train_batch_size=c["batch_size"],
-                 learning_rate=0.003, lr_scheduler_type="cosine", warmup_ratio=0.1, max_length=c["seq_len"],
-                 packing=True, padding_free=True, assistant_only_loss=False, completion_only_loss=None,
-                 gradient_checkpointing=True, gradient_checkpointing_kwargs={{"use_reentrant": False}},
-                 bf16=c["bf16"], use_cpu=not c["bf16"], report_to="none", save_strategy="no", logging_steps=1,
-                 seed=1, disable_tqdm=True)
-model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.bfloat16 if c["bf16"] else torch.float32,
-                                             attn_implementation="sdpa")
-lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
-trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(c["model"]),
-                     peft_config=lora)
-if c["bf16"]:
-    torch.cuda.reset_peak_memory_stats()
-t = time.monotonic(); out = trainer.train(); s = time.monotonic() - t
-tokens = trainer.state.num_input_tokens_seen or 0
-print(json.dumps({{"trl_train_s": round(s, 2), "trl_tokens_seen": tokens,
-                  "trl_peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if c["bf16"] else None,
-                  "trl_loss": round(out.training_loss, 4)}}))
-"""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=600)
-    result: dict[str, Any] = {"case": f"TRL SFTTrainer padding-free {case.base_model}", "rc": proc.returncode}
+    cfg = {"model": str(model_dir), "data": str(work / "data.jsonl"), "steps": case.steps, "packed": packed,
+           "batch_size": case.batch_size, "seq_len": case.seq_len, "out": str(work / "trl-out"), "device": device}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if device == "cpu":
+        env.update(OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", "import sys; from tests.gpu.check_training import trl_child; "
+                           "trl_child(sys.argv[1])", json.dumps(cfg)], env=env, cwd=REPO, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    result: dict[str, Any] = {"case": f"TRL SFTTrainer {'packed padding-free' if packed else 'padded'} {case.base_model}",
+                              "trl": True, "model": case.base_model, "mode": "packed" if packed else "grouped",
+                              "rc": proc.returncode}
     if proc.returncode != 0:
         return {**result, "ok": False, "log_tail": proc.stdout[-2000:]}
-    figures_ = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**result, **figures_, "ok": True}
+    return {**result, **json.loads(proc.stdout.strip().splitlines()[-1]), "ok": True}
+
+
+def trl_verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """The project's real tokens/s against TRL's on the same rows, per batching mode."""
+    lines = []
+    for trl in (r for r in results if r.get("trl") and r["ok"]):
+        ours = next((r for r in results if not r.get("trl") and r.get("model") == trl["model"]
+                     and r.get("mode") == trl["mode"] and not r.get("merged") and r.get("real_tokens_per_s")), None)
+        if ours is None:
+            continue
+        ratio = ours["real_tokens_per_s"] / trl["trl_real_tokens_per_s"] if trl["trl_real_tokens_per_s"] else 0.0
+        trl["project_over_trl"] = round(ratio, 2)
+        lines.append(f"{trl['model']} {trl['mode']}: project {ours['real_tokens_per_s']} vs TRL "
+                     f"{trl['trl_real_tokens_per_s']} real tokens/s = {ratio:.2f}x (label tokens: TRL "
+                     f"{trl['trl_trained_tokens']} in {trl['trl_train_s']} s)")
+    return lines
+
+
+def table_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per case: what a reader of $OUT/check.txt needs."""
+    lines = [f"{'case':70s} {'ok':>4s} {'tok/s':>9s} {'pad':>5s} {'peak GiB':>8s} {'table':>6s} {'fits':>5s} "
+             f"{'vocab':>7s} weights"]
+    for r in results:
+        if r.get("skipped"):
+            lines.append(f"{r['case']:70s} skip  {r['skipped']}")
+        elif r.get("trl"):
+            lines.append(f"{r['case']:70s} {r['ok']!s:>4s} {r.get('trl_real_tokens_per_s', '-')!s:>9s} "
+                         f"{'':5s} {r.get('trl_peak_gpu_gib')!s:>8s}  x{r.get('project_over_trl', '-')} project/TRL")
+        else:
+            lines.append(f"{r['case']:70s} {r['ok']!s:>4s} {r.get('real_tokens_per_s', '-')!s:>9s} "
+                         f"{r.get('padding_fraction', 0):5.2f} {r.get('peak_gpu_gib')!s:>8s} "
+                         f"{r.get('table_peak_gib')!s:>6s} {r.get('fits_table')!s:>5s} {r.get('model_vocab')!s:>7s} "
+                         f"{r.get('weights', '')}")
+    return lines
+
+
+def install_from(folder: Path, argv: list[str]) -> int:
+    """Install the packed wheels (tools/gpu/pack.py) with no index into a folder of their own, then run
+    the check again with it first on the path: the machine's torch and the rest stay as they are."""
+    # Named site-packages: dill (datasets' fingerprints, under TRL) pickles modules by reference only
+    # from a path that says so, and fails on pyarrow's types by value.
+    site = Path(tempfile.gettempdir()) / "tensorant-gpu" / "site-packages"
+    wheels = sorted(str(w) for w in folder.glob("*.whl"))
+    if not wheels:
+        print(f"check_training: no wheels in {folder} (run python -m tools.gpu.pack here first)", flush=True)
+        return 2
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index",
+                    "--no-deps", "--no-compile", "--upgrade", "--target", str(site), *wheels], check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1"}
+    print(f"check_training: installed {len(wheels)} wheels from {folder} into {site} (no index)", flush=True)
+    return subprocess.run([sys.executable, "-m", "tests.gpu.check_training", *argv], env=env, cwd=REPO).returncode
+
+
+def versions() -> list[str]:
+    """What runs against what the trainer pins: the machine's torch where the pinned one is absent."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    lines = []
+    for line in (REPO / "machine" / "trainer" / "requirements.txt").read_text().splitlines():
+        if "==" not in line or line.startswith("#"):
+            continue
+        name, pin = line.strip().split("==")
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            have = "absent"
+        note = "" if have.split("+")[0] == pin else (" (the machine's own: the pinned one is absent)" if name == "torch"
+                                       else " (NOT the pin)")
+        lines.append(f"{name} {have}, pinned {pin}{note}")
+    for name in ("trl", "bitsandbytes"):
+        try:
+            lines.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            lines.append(f"{name} absent")
+    return lines
 
 
 def install(trl: bool) -> None:
@@ -428,10 +563,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big", action="store_true", help="also Llama-3.1-8B shapes (bf16 and 4-bit)")
     parser.add_argument("--work", default="", help="working directory (default: a temporary one)")
     parser.add_argument("--only", default="", help="run only cases whose model id contains this")
+    parser.add_argument("--wheels", default="", help="install tools/gpu/pack.py's folder (no index), then run")
+    parser.add_argument("--out", default="", help="write check.json and check.txt (the table) here")
     args = parser.parse_args(argv)
+    if args.wheels:
+        rest = list(sys.argv[1:] if argv is None else argv)
+        at = rest.index("--wheels")
+        return install_from(Path(args.wheels), rest[:at] + rest[at + 2:])
     if args.install:
         install(args.trl)
     import torch
+
+    for line in versions():
+        print(f"check_training: {line}", flush=True)
 
     if not args.tiny and not torch.cuda.is_available():
         print("check_training: no CUDA GPU here; use --tiny for the CPU code path", flush=True)
@@ -447,16 +591,30 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r), flush=True)
         results.append(r)
     if args.trl:
-        r = trl_case(cases[0], work, device)
-        print(json.dumps(r), flush=True)
-        results.append(r)
-    for line in auto_verdicts(results):
-        print(f"check_training: {line}", flush=True)
-    for line in merged_verdicts(results):
+        for packed in (False, True):
+            r = trl_case(cases[0], work, device, packed)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    ours = [r for r in results if not r.get("trl") and not r.get("skipped")]
+    verdicts = auto_verdicts(ours) + merged_verdicts(ours) + trl_verdicts(results)
+    for r in results:
+        if r.get("skipped"):
+            verdicts.append(f"skipped {r['case']}: {r['skipped']}")
+        elif r.get("fits_table") is False:
+            verdicts.append(f"{r['case']}: peak {r['peak_gpu_gib']} GiB over the table's {r['table_peak_gib']} GiB "
+                            f"+ its allocator margin")
+    for line in verdicts:
         print(f"check_training: {line}", flush=True)
     ok = bool(results) and all(r["ok"] for r in results)
-    print(f"check_training: {'PASS' if ok else 'FAIL'} ({sum(r['ok'] for r in results)}/{len(results)} cases) in "
-          f"{time.monotonic() - started:.0f} s", flush=True)
+    summary = (f"check_training: {'PASS' if ok else 'FAIL'} ({sum(r['ok'] for r in results)}/{len(results)} cases) "
+               f"in {time.monotonic() - started:.0f} s")
+    print(summary, flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "check.json").write_text(json.dumps({"ok": ok, "device": device, "versions": versions(),
+                                                    "results": results, "verdicts": verdicts}, indent=2) + "\n")
+        (out / "check.txt").write_text("\n".join([*versions(), *table_lines(results), *verdicts, summary]) + "\n")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
