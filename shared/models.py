@@ -500,6 +500,9 @@ class VerifyProgress(Model):
     # Names this verification's spools: a spool of an earlier verification of the run (another token) is
     # never appended to.
     token: str = Field(default="", pattern=r"^[0-9a-f]{0,32}$")
+    # The state_changed_at of the stay it belongs to: a progress left by an earlier verification (a run
+    # given up on by heartbeat-check, then recovered) is not carried on.
+    since: datetime | None = None
 
 
 class RunRecord(Model):

@@ -211,3 +211,63 @@ def test_a_second_delivery_while_a_download_is_under_way_does_not_fork_it(
     done = h.ok("GET", f"/api/runs/{run_id}")
     assert done["state"] == "succeeded" and done["merged_note"] == "", (done["reason"], done["merged_note"])
     assert get_store().runs.get(h.org, run_id)[0].verify_progress is None  # cleared with the run's move
+
+
+def test_a_spool_carries_on_in_a_new_process_and_one_instance_downloads_at_a_time(spool_root: Path) -> None:
+    """A restarted worker has no sha256 state in memory: it hashes the spool again from local disk and appends
+    the rest; a second invocation on the instance while one holds the run's spools does not touch them."""
+    from shared import clock
+
+    fake = clock.FakeClock()
+    clock.set_clock(fake)
+    try:
+        data = bytes(range(256)) * 12_000  # about 3 MB: three chunks and some
+        h = type("H", (), {"clock": fake})()
+        slow = SlowStorage(None, h, {"k": (data, len(data))})  # type: ignore[arg-type]
+        path = spool_root / "merged.part"
+        with budget.within(verify_spool.RESERVE_S + 0.15):  # room for two 1 MiB reads at 10 MB/s
+            got = verify_spool.fetch(slow, "k", path, len(data), "the archive")
+        assert isinstance(got, verify_spool.Partial) and got.offset == 2 * verify_spool.CHUNK
+        verify_spool._hashes.clear()  # a new process
+        done = verify_spool.fetch(slow, "k", path, len(data), "the archive")
+        assert isinstance(done, verify_spool.Spooled)
+        assert done.sha256 == hashlib.sha256(data).hexdigest() and path.read_bytes() == data
+        assert [start for _, start in slow.reads] == [0, 2 * verify_spool.CHUNK]
+        with verify_spool.locked("run-1") as first, verify_spool.locked("run-1") as second:
+            assert first and not second
+        with verify_spool.locked("run-1") as again:
+            assert again
+    finally:
+        clock.set_clock(None)
+
+
+def test_a_spool_of_an_earlier_verification_is_never_appended_to(
+        h: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
+    """A run given up on while verifying keeps its verify_progress; the next verification (of that stay or of a
+    recovery) must not carry on the earlier one's spool, whose bytes may be of another archive."""
+    from datetime import timedelta
+
+    from shared.models import VerifyProgress
+    from shared.store import get_store
+
+    _, run = draft(h, training={"merged": True})
+    run_id = run["id"]
+    h.launch(run_id)
+    tail, size = merged_zip(), 50_000_000
+    from shared.runs.org_backends import storage_for
+
+    storage_for(h.org).put(merged_key(run_id), tail)
+    slow_storage(h, monkeypatch, {merged_key(run_id): (tail, size)})
+    complete(h, run_id, padded_sha256(tail, size), size)
+    stale = spool_root / run_id / "abc123"
+    stale.mkdir(parents=True)
+    (stale / "merged.part").write_bytes(b"\xff" * 1000)  # another archive's first bytes
+
+    def left_over(r: Any) -> Any:
+        return r.model_copy(update={"verify_progress": VerifyProgress(
+            artifact="merged", offset=1000, size=size, token="abc123", since=r.state_changed_at - timedelta(hours=1))})
+
+    get_store().runs.mutate(h.org, run_id, left_over)
+    h.drain()
+    done = h.ok("GET", f"/api/runs/{run_id}")
+    assert done["state"] == "succeeded" and done["merged_note"] == "", (done["reason"], done["merged_note"])

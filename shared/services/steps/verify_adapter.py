@@ -97,7 +97,8 @@ def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | No
     from adapter_format.merged import MAX_MERGED_BYTES
 
     progress = run.verify_progress
-    token = progress.token if progress is not None and progress.token else uuid.uuid4().hex[:16]
+    ours = progress is not None and progress.token and progress.since == run.state_changed_at
+    token = progress.token if progress is not None and ours else uuid.uuid4().hex[:16]
     folder = verify_spool.spool_dir(run.id) / token
     folder.mkdir(parents=True, exist_ok=True)
     wanted: list[tuple[Literal["adapter", "merged"], str, int, str]] = [
@@ -119,7 +120,7 @@ def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | No
             continue
         if isinstance(got, verify_spool.Partial):
             carry_on(run, VerifyProgress(artifact=name, offset=got.offset, size=got.size, host=verify_spool.host(),
-                                         token=token))
+                                         token=token, since=run.state_changed_at))
             return None
         fetched[name] = got
     return fetched
