@@ -138,7 +138,13 @@ def carry_on(run: RunRecord, progress: VerifyProgress) -> None:
             return None
         return r.model_copy(update={"verify_progress": progress})
 
-    _, wrote = get_store().runs.mutate(run.org, run.id, change)
+    stored, wrote = get_store().runs.mutate(run.org, run.id, change)
+    if wrote and (seen is None or seen.artifact != progress.artifact or seen.token != progress.token):
+        # Once per archive: the run stays verifying for minutes, and its timeline says why.
+        what = "adapter archive" if progress.artifact == "adapter" else "merged model's archive"
+        event(stored, "audit", f"the {what} ({progress.size / 1e9:.2f} GB) is downloaded over several "
+              f"invocations, each within its time bound: {progress.offset / 1e9:.2f} GB so far",
+              offset=progress.offset, size=progress.size)
     if wrote:
         get_queues().send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id,
                                                            reason="the archive's download carries on"))
