@@ -144,13 +144,13 @@ def test_a_3_gib_merged_model_at_10_mb_s_is_verified_within_every_bound(
     assert done["state"] == "succeeded", (done["state"], done["reason"], h.step_errors)
     assert (done["merged_size"], done["merged_note"]) == (size, ""), done["merged_note"]
     assert any(e["message"] == "merged model verified" for e in done["events"])
-    told = [e["message"] for e in done["events"] if "downloaded over several invocations" in e["message"]]
-    assert len(told) == 1 and "merged model's archive (3.22 GB)" in told[0], told
     spent = timings.spent["verify_adapter"]
     print("verify_adapter invocations (simulated s):", [round(s, 1) for s in spent])
     # 3 GiB at 10 MB/s is 322 s: four invocations or more, none past the step's bound.
     assert len(spent) >= 4 and max(spent) <= budget.invocation_bound_s(), spent
     assert sum(spent) >= size / BANDWIDTH
+    told = [e["message"] for e in done["events"] if "downloaded over several invocations" in e["message"]]
+    assert len(told) == 1 and "merged model's archive (3.22 GB)" in told[0], told
     # Each continuation read on from where the last stopped: every byte came from storage once.
     starts = [start for key, start in slow.reads if key == merged_key(run_id)]
     assert starts[0] == 0 and starts == sorted(set(starts)) and len(starts) == len(spent), starts
