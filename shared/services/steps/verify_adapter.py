@@ -13,11 +13,9 @@ like a bad archive, saying to resume or to accept it.
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
 import uuid
 from collections.abc import Callable
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage, VerifyProgress
@@ -34,30 +32,10 @@ from shared.store import get_store
 
 Judged = TypeVar("Judged")
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
-# The archive is copied from storage to a temporary file in chunks of this size, never held whole:
-# with the verifier's own bound (adapter_format/verify.MEMORY_BOUND_BYTES) a verification holds a few
-# MiB whatever the adapter's size, so six at once fit an instance (issue 30: 4096 MB on Flex).
-SPOOL_CHUNK = 1024 * 1024
-
-
-def spool(storage: Any, key: str, max_bytes: int = MAX_ADAPTER_BYTES,
-          what: str = "the adapter archive") -> tuple[BinaryIO, str, int]:
-    """The object at `key` in a temporary file (deleted when closed), with its sha256 and size."""
-    digest, size = hashlib.sha256(), 0
-    out = tempfile.TemporaryFile()  # noqa: SIM115  (the caller closes it)
-    try:
-        with storage.open_stream(key, max_bytes) as src:
-            while chunk := src.read(SPOOL_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ValueError(f"{what} is larger than {max_bytes} bytes")
-                out.write(chunk)
-        out.seek(0)
-    except BaseException:
-        out.close()
-        raise
-    return out, digest.hexdigest(), size
+# The archive is copied from storage to a spool file in chunks, never held whole (shared/services/steps/
+# verify_spool.py, which also bounds the copy in time): with the verifier's own bound
+# (adapter_format/verify.MEMORY_BOUND_BYTES) a verification holds a few MiB whatever the adapter's size, so six
+# at once fit an instance (issue 30: 4096 MB on Flex).
 
 
 def unreadable_is_refused(verify: Callable[[], Judged]) -> Judged:
