@@ -489,6 +489,22 @@ class CheckpointInfo(Model):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class VerifyProgress(Model):
+    """How far the verify step's download of an archive got (issue 38): `offset` of `size` bytes of `artifact`,
+    spooled on `host` (a spool is that instance's own file: shared/services/steps/verify_spool.py)."""
+
+    artifact: Literal["adapter", "merged"]
+    offset: int = Field(ge=0)
+    size: int = Field(ge=0)
+    host: str = ""
+    # Names this verification's spools: a spool of an earlier verification of the run (another token) is
+    # never appended to.
+    token: str = Field(default="", pattern=r"^[0-9a-f]{0,32}$")
+    # The state_changed_at of the stay it belongs to: a progress left by an earlier verification (a run
+    # given up on by heartbeat-check, then recovered) is not carried on.
+    since: datetime | None = None
+
+
 class RunRecord(Model):
     v: int = SCHEMA_VERSION
     org: str
@@ -604,6 +620,8 @@ class RunRecord(Model):
     merged_sha256: str = ""
     merged_size: int = 0
     merged_note: str = ""
+    # The verify step's download carried over to its next invocation (None when none is under way).
+    verify_progress: VerifyProgress | None = None
     # The run's outbox: outside events (webhooks) written with the change they tell of (Notice).
     notices: list[Notice] = Field(default_factory=list)
     # Candidates and attempts (issue 37): `provider` and `offer` above are always the current candidate's.

@@ -95,12 +95,14 @@ def test_failed_completion_while_provisioning_retains(h: Harness, cloud: Cloud) 
 def _break_storage(monkeypatch: Any) -> None:
     from shared.org_storage.local import LocalStorage
 
-    def unreachable(self: Any, key: str, max_bytes: int) -> Any:
+    def unreachable(self: Any, key: str, *args: int) -> Any:
         raise OSError("storage account unreachable")
 
-    # The verify step streams the archive (open_stream); other readers take it whole (get).
+    # The verify step streams the archive from an offset (open_range); other readers stream it (open_stream)
+    # or take it whole (get).
     monkeypatch.setattr(LocalStorage, "get", unreachable)
     monkeypatch.setattr(LocalStorage, "open_stream", unreachable)
+    monkeypatch.setattr(LocalStorage, "open_range", unreachable)
 
 
 def test_verification_that_keeps_failing_stops_the_machine(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:

@@ -1,5 +1,5 @@
 """The verify-adapter step never holds the archive whole: it is copied from storage to a temporary
-file in chunks (steps/verify_adapter.spool) and the verifier streams it (its own bound is measured in
+file in chunks (steps/verify_spool.fetch) and the verifier streams it (its own bound is measured in
 tests/test_security_verify.py), so a 1 GiB adapter costs a few MiB of a 4096 MB instance, not 1 GiB."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shared.org_storage.config import LocalStorageConfig
 from shared.org_storage.local import LocalStorage
-from shared.services.steps.verify_adapter import SPOOL_CHUNK, spool
+from shared.services.steps.verify_spool import CHUNK, Spooled, fetch
 
 
 def test_the_archive_is_spooled_to_disk_in_chunks(tmp_path: Path) -> None:
@@ -27,12 +27,13 @@ def test_the_archive_is_spooled_to_disk_in_chunks(tmp_path: Path) -> None:
             f.write(chunk)
     tracemalloc.start()
     try:
-        archive, sha256, got = spool(storage, "runs/r1/adapter.zip")
+        spooled = fetch(storage, "runs/r1/adapter.zip", tmp_path / "adapter.part", size, "the adapter archive")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    with archive:
+    assert isinstance(spooled, Spooled)
+    with spooled.path.open("rb") as archive:
         assert archive.read(16) == path.read_bytes()[:16]
-    assert (sha256, got) == (digest.hexdigest(), size)
+    assert (spooled.sha256, spooled.size) == (digest.hexdigest(), size)
     print(f"\nspooled {size >> 20} MiB with a peak Python allocation of {peak / 2**20:.1f} MiB")
-    assert peak < 4 * SPOOL_CHUNK  # held whole, it would be 48 MiB
+    assert peak < 4 * CHUNK  # held whole, it would be 48 MiB

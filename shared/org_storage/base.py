@@ -102,6 +102,12 @@ class StorageBackend(Protocol):
         """A reader of the object: ObjectMissing when absent, ValueError when over max_bytes."""
         ...
 
+    def open_range(self, key: str, start: int, max_bytes: int) -> tuple[BinaryIO, int]:
+        """A reader of the object from byte `start` on, with the object's whole size (a download that
+        carries on in a later invocation: shared/services/steps/verify_spool.py). ObjectMissing when absent,
+        ValueError when over max_bytes; `start` at or past the end reads nothing."""
+        ...
+
     def upload_url(self, key: str, ttl_s: int) -> str | None:
         """A presigned PUT URL for one object (direct uploads), or None when the backend has none."""
         ...

@@ -84,6 +84,18 @@ class LocalStorage:
             raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
         return open(path, "rb")
 
+    def open_range(self, key: str, start: int, max_bytes: int) -> tuple[BinaryIO, int]:
+        path = self._path(key)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectMissing(key) from exc
+        if size > max_bytes:
+            raise ValueError(f"{key} is {size} bytes, more than the {max_bytes} allowed")
+        f = open(path, "rb")  # noqa: SIM115  (the caller closes it)
+        f.seek(min(max(0, start), size))
+        return f, size
+
     def upload_url(self, key: str, ttl_s: int) -> str | None:
         return None  # a directory on the control plane's host: uploads go through the API
 

@@ -90,6 +90,9 @@ class RunPodVolumeStorage:
     def open_stream(self, key: str, max_bytes: int) -> BinaryIO:
         return self.s3.open_stream(key, max_bytes)
 
+    def open_range(self, key: str, start: int, max_bytes: int) -> tuple[BinaryIO, int]:
+        return self.s3.open_range(key, start, max_bytes)  # the volume's S3 API serves ranged GETs
+
     def upload_url(self, key: str, ttl_s: int) -> str | None:
         return self.s3.upload_url(key, ttl_s)
 

@@ -8,6 +8,7 @@ AGENT_URL_TTL_S (12 hours by default, at most 7 days, SigV4's limit).
 
 from __future__ import annotations
 
+import io
 import json
 import uuid
 from typing import Any, BinaryIO
@@ -234,6 +235,21 @@ class S3Storage:
         except Exception as exc:
             raise self._translate(exc, "read", key) from exc
         return _Capped(body, max_bytes, key)  # type: ignore[return-value]
+
+    def open_range(self, key: str, start: int, max_bytes: int) -> tuple[BinaryIO, int]:
+        """HEAD for the size, then a GET of bytes start..size-1 (the rest is refused by _Capped if it grew)."""
+        full = self._key(key)
+        try:
+            size = self._checked_size(key, full, max_bytes)
+            if start >= size:
+                return io.BytesIO(b""), size
+            body = self.client.get_object(Bucket=self.config.bucket, Key=full,
+                                          Range=f"bytes={max(0, start)}-{size - 1}")["Body"]
+        except (ValueError, ProviderError, ObjectMissing):
+            raise
+        except Exception as exc:
+            raise self._translate(exc, "read", key) from exc
+        return _Capped(body, size - max(0, start), key), size  # type: ignore[return-value]
 
     def upload_url(self, key: str, ttl_s: int) -> str | None:
         url = self.presign("PUT", key, ttl_s)

@@ -13,49 +13,29 @@ like a bad archive, saying to resume or to accept it.
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
+import uuid
 from collections.abc import Callable
-from typing import Any, BinaryIO, TypeVar
+from typing import Literal, TypeVar
 
 from shared.log import redact_text
-from shared.models import Outcome, RunRecord, RunState, StepMessage
+from shared.models import Outcome, RunRecord, RunState, StepMessage, VerifyProgress
 from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
 from shared.queues import get_queues
 from shared.runs import forecast
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.runs.org_backends import storage_for
+from shared.services.steps import verify_spool
 from shared.settings import get_settings
 from shared.steps import Step
 from shared.store import get_store
 
 Judged = TypeVar("Judged")
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
-# The archive is copied from storage to a temporary file in chunks of this size, never held whole:
-# with the verifier's own bound (adapter_format/verify.MEMORY_BOUND_BYTES) a verification holds a few
-# MiB whatever the adapter's size, so six at once fit an instance (issue 30: 4096 MB on Flex).
-SPOOL_CHUNK = 1024 * 1024
-
-
-def spool(storage: Any, key: str, max_bytes: int = MAX_ADAPTER_BYTES,
-          what: str = "the adapter archive") -> tuple[BinaryIO, str, int]:
-    """The object at `key` in a temporary file (deleted when closed), with its sha256 and size."""
-    digest, size = hashlib.sha256(), 0
-    out = tempfile.TemporaryFile()  # noqa: SIM115  (the caller closes it)
-    try:
-        with storage.open_stream(key, max_bytes) as src:
-            while chunk := src.read(SPOOL_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ValueError(f"{what} is larger than {max_bytes} bytes")
-                out.write(chunk)
-        out.seek(0)
-    except BaseException:
-        out.close()
-        raise
-    return out, digest.hexdigest(), size
+# The archive is copied from storage to a spool file in chunks, never held whole (shared/services/steps/
+# verify_spool.py, which also bounds the copy in time): with the verifier's own bound
+# (adapter_format/verify.MEMORY_BOUND_BYTES) a verification holds a few MiB whatever the adapter's size, so six
+# at once fit an instance (issue 30: 4096 MB on Flex).
 
 
 def unreadable_is_refused(verify: Callable[[], Judged]) -> Judged:
@@ -72,17 +52,94 @@ def unreadable_is_refused(verify: Callable[[], Judged]) -> Judged:
 
 
 def verify_adapter(msg: StepMessage) -> None:
+    run, _ = get_store().runs.get(msg.org, msg.run_id)
+    if run.state not in Step.verify_adapter.serves:
+        return
+    with verify_spool.locked(run.id) as held:
+        if not held:
+            return  # another invocation on this instance is downloading; it sends the next message itself
+        run, _ = get_store().runs.get(msg.org, msg.run_id)  # as it is now that this invocation holds the spools
+        if run.state not in Step.verify_adapter.serves:
+            return
+        fetched = fetch_archives(run)
+        if fetched is None:
+            return  # the download carries on in the next invocation
+        judge(run, fetched)
+    verify_spool.discard(run.id)
+
+
+def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | None:
+    """The run's archives (the adapter; the merged model when one was reported), each whole in a local spool
+    or the problem that refuses it; None when the step's budget cut a download: its progress is recorded on
+    the run and the step sends itself the next message (verify_spool says where the bytes are kept)."""
+    from adapter_format.merged import MAX_MERGED_BYTES
+
+    progress = run.verify_progress
+    ours = progress is not None and progress.token and progress.since == run.state_changed_at
+    token = progress.token if progress is not None and ours else uuid.uuid4().hex[:16]
+    folder = verify_spool.spool_dir(run.id) / token
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted: list[tuple[Literal["adapter", "merged"], str, int, str]] = [
+        ("adapter", adapter_key(run.id), MAX_ADAPTER_BYTES, "the adapter archive")]
+    if run.training.merged and run.merged_sha256:
+        wanted.append(("merged", merged_key(run.id), MAX_MERGED_BYTES, "the merged model's archive"))
+    storage = storage_for(run.org)
+    fetched: dict[str, verify_spool.Spooled | str] = {}
+    for name, key, cap, what in wanted:
+        if name == "merged" and isinstance(fetched["adapter"], str):
+            break  # a refused adapter ends the verification: its merged model is not judged
+        try:
+            got = verify_spool.fetch(storage, key, folder / f"{name}.part", cap, what)
+        except ObjectMissing:
+            fetched[name] = f"no {name} archive at {key} in storage"
+            continue
+        except ValueError as exc:
+            fetched[name] = str(exc)
+            continue
+        if isinstance(got, verify_spool.Partial):
+            carry_on(run, VerifyProgress(artifact=name, offset=got.offset, size=got.size, host=verify_spool.host(),
+                                         token=token, since=run.state_changed_at))
+            return None
+        fetched[name] = got
+    return fetched
+
+
+def carry_on(run: RunRecord, progress: VerifyProgress) -> None:
+    """Record how far the download got, then send the step its next message: recorded first, so a process
+    that dies between the two leaves the message it was serving to be delivered again, which carries on from
+    the spool. Only a run whose progress is still what this invocation read is written: a second delivery of
+    one message that went on meanwhile on another instance (its own spool) wrote it, and sends the next."""
+    seen = run.verify_progress
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state not in Step.verify_adapter.serves or r.verify_progress != seen:
+            return None
+        return r.model_copy(update={"verify_progress": progress})
+
+    stored, wrote = get_store().runs.mutate(run.org, run.id, change)
+    if wrote and (seen is None or seen.artifact != progress.artifact or seen.token != progress.token):
+        # Once per archive: the run stays verifying for minutes, and its timeline says why.
+        what = "adapter archive" if progress.artifact == "adapter" else "merged model's archive"
+        event(stored, "audit", f"the {what} ({progress.size / 1e9:.2f} GB) is downloaded over several "
+              f"invocations, each within its time bound: {progress.offset / 1e9:.2f} GB so far",
+              offset=progress.offset, size=progress.size)
+    if wrote:
+        get_queues().send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id,
+                                                           reason="the archive's download carries on"))
+
+
+def judge(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]) -> None:
+    """The verification of archives already spooled, and the run's move it decides."""
     from adapter_format.verify import verify_adapter as check_archive
     from shared.providers.registry import smoke_trainer_providers
     from shared.runs.hub_models import kept
 
-    run, _ = get_store().runs.get(msg.org, msg.run_id)
-    if run.state not in Step.verify_adapter.serves:
-        return
-    key = adapter_key(run.id)
     sha256, size = "", 0
     try:
-        archive, sha256, size = spool(storage_for(run.org), key)
+        adapter = fetched["adapter"]
+        if isinstance(adapter, str):
+            raise ValueError(adapter)
+        archive, sha256, size = verify_spool.open_spooled(adapter), adapter.sha256, adapter.size
         with archive:
             # Tests that play a cloud machine run the smoke trainer (TENSORANT_ALLOW_TEST_MODELS, test-only):
             # its adapter is judged as on the local provider.
@@ -92,8 +149,6 @@ def verify_adapter(msg: StepMessage) -> None:
                 archive, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None, provider=provider,
                 smoke_allowed_on=tuple(smoke_trainer_providers()), model=hub_model))
         problems = list(result.problems)
-    except ObjectMissing:
-        problems = [f"no adapter archive at {key} in storage"]
     except ValueError as exc:
         problems = [str(exc)]
     step = result.summary.get("checkpoint_step") if not problems else None
@@ -115,7 +170,8 @@ def verify_adapter(msg: StepMessage) -> None:
         if run.state == RunState.recovering:
             refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
             return
-        run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal)
+        run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal,
+                          verify_progress=None)
         if wrote:
             get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
         return
@@ -130,14 +186,14 @@ def verify_adapter(msg: StepMessage) -> None:
         # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
         recorded: dict[str, object] = {} if run.adapter_sha256 else {
             "adapter_sha256": sha256, "adapter_size": size}
-        recorded |= {"adapter_kind": "final" if step is None else "checkpoint", "checkpoint_step": step,
+        recorded |= {"verify_progress": None, "adapter_kind": "final" if step is None else "checkpoint", "checkpoint_step": step,
                      "planned_steps": planned if isinstance(planned, int) else None}
         checked = forecast.compare(run.forecast, result.summary) if run.forecast and step is None else None
         if checked is not None:
             recorded["forecast_check"] = checked
         merged = run.training.merged and step is None
         if merged:
-            recorded |= check_merged(run)
+            recorded |= check_merged(run, fetched.get("merged"))
         run, wrote = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
                           **recorded)
         if not wrote:  # a second delivery verified the same archive at the same time: the first recorded it
@@ -159,30 +215,28 @@ def verify_adapter(msg: StepMessage) -> None:
         refuse_recovery(run, why + "; the machine and disk are still retained, so fix the archive and recover again, "
                         "or cancel with discard", sha256)
         return
-    run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=why)
+    run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=why, verify_progress=None)
     if wrote:
         get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
 
 
-def check_merged(run: RunRecord) -> dict[str, object]:
+def check_merged(run: RunRecord, spooled: verify_spool.Spooled | str | None) -> dict[str, object]:
     """The run fields that record its merged model: kept when the archive the agent reported passes
     adapter_format.merged, cleared with merged_note saying why when it does not or none was reported."""
-    from adapter_format.merged import MAX_MERGED_BYTES, verify_merged
+    from adapter_format.merged import verify_merged
     from shared.runs.hub_models import kept
 
     if not run.merged_sha256:
         # The trainer's merge or the agent's export failed (each says why in the run's log), or the adapter was
         # recovered without a completion of the agent's, which is what reports a merged model.
         return {"merged_note": "no merged model: the machine did not make one or report it (the run's log says why)"}
-    key = merged_key(run.id)
     try:
-        archive, _, _ = spool(storage_for(run.org), key, MAX_MERGED_BYTES, "the merged model's archive")
-        with archive:
+        if not isinstance(spooled, verify_spool.Spooled):
+            raise ValueError(spooled or f"no merged archive at {merged_key(run.id)} in storage")
+        with verify_spool.open_spooled(spooled) as archive:
             hub_model = kept(run.org, run.base_model, run.base_model_revision)
             problems = unreadable_is_refused(lambda: verify_merged(
                 archive, base_model=run.base_model, expected_sha256=run.merged_sha256, model=hub_model)).problems
-    except ObjectMissing:
-        problems = [f"no merged archive at {key} in storage"]
     except ValueError as exc:
         problems = [str(exc)]
     if problems:
@@ -198,6 +252,6 @@ def refuse_recovery(run: RunRecord, refusal: str, sha256: str) -> None:
     first = run.retained_reason.rstrip(". ")
     reason = f"{first}. Recovery refused: {refusal}" if first else f"recovery refused: {refusal}"
     moved, did = move(run, RunState.retained, expect={RunState.recovering}, reason=reason,
-                      adapter_sha256="", adapter_size=0)
+                      adapter_sha256="", adapter_size=0, verify_progress=None)
     if did:
         event(moved, "warning", f"recovery refused: {refusal}", **({"refused_sha256": sha256} if sha256 else {}))
