@@ -23,6 +23,7 @@ BENCHES = [
     # It printed its figure, then hung until killed: the second host's invocation pool was never stopped.
     ("crash_recover_bench", ["--lease", "6", "--step", "4"], "time to recover after kill -9", 120, False),
     ("data_bench", ["--rows", "200", "--old-rows", "20", "--tokenizers", "tiny"], "new/old:", 420, True),
+    ("failover_bench", ["--repeat", "1"], "instances left running after the runs were cancelled: 0", 240, False),
     ("heartbeat_bench", ["--seconds", "0.5", "--clients", "1"], "answers", 180, False),
     ("import_bench", [], "ratio lazy / eager:", 240, True),
     ("launch_bench", ["--runs", "1", "--timeout", "120"], "final states: {'succeeded': 1}", 240, True),

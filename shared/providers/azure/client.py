@@ -82,12 +82,13 @@ def without_auto_registration(client: Any) -> Any:
     (registering is an administrator's task, the Azure guide says) and a step would sleep. The generated
     clients take no flag for it (only a whole `policies=` list built from their private config), so it is
     unlinked from the built pipeline; errors.translate keeps the hint for the administrator."""
-    from azure.mgmt.core.policies import ARMAutoResourceProviderRegistrationPolicy
+    from shared.providers.azure import sdk
 
+    registration_policy = sdk.mgmt_core_policies.ARMAutoResourceProviderRegistrationPolicy
     pipeline = client._client._pipeline
     chain = pipeline._impl_policies
     for i, policy in enumerate(chain):
-        if isinstance(policy, ARMAutoResourceProviderRegistrationPolicy):
+        if isinstance(policy, registration_policy):
             if i > 0:
                 chain[i - 1].next = policy.next
             del chain[i]

@@ -11,6 +11,7 @@ NEEDED_BY = "the azure provider"
 core_exceptions = LazyImport("azure.core.exceptions", "azure-core", needed_by=NEEDED_BY)
 core_rest = LazyImport("azure.core.rest", "azure-core", needed_by=NEEDED_BY)  # plain ARM requests (backstop.py)
 identity = LazyImport("azure.identity", "azure-identity", needed_by=NEEDED_BY)
+mgmt_core_policies = LazyImport("azure.mgmt.core.policies", "azure-mgmt-core", needed_by=NEEDED_BY)  # client.py
 mgmt_compute = LazyImport("azure.mgmt.compute", "azure-mgmt-compute", needed_by=NEEDED_BY)
 mgmt_network = LazyImport("azure.mgmt.network", "azure-mgmt-network", needed_by=NEEDED_BY)
 requests = LazyImport("requests", "requests", needed_by=NEEDED_BY)  # the Retail Prices API
