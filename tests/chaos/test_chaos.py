@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.settings import reset_settings
 from shared.store import get_store
 from tests.chaos import schedule
 from tests.chaos.driver import Chaos, assert_at_rest, wall
@@ -24,7 +25,11 @@ RUNS = int(os.environ.get("CHAOS_RUNS", "60"))
 
 
 @pytest.fixture
-def setup(env: dict[str, str]) -> Iterator[tuple[Harness, ChaosCloud]]:
+def setup(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Harness, ChaosCloud]]:
+    # The runs are created within a simulated minute: the operator's ceilings (issue 41.1) let the org's 1000 stand.
+    monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "1000")
+    monkeypatch.setenv("TENSORANT_ORG_MAX_ACTIVE_RUNS_CEILING", "1000")
+    reset_settings()
     cloud = ChaosCloud()
     install_chaos_provider(cloud)
     h = Harness()

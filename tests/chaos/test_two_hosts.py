@@ -38,6 +38,9 @@ def two_hosts(env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPat
     # Deadlines (simulated seconds) short enough that runs whose agent went quiet end within the test.
     monkeypatch.setenv("TENSORANT_PROVISIONING_TIMEOUT_S", "1200")
     monkeypatch.setenv("TENSORANT_HEARTBEAT_TIMEOUT_S", "600")
+    # The runs are created within a simulated minute: the operator's ceilings (issue 41.1) let the org's 1000 stand.
+    monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "1000")
+    monkeypatch.setenv("TENSORANT_ORG_MAX_ACTIVE_RUNS_CEILING", "1000")
     reset_settings()
     cloud = FileCloud(tmp_path / "cloud.json")
     with cloud.lock:
