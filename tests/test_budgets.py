@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import OFFER
+from tests.fakes import OFFER, TwoOffers
 from tests.harness import Harness
 from tests.webhook_receiver import Receiver
 
@@ -166,3 +166,18 @@ def test_a_run_across_the_month_boundary_bills_each_month_its_share(h: Harness) 
     assert b["billed_usd"] == pytest.approx(HOUR_COST, rel=0.02)
     assert b["held_usd"] == pytest.approx(HOUR_COST, rel=0.02)
     assert b["committed_usd"] == pytest.approx(2 * HOUR_COST, rel=0.02) and b["left_usd"] < 98
+
+
+@pytest.mark.memory_provider(compute=TwoOffers)
+def test_a_launch_is_held_to_its_dearest_candidate(h: Harness) -> None:
+    """Issue 37 x 39: the launch may end on any candidate, so the budget holds its dearest (the H100, 3.01/h),
+    not the first (the A10, 1.01/h, which alone would fit)."""
+    set_limits(h, monthly_budget_usd=2.0)
+    pid, dsid = h.project_and_dataset()
+    run = h.ok("POST", "/api/runs", token="member", json_body={
+        "project_id": pid, "dataset_version_id": dsid, "base_model": "tensorant/smoke-tiny",
+        "price_limit_per_hour": 5.0, "runtime_limit_s": 3600,
+        "candidates": [{"connection": "memory", "offer_id": "mem-a10"}, {"connection": "memory", "offer_id": "mem-h100"}]})
+    status, body, _ = h.call("POST", f"/api/runs/{run['id']}/launch", token="member", json_body={"confirm": True})
+    assert status == 409 and "3.01 USD" in body["detail"], body
+    assert h.get_run(run["id"])["state"] == "draft"

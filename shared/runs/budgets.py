@@ -30,6 +30,7 @@ from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import ACTIVE, HOLDS_MACHINE, TERMINAL
 from shared.models import RunRecord, RunState
+from shared.runs.candidates import dearest_price
 from shared.runs.costs import timing
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.store import get_store
@@ -41,12 +42,7 @@ CHECK_EVERY_S = 300
 
 
 def hourly_price(run: RunRecord) -> float:
-    """The hourly price budgets use: the dearest remaining candidate's (shared.runs.candidates, where it
-    exists), else the run's offer."""
-    try:
-        from shared.runs.candidates import dearest_price  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return float(run.offer.total_per_hour)
+    """The hourly price budgets use: the dearest remaining candidate's (a launch may end on any of them)."""
     return float(dearest_price(run))
 
 
