@@ -384,6 +384,9 @@ class DatasetVersionRecord(Model):
     size_bytes: int
     storage_key: str
     created_at: datetime
+    # examples: SFT rows (messages, prompt+completion, text); pairs: preference pairs for method dpo
+    # (prompt+chosen+rejected, or messages+chosen+rejected). A version is one or the other, never both.
+    format: Literal["examples", "pairs"] = "examples"
 
 
 class Deadlines(Model):
