@@ -96,3 +96,17 @@ def test_the_forecast_counts_the_reference_forward_pass() -> None:
     # Measured paces are kept apart: an SFT run's pace is not a DPO run's.
     assert forecast.like_key("aws", BIG, "A10", TrainingSettings(method="dpo")) != \
         forecast.like_key("aws", BIG, "A10", TrainingSettings())
+
+
+def test_the_preference_metrics_reach_the_eval_curve(h: Harness) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.5, [
+        "progress=0.5 step=3 loss=0.6 lr=0.01",
+        "eval step=3 eval_loss=0.6500 preference_accuracy=0.7500 reward_margin=0.1234",
+        "eval step=6 eval_loss=0.6000 preference_accuracy=1.5 reward_margin=nan",  # out of range: left out
+        "eval step=9 eval_loss=0.5000"])
+    got = h.ok("GET", f"/api/runs/{run_id}/metrics")
+    assert got["eval_points"] == [
+        {"step": 3, "eval_loss": 0.65, "preference_accuracy": 0.75, "reward_margin": 0.1234},
+        {"step": 6, "eval_loss": 0.6}, {"step": 9, "eval_loss": 0.5}]
