@@ -33,7 +33,10 @@ length-grouped (machine.trainer.batches, the `batching` setting) and the loss is
 cross-entropy over the learned positions only (machine.trainer.loss): no full logits tensor. It prints
 `progress=<0..1> step=<n> loss=<x> lr=<y>` per optimizer step and, with eval_every_steps,
 `eval step=<n> eval_loss=<x>` per evaluation (early stopping and the best adapter kept: the settings
-of machine.trainer.config). Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
+of machine.trainer.config). With method dpo the rows are preference pairs (machine.trainer.dpo: padded
+batches, the loss the mean DPO loss over the step's pairs) and each eval line adds
+`preference_accuracy=<a> reward_margin=<m>`; checkpoints, resume, keep_best and the merged model are
+the same code as SFT's. Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
 not be loaded, 4 the machine's GPU cannot be used (machine.trainer.gpu: a driver older than torch's
 CUDA needs), 1 anything else.
 """
