@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from adapter_format.verify import verify_adapter
-from tests.trainer.conftest import TINY, need_torch, run_trainer, write_jsonl
+from tests.trainer.conftest import TINY, need_torch, run_trainer, start_trainer, trainer_env, write_jsonl
 
 
 def pair_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -102,9 +102,12 @@ def test_the_trainer_runs_dpo_and_reports_preference_metrics(tiny_model: Path, t
     need_torch()
     dataset = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(24))
     out = tmp_path / "out"
-    done = run_trainer(tiny_model, dataset, out, SETTINGS)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    evals = [line for line in done.stdout.splitlines() if line.startswith("eval step=")]
+    env = trainer_env(tiny_model, dataset, out, SETTINGS)
+    env["TENSORANT_CHECKPOINT_DIR"] = str(tmp_path / "checkpoint")
+    proc = start_trainer(env)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, log[-4000:]
+    evals = [line for line in log.splitlines() if line.startswith("eval step=")]
     assert len(evals) == 2 and all("preference_accuracy=" in e and "reward_margin=" in e for e in evals), evals
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["settings"]["method"] == "dpo" and manifest["batching"] == "padded"
@@ -117,6 +120,14 @@ def test_the_trainer_runs_dpo_and_reports_preference_metrics(tiny_model: Path, t
             zf.writestr(name, (out / name).read_bytes())
     result = verify_adapter(archive.read_bytes(), base_model=TINY, expected_sha256=None)
     assert result.ok, result.problems
+    # Resumed from the step-3 checkpoint (SFT's code): the same adapter bytes as the uninterrupted run.
+    env = trainer_env(tiny_model, dataset, tmp_path / "resumed", SETTINGS)
+    env["TENSORANT_RESUME_FROM"] = str(tmp_path / "checkpoint" / "step-000003")
+    proc = start_trainer(env)
+    log, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "at step 4 of 6" in log, log[-4000:]
+    assert (tmp_path / "resumed" / "adapter_model.safetensors").read_bytes() == \
+        (out / "adapter_model.safetensors").read_bytes()
     # The method must match the data: sft on pairs (and dpo on examples) stops before training.
     wrong = run_trainer(tiny_model, dataset, tmp_path / "sft", {**SETTINGS, "method": "sft"})
     assert wrong.returncode == 2 and "set training.method to dpo" in wrong.stdout
