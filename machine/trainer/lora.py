@@ -836,6 +836,9 @@ def train(env: dict[str, str]) -> int:
         log("trainer: " + ("training.method is dpo but the dataset holds training examples, not preference pairs"
                            if s.method == "dpo" else "the dataset holds preference pairs; set training.method to dpo"))
         return 2
+    # Encoded (examples) for sft, dpo.EncodedPairs for dpo: the loop, checkpoints and manifest take either.
+    encoded: Any
+    held: Any
     if s.method == "dpo":
         try:
             encoded, held = _encode_pairs(tokenizer, job, train_rows, eval_rows)
