@@ -60,7 +60,7 @@ def test_only_the_answer_is_scored_and_the_reference_is_the_base(tiny_model: Pat
         assert learned and answer in tokenizer.decode(learned) and "What is" not in tokenizer.decode(learned)
     # A fresh LoRA (B = 0) is the base: policy and reference agree, so the loss is log 2 and the rewards 0.
     losses, chosen, rejected = dpo.pair_losses(model, [pair], 0, torch.device("cpu"), 0.1, "sigmoid")
-    assert float(losses[0]) == pytest.approx(0.693147, abs=1e-5)
+    assert float(losses[0].detach()) == pytest.approx(0.693147, abs=1e-5)
     assert float(chosen[0]) == pytest.approx(0.0, abs=1e-6) and float(rejected[0]) == pytest.approx(0.0, abs=1e-6)
 
 
@@ -95,7 +95,7 @@ def test_a_short_dpo_run_raises_the_chosen_over_rejected_margin(tiny_model: Path
 
 SETTINGS = {"method": "dpo", "dpo_beta": 0.1, "max_steps": 6, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4,
             "lora_alpha": 8, "max_seq_len": 48, "lora_dropout": 0.0, "sample_prompts": 1, "seed": 7, "kind": "trial",
-            "eval_every_steps": 3, "checkpoint_every_steps": 3}
+            "eval_every_steps": 3, "checkpoint_every_steps": 3, "merged": True}
 
 
 def test_the_trainer_runs_dpo_and_reports_preference_metrics(tiny_model: Path, tmp_path: Path) -> None:
@@ -120,6 +120,8 @@ def test_the_trainer_runs_dpo_and_reports_preference_metrics(tiny_model: Path, t
             zf.writestr(name, (out / name).read_bytes())
     result = verify_adapter(archive.read_bytes(), base_model=TINY, expected_sha256=None)
     assert result.ok, result.problems
+    # The merged model (SFT's code): written beside the adapter.
+    assert (out / "merged").is_dir() and any((out / "merged").glob("*.safetensors")), log[-2000:]
     # Resumed from the step-3 checkpoint (SFT's code): the same adapter bytes as the uninterrupted run.
     env = trainer_env(tiny_model, dataset, tmp_path / "resumed", SETTINGS)
     env["TENSORANT_RESUME_FROM"] = str(tmp_path / "checkpoint" / "step-000003")
