@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 BENCH_VENV = REPO / ".tensorant" / "bench-venv"
 TINY = "tensorant/tiny-llama"
-SETTINGS = {"method": "dpo", "dpo_beta": 0.1, "dpo_loss": "sigmoid", "lora_r": 8, "lora_alpha": 16,
+SETTINGS: dict[str, Any] = {"method": "dpo", "dpo_beta": 0.1, "dpo_loss": "sigmoid", "lora_r": 8, "lora_alpha": 16,
             "lora_dropout": 0.0, "target_modules": "attention", "learning_rate": 5e-3, "lr_scheduler": "constant",
             "warmup_steps": 0, "batch_size": 4, "gradient_accumulation": 1, "max_seq_len": 64, "precision": "fp32",
             "gradient_checkpointing": False, "eval_fraction": 0.0, "sample_prompts": 0, "seed": 7, "kind": "full"}
