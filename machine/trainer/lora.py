@@ -851,7 +851,10 @@ def train(env: dict[str, str]) -> int:
         log(f"trainer: evaluating on the validation dataset's {len(eval_rows)} rows (of {len(job.eval_rows)})")
     else:
         encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
-    if s.train_on_inputs:
+    if s.method == "dpo" and (s.train_on_inputs or s.neftune_alpha is not None):
+        log("trainer: train_on_inputs and neftune_alpha are SFT settings; a DPO run scores the answers only, "
+            "without noise, and ignores them")
+    elif s.train_on_inputs:
         # Training rows only: the held-out loss stays the assistant's, comparable across runs.
         encoded = with_inputs(encoded)
     if not encoded.examples:
@@ -948,7 +951,8 @@ def train(env: dict[str, str]) -> int:
 
         tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or base_model, params=s.as_dict(),
                         losses=losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
-                        summary={"eval_loss_before": progress.eval_before, "eval_loss": eval_after,
+                        summary={**progress.preference.get("after", {}),
+                                 "eval_loss_before": progress.eval_before, "eval_loss": eval_after,
                                  "tokens": float(progress.tokens_seen), "train_seconds": timing[0]},
                         adapter_sha256=hashlib.sha256((job.output / WEIGHTS_NAME).read_bytes()).hexdigest())
     if s.merged:

@@ -95,7 +95,7 @@ def test_a_short_dpo_run_raises_the_chosen_over_rejected_margin(tiny_model: Path
 
 SETTINGS = {"method": "dpo", "dpo_beta": 0.1, "max_steps": 6, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4,
             "lora_alpha": 8, "max_seq_len": 48, "lora_dropout": 0.0, "sample_prompts": 1, "seed": 7, "kind": "trial",
-            "eval_every_steps": 3, "checkpoint_every_steps": 3, "merged": True}
+            "eval_every_steps": 3, "checkpoint_every_steps": 3, "merged": True, "train_on_inputs": True}
 
 
 def test_the_trainer_runs_dpo_and_reports_preference_metrics(tiny_model: Path, tmp_path: Path) -> None:
@@ -107,6 +107,7 @@ def test_the_trainer_runs_dpo_and_reports_preference_metrics(tiny_model: Path, t
     proc = start_trainer(env)
     log, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, log[-4000:]
+    assert "a DPO run scores the answers only" in log  # train_on_inputs is SFT's: said and ignored
     evals = [line for line in log.splitlines() if line.startswith("eval step=")]
     assert len(evals) == 2 and all("preference_accuracy=" in e and "reward_margin=" in e for e in evals), evals
     manifest = json.loads((out / "manifest.json").read_text())
