@@ -110,3 +110,25 @@ def test_the_preference_metrics_reach_the_eval_curve(h: Harness) -> None:
     assert got["eval_points"] == [
         {"step": 3, "eval_loss": 0.65, "preference_accuracy": 0.75, "reward_margin": 0.1234},
         {"step": 6, "eval_loss": 0.6}, {"step": 9, "eval_loss": 0.5}]
+
+
+def test_runs_get_prints_the_preference_curve(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorant_cli import main as cli
+    from tests.test_forecast import RUN
+
+    metrics = {"points": [], "eval_points": [
+        {"step": 3, "eval_loss": 0.65, "preference_accuracy": 0.5, "reward_margin": 0.01},
+        {"step": 6, "eval_loss": 0.6, "preference_accuracy": 0.75, "reward_margin": 0.1234}], "eval_loss": 0.6}
+
+    class Client:
+        def __init__(self, url: str = "", token: str | None = None) -> None:
+            pass
+
+        def get(self, path: str, **params: str) -> Any:
+            return metrics if path.endswith("/metrics") else {**RUN, "state": "training"}
+
+    monkeypatch.setattr(cli, "Client", Client)
+    assert cli.main(["runs", "get", "r-1"]) == 0
+    out = capsys.readouterr().out
+    assert "preference accuracy" in out and "50% -> 75%, reward margin 0.1234" in out, out
