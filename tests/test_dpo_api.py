@@ -93,6 +93,10 @@ def test_the_forecast_counts_the_reference_forward_pass() -> None:
                                                     method="dpo"), model, OFFER)
         assert dpo.tokens == sft.tokens
         assert sft.throughput_tokens_per_s / dpo.throughput_tokens_per_s == pytest.approx(factor, rel=1e-3)
+    # A pair is two sequences, each cut at max_seq_len: 8,000 bytes a pair is 2,000 tokens, 2 x 512 kept.
+    long = ds.model_copy(update={"size_bytes": 8_000_000})
+    assert forecast.tokens_per_example(long, TrainingSettings(method="dpo", max_seq_len=512)) == 1024
+    assert forecast.tokens_per_example(long, TrainingSettings(max_seq_len=512)) == 512
     # Measured paces are kept apart: an SFT run's pace is not a DPO run's.
     assert forecast.like_key("aws", BIG, "A10", TrainingSettings(method="dpo")) != \
         forecast.like_key("aws", BIG, "A10", TrainingSettings())

@@ -61,7 +61,7 @@ Throughput: tokens per second of LoRA SFT = peak FLOPS x MFU / FLOPs per token
   end is taken: a forecast that errs long only raises the default runtime limit.
 
 DPO (training.method dpo): a row is a preference pair, and its bytes (prompt once, both answers) stand for
-  the tokens of its two sequences (prompt + chosen, prompt + rejected), which the trained model runs
+  the tokens of its two sequences (prompt + chosen, prompt + rejected; at most 2 x max_seq_len), which the trained model runs
   forward and backward. The reference model (the base with the adapter disabled) runs the same two
   sequences forward only, 2N per token more: FLOPs per token x (1 + 2 / (6 or 4)), i.e. x 4/3 with
   gradient checkpointing, x 3/2 without (dpo_factor). The prompt counted once where it is run twice makes
@@ -281,7 +281,8 @@ def planned_steps(rows: int, training: TrainingSettings) -> int:
 
 def tokens_per_example(dataset: DatasetVersionRecord, training: TrainingSettings) -> int:
     per_row = math.ceil(dataset.size_bytes / max(1, dataset.rows) / BYTES_PER_TOKEN)
-    return max(1, min(per_row, training.max_seq_len))
+    # A pair is two sequences, each cut at max_seq_len.
+    return max(1, min(per_row, training.max_seq_len * (2 if training.method == "dpo" else 1)))
 
 
 def startup_s(model: DeclaredModel, offer: GpuOffer) -> tuple[int, str]:
