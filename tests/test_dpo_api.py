@@ -136,3 +136,11 @@ def test_runs_get_prints_the_preference_curve(monkeypatch: pytest.MonkeyPatch,
     assert cli.main(["runs", "get", "r-1"]) == 0
     out = capsys.readouterr().out
     assert "preference accuracy" in out and "50% -> 75%, reward margin 0.1234" in out, out
+
+
+def test_the_fit_counts_both_sequences_of_a_pair() -> None:
+    from shared.services.api.base_models import memory_needed
+
+    model = BASE_MODELS[BIG]
+    assert memory_needed(model, TrainingSettings(method="dpo", batch_size=4)) == \
+        memory_needed(model, TrainingSettings(batch_size=8)) > memory_needed(model, TrainingSettings(batch_size=4))

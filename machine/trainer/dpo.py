@@ -20,6 +20,7 @@ from typing import Any
 
 from machine.trainer.batches import collate_padded
 from machine.trainer.data import IGNORE, Example, Tokenized, encode
+from machine.trainer.loss import CHUNKED
 
 
 @dataclass
@@ -89,7 +90,30 @@ def encode_pairs(tokenizer: Any, examples: Iterable[Example], max_seq_len: int) 
 
 
 def sequence_logps(model: Any, inputs: dict[str, Any], mean: bool) -> Any:
-    """Per row: the sum (or the per-token mean) of the log-probabilities of the labelled tokens."""
+    """Per row: the sum (or the per-token mean) of the log-probabilities of the labelled tokens.
+
+    For the architectures whose head is a plain linear layer (machine.trainer.loss.CHUNKED) only the
+    answers' positions go through lm_head (no batch x seq x vocab logits, as the SFT loss); any other
+    model through its own forward."""
+    import torch
+    import torch.nn.functional as F
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base.config.model_type in CHUNKED:
+        labels = inputs["labels"][:, 1:]
+        keep = labels != IGNORE
+        hidden = base.get_decoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                                    use_cache=False).last_hidden_state
+        token = -F.cross_entropy(base.get_output_embeddings()(hidden[:, :-1][keep]).float(), labels[keep],
+                                 reduction="none")
+        total = torch.zeros(labels.shape[0], dtype=token.dtype, device=token.device)
+        total = total.index_add(0, keep.nonzero()[:, 0], token)
+        return total / keep.sum(-1).clamp(min=1) if mean else total
+    return full_sequence_logps(model, inputs, mean)
+
+
+def full_sequence_logps(model: Any, inputs: dict[str, Any], mean: bool) -> Any:
+    """sequence_logps from the model's full logits (any architecture; the reference the other is tested against)."""
     import torch
 
     logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits

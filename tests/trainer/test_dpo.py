@@ -58,6 +58,13 @@ def test_only_the_answer_is_scored_and_the_reference_is_the_base(tiny_model: Pat
     for side, answer in ((pair.chosen, "Arr"), (pair.rejected, "The sum")):
         learned = [t for t, label in zip(side.input_ids, side.labels, strict=True) if label != IGNORE]
         assert learned and answer in tokenizer.decode(learned) and "What is" not in tokenizer.decode(learned)
+    # Only the answers' positions through lm_head: the same log-probabilities as the full logits'.
+    from machine.trainer.batches import collate_padded
+
+    inputs = collate_padded([pair.chosen, pair.rejected], 0, torch.device("cpu"))
+    for mean in (False, True):
+        fast, full = dpo.sequence_logps(model, inputs, mean), dpo.full_sequence_logps(model, inputs, mean)
+        assert torch.allclose(fast, full, atol=1e-5), (fast, full)
     # A fresh LoRA (B = 0) is the base: policy and reference agree, so the loss is log 2 and the rewards 0.
     losses, chosen, rejected = dpo.pair_losses(model, [pair], 0, torch.device("cpu"), 0.1, "sigmoid")
     assert float(losses[0].detach()) == pytest.approx(0.693147, abs=1e-5)
