@@ -120,6 +120,7 @@ bench-scale: install
 # .tensorant/bench-venv, never into the project's dependencies. BENCH_ARGS e.g. "--steps 40 --out r.json".
 bench-trainers: install
 	$(PY) -m tests.bench.trainers_bench $(BENCH_ARGS)
+	$(PY) -m tests.bench.dpo_bench
 
 # tests/trainer/test_tracking.py's loopback MLflow server: PyPI mlflow in its own venv, never the app's or the
 # trainer's dependency (the trainer speaks MLflow's REST API); without it that test is skipped.

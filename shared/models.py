@@ -227,9 +227,16 @@ class TrainingSettings(Model):
     merged: bool = Field(default=False, strict=True, description=(
         "also deliver the adapter merged into the base model's weights (GET /api/runs/{id}/adapter?format=merged), "
         "verified like the adapter; for base models of up to about 1.5B parameters (3 GiB of merged weights)"))
+    method: Literal["sft", "dpo"] = Field(default="sft", description=(
+        "sft: supervised fine-tuning on examples; dpo: direct preference optimization on a dataset of pairs "
+        "(prompt, chosen, rejected), the reference model being the base with the adapter disabled"))
+    dpo_beta: float = Field(default=0.1, gt=0.0, le=10.0, description=(
+        "DPO: how far the trained model may move from the reference (smaller = further)"))
+    dpo_loss: Literal["sigmoid", "ipo"] = Field(default="sigmoid", description=(
+        "DPO loss: sigmoid (the DPO paper's) or ipo (squared, bounded margin)"))
 
     @field_validator("lora_dropout", "learning_rate", "epochs", "warmup_ratio", "eval_fraction",
-                     "early_stopping_threshold", "neftune_alpha", "weight_decay", mode="before")
+                     "early_stopping_threshold", "neftune_alpha", "weight_decay", "dpo_beta", mode="before")
     @classmethod
     def _a_number(cls, v: Any) -> Any:
         # pydantic would read "0.1" or true as a number; the trainer would not.
@@ -377,6 +384,9 @@ class DatasetVersionRecord(Model):
     size_bytes: int
     storage_key: str
     created_at: datetime
+    # examples: SFT rows (messages, prompt+completion, text); pairs: preference pairs for method dpo
+    # (prompt+chosen+rejected, or messages+chosen+rejected). A version is one or the other, never both.
+    format: Literal["examples", "pairs"] = "examples"
 
 
 class Deadlines(Model):

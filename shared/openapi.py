@@ -133,7 +133,9 @@ QUERY: dict[str, list[dict[str, Any]]] = {
 MEDIA: dict[str, dict[str, Any]] = {
     "application/x-ndjson": {
         "schema": {"type": "string", "description": "JSON Lines: one example per line, each "
-                   '{"messages": [{"role", "content"}...]}, {"prompt", "completion"} or {"text"}'},
+                   '{"messages": [{"role", "content"}...]}, {"prompt", "completion"} or {"text"}; or, for '
+                   'training.method dpo, every line a preference pair: {"prompt", "chosen", "rejected"} or '
+                   '{"messages" (ending before the answer), "chosen", "rejected"} (each an assistant turn)'},
         "example": '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}\n'
                    '{"prompt": "2+2=", "completion": "4"}\n',
     },

@@ -293,11 +293,21 @@ export async function runPage(runId) {
     }
   }
 
+  // A DPO run's held-out preference accuracy per evaluation (its curve in words) and the last reward margin.
+  function preference(points) {
+    const dpo = points.filter((p) => typeof p.preference_accuracy === "number");
+    if (!dpo.length) return null;
+    const last = dpo[dpo.length - 1];
+    const curve = dpo.map((p) => `step ${p.step}: ${(100 * p.preference_accuracy).toFixed(0)}%`).join(", ");
+    return h("p", { class: "hint" }, `preference accuracy ${curve}; reward margin ${Number(last.reward_margin).toFixed(4)}`);
+  }
+
   async function pollMetrics() {
     const m = await get(`${path}/metrics`);
     if (m.points.length !== shownPoints) {
       fill(chartBox, chart(m.points),
-        m.eval_loss !== null && m.eval_loss !== undefined ? h("p", { class: "hint" }, `eval loss ${m.eval_loss.toFixed(4)}`) : null);
+        m.eval_loss !== null && m.eval_loss !== undefined ? h("p", { class: "hint" }, `eval loss ${m.eval_loss.toFixed(4)}`) : null,
+        preference(m.eval_points || []));
       shownPoints = m.points.length;
     }
   }

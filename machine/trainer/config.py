@@ -71,6 +71,10 @@ class TrainerSettings:
     weight_decay: float = 0.0  # decoupled (AdamW's); for sgd, L2
     # Also write the adapter merged into the base model's weights (machine.trainer.merge): a second artifact.
     merged: bool = False
+    # sft | dpo (preference pairs; the reference is the base with the adapter disabled)
+    method: str = "sft"
+    dpo_beta: float = 0.1
+    dpo_loss: str = "sigmoid"  # sigmoid | ipo
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,10 +90,11 @@ _INT = {"lora_r": (1, 256), "lora_alpha": (1, 1024), "max_steps": (1, 100000), "
 _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True), "epochs": (0.0, 20.0, True),
           "warmup_ratio": (0.0, 0.5, False), "eval_fraction": (0.0, 0.5, False),
           "early_stopping_threshold": (0.0, 10.0, False), "neftune_alpha": (0.0, 50.0, True),
-          "weight_decay": (0.0, 1.0, False)}
+          "weight_decay": (0.0, 1.0, False), "dpo_beta": (0.0, 10.0, True)}
 _CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),
             "kind": ("trial", "full"), "batching": ("auto", "padded", "grouped", "packed"),
-            "lr_scheduler": ("cosine", "linear", "constant"), "optimizer": ("adamw", "adamw_8bit", "sgd")}
+            "lr_scheduler": ("cosine", "linear", "constant"), "optimizer": ("adamw", "adamw_8bit", "sgd"),
+            "method": ("sft", "dpo"), "dpo_loss": ("sigmoid", "ipo")}
 _BOOL = ("load_in_4bit", "gradient_checkpointing", "keep_best", "train_on_inputs", "use_dora", "use_rslora",
          "merged")
 _NULLABLE = ("max_steps", "max_examples", "eval_every_steps", "early_stopping_patience", "chat_template",

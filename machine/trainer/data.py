@@ -55,6 +55,9 @@ class Example:
 
     messages: list[dict[str, str]] | None = None
     text: str | None = None
+    # A preference pair (method dpo): `messages` is the conversation before the answer, these the two answers.
+    chosen: str | None = None
+    rejected: str | None = None
 
 
 @dataclass
@@ -147,6 +150,8 @@ def normalise(row: Any, number: int = 0) -> Example:
     where = f"dataset line {number}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where} must be a JSON object")
+    if "chosen" in row or "rejected" in row:
+        return _pair(row, number)
     if "messages" in row:
         messages = row["messages"]
         if not isinstance(messages, list) or not messages:
@@ -169,6 +174,31 @@ def normalise(row: Any, number: int = 0) -> Example:
             raise DatasetError(f"{where}: text must be a string")
         return Example(text=row["text"])
     raise DatasetError(f"{where} has none of messages, prompt+completion, text")
+
+
+def _pair(row: dict[str, Any], number: int) -> Example:
+    """A preference pair: {"prompt", "chosen", "rejected"} (strings), or {"messages" (ending before the
+    answer), "chosen", "rejected"} with each answer an assistant turn {"role": "assistant", "content"}."""
+    where = f"dataset line {number}"
+    answers = []
+    for side in ("chosen", "rejected"):
+        value = row.get(side)
+        if isinstance(value, dict) and value.get("role") == "assistant":
+            value = value.get("content")
+        if not isinstance(value, str) or not value:
+            raise DatasetError(f"{where}: {side} must be a non-empty string or an assistant turn")
+        answers.append(value)
+    if "messages" in row:
+        prompt = normalise({"messages": [*row["messages"], {"role": "assistant", "content": "-"}]}, number).messages
+        assert prompt is not None
+        messages = prompt[:-1]
+        if messages[-1]["role"] == "assistant":
+            raise DatasetError(f"{where}: a pair's messages must end before the answer")
+    elif isinstance(row.get("prompt"), str):
+        messages = [{"role": "user", "content": row["prompt"]}]
+    else:
+        raise DatasetError(f"{where}: a preference pair needs prompt (or messages), chosen and rejected")
+    return Example(messages=messages, chosen=answers[0], rejected=answers[1])
 
 
 def chat_template(tokenizer: Any) -> str:
@@ -282,6 +312,8 @@ def encode_each(tokenizer: Any, examples: list[Example], max_seq_len: int) -> En
 
 def sample_prompt(tokenizer: Any, example: Example) -> tuple[str, str]:
     """(prompt text to generate from, the dataset's own answer) for a held-out example."""
+    if example.chosen is not None and example.messages is not None:
+        return render(tokenizer, example.messages, add_generation_prompt=True), example.chosen
     if example.messages is not None:
         last = max(i for i, m in enumerate(example.messages) if m["role"] == "assistant")
         prompt = (render(tokenizer, example.messages[:last], add_generation_prompt=True) if last

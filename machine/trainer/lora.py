@@ -33,7 +33,10 @@ length-grouped (machine.trainer.batches, the `batching` setting) and the loss is
 cross-entropy over the learned positions only (machine.trainer.loss): no full logits tensor. It prints
 `progress=<0..1> step=<n> loss=<x> lr=<y>` per optimizer step and, with eval_every_steps,
 `eval step=<n> eval_loss=<x>` per evaluation (early stopping and the best adapter kept: the settings
-of machine.trainer.config). Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
+of machine.trainer.config). With method dpo the rows are preference pairs (machine.trainer.dpo: padded
+batches, the loss the mean DPO loss over the step's pairs) and each eval line adds
+`preference_accuracy=<a> reward_margin=<m>`; checkpoints, resume, keep_best and the merged model are
+the same code as SFT's. Exit codes: 0 adapter written, 2 bad settings or dataset, 3 model could
 not be loaded, 4 the machine's GPU cannot be used (machine.trainer.gpu: a driver older than torch's
 CUDA needs), 1 anything else.
 """
@@ -58,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from machine.trainer import dpo
 from machine.trainer.batches import (
     batch_stream,
     choose_batching,
@@ -186,6 +190,21 @@ def evaluate(model: Any, examples: Sequence[Tokenized], batch_size: int, pad_id:
             count += n
     model.train()
     return total / count if count else None
+
+
+def held_out(model: Any, held: Sequence[Any], s: TrainerSettings, pad_id: int, device: Any, mode: str
+             ) -> tuple[float | None, dict[str, float]]:
+    """The held-out evaluation: (eval loss, and for dpo its preference_accuracy and reward_margin)."""
+    if s.method != "dpo":
+        return evaluate(model, held, s.batch_size, pad_id, device, mode), {}
+    m = dpo.evaluate(model, held, s.batch_size, pad_id, device, s.dpo_beta, s.dpo_loss)
+    if m is None:
+        return None, {}
+    return m.loss, {"preference_accuracy": round(m.accuracy, 4), "reward_margin": round(m.margin, 4)}
+
+
+def metric_text(extra: dict[str, float]) -> str:
+    return "".join(f" {k}={v:.4f}" for k, v in extra.items())
 
 
 def generate(model: Any, tokenizer: Any, prompt: str, device: Any, *, chat: bool) -> str:
@@ -476,6 +495,7 @@ class Progress:
     patience_ref: float | None = None  # what an evaluation must beat by early_stopping_threshold
     bad_evals: int = 0  # evaluations in a row that did not
     stopped_early_at: int | None = None
+    preference: dict[str, dict[str, float]] = field(default_factory=dict)  # dpo: "before"/"after" held-out metrics
 
     def saved(self) -> dict[str, Any]:
         """The evaluation counters a checkpoint keeps (the early-stopping state and the best adapter)."""
@@ -558,9 +578,11 @@ def _steps(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress,
     for step in range(p.first_step, run.total_steps + 1):
         group = [next(stream) for _ in range(s.gradient_accumulation)]
         p.epoch = group[-1][0]
-        n_step = sum(trained_tokens(b) for _, b in group) or 1
+        n_step = 1 if s.method == "dpo" else sum(trained_tokens(b) for _, b in group) or 1
         step_loss = 0.0
-        for _, batch in group:
+        if s.method == "dpo":
+            step_loss = _dpo_step(run, group, p)
+        for _, batch in group if s.method != "dpo" else ():
             n = trained_tokens(batch)
             if n == 0:
                 continue
@@ -603,6 +625,23 @@ def _steps(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress,
     return time.monotonic() - train_started, time.process_time() - train_cpu_started
 
 
+def _dpo_step(run: Run, group: list[tuple[int, list[Any]]], p: Progress) -> float:
+    """One accumulated step of DPO: the mean pair loss over the step's pairs; tokens are both sequences'."""
+    s = run.job.s
+    pairs = sum(len(b) for _, b in group) or 1
+    total = 0.0
+    for _, batch in group:
+        losses, _, _ = dpo.pair_losses(run.model, batch, run.pad_id, run.device, s.dpo_beta, s.dpo_loss)
+        loss = losses.sum() / pairs
+        loss.backward()
+        total += float(loss.detach())
+        p.tokens_seen += sum(pair.tokens for pair in batch)
+        width = max(max(len(q.chosen.input_ids), len(q.rejected.input_ids)) for q in batch)
+        p.processed += 2 * len(batch) * width
+        p.trained += sum(q.chosen.trained_tokens + q.rejected.trained_tokens for q in batch)
+    return total
+
+
 def trainable_state(model: Any) -> dict[str, Any]:
     """A copy, on the CPU, of the weights being trained (the LoRA matrices, DoRA's magnitudes)."""
     return {name: q.detach().to("cpu", copy=True) for name, q in model.named_parameters() if q.requires_grad}
@@ -612,11 +651,13 @@ def evaluate_during(run: Run, step: int, p: Progress) -> bool:
     """One evaluation during training: logged (`eval step=<n> eval_loss=<x>`, the run view's eval curve),
     the best adapter copied (keep_best), and False when early stopping ends the training here."""
     s = run.job.s
-    loss = evaluate(run.model, run.held, s.batch_size, run.pad_id, run.device, run.batching)
+    loss, extra = held_out(run.model, run.held, s, run.pad_id, run.device, run.batching)
     if loss is None:
         return True
     p.evals.append([step, round(loss, 5)])
-    log(f"eval step={step} eval_loss={loss:.4f}")
+    if extra:
+        p.preference["after"] = extra
+    log(f"eval step={step} eval_loss={loss:.4f}{metric_text(extra)}")
     if p.best is None or loss < p.best:
         p.best, p.best_step = loss, step
         if s.keep_best:
@@ -721,6 +762,8 @@ def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, ev
         "target_modules": run.targets,
         "samples": samples,
     }
+    if s.method == "dpo":
+        manifest["preference"] = p.preference  # held-out preference_accuracy and reward_margin, before/after
     manifest.update(steps_done=p.steps_done, eval_curve=p.evals, best_step=p.best_step if p.evals else None,
                     stopped_early_at=p.stopped_early_at, batching_probe=run.probe)
     if job.resume_from is not None:
@@ -733,6 +776,15 @@ def quiet_library_warnings() -> None:
     each with its source path) are for whoever upgrades the trainer's pins, not for the user reading the
     log; this code raises none. Every other warning still shows."""
     warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _encode_pairs(tokenizer: Any, job: Job, train_rows: Sequence[int], eval_rows: Sequence[int]
+                  ) -> tuple[dpo.EncodedPairs, dpo.EncodedPairs]:
+    s = job.s
+    encoded = dpo.encode_pairs(tokenizer, job.rows.examples(list(train_rows)), s.max_seq_len)
+    source = job.eval_rows if job.eval_rows is not None else job.rows
+    held = dpo.encode_pairs(tokenizer, source.examples(list(eval_rows)), s.max_seq_len)
+    return encoded, held
 
 
 def train(env: dict[str, str]) -> int:
@@ -779,13 +831,30 @@ def train(env: dict[str, str]) -> int:
         log(f"trainer: {exc}")
         return 2
 
-    if job.eval_rows is not None:
+    pairs = rows.examples([0])[0].chosen is not None  # the API keeps a dataset version all pairs or all examples
+    if pairs != (s.method == "dpo"):
+        log("trainer: " + ("training.method is dpo but the dataset holds training examples, not preference pairs"
+                           if s.method == "dpo" else "the dataset holds preference pairs; set training.method to dpo"))
+        return 2
+    # Encoded (examples) for sft, dpo.EncodedPairs for dpo: the loop, checkpoints and manifest take either.
+    encoded: Any
+    held: Any
+    if s.method == "dpo":
+        try:
+            encoded, held = _encode_pairs(tokenizer, job, train_rows, eval_rows)
+        except (DatasetError, ValueError) as exc:
+            log(f"trainer: {exc} (a dataset for method dpo is all preference pairs)")
+            return 2
+    elif job.eval_rows is not None:
         [encoded] = encode_splits(tokenizer, rows, [train_rows], s.max_seq_len)
         [held] = encode_splits(tokenizer, job.eval_rows, [eval_rows], s.max_seq_len)
         log(f"trainer: evaluating on the validation dataset's {len(eval_rows)} rows (of {len(job.eval_rows)})")
     else:
         encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
-    if s.train_on_inputs:
+    if s.method == "dpo" and (s.train_on_inputs or s.neftune_alpha is not None):
+        log("trainer: train_on_inputs and neftune_alpha are SFT settings; a DPO run scores the answers only, "
+            "without noise, and ignores them")
+    elif s.train_on_inputs:
         # Training rows only: the held-out loss stays the assistant's, comparable across runs.
         encoded = with_inputs(encoded)
     if not encoded.examples:
@@ -802,7 +871,7 @@ def train(env: dict[str, str]) -> int:
 
     model, batching, segments, targets = add_lora(model, s, cuda)
     neftune = None
-    if s.neftune_alpha is not None:
+    if s.neftune_alpha is not None and s.method != "dpo":
         neftune = Neftune(s.neftune_alpha)
         neftune.attach(model)
     probe = None
@@ -810,11 +879,15 @@ def train(env: dict[str, str]) -> int:
                         if job.resume_from is not None else None)
     if resumed_batching in ("grouped", "packed") and s.batching == "auto":
         batching = resumed_batching  # the interrupted run's data order, whatever a probe would say now
-    elif wants_probe(s.batching, model.config.model_type, getattr(model.config, "_attn_implementation", None),
+    elif s.method != "dpo" and wants_probe(s.batching, model.config.model_type,
+                                           getattr(model.config, "_attn_implementation", None),
                      cuda=cuda) and segments:
         batching, probe = probe_batching(model, encoded.examples, s.batch_size, s.seed, pad_id, device, neftune)
         log("trainer: batching probe (real tokens/s): " + ", ".join(f"{k} {v}" for k, v in probe.items())
             + f" -> {batching}")
+    if s.method == "dpo":
+        # A pair's two sequences share one padded forward (the reference's too): no packing, no probe.
+        batching, segments, probe = "padded", False, None
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_steps = plan_steps(len(encoded.examples), s)
     try:
@@ -837,9 +910,10 @@ def train(env: dict[str, str]) -> int:
     if job.resume_from is not None:
         progress = resume(run, stream, job.resume_from)
     else:
-        progress = Progress(eval_before=evaluate(model, held.examples, s.batch_size, pad_id, device, batching))
+        before, extra = held_out(model, held.examples, s, pad_id, device, batching)
+        progress = Progress(eval_before=before, preference={"before": extra} if extra else {})
         if progress.eval_before is not None:
-            log(f"trainer: eval_loss before training = {progress.eval_before:.4f}")
+            log(f"trainer: eval_loss before training = {progress.eval_before:.4f}{metric_text(extra)}")
     timing = train_loop(run, stream, progress)
     if isinstance(timing, int):
         return timing
@@ -854,10 +928,16 @@ def train(env: dict[str, str]) -> int:
                   build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
                                  timing=timing, started=started, precision=precision, samples=[]))
     log(f"{FINAL_WRITTEN} ({progress.steps_done} of {run.total_steps} steps); the final eval and samples follow")
+    extra = progress.preference.get("after", {})
     if eval_after is None:
-        eval_after = evaluate(model, held.examples, s.batch_size, pad_id, device, batching)
+        eval_after, extra = held_out(model, held.examples, s, pad_id, device, batching)
+        if extra:
+            progress.preference["after"] = extra
     if eval_after is not None:
+        # The metrics on a line of their own: the "after training = x" line is parsed up to its end.
         log(f"trainer: eval_loss after training = {eval_after:.4f}")
+        if extra:
+            log(f"trainer: preference after training:{metric_text(extra)}")
     samples = sample_outputs(run, tokenizer, sample_rows)
     manifest = build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
                               timing=timing, started=started, precision=precision, samples=samples)
@@ -871,7 +951,8 @@ def train(env: dict[str, str]) -> int:
 
         tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or base_model, params=s.as_dict(),
                         losses=losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
-                        summary={"eval_loss_before": progress.eval_before, "eval_loss": eval_after,
+                        summary={**progress.preference.get("after", {}),
+                                 "eval_loss_before": progress.eval_before, "eval_loss": eval_after,
                                  "tokens": float(progress.tokens_seen), "train_seconds": timing[0]},
                         adapter_sha256=hashlib.sha256((job.output / WEIGHTS_NAME).read_bytes()).hexdigest())
     if s.merged:

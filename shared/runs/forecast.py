@@ -60,6 +60,14 @@ Throughput: tokens per second of LoRA SFT = peak FLOPS x MFU / FLOPs per token
   2-core dev host; batch and row lengths not recorded) fits 10-20 GFLOPS for short rows, and the lower
   end is taken: a forecast that errs long only raises the default runtime limit.
 
+DPO (training.method dpo): a row is a preference pair, and its bytes (prompt once, both answers) stand for
+  the tokens of its two sequences (prompt + chosen, prompt + rejected; at most 2 x max_seq_len), which the trained model runs
+  forward and backward. The reference model (the base with the adapter disabled) runs the same two
+  sequences forward only, 2N per token more: FLOPs per token x (1 + 2 / (6 or 4)), i.e. x 4/3 with
+  gradient checkpointing, x 3/2 without (dpo_factor). The prompt counted once where it is run twice makes
+  the estimate short by the prompt's share; the default limit's margin is for that. Like runs (measured
+  pace) are DPO runs only: their measured pace already holds the reference passes.
+
 Startup: a fixed allowance (startup_s)
   cloud: machine boot and cloud-init 2 min, image pull 2 min (the trainer image with torch and CUDA is
   several GB), then the base model's bf16 weights (2 bytes per parameter; a 4-bit run downloads the
@@ -171,6 +179,14 @@ def flops_per_token(model: DeclaredModel, training: TrainingSettings) -> float:
     return per_param * compute_params(model)
 
 
+def dpo_factor(training: TrainingSettings) -> float:
+    """The cost of a DPO token over an SFT one: the reference model's forward pass (2N) beside the
+    trained model's 6N (4N without gradient checkpointing); 1 for sft."""
+    if training.method != "dpo":
+        return 1.0
+    return 1 + 2 / (6 if training.gradient_checkpointing else 4)
+
+
 @dataclass(frozen=True)
 class Throughput:
     tokens_per_s: float
@@ -181,6 +197,9 @@ def throughput(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings
     per_token = flops_per_token(model, training)
     formula = (f"{'6' if training.gradient_checkpointing else '4'} x {compute_params(model) / 1e9:.3g}B params "
                f"per token (LoRA{', gradient checkpointing' if training.gradient_checkpointing else ''})")
+    if training.method == "dpo":
+        per_token *= dpo_factor(training)
+        formula += f" x {dpo_factor(training):.3g} (DPO: the reference model's forward pass)"
     if offer.provider == LOCAL_PROVIDER:
         rate = LOCAL_CPU_GFLOPS * 1e9 / per_token
         return Throughput(rate, f"local CPU: an effective {LOCAL_CPU_GFLOPS:g} GFLOPS (fp32) / {formula}")
@@ -211,6 +230,8 @@ def like_key(provider: str, base_model: str, gpu: str, training: TrainingSetting
     """The index row of like runs: what changes the cost of a token (a hash: GPU and model names hold
     characters a table key may not)."""
     like = [provider, base_model, gpu, training.precision, training.load_in_4bit, training.gradient_checkpointing]
+    if training.method == "dpo":  # appended only for dpo: the keys of SFT runs measured before stay the same
+        like.append("dpo")
     return hashlib.sha256(json.dumps(like).encode()).hexdigest()[:40]
 
 
@@ -260,7 +281,8 @@ def planned_steps(rows: int, training: TrainingSettings) -> int:
 
 def tokens_per_example(dataset: DatasetVersionRecord, training: TrainingSettings) -> int:
     per_row = math.ceil(dataset.size_bytes / max(1, dataset.rows) / BYTES_PER_TOKEN)
-    return max(1, min(per_row, training.max_seq_len))
+    # A pair is two sequences, each cut at max_seq_len.
+    return max(1, min(per_row, training.max_seq_len * (2 if training.method == "dpo" else 1)))
 
 
 def startup_s(model: DeclaredModel, offer: GpuOffer) -> tuple[int, str]:

@@ -113,7 +113,9 @@ def refuse_unloadable_on_local(model: DeclaredModel, provider: str) -> None:
 
 
 def memory_needed(model: DeclaredModel, training: TrainingSettings) -> int:
-    return model.estimate_memory(batch_size=training.batch_size, seq_len=training.max_seq_len,
+    # DPO: a micro-batch of pairs runs its chosen and rejected sequences together, twice the rows.
+    rows = training.batch_size * (2 if training.method == "dpo" else 1)
+    return model.estimate_memory(batch_size=rows, seq_len=training.max_seq_len,
                                  lora_r=training.lora_r, target_modules=training.target_modules,
                                  load_in_4bit=training.load_in_4bit,
                                  gradient_checkpointing=training.gradient_checkpointing)

@@ -70,6 +70,41 @@ def line_problem(obj: Any) -> str | None:
     return "needs \"messages\", \"prompt\"+\"completion\" or \"text\""
 
 
+def is_pair(obj: Any) -> bool:
+    """A line that means to be a preference pair (it names chosen or rejected)."""
+    return isinstance(obj, dict) and ("chosen" in obj or "rejected" in obj)
+
+
+def pair_problem(obj: dict[str, Any]) -> str | None:
+    """Why a preference-pair line is not one, or None. Accepted shapes:
+    {"prompt": str, "chosen": str, "rejected": str}, and
+    {"messages": [... ending with a user turn], "chosen": {"role": "assistant", "content": str},
+    "rejected": {"role": "assistant", "content": str}} (the two answers to the same conversation)."""
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            return "\"messages\" must be a non-empty list"
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                return f"messages[{i}] needs a role ({', '.join(sorted(ROLES))}) and a string content"
+        if msgs[-1]["role"] == "assistant":
+            return "a pair's \"messages\" must end before the answer (the answers are \"chosen\" and \"rejected\")"
+        for side in ("chosen", "rejected"):
+            turn = obj.get(side)
+            if not (isinstance(turn, dict) and turn.get("role") == "assistant" and isinstance(turn.get("content"), str)
+                    and turn["content"]):
+                return f"\"{side}\" must be an assistant turn: {{\"role\": \"assistant\", \"content\": \"...\"}}"
+    elif "prompt" in obj:
+        for side in ("prompt", "chosen", "rejected"):
+            if not isinstance(obj.get(side), str) or not obj[side]:
+                return "\"prompt\", \"chosen\" and \"rejected\" must all be non-empty strings"
+    else:
+        return "a preference pair needs \"prompt\" (or \"messages\"), \"chosen\" and \"rejected\""
+    if obj["chosen"] == obj["rejected"]:
+        return "\"chosen\" and \"rejected\" are the same answer; a pair teaches nothing without a difference"
+    return None
+
+
 class DatasetCommit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -90,6 +125,8 @@ class CheckedJsonl:
         self.sha = hashlib.sha256()
         self.size = 0
         self.rows = 0
+        self.pairs = 0  # rows that are preference pairs (DPO); a version is all pairs or all examples
+        self._first_pair: bool | None = None  # the first row's kind: every other row must match it
         self.bad = 0
         self.errors: list[dict[str, Any]] = []  # the first MAX_REPORTED_LINES only
         self._partial = b""
@@ -131,7 +168,16 @@ class CheckedJsonl:
         if not line.strip():
             return
         try:
-            problem = line_problem(json.loads(line))
+            obj = json.loads(line)
+            pair = is_pair(obj)
+            problem = pair_problem(obj) if pair else line_problem(obj)
+            self.pairs += pair
+            if self._first_pair is None:
+                self._first_pair = pair
+            elif pair != self._first_pair and not problem:
+                problem = ("is a preference pair among training examples" if pair else
+                           "is a training example among preference pairs") + (
+                    "; a dataset version is all pairs (for method dpo) or all examples (for sft): split it")
         except json.JSONDecodeError as exc:
             problem = f"is not valid JSON ({exc.msg})"
         if problem:
@@ -172,7 +218,7 @@ def _record(principal: Principal, project_id: str, dataset_id: str, key: str, ch
             ) -> DatasetVersionRecord:
     rec = DatasetVersionRecord(org=principal.org, project_id=project_id, id=dataset_id, rows=checked.rows,
                                sha256=checked.sha.hexdigest(), size_bytes=checked.size, storage_key=key,
-                               created_at=now())
+                               created_at=now(), format="pairs" if checked.pairs else "examples")
     try:
         get_store().datasets.create(rec)  # after the object: a crash leaves an unused object, not a dangling record
     except Conflict as exc:

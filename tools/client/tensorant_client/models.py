@@ -164,6 +164,7 @@ class DatasetVersionRecord(ApiModel):
     size_bytes: int
     storage_key: str
     created_at: datetime
+    format: Literal["examples", "pairs"] = Field(default="examples")
 
 
 class Forecast(ApiModel):
@@ -557,6 +558,9 @@ class TrainingSettings(ApiModel):
     optimizer: Literal["adamw", "adamw_8bit", "sgd"] = Field(default="adamw", description="adamw_8bit: bitsandbytes, on a CUDA GPU; sgd: momentum 0.9")
     weight_decay: float = Field(default=0.0)
     merged: bool = Field(default=False, description="also deliver the adapter merged into the base model's weights (GET /api/runs/{id}/adapter?format=merged), verified like the adapter; for base models of up to about 1.5B parameters (3 GiB of merged weights)")
+    method: Literal["sft", "dpo"] = Field(default="sft", description="sft: supervised fine-tuning on examples; dpo: direct preference optimization on a dataset of pairs (prompt, chosen, rejected), the reference model being the base with the adapter disabled")
+    dpo_beta: float = Field(default=0.1, description="DPO: how far the trained model may move from the reference (smaller = further)")
+    dpo_loss: Literal["sigmoid", "ipo"] = Field(default="sigmoid", description="DPO loss: sigmoid (the DPO paper's) or ipo (squared, bounded margin)")
 
 
 class WebhookCreate(ApiModel):

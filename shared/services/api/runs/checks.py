@@ -85,7 +85,10 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     dataset = store.datasets.get(org, body.dataset_version_id)
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
+    _check_format(dataset, training, "dataset_version_id")
     validation = _check_validation(org, body)
+    if validation is not None:
+        _check_format(validation, training, "validation_dataset_version_id")
     most_wait = get_limits(org).max_capacity_wait_s
     if body.capacity_wait_s > most_wait:
         raise InvalidInput.field("capacity_wait_s", (
@@ -103,6 +106,20 @@ def check_request(org: str, body: RunCreate) -> CheckedRequest:
     return CheckedRequest(offer=offer, candidates=picked, training=training, runtime_limit_s=limit, dataset=dataset,
                           forecast=predicted, limit_note=note, validation=validation,
                           base_model_revision=revision)
+
+
+def _check_format(dataset: DatasetVersionRecord, training: TrainingSettings, field: str) -> None:
+    """method dpo trains on preference pairs and sft on examples: a version of the other kind would fail
+    on the machine after its GPU was paid for."""
+    if training.method == "dpo" and dataset.format != "pairs":
+        raise InvalidInput.field(field, (
+            "training.method is dpo but this dataset version holds training examples, not preference pairs; "
+            "upload pairs ({\"prompt\", \"chosen\", \"rejected\"} or {\"messages\", \"chosen\", \"rejected\"} "
+            "per line) or set training.method to sft"))
+    if training.method == "sft" and dataset.format == "pairs":
+        raise InvalidInput.field(field, (
+            "this dataset version holds preference pairs; set training.method to dpo to train on them, or upload "
+            "training examples (messages, prompt+completion or text) for sft"))
 
 
 def _check_validation(org: str, body: RunCreate) -> DatasetVersionRecord | None:

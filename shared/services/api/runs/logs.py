@@ -73,7 +73,8 @@ def parse_metric_line(line: str) -> dict[str, Any] | None:
 
 
 def parse_eval_line(line: str) -> dict[str, Any] | None:
-    """A trainer line `eval step=<n> eval_loss=<x>` (an evaluation during training) as a point, else None."""
+    """A trainer line `eval step=<n> eval_loss=<x>` (an evaluation during training; a DPO run's adds
+    `preference_accuracy=<a> reward_margin=<m>`) as a point, else None."""
     text = line.strip()
     if not text.startswith("eval step="):
         return None
@@ -82,7 +83,13 @@ def parse_eval_line(line: str) -> dict[str, Any] | None:
     step = pairs.get("step", "")
     if loss is None or not (step.isascii() and step.isdigit() and len(step) <= 9):
         return None
-    return {"step": int(step), "eval_loss": loss}
+    point: dict[str, Any] = {"step": int(step), "eval_loss": loss}
+    # method dpo: the held-out preference accuracy (0..1) and reward margin, on the same line
+    for name in ("preference_accuracy", "reward_margin"):
+        value = _number(pairs.get(name, ""))
+        if value is not None and (name != "preference_accuracy" or 0.0 <= value <= 1.0):
+            point[name] = value
+    return point
 
 
 def _eval_loss(line: str) -> float | None:
