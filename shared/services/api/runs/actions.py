@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from shared.clock import now
 from shared.errors import Conflict, InvalidInput, ProviderError
+from shared.key_rotation import current_key_since
 from shared.lifecycle import ACTIVE, TERMINAL, transition
 from shared.log import redact_text
 from shared.models import (
@@ -117,6 +118,10 @@ def _launch_reserved(principal: Principal, run_id: str, run: RunRecord, limits: 
 
 
 def _write_queued(principal: Principal, run_id: str, offer: GpuOffer, fresh: list[RunCandidate]) -> RunRecord:
+    # The current signing key's first sighting is recorded no later than launched_at: a bootstrap claim on a
+    # rotated-out key is accepted only for a run launched before it (shared/services/api/boot.py), and a launch
+    # step that recorded it later than this launch (the clock moved in between) would let a forged claim pass.
+    current_key_since()
     t = now()
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -289,7 +294,10 @@ def recover(principal: Principal, run_id: str, upload: bytes | None, body: RunRe
 
 def _nothing_saved(run: RunRecord) -> bool:
     """Whether storage says no adapter of the run is there; a storage that does not answer is not a no (the
-    recovery's verification then says what it finds)."""
+    recovery's verification then says what it finds). Checkpoints the agent reported kept in their slots are
+    something saved, whether or not one reached the adapter's own key."""
+    if run.checkpoints:
+        return False
     try:
         return not checkpoint_saved(run)
     except Exception:
