@@ -96,7 +96,9 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     run, _ = store.runs.get(org, run_id)
     refuse_ended(run)
     t = now()
-    if previous_key and (run.launched_at is None or run.launched_at.timestamp() >= current_key_since()):
+    # launched_at is kept to the microsecond and the key's first sighting as a float: a launch at the very instant
+    # the key was first seen must read as after it (a millisecond's margin), never as before.
+    if previous_key and (run.launched_at is None or run.launched_at.timestamp() + 1e-3 >= current_key_since()):
         # A launch after the rotation signs with the new key: this claim was forged with the rotated-out one.
         raise Unauthorized("the bootstrap claim is signed with a key that was rotated out and its run was launched "
                            "after the rotation")
