@@ -13,19 +13,19 @@ from __future__ import annotations
 from shared.models import CandidateView, GpuOffer, RunAttempt, RunCandidate, RunRecord
 
 
-def provider_of(connection: str) -> str:
-    """The provider of a connection name (`aws` or `aws/us-west-2` -> `aws`)."""
-    return connection.split("/", 1)[0]
+def provider_of(name: str) -> str:
+    """The provider of a connection name: `aws/us-west-2` -> `aws`, `aws` -> `aws`."""
+    return name.split("/", 1)[0]
 
 
-def connection_of(run: RunRecord) -> str:
-    """The current candidate's connection name (the provider's default when the run names none)."""
+def run_connection(run: RunRecord) -> str:
+    """The connection a run's current candidate runs on (runs made before names: the provider's default)."""
     return run.connection or run.provider
 
 
 def candidates_of(run: RunRecord) -> list[RunCandidate]:
     """Every candidate in order: the stored list, or the run's single provider/offer."""
-    return list(run.candidates) or [RunCandidate(connection=connection_of(run), offer=run.offer)]
+    return list(run.candidates) or [RunCandidate(connection=run_connection(run), offer=run.offer)]
 
 
 def remaining(run: RunRecord) -> list[RunCandidate]:

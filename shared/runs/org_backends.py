@@ -22,6 +22,7 @@ from shared.org_storage.registry import make_storage, parse_storage_config
 from shared.providers import registry
 from shared.providers.base import ComputeProvider, RunRef
 from shared.runs import provider_cache
+from shared.runs.candidates import attempt_no, provider_of, run_connection
 from shared.security import unseal
 from shared.settings import Settings, get_settings
 from shared.store import get_store
@@ -37,19 +38,9 @@ def compute_connection_slot(name: str) -> str:
     return f"compute:{name}"
 
 
-def provider_of(name: str) -> str:
-    """The provider of a connection name: `aws/us-west-2` -> `aws`, `aws` -> `aws`."""
-    return name.split("/", 1)[0]
-
-
 def connection_of_slot(slot: str) -> str:
     """A compute slot's connection name (`compute:aws/us-west-2` -> `aws/us-west-2`)."""
     return slot.removeprefix("compute:")
-
-
-def run_connection(run: RunRecord) -> str:
-    """The connection a run's current candidate runs on (runs made before names: the provider's default)."""
-    return run.connection or run.provider
 
 
 def check_connection_name(name: str, field: str = "connection", provider: str | None = None) -> str:
@@ -134,7 +125,6 @@ def storage_for(org: str) -> StorageBackend:
 def ref_of(run: RunRecord, attempt: int | None = None) -> RunRef:
     """How providers find and mark the run's resources (this deployment, the org, the run, and the launch
     attempt: the current one's unless `attempt` names an earlier one, shared/runs/candidates.py)."""
-    from shared.runs.candidates import attempt_no
     from shared.store.installation import installation_id
 
     n = attempt_no(run) if attempt is None else attempt

@@ -32,10 +32,10 @@ from shared.models import (
 )
 from shared.providers.base import Bootstrap, ComputeProvider, LaunchSpec, RunRef, scope_of
 from shared.queues import get_queues
-from shared.runs.candidates import attempt_lines, candidates_of, connection_of, with_candidate
+from shared.runs.candidates import attempt_lines, candidates_of, with_candidate
 from shared.runs.events import event
 from shared.runs.moves import fail_to_release, move
-from shared.runs.org_backends import compute_for, ref_of, storage_for
+from shared.runs.org_backends import compute_for, ref_of, run_connection, storage_for
 from shared.runs.resources import merge_resources
 from shared.security import mint_agent_token
 from shared.services.api import org_secrets
@@ -181,7 +181,7 @@ def launch(msg: StepMessage) -> None:
             return
     log = get_logger()
     candidate = candidates_of(run)[run.candidate_index]
-    provider = compute_for(run.org, connection_of(run))
+    provider = compute_for(run.org, run_connection(run))
     create_called_at = now()  # billing counts from the create call: a cloud may bill from then
     refusal = _preflight_refusal(provider, candidate, ref_of(run))
     if refusal is not None:

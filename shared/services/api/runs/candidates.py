@@ -24,8 +24,7 @@ from shared.models import (
 )
 from shared.org_storage.config import RunPodVolumeConfig
 from shared.runs import forecast
-from shared.runs.candidates import provider_of
-from shared.runs.org_backends import check_connection_name, compute_connection_slot, route_of, storage_config
+from shared.runs.org_backends import check_connection_name, compute_connection_slot, provider_of, route_of, storage_config
 from shared.services.api import base_models
 from shared.services.api.catalog import cached_offers, find_offer
 from shared.store import get_store
