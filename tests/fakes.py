@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from shared.clock import now
+from shared.errors import PermanentError
 from shared.models import Check, CheckStatus, CloudResource, GpuOffer, MachineState
 from shared.providers import registry
 from shared.providers.base import CloudProgress, Description, LaunchSpec, RunRef, attempt_of_tags, marks_extra
@@ -150,7 +151,10 @@ class MemoryCompute:
 
     def start(self, ref: RunRef, resources: list[CloudResource]) -> CloudProgress:
         self.cloud.calls.append("start")
-        for m in self._owned(ref, resources):
+        owned = [m for m in self._owned(ref, resources) if m.state != "terminated"]
+        if not owned:
+            raise PermanentError(f"no machine of run {ref.run_id} to start", code="not_found")
+        for m in owned:
             if m.state == "stopped":
                 m.state = "running"
         return CloudProgress(done=True)

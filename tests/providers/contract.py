@@ -31,9 +31,10 @@ import pytest
 import yaml
 
 from machine.agent.config import overlay_bootstrap
-from shared.models import CloudResource
+from shared.errors import PermanentError
+from shared.models import Check, CloudResource, GpuOffer, MachineState
 from shared.providers import bootstrap_env, cloudinit
-from shared.providers.base import Bootstrap, CloudProgress, ComputeProvider, LaunchSpec, RunRef
+from shared.providers.base import Bootstrap, CloudProgress, ComputeProvider, LaunchSpec, RunRef, scope_of
 
 Foreign = Literal["unmarked", "other-deployment"]
 MAX_POLLS = 30  # outcome polls before a test gives up (fakes confirm within a few)
@@ -279,3 +280,48 @@ class ProviderContract:
         with pytest.raises(AssertionError):
             check_handed(handed, spec)
         poll(lambda: dropping.release(env.ref, []))
+
+    def test_describe_follows_the_machine_and_a_missing_one_is_gone(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        never = _ref(env, env.ref.run_id + "-never")
+        assert env.provider.describe(never, []).state == MachineState.gone  # not found is an answer, not an error
+        resources = env.provider.launch(env.spec(env.ref))
+        seen = env.provider.describe(env.ref, resources)
+        assert seen.state in (MachineState.pending, MachineState.running), seen
+        assert env.provider.describe(env.ref, []).state in (MachineState.pending, MachineState.running)  # by its marks
+        poll(lambda: env.provider.release(env.ref, resources))
+        # By its marks (a recorded machine just created may read pending for a while: RunPod's lag).
+        assert env.provider.describe(env.ref, []).state == MachineState.gone
+
+    def test_start_brings_a_retained_machine_back_and_refuses_a_missing_one(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        never = _ref(env, env.ref.run_id + "-never")
+        with pytest.raises(PermanentError):
+            poll(lambda: env.provider.start(never, []))  # nothing to start
+        resources = env.provider.launch(env.spec(env.ref))
+        machines = env.machines(env.ref)
+        poll(lambda: env.provider.retain(env.ref, resources))
+        assert env.provider.describe(env.ref, resources).state in (MachineState.stopped, MachineState.stopping)
+        poll(lambda: env.provider.start(env.ref, resources))
+        assert env.machines(env.ref) == machines  # the same machine, not a new one
+        assert env.provider.describe(env.ref, resources).state in (MachineState.pending, MachineState.running)
+        assert poll(lambda: env.provider.start(env.ref, resources)).done  # starting a running machine: done again
+        poll(lambda: env.provider.release(env.ref, resources))
+
+    def test_reads_create_nothing(self, provider_env: ProviderEnv) -> None:
+        # validate, offers and scope are reads: a connection check or a catalog refresh never bills.
+        env = provider_env
+        before = env.everything()
+        checks = env.provider.validate()
+        assert isinstance(checks, list) and checks and all(isinstance(c, Check) for c in checks), checks
+        offers = env.provider.offers()
+        assert offers and all(isinstance(o, GpuOffer) for o in offers), offers
+        assert len({o.offer_id for o in offers}) == len(offers), "offer ids repeat"
+        for o in offers:
+            assert o.compute_per_hour >= 0 and o.disk_per_hour >= 0, o
+            assert abs(o.total_per_hour - (o.compute_per_hour + o.disk_per_hour)) < 1e-6, o
+        scope = env.provider.scope()
+        assert isinstance(scope, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in scope.items())
+        assert scope_of(env.provider) == scope  # stable: a run's recorded scope is compared with it later
+        assert env.everything() == before
+        assert env.machines(env.ref) == []

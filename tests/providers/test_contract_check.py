@@ -36,3 +36,20 @@ def test_the_user_data_a_cloud_init_launch_renders_passes() -> None:
 def test_the_check_fails_user_data_without_the_runs_bootstrap(user_data: str | None, caught: str) -> None:
     with pytest.raises(AssertionError, match=caught):
         check_handed(Handed(user_data=user_data), SPEC)
+
+
+def test_the_contract_calls_every_method_of_the_protocol() -> None:
+    # Each method of ComputeProvider is called on the provider under test somewhere in the contract, so a
+    # skeleton's NotImplementedError in any of them fails it (the contract once never called start, scope,
+    # validate or offers, and a describe of a missing machine).
+    import ast
+    import inspect
+
+    from shared.providers.base import ComputeProvider
+    from tests.providers import contract
+
+    protocol = {n for n, v in vars(ComputeProvider).items() if inspect.isfunction(v) and not n.startswith("_")}
+    called = {node.func.attr for node in ast.walk(ast.parse(inspect.getsource(contract)))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "provider"}
+    assert protocol and protocol <= called, f"the contract never calls {sorted(protocol - called)}"
