@@ -40,6 +40,14 @@ TAG_STORE = "tensorant:store"
 TAG_CONNECTION = "tensorant:connection"
 
 
+# The refusals every cloud answers that the control plane acts on differently: failover on capacity and quota,
+# a connection check on auth, "gone" on not found, a delayed retry on throttling. Each provider's errors.py maps
+# its cloud's codes for each in ERROR_TABLE (kind -> codes, as the cloud's wire carries them); a kind the cloud
+# does not have is named in ABSENT_KINDS with the reason (only "quota" may be). The provider contract
+# (tests/providers/contract.py) has the fake cloud answer every code and checks the error class it becomes.
+ERROR_KINDS = ("capacity", "quota", "auth", "not_found", "throttled")
+
+
 def marks_extra(tags: dict[str, str]) -> dict[str, str]:
     """The marks a listed resource carries beyond the run's, for CloudResource.extra: `store` (the
     launching state store) and `connection` (the launching compute connection), where tagged."""

@@ -23,18 +23,31 @@ such way out: a provider that cannot show it hands the agent its bootstrap does 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import ipaddress
+import socket
+import ssl
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Literal
 
 import pytest
 import yaml
 
 from machine.agent.config import overlay_bootstrap
-from shared.errors import PermanentError
+from shared.errors import AuthError, CapacityError, PermanentError, ProviderError, QuotaError, ThrottledError
 from shared.models import Check, CloudResource, GpuOffer, MachineState
-from shared.providers import bootstrap_env, cloudinit
-from shared.providers.base import Bootstrap, CloudProgress, ComputeProvider, LaunchSpec, RunRef, scope_of
+from shared.providers import bootstrap_env, cloudinit, registry
+from shared.providers.base import (
+    ERROR_KINDS,
+    Bootstrap,
+    CloudProgress,
+    ComputeProvider,
+    LaunchSpec,
+    RunRef,
+    scope_of,
+)
 
 Foreign = Literal["unmarked", "other-deployment"]
 MAX_POLLS = 30  # outcome polls before a test gives up (fakes confirm within a few)
@@ -91,6 +104,11 @@ class ProviderEnv:
     slow_release: Callable[[], AbstractContextManager[None]] | None = None
     """A context in which the fake cloud accepts deletion but does not confirm it (the
     machine or its disk stays visible); leaving it lets the deletion finish."""
+    refuse: Callable[[str, str], AbstractContextManager[None]] | None = None
+    """refuse(kind, code): a context in which the fake cloud answers every request of the provider with the
+    cloud's error `code` (one of its errors.py ERROR_TABLE[kind]) as the cloud's wire carries it: the HTTP
+    status the cloud gives that kind and its error body, which the provider's real SDK client parses.
+    Required by CloudContract; None only where the registry entry is dev_only (no cloud: local)."""
 
 
 def poll(action: Callable[[], CloudProgress]) -> CloudProgress:
@@ -325,3 +343,125 @@ class ProviderContract:
         assert scope_of(env.provider) == scope  # stable: a run's recorded scope is compared with it later
         assert env.everything() == before
         assert env.machines(env.ref) == []
+
+
+# What the provider must raise for a cloud's refusal of each kind (not_found is checked by what it means:
+# gone, done, nothing to start).
+RAISED = {"capacity": CapacityError, "quota": QuotaError, "auth": AuthError, "throttled": ThrottledError}
+MAY_BE_ABSENT = {"quota"}  # a cloud without quotas (RunPod: credit and stock bound an account)
+
+
+@contextmanager
+def socket_writes() -> Iterator[list[Any]]:
+    """The peer addresses this thread writes to while inside (TCP, with TLS or without): how the contract
+    tells a provider that talks to its fake cloud over the wire from one that reads a dict in memory."""
+    seen: list[Any] = []
+    me = threading.get_ident()
+    patched: list[tuple[type, str, Any]] = []
+
+    def recording(original: Any) -> Any:
+        def write(sock: socket.socket, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me and sock.family in (socket.AF_INET, socket.AF_INET6):
+                try:
+                    seen.append(sock.getpeername())
+                except OSError:
+                    seen.append(("unconnected", 0))
+            return original(sock, *args, **kwargs)
+        return write
+
+    for cls in (socket.socket, ssl.SSLSocket):
+        for name in ("send", "sendall"):
+            patched.append((cls, name, cls.__dict__.get(name)))  # None: inherited from _socket.socket (C)
+            setattr(cls, name, recording(getattr(cls, name)))
+    try:
+        yield seen
+    finally:
+        for cls, name, original in reversed(patched):
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+
+
+def _loopback(address: Any) -> bool:
+    try:
+        return ipaddress.ip_address(str(address[0])).is_loopback
+    except ValueError:
+        return False
+
+
+class CloudContract(ProviderContract):
+    """The contract of a registered provider (tests/providers/test_registry.py requires every one to subclass
+    this and to override none of its tests): ProviderContract, and its fake cloud is a server on loopback
+    that the provider's real SDK client reaches over the wire, and every code of its error table, answered
+    by that server as the cloud does, becomes the error class of its kind. A provider on an in-memory fake
+    fails here; a dev_only provider (no cloud: the machine is a process on this host) skips these."""
+
+    @staticmethod
+    def _cloud(env: ProviderEnv) -> tuple[Any, dict[str, frozenset[str]], dict[str, str]]:
+        info = registry.info_of(env.provider.name)
+        assert info is not None, f"{env.provider.name!r} is not a registered provider"
+        if info.dev_only:
+            pytest.skip(f"{info.name} is dev_only: its machine is a process on this host, with no cloud")
+        try:
+            errors = importlib.import_module(f"shared.providers.{info.name}.errors")
+        except ModuleNotFoundError as exc:
+            raise AssertionError(f"shared/providers/{info.name}/errors.py is missing: {exc}") from None
+        table = getattr(errors, "ERROR_TABLE", None)
+        assert isinstance(table, dict), f"shared/providers/{info.name}/errors.py has no ERROR_TABLE"
+        return info, table, dict(getattr(errors, "ABSENT_KINDS", {}))
+
+    def test_the_provider_reaches_its_fake_cloud_over_loopback(self, provider_env: ProviderEnv) -> None:
+        env = provider_env
+        self._cloud(env)
+        with socket_writes() as seen:
+            resources = env.provider.launch(env.spec(env.ref))
+            env.provider.describe(env.ref, resources)
+            poll(lambda: env.provider.release(env.ref, resources))
+        assert seen, (f"{env.provider.name} wrote nothing to any socket while it launched, described and released "
+                      "a machine: its fake cloud must be a server on loopback that the real SDK client talks to")
+        away = sorted({str(a) for a in seen if not _loopback(a)})
+        assert not away, f"{env.provider.name} reached past loopback in a test: {away}"
+
+    def test_the_error_table_maps_every_kind(self, provider_env: ProviderEnv) -> None:
+        info, table, absent = self._cloud(provider_env)
+        where = f"shared/providers/{info.name}/errors.py"
+        assert set(table) <= set(ERROR_KINDS), f"{where}: ERROR_TABLE kinds {sorted(set(table) - set(ERROR_KINDS))}"
+        for kind in ERROR_KINDS:
+            if kind in absent:
+                assert kind in MAY_BE_ABSENT and len(absent[kind].strip()) >= 20 and not table.get(kind), \
+                    f"{where}: ABSENT_KINDS may name only {sorted(MAY_BE_ABSENT)}, with its reason, and no codes"
+                continue
+            codes = table.get(kind) or ()
+            assert codes and all(isinstance(c, str) and c.strip() for c in codes), \
+                f"{where}: ERROR_TABLE[{kind!r}] needs the cloud's codes for a {kind} refusal"
+
+    @pytest.mark.parametrize("kind", ERROR_KINDS)
+    def test_each_code_of_the_error_table_is_translated_from_the_wire(self, provider_env: ProviderEnv,
+                                                                       kind: str) -> None:
+        env = provider_env
+        _, table, absent = self._cloud(env)
+        if kind in absent:
+            pytest.skip(f"the cloud has no {kind} refusal: {absent[kind]}")
+        assert table.get(kind), f"ERROR_TABLE has no {kind} codes"
+        assert env.refuse is not None, "a cloud provider's ProviderEnv must set refuse"
+        resources = env.provider.launch(env.spec(env.ref)) if kind == "not_found" else []
+        for code in sorted(table[kind]):
+            with socket_writes() as seen, env.refuse(kind, code):
+                if kind == "not_found":
+                    # Nothing to start is permanent, and no other kind: neither a retry, a failover nor a
+                    # credential problem. (What a missing machine means to describe and release, gone and done,
+                    # the tests above check on machines that are really missing: a cloud answers a filtered
+                    # listing with nothing, not with this code.)
+                    with pytest.raises(PermanentError) as caught:
+                        env.provider.start(env.ref, resources)
+                    assert not isinstance(caught.value, (AuthError, CapacityError, QuotaError)), (code, caught.value)
+                else:
+                    with pytest.raises(ProviderError) as caught:
+                        env.provider.launch(env.spec(env.ref))
+                    assert isinstance(caught.value, RAISED[kind]), \
+                        f"{code!r} ({kind}) became {type(caught.value).__name__}: {caught.value}"
+            assert seen and all(_loopback(a) for a in seen), \
+                f"the refused call for {code!r} did not reach the fake cloud over loopback: {seen}"
+        if resources:
+            poll(lambda: env.provider.release(env.ref, resources))

@@ -53,3 +53,37 @@ def test_the_contract_calls_every_method_of_the_protocol() -> None:
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "provider"}
     assert protocol and protocol <= called, f"the contract never calls {sorted(protocol - called)}"
+
+
+def test_socket_writes_sees_a_loopback_server_and_not_a_dict_in_memory() -> None:
+    # What CloudContract tells a provider on its fake cloud's wire from one on an in-memory fake by.
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from shared.settings import Settings
+    from tests.fakes import Cloud, MemoryCompute, MemoryConfig
+    from tests.providers.contract import _loopback, socket_writes
+
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with socket_writes() as seen:
+            MemoryCompute(MemoryConfig(), Settings(deployment_id="test"),
+                          Cloud()).launch(SPEC)
+        assert seen == []
+        with socket_writes() as seen:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=10).close()
+        assert seen and all(_loopback(a) for a in seen), seen
+        assert not _loopback(("10.0.0.1", 443)) and not _loopback(("unconnected", 0))
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -18,7 +18,7 @@ from shared.providers import registry
 from shared.providers.base import ComputeProvider
 from shared.settings import Settings
 from tests.fakes import Cloud, MemoryCompute, MemoryConfig
-from tests.providers.contract import ProviderContract
+from tests.providers.contract import CloudContract
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,7 +96,7 @@ def test_every_entry_loads_and_its_factory_is_typed() -> None:
         assert inspect.signature(factory).return_annotation in ("ComputeProvider", ComputeProvider), name
         assert all(m and not m.startswith(".") for m in info.sdk_modules)
     assert registry.sdk_modules() == sorted(set(registry.sdk_modules()))
-    assert {"boto3", "runpod.api.graphql"} <= set(registry.sdk_modules())
+    assert {"boto3", "runpod.api.mutations.pods"} <= set(registry.sdk_modules())
     assert registry.smoke_trainer_providers() == ["local"]
 
 
@@ -199,8 +199,34 @@ def test_openapi_provider_parameter_lists_the_registry(env: dict[str, str]) -> N
 
 
 # The cheapest contract test that builds the provider against its fake cloud: when it passes, the class
-# is collected and its provider_env fixture works (a class that skips everything skips this one too).
+# is collected and its provider_env fixture works (a class that skips everything skips this one too). With it,
+# CloudContract's own tests: the fake is a server on loopback, the error table maps every kind and each code
+# of it, answered on the wire, becomes its error class (skipped only for a dev_only provider).
 PROBE_TEST = "test_launch_twice_is_one_machine"
+CLOUD_TESTS = [n for n, v in vars(CloudContract).items() if n.startswith("test_") and callable(v)]
+
+
+def contract_classes(module: object) -> list[type]:
+    return [c for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, CloudContract) and c is not CloudContract]
+
+
+def overridden_tests(cls: type) -> list[str]:
+    """The contract's tests a provider's class replaces (it may supply provider_env and nothing else)."""
+    return sorted(n for n in dir(cls) if n.startswith("test_")
+                  and any(n in vars(base) for base in cls.__mro__ if not issubclass(CloudContract, base)))
+
+
+def contract_report(files: list[str], report: Path) -> tuple[set[str], set[str], str]:
+    """(classnames with a passed probe, ids of passed cloud tests, the run's output tail)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", *files, "-k", " or ".join([PROBE_TEST, *CLOUD_TESTS]),
+                          "-p", "no:cacheprovider", f"--junitxml={report}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    cases = [c for c in ET.parse(report).getroot().iter("testcase")
+             if not any(child.tag in ("skipped", "failure", "error") for child in c)]
+    probes = {c.get("classname", "") for c in cases if c.get("name") == PROBE_TEST}
+    cloud = {f"{c.get('classname', '')}::{c.get('name', '')}" for c in cases if c.get("name") != PROBE_TEST}
+    return probes, cloud, out.stdout[-3000:]
 
 
 def test_every_provider_has_a_contract_class_that_runs(tmp_path: Path) -> None:
@@ -209,14 +235,29 @@ def test_every_provider_has_a_contract_class_that_runs(tmp_path: Path) -> None:
         # Without it pytest imports test_contract.py by its bare name, which clashes with the next such folder.
         assert (ROOT / "tests" / "providers" / name / "__init__.py").exists(), f"tests/providers/{name}/__init__.py"
         module = importlib.import_module(f"tests.providers.{name}.test_contract")
-        assert any(isinstance(c, type) and issubclass(c, ProviderContract) and c is not ProviderContract
-                   for c in vars(module).values()), f"tests/providers/{name}/test_contract.py: no ProviderContract class"
+        classes = contract_classes(module)
+        assert classes, f"tests/providers/{name}/test_contract.py: no CloudContract class"
+        for cls in classes:
+            assert not overridden_tests(cls), f"{cls.__name__} replaces contract tests {overridden_tests(cls)}"
         files.append(f"tests/providers/{name}/test_contract.py")
-    report = tmp_path / "contract.xml"
-    out = subprocess.run([sys.executable, "-m", "pytest", *files, "-k", PROBE_TEST, "-p", "no:cacheprovider",
-                          f"--junitxml={report}"], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
-    passed = {case.get("classname", "") for case in ET.parse(report).getroot().iter("testcase")
-              if not any(child.tag in ("skipped", "failure", "error") for child in case)}
+    probes, cloud, tail = contract_report(files, tmp_path / "contract.xml")
     missing = [name for name in registry.providers()
-               if not any(c.startswith(f"tests.providers.{name}.test_contract.") for c in passed)]
-    assert not missing, f"no contract test ran and passed for {missing}:\n{out.stdout[-3000:]}"
+               if not any(c.startswith(f"tests.providers.{name}.test_contract.") for c in probes)]
+    assert not missing, f"no contract test ran and passed for {missing}:\n{tail}"
+    for name, info in registry.providers().items():
+        if info.dev_only:
+            continue  # no cloud: CloudContract's own tests skip
+        passed = {t.rpartition("::")[2].split("[")[0] for t in cloud if t.startswith(f"tests.providers.{name}.")}
+        assert passed >= set(CLOUD_TESTS), f"{name}: {sorted(set(CLOUD_TESTS) - passed)} did not pass:\n{tail}"
+
+
+def test_a_contract_class_may_not_replace_the_contracts_tests() -> None:
+    class Lenient(CloudContract):
+        def test_the_error_table_maps_every_kind(self) -> None:  # type: ignore[override]
+            pass
+
+    class Plain(CloudContract):
+        pass
+
+    assert overridden_tests(Lenient) == ["test_the_error_table_maps_every_kind"]
+    assert overridden_tests(Plain) == []

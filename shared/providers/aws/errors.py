@@ -52,6 +52,12 @@ TRANSIENT_CODES = frozenset({"InternalError", "InternalFailure", "ServiceUnavail
                              "ServerInternal", "InternalServerException", "ServiceUnavailableException"})
 NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidVolume.NotFound"})
 
+# Each refusal kind of shared.providers.base.ERROR_KINDS -> EC2's codes for it (the contract checks each).
+ERROR_TABLE: dict[str, frozenset[str]] = {
+    "capacity": CAPACITY_CODES, "quota": QUOTA_CODES | {"VolumeLimitExceeded"}, "auth": AUTH_CODES,
+    "not_found": NOT_FOUND_CODES, "throttled": THROTTLE_CODES,
+}
+
 _ZONE = re.compile(r"\b[a-z]{2}(?:-[a-z]+)+-\d[a-z]\b")
 
 

@@ -28,6 +28,15 @@ _QUOTA_MESSAGE = re.compile(r"quota|cores|vcpus?\b|exceeding approved|limit for 
 _BUSY_MESSAGE = re.compile(r"marked for deletion|being deleted|is attached|currently attached|in progress", re.I)
 AUTH_CODES = {"AuthorizationFailed", "InvalidAuthenticationToken", "InvalidAuthenticationTokenTenant",
               "AuthenticationFailed", "LinkedAuthorizationFailed", "ExpiredAuthenticationToken"}
+CAPACITY_CODES = {"AllocationFailed", "OverconstrainedAllocationRequest", "ZonalAllocationFailed",
+                  "OverconstrainedZonalAllocationRequest", "SkuNotAvailable"}
+NOT_FOUND_CODES = {"ResourceNotFound", "NotFound"}  # HTTP 404
+THROTTLE_CODES = {"SubscriptionRequestsThrottled", "TooManyRequests"}  # HTTP 429, with Retry-After
+# Each refusal kind of shared.providers.base.ERROR_KINDS -> ARM's codes for it (the contract checks each).
+ERROR_TABLE: dict[str, frozenset[str]] = {
+    "capacity": frozenset(CAPACITY_CODES), "quota": frozenset(QUOTA_CODES), "auth": frozenset(AUTH_CODES),
+    "not_found": frozenset(NOT_FOUND_CODES), "throttled": frozenset(THROTTLE_CODES),
+}
 
 
 def error_code(err: Any) -> str:
@@ -117,8 +126,7 @@ def translate(err: Exception, doing: str) -> ProviderError:
         wait = retry_after(err)
         return ThrottledError(f"Azure throttled {doing} ({code}{': ' + limit if limit else ''}); retrying after the "
                               f"{wait:g} s it asked for", code=code, retry_after_s=wait)
-    if code in ("AllocationFailed", "OverconstrainedAllocationRequest", "ZonalAllocationFailed",
-                "OverconstrainedZonalAllocationRequest"):
+    if code in CAPACITY_CODES and code != "SkuNotAvailable":
         return CapacityError(
             f"Azure has no capacity for this GPU size in the region right now ({code}). Try again later, "
             "choose another GPU in the catalog, or use a region with capacity; quota does not reserve capacity.",

@@ -4,10 +4,10 @@ answer is translated by errors.py at this boundary.
 Two paths, both to `$RUNPOD_API_BASE_URL/graphql` (read on every call, default
 https://api.runpod.io) with the API key as a bearer token:
 
-- `sdk(query)`: the `runpod` package's `run_graphql_query`. It sends the query text as
-  given, so it is used only for fixed queries and for queries whose one parameter is a
-  pod id we checked against POD_ID (the package formats values into GraphQL without
-  escaping): account, pod list, pod get, stop, resume, terminate.
+- `sdk(query)`: a query text as given (the `runpod` package formats the stop, resume and terminate
+  mutations, values into GraphQL without escaping), so it is used only for fixed queries and for
+  queries whose one parameter is a pod id we checked against POD_ID: account, pod list, pod get,
+  stop, resume, terminate. It posts through query(), which reads every HTTP status.
 - `query(query, variables)`: a small requests client that posts {query, variables}.
   Used wherever a value could carry user text (pod create with name, image and
   environment; GPU prices for a datacenter; network volumes), so no value can change
@@ -21,10 +21,10 @@ import os
 import re
 from typing import Any
 
-from shared.errors import AuthError, PermanentError, RetryableError, ThrottledError
+from shared.errors import PermanentError, RetryableError, ThrottledError
 from shared.log import register_secret
 from shared.providers.runpod import sdk
-from shared.providers.runpod.errors import AUTH_HINT, from_status, translate
+from shared.providers.runpod.errors import from_status, translate
 
 DEFAULT_BASE_URL = "https://api.runpod.io"
 POD_ID = re.compile(r"^[a-z0-9]{6,40}$")
@@ -69,23 +69,11 @@ class RunPodApi:
         return _data(_json(resp))
 
     def sdk(self, query: str) -> dict[str, Any]:
-        """Run a fixed (or pod-id-only) query through the runpod package; returns `data`."""
-        requests = sdk.requests
-        rp_error = sdk.runpod_error
-        run_graphql_query = sdk.runpod_graphql.run_graphql_query
-
-        try:
-            body = run_graphql_query(query, api_key=self._key)
-        except rp_error.AuthenticationError as exc:
-            raise AuthError(f"RunPod refused the API key (HTTP 401). {AUTH_HINT}", code="auth") from exc
-        except rp_error.QueryError as exc:
-            raise translate(str(exc.args[0]) if exc.args else "query error") from exc
-        except requests.RequestException as exc:
-            # Includes a non-JSON answer (a 403/502 page): the package parses before checking.
-            raise RetryableError(f"RunPod API call failed: {type(exc).__name__}", code="network") from exc
-        except ValueError as exc:
-            raise RetryableError("RunPod API answered with something that is not JSON", code="bad_json") from exc
-        return _data(body)
+        """Run a fixed (or pod-id-only) query; returns `data`. Sent by query(), not the runpod package's
+        run_graphql_query: that reads only a 401 from the status and returns any other refusal's body
+        (a 403, a 429) as if it were an answer, so a throttled or forbidden call read as "no data" and was
+        retried as a generic error (the provider contract's error table caught it)."""
+        return self.query(query)
 
 
 def _json(resp: Any) -> dict[str, Any]:

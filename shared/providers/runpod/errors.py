@@ -43,6 +43,20 @@ _THROTTLED = re.compile(r"rate limit|too many requests", re.I)
 _SCHEMA = re.compile(r"cannot query field|unknown argument|unknown type|expected type|variable \"\$|syntax error"
                      r"|is not defined by type|got invalid value|must not be null|cannot represent", re.I)
 
+# Each refusal kind of shared.providers.base.ERROR_KINDS -> what RunPod answers for it: a GraphQL error's message
+# as RunPod words it (its errors carry no code), or an HTTP status written "HTTP <status>".
+ERROR_TABLE: dict[str, frozenset[str]] = {
+    "capacity": frozenset({"There are no longer any instances available with the requested specifications. "
+                           "Please refresh and try again.",
+                           "This machine does not have the resources to deploy your pod. Please try a different "
+                           "machine."}),
+    "auth": frozenset({"You are not authorized to perform this action", "HTTP 401", "HTTP 403"}),
+    "not_found": frozenset({"Pod not found"}),
+    "throttled": frozenset({"HTTP 429", "Too many requests, rate limit exceeded"}),
+}
+ABSENT_KINDS = {"quota": "RunPod has no per-account GPU quota: an account is bounded by its credit balance, "
+                         "refused as `funds` (add credit), and its stock, refused as capacity"}
+
 
 def translate(message: str) -> ProviderError:
     """One GraphQL error message -> the error tree. Unknown messages are retryable."""

@@ -8,6 +8,4 @@ from shared.providers.lazy import LazyImport
 
 NEEDED_BY = "the runpod provider"
 requests = LazyImport("requests", "requests", needed_by=NEEDED_BY)  # the GraphQL API itself
-runpod_error = LazyImport("runpod.error", "runpod", needed_by=NEEDED_BY)
-runpod_graphql = LazyImport("runpod.api.graphql", "runpod", needed_by=NEEDED_BY)
 runpod_pod_mutations = LazyImport("runpod.api.mutations.pods", "runpod", needed_by=NEEDED_BY)

@@ -41,11 +41,19 @@ class Refusal:
     after_create: bool = False
 
 
+def _error_xml(code: str, message: str) -> bytes:
+    """EC2's Query API error body."""
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
+            f"<Code>{code}</Code><Message>{message}</Message></Error></Errors>"
+            "<RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>").encode()
+
+
 class RefusingProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.refuse: dict[str, Refusal] = {}  # instance type -> refusal
         self.refused: list[tuple[str, str]] = []  # (instance type, code) answered
+        self.every: tuple[str, int] | None = None  # (code, HTTP status): answer every EC2 request with it
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -62,9 +70,14 @@ class RefusingProxy:
     def answer(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes] | None:
         """The error for a RunInstances of a refused type, else None (forwarded)."""
         form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
+        itype = form.get("InstanceType", [""])[0]
+        if self.every is not None:
+            code, status = self.every
+            self.refused.append((itype, code))
+            return status, _error_xml(code, MESSAGES.get(code, (status, f"{code} (the contract's refusal)"))[1]
+                                      .format(type=itype or "the instance"))
         if form.get("Action", [""])[0] != "RunInstances":
             return None
-        itype = form.get("InstanceType", [""])[0]
         refusal = self.refuse.get(itype)
         if refusal is None or refusal.times == 0:
             return None
@@ -74,11 +87,7 @@ class RefusingProxy:
         self.refused.append((itype, refusal.code))
         if refusal.after_create:
             requests.post(self.upstream + "/", data=body, timeout=60, headers=headers).raise_for_status()
-        message = text.format(type=itype)
-        xml = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
-               f"<Code>{refusal.code}</Code><Message>{message}</Message></Error></Errors>"
-               "<RequestID>7a62c49f-347e-4fc4-9331-6e8eEXAMPLE</RequestID></Response>")
-        return status, xml.encode()
+        return status, _error_xml(refusal.code, text.format(type=itype))
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self

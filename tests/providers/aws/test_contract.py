@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,13 +12,16 @@ import pytest
 
 from shared.models import GpuOffer
 from shared.providers.base import TAG_DEPLOYMENT, TAG_RUN, Bootstrap, LaunchSpec, RunRef
+from tests.providers.aws.refusing_proxy import RefusingProxy
 from tests.providers.aws.rig import AMI_GOOD, ZONE, Rig, inject
-from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
+from tests.providers.contract import CloudContract, Foreign, Handed, ProviderEnv
 
 OFFER = GpuOffer(provider="aws", offer_id=f"us-east-1/{ZONE}/g6.xlarge", gpu="NVIDIA L4", gpu_memory_gb=22.4,
                  machine_type="g6.xlarge", region="us-east-1", zone=ZONE, compute_per_hour=0.8048,
                  disk_per_hour=0.0126, total_per_hour=0.8174)
 PAGE = 5  # EC2's smallest MaxResults for DescribeInstances
+# The HTTP status EC2 answers each refusal kind with (the EC2 API reference, errors-overview).
+STATUS = {"capacity": 500, "quota": 400, "auth": 403, "not_found": 400, "throttled": 503}
 
 
 def _filters(ref: RunRef) -> list[dict[str, Any]]:
@@ -25,7 +29,7 @@ def _filters(ref: RunRef) -> list[dict[str, Any]]:
             {"Name": f"tag:{TAG_DEPLOYMENT}", "Values": [ref.deployment]}]
 
 
-class TestAwsContract(ProviderContract):
+class TestAwsContract(CloudContract):
     @pytest.fixture
     def provider_env(self, rig: Rig) -> Iterator[ProviderEnv]:
         ec2 = rig.ec2
@@ -79,9 +83,23 @@ class TestAwsContract(ProviderContract):
             finally:
                 rig.listeners.remove(hold)
 
+        @contextmanager
+        def refuse(kind: str, code: str) -> Iterator[None]:
+            proxy.every = (code, STATUS[kind])
+            try:
+                yield
+            finally:
+                proxy.every = None
+
+        # The provider reaches moto through a proxy on loopback that can answer EC2's own error bodies.
+        proxy = RefusingProxy(rig.url).start()
         ref = RunRef("test", "org-1", "run-c1")
-        yield ProviderEnv(
-            provider=rig.compute(page_size=PAGE), ref=ref, spec=spec, machines=machines, disks=disks,
-            everything=everything, add_foreign=add_foreign, page_size=PAGE, handed=handed,
-            list_requests=lambda: sum(1 for _, op in rig.log.calls if op == "DescribeInstances"),
-            slow_release=slow_release)
+        try:
+            yield ProviderEnv(
+                provider=dataclasses.replace(rig, url=proxy.url).compute(page_size=PAGE), ref=ref, spec=spec,
+                machines=machines, disks=disks,
+                everything=everything, add_foreign=add_foreign, page_size=PAGE, handed=handed,
+                list_requests=lambda: sum(1 for _, op in rig.log.calls if op == "DescribeInstances"),
+                slow_release=slow_release, refuse=refuse)
+        finally:
+            proxy.stop()

@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 
 from shared.providers.base import RunRef
-from tests.providers.azure.fake_arm import FakeArm
+from tests.providers.azure.fake_arm import FakeArm, Fault
 from tests.providers.azure.rig import IMAGE_ID, TRAIN_RG, make_compute, spec
-from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
+from tests.providers.contract import CloudContract, Foreign, Handed, ProviderEnv
 
 VM = "Microsoft.Compute/virtualMachines"
 DISK = "Microsoft.Compute/disks"
 NIC = "Microsoft.Network/networkInterfaces"
+# The HTTP status ARM answers each refusal kind with (a create's capacity or quota refusal is a 409 Conflict).
+STATUS = {"capacity": 409, "quota": 409, "auth": 403, "not_found": 404, "throttled": 429}
 
 
 def _foreign_vm(fake: FakeArm, rg: str, name: str, tags: dict[str, str]) -> list[str]:
@@ -41,7 +43,7 @@ def _foreign_vm(fake: FakeArm, rg: str, name: str, tags: dict[str, str]) -> list
     return [vm_id, disk_id, nic_id]
 
 
-class TestAzureContract(ProviderContract):
+class TestAzureContract(CloudContract):
     @pytest.fixture
     def provider_env(self, fake: FakeArm) -> Iterator[ProviderEnv]:
         def existing(provider_type: str, name: str) -> list[str]:
@@ -88,8 +90,21 @@ class TestAzureContract(ProviderContract):
             finally:
                 fake.finish_ops()
 
+        @contextmanager
+        def refuse(kind: str, code: str) -> Iterator[None]:
+            # Every ARM request (not the token's) answers ARM's error body with the code.
+            faults = [Fault(method, "", STATUS[kind], code, message=f"{code} (the contract's refusal)",
+                            times=10**6, headers={"Retry-After": "1"} if kind == "throttled" else {})
+                      for method in ("GET", "PUT", "PATCH", "POST", "DELETE")]
+            fake.faults.extend(faults)
+            try:
+                yield
+            finally:
+                for fault in faults:
+                    fake.faults.remove(fault)
+
         provider: Any = make_compute(fake, lro_wait_s=0.2)
         yield ProviderEnv(
             provider=provider, ref=RunRef("test", "org-1", "run-c1"), spec=spec, machines=machines, disks=disks,
             everything=everything, add_foreign=add_foreign, page_size=fake.page_size, handed=handed, list_requests=list_requests,
-            slow_release=slow_release)
+            slow_release=slow_release, refuse=refuse)

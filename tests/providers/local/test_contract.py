@@ -23,7 +23,7 @@ from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.local.compute import LocalCompute
 from shared.providers.local.config import LocalConfig
 from shared.settings import Settings
-from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
+from tests.providers.contract import CloudContract, Foreign, Handed, ProviderEnv
 
 
 def _processes() -> dict[int, tuple[int, str, dict[str, str]]]:
@@ -55,7 +55,7 @@ def _can_pin(tmp: Path) -> bool:
     return ok
 
 
-class TestLocalContract(ProviderContract):
+class TestLocalContract(CloudContract):
     @pytest.fixture
     def provider_env(self, tmp_path: Path) -> Iterator[ProviderEnv]:
         deployment = "lc" + secrets.token_hex(3)  # its own deployment: other tests' agents are never seen

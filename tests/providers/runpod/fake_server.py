@@ -70,6 +70,7 @@ class FakeRunPod:
         self.terminate_lag = 0  # gets that still return a terminated pod before it vanishes
         self.http_status = 0  # answer every call with this status (e.g. 500)
         self.refuse_400 = ""  # answer every call HTTP 400 with this GraphQL error message
+        self.refuse_all = ""  # answer every call (HTTP 200) with this GraphQL error message
         self.permission_denied: set[str] = set()  # operation names answered "not authorized"
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -248,6 +249,8 @@ class FakeRunPod:
                         status, answer = fake.http_status, {"error": "injected"}
                     elif fake.refuse_400:
                         status, answer = 400, {"errors": [{"message": fake.refuse_400}]}
+                    elif fake.refuse_all:
+                        status, answer = 200, {"data": None, "errors": [{"message": fake.refuse_all}]}
                     elif auth != f"Bearer {fake.api_key}":
                         status, answer = 401, {"error": "Unauthorized"}
                     else:

@@ -12,7 +12,7 @@ from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from shared.providers.runpod.compute import RunPodCompute, is_run_pod
 from shared.providers.runpod.config import RunPodConfig
 from shared.settings import Settings
-from tests.providers.contract import Foreign, Handed, ProviderContract, ProviderEnv
+from tests.providers.contract import CloudContract, Foreign, Handed, ProviderEnv
 from tests.providers.runpod.fake_server import FakeRunPod
 
 KEY = "rpa_TESTKEY0123456789"
@@ -20,7 +20,7 @@ OFFER = GpuOffer(provider="runpod", offer_id="x", gpu="NVIDIA A40", gpu_memory_g
                  region="any", compute_per_hour=0.4, disk_per_hour=0.01, total_per_hour=0.41)
 
 
-class TestRunPodContract(ProviderContract):
+class TestRunPodContract(CloudContract):
     @pytest.fixture
     def provider_env(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProviderEnv]:
         fake = FakeRunPod(api_key=KEY).start()
@@ -55,6 +55,16 @@ class TestRunPodContract(ProviderContract):
             finally:
                 fake.terminate_lag = 0
 
+        @contextmanager
+        def refuse(kind: str, code: str) -> Iterator[None]:
+            # RunPod's table holds GraphQL error messages, and HTTP statuses written "HTTP <status>".
+            status = int(code.removeprefix("HTTP ")) if code.startswith("HTTP ") else 0
+            fake.http_status, fake.refuse_all = status, "" if status else code
+            try:
+                yield
+            finally:
+                fake.http_status, fake.refuse_all = 0, ""
+
         provider = RunPodCompute(RunPodConfig(api_key=KEY), Settings(deployment_id="test"))  # type: ignore[arg-type]
         try:
             yield ProviderEnv(
@@ -63,6 +73,6 @@ class TestRunPodContract(ProviderContract):
                 everything=lambda: {pid: str(pod["desiredStatus"]) for pid, pod in fake.pods.items()},
                 add_foreign=add_foreign, page_size=2, handed=handed,
                 list_requests=None,  # myself.pods answers every pod at once
-                slow_release=slow_release)
+                slow_release=slow_release, refuse=refuse)
         finally:
             fake.stop()
