@@ -28,16 +28,36 @@ APP_HEAVY = {"numpy", "pydantic", "pydantic-core"}
 PLAIN_HTTP = "requests"
 
 
-def _lock() -> dict[str, str]:
+def _lock(text: str | None = None) -> dict[str, str]:
+    """name -> version of requirements.txt (or `text`); a pin without its --hash lines fails: the deployment
+    installs in hash-checking mode, where one unhashed pin fails the whole install (`make lock` writes them)."""
     pins: dict[str, str] = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    hashed: dict[str, bool] = {}
+    name = ""
+    for line in (ROOT / "requirements.txt").read_text().splitlines() if text is None else text.splitlines():
         line = line.split("#", 1)[0].strip().removesuffix("\\").strip()
-        if not line or line.startswith("--hash="):  # a pin's hashes follow it (tests/test_supply_chain.py)
+        if line.startswith("--hash="):  # a pin's hashes follow it (tests/test_supply_chain.py)
+            assert name, f"a hash before any pin: {line!r}"
+            hashed[name] = True
             continue
-        name, sep, version = line.partition("==")
+        if not line:
+            continue
+        raw, sep, version = line.partition("==")
         assert sep and version and not any(c in version for c in "<>=!~*,; "), f"not pinned exactly: {line!r}"
-        pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+        name = re.sub(r"[-_.]+", "-", raw).lower()
+        pins[name], hashed[name] = version, False
+    unhashed = sorted(n for n, ok in hashed.items() if not ok)
+    assert not unhashed, f"requirements.txt pins {unhashed} without --hash lines: run `make lock`"
     return pins
+
+
+def test_the_lock_check_refuses_a_pin_without_hashes() -> None:
+    good = "a==1 \\\n    --hash=sha256:" + "0" * 64 + "\n    # via b\n"
+    assert _lock(good) == {"a": "1"}
+    with pytest.raises(AssertionError, match=r"pins \['b'\] without --hash lines"):
+        _lock(good + "b==2\n    # via a\n")
+    with pytest.raises(AssertionError, match="not pinned exactly"):
+        _lock(good + "c>=2 \\\n    --hash=sha256:" + "1" * 64 + "\n")
 
 
 def test_requirements_txt_is_a_current_lock_of_pyproject() -> None:
