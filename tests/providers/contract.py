@@ -2,14 +2,20 @@
 
 How a provider plugs in (one file, tests/providers/<name>/test_contract.py):
 
-    from tests.providers.contract import ProviderContract, ProviderEnv
+    from tests.providers.contract import CloudContract, ProviderEnv
 
-    class TestAzureContract(ProviderContract):
+    class TestAzureContract(CloudContract):
         @pytest.fixture
         def provider_env(self, <your fake cloud fixtures>) -> Iterator[ProviderEnv]:
             yield ProviderEnv(provider=..., ref=..., spec=..., machines=..., disks=...,
                               everything=..., add_foreign=..., page_size=..., handed=...,
-                              list_requests=..., slow_release=...)
+                              list_requests=..., slow_release=..., refuse=...)
+
+(`python -m tools.new_provider NAME` writes that file, failing, with the provider's skeleton.) ProviderContract
+holds the Protocol's promises and calls every method of it; CloudContract, which every registered provider's
+class subclasses, adds the wire: the fake is a server on loopback and each code of the provider's error table,
+answered there, becomes its error class. The in-memory MemoryCompute of the flow tests (tests/fakes.py) runs
+ProviderContract alone: it has no cloud, and would fail CloudContract.
 
 The fixture points the real provider class at the provider's fake cloud (moto server, the
 fake ARM, the fake RunPod GraphQL server, the local process table) and says how to look
