@@ -1,7 +1,10 @@
-"""The contract's bootstrap check itself (tests/providers/contract.check_handed) on cloud-init user data:
-it must pass what AWS and Azure send and fail what would leave the machine without its agent."""
+"""The contract's own checks: the bootstrap check (tests/providers/contract.check_handed) on cloud-init user
+data, which must pass what AWS and Azure send and fail what would leave the machine without its agent; the
+contract calls every Protocol method; CloudContract fails a provider on an in-memory fake."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +90,57 @@ def test_socket_writes_sees_a_loopback_server_and_not_a_dict_in_memory() -> None
     finally:
         server.shutdown()
         server.server_close()
+
+
+POSING = '''
+from contextlib import contextmanager
+
+import pytest
+
+import tests.providers.memory.test_contract as memory
+from shared.errors import PermanentError
+from tests.providers.contract import RAISED, CloudContract
+
+
+class TestInMemoryCloud(CloudContract, memory.TestMemoryContract):
+    """The in-memory fake under a registered cloud's name, refusing with that cloud's error classes itself."""
+
+    @pytest.fixture(autouse=True)
+    def posing_as_a_cloud(self, provider_env):
+        provider_env.provider.name = "runpod"  # a registered cloud: its error table, no dev_only
+        cloud = provider_env.provider.cloud
+
+        @contextmanager
+        def refuse(kind, code):
+            cloud.launch_error = RAISED.get(kind, PermanentError)(code)
+            try:
+                yield
+            finally:
+                cloud.launch_error = None
+
+        provider_env.refuse = refuse
+'''
+
+
+def test_cloud_contract_fails_a_provider_on_an_in_memory_fake(tmp_path: Path) -> None:
+    # The issue's skeleton: every promise kept on a dict in memory, refusals raised as the right classes
+    # without a wire. The Protocol's tests pass; the wire's fail.
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "test_posing.py").write_text(POSING)
+    report = tmp_path / "report.xml"
+    subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "test_posing.py"), "-p", "no:cacheprovider",
+                    f"--junitxml={report}"], cwd=root, capture_output=True, text=True, timeout=300, check=False)
+    outcome = {c.get("name", ""): next(((child.tag, child.get("message", "")) for child in c
+                                        if child.tag in ("failure", "error", "skipped")), ("passed", ""))
+               for c in ET.parse(report).getroot().iter("testcase")}
+    failed = {n: m for n, (o, m) in outcome.items() if o in ("failure", "error")}
+    assert set(failed) == {"test_the_provider_reaches_its_fake_cloud_over_loopback",
+                           *(f"test_each_code_of_the_error_table_is_translated_from_the_wire[{k}]"
+                             for k in ("capacity", "auth", "not_found", "throttled"))}, outcome
+    assert "wrote nothing to any socket" in failed["test_the_provider_reaches_its_fake_cloud_over_loopback"]
+    assert "over loopback" in failed["test_each_code_of_the_error_table_is_translated_from_the_wire[capacity]"]
+    assert outcome["test_launch_twice_is_one_machine"][0] == "passed"  # the Protocol's promises alone pass
