@@ -459,9 +459,9 @@ class CloudContract(ProviderContract):
                     # credential problem. (What a missing machine means to describe and release, gone and done,
                     # the tests above check on machines that are really missing: a cloud answers a filtered
                     # listing with nothing, not with this code.)
-                    with pytest.raises(PermanentError) as caught:
+                    with pytest.raises(PermanentError) as missing:
                         env.provider.start(env.ref, resources)
-                    assert not isinstance(caught.value, (AuthError, CapacityError, QuotaError)), (code, caught.value)
+                    assert not isinstance(missing.value, (AuthError, CapacityError, QuotaError)), (code, missing.value)
                 else:
                     with pytest.raises(ProviderError) as caught:
                         env.provider.launch(env.spec(env.ref))
