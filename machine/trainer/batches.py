@@ -12,7 +12,10 @@
            segment_attention (causal sdpa per example, sliced from the row), under flash attention
            transformers' varlen kernels find the examples in the position ids, and under eager
            transformers builds a block-diagonal causal mask (attention then costs as much as one
-           example the length of the whole row). Each example is computed as if alone.
+           example the length of the whole row), and under flex attention (`packed_attention`,
+           GPU only: torch has no flex backward on the CPU) transformers builds a block-sparse
+           document mask from the position ids and torch compiles one kernel for the row. Each
+           example is computed as if alone.
 
 Every mode gives the same examples per micro-batch count (batch_size), so steps, epochs and the
 token-weighted loss mean the same thing whichever is chosen. Streams are deterministic with the seed.
@@ -20,6 +23,7 @@ token-weighted loss mean the same thing whichever is chosen. Streams are determi
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import random
 from collections.abc import Iterator, Sequence
@@ -31,6 +35,9 @@ GROUP_CHUNK = 64  # examples sorted together: large enough to find similar lengt
 # Decoder architectures whose transformers attention honours packed position ids (masking_utils'
 # packed-sequence detection); others are trained `grouped`.
 PACKABLE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+SEGMENTS = "tensorant_segments"  # segment_attention's registered name
+FLEX = "flex_attention"  # transformers' own: a block mask per packed row, from its position ids
+SDPA_LIKE = ("sdpa", SEGMENTS)  # segment_attention is sdpa wherever a row is not packed
 
 
 def choose_batching(setting: str, model_type: str, attention: str | None, *, cuda: bool) -> str:
@@ -43,21 +50,63 @@ def choose_batching(setting: str, model_type: str, attention: str | None, *, cud
     grouped 97 (1.4 % padding left on 300 rows), a plain padded transformers loop 72; on a skewed
     set the gap is wider (the issue's check: 80.9 against 69.2 bare packed and 37.6 padded). Under
     flash attention (varlen kernels) packed. On a GPU under sdpa the answer depends on the GPU, the
-    model and the lengths (one sdpa call per example and layer against padded batches' one call):
-    wants_probe says so, and machine.trainer.gpu.probe_batching times both on the run's own data;
-    grouped is what this returns for it until measured."""
+    model and the lengths (one sdpa call per example and layer against padded batches' one call, or
+    flex attention's one compiled kernel per row): wants_probe says so, and
+    machine.trainer.gpu.probe_batching times grouped and packed under each of packed_attentions on
+    the run's own data (candidates); grouped is what this returns for it until measured."""
     if setting == "packed" and model_type not in PACKABLE:
         return "grouped"  # packing would silently let examples attend to each other
     if setting != "auto":
         return setting
-    if model_type in PACKABLE and (attention == "flash_attention_2" or (not cuda and attention == "sdpa")):
+    if model_type in PACKABLE and (attention == "flash_attention_2" or (not cuda and attention in SDPA_LIKE)):
         return "packed"
     return "grouped"
 
 
 def wants_probe(setting: str, model_type: str, attention: str | None, *, cuda: bool) -> bool:
     """True where `auto` is decided by timing grouped against packed (a GPU under sdpa)."""
-    return setting == "auto" and cuda and model_type in PACKABLE and attention == "sdpa"
+    return setting == "auto" and cuda and model_type in PACKABLE and attention in SDPA_LIKE
+
+
+def flex_trainable(cuda: bool) -> bool:
+    """Whether flex attention can train here: torch (2.13) has no flex attention backward on the CPU
+    (NotImplementedError), and on a GPU it compiles its kernels with Triton."""
+    if not cuda or importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def packed_attentions(setting: str, attention: str | None, *, cuda: bool) -> list[str]:
+    """The attention implementations a packed row may run under, the default first (setting: the
+    `packed_attention` training setting; attention: the one the model was loaded with). auto on a
+    GPU under sdpa: segment_attention and flex attention, timed against each other."""
+    if setting == "flex":
+        return [FLEX]
+    if attention not in SDPA_LIKE:  # flash_attention_2: varlen kernels; eager: a block-diagonal mask
+        return [attention] if attention else []
+    if setting == "segments" or not flex_trainable(cuda):
+        return [SEGMENTS]
+    return [SEGMENTS, FLEX]
+
+
+def candidates(setting: str, packed_attention: str, model_type: str, attention: str | None, *,
+               cuda: bool) -> list[tuple[str, str | None]]:
+    """The (batching mode, attention implementation) pairs this run may train with, the default first;
+    more than one: `auto` is decided by timing them all on the run's own rows (gpu.probe_batching).
+    Padded and grouped batches keep the attention the model was loaded with."""
+    if wants_probe(setting, model_type, attention, cuda=cuda):
+        modes = ["grouped", "packed"]
+    else:
+        modes = [choose_batching(setting, model_type, attention, cuda=cuda)]
+    out: list[tuple[str, str | None]] = []
+    for mode in modes:
+        out += [(mode, a) for a in packed_attentions(packed_attention, attention, cuda=cuda)] if mode == "packed" \
+            else [(mode, attention)]
+    return out
 
 
 def batch_stream(examples: Sequence[Tokenized], batch_size: int, seed: int, *, grouped: bool) -> Iterator[
@@ -127,9 +176,6 @@ def collate(batch: list[Tokenized], pad_id: int, device: Any, mode: str) -> dict
     return collate_padded(batch, pad_id, device)
 
 
-SEGMENTS = "tensorant_segments"  # the attention implementation's registered name
-
-
 def segment_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
                       scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
     """sdpa, except on a packed row (example_starts given): causal sdpa within each example, so
@@ -157,13 +203,21 @@ def use_segment_attention(model: Any) -> bool:
     padded batches and generation, which it hands to sdpa with sdpa's mask); True if switched."""
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(SEGMENTS, segment_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(SEGMENTS, sdpa_mask)
-    model.set_attn_implementation(SEGMENTS)
+    set_attention(model, SEGMENTS)
     return True
+
+
+def set_attention(model: Any, name: str | None) -> None:
+    """Switch the model's attention implementation (segment_attention registered on first use)."""
+    if name is None or getattr(model.config, "_attn_implementation", None) == name:
+        return
+    if name == SEGMENTS:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+        AttentionInterface.register(SEGMENTS, segment_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(SEGMENTS, sdpa_mask)
+    model.set_attn_implementation(name)
 
 
 def trained_tokens(batch: list[Tokenized]) -> int:

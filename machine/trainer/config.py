@@ -44,6 +44,9 @@ class TrainerSettings:
     # auto | padded | grouped | packed (machine.trainer.batches); auto: packed on the CPU and under flash
     # attention, else grouped
     batching: str = "auto"
+    # auto | segments | flex: how a packed row keeps attention within each example (machine.trainer.batches);
+    # auto: segments, and on a GPU flex attention too, timed against it on the run's rows
+    packed_attention: str = "auto"
     # A checkpoint (adapter + optimizer state) every this many steps and every this many seconds,
     # whichever comes first, when the agent gives TENSORANT_CHECKPOINT_DIR: a run stopped at its
     # time limit keeps at most this much of its work unsaved.
@@ -93,6 +96,7 @@ _FLOAT = {"lora_dropout": (0.0, 0.5, False), "learning_rate": (0.0, 0.01, True),
           "weight_decay": (0.0, 1.0, False), "dpo_beta": (0.0, 10.0, True)}
 _CHOICES = {"target_modules": ("attention", "all-linear"), "precision": ("auto", "bf16", "fp32"),
             "kind": ("trial", "full"), "batching": ("auto", "padded", "grouped", "packed"),
+            "packed_attention": ("auto", "segments", "flex"),
             "lr_scheduler": ("cosine", "linear", "constant"), "optimizer": ("adamw", "adamw_8bit", "sgd"),
             "method": ("sft", "dpo"), "dpo_loss": ("sigmoid", "ipo")}
 _BOOL = ("load_in_4bit", "gradient_checkpointing", "keep_best", "train_on_inputs", "use_dora", "use_rslora",

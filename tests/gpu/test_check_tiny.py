@@ -48,20 +48,27 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
 
 def test_check_training_tiny_mode_passes(tiny_run: TinyRun) -> None:
     cases = tiny_run.cases
-    assert [(c["mode"], c["merged"]) for c in cases] == [("grouped", False), ("packed", False), ("auto", False),
-                                                         ("packed", True)]
-    for c in cases:
-        assert c["verified"] and c["loss_falls"] and c["real_tokens_per_s"] > 0, c
+    assert [(c["mode"], c["merged"]) for c in cases] == [("grouped", False), ("packed", False),
+                                                         ("packed_flex", False), ("auto", False), ("packed", True)]
+    # Flex attention has no backward on the CPU: the case says so instead of training.
+    assert cases[2]["skipped"].startswith("flex attention trains on a GPU only") and cases[2]["ok"]
+    trained = [c for c in cases if not c.get("skipped")]
+    for c in trained:
+        assert c["verified"] and c["loss_falls"] and c["real_tokens_per_s"] > 0 and c["warm_tokens_per_s"] > 0, c
         assert {"padding_fraction", "peak_gpu_gib", "table_peak_gib", "table_needed_gib"} <= set(c)
     assert cases[1]["padding_fraction"] == 0.0 < cases[0]["padding_fraction"]
-    assert cases[2]["batching"] == "packed"  # the CPU's measured rule
+    assert cases[1]["attention"] == "tensorant_segments" and cases[0]["batching"] == "grouped"
+    assert cases[3]["batching"] == "packed" and cases[3]["attention"] == "tensorant_segments"  # the CPU's rule
+    # packed and auto (packed on the CPU): the same rows from the same weights, so the same first step.
+    assert cases[3]["loss_step1"] == cases[1]["loss_step1"] > 0
     verdict = next(line for line in tiny_run.stdout.splitlines() if "auto should pick" in line)
     assert "tensorant/tiny-llama: grouped" in verdict and "it picked packed" in verdict
-    assert "check_training: PASS (4/4 cases)" in tiny_run.stdout
+    assert "packed_flex" not in verdict  # nothing measured to compare
+    assert "check_training: PASS (5/5 cases)" in tiny_run.stdout
 
 
 def test_merged_case_times_verifies_and_compares_a_layer(tiny_run: TinyRun) -> None:
-    merged = tiny_run.cases[3]
+    merged = next(c for c in tiny_run.cases if c["merged"])
     assert merged["merged_ok"] and not merged["merged_problems"], merged
     # The trainer's merge ran (on the CPU: the run trained there) and was timed in its own process.
     assert merged["merge_device"] == "cpu" and merged["merge_s"] > 0
@@ -118,7 +125,7 @@ def test_merge_over_the_table_or_on_the_wrong_device_fails_the_case(tiny_run: Ti
     from tests.gpu.check_training import TINY as TINY_CASES
     from tests.gpu.check_training import merged_figures
 
-    case = TINY_CASES[3]
+    case = next(c for c in TINY_CASES if c.merged)
     timing = tmp_path / "merge.json"
     figures = {"merge_ok": True, "merge_device": "cuda", "merge_s": 1.0, "merge_peak_bytes": 3000,
                "held_at_merge_bytes": 0}
@@ -135,3 +142,28 @@ def test_merge_over_the_table_or_on_the_wrong_device_fails_the_case(tiny_run: Ti
     fits = merged_figures(case, tiny_run.model_dir, tiny_run.merged_out, timing, expect_device="cuda",
                           table_peak=2000)
     assert fits["merged_ok"] and fits["merged_verified"] and fits["merge_peak_of_table"] == 0.75, fits
+
+
+def test_flex_against_segments_fails_a_flex_case_whose_first_loss_differs() -> None:
+    """The GPU check's flex verdict, on figures as a device run reports them (flex trains on a GPU only)."""
+    from tests.gpu.check_training import FLEX_LOSS_TOLERANCE, auto_verdicts, flex_verdicts
+
+    def case(mode: str, loss: float, warm: float, **more: Any) -> dict[str, Any]:
+        return {"case": mode, "model": "m", "mode": mode, "rc": 0, "ok": True, "merged": False, "loss_step1": loss,
+                "real_tokens_per_s": warm / 2, "warm_tokens_per_s": warm, "padding_fraction": 0.0,
+                "peak_gpu_gib": 2.0, "batching": "packed", **more}
+
+    segments = case("packed", 2.0, 1000.0, attention="tensorant_segments")
+    near = case("packed_flex", 2.0 * (1 + FLEX_LOSS_TOLERANCE / 2), 1500.0, attention="flex_attention")
+    grouped = case("grouped", 2.5, 800.0, batching="grouped", padding_fraction=0.05)
+    auto = case("auto", 2.0, 1490.0, attention="flex_attention", probe={"grouped": 1, "packed": 2, "packed_flex": 3})
+    [line] = flex_verdicts([segments, near])
+    assert near["ok"] and "= 1.50x" in line and "same attention" in line, line
+    [line] = auto_verdicts([grouped, segments, near, auto])
+    assert "auto should pick packed_flex; it picked packed_flex (the fastest)" in line, line
+    far = case("packed_flex", 2.0 * (1 + 2 * FLEX_LOSS_TOLERANCE), 1500.0, attention="flex_attention")
+    [line] = flex_verdicts([segments, far])
+    assert not far["ok"] and "NOT the same attention" in line, line
+    slow = {**auto, "attention": "tensorant_segments"}
+    [line] = auto_verdicts([grouped, segments, near, slow])
+    assert "it picked packed (NOT the fastest)" in line, line

@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 
-from machine.trainer.batches import SEGMENTS, batch_stream, choose_batching, collate, trained_tokens, use_segment_attention
+from machine.trainer.batches import (
+    FLEX,
+    SEGMENTS,
+    batch_stream,
+    candidates,
+    choose_batching,
+    collate,
+    packed_attentions,
+    trained_tokens,
+    use_segment_attention,
+    wants_probe,
+)
 from machine.trainer.config import SettingsError, parse_settings
 from machine.trainer.data import IGNORE, Tokenized
 from tests.trainer.conftest import need_torch
@@ -82,6 +93,81 @@ def test_every_batching_gives_the_loss_and_gradients_of_each_example_alone(name:
         got.backward()
         for k, p in model.named_parameters():
             assert torch.allclose(p.grad, expected[k], rtol=1e-4, atol=1e-6), (mode, segments, k)
+
+
+def eager_flex(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' flex attention path with torch's flex attention uncompiled: its block mask built by
+    create_block_mask's own code and its scores by flex attention's reference (dense) implementation, in
+    seconds instead of a minute of Inductor compiling for the CPU. The mask and the per-document
+    result are what is tested; the compiled kernel is the GPU check's (tests/gpu/check_training.py)."""
+    import transformers.integrations.flex_attention as hf_flex
+    import transformers.masking_utils as masking
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def uncompiled_mask(*args: Any, _compile: bool = False, **kwargs: Any) -> Any:
+        return create_block_mask(*args, **kwargs)
+
+    def uncompiled(query: Any, key: Any, value: Any, training: bool = False, **kwargs: Any) -> Any:
+        return flex_attention(query, key, value, **kwargs)
+
+    monkeypatch.setattr(masking, "create_block_mask", uncompiled_mask)
+    monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention", uncompiled)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_packed_under_flex_attention_gives_the_loss_of_each_example_alone(name: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packed row under transformers' flex_attention: the loss of every example alone, forward only
+    (torch 2.13 has no flex attention backward on the CPU, so training under flex is GPU-only and its
+    gradients are the GPU check's; forward and backward are one masked computation)."""
+    need_torch()
+    import torch
+
+    from machine.trainer.loss import loss_sum
+
+    torch.set_num_threads(1)
+    eager_flex(monkeypatch)
+    model = model_of(name)
+    batch = examples(6, seed=1)
+    n = trained_tokens(batch)
+    with torch.no_grad():
+        reference = alone(model, batch)
+        model.set_attn_implementation(FLEX)
+        assert model.config._attn_implementation == FLEX
+        got = loss_sum(model, collate(batch, 0, "cpu", "packed"), n)
+        grouped = loss_sum(model, collate(batch, 0, "cpu", "grouped"), n)  # padded rows under flex: a padding mask
+    assert torch.allclose(got, reference, rtol=1e-5, atol=1e-5), (float(got), float(reference))
+    assert torch.allclose(grouped, reference, rtol=1e-5, atol=1e-5), (float(grouped), float(reference))
+    with pytest.raises(NotImplementedError, match="backward on CPU"):  # why flex is never chosen on the CPU
+        loss_sum(model, collate(batch, 0, "cpu", "packed"), n)
+
+
+def test_flex_block_mask_of_a_packed_row_is_each_example_causal_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block mask transformers builds for a packed row (no attention mask, position ids restarting at
+    each example) lets each token see exactly the earlier tokens of its own example."""
+    need_torch()
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask, create_mask
+    from transformers.masking_utils import create_causal_mask
+
+    eager_flex(monkeypatch)
+    model = model_of("tensorant/tiny-qwen2")
+    model.set_attn_implementation(FLEX)
+    batch = examples(7, seed=5)
+    inputs = collate(batch, 0, "cpu", "packed")
+    length = inputs["input_ids"].shape[1]
+    embeds = model.get_input_embeddings()(inputs["input_ids"])
+    mask = create_causal_mask(model.config, embeds, None, None, position_ids=inputs["position_ids"])
+    assert isinstance(mask, BlockMask)
+    dense = create_mask(mask.mask_mod, 1, 1, length, length, "cpu")[0, 0]
+    document = torch.repeat_interleave(torch.arange(len(batch)), torch.tensor([len(t.input_ids) for t in batch]))
+    where = torch.arange(length)
+    want = (document[:, None] == document[None, :]) & (where[:, None] >= where[None, :])
+    assert torch.equal(dense, want)
+    # The same row with the examples' boundaries moved by one token is another mask: the test can fail.
+    shifted = inputs["position_ids"].roll(1, dims=1)
+    other = create_causal_mask(model.config, embeds, None, None, position_ids=shifted)
+    assert not torch.equal(create_mask(other.mask_mod, 1, 1, length, length, "cpu")[0, 0], want)
 
 
 def test_chunked_loss_equals_the_full_logits_loss() -> None:
@@ -164,3 +250,30 @@ def test_batching_setting() -> None:
     assert choose_batching("packed", "gpt2", "sdpa", cuda=False) == "grouped"  # would let examples attend to each other
     assert choose_batching("packed", "llama", "sdpa", cuda=True) == "packed"
     assert choose_batching("padded", "llama", "sdpa", cuda=False) == "padded"
+
+
+def test_packed_attention_setting_and_the_probed_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from machine.trainer import batches
+
+    assert parse_settings('{"packed_attention": "flex"}')[0].packed_attention == "flex"
+    assert parse_settings(None)[0].packed_attention == "auto"
+    with pytest.raises(SettingsError, match="packed_attention must be one of auto, segments, flex"):
+        parse_settings('{"packed_attention": "flash"}')
+    # The CPU: flex attention cannot train there (no backward), so segments only, and no probe.
+    assert not batches.flex_trainable(cuda=False)
+    assert candidates("auto", "auto", "llama", "sdpa", cuda=False) == [("packed", SEGMENTS)]
+    assert packed_attentions("auto", "sdpa", cuda=False) == [SEGMENTS]
+    monkeypatch.setattr(batches, "flex_trainable", lambda cuda: cuda)  # a GPU with Triton
+    # A GPU under sdpa: grouped, packed per example and packed under flex, timed against each other.
+    assert candidates("auto", "auto", "qwen2", "sdpa", cuda=True) == [
+        ("grouped", "sdpa"), ("packed", SEGMENTS), ("packed", FLEX)]
+    # The model is switched to segment attention before the choice: still sdpa's candidates.
+    assert wants_probe("auto", "llama", SEGMENTS, cuda=True)
+    assert candidates("auto", "auto", "llama", SEGMENTS, cuda=True)[0] == ("grouped", SEGMENTS)
+    assert candidates("packed", "auto", "llama", "sdpa", cuda=True) == [("packed", SEGMENTS), ("packed", FLEX)]
+    assert candidates("auto", "segments", "llama", "sdpa", cuda=True) == [("grouped", "sdpa"), ("packed", SEGMENTS)]
+    assert candidates("packed", "flex", "llama", "sdpa", cuda=True) == [("packed", FLEX)]
+    assert candidates("grouped", "flex", "llama", "sdpa", cuda=True) == [("grouped", "sdpa")]
+    assert candidates("auto", "auto", "llama", "flash_attention_2", cuda=True) == [("packed", "flash_attention_2")]
+    assert candidates("auto", "auto", "gemma2", "sdpa", cuda=True) == [("grouped", "sdpa")]  # not packable
+    assert candidates("auto", "auto", "llama", "eager", cuda=False) == [("grouped", "eager")]

@@ -243,3 +243,25 @@ def test_scheduler_warmup_optimizer_weight_decay(tiny_model: Path, dataset: Path
     from machine.trainer.lora import train as run_trainer
 
     assert run_trainer(env) == 2 and "adamw_8bit needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_packed_attention_flex_is_refused_on_the_cpu(tiny_model: Path, dataset: Path, tmp_path: Path,
+                                                     baseline: tuple[dict[str, Any], Path],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    need_torch()
+    from pydantic import ValidationError
+
+    from machine.trainer.batches import SEGMENTS
+    from machine.trainer.lora import train as run_trainer
+    from shared.models import TrainingSettings
+
+    with pytest.raises(ValidationError, match="packed_attention"):
+        TrainingSettings.model_validate({"packed_attention": "flash"})
+    assert TrainingSettings.model_validate({"packed_attention": "flex"}).packed_attention == "flex"
+    code = run_trainer(trainer_env(tiny_model, dataset, tmp_path / "out", {**BASE, "packed_attention": "flex"}))
+    assert code == 2
+    assert "training.packed_attention flex needs a CUDA GPU" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+    # The CPU's default: packed rows, attention per example (segment_attention), named in the manifest.
+    manifest, _ = baseline
+    assert manifest["batching"] == "packed" and manifest["attention"] == SEGMENTS

@@ -536,6 +536,7 @@ class TrainingSettings(ApiModel):
     load_in_4bit: bool = Field(default=False, description="QLoRA via bitsandbytes; needs a CUDA GPU")
     gradient_checkpointing: bool = Field(default=True)
     batching: Literal["auto", "padded", "grouped", "packed"] = Field(default="auto", description="how examples share a batch: padded (as they come), grouped (by length, little padding), packed (a batch's examples end to end in one row, attention kept within each; Llama, Mistral and Qwen families); auto picks the fastest correct one for the device")
+    packed_attention: Literal["auto", "segments", "flex"] = Field(default="auto", description="how a packed row keeps attention within each example: segments (sdpa per example), flex (torch flex attention with a document mask; CUDA GPUs only); auto times both on a GPU")
     seed: int = Field(default=42)
     eval_fraction: float = Field(default=0.1, description="held-out split, only when the dataset has >= 20 examples")
     sample_prompts: int = Field(default=3)
