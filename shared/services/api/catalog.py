@@ -63,7 +63,7 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         shown = []
         for offer in items:
             f = base_models.fit(model, offer, defaults)
-            if f.fits and offer.provider == base_models.LOCAL_PROVIDER and not base_models.local_loadable(model):
+            if f.fits and not base_models.loadable(model, offer.provider):
                 # Listed as fitting, a run of it was then refused at create (or failed a minute in).
                 f = base_models.Fit(False, f.memory_needed_gb, f"{model.name} cannot be loaded on this host without "
                                     "the hub (not in its Hugging Face cache); create says what to do")

@@ -23,6 +23,7 @@ from shared.models import (
     TrainingSettings,
 )
 from shared.org_storage.config import RunPodVolumeConfig
+from shared.providers.registry import declaration
 from shared.runs import forecast
 from shared.runs.org_backends import check_connection_name, compute_connection_slot, provider_of, route_of, storage_config
 from shared.services.api import base_models
@@ -38,10 +39,8 @@ def check_fit(org: str, provider: str, offer: GpuOffer, model: DeclaredModel, tr
     eligible = [o.offer_id for o in cached_offers(org, provider) if base_models.fit(model, o, training).fits]
     if eligible:
         choose = f"offers that fit: {', '.join(eligible[:20])}"
-    elif offer.provider == base_models.LOCAL_PROVIDER and model.param_count() > base_models.LOCAL_MAX_PARAMS:
-        # No setting brings a model over the CPU cap under it: only another model or provider helps.
-        choose = (f"{model.name} is too large for the local CPU provider: choose a smaller model (up to "
-                  f"{base_models.LOCAL_MAX_PARAMS / 1e9:g}B parameters, GET /api/base-models) or a GPU provider")
+    elif (cpu := declaration(offer.provider).trains_on_cpu) and not base_models.fits_cpu(model, cpu):
+        choose = cpu.size_advice.format(model=model.name, provider=offer.provider, max_b=cpu.max_params / 1e9)
     else:
         choose = f"no {provider} offer fits; lower batch_size or max_seq_len, or set load_in_4bit"
     raise InvalidInput(f"offer_id: {got.why}; {choose}", errors=[{
@@ -92,7 +91,7 @@ def _check_one(org: str, body: RunCreate, req: CandidateRequest, label: str, mod
     provider = provider_of(req.connection)
     what = f"{req.connection} {req.offer_id}"
     _labelled(label, what, lambda: check_provider(org, req.connection))
-    _labelled(label, what, lambda: base_models.refuse_test_model_off_local(model, provider))
+    _labelled(label, what, lambda: base_models.refuse_test_model(model, provider))
     offer: GpuOffer | None = None
 
     def found() -> None:
@@ -103,7 +102,7 @@ def _check_one(org: str, body: RunCreate, req: CandidateRequest, label: str, mod
     assert offer is not None
     got = offer
     _labelled(label, what, lambda: check_fit(org, req.connection, got, model, training))
-    _labelled(label, what, lambda: base_models.refuse_unloadable_on_local(model, provider))
+    _labelled(label, what, lambda: base_models.refuse_unloadable(model, provider))
     if strict_price and got.total_per_hour > body.price_limit_per_hour:
         raise InvalidInput.field(label, f"{what} costs {got.total_per_hour:g} {got.currency}/h, above the run's "
                                  f"price_limit_per_hour of {body.price_limit_per_hour:g}: raise the limit or "
@@ -144,10 +143,10 @@ def resolve(org: str, body: RunCreate, model: DeclaredModel, training: TrainingS
             if body.connection:
                 check_connection_name(body.connection, provider=body.provider)
             check_provider(org, own, field="connection" if body.connection else "provider")
-            base_models.refuse_test_model_off_local(model, body.provider)
+            base_models.refuse_test_model(model, body.provider)
             offer = find_offer(org, own, body.offer_id)
             check_fit(org, own, offer, model, training)
-            base_models.refuse_unloadable_on_local(model, body.provider)
+            base_models.refuse_unloadable(model, body.provider)
             if several and offer.total_per_hour > body.price_limit_per_hour:
                 raise InvalidInput.field("offer_id", (
                     f"{offer.offer_id} costs {offer.total_per_hour:g} {offer.currency}/h, above the run's "
@@ -178,10 +177,10 @@ def fitting(org: str, body: RunCreate, model: DeclaredModel, training: TrainingS
         provider = provider_of(name)
         if not registry.available(provider):
             continue
-        if base_models.is_test_model(model) and provider != base_models.LOCAL_PROVIDER \
+        if base_models.is_test_model(model) and not declaration(provider).builds_test_models \
                 and not _test_models_allowed():
             continue
-        if provider == base_models.LOCAL_PROVIDER and not base_models.local_loadable(model):
+        if not base_models.loadable(model, provider):
             continue
         for offer in cached_offers(org, name):
             if (name, offer.offer_id) in exclude or offer.total_per_hour > body.price_limit_per_hour:
