@@ -1,7 +1,7 @@
 """A run's forecast before launch: how long it will train, how long its machine takes to start, and
 what that costs at the offer's price.
 
-Made at create and at a draft's edit (runs.check_request, the one path for both), stored on the run
+Made at create and at a draft's edit (shared/runs/admission.py, the one path for both), stored on the run
 and shown in its view and by `tensorant runs create|get`. It sets the default runtime limit
 (runtime_limit_for) and warns when the run's limits do not cover it (warnings). Every figure below is
 an assumption, written down so it can be argued with; `basis` repeats the ones a run used.
