@@ -99,8 +99,8 @@ def test_the_volume_lister_and_every_refusal_are_declared_once() -> None:
 def test_forecast_of_a_dataset_uses_the_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import UTC, datetime
 
-    dataset = DatasetVersionRecord(org="o", id="dv", project_id="p", rows=100, size_bytes=40_000, sha256="0" * 64, storage_key="k",
-                                   created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    dataset = DatasetVersionRecord(org="o", id="dv", project_id="p", rows=100, size_bytes=40_000, sha256="0" * 64,
+                                   storage_key="k", created_at=datetime(2026, 1, 1, tzinfo=UTC))
     on_gpu = forecast.predict(dataset, TrainingSettings(), TINY, A10)
     declare(monkeypatch, "aws", trains_on_cpu=CpuTraining(where="on the test's CPU"))
     on_cpu = forecast.predict(dataset, TrainingSettings(), TINY, A10)
