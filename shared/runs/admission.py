@@ -335,6 +335,16 @@ def fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Fi
     return Fit(True, gb)
 
 
+def listed_fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings) -> Fit:
+    """The fit the catalog lists with an offer: the GPU's, and whether the provider's machine can load the model
+    (listed as fitting, a run of it was once refused at create, or failed a minute in)."""
+    got = fit(model, offer, training)
+    if got.fits and not loadable(model, offer.provider):
+        return Fit(False, got.memory_needed_gb, f"{model.name} cannot be loaded on this host without the hub (not in "
+                                                "its Hugging Face cache); create says what to do")
+    return got
+
+
 # --- the offers and the candidates ---------------------------------------------------------------------------
 
 def cached_offers(org: str, connection: str) -> list[GpuOffer]:

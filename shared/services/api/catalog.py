@@ -62,11 +62,7 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         defaults = TrainingSettings()
         shown = []
         for offer in items:
-            f = admission.fit(model, offer, defaults)
-            if f.fits and not admission.loadable(model, offer.provider):
-                # Listed as fitting, a run of it was then refused at create (or failed a minute in).
-                f = admission.Fit(False, f.memory_needed_gb, f"{model.name} cannot be loaded on this host without "
-                                    "the hub (not in its Hugging Face cache); create says what to do")
+            f = admission.listed_fit(model, offer, defaults)
             shown.append({**offer.model_dump(mode="json"), "fits": f.fits, "memory_needed_gb": f.memory_needed_gb,
                           **({"fit_note": f.why} if f.why else {})})
     return {"items": shown, "catalogs": catalogs,
