@@ -352,3 +352,37 @@ def test_no_import_cycle_between_modules() -> None:
     graph = {m: {d for d in deps if not (d.startswith(m + ".") or m.startswith(d + "."))}
              for m, deps in _graph().items()}
     assert _cycles(graph) == []
+
+
+# What the API's run services take from admission (shared/runs/admission.py): a run request is admitted by one
+# call, `admit`; the other names serve other answers (the model list, the catalog's fit note, the launch's fresh
+# price and limits), never a second path through a request's checks.
+ADMISSION_USERS = {
+    "shared/services/api/runs/drafts.py": {"admit", "Admitted", "TRIAL_MAX_EXAMPLES", "TRIAL_MAX_STEPS",
+                                          "TRIAL_RUNTIME_LIMIT_S"},
+    "shared/services/api/runs/actions.py": {"find_offer"},
+    "shared/services/api/quotas.py": {"check_limits"},
+    "shared/services/api/base_models.py": {"fits_cpu", "loadable", "offered", "providers_on_cpu"},
+    "shared/services/api/catalog.py": {"declared", "listed_fit"},
+}
+
+
+def _admission_names(path: Path) -> set[str]:
+    """The names `path` takes from shared.runs.admission: imported by name, or read as `admission.<name>`."""
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "shared.runs.admission" for alias in node.names}
+    return names | {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name) and node.value.id == "admission"}
+
+
+def test_a_run_request_is_admitted_by_one_call() -> None:
+    """Creating a run once wandered through the API's checks.py, base_models.py, candidates.py and catalog.py
+    (issue 44): every check a request passes before it is saved is now admission's, which the API calls once."""
+    used = {str(p.relative_to(ROOT)): names for p in [*sources("services"), *sorted((ROOT / "functions").rglob("*.py"))]
+            if (names := _admission_names(p))}
+    assert used == ADMISSION_USERS
+    drafts = ast.parse((SHARED / "services/api/runs/drafts.py").read_text())
+    calls = {f.name: sum(1 for n in ast.walk(f) if isinstance(n, ast.Call) and ast.unparse(n.func) == "admission.admit")
+             for f in drafts.body if isinstance(f, ast.FunctionDef) and f.name in ("create", "estimate", "patch")}
+    assert calls == {"create": 1, "estimate": 1, "patch": 1}
