@@ -496,6 +496,14 @@ def resolve_candidates(org: str, body: RunCreate, model: DeclaredModel, training
     return out
 
 
+def _may_train(model: DeclaredModel, provider: str) -> bool:
+    """Whether `provider` exists here and its machine can have the model (built, downloaded or loaded): what
+    fallback "fitting" asks of a connection before its offers are weighed (no refusal: it is left out)."""
+    test_model_ok = not is_test_model(model) or declaration(provider).builds_test_models \
+        or get_settings().allow_test_models
+    return registry.available(provider) and test_model_ok and loadable(model, provider)
+
+
 def fitting(org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
             dataset: DatasetVersionRecord, exclude: set[tuple[str, str]]) -> list[RunCandidate]:
     """Every offer of the org's connected compute connections that passes a candidate's checks, cheapest
@@ -505,13 +513,7 @@ def fitting(org: str, body: RunCreate, model: DeclaredModel, training: TrainingS
         if not rec.slot.startswith("compute:") or rec.status != ConnectionStatus.connected:
             continue
         name = rec.slot.removeprefix("compute:")
-        provider = provider_of(name)
-        if not registry.available(provider):
-            continue
-        if is_test_model(model) and not declaration(provider).builds_test_models \
-                and not get_settings().allow_test_models:
-            continue
-        if not loadable(model, provider):
+        if not _may_train(model, provider_of(name)):
             continue
         for offer in cached_offers(org, name):
             if (name, offer.offer_id) in exclude or offer.total_per_hour > body.price_limit_per_hour:
