@@ -139,7 +139,7 @@ def test_runs_get_prints_the_preference_curve(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_the_fit_counts_both_sequences_of_a_pair() -> None:
-    from shared.services.api.base_models import memory_needed
+    from shared.runs.admission import memory_needed
 
     model = BASE_MODELS[BIG]
     assert memory_needed(model, TrainingSettings(method="dpo", batch_size=4)) == \

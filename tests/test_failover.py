@@ -316,19 +316,19 @@ def test_a_runpod_volume_pins_runpod_candidates_to_its_datacenter(monkeypatch: p
     from pydantic import SecretStr
 
     from shared.org_storage.config import RunPodVolumeConfig
-    from shared.services.api.runs import candidates
+    from shared.runs import admission
 
     volume = RunPodVolumeConfig(volume_id="vol0abc123", datacenter_id="EU-RO-1", access_key_id="user_x",
                                 secret_access_key=SecretStr("rps_x"))
-    monkeypatch.setattr(candidates, "storage_config", lambda org: volume)
+    monkeypatch.setattr(admission, "storage_config", lambda org: volume)
     there = GpuOffer(provider="runpod", offer_id="runpod-secure-eu-ro-1-a40", gpu="A40", gpu_memory_gb=48,
                      machine_type="NVIDIA A40", region="EU-RO-1", compute_per_hour=0.4, disk_per_hour=0.0,
                      total_per_hour=0.4)
     elsewhere = there.model_copy(update={"offer_id": "runpod-secure-us-ks-2-a40", "region": "US-KS-2"})
-    assert candidates.unreachable_storage("org-a", there) is None
-    why = candidates.unreachable_storage("org-a", elsewhere)
+    assert admission.unreachable_storage("org-a", there) is None
+    why = admission.unreachable_storage("org-a", elsewhere)
     assert why is not None and "EU-RO-1" in why and "US-KS-2" in why
-    assert candidates.unreachable_storage("org-a", OFFER) is None  # another provider reaches it over its S3 API
+    assert admission.unreachable_storage("org-a", OFFER) is None  # another provider reaches it over its S3 API
 
 
 def test_a_drafts_candidates_can_be_edited_and_launch_rechecks_every_price(h: Harness, cloud: Cloud,

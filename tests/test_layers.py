@@ -8,6 +8,8 @@ adapter_format/ (the declared base models and the adapter archive format, which 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,16 +98,166 @@ def test_each_store_repository_is_small() -> None:
     assert {name: n for name, n in sizes.items() if n > 12} == {}
 
 
-def test_no_service_branches_on_a_providers_name() -> None:
-    """What a provider can do is declared in its ProviderInfo (shared/providers/registry.py: resumes_training,
-    working_files_on_storage, retired_fields, ...), never decided by its name outside its own package."""
-    import re
+# A provider value: a name or attribute ending in `provider` (`provider`, `run.provider`, `offer.provider`,
+# `provider_name`), a connection's name (`connection`, `body.connection`), `provider_of(...)`, or such a key read
+# from a dict (`body["provider"]`, `row.get("connection")`). `kind` names too many things here (resources, events,
+# functions): it counts only when it is compared with a provider's or a storage connection's kind name.
+PROVIDER_VALUE = re.compile(r"(^|_)provider(_name)?$|^(connection|connection_name)$")
+KIND = re.compile(r"(^|_)kind$")
+CONSTANT = re.compile(r"^_?[A-Z][A-Z0-9_]*$")  # LOCAL_PROVIDER, base_models.LOCAL_PROVIDER, RUNPOD
+# Where a provider's name is its own business: the registry, and each provider's own package.
+DECLARATIONS = ("shared/providers/registry.py", *(f"shared/providers/{p.name}/" for p in (SHARED / "providers").iterdir()
+                                                   if (p / "__init__.py").is_file()))
 
-    branch = re.compile(r"""(provider|\.provider|name)\s*(==|!=)\s*["'](local|aws|azure|runpod|memory)["']""")
-    files = [*sources("services", "runs", "store", "org_storage"), *sorted((ROOT / "adapter_format").rglob("*.py"))]
-    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in files
-                 for n, line in enumerate(p.read_text().splitlines(), 1) if branch.search(line)]
-    assert offenders == [], f"declare the capability in ProviderInfo instead: {offenders}"
+
+def _ident(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return str(node.slice.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args \
+            and isinstance(node.args[0], ast.Constant):
+        return str(node.args[0].value)
+    return None
+
+
+def _is_provider_value(node: ast.AST) -> bool:
+    if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)) and _ident(node.func) == "provider_of":
+        return True
+    name = _ident(node)
+    return name is not None and bool(PROVIDER_VALUE.search(name))
+
+
+def _is_names(node: ast.AST) -> bool:
+    """A provider's name as code writes it: a string literal, a module constant, or a set/tuple/list of them."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value != ""  # == "": whether one is set, not which
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return bool(CONSTANT.match(_ident(node) or ""))
+    if isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+        return any(_is_names(e) for e in node.elts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set", "tuple"):
+        return any(_is_names(a) for a in node.args)
+    return False
+
+
+def _is_kind_name(node: ast.AST, names: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    return isinstance(node, (ast.Set, ast.Tuple, ast.List)) and any(_is_kind_name(e, names) for e in node.elts)
+
+
+def _pattern_names(p: ast.pattern, is_name: Callable[[ast.AST], bool]) -> bool:
+    if isinstance(p, ast.MatchValue):
+        return is_name(p.value)
+    if isinstance(p, ast.MatchOr):
+        return any(_pattern_names(x, is_name) for x in p.patterns)
+    return isinstance(p, ast.MatchAs) and p.pattern is not None and _pattern_names(p.pattern, is_name)
+
+
+def provider_branches(source: str, kind_names: set[str]) -> list[int]:
+    """The lines where `source` decides by a provider's name: a provider value compared (==, !=, in, not in, is,
+    match/case) with a string literal, a module constant or a set/tuple/list of names; a `kind` compared with one
+    of `kind_names`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for op, a, b in zip(node.ops, sides[:-1], sides[1:], strict=True):
+                if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)):
+                    continue
+                member = isinstance(op, (ast.In, ast.NotIn))  # `"aws" in providers` asks another question
+                if (_is_provider_value(a) and _is_names(b)) or (not member and _is_provider_value(b) and _is_names(a)) \
+                        or (_ident(a) and KIND.search(_ident(a) or "") and _is_kind_name(b, kind_names)) \
+                        or (not member and _ident(b) and KIND.search(_ident(b) or "") and _is_kind_name(a, kind_names)):
+                    found.append(node.lineno)
+        elif isinstance(node, ast.Match):
+            if _is_provider_value(node.subject):
+                is_name: Callable[[ast.AST], bool] = _is_names
+            elif KIND.search(_ident(node.subject) or ""):
+                is_name = lambda n: _is_kind_name(n, kind_names)  # noqa: E731
+            else:
+                continue
+            if any(_pattern_names(case.pattern, is_name) for case in node.cases):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def provider_names_written(source: str, names: set[str]) -> list[int]:
+    """The lines where `source` writes a provider's name as a string (`provider = "local"`, `compute_for(org,
+    "runpod")`, `LOCAL_PROVIDER = "local"`): a service that picks a provider by name."""
+    return sorted(n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and n.value in names)
+
+
+def _kind_names() -> set[str]:
+    from shared.org_storage.registry import storage_kinds
+    from shared.providers.registry import providers
+    from shared.settings import Settings
+
+    return set(providers()) | set(storage_kinds(Settings()))
+
+
+def _code_files() -> list[Path]:
+    tops = [ROOT / "shared", ROOT / "functions", ROOT / "tools", ROOT / "adapter_format", ROOT / "machine"]
+    return [ROOT / "function_app.py", *sorted(p for top in tops for p in top.rglob("*.py")
+                                              if "node_modules" not in p.parts and ".venv" not in p.parts)]
+
+
+def test_nothing_branches_on_a_providers_name() -> None:
+    """What a provider can do is declared in its ProviderInfo (shared/providers/registry.py: trains_on_cpu,
+    builds_test_models, lists_network_volumes, resumes_training, ..., each with its refusal), never decided by its
+    name outside the registry and its own package: the control plane, the handlers, the tools, the machine."""
+    kinds = _kind_names()
+    offenders = [f"{rel}:{n}" for p in _code_files() if not (rel := str(p.relative_to(ROOT))).startswith(DECLARATIONS)
+                 for n in provider_branches(p.read_text(), kinds)]
+    assert offenders == [], f"declare the ability in ProviderInfo and read it instead: {offenders}"
+
+
+def test_no_service_writes_a_providers_name() -> None:
+    from shared.providers.registry import providers
+
+    names = set(providers())
+    files = [*sources("services", "runs", "store"), *sorted((ROOT / "functions").rglob("*.py")), ROOT / "function_app.py"]
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in files for n in provider_names_written(p.read_text(), names)]
+    assert offenders == [], f"pick the provider by a declared ability, not by its name: {offenders}"
+
+
+BAD = """
+LOCAL_PROVIDER = "local"
+CLOUDS = frozenset({"aws", "azure"})
+if offer.provider == LOCAL_PROVIDER: pass
+if run.provider != "runpod": pass
+if provider in ("aws", "azure"): pass
+if provider_of(name) not in CLOUDS: pass
+if "local" == body["provider"]: pass
+if base_models.LOCAL_PROVIDER == provider_name: pass
+if req.connection == "aws": pass
+if config.kind == "runpod_volume": pass
+match run.provider:
+    case "aws" | "azure": pass
+match connection.kind:
+    case "s3": pass
+"""
+GOOD = """
+if run.provider == other.provider: pass
+if run.connection == "": pass
+if info.trains_on_cpu is not None: pass
+if resource.kind == "instance": pass
+if provider in providers(): pass
+if "aws" in compute_names(): pass
+match event.kind:
+    case "transition": pass
+"""
+
+
+def test_the_provider_branch_check_finds_each_kind_of_branch() -> None:
+    kinds = {"aws", "azure", "runpod", "local", "s3", "runpod_volume"}
+    assert provider_branches(BAD, kinds) == [4, 5, 6, 7, 8, 9, 10, 11, 12, 14]
+    assert provider_branches(GOOD, kinds) == []
+    assert provider_names_written(BAD, {"aws", "azure", "runpod", "local"}) == [2, 3, 3, 5, 6, 6, 8, 10, 13, 13]
+    assert {"aws", "azure", "runpod", "local", "s3", "runpod_volume"} <= _kind_names()
 
 
 def _package_imports(package: str) -> set[tuple[str, str]]:
@@ -200,3 +352,37 @@ def test_no_import_cycle_between_modules() -> None:
     graph = {m: {d for d in deps if not (d.startswith(m + ".") or m.startswith(d + "."))}
              for m, deps in _graph().items()}
     assert _cycles(graph) == []
+
+
+# What the API's run services take from admission (shared/runs/admission.py): a run request is admitted by one
+# call, `admit`; the other names serve other answers (the model list, the catalog's fit note, the launch's fresh
+# price and limits), never a second path through a request's checks.
+ADMISSION_USERS = {
+    "shared/services/api/runs/drafts.py": {"admit", "Admitted", "TRIAL_MAX_EXAMPLES", "TRIAL_MAX_STEPS",
+                                          "TRIAL_RUNTIME_LIMIT_S"},
+    "shared/services/api/runs/actions.py": {"find_offer"},
+    "shared/services/api/quotas.py": {"check_limits"},
+    "shared/services/api/base_models.py": {"fits_cpu", "loadable", "offered", "providers_on_cpu"},
+    "shared/services/api/catalog.py": {"declared", "listed_fit"},
+}
+
+
+def _admission_names(path: Path) -> set[str]:
+    """The names `path` takes from shared.runs.admission: imported by name, or read as `admission.<name>`."""
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "shared.runs.admission" for alias in node.names}
+    return names | {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name) and node.value.id == "admission"}
+
+
+def test_a_run_request_is_admitted_by_one_call() -> None:
+    """Creating a run once wandered through the API's checks.py, base_models.py, candidates.py and catalog.py
+    (issue 44): every check a request passes before it is saved is now admission's, which the API calls once."""
+    used = {str(p.relative_to(ROOT)): names for p in [*sources("services"), *sorted((ROOT / "functions").rglob("*.py"))]
+            if (names := _admission_names(p))}
+    assert used == ADMISSION_USERS
+    drafts = ast.parse((SHARED / "services/api/runs/drafts.py").read_text())
+    calls = {f.name: sum(1 for n in ast.walk(f) if isinstance(n, ast.Call) and ast.unparse(n.func) == "admission.admit")
+             for f in drafts.body if isinstance(f, ast.FunctionDef) and f.name in ("create", "estimate", "patch")}
+    assert calls == {"create": 1, "estimate": 1, "patch": 1}

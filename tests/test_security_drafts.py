@@ -152,19 +152,19 @@ def test_an_edit_checked_against_a_draft_changed_meanwhile_is_refused(
         h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two edits at once, each valid alone (a big model in 4-bit; then 4-bit off on the same card):
     the second checked the draft as it was before the first, so it is refused, not saved unchecked."""
-    from shared.services.api.runs import checks as runs
+    from shared.runs import admission as runs
 
     project = h.project_and_dataset()
     run = create(h, project, training={"load_in_4bit": True})[1]
-    real = runs.check_request
+    real = runs.admit
 
-    def with_a_concurrent_edit(org: str, body: Any) -> Any:
-        out = real(org, body)
-        monkeypatch.setattr(runs, "check_request", real)
+    def with_a_concurrent_edit(org: str, body: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(org, body, *args, **kwargs)
+        monkeypatch.setattr(runs, "admit", real)
         h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"base_model": BIG})  # fits: still 4-bit
         return out
 
-    monkeypatch.setattr(runs, "check_request", with_a_concurrent_edit)
+    monkeypatch.setattr(runs, "admit", with_a_concurrent_edit)
     status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"load_in_4bit": False}})
     assert status == 409 and "changed by another request" in body["detail"], body
     got = stored(run["id"])

@@ -36,6 +36,24 @@ ConfigHook = Callable[[BaseModel, BaseModel | None], BaseModel]
 
 
 @dataclass(frozen=True)
+class CpuTraining:
+    """A machine that trains on a CPU in fp32 (the local provider's: the developer's own host, no CUDA): what it
+    holds and how fast, for the fit and the forecast. Each refusal is what a request refused for it is told."""
+
+    max_params: int = 1_000_000_000  # a 1B+ model trains too slowly on a CPU to be useful
+    gflops: float = 10.0  # effective fp32 throughput, the forecast's table figure
+    startup_s: int = 60  # a process's imports and model load, no boot or image pull
+    where: str = "on this host's CPU"
+    # bitsandbytes needs CUDA.
+    four_bit_refusal: str = "load_in_4bit needs a CUDA GPU; the {provider} provider trains on the CPU"
+    size_refusal: str = ("the {provider} provider trains on the CPU, for models up to {max_b:g}B parameters; {model} "
+                         "has {params_b:.2f}B")
+    # When no offer of the provider fits: no setting brings a model over the cap under it.
+    size_advice: str = ("{model} is too large for the {provider} CPU provider: choose a smaller model (up to {max_b:g}B "
+                        "parameters, GET /api/base-models) or a GPU provider")
+
+
+@dataclass(frozen=True)
 class ProviderInfo:
     name: str  # the package's own name: shared/providers/<name>/, tests/providers/<name>/
     config_model: type[BaseModel]  # what a user saves (<name>/config.py, no SDK)
@@ -71,6 +89,46 @@ class ProviderInfo:
     # none). The hook imports the machine package (machine/), which only a provider that runs the machine
     # on the control plane's own host may do. None: the machine downloads its model from the hub.
     model_source: Callable[[str], tuple[str, str]] | None = None
+    unloadable_refusal: str = (
+        "{model} cannot be loaded on this host: the {provider} provider's trainer has no hub access and the model is "
+        "not in this host's Hugging Face cache. Choose one it can load: {ready}{packaged}; or download it once into "
+        "the cache (`hf download {model}`, with hub access)")
+    # What each ability below declares is never decided from the provider's name (tests/test_layers.py); a
+    # provider without it refuses with the message declared next to it ({provider}: the refusing provider,
+    # {able}: the providers that have it).
+    #
+    # The machine trains on a CPU (see CpuTraining); None: on the offer's GPU.
+    trains_on_cpu: CpuTraining | None = None
+    # The machine builds the test models (tensorant/*: random weights) itself. Elsewhere it asks the Hugging Face
+    # hub for its base model, which has no such model: a run naming one is refused at create.
+    builds_test_models: bool = False
+    test_models_refusal: str = (
+        "{model} is a test model (random weights built on the machine; the Hugging Face hub has no such model), "
+        "accepted only on the {able} provider. For a {provider} run choose a real model: {real} (GET /api/base-models)")
+    # The account's network volumes can be listed (ComputeProvider.network_volumes), for the storage picker.
+    lists_network_volumes: bool = False
+    network_volumes_refusal: str = "the {provider} provider cannot list network volumes"
+    # The name people know the cloud by, in messages ("RunPod did not list the volumes"); "": the name.
+    title: str = ""
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.name
+
+
+def able(ability: Callable[[ProviderInfo], object]) -> list[str]:
+    """The providers whose declaration has `ability` (a ProviderInfo field, read by the callable), by name: what a
+    refusal names as the ones that would take the request."""
+    return [name for name, info in providers().items() if ability(info)]
+
+
+def declaration(name: str) -> ProviderInfo:
+    """What `name` declares; a test override's name (no package of its own) has the defaults, a cloud machine's."""
+    return providers().get(name) or ProviderInfo(name, BaseModel, _undeclared, {})
+
+
+def _undeclared(config: BaseModel, settings: Settings) -> ComputeProvider:
+    raise RuntimeError("a provider without a package is built through its override")
 
 
 def resumable_providers() -> list[str]:

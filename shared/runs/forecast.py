@@ -1,7 +1,7 @@
 """A run's forecast before launch: how long it will train, how long its machine takes to start, and
 what that costs at the offer's price.
 
-Made at create and at a draft's edit (runs.check_request, the one path for both), stored on the run
+Made at create and at a draft's edit (shared/runs/admission.py, the one path for both), stored on the run
 and shown in its view and by `tensorant runs create|get`. It sets the default runtime limit
 (runtime_limit_for) and warns when the run's limits do not cover it (warnings). Every figure below is
 an assumption, written down so it can be argued with; `basis` repeats the ones a run used.
@@ -54,7 +54,8 @@ Throughput: tokens per second of LoRA SFT = peak FLOPS x MFU / FLOPs per token
   4-bit (QLoRA) dequantizes each weight in every matmul: throughput x QLORA_SPEED (0.72: 39 % longer
   than LoRA on an A100, S. Raschka, "Practical Tips for Finetuning LLMs Using LoRA", 2023).
   A GPU not in the table gets an entry-level Ampere card's figures, so its forecast errs long.
-  Local (the CPU of the control plane's host, fp32): an effective LOCAL_CPU_GFLOPS = 10. No tokens/s
+  Local (the CPU of the control plane's host, fp32): an effective 10 GFLOPS (CpuTraining.gflops, declared
+  by the provider). No tokens/s
   is recorded for it (tests/bench/trainer_bench.py measures the tiny model only); the project's one
   measurement with real weights (its notes, LESSONS.md: 20 LoRA steps of SmolLM2-135M took ~220 s on a
   2-core dev host; batch and row lengths not recorded) fits 10-20 GFLOPS for short rows, and the lower
@@ -87,9 +88,9 @@ from dataclasses import dataclass
 from adapter_format.base_models import DeclaredModel
 from shared.clock import now
 from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, RunRecord, TrainingSettings
+from shared.providers.registry import declaration
 from shared.store import get_store
 
-LOCAL_PROVIDER = "local"
 TOKENS_SOURCE = "estimated from bytes"
 BYTES_PER_TOKEN = 4
 # The trainer's held-out split (machine/trainer/lora.py MIN_EVAL_EXAMPLES, MAX_EVAL_EXAMPLES).
@@ -99,12 +100,10 @@ MAX_EVAL_ROWS = 256
 QLORA_SPEED = 0.72
 SMALL_MODEL_PARAMS = 1_000_000_000
 SMALL_MODEL_MFU = 0.5
-LOCAL_CPU_GFLOPS = 10.0
 
 CLOUD_BOOT_S = 120
 CLOUD_IMAGE_PULL_S = 120
 MODEL_FETCH_BYTES_PER_S = 50e6
-LOCAL_STARTUP_S = 60
 
 # A check shorter than this measured too little to stand for a throughput (imports, first-step warm-up).
 MIN_MEASURED_S = 10.0
@@ -200,9 +199,10 @@ def throughput(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings
     if training.method == "dpo":
         per_token *= dpo_factor(training)
         formula += f" x {dpo_factor(training):.3g} (DPO: the reference model's forward pass)"
-    if offer.provider == LOCAL_PROVIDER:
-        rate = LOCAL_CPU_GFLOPS * 1e9 / per_token
-        return Throughput(rate, f"local CPU: an effective {LOCAL_CPU_GFLOPS:g} GFLOPS (fp32) / {formula}")
+    cpu = declaration(offer.provider).trains_on_cpu
+    if cpu is not None:
+        rate = cpu.gflops * 1e9 / per_token
+        return Throughput(rate, f"{offer.provider} CPU: an effective {cpu.gflops:g} GFLOPS (fp32) / {formula}")
     gpu = gpu_figures(offer.gpu)
     fp32 = training.precision == "fp32"
     peak = gpu.fp32_tflops if fp32 else gpu.bf16_tflops
@@ -286,8 +286,9 @@ def tokens_per_example(dataset: DatasetVersionRecord, training: TrainingSettings
 
 
 def startup_s(model: DeclaredModel, offer: GpuOffer) -> tuple[int, str]:
-    if offer.provider == LOCAL_PROVIDER:
-        return LOCAL_STARTUP_S, f"startup {LOCAL_STARTUP_S // 60} min (a local process: imports, model load)"
+    cpu = declaration(offer.provider).trains_on_cpu
+    if cpu is not None:
+        return cpu.startup_s, f"startup {cpu.startup_s // 60} min (a {offer.provider} process: imports, model load)"
     weights = 2 * model.param_count()
     fetch = math.ceil(weights / MODEL_FETCH_BYTES_PER_S)
     why = (f"startup: boot {CLOUD_BOOT_S // 60} min + image pull {CLOUD_IMAGE_PULL_S // 60} min + "
@@ -306,7 +307,8 @@ def predict(dataset: DatasetVersionRecord, training: TrainingSettings, model: De
     rate = throughput(model, offer, training)
     # The table is an assumption: the first run of a model on a GPU (or on this host's CPU) took 12 min
     # where it said 2 (issue 31). Said with the forecast until a like run's measured pace replaces it.
-    where = "on this host's CPU" if offer.provider == LOCAL_PROVIDER else f"on {offer.gpu}"
+    cpu = declaration(offer.provider).trains_on_cpu
+    where = cpu.where if cpu is not None else f"on {offer.gpu}"
     uncertainty = (f"no run of this model measured {where} yet: the pace is a table estimate, it may be several "
                    "times off (a finished run's measured pace replaces it for the next ones)")
     if measured is not None and usable_rate(measured.tokens_per_s):  # never a division by 0 or by inf

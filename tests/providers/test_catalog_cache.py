@@ -40,7 +40,7 @@ pytestmark = pytest.mark.memory_provider(compute=_PriceOutage, cloud=_Account)
 
 
 def test_failed_refresh_serves_the_last_good_copy_with_its_time(h: Harness, cloud: Cloud) -> None:
-    from shared.services.api.catalog import find_offer
+    from shared.runs.admission import find_offer
     from shared.services.steps import refresh_catalog as catalog
 
     assert isinstance(cloud, _Account)

@@ -21,4 +21,4 @@ def build(config: BaseModel, settings: Settings) -> ComputeProvider:
 
 PROVIDER = ProviderInfo("runpod", RunPodConfig, build, {"api_key": "<RunPod API key>", "cloud_type": "SECURE"},
                         sdk_modules=modules_of(sdk), prepare_config=with_storage, resumes_training=True,
-                        working_files_on_storage=True)
+                        working_files_on_storage=True, lists_network_volumes=True, title="RunPod")

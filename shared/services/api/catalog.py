@@ -1,6 +1,7 @@
 """The GPU price catalog per connection, as the API shows it and runs choose from it: the cached
 offers with their time; a stale catalog queues a refresh (shared/services/steps/refresh_catalog.py).
-A run records its price at launch; a later refresh never rewrites it.
+A run records its price at launch; a later refresh never rewrites it. A run's offer is looked up in the
+same cache by admission (shared/runs/admission.py, find_offer).
 """
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from shared.clock import now
-from shared.errors import InvalidInput, NotFound
+from shared.errors import NotFound
 from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
 from shared.queues import get_queues
+from shared.runs import admission
 from shared.runs.org_backends import check_connection_name, compute_connection_slot, connection_of_slot, provider_of
 from shared.security import Principal
 from shared.settings import get_settings
@@ -24,9 +26,7 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
     """The cached offers (of one `connection`, of every connection of one `provider`, or of all the
     org's compute connections); each names its connection. With base_model, each offer says whether
     it `fits` a LoRA run of that model at the default training settings, and the `memory_needed_gb`."""
-    from shared.services.api import base_models
-
-    model = base_models.declared(base_model) if base_model else None
+    model = admission.declared(base_model) if base_model else None
     store = get_store()
     if connection:
         check_connection_name(connection, provider=provider or None)  # 422 naming `connection`
@@ -62,32 +62,12 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
         defaults = TrainingSettings()
         shown = []
         for offer in items:
-            f = base_models.fit(model, offer, defaults)
-            if f.fits and offer.provider == base_models.LOCAL_PROVIDER and not base_models.local_loadable(model):
-                # Listed as fitting, a run of it was then refused at create (or failed a minute in).
-                f = base_models.Fit(False, f.memory_needed_gb, f"{model.name} cannot be loaded on this host without "
-                                    "the hub (not in its Hugging Face cache); create says what to do")
+            f = admission.listed_fit(model, offer, defaults)
             shown.append({**offer.model_dump(mode="json"), "fits": f.fits, "memory_needed_gb": f.memory_needed_gb,
                           **({"fit_note": f.why} if f.why else {})})
     return {"items": shown, "catalogs": catalogs,
             "note": "Prices are on-demand compute plus the job's disk per hour; network, data transfer, "
                     "taxes and discounts are not included."}
-
-
-def cached_offers(org: str, connection: str) -> list[GpuOffer]:
-    """The cached offers of the compute connection `connection` (`aws`, `aws/us-west-2`)."""
-    rec = get_store().catalogs.get(org, connection)
-    return [o.model_copy(update={"connection": connection}) for o in rec.offers] if rec else []
-
-
-def find_offer(org: str, connection: str, offer_id: str) -> GpuOffer:
-    """The offer `offer_id` in the catalog of the compute connection `connection`, naming it."""
-    offers = cached_offers(org, connection)
-    for offer in offers:
-        if offer.offer_id == offer_id:
-            return offer
-    known = ", ".join(o.offer_id for o in offers[:10]) or "none (is the connection connected?)"
-    raise InvalidInput.field("offer_id", f"{offer_id!r} is not in the {connection} catalog now; choose one of: {known}")
 
 
 def _save_command(provider: str) -> str:

@@ -197,14 +197,18 @@ def request_check(principal: Principal, name: str) -> ConnectionView:
 
 
 def runpod_volumes(principal: Principal) -> dict[str, Any]:
-    """The RunPod account's network volumes, so an owner can pick one for storage."""
+    """The network volumes of the account of the provider that lists them (declared lists_network_volumes:
+    RunPod), so an owner can pick one for storage."""
+    from shared.providers.registry import providers
+
     require(principal, Role.owner)
-    provider = compute_for(principal.org, "runpod")
+    [info] = [i for i in providers().values() if i.lists_network_volumes]  # the route names the one there is
+    provider = compute_for(principal.org, info.name)
     list_volumes = getattr(provider, "network_volumes", None)
-    if list_volumes is None:
-        raise NotFound("this provider cannot list network volumes")
+    if list_volumes is None:  # a test override of the provider that lacks the method
+        raise NotFound(info.network_volumes_refusal.format(provider=info.name))
     try:
         return {"items": list_volumes()}
     except ProviderError as exc:
-        raise Conflict(f"RunPod did not list the volumes: {exc.reason}; enter the volume ID and datacenter "
+        raise Conflict(f"{info.shown} did not list the volumes: {exc.reason}; enter the volume ID and datacenter "
                        "ID instead") from exc

@@ -3,7 +3,7 @@
 Owners set the org's limits (PUT /api/org/limits); every org has safe defaults until then.
 Enforced in runs.create(), runs.patch() (a draft's edit) and runs.launch():
 - price_limit_per_hour above max_price_limit_per_hour, or a runtime limit above
-  max_runtime_limit_s: 422 naming the field (create, edit, launch);
+  max_runtime_limit_s: 422 naming the field (create, edit: shared/runs/admission.py's check_limits; launch);
 - max_active_runs launched runs that are not finished yet (anything holding or about to
   hold a machine or disk): 409 at launch;
 - more than runs_per_minute requests of one kind in one minute: 429 with Retry-After. The kinds:
@@ -30,13 +30,13 @@ from pydantic import ValidationError
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, TooManyRequests, invalid
 from shared.lifecycle import HOLDS_MACHINE
-from shared.models import Role, RunCreate, RunRecord, RunState
+from shared.models import Role, RunRecord, RunState
+from shared.runs.admission import check_limits
 from shared.runs.org_limits import LIMITS_KEY as LIMITS_KEY
 from shared.runs.org_limits import LimitsAnswer, OrgLimits, get_limits, over_ceilings
 from shared.runs.org_limits import set_limits as set_limits
 from shared.runs.retention import affected_by
 from shared.security import Principal, require
-from shared.settings import get_settings
 from shared.store import get_store
 
 # The limits themselves (OrgLimits, get_limits, set_limits) live in shared/runs/org_limits.py, where
@@ -121,38 +121,14 @@ def take_read(principal: Principal, action: str) -> None:
     _take(principal.org, action, get_limits(principal.org).runs_per_minute * HEAVY_READS_PER_RUN)
 
 
-def _check_limits(limits: OrgLimits, price: float, runtime_s: int) -> None:
-    errors = []
-    if price > limits.max_price_limit_per_hour:
-        errors.append({"field": "price_limit_per_hour", "message": (
-            f"{price:g}/h is above the organization's limit of {limits.max_price_limit_per_hour:g}/h; "
-            "lower it, or an owner raises max_price_limit_per_hour under /api/org/limits")})
-    if runtime_s > limits.max_runtime_limit_s:
-        errors.append({"field": "runtime_limit_s", "message": (
-            f"{runtime_s} s is above the organization's limit of {limits.max_runtime_limit_s} s; "
-            "lower it, or an owner raises max_runtime_limit_s under /api/org/limits")})
-    if errors:
-        raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
-
-
-def _check_request(limits: OrgLimits, body: RunCreate) -> None:
-    _check_limits(limits, body.price_limit_per_hour, body.runtime_limit_s or get_settings().default_runtime_limit_s)
-
-
-def check_create(principal: Principal, body: RunCreate) -> None:
-    limits = get_limits(principal.org)
-    _check_request(limits, body)
+def take_create(principal: Principal, limits: OrgLimits) -> None:
+    """The run rate limit for one more create (admission calls it once the org's limits pass)."""
     _take(principal.org, "create", limits.runs_per_minute)
-
-
-def check_edit(principal: Principal, body: RunCreate) -> None:
-    """A draft's edit (the draft as it would be): the org's limits as at create; not rate limited."""
-    _check_request(get_limits(principal.org), body)
 
 
 def check_launch(principal: Principal, run: RunRecord) -> OrgLimits:
     limits = get_limits(principal.org)
-    _check_limits(limits, run.price_limit_per_hour, run.runtime_limit_s)  # limits may have changed since
+    check_limits(limits, run.price_limit_per_hour, run.runtime_limit_s)  # limits may have changed since
     return limits
 
 

@@ -29,6 +29,7 @@ from shared.org_storage.base import adapter_key
 from shared.providers.registry import resumable_providers, resumes_training
 from shared.queues import get_queues
 from shared.runs import billing, budgets
+from shared.runs.admission import find_offer
 from shared.runs.candidates import candidates_of
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
@@ -37,7 +38,6 @@ from shared.runs.org_backends import compute_for, ref_of, run_connection, storag
 from shared.runs.retention import checkpoint_saved
 from shared.security import Principal, require
 from shared.services.api import quotas
-from shared.services.api.catalog import find_offer
 from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.checkpoints import named, read_checkpoint
 from shared.services.api.runs.view import view

@@ -1,5 +1,5 @@
 """Drafts: create, edit and delete a run before launch (nothing is rented for a draft). Every
-create and edit passes the same checks (checks.check_request)."""
+create, edit and estimate passes the same admission (shared/runs/admission.py), called once."""
 
 from __future__ import annotations
 
@@ -23,18 +23,18 @@ from shared.models import (
     RunState,
     RunView,
 )
-from shared.runs import forecast
+from shared.runs import admission, forecast
+from shared.runs.admission import TRIAL_MAX_EXAMPLES, TRIAL_MAX_STEPS, TRIAL_RUNTIME_LIMIT_S, Admitted
 from shared.runs.candidates import dearest_price
 from shared.runs.events import event
 from shared.security import Principal, require
 from shared.services.api import quotas
-from shared.services.api.runs import checks
-from shared.services.api.runs.checks import TRIAL_MAX_EXAMPLES, TRIAL_MAX_STEPS, TRIAL_RUNTIME_LIMIT_S, CheckedRequest
+from shared.services.api.org_secrets import hf_token
 from shared.services.api.runs.view import view, warnings_of
 from shared.store import get_store
 
 
-def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
+def _draft_fields(body: RunCreate, checked: Admitted) -> dict[str, Any]:
     """What a draft stores of a checked request (create and edit alike)."""
     return {
         "kind": body.kind, "provider": body.provider, "offer": checked.offer,
@@ -52,7 +52,7 @@ def _draft_fields(body: RunCreate, checked: CheckedRequest) -> dict[str, Any]:
     }
 
 
-def _forecast_events(run: RunRecord, checked: CheckedRequest, source: str = "") -> None:
+def _forecast_events(run: RunRecord, checked: Admitted, source: str = "") -> None:
     """The forecast in the run's history, and why the runtime limit is not the default when it is not."""
     if run.forecast is not None:
         uncertain = f"; {run.forecast.uncertainty}" if run.forecast.uncertainty else ""
@@ -84,8 +84,7 @@ def _kind_event(run: RunRecord, dataset: DatasetVersionRecord, source: str = "")
 
 def create(principal: Principal, body: RunCreate) -> RunView:
     require(principal, Role.owner, Role.member)
-    quotas.check_create(principal, body)  # org limits and the run rate limit
-    checked = checks.check_request(principal.org, body)
+    checked = admission.admit(principal.org, body, hf_token, charge=lambda limits: quotas.take_create(principal, limits))
     t = now()
     run = RunRecord(
         org=principal.org, id=newest_first_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
@@ -106,8 +105,7 @@ def estimate(principal: Principal, body: RunCreate) -> RunEstimate:
     """The draft a create of `body` would save, checked the same way, but not saved and not rate
     limited (a form asks at each change): its offer, runtime limit, forecast and warnings."""
     require(principal, Role.owner, Role.member)
-    quotas.check_edit(principal, body)  # the org's limits as at create, without taking from the rate limit
-    checked = checks.check_request(principal.org, body)
+    checked = admission.admit(principal.org, body, hf_token)  # as at create, without taking from the rate limit
     t = now()
     run = RunRecord(org=principal.org, id="estimate", project_id=body.project_id, created_at=t, updated_at=t,
                     state_changed_at=t, created_by=principal.sub, billing=Billing(), **_draft_fields(body, checked))
@@ -164,8 +162,7 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
         edited = RunCreate.model_validate(merged)
     except ValidationError as exc:
         raise invalid(exc, model=RunCreate) from exc
-    quotas.check_edit(principal, edited)  # the org's limits, as at create
-    checked = checks.check_request(principal.org, edited)
+    checked = admission.admit(principal.org, edited, hf_token)  # as at create, not rate limited
     updates = _draft_fields(edited, checked) | {"updated_at": now()}
 
     def change(r: RunRecord) -> RunRecord | None:
