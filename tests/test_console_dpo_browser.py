@@ -1,18 +1,20 @@
 """A DPO run's preference curve on its console page (issue 43), in real headless Chromium against a started
-local host with the REAL trainer (tests/console/dpo_driver.mjs): the run is launched from its page and
-followed to succeeded; the chart's polylines are read back from the SVG and must lie where the run's metrics
-(GET /api/runs/{id}/metrics, from the trainer's eval lines) put them; axe-core audits the page."""
+local host with the REAL trainer (tests/console/dpo_driver.mjs): the run is configured in the console (the
+pairs uploaded, DPO in "More training settings"), launched and followed to succeeded on its page; the chart's
+polylines are read back from the SVG and must lie where the run's metrics (GET /api/runs/{id}/metrics, from
+the trainer's eval lines) put them; axe-core audits the page."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.local_host import ROOT, Client, LocalHost, local_training_setup
+from tests.e2e.local_host import ROOT, Client, LocalHost
 from tests.test_console_browser import CHROMIUM, SHOTS, _browser_or_skip
 
 pytestmark = pytest.mark.e2e
@@ -80,24 +82,24 @@ PROBES = [
 ]
 
 
-def test_a_dpo_run_shows_its_preference_curve(host: LocalHost) -> None:
+def test_a_dpo_run_configured_in_the_console_shows_its_preference_curve(host: LocalHost, tmp_path: Path) -> None:
     api = Client(host.url, host.token)
-    setup = local_training_setup(api, "dpo-console", BASE)
-    rows = [json.dumps({"prompt": f"What is {i} plus {i}?", "chosen": f"{i} plus {i} is {2 * i}.",
-                        "rejected": f"I do not know what {i} plus {i} is."}) for i in range(24)]
-    pairs = api("POST", f"/api/projects/{setup.project_id}/datasets", data="\n".join(rows).encode(),
-                headers={"Content-Type": "application/x-ndjson"})
-    run = api("POST", "/api/runs", json={
-        "project_id": setup.project_id, "dataset_version_id": pairs["id"], "provider": "local",
-        "offer_id": setup.offer["offer_id"], "base_model": BASE, "price_limit_per_hour": 1.0,
-        "training": {"method": "dpo", "dpo_beta": 0.1, "max_steps": 6, "batch_size": 4, "max_seq_len": 64,
-                     "learning_rate": 0.005, "sample_prompts": 0, "eval_every_steps": 2}})
-    got = drive("dpo", url=host.url, token=host.token, run_id=run["id"], evaluations=3, probes=PROBES)
-
-    assert api("GET", f"/api/runs/{run['id']}")["state"] == "succeeded"
+    api("PUT", "/api/connections/storage", json={"kind": "local"})
+    api("PUT", "/api/connections/compute/local", json={})
+    assert api.wait("/api/connections/compute/local", lambda c: c["status"] != "checking", 30)["status"] == "connected"
+    dataset = tmp_path / "pairs.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i}?", "chosen": f"{i} plus {i} is {2 * i}.",
+                                           "rejected": f"I do not know what {i} plus {i} is."}) + "\n"
+                               for i in range(24)))
+    training = {"method": "dpo", "dpo_beta": 0.1, "batch_size": 4, "sample_prompts": 0, "eval_every_steps": 2}
+    got = drive("dpo", url=host.url, token=host.token, dataset=str(dataset), rows=24, base_model=BASE,
+                offer="local-smoke", learning_rate=0.005, max_steps=6, max_seq_len=64, training=training,
+                evaluations=3, probes=PROBES)
+    run = api("GET", f"/api/runs/{got['runId']}")
+    assert run["training"]["method"] == "dpo" and run["training"]["max_steps"] == 6, run["training"]
+    assert run["state"] == "succeeded"
     evals = api("GET", f"/api/runs/{run['id']}/metrics")["eval_points"]
     assert [p["step"] for p in evals] == [2, 4, 6], evals
-    assert got["draftChart"] == 0  # nothing before the run trained
     chart = got["chart"]
     assert chart["viewBox"] == f"0 0 {W} {H}"
     want = expected(evals)

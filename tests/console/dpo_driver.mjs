@@ -1,6 +1,6 @@
-// Drives a DPO run's page in headless Chromium for tests/test_console_dpo_browser.py (same conventions as
-// driver.mjs: labels, buttons, one JSON line out): the run launched from its page, followed to succeeded, its
-// preference chart read back from the SVG, the page audited by axe-core at a desktop's and a phone's width.
+// Drives a DPO run in headless Chromium for tests/test_console_dpo_browser.py (same conventions as driver.mjs:
+// labels, buttons, one JSON line out): the run configured and launched in the console, followed to succeeded on
+// its page, its preference chart read back from the SVG, the page audited by axe-core at two widths.
 import { chromium } from "playwright-core";
 import fs from "node:fs";
 import { createRequire } from "node:module";
@@ -60,12 +60,35 @@ async function audit(page, name, width, into) {
 
 async function dpo(page) {
   await signIn(page);
-  await page.goto(`${args.url}/api/console#/runs/${args.run_id}`);
-  await page.getByRole("heading", { level: 1, name: `Run ${args.run_id}` }).waitFor();
-  // A draft has no curve yet.
-  const draftChart = await page.locator("#preference-chart").count();
-  await page.locator("#act-launch").click();
-  await page.locator("#confirm-yes").click();
+  // Configure a run as a user does: a project, the pairs uploaded, the model and the local offer, the limits,
+  // and DPO in "More training settings"; the trial draft saved, its price confirmed, launched.
+  await page.getByRole("link", { name: "Configure a run" }).click();
+  await page.getByRole("heading", { name: "Configure a run" }).waitFor();
+  await page.getByLabel("New project name").fill("preferences");
+  await page.getByRole("button", { name: "Create project" }).click();
+  // The method first: the price and forecast show as the form changes, and a dataset of pairs is refused
+  // for sft (the default) with a 422 the estimate would show.
+  await page.getByLabel("More training settings (JSON)").fill(JSON.stringify(args.training));
+  await page.getByLabel("Upload a dataset").setInputFiles(args.dataset);
+  await page.getByRole("button", { name: "Upload dataset" }).click();
+  await page.locator(`select:has(option:text-matches('${args.rows} rows'))`).waitFor();
+  await page.getByLabel("Provider").selectOption("local");
+  await page.getByLabel("Base model").selectOption(args.base_model);
+  await page.locator(`input[name=offer][value="${args.offer}"]`).waitFor();
+  await page.waitForLoadState("networkidle");
+  await page.locator(`input[name=offer][value="${args.offer}"]`).check();
+  await page.getByLabel("Price limit (per hour)").fill("1");
+  await page.getByLabel("Learning rate").fill(String(args.learning_rate));
+  await page.getByLabel("Max steps").fill(String(args.max_steps));
+  await page.getByLabel("Max sequence length (tokens)").fill(String(args.max_seq_len));
+  await page.getByRole("button", { name: "Save trial draft" }).click();
+  await page.locator("#price-confirmation").waitFor();
+  await page.getByRole("button", { name: "Launch…" }).click();
+  const dialog = page.getByRole("dialog");
+  await dialog.waitFor();
+  await dialog.getByRole("button", { name: /^Launch at / }).click();
+  await page.waitForURL(/#\/runs\//);
+  const runId = page.url().split("#/runs/")[1];
   await page.locator('#run-state:text-is("succeeded")').waitFor({ timeout: 150000 });
   // The page polls on until the last log line is read: the chart is drawn again with every evaluation.
   await page.locator(`#preference-chart[aria-label$="(${args.evaluations} evaluations)"]`).waitFor({ timeout: 30000 });
@@ -99,7 +122,7 @@ async function dpo(page) {
     probes.push(drawn ? await page.evaluate(readChart, "probe-chart") : null);
     await page.evaluate(() => document.getElementById("probe")?.remove());
   }
-  return { draftChart, chart, words, section, probes, ...seen };
+  return { runId, chart, words, section, probes, ...seen };
 }
 
 const browser = await chromium.launch({ executablePath: args.chromium, args: ["--no-sandbox"] });
@@ -107,8 +130,16 @@ let result;
 let page;
 try {
   page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  page.on("console", (m) => { if (m.type() === "error") problems.push(m.text()); });
+  // A failed request is named by the response listener (the console's own line does not say which).
+  page.on("console", (m) => {
+    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push(m.text());
+  });
   page.on("pageerror", (e) => problems.push(String(e)));
+  page.on("response", async (r) => {
+    if (r.status() < 400) return;
+    const body = await r.text().catch(() => "");
+    problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}: ${body.slice(0, 300)}`);
+  });
   page.setDefaultTimeout(20000);
   const scenarios = { dpo };
   const out = await scenarios[scenario](page);
