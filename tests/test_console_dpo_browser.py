@@ -1,6 +1,6 @@
 """A DPO run's preference curve on its console page (issue 43), in real headless Chromium against a started
 local host with the REAL trainer (tests/console/dpo_driver.mjs): the run is configured in the console (the
-pairs uploaded, DPO in "More training settings"), launched and followed to succeeded on its page; the chart's
+pairs uploaded, the Method following their format), launched and followed to succeeded on its page; the chart's
 polylines are read back from the SVG and must lie where the run's metrics (GET /api/runs/{id}/metrics, from
 the trainer's eval lines) put them; axe-core audits the page."""
 
@@ -91,10 +91,11 @@ def test_a_dpo_run_configured_in_the_console_shows_its_preference_curve(host: Lo
     dataset.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i}?", "chosen": f"{i} plus {i} is {2 * i}.",
                                            "rejected": f"I do not know what {i} plus {i} is."}) + "\n"
                                for i in range(24)))
-    training = {"method": "dpo", "dpo_beta": 0.1, "batch_size": 4, "sample_prompts": 0, "eval_every_steps": 2}
+    training = {"dpo_beta": 0.1, "batch_size": 4, "sample_prompts": 0, "eval_every_steps": 2}
     got = drive("dpo", url=host.url, token=host.token, dataset=str(dataset), rows=24, base_model=BASE,
                 offer="local-smoke", learning_rate=0.005, max_steps=6, max_seq_len=64, training=training,
                 evaluations=3, probes=PROBES)
+    assert got["method"] == "dpo"  # the form's Method followed the uploaded pairs
     run = api("GET", f"/api/runs/{got['runId']}")
     assert run["training"]["method"] == "dpo" and run["training"]["max_steps"] == 6, run["training"]
     assert run["state"] == "succeeded"

@@ -60,18 +60,18 @@ async function audit(page, name, width, into) {
 
 async function dpo(page) {
   await signIn(page);
-  // Configure a run as a user does: a project, the pairs uploaded, the model and the local offer, the limits,
-  // and DPO in "More training settings"; the trial draft saved, its price confirmed, launched.
+  // Configure a run as a user does: a project, the pairs uploaded (the method follows), the model and the
+  // local offer, the limits, DPO's settings in "More training settings"; the trial draft saved, launched.
   await page.getByRole("link", { name: "Configure a run" }).click();
   await page.getByRole("heading", { name: "Configure a run" }).waitFor();
   await page.getByLabel("New project name").fill("preferences");
   await page.getByRole("button", { name: "Create project" }).click();
-  // The method first: the price and forecast show as the form changes, and a dataset of pairs is refused
-  // for sft (the default) with a 422 the estimate would show.
-  await page.getByLabel("More training settings (JSON)").fill(JSON.stringify(args.training));
   await page.getByLabel("Upload a dataset").setInputFiles(args.dataset);
   await page.getByRole("button", { name: "Upload dataset" }).click();
   await page.locator(`select:has(option:text-matches('${args.rows} rows'))`).waitFor();
+  // The method follows the uploaded version's format (pairs: DPO), before any estimate is asked for: a pairs
+  // version with sft is a 422, which the problems below would report.
+  const method = await page.getByLabel("Method").inputValue();
   await page.getByLabel("Provider").selectOption("local");
   await page.getByLabel("Base model").selectOption(args.base_model);
   await page.locator(`input[name=offer][value="${args.offer}"]`).waitFor();
@@ -81,6 +81,7 @@ async function dpo(page) {
   await page.getByLabel("Learning rate").fill(String(args.learning_rate));
   await page.getByLabel("Max steps").fill(String(args.max_steps));
   await page.getByLabel("Max sequence length (tokens)").fill(String(args.max_seq_len));
+  await page.getByLabel("More training settings (JSON)").fill(JSON.stringify(args.training));
   await page.getByRole("button", { name: "Save trial draft" }).click();
   await page.locator("#price-confirmation").waitFor();
   await page.getByRole("button", { name: "Launch…" }).click();
@@ -122,7 +123,7 @@ async function dpo(page) {
     probes.push(drawn ? await page.evaluate(readChart, "probe-chart") : null);
     await page.evaluate(() => document.getElementById("probe")?.remove());
   }
-  return { runId, chart, words, section, probes, ...seen };
+  return { runId, method, chart, words, section, probes, ...seen };
 }
 
 const browser = await chromium.launch({ executablePath: args.chromium, args: ["--no-sandbox"] });
