@@ -118,9 +118,10 @@ bench-scale: install
 # The project's trainer side by side with a bare transformers+peft loop and TRL's SFTTrainer, on
 # SmolLM2-135M's real weights (CPU, one thread; about 15 minutes). TRL goes into its own venv,
 # .tensorant/bench-venv, never into the project's dependencies. BENCH_ARGS e.g. "--steps 40 --out r.json".
+# Then DPO against TRL's DPOTrainer on the same model and pairs (6 steps; DPO_BENCH_ARGS e.g. "--steps 12").
 bench-trainers: install
 	$(PY) -m tests.bench.trainers_bench $(BENCH_ARGS)
-	$(PY) -m tests.bench.dpo_bench
+	$(PY) -m tests.bench.dpo_bench $(DPO_BENCH_ARGS)
 
 # tests/trainer/test_tracking.py's loopback MLflow server: PyPI mlflow in its own venv, never the app's or the
 # trainer's dependency (the trainer speaks MLflow's REST API); without it that test is skipped.

@@ -50,7 +50,9 @@ def delete_run(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="runs/{id}/metrics", methods=["GET"], auth_level=ANON)
 @http.api(summary="Per-step training loss (and learning rate) from the trainer's progress lines, for a chart: "
-          "of the newest 2000 log lines, or of the 2000 after=<line> (next follows); rate-limited per org")
+          "of the newest 2000 log lines, or of the 2000 after=<line> (next follows); with the evaluations per "
+          "evaluated step (a DPO run's preference accuracy and reward margin); rate-limited per org",
+          response=logs.RunMetrics)
 def run_metrics(req: func.HttpRequest) -> func.HttpResponse:
     return http.respond(lambda: logs.metrics(http.principal(req), req.route_params["id"],
                                              after=req.params.get("after")))

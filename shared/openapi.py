@@ -108,6 +108,9 @@ QUERY: dict[str, list[dict[str, Any]]] = {
         {"name": "limit", "schema": {"type": "integer", "minimum": 1, "maximum": 5000, "default": 1000},
          "description": "lines per page"},
     ],
+    "run_metrics": [{"name": "after", "schema": {"type": "string", "pattern": "^[0-9]{1,10}$"},
+                     "description": "read the 2000 log lines after this one (a previous answer's `next`); the newest "
+                                    "2000 when omitted"}],
     "list_runs": [
         *PAGE_PARAMS,
         {"name": "state", "schema": {"type": "string"}, "example": "training,retained",

@@ -62,6 +62,20 @@ def test_trainers_bench_runs_as_committed() -> None:
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
 
+
+@pytest.mark.skipif(not ALL, reason="minutes long: make test-benches")
+@pytest.mark.skipif(not (ROOT / ".tensorant" / "bench-venv" / "bin" / "python").exists(),
+                    reason="TRL is not installed in .tensorant/bench-venv: make bench-trainers installs it")
+@pytest.mark.timeout(600)
+def test_dpo_bench_runs_as_committed() -> None:
+    """Against TRL on the tiny model (SmolLM2 is the bench's default, minutes a step pair on this machine)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_") and k != "AzureWebJobsStorage"}
+    done = subprocess.run([sys.executable, "-m", "tests.bench.dpo_bench", "--model", "tiny", "--steps", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "project / TRL:" in out and "held-out accuracy" in out, out[-3000:]
+
 def test_the_chaos_tests_take_a_timeout_from_their_own_budget() -> None:
     """Their work is a fixed number of runs; the suite's 300 s default failed them on a busy machine."""
     from tests.chaos import test_chaos, test_two_hosts

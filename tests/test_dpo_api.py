@@ -135,8 +135,63 @@ def test_runs_get_prints_the_preference_curve(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(cli, "Client", Client)
     assert cli.main(["runs", "get", "r-1"]) == 0
     out = capsys.readouterr().out
-    assert "preference accuracy" in out and "50% -> 75%, reward margin 0.1234" in out, out
+    assert "preference accuracy" in out and "50% -> 75% at step 6, reward margin 0.1234" in out, out
 
+
+
+def test_runs_watch_ends_with_the_last_preference_accuracy() -> None:
+    import io
+
+    from tensorant_cli.commands.watch import watch
+    from tests.test_forecast import RUN
+
+    metrics = {"points": [], "eval_points": [
+        {"step": 3, "eval_loss": 0.65, "preference_accuracy": 0.5, "reward_margin": 0.01},
+        {"step": 6, "eval_loss": 0.6, "preference_accuracy": 0.75, "reward_margin": 0.1234}], "eval_loss": 0.6}
+    done = [{"at": "2026-01-01T00:00:00Z", "kind": "transition", "state": "succeeded", "message": "-> succeeded"}]
+    asked: list[str] = []
+
+    class Client:
+        def __init__(self, method: str) -> None:
+            self.method = method
+
+        def get(self, path: str, **params: str) -> Any:
+            asked.append(path)
+            if path.endswith("/metrics"):
+                return metrics
+            if path.endswith("/logs"):
+                return {"lines": [], "next": None}
+            return {**RUN, "state": "succeeded", "events": done, "training": {"method": self.method}}
+
+    out = io.StringIO()
+    assert watch(Client("dpo"), "r-1", interval=0, stream=out) == 0  # type: ignore[arg-type]
+    assert "preference accuracy" in out.getvalue() and "75% at step 6, reward margin 0.1234" in out.getvalue()
+    # An SFT run's end reads no metrics (a rate-limited read) and says no preference.
+    asked.clear()
+    out = io.StringIO()
+    assert watch(Client("sft"), "r-1", interval=0, stream=out) == 0  # type: ignore[arg-type]
+    assert "preference" not in out.getvalue() and not any(p.endswith("/metrics") for p in asked)
+
+
+def test_the_metrics_answer_is_what_the_openapi_document_says(h: Harness) -> None:
+    from shared.services.api.runs.logs import RunMetrics
+
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    h.agent(run_id).heartbeat("training", 0.5, [
+        "progress=0.5 step=3 loss=0.6 lr=0.01",
+        "eval step=3 eval_loss=0.6500 preference_accuracy=0.7500 reward_margin=-0.1234"])
+    got = h.ok("GET", f"/api/runs/{run_id}/metrics")
+    parsed = RunMetrics.model_validate(got)
+    assert parsed.eval_points[0].preference_accuracy == 0.75 and parsed.eval_points[0].reward_margin == -0.1234
+    assert set(got) == set(RunMetrics.model_fields)  # every key documented, none undocumented
+    doc = h.ok("GET", "/api/openapi.json")
+    op = doc["paths"]["/api/runs/{id}/metrics"]["get"]
+    assert op["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunMetrics"}
+    point = doc["components"]["schemas"]["EvalPoint"]["properties"]
+    assert {"preference_accuracy", "reward_margin"} <= set(point)
+    assert {"type": "number", "minimum": 0, "maximum": 1} in point["preference_accuracy"]["anyOf"]
+    assert [q["name"] for q in op["parameters"] if q["in"] == "query"] == ["after"]
 
 def test_the_fit_counts_both_sequences_of_a_pair() -> None:
     from shared.runs.admission import memory_needed

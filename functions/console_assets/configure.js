@@ -5,7 +5,8 @@ import { busy, confirmAction, consoleWords, duration, errorBox, field, h, money,
 
 const FORMAT_HELP = "One JSON object a line (.jsonl), each one of: "
   + '{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}, '
-  + '{"prompt": "...", "completion": "..."}, or {"text": "..."}. Only the assistant turns (the completion) are trained on.';
+  + '{"prompt": "...", "completion": "..."}, or {"text": "..."}. Only the assistant turns (the completion) are trained on. '
+  + 'For preference training (DPO), pairs: {"prompt": "...", "chosen": "...", "rejected": "..."}.';
 
 function option(value, label, selected) {
   const o = h("option", { value }, label);
@@ -46,13 +47,27 @@ export async function configurePage() {
 
   // Dataset
   const datasetSelect = h("select", {}, option("", "Choose a project first"));
+  const formats = new Map(); // dataset version -> "examples" | "pairs"
+  // The method follows the chosen version's format: pairs train with DPO, examples with SFT (the API
+  // refuses the other way round).
+  const method = h("select", {}, option("sft", "Supervised fine-tuning (examples)"),
+    option("dpo", "Preference training, DPO (pairs)"));
+  function followFormat() {
+    const f = formats.get(datasetSelect.value);
+    if (f) method.value = f === "pairs" ? "dpo" : "sft";
+  }
+  datasetSelect.addEventListener("change", followFormat);
   const file = h("input", { type: "file", accept: ".jsonl,.json,application/x-ndjson" });
   const upload = h("button", { type: "button" }, "Upload dataset");
   async function loadDatasets(select) {
     fill(datasetSelect, option("", projectSelect.value ? "Choose a dataset version" : "Choose a project first"));
     if (!projectSelect.value) return;
     const { items } = await get(`/api/projects/${encodeURIComponent(projectSelect.value)}/datasets?limit=200`);
-    for (const d of items) datasetSelect.append(option(d.id, `${d.id}: ${d.rows} rows, ${d.size_bytes} bytes`, d.id === select));
+    for (const d of items) {
+      formats.set(d.id, d.format);
+      datasetSelect.append(option(d.id, `${d.id}: ${d.rows} rows${d.format === "pairs" ? " (pairs)" : ""}, ${d.size_bytes} bytes`, d.id === select));
+    }
+    followFormat();
     estimateSoon(); // a dataset chosen here (an upload) fires no change event
   }
   projectSelect.addEventListener("change", () => loadDatasets().catch((e) => fill(out, errorBox(e))));
@@ -151,7 +166,7 @@ export async function configurePage() {
     } catch (err) {
       throw new Error(`More training settings: not valid JSON (${err.message})`);
     }
-    const t = { ...extra };
+    const t = { method: method.value, ...extra };
     if (lr.value.trim()) t.learning_rate = Number(lr.value);
     if (steps.value) t.max_steps = Number(steps.value);
     if (seq.value) t.max_seq_len = Number(seq.value);
@@ -210,7 +225,7 @@ export async function configurePage() {
     got.limit_note ? h("p", { class: "hint" }, consoleWords(got.limit_note)) : null,
     got.warnings.map((w) => h("div", { class: "warning" }, consoleWords(w))));
   }
-  for (const el of [projectSelect, datasetSelect, trial, full, price, runtime, lr, steps, seq, more]) {
+  for (const el of [projectSelect, datasetSelect, method, trial, full, price, runtime, lr, steps, seq, more]) {
     el.addEventListener("input", estimateSoon);
     el.addEventListener("change", estimateSoon);
   }
@@ -242,6 +257,7 @@ export async function configurePage() {
         h("label", { class: "offer" }, full, "Full run: the whole dataset")),
       field("Price limit (per hour)", price, "Launch is refused when the offer costs more per hour."),
       field("Runtime limit (minutes)", runtime, "Empty: the default (a trial: 20 minutes); the run is retained when it passes."),
+      field("Method", method, "Follows the dataset version's format; DPO's settings (dpo_beta, dpo_loss) go in More training settings."),
       field("Learning rate", lr), field("Max steps", steps), field("Max sequence length (tokens)", seq),
       field("More training settings (JSON)", more, "Any training setting, e.g. {\"lora_r\": 8, \"epochs\": 2}; the API names a key it does not know.")),
     h("h2", {}, "Price and forecast"), estimateBox,

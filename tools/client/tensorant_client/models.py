@@ -167,6 +167,15 @@ class DatasetVersionRecord(ApiModel):
     format: Literal["examples", "pairs"] = Field(default="examples")
 
 
+class EvalPoint(ApiModel):
+    """One evaluation during training (`eval_every_steps`) on the held-out split. A DPO run's (training.method dpo) carries its preference accuracy and reward margin; an SFT run's has neither key."""
+
+    step: int
+    eval_loss: float
+    preference_accuracy: float | None = Field(default=None, description="share of held-out pairs whose chosen answer the adapter prefers over the rejected one more than the base model does (method dpo)")
+    reward_margin: float | None = Field(default=None, description="mean over held-out pairs of the chosen answer's reward minus the rejected one's (method dpo)")
+
+
 class Forecast(ApiModel):
     """A run's predicted training time and cost, made at create (and at a draft's edit) from the dataset's size, the planned steps and the offer's GPU (shared/runs/forecast.py says how)."""
 
@@ -252,6 +261,14 @@ class LocalStorageConfig(ApiModel):
 
     kind: Literal["local"] = Field(default="local")
     directory: str = Field(default="", description="always empty: the directory is the operator's, per org")
+
+
+class MetricPoint(ApiModel):
+    """One training step's loss (and learning rate), from the trainer's `progress=` line."""
+
+    step: int
+    loss: float
+    lr: float | None = Field(default=None)
 
 
 class OrgLimits(ApiModel):
@@ -403,6 +420,17 @@ RunKind: TypeAlias = Literal["trial", "full"]
 
 class RunLaunch(ApiModel):
     confirm: bool
+
+
+class RunMetrics(ApiModel):
+    """The run's curves for a chart: the training loss per step and the evaluations per evaluated step."""
+
+    points: list[MetricPoint]
+    eval_points: list[EvalPoint] = Field(description="the eval curve beside the loss: one point per evaluation, by step (a DPO run's with its preference accuracy and margin)")
+    eval_loss: float | None = Field(description="the last eval loss reported (during or after training)")
+    truncated: bool = Field(description="lines before from_line were not read (a long log: pass after=0 and follow next for all of it)")
+    from_line: int
+    next: str | None = Field(description="the cursor for the lines after these; null once the run ended and every line was read")
 
 
 class RunPatch(ApiModel):
@@ -624,6 +652,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "ConnectionView": ConnectionView,
     "DatasetCommit": DatasetCommit,
     "DatasetVersionRecord": DatasetVersionRecord,
+    "EvalPoint": EvalPoint,
     "Forecast": Forecast,
     "ForecastCheck": ForecastCheck,
     "GpuOffer": GpuOffer,
@@ -632,6 +661,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "LimitsAnswer": LimitsAnswer,
     "LocalConfig": LocalConfig,
     "LocalStorageConfig": LocalStorageConfig,
+    "MetricPoint": MetricPoint,
     "OrgLimits": OrgLimits,
     "OrgMlflowSet": OrgMlflowSet,
     "OrgSecretSet": OrgSecretSet,
@@ -649,6 +679,7 @@ MODELS: dict[str, type[ApiModel]] = {
     "RunEstimate": RunEstimate,
     "RunEvent": RunEvent,
     "RunLaunch": RunLaunch,
+    "RunMetrics": RunMetrics,
     "RunPatch": RunPatch,
     "RunPodConfig": RunPodConfig,
     "RunPodVolumeConfig": RunPodVolumeConfig,

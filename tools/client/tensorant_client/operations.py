@@ -84,7 +84,7 @@ OPERATIONS: dict[str, Operation] = {
     "run_adapter": Operation("GET", "/api/runs/{id}/adapter", ('id',), ('format',), None, None, None),
     "run_checkpoints": Operation("GET", "/api/runs/{id}/checkpoints", ('id',), (), None, None, None),
     "run_logs": Operation("GET", "/api/runs/{id}/logs", ('id',), ('after', 'limit'), None, None, None),
-    "run_metrics": Operation("GET", "/api/runs/{id}/metrics", ('id',), (), None, None, None),
+    "run_metrics": Operation("GET", "/api/runs/{id}/metrics", ('id',), ('after',), None, "RunMetrics", None),
     "runpod_volumes": Operation("GET", "/api/connections/runpod/volumes", (), (), None, None, None),
     "save_compute": Operation("PUT", "/api/connections/compute/{provider}", ('provider',), (), "json", "ConnectionView", None),
     "save_named_compute": Operation("PUT", "/api/connections/compute/{provider}/named/{name}", ('provider', 'name'), (), "json", "ConnectionView", None),
@@ -352,9 +352,9 @@ class Api:
         """Training log lines reported by the agent, a page at a time (after=<next cursor>, limit<=5000) (GET /api/runs/{id}/logs)."""
         return self._call("run_logs", {"id": id}, {"after": after, "limit": limit}, None, None)
 
-    def run_metrics(self, id: str) -> Any:
-        """Per-step training loss (and learning rate) from the trainer's progress lines, for a chart: of the newest 2000 log lines, or of the 2000 after=<line> (next follows); rate-limited per org (GET /api/runs/{id}/metrics)."""
-        return self._call("run_metrics", {"id": id}, None, None, None)
+    def run_metrics(self, id: str, *, after: str | None = None) -> models.RunMetrics:
+        """Per-step training loss (and learning rate) from the trainer's progress lines, for a chart: of the newest 2000 log lines, or of the 2000 after=<line> (next follows); with the evaluations per evaluated step (a DPO run's preference accuracy and reward margin); rate-limited per org (GET /api/runs/{id}/metrics)."""
+        return self._call("run_metrics", {"id": id}, {"after": after}, None, None)
 
     def runpod_volumes(self) -> Any:
         """The RunPod account's network volumes, to pick one as storage (owners) (GET /api/connections/runpod/volumes)."""

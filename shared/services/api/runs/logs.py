@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from shared.errors import InvalidInput
 from shared.lifecycle import TERMINAL
 from shared.security import Principal
@@ -14,6 +16,41 @@ LOG_PAGE_DEFAULT = 1000
 
 
 LOG_PAGE_MAX = 5000
+
+
+class MetricPoint(BaseModel):
+    """One training step's loss (and learning rate), from the trainer's `progress=` line."""
+
+    step: int = Field(ge=0)
+    loss: float
+    lr: float | None = None
+
+
+class EvalPoint(BaseModel):
+    """One evaluation during training (`eval_every_steps`) on the held-out split. A DPO run's
+    (training.method dpo) carries its preference accuracy and reward margin; an SFT run's has neither key."""
+
+    step: int = Field(ge=0)
+    eval_loss: float
+    preference_accuracy: float | None = Field(default=None, ge=0, le=1, description=(
+        "share of held-out pairs whose chosen answer the adapter prefers over the rejected one more than the "
+        "base model does (method dpo)"))
+    reward_margin: float | None = Field(default=None, description=(
+        "mean over held-out pairs of the chosen answer's reward minus the rejected one's (method dpo)"))
+
+
+class RunMetrics(BaseModel):
+    """The run's curves for a chart: the training loss per step and the evaluations per evaluated step."""
+
+    points: list[MetricPoint]
+    eval_points: list[EvalPoint] = Field(description="the eval curve beside the loss: one point per evaluation, "
+                                                      "by step (a DPO run's with its preference accuracy and margin)")
+    eval_loss: float | None = Field(description="the last eval loss reported (during or after training)")
+    truncated: bool = Field(description="lines before from_line were not read (a long log: pass after=0 and "
+                                        "follow next for all of it)")
+    from_line: int = Field(ge=0)
+    next: str | None = Field(description="the cursor for the lines after these; null once the run ended and "
+                                          "every line was read")
 
 
 def logs(principal: Principal, run_id: str, after: str | None = None, limit: str | None = None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from tensorant_cli.render import (
     money,
     next_steps,
     percent,
+    preference_line,
     printable,
     sparkline,
     status_block,
@@ -228,12 +229,8 @@ def _show_run(run: dict[str, Any], client: Client | None = None) -> None:
         if evals:
             say(f"  eval {sparkline(evals)}  {evals[0]:.4g} -> {evals[-1]:.4g} over {len(evals)} evaluations")
         # A DPO run's held-out preference accuracy per evaluation, and the last reward margin.
-        prefs = [p for p in (answer.get("eval_points") if isinstance(answer, dict) else None) or []
-                 if isinstance(p, dict) and isinstance(p.get("preference_accuracy"), int | float)]
-        if prefs:
-            accuracy = [float(p["preference_accuracy"]) for p in prefs]
-            say(f"  preference accuracy {sparkline(accuracy)}  {accuracy[0]:.0%} -> {accuracy[-1]:.0%}, "
-                f"reward margin {float(prefs[-1].get('reward_margin') or 0):.4g}")
+        if (preference := preference_line(answer)) is not None:
+            say(f"  {preference}")
     # An attempt's refusal is said by its attempt line above.
     events = [e for e in run.get("events") or [] if e.get("kind") in ("transition", "warning")
               and (e.get("data") or {}).get("type") != "run.attempt_refused"]

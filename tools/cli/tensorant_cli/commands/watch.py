@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from tensorant_cli.client import Client
+from tensorant_cli.client import ApiError, Client
 from tensorant_cli.commands.common import run_id_of
 from tensorant_cli.output import items, say
 from tensorant_cli.render import (
@@ -20,6 +20,7 @@ from tensorant_cli.render import (
     event_text,
     money,
     next_steps,
+    preference_line,
     printable,
     reason_lines,
     status_block,
@@ -68,6 +69,17 @@ def _entered(run: dict[str, Any]) -> bool:
     return any(e.get("kind") == "transition" and (e.get("state") == state
                                                   or f" -> {state}" in str(e.get("message", "")).split(":", 1)[0])
                for e in run.get("events") or [])
+
+
+def _preference(client: Client, run: dict[str, Any]) -> str | None:
+    """A DPO run's last held-out preference accuracy and reward margin (its eval curve), once it has stopped;
+    None for any other run (its metrics are not read: a rate-limited read)."""
+    if (run.get("training") or {}).get("method") != "dpo":
+        return None
+    try:
+        return preference_line(client.get(f"/api/runs/{run.get('id')}/metrics"))
+    except ApiError:
+        return None  # the curve is a nicety here: the run's end is still said
 
 
 def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO | None = None,
@@ -140,6 +152,8 @@ def watch(client: Client, run_id: str, *, interval: float = 2.0, stream: TextIO 
                     out.write(line + "\n")
             if run.get("billing_note"):
                 out.write(printable(f"billing: {run['billing_note']}") + "\n")
+            if (preference := _preference(client, run)) is not None:
+                out.write(printable(preference) + "\n")
             for line in next_steps(run):
                 out.write(printable(line) + "\n")
             outcome = run.get("outcome")
