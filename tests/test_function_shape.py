@@ -87,7 +87,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/services/steps/launch.py::launch": (107, 40),
     "shared/services/steps/release.py::release": (39, 15),
     "shared/services/steps/retain.py::retain": (45, 10),
-    "shared/services/steps/sweep_account.py::_leaks": (48, 25),
     "shared/services/steps/sweep_account.py::_low_credit": (26, 15),
     "shared/services/steps/sweep_account.py::_sweep": (41, 12),
     "shared/services/steps/sweep_account.py::_vanished": (51, 20),

@@ -304,7 +304,8 @@ def _grace() -> timedelta:
 
 def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
            runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
-    grace, settings = _grace(), get_settings()
+    """Resources past the grace whose run is missing or terminal, or whose launch attempt the run gave up:
+    released (a dry run only reports them)."""
     # Grouped by run and launch attempt (issue 37): a live run owns only its current attempt's resources; an
     # attempt it gave up (another candidate refused) is released here like a leak once past the grace.
     by_run: dict[tuple[str, int], list[CloudResource]] = defaultdict(list)
@@ -312,44 +313,61 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
         by_run[(res.run_id, res.attempt)].append(res)
     out = []
     for (run_id, attempt), found in sorted(by_run.items()):
-        run = runs.get(run_id)
-        if run is None and any(r.org == "" for r in found):
-            # Untagged (RunPod) and not this org's run: another org may share the account. Run
-            # ids are never deleted, so a real leak of this org always finds its run.
+        reason = _leak_reason(runs.get(run_id), run_id, attempt, found, t)
+        if reason is None:
             continue
-        gave_up = run is not None and run.state not in TERMINAL and candidates.abandoned(run, attempt)
-        if run is not None and run.state not in TERMINAL and not gave_up:
-            continue  # a live run owns it; its own steps release or retain it
-        if run is None:
-            if any(r.created_at is None for r in found):
-                if not _seen_before(run_id, found, t):
-                    continue  # no creation time and no run to date it: count from the first sighting
-            elif any(t - r.created_at < grace for r in found if r.created_at):
-                continue  # being created right now, or listed late
-        else:
-            if any(r.created_at and t - r.created_at < grace for r in found):
-                continue
-            if t - run.state_changed_at < grace and not gave_up:
-                continue
         if not dry_run and not budget.allows():
             continue  # the budget is spent: the next tick finds it again
-        reason = "its run is missing" if run is None else f"its run is {run.state.value} (released)"
-        if gave_up:
-            reason = f"launch attempt {attempt + 1} of its run was given up (another candidate was tried)"
         finding: dict[str, Any] = {
             "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
             "resources": [f"{r.kind}:{r.id}" for r in found],
             "action": "would release" if dry_run else "release",
         }
         if not dry_run:
-            try:
-                got = provider.release(RunRef(settings.deployment_id, org, run_id, attempt=attempt), found)
-                finding["done"], finding["detail"] = got.done, got.detail
-            except ProviderError as exc:
-                finding["done"], finding["detail"] = False, exc.reason
+            finding |= _release(provider, RunRef(get_settings().deployment_id, org, run_id, attempt=attempt), found)
         _audit("sweep-dry-run" if dry_run else "sweep-release", finding)
         out.append(finding)
     return out
+
+
+def _leak_reason(run: RunRecord | None, run_id: str, attempt: int, found: list[CloudResource],
+                 t: datetime) -> str | None:
+    """Why one launch attempt's resources are a leak; None while they are not one (yet)."""
+    if run is None and any(r.org == "" for r in found):
+        # Untagged (RunPod) and not this org's run: another org may share the account. Run
+        # ids are never deleted, so a real leak of this org always finds its run.
+        return None
+    gave_up = run is not None and run.state not in TERMINAL and candidates.abandoned(run, attempt)
+    if run is not None and run.state not in TERMINAL and not gave_up:
+        return None  # a live run owns it; its own steps release or retain it
+    if not _past_grace(run, run_id, found, t, gave_up):
+        return None
+    if gave_up:
+        return f"launch attempt {attempt + 1} of its run was given up (another candidate was tried)"
+    return "its run is missing" if run is None else f"its run is {run.state.value} (released)"
+
+
+def _past_grace(run: RunRecord | None, run_id: str, found: list[CloudResource], t: datetime, gave_up: bool) -> bool:
+    """Whether the resources and their run's last change are older than the grace period."""
+    grace = _grace()
+    if run is None:
+        if any(r.created_at is None for r in found):
+            # No creation time and no run to date it: count from the first sighting.
+            return _seen_before(run_id, found, t)
+        # Younger: being created right now, or listed late.
+        return not any(t - r.created_at < grace for r in found if r.created_at)
+    if any(r.created_at and t - r.created_at < grace for r in found):
+        return False
+    return gave_up or t - run.state_changed_at >= grace
+
+
+def _release(provider: ComputeProvider, ref: RunRef, found: list[CloudResource]) -> dict[str, Any]:
+    """The release of leaked resources, as the finding records it ("not found" is success)."""
+    try:
+        got = provider.release(ref, found)
+    except ProviderError as exc:
+        return {"done": False, "detail": exc.reason}
+    return {"done": got.done, "detail": got.detail}
 
 
 def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
