@@ -83,7 +83,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/services/api/runs/drafts.py::patch": (52, 16),
     "shared/services/api/runs/view.py::resource_states": (26, 13),
     "shared/services/steps/launch.py::bootstrap_for": (49, 5),
-    "shared/services/steps/launch.py::launch": (107, 40),
     "shared/services/steps/release.py::release": (39, 15),
     "shared/services/steps/retain.py::retain": (45, 10),
     "shared/services/steps/sweep_account.py::_low_credit": (26, 15),
