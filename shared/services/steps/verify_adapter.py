@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from shared.log import redact_text
 from shared.models import ForecastCheck, Outcome, RunRecord, RunState, StepMessage, VerifyProgress
@@ -175,8 +175,8 @@ def check_adapter(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]
 
 class Found(NamedTuple):
     """What the verification of a passing adapter archive found."""
-    step: object  # the checkpoint's step (None: the final adapter)
-    planned: object  # the trainer's planned steps, as its manifest says
+    step: Any  # the checkpoint's step (None: the final adapter)
+    planned: Any  # the trainer's planned steps, as its manifest says
     sha256: str
     size: int
 
