@@ -88,7 +88,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/services/steps/sweep_account.py::_low_credit": (26, 15),
     "shared/services/steps/sweep_account.py::_sweep": (41, 12),
     "shared/services/steps/sweep_account.py::_vanished": (51, 20),
-    "shared/services/timers/heartbeat_check.py::check_all": (46, 25),
     "shared/store/runs.py::Runs.mutate": (48, 14),
     "shared/webhooks/send.py::post": (47, 12),
 }
