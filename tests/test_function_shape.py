@@ -43,7 +43,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "machine/trainer/lora.py::_steps": (55, 23),
     "machine/trainer/lora.py::build_manifest": (56, 9),
     "machine/trainer/lora.py::read_job": (34, 18),
-    "machine/trainer/lora.py::train": (178, 58),
     "machine/trainer/smoke.py::main": (58, 20),
     "machine/trainer/tracking.py::mlflow_report": (42, 13),
     "shared/openapi.py::build": (47, 8),
