@@ -66,7 +66,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/runs/budgets.py::check_thresholds": (49, 17),
     "shared/runs/costs.py::timing": (46, 25),
     "shared/runs/hub_models.py::_fetch": (57, 17),
-    "shared/security.py::_decode": (60, 23),
     "shared/services/api/agent.py::complete": (37, 13),
     "shared/services/api/agent.py::heartbeat": (84, 27),
     "shared/services/api/agent.py::heartbeat.change": (31, 13),
