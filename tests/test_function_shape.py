@@ -38,7 +38,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "machine/agent/uploads.py::zip_folder": (47, 15),
     "machine/trainer/config.py::parse_settings": (38, 19),
     "machine/trainer/data.py::normalise": (28, 16),
-    "machine/trainer/encoding.py::content_is_verbatim": (45, 26),
     "machine/trainer/gpu.py::probe_batching": (42, 10),
     "machine/trainer/lora.py::_steps": (55, 23),
     "machine/trainer/lora.py::build_manifest": (56, 9),
