@@ -82,9 +82,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/services/steps/launch.py::bootstrap_for": (49, 5),
     "shared/services/steps/release.py::release": (39, 15),
     "shared/services/steps/retain.py::retain": (45, 10),
-    "shared/services/steps/sweep_account.py::_low_credit": (26, 15),
-    "shared/services/steps/sweep_account.py::_sweep": (41, 12),
-    "shared/services/steps/sweep_account.py::_vanished": (51, 20),
     "shared/store/runs.py::Runs.mutate": (48, 14),
     "shared/webhooks/send.py::post": (47, 12),
 }
