@@ -62,7 +62,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/providers/local/checks.py::run_checks": (42, 8),
     "shared/providers/runpod/catalog.py::gpu_offers": (39, 17),
     "shared/providers/runpod/compute.py::RunPodCompute.launch": (44, 14),
-    "shared/runs/budgets.py::check_thresholds": (49, 17),
     "shared/services/api/agent.py::complete": (37, 13),
     "shared/services/api/agent.py::heartbeat": (84, 27),
     "shared/services/api/agent.py::heartbeat.change": (31, 13),
