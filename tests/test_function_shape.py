@@ -43,7 +43,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "machine/trainer/lora.py::build_manifest": (56, 9),
     "machine/trainer/lora.py::read_job": (34, 18),
     "machine/trainer/smoke.py::main": (58, 20),
-    "machine/trainer/tracking.py::mlflow_report": (42, 13),
     "shared/openapi.py::build": (47, 8),
     "shared/providers/aws/catalog.py::supported_type": (27, 15),
     "shared/providers/aws/checks.py::_Checks._check_image": (36, 13),
