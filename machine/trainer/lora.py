@@ -829,14 +829,11 @@ def train_adapter(env: dict[str, str], job: Job, cuda: bool, started: float) -> 
     """Load, encode, train and write the adapter with its manifest: the trainer's exit code."""
     import torch
 
-    s, rows = job.s, job.rows
+    s = job.s
     device = torch.device("cuda" if cuda else "cpu")
     precision = choose_precision(s, cuda)
     train_rows, eval_rows, sample_rows = row_split(job)
-    log(f"trainer: lora kind={s.kind} base_model={job.base_model} rows={len(rows)} train={len(train_rows)} "
-        f"eval={len(eval_rows)} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
-    if s.kind == "trial" or s.max_examples is not None:
-        log(f"trainer: trial run: training on a sample of {len(train_rows)} of the dataset's {len(rows)} rows")
+    log_job(job, device, precision, len(train_rows), len(eval_rows))
     loaded = load_tokenizer_and_model(job, precision, cuda)
     if isinstance(loaded, int):
         return loaded
@@ -874,6 +871,14 @@ def row_split(job: Job) -> tuple[list[int], list[int], list[Example]]:
         return list(train_rows), eval_rows, job.eval_rows.examples(eval_rows[: s.sample_prompts])
     train_rows, eval_rows, sample_at = split(range(len(rows)), s)
     return list(train_rows), list(eval_rows), rows.examples(sample_at)
+
+
+def log_job(job: Job, device: Any, precision: str, n_train: int, n_eval: int) -> None:
+    s, rows = job.s, job.rows
+    log(f"trainer: lora kind={s.kind} base_model={job.base_model} rows={len(rows)} train={n_train} "
+        f"eval={n_eval} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
+    if s.kind == "trial" or s.max_examples is not None:
+        log(f"trainer: trial run: training on a sample of {n_train} of the dataset's {len(rows)} rows")
 
 
 def load_tokenizer_and_model(job: Job, precision: str, cuda: bool) -> tuple[Any, Any, int] | int:
