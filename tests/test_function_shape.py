@@ -34,7 +34,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "adapter_format/hub_config.py::model_from_config": (32, 13),
     "adapter_format/smoke.py::build_adapter_zip": (43, 8),
     "machine/trainer/config.py::parse_settings": (38, 19),
-    "machine/trainer/data.py::normalise": (28, 16),
     "machine/trainer/gpu.py::probe_batching": (42, 10),
     "machine/trainer/lora.py::_steps": (55, 23),
     "machine/trainer/lora.py::build_manifest": (56, 9),
