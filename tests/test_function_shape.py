@@ -62,8 +62,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/services/api/boot.py::exchange_claim": (44, 11),
     "shared/services/api/catalog.py::offers_view": (53, 21),
     "shared/services/api/projects.py::commit_dataset": (44, 11),
-    "shared/services/api/projects.py::line_problem": (22, 15),
-    "shared/services/api/projects.py::pair_problem": (28, 15),
     "shared/services/api/runs/actions.py::_resume": (66, 13),
     "shared/services/api/runs/actions.py::cancel": (49, 15),
     "shared/services/api/runs/actions.py::recover": (89, 30),
