@@ -67,7 +67,6 @@ ALLOWED: dict[str, tuple[int, int]] = {
     "shared/services/api/runs/actions.py::recover": (89, 30),
     "shared/services/api/runs/candidates.py::fitting": (30, 13),
     "shared/services/api/runs/drafts.py::patch": (52, 16),
-    "shared/services/api/runs/view.py::resource_states": (26, 13),
     "shared/services/steps/launch.py::bootstrap_for": (49, 5),
     "shared/services/steps/release.py::release": (39, 15),
     "shared/services/steps/retain.py::retain": (45, 10),
