@@ -57,16 +57,7 @@ def model_from_config(name: str, config: dict[str, Any], params: int = 0) -> Dec
     arch = architecture_of(config)
     text = config.get("text_config")
     c = text if isinstance(text, dict) else config
-    hidden = _int(c, "hidden_size", _MAX_DIM)
-    heads = _int(c, "num_attention_heads", _MAX_DIM)
-    kv_heads = _int(c, "num_key_value_heads", heads, default=heads)
-    if heads % kv_heads:
-        raise ConfigRefused(f"config.json's num_attention_heads {heads} is not a multiple of num_key_value_heads "
-                            f"{kv_heads}")
-    head_dim = c.get("head_dim")
-    head_dim = _int(c, "head_dim", _MAX_DIM) if head_dim is not None else hidden // heads
-    if head_dim < 1:
-        raise ConfigRefused("config.json's hidden_size is smaller than num_attention_heads")
+    hidden, heads, kv_heads, head_dim = _attention_shape(c)
     tie = c.get("tie_word_embeddings", arch in ("gemma2", "gemma3"))  # Gemma ties by default
     if params and not 1 <= params <= MAX_PARAMS:
         raise ConfigRefused(f"the checkpoint declares {params} parameters, outside 1 to {MAX_PARAMS}")
@@ -82,6 +73,21 @@ def model_from_config(name: str, config: dict[str, Any], params: int = 0) -> Dec
         max_position=_int(c, "max_position_embeddings", 1 << 24, default=4096),
         rms_norm_eps=float(eps) if isinstance(eps, int | float) and not isinstance(eps, bool) else 1e-5,
         default_targets=FUSED_ATTENTION if arch == "phi3" else ATTENTION, params=params, note="from the Hub's config.json")
+
+
+def _attention_shape(c: dict[str, Any]) -> tuple[int, int, int, int]:
+    """hidden_size, num_attention_heads, num_key_value_heads (a divisor of the heads) and head_dim (at least 1)."""
+    hidden = _int(c, "hidden_size", _MAX_DIM)
+    heads = _int(c, "num_attention_heads", _MAX_DIM)
+    kv_heads = _int(c, "num_key_value_heads", heads, default=heads)
+    if heads % kv_heads:
+        raise ConfigRefused(f"config.json's num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                            f"{kv_heads}")
+    head_dim = c.get("head_dim")
+    head_dim = _int(c, "head_dim", _MAX_DIM) if head_dim is not None else hidden // heads
+    if head_dim < 1:
+        raise ConfigRefused("config.json's hidden_size is smaller than num_attention_heads")
+    return hidden, heads, kv_heads, head_dim
 
 
 def dtype_of(config: dict[str, Any]) -> str:

@@ -81,45 +81,13 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
 
     `wrong_kind`: the error for a valid token of the other kind (user vs agent). `allow_expired`: only the
     expiry is not checked (the restart exchange, whose own rules bound what an expired token gets)."""
-    import jwt
-
     if not header or not header.lower().startswith("bearer "):
         raise Unauthorized("send Authorization: Bearer <token> (mint one with `tensorant dev-token`)")
     token = header.split(" ", 1)[1].strip()
-    settings = get_settings()
-    secrets_ = [settings.jwt_secret, *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]
-    try:
-        for i, secret in enumerate(secrets_):
-            try:
-                # exp is checked below against the control plane's clock (tests simulate it).
-                claims: dict[str, Any] = jwt.decode(
-                    token, secret, algorithms=["HS256"], audience=audience, issuer=_issuer(),
-                    options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "aud", "iss"]},
-                )
-                break
-            except jwt.InvalidSignatureError:
-                if i == len(secrets_) - 1:
-                    raise
-        previous_key = i > 0
-    except jwt.InvalidSignatureError as exc:
-        raise Unauthorized("the bearer token's signature does not match this control plane's key (a token from "
-                           "another deployment, or signed with a key that was rotated out)") from exc
-    except jwt.InvalidAudienceError as exc:
-        wanted = "a user token" if audience == USER_AUDIENCE else "this run's agent token"
-        raise wrong_kind(f"this endpoint needs {wanted}") from exc
-    except jwt.PyJWTError as exc:
-        raise Unauthorized(f"the bearer token is invalid ({type(exc).__name__})") from exc
+    claims, previous_key = _verified(token, audience, wrong_kind)
     if not isinstance(claims, dict) or claims.get("typ") != typ:
         raise wrong_kind(f"this endpoint needs a {typ} token")
-    if not _number(claims.get("exp")) or not _number(claims.get("iat")):
-        raise Unauthorized("the bearer token's exp and iat claims must be numbers")
-    exp, iat = float(claims["exp"]), float(claims["iat"])
-    if exp - iat > max_ttl_s:
-        raise Unauthorized(f"the bearer token's lifetime is over the {max_ttl_s} s allowed; mint a shorter one")
-    if iat > now_ts() + CLOCK_SKEW_S:
-        raise Unauthorized("the bearer token was issued in the future")
-    if exp < now_ts() and not allow_expired:
-        raise Unauthorized("the bearer token has expired; mint a new one")
+    iat = _check_times(claims, max_ttl_s, allow_expired)
     _claim(claims, "org", ORG_RE)
     _claim(claims, "sub", SUB_RE)
     if previous_key and typ == "user":
@@ -134,6 +102,51 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
     claims["_raw"] = token
     claims["_previous_key"] = previous_key
     return claims
+
+
+def _verified(token: str, audience: str, wrong_kind: type[Unauthorized] | type[Forbidden]
+              ) -> tuple[dict[str, Any], bool]:
+    """The token's claims once its signature (by the current key or the previous one), audience and issuer are
+    verified; and whether the previous key signed it."""
+    import jwt
+
+    settings = get_settings()
+    secrets_ = [settings.jwt_secret, *([settings.jwt_secret_previous] if settings.jwt_secret_previous else [])]
+    try:
+        for i, secret in enumerate(secrets_):
+            try:
+                # exp is checked below against the control plane's clock (tests simulate it).
+                claims: dict[str, Any] = jwt.decode(
+                    token, secret, algorithms=["HS256"], audience=audience, issuer=_issuer(),
+                    options={"verify_exp": False, "verify_iat": False, "require": ["exp", "iat", "aud", "iss"]},
+                )
+                break
+            except jwt.InvalidSignatureError:
+                if i == len(secrets_) - 1:
+                    raise
+        return claims, i > 0
+    except jwt.InvalidSignatureError as exc:
+        raise Unauthorized("the bearer token's signature does not match this control plane's key (a token from "
+                           "another deployment, or signed with a key that was rotated out)") from exc
+    except jwt.InvalidAudienceError as exc:
+        wanted = "a user token" if audience == USER_AUDIENCE else "this run's agent token"
+        raise wrong_kind(f"this endpoint needs {wanted}") from exc
+    except jwt.PyJWTError as exc:
+        raise Unauthorized(f"the bearer token is invalid ({type(exc).__name__})") from exc
+
+
+def _check_times(claims: dict[str, Any], max_ttl_s: int, allow_expired: bool) -> float:
+    """The token's lifetime within max_ttl_s, issued in the past, not expired (unless allowed): its iat."""
+    if not _number(claims.get("exp")) or not _number(claims.get("iat")):
+        raise Unauthorized("the bearer token's exp and iat claims must be numbers")
+    exp, iat = float(claims["exp"]), float(claims["iat"])
+    if exp - iat > max_ttl_s:
+        raise Unauthorized(f"the bearer token's lifetime is over the {max_ttl_s} s allowed; mint a shorter one")
+    if iat > now_ts() + CLOCK_SKEW_S:
+        raise Unauthorized("the bearer token was issued in the future")
+    if exp < now_ts() and not allow_expired:
+        raise Unauthorized("the bearer token has expired; mint a new one")
+    return iat
 
 
 def authenticate(header: str | None) -> Principal:

@@ -35,10 +35,7 @@ class Agent(TrainerSupervisor):
         if st.get("completion_sent"):
             self.log("this run already reported completion; idling")
             return self.idle()
-        # Stopped while training with a checkpoint on this disk, then started again (`recover --resume`, or
-        # to fetch files): train again from the checkpoint only when the control plane says resume.
-        resumable = bool(st.get("stopped") and st.get("phase") == "training" and self.latest_checkpoint() is not None
-                         and not st.get("completion"))
+        resumable = self._resumable()
         if st.get("stopped") and not resumable:
             self.log(f"this run was stopped earlier ({st.get('stop_reason') or 'no reason recorded'}); "
                      "not training again, the output is kept; idling")
@@ -52,67 +49,88 @@ class Agent(TrainerSupervisor):
         threading.Thread(target=self._tick, daemon=True).start()
         self.working = True
         try:
-            if resumable:
-                self.log(f"restarted after a stop ({st.get('stop_reason') or 'no reason recorded'}) with a "
-                         "checkpoint on the disk; waiting for the control plane to say resume")
-                self.halt_reason = str(st.get("stop_reason") or "stopped before the restart")
-                self.halted.set()
-                dataset = self.uploads.dataset_path()
-                while self.halted.is_set() and not self.stop.is_set() and self.await_resume():
-                    self.train(dataset, resume_from=self.latest_checkpoint())
-                if self._interrupted():
-                    return self._stopped()
-                st.update(phase="trained", trainer_exit=0)
-            elif st.get("phase") == "training" and st.get("trainer_exit") is None:
-                # Restarted while the trainer ran (no stop recorded: a crash or a reboot). Training
-                # again would overwrite its output: report instead, and let the control plane keep it.
-                raise Failed("the agent restarted while the trainer was running (the machine restarted?); "
-                             "training is not run again, so whatever it wrote is kept")
-            if resumable:
-                pass  # trained above, from the checkpoint
-            elif st.get("phase") not in ("trained", "exporting", "exported"):
-                self.heartbeat("preparing", 0.0)
-                st.update(phase="preparing")
-                dataset = self.uploads.fetch_dataset()
-                if self._interrupted():
-                    return self._stopped()
-                self.heartbeat("training", 0.0)
-                st.update(phase="training")
-                self.train(dataset)
-                while self.halted.is_set() and not self.stop.is_set() and self.await_resume():
-                    self.train(dataset, resume_from=self.latest_checkpoint())
-                if self._interrupted():
-                    return self._stopped()
-                st.update(phase="trained", trainer_exit=0)
-            else:
-                self.log(f"resuming after a restart: the trainer finished earlier (phase {st.get('phase')}); "
-                         "exporting its output")
-            self.heartbeat("exporting", 1.0)
-            if self._interrupted():
-                # Stopped meanwhile (the runtime limit sent the run to verify the adapter already uploaded):
-                # uploading another now would replace the archive being verified.
+            if not self._train_phases(resumable) or not self._export():
                 return self._stopped()
-            st.update(phase="exporting")
-            sha256, size = self.uploads.export()
-            merged = self.uploads.export_merged()
-            st.update(phase="exported", adapter_sha256=sha256, adapter_size=size)
-            self.uploads.upload_logs()
-            self.heartbeat("exporting", 1.0)
-            self.complete({"status": "ok", "sha256": sha256, "size": size, **merged})
         except Failed as exc:
             if self._interrupted():
                 return self._stopped()
-            self.log(exc.reason)
-            self.heartbeat(self.phase)
-            self.uploads.upload_logs()
-            exists = self.uploads.output_exists() if exc.output_exists is None else exc.output_exists
-            # A checkpoint on the disk is output worth recovering: a resume from a corrupt one fails in the
-            # trainer, but the run must stay recoverable (its last good adapter is in storage).
-            exists = exists or self.latest_checkpoint() is not None
-            self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code,
-                           "output_exists": exists, "last_lines": [line[:500] for line in self.tail],
-                           **({"stage": exc.stage} if exc.stage else {})})
+            self._report_failure(exc)
         return self.idle()
+
+    def _resumable(self) -> bool:
+        """Stopped while training with a checkpoint on this disk, then started again (`recover --resume`, or
+        to fetch files): train again from the checkpoint only when the control plane says resume."""
+        st = self.state
+        return bool(st.get("stopped") and st.get("phase") == "training" and self.latest_checkpoint() is not None
+                    and not st.get("completion"))
+
+    def _train_phases(self, resumable: bool) -> bool:
+        """Prepare and train, or pick up where the phases recorded before a restart left off; False when
+        the run was stopped meanwhile."""
+        st = self.state
+        if resumable:
+            self.log(f"restarted after a stop ({st.get('stop_reason') or 'no reason recorded'}) with a "
+                     "checkpoint on the disk; waiting for the control plane to say resume")
+            self.halt_reason = str(st.get("stop_reason") or "stopped before the restart")
+            self.halted.set()
+            return self._train_through_halts(self.uploads.dataset_path())
+        if st.get("phase") == "training" and st.get("trainer_exit") is None:
+            # Restarted while the trainer ran (no stop recorded: a crash or a reboot). Training
+            # again would overwrite its output: report instead, and let the control plane keep it.
+            raise Failed("the agent restarted while the trainer was running (the machine restarted?); "
+                         "training is not run again, so whatever it wrote is kept")
+        if st.get("phase") in ("trained", "exporting", "exported"):
+            self.log(f"resuming after a restart: the trainer finished earlier (phase {st.get('phase')}); "
+                     "exporting its output")
+            return True
+        self.heartbeat("preparing", 0.0)
+        st.update(phase="preparing")
+        dataset = self.uploads.fetch_dataset()
+        if self._interrupted():
+            return False
+        self.heartbeat("training", 0.0)
+        st.update(phase="training")
+        self.train(dataset)
+        return self._train_through_halts(dataset)
+
+    def _train_through_halts(self, dataset: Path) -> bool:
+        """Each resume the control plane sends trains again from the last checkpoint; False when stopped."""
+        while self.halted.is_set() and not self.stop.is_set() and self.await_resume():
+            self.train(dataset, resume_from=self.latest_checkpoint())
+        if self._interrupted():
+            return False
+        self.state.update(phase="trained", trainer_exit=0)
+        return True
+
+    def _export(self) -> bool:
+        """Upload the adapter (and the merged model), then report completion; False when stopped first."""
+        st = self.state
+        self.heartbeat("exporting", 1.0)
+        if self._interrupted():
+            # Stopped meanwhile (the runtime limit sent the run to verify the adapter already uploaded):
+            # uploading another now would replace the archive being verified.
+            return False
+        st.update(phase="exporting")
+        sha256, size = self.uploads.export()
+        merged = self.uploads.export_merged()
+        st.update(phase="exported", adapter_sha256=sha256, adapter_size=size)
+        self.uploads.upload_logs()
+        self.heartbeat("exporting", 1.0)
+        self.complete({"status": "ok", "sha256": sha256, "size": size, **merged})
+        return True
+
+    def _report_failure(self, exc: Failed) -> None:
+        """A failed phase reported as the run's completion, with whether output worth recovering exists."""
+        self.log(exc.reason)
+        self.heartbeat(self.phase)
+        self.uploads.upload_logs()
+        exists = self.uploads.output_exists() if exc.output_exists is None else exc.output_exists
+        # A checkpoint on the disk is output worth recovering: a resume from a corrupt one fails in the
+        # trainer, but the run must stay recoverable (its last good adapter is in storage).
+        exists = exists or self.latest_checkpoint() is not None
+        self.complete({"status": "failed", "reason": exc.reason[:2000], "exit_code": exc.exit_code,
+                       "output_exists": exists, "last_lines": [line[:500] for line in self.tail],
+                       **({"stage": exc.stage} if exc.stage else {})})
 
     def boot_failed(self, reason: str) -> int:
         """This machine cannot train at all (its driver is too old): reported before any heartbeat as a

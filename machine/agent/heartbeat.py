@@ -69,15 +69,7 @@ class Reporter:
         saved_token = self.state.get("token")
         if isinstance(saved_token, str) and saved_token:
             register_secret(saved_token)
-        continued = self.state.get("continue_with")
-        if isinstance(continued, str) and continued:
-            # A restart exchange's storage access outlives the agent (another reboot): laid over the launch's.
-            try:
-                self.config = config = config.continued(continued)
-            except ValueError:
-                self.log("the storage access kept from a restart exchange does not decode; using the launch's")
-            for secret in config.secrets():
-                register_secret(secret)
+        config = self._kept_access(config)
         self.api = ControlPlane(config, self.log, token=saved_token if isinstance(saved_token, str) else "")
         self.api.on_restart = self._restarted
         # Started on a disk where it had run before (a retained machine started again, for a resume or for
@@ -86,6 +78,19 @@ class Reporter:
         # the runtime limit counted from this start and the unreachable bound still do.
         restarted = bool(self.state.get("phase") or self.state.get("stopped") or self.state.get("completion"))
         self.guard = Guard(config, resumed=bool(self.state.get("resumed")) or restarted)
+
+    def _kept_access(self, config: AgentConfig) -> AgentConfig:
+        """A restart exchange's storage access outlives the agent (another reboot): laid over the launch's."""
+        continued = self.state.get("continue_with")
+        if not isinstance(continued, str) or not continued:
+            return config
+        try:
+            self.config = config = config.continued(continued)
+        except ValueError:
+            self.log("the storage access kept from a restart exchange does not decode; using the launch's")
+        for secret in config.secrets():
+            register_secret(secret)
+        return config
 
     def _restarted(self, grant: dict[str, Any]) -> None:
         """The restart exchange's answer (ControlPlane): the fresh token is kept, and the storage access and

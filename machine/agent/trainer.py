@@ -223,34 +223,44 @@ class TrainerSupervisor(Reporter):
         reader.start()
         self.final_seen = self.final_uploaded = False
         try:
-            while proc.poll() is None:
-                if self.checkpoint_seen > self.checkpoint_uploaded:
-                    self.export_checkpoint()
-                if self.final_seen and not self.final_uploaded:
-                    self.final_uploaded = True
-                    self.uploads.upload_checkpoint(output, what="final adapter (the trainer's final eval and "
-                                                                "samples follow)")
-                if self.stop.wait(0.05) or self.halted.is_set():
-                    # SIGTERM asks the trainer to save a checkpoint at its current step first (machine.trainer.lora):
-                    # a cancel that keeps the disk before the first periodic checkpoint still leaves one to resume.
-                    self.stop_trainer(proc)
-                    reader.join(timeout=5)  # its last lines, the checkpoint it saved at the stop among them
-                    if self.checkpoint_seen > self.checkpoint_uploaded:
-                        self.export_checkpoint()  # the checkpoint it completed last is the one to keep
-                    return
+            if self._watch_trainer(proc, reader):
+                return
         finally:
             # Before anything of its output is read: a process it left running (a daemon) could
             # otherwise swap files while the agent exports them.
             self.end_trainer(proc)
         reader.join(timeout=10)
-        code = proc.returncode
+        self._trainer_exited(proc.returncode)
+
+    def _watch_trainer(self, proc: subprocess.Popen[bytes], reader: threading.Thread) -> bool:
+        """While the trainer runs, upload each checkpoint and the final adapter as it writes them; True when
+        the run was stopped or halted (the trainer stopped, its last checkpoint uploaded)."""
+        while proc.poll() is None:
+            if self.checkpoint_seen > self.checkpoint_uploaded:
+                self.export_checkpoint()
+            if self.final_seen and not self.final_uploaded:
+                self.final_uploaded = True
+                self.uploads.upload_checkpoint(self.output, what="final adapter (the trainer's final eval and "
+                                                                 "samples follow)")
+            if self.stop.wait(0.05) or self.halted.is_set():
+                # SIGTERM asks the trainer to save a checkpoint at its current step first (machine.trainer.lora):
+                # a cancel that keeps the disk before the first periodic checkpoint still leaves one to resume.
+                self.stop_trainer(proc)
+                reader.join(timeout=5)  # its last lines, the checkpoint it saved at the stop among them
+                if self.checkpoint_seen > self.checkpoint_uploaded:
+                    self.export_checkpoint()  # the checkpoint it completed last is the one to keep
+                return True
+        return False
+
+    def _trainer_exited(self, code: int) -> None:
+        """The trainer's exit recorded and reported; Failed unless it exited 0 with every required output."""
         self.state.update(trainer_exit=code)
         self.heartbeat("training")  # the phase's last lines and progress, before the phase changes
         if code != 0:
             tail = self._last_trainer_line()
             raise Failed(f"the trainer exited with code {code}" + (f"; last output: {tail}" if tail else ""),
                          exit_code=code)
-        missing = [name for name in REQUIRED_OUTPUT if not (output / name).is_file()]
+        missing = [name for name in REQUIRED_OUTPUT if not (self.output / name).is_file()]
         if missing:
             raise Failed(f"the trainer exited with code 0 but wrote no {', '.join(missing)} to its output "
                          "directory", exit_code=code)

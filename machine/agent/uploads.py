@@ -127,36 +127,48 @@ def zip_folder(folder: Path, final: Path, names: tuple[str, ...] = ADAPTER_FILES
     try:
         sources: dict[str, BinaryIO] = {}
         try:
-            for name in names:
-                src = open_regular(name, folder_fd)
-                if src is not None:
-                    sources[name] = src
-                elif not (name == MANIFEST and manifest_base_model is not None
-                          and _absent(name, folder_fd)):
-                    raise OSError(f"{name} in {folder.name} is missing, a link or not a regular file")
+            _open_sources(folder, folder_fd, names, manifest_base_model, sources)
             generated = None
             if MANIFEST in names and MANIFEST not in sources and manifest_base_model is not None:
                 generated = _manifest(sources, manifest_base_model)
-            stamp = time.localtime()[:6]  # not the trainer's mtime: zip refuses one before 1980
-            with open_archive(tmp) as out, zipfile.ZipFile(out, "w", allowZip64=True) as zf:
-                for name in names:
-                    data = sources.get(name)
-                    if data is None and generated is None:
-                        continue
-                    info = zipfile.ZipInfo(name, stamp)
-                    info.external_attr = 0o100644 << 16  # a regular file (the verifier reads the type)
-                    info.compress_type = zipfile.ZIP_STORED if name.endswith(".safetensors") else zipfile.ZIP_DEFLATED
-                    with zf.open(info, "w", force_zip64=True) as dst:
-                        if data is not None:
-                            shutil.copyfileobj(data, dst, 1024 * 1024)
-                        elif generated is not None:
-                            dst.write(generated)
+            _write_zip(tmp, names, sources, generated)
         finally:
             for src in sources.values():
                 src.close()
     finally:
         os.close(folder_fd)
     tmp.replace(final)
+
+
+def _open_sources(folder: Path, folder_fd: int, names: tuple[str, ...], manifest_base_model: str | None,
+                  sources: dict[str, BinaryIO]) -> None:
+    """Each name opened from the folder's descriptor into `sources` (the caller closes them, also after an
+    error); OSError for one missing, a link or not a regular file (an absent manifest that is generated aside)."""
+    for name in names:
+        src = open_regular(name, folder_fd)
+        if src is not None:
+            sources[name] = src
+        elif not (name == MANIFEST and manifest_base_model is not None
+                  and _absent(name, folder_fd)):
+            raise OSError(f"{name} in {folder.name} is missing, a link or not a regular file")
+
+
+def _write_zip(tmp: Path, names: tuple[str, ...], sources: dict[str, BinaryIO], generated: bytes | None) -> None:
+    """The opened files (and the generated manifest) zipped to tmp, mode 0600, in the order of names."""
+    stamp = time.localtime()[:6]  # not the trainer's mtime: zip refuses one before 1980
+    with open_archive(tmp) as out, zipfile.ZipFile(out, "w", allowZip64=True) as zf:
+        for name in names:
+            data = sources.get(name)
+            if data is None and generated is None:
+                continue
+            info = zipfile.ZipInfo(name, stamp)
+            info.external_attr = 0o100644 << 16  # a regular file (the verifier reads the type)
+            info.compress_type = zipfile.ZIP_STORED if name.endswith(".safetensors") else zipfile.ZIP_DEFLATED
+            with zf.open(info, "w", force_zip64=True) as dst:
+                if data is not None:
+                    shutil.copyfileobj(data, dst, 1024 * 1024)
+                elif generated is not None:
+                    dst.write(generated)
 
 
 def merged_names(folder: Path) -> tuple[str, ...]:

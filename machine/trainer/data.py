@@ -153,17 +153,7 @@ def normalise(row: Any, number: int = 0) -> Example:
     if "chosen" in row or "rejected" in row:
         return _pair(row, number)
     if "messages" in row:
-        messages = row["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise DatasetError(f"{where}: messages must be a non-empty list")
-        clean = []
-        for m in messages:
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise DatasetError(f"{where}: every message needs a string role and content")
-            clean.append({"role": m["role"], "content": m["content"]})
-        if not any(m["role"] == "assistant" for m in clean):
-            raise DatasetError(f"{where}: a conversation needs at least one assistant message to learn from")
-        return Example(messages=clean)
+        return Example(messages=_conversation(row["messages"], where))
     if "prompt" in row and "completion" in row:
         if not (isinstance(row["prompt"], str) and isinstance(row["completion"], str)):
             raise DatasetError(f"{where}: prompt and completion must be strings")
@@ -174,6 +164,21 @@ def normalise(row: Any, number: int = 0) -> Example:
             raise DatasetError(f"{where}: text must be a string")
         return Example(text=row["text"])
     raise DatasetError(f"{where} has none of messages, prompt+completion, text")
+
+
+def _conversation(messages: Any, where: str) -> list[dict[str, str]]:
+    """A row's messages, each its role and content only; DatasetError unless a non-empty list of them with an
+    assistant message among them."""
+    if not isinstance(messages, list) or not messages:
+        raise DatasetError(f"{where}: messages must be a non-empty list")
+    clean = []
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DatasetError(f"{where}: every message needs a string role and content")
+        clean.append({"role": m["role"], "content": m["content"]})
+    if not any(m["role"] == "assistant" for m in clean):
+        raise DatasetError(f"{where}: a conversation needs at least one assistant message to learn from")
+    return clean
 
 
 def _pair(row: dict[str, Any], number: int) -> Example:

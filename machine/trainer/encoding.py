@@ -56,45 +56,56 @@ def content_is_verbatim(template: str) -> bool:
     between contents depends only on the roles (an emptiness test must change nothing: the all-empty
     probe checks that). Anything else (a filter such as trim, a call, a comparison, an assignment, a
     captured block) may make the text depend on what the content says: False."""
-    from jinja2 import Environment, TemplateSyntaxError, nodes
+    from jinja2 import Environment, TemplateSyntaxError
 
     try:
         tree = Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
     except TemplateSyntaxError:
         return False  # e.g. a {% generation %} block: only transformers' environment parses it
+    return _content_verbatim_in(tree, "other", False)
 
-    def is_content(node: nodes.Node) -> bool:
-        return ((isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "content")
-                or (isinstance(node, nodes.Getattr) and node.attr == "content"))
 
-    def child_context(node: nodes.Node, name: str, context: str, captured: bool) -> str:
-        if isinstance(node, nodes.Output):
-            return "other" if captured else "output"
-        if context == "output" and (isinstance(node, (nodes.Add, nodes.Concat))
-                                    or (isinstance(node, nodes.CondExpr) and name in ("expr1", "expr2"))):
-            return "output"
-        if isinstance(node, (nodes.If, nodes.CondExpr)) and name == "test":
-            return "test"
-        if context == "test" and (isinstance(node, (nodes.And, nodes.Or, nodes.Not))
-                                  or (isinstance(node, nodes.Test) and name == "node" and node.name in _TYPE_TESTS)):
-            return "test"
-        return "other"
+def _content_verbatim_in(node: Any, context: str, captured: bool) -> bool:
+    """Whether every use of a message's content under the template node is written as is ("output") or tested
+    ("test"): `context` is how the node's value is used, `captured` whether its output is kept, not written."""
+    from jinja2 import nodes
 
-    def ok(node: nodes.Node, context: str, captured: bool) -> bool:
-        if is_content(node):
-            return context in ("output", "test")
-        if isinstance(node, nodes.Const) and node.value == "content":
-            return False  # content read some other way: .get('content'), map(attribute='content'), ...
-        # Output inside these is filtered, kept in a variable or passed on, not written as is.
-        captured = captured or isinstance(node, (nodes.FilterBlock, nodes.AssignBlock, nodes.CallBlock, nodes.Macro))
-        for name, value in node.iter_fields():
-            for child in value if isinstance(value, list) else [value]:
-                if isinstance(child, nodes.Node) and not ok(child, child_context(node, name, context, captured),
-                                                            captured):
-                    return False
-        return True
+    if _is_content(node):
+        return context in ("output", "test")
+    if isinstance(node, nodes.Const) and node.value == "content":
+        return False  # content read some other way: .get('content'), map(attribute='content'), ...
+    # Output inside these is filtered, kept in a variable or passed on, not written as is.
+    captured = captured or isinstance(node, (nodes.FilterBlock, nodes.AssignBlock, nodes.CallBlock, nodes.Macro))
+    for name, value in node.iter_fields():
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, nodes.Node) and not _content_verbatim_in(
+                    child, _child_context(node, name, context, captured), captured):
+                return False
+    return True
 
-    return ok(tree, "other", False)
+
+def _is_content(node: Any) -> bool:
+    from jinja2 import nodes
+
+    return ((isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "content")
+            or (isinstance(node, nodes.Getattr) and node.attr == "content"))
+
+
+def _child_context(node: Any, name: str, context: str, captured: bool) -> str:
+    """How the value of the node's field `name` is used, given how the node's own is."""
+    from jinja2 import nodes
+
+    if isinstance(node, nodes.Output):
+        return "other" if captured else "output"
+    if context == "output" and (isinstance(node, (nodes.Add, nodes.Concat))
+                                or (isinstance(node, nodes.CondExpr) and name in ("expr1", "expr2"))):
+        return "output"
+    if isinstance(node, (nodes.If, nodes.CondExpr)) and name == "test":
+        return "test"
+    if context == "test" and (isinstance(node, (nodes.And, nodes.Or, nodes.Not))
+                              or (isinstance(node, nodes.Test) and name == "node" and node.name in _TYPE_TESTS)):
+        return "test"
+    return "other"
 
 
 class SkeletonRenderer:

@@ -56,8 +56,9 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -813,8 +814,24 @@ def train(env: dict[str, str]) -> int:
     job = read_job(env)
     if isinstance(job, int):
         return job
-    s, rows, base_model = job.s, job.rows, job.base_model
+    cuda = torch_ready(job, env)
+    if cuda is None:
+        return EXIT_GPU
+    code = train_adapter(env, job, cuda, started)
+    if code == 0 and job.s.merged:
+        # The training model and its optimizer state were freed with train_adapter's frame: the merge loads the base
+        # model again.
+        from machine.trainer.merge import free_memory, merge_into_output
 
+        free_memory(cuda)
+        # On the GPU only when the run trained there unquantized: it held at least these weights then.
+        merge_into_output(job.source, job.output, job.base_model,
+                          device="cuda" if cuda and not job.s.load_in_4bit else "cpu", token=job.token)
+    return code
+
+
+def torch_ready(job: Job, env: dict[str, str]) -> bool | None:
+    """Torch set up for the job (threads, seeds): whether it trains on a GPU; None when the GPU's driver cannot."""
     import torch
 
     if job.threads > 0:
@@ -822,59 +839,100 @@ def train(env: dict[str, str]) -> int:
     problem = gpu_problem(env.get("TENSORANT_NVIDIA_DRIVER_FILE") or "/proc/driver/nvidia/version")
     if problem is not None:
         log(f"trainer: {problem}")
-        return EXIT_GPU
-    torch.manual_seed(s.seed)
-    random.seed(s.seed)
-    cuda = torch.cuda.is_available()
+        return None
+    torch.manual_seed(job.s.seed)
+    random.seed(job.s.seed)
+    return bool(torch.cuda.is_available())
+
+
+def train_adapter(env: dict[str, str], job: Job, cuda: bool, started: float) -> int:
+    """Load, encode, train and write the adapter with its manifest: the trainer's exit code."""
+    import torch
+
+    s = job.s
     device = torch.device("cuda" if cuda else "cpu")
     if s.packed_attention == "flex" and not flex_trainable(cuda):
         log("trainer: training.packed_attention flex needs a CUDA GPU with Triton (torch has no flex attention "
             "backward on the CPU); use auto or segments")
         return 2
     precision = choose_precision(s, cuda)
-    # Row indices: a seeded shuffle depends only on the length, so these are the rows split() picked from parsed rows.
+    train_rows, eval_rows, sample_rows = row_split(job)
+    log_job(job, device, precision, len(train_rows), len(eval_rows))
+    loaded = load_tokenizer_and_model(job, precision, cuda)
+    if isinstance(loaded, int):
+        return loaded
+    tokenizer, model, pad_id = loaded
+    splits = encode(tokenizer, job, train_rows, eval_rows)
+    if isinstance(splits, int):
+        return splits
+    encoded, held = splits
+    run = prepare_run(job, model, encoded, held, pad_id, device, cuda)
+    if isinstance(run, int):
+        return run
+    trainable = trainable_count(run.model)
+    stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=run.batching == "grouped")
+    progress = resume(run, stream, job.resume_from) if job.resume_from is not None else first_progress(run)
+    timing = train_loop(run, stream, progress)
+    if isinstance(timing, int):
+        return timing
+    manifest = partial(build_manifest, run, progress, (encoded, held), trainable=trainable,
+                       timing=timing, started=started, precision=precision)
+    eval_after = write_results(run, progress, manifest, tokenizer, sample_rows)
+    log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {job.output} (loss "
+        f"{progress.losses[0]:.4f} -> {progress.losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
+    if env.get("MLFLOW_TRACKING_URI") or env.get("WANDB_API_KEY"):
+        track(env, job, progress, eval_after, timing[0])
+    return 0
+
+
+def row_split(job: Job) -> tuple[list[int], list[int], list[Example]]:
+    """The training rows, the held-out rows (indices) and the rows sampled after training. A seeded shuffle depends
+    only on the length, so these are the rows split() picked from parsed rows."""
+    s, rows = job.s, job.rows
     if job.eval_rows is not None:
         train_rows, _, _ = split(range(len(rows)), replace(s, eval_fraction=0.0))
         eval_rows = eval_split(len(job.eval_rows), s)
-        sample_rows = job.eval_rows.examples(eval_rows[: s.sample_prompts])
-    else:
-        train_rows, eval_rows, sample_at = split(range(len(rows)), s)
-        sample_rows = rows.examples(sample_at)
-    log(f"trainer: lora kind={s.kind} base_model={base_model} rows={len(rows)} train={len(train_rows)} "
-        f"eval={len(eval_rows)} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
+        return list(train_rows), eval_rows, job.eval_rows.examples(eval_rows[: s.sample_prompts])
+    train_rows, eval_rows, sample_at = split(range(len(rows)), s)
+    return list(train_rows), list(eval_rows), rows.examples(sample_at)
+
+
+def log_job(job: Job, device: Any, precision: str, n_train: int, n_eval: int) -> None:
+    s, rows = job.s, job.rows
+    log(f"trainer: lora kind={s.kind} base_model={job.base_model} rows={len(rows)} train={n_train} "
+        f"eval={n_eval} device={device.type} precision={precision} 4bit={s.load_in_4bit}")
     if s.kind == "trial" or s.max_examples is not None:
-        log(f"trainer: trial run: training on a sample of {len(train_rows)} of the dataset's {len(rows)} rows")
+        log(f"trainer: trial run: training on a sample of {n_train} of the dataset's {len(rows)} rows")
+
+
+def load_tokenizer_and_model(job: Job, precision: str, cuda: bool) -> tuple[Any, Any, int] | int:
+    """The tokenizer with the chat template applied, the base model and the padding token's id; or the exit code."""
     loaded = load_base(job, precision, cuda)
     if isinstance(loaded, int):
         return loaded
     tokenizer, model = loaded
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     try:
-        apply_template(tokenizer, s.chat_template)
+        apply_template(tokenizer, job.s.chat_template)
     except TemplateError as exc:
         log(f"trainer: {exc}")
         return 2
+    return tokenizer, model, pad_id
 
+
+def encode(tokenizer: Any, job: Job, train_rows: Sequence[int], eval_rows: Sequence[int]) -> tuple[Any, Any] | int:
+    """The training and held-out splits encoded (Encoded for sft, dpo.EncodedPairs for dpo: the loop, checkpoints
+    and manifest take either); or the exit code when the dataset does not fit the method or leaves nothing to learn."""
+    s, rows = job.s, job.rows
     pairs = rows.examples([0])[0].chosen is not None  # the API keeps a dataset version all pairs or all examples
     if pairs != (s.method == "dpo"):
         log("trainer: " + ("training.method is dpo but the dataset holds training examples, not preference pairs"
                            if s.method == "dpo" else "the dataset holds preference pairs; set training.method to dpo"))
         return 2
-    # Encoded (examples) for sft, dpo.EncodedPairs for dpo: the loop, checkpoints and manifest take either.
-    encoded: Any
-    held: Any
-    if s.method == "dpo":
-        try:
-            encoded, held = _encode_pairs(tokenizer, job, train_rows, eval_rows)
-        except (DatasetError, ValueError) as exc:
-            log(f"trainer: {exc} (a dataset for method dpo is all preference pairs)")
-            return 2
-    elif job.eval_rows is not None:
-        [encoded] = encode_splits(tokenizer, rows, [train_rows], s.max_seq_len)
-        [held] = encode_splits(tokenizer, job.eval_rows, [eval_rows], s.max_seq_len)
-        log(f"trainer: evaluating on the validation dataset's {len(eval_rows)} rows (of {len(job.eval_rows)})")
-    else:
-        encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
+    splits = encode_method(tokenizer, job, train_rows, eval_rows)
+    if isinstance(splits, int):
+        return splits
+    encoded, held = splits
     if s.method == "dpo" and (s.train_on_inputs or s.neftune_alpha is not None):
         log("trainer: train_on_inputs and neftune_alpha are SFT settings; a DPO run scores the answers only, "
             "without noise, and ignores them")
@@ -892,14 +950,63 @@ def train(env: dict[str, str]) -> int:
         if part.dropped:
             log(f"trainer: {part.dropped} {name} example(s) had no assistant/completion token within "
                 "max_seq_len and were skipped")
+    return encoded, held
 
+
+def encode_method(tokenizer: Any, job: Job, train_rows: Sequence[int], eval_rows: Sequence[int]
+                  ) -> tuple[Any, Any] | int:
+    """The splits encoded as the method reads them: preference pairs for dpo, examples for sft."""
+    s, rows = job.s, job.rows
+    if s.method == "dpo":
+        try:
+            return _encode_pairs(tokenizer, job, train_rows, eval_rows)
+        except (DatasetError, ValueError) as exc:
+            log(f"trainer: {exc} (a dataset for method dpo is all preference pairs)")
+            return 2
+    if job.eval_rows is not None:
+        [encoded] = encode_splits(tokenizer, rows, [train_rows], s.max_seq_len)
+        [held] = encode_splits(tokenizer, job.eval_rows, [eval_rows], s.max_seq_len)
+        log(f"trainer: evaluating on the validation dataset's {len(eval_rows)} rows (of {len(job.eval_rows)})")
+        return encoded, held
+    encoded, held = encode_splits(tokenizer, rows, [train_rows, eval_rows], s.max_seq_len)
+    return encoded, held
+
+
+def trainable_count(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def prepare_run(job: Job, model: Any, encoded: Any, held: Any, pad_id: int, device: Any, cuda: bool) -> Run | int:
+    """The model with its LoRA layers (and NEFTune's noise), its batching, optimizer and schedule; or the exit code."""
+    s = job.s
     choices = candidates(s.batching, s.packed_attention, model.config.model_type,
                          getattr(model.config, "_attn_implementation", None), cuda=cuda)
-    model, batching, segments, targets = add_lora(model, s, cuda)
+    model, _, _, targets = add_lora(model, s, cuda)
     neftune = None
     if s.neftune_alpha is not None and s.method != "dpo":
         neftune = Neftune(s.neftune_alpha)
         neftune.attach(model)
+    batching, attention, segments, probe = settle_batching(job, model, encoded, choices, pad_id, device, neftune)
+    total_steps = plan_steps(len(encoded.examples), s)
+    try:
+        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], s, cuda)
+    except SettingsError as exc:
+        log(f"trainer: {exc}")
+        return 2
+    scheduler, warmup = make_scheduler(optimizer, s, total_steps)
+    run = Run(job=job, model=model, optimizer=optimizer, scheduler=scheduler, device=device, cuda=cuda, pad_id=pad_id,
+              batching=batching, targets=targets, total_steps=total_steps, held=held.examples, neftune=neftune,
+              probe=probe, attention=attention)
+    log_plan(run, warmup, segments)
+    return run
+
+
+def settle_batching(job: Job, model: Any, encoded: Any, choices: list[tuple[str, str | None]], pad_id: int,
+                    device: Any, neftune: Neftune | None) -> tuple[str, str | None, bool, dict[str, float] | None]:
+    """The batching and attention training runs under (set on the model): the first of `choices`, kept from the
+    interrupted run on a resume, or decided by a probe on a GPU; whether packed attention is per example; and the
+    probe's figures when one ran."""
+    s = job.s
     probe = None
     batching, attention = choices[0]
     resumed = (json.loads((job.resume_from / MANIFEST_NAME).read_text()) if job.resume_from is not None else {})
@@ -915,55 +1022,48 @@ def train(env: dict[str, str]) -> int:
             + f" -> {choice_name(batching, attention)}")
     if s.method == "dpo":
         # A pair's two sequences share one padded forward (the reference's too): no packing, no probe.
-        batching, segments, probe = "padded", False, None
-        attention = getattr(model.config, "_attn_implementation", None)
-    else:
-        set_attention(model, attention)
-        segments = attention == SEGMENTS
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total_steps = plan_steps(len(encoded.examples), s)
-    try:
-        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], s, cuda)
-    except SettingsError as exc:
-        log(f"trainer: {exc}")
-        return 2
-    scheduler, warmup = make_scheduler(optimizer, s, total_steps)
-    log(f"trainer: steps={total_steps} warmup={warmup} batch={s.batch_size}x{s.gradient_accumulation} "
-        f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(targets)} trainable_params={trainable} "
-        f"batching={batching}{' (attention per example)' if segments and batching == 'packed' else ''}"
-        f"{' (flex attention, a document mask)' if attention == FLEX and batching == 'packed' else ''} "
+        return "padded", getattr(model.config, "_attn_implementation", None), False, None
+    set_attention(model, attention)
+    return batching, attention, attention == SEGMENTS, probe
+
+
+def log_plan(run: Run, warmup: int, segments: bool) -> None:
+    s = run.job.s
+    log(f"trainer: steps={run.total_steps} warmup={warmup} batch={s.batch_size}x{s.gradient_accumulation} "
+        f"lora r={s.lora_r} alpha={s.lora_alpha} targets={','.join(run.targets)} "
+        f"trainable_params={trainable_count(run.model)} batching={run.batching}"
+        f"{' (attention per example)' if segments and run.batching == 'packed' else ''}"
+        f"{' (flex attention, a document mask)' if run.attention == FLEX and run.batching == 'packed' else ''} "
         f"optimizer={s.optimizer} lr_scheduler={s.lr_scheduler}"
         + (" dora" if s.use_dora else "") + (" rslora" if s.use_rslora else "")
-        + (f" neftune_alpha={s.neftune_alpha}" if neftune else ""))
+        + (f" neftune_alpha={s.neftune_alpha}" if run.neftune else ""))
 
-    run = Run(job=job, model=model, optimizer=optimizer, scheduler=scheduler, device=device, cuda=cuda, pad_id=pad_id,
-              batching=batching, targets=targets, total_steps=total_steps, held=held.examples, neftune=neftune,
-              probe=probe, attention=attention)
-    stream = batch_stream(encoded.examples, s.batch_size, s.seed, grouped=batching == "grouped")
-    if job.resume_from is not None:
-        progress = resume(run, stream, job.resume_from)
-    else:
-        before, extra = held_out(model, held.examples, s, pad_id, device, batching)
-        progress = Progress(eval_before=before, preference={"before": extra} if extra else {})
-        if progress.eval_before is not None:
-            log(f"trainer: eval_loss before training = {progress.eval_before:.4f}{metric_text(extra)}")
-    timing = train_loop(run, stream, progress)
-    if isinstance(timing, int):
-        return timing
 
+def first_progress(run: Run) -> Progress:
+    """A fresh run's progress, with the held-out loss before training."""
+    before, extra = held_out(run.model, run.held, run.job.s, run.pad_id, run.device, run.batching)
+    progress = Progress(eval_before=before, preference={"before": extra} if extra else {})
+    if progress.eval_before is not None:
+        log(f"trainer: eval_loss before training = {progress.eval_before:.4f}{metric_text(extra)}")
+    return progress
+
+
+def write_results(run: Run, progress: Progress, manifest: Callable[..., dict[str, Any]], tokenizer: Any,
+                  sample_rows: list[Example]) -> float | None:
+    """The trained adapter written, then its final eval and samples, then written again with them: the held-out loss
+    after training."""
+    job = run.job
     eval_after = keep_best(run, progress)
     # The final adapter first, before the final eval and the samples (minutes on a CPU): a run whose runtime limit
     # passes during those still has its finished training's adapter, which the agent uploads at this line
     # (machine/agent/trainer.py). Written again below with the eval and samples: the same weights, so the
     # files stay consistent whichever of the two writes a reader sees.
     job.output.mkdir(parents=True, exist_ok=True)
-    write_outputs(job.output, model, base_model, targets,
-                  build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
-                                 timing=timing, started=started, precision=precision, samples=[]))
+    write_outputs(job.output, run.model, job.base_model, run.targets, manifest(eval_after=eval_after, samples=[]))
     log(f"{FINAL_WRITTEN} ({progress.steps_done} of {run.total_steps} steps); the final eval and samples follow")
     extra = progress.preference.get("after", {})
     if eval_after is None:
-        eval_after, extra = held_out(model, held.examples, s, pad_id, device, batching)
+        eval_after, extra = held_out(run.model, run.held, job.s, run.pad_id, run.device, run.batching)
         if extra:
             progress.preference["after"] = extra
     if eval_after is not None:
@@ -972,32 +1072,21 @@ def train(env: dict[str, str]) -> int:
         if extra:
             log(f"trainer: preference after training:{metric_text(extra)}")
     samples = sample_outputs(run, tokenizer, sample_rows)
-    manifest = build_manifest(run, progress, (encoded, held), eval_after=eval_after, trainable=trainable,
-                              timing=timing, started=started, precision=precision, samples=samples)
     job.output.mkdir(parents=True, exist_ok=True)
-    write_outputs(job.output, model, base_model, targets, manifest)
-    losses = progress.losses
-    log(f"trainer: wrote {CONFIG_NAME}, {WEIGHTS_NAME}, {MANIFEST_NAME} to {job.output} "
-        f"(loss {losses[0]:.4f} -> {losses[-1]:.4f}, {progress.tokens_seen} tokens in {timing[0]:.1f}s)")
-    if env.get("MLFLOW_TRACKING_URI") or env.get("WANDB_API_KEY"):
-        from machine.trainer import tracking
+    write_outputs(job.output, run.model, job.base_model, run.targets, manifest(eval_after=eval_after, samples=samples))
+    return eval_after
 
-        tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or base_model, params=s.as_dict(),
-                        losses=losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
-                        summary={**progress.preference.get("after", {}),
-                                 "eval_loss_before": progress.eval_before, "eval_loss": eval_after,
-                                 "tokens": float(progress.tokens_seen), "train_seconds": timing[0]},
-                        adapter_sha256=hashlib.sha256((job.output / WEIGHTS_NAME).read_bytes()).hexdigest())
-    if s.merged:
-        # The training model (and its optimizer state) freed first: the merge loads the base model again.
-        del run, model, loaded, optimizer, scheduler, neftune, progress
-        from machine.trainer.merge import free_memory, merge_into_output
 
-        free_memory(cuda)
-        # On the GPU only when the run trained there unquantized: it held at least these weights then.
-        merge_into_output(job.source, job.output, base_model, device="cuda" if cuda and not s.load_in_4bit else "cpu",
-                          token=job.token)
-    return 0
+def track(env: dict[str, str], job: Job, progress: Progress, eval_after: float | None, seconds: float) -> None:
+    """The run reported to the org's MLflow or W&B (machine/trainer/tracking.py)."""
+    from machine.trainer import tracking
+
+    tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or job.base_model, params=job.s.as_dict(),
+                    losses=progress.losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
+                    summary={**progress.preference.get("after", {}),
+                             "eval_loss_before": progress.eval_before, "eval_loss": eval_after,
+                             "tokens": float(progress.tokens_seen), "train_seconds": seconds},
+                    adapter_sha256=hashlib.sha256((job.output / WEIGHTS_NAME).read_bytes()).hexdigest())
 
 
 def main() -> int:

@@ -54,28 +54,8 @@ def _flat(params: dict[str, Any]) -> list[dict[str, str]]:
 
 def mlflow_report(env: Mapping[str, str], *, run_name: str, params: dict[str, Any], losses: list[float],
                   evals: list[tuple[int, float]], summary: dict[str, float | None], adapter_sha256: str) -> str:
-    base = env["MLFLOW_TRACKING_URI"].rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise ValueError("MLFLOW_TRACKING_URI must be an http(s) URL")
-    headers = {"Content-Type": "application/json"}
-    if env.get("MLFLOW_TRACKING_TOKEN"):
-        headers["Authorization"] = f"Bearer {env['MLFLOW_TRACKING_TOKEN']}"
-
-    def call(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        req = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", method=method, headers=headers,
-                                     data=json.dumps(body).encode() if body is not None else None)
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-            out: dict[str, Any] = json.loads(resp.read() or b"{}")
-            return out
-
-    experiment = env.get("MLFLOW_EXPERIMENT_NAME") or "tensorant"
-    try:
-        exp_id = call("GET", f"experiments/get-by-name?experiment_name={quote(experiment)}")["experiment"][
-            "experiment_id"]
-    except urllib.error.HTTPError as exc:
-        if exc.code != 404:
-            raise
-        exp_id = call("POST", "experiments/create", {"name": experiment})["experiment_id"]
+    call = _mlflow_client(env)
+    exp_id = _mlflow_experiment(call, env.get("MLFLOW_EXPERIMENT_NAME") or "tensorant")
     now_ms = int(time.time() * 1000)
     run_id = call("POST", "runs/create", {"experiment_id": exp_id, "run_name": run_name, "start_time": now_ms,
                                           "tags": [{"key": "mlflow.runName", "value": run_name},
@@ -94,6 +74,36 @@ def mlflow_report(env: Mapping[str, str], *, run_name: str, params: dict[str, An
             call("POST", "runs/log-batch", {"run_id": run_id, "params": flat[j:j + 100]})
     call("POST", "runs/update", {"run_id": run_id, "status": "FINISHED", "end_time": int(time.time() * 1000)})
     return str(run_id)
+
+
+def _mlflow_client(env: Mapping[str, str]) -> Callable[..., dict[str, Any]]:
+    """call(method, path, body=None): one request to the MLflow REST API the environment names, its JSON answer."""
+    base = env["MLFLOW_TRACKING_URI"].rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise ValueError("MLFLOW_TRACKING_URI must be an http(s) URL")
+    headers = {"Content-Type": "application/json"}
+    if env.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {env['MLFLOW_TRACKING_TOKEN']}"
+
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        req = urllib.request.Request(f"{base}/api/2.0/mlflow/{path}", method=method, headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            out: dict[str, Any] = json.loads(resp.read() or b"{}")
+            return out
+
+    return call
+
+
+def _mlflow_experiment(call: Callable[..., dict[str, Any]], experiment: str) -> Any:
+    """The experiment's id, the experiment created when the server has none of that name."""
+    try:
+        return call("GET", f"experiments/get-by-name?experiment_name={quote(experiment)}")["experiment"][
+            "experiment_id"]
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+        return call("POST", "experiments/create", {"name": experiment})["experiment_id"]
 
 
 def wandb_report(env: Mapping[str, str], *, run_name: str, params: dict[str, Any], losses: list[float],

@@ -222,6 +222,44 @@ def view(org: str, t: datetime | None = None) -> dict[str, Any]:
     return {"month": month_of(t), "stop_at_budget": limits.stop_at_budget, "budgets": items}
 
 
+def _budgets_of(limits: OrgLimits) -> list[tuple[str, float, str | None]]:
+    """The org's budgets: (its key, its USD, its project or None for the org's)."""
+    budgets: list[tuple[str, float, str | None]] = []
+    if limits.monthly_budget_usd is not None:
+        budgets.append(("org", limits.monthly_budget_usd, None))
+    return budgets + [(f"project:{p}", usd, p) for p, usd in sorted(limits.project_budgets_usd.items())]
+
+
+def _crossings(org: str, t: datetime, budget: tuple[str, float, str | None], s: OrgSpend, limits: OrgLimits,
+               crossed: dict[str, list[int]]) -> tuple[int, bool]:
+    """The budget's thresholds its billed spend crosses for the first time this month, each told and added to
+    `crossed`: how many, and whether the whole budget is spent."""
+    bkey, usd, project = budget
+    pct = 100.0 * s.of(project).billed / usd if usd > 0 else 100.0
+    new = 0
+    for threshold in sorted(limits.budget_thresholds_pct):
+        if pct >= threshold and threshold not in crossed.get(bkey, []):
+            _tell_crossing(org, t, budget, threshold, s)
+            crossed.setdefault(bkey, []).append(threshold)
+            new += 1
+    return new, pct >= 100
+
+
+def _tell_crossing(org: str, t: datetime, budget: tuple[str, float, str | None], threshold: int, s: OrgSpend) -> None:
+    """A new threshold crossing, as the budget.threshold event (its webhooks) and an audit entry."""
+    from shared.runs.outbox import send_event
+
+    bkey, usd, project = budget
+    billed = s.of(project).billed
+    ident = f"msg_budget-{month_of(t)}-{bkey.replace(':', '-')}-{threshold}"[:68]
+    send_event(org, "budget.threshold", ident, {
+        "budget": "organization" if project is None else f"project {project}", "project_id": project,
+        "month": month_of(t), "threshold_pct": threshold, "budget_usd": usd,
+        "billed_usd": round(billed, 4), "committed_usd": round(s.of(project).committed, 4)})
+    get_store().audit.add("budget threshold crossed", org=org, budget=bkey, threshold_pct=threshold,
+                          billed_usd=round(billed, 4), budget_usd=usd)
+
+
 def check_thresholds(org: str, t: datetime) -> int:
     """heartbeat-check, for an org with active runs: record and tell new threshold crossings (of billed spend);
     at 100 % with stop_at_budget, retain the org's active runs. Returns the crossings found."""
@@ -238,28 +276,11 @@ def check_thresholds(org: str, t: datetime) -> int:
     crossed: dict[str, list[int]] = {k: list(v) for k, v in state.get("crossed", {}).items()}
     new = 0
     stop: list[str | None] = []
-    budgets: list[tuple[str, float, str | None]] = []
-    if limits.monthly_budget_usd is not None:
-        budgets.append(("org", limits.monthly_budget_usd, None))
-    budgets += [(f"project:{p}", usd, p) for p, usd in sorted(limits.project_budgets_usd.items())]
-    from shared.runs.outbox import send_event
-
-    for bkey, usd, project in budgets:
-        billed = s.of(project).billed
-        pct = 100.0 * billed / usd if usd > 0 else 100.0
-        for threshold in sorted(limits.budget_thresholds_pct):
-            if pct >= threshold and threshold not in crossed.get(bkey, []):
-                ident = f"msg_budget-{month_of(t)}-{bkey.replace(':', '-')}-{threshold}"[:68]
-                send_event(org, "budget.threshold", ident, {
-                    "budget": "organization" if project is None else f"project {project}", "project_id": project,
-                    "month": month_of(t), "threshold_pct": threshold, "budget_usd": usd,
-                    "billed_usd": round(billed, 4), "committed_usd": round(s.of(project).committed, 4)})
-                get_store().audit.add("budget threshold crossed", org=org, budget=bkey, threshold_pct=threshold,
-                                      billed_usd=round(billed, 4), budget_usd=usd)
-                crossed.setdefault(bkey, []).append(threshold)
-                new += 1
-        if pct >= 100 and limits.stop_at_budget:
-            stop.append(project)
+    for budget in _budgets_of(limits):
+        found, spent = _crossings(org, t, budget, s, limits, crossed)
+        new += found
+        if spent and limits.stop_at_budget:
+            stop.append(budget[2])
     state = {"crossed": crossed, "checked": t.timestamp()}
     try:
         if got is None:

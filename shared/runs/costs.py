@@ -9,7 +9,7 @@ from datetime import datetime
 
 from shared.clock import now
 from shared.lifecycle import TERMINAL
-from shared.models import RunEvent, RunRecord, RunState
+from shared.models import Billing, RunEvent, RunRecord, RunState
 from shared.store import get_store
 
 # Audit lines that change whether a retained machine runs (recovery starts it; stop stops it).
@@ -67,47 +67,59 @@ def timing(run: RunRecord, events: list[RunEvent] | None = None, at: datetime | 
     from its transition/audit events (`events`, or read here)."""
     at = at or now()
     ended = run.state in TERMINAL
-    b = run.billing
-    machine_s = disk_s = 0.0
-    running = False
-    if b is not None:
-        up, released = run.machine_up_at, run.released_at
-        end = released or (run.state_changed_at if ended else at)
-        machine_s, disk_s = b.machine_s, b.disk_only_s
-        since = b.since or up
-        if since is not None and end > since:
-            if b.machine_running:
-                machine_s += (end - since).total_seconds()
-            else:
-                disk_s += (end - since).total_seconds()
-        running = up is not None and b.machine_running and released is None and not ended
-        return _timing(run, up, released, machine_s, disk_s, running, ended, at)
+    if run.billing is not None:
+        return _from_billing(run, run.billing, ended, at)
     events = sorted(events if events is not None else timeline_events(run.id), key=lambda e: e.at)
     up = _machine_up_at(run, events)
     released = _release_confirmed_at(run, events)
     end = released or (run.state_changed_at if ended else at)
+    machine_s = disk_s = 0.0
+    running = False
     if up is not None and end > up:
-        running, cursor = True, up
-        for e in events:
-            if e.at <= up or e.at > end:
-                continue
-            stops, starts = _stops(e), _starts(e)
-            if not (stops or starts):
-                continue
-            span = (e.at - cursor).total_seconds()
-            if running:
-                machine_s += span
-            else:
-                disk_s += span
-            cursor, running = e.at, starts or (running and not stops)
-        span = (end - cursor).total_seconds()
+        machine_s, disk_s, running = _walk(events, up, end)
+        if released is not None or ended:
+            running = False
+    return _timing(run, up, released, machine_s, disk_s, running, ended, at)
+
+
+def _from_billing(run: RunRecord, b: Billing, ended: bool, at: datetime) -> Timing:
+    """The run's time and cost from the billing its record keeps: the spans closed so far and the open one."""
+    up, released = run.machine_up_at, run.released_at
+    end = released or (run.state_changed_at if ended else at)
+    machine_s, disk_s = b.machine_s, b.disk_only_s
+    since = b.since or up
+    if since is not None and end > since:
+        if b.machine_running:
+            machine_s += (end - since).total_seconds()
+        else:
+            disk_s += (end - since).total_seconds()
+    running = up is not None and b.machine_running and released is None and not ended
+    return _timing(run, up, released, machine_s, disk_s, running, ended, at)
+
+
+def _walk(events: list[RunEvent], up: datetime, end: datetime) -> tuple[float, float, bool]:
+    """The seconds the machine ran and the seconds only its disk was kept, from `up` to `end`, by the
+    stops and starts on the timeline; and whether it was running at `end`."""
+    machine_s = disk_s = 0.0
+    running, cursor = True, up
+    for e in events:
+        if e.at <= up or e.at > end:
+            continue
+        stops, starts = _stops(e), _starts(e)
+        if not (stops or starts):
+            continue
+        span = (e.at - cursor).total_seconds()
         if running:
             machine_s += span
         else:
             disk_s += span
-        if released is not None or ended:
-            running = False
-    return _timing(run, up, released, machine_s, disk_s, running, ended, at)
+        cursor, running = e.at, starts or (running and not stops)
+    span = (end - cursor).total_seconds()
+    if running:
+        machine_s += span
+    else:
+        disk_s += span
+    return machine_s, disk_s, running
 
 
 def _timing(run: RunRecord, up: datetime | None, released: datetime | None, machine_s: float, disk_s: float,

@@ -51,51 +51,17 @@ class HubError(Exception):
 
 def _fetch(url: str, token: str, *, limit: int, deadline: float, byte_range: str = "") -> bytes:
     """GET url through the endpoint guard; HubError with the status (0: unreachable) otherwise."""
-    import urllib3
-
-    from shared.org_storage.endpoint_guard import EndpointRefused, resolve_checked, split_endpoint, system_resolver
-    from shared.webhooks.send import allow_private
-
-    private = allow_private()
     for _ in range(MAX_REDIRECTS + 1):
-        try:
-            scheme, host, port = split_endpoint(url, allow_private=private)
-            ip = resolve_checked(host, port, allow_private=private, resolver=system_resolver)
-        except EndpointRefused as exc:
-            raise HubError(-1, f"{url.split('?')[0][:120]} is refused: {exc}") from exc
         parts = urlsplit(url)
         headers = {"host": parts.netloc, "user-agent": "tensorant-control-plane"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         if byte_range:
             headers["range"] = byte_range
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise HubError(0, f"the hub took more than {HUB_READ_S:g} s")
-        timeout = urllib3.Timeout(total=min(TIMEOUT_S, left))
-        if scheme == "https":
-            import certifi
-
-            pool: Any = urllib3.HTTPSConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False,
-                                                    cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
-                                                    server_hostname=host, assert_hostname=host)
-        else:
-            pool = urllib3.HTTPConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False)
-        try:
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            resp = pool.urlopen("GET", target, headers=headers, redirect=False, retries=False,
-                                preload_content=False, assert_same_host=False)
-            try:
-                body = resp.read(limit + 1)
-            finally:
-                resp.release_conn()
-                pool.close()
-        except urllib3.exceptions.HTTPError as exc:
-            raise HubError(0, f"could not reach the hub ({type(exc).__name__})") from exc
-        status = int(resp.status)
-        if status in (301, 302, 303, 307, 308) and resp.headers.get("location"):
+        status, location, body = _get_once(url, headers, limit, deadline)
+        if status in (301, 302, 303, 307, 308) and location:
             # The CDN's signed URL carries no token: a token goes to the hub's own host only.
-            nxt = urljoin(url, resp.headers["location"])
+            nxt = urljoin(url, location)
             if urlsplit(nxt).netloc != parts.netloc:
                 token = ""
             url = nxt
@@ -106,6 +72,54 @@ def _fetch(url: str, token: str, *, limit: int, deadline: float, byte_range: str
             raise HubError(413, f"more than {limit} bytes")
         return bytes(body)
     raise HubError(310, "too many redirects")
+
+
+def _get_once(url: str, headers: dict[str, str], limit: int, deadline: float) -> tuple[int, str, bytes]:
+    """One GET, no redirect followed: its status, its Location header ("" when none), and at most limit + 1
+    bytes of its body."""
+    import urllib3
+
+    pool = _pool(url, deadline)
+    parts = urlsplit(url)
+    try:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        resp = pool.urlopen("GET", target, headers=headers, redirect=False, retries=False,
+                            preload_content=False, assert_same_host=False)
+        try:
+            body = resp.read(limit + 1)
+        finally:
+            resp.release_conn()
+            pool.close()
+    except urllib3.exceptions.HTTPError as exc:
+        raise HubError(0, f"could not reach the hub ({type(exc).__name__})") from exc
+    return int(resp.status), resp.headers.get("location") or "", body
+
+
+def _pool(url: str, deadline: float) -> Any:
+    """A one-connection pool to the address the endpoint guard resolved and checked for url's host, within
+    what is left of the deadline."""
+    import urllib3
+
+    from shared.org_storage.endpoint_guard import EndpointRefused, resolve_checked, split_endpoint, system_resolver
+    from shared.webhooks.send import allow_private
+
+    private = allow_private()
+    try:
+        scheme, host, port = split_endpoint(url, allow_private=private)
+        ip = resolve_checked(host, port, allow_private=private, resolver=system_resolver)
+    except EndpointRefused as exc:
+        raise HubError(-1, f"{url.split('?')[0][:120]} is refused: {exc}") from exc
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HubError(0, f"the hub took more than {HUB_READ_S:g} s")
+    timeout = urllib3.Timeout(total=min(TIMEOUT_S, left))
+    if scheme == "https":
+        import certifi
+
+        return urllib3.HTTPSConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False,
+                                           cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                                           server_hostname=host, assert_hostname=host)
+    return urllib3.HTTPConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False)
 
 
 def _json(data: bytes, what: str) -> Any:

@@ -51,6 +51,20 @@ def check_url(url: str, *, resolver: Any = None) -> None:
     resolve_checked(host, port, allow_private=allow_private(), resolver=resolver or system_resolver)
 
 
+def _pool(scheme: str, host: str, ip: str, port: int) -> Any:
+    """One connection to the address the endpoint guard checked; https verifies the certificate for host."""
+    import urllib3
+
+    timeout = urllib3.Timeout(total=TIMEOUT_S)
+    if scheme == "https":
+        import certifi
+
+        return urllib3.HTTPSConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False,
+                                           cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                                           server_hostname=host, assert_hostname=host)
+    return urllib3.HTTPConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False)
+
+
 def post(url: str, webhook_id: str, body: str, secrets: list[str], *, resolver: Any = None) -> Result:
     import urllib3
 
@@ -71,15 +85,7 @@ def post(url: str, webhook_id: str, body: str, secrets: list[str], *, resolver: 
                "webhook-id": webhook_id, "webhook-timestamp": str(int(at.timestamp())),
                "webhook-signature": signature(secrets, webhook_id, at, body)}
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    timeout = urllib3.Timeout(total=TIMEOUT_S)
-    if scheme == "https":
-        import certifi
-
-        pool: Any = urllib3.HTTPSConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False,
-                                                cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
-                                                server_hostname=host, assert_hostname=host)
-    else:
-        pool = urllib3.HTTPConnectionPool(ip, port, timeout=timeout, maxsize=1, retries=False)
+    pool = _pool(scheme, host, ip, port)
     try:
         resp = pool.urlopen("POST", target, body=body.encode(), headers=headers, redirect=False, retries=False,
                             preload_content=False, assert_same_host=False, decode_content=False)

@@ -52,15 +52,10 @@ def line_problem(obj: Any) -> str | None:
     if not isinstance(obj, dict):
         return "is not a JSON object"
     if "messages" in obj:
-        msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            return "\"messages\" must be a non-empty list"
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                return f"messages[{i}] needs a role ({', '.join(sorted(ROLES))}) and a string content"
-        if not any(m["role"] == "assistant" for m in msgs):
+        problem = _messages_problem(obj["messages"])
+        if problem is None and not any(m["role"] == "assistant" for m in obj["messages"]):
             return "has no assistant message to learn from"
-        return None
+        return problem
     if "prompt" in obj or "completion" in obj:
         if not isinstance(obj.get("prompt"), str) or not isinstance(obj.get("completion"), str):
             return "\"prompt\" and \"completion\" must both be strings"
@@ -68,6 +63,16 @@ def line_problem(obj: Any) -> str | None:
     if "text" in obj:
         return None if isinstance(obj["text"], str) and obj["text"] else "\"text\" must be a non-empty string"
     return "needs \"messages\", \"prompt\"+\"completion\" or \"text\""
+
+
+def _messages_problem(msgs: Any) -> str | None:
+    """Why a line's "messages" is not a non-empty list of {role, content} turns, or None."""
+    if not isinstance(msgs, list) or not msgs:
+        return "\"messages\" must be a non-empty list"
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            return f"messages[{i}] needs a role ({', '.join(sorted(ROLES))}) and a string content"
+    return None
 
 
 def is_pair(obj: Any) -> bool:
@@ -81,19 +86,9 @@ def pair_problem(obj: dict[str, Any]) -> str | None:
     {"messages": [... ending with a user turn], "chosen": {"role": "assistant", "content": str},
     "rejected": {"role": "assistant", "content": str}} (the two answers to the same conversation)."""
     if "messages" in obj:
-        msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            return "\"messages\" must be a non-empty list"
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                return f"messages[{i}] needs a role ({', '.join(sorted(ROLES))}) and a string content"
-        if msgs[-1]["role"] == "assistant":
-            return "a pair's \"messages\" must end before the answer (the answers are \"chosen\" and \"rejected\")"
-        for side in ("chosen", "rejected"):
-            turn = obj.get(side)
-            if not (isinstance(turn, dict) and turn.get("role") == "assistant" and isinstance(turn.get("content"), str)
-                    and turn["content"]):
-                return f"\"{side}\" must be an assistant turn: {{\"role\": \"assistant\", \"content\": \"...\"}}"
+        problem = _messages_problem(obj["messages"]) or _answers_problem(obj)
+        if problem is not None:
+            return problem
     elif "prompt" in obj:
         for side in ("prompt", "chosen", "rejected"):
             if not isinstance(obj.get(side), str) or not obj[side]:
@@ -102,6 +97,19 @@ def pair_problem(obj: dict[str, Any]) -> str | None:
         return "a preference pair needs \"prompt\" (or \"messages\"), \"chosen\" and \"rejected\""
     if obj["chosen"] == obj["rejected"]:
         return "\"chosen\" and \"rejected\" are the same answer; a pair teaches nothing without a difference"
+    return None
+
+
+def _answers_problem(obj: dict[str, Any]) -> str | None:
+    """Why a conversation pair's messages and answers are not a conversation ending before the answer and two
+    assistant turns, or None."""
+    if obj["messages"][-1]["role"] == "assistant":
+        return "a pair's \"messages\" must end before the answer (the answers are \"chosen\" and \"rejected\")"
+    for side in ("chosen", "rejected"):
+        turn = obj.get(side)
+        if not (isinstance(turn, dict) and turn.get("role") == "assistant" and isinstance(turn.get("content"), str)
+                and turn["content"]):
+            return f"\"{side}\" must be an assistant turn: {{\"role\": \"assistant\", \"content\": \"...\"}}"
     return None
 
 

@@ -148,69 +148,102 @@ def machine_up_at(run: RunRecord, resources: list[CloudResource], called_at: dat
     return called_at
 
 
-def launch(msg: StepMessage) -> None:
-    store = get_store()
-    run, _ = store.runs.get(msg.org, msg.run_id)
+def _claim(msg: StepMessage) -> RunRecord | None:
+    """The run this invocation launches its current candidate for, claimed; None when there is nothing to launch
+    now (moved on, launched already, another attempt's claim is recent, or every candidate refused)."""
+    run, _ = get_store().runs.get(msg.org, msg.run_id)
     if run.state not in Step.launch.serves:
-        return  # moved on (a duplicate or late delivery)
+        return None  # moved on (a duplicate or late delivery)
     claimed = False
     if run.state == RunState.queued:
         # Write-ahead: the run says which machine it owns before the cloud call (the first claim).
         run, claimed = move(run, RunState.provisioning, expect={RunState.queued}, machine_name=ref_of(run).name,
                             launch_claimed_at=now())
     if run.state != RunState.provisioning or run.resources:
-        return  # moved on, or launched already (duplicate delivery)
+        return None  # moved on, or launched already (duplicate delivery)
     # One machine per run across attempts: what a refused attempt may have made is confirmed gone first.
     if not _abandoned_released(run, msg):
-        return
+        return None
     if run.candidate_index >= len(candidates_of(run)):
         _all_refused(run, msg)
-        return
+        return None
     deadline = run.deadlines.provisioning_by
     if run.attempts and deadline and now() > deadline:
         fail_to_release(run, "no candidate launched before the provisioning deadline; the attempts:\n"
                         + attempt_lines(run.attempts))
-        return
-    if not claimed:
-        run, claimed = store.runs.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
-        if run.state != RunState.provisioning or run.resources:
-            return
-        if not claimed:  # another attempt is recent: its machine may not be listed yet
-            wait = LAUNCH_SETTLE_S - (now() - (run.launch_claimed_at or run.updated_at)).total_seconds()
-            get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
-            return
-    log = get_logger()
-    candidate = candidates_of(run)[run.candidate_index]
-    provider = compute_for(run.org, run_connection(run))
-    create_called_at = now()  # billing counts from the create call: a cloud may bill from then
+        return None
+    return run if claimed else _settled_claim(run, msg)
+
+
+def _settled_claim(run: RunRecord, msg: StepMessage) -> RunRecord | None:
+    """A run already provisioning launches only when no other attempt claimed it within LAUNCH_SETTLE_S."""
+    run, claimed = get_store().runs.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
+    if run.state != RunState.provisioning or run.resources:
+        return None
+    if not claimed:  # another attempt is recent: its machine may not be listed yet
+        wait = LAUNCH_SETTLE_S - (now() - (run.launch_claimed_at or run.updated_at)).total_seconds()
+        get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
+        return None
+    return run
+
+
+def _create(run: RunRecord, msg: StepMessage, provider: ComputeProvider, candidate: RunCandidate,
+            create_called_at: datetime) -> tuple[list[CloudResource], dict[str, str]] | None:
+    """The cloud's create call for the candidate: its resources and scope; None when it did not launch (skipped
+    or refused: the next candidate; retried later; or failed)."""
     refusal = _preflight_refusal(provider, candidate, ref_of(run))
     if refusal is not None:
         _next_candidate(run, msg, "skipped", "preflight", refusal, create_called_at, released=True)
-        return
+        return None
     try:
         scope = scope_of(provider)  # where the machine is made: release and the sweeper act only there
-        resources = provider.launch(launch_spec(run))
+        return provider.launch(launch_spec(run)), scope
     except RetryableError as exc:
-        if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
-            fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
-            return
-        if exc.code == IN_PROGRESS:
-            event(run, "audit", f"launch continues in {int(exc.retry_after_s)} s: {redact_text(exc.reason)}")
-        else:
-            event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
-        get_queues().send(Step.launch, msg, delay_s=exc.retry_after_s)
-        return
+        _retry_later(run, msg, exc)
     except (CapacityError, QuotaError) as exc:
         # The cloud has no capacity, quota or stock for this candidate: not the run's fault, so the next one.
         _refused(run, msg, provider, exc, create_called_at)
-        return
     except PermanentError as exc:
         # Anything else (credentials, image, subnet, a bootstrap that cannot be built) is a configuration
         # error: failover would hide it, so the run fails as with one candidate.
-        log.warning("launch failed permanently", extra={"reason": exc.reason})
+        get_logger().warning("launch failed permanently", extra={"reason": exc.reason})
         _record_failed(run, exc, create_called_at)
         fail_to_release(run, f"launch failed: {exc.reason}")
+    return None
+
+
+def _retry_later(run: RunRecord, msg: StepMessage, exc: RetryableError) -> None:
+    """Try again after the delay the cloud asked for, unless that passes the provisioning deadline."""
+    deadline = run.deadlines.provisioning_by
+    if deadline and now() + timedelta(seconds=exc.retry_after_s) > deadline:
+        fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
         return
+    if exc.code == IN_PROGRESS:
+        event(run, "audit", f"launch continues in {int(exc.retry_after_s)} s: {redact_text(exc.reason)}")
+    else:
+        event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
+    get_queues().send(Step.launch, msg, delay_s=exc.retry_after_s)
+
+
+def launch(msg: StepMessage) -> None:
+    run = _claim(msg)
+    if run is None:
+        return
+    candidate = candidates_of(run)[run.candidate_index]
+    provider = compute_for(run.org, run_connection(run))
+    create_called_at = now()  # billing counts from the create call: a cloud may bill from then
+    created = _create(run, msg, provider, candidate, create_called_at)
+    if created is None:
+        return
+    resources, scope = created
+    run = _record_launch(run, provider, resources, scope, create_called_at)
+    _after_launch(run, msg, provider, candidate, resources)
+
+
+def _record_launch(run: RunRecord, provider: ComputeProvider, resources: list[CloudResource], scope: dict[str, str],
+                   create_called_at: datetime) -> RunRecord:
+    """The machine's resources on the ledger and on the run, with the attempt and the deadlines it sets."""
+    store = get_store()
     for res in resources:
         store.ledger.record(res)
     up_at = machine_up_at(run, resources, create_called_at)
@@ -239,6 +272,12 @@ def launch(msg: StepMessage) -> None:
                                     "attempts": attempts})
 
     run, _ = store.runs.mutate(run.org, run.id, change)
+    return run
+
+
+def _after_launch(run: RunRecord, msg: StepMessage, provider: ComputeProvider, candidate: RunCandidate,
+                  resources: list[CloudResource]) -> None:
+    """The machine's creation on the timeline; released again when the run moved on while the cloud created it."""
     several = len(run.attempts) > 1 or len(run.candidates) > 1
     on = f" on {candidate.connection} {candidate.offer.offer_id} ({candidate.offer.gpu}, " \
          f"{candidate.offer.total_per_hour:g} {candidate.offer.currency}/h)" if several else ""

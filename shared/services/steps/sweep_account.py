@@ -200,6 +200,20 @@ class _Budget:
         return True
 
 
+def _listing_failed(org: str, name: str, exc: Exception, dry_run: bool) -> dict[str, Any]:
+    """The finding of a connection whose provider could not be built or list its resources: an expired
+    credential also warns its runs."""
+    reason = exc.reason if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {redact_text(str(exc))}"
+    if not isinstance(exc, ProviderError):
+        get_logger().exception("account sweep: the provider could not be built or listed")
+    finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
+                               "reason": f"listing failed, nothing swept on this connection: {reason[:500]}"}
+    if isinstance(exc, AuthError) and not dry_run:
+        finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
+    _audit("sweep-list-failed", finding)
+    return finding
+
+
 def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_run: bool,
            lease: leases.Lease | None = None) -> dict[str, Any]:
     settings, store = get_settings(), get_store()
@@ -208,15 +222,7 @@ def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_r
         provider = compute()
         resources = _ours(provider.list_managed(), settings.deployment_id, org)
     except Exception as exc:  # one broken account (a secret that no longer opens) never poisons the step
-        reason = exc.reason if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {redact_text(str(exc))}"
-        if not isinstance(exc, ProviderError):
-            get_logger().exception("account sweep: the provider could not be built or listed")
-        finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
-                                   "reason": f"listing failed, nothing swept on this connection: {reason[:500]}"}
-        if isinstance(exc, AuthError) and not dry_run:
-            finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
-        _audit("sweep-list-failed", finding)
-        return {**stats, "findings": [finding]}
+        return {**stats, "findings": [_listing_failed(org, name, exc, dry_run)]}
     if (other := _other_store(resources)) is not None:
         stats["listed"] = len(resources)
         return {**stats, "findings": [_refuse_duplicate(org, name, other, dry_run)]}
@@ -304,7 +310,8 @@ def _grace() -> timedelta:
 
 def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
            runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
-    grace, settings = _grace(), get_settings()
+    """Resources past the grace whose run is missing or terminal, or whose launch attempt the run gave up:
+    released (a dry run only reports them)."""
     # Grouped by run and launch attempt (issue 37): a live run owns only its current attempt's resources; an
     # attempt it gave up (another candidate refused) is released here like a leak once past the grace.
     by_run: dict[tuple[str, int], list[CloudResource]] = defaultdict(list)
@@ -312,44 +319,61 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
         by_run[(res.run_id, res.attempt)].append(res)
     out = []
     for (run_id, attempt), found in sorted(by_run.items()):
-        run = runs.get(run_id)
-        if run is None and any(r.org == "" for r in found):
-            # Untagged (RunPod) and not this org's run: another org may share the account. Run
-            # ids are never deleted, so a real leak of this org always finds its run.
+        reason = _leak_reason(runs.get(run_id), run_id, attempt, found, t)
+        if reason is None:
             continue
-        gave_up = run is not None and run.state not in TERMINAL and candidates.abandoned(run, attempt)
-        if run is not None and run.state not in TERMINAL and not gave_up:
-            continue  # a live run owns it; its own steps release or retain it
-        if run is None:
-            if any(r.created_at is None for r in found):
-                if not _seen_before(run_id, found, t):
-                    continue  # no creation time and no run to date it: count from the first sighting
-            elif any(t - r.created_at < grace for r in found if r.created_at):
-                continue  # being created right now, or listed late
-        else:
-            if any(r.created_at and t - r.created_at < grace for r in found):
-                continue
-            if t - run.state_changed_at < grace and not gave_up:
-                continue
         if not dry_run and not budget.allows():
             continue  # the budget is spent: the next tick finds it again
-        reason = "its run is missing" if run is None else f"its run is {run.state.value} (released)"
-        if gave_up:
-            reason = f"launch attempt {attempt + 1} of its run was given up (another candidate was tried)"
         finding: dict[str, Any] = {
             "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
             "resources": [f"{r.kind}:{r.id}" for r in found],
             "action": "would release" if dry_run else "release",
         }
         if not dry_run:
-            try:
-                got = provider.release(RunRef(settings.deployment_id, org, run_id, attempt=attempt), found)
-                finding["done"], finding["detail"] = got.done, got.detail
-            except ProviderError as exc:
-                finding["done"], finding["detail"] = False, exc.reason
+            finding |= _release(provider, RunRef(get_settings().deployment_id, org, run_id, attempt=attempt), found)
         _audit("sweep-dry-run" if dry_run else "sweep-release", finding)
         out.append(finding)
     return out
+
+
+def _leak_reason(run: RunRecord | None, run_id: str, attempt: int, found: list[CloudResource],
+                 t: datetime) -> str | None:
+    """Why one launch attempt's resources are a leak; None while they are not one (yet)."""
+    if run is None and any(r.org == "" for r in found):
+        # Untagged (RunPod) and not this org's run: another org may share the account. Run
+        # ids are never deleted, so a real leak of this org always finds its run.
+        return None
+    gave_up = run is not None and run.state not in TERMINAL and candidates.abandoned(run, attempt)
+    if run is not None and run.state not in TERMINAL and not gave_up:
+        return None  # a live run owns it; its own steps release or retain it
+    if not _past_grace(run, run_id, found, t, gave_up):
+        return None
+    if gave_up:
+        return f"launch attempt {attempt + 1} of its run was given up (another candidate was tried)"
+    return "its run is missing" if run is None else f"its run is {run.state.value} (released)"
+
+
+def _past_grace(run: RunRecord | None, run_id: str, found: list[CloudResource], t: datetime, gave_up: bool) -> bool:
+    """Whether the resources and their run's last change are older than the grace period."""
+    grace = _grace()
+    if run is None:
+        if any(r.created_at is None for r in found):
+            # No creation time and no run to date it: count from the first sighting.
+            return _seen_before(run_id, found, t)
+        # Younger: being created right now, or listed late.
+        return not any(t - r.created_at < grace for r in found if r.created_at)
+    if any(r.created_at and t - r.created_at < grace for r in found):
+        return False
+    return gave_up or t - run.state_changed_at >= grace
+
+
+def _release(provider: ComputeProvider, ref: RunRef, found: list[CloudResource]) -> dict[str, Any]:
+    """The release of leaked resources, as the finding records it ("not found" is success)."""
+    try:
+        got = provider.release(ref, found)
+    except ProviderError as exc:
+        return {"done": False, "detail": exc.reason}
+    return {"done": got.done, "detail": got.detail}
 
 
 def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
@@ -375,50 +399,77 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
     never stops a machine: the cloud is asked about that run (a describe only for such runs,
     which are rare), and only a confirmed "gone" moves it to retaining; the retain step then
     fails it with "nothing to retain or release"."""
-    from shared.models import MachineState
-
-    grace, settings = _grace(), get_settings()
-    # A given-up attempt's machine listed under the run is not the run's machine (issue 37).
-    listed_runs = {r.run_id for r in resources
-                   if r.run_id not in runs or r.attempt == candidates.attempt_no(runs[r.run_id])}
+    listed_runs = _listed_runs(resources, runs)
     out: list[dict[str, Any]] = []
     for run in runs.values():
         if run_connection(run) != provider_name or run.state not in ACTIVE or run.id in listed_runs:
             continue
         machines = [r for r in run.resources if r.kind in MACHINE_KINDS]
-        if not machines or t - run.state_changed_at < grace:
+        if not machines or not _unlisted_past_grace(run, machines, t):
             continue
-        if any(r.created_at and t - r.created_at < grace for r in machines):
+        problem = _other_scope(run, provider)
+        if problem is not None:
+            out.append({"org": org, "provider": provider_name, "run_id": run.id, "action": "none", "reason": problem})
             continue
-        try:
-            # Launched in another scope (the connection was moved since): not listed here and "gone"
-            # here, but alive where it was made. Never judged from the wrong account.
-            refuse_other_scope(run, provider)
-        except ProviderError as exc:
-            out.append({"org": org, "provider": provider_name, "run_id": run.id, "action": "none",
-                        "reason": exc.reason})
-            continue
-        if not budget.allows():
-            continue
-        try:
-            ref = RunRef(settings.deployment_id, org, run.id, attempt=candidates.attempt_no(run))
-            state = provider.describe(ref, run.resources).state
-        except ProviderError:
-            continue  # not confirmed; the heartbeat deadline still covers it
-        if state != MachineState.gone:
+        if not budget.allows() or not _confirmed_gone(provider, org, run):
             continue
         why = "the machine is gone from the cloud (deleted outside the control plane)"
         finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": why,
                    "resources": [f"{r.kind}:{r.id}" for r in machines],
                    "action": "would retain" if dry_run else "retain"}
-        if not dry_run:
-            _, wrote = move(run, RunState.retaining, expect={run.state}, reason=why)
-            if not wrote:
-                continue
-            get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="sweeper"))
+        if not _retain_vanished(run, why, dry_run):
+            continue
         _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
         out.append(finding)
     return out
+
+
+def _other_scope(run: RunRecord, provider: ComputeProvider) -> str | None:
+    """Why the run is not judged from here: launched in another scope (the connection was moved since), it is
+    not listed here and "gone" here, but alive where it was made. Never judged from the wrong account."""
+    try:
+        refuse_other_scope(run, provider)
+    except ProviderError as exc:
+        return exc.reason
+    return None
+
+
+def _listed_runs(resources: list[CloudResource], runs: dict[str, RunRecord]) -> set[str]:
+    """The runs whose machine is listed. A given-up attempt's machine listed under the run is not the run's
+    machine (issue 37)."""
+    return {r.run_id for r in resources
+            if r.run_id not in runs or r.attempt == candidates.attempt_no(runs[r.run_id])}
+
+
+def _unlisted_past_grace(run: RunRecord, machines: list[CloudResource], t: datetime) -> bool:
+    """Whether the run and its machines are older than the grace period: a younger machine may be listed late."""
+    grace = _grace()
+    if t - run.state_changed_at < grace:
+        return False
+    return not any(r.created_at and t - r.created_at < grace for r in machines)
+
+
+def _confirmed_gone(provider: ComputeProvider, org: str, run: RunRecord) -> bool:
+    """The cloud, asked about the run, says its machine is gone (an error confirms nothing: the heartbeat
+    deadline still covers it)."""
+    from shared.models import MachineState
+
+    try:
+        ref = RunRef(get_settings().deployment_id, org, run.id, attempt=candidates.attempt_no(run))
+        return provider.describe(ref, run.resources).state == MachineState.gone
+    except ProviderError:
+        return False
+
+
+def _retain_vanished(run: RunRecord, why: str, dry_run: bool) -> bool:
+    """The run moved to retaining (the retain step then fails it); False when it had moved on meanwhile. A dry run
+    moves nothing."""
+    if dry_run:
+        return True
+    _, wrote = move(run, RunState.retaining, expect={run.state}, reason=why)
+    if wrote:
+        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="sweeper"))
+    return wrote
 
 
 # A low-credit warning is repeated on a retained run at most this often.
@@ -430,19 +481,11 @@ def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: d
     """Prepaid accounts (RunPod) stop and then delete pods when the credit runs out, retained disks
     included: warn on each retained run while the provider says its credit is low (one read per
     tick and connection, only when a run is retained; at most one warning a day per run)."""
-    warning_of = getattr(provider, "credit_warning", None)
     retained = [r for r in runs.values() if run_connection(r) == provider_name and r.state == RunState.retained]
-    if not callable(warning_of) or not retained:
-        return []
-    try:
-        message = str(warning_of() or "")
-    except ProviderError:
-        return []
+    message = _credit_warning(provider) if retained else ""
     out: list[dict[str, Any]] = []
     for run in retained if message else []:
-        recent = [e for e in get_store().events.read(run.id, kind="warning")
-                  if e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S]
-        if recent:
+        if _warned_recently(run, t):
             continue
         finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": message,
                    "action": "would warn" if dry_run else "warn"}
@@ -451,6 +494,22 @@ def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: d
         _audit("sweep-dry-run" if dry_run else "sweep-credit-warning", finding)
         out.append(finding)
     return out
+
+
+def _credit_warning(provider: ComputeProvider) -> str:
+    """The provider's low-credit warning; "" when it has none, declares none, or cannot say."""
+    warning_of = getattr(provider, "credit_warning", None)
+    if not callable(warning_of):
+        return ""
+    try:
+        return str(warning_of() or "")
+    except ProviderError:
+        return ""
+
+
+def _warned_recently(run: RunRecord, t: datetime) -> bool:
+    return any(e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S
+               for e in get_store().events.read(run.id, kind="warning"))
 
 
 def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from shared.log import redact_text
-from shared.models import Outcome, RunRecord, RunState, StepMessage, VerifyProgress
+from shared.models import ForecastCheck, Outcome, RunRecord, RunState, StepMessage, VerifyProgress
 from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
 from shared.queues import get_queues
 from shared.runs import forecast
@@ -130,6 +130,26 @@ def carry_on(run: RunRecord, progress: VerifyProgress) -> None:
 
 def judge(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]) -> None:
     """The verification of archives already spooled, and the run's move it decides."""
+    problems, summary, sha256, size = check_adapter(run, fetched)
+    step = summary.get("checkpoint_step") if not problems else None
+    planned = summary.get("steps") if not problems else None
+    if step is not None and not (run.state == RunState.recovering and run.accept_checkpoint):
+        refuse_checkpoint(run, step, planned, sha256)
+    elif not problems:
+        succeed(run, fetched, summary, Found(step=step, planned=planned, sha256=sha256, size=size))
+    else:
+        why = "adapter verification failed: " + "; ".join(problems)
+        if run.state == RunState.recovering:
+            refuse_recovery(run, why + "; the machine and disk are still retained, so fix the archive and recover "
+                            "again, or cancel with discard", sha256)
+        else:
+            retain(run, why)
+
+
+def check_adapter(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]
+                  ) -> tuple[list[str], dict[str, object], str, int]:
+    """The adapter archive's problems (none when it passes), the verifier's summary, and the digest and size
+    of the bytes judged."""
     from adapter_format.verify import verify_adapter as check_archive
     from shared.providers.registry import smoke_trainer_providers
     from shared.runs.hub_models import kept
@@ -148,76 +168,96 @@ def judge(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]) -> Non
             result = unreadable_is_refused(lambda: check_archive(
                 archive, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None, provider=provider,
                 smoke_allowed_on=tuple(smoke_trainer_providers()), model=hub_model))
-        problems = list(result.problems)
     except ValueError as exc:
-        problems = [str(exc)]
-    step = result.summary.get("checkpoint_step") if not problems else None
-    planned = result.summary.get("steps") if not problems else None
-    if step is not None and not (run.state == RunState.recovering and run.accept_checkpoint):
-        # The agent uploads each checkpoint's adapter as it is made, so a run stopped before its final adapter
-        # holds the last one: an incomplete training, not a completed adapter. It ends the run only when the
-        # owner said so at the recovery (accept_checkpoint); otherwise the run stays retained.
-        if run.finished_at_limit:
-            # The trainer had reported every planned step: saying training stopped before them would be false.
-            what_happened = (f"the archive is the checkpoint at step {step} of {planned}, not the final adapter: the "
-                             "training finished all its planned steps, but its final adapter did not reach storage "
-                             "before the machine was stopped")
-        else:
-            what_happened = (f"the archive is the checkpoint at step {step} of {planned} (training stopped before its "
-                             "planned steps), not a completed adapter")
-        refusal = (what_happened + "; resume training from it (recover mode resume), or accept it as "
-                   "the run's adapter (recover again with accept_checkpoint: true)")
-        if run.state == RunState.recovering:
-            refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
-            return
-        run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=refusal,
-                          verify_progress=None)
-        if wrote:
-            get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
-        return
-    if not problems:
-        # A checkpoint here was accepted by the owner: the run's reason, view and events say which step it holds.
-        what = f"adapter verified: the checkpoint at step {step} of {planned} (training stopped before the final " \
-               "adapter), accepted as the run's adapter" if step is not None else "adapter verified"
-        if run.finished_at_limit and step is None:
-            what += ("; the runtime limit passed after the training finished all its planned steps: the final eval "
-                     "and the base-vs-adapter samples were cut")
-        # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
-        # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
-        recorded: dict[str, object] = {} if run.adapter_sha256 else {
-            "adapter_sha256": sha256, "adapter_size": size}
-        recorded |= {"verify_progress": None, "adapter_kind": "final" if step is None else "checkpoint", "checkpoint_step": step,
-                     "planned_steps": planned if isinstance(planned, int) else None}
-        checked = forecast.compare(run.forecast, result.summary) if run.forecast and step is None else None
-        if checked is not None:
-            recorded["forecast_check"] = checked
-        merged = run.training.merged and step is None
-        if merged:
-            recorded |= check_merged(run, fetched.get("merged"))
-        run, wrote = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
-                          **recorded)
-        if not wrote:  # a second delivery verified the same archive at the same time: the first recorded it
-            return
-        event(run, "audit", what, sha256=run.adapter_sha256,
-              **({"checkpoint_step": step} if step is not None else {}))
-        if merged:
-            event(run, "audit" if run.merged_sha256 else "warning", run.merged_note or "merged model verified",
-                  sha256=run.merged_sha256)
-        if checked is not None:
-            event(run, "audit", forecast.check_summary(checked), **checked.model_dump())
-            forecast.record_measured(run)  # the like runs' index, for the forecasts of later runs
-        elif run.forecast and step is None and (why := forecast.unusable(result.summary)) is not None:
-            event(run, "warning", f"the trainer's figures were not taken as a measurement: {why}")
-        get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
-        return
-    why = "adapter verification failed: " + "; ".join(problems)
+        return [str(exc)], {}, sha256, size
+    return list(result.problems), dict(result.summary), sha256, size
+
+
+class Found(NamedTuple):
+    """What the verification of a passing adapter archive found."""
+    step: Any  # the checkpoint's step (None: the final adapter)
+    planned: Any  # the trainer's planned steps, as its manifest says
+    sha256: str
+    size: int
+
+
+def refuse_checkpoint(run: RunRecord, step: object, planned: object, sha256: str) -> None:
+    """The agent uploads each checkpoint's adapter as it is made, so a run stopped before its final adapter
+    holds the last one: an incomplete training, not a completed adapter. It ends the run only when the
+    owner said so at the recovery (accept_checkpoint); otherwise the run stays retained."""
+    if run.finished_at_limit:
+        # The trainer had reported every planned step: saying training stopped before them would be false.
+        what_happened = (f"the archive is the checkpoint at step {step} of {planned}, not the final adapter: the "
+                         "training finished all its planned steps, but its final adapter did not reach storage "
+                         "before the machine was stopped")
+    else:
+        what_happened = (f"the archive is the checkpoint at step {step} of {planned} (training stopped before its "
+                         "planned steps), not a completed adapter")
+    refusal = (what_happened + "; resume training from it (recover mode resume), or accept it as "
+               "the run's adapter (recover again with accept_checkpoint: true)")
     if run.state == RunState.recovering:
-        refuse_recovery(run, why + "; the machine and disk are still retained, so fix the archive and recover again, "
-                        "or cancel with discard", sha256)
-        return
-    run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=why, verify_progress=None)
+        refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
+    else:
+        retain(run, refusal)
+
+
+def retain(run: RunRecord, reason: str) -> None:
+    """A verifying run whose archive is refused keeps its machine and disk (the retain step)."""
+    run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=reason, verify_progress=None)
     if wrote:
         get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+
+
+def succeed(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str], summary: dict[str, object],
+            found: Found) -> None:
+    """The run succeeds with its adapter (a checkpoint here was accepted by the owner: the run's reason, view
+    and events say which step it holds), and its machine is released."""
+    what = success_reason(run, found.step, found.planned)
+    recorded = success_fields(run, summary, found)
+    checked = recorded.get("forecast_check")
+    merged = run.training.merged and found.step is None
+    if merged:
+        recorded |= check_merged(run, fetched.get("merged"))
+    run, wrote = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
+                      **recorded)
+    if not wrote:  # a second delivery verified the same archive at the same time: the first recorded it
+        return
+    event(run, "audit", what, sha256=run.adapter_sha256,
+          **({"checkpoint_step": found.step} if found.step is not None else {}))
+    if merged:
+        event(run, "audit" if run.merged_sha256 else "warning", run.merged_note or "merged model verified",
+              sha256=run.merged_sha256)
+    if isinstance(checked, ForecastCheck):
+        event(run, "audit", forecast.check_summary(checked), **checked.model_dump())
+        forecast.record_measured(run)  # the like runs' index, for the forecasts of later runs
+    elif run.forecast and found.step is None and (why := forecast.unusable(summary)) is not None:
+        event(run, "warning", f"the trainer's figures were not taken as a measurement: {why}")
+    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
+
+
+def success_reason(run: RunRecord, step: object, planned: object) -> str:
+    if step is not None:
+        return (f"adapter verified: the checkpoint at step {step} of {planned} (training stopped before the final "
+                "adapter), accepted as the run's adapter")
+    if run.finished_at_limit:
+        return ("adapter verified; the runtime limit passed after the training finished all its planned steps: the "
+                "final eval and the base-vs-adapter samples were cut")
+    return "adapter verified"
+
+
+def success_fields(run: RunRecord, summary: dict[str, object], found: Found) -> dict[str, object]:
+    """The run fields a verified adapter records."""
+    # verify_saved has no sha256 from a report or an upload: record the bytes verified here, so
+    # the adapter served later is exactly this one (shared/services/api/runs/adapter.py checks it).
+    recorded: dict[str, object] = {} if run.adapter_sha256 else {
+        "adapter_sha256": found.sha256, "adapter_size": found.size}
+    recorded |= {"verify_progress": None, "adapter_kind": "final" if found.step is None else "checkpoint",
+                 "checkpoint_step": found.step,
+                 "planned_steps": found.planned if isinstance(found.planned, int) else None}
+    checked = forecast.compare(run.forecast, summary) if run.forecast and found.step is None else None
+    if checked is not None:
+        recorded["forecast_check"] = checked
+    return recorded
 
 
 def check_merged(run: RunRecord, spooled: verify_spool.Spooled | str | None) -> dict[str, object]:

@@ -185,48 +185,67 @@ def check_all() -> dict[str, int]:
     t = now()
     counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0,
               "retention_warned": 0, "discarded": 0, "verified_at_limit": 0}
-    idle_stop_s = get_settings().recovery_idle_stop_s
     limits: dict[str, OrgLimits] = {}  # read once per org in a tick, only for orgs with a retained run
     since = serving_since(t)
     runs, counts["pruned"] = watched_runs(t)
     counts["watched"] = len(runs)
     fleet_metrics(runs)
     for run in runs:
-        why = missed_deadline(run, t, since) if run.state in ACTIVE else None
         if run.state == RunState.retained:
             if run.org not in limits:
                 limits[run.org] = get_limits(run.org)
-            action = retention_action(run, limits[run.org], t, since)
-            if action is not None and action.kind == "discard":
-                counts["discarded"] += _discard(run, action.message)
-                continue
-            if action is not None:
-                counts["retention_warned"] += _warn_retention(run, action, t, since)
-            started = run.machine_started_at
-            if started is not None and (t - started).total_seconds() > idle_stop_s:
-                get_queues().send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
-                counts["idle_stops_sent"] += 1
-        elif why and run.state == RunState.provisioning:
-            counts["failed"] += _release_unstarted(run, why)
-        elif why and _trained_to_the_end(run, t):
-            counts["verified_at_limit"] += _verify_finished(run, why)
-        elif why:
-            counts["retained"] += _retain(run, why)
-        elif (run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by
-              and serving_long_enough(t, since)):
-            counts["failed"] += _fail_queued(run)
-        elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
-            counts["retained"] += _give_up_verify(run)
-        elif run.state in RESEND and _quiet_for(run, t) > RESEND_AFTER_S:
-            if run.state == RunState.provisioning and run.resources:
-                continue  # launched; waiting for the agent is the deadlines' job
-            counts["resent"] += _resend(run, t)
+            _check_retained(run, limits[run.org], t, since, counts)
+        else:
+            _check_watched(run, t, since, counts)
     for org in sorted({r.org for r in runs}):  # budgets: only orgs with active runs can spend more
         try:
             budgets.check_thresholds(org, t)
         except Exception:
             get_logger().exception("budget check failed", extra={"org": org})
     return counts
+
+
+def _check_retained(run: RunRecord, limits: OrgLimits, t: datetime, since: datetime,
+                    counts: dict[str, int]) -> None:
+    """A retained run: discarded or warned as its retention says, and its machine stopped once idle."""
+    action = retention_action(run, limits, t, since)
+    if action is not None and action.kind == "discard":
+        counts["discarded"] += _discard(run, action.message)
+        return
+    if action is not None:
+        counts["retention_warned"] += _warn_retention(run, action, t, since)
+    started = run.machine_started_at
+    if started is not None and (t - started).total_seconds() > get_settings().recovery_idle_stop_s:
+        get_queues().send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
+        counts["idle_stops_sent"] += 1
+
+
+def _check_watched(run: RunRecord, t: datetime, since: datetime, counts: dict[str, int]) -> None:
+    """Any other watched run: a missed deadline, a queued run never launched, a verification that takes too
+    long, or a step message that seems lost (re-sent)."""
+    why = missed_deadline(run, t, since) if run.state in ACTIVE else None
+    if why:
+        _missed(run, why, t, counts)
+    elif (run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by
+          and serving_long_enough(t, since)):
+        counts["failed"] += _fail_queued(run)
+    elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
+        counts["retained"] += _give_up_verify(run)
+    elif run.state in RESEND and _quiet_for(run, t) > RESEND_AFTER_S:
+        if run.state == RunState.provisioning and run.resources:
+            return  # launched; waiting for the agent is the deadlines' job
+        counts["resent"] += _resend(run, t)
+
+
+def _missed(run: RunRecord, why: str, t: datetime, counts: dict[str, int]) -> None:
+    """An active run past a deadline: failed before it started, verified when it had trained to the end, else
+    retained."""
+    if run.state == RunState.provisioning:
+        counts["failed"] += _release_unstarted(run, why)
+    elif _trained_to_the_end(run, t):
+        counts["verified_at_limit"] += _verify_finished(run, why)
+    else:
+        counts["retained"] += _retain(run, why)
 
 
 def _quiet_for(run: RunRecord, t: datetime) -> float:

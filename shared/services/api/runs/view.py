@@ -30,26 +30,25 @@ def resource_states(run: RunRecord, t: usage.Timing) -> list[CloudResource]:
     The state recorded at launch ("running") goes stale: the run's state says what the
     steps have done to the machine since (stopped and kept, being released, released).
     """
-    out = []
-    for res in run.resources:
-        if run.state in TERMINAL or t.released_at is not None:
-            state = "released"
-        elif run.state == RunState.releasing:
-            state = "releasing"
-        elif run.state == RunState.retaining:
-            state = "stopping" if res.kind in MACHINE_KINDS else "kept"
-        elif run.state in (RunState.retained, RunState.recovering):
-            # A retained run's machine runs only while started for recovery: machine_started_at, set at
-            # the start and cleared when the cloud confirms a stop (as heartbeat-check reads it).
-            started = t.machine_running and (run.state == RunState.recovering or run.machine_started_at is not None)
-            machine = "running (started for recovery)" if started else "stopped"
-            state = machine if res.kind in MACHINE_KINDS else "kept"
-        elif res.kind in MACHINE_KINDS:
-            state = res.state or "running"
-        else:
-            state = "in use"
-        out.append(res.model_copy(update={"state": state}))
-    return out
+    return [res.model_copy(update={"state": _resource_state(run, t, res)}) for res in run.resources]
+
+
+def _resource_state(run: RunRecord, t: usage.Timing, res: CloudResource) -> str:
+    machine = res.kind in MACHINE_KINDS
+    if run.state in TERMINAL or t.released_at is not None:
+        return "released"
+    if run.state == RunState.releasing:
+        return "releasing"
+    if run.state == RunState.retaining:
+        return "stopping" if machine else "kept"
+    if run.state in (RunState.retained, RunState.recovering):
+        if not machine:
+            return "kept"
+        # A retained run's machine runs only while started for recovery: machine_started_at, set at
+        # the start and cleared when the cloud confirms a stop (as heartbeat-check reads it).
+        started = t.machine_running and (run.state == RunState.recovering or run.machine_started_at is not None)
+        return "running (started for recovery)" if started else "stopped"
+    return (res.state or "running") if machine else "in use"
 
 
 def warnings_of(run: RunRecord, *, retention: bool = False) -> list[str]:
