@@ -75,3 +75,37 @@ def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(h: Har
     assert fired == [run_id]
     assert run["state"] == "provisioning" and run["resources"], run["reason"]
     assert cloud.created[run_id] == 1 and len(cloud.machines) == 1
+
+
+def test_a_create_the_cloud_is_still_working_on_asks_again_after_the_listing_lag(
+        h: Harness, cloud: ChaosCloud) -> None:
+    """Azure answers "the network interface is still being created" (InProgress) and the step asks again:
+    that invocation is over, so the next claim waits for the listing lag from its answer, not the rest
+    of the settle time (each Azure round would take 160 s)."""
+    from shared.budget import IN_PROGRESS
+    from shared.errors import RetryableError
+
+    calls: list[float] = []
+    answered: list[float] = []
+
+    def pick(method: str, run_id: str) -> str | None:
+        if method == "launch":
+            calls.append(h.clock())
+            if len(calls) == 1:
+                h.clock.advance(20)  # one long-running operation's wait
+                answered.append(h.clock())
+                raise RetryableError("network interface nic-1 is still being created", code=IN_PROGRESS,
+                                     retry_after_s=15)
+        return None
+
+    cloud.pick = pick
+    run_id = h.create_run("memory", "mem-a10")
+    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    for _ in range(int(launch_settle_s() // 10) + 3):
+        _deliver_visible(h)
+        h.clock.advance(10)
+    run = h.get_run(run_id)
+    assert run["state"] == "provisioning" and run["resources"], run["reason"]
+    assert len(calls) == 2 and cloud.created[run_id] == 1
+    waited = calls[1] - answered[0]
+    assert LISTING_LAG_S <= waited <= LISTING_LAG_S + 10, waited  # the lag, then the next round's delivery

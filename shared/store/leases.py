@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from shared.clock import now, now_ts
@@ -119,3 +119,23 @@ def claim_launch(org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, 
         return r.model_copy(update={"launch_claimed_at": now(), "updated_at": now()})
 
     return get_store().runs.mutate(org, run_id, change)
+
+
+def end_launch_claim(run: RunRecord, *, settle_s: float, lag_s: float) -> bool:
+    """The claiming invocation is over and its create was answered (the cloud is still working on it): the
+    next claim need not wait out the rest of this invocation's bound, only lag_s from now for what the
+    create made to show in listings. Ends only the claim `run` holds (its stamp as claimed), and never later
+    than it would have. Returns whether it was written."""
+    from shared.store import get_store
+
+    stamp = run.launch_claimed_at
+    if stamp is None:
+        return False
+    sooner = now() - timedelta(seconds=settle_s - lag_s)
+
+    def change(r: RunRecord) -> RunRecord | None:
+        if r.state != RunState.provisioning or r.resources or r.launch_claimed_at != stamp or sooner >= stamp:
+            return None
+        return r.model_copy(update={"launch_claimed_at": sooner})
+
+    return get_store().runs.mutate(run.org, run.id, change)[1]

@@ -203,6 +203,8 @@ def launch(msg: StepMessage) -> None:
             fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
             return
         if exc.code == IN_PROGRESS:
+            # Answered: the next claim waits for the listing lag from now, not the rest of this invocation's bound.
+            leases.end_launch_claim(run, settle_s=launch_settle_s(), lag_s=LISTING_LAG_S)
             event(run, "audit", f"launch continues in {int(exc.retry_after_s)} s: {redact_text(exc.reason)}")
         else:
             event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
