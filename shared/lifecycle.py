@@ -44,7 +44,8 @@ PHASE_ORDER = (S.provisioning, S.preparing, S.training, S.exporting, S.verifying
 
 class IllegalTransition(Exception):
     def __init__(self, current: RunState, target: RunState) -> None:
-        super().__init__(f"a run cannot go from {current} to {target}")
+        super().__init__(f"a run cannot go from {current.value} to {target.value}: the transition table "
+                         "(shared/lifecycle.py) does not allow it")
         self.current = current
         self.target = target
 
@@ -75,6 +76,20 @@ def transition(
     if reason is not None:
         changes["reason"] = reason
     return run.model_copy(update=changes)
+
+
+def check_write(before: RunRecord, after: RunRecord) -> None:
+    """Raise IllegalTransition unless a write of `after` over `before` keeps the table: the state as it is,
+    a move the table allows (out of releasing: only to its outcome's state), or a walk forward along the
+    agent's phase order (a heartbeat may skip phases in one write). The store's one write (Runs.decide)
+    calls it before writing, so no caller can move a run the table forbids, however it built the record."""
+    a, b = before.state, after.state
+    if a == b:
+        return
+    if a in PHASE_ORDER and b in PHASE_ORDER and PHASE_ORDER.index(b) > PHASE_ORDER.index(a):
+        return  # each phase to the next is in the table
+    if not can_transition(a, b) or (a == S.releasing and b != released_state(before)):
+        raise IllegalTransition(a, b)
 
 
 def released_state(run: RunRecord) -> RunState:

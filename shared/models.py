@@ -567,7 +567,7 @@ class RunRecord(Model):
     release_error: str = ""
     release_after: datetime | None = None
     # Claims and marks, each its own field (never updated_at, which any write moves): the launch
-    # step's last create claim (store.runs.claim_launch: the next is granted LAUNCH_SETTLE_S after it), and
+    # step's last create claim (store.leases.claim_launch: the next is granted launch_settle_s() after it), and
     # heartbeat-check's last re-send of a lost step message.
     launch_claimed_at: datetime | None = None
     resent_at: datetime | None = None

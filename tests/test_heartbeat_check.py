@@ -118,9 +118,9 @@ def test_queued_past_the_provisioning_deadline_fails_with_nothing_billed(h: Harn
 def test_second_launch_waits_for_the_first_machine_to_be_listed(h: Harness, cloud: ChaosCloud) -> None:
     """A create that timed out after the cloud made the machine, invisible to listing for a
     while: the retry must not create a second machine."""
-    from shared.services.steps.launch import LAUNCH_SETTLE_S
+    from shared.services.steps.launch import launch_settle_s
 
-    cloud.invisible_s = LAUNCH_SETTLE_S / 2
+    cloud.invisible_s = launch_settle_s() / 2
     fired: list[str] = []
 
     def pick(method: str, run_id: str) -> str | None:
@@ -132,7 +132,7 @@ def test_second_launch_waits_for_the_first_machine_to_be_listed(h: Harness, clou
     cloud.pick = pick
     run_id = h.create_run("memory", "mem-a10")
     h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
-    for _ in range(10):
+    for _ in range(int(launch_settle_s() // 10) + 2):  # past the claim's settle time
         _deliver_visible(h)
         h.clock.advance(10)
     run = h.get_run(run_id)

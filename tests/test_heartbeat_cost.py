@@ -173,7 +173,7 @@ def test_a_race_lost_past_the_retries_answers_409_not_500(h: Harness, cloud: Clo
     def always_lost(self: Runs, *a: Any, **kw: Any) -> Any:
         raise ConcurrencyError("run kept changing")
 
-    monkeypatch.setattr(Runs, "mutate", always_lost)
+    monkeypatch.setattr(Runs, "decide", always_lost)  # the one write (mutate is decide)
     status, body, headers = h.call("POST", f"/api/runs/{run_id}/cancel", token="member", json_body={})
     assert status == 409 and body["title"] == "Conflict" and "send it again" in body["detail"], body
     assert headers.get("Retry-After") == "1"

@@ -68,9 +68,10 @@ def test_only_moves_records_a_state_change() -> None:
 
 
 def test_only_the_run_repositorys_write_changes_a_run() -> None:
-    """A run record is written by Runs.mutate (shared/store/runs.py), which keeps the watch index and the
-    active-run slot with the write; moves.py adds the transition event around it. Nothing else in the control
-    plane reaches the runs table or calls Runs.put, mutate's raw write (tests do, to fake an old record)."""
+    """A run record is written by Runs.decide (shared/store/runs.py; mutate is decide without a decision), which
+    refuses a state change the transition table does not allow and keeps the watch index and the active-run
+    slot with the write; moves.py adds the transition event around it. Nothing else in the control plane
+    reaches the runs table or calls Runs.put, decide's raw write (tests do, to fake an old record)."""
     import re
 
     runs_py = SHARED / "store" / "runs.py"
@@ -85,7 +86,7 @@ def test_only_the_run_repositorys_write_changes_a_run() -> None:
             target = ast.unparse(call.func)
             if target == "self.put" or re.fullmatch(r"self\._table\.(insert|update|upsert)", target):
                 writes.setdefault(method.name, set()).add(target)
-    assert writes == {"create": {"self._table.insert"}, "put": {"self._table.update"}, "mutate": {"self.put"}}
+    assert writes == {"create": {"self._table.insert"}, "put": {"self._table.update"}, "decide": {"self.put"}}
 
 
 def test_each_store_repository_is_small() -> None:

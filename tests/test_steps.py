@@ -11,7 +11,7 @@ from pathlib import Path
 import azure.functions as func
 import pytest
 
-from shared.lifecycle import HOLDS_MACHINE, PHASE_ORDER
+from shared.lifecycle import HOLDS_MACHINE, PHASE_ORDER, transition
 from shared.models import RunState, StepMessage
 from shared.queues import Queue, encode
 from shared.steps import RUN_STEPS, TABLE, Resender, Step, resent_by
@@ -96,21 +96,23 @@ def test_a_step_ignores_a_run_in_a_state_it_does_not_serve(h: Harness, cloud: Cl
 
 def test_launch_claim_is_granted_once_per_settle_period(h: Harness, cloud: Cloud) -> None:
     from shared.models import CloudResource
-    from shared.services.steps.launch import LAUNCH_SETTLE_S
+    from shared.services.steps.launch import launch_settle_s
     from shared.store import get_store
+    from shared.store.leases import claim_launch
 
-    store = get_store()
+    settle, store = launch_settle_s(), get_store()
     run_id = h.create_run("memory", "mem-a10")
-    run, _ = store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"state": RunState.provisioning}))
-    assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (run, False)  # just written
-    h.clock.advance(LAUNCH_SETTLE_S + 1)
-    claimed, granted = store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S)
+    store.runs.mutate(h.org, run_id, lambda r: transition(r, RunState.queued))
+    run, _ = store.runs.mutate(h.org, run_id, lambda r: transition(r, RunState.provisioning))
+    assert claim_launch(h.org, run_id, settle_s=settle) == (run, False)  # just written
+    h.clock.advance(settle + 1)
+    claimed, granted = claim_launch(h.org, run_id, settle_s=settle)
     assert granted and claimed.updated_at > run.updated_at
-    assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (claimed, False)  # claimed just now
-    h.clock.advance(LAUNCH_SETTLE_S + 1)
+    assert claim_launch(h.org, run_id, settle_s=settle) == (claimed, False)  # claimed just now
+    h.clock.advance(settle + 1)
     res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=h.org)
     launched, _ = store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
-    assert store.runs.claim_launch(h.org, run_id, settle_s=LAUNCH_SETTLE_S) == (launched, False)  # launched already
+    assert claim_launch(h.org, run_id, settle_s=settle) == (launched, False)  # launched already
 
 
 def test_two_deliveries_verifying_at_once_record_the_adapter_once(h: Harness, cloud: Cloud, monkeypatch) -> None:

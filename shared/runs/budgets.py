@@ -34,10 +34,11 @@ from shared.runs.candidates import dearest_price
 from shared.runs.costs import timing
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.store import get_store
+from shared.store.leases import ends, left
+from shared.store.slots import LAUNCH_GRACE_S  # one grace for a launch's reservations
 from shared.store.tables import MAX_RACE_RETRIES
 
 RESERVATIONS_KEY = "budget-launches"
-LAUNCH_GRACE_S = 600
 CHECK_EVERY_S = 300
 
 
@@ -126,7 +127,7 @@ def spend(org: str, t: datetime, limits: OrgLimits, reservations: dict[str, Any]
             s.expected += expected
     drafts = {r.id: r for r in runs if r.state == RunState.draft}
     for run_id, res in (reservations or {}).items():
-        if run_id in drafts and now_ts() - float(res.get("at", 0)) < LAUNCH_GRACE_S:
+        if run_id in drafts and left(ends(float(res.get("at", 0)), LAUNCH_GRACE_S)) > 0:
             for s in (out.org, out.of(str(res.get("project", "")))):
                 s.held += float(res.get("cost", 0.0))
     return out
@@ -167,7 +168,7 @@ def reserve(org: str, run: RunRecord, cost: float, limits: OrgLimits) -> bool:
                     "runtime limit or choose a cheaper offer, wait for runs to end, or an owner raises the budget "
                     "under /api/org/limits")
         # Reservations of runs no longer launching go with this write.
-        keep = {k: v for k, v in held.items() if now_ts() - float(v.get("at", 0)) < LAUNCH_GRACE_S}
+        keep = {k: v for k, v in held.items() if left(ends(float(v.get("at", 0)), LAUNCH_GRACE_S)) > 0}
         keep[run.id] = {"cost": round(cost, 6), "at": now_ts(), "project": run.project_id}
         try:
             if got is None:

@@ -1,10 +1,11 @@
-"""Run records, and the one write that changes them (Runs.mutate: read, decide, write with the ETag).
+"""Run records, and the one write that changes them (Runs.decide: read, decide, write with the ETag).
 
-A run is created as a draft (create) and from then on written only by mutate, which also keeps the
-watch index (a run is indexed before it enters a watched state, unindexed after it leaves) and frees
-the run's active-run slot when the write ends it. A state change goes through shared/runs/moves.py,
-which records the transition event; a write that leaves the state as it is (a note, a heartbeat's
-progress) calls mutate directly.
+A run is created as a draft (create) and from then on written only by decide (mutate: the same
+write for a change with no decision to return), which refuses a state change the transition table
+does not allow, keeps the watch index (a run is indexed before it enters a watched state, unindexed
+after it leaves) and frees the run's active-run slot when the write ends it. A state change goes
+through shared/runs/moves.py, which records the transition event; a write that leaves the state as it
+is (a note, a heartbeat's progress) calls mutate directly.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from shared.clock import now
 from shared.errors import ConcurrencyError, Conflict, NotFound
-from shared.lifecycle import TERMINAL
+from shared.lifecycle import TERMINAL, check_write
 from shared.models import RunRecord, RunState
 from shared.store.keys import id_key, org_key
 from shared.store.tables import MAX_RACE_RETRIES, Table
@@ -27,6 +27,7 @@ from shared.store.watch import WATCHED, WatchIndex
 LAST_RUNS_KEPT = 1024  # runs whose last-seen copy a process keeps for heartbeats
 
 States = set[RunState] | frozenset[RunState]
+D = TypeVar("D")  # what a change decided, for its caller
 
 
 def _watched(run: RunRecord) -> bool:
@@ -157,11 +158,27 @@ class Runs:
         self, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None],
         *, attempts: int = MAX_RACE_RETRIES, from_last_write: bool = False,
     ) -> tuple[RunRecord, bool]:
-        """Read-modify-write with the ETag; `change` returns None to leave the run as it is.
+        """decide() for a change with nothing to tell its caller: `change` returns the run to write, or
+        None to leave it as it is. Returns (run as stored now, whether this call wrote it)."""
+        run, wrote, _ = self.decide(org, run_id, lambda r: (change(r), None), attempts=attempts,
+                                    from_last_write=from_last_write)
+        return run, wrote
 
-        Returns (run as stored now, whether this call wrote it). Lost races re-read and
-        call `change` again, so it must decide from the run it is given. Each call is one
-        read and at most one write per attempt.
+    def decide(
+        self, org: str, run_id: str, change: Callable[[RunRecord], tuple[RunRecord | None, D]],
+        *, attempts: int = MAX_RACE_RETRIES, from_last_write: bool = False,
+    ) -> tuple[RunRecord, bool, D]:
+        """The one write of a run: read, decide, write with the ETag.
+
+        `change(run)` returns (the run to write, or None to leave it as it is; its decision: what the
+        caller does after the write). Returns (run as stored now, whether this call wrote it, the decision
+        of the call that decided: the one written, or the one that declined). Lost races re-read and call
+        `change` again, so it must decide from the run it is given, and its decision is returned, never
+        kept in a variable an earlier attempt also wrote. Each call is one read and at most one write per
+        attempt.
+
+        A state change the transition table does not allow (lifecycle.check_write) raises
+        IllegalTransition before anything is written, whoever built the record.
 
         from_last_write (heartbeats): first try the write on the run as this process last read
         or wrote it, with that ETag, skipping the read. A stale copy only costs a lost race
@@ -173,12 +190,13 @@ class Runs:
         while attempt < attempts:
             run, etag = cached or self.get(org, run_id)
             from_copy, cached = cached is not None, None
-            new = change(run)
+            new, decision = change(run)
             if new is None:
                 if from_copy:
                     continue  # decide again on the stored run
                 self._remember(run, etag)
-                return run, False
+                return run, False, decision
+            check_write(run, new)
             if _watched(new) and not _watched(run):
                 self._watch.add(new.org, new.id)  # indexed before it is watched (shared/store/watch.py)
             try:
@@ -199,29 +217,8 @@ class Runs:
                 # The run has ended: its active-run slot is free. A crash before this line leaves
                 # the reservation of an ended run, which the next reservation drops.
                 self._ended(org, run_id)
-            return new, True
+            return new, True, decision
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
-
-    def claim_launch(self, org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
-        """Claim a provisioning run with no recorded resources for one create attempt.
-
-        The claim is its own field (launch_claimed_at), written with the run's ETag, and granted only
-        settle_s after the previous claim (the move to provisioning is the first): a create that
-        crashed or timed out may have made a machine that listing does not show yet, so two attempts
-        closer together could each create one. Other writes (a heartbeat, a note) do not extend it.
-        Returns (run as stored now, whether this call claimed it).
-        """
-
-        def change(r: RunRecord) -> RunRecord | None:
-            if r.state != RunState.provisioning or r.resources:
-                return None
-            # Records from before the field: their last write was the claim.
-            last = r.launch_claimed_at or r.updated_at
-            if (now() - last).total_seconds() < settle_s:
-                return None
-            return r.model_copy(update={"launch_claimed_at": now(), "updated_at": now()})
-
-        return self.mutate(org, run_id, change)
 
     # The runs this process last read or wrote through mutate, with their ETags (bounded).
     def _remember(self, run: RunRecord, etag: str) -> None:

@@ -4,8 +4,9 @@ max_active_runs is one atomic decision: the org's reservations, keyed by run id,
 row written with its ETag, so two launches that both saw a free slot cannot both take it (the second
 write is refused, re-reads and counts again). Keyed by run id, a repeated reservation or release is a
 no-op; a reservation left behind by a crash is dropped when counting once its run has ended (or, still a
-draft, after LAUNCH_GRACE_S). The row holds at most max_active_runs (<= 1000) ids with a timestamp,
-about 30 characters each: under the 32K-character property limit.
+draft, after LAUNCH_GRACE_S: a claim stamped in the row, ended by shared/store/leases.py's rule). The row
+holds at most max_active_runs (<= 1000) ids with a timestamp, about 30 characters each: under the
+32K-character property limit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import HOLDS_MACHINE
 from shared.models import RunState
 from shared.store.keys import org_key
+from shared.store.leases import ends, left
 from shared.store.runs import Runs
 from shared.store.tables import MAX_RACE_RETRIES, Table
 
@@ -80,7 +82,7 @@ class ActiveSlots:
             return False
         if run.state in HOLDS_MACHINE:
             return True
-        return run.state == RunState.draft and now_ts() - reserved_at < LAUNCH_GRACE_S
+        return run.state == RunState.draft and left(ends(reserved_at, LAUNCH_GRACE_S)) > 0
 
     def release(self, org: str, run_id: str) -> None:
         """Free run_id's reservation; releasing one that is gone (released twice) changes nothing."""

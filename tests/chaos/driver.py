@@ -253,7 +253,7 @@ class Chaos:
         store.faults = self.faults
         set_store(store)
         cloud.pick = self.faults.pick
-        cloud.invisible_s = 50.0  # under the launch settle period (60 s), over one round (30 s)
+        cloud.invisible_s = 50.0  # under the launch settle period (launch_settle_s(), 160 s), over one round (30 s)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

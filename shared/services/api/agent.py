@@ -8,6 +8,7 @@ hold recoverable output; otherwise the run is released and failed (keeping a dis
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from shared.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.events import event
-from shared.runs.moves import move_stored
+from shared.runs.moves import decide_stored, move_stored
 from shared.security import ORG_RE, AgentToken, signed_agent_claims, verify_agent
 from shared.settings import get_settings
 from shared.steps import serving
@@ -114,6 +115,16 @@ def _machine_line(line: str) -> str:
     return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + TRUNCATED_MARK
 
 
+@dataclass
+class _Told:
+    """What a heartbeat's write decided besides the run: the log lines it stores (numbered from `start`, the
+    run's count as that write read it), whether it reached the run's line cap, the pace warning it gave."""
+    start: int
+    lines: list[str] = field(default_factory=list)
+    warn: bool = False
+    pace: str = ""
+
+
 def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None = None) -> dict[str, Any]:
     """One ETag-guarded write of the run (after a read only when this process has no current
     copy of it), plus one write per log chunk (and an event only when the state moves or the
@@ -132,18 +143,16 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         raise InvalidInput.field("logs", f"{size} bytes of log lines in one heartbeat; at most "
                                  f"{MAX_HEARTBEAT_LOG_BYTES} are accepted: send them in smaller batches")
     target = RunState(hb.phase)
-    decided: dict[str, Any] = {}
 
-    def change(r: RunRecord) -> RunRecord | None:
-        decided.update(start=r.log_lines, lines=[], warn=False, pace="")
+    def change(r: RunRecord) -> tuple[RunRecord | None, _Told]:
         if r.state not in ACTIVE:
-            return None
+            return None, _Told(r.log_lines)
         # Lines past the run's cap are dropped; the first time, one marker line says so.
         keep = lines[:max(0, MAX_RUN_LOG_LINES - r.log_lines)]
+        told = _Told(r.log_lines)
         if len(keep) < len(lines) and r.log_lines + len(keep) == MAX_RUN_LOG_LINES:
             keep = [*keep, LOG_LIMIT_LINE]
-            decided["warn"] = True
-        decided["lines"] = keep
+            told.warn = True
         if PHASE_ORDER.index(target) > PHASE_ORDER.index(r.state):
             r = walk(r, target)
         if r.state == RunState.training and hb.progress > 0 and (
@@ -152,8 +161,9 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
             r = r.model_copy(update={"pace_from": t, "pace_from_progress": hb.progress})
         pace = "" if r.pace_warned else pace_warning(r, hb.progress, t)
         if pace:
-            decided["pace"] = pace
-            keep = decided["lines"] = [*keep, f"[tensorant] warning: {pace}"]
+            told.pace = pace
+            keep = [*keep, f"[tensorant] warning: {pace}"]
+        told.lines = keep
         if hb.checkpoints:
             # The agent's whole current list; a slot past the run's keep_checkpoints is not the run's.
             kept = [c for c in hb.checkpoints if c.slot < r.training.keep_checkpoints]
@@ -164,21 +174,21 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
             "last_heartbeat_at": t, "updated_at": t, "log_lines": r.log_lines + len(keep),
             "deadlines": r.deadlines.model_copy(
                 update={"heartbeat_by": t + timedelta(seconds=get_settings().heartbeat_timeout_s)}),
-        })
+        }), told
 
     try:
-        run, wrote = move_stored(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
+        run, wrote, told = decide_stored(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
     except ConcurrencyError as exc:
         # Nothing was written: the agent sends its state again with the next heartbeat.
         raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc
-    if wrote and decided["lines"]:
+    if wrote and told.lines:
         # Numbered from the run's count at the write that won: concurrent heartbeats never share numbers.
-        store.logs.add(run_id, decided["start"], decided["lines"])
-    if wrote and decided["warn"]:
+        store.logs.add(run_id, told.start, told.lines)
+    if wrote and told.warn:
         event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
               "(the full log is uploaded with the adapter)")
-    if wrote and decided["pace"]:
-        event(run, "warning", decided["pace"], type="run.pace_warning")
+    if wrote and told.pace:
+        event(run, "warning", told.pace, type="run.pace_warning")
     if not wrote:
         refuse_ended(run)
     reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from shared.budget import IN_PROGRESS
+from shared.budget import IN_PROGRESS, invocation_bound_s
 from shared.clock import now
 from shared.errors import CapacityError, PermanentError, ProviderError, QuotaError, RetryableError
 from shared.key_rotation import current_key_since
@@ -42,7 +42,7 @@ from shared.services.api import org_secrets
 from shared.services.api.projects import check_stored_dataset
 from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
 from shared.steps import Step
-from shared.store import get_store
+from shared.store import get_store, leases
 
 EXPORT_MARGIN_S = 3600  # after the runtime limit: time to export, verify and release
 
@@ -132,9 +132,17 @@ def bootstrap_for(run: RunRecord) -> Bootstrap:
 
 # A create that crashed or timed out may have made a machine that listing does not show
 # yet (new instances are invisible to listing for a while), so find-before-create alone
-# can create a second one. Each create attempt first claims the run (store.runs.claim_launch),
-# and a claim is granted only this long after the previous one.
-LAUNCH_SETTLE_S = 60
+# can create a second one. Each create attempt first claims the run (leases.claim_launch),
+# and a claim is granted only launch_settle_s() after the previous one: the attempt that took it
+# may still be inside its invocation (its create waits on the cloud for up to budget.step_budget_s,
+# 80 s, within budget.invocation_bound_s, 100 s), and what it made may then be missing from listings
+# for LISTING_LAG_S more (the 60 s this claim used to hold in all, under the create's own wait).
+LISTING_LAG_S = 60.0
+
+
+def launch_settle_s() -> float:
+    """How long a launch claim holds: the claiming invocation's whole bound, then the listing lag."""
+    return invocation_bound_s() + LISTING_LAG_S
 
 
 def machine_up_at(run: RunRecord, resources: list[CloudResource], called_at: datetime) -> datetime:
@@ -176,13 +184,13 @@ def _claim(msg: StepMessage) -> RunRecord | None:
 
 
 def _settled_claim(run: RunRecord, msg: StepMessage) -> RunRecord | None:
-    """A run already provisioning launches only when no other attempt claimed it within LAUNCH_SETTLE_S."""
-    run, claimed = get_store().runs.claim_launch(run.org, run.id, settle_s=LAUNCH_SETTLE_S)
+    """A run already provisioning launches only when no other attempt claimed it within launch_settle_s()."""
+    settle_s = launch_settle_s()
+    run, claimed = leases.claim_launch(run.org, run.id, settle_s=settle_s)
     if run.state != RunState.provisioning or run.resources:
         return None
     if not claimed:  # another attempt is recent: its machine may not be listed yet
-        wait = LAUNCH_SETTLE_S - (now() - (run.launch_claimed_at or run.updated_at)).total_seconds()
-        get_queues().send(Step.launch, msg, delay_s=max(1.0, wait))
+        get_queues().send(Step.launch, msg, delay_s=max(1.0, leases.launch_claim_left(run, settle_s)))
         return None
     return run
 
@@ -219,6 +227,8 @@ def _retry_later(run: RunRecord, msg: StepMessage, exc: RetryableError) -> None:
         fail_to_release(run, f"launch kept failing until the provisioning deadline: {exc.reason}")
         return
     if exc.code == IN_PROGRESS:
+        # Answered: the next claim waits for the listing lag from now, not the rest of this invocation's bound.
+        leases.end_launch_claim(run, settle_s=launch_settle_s(), lag_s=LISTING_LAG_S)
         event(run, "audit", f"launch continues in {int(exc.retry_after_s)} s: {redact_text(exc.reason)}")
     else:
         event(run, "warning", f"launch will be retried: {redact_text(exc.reason)}")
@@ -366,7 +376,7 @@ def _next_candidate(run: RunRecord, msg: StepMessage, outcome: str, code: str, m
         # The refused create was answered, and the next attempt's marks differ from this one's: nothing of
         # it can hide from the next find-before-create, so the next claim is due at once.
         update: dict[str, Any] = {"attempts": [*r.attempts, attempt], "updated_at": now(),
-                                  "launch_claimed_at": now() - timedelta(seconds=LAUNCH_SETTLE_S)}
+                                  "launch_claimed_at": now() - timedelta(seconds=launch_settle_s())}
         update |= with_candidate(r, nxt) if nxt < count else {"candidate_index": nxt}
         moved = r.model_copy(update=update)
         return moved.model_copy(update={"machine_name": ref_of(moved).name})
@@ -452,7 +462,7 @@ def _all_refused(run: RunRecord, msg: StepMessage) -> None:
                 **with_candidate(r, 0), "capacity_wait_since": since, "updated_at": t,
                 "deadlines": d.model_copy(update=shift),
                 # The next claim (the next round's first create) is due after the delay.
-                "launch_claimed_at": t + timedelta(seconds=delay - LAUNCH_SETTLE_S)})
+                "launch_claimed_at": t + timedelta(seconds=delay - launch_settle_s())})
             return moved.model_copy(update={"machine_name": ref_of(moved).name})
 
         run, wrote = get_store().runs.mutate(run.org, run.id, change)

@@ -33,7 +33,7 @@ from shared.runs.admission import find_offer
 from shared.runs.candidates import candidates_of
 from shared.runs.events import event
 from shared.runs.machine import stop_machine
-from shared.runs.moves import move_stored
+from shared.runs.moves import decide_stored, move_stored
 from shared.runs.org_backends import compute_for, ref_of, run_connection, storage_for
 from shared.runs.retention import checkpoint_saved
 from shared.security import Principal, require
@@ -166,22 +166,19 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
             return RunState.retaining, None
         raise Conflict(f"the run is {state.value}; cancel with discard: true to release its machine and disk")
 
-    was: list[RunState] = []
-
-    def change(r: RunRecord) -> RunRecord | None:
+    def change(r: RunRecord) -> tuple[RunRecord | None, RunState]:
         # Decided from the run as stored now: a step may have moved it since the user saw it
         # (queued -> provisioning), and the cancel must still apply to where it is.
         if r.state in TERMINAL or r.state == RunState.releasing:
-            return None
-        was[:] = [r.state]
+            return None, r.state
         target, outcome = plan(r.state)
         reason = f"cancelled by {principal.sub}"
         if target == RunState.retaining and r.state == RunState.training:
             reason += ("; the trainer is asked to save a checkpoint of its current step before the machine is "
                        "stopped and its disk kept")
-        return transition(r, target, reason=reason, outcome=outcome)
+        return transition(r, target, reason=reason, outcome=outcome), r.state
 
-    new, wrote = move_stored(principal.org, run_id, change)
+    new, wrote, was = decide_stored(principal.org, run_id, change)
     step = serving(new.state)
     if wrote and step is not None:
         # Sent after the write: a crash in between leaves retaining to heartbeat-check's
@@ -189,7 +186,7 @@ def cancel(principal: Principal, run_id: str, body: RunCancel) -> RunView:
         # its agent hears `stop` in a heartbeat reply meanwhile and has its trainer save a checkpoint of the
         # step it is on (a SIGTERM: machine/trainer/lora.py), uploaded at once, so a cancel before the first
         # periodic checkpoint still leaves one to resume from.
-        delay = CANCEL_CHECKPOINT_S if new.state == RunState.retaining and was == [RunState.training] else 0
+        delay = CANCEL_CHECKPOINT_S if new.state == RunState.retaining and was == RunState.training else 0
         get_queues().send(step, StepMessage(org=new.org, run_id=new.id), delay_s=delay)
     return view(new)
 
