@@ -170,20 +170,13 @@ class Runs:
     ) -> tuple[RunRecord, bool, D]:
         """The one write of a run: read, decide, write with the ETag.
 
-        `change(run)` returns (the run to write, or None to leave it as it is; its decision: what the
-        caller does after the write). Returns (run as stored now, whether this call wrote it, the decision
-        of the call that decided: the one written, or the one that declined). Lost races re-read and call
-        `change` again, so it must decide from the run it is given, and its decision is returned, never
-        kept in a variable an earlier attempt also wrote. Each call is one read and at most one write per
-        attempt.
-
-        A state change the transition table does not allow (lifecycle.check_write) raises
-        IllegalTransition before anything is written, whoever built the record.
-
-        from_last_write (heartbeats): first try the write on the run as this process last read
-        or wrote it, with that ETag, skipping the read. A stale copy only costs a lost race
-        (the service refuses the ETag) and the usual read; a decision not to write is never
-        taken on the copy, always on the stored run. Not counted as an attempt.
+        `change(run)` returns (the run to write, or None to leave it; its decision). Returns (the run as stored
+        now, whether this call wrote it, the decision of the attempt that decided). A lost race re-reads and
+        calls `change` again, so its decision is returned, never kept where an earlier attempt wrote too.
+        A state change the transition table does not allow (lifecycle.check_write) raises IllegalTransition
+        before anything is written. from_last_write (heartbeats): first try the write on this process's last
+        copy and ETag, skipping the read (a stale copy costs a lost race; a decision not to write is taken on
+        the stored run only; not counted as an attempt).
         """
         attempt = 0
         cached = self._recall(org, run_id) if from_last_write else None
@@ -196,11 +189,8 @@ class Runs:
                     continue  # decide again on the stored run
                 self._remember(run, etag)
                 return run, False, decision
-            check_write(run, new)
-            if _watched(new) and not _watched(run):
-                self._watch.add(new.org, new.id)  # indexed before it is watched (shared/store/watch.py)
             try:
-                etag = self.put(new, etag)
+                etag = self._checked_put(run, new, etag)
             except ConcurrencyError:
                 self._forget(org, run_id)
                 if from_copy:
@@ -210,15 +200,26 @@ class Runs:
                 attempt += 1
                 time.sleep(random.uniform(0, 0.002 * attempt))
                 continue
-            self._remember(new, etag)
-            if _watched(run) and not _watched(new):
-                self._watch.remove(org, run_id)
-            if new.state in TERMINAL and run.state not in TERMINAL:
-                # The run has ended: its active-run slot is free. A crash before this line leaves
-                # the reservation of an ended run, which the next reservation drops.
-                self._ended(org, run_id)
+            self._written(run, new, etag)
             return new, True, decision
         raise ConcurrencyError(f"run {run_id} kept changing; try again")
+
+    def _checked_put(self, run: RunRecord, new: RunRecord, etag: str) -> str:
+        """Write `new` over `run` with its ETag, once the transition table allows the change."""
+        check_write(run, new)
+        if _watched(new) and not _watched(run):
+            self._watch.add(new.org, new.id)  # indexed before it is watched (shared/store/watch.py)
+        return self.put(new, etag)
+
+    def _written(self, run: RunRecord, new: RunRecord, etag: str) -> None:
+        """What follows a write: the copy remembered, the watch index and the active-run slot kept."""
+        self._remember(new, etag)
+        if _watched(run) and not _watched(new):
+            self._watch.remove(new.org, new.id)
+        if new.state in TERMINAL and run.state not in TERMINAL:
+            # The run has ended: its active-run slot is free. A crash before this line leaves
+            # the reservation of an ended run, which the next reservation drops.
+            self._ended(new.org, new.id)
 
     # The runs this process last read or wrote through mutate, with their ETags (bounded).
     def _remember(self, run: RunRecord, etag: str) -> None:
