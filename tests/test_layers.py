@@ -86,7 +86,13 @@ def test_only_the_run_repositorys_write_changes_a_run() -> None:
             target = ast.unparse(call.func)
             if target == "self.put" or re.fullmatch(r"self\._table\.(insert|update|upsert)", target):
                 writes.setdefault(method.name, set()).add(target)
-    assert writes == {"create": {"self._table.insert"}, "put": {"self._table.update"}, "decide": {"self.put"}}
+    assert writes == {"create": {"self._table.insert"}, "put": {"self._table.update"}, "_checked_put": {"self.put"}}
+    # decide's write is _checked_put, which checks the transition table first; nothing else calls it.
+    callers = {m.name for m in runs.body if isinstance(m, ast.FunctionDef)
+               for n in ast.walk(m) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self._checked_put"}
+    assert callers == {"decide"}
+    [checked] = [m for m in runs.body if isinstance(m, ast.FunctionDef) and m.name == "_checked_put"]
+    assert "check_write" in ast.unparse(checked.body[1])
 
 
 def test_each_store_repository_is_small() -> None:
