@@ -22,6 +22,7 @@ from shared.org_storage.base import adapter_key
 from shared.queues import Queue, get_queues
 from shared.security import mint_agent_token, mint_user_token
 from tensorant_devhost.routes import RouteTemplate
+from tests.support.clock import FakeClock
 
 SMOKE_MODEL = "tensorant/smoke-tiny"
 
@@ -87,7 +88,7 @@ class Harness:
         self.org = org
         self.deliver_twice = deliver_twice
         self.max_dequeue = max_dequeue
-        self.clock = clock.FakeClock(time.time())
+        self.clock = FakeClock(time.time())
         clock.set_clock(self.clock)
         self._undo_queues = queues.configure(delay_scale=0)
         # Delays are not waited for; instead a delayed message moves the simulated clock to its

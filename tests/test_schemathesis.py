@@ -39,6 +39,7 @@ from shared.models import Role
 from shared.openapi import EXAMPLES
 from shared.services.api.quotas import OrgLimits
 from tests.azurite import Azurite, free_port
+from tests.support.storage import clear_queues, drop_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 ORG = "org-a"
@@ -147,7 +148,7 @@ def served(request: pytest.FixtureRequest, azurite: Azurite, tmp_path_factory: p
         app_settings.reset_settings()
         reset_store()
         queues.reset_queues()
-        queues.get_queues().clear_all()
+        clear_queues(queues.get_queues())
         import function_app
 
         host = Host(function_app.app, root=ROOT, port=port, load_settings=False, queues=False, timers=False).start()
@@ -162,7 +163,7 @@ def served(request: pytest.FixtureRequest, azurite: Azurite, tmp_path_factory: p
             _cleanup(seeded)
         finally:
             host.stop()
-            get_store().drop_all()
+            drop_tables(get_store())
             app_settings.reset_settings()
             reset_store()
             queues.reset_queues()
