@@ -28,7 +28,7 @@ SMOKE_MODEL = "tensorant/smoke-tiny"
 
 
 def smoke_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
-    from adapter_format.smoke import build_adapter_zip
+    from tests.support.adapters import build_adapter_zip
 
     return build_adapter_zip(base_model, **kw)
 

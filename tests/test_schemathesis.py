@@ -84,13 +84,13 @@ class Seeded:
 
 
 def _seed(host: Any, seeded: Seeded) -> None:
-    from adapter_format.smoke import build_adapter_zip
     from shared.clock import now
     from shared.models import Outcome, RunState
     from shared.org_storage.base import adapter_key
     from shared.runs.org_backends import storage_for
     from shared.security import mint_agent_token
     from shared.store import get_store
+    from tests.support.adapters import build_adapter_zip
 
     seeded.call("PUT", "/api/connections/storage", json={"kind": "local"})
     seeded.call("PUT", "/api/connections/compute/local", json={})

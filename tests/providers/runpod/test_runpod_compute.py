@@ -12,13 +12,13 @@ from shared import clock
 from shared.errors import AuthError, CapacityError, PermanentError, RetryableError
 from shared.models import CheckStatus, CloudResource, MachineState
 from shared.providers.base import RunRef
-from shared.providers.bootstrap_env import from_pod_env
 from shared.providers.runpod.compute import RunPodCompute, is_supported_gpu
 from shared.providers.runpod.config import RunPodConfig
 from shared.settings import Settings
 from tests.providers.runpod.fake_server import FakeRunPod
 from tests.providers.runpod.rig import KEY, REF, provider, spec
 from tests.support.clock import FakeClock
+from tests.support.pods import from_pod_env
 
 
 @pytest.fixture
