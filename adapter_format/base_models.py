@@ -128,10 +128,6 @@ class DeclaredModel:
         mods = self.modules
         return self.num_layers * sum(r * (mods[t][0] + mods[t][1]) for t in targets)
 
-    def lora_shapes(self, r: int, targets: tuple[str, ...] | list[str]) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
-        """module -> (lora_A shape [r, in], lora_B shape [out, r])."""
-        return {t: ((r, self.modules[t][0]), (self.modules[t][1], r)) for t in targets}
-
     def targets(self, target_modules: str) -> tuple[str, ...]:
         """The module names of a TENSORANT_TRAINING target_modules value."""
         fused = self.architecture == "phi3"

@@ -1,8 +1,8 @@
 """The smoke adapter: a PEFT-shaped LoRA adapter with random small values and nothing learned.
 
 The smoke trainer (machine.trainer.smoke) writes these files, and tests build valid
-and deliberately broken archives with `build_adapter_zip`. One code path for both, so the
-verifier is tested on exactly what the smoke trainer produces.
+and deliberately broken archives from them (tests/support/adapters.py's `build_adapter_zip`). One code
+path for both, so the verifier is tested on exactly what the smoke trainer produces.
 
 The safetensors file is written by hand (8-byte little-endian header length, JSON header,
 raw little-endian tensor data): no torch or safetensors package is needed.
@@ -11,10 +11,8 @@ raw little-endian tensor data): no torch or safetensors package is needed.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import struct
-import zipfile
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,7 +25,6 @@ MANIFEST_NAME = "manifest.json"
 SMOKE_TRAINER = "smoke (no training)"
 
 _NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2"}
-_FIXED_TIME = (2026, 1, 1, 0, 0, 0)  # same inputs -> same archive bytes
 
 
 def tensor_name(layer: int, module: str, ab: str) -> str:
@@ -87,7 +84,7 @@ def build_adapter_files(base_model: str, *, rows: int = 0, r: int = 8, dtype: st
     model = model or _declared(base_model)
     files = {
         CONFIG_NAME: json.dumps(adapter_config(base_model, r, model.default_targets), indent=2).encode(),
-        WEIGHTS_NAME: _weights(model, r=r, dtype=dtype, seed=seed),
+        WEIGHTS_NAME: smoke_weights(model, r=r, dtype=dtype, seed=seed),
     }
     files[MANIFEST_NAME] = manifest_bytes(base_model, files, rows=rows, trainer=SMOKE_TRAINER)
     return files
@@ -107,74 +104,7 @@ def manifest_bytes(base_model: str, files: dict[str, bytes], *, rows: int | None
     return json.dumps(manifest, indent=2).encode()
 
 
-def zip_files(entries: dict[str, bytes], *, compression: int = zipfile.ZIP_DEFLATED) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in entries.items():
-            info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
-            info.compress_type = compression
-            info.external_attr = 0o100644 << 16  # a regular file
-            zf.writestr(info, data)
-    return buf.getvalue()
-
-
-def build_adapter_zip(
-    base_model: str = "tensorant/smoke-tiny",
-    *,
-    rows: int = 0,
-    r: int = 8,
-    dtype: str = "F32",
-    seed: int = 0,
-    config_overrides: dict[str, object] | None = None,
-    nan: bool = False,
-    wrong_rank: bool = False,
-    missing: Iterable[str] = (),
-    extra: dict[str, bytes] | None = None,
-    weights: bytes | None = None,
-    trainer: str = SMOKE_TRAINER,
-    measured: dict[str, float] | None = None,
-    model: DeclaredModel | None = None,
-) -> bytes:
-    """A valid smoke adapter archive, or a broken one for tests (every corruption off by default).
-
-    config_overrides: keys replaced in adapter_config.json (None as a value deletes the key).
-    nan: a NaN in the first lora_A tensor. wrong_rank: the first lora_B has rank r+1.
-    missing: file names left out. extra: raw entries added as they are (e.g. "../evil").
-    weights: replaces adapter_model.safetensors with these bytes.
-    trainer: the manifest's trainer name; tests whose fake machine plays the real trainer's
-    output on a cloud provider say "lora" (the verifier refuses "smoke" there).
-    measured: figures a real trainer's manifest carries (train_seconds, tokens, steps), for the forecast's check.
-    The manifest lists the files as they end up in the archive, so only the intended
-    corruption is wrong.
-    """
-    files = build_adapter_files(base_model, rows=rows, r=r, dtype=dtype, seed=seed, model=model)
-    if config_overrides:
-        files[CONFIG_NAME] = _overridden(files[CONFIG_NAME], config_overrides)
-    if nan or wrong_rank:
-        files[WEIGHTS_NAME] = _weights(model or _declared(base_model), r=r, dtype=dtype, seed=seed, nan=nan,
-                                              wrong_rank=wrong_rank)
-    if weights is not None:
-        files[WEIGHTS_NAME] = weights
-    payload = {name: data for name, data in files.items() if name != MANIFEST_NAME}
-    files[MANIFEST_NAME] = manifest_bytes(base_model, payload, rows=rows, trainer=trainer, measured=measured)
-    for name in missing:
-        files.pop(name, None)
-    files.update(extra or {})
-    return zip_files(files)
-
-
-def _overridden(config_raw: bytes, overrides: dict[str, object]) -> bytes:
-    """adapter_config.json with keys replaced (None as a value deletes the key)."""
-    config = json.loads(config_raw)
-    for key, value in overrides.items():
-        if value is None:
-            config.pop(key, None)
-        else:
-            config[key] = value
-    return json.dumps(config, indent=2).encode()
-
-
-def _weights(model: DeclaredModel, *, r: int, dtype: str, seed: int, nan: bool = False,
+def smoke_weights(model: DeclaredModel, *, r: int, dtype: str, seed: int, nan: bool = False,
              wrong_rank: bool = False) -> bytes:
     """The smoke weights: random lora_A/lora_B of rank r for every default target; broken on demand with a NaN in
     the first lora_A, or the first lora_B of rank r+1 (the same random values either way)."""

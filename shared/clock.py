@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 _now: Callable[[], float] = time.time
 
@@ -18,17 +18,7 @@ def now() -> datetime:
 
 
 def set_clock(fn: Callable[[], float] | None) -> None:
-    """Replace the clock (tests only); None restores the wall clock."""
+    """Replace the clock (tests: tests/support/clock.FakeClock); None restores the wall clock."""
     global _now
     _now = fn or time.time
 
-
-class FakeClock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float | timedelta) -> None:
-        self.t += seconds.total_seconds() if isinstance(seconds, timedelta) else seconds

@@ -86,11 +86,6 @@ class Queues:
     def length(self, name: str) -> int:
         return int(self.client(name).get_queue_properties().approximate_message_count)
 
-    def clear_all(self) -> None:
-        for q in Queue:
-            for name in (q.value, q.poison):
-                self.client(name).clear_messages()
-
 
 @dataclass(frozen=True)
 class _Options:

@@ -48,11 +48,6 @@ class Step(StrEnum):
         return f"{self.value}-poison"
 
     @property
-    def snake(self) -> str:
-        """The name of its module in functions/ and shared/services/steps/, and of its function."""
-        return self.value.replace("-", "_")
-
-    @property
     def spec(self) -> StepSpec:
         return TABLE[self]
 
@@ -98,9 +93,6 @@ TABLE: dict[Step, StepSpec] = {spec.step: spec for spec in (
     # (shared/services/steps/deliver_webhook.py); a lost one is queued again from the run's outbox.
     StepSpec(Step.deliver_webhook, DeliveryMessage, frozenset(), None),
 )}
-
-# The steps that act on runs, in the order a run meets them.
-RUN_STEPS: tuple[Step, ...] = tuple(step for step, spec in TABLE.items() if spec.serves)
 
 
 def serving(state: RunState) -> Step | None:

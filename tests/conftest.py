@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.azurite import Azurite
+from tests.support.storage import clear_queues, drop_tables
 
 if TYPE_CHECKING:
     from tests.e2e.local_host import LocalHost
@@ -67,12 +68,12 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     settings.reset_settings()
     reset_store()
     queues.reset_queues()
-    queues.get_queues().clear_all()
+    clear_queues(queues.get_queues())
     yield values
     try:
         from shared.store import get_store
 
-        get_store().drop_all()
+        drop_tables(get_store())
     except Exception:
         pass
     settings.reset_settings()

@@ -22,12 +22,13 @@ from shared.org_storage.base import adapter_key
 from shared.queues import Queue, get_queues
 from shared.security import mint_agent_token, mint_user_token
 from tensorant_devhost.routes import RouteTemplate
+from tests.support.clock import FakeClock
 
 SMOKE_MODEL = "tensorant/smoke-tiny"
 
 
 def smoke_adapter_zip(base_model: str = SMOKE_MODEL, **kw: Any) -> bytes:
-    from adapter_format.smoke import build_adapter_zip
+    from tests.support.adapters import build_adapter_zip
 
     return build_adapter_zip(base_model, **kw)
 
@@ -87,7 +88,7 @@ class Harness:
         self.org = org
         self.deliver_twice = deliver_twice
         self.max_dequeue = max_dequeue
-        self.clock = clock.FakeClock(time.time())
+        self.clock = FakeClock(time.time())
         clock.set_clock(self.clock)
         self._undo_queues = queues.configure(delay_scale=0)
         # Delays are not waited for; instead a delayed message moves the simulated clock to its

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared import clock
+from tests.support.clock import FakeClock
 
 REPO = Path(__file__).resolve().parents[1]
 # What the cloud-init script may touch: these folders live under the sandbox.
@@ -73,7 +73,7 @@ def image_spec(dockerfile: Path = REPO / "Dockerfile") -> ImageSpec:
     return ImageSpec(env=env, workdir=workdir, entrypoint=entry)
 
 
-class LedgerClock(clock.FakeClock):
+class LedgerClock(FakeClock):
     """A simulated clock that also moves by the seconds the machine's `sleep` shim was asked for
     (appended to `ledger`, one number a line); they are folded into `t` as they are read, so code
     that sets `t` (the Harness's delayed messages) stays right."""

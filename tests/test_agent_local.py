@@ -693,7 +693,7 @@ def test_stop_in_a_heartbeat_reply_stops_the_trainer_and_a_restart_never_trains_
 
 def test_a_restart_after_the_trainer_finished_exports_without_training_again(
         tmp_path: Path, api: FakeAgentApi) -> None:
-    from adapter_format.smoke import build_adapter_zip
+    from tests.support.adapters import build_adapter_zip
 
     output = tmp_path / "data" / "adapter"
     output.mkdir(parents=True)

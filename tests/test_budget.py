@@ -25,6 +25,7 @@ import pytest
 from shared import budget
 from tests.harness import Harness, trained_adapter_zip
 from tests.providers.azure.fake_arm import FakeArm
+from tests.support.clock import FakeClock
 
 SLOW_OP_S = 150.0  # each Azure long-running operation: far past one invocation's budget
 
@@ -52,7 +53,7 @@ def test_bounds_follow_function_timeout(monkeypatch: pytest.MonkeyPatch) -> None
 def test_deadline_bounds_waits_on_the_core_clock() -> None:
     from shared import clock
 
-    fake = clock.FakeClock()
+    fake = FakeClock()
     clock.set_clock(fake)
     try:
         assert budget.remaining(20) == 20 and budget.remaining() == math.inf  # outside an invocation: the cap
@@ -231,7 +232,7 @@ def test_throttling_retries_sleep_only_within_the_budget(arm: FakeArm) -> None:
     from shared.errors import ThrottledError
     from tests.providers.azure.rig import REF, make_compute
 
-    sim = clock.FakeClock()
+    sim = FakeClock()
     start = sim.t
     clock.set_clock(sim)
     try:
@@ -255,7 +256,7 @@ def test_aws_backoff_sleeps_only_within_the_budget() -> None:
     from shared.providers.aws.client import AwsClient
     from shared.providers.aws.config import AwsConfig
 
-    sim = clock.FakeClock()
+    sim = FakeClock()
     clock.set_clock(sim)
     slept: list[float] = []
     try:

@@ -189,8 +189,8 @@ def test_the_hub_endpoint_goes_through_the_guard(hub: FakeHub, h: Any, monkeypat
 
 
 def test_machine_gets_the_commit_and_the_verifier_the_derived_shapes(hub: FakeHub, h: Any, cloud: Any) -> None:
-    from adapter_format.smoke import build_adapter_zip
     from shared.runs import hub_models
+    from tests.support.adapters import build_adapter_zip
 
     sha = sha_of("Qwen/Qwen3-0.6B")
     status, run = _create(h, "Qwen/Qwen3-0.6B", "main")
@@ -208,8 +208,8 @@ def test_machine_gets_the_commit_and_the_verifier_the_derived_shapes(hub: FakeHu
 
 
 def test_an_adapter_of_other_shapes_is_refused_against_the_hub_record(hub: FakeHub, h: Any, cloud: Any) -> None:
-    from adapter_format.smoke import build_adapter_zip
     from shared.runs import hub_models
+    from tests.support.adapters import build_adapter_zip
 
     status, run = _create(h, "Qwen/Qwen3-0.6B", "main")
     assert status == 201, run

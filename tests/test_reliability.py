@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from shared.clock import now_ts
-from shared.errors import Conflict
 from shared.security import mint_agent_token
 from shared.store import get_store
 from tests import fakes
@@ -229,19 +228,21 @@ def test_agent_tokens_are_short_lived_renewed_and_refused_once_the_run_ended(h: 
 
 
 def test_an_adapter_replaced_after_verification_is_refused(h: Harness, cloud: Cloud) -> None:
-    from shared.services.api.runs.adapter import adapter_for_use
-
     run_id = h.create_run("memory", "mem-a10")
     h.launch(run_id)
     data = smoke_adapter_zip()
     h.agent(run_id).train(data)
-    run = get_store().runs.get(h.org, run_id)[0]
-    assert run.state.value == "succeeded"
-    assert adapter_for_use(run) == data
+    assert h.get_run(run_id)["state"] == "succeeded"
+    status, got, _ = h.call("GET", f"/api/runs/{run_id}/adapter")
+    assert status == 200 and got == data
     # The agent's presigned upload URL outlives the run: a late PUT replaces the object.
-    h.agent(run_id).upload(smoke_adapter_zip(rows=99))
-    with pytest.raises(Conflict, match=hashlib.sha256(data).hexdigest()):
-        adapter_for_use(run)
+    replaced = smoke_adapter_zip(rows=99)
+    h.agent(run_id).upload(replaced)
+    status, problem, _ = h.call("GET", f"/api/runs/{run_id}/adapter")
+    assert status == 409 and hashlib.sha256(data).hexdigest()[:12] in problem["detail"], problem
+    warned = [e for e in get_store().events.read(run_id, kind="warning") if "changed after it was verified" in e.message]
+    assert [(e.data["expected"], e.data["actual"]) for e in warned] == [
+        (hashlib.sha256(data).hexdigest(), hashlib.sha256(replaced).hexdigest())]
 
 
 def test_a_failed_upload_says_so_not_training_failed(h: Harness, cloud: Cloud) -> None:

@@ -39,6 +39,7 @@ from shared.models import Role
 from shared.openapi import EXAMPLES
 from shared.services.api.quotas import OrgLimits
 from tests.azurite import Azurite, free_port
+from tests.support.storage import clear_queues, drop_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 ORG = "org-a"
@@ -83,13 +84,13 @@ class Seeded:
 
 
 def _seed(host: Any, seeded: Seeded) -> None:
-    from adapter_format.smoke import build_adapter_zip
     from shared.clock import now
     from shared.models import Outcome, RunState
     from shared.org_storage.base import adapter_key
     from shared.runs.org_backends import storage_for
     from shared.security import mint_agent_token
     from shared.store import get_store
+    from tests.support.adapters import build_adapter_zip
 
     seeded.call("PUT", "/api/connections/storage", json={"kind": "local"})
     seeded.call("PUT", "/api/connections/compute/local", json={})
@@ -149,7 +150,7 @@ def served(request: pytest.FixtureRequest, azurite: Azurite, tmp_path_factory: p
         app_settings.reset_settings()
         reset_store()
         queues.reset_queues()
-        queues.get_queues().clear_all()
+        clear_queues(queues.get_queues())
         import function_app
 
         host = Host(function_app.app, root=ROOT, port=port, load_settings=False, queues=False, timers=False).start()
@@ -164,7 +165,7 @@ def served(request: pytest.FixtureRequest, azurite: Azurite, tmp_path_factory: p
             _cleanup(seeded)
         finally:
             host.stop()
-            get_store().drop_all()
+            drop_tables(get_store())
             app_settings.reset_settings()
             reset_store()
             queues.reset_queues()

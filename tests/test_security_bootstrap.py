@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from shared.models import RunCreate
 from shared.providers import bootstrap_env, cloudinit
 from shared.providers.base import Bootstrap
+from tests.support.pods import from_pod_env
 
 # Every code point str.splitlines() (and so a naive env-file reader) treats as a line break.
 LINE_BREAKS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
@@ -55,7 +56,7 @@ def test_pod_env_is_one_variable_and_round_trips(brk: str) -> None:
     entries = bootstrap_env.pod_env(env)
     assert [e["key"] for e in entries] == ["TENSORANT_BOOTSTRAP"]
     assert entries[0]["value"].splitlines() == [entries[0]["value"]]
-    assert bootstrap_env.from_pod_env(entries) == env
+    assert from_pod_env(entries) == env
 
 
 def test_bootstrap_refuses_bad_names_and_malformed_blobs() -> None:

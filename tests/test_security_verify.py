@@ -21,12 +21,11 @@ from adapter_format.smoke import (
     WEIGHTS_NAME,
     adapter_config,
     build_adapter_files,
-    build_adapter_zip,
     manifest_bytes,
     write_safetensors,
-    zip_files,
 )
 from adapter_format.verify import VerifyResult, verify_adapter
+from tests.support.adapters import build_adapter_zip, zip_files
 
 TINY = "tensorant/smoke-tiny"
 PRIVATE = "acme/private-7b"  # undeclared: shapes are checked for consistency only

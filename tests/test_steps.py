@@ -14,9 +14,10 @@ import pytest
 from shared.lifecycle import HOLDS_MACHINE, PHASE_ORDER, transition
 from shared.models import RunState, StepMessage
 from shared.queues import Queue, encode
-from shared.steps import RUN_STEPS, TABLE, Resender, Step, resent_by
+from shared.steps import TABLE, Resender, Step, resent_by
 from tests.fakes import Cloud
 from tests.harness import Harness
+from tests.support.steps import RUN_STEPS, snake
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,8 +40,8 @@ def test_every_queue_trigger_is_a_step_and_every_step_has_one() -> None:
     found = queue_functions()
     assert set(found) <= {s.value for s in Step}, f"queue triggers on queues the step table lacks: {found}"
     for step in Step:
-        assert found.get(step.value) == [(step.snake, f"functions.{step.snake}")], (
-            f"step {step.value}: expected one function {step.snake} in functions/{step.snake}.py, got "
+        assert found.get(step.value) == [(snake(step), f"functions.{snake(step)}")], (
+            f"step {step.value}: expected one function {snake(step)} in functions/{snake(step)}.py, got "
             f"{found.get(step.value)}")
 
 
@@ -53,10 +54,10 @@ def test_queue_names_are_the_step_names() -> None:
 @pytest.mark.parametrize("step", list(Step), ids=str)
 def test_handler_is_named_as_the_step_and_exists(step: Step) -> None:
     # functions/<step>.py hands run_step the handler of the step's own service module, named as the step.
-    service = importlib.import_module(f"functions.{step.snake}").step
-    assert service.__name__ == f"shared.services.steps.{step.snake}"
-    assert callable(getattr(service, step.snake))
-    assert (ROOT / "shared" / "services" / "steps" / f"{step.snake}.py").is_file()
+    service = importlib.import_module(f"functions.{snake(step)}").step
+    assert service.__name__ == f"shared.services.steps.{snake(step)}"
+    assert callable(getattr(service, snake(step)))
+    assert (ROOT / "shared" / "services" / "steps" / f"{snake(step)}.py").is_file()
 
 
 def test_resends_derive_from_the_table() -> None:

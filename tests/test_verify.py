@@ -12,16 +12,9 @@ import zipfile
 
 import pytest
 
-from adapter_format.smoke import (
-    CONFIG_NAME,
-    MANIFEST_NAME,
-    WEIGHTS_NAME,
-    build_adapter_files,
-    build_adapter_zip,
-    write_safetensors,
-    zip_files,
-)
+from adapter_format.smoke import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, build_adapter_files, write_safetensors
 from adapter_format.verify import VerifyResult, verify_adapter
+from tests.support.adapters import build_adapter_zip, lora_shapes, zip_files
 
 TINY = "tensorant/smoke-tiny"
 
@@ -282,7 +275,7 @@ def _peft_files(base_model: str, targets: list[str], r: int = 4, skip: int = 0) 
             if skip and layer == 0 and module == targets[0]:
                 continue
             block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            (a, b) = spec.lora_shapes(r, [module])[module]
+            (a, b) = lora_shapes(spec, r, [module])[module]
             key = f"base_model.model.model.layers.{layer}.{block}.{module}"
             tensors[f"{key}.lora_A.weight"] = ("F32", list(a), values(a))
             tensors[f"{key}.lora_B.weight"] = ("F32", list(b), values(b))

@@ -15,8 +15,9 @@ import numpy as np
 
 from adapter_format.base_models import BASE_MODELS
 from adapter_format.merged import expected_tensors, verify_merged
-from adapter_format.smoke import build_adapter_zip, write_safetensors, zip_files
+from adapter_format.smoke import write_safetensors
 from adapter_format.verify import verify_adapter
+from tests.support.adapters import build_adapter_zip, zip_files
 
 SMOKE = "tensorant/smoke-tiny"
 

@@ -7,8 +7,9 @@ import json
 
 import numpy as np
 
-from adapter_format.smoke import build_adapter_files, manifest_bytes, write_safetensors, zip_files
+from adapter_format.smoke import build_adapter_files, manifest_bytes, write_safetensors
 from adapter_format.verify import CONFIG_NAME, MANIFEST_NAME, WEIGHTS_NAME, VerifyResult, verify_adapter
+from tests.support.adapters import zip_files
 
 TINY = "tensorant/smoke-tiny"  # 2 layers, q_proj and v_proj of 64 -> 64
 

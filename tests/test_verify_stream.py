@@ -27,6 +27,7 @@ from shared.services.steps import verify_adapter as step
 from shared.services.steps import verify_spool
 from tests.fakes import TwoOffers, draft
 from tests.harness import Harness, trained_adapter_zip
+from tests.support.clock import FakeClock
 from tests.test_budget import Timings
 from tests.test_merged_api import TINY, merged_zip
 
@@ -220,7 +221,7 @@ def test_a_spool_carries_on_in_a_new_process_and_one_instance_downloads_at_a_tim
     the rest; a second invocation on the instance while one holds the run's spools does not touch them."""
     from shared import clock
 
-    fake = clock.FakeClock()
+    fake = FakeClock()
     clock.set_clock(fake)
     try:
         data = bytes(range(256)) * 12_000  # about 3 MB: three chunks and some

@@ -101,14 +101,6 @@ def _parse(line: str, number: int) -> Example:
     return normalise(row, number)
 
 
-def load_examples(path: str | Path) -> list[Example]:
-    """Every row, parsed and held: for small sets and tests; the trainer uses scan_dataset."""
-    out = [_parse(line, number) for _, number, line in _lines(path)]
-    if not out:
-        raise DatasetError("the dataset has no rows")
-    return out
-
-
 @dataclass(frozen=True)
 class DatasetRows:
     """A dataset file whose rows were all checked (scan_dataset) but are not held (parsed JSON rows
@@ -136,7 +128,8 @@ class DatasetRows:
 
 
 def scan_dataset(path: str | Path) -> DatasetRows:
-    """Check every row as load_examples does (same errors), keeping only the row count."""
+    """Check every row (a row that is not valid JSON or not a training example raises DatasetError), keeping
+    only the row count."""
     count = 0
     for _, number, line in _lines(path):
         _parse(line, number)
@@ -298,21 +291,6 @@ def encode(tokenizer: Any, example: Example, max_seq_len: int) -> Tokenized:
         if ends and cut > turn.index(k):
             keep = list(range(cut)) + ends
     return Tokenized([ids[j] for j in keep], [labels[j] for j in keep], True)
-
-
-def encode_each(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
-    """encode_all row by row with Python lists (how it was before the batch path): the reference the
-    batch path is checked against (tests/trainer/test_encoding.py) and measured against (data_bench)."""
-    kept: list[Tokenized] = []
-    truncated = dropped = 0
-    for example in examples:
-        t = encode(tokenizer, example, max_seq_len)
-        truncated += t.truncated
-        if t.trained_tokens == 0:
-            dropped += 1
-        else:
-            kept.append(t)
-    return Encoded(kept, truncated, dropped)
 
 
 def sample_prompt(tokenizer: Any, example: Example) -> tuple[str, str]:

@@ -322,15 +322,6 @@ def _chunks(rows: Iterable[Example], size: int) -> Iterator[list[Example]]:
         yield chunk
 
 
-def encode_examples(tokenizer: Any, examples: Iterable[Example], max_seq_len: int) -> Encoded:
-    """Every example, in order (encode_all)."""
-    encoder, store = Encoder(tokenizer, max_seq_len), TokenStore()
-    for chunk in _chunks(examples, CHUNK_ROWS):
-        store.append(encoder.encode(chunk))
-    store.freeze()
-    return store.select(np.arange(len(store)))
-
-
 def encode_splits(tokenizer: Any, rows: DatasetRows, splits: Sequence[Sequence[int]],
                   max_seq_len: int) -> list[Encoded]:
     """One Encoded per split (row indices, e.g. lora.split's train and held-out), its examples in the
@@ -346,10 +337,3 @@ def encode_splits(tokenizer: Any, rows: DatasetRows, splits: Sequence[Sequence[i
     # The store holds the wanted rows in file order: a row's place there is its rank among them.
     place = np.cumsum(wanted, dtype=np.int64) - 1
     return [store.select(place[s]) for s in indices]
-
-
-def encode_all(tokenizer: Any, examples: list[Example], max_seq_len: int) -> Encoded:
-    """Every example encoded (in batches, into compact arrays); rows left with no trained token are
-    counted in `dropped` and left out. (data.encode_each is the row-by-row reference it is checked
-    against; this module builds on machine.trainer.data, never the other way round.)"""
-    return encode_examples(tokenizer, examples, max_seq_len)

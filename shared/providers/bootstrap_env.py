@@ -55,14 +55,6 @@ def pod_env(env: dict[str, str]) -> list[dict[str, str]]:
     return [{"key": VAR, "value": encode(env)}]
 
 
-def from_pod_env(entries: list[dict[str, str]]) -> dict[str, str]:
-    """Tests and diagnostics: the environment a pod env input hands the agent."""
-    found = {e["key"]: e["value"] for e in entries}
-    if set(found) != {VAR}:
-        raise ValueError(f"a pod env must hold only {VAR}, not {sorted(found)}")
-    return decode(found[VAR])
-
-
 # The bootstrap claim (EC2 user data, Azure customData): readable by any process on the machine
 # through the metadata service for the machine's whole life, and Azure's API says to keep secrets
 # out of customData. So user data carries only this claim, which the machine exchanges once for its

@@ -75,12 +75,6 @@ class Store:
     def table(self, name: str) -> Table:
         return self._tables[name]
 
-    def drop_all(self) -> None:
-        """Tests only: delete this prefix's tables."""
-        for t in self._tables.values():
-            self._service.delete_table(t.name)
-            t._client = None
-
     def _run_ended(self, org: str, run_id: str) -> None:
         self.slots.release(org, run_id)  # Runs.mutate has ended the run: its active-run slot is free
         # Its history (events, logs) is pruned once the org's retention has passed (timers/prune_history.py).

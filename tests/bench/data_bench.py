@@ -69,7 +69,7 @@ def write_rows(path: Path, n: int, seed: int = 0) -> None:
 
 def old_encode_all(tokenizer: Any, examples: list[Any], max_seq_len: int) -> tuple[list[Any], int, int]:
     """encode_all as it was: data.encode row by row, Python lists kept."""
-    from machine.trainer.data import encode_each
+    from tests.support.trainer import encode_each
 
     enc = encode_each(tokenizer, examples, max_seq_len)
     return list(enc.examples), enc.truncated, enc.dropped
@@ -78,9 +78,10 @@ def old_encode_all(tokenizer: Any, examples: list[Any], max_seq_len: int) -> tup
 def prepare(variant: str, tokenizer: Any, data: Path, max_seq_len: int) -> tuple[Any, int, int]:
     """The trainer's preparation; (what it keeps, rows, tokens kept)."""
     from machine.trainer.config import parse_settings
-    from machine.trainer.data import load_examples, scan_dataset
+    from machine.trainer.data import scan_dataset
     from machine.trainer.encoding import encode_splits
     from machine.trainer.lora import split
+    from tests.support.trainer import load_examples
 
     s = parse_settings(json.dumps({"max_seq_len": max_seq_len}))[0]
     if variant == "old":
@@ -104,8 +105,7 @@ def prepare(variant: str, tokenizer: Any, data: Path, max_seq_len: int) -> tuple
 def child(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from machine.trainer.data import load_examples
-    from machine.trainer.encoding import encode_all
+    from tests.support.trainer import encode_all, load_examples
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir)
     data = Path(args.data)

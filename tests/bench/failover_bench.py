@@ -57,6 +57,7 @@ def _bench(connection: str, moto_url: str, pricing: Any, repeat: int) -> None:
     from tests.harness import Harness
     from tests.providers.aws.refusing_proxy import Refusal, RefusingProxy
     from tests.providers.aws.rig import CallLog, new_rig
+    from tests.support.storage import clear_queues, drop_tables
 
     # moto's unimplemented GetEbsDefaultKmsKeyId is logged (with its traceback) at every connection check.
     logging.disable(logging.WARNING)
@@ -64,7 +65,7 @@ def _bench(connection: str, moto_url: str, pricing: Any, repeat: int) -> None:
     settings.reset_settings()
     reset_store()
     queues.reset_queues()
-    queues.get_queues().clear_all()
+    clear_queues(queues.get_queues())
     rig = new_rig(moto_url, pricing)
     proxy = RefusingProxy(rig.url).start()
     os.environ["AWS_ENDPOINT_URL"] = proxy.url
@@ -104,7 +105,7 @@ def _bench(connection: str, moto_url: str, pricing: Any, repeat: int) -> None:
         left = [i for res in rig.ec2.describe_instances()["Reservations"] for i in res["Instances"]
                 if i["State"]["Name"] not in ("terminated", "shutting-down")]
         print(f"instances left running after the runs were cancelled: {len(left)}")
-        get_store().drop_all()
+        drop_tables(get_store())
     finally:
         h.close()
         undo()

@@ -32,6 +32,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.support.storage import drop_tables
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -223,7 +225,7 @@ def _bench(connection: str, args: argparse.Namespace) -> None:
                   f"goal), {x_app:.2f} through the app's transport")
     finally:
         host.stop()
-        get_store().drop_all()
+        drop_tables(get_store())
         fakes.uninstall_memory_provider()
 
 

@@ -26,6 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.support.storage import drop_tables
+
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL_OR_RETAINED = {"succeeded", "failed", "cancelled", "retained"}
 
@@ -158,7 +160,7 @@ def _bench(connection: str, n: int, timeout: float) -> None:
               f"all done after {total_s:.1f}s")
     print(f"leftovers after the host stopped: {len(leftovers)} agent processes or work "
           "folders the local provider still finds (released above if any)")
-    get_store().drop_all()
+    drop_tables(get_store())
 
 
 if __name__ == "__main__":

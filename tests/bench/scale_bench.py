@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from tests.support.storage import clear_queues
+
 RUNS_PER_ORG = 10
 HOST_CONCURRENCY = 6  # batchSize + newBatchThreshold per queue function and instance (host.json)
 FUNCTION_TIMEOUT_S = 300
@@ -88,7 +90,7 @@ def fresh_tables(azurite: Any, root: str) -> Any:
     settings.reset_settings()
     reset_store()
     queues.reset_queues()
-    queues.get_queues().clear_all()
+    clear_queues(queues.get_queues())
     h = Harness()
     h.save_storage({"kind": "local"})
     assert h.save_compute("memory", {})["status"] == "connected"

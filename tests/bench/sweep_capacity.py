@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.fakes import Cloud, MemoryCompute
+from tests.support.clock import FakeClock
 
 LIST_CALLS = 2  # listing calls per account sweep (AWS: DescribeInstances, DescribeVolumes)
 LATENCY_S = (0.2, 0.8)
@@ -164,9 +165,9 @@ def due_per_tick(ticks: int) -> list[int]:
     start = clock.now_ts()
     out = []
     for i in range(ticks):
-        clock.set_clock(clock.FakeClock(start + i * INTERVAL_S))
+        clock.set_clock(FakeClock(start + i * INTERVAL_S))
         out.append(len(sweeper.due_now(keys)))
-    clock.set_clock(clock.FakeClock(start))
+    clock.set_clock(FakeClock(start))
     return out
 
 

@@ -136,8 +136,8 @@ def encoded(cfg: dict[str, Any], key: str) -> list[Any]:
     numpy views)."""
     from transformers import AutoTokenizer
 
-    from machine.trainer.data import Tokenized, load_examples
-    from machine.trainer.encoding import encode_all
+    from machine.trainer.data import Tokenized
+    from tests.support.trainer import encode_all, load_examples
 
     tokenizer = AutoTokenizer.from_pretrained(cfg["model"])
     out = encode_all(tokenizer, load_examples(cfg[key]), cfg["settings"]["max_seq_len"]).examples

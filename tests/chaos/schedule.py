@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from shared.steps import RUN_STEPS
+from tests.support.steps import RUN_STEPS
 
 STEPS = tuple(step.value for step in RUN_STEPS)  # the step table's run steps
 MAX_POINT = 8  # crash points per step: the k-th store write or provider call, k = 1..MAX_POINT

@@ -12,10 +12,10 @@ from typing import Any
 import boto3
 import pytest
 
-from shared.providers.bootstrap_env import from_pod_env
 from shared.settings import reset_settings
 from tests.harness import ApiError, Harness, trained_adapter_zip
 from tests.providers.runpod.fake_server import FakeRunPod
+from tests.support.pods import from_pod_env
 
 pytestmark = pytest.mark.e2e
 

@@ -463,8 +463,7 @@ def trl_child(config: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from machine.trainer.data import load_examples
-    from machine.trainer.encoding import encode_all
+    from tests.support.trainer import encode_all, load_examples
 
     c = json.loads(config)
     cuda = c["device"] == "cuda"

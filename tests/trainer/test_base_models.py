@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adapter_format.base_models import BASE_MODELS, GiB, get_base_model
+from tests.support.adapters import lora_shapes
 
 REAL = {  # published sizes, a sanity check on the shapes themselves
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
@@ -52,4 +53,4 @@ def test_memory_estimates() -> None:
     assert d["q_dim"] == 4096 and d["kv_dim"] == 1024 and d["memory_gb_4bit"] < d["memory_gb_bf16"]
     tiny = get_base_model("tensorant/tiny-llama")
     assert tiny is not None and tiny.q_dim == 128 != tiny.hidden_size
-    assert tiny.lora_shapes(4, ["o_proj"]) == {"o_proj": ((4, 128), (64, 4))}
+    assert lora_shapes(tiny, 4, ["o_proj"]) == {"o_proj": ((4, 128), (64, 4))}

@@ -9,7 +9,7 @@ import pytest
 
 from machine.trainer.config import SettingsError, parse_settings
 from machine.trainer.data import IGNORE, DatasetError, Tokenized, encode, normalise
-from machine.trainer.encoding import encode_all
+from tests.support.trainer import encode_all
 from tests.trainer.conftest import need_torch
 
 

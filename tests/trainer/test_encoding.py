@@ -12,18 +12,9 @@ import numpy as np
 import pytest
 
 from machine.trainer import encoding
-from machine.trainer.data import (
-    FALLBACK_TEMPLATE,
-    SENTINEL,
-    DatasetError,
-    Example,
-    encode,
-    encode_each,
-    load_examples,
-    normalise,
-    scan_dataset,
-)
-from machine.trainer.encoding import SkeletonRenderer, content_is_verbatim, encode_all, encode_splits
+from machine.trainer.data import FALLBACK_TEMPLATE, SENTINEL, DatasetError, Example, encode, normalise, scan_dataset
+from machine.trainer.encoding import SkeletonRenderer, content_is_verbatim, encode_splits
+from tests.support.trainer import encode_all, encode_each, load_examples
 from tests.trainer.conftest import need_torch, pirate_rows
 from tests.trainer.test_data import DEFAULT_SYSTEM
 
@@ -75,7 +66,7 @@ def ints(values: Any) -> list[int]:
 
 
 def reference(tok: Any, rows: list[Example], limit: int) -> tuple[list[tuple[list[int], list[int], bool]], int, int]:
-    """The per-row path (data.encode_each): (ids, labels, truncated) of the kept rows, truncated, dropped."""
+    """The per-row path (tests/support/trainer.encode_each): (ids, labels, truncated) of the kept rows, truncated, dropped."""
     enc = encode_each(tok, rows, limit)
     return [(list(t.input_ids), list(t.labels), t.truncated) for t in enc.examples], enc.truncated, enc.dropped
 

@@ -76,9 +76,9 @@ def test_probe_times_both_modes_and_leaves_training_as_it_was(tiny_model: Path,
     from machine.trainer.batches import FLEX, SEGMENTS, use_segment_attention
     from machine.trainer.config import TrainerSettings
     from machine.trainer.data import normalise
-    from machine.trainer.encoding import encode_all
     from machine.trainer.gpu import choice_name, probe_batching
     from machine.trainer.lora import ATTENTION, lora_config
+    from tests.support.trainer import encode_all
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     examples = encode_all(tokenizer, [normalise(r) for r in pirate_rows(24)], 48).examples

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from adapter_format.base_models import get_base_model
-from adapter_format.smoke import zip_files
 from adapter_format.verify import verify_adapter
+from tests.support.adapters import lora_shapes, zip_files
 from tests.trainer.conftest import TINY, need_torch, pirate_rows, run_trainer, start_trainer, trainer_env, write_jsonl
 
 SETTINGS = {"max_steps": 24, "learning_rate": 0.01, "batch_size": 4, "lora_r": 4, "lora_alpha": 8,
@@ -85,9 +85,8 @@ def test_manifest_counts_per_split_and_padding(runs: list[tuple[Path, str]], tin
     from transformers import AutoTokenizer
 
     from machine.trainer.config import parse_settings
-    from machine.trainer.data import load_examples
-    from machine.trainer.encoding import encode_all
     from machine.trainer.lora import split
+    from tests.support.trainer import encode_all, load_examples
 
     out, log = runs[0]
     manifest = json.loads((out / "manifest.json").read_text())
@@ -121,7 +120,7 @@ def test_every_lora_b_trained_and_shapes_match(runs: list[tuple[Path, str]]) -> 
     spec = get_base_model(TINY)
     assert spec is not None
     assert len(tensors) == 2 * spec.num_layers * 7  # all-linear: q,k,v,o,gate,up,down
-    shapes = spec.lora_shapes(4, list(spec.modules))
+    shapes = lora_shapes(spec, 4, list(spec.modules))
     for name, (shape, data) in tensors.items():
         module = name.split(".")[-3]
         a_shape, b_shape = shapes[module]

@@ -160,8 +160,8 @@ def test_chat_template_and_train_on_inputs(tiny_model: Path, dataset: Path, tmp_
 
 def test_dora_and_rslora(tiny_model: Path, dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                          baseline: tuple[dict[str, Any], Path]) -> None:
-    from adapter_format.smoke import zip_files
     from adapter_format.verify import verify_adapter
+    from tests.support.adapters import zip_files
     from tests.trainer.conftest import TINY
 
     m, _ = train(tiny_model, dataset, tmp_path / "dora", capsys, use_dora=True)

@@ -13,6 +13,7 @@ import pytest
 from shared import clock
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.azure.rig import make_compute, seeded_arm
+from tests.support.clock import FakeClock
 
 if TYPE_CHECKING:
     from shared.providers.azure.compute import AzureCompute
@@ -31,9 +32,9 @@ def compute(fake: FakeArm) -> AzureCompute:
 
 
 @pytest.fixture
-def sim_clock() -> Iterator[clock.FakeClock]:
+def sim_clock() -> Iterator[FakeClock]:
     """The simulated clock, for the core and the fake alike (an operation's time, a NIC's reservation)."""
-    fake_clock = clock.FakeClock()
+    fake_clock = FakeClock()
     clock.set_clock(fake_clock)
     yield fake_clock
     clock.set_clock(None)

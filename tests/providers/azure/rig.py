@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from shared import clock
-from shared.clock import FakeClock
 from shared.models import GpuOffer
 from shared.providers.base import Bootstrap, LaunchSpec, RunRef
 from tests.providers.azure.fake_arm import CLIENT, SECRET, SUB, TENANT, FakeArm
+from tests.support.clock import FakeClock
 
 if TYPE_CHECKING:
     from shared.providers.azure.client import AzureEndpoints

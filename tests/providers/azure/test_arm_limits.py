@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.clock import FakeClock, now_ts
+from shared.clock import now_ts
 from shared.errors import PermanentError
 from shared.ids import newest_first_id
 from shared.providers import cloudinit
@@ -18,6 +18,7 @@ from shared.providers.azure.compute import CUSTOM_DATA_MAX_BYTES
 from shared.providers.base import RunRef
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.azure.rig import DISK_ID, NIC_ID, REF, TRAIN_RG, VM_ID, make_compute, spec, writes
+from tests.support.clock import FakeClock
 
 
 def refusal(exc: Any) -> tuple[str, str, str]:

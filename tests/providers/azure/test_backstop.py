@@ -9,11 +9,12 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.clock import FakeClock, now
+from shared.clock import now
 from shared.models import CheckStatus
 from shared.providers.azure import backstop
 from tests.providers.azure.fake_arm import FakeArm
 from tests.providers.azure.rig import REF, SUB, TRAIN_RG, VM_ID, spec
+from tests.support.clock import FakeClock
 
 SCHEDULE_ID = (f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/Microsoft.DevTestLab/schedules/"
                f"shutdown-computevm-{REF.name}")

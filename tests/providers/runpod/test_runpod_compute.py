@@ -12,17 +12,18 @@ from shared import clock
 from shared.errors import AuthError, CapacityError, PermanentError, RetryableError
 from shared.models import CheckStatus, CloudResource, MachineState
 from shared.providers.base import RunRef
-from shared.providers.bootstrap_env import from_pod_env
 from shared.providers.runpod.compute import RunPodCompute, is_supported_gpu
 from shared.providers.runpod.config import RunPodConfig
 from shared.settings import Settings
 from tests.providers.runpod.fake_server import FakeRunPod
 from tests.providers.runpod.rig import KEY, REF, provider, spec
+from tests.support.clock import FakeClock
+from tests.support.pods import from_pod_env
 
 
 @pytest.fixture
-def fake_clock() -> Iterator[clock.FakeClock]:
-    c = clock.FakeClock()
+def fake_clock() -> Iterator[FakeClock]:
+    c = FakeClock()
     clock.set_clock(c)
     yield c
     clock.set_clock(None)
@@ -203,7 +204,7 @@ def test_unsupported_gpu_refused_before_create(fake: FakeRunPod) -> None:
 # ---------------------------------------------------------------- lifecycle
 
 
-def test_retain_start_release(fake: FakeRunPod, fake_clock: clock.FakeClock) -> None:
+def test_retain_start_release(fake: FakeRunPod, fake_clock: FakeClock) -> None:
     p = provider()
     res = p.launch(spec())
     assert p.describe(REF, res).state == MachineState.running
@@ -249,7 +250,7 @@ def test_resume_without_capacity(fake: FakeRunPod) -> None:
     assert "try again later" in exc.value.reason.lower()
 
 
-def test_phantom_pod_is_pending_then_gone(fake: FakeRunPod, fake_clock: clock.FakeClock) -> None:
+def test_phantom_pod_is_pending_then_gone(fake: FakeRunPod, fake_clock: FakeClock) -> None:
     fake.phantom_create = True
     p = provider()
     res = p.launch(spec())

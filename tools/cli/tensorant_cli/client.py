@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorant_cli.render import cli_field, cli_words, printable
 from tensorant_client.errors import ApiError as ClientError
-from tensorant_client.transport import Transport, problem
+from tensorant_client.transport import Transport
 
 if TYPE_CHECKING:
     import tensorant_client
@@ -102,8 +102,3 @@ class Client:
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
-
-
-def _error(resp: Any) -> ApiError:
-    """The ApiError of an error response (kept for callers that read one themselves)."""
-    return ApiError.of(problem(resp))

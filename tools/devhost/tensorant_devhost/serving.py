@@ -182,9 +182,6 @@ def _lazy_request_class() -> type:
                 self._read = self._reader()
             return self._read
 
-        def get_json(self) -> Any:
-            return json.loads(self.get_body().decode("utf-8"))
-
     return LazyBodyRequest
 
 

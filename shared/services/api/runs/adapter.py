@@ -1,6 +1,7 @@
-"""The adapter of a run: downloaded once the run has succeeded, and read for use only while its
-sha256 is the one recorded for the run. `format=merged`: the adapter merged into its base model's weights
-(training.merged), verified like the adapter (adapter_format.merged), served the same way."""
+"""The adapter of a run: downloaded once the run has succeeded, and served only while its sha256 is the
+one recorded for the run (a replaced archive is refused, with a warning in the run's history).
+`format=merged`: the adapter merged into its base model's weights (training.merged), verified like the
+adapter (adapter_format.merged), served the same way."""
 
 from __future__ import annotations
 
@@ -70,23 +71,10 @@ def _serve(principal: Principal, run: RunRecord, key: str, what: str,
                        "control plane?)") from exc
     sha = hashlib.sha256(data).hexdigest()
     if sha != verified[0]:
-        # Never hand out bytes that are not the ones the verifier accepted.
+        # Never hand out bytes that are not the ones the verifier accepted. The agent's presigned upload URL
+        # outlives the run, so a late PUT can replace the object: the run's history says so.
+        event(run, "warning", f"the stored {what} changed after it was verified", source="download", expected=verified[0],
+              actual=sha)
         raise Conflict(f"the stored {what} has changed since it was verified (sha256 {sha[:12]}..., verified "
                        f"{verified[0][:12]}...); it is not served")
     return AdapterStream(data=data, sha256=sha, filename=f"{run.id}-{what.split()[0]}.zip")
-
-
-def adapter_for_use(run: RunRecord, max_bytes: int = MAX_UPLOAD) -> bytes:
-    """The run's adapter archive as stored, refused unless its sha256 is the one recorded at
-    completion (the agent's report) or recovery. The agent's presigned upload URL outlives the
-    run, so an archive written after verification must never be served or verified as the run's."""
-    if not run.adapter_sha256:
-        raise Conflict("the run has no recorded adapter sha256; verify or recover it first")
-    data = storage_for(run.org).get(adapter_key(run.id), max_bytes)
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != run.adapter_sha256:
-        event(run, "warning", "the stored adapter archive changed after it was recorded", expected=run.adapter_sha256,
-              actual=actual)
-        raise Conflict(f"the stored adapter archive (sha256 {actual}) is not the one recorded for this run "
-                       f"(sha256 {run.adapter_sha256}): it was replaced after the run reported it, and is refused")
-    return data
