@@ -31,7 +31,6 @@ _BRANCHES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.ExceptHandle
 # "path::qualified name": (lines, branches) when this test was written. Only lower these figures or
 # delete an entry; never add one (split the function instead).
 ALLOWED: dict[str, tuple[int, int]] = {
-    "adapter_format/smoke.py::build_adapter_zip": (43, 8),
     "machine/trainer/config.py::parse_settings": (38, 19),
     "machine/trainer/lora.py::_steps": (60, 26),
     "machine/trainer/lora.py::build_manifest": (58, 9),

@@ -37,8 +37,6 @@ ALLOWED = {
                                  "(now, now_ts) that it sets",
     "shared/queues.py:reset_queues": "the seam that forgets the process's queues after a test changes settings; "
                                      "get_queues builds them again",
-    "shared/providers/registry.py:override": "the provider wiring's one test hook: the registry's lookups "
-                                             "read what it installs",
     "shared/budget.py:BOUNDS": "the bound every registered function declares (the rule); tests/test_budget.py "
                                "holds each function to it",
     "shared/budget.py:bound_s": "the bound of each BOUNDS kind, which tests/test_budget.py measures against",
