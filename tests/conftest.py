@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tests.providers.aws.pricing_server import PricingServer
     from tests.providers.aws.rig import Rig
     from tests.providers.azure.fake_arm import FakeArm
+    from tests.table_calls import Calls
 
 # moto's root credentials (moto accepts any); the buckets the S3 tests use.
 MOTO_ROOT_KEYS = {"region_name": "us-east-1", "aws_access_key_id": "AKIAROOT0000", "aws_secret_access_key": "x" * 40}
@@ -81,21 +82,15 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 @pytest.fixture
-def cloud(request: pytest.FixtureRequest) -> Iterator[Cloud]:
+def cloud() -> Iterator[Cloud]:
     """The in-memory account behind the "memory" provider, installed for one test.
 
-    A module marked `pytest.mark.memory_provider(compute=SomeCompute, cloud=SomeCloud)` gets that
-    MemoryCompute subclass on that kind of account instead: the chaos provider's faults
-    (tests/chaos/provider.py), a provider with more offers (tests/test_training_api.py)."""
-    from tests.fakes import Cloud, MemoryCompute, install_memory_provider, uninstall_memory_provider
+    A module (or class) that needs another MemoryCompute subclass or kind of account overrides this
+    fixture with its own, e.g. `yield from serve_memory(ChaosCloud(), ChaosCompute)`: the chaos
+    provider's faults (tests/chaos/provider.py), a provider with more offers (tests/test_training_api.py)."""
+    from tests.fakes import Cloud, serve_memory
 
-    marker = request.node.get_closest_marker("memory_provider")
-    kinds = marker.kwargs if marker else {}
-    account: Cloud = kinds.get("cloud", Cloud)()
-    compute: type[MemoryCompute] = kinds.get("compute", MemoryCompute)
-    install_memory_provider(account, compute)
-    yield account
-    uninstall_memory_provider()
+    yield from serve_memory(Cloud())
 
 
 @pytest.fixture
@@ -109,6 +104,14 @@ def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
     assert conn["status"] == "connected", conn
     yield harness
     harness.close()
+
+
+@pytest.fixture
+def calls(h: Harness) -> Iterator[Calls]:
+    """Every call on the store's tables counted, (table, method) -> n (tests/table_calls.py)."""
+    from tests.table_calls import counting_calls
+
+    yield from counting_calls()
 
 
 @pytest.fixture(scope="module")
