@@ -80,8 +80,12 @@ install: $(STAMP) $(AZURITE) $(AXE)
 run: install
 	$(PY) -m tensorant_devhost.run --port $(PORT) $(if $(AZURITE_PORT),--azurite-port $(AZURITE_PORT))
 
+# The suite in TEST_WORKERS processes (pytest-xdist; each starts its own Azurite): the slowest files are
+# collected first (tests/conftest.py) and an idle worker takes tests queued on the other (worksteal).
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # Every bench in tests/bench started at a tiny size, the minutes-long ones too (tests/test_benches.py).
 test-benches: install

@@ -34,6 +34,26 @@ DATA_BUCKET = "tensorant-data"  # an org's S3 storage
 VOLUME_BUCKET = "vol0abc123"  # a RunPod network volume's id: its S3 API names the bucket after it
 
 
+# Under pytest-xdist (make test) these are collected first, so that the slowest (a minute or more each in
+# --durations: benches, browsers, chaos, e2e, trainer, packaging) start at once on a worker instead of
+# being left for last; the other worker takes the rest and then steals (--dist worksteal). Order within a
+# file is kept; a run without workers keeps pytest's own order.
+SLOW_FIRST = ("tests/test_benches.py", "tests/e2e/", "tests/chaos/", "tests/trainer/", "tests/gpu/", "tests/test_packaging.py",
+              "tests/providers/test_registry.py", "tests/test_console_", "tests/test_schemathesis.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return
+    root = Path(str(config.rootpath))
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(root).as_posix()
+        return next((i for i, prefix in enumerate(SLOW_FIRST) if path.startswith(prefix)), len(SLOW_FIRST))
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def azurite() -> Iterator[Azurite]:
     az = Azurite().start()
