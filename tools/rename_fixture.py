@@ -127,19 +127,19 @@ def _uses(node: ast.AST, name: str, out: list[ast.Name]) -> None:
             for g in node.generators[1:]:
                 rest += [g.target, g.iter, *g.ifs]
             rest += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-            for child in rest:
-                _uses(child, name, out)
+            for part in rest:
+                _uses(part, name, out)
         return
     if isinstance(node, ast.ClassDef):  # its methods see the function's names; its own body may not
-        for part in [*node.decorator_list, *node.bases, *node.keywords]:
-            _uses(part, name, out)
+        for outer in [*node.decorator_list, *node.bases, *node.keywords]:
+            _uses(outer, name, out)
         if _binds(node, name):
             raise ValueError(f"line {node.lineno}: class {node.name} binds {name!r} itself: rename it by hand")
-        for child in node.body:
-            _uses(child, name, out)
+        for stmt in node.body:
+            _uses(stmt, name, out)
         return
-    for child in ast.iter_child_nodes(node):
-        _uses(child, name, out)
+    for sub in ast.iter_child_nodes(node):
+        _uses(sub, name, out)
 
 
 def _mentions(fn: ast.AST, name: str) -> int | None:
