@@ -80,12 +80,12 @@ install: $(STAMP) $(AZURITE) $(AXE)
 run: install
 	$(PY) -m tensorant_devhost.run --port $(PORT) $(if $(AZURITE_PORT),--azurite-port $(AZURITE_PORT))
 
-# The suite in TEST_WORKERS processes (pytest-xdist; each starts its own Azurite): the slowest files are
-# collected first (tests/conftest.py) and an idle worker takes tests queued on the other (worksteal).
-# TEST_WORKERS=0 runs it in this one process.
+# The suite in TEST_WORKERS processes (pytest-xdist; each starts its own Azurite): a file runs whole on one
+# worker (its module fixtures once), the slowest files first (tests/conftest.py's order, kept: no reorder by
+# test count), each to the first worker free. TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Every bench in tests/bench started at a tiny size, the minutes-long ones too (tests/test_benches.py).
 test-benches: install

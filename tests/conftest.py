@@ -34,12 +34,14 @@ DATA_BUCKET = "tensorant-data"  # an org's S3 storage
 VOLUME_BUCKET = "vol0abc123"  # a RunPod network volume's id: its S3 API names the bucket after it
 
 
-# Under pytest-xdist (make test) these are collected first, so that the slowest (a minute or more each in
-# --durations: benches, browsers, chaos, e2e, trainer, packaging) start at once on a worker instead of
-# being left for last; the other worker takes the rest and then steals (--dist worksteal). Order within a
-# file is kept; a run without workers keeps pytest's own order.
-SLOW_FIRST = ("tests/test_benches.py", "tests/e2e/", "tests/chaos/", "tests/trainer/", "tests/gpu/", "tests/test_packaging.py",
-              "tests/providers/test_registry.py", "tests/test_console_", "tests/test_schemathesis.py")
+# Under pytest-xdist (make test: --dist loadfile, each file on one worker) these files are collected first,
+# the longest first (--durations, summed per file: 2-4 minutes each down to about one), so that a worker
+# starts each as soon as it is free instead of one being left for last while the other waits. Order within
+# a file is kept; a run without workers keeps pytest's own order.
+SLOW_FIRST = ("tests/trainer/test_dpo.py", "tests/test_benches.py", "tests/trainer/test_lora.py", "tests/chaos/test_chaos.py",
+              "tests/e2e/test_failover_e2e.py", "tests/test_packaging.py", "tests/providers/test_registry.py",
+              "tests/e2e/test_checkpoints_e2e.py", "tests/test_console_", "tests/chaos/", "tests/e2e/", "tests/gpu/",
+              "tests/trainer/", "tests/test_schemathesis.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
