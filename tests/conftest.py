@@ -45,6 +45,10 @@ SLOW_FIRST = ("tests/trainer/test_dpo.py", "tests/test_benches.py", "tests/train
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The marker `cloud` once read is gone; a module still marked would quietly get the plain memory provider.
+    if stale := sorted({i.path.name for i in items if i.get_closest_marker("memory_provider")}):
+        raise pytest.UsageError(f"{', '.join(stale)}: the memory_provider marker is gone; override the `cloud` "
+                                "fixture in the module instead: `yield from serve_memory(SomeCloud(), SomeCompute)`")
     if not hasattr(config, "workerinput"):
         return
     root = Path(str(config.rootpath))
