@@ -1,9 +1,10 @@
 """The fixtures every folder of the suite shares: a real Azurite, a fresh table prefix per test,
-clean queues, a temp local root; the memory provider and a harness on it; moto's S3; the fake API
+clean queues, a temp local root; the memory provider and a harness on it (a module needing another kind
+of memory cloud overrides `cloud`); the store's table-call counter; moto's S3; the fake API
 the CLI talks to; the AWS rig (moto's EC2 and the Pricing API fake) and the fake Azure ARM server,
 which the provider tests, the e2e tests and top-level tests share. Imports stay inside the
 fixtures: collecting a module that needs none of them (tests/trainer) loads nothing of the control
-plane."""
+plane. Under pytest-xdist (make test) each worker has its own session fixtures (its own Azurite)."""
 
 from __future__ import annotations
 
