@@ -1,9 +1,10 @@
 """The fixtures every folder of the suite shares: a real Azurite, a fresh table prefix per test,
-clean queues, a temp local root; the memory provider and a harness on it; moto's S3; the fake API
+clean queues, a temp local root; the memory provider and a harness on it (a module needing another kind
+of memory cloud overrides `cloud`); the store's table-call counter; moto's S3; the fake API
 the CLI talks to; the AWS rig (moto's EC2 and the Pricing API fake) and the fake Azure ARM server,
 which the provider tests, the e2e tests and top-level tests share. Imports stay inside the
 fixtures: collecting a module that needs none of them (tests/trainer) loads nothing of the control
-plane."""
+plane. Under pytest-xdist (make test) each worker has its own session fixtures (its own Azurite)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,38 @@ if TYPE_CHECKING:
     from tests.providers.aws.pricing_server import PricingServer
     from tests.providers.aws.rig import Rig
     from tests.providers.azure.fake_arm import FakeArm
+    from tests.table_calls import Calls
 
 # moto's root credentials (moto accepts any); the buckets the S3 tests use.
 MOTO_ROOT_KEYS = {"region_name": "us-east-1", "aws_access_key_id": "AKIAROOT0000", "aws_secret_access_key": "x" * 40}
 DATA_BUCKET = "tensorant-data"  # an org's S3 storage
 VOLUME_BUCKET = "vol0abc123"  # a RunPod network volume's id: its S3 API names the bucket after it
+
+
+# Under pytest-xdist (make test: --dist loadfile, each file on one worker) these files are collected first,
+# the longest first (--durations, summed per file: 2-4 minutes each down to about one), so that a worker
+# starts each as soon as it is free instead of one being left for last while the other waits. Order within
+# a file is kept; a run without workers keeps pytest's own order.
+SLOW_FIRST = ("tests/trainer/test_dpo.py", "tests/test_benches.py", "tests/trainer/test_lora.py", "tests/chaos/test_chaos.py",
+              "tests/e2e/test_failover_e2e.py", "tests/test_packaging.py", "tests/providers/test_registry.py",
+              "tests/e2e/test_checkpoints_e2e.py", "tests/test_console_", "tests/chaos/", "tests/e2e/", "tests/gpu/",
+              "tests/trainer/", "tests/test_schemathesis.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The marker `cloud` once read is gone; a module still marked would quietly get the plain memory provider.
+    if stale := sorted({i.path.name for i in items if i.get_closest_marker("memory_provider")}):
+        raise pytest.UsageError(f"{', '.join(stale)}: the memory_provider marker is gone; override the `cloud` "
+                                "fixture in the module instead: `yield from serve_memory(SomeCloud(), SomeCompute)`")
+    if not hasattr(config, "workerinput"):
+        return
+    root = Path(str(config.rootpath))
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(root).as_posix()
+        return next((i for i, prefix in enumerate(SLOW_FIRST) if path.startswith(prefix)), len(SLOW_FIRST))
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
@@ -82,21 +110,15 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 @pytest.fixture
-def cloud(request: pytest.FixtureRequest) -> Iterator[Cloud]:
+def cloud() -> Iterator[Cloud]:
     """The in-memory account behind the "memory" provider, installed for one test.
 
-    A module marked `pytest.mark.memory_provider(compute=SomeCompute, cloud=SomeCloud)` gets that
-    MemoryCompute subclass on that kind of account instead: the chaos provider's faults
-    (tests/chaos/provider.py), a provider with more offers (tests/test_training_api.py)."""
-    from tests.fakes import Cloud, MemoryCompute, install_memory_provider, uninstall_memory_provider
+    A module (or class) that needs another MemoryCompute subclass or kind of account overrides this
+    fixture with its own, e.g. `yield from serve_memory(ChaosCloud(), ChaosCompute)`: the chaos
+    provider's faults (tests/chaos/provider.py), a provider with more offers (tests/test_training_api.py)."""
+    from tests.fakes import Cloud, serve_memory
 
-    marker = request.node.get_closest_marker("memory_provider")
-    kinds = marker.kwargs if marker else {}
-    account: Cloud = kinds.get("cloud", Cloud)()
-    compute: type[MemoryCompute] = kinds.get("compute", MemoryCompute)
-    install_memory_provider(account, compute)
-    yield account
-    uninstall_memory_provider()
+    yield from serve_memory(Cloud())
 
 
 @pytest.fixture
@@ -110,6 +132,14 @@ def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
     assert conn["status"] == "connected", conn
     yield harness
     harness.close()
+
+
+@pytest.fixture
+def calls(h: Harness) -> Iterator[Calls]:
+    """Every call on the store's tables counted, (table, method) -> n (tests/table_calls.py)."""
+    from tests.table_calls import counting_calls
+
+    yield from counting_calls()
 
 
 @pytest.fixture(scope="module")

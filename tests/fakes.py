@@ -5,7 +5,7 @@ the real providers: marks at creation, find-before-create, "not found" = release
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,4 +219,13 @@ def install_memory_provider(cloud: Cloud, compute: type[MemoryCompute] = MemoryC
 def uninstall_memory_provider() -> None:
     while _undo:
         _undo.pop()()
+
+
+def serve_memory(cloud: Cloud, compute: type[MemoryCompute] = MemoryCompute) -> Iterator[Cloud]:
+    """The body of a `cloud` fixture: the "memory" provider served with `compute` on `cloud` for one test."""
+    install_memory_provider(cloud, compute)
+    try:
+        yield cloud
+    finally:
+        uninstall_memory_provider()
 

@@ -5,6 +5,9 @@ whose parent dies while a test runs (a machine's docker shim, an agent, a traine
 instead of to init, where it would run on unseen. A thread reaps such orphans once they exit (never a
 child a Popen object still owns: its wait() would lose the exit status). At the session's end every
 descendant still alive after a short grace is listed, killed, and fails the session.
+
+Under pytest-xdist (make test) each worker does all of this for its own tests and hands what it found to
+the controller (its workeroutput), which lists every worker's and fails the session.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pytest
 PR_SET_CHILD_SUBREAPER = 36
 GRACE_S = 5.0  # a process that is just ending (a host's worker) gets this long
 _stop = threading.Event()
+_from_workers: list[str] = []  # the controller's: what each xdist worker found left running
 
 
 def _stat(pid: int) -> tuple[int, str] | None:
@@ -89,11 +93,17 @@ def _cmdline(pid: int) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if sys.platform != "linux" or hasattr(config, "workerinput"):
+    if sys.platform != "linux":
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
         threading.Thread(target=_reap_orphans, name="reap-orphans", daemon=True).start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist's controller, as a worker ends: what it found left running (a crashed worker says nothing)."""
+    _from_workers.extend(getattr(node, "workeroutput", {}).get("processes_left", []))
 
 
 @pytest.hookimpl(trylast=True)
@@ -106,16 +116,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         time.sleep(0.2)
         left = descendants(os.getpid())
     _stop.set()
-    if not left:
-        return
     lines = [f"  pid {pid}: {_cmdline(pid)[:300]}" for pid in left]
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports it (its sessionfinish runs after)
+        workeroutput["processes_left"] = lines
+        return
+    lines += _from_workers
+    if not lines:
+        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    message = f"{len(left)} process(es) left running by the tests (killed now):\n" + "\n".join(lines)
+    message = f"{len(lines)} process(es) left running by the tests (killed now):\n" + "\n".join(lines)
     if reporter is not None:
         reporter.write_sep("=", "processes left behind", red=True)
         reporter.write_line(message)

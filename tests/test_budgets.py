@@ -4,12 +4,13 @@ launch, atomically; thresholds are told and, with stop_at_budget, active runs ar
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from tests.fakes import OFFER, TwoOffers
+from tests.fakes import OFFER, Cloud, TwoOffers, serve_memory
 from tests.harness import Harness
 from tests.webhook_receiver import Receiver
 
@@ -168,16 +169,22 @@ def test_a_run_across_the_month_boundary_bills_each_month_its_share(h: Harness) 
     assert b["committed_usd"] == pytest.approx(2 * HOUR_COST, rel=0.02) and b["left_usd"] < 98
 
 
-@pytest.mark.memory_provider(compute=TwoOffers)
-def test_a_launch_is_held_to_its_dearest_candidate(h: Harness) -> None:
-    """Issue 37 x 39: the launch may end on any candidate, so the budget holds its dearest (the H100, 3.01/h),
-    not the first (the A10, 1.01/h, which alone would fit)."""
-    set_limits(h, monthly_budget_usd=2.0)
-    pid, dsid = h.project_and_dataset()
-    run = h.ok("POST", "/api/runs", token="member", json_body={
-        "project_id": pid, "dataset_version_id": dsid, "base_model": "tensorant/smoke-tiny",
-        "price_limit_per_hour": 5.0, "runtime_limit_s": 3600,
-        "candidates": [{"connection": "memory", "offer_id": "mem-a10"}, {"connection": "memory", "offer_id": "mem-h100"}]})
-    status, body, _ = h.call("POST", f"/api/runs/{run['id']}/launch", token="member", json_body={"confirm": True})
-    assert status == 409 and "3.01 USD" in body["detail"], body
-    assert h.get_run(run["id"])["state"] == "draft"
+class TestTwoOffers:
+    """Candidates on the memory provider with the A10 and an H100."""
+
+    @pytest.fixture
+    def cloud(self) -> Iterator[Cloud]:
+        yield from serve_memory(Cloud(), TwoOffers)
+
+    def test_a_launch_is_held_to_its_dearest_candidate(self, h: Harness) -> None:
+        """Issue 37 x 39: the launch may end on any candidate, so the budget holds its dearest (the H100, 3.01/h),
+        not the first (the A10, 1.01/h, which alone would fit)."""
+        set_limits(h, monthly_budget_usd=2.0)
+        pid, dsid = h.project_and_dataset()
+        run = h.ok("POST", "/api/runs", token="member", json_body={
+            "project_id": pid, "dataset_version_id": dsid, "base_model": "tensorant/smoke-tiny",
+            "price_limit_per_hour": 5.0, "runtime_limit_s": 3600,
+            "candidates": [{"connection": "memory", "offer_id": "mem-a10"}, {"connection": "memory", "offer_id": "mem-h100"}]})
+        status, body, _ = h.call("POST", f"/api/runs/{run['id']}/launch", token="member", json_body={"confirm": True})
+        assert status == 409 and "3.01 USD" in body["detail"], body
+        assert h.get_run(run["id"])["state"] == "draft"

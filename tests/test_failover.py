@@ -5,14 +5,14 @@ between attempts, nothing left for the sweeper. The per-cloud refusals are in te
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
 
 from shared.errors import AuthError, CapacityError, QuotaError
 from shared.models import GpuOffer
-from tests.fakes import H100, OFFER, Cloud, MemoryCompute
+from tests.fakes import H100, OFFER, Cloud, MemoryCompute, serve_memory
 from tests.harness import Harness, trained_adapter_zip
 
 L40S = GpuOffer(provider="memory", offer_id="mem-l40s", gpu="L40S", gpu_memory_gb=48, machine_type="mem.l40s",
@@ -26,7 +26,10 @@ class FourOffers(MemoryCompute):
         return [OFFER, L40S, A100, H100]
 
 
-pytestmark = pytest.mark.memory_provider(compute=FourOffers)
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """The memory provider for this module: four offers to fail over between."""
+    yield from serve_memory(Cloud(), FourOffers)
 
 
 def _create(h: Harness, offers: Iterable[str], **fields: Any) -> tuple[int, Any]:

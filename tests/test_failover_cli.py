@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from shared.errors import CapacityError
 from tests.fake_api import FakeApi, run_cli
-from tests.fakes import Cloud
+from tests.fakes import Cloud, serve_memory
 from tests.harness import Harness
 from tests.test_failover import FourOffers, _run
 
-pytestmark = pytest.mark.memory_provider(compute=FourOffers)
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """The memory provider for this module: four offers to fail over between (tests/test_failover.py)."""
+    yield from serve_memory(Cloud(), FourOffers)
 
 
 def _body(api: FakeApi) -> dict[str, Any]:

@@ -110,6 +110,15 @@ def test_launch_refused_above_price_limit_and_without_confirm(h: Harness) -> Non
     assert h.get_run(run_id)["state"] == "draft"
 
 
+def test_launch_of_a_launched_run_is_409_nothing_launched(h: Harness, cloud: Cloud) -> None:
+    run_id = h.create_run("memory", "mem-a10")
+    h.launch(run_id)
+    status, body, _ = h.call("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": True})
+    assert status == 409
+    assert body["detail"].startswith("nothing was launched: the run is provisioning")
+    assert len(cloud.machines) == 1
+
+
 def test_machine_created_after_its_run_was_cancelled_is_released_at_once(h: Harness, cloud: Cloud) -> None:
     run_id = h.create_run("memory", "mem-a10")
 

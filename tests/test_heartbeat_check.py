@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from shared.queues import Queue, get_queues
 from shared.settings import get_settings
 from tests.chaos.provider import ChaosCloud, ChaosCompute
+from tests.fakes import Cloud, serve_memory
 from tests.harness import Harness
 
-# `cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py).
-pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """`cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py)."""
+    yield from serve_memory(ChaosCloud(), ChaosCompute)
 
 
 def tick(h: Harness) -> None:

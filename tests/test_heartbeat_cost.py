@@ -7,10 +7,7 @@ request makes (the calls still go through).
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -22,53 +19,7 @@ from shared.services.api.runs import view as run_service
 from shared.store import get_store
 from tests.fakes import Cloud, training_run
 from tests.harness import Harness
-
-WRITES = ("insert", "update", "upsert", "delete")
-READS = ("get", "query", "pages")
-
-
-class Calls:
-    """Counts every call on every table of the store: (table, method) -> n."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self.kwargs: list[tuple[str, str, dict[str, Any]]] = []
-        self.lock = threading.Lock()
-
-    def take(self) -> Counter[tuple[str, str]]:
-        with self.lock:
-            out, self.counts = self.counts, Counter()
-            self.kwargs = []
-            return out
-
-    def writes(self, counts: Counter[tuple[str, str]]) -> int:
-        return sum(n for (_, m), n in counts.items() if m in WRITES)
-
-    def reads(self, counts: Counter[tuple[str, str]]) -> int:
-        return sum(n for (_, m), n in counts.items() if m in READS)
-
-
-@pytest.fixture
-def calls(h: Harness) -> Iterator[Calls]:
-    rec = Calls()
-    undo: list[Callable[[], None]] = []
-    store = get_store()
-    for name in ("runs", "events", "logs", "ledger", "audit", "connections", "catalogs", "projects", "datasets"):
-        table = store.table(name)
-        for method in WRITES + READS:
-            real = getattr(table, method)
-
-            def counted(*args: Any, _real: Any = real, _key: tuple[str, str] = (name, method), **kw: Any) -> Any:
-                with rec.lock:
-                    rec.counts[_key] += 1
-                    rec.kwargs.append((*_key, kw))
-                return _real(*args, **kw)
-
-            setattr(table, method, counted)
-            undo.append(functools.partial(delattr, table, method))
-    yield rec
-    for u in undo:
-        u()
+from tests.table_calls import Calls
 
 
 def test_a_heartbeat_is_one_write_plus_one_per_log_chunk(h: Harness, cloud: Cloud, calls: Calls) -> None:

@@ -21,7 +21,7 @@ def run_in(state: RunState, outcome: Outcome | None = None) -> RunRecord:
                      state=state, outcome=outcome, created_at=T, updated_at=T, state_changed_at=T)
 
 
-LEGAL = [(a, b) for a, targets in TRANSITIONS.items() for b in targets]
+LEGAL = [(a, b) for a, targets in TRANSITIONS.items() for b in sorted(targets)]  # sets: one order in every xdist worker
 ILLEGAL = [(a, b) for a, b in product(RunState, RunState) if b not in TRANSITIONS[a]]
 
 

@@ -10,6 +10,7 @@ import io
 import json
 import struct
 import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,14 +19,17 @@ import pytest
 from adapter_format.base_models import BASE_MODELS
 from adapter_format.merged import expected_tensors
 from shared.org_storage.base import merged_key
-from tests.fakes import Cloud, TwoOffers, draft
+from tests.fakes import Cloud, TwoOffers, draft, serve_memory
 from tests.harness import Harness, TestAgent, trained_adapter_zip
 
 TINY = "tensorant/tiny-llama"
 BIG = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-pytestmark = pytest.mark.memory_provider(compute=TwoOffers)
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """The memory provider for this module: the A10 and an H100."""
+    yield from serve_memory(Cloud(), TwoOffers)
 
 
 def safetensors(shapes: dict[str, tuple[int, ...]], nan: str = "") -> bytes:

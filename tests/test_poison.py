@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from shared.queues import Queue, get_queues
 from tests.chaos.fixtures import audits
 from tests.chaos.provider import ChaosCloud, ChaosCompute
+from tests.fakes import Cloud, serve_memory
 from tests.harness import Harness
 
 POISON = "/api/platform/queues/release/poison"
 
-# `cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py).
-pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """`cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py)."""
+    yield from serve_memory(ChaosCloud(), ChaosCompute)
 
 
 def poisoned_release(h: Harness, cloud: ChaosCloud) -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _suite(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+def _suite(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(body))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.process_check",
-                           "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+                           "-o", "addopts=", *args, "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -39,6 +39,35 @@ def test_a_suite_that_ends_its_processes_passes(tmp_path: Path) -> None:
     """)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "left running" not in done.stdout
+
+
+def test_in_worker_processes_what_any_worker_leaves_fails_the_session(tmp_path: Path) -> None:
+    """make test runs the suite in two xdist workers: each finds what its tests left (an orphan, a child still
+    running) and the controller lists both and fails the session (the workers themselves are not listed)."""
+    done = _suite(tmp_path, """
+        import subprocess
+        def test_leaves_an_orphan():
+            subprocess.run(["sh", "-c", "exec 0<&- 1>&- 2>&-; sleep 301 &"], check=True)
+        def test_leaves_its_child():
+            subprocess.Popen(["sleep", "302"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        def test_fine():
+            pass
+    """, "-n", "2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "3 passed" in done.stdout and "2 process(es) left running" in done.stdout, done.stdout
+    assert "sleep 301" in done.stdout and "sleep 302" in done.stdout
+
+
+def test_in_worker_processes_a_suite_that_ends_its_processes_passes(tmp_path: Path) -> None:
+    done = _suite(tmp_path, """
+        import subprocess
+        def test_waits_for_its_child():
+            assert subprocess.run(["sleep", "0.2"]).returncode == 0
+        def test_other():
+            pass
+    """, "-n", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout and "left running" not in done.stdout
 
 
 def test_a_powered_off_machine_ends_its_whole_process_group(tmp_path: Path) -> None:

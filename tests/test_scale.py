@@ -1,7 +1,7 @@
 """Thousands of organizations: what the timers read grows with what is active, never with what ever
 existed (the watch index), and the sweeper's fan-out reaches every connection, rotating.
 
-The store is the real one on Azurite; its tables are wrapped to count the calls (tests/test_heartbeat_cost.py's
+The store is the real one on Azurite; its tables are wrapped to count the calls (tests/table_calls.py's
 Calls). The scale itself, 10 to 10,000 orgs, is measured by `make bench-scale` (tests/bench/scale_bench.py).
 """
 
@@ -18,12 +18,9 @@ from shared.queues import get_queues
 from shared.services.timers import heartbeat_check, sweeper
 from shared.steps import Step
 from shared.store import get_store
-from tests import test_heartbeat_cost
 from tests.fakes import Cloud, training_run
 from tests.harness import Harness, smoke_adapter_zip
-from tests.test_heartbeat_cost import Calls
-
-calls = test_heartbeat_cost.calls  # the fixture that counts table calls
+from tests.table_calls import Calls
 
 
 def finished_copies(run: RunRecord, n: int) -> None:

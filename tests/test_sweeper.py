@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -15,10 +16,14 @@ from shared.settings import get_settings
 from shared.store import leases
 from tests.chaos.fixtures import audits, sweep
 from tests.chaos.provider import ChaosCloud, ChaosCompute
+from tests.fakes import Cloud, serve_memory
 from tests.harness import Harness, smoke_adapter_zip
 
-# `cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py).
-pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """`cloud`, and so `h`, on the chaos provider: its faults on demand (tests/chaos/provider.py)."""
+    yield from serve_memory(ChaosCloud(), ChaosCompute)
 
 
 def finished_run(h: Harness) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.fakes import Cloud, TwoOffers, draft
+from tests.fakes import Cloud, TwoOffers, draft, serve_memory
 from tests.harness import Harness, trained_adapter_zip
 
 HF_SECRET = "hf_DoNotLeakThisToken0123456789abcdef"
@@ -18,8 +19,10 @@ NO_SECRETS = {"huggingface_token": {"set": False}, "mlflow": {"set": False}, "wa
 BIG = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-# `cloud`, and so `h`, serve an H100 too: a model too big for the A10 still fits one offer.
-pytestmark = pytest.mark.memory_provider(compute=TwoOffers)
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """`cloud`, and so `h`, serve an H100 too: a model too big for the A10 still fits one offer."""
+    yield from serve_memory(Cloud(), TwoOffers)
 
 
 def test_defaults_trial_bounds_and_full_runs(h: Harness) -> None:

@@ -104,15 +104,6 @@ def test_draft_patch_delete_and_price_warning_at_create(h: Harness, cloud: Cloud
     assert status == 404
 
 
-def test_launch_of_a_launched_run_is_409_nothing_launched(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    status, body, _ = h.call("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": True})
-    assert status == 409
-    assert body["detail"].startswith("nothing was launched: the run is provisioning")
-    assert len(cloud.machines) == 1
-
-
 def test_unknown_provider_is_named_with_the_known_ones(h: Harness, cloud: Cloud) -> None:
     pid, dsid = h.project_and_dataset()
     status, body, _ = h.call("POST", "/api/runs", json_body={

@@ -25,13 +25,18 @@ from shared import budget
 from shared.org_storage.base import merged_key
 from shared.services.steps import verify_adapter as step
 from shared.services.steps import verify_spool
-from tests.fakes import TwoOffers, draft
+from tests.fakes import Cloud, TwoOffers, draft, serve_memory
 from tests.harness import Harness, trained_adapter_zip
 from tests.support.clock import FakeClock
 from tests.test_budget import Timings
 from tests.test_merged_api import TINY, merged_zip
 
-pytestmark = pytest.mark.memory_provider(compute=TwoOffers)
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """The memory provider for this module: the A10 and an H100."""
+    yield from serve_memory(Cloud(), TwoOffers)
+
 
 BANDWIDTH = 10_000_000  # bytes per simulated second
 ZEROS = bytes(8 * 1024 * 1024)

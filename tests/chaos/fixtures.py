@@ -1,5 +1,5 @@
 """Helpers the sweeper, heartbeat-check and poison tests share. Their harness is the shared `h` on the
-chaos provider (tests/conftest.py's `cloud`, which those modules mark `memory_provider`)."""
+chaos provider (each of those modules overrides tests/conftest.py's `cloud` with it)."""
 
 from __future__ import annotations
 

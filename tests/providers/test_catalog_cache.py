@@ -9,6 +9,7 @@ connection a saved one (the `h` harness).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from shared import clock
 from shared.errors import RetryableError
 from shared.models import GpuOffer
-from tests.fakes import Cloud, MemoryCompute
+from tests.fakes import Cloud, MemoryCompute, serve_memory
 from tests.harness import Harness
 
 OFFER = GpuOffer(provider="memory", offer_id="us-east-1/us-east-1a/g6.xlarge", gpu="NVIDIA L4", gpu_memory_gb=22.4,
@@ -36,7 +37,10 @@ class _PriceOutage(MemoryCompute):
         return [OFFER]
 
 
-pytestmark = pytest.mark.memory_provider(compute=_PriceOutage, cloud=_Account)
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    """The memory provider on an account whose Pricing API can be down (`prices_down`)."""
+    yield from serve_memory(_Account(), _PriceOutage)
 
 
 def test_failed_refresh_serves_the_last_good_copy_with_its_time(h: Harness, cloud: Cloud) -> None:

@@ -4,7 +4,10 @@ the tensors the loaded model and peft actually hold (on the meta device, at ever
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -30,20 +33,32 @@ def test_driver_version_and_the_agents_check(tmp_path: Path) -> None:
     assert driver_problem({"TENSORANT_NVIDIA_DRIVER_FILE": str(old)}) is None  # an image that needs none
 
 
-def test_trainer_refuses_a_gpu_torch_cannot_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    need_torch()
-    import torch
+def _torch(*, cuda: str | None, available: bool = False, supports: int | None = None) -> Any:
+    """What gpu_problem reads of torch, as a module: a GPU build (`cuda`, the runtime's version) that sees no
+    GPU cannot be had from the CPU wheel installed here, and importing the real torch only to patch these
+    three attributes cost a whole torch import. test_trainer_exits_4_before_loading_anything runs the
+    real torch's path end to end."""
+    driver = {} if supports is None else {"_cuda_getDriverVersion": lambda: supports}
+    return SimpleNamespace(__version__="2.9.1+cu130", cuda=SimpleNamespace(is_available=lambda: available),
+                           version=SimpleNamespace(cuda=cuda), _C=SimpleNamespace(**driver))
 
+
+def test_trainer_refuses_a_gpu_torch_cannot_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from machine.trainer.gpu import gpu_problem
 
     driver = tmp_path / "version"
     driver.write_text(OLD)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setitem(sys.modules, "torch", _torch(cuda="13.0"))
     said = gpu_problem(str(driver))
     assert said is not None and "535.104.05" in said and "CUDA 13.0" in said and "CPU" in said
+    assert "supports CUDA" not in said  # no libcuda to ask
     assert gpu_problem(str(tmp_path / "none")) is None  # a CPU machine trains on the CPU
-    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setitem(sys.modules, "torch", _torch(cuda="13.0", supports=12020))
+    assert "the NVIDIA driver is 535.104.05, which supports CUDA 12.2, and this PyTorch 2.9.1+cu130 needs CUDA 13.0" in (
+        gpu_problem(str(driver)) or "")
+    monkeypatch.setitem(sys.modules, "torch", _torch(cuda="13.0", available=True))
+    assert gpu_problem(str(driver)) is None  # torch has its GPU
+    monkeypatch.setitem(sys.modules, "torch", _torch(cuda=None))
     assert "CPU build" in (gpu_problem(str(driver)) or "")
 
 
