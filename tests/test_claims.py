@@ -4,6 +4,8 @@ it held 60 s while a create may wait on the cloud for 80 s)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from shared.budget import TIMEOUT_SETTING, invocation_bound_s, step_budget_s
@@ -11,9 +13,13 @@ from shared.queues import Queue, get_queues
 from shared.services.steps.launch import LISTING_LAG_S, launch_settle_s
 from shared.store import leases
 from tests.chaos.provider import ChaosCloud, ChaosCompute
+from tests.fakes import Cloud, serve_memory
 from tests.harness import Harness
 
-pytestmark = pytest.mark.memory_provider(cloud=ChaosCloud, compute=ChaosCompute)
+
+@pytest.fixture
+def cloud() -> Iterator[Cloud]:
+    yield from serve_memory(ChaosCloud(), ChaosCompute)
 
 
 def test_the_launch_settle_time_is_the_invocation_bound_plus_the_listing_lag(monkeypatch: pytest.MonkeyPatch) -> None:
