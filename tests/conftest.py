@@ -122,7 +122,7 @@ def cloud() -> Iterator[Cloud]:
 
 
 @pytest.fixture
-def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
+def harness(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
     """A harness with local storage and a connected memory compute connection."""
     from tests.harness import Harness
 
@@ -135,7 +135,7 @@ def h(env: dict[str, str], cloud: Cloud) -> Iterator[Harness]:
 
 
 @pytest.fixture
-def calls(h: Harness) -> Iterator[Calls]:
+def calls(harness: Harness) -> Iterator[Calls]:
     """Every call on the store's tables counted, (table, method) -> n (tests/table_calls.py)."""
     from tests.table_calls import counting_calls
 

@@ -278,10 +278,10 @@ class TestAgent:
 
     __test__ = False
 
-    def __init__(self, h: Harness, run_id: str) -> None:
-        self.h = h
+    def __init__(self, harness: Harness, run_id: str) -> None:
+        self.h = harness
         self.run_id = run_id
-        self.token = mint_agent_token(h.org, run_id)
+        self.token = mint_agent_token(harness.org, run_id)
 
     def heartbeat(self, phase: str, progress: float = 0.0, logs: list[str] | None = None) -> Any:
         return self.h.ok("POST", f"/api/agent/runs/{self.run_id}/heartbeat", token=self.token,

@@ -100,13 +100,13 @@ def test_every_function_declares_its_bound() -> None:
 class Timings:
     """Every invocation's simulated seconds, by function name (the harness's calls wrapped)."""
 
-    def __init__(self, h: Harness) -> None:
-        self.h = h
+    def __init__(self, harness: Harness) -> None:
+        self.h = harness
         self.spent: dict[str, list[float]] = {}
         names = {id(fn.get_user_function()): name for name, fn in registered().items()}
-        h.queue_fns = {q: self._timed(names[id(fn)], fn) for q, fn in h.queue_fns.items()}
-        h.timer_fns = {t: self._timed(names[id(fn)], fn) for t, fn in h.timer_fns.items()}
-        h.routes = [(m, template, self._timed(names[id(fn)], fn)) for m, template, fn in h.routes]
+        harness.queue_fns = {q: self._timed(names[id(fn)], fn) for q, fn in harness.queue_fns.items()}
+        harness.timer_fns = {t: self._timed(names[id(fn)], fn) for t, fn in harness.timer_fns.items()}
+        harness.routes = [(m, template, self._timed(names[id(fn)], fn)) for m, template, fn in harness.routes]
 
     def _timed(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any) -> Any:
@@ -151,7 +151,7 @@ def make_azure_slow(arm: FakeArm) -> None:
     arm.fail("GET", r"/skus$", 429, "TooManyRequests", times=2, headers={"Retry-After": "10"})  # retried inline
 
 
-def slow_life_of_a_run(h: Harness, arm: FakeArm) -> tuple[str, dict[str, Any]]:
+def slow_life_of_a_run(harness: Harness, arm: FakeArm) -> tuple[str, dict[str, Any]]:
     """Connection check, catalog refresh, launch, timeout -> retain, recovery (start, stop, upload),
     verify, release; returns the run id and the run as it ends."""
     from shared.models import ConnectionMessage
@@ -160,20 +160,20 @@ def slow_life_of_a_run(h: Harness, arm: FakeArm) -> tuple[str, dict[str, Any]]:
     from tests.providers.azure.rig import config_body
 
     make_azure_slow(arm)
-    h.ok("PUT", "/api/connections/compute/azure", json_body=config_body())
-    get_queues().send(Step.refresh_catalog, ConnectionMessage(org=h.org, slot="compute:azure"))
-    h.drain()
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+    harness.ok("PUT", "/api/connections/compute/azure", json_body=config_body())
+    get_queues().send(Step.refresh_catalog, ConnectionMessage(org=harness.org, slot="compute:azure"))
+    harness.drain()
+    offers = harness.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
     offer = next(o for o in offers if o["machine_type"] == "Standard_NC24ads_A100_v4")
-    run_id = h.create_run("azure", offer["offer_id"])
-    run = h.launch(run_id)
-    assert run["state"] == "provisioning" and run["resources"], (run["reason"], h.step_errors)
-    h.agent(run_id).heartbeat("training", 0.4)
-    run = h.expire(run_id)
-    assert run["state"] == "retained", (run["state"], run["reason"], h.step_errors)
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
-    h.ok("POST", f"/api/runs/{run_id}/stop")
-    run = h.recover(run_id, upload=trained_adapter_zip())
+    run_id = harness.create_run("azure", offer["offer_id"])
+    run = harness.launch(run_id)
+    assert run["state"] == "provisioning" and run["resources"], (run["reason"], harness.step_errors)
+    harness.agent(run_id).heartbeat("training", 0.4)
+    run = harness.expire(run_id)
+    assert run["state"] == "retained", (run["state"], run["reason"], harness.step_errors)
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    harness.ok("POST", f"/api/runs/{run_id}/stop")
+    run = harness.recover(run_id, upload=trained_adapter_zip())
     return run_id, run
 
 

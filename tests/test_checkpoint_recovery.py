@@ -30,20 +30,20 @@ def checkpoint_zip(step: int = 20, steps: int = 100_000) -> bytes:
     return buf.getvalue()
 
 
-def _retained_with_checkpoint(h: Harness) -> str:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def _retained_with_checkpoint(harness: Harness) -> str:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.0002)
     agent.upload(checkpoint_zip())  # the agent uploads each checkpoint's adapter as it is made
     agent.complete_failed("the runtime limit stopped the trainer")
-    assert h.get_run(run_id)["state"] == "retained"
+    assert harness.get_run(run_id)["state"] == "retained"
     return run_id
 
 
-def test_verify_saved_refuses_a_checkpoint_unless_accepted(h: Harness, cloud: Cloud) -> None:
-    run_id = _retained_with_checkpoint(h)
-    run = h.recover(run_id)  # verify_saved
+def test_verify_saved_refuses_a_checkpoint_unless_accepted(harness: Harness, cloud: Cloud) -> None:
+    run_id = _retained_with_checkpoint(harness)
+    run = harness.recover(run_id)  # verify_saved
     # Before: succeeded at 0.0 %, as if training had completed.
     assert run["state"] == "retained", run
     assert "the checkpoint at step 20 of 100000" in run["reason"] and "not a completed adapter" in run["reason"]
@@ -52,45 +52,45 @@ def test_verify_saved_refuses_a_checkpoint_unless_accepted(h: Harness, cloud: Cl
     [m] = cloud.machines.values()
     assert m.state == "stopped" and m.disk_exists  # nothing released
 
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "verify_saved", "accept_checkpoint": True})
-    h.drain()
-    run = h.get_run(run_id)
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "verify_saved", "accept_checkpoint": True})
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "succeeded", run
     assert (run["adapter_kind"], run["checkpoint_step"], run["planned_steps"]) == ("checkpoint", 20, 100_000)
     assert "accepted as the run's adapter" in run["reason"] and "step 20 of 100000" in run["reason"]
-    usage = h.ok("GET", "/api/usage")
+    usage = harness.ok("GET", "/api/usage")
     assert usage["total"]["checkpoint_adapters"] == 1 and usage["providers"][0]["checkpoint_adapters"] == 1
 
 
-def test_an_uploaded_checkpoint_needs_the_query_flag(h: Harness, cloud: Cloud) -> None:
-    run_id = _retained_with_checkpoint(h)
-    run = h.recover(run_id, upload=checkpoint_zip(step=40))
+def test_an_uploaded_checkpoint_needs_the_query_flag(harness: Harness, cloud: Cloud) -> None:
+    run_id = _retained_with_checkpoint(harness)
+    run = harness.recover(run_id, upload=checkpoint_zip(step=40))
     assert run["state"] == "retained" and "step 40 of 100000" in run["reason"], run
-    status, body, _ = h.call("POST", f"/api/runs/{run_id}/recover", body=checkpoint_zip(),
+    status, body, _ = harness.call("POST", f"/api/runs/{run_id}/recover", body=checkpoint_zip(),
                              content_type="application/zip", params={"accept_checkpoint": "maybe"})
     assert status == 422 and "accept_checkpoint" in str(body), body
-    h.ok("POST", f"/api/runs/{run_id}/recover", body=checkpoint_zip(step=40), content_type="application/zip",
+    harness.ok("POST", f"/api/runs/{run_id}/recover", body=checkpoint_zip(step=40), content_type="application/zip",
          params={"accept_checkpoint": "true"})
-    h.drain()
-    run = h.get_run(run_id)
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "succeeded" and run["checkpoint_step"] == 40, run
 
 
-def test_a_final_adapter_needs_no_acceptance_and_says_final(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(smoke_adapter_zip())
-    run = h.get_run(run_id)
+def test_a_final_adapter_needs_no_acceptance_and_says_final(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(smoke_adapter_zip())
+    run = harness.get_run(run_id)
     assert run["state"] == "succeeded" and run["adapter_kind"] == "final" and run["checkpoint_step"] is None
-    assert h.ok("GET", "/api/usage")["total"]["checkpoint_adapters"] == 0
+    assert harness.ok("GET", "/api/usage")["total"]["checkpoint_adapters"] == 0
 
 
-def test_a_completion_with_a_checkpoints_archive_is_retained_not_succeeded(h: Harness, cloud: Cloud) -> None:
+def test_a_completion_with_a_checkpoints_archive_is_retained_not_succeeded(harness: Harness, cloud: Cloud) -> None:
     # The agent said "ok" but the archive is a checkpoint's: nobody accepted it, so the disk is kept.
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).complete_ok(checkpoint_zip())
-    run = h.get_run(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).complete_ok(checkpoint_zip())
+    run = harness.get_run(run_id)
     assert run["state"] == "retained" and "not a completed adapter" in run["reason"], run
 
 

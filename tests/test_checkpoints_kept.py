@@ -80,109 +80,109 @@ def test_the_agent_keeps_nothing_without_slots(tmp_path: Path) -> None:
     assert (tmp_path / "storage" / "runs" / "run-k" / "adapter.zip").is_file()  # the recovery archive as before
 
 
-def test_local_storage_hands_the_agent_one_key_per_kept_checkpoint(h: Harness) -> None:
+def test_local_storage_hands_the_agent_one_key_per_kept_checkpoint(harness: Harness) -> None:
     from shared.runs.org_backends import storage_for
 
-    env, _ = storage_for(h.org).agent_env("run-x", "datasets/p/d.jsonl", checkpoints=3)
+    env, _ = storage_for(harness.org).agent_env("run-x", "datasets/p/d.jsonl", checkpoints=3)
     if "TENSORANT_CHECKPOINT_KEYS" in env:
         assert json.loads(env["TENSORANT_CHECKPOINT_KEYS"]) == [checkpoint_key("run-x", i) for i in range(3)]
     else:
         assert len(json.loads(env["TENSORANT_CHECKPOINT_UPLOAD_URLS"])) == 3
-    env, _ = storage_for(h.org).agent_env("run-x", "datasets/p/d.jsonl")
+    env, _ = storage_for(harness.org).agent_env("run-x", "datasets/p/d.jsonl")
     assert not {"TENSORANT_CHECKPOINT_KEYS", "TENSORANT_CHECKPOINT_UPLOAD_URLS"} & set(env)
 
 
 # ---------------------------------------------------------------- the API
 
-def _report(h: Harness, run_id: str, kept: list[dict[str, Any]]) -> Any:
+def _report(harness: Harness, run_id: str, kept: list[dict[str, Any]]) -> Any:
     from shared.security import mint_agent_token
 
-    return h.ok("POST", f"/api/agent/runs/{run_id}/heartbeat", token=mint_agent_token(h.org, run_id),
+    return harness.ok("POST", f"/api/agent/runs/{run_id}/heartbeat", token=mint_agent_token(harness.org, run_id),
                 json_body={"phase": "training", "progress": 0.0002, "logs": [], "checkpoints": kept})
 
 
-def _save(h: Harness, run_id: str, step: int, slot: int, **losses: float) -> dict[str, Any]:
+def _save(harness: Harness, run_id: str, step: int, slot: int, **losses: float) -> dict[str, Any]:
     from shared.runs.org_backends import storage_for
 
     data = checkpoint_zip(step)
-    storage_for(h.org).put(checkpoint_key(run_id, slot), data)
+    storage_for(harness.org).put(checkpoint_key(run_id, slot), data)
     return {"step": step, "slot": slot, "saved_at": "2026-12-06T04:00:00Z", "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(), **losses}
 
 
-def _training_run(h: Harness, keep: int = 2) -> str:
-    run_id = h.create_run("memory", "mem-a10", training={"keep_checkpoints": keep})
-    h.launch(run_id)
+def _training_run(harness: Harness, keep: int = 2) -> str:
+    run_id = harness.create_run("memory", "mem-a10", training={"keep_checkpoints": keep})
+    harness.launch(run_id)
     return run_id
 
 
-def test_keep_checkpoints_is_bounded_at_create(h: Harness) -> None:
+def test_keep_checkpoints_is_bounded_at_create(harness: Harness) -> None:
     with pytest.raises(ApiError) as e:
-        h.create_run("memory", "mem-a10", training={"keep_checkpoints": 11})
+        harness.create_run("memory", "mem-a10", training={"keep_checkpoints": 11})
     assert e.value.status in (400, 422) and "keep_checkpoints" in json.dumps(e.value.body)
 
 
-def test_list_and_download_the_kept_checkpoints(h: Harness) -> None:
-    run_id = _training_run(h, keep=2)
-    assert h.ok("GET", f"/api/runs/{run_id}/checkpoints")["checkpoints"] == []
-    first = _save(h, run_id, 20, 0, train_loss=1.5)
-    second = _save(h, run_id, 40, 1, train_loss=1.2, eval_loss=1.3)
+def test_list_and_download_the_kept_checkpoints(harness: Harness) -> None:
+    run_id = _training_run(harness, keep=2)
+    assert harness.ok("GET", f"/api/runs/{run_id}/checkpoints")["checkpoints"] == []
+    first = _save(harness, run_id, 20, 0, train_loss=1.5)
+    second = _save(harness, run_id, 40, 1, train_loss=1.2, eval_loss=1.3)
     # A slot past keep_checkpoints is not the run's: dropped.
-    stray = _save(h, run_id, 60, 1, train_loss=1.0) | {"slot": 5}
-    _report(h, run_id, [second, first, stray])
-    listed = h.ok("GET", f"/api/runs/{run_id}/checkpoints", token="member")
+    stray = _save(harness, run_id, 60, 1, train_loss=1.0) | {"slot": 5}
+    _report(harness, run_id, [second, first, stray])
+    listed = harness.ok("GET", f"/api/runs/{run_id}/checkpoints", token="member")
     assert listed["keep_checkpoints"] == 2
     assert [(c["step"], c["train_loss"], c["eval_loss"], c["size"]) for c in listed["checkpoints"]] == [
         (20, 1.5, None, first["size"]), (40, 1.2, 1.3, second["size"])]
     assert all("slot" not in c and c["saved_at"] for c in listed["checkpoints"])
 
-    status, body, headers = h.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "20"})
+    status, body, headers = harness.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "20"})
     assert status == 200 and headers["X-Adapter-Sha256"] == first["sha256"]
     with zipfile.ZipFile(io.BytesIO(body)) as z:
         assert json.loads(z.read("manifest.json"))["checkpoint_step"] == 20
     assert "20" in headers["Content-Disposition"]
 
     # A step not kept, and a step that is not a number.
-    status, body, _ = h.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "30"})
+    status, body, _ = harness.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "30"})
     assert status == 404 and "20, 40" in body["detail"]
-    status, body, _ = h.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "2x"})
+    status, body, _ = harness.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "2x"})
     assert status in (400, 422) and "checkpoint" in json.dumps(body)
     # Another org's user cannot list it (the run is not found in theirs) and no token gets nothing.
-    status, _, _ = h.call("GET", f"/api/runs/{run_id}/checkpoints", token=None)
+    status, _, _ = harness.call("GET", f"/api/runs/{run_id}/checkpoints", token=None)
     assert status == 401
 
     # The agent put a newer checkpoint in slot 0 and died before reporting it: step 20 is no longer served.
-    _save(h, run_id, 60, 0)
-    status, body, _ = h.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "20"})
+    _save(harness, run_id, 60, 0)
+    status, body, _ = harness.call("GET", f"/api/runs/{run_id}/adapter", params={"checkpoint": "20"})
     assert status == 409 and "replaced" in body["detail"]
 
 
-def test_recover_a_named_checkpoint(h: Harness, cloud: Cloud) -> None:
-    run_id = _training_run(h, keep=3)
-    kept = [_save(h, run_id, step, slot, train_loss=2.0 - slot) for slot, step in enumerate((20, 40, 60))]
-    _report(h, run_id, kept)
+def test_recover_a_named_checkpoint(harness: Harness, cloud: Cloud) -> None:
+    run_id = _training_run(harness, keep=3)
+    kept = [_save(harness, run_id, step, slot, train_loss=2.0 - slot) for slot, step in enumerate((20, 40, 60))]
+    _report(harness, run_id, kept)
     from shared.security import mint_agent_token
 
-    h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=mint_agent_token(h.org, run_id),
+    harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=mint_agent_token(harness.org, run_id),
          json_body={"status": "failed", "reason": "the runtime limit stopped the trainer", "exit_code": 1})
-    h.drain()
-    assert h.get_run(run_id)["state"] == "retained"
+    harness.drain()
+    assert harness.get_run(run_id)["state"] == "retained"
 
     # Resume continues only from the newest (the one on the machine's disk).
-    status, body, _ = h.call("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume", "checkpoint": 40})
+    status, body, _ = harness.call("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume", "checkpoint": 40})
     assert status == 409 and "newest kept checkpoint (60)" in body["detail"]
-    status, body, _ = h.call("POST", f"/api/runs/{run_id}/recover",
+    status, body, _ = harness.call("POST", f"/api/runs/{run_id}/recover",
                              json_body={"mode": "start_machine", "checkpoint": 40})
     assert status in (400, 422) and "checkpoint" in json.dumps(body)
-    assert h.get_run(run_id)["state"] == "retained"  # nothing changed by the refusals
+    assert harness.get_run(run_id)["state"] == "retained"  # nothing changed by the refusals
 
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "verify_saved", "checkpoint": 40})
-    h.drain()
-    run = h.get_run(run_id)
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "verify_saved", "checkpoint": 40})
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "succeeded", run
     assert (run["adapter_kind"], run["checkpoint_step"]) == ("checkpoint", 40)
     assert run["adapter_sha256"] == kept[1]["sha256"]
-    status, body, _ = h.call("GET", f"/api/runs/{run_id}/adapter")
+    status, body, _ = harness.call("GET", f"/api/runs/{run_id}/adapter")
     assert status == 200 and hashlib.sha256(body).hexdigest() == kept[1]["sha256"]
 
 

@@ -33,30 +33,30 @@ def test_the_launch_settle_time_is_the_invocation_bound_plus_the_listing_lag(mon
     assert launch_settle_s() == 260.0
 
 
-def test_a_claim_is_held_until_it_ends_and_free_from_then(h: Harness) -> None:
-    t = h.clock()
+def test_a_claim_is_held_until_it_ends_and_free_from_then(harness: Harness) -> None:
+    t = harness.clock()
     until = leases.ends(t, 30)
     assert leases.left(until) == 30
-    h.clock.advance(29.5)
+    harness.clock.advance(29.5)
     assert leases.left(until) == 0.5
-    h.clock.advance(0.5)
+    harness.clock.advance(0.5)
     assert leases.left(until) == 0  # free at its end, as a lease row is taken again then
     lease = leases.take("claims-test", 30)
     assert lease is not None and leases.take("claims-test", 30) is None
-    h.clock.advance(30)
+    harness.clock.advance(30)
     assert leases.take("claims-test", 30) is not None
 
 
-def _deliver_visible(h: Harness) -> None:
+def _deliver_visible(harness: Harness) -> None:
     """One round of deliveries (the harness's drain would spin: a waiting launch re-sends itself)."""
     q = get_queues()
     for queue in Queue:
         client = q.client(queue.value)
         for m in client.receive_messages(messages_per_page=16, max_messages=16, visibility_timeout=60):
-            h._deliver(queue, client, m)
+            harness._deliver(queue, client, m)
 
 
-def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(h: Harness, cloud: ChaosCloud) -> None:
+def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(harness: Harness, cloud: ChaosCloud) -> None:
     """The first create waits on the cloud for the whole step budget (80 s), makes the machine and times
     out; the machine is missing from listings for LISTING_LAG_S after that. The retry (30 s later: 110 s
     after the claim) must not get a claim, or it finds nothing and creates a second machine, as it did
@@ -67,24 +67,24 @@ def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(h: Har
     def pick(method: str, run_id: str) -> str | None:
         if method == "launch" and not fired:
             fired.append(run_id)
-            h.clock.advance(step_budget_s())  # the create's wait on the cloud
+            harness.clock.advance(step_budget_s())  # the create's wait on the cloud
             return "timeout"
         return None
 
     cloud.pick = pick
-    run_id = h.create_run("memory", "mem-a10")
-    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     for _ in range(int(launch_settle_s() // 10) + 3):
-        _deliver_visible(h)
-        h.clock.advance(10)
-    run = h.get_run(run_id)
+        _deliver_visible(harness)
+        harness.clock.advance(10)
+    run = harness.get_run(run_id)
     assert fired == [run_id]
     assert run["state"] == "provisioning" and run["resources"], run["reason"]
     assert cloud.created[run_id] == 1 and len(cloud.machines) == 1
 
 
 def test_a_create_the_cloud_is_still_working_on_asks_again_after_the_listing_lag(
-        h: Harness, cloud: ChaosCloud) -> None:
+        harness: Harness, cloud: ChaosCloud) -> None:
     """Azure answers "the network interface is still being created" (InProgress) and the step asks again:
     that invocation is over, so the next claim waits for the listing lag from its answer, not the rest
     of the settle time (each Azure round would take 160 s)."""
@@ -96,21 +96,21 @@ def test_a_create_the_cloud_is_still_working_on_asks_again_after_the_listing_lag
 
     def pick(method: str, run_id: str) -> str | None:
         if method == "launch":
-            calls.append(h.clock())
+            calls.append(harness.clock())
             if len(calls) == 1:
-                h.clock.advance(20)  # one long-running operation's wait
-                answered.append(h.clock())
+                harness.clock.advance(20)  # one long-running operation's wait
+                answered.append(harness.clock())
                 raise RetryableError("network interface nic-1 is still being created", code=IN_PROGRESS,
                                      retry_after_s=15)
         return None
 
     cloud.pick = pick
-    run_id = h.create_run("memory", "mem-a10")
-    h.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     for _ in range(int(launch_settle_s() // 10) + 3):
-        _deliver_visible(h)
-        h.clock.advance(10)
-    run = h.get_run(run_id)
+        _deliver_visible(harness)
+        harness.clock.advance(10)
+    run = harness.get_run(run_id)
     assert run["state"] == "provisioning" and run["resources"], run["reason"]
     assert len(calls) == 2 and cloud.created[run_id] == 1
     waited = calls[1] - answered[0]

@@ -84,7 +84,7 @@ def test_the_generated_modules_are_current() -> None:
 
 def test_every_route_and_schema_of_the_running_app_is_in_the_client(env: dict[str, str]) -> None:
     """Against /api/openapi.json as the running app serves it: every operation a method with its route and
-    parameters, every schema a model with its fields. (No test provider installed: `h` adds the memory one.)"""
+    parameters, every schema a model with its fields. (No test provider installed: `harness` adds the memory one.)"""
     doc = Harness().ok("GET", "/api/openapi.json")
     assert drift(doc) == []
     assert len(OPERATIONS) == sum(len(ops) for ops in doc["paths"].values()) >= 50

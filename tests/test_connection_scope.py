@@ -25,34 +25,34 @@ def _rid(kind: str, name: str, rg: str = TRAIN_RG) -> str:
     return f"/subscriptions/{SUB}/resourceGroups/{rg}/providers/{provider}/{name}"
 
 
-def _retained_run(h: Harness, arm: FakeArm) -> tuple[str, list[str]]:
-    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+def _retained_run(harness: Harness, arm: FakeArm) -> tuple[str, list[str]]:
+    offer = next(o for o in harness.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
                  if o["machine_type"] == "Standard_NC24ads_A100_v4")
-    run_id = h.create_run("azure", offer["offer_id"])
-    assert h.launch(run_id)["state"] == "provisioning"
-    h.agent(run_id).heartbeat("training", 0.4)
-    assert h.expire(run_id)["state"] == "retained"
+    run_id = harness.create_run("azure", offer["offer_id"])
+    assert harness.launch(run_id)["state"] == "provisioning"
+    harness.agent(run_id).heartbeat("training", 0.4)
+    assert harness.expire(run_id)["state"] == "retained"
     name = f"tensorant-test-{run_id}"
     ids = [_rid("virtualMachines", name), _rid("disks", f"{name}-osdisk"), _rid("nic", f"{name}-nic")]
     assert all(arm.get(i) is not None for i in ids)
     return run_id, ids
 
 
-def _resave_unguarded(h: Harness, provider: str, body: dict[str, Any]) -> None:
+def _resave_unguarded(harness: Harness, provider: str, body: dict[str, Any]) -> None:
     """Store a connection the way a save did before the guard existed (no held-machine check)."""
     from shared.providers import registry
     from shared.runs.org_backends import compute_connection_slot
     from shared.services.api.connections import _save
 
-    _save(Principal(sub="owner@a", org=h.org, role=Role.owner), compute_connection_slot(provider), provider,
+    _save(Principal(sub="owner@a", org=harness.org, role=Role.owner), compute_connection_slot(provider), provider,
           registry.config_model(provider).model_validate(body))
-    h.drain()
+    harness.drain()
 
 
-def _cancel_discard(h: Harness, run_id: str) -> Any:
-    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
-    h.drain()
-    return h.get_run(run_id)
+def _cancel_discard(harness: Harness, run_id: str) -> Any:
+    harness.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
+    harness.drain()
+    return harness.get_run(run_id)
 
 
 def test_run_records_the_scope_its_machine_was_created_in(azure_h: Harness, arm: FakeArm) -> None:
@@ -184,8 +184,8 @@ def rp(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[H
     fake.stop()
 
 
-def _rp_offer(h: Harness) -> str:
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
+def _rp_offer(harness: Harness) -> str:
+    offers = harness.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
     return str(next(o for o in offers if o["machine_type"] == "NVIDIA A40")["offer_id"])
 
 

@@ -23,26 +23,26 @@ CHAT_PAIR = {"messages": [{"role": "user", "content": "hi"}], "chosen": {"role":
 EXAMPLE = {"prompt": "2+2=", "completion": "4"}
 
 
-def _upload(h: Harness, project: str, rows: list[Any]) -> tuple[int, Any]:
+def _upload(harness: Harness, project: str, rows: list[Any]) -> tuple[int, Any]:
     body = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    status, got, _ = h.call("POST", f"/api/projects/{project}/datasets", token="member", body=body,
+    status, got, _ = harness.call("POST", f"/api/projects/{project}/datasets", token="member", body=body,
                             content_type="application/x-ndjson")
     return status, got
 
 
-def _create(h: Harness, project: str, dataset: str, **training: Any) -> tuple[int, Any]:
+def _create(harness: Harness, project: str, dataset: str, **training: Any) -> tuple[int, Any]:
     body = {"project_id": project, "dataset_version_id": dataset, "provider": "memory", "offer_id": "mem-a10",
             "base_model": BIG, "price_limit_per_hour": 10.0, "training": training}
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    status, got, _ = harness.call("POST", "/api/runs", token="member", json_body=body)
     return status, got
 
 
-def test_pairs_are_checked_at_upload_and_never_mixed_with_examples(h: Harness) -> None:
-    project = h.ok("POST", "/api/projects", json_body={"name": "dpo"})["id"]
-    status, got = _upload(h, project, [PAIR, CHAT_PAIR])
+def test_pairs_are_checked_at_upload_and_never_mixed_with_examples(harness: Harness) -> None:
+    project = harness.ok("POST", "/api/projects", json_body={"name": "dpo"})["id"]
+    status, got = _upload(harness, project, [PAIR, CHAT_PAIR])
     assert status == 201, got
     assert got["format"] == "pairs" and got["rows"] == 2
-    status, got = _upload(h, project, [EXAMPLE])
+    status, got = _upload(harness, project, [EXAMPLE])
     assert status == 201 and got["format"] == "examples"
     bad = [
         {"prompt": "x", "chosen": "a"},  # no rejected
@@ -52,32 +52,32 @@ def test_pairs_are_checked_at_upload_and_never_mixed_with_examples(h: Harness) -
         {"messages": [{"role": "user", "content": "q"}], "chosen": "b", "rejected": {"role": "assistant", "content": "c"}},
         {"chosen": "a", "rejected": "b"},
     ]
-    status, got = _upload(h, project, [PAIR, *bad])
+    status, got = _upload(harness, project, [PAIR, *bad])
     assert status == 422, got
     lines = {e["line"]: e["message"] for e in got["errors"]}
     assert sorted(lines) == [2, 3, 4, 5, 6]
     assert "rejected" in lines[2] and "same answer" in lines[3] and "end before the answer" in lines[4]
     assert "assistant turn" in lines[5] and "needs \"prompt\"" in lines[6]
-    status, got = _upload(h, project, [PAIR, EXAMPLE])
+    status, got = _upload(harness, project, [PAIR, EXAMPLE])
     assert status == 422 and got["errors"][0]["line"] == 2 and "all pairs" in got["errors"][0]["message"]
-    status, got = _upload(h, project, [EXAMPLE, PAIR])
+    status, got = _upload(harness, project, [EXAMPLE, PAIR])
     assert status == 422 and got["errors"][0]["line"] == 2 and "preference pair among" in got["errors"][0]["message"]
 
 
-def test_the_method_must_match_the_dataset_and_its_settings_are_bounded(h: Harness) -> None:
-    project = h.ok("POST", "/api/projects", json_body={"name": "dpo"})["id"]
-    pairs = _upload(h, project, [PAIR] * 30)[1]["id"]
-    examples = _upload(h, project, [EXAMPLE] * 30)[1]["id"]
-    status, got = _create(h, project, examples, method="dpo")
+def test_the_method_must_match_the_dataset_and_its_settings_are_bounded(harness: Harness) -> None:
+    project = harness.ok("POST", "/api/projects", json_body={"name": "dpo"})["id"]
+    pairs = _upload(harness, project, [PAIR] * 30)[1]["id"]
+    examples = _upload(harness, project, [EXAMPLE] * 30)[1]["id"]
+    status, got = _create(harness, project, examples, method="dpo")
     assert status == 422 and got["errors"][0]["field"] == "dataset_version_id"
     assert "not preference pairs" in got["detail"] and "set training.method to sft" in got["detail"]
-    status, got = _create(h, project, pairs)
+    status, got = _create(harness, project, pairs)
     assert status == 422 and "set training.method to dpo" in got["detail"]
     for bad in ({"dpo_beta": 0}, {"dpo_beta": 11}, {"dpo_beta": "0.1"}, {"dpo_loss": "hinge"}, {"method": "orpo"}):
-        status, got = _create(h, project, pairs, **{"method": "dpo", **bad})
+        status, got = _create(harness, project, pairs, **{"method": "dpo", **bad})
         assert status == 422, (bad, got)
         assert any(next(iter(bad)) in e["field"] for e in got["errors"]), got
-    status, got = _create(h, project, pairs, method="dpo", dpo_beta=0.5, dpo_loss="ipo")
+    status, got = _create(harness, project, pairs, method="dpo", dpo_beta=0.5, dpo_loss="ipo")
     assert status == 201, got
     assert (got["training"]["method"], got["training"]["dpo_beta"], got["training"]["dpo_loss"]) == ("dpo", 0.5, "ipo")
     assert "DPO: the reference model's forward pass" in got["forecast"]["basis"]
@@ -102,15 +102,15 @@ def test_the_forecast_counts_the_reference_forward_pass() -> None:
         forecast.like_key("aws", BIG, "A10", TrainingSettings())
 
 
-def test_the_preference_metrics_reach_the_eval_curve(h: Harness) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.5, [
+def test_the_preference_metrics_reach_the_eval_curve(harness: Harness) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("training", 0.5, [
         "progress=0.5 step=3 loss=0.6 lr=0.01",
         "eval step=3 eval_loss=0.6500 preference_accuracy=0.7500 reward_margin=0.1234",
         "eval step=6 eval_loss=0.6000 preference_accuracy=1.5 reward_margin=nan",  # out of range: left out
         "eval step=9 eval_loss=0.5000"])
-    got = h.ok("GET", f"/api/runs/{run_id}/metrics")
+    got = harness.ok("GET", f"/api/runs/{run_id}/metrics")
     assert got["eval_points"] == [
         {"step": 3, "eval_loss": 0.65, "preference_accuracy": 0.75, "reward_margin": 0.1234},
         {"step": 6, "eval_loss": 0.6}, {"step": 9, "eval_loss": 0.5}]
@@ -173,19 +173,19 @@ def test_runs_watch_ends_with_the_last_preference_accuracy() -> None:
     assert "preference" not in out.getvalue() and not any(p.endswith("/metrics") for p in asked)
 
 
-def test_the_metrics_answer_is_what_the_openapi_document_says(h: Harness) -> None:
+def test_the_metrics_answer_is_what_the_openapi_document_says(harness: Harness) -> None:
     from shared.services.api.runs.logs import RunMetrics
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.5, [
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("training", 0.5, [
         "progress=0.5 step=3 loss=0.6 lr=0.01",
         "eval step=3 eval_loss=0.6500 preference_accuracy=0.7500 reward_margin=-0.1234"])
-    got = h.ok("GET", f"/api/runs/{run_id}/metrics")
+    got = harness.ok("GET", f"/api/runs/{run_id}/metrics")
     parsed = RunMetrics.model_validate(got)
     assert parsed.eval_points[0].preference_accuracy == 0.75 and parsed.eval_points[0].reward_margin == -0.1234
     assert set(got) == set(RunMetrics.model_fields)  # every key documented, none undocumented
-    doc = h.ok("GET", "/api/openapi.json")
+    doc = harness.ok("GET", "/api/openapi.json")
     op = doc["paths"]["/api/runs/{id}/metrics"]["get"]
     assert op["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/RunMetrics"}
     point = doc["components"]["schemas"]["EvalPoint"]["properties"]

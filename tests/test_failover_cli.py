@@ -70,17 +70,17 @@ def test_a_plain_offer_without_provider_is_refused_with_the_fix(fake_api: FakeAp
     assert not fake_api.sent("POST", "/api/runs")
 
 
-def _failed_over_view(h: Harness, cloud: Cloud) -> dict[str, Any]:
+def _failed_over_view(harness: Harness, cloud: Cloud) -> dict[str, Any]:
     cloud.refuse["mem.a10"] = CapacityError("InsufficientInstanceCapacity: no A10 left in the zone", code="capacity")
-    run_id = _run(h, ["mem-a10", "mem-l40s"])
-    run = h.launch(run_id)
+    run_id = _run(harness, ["mem-a10", "mem-l40s"])
+    run = harness.launch(run_id)
     assert [a["outcome"] for a in run["attempts"]] == ["refused", "launched"]
     return dict(run)
 
 
-def test_runs_get_shows_candidates_and_attempts(h: Harness, cloud: Cloud, fake_api: FakeApi,
+def test_runs_get_shows_candidates_and_attempts(harness: Harness, cloud: Cloud, fake_api: FakeApi,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    run = _failed_over_view(h, cloud)
+    run = _failed_over_view(harness, cloud)
     fake_api.on("GET", f"/api/runs/{run['id']}", run)
     assert run_cli(fake_api, "runs", "get", run["id"]) == 0
     out = capsys.readouterr().out
@@ -91,11 +91,11 @@ def test_runs_get_shows_candidates_and_attempts(h: Harness, cloud: Cloud, fake_a
     assert "attempt 2: memory mem-l40s (L40S, $1.81/h) launched" in out
 
 
-def test_runs_watch_prints_a_line_per_attempt(h: Harness, cloud: Cloud, fake_api: FakeApi) -> None:
+def test_runs_watch_prints_a_line_per_attempt(harness: Harness, cloud: Cloud, fake_api: FakeApi) -> None:
     from tensorant_cli.client import Client
     from tensorant_cli.commands.watch import watch
 
-    run = _failed_over_view(h, cloud)
+    run = _failed_over_view(harness, cloud)
     fake_api.on("GET", f"/api/runs/{run['id']}", run)
     fake_api.on("GET", f"/api/runs/{run['id']}/logs", {"lines": [], "next": None})
     out = io.StringIO()

@@ -39,46 +39,46 @@ def test_an_unknown_key_names_the_nearest_valid_one_and_lists_them() -> None:
 # ---------------------------------------------------------------- the local provider's base models
 
 
-def _local_draft(h: Harness, base_model: str) -> tuple[int, Any]:
-    pid, dsid = h.project_and_dataset(rows=20)
+def _local_draft(harness: Harness, base_model: str) -> tuple[int, Any]:
+    pid, dsid = harness.project_and_dataset(rows=20)
     body = {"project_id": pid, "dataset_version_id": dsid, "provider": "local", "offer_id": "local-smoke",
             "base_model": base_model, "price_limit_per_hour": 1.0}
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    status, got, _ = harness.call("POST", "/api/runs", token="member", json_body=body)
     return status, got
 
 
 def test_a_base_model_the_local_host_cannot_load_is_refused_at_create(
-        h: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Qwen2.5-0.5B was accepted on the local CPU with no hub access and failed a minute in: it is
     refused at create with what to do, and the base-models list no longer calls it trainable there."""
     monkeypatch.setenv("HOME", str(tmp_path))  # an empty Hugging Face cache
-    h.save_compute("local", {})
-    status, body = _local_draft(h, QWEN)
+    harness.save_compute("local", {})
+    status, body = _local_draft(harness, QWEN)
     assert status == 422, body
     err = body["errors"][0]
     assert err["field"] == "base_model" and "cannot be loaded on this host" in err["message"]
     assert "HuggingFaceTB/SmolLM2-135M-Instruct" in err["message"] and f"hf download {QWEN}" in err["message"]
-    listed = {m["id"]: m for m in h.ok("GET", "/api/base-models", token="member")["items"]}
+    listed = {m["id"]: m for m in harness.ok("GET", "/api/base-models", token="member")["items"]}
     assert listed[QWEN]["local_cpu"] is False and listed["tensorant/tiny-llama"]["local_cpu"] is True
-    [offer] = h.ok("GET", "/api/catalog/gpus", params={"provider": "local", "base_model": QWEN})["items"]
+    [offer] = harness.ok("GET", "/api/catalog/gpus", params={"provider": "local", "base_model": QWEN})["items"]
     assert offer["fits"] is False and "cannot be loaded on this host" in offer["fit_note"]
     # Once in this host's cache (what `hf download` leaves) the trainer loads it without the hub: accepted.
     snapshot = tmp_path / ".cache/huggingface/hub" / f"models--{QWEN.replace('/', '--')}" / "snapshots/abc"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
-    assert _local_draft(h, QWEN)[0] == 201
+    assert _local_draft(harness, QWEN)[0] == 201
     # A cloud provider fetches from the hub: not refused there.
-    pid, dsid = h.project_and_dataset(rows=20)
-    status, _, _ = h.call("POST", "/api/runs", token="member", json_body={
+    pid, dsid = harness.project_and_dataset(rows=20)
+    status, _, _ = harness.call("POST", "/api/runs", token="member", json_body={
         "project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
         "base_model": "Qwen/Qwen2.5-0.5B", "price_limit_per_hour": 10.0})
     assert status == 201
 
 
-def test_a_model_over_the_local_cpu_cap_says_choose_a_smaller_model_or_a_gpu(h: Harness) -> None:
+def test_a_model_over_the_local_cpu_cap_says_choose_a_smaller_model_or_a_gpu(harness: Harness) -> None:
     """"lower batch_size or max_seq_len, or set load_in_4bit" cannot help an 8B model on the local CPU."""
-    h.save_compute("local", {})
-    status, body = _local_draft(h, "meta-llama/Llama-3.1-8B-Instruct")
+    harness.save_compute("local", {})
+    status, body = _local_draft(harness, "meta-llama/Llama-3.1-8B-Instruct")
     assert status == 422, body
     assert "too large for the local CPU provider" in body["detail"] and "GPU provider" in body["detail"]
     assert "load_in_4bit" not in body["detail"] and "batch_size" not in body["detail"]
@@ -183,42 +183,42 @@ def test_the_pace_warning_says_seconds_never_0_min() -> None:
     assert "10% of the planned steps in 6 s" in said and "needs about 54 s more" in said and "ends in 20 s" in said
 
 
-def _warnings(h: Harness, run_id: str) -> list[str]:
-    return [line for line in h.ok("GET", f"/api/runs/{run_id}/logs")["lines"] if "warning" in str(line)]
+def _warnings(harness: Harness, run_id: str) -> list[str]:
+    return [line for line in harness.ok("GET", f"/api/runs/{run_id}/logs")["lines"] if "warning" in str(line)]
 
 
-def test_the_pace_clock_starts_at_the_first_training_step(h: Harness, cloud: Any) -> None:
+def test_the_pace_clock_starts_at_the_first_training_step(harness: Harness, cloud: Any) -> None:
     """The quickstart's pace warning said "12% of the planned steps in 8 min ... needs about 60 min" when
     the 8 minutes were the one-time model conversion before the first step; the run succeeded."""
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=1800)
-    h.launch(run_id)
-    agent = h.agent(run_id)
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=1800)
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.0)
-    h.clock.advance(8 * 60)  # loading and converting the model: no step yet
+    harness.clock.advance(8 * 60)  # loading and converting the model: no step yet
     agent.heartbeat("training", 0.01)  # the first step
-    h.clock.advance(60)
+    harness.clock.advance(60)
     agent.heartbeat("training", 0.12)  # 11% in a minute: ~8 min more, well within the limit
-    assert _warnings(h, run_id) == []
+    assert _warnings(harness, run_id) == []
     # A pace that would not finish is still said, from the first step's clock.
-    h.clock.advance(10 * 60)
+    harness.clock.advance(10 * 60)
     agent.heartbeat("training", 0.2)  # 19% in 11 min: ~47 min more, the limit ends in ~20 min
-    said = _warnings(h, run_id)
+    said = _warnings(harness, run_id)
     assert len(said) == 1 and "19% of the planned steps in 11 min" in str(said[0]), said
 
 
 # ---------------------------------------------------------------- retained runs
 
 
-def test_after_stop_the_view_says_the_machine_is_stopped(h: Harness, cloud: Any) -> None:
+def test_after_stop_the_view_says_the_machine_is_stopped(harness: Harness, cloud: Any) -> None:
     """After `runs stop`, `get` still showed the machine "running (started for recovery)"."""
     from tests.test_reliability import retained_run
 
-    run_id = retained_run(h)
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
-    machines = [r for r in h.get_run(run_id)["resources"] if r["kind"] in ("instance", "machine", "vm", "pod")]
+    run_id = retained_run(harness)
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    machines = [r for r in harness.get_run(run_id)["resources"] if r["kind"] in ("instance", "machine", "vm", "pod")]
     assert machines and machines[0]["state"] == "running (started for recovery)", machines
-    h.ok("POST", f"/api/runs/{run_id}/stop", token="member")
-    run = h.get_run(run_id)
+    harness.ok("POST", f"/api/runs/{run_id}/stop", token="member")
+    run = harness.get_run(run_id)
     states = {r["kind"]: r["state"] for r in run["resources"]}
     assert states[machines[0]["kind"]] == "stopped", states
 
@@ -255,46 +255,46 @@ def test_a_local_machine_stop_is_confirmed_in_the_same_call(env: dict[str, str])
         agent.wait()
 
 
-def test_a_refused_upload_keeps_the_original_reason_and_records_no_digest(h: Harness, cloud: Any) -> None:
+def test_a_refused_upload_keeps_the_original_reason_and_records_no_digest(harness: Harness, cloud: Any) -> None:
     """A rejected upload's sha256 was recorded as the run's adapter sha256, and its refusal replaced the
     reason the run was retained for."""
     import hashlib
 
     from shared.store import get_store
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    a = h.agent(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    a = harness.agent(run_id)
     a.heartbeat("training", 0.3)
     a.complete_failed("CUDA out of memory", exit_code=137)
-    first = h.get_run(run_id)["reason"]
+    first = harness.get_run(run_id)["reason"]
     assert first.startswith("training failed (exit code 137)")
     bad = b"PK not really a zip"
     for _ in range(2):  # a second refusal still says why the run was retained, once
-        run = h.recover(run_id, upload=bad)
+        run = harness.recover(run_id, upload=bad)
         assert run["state"] == "retained"
         assert run["reason"].startswith(first.rstrip(". ") + ". Recovery refused: adapter verification failed")
         assert run["reason"].count("exit code 137") == 1 and run["reason"].count("Recovery refused") == 1
-        assert run["adapter_sha256"] == "" and get_store().runs.get(h.org, run_id)[0].adapter_sha256 == ""
+        assert run["adapter_sha256"] == "" and get_store().runs.get(harness.org, run_id)[0].adapter_sha256 == ""
     refused = [e for e in run["events"] if e["kind"] == "warning" and e["message"].startswith("recovery refused")]
     assert refused and refused[-1]["data"]["refused_sha256"] == hashlib.sha256(bad).hexdigest(), refused
 
 
-def test_deleting_an_ended_run_says_it_stays_as_a_record_not_cancel_it(h: Harness, cloud: Any) -> None:
+def test_deleting_an_ended_run_says_it_stays_as_a_record_not_cancel_it(harness: Harness, cloud: Any) -> None:
     """Deleting a succeeded run advised "cancel it instead", and cancel does nothing for an ended run."""
     from tests.harness import smoke_adapter_zip
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(smoke_adapter_zip())
-    assert h.get_run(run_id)["state"] == "succeeded"
-    status, body, _ = h.call("DELETE", f"/api/runs/{run_id}")
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(smoke_adapter_zip())
+    assert harness.get_run(run_id)["state"] == "succeeded"
+    status, body, _ = harness.call("DELETE", f"/api/runs/{run_id}")
     assert status == 409, body
     assert "cancel" not in body["detail"] and "stays as the record" in body["detail"], body
     # A run still going is told to cancel, with the command.
-    other = h.create_run("memory", "mem-a10")
-    h.launch(other)
-    status, body, _ = h.call("DELETE", f"/api/runs/{other}")
+    other = harness.create_run("memory", "mem-a10")
+    harness.launch(other)
+    status, body, _ = harness.call("DELETE", f"/api/runs/{other}")
     assert status == 409 and f"tensorant runs cancel {other}" in body["detail"], body
 
 
@@ -391,30 +391,30 @@ def test_watch_says_a_failures_reason_once_line_by_line(fake_api: Any, capsys: p
 # ---------------------------------------------------------------- the runtime limit after the last step
 
 
-def _finished_at_the_limit(h: Harness, archive: bytes) -> dict[str, Any]:
+def _finished_at_the_limit(harness: Harness, archive: bytes) -> dict[str, Any]:
     """A run whose trainer did every planned step (progress 1.0) and runs its final eval and samples when the
     runtime limit passes; `archive` is what the agent uploaded meanwhile."""
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=600)
-    h.launch(run_id)
-    agent = h.agent(run_id)
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=600)
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.5)
     agent.heartbeat("training", 1.0, ["trainer: final adapter written (8 of 8 steps); the final eval and samples "
                                       "follow"])
     agent.upload(archive)
-    h.clock.advance(601)
-    h.tick("heartbeat_check")
+    harness.clock.advance(601)
+    harness.tick("heartbeat_check")
     reply = agent.heartbeat("training", 1.0)
     assert reply["stop"] is True and reply["state"] == "verifying"  # the trainer's samples are cut
-    h.drain()
-    return h.get_run(run_id)
+    harness.drain()
+    return harness.get_run(run_id)
 
 
-def test_a_training_that_finished_its_steps_is_verified_at_the_limit_not_retained(h: Harness, cloud: Any) -> None:
+def test_a_training_that_finished_its_steps_is_verified_at_the_limit_not_retained(harness: Harness, cloud: Any) -> None:
     """The runtime limit passed while the trainer generated its post-training samples: the run was retained
     ("training stopped before its planned steps", false) although every step was done and its adapter written."""
     from tests.harness import smoke_adapter_zip
 
-    run = _finished_at_the_limit(h, smoke_adapter_zip())
+    run = _finished_at_the_limit(harness, smoke_adapter_zip())
     assert run["state"] == "succeeded", run["reason"]
     assert run["adapter_kind"] == "final"
     assert "runtime limit passed after the training finished all its planned steps" in run["reason"], run["reason"]
@@ -422,11 +422,11 @@ def test_a_training_that_finished_its_steps_is_verified_at_the_limit_not_retaine
 
 
 def test_a_finished_training_whose_final_adapter_is_not_in_storage_is_retained_saying_so(
-        h: Harness, cloud: Any) -> None:
+        harness: Harness, cloud: Any) -> None:
     """Only a checkpoint reached storage: retained, and the reason does not say training stopped short."""
     from tests.test_checkpoint_recovery import checkpoint_zip
 
-    run = _finished_at_the_limit(h, checkpoint_zip(step=50, steps=60))
+    run = _finished_at_the_limit(harness, checkpoint_zip(step=50, steps=60))
     assert run["state"] == "retained", run["reason"]
     assert "before its planned steps" not in run["reason"], run["reason"]
     assert "the training finished all its planned steps, but its final adapter did not reach storage" \
@@ -436,49 +436,49 @@ def test_a_finished_training_whose_final_adapter_is_not_in_storage_is_retained_s
 # ---------------------------------------------------------------- cancel --keep before the first checkpoint
 
 
-def test_cancel_keep_gives_the_agent_time_to_checkpoint_before_the_machine_stops(h: Harness, cloud: Any) -> None:
+def test_cancel_keep_gives_the_agent_time_to_checkpoint_before_the_machine_stops(harness: Harness, cloud: Any) -> None:
     """`cancel --keep` before the first checkpoint left nothing to resume from: the machine is stopped only after
     the agent has heard `stop` (its trainer saves a checkpoint of the current step, which the agent uploads)."""
     from shared.services.api.runs.actions import CANCEL_CHECKPOINT_S
     from tensorant_cli.render import next_steps
     from tests.test_checkpoint_recovery import checkpoint_zip
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.05)
-    t0 = h.clock()
-    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
+    t0 = harness.clock()
+    harness.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
     # The retain step (which stops the machine) is sent delayed: the agent hears `stop` first.
-    assert [round(due - t0) for due in h._due.values()] == [CANCEL_CHECKPOINT_S]
-    assert h.get_run(run_id)["state"] == "retaining"
+    assert [round(due - t0) for due in harness._due.values()] == [CANCEL_CHECKPOINT_S]
+    assert harness.get_run(run_id)["state"] == "retaining"
     assert agent.heartbeat("training", 0.05)["stop"] is True
     agent.upload(checkpoint_zip(step=3, steps=60))  # the checkpoint the trainer saved at the SIGTERM
-    h.drain()
-    run = h.get_run(run_id)
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "retained" and run["adapter_saved"] is True
     assert [m.state for m in cloud.machines.values()] == ["stopped"]
     assert "asked to save a checkpoint" in run["reason"]
     assert any("--resume" in line for line in next_steps(run))
 
 
-def test_a_retained_run_with_nothing_saved_offers_only_what_works(h: Harness, cloud: Any) -> None:
+def test_a_retained_run_with_nothing_saved_offers_only_what_works(harness: Harness, cloud: Any) -> None:
     """Nothing reached storage (a trainer that cannot checkpoint): the next steps listed --verify-saved and
     --resume, both of which then failed. They say there is nothing to recover and offer what works."""
     from tensorant_cli.render import next_steps
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.05)
-    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
-    h.drain()
-    run = h.get_run(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("training", 0.05)
+    harness.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": False})
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "retained" and run["adapter_saved"] is False, run
     steps = "\n".join(next_steps(run))
     assert "nothing of this run's training was saved" in steps
     assert "--verify-saved" not in steps and "--resume" not in steps and "--upload" not in steps
     assert f"runs cancel {run_id} --discard" in steps and "--start-machine" in steps
     for body in ({"mode": "verify_saved"}, {"mode": "resume"}):
-        status, refused, _ = h.call("POST", f"/api/runs/{run_id}/recover", json_body=body)
+        status, refused, _ = harness.call("POST", f"/api/runs/{run_id}/recover", json_body=body)
         assert status == 409 and "nothing" in refused["detail"], refused
-    assert h.get_run(run_id)["state"] == "retained"
+    assert harness.get_run(run_id)["state"] == "retained"

@@ -124,8 +124,8 @@ def test_runtime_limit_for_and_warnings() -> None:
 ROW_BYTES = 400  # every uploaded row: 399 bytes and its newline, so 100 tokens by the bytes
 
 
-def upload(h: Harness, rows: int) -> tuple[str, str]:
-    project = h.ok("POST", "/api/projects", json_body={"name": "forecast"})
+def upload(harness: Harness, rows: int) -> tuple[str, str]:
+    project = harness.ok("POST", "/api/projects", json_body={"name": "forecast"})
     lines = []
     for i in range(rows):
         line = json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": ""}]})
@@ -134,14 +134,14 @@ def upload(h: Harness, rows: int) -> tuple[str, str]:
                                               {"role": "assistant", "content": "a" * pad}]}))
     body = "".join(line + "\n" for line in lines).encode()
     assert len(body) == rows * ROW_BYTES
-    ds = h.ok("POST", f"/api/projects/{project['id']}/datasets", body=body, content_type="application/x-ndjson")
+    ds = harness.ok("POST", f"/api/projects/{project['id']}/datasets", body=body, content_type="application/x-ndjson")
     return project["id"], ds["id"]
 
 
-def create(h: Harness, project: tuple[str, str], **fields: Any) -> dict[str, Any]:
+def create(harness: Harness, project: tuple[str, str], **fields: Any) -> dict[str, Any]:
     body = {"project_id": project[0], "dataset_version_id": project[1], "provider": "memory", "offer_id": "mem-a10",
             "base_model": BIG, "price_limit_per_hour": 10.0, **fields}
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    status, got, _ = harness.call("POST", "/api/runs", token="member", json_body=body)
     assert status == 201, got
     return dict(got)
 
@@ -150,26 +150,26 @@ def messages(run: dict[str, Any], kind: str) -> list[str]:
     return [e["message"] for e in run["events"] if e["kind"] == kind]
 
 
-def test_view_shows_the_forecast_and_a_short_one_keeps_the_default_limit(h: Harness) -> None:
-    project = upload(h, 50)
-    run = create(h, project)
+def test_view_shows_the_forecast_and_a_short_one_keeps_the_default_limit(harness: Harness) -> None:
+    project = upload(harness, 50)
+    run = create(harness, project)
     f = run["forecast"]
     # A trial: 30 steps x 4 examples x 100 tokens.
     assert (f["steps"], f["tokens"], f["tokens_source"]) == (30, 12_000, "estimated from bytes")
     assert f["total_s"] == f["startup_s"] + f["training_s"] and f["startup_s"] == 562
     assert run["runtime_limit_s"] == 20 * 60  # 1.5 x ~9.5 min fits the trial's 20 min default
-    assert h.get_run(run["id"])["forecast"] == f  # stored on the run, shown by GET
+    assert harness.get_run(run["id"])["forecast"] == f  # stored on the run, shown by GET
     assert any(m.startswith("forecast: ~") and "tokens estimated from bytes" in m for m in messages(run, "audit"))
     assert not any("from the forecast" in m for m in messages(run, "audit"))
     assert run["warnings"] == []
-    listed = {r["id"]: r for r in h.ok("GET", "/api/runs", token="member")["items"]}
+    listed = {r["id"]: r for r in harness.ok("GET", "/api/runs", token="member")["items"]}
     assert listed[run["id"]]["forecast"] == f
 
 
-def test_default_limit_follows_a_long_forecast_and_a_patch_recomputes_it(h: Harness) -> None:
-    project = upload(h, 50)
+def test_default_limit_follows_a_long_forecast_and_a_patch_recomputes_it(harness: Harness) -> None:
+    project = upload(harness, 50)
     # 30 steps x 4 x 64 accumulated x 100 tokens = 768,000 tokens: ~13 min training + ~9 min start.
-    run = create(h, project, training={"gradient_accumulation": 64})
+    run = create(harness, project, training={"gradient_accumulation": 64})
     f = run["forecast"]
     assert f["tokens"] == 768_000 and f["training_s"] == math.ceil(768_000 / f["throughput_tokens_per_s"]) == 791
     assert f["total_s"] == 1353
@@ -178,31 +178,31 @@ def test_default_limit_follows_a_long_forecast_and_a_patch_recomputes_it(h: Harn
     assert "runtime limit set to 40 min" in note and "default of 20 min" in note
     assert run["warnings"] == []
     # The edit is checked as a create: a smaller accumulation, a new forecast, the default limit back.
-    edited = h.ok("PATCH", f"/api/runs/{run['id']}", token="member", json_body={"training": {"gradient_accumulation": 1}})
+    edited = harness.ok("PATCH", f"/api/runs/{run['id']}", token="member", json_body={"training": {"gradient_accumulation": 1}})
     assert edited["forecast"]["tokens"] == 12_000 and edited["runtime_limit_s"] == 1200
-    assert h.get_run(run["id"])["forecast"] == edited["forecast"]
+    assert harness.get_run(run["id"])["forecast"] == edited["forecast"]
     # A user's own limit is kept as given, and a forecast longer than it is said.
-    edited = h.ok("PATCH", f"/api/runs/{run['id']}", token="member",
+    edited = harness.ok("PATCH", f"/api/runs/{run['id']}", token="member",
                   json_body={"training": {"gradient_accumulation": 64}, "runtime_limit_s": 900})
     assert edited["runtime_limit_s"] == 900
     assert any("longer than the runtime limit of 15 min" in w for w in edited["warnings"])
 
 
-def test_the_org_max_caps_the_forecast_limit(h: Harness) -> None:
-    h.ok("PUT", "/api/org/limits", json_body={"max_runtime_limit_s": 4200})
-    project = upload(h, 50)
+def test_the_org_max_caps_the_forecast_limit(harness: Harness) -> None:
+    harness.ok("PUT", "/api/org/limits", json_body={"max_runtime_limit_s": 4200})
+    project = upload(harness, 50)
     # 30 steps x 4 x 200 x 100 tokens = 2.4M tokens: ~41 min training + ~9 min start; 1.5x = 80 min.
-    run = create(h, project, kind="full", training={"gradient_accumulation": 200, "max_steps": 30})
+    run = create(harness, project, kind="full", training={"gradient_accumulation": 200, "max_steps": 30})
     assert forecast.runtime_limit_for(forecast.Forecast(**run["forecast"])) > 4200
     assert run["runtime_limit_s"] == 4200
     [note] = [m for m in messages(run, "audit") if "from the forecast" in m]
     assert "capped at the organization's max_runtime_limit_s of 70 min" in note
 
 
-def test_a_price_limit_too_low_for_the_forecast_is_said_not_refused(h: Harness) -> None:
-    project = upload(h, 50)
+def test_a_price_limit_too_low_for_the_forecast_is_said_not_refused(harness: Harness) -> None:
+    project = upload(harness, 50)
     # 1.02/h over 10 min allows 0.17; the forecast (~22 min at 1.01/h) costs ~0.38.
-    run = create(h, project, price_limit_per_hour=1.02, runtime_limit_s=600, training={"gradient_accumulation": 64})
+    run = create(harness, project, price_limit_per_hour=1.02, runtime_limit_s=600, training={"gradient_accumulation": 64})
     assert run["state"] == "draft" and run["forecast"]["cost"] == round(1353 / 3600 * 1.01, 4)
     [warning] = run["warnings"]
     assert "more than this run's limits allow it to spend" in warning and "0.17 USD" in warning
@@ -255,15 +255,15 @@ def test_cli_prints_the_forecast_line(argv: list[str], indent: str, monkeypatch:
 # ---------------------------------------------------------------- checked against what the trainer measured
 
 
-def test_a_finished_run_records_the_forecasts_error_against_the_trainers_figures(h: Harness) -> None:
+def test_a_finished_run_records_the_forecasts_error_against_the_trainers_figures(harness: Harness) -> None:
     from tests.harness import smoke_adapter_zip
 
-    run_id = h.create_run("memory", "mem-a10", training={"max_steps": 6})
-    predicted = h.get_run(run_id)["forecast"]
-    h.launch(run_id)
+    run_id = harness.create_run("memory", "mem-a10", training={"max_steps": 6})
+    predicted = harness.get_run(run_id)["forecast"]
+    harness.launch(run_id)
     measured = {"train_seconds": predicted["training_s"] / 2, "tokens": predicted["tokens"] * 2, "steps": 6}
-    h.agent(run_id).train(smoke_adapter_zip(measured=measured))
-    done = h.get_run(run_id)
+    harness.agent(run_id).train(smoke_adapter_zip(measured=measured))
+    done = harness.get_run(run_id)
     assert done["state"] == "succeeded"
     check = done["forecast_check"]
     # The forecast's seconds were twice what the trainer took (100 % long); its tokens half (50 % short).
@@ -273,46 +273,46 @@ def test_a_finished_run_records_the_forecasts_error_against_the_trainers_figures
     assert len(said) == 1 and "(forecast 100% long)" in said[0] and "(forecast 50% short)" in said[0], said
 
 
-def test_no_check_without_the_trainers_figures(h: Harness) -> None:
+def test_no_check_without_the_trainers_figures(harness: Harness) -> None:
     from tests.harness import smoke_adapter_zip
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(smoke_adapter_zip())  # the smoke trainer measures nothing
-    done = h.get_run(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(smoke_adapter_zip())  # the smoke trainer measures nothing
+    done = harness.get_run(run_id)
     assert done["state"] == "succeeded" and done["forecast"] is not None and done["forecast_check"] is None
 
 
-def test_a_like_runs_measured_throughput_replaces_the_table(h: Harness) -> None:
+def test_a_like_runs_measured_throughput_replaces_the_table(harness: Harness) -> None:
     from tests.harness import smoke_adapter_zip
 
-    project = h.project_and_dataset(rows=40)
-    first = h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
-    table_rate = h.get_run(first)["forecast"]["throughput_tokens_per_s"]
-    h.launch(first)
+    project = harness.project_and_dataset(rows=40)
+    first = harness.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
+    table_rate = harness.get_run(first)["forecast"]["throughput_tokens_per_s"]
+    harness.launch(first)
     # 3 tokens a second: far below the table's A10, as a slow machine would measure.
-    h.agent(first).train(smoke_adapter_zip(measured={"train_seconds": 200.0, "tokens": 600, "steps": 6}))
-    assert h.get_run(first)["state"] == "succeeded"
+    harness.agent(first).train(smoke_adapter_zip(measured={"train_seconds": 200.0, "tokens": 600, "steps": 6}))
+    assert harness.get_run(first)["state"] == "succeeded"
 
-    like = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
+    like = harness.get_run(harness.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
     assert like["forecast"]["throughput_tokens_per_s"] == 3.0 != table_rate
     assert f"measured by run {first}" in like["forecast"]["basis"]
     assert like["forecast"]["training_s"] == math.ceil(like["forecast"]["tokens"] / 3.0)
     # Other settings that change a token's cost (4-bit here) are not like: the table again.
-    other = h.get_run(h.create_run("memory", "mem-a10", project=project,
+    other = harness.get_run(harness.create_run("memory", "mem-a10", project=project,
                                    training={"max_steps": 6, "load_in_4bit": True}))
     assert "measured by run" not in other["forecast"]["basis"]
 
 
-def test_a_check_of_a_few_seconds_does_not_stand_for_a_throughput(h: Harness) -> None:
+def test_a_check_of_a_few_seconds_does_not_stand_for_a_throughput(harness: Harness) -> None:
     from tests.harness import smoke_adapter_zip
 
-    project = h.project_and_dataset(rows=40)
-    first = h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
-    h.launch(first)
-    h.agent(first).train(smoke_adapter_zip(measured={"train_seconds": forecast.MIN_MEASURED_S / 2, "tokens": 600}))
-    assert h.get_run(first)["forecast_check"] is not None
-    second = h.get_run(h.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
+    project = harness.project_and_dataset(rows=40)
+    first = harness.create_run("memory", "mem-a10", project=project, training={"max_steps": 6})
+    harness.launch(first)
+    harness.agent(first).train(smoke_adapter_zip(measured={"train_seconds": forecast.MIN_MEASURED_S / 2, "tokens": 600}))
+    assert harness.get_run(first)["forecast_check"] is not None
+    second = harness.get_run(harness.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
     assert "measured by run" not in second["forecast"]["basis"]
 
 

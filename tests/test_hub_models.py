@@ -102,33 +102,33 @@ def _create(h: Any, base_model: str, revision: str | None) -> tuple[int, Any]:
 
 
 @pytest.mark.parametrize("model_id", sorted(set(CONFIGS) - {"HuggingFaceTB/SmolLM2-135M-Instruct"}))
-def test_each_supported_architecture_is_accepted_by_hub_id(hub: FakeHub, h: Any, model_id: str) -> None:
-    status, run = _create(h, model_id, "main")
+def test_each_supported_architecture_is_accepted_by_hub_id(hub: FakeHub, harness: Any, model_id: str) -> None:
+    status, run = _create(harness, model_id, "main")
     assert status == 201, run
     from shared.store import get_store
 
-    rec = get_store().runs.get(h.org, run["id"])[0]
+    rec = get_store().runs.get(harness.org, run["id"])[0]
     assert rec.base_model_revision == sha_of(model_id)  # the branch resolved once, the commit recorded
     assert run["base_model_revision"] == sha_of(model_id)  # and shown in the run view
-    kept = get_store().hub_models.get(h.org, model_id, sha_of(model_id))
+    kept = get_store().hub_models.get(harness.org, model_id, sha_of(model_id))
     assert kept is not None
     assert kept[0].param_count() == PARAMS[model_id]  # the checkpoint's own count (index or header)
     assert kept[0].num_layers == CONFIGS[model_id]["num_hidden_layers"]
 
 
-def test_read_once_per_id_and_commit(hub: FakeHub, h: Any) -> None:
+def test_read_once_per_id_and_commit(hub: FakeHub, harness: Any) -> None:
     sha = sha_of("Qwen/Qwen3-0.6B")
     for revision in ("main", sha, "main"):
-        status, body = _create(h, "Qwen/Qwen3-0.6B", revision)
+        status, body = _create(harness, "Qwen/Qwen3-0.6B", revision)
         assert status == 201, body
     assert hub.count("/config.json") == 1
     assert hub.count("/api/models/Qwen/Qwen3-0.6B/revision/main") == 2  # a branch is resolved at each create
-    status, body = _create(h, "Qwen/Qwen3-0.6B", "v1")  # another commit: read again
+    status, body = _create(harness, "Qwen/Qwen3-0.6B", "v1")  # another commit: read again
     assert status == 201, body
     assert hub.count("/config.json") == 2
 
 
-def test_refusals_say_what_to_do(hub: FakeHub, h: Any) -> None:
+def test_refusals_say_what_to_do(hub: FakeHub, harness: Any) -> None:
     hub.configs["acme/gpt2-fork"] = {**CONFIGS["meta-llama/Llama-3.2-1B"], "architectures": ["GPT2LMHeadModel"]}
     hub.configs["acme/llama-70b"] = BIG
     hub.params["acme/llama-70b"] = 70_553_706_496
@@ -142,100 +142,100 @@ def test_refusals_say_what_to_do(hub: FakeHub, h: Any) -> None:
         (("Qwen/Qwen3-0.6B", "../x"), "base_model_revision", ""),
     ]
     for (model_id, revision), field, says in cases:
-        status, body = _create(h, model_id, revision)
+        status, body = _create(harness, model_id, revision)
         assert status == 422, (model_id, body)
         assert body["errors"][0]["field"] == field, body
         assert says in body["detail"], body
 
 
-def test_gated_model_needs_the_orgs_token(hub: FakeHub, h: Any) -> None:
+def test_gated_model_needs_the_orgs_token(hub: FakeHub, harness: Any) -> None:
     hub.gated["meta-llama/Llama-3.2-1B"] = "hf_right0123456789abcdefgh"
-    status, body = _create(h, "meta-llama/Llama-3.2-1B", "main")
+    status, body = _create(harness, "meta-llama/Llama-3.2-1B", "main")
     assert status == 422 and "an owner saves a Hugging Face token" in body["detail"], body
-    h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_wrong0123456789abcdefgh"})
-    status, body = _create(h, "meta-llama/Llama-3.2-1B", "main")
+    harness.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_wrong0123456789abcdefgh"})
+    status, body = _create(harness, "meta-llama/Llama-3.2-1B", "main")
     assert status == 422 and "gated or private" in body["detail"], body
     assert "hf_wrong0123456789abcdefgh" not in str(body)
-    h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_right0123456789abcdefgh"})
-    status, body = _create(h, "meta-llama/Llama-3.2-1B", "main")
+    harness.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf_right0123456789abcdefgh"})
+    status, body = _create(harness, "meta-llama/Llama-3.2-1B", "main")
     assert status == 201, body
     assert ("/meta-llama/Llama-3.2-1B/resolve/" + sha_of("meta-llama/Llama-3.2-1B") + "/config.json",
             "Bearer hf_right0123456789abcdefgh") in hub.requests
 
 
-def test_a_private_models_record_is_its_orgs_alone(hub: FakeHub, h: Any) -> None:
+def test_a_private_models_record_is_its_orgs_alone(hub: FakeHub, harness: Any) -> None:
     from shared.runs import hub_models
 
     sha = sha_of("Qwen/Qwen3-0.6B")
-    status, body = _create(h, "Qwen/Qwen3-0.6B", sha)
+    status, body = _create(harness, "Qwen/Qwen3-0.6B", sha)
     assert status == 201, body
-    assert hub_models.kept(h.org, "Qwen/Qwen3-0.6B", sha) is not None
+    assert hub_models.kept(harness.org, "Qwen/Qwen3-0.6B", sha) is not None
     assert hub_models.kept("org-b", "Qwen/Qwen3-0.6B", sha) is None
 
 
-def test_the_hub_endpoint_goes_through_the_guard(hub: FakeHub, h: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_hub_endpoint_goes_through_the_guard(hub: FakeHub, harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from shared import settings
 
     monkeypatch.setenv("TENSORANT_ALLOW_PRIVATE_ENDPOINTS", "0")
     settings.reset_settings()
-    status, body = _create(h, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
+    status, body = _create(harness, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
     assert status == 422 and "must be an https:// URL" in body["detail"], body
     assert "TENSORANT_HF_ENDPOINT" in body["detail"], body
     monkeypatch.setenv("TENSORANT_HF_ENDPOINT", hub.url.replace("http://", "https://"))
     settings.reset_settings()
-    status, body = _create(h, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
+    status, body = _create(harness, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
     assert status == 422 and "non-public address" in body["detail"], body
     assert hub.requests == []  # nothing reached the loopback
 
 
-def test_machine_gets_the_commit_and_the_verifier_the_derived_shapes(hub: FakeHub, h: Any, cloud: Any) -> None:
+def test_machine_gets_the_commit_and_the_verifier_the_derived_shapes(hub: FakeHub, harness: Any, cloud: Any) -> None:
     from shared.runs import hub_models
     from tests.support.adapters import build_adapter_zip
 
     sha = sha_of("Qwen/Qwen3-0.6B")
-    status, run = _create(h, "Qwen/Qwen3-0.6B", "main")
+    status, run = _create(harness, "Qwen/Qwen3-0.6B", "main")
     assert status == 201, run
-    h.launch(run["id"])
+    harness.launch(run["id"])
     (machine,) = cloud.machines.values()
     assert machine.env["TENSORANT_BASE_MODEL"] == "Qwen/Qwen3-0.6B"
     assert machine.env["TENSORANT_BASE_MODEL_REVISION"] == sha
-    model = hub_models.kept(h.org, "Qwen/Qwen3-0.6B", sha)
+    model = hub_models.kept(harness.org, "Qwen/Qwen3-0.6B", sha)
     assert model is not None
-    done = h.agent(run["id"]).train(build_adapter_zip("Qwen/Qwen3-0.6B", r=2, trainer="lora", model=model))
+    done = harness.agent(run["id"]).train(build_adapter_zip("Qwen/Qwen3-0.6B", r=2, trainer="lora", model=model))
     assert done is not None
-    got = h.get_run(run["id"])
+    got = harness.get_run(run["id"])
     assert got["state"] == "succeeded", got
 
 
-def test_an_adapter_of_other_shapes_is_refused_against_the_hub_record(hub: FakeHub, h: Any, cloud: Any) -> None:
+def test_an_adapter_of_other_shapes_is_refused_against_the_hub_record(hub: FakeHub, harness: Any, cloud: Any) -> None:
     from shared.runs import hub_models
     from tests.support.adapters import build_adapter_zip
 
-    status, run = _create(h, "Qwen/Qwen3-0.6B", "main")
+    status, run = _create(harness, "Qwen/Qwen3-0.6B", "main")
     assert status == 201, run
-    h.launch(run["id"])
-    model = hub_models.kept(h.org, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
+    harness.launch(run["id"])
+    model = hub_models.kept(harness.org, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
     assert model is not None
     # Qwen2.5-0.5B's shapes under Qwen3-0.6B's name: the declared table knows neither id with these shapes.
     other = model_from_config("Qwen/Qwen3-0.6B", CONFIGS["Qwen/Qwen2.5-0.5B"])
-    h.agent(run["id"]).train(build_adapter_zip("Qwen/Qwen3-0.6B", r=2, trainer="lora", model=other))
-    got = h.get_run(run["id"])
+    harness.agent(run["id"]).train(build_adapter_zip("Qwen/Qwen3-0.6B", r=2, trainer="lora", model=other))
+    got = harness.get_run(run["id"])
     assert got["state"] != "succeeded", got
     assert "do not fit Qwen/Qwen3-0.6B" in str(got), got["reason"]
 
 
-def test_merged_only_for_the_architectures_the_merged_verifier_knows(hub: FakeHub, h: Any) -> None:
-    pid, dsid = h.project_and_dataset()
+def test_merged_only_for_the_architectures_the_merged_verifier_knows(hub: FakeHub, harness: Any) -> None:
+    pid, dsid = harness.project_and_dataset()
     base = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
             "price_limit_per_hour": 100.0, "runtime_limit_s": 3600, "base_model_revision": "main",
             "training": {"merged": True}}
-    status, body, _ = h.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen3-0.6B"})
+    status, body, _ = harness.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen3-0.6B"})
     assert status == 422 and body["errors"][0]["field"] == "training.merged", body
-    status, body, _ = h.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen2.5-0.5B"})
+    status, body, _ = harness.call("POST", "/api/runs", token="member", json_body={**base, "base_model": "Qwen/Qwen2.5-0.5B"})
     assert status == 201, body
 
 
-def test_a_slow_hub_is_cut_at_the_read_bound(hub: FakeHub, h: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_hub_is_cut_at_the_read_bound(hub: FakeHub, harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
     from shared.runs import hub_models
@@ -243,7 +243,7 @@ def test_a_slow_hub_is_cut_at_the_read_bound(hub: FakeHub, h: Any, monkeypatch: 
     monkeypatch.setattr(hub_models, "HUB_READ_S", 0.3)  # every request of one create together
     hub.delay_s = 0.2  # each answer: the second request runs out of time
     started = time.monotonic()
-    status, body = _create(h, "Qwen/Qwen3-0.6B", "main")
+    status, body = _create(harness, "Qwen/Qwen3-0.6B", "main")
     assert status == 422 and "the hub did not answer" in body["detail"], body
     assert time.monotonic() - started < 3
 

@@ -11,9 +11,9 @@ from tests.fakes import Cloud
 from tests.harness import Harness
 
 
-def test_a_launch_retried_after_a_crash_bills_from_the_machines_creation(h: Harness, cloud: Cloud,
+def test_a_launch_retried_after_a_crash_bills_from_the_machines_creation(harness: Harness, cloud: Cloud,
                                                                          monkeypatch: Any) -> None:
-    run_id = h.create_run("memory", "mem-a10")
+    run_id = harness.create_run("memory", "mem-a10")
     real = Ledger.record
     crashes = [1]
 
@@ -24,11 +24,11 @@ def test_a_launch_retried_after_a_crash_bills_from_the_machines_creation(h: Harn
         real(self, res)
 
     monkeypatch.setattr(Ledger, "record", crash_once)
-    h.ok("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": True})
-    created = h.clock.t
-    h.drain()  # the launch step dies after the cloud call
-    h.clock.advance(61)  # the message comes back after the host's retry (and the launch claim's settle time)
-    h.drain()
-    run = get_store().runs.get(h.org, run_id)[0]
+    harness.ok("POST", f"/api/runs/{run_id}/launch", json_body={"confirm": True})
+    created = harness.clock.t
+    harness.drain()  # the launch step dies after the cloud call
+    harness.clock.advance(61)  # the message comes back after the host's retry (and the launch claim's settle time)
+    harness.drain()
+    run = get_store().runs.get(harness.org, run_id)[0]
     assert run.resources and run.machine_up_at is not None
     assert abs(run.machine_up_at.timestamp() - created) < 0.001, (run.machine_up_at.timestamp(), created)

@@ -23,30 +23,30 @@ def _as_host(monkeypatch: Any, root: Path) -> None:
 
 
 def test_a_sweep_under_another_local_root_leaves_a_training_run_alone(
-        h: Harness, cloud: Cloud, env: dict[str, str], monkeypatch: Any, tmp_path: Path) -> None:
+        harness: Harness, cloud: Cloud, env: dict[str, str], monkeypatch: Any, tmp_path: Path) -> None:
     first = Path(env["TENSORANT_LOCAL_ROOT"])
-    assert h.save_compute("local", {})["status"] == "connected"
-    run_id = h.create_run("local", "local-smoke")
+    assert harness.save_compute("local", {})["status"] == "connected"
+    run_id = harness.create_run("local", "local-smoke")
     try:
-        h.launch(run_id)
-        agent = h.agent(run_id)
+        harness.launch(run_id)
+        agent = harness.agent(run_id)
         agent.heartbeat("training", 0.1)
         # The second dev host: its own local root, the same Azurite (tables and queues).
         _as_host(monkeypatch, tmp_path / "second-root")
-        h.clock.advance(get_settings().sweep_grace_s + 60)
+        harness.clock.advance(get_settings().sweep_grace_s + 60)
         agent.heartbeat("training", 0.2)
-        h.tick("sweeper")
-        h.drain()
-        run = h.get_run(run_id)
+        harness.tick("sweeper")
+        harness.drain()
+        run = harness.get_run(run_id)
         # Before: "the machine is gone from the cloud (deleted outside the control plane)", retained then failed.
         assert run["state"] == "training", run["reason"]
         # Its own host still judges it: the run's agent is under the first root.
         _as_host(monkeypatch, first)
-        h.tick("sweeper")
-        h.drain()
-        assert h.get_run(run_id)["state"] == "training"
-        [record] = get_store().runs.in_org(h.org)
+        harness.tick("sweeper")
+        harness.drain()
+        assert harness.get_run(run_id)["state"] == "training"
+        [record] = get_store().runs.in_org(harness.org)
         assert record.scope == {"root": str(first.resolve() / "machines")}  # recorded at launch
     finally:
         _as_host(monkeypatch, first)
-        LocalCompute(LocalConfig(), get_settings()).release(RunRef(get_settings().deployment_id, h.org, run_id), [])
+        LocalCompute(LocalConfig(), get_settings()).release(RunRef(get_settings().deployment_id, harness.org, run_id), [])

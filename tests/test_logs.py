@@ -23,30 +23,30 @@ from tests.fakes import Cloud, training_run
 from tests.harness import Harness, TestAgent, smoke_adapter_zip
 
 
-def beat(h: Harness, agent: TestAgent, logs: list[str]) -> tuple[int, Any]:
-    status, body, _ = h.call("POST", f"/api/agent/runs/{agent.run_id}/heartbeat", token=agent.token,
+def beat(harness: Harness, agent: TestAgent, logs: list[str]) -> tuple[int, Any]:
+    status, body, _ = harness.call("POST", f"/api/agent/runs/{agent.run_id}/heartbeat", token=agent.token,
                              json_body={"phase": "training", "progress": 0.5, "logs": logs})
     return status, body
 
 
-def test_long_lines_are_cut_and_marked(h: Harness, cloud: Cloud) -> None:
-    run_id, agent = training_run(h)
+def test_long_lines_are_cut_and_marked(harness: Harness, cloud: Cloud) -> None:
+    run_id, agent = training_run(harness)
     agent.heartbeat("training", 0.2, ["short", "y" * 50_000])
-    lines = h.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
+    lines = harness.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
     assert lines[0] == "short"
     assert lines[1] == "y" * agent_service.MAX_LINE_CHARS + agent_service.TRUNCATED_MARK
 
 
-def test_a_heartbeat_over_the_byte_limit_is_refused_before_any_write(h: Harness, cloud: Cloud) -> None:
-    run_id, agent = training_run(h)
-    before, _ = get_store().runs.get(h.org, run_id)
+def test_a_heartbeat_over_the_byte_limit_is_refused_before_any_write(harness: Harness, cloud: Cloud) -> None:
+    run_id, agent = training_run(harness)
+    before, _ = get_store().runs.get(harness.org, run_id)
     # 500 lines of 2000 characters: 1 MB, the table entity's limit. Before: a 500 after the run was written.
-    status, body = beat(h, agent, ["z" * 2000] * 500)
+    status, body = beat(harness, agent, ["z" * 2000] * 500)
     assert status == 422, body
     assert "logs" in body["detail"] and "smaller batches" in body["detail"]
-    after, _ = get_store().runs.get(h.org, run_id)
+    after, _ = get_store().runs.get(harness.org, run_id)
     assert after == before
-    assert h.ok("GET", f"/api/runs/{run_id}/logs")["lines"] == []
+    assert harness.ok("GET", f"/api/runs/{run_id}/logs")["lines"] == []
 
 
 def test_chunks_keep_every_property_under_the_table_limit() -> None:
@@ -57,23 +57,23 @@ def test_chunks_keep_every_property_under_the_table_limit() -> None:
     assert all(len(json.dumps(c)) <= LOG_CHUNK_CHARS < 32_000 for c in chunks)
 
 
-def test_a_run_keeps_at_most_its_line_cap_with_one_warning(h: Harness, cloud: Cloud,
+def test_a_run_keeps_at_most_its_line_cap_with_one_warning(harness: Harness, cloud: Cloud,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_service, "MAX_RUN_LOG_LINES", 30)
-    run_id, agent = training_run(h)
+    run_id, agent = training_run(harness)
     agent.heartbeat("training", 0.2, [f"a{i}" for i in range(25)])
     agent.heartbeat("training", 0.3, [f"b{i}" for i in range(10)])
     agent.heartbeat("training", 0.4, [f"c{i}" for i in range(10)])
-    lines = h.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
+    lines = harness.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
     assert lines[:30] == [f"a{i}" for i in range(25)] + [f"b{i}" for i in range(5)]
     assert len(lines) == 31 and "further lines are dropped" in lines[30]
-    warnings = [e for e in h.get_run(run_id)["events"] if e["kind"] == "warning" and "log lines" in e["message"]]
+    warnings = [e for e in harness.get_run(run_id)["events"] if e["kind"] == "warning" and "log lines" in e["message"]]
     assert len(warnings) == 1
-    assert h.get_run(run_id)["state"] == "training"  # the heartbeats themselves were accepted
+    assert harness.get_run(run_id)["state"] == "training"  # the heartbeats themselves were accepted
 
 
-def test_logs_are_paginated_with_a_cursor(h: Harness, cloud: Cloud) -> None:
-    run_id, agent = training_run(h)
+def test_logs_are_paginated_with_a_cursor(harness: Harness, cloud: Cloud) -> None:
+    run_id, agent = training_run(harness)
     sent = [f"line {i}" for i in range(1200)]
     for i in range(0, len(sent), 400):
         agent.heartbeat("training", 0.5, sent[i:i + 400])
@@ -82,7 +82,7 @@ def test_logs_are_paginated_with_a_cursor(h: Harness, cloud: Cloud) -> None:
     pages = 0
     while True:
         params = {"limit": "250", **({"after": after} if after else {})}
-        page = h.ok("GET", f"/api/runs/{run_id}/logs", params=params)
+        page = harness.ok("GET", f"/api/runs/{run_id}/logs", params=params)
         assert page["state"] == "training" and len(page["lines"]) <= 250
         got += page["lines"]
         pages += 1
@@ -92,24 +92,24 @@ def test_logs_are_paginated_with_a_cursor(h: Harness, cloud: Cloud) -> None:
     assert got == sent and pages == 6
     assert after == "1200"  # a running run keeps a cursor: polling it picks up new lines
     agent.heartbeat("training", 0.6, ["later"])
-    assert h.ok("GET", f"/api/runs/{run_id}/logs", params={"after": after})["lines"] == ["later"]
-    default = h.ok("GET", f"/api/runs/{run_id}/logs")
+    assert harness.ok("GET", f"/api/runs/{run_id}/logs", params={"after": after})["lines"] == ["later"]
+    default = harness.ok("GET", f"/api/runs/{run_id}/logs")
     assert len(default["lines"]) == 1000 and default["next"] == "1000"
 
 
-def test_the_cursor_ends_when_the_run_is_terminal(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(smoke_adapter_zip())
-    page = h.ok("GET", f"/api/runs/{run_id}/logs")
+def test_the_cursor_ends_when_the_run_is_terminal(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(smoke_adapter_zip())
+    page = harness.ok("GET", f"/api/runs/{run_id}/logs")
     assert page["state"] == "succeeded" and page["next"] is None and "training 0.5" in page["lines"]
 
 
 @pytest.mark.parametrize("params", [{"after": "x"}, {"after": "-1"}, {"after": "1" * 11}, {"limit": "0"},
                                     {"limit": "5001"}, {"limit": "ten"}])
-def test_bad_cursor_or_limit_is_422(h: Harness, cloud: Cloud, params: dict[str, str]) -> None:
-    run_id, _ = training_run(h)
-    status, body, _ = h.call("GET", f"/api/runs/{run_id}/logs", params=params)
+def test_bad_cursor_or_limit_is_422(harness: Harness, cloud: Cloud, params: dict[str, str]) -> None:
+    run_id, _ = training_run(harness)
+    status, body, _ = harness.call("GET", f"/api/runs/{run_id}/logs", params=params)
     assert status == 422 and body["errors"][0]["field"] in params
 
 

@@ -26,13 +26,13 @@ def test_the_secrets_to_mask_are_bounded_and_the_ones_in_use_stay() -> None:
     assert recent not in log.redact_text(f"token {recent}")
 
 
-def test_an_ended_run_is_not_kept_in_the_process(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def test_an_ended_run_is_not_kept_in_the_process(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.5)
-    assert (h.org, run_id) in get_store().runs._last  # an active run's copy serves its heartbeats
+    assert (harness.org, run_id) in get_store().runs._last  # an active run's copy serves its heartbeats
     agent.train(smoke_adapter_zip())
-    h.drain()
-    assert h.get_run(run_id)["state"] == "succeeded"
-    assert (h.org, run_id) not in get_store().runs._last
+    harness.drain()
+    assert harness.get_run(run_id)["state"] == "succeeded"
+    assert (harness.org, run_id) not in get_store().runs._last

@@ -64,63 +64,63 @@ def merged_zip(base_model: str = TINY, nan: str = "") -> bytes:
     return buf.getvalue()
 
 
-def train_merged(h: Harness, run_id: str, merged: bytes | None) -> TestAgent:
+def train_merged(harness: Harness, run_id: str, merged: bytes | None) -> TestAgent:
     """The agent's export with training.merged: adapter.zip, then merged.zip, one completion naming both."""
     from shared.runs.org_backends import storage_for
 
-    agent = h.agent(run_id)
+    agent = harness.agent(run_id)
     for phase in ("preparing", "training", "exporting"):
         agent.heartbeat(phase, 1.0)
     adapter = trained_adapter_zip(base_model=TINY)
     agent.upload(adapter)
     body: dict[str, Any] = {"status": "ok", "sha256": hashlib.sha256(adapter).hexdigest(), "size": len(adapter)}
     if merged is not None:
-        storage_for(h.org).put(merged_key(run_id), merged)
+        storage_for(harness.org).put(merged_key(run_id), merged)
         body |= {"merged_sha256": hashlib.sha256(merged).hexdigest(), "merged_size": len(merged)}
-    h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=agent.token, json_body=body)
-    h.drain()
+    harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=agent.token, json_body=body)
+    harness.drain()
     return agent
 
 
-def test_merged_is_refused_at_create_where_the_merged_weights_do_not_fit_one_archive(h: Harness) -> None:
-    status, body = draft(h, base_model=BIG, offer_id="mem-h100", training={"merged": True})
+def test_merged_is_refused_at_create_where_the_merged_weights_do_not_fit_one_archive(harness: Harness) -> None:
+    status, body = draft(harness, base_model=BIG, offer_id="mem-h100", training={"merged": True})
     assert status == 422 and [e["field"] for e in body["errors"]] == ["training.merged"], body
     assert "16.1 GB" in body["detail"] and "merge_and_unload" in body["detail"]
-    assert draft(h, base_model=BIG, offer_id="mem-h100")[0] == 201  # the same run without it
-    status, body = draft(h, training={"merged": "yes"})
+    assert draft(harness, base_model=BIG, offer_id="mem-h100")[0] == 201  # the same run without it
+    status, body = draft(harness, training={"merged": "yes"})
     assert status == 422 and "training.merged" in [e["field"] for e in body["errors"]]
 
 
-def test_the_machine_gets_a_place_for_merged_zip_only_when_asked(h: Harness, cloud: Cloud) -> None:
+def test_the_machine_gets_a_place_for_merged_zip_only_when_asked(harness: Harness, cloud: Cloud) -> None:
     for merged in (False, True):
-        _, run = draft(h, training={"merged": merged})
-        h.launch(run["id"])
+        _, run = draft(harness, training={"merged": merged})
+        harness.launch(run["id"])
         (env,) = [m.env for m in cloud.machines.values() if m.tags.get("tensorant:run") == run["id"]]
         assert json.loads(env["TENSORANT_TRAINING"])["merged"] is merged
         assert (env.get("TENSORANT_MERGED_KEY") == merged_key(run["id"])) is merged
 
 
-def test_a_verified_merged_model_is_served_and_a_replaced_one_is_not(h: Harness) -> None:
-    _, run = draft(h, training={"merged": True})
-    h.launch(run["id"])
+def test_a_verified_merged_model_is_served_and_a_replaced_one_is_not(harness: Harness) -> None:
+    _, run = draft(harness, training={"merged": True})
+    harness.launch(run["id"])
     merged = merged_zip()
-    agent = train_merged(h, run["id"], merged)
-    done = h.get_run(run["id"])
+    agent = train_merged(harness, run["id"], merged)
+    done = harness.get_run(run["id"])
     assert done["state"] == "succeeded", done["reason"]
     assert (done["merged_sha256"], done["merged_size"], done["merged_note"]) == (
         hashlib.sha256(merged).hexdigest(), len(merged), "")
     assert any(e["message"] == "merged model verified" for e in done["events"])
-    status, got, headers = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
+    status, got, headers = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
     assert status == 200 and got == merged and headers["X-Adapter-Sha256"] == done["merged_sha256"]
     assert f"{run['id']}-merged.zip" in headers["Content-Disposition"]
-    status, got, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
+    status, got, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
     assert status == 200 and hashlib.sha256(got).hexdigest() == done["adapter_sha256"]  # the default: the adapter
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "gguf"})
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "gguf"})
     assert status == 422 and body["errors"][0]["field"] == "format"
     from shared.runs.org_backends import storage_for
 
-    storage_for(h.org).put(merged_key(agent.run_id), merged + b"tampered")
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", params={"format": "merged"})
+    storage_for(harness.org).put(merged_key(agent.run_id), merged + b"tampered")
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", params={"format": "merged"})
     assert status == 409 and "merged model has changed since it was verified" in body["detail"]
 
 
@@ -130,23 +130,23 @@ def test_a_verified_merged_model_is_served_and_a_replaced_one_is_not(h: Harness)
     (None, "the machine did not make one"),
 ])
 def test_without_a_good_merged_model_the_run_succeeds_with_its_adapter_saying_why(
-        h: Harness, merged: bytes | None, said: str) -> None:
-    _, run = draft(h, training={"merged": True})
-    h.launch(run["id"])
-    train_merged(h, run["id"], merged)
-    done = h.get_run(run["id"])
+        harness: Harness, merged: bytes | None, said: str) -> None:
+    _, run = draft(harness, training={"merged": True})
+    harness.launch(run["id"])
+    train_merged(harness, run["id"], merged)
+    done = harness.get_run(run["id"])
     assert done["state"] == "succeeded" and done["merged_sha256"] == "", done
     assert said in done["merged_note"], done["merged_note"]
     assert any(e["kind"] == "warning" and said in e["message"] for e in done["events"])
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
     assert status == 404 and said in body["detail"], body
 
 
-def test_a_run_that_did_not_ask_has_no_merged_model(h: Harness) -> None:
-    _, run = draft(h)
-    h.launch(run["id"])
-    h.agent(run["id"]).train(trained_adapter_zip(base_model=TINY))
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
+def test_a_run_that_did_not_ask_has_no_merged_model(harness: Harness) -> None:
+    _, run = draft(harness)
+    harness.launch(run["id"])
+    harness.agent(run["id"]).train(trained_adapter_zip(base_model=TINY))
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member", params={"format": "merged"})
     assert status == 404 and "not asked for" in body["detail"] and "training.merged" in body["detail"]
 
 

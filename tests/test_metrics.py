@@ -56,7 +56,7 @@ def test_metrics_reach_the_meter_provider() -> None:
     assert got["tensorant.starts.failed"][0]["attributes"] == {"cause": "pull"}
 
 
-def test_fleet_gauges_reset_every_state_and_provider_each_export(h: Any, cloud: Any, monkeypatch: Any) -> None:
+def test_fleet_gauges_reset_every_state_and_provider_each_export(harness: Any, cloud: Any, monkeypatch: Any) -> None:
     """After a run ended, runs{training} and machines.billing{<provider>} read 0, not their last value (issue
     38.8: fleet_metrics set only the states and providers present)."""
     from shared import metrics
@@ -70,15 +70,15 @@ def test_fleet_gauges_reset_every_state_and_provider_each_export(h: Any, cloud: 
         last[(name, label)] = value
 
     monkeypatch.setattr(metrics, "gauge", record)
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.3)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("training", 0.3)
     heartbeat_check.check_all()
     assert last[(metrics.RUNS, "training")] == 1
     assert last[(metrics.MACHINES_BILLING, "memory")] == 1 and last[(metrics.COST_PER_HOUR, "memory")] > 0
-    h.agent(run_id).train(smoke_adapter_zip())
-    h.drain()
-    assert h.get_run(run_id)["state"] == "succeeded"
+    harness.agent(run_id).train(smoke_adapter_zip())
+    harness.drain()
+    assert harness.get_run(run_id)["state"] == "succeeded"
     heartbeat_check.check_all()
     assert last[(metrics.RUNS, "training")] == 0
     assert last[(metrics.MACHINES_BILLING, "memory")] == 0 and last[(metrics.COST_PER_HOUR, "memory")] == 0

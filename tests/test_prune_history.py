@@ -16,15 +16,15 @@ DAY = 24 * 3600
 HISTORY = ("events", "logs")
 
 
-def _ended_run(h: Harness) -> str:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def _ended_run(harness: Harness) -> str:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     for i in range(5):
         agent.heartbeat("training", 0.1 * i, logs=[f"step {i} loss {1.0 / (i + 1):.3f}"] * 20)
     agent.train(smoke_adapter_zip())
-    h.drain()
-    assert h.get_run(run_id)["state"] == "succeeded"
+    harness.drain()
+    assert harness.get_run(run_id)["state"] == "succeeded"
     return run_id
 
 
@@ -45,24 +45,24 @@ def _key(run_id: str) -> tuple[str, str]:
     return run.org, run.id
 
 
-def test_an_ended_runs_events_and_logs_are_pruned_after_the_retention(h: Harness, cloud: Cloud,
+def test_an_ended_runs_events_and_logs_are_pruned_after_the_retention(harness: Harness, cloud: Cloud,
                                                                       capsys: Any) -> None:
-    run_id = _ended_run(h)
+    run_id = _ended_run(harness)
     before = _sizes(run_id)
     assert before["events"] > 0 and before["logs"] > 0 and before["ledger"] > 0
     ledger = get_store().ledger.read(run_id)
-    h.clock.advance(2 * DAY)
-    h.tick("prune_history")
+    harness.clock.advance(2 * DAY)
+    harness.tick("prune_history")
     assert _sizes(run_id) == before  # within the org's 14 days: kept (and looked at again only at 14 days)
-    h.clock.advance(12 * DAY - 600)
+    harness.clock.advance(12 * DAY - 600)
     assert prune_history.prune_all()["due"] == 0  # not read again before it is due
-    h.clock.advance(3600)
+    harness.clock.advance(3600)
     counts = prune_history.prune_all()
     assert counts["pruned"] == 1 and counts["rows_deleted"] > 0, counts
     after = _sizes(run_id)
     assert after["logs"] == 0
     assert get_store().ledger.read(run_id) == ledger  # the ledger and the record are kept
-    run = h.get_run(run_id)
+    run = harness.get_run(run_id)
     assert run["state"] == "succeeded" and run["final_cost"] is not None
     # One note says so; the view still shows the run's last change, from its record (events.pending_transition).
     [note] = [e["message"] for e in run["events"] if e["kind"] == "audit"]
@@ -76,13 +76,13 @@ def test_an_ended_runs_events_and_logs_are_pruned_after_the_retention(h: Harness
               f"ledger {before['ledger']} kept")
 
 
-def test_an_orgs_longer_retention_keeps_the_history_longer(h: Harness, cloud: Cloud) -> None:
-    h.ok("PUT", "/api/org/limits", json_body={"retention_limit_s": 30 * DAY})
-    run_id = _ended_run(h)
+def test_an_orgs_longer_retention_keeps_the_history_longer(harness: Harness, cloud: Cloud) -> None:
+    harness.ok("PUT", "/api/org/limits", json_body={"retention_limit_s": 30 * DAY})
+    run_id = _ended_run(harness)
     before = _sizes(run_id)
-    h.clock.advance(15 * DAY)
+    harness.clock.advance(15 * DAY)
     assert prune_history.prune_all()["later"] == 1
     assert _sizes(run_id) == before
-    h.clock.advance(16 * DAY)
+    harness.clock.advance(16 * DAY)
     assert prune_history.prune_all()["pruned"] == 1
     assert _sizes(run_id)["logs"] == 0

@@ -19,11 +19,11 @@ from tests.fakes import Cloud
 from tests.harness import Harness, smoke_adapter_zip
 
 
-def retained_run(h: Harness) -> str:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).complete_failed("boom")  # an agent that does not say whether output exists
-    assert h.get_run(run_id)["state"] == "retained"
+def retained_run(harness: Harness) -> str:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).complete_failed("boom")  # an agent that does not say whether output exists
+    assert harness.get_run(run_id)["state"] == "retained"
     return run_id
 
 
@@ -36,32 +36,32 @@ def the_machine(cloud: Cloud) -> fakes.Machine:
 
 
 @pytest.mark.parametrize("state", ["training", "retained"])
-def test_a_bare_cancel_of_a_run_that_may_hold_output_is_refused(h: Harness, cloud: Cloud, state: str) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
+def test_a_bare_cancel_of_a_run_that_may_hold_output_is_refused(harness: Harness, cloud: Cloud, state: str) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
     if state == "training":
-        h.agent(run_id).heartbeat("training", 0.5)
+        harness.agent(run_id).heartbeat("training", 0.5)
     else:
-        h.agent(run_id).complete_failed("boom")
-    status, body, _ = h.call("POST", f"/api/runs/{run_id}/cancel", json_body={})
-    h.drain()
+        harness.agent(run_id).complete_failed("boom")
+    status, body, _ = harness.call("POST", f"/api/runs/{run_id}/cancel", json_body={})
+    harness.drain()
     assert status == 422, body
     assert body["errors"][0]["field"] == "discard"
     assert "discard: true" in body["detail"] and "discard: false" in body["detail"]
-    assert h.get_run(run_id)["state"] == state
+    assert harness.get_run(run_id)["state"] == state
     assert the_machine(cloud).disk_exists  # the only copy of the output is still there
 
 
-def test_runs_without_output_cancel_without_discard(h: Harness, cloud: Cloud) -> None:
-    draft = h.create_run("memory", "mem-a10")
-    h.ok("POST", f"/api/runs/{draft}/cancel", json_body={})
-    assert h.get_run(draft)["state"] == "cancelled"
-    provisioning = h.create_run("memory", "mem-a10")
-    h.launch(provisioning)
-    assert h.get_run(provisioning)["state"] == "provisioning"
-    h.ok("POST", f"/api/runs/{provisioning}/cancel", json_body={})
-    h.drain()
-    assert h.get_run(provisioning)["state"] == "cancelled" and not cloud.live()
+def test_runs_without_output_cancel_without_discard(harness: Harness, cloud: Cloud) -> None:
+    draft = harness.create_run("memory", "mem-a10")
+    harness.ok("POST", f"/api/runs/{draft}/cancel", json_body={})
+    assert harness.get_run(draft)["state"] == "cancelled"
+    provisioning = harness.create_run("memory", "mem-a10")
+    harness.launch(provisioning)
+    assert harness.get_run(provisioning)["state"] == "provisioning"
+    harness.ok("POST", f"/api/runs/{provisioning}/cancel", json_body={})
+    harness.drain()
+    assert harness.get_run(provisioning)["state"] == "cancelled" and not cloud.live()
 
 
 def _view(state: str) -> dict[str, Any]:
@@ -99,48 +99,48 @@ def test_cli_cancel_asks_before_a_discard(fake_api: FakeApi, monkeypatch: pytest
 # ---------------------------------------------------------------- stopping a machine started for recovery
 
 
-def test_stop_a_machine_started_for_recovery(h: Harness, cloud: Cloud) -> None:
-    run_id = retained_run(h)
+def test_stop_a_machine_started_for_recovery(harness: Harness, cloud: Cloud) -> None:
+    run_id = retained_run(harness)
     m = the_machine(cloud)
     assert m.state == "stopped"
-    run = h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    run = harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
     assert m.state == "running"
     assert "billing resumes" in run["billing_note"] and f"runs stop {run_id}" in run["billing_note"]
-    assert get_store().runs.get(h.org, run_id)[0].machine_started_at is not None
+    assert get_store().runs.get(harness.org, run_id)[0].machine_started_at is not None
 
-    status, run, _ = h.call("POST", f"/api/runs/{run_id}/stop", token="member")
+    status, run, _ = harness.call("POST", f"/api/runs/{run_id}/stop", token="member")
     assert status == 202, run
     assert m.state == "stopped" and m.disk_exists
     assert run["state"] == "retained" and run["billing_note"] == "compute stopped; the disk still bills"
-    assert get_store().runs.get(h.org, run_id)[0].machine_started_at is None
+    assert get_store().runs.get(harness.org, run_id)[0].machine_started_at is None
     # Only a retained run's machine is the user's to stop.
-    other = h.create_run("memory", "mem-a10")
-    status, body, _ = h.call("POST", f"/api/runs/{other}/stop")
+    other = harness.create_run("memory", "mem-a10")
+    status, body, _ = harness.call("POST", f"/api/runs/{other}/stop")
     assert status == 409 and "draft" in body["detail"]
 
 
-def test_an_idle_started_machine_is_stopped_with_a_warning(h: Harness, cloud: Cloud,
+def test_an_idle_started_machine_is_stopped_with_a_warning(harness: Harness, cloud: Cloud,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from shared import settings
 
     monkeypatch.setenv("TENSORANT_RECOVERY_IDLE_STOP_S", "900")
     settings.reset_settings()
-    run_id = retained_run(h)
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    run_id = retained_run(harness)
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
     m = the_machine(cloud)
-    h.clock.advance(600)
-    h.tick("heartbeat_check")
+    harness.clock.advance(600)
+    harness.tick("heartbeat_check")
     assert m.state == "running"  # inside the window
-    h.clock.advance(400)
-    h.tick("heartbeat_check")
+    harness.clock.advance(400)
+    harness.tick("heartbeat_check")
     assert m.state == "running"  # the timer only sends stop-idle: it never waits on a cloud
-    h.drain()
+    harness.drain()
     assert m.state == "stopped" and m.disk_exists
-    run = h.get_run(run_id)
+    run = harness.get_run(run_id)
     assert run["state"] == "retained"
     warnings = [e["message"] for e in run["events"] if e["kind"] == "warning"]
     assert any("stopped automatically after 900 s" in w for w in warnings), warnings
-    assert get_store().runs.get(h.org, run_id)[0].machine_started_at is None
+    assert get_store().runs.get(harness.org, run_id)[0].machine_started_at is None
 
 
 def test_cli_runs_stop(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,38 +153,38 @@ def test_cli_runs_stop(fake_api: FakeApi, capsys: pytest.CaptureFixture[str]) ->
 # ---------------------------------------------------------------- retain only what can be recovered
 
 
-def _complete(h: Harness, run_id: str, **body: Any) -> Any:
-    a = h.agent(run_id)
-    out = h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=a.token, json_body={"status": "failed", **body})
-    h.drain()
+def _complete(harness: Harness, run_id: str, **body: Any) -> Any:
+    a = harness.agent(run_id)
+    out = harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=a.token, json_body={"status": "failed", **body})
+    harness.drain()
     return out
 
 
-def test_a_failure_with_nothing_to_recover_is_released(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.1)
-    _complete(h, run_id, reason="the trainer exited with code 1", exit_code=1, output_exists=False,
+def test_a_failure_with_nothing_to_recover_is_released(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("training", 0.1)
+    _complete(harness, run_id, reason="the trainer exited with code 1", exit_code=1, output_exists=False,
               last_lines=["loading model", "RuntimeError: CUDA out of memory"])
-    run = h.get_run(run_id)
+    run = harness.get_run(run_id)
     assert run["state"] == "failed", run
     assert "CUDA out of memory" in run["reason"] and "no output to recover" in run["reason"]
     assert not cloud.live()  # machine and disk gone: nothing bills
 
 
-def test_a_failure_after_output_is_retained(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    _complete(h, run_id, reason="could not upload adapter.zip", exit_code=None, output_exists=True)
-    assert h.get_run(run_id)["state"] == "retained"
+def test_a_failure_after_output_is_retained(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    _complete(harness, run_id, reason="could not upload adapter.zip", exit_code=None, output_exists=True)
+    assert harness.get_run(run_id)["state"] == "retained"
     assert the_machine(cloud).disk_exists
 
 
-def test_exit_code_0_without_an_adapter_says_so(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    _complete(h, run_id, reason="no adapter_config.json", exit_code=0, output_exists=False)
-    reason = h.get_run(run_id)["reason"]
+def test_exit_code_0_without_an_adapter_says_so(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    _complete(harness, run_id, reason="no adapter_config.json", exit_code=0, output_exists=False)
+    reason = harness.get_run(run_id)["reason"]
     assert "training failed (exit code 0)" not in reason
     assert reason.startswith("the trainer exited with code 0 but wrote no adapter")
 
@@ -199,56 +199,56 @@ def _claims(token: str) -> dict[str, Any]:
     return claims
 
 
-def test_agent_tokens_are_short_lived_renewed_and_refused_once_the_run_ended(h: Harness, cloud: Cloud) -> None:
+def test_agent_tokens_are_short_lived_renewed_and_refused_once_the_run_ended(harness: Harness, cloud: Cloud) -> None:
     from shared.settings import get_settings
 
     s = get_settings()
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
     boot = _claims(the_machine(cloud).env["TENSORANT_RUN_TOKEN"])
     assert boot["exp"] - boot["iat"] == s.provisioning_timeout_s + s.agent_token_ttl_s  # not 8 days
 
-    young = mint_agent_token(h.org, run_id, ttl_s=s.agent_token_ttl_s)
+    young = mint_agent_token(harness.org, run_id, ttl_s=s.agent_token_ttl_s)
     path = f"/api/agent/runs/{run_id}/heartbeat"
-    reply = h.ok("POST", path, token=young, json_body={"phase": "preparing"})
+    reply = harness.ok("POST", path, token=young, json_body={"phase": "preparing"})
     assert reply["stop"] is False and "token" not in reply  # plenty of life left: no renewal
-    old = mint_agent_token(h.org, run_id, ttl_s=60)
-    reply = h.ok("POST", path, token=old, json_body={"phase": "training"})
+    old = mint_agent_token(harness.org, run_id, ttl_s=60)
+    reply = harness.ok("POST", path, token=old, json_body={"phase": "training"})
     fresh = reply["token"]
     claims = _claims(fresh)
     assert claims["run"] == run_id and claims["exp"] - now_ts() > s.agent_token_ttl_s - 60
-    assert h.ok("POST", path, token=fresh, json_body={"phase": "training"})["state"] == "training"
+    assert harness.ok("POST", path, token=fresh, json_body={"phase": "training"})["state"] == "training"
 
-    h.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
-    h.drain()
-    assert h.get_run(run_id)["state"] == "cancelled"
+    harness.ok("POST", f"/api/runs/{run_id}/cancel", json_body={"discard": True})
+    harness.drain()
+    assert harness.get_run(run_id)["state"] == "cancelled"
     for what, body in (("heartbeat", {"phase": "training"}), ("complete", {"status": "failed"})):
-        status, problem, _ = h.call("POST", f"/api/agent/runs/{run_id}/{what}", token=fresh, json_body=body)
+        status, problem, _ = harness.call("POST", f"/api/agent/runs/{run_id}/{what}", token=fresh, json_body=body)
         assert status == 401 and "cancelled" in problem["detail"], (what, problem)
 
 
-def test_an_adapter_replaced_after_verification_is_refused(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
+def test_an_adapter_replaced_after_verification_is_refused(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
     data = smoke_adapter_zip()
-    h.agent(run_id).train(data)
-    assert h.get_run(run_id)["state"] == "succeeded"
-    status, got, _ = h.call("GET", f"/api/runs/{run_id}/adapter")
+    harness.agent(run_id).train(data)
+    assert harness.get_run(run_id)["state"] == "succeeded"
+    status, got, _ = harness.call("GET", f"/api/runs/{run_id}/adapter")
     assert status == 200 and got == data
     # The agent's presigned upload URL outlives the run: a late PUT replaces the object.
     replaced = smoke_adapter_zip(rows=99)
-    h.agent(run_id).upload(replaced)
-    status, problem, _ = h.call("GET", f"/api/runs/{run_id}/adapter")
+    harness.agent(run_id).upload(replaced)
+    status, problem, _ = harness.call("GET", f"/api/runs/{run_id}/adapter")
     assert status == 409 and hashlib.sha256(data).hexdigest()[:12] in problem["detail"], problem
     warned = [e for e in get_store().events.read(run_id, kind="warning") if "changed after it was verified" in e.message]
     assert [(e.data["expected"], e.data["actual"]) for e in warned] == [
         (hashlib.sha256(data).hexdigest(), hashlib.sha256(replaced).hexdigest())]
 
 
-def test_a_failed_upload_says_so_not_training_failed(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    _complete(h, run_id, reason="could not upload adapter.zip: HTTP 403 Forbidden", exit_code=None,
+def test_a_failed_upload_says_so_not_training_failed(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    _complete(harness, run_id, reason="could not upload adapter.zip: HTTP 403 Forbidden", exit_code=None,
               output_exists=True, stage="upload")
-    run = h.get_run(run_id)
+    run = harness.get_run(run_id)
     assert run["state"] == "retained" and run["reason"].startswith("the adapter upload failed: could not upload"), run

@@ -32,8 +32,8 @@ def helper(h: Harness, n: int) -> int:
 
 
 def test_uses(h: Harness, cloud: Cloud) -> None:
-    """Drives `h`."""
-    run = h.create_run("memory")  # through `h`
+    """Drives `harness`."""
+    run = h.create_run("memory")  # through `harness`
     seen = [h.org for _ in range(2)]
     shadowed = [h for h in ("a", "b")]
     inner = lambda h: h + 1

@@ -32,146 +32,146 @@ def resumable(monkeypatch: Any) -> None:
     monkeypatch.setattr(actions, "resumes_training", lambda name: True)
 
 
-def _retained(h: Harness) -> tuple[str, str]:
+def _retained(harness: Harness) -> tuple[str, str]:
     """A run retained with a checkpoint in storage, and its agent's token as the agent holds it: a token of the
     real lifetime, renewed by its last heartbeat before the machine was stopped."""
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    token = mint_agent_token(h.org, run_id, ttl_s=get_settings().agent_token_ttl_s)
-    beat(h, run_id, token, "training")
-    h.agent(run_id).upload(trained_adapter_zip())  # the checkpoint's adapter, uploaded at once
-    h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=token, json_body={
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    token = mint_agent_token(harness.org, run_id, ttl_s=get_settings().agent_token_ttl_s)
+    beat(harness, run_id, token, "training")
+    harness.agent(run_id).upload(trained_adapter_zip())  # the checkpoint's adapter, uploaded at once
+    harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=token, json_body={
         "status": "failed", "reason": "stopped at the runtime limit", "exit_code": 143})
-    h.drain()
-    assert h.get_run(run_id)["state"] == "retained"
+    harness.drain()
+    assert harness.get_run(run_id)["state"] == "retained"
     return run_id, token
 
 
-def beat(h: Harness, run_id: str, token: str, phase: str = "training") -> tuple[int, Any]:
-    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/heartbeat", token=token,
+def beat(harness: Harness, run_id: str, token: str, phase: str = "training") -> tuple[int, Any]:
+    status, body, _ = harness.call("POST", f"/api/agent/runs/{run_id}/heartbeat", token=token,
                              json_body={"phase": phase, "progress": 0.5, "logs": []})
     return status, body
 
 
-def exchange(h: Harness, run_id: str, token: str) -> tuple[int, Any]:
-    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/restart", token=token)
+def exchange(harness: Harness, run_id: str, token: str) -> tuple[int, Any]:
+    status, body, _ = harness.call("POST", f"/api/agent/runs/{run_id}/restart", token=token)
     return status, body
 
 
-def stored(h: Harness, run_id: str) -> Any:
-    return get_store().runs.get(h.org, run_id)[0]
+def stored(harness: Harness, run_id: str) -> Any:
+    return get_store().runs.get(harness.org, run_id)[0]
 
 
-def test_a_resume_after_the_token_expired_was_lost_and_now_continues(h: Harness, cloud: Cloud,
+def test_a_resume_after_the_token_expired_was_lost_and_now_continues(harness: Harness, cloud: Cloud,
                                                                     resumable: None) -> None:
-    run_id, token = _retained(h)
-    h.clock.advance(STOPPED_S)  # the machine stays stopped past the token's lifetime
-    assert h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})["state"] == "training"
+    run_id, token = _retained(harness)
+    harness.clock.advance(STOPPED_S)  # the machine stays stopped past the token's lifetime
+    assert harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})["state"] == "training"
 
     # The bug: the agent's first call after the start carries the expired token and is refused; nothing else
     # could renew it, so the run waited to its heartbeat deadline and was retained again.
-    status, body = beat(h, run_id, token)
+    status, body = beat(harness, run_id, token)
     assert status == 401 and "expired" in body["detail"], body
 
-    status, grant = exchange(h, run_id, token)
+    status, grant = exchange(harness, run_id, token)
     assert status == 200, grant
-    status, reply = beat(h, run_id, grant["token"])
+    status, reply = beat(harness, run_id, grant["token"])
     assert status == 200 and reply["resume"] is True and reply["state"] == "training", reply
     env = json.loads(base64.b64decode(grant["bootstrap"]))  # storage access from now, nothing else
-    run = stored(h, run_id)
+    run = stored(harness, run_id)
     assert set(env) == {"TENSORANT_STORAGE_DIR", "TENSORANT_DATASET_KEY", "TENSORANT_ADAPTER_KEY",
                         "TENSORANT_LOGS_KEY", "TENSORANT_CHECKPOINT_KEYS"}, sorted(env)
     claims = jwt.decode(grant["token"], options={"verify_signature": False})
-    assert (claims["org"], claims["run"], claims["aud"]) == (h.org, run_id, AGENT_AUDIENCE)
+    assert (claims["org"], claims["run"], claims["aud"]) == (harness.org, run_id, AGENT_AUDIENCE)
     assert claims["exp"] - claims["iat"] == get_settings().agent_token_ttl_s
     assert run.restart_exchanged_at is not None and run.restart_exchanged_at >= run.restart_requested_at
 
     for phase in ("training", "exporting"):
-        assert beat(h, run_id, grant["token"], phase)[0] == 200
+        assert beat(harness, run_id, grant["token"], phase)[0] == 200
     data = trained_adapter_zip()
-    h.agent(run_id).upload(data)
+    harness.agent(run_id).upload(data)
     import hashlib
 
-    h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=grant["token"], json_body={
+    harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=grant["token"], json_body={
         "status": "ok", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
-    h.drain()
-    run_view = h.get_run(run_id)
+    harness.drain()
+    run_view = harness.get_run(run_id)
     assert run_view["state"] == "succeeded", run_view["reason"]
     assert any("exchanged its expired token" in e["message"] for e in run_view["events"])
 
 
-def _refused(h: Harness, run_id: str, token: str, status: int, words: str) -> None:
-    before = stored(h, run_id)
-    got, body = exchange(h, run_id, token)
+def _refused(harness: Harness, run_id: str, token: str, status: int, words: str) -> None:
+    before = stored(harness, run_id)
+    got, body = exchange(harness, run_id, token)
     assert got == status and words in body["detail"], (got, body)
-    after = stored(h, run_id)
+    after = stored(harness, run_id)
     assert (after.state, after.restart_exchanged_at, after.restart_requested_at) == (
         before.state, before.restart_exchanged_at, before.restart_requested_at)
 
 
 def test_the_exchange_refuses_every_token_but_the_runs_own_from_before_the_start(
-        h: Harness, cloud: Cloud, resumable: None) -> None:
-    run_id, token = _retained(h)
-    other_id, other_token = _retained(h)
-    h.clock.advance(STOPPED_S)
+        harness: Harness, cloud: Cloud, resumable: None) -> None:
+    run_id, token = _retained(harness)
+    other_id, other_token = _retained(harness)
+    harness.clock.advance(STOPPED_S)
     # Before any start: nothing to exchange, and nothing is written for it.
-    _refused(h, run_id, token, 409, "never started this run's machine again")
-    assert not any("restart" in e["message"] for e in h.get_run(run_id)["events"])
+    _refused(harness, run_id, token, 409, "never started this run's machine again")
+    assert not any("restart" in e["message"] for e in harness.get_run(run_id)["events"])
 
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})
     claims = jwt.decode(token, options={"verify_signature": False})
     forged = jwt.encode(claims, "another-deployments-key-0123456789abcdef", algorithm="HS256")
-    _refused(h, run_id, forged, 401, "signature")
-    _refused(h, run_id, other_token, 403, "not the token of this run")
-    fresh = mint_agent_token(h.org, run_id, ttl_s=get_settings().agent_token_ttl_s)  # issued after the start
-    _refused(h, run_id, fresh, 409, "issued after the machine was started again")
-    user = h.owner
-    _refused(h, run_id, user, 403, "agent token")
-    assert exchange(h, other_id, other_token)[0] == 409  # the other run was not started: its own is refused too
+    _refused(harness, run_id, forged, 401, "signature")
+    _refused(harness, run_id, other_token, 403, "not the token of this run")
+    fresh = mint_agent_token(harness.org, run_id, ttl_s=get_settings().agent_token_ttl_s)  # issued after the start
+    _refused(harness, run_id, fresh, 409, "issued after the machine was started again")
+    user = harness.owner
+    _refused(harness, run_id, user, 403, "agent token")
+    assert exchange(harness, other_id, other_token)[0] == 409  # the other run was not started: its own is refused too
 
-    assert exchange(h, run_id, token)[0] == 200
-    _refused(h, run_id, token, 409, "exchange was made at")  # a second exchange of the same start
-    warnings = [e["message"] for e in h.get_run(run_id)["events"] if e["kind"] == "warning"]
+    assert exchange(harness, run_id, token)[0] == 200
+    _refused(harness, run_id, token, 409, "exchange was made at")  # a second exchange of the same start
+    warnings = [e["message"] for e in harness.get_run(run_id)["events"] if e["kind"] == "warning"]
     assert any("exchange of an agent token for the restart of the machine was refused" in w for w in warnings)
 
 
 def test_a_start_for_recovery_after_the_token_expired_reaches_its_verification(
-        h: Harness, cloud: Cloud, resumable: None) -> None:
+        harness: Harness, cloud: Cloud, resumable: None) -> None:
     """recover --start: the agent on the started machine exchanges its token once; a later resume is a new
     start, whose exchange is open again for the token the first one gave (itself expired meanwhile)."""
-    run_id, token = _retained(h)
-    h.clock.advance(STOPPED_S)
-    assert h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})["state"] == "retained"
-    status, grant = exchange(h, run_id, token)
+    run_id, token = _retained(harness)
+    harness.clock.advance(STOPPED_S)
+    assert harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})["state"] == "retained"
+    status, grant = exchange(harness, run_id, token)
     assert status == 200, grant
-    status, reply = beat(h, run_id, grant["token"])
+    status, reply = beat(harness, run_id, grant["token"])
     assert status == 200 and reply["stop"] is True and reply["resume"] is False, reply  # waits, with a live token
 
-    h.clock.advance(STOPPED_S)  # the owner takes hours to decide: the fresh token expired too
-    assert beat(h, run_id, grant["token"])[0] == 401
-    assert h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})["state"] == "training"
-    status, again = exchange(h, run_id, grant["token"])
+    harness.clock.advance(STOPPED_S)  # the owner takes hours to decide: the fresh token expired too
+    assert beat(harness, run_id, grant["token"])[0] == 401
+    assert harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "resume"})["state"] == "training"
+    status, again = exchange(harness, run_id, grant["token"])
     assert status == 200, again
-    assert exchange(h, run_id, token)[0] == 409  # the first token's start was exchanged already
-    assert beat(h, run_id, again["token"])[1]["resume"] is True
+    assert exchange(harness, run_id, token)[0] == 409  # the first token's start was exchanged already
+    assert beat(harness, run_id, again["token"])[1]["resume"] is True
 
 
 def test_a_start_for_recovery_reaches_the_verification_and_the_ended_run_refuses_the_exchange(
-        h: Harness, cloud: Cloud, resumable: None) -> None:
+        harness: Harness, cloud: Cloud, resumable: None) -> None:
     """recover --start hours after the retain, the agent's token exchanged, then the saved adapter verified: the
     run succeeds, and its ended run accepts no exchange (nor any agent call) any more."""
-    run_id, token = _retained(h)
-    h.clock.advance(STOPPED_S)
-    h.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
-    status, grant = exchange(h, run_id, token)
-    assert status == 200 and beat(h, run_id, grant["token"])[0] == 200, grant
-    run = h.recover(run_id)
-    assert run["state"] == "succeeded", (run["reason"], h.step_errors)
-    _refused(h, run_id, grant["token"], 401, "no longer accepted")
+    run_id, token = _retained(harness)
+    harness.clock.advance(STOPPED_S)
+    harness.ok("POST", f"/api/runs/{run_id}/recover", json_body={"mode": "start_machine"})
+    status, grant = exchange(harness, run_id, token)
+    assert status == 200 and beat(harness, run_id, grant["token"])[0] == 200, grant
+    run = harness.recover(run_id)
+    assert run["state"] == "succeeded", (run["reason"], harness.step_errors)
+    _refused(harness, run_id, grant["token"], 401, "no longer accepted")
 
 
-def test_the_route_is_documented_for_the_agent(h: Harness) -> None:
-    spec = h.ok("GET", "/api/openapi.json", token=None)
+def test_the_route_is_documented_for_the_agent(harness: Harness) -> None:
+    spec = harness.ok("GET", "/api/openapi.json", token=None)
     op = spec["paths"]["/api/agent/runs/{id}/restart"]["post"]
     assert op["security"] == [{"agent": []}] and {"401", "403", "404", "409"} <= set(op["responses"])
     assert op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/RestartGrant")

@@ -21,12 +21,12 @@ def _events(run: dict[str, Any], kind: str) -> list[str]:
     return [e["message"] for e in run["events"] if e["kind"] == kind]
 
 
-def test_a_machine_that_reports_once_then_dies_while_preparing_is_released_not_kept(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=DAY)
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("preparing")  # its one report; then the machine dies
-    h.serve(get_settings().heartbeat_timeout_s + 120)
-    run = h.get_run(run_id)
+def test_a_machine_that_reports_once_then_dies_while_preparing_is_released_not_kept(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=DAY)
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("preparing")  # its one report; then the machine dies
+    harness.serve(get_settings().heartbeat_timeout_s + 120)
+    run = harness.get_run(run_id)
     # Before: retained, the disk billed for ever (604,800 s in a simulated week). Nothing was trained.
     assert run["state"] == "failed", run
     assert "heartbeat went silent" in run["reason"] and "nothing had been trained" in run["reason"], run["reason"]
@@ -39,66 +39,66 @@ def test_a_machine_that_reports_once_then_dies_while_preparing_is_released_not_k
     assert "retaining -> retained" not in walked
 
 
-def test_a_silent_preparing_run_whose_checkpoint_reached_storage_is_kept(h: Harness, cloud: Cloud) -> None:
+def test_a_silent_preparing_run_whose_checkpoint_reached_storage_is_kept(harness: Harness, cloud: Cloud) -> None:
     # The agent trained on without reaching the control plane and uploaded a checkpoint's adapter to storage.
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=DAY)
-    h.launch(run_id)
-    agent = h.agent(run_id)
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=DAY)
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("preparing")
     agent.upload(b"the adapter of the checkpoint at step 50")
-    h.serve(get_settings().heartbeat_timeout_s + 120)
-    run = h.get_run(run_id)
+    harness.serve(get_settings().heartbeat_timeout_s + 120)
+    run = harness.get_run(run_id)
     assert run["state"] == "retained", run
     [m] = cloud.machines.values()
     assert m.state == "stopped" and m.disk_exists
 
 
-def test_storage_that_cannot_answer_keeps_the_disk(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:
+def test_storage_that_cannot_answer_keeps_the_disk(harness: Harness, cloud: Cloud, monkeypatch: Any) -> None:
     from shared.org_storage.local import LocalStorage
 
     def unreachable(self: Any, key: str, max_bytes: int) -> Any:
         raise OSError("storage account unreachable")
 
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=DAY)
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("preparing")
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=DAY)
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("preparing")
     monkeypatch.setattr(LocalStorage, "open_stream", unreachable)
-    h.serve(get_settings().heartbeat_timeout_s + 120)
-    run = h.get_run(run_id)
+    harness.serve(get_settings().heartbeat_timeout_s + 120)
+    run = harness.get_run(run_id)
     assert run["state"] == "retained", run  # a release cannot be undone: unknown is kept
     assert any("storage could not say" in w for w in _events(run, "warning"))
 
 
-def _retained(h: Harness) -> str:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def _retained(harness: Harness) -> str:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.4)
     agent.complete_failed("boom")  # output may exist: retained
-    assert h.get_run(run_id)["state"] == "retained"
+    assert harness.get_run(run_id)["state"] == "retained"
     return run_id
 
 
-def test_a_retained_run_is_warned_then_discarded_at_the_retention_limit(h: Harness, cloud: Cloud) -> None:
-    assert h.ok("GET", "/api/org/limits")["retention_limit_s"] == 14 * DAY  # the stated default
-    run_id = _retained(h)
-    assert any("kept until" in w and "14 days" in w for w in h.get_run(run_id)["warnings"])
+def test_a_retained_run_is_warned_then_discarded_at_the_retention_limit(harness: Harness, cloud: Cloud) -> None:
+    assert harness.ok("GET", "/api/org/limits")["retention_limit_s"] == 14 * DAY  # the stated default
+    run_id = _retained(harness)
+    assert any("kept until" in w and "14 days" in w for w in harness.get_run(run_id)["warnings"])
 
-    h.clock.advance(12 * DAY - 60)
+    harness.clock.advance(12 * DAY - 60)
     assert heartbeat_check.check_all()["retention_warned"] == 0
-    h.clock.advance(120)  # past the warning point: 2 days before the limit
+    harness.clock.advance(120)  # past the warning point: 2 days before the limit
     assert heartbeat_check.check_all()["retention_warned"] == 1
     assert heartbeat_check.check_all()["retention_warned"] == 0  # once, not every minute
-    run = h.get_run(run_id)
+    run = harness.get_run(run_id)
     [warning] = [w for w in _events(run, "warning") if "will be discarded" in w]
     assert "retention limit of 14 days" in warning and "recover it before then" in warning
     assert run["state"] == "retained"
 
-    h.served(2 * DAY)  # served all along: the same clock counted the warning down
+    harness.served(2 * DAY)  # served all along: the same clock counted the warning down
     counts = heartbeat_check.check_all()
     assert counts["discarded"] == 1, counts
-    h.drain()
-    run = h.get_run(run_id)
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "failed" and run["reason"].startswith("discarded: retained for the organization's "
                                                                  "retention limit of 14 days"), run["reason"]
     assert "boom" in run["reason"]  # why it was retained, kept in the reason
@@ -109,11 +109,11 @@ def test_a_retained_run_is_warned_then_discarded_at_the_retention_limit(h: Harne
     assert run["billed_disk_only_s"] == pytest.approx(14 * DAY, abs=120)
 
 
-def test_the_retention_limit_is_an_org_setting_read_once_per_tick(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:
-    status, body, _ = h.call("PUT", "/api/org/limits", json_body={"retention_limit_s": 3600})
+def test_the_retention_limit_is_an_org_setting_read_once_per_tick(harness: Harness, cloud: Cloud, monkeypatch: Any) -> None:
+    status, body, _ = harness.call("PUT", "/api/org/limits", json_body={"retention_limit_s": 3600})
     assert status == 422 and "retention_limit_s" in str(body), body
-    h.ok("PUT", "/api/org/limits", json_body={"retention_limit_s": 2 * DAY})
-    runs = [_retained(h) for _ in range(2)]
+    harness.ok("PUT", "/api/org/limits", json_body={"retention_limit_s": 2 * DAY})
+    runs = [_retained(harness) for _ in range(2)]
     reads: list[str] = []
 
     def counted(org: str) -> org_limits.OrgLimits:
@@ -121,22 +121,22 @@ def test_the_retention_limit_is_an_org_setting_read_once_per_tick(h: Harness, cl
         return org_limits.get_limits(org)
 
     monkeypatch.setattr(heartbeat_check, "get_limits", counted)
-    h.clock.advance(DAY + 60)  # a limit under 4 days: warned half-way
+    harness.clock.advance(DAY + 60)  # a limit under 4 days: warned half-way
     assert heartbeat_check.check_all()["retention_warned"] == 2
-    assert reads == [h.org]  # one read for the org's two retained runs in one tick
-    h.served(DAY)
+    assert reads == [harness.org]  # one read for the org's two retained runs in one tick
+    harness.served(DAY)
     assert heartbeat_check.check_all()["discarded"] == 2
-    h.drain()
-    assert [h.get_run(r)["state"] for r in runs] == ["failed", "failed"]
+    harness.drain()
+    assert [harness.get_run(r)["state"] for r in runs] == ["failed", "failed"]
 
 
-def test_a_recovery_started_before_the_limit_is_not_discarded(h: Harness, cloud: Cloud) -> None:
+def test_a_recovery_started_before_the_limit_is_not_discarded(harness: Harness, cloud: Cloud) -> None:
     from tests.harness import smoke_adapter_zip
 
-    run_id = _retained(h)
-    h.clock.advance(13 * DAY)
+    run_id = _retained(harness)
+    harness.clock.advance(13 * DAY)
     heartbeat_check.check_all()
-    run = h.recover(run_id, upload=smoke_adapter_zip())
+    run = harness.recover(run_id, upload=smoke_adapter_zip())
     assert run["state"] == "succeeded" and run["adapter_kind"] == "final", run
-    h.served(2 * DAY)
+    harness.served(2 * DAY)
     assert heartbeat_check.check_all()["discarded"] == 0

@@ -30,9 +30,9 @@ def finished_copies(run: RunRecord, n: int) -> None:
         store.runs.create(run.model_copy(update={"id": f"{run.id}-old{i:03d}", "state": RunState.succeeded}))
 
 
-def test_heartbeat_check_reads_the_active_runs_not_the_history(h: Harness, cloud: Cloud, calls: Calls) -> None:
-    run_id, _ = training_run(h)
-    run, _ = get_store().runs.get(h.org, run_id)
+def test_heartbeat_check_reads_the_active_runs_not_the_history(harness: Harness, cloud: Cloud, calls: Calls) -> None:
+    run_id, _ = training_run(harness)
+    run, _ = get_store().runs.get(harness.org, run_id)
     finished_copies(run, 40)
     heartbeat_check.check_all()  # builds the index once (one scan), for records older than it
     calls.take()
@@ -43,43 +43,43 @@ def test_heartbeat_check_reads_the_active_runs_not_the_history(h: Harness, cloud
     assert got[("runs", "get")] == 1 and got[("runs", "query")] == 0 and got[("runs", "pages")] == 0, got
 
 
-def test_the_index_follows_the_state_changes(h: Harness, cloud: Cloud) -> None:
+def test_the_index_follows_the_state_changes(harness: Harness, cloud: Cloud) -> None:
     store = get_store()
-    run_id = h.create_run("memory", "mem-a10")
-    assert (h.org, run_id) not in store.watch.ids(h.org)  # a draft waits on nothing
-    h.launch(run_id)
-    assert (h.org, run_id) in store.watch.ids(h.org)
-    h.agent(run_id).train(smoke_adapter_zip())
-    assert h.get_run(run_id)["state"] == "succeeded"
-    assert (h.org, run_id) not in store.watch.ids(h.org) and (h.org, run_id) not in store.watch.ids()
+    run_id = harness.create_run("memory", "mem-a10")
+    assert (harness.org, run_id) not in store.watch.ids(harness.org)  # a draft waits on nothing
+    harness.launch(run_id)
+    assert (harness.org, run_id) in store.watch.ids(harness.org)
+    harness.agent(run_id).train(smoke_adapter_zip())
+    assert harness.get_run(run_id)["state"] == "succeeded"
+    assert (harness.org, run_id) not in store.watch.ids(harness.org) and (harness.org, run_id) not in store.watch.ids()
 
 
-def test_the_index_is_built_once_for_runs_recorded_before_it(h: Harness, cloud: Cloud) -> None:
+def test_the_index_is_built_once_for_runs_recorded_before_it(harness: Harness, cloud: Cloud) -> None:
     store = get_store()
-    run_id, _ = training_run(h)
-    store.watch.remove(h.org, run_id)  # as if written before the index existed
+    run_id, _ = training_run(harness)
+    store.watch.remove(harness.org, run_id)  # as if written before the index existed
     store.table("watch").delete("~", "built")
     assert heartbeat_check.check_all()["watched"] == 1
-    assert (h.org, run_id) in store.watch.ids(h.org)
+    assert (harness.org, run_id) in store.watch.ids(harness.org)
     assert store.runs.build_watch_index() is None  # done: never scans the runs table again
 
 
-def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(h: Harness, cloud: Cloud) -> None:
+def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(harness: Harness, cloud: Cloud) -> None:
     store = get_store()
-    run_id = h.create_run("memory", "mem-a10")
-    store.watch.add(h.org, run_id)  # a launch that died between indexing the run and moving it
+    run_id = harness.create_run("memory", "mem-a10")
+    store.watch.add(harness.org, run_id)  # a launch that died between indexing the run and moving it
     heartbeat_check.check_all()
-    assert (h.org, run_id) in store.watch.ids(h.org)  # maybe a write in flight: kept
-    h.clock.advance(heartbeat_check.PRUNE_AFTER_S + 1)
+    assert (harness.org, run_id) in store.watch.ids(harness.org)  # maybe a write in flight: kept
+    harness.clock.advance(heartbeat_check.PRUNE_AFTER_S + 1)
     assert heartbeat_check.check_all()["pruned"] == 1
-    assert (h.org, run_id) not in store.watch.ids(h.org)
+    assert (harness.org, run_id) not in store.watch.ids(harness.org)
 
 
 @pytest.fixture
-def five_orgs(h: Harness, cloud: Cloud) -> Iterator[list[tuple[str, str]]]:
+def five_orgs(harness: Harness, cloud: Cloud) -> Iterator[list[tuple[str, str]]]:
     """The harness org's memory connection, copied to four more orgs."""
     store = get_store()
-    conn, _ = store.connections.get(h.org, "compute:memory") or (None, None)
+    conn, _ = store.connections.get(harness.org, "compute:memory") or (None, None)
     assert conn is not None
     for i in range(4):
         store.connections.put(conn.model_copy(update={"org": f"zz-org-{i}"}), None)
@@ -113,21 +113,21 @@ def test_the_fan_out_rotates_so_no_account_starves(five_orgs: list[tuple[str, st
     assert sweeper.tick()["sent"] == 5 and sorted(sent_accounts()) == five_orgs
 
 
-def test_an_admin_sweep_answers_at_once_and_reports_by_id(h: Harness, five_orgs: list[tuple[str, str]]) -> None:
-    status, body, _ = h.call("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": True})
+def test_an_admin_sweep_answers_at_once_and_reports_by_id(harness: Harness, five_orgs: list[tuple[str, str]]) -> None:
+    status, body, _ = harness.call("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": True})
     assert status == 202 and body["accounts"] == 5 and body["status_url"].endswith(body["sweep_id"])
-    before = h.ok("GET", body["status_url"], token="admin")
+    before = harness.ok("GET", body["status_url"], token="admin")
     assert before["done"] == 0 and not before["finished"]  # nothing swept inside the request
-    h.drain()
-    after = h.ok("GET", body["status_url"], token="admin")
+    harness.drain()
+    after = harness.ok("GET", body["status_url"], token="admin")
     assert after["done"] == 5 and after["finished"]
-    status, problem, _ = h.call("GET", "/api/platform/sweeps/s20990101000000-abcdef", token="admin")
+    status, problem, _ = harness.call("GET", "/api/platform/sweeps/s20990101000000-abcdef", token="admin")
     assert status == 404 and "not found" in problem["detail"]
-    status, _, _ = h.call("GET", body["status_url"], token="owner")
+    status, _, _ = harness.call("GET", body["status_url"], token="owner")
     assert status == 403
 
 
-def test_the_timers_report_the_fleet_as_metrics(h: Harness, cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_timers_report_the_fleet_as_metrics(harness: Harness, cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
     from shared import metrics
     from shared.providers.base import RunRef
     from shared.settings import get_settings
@@ -135,9 +135,9 @@ def test_the_timers_report_the_fleet_as_metrics(h: Harness, cloud: Cloud, monkey
     seen: list[tuple[str, float, dict[str, object]]] = []
     monkeypatch.setattr(metrics, "gauge", lambda name, value, **a: seen.append((name, value, a)))
     monkeypatch.setattr(metrics, "count", lambda name, amount=1, **a: seen.append((name, amount, a)))
-    run_id, _ = training_run(h)
+    run_id, _ = training_run(harness)
     heartbeat_check.check_all()
-    run = h.get_run(run_id)
+    run = harness.get_run(run_id)
     assert (metrics.RUNS, 1, {"state": "training"}) in seen
     assert (metrics.MACHINES_BILLING, 1, {"provider": "memory"}) in seen
     assert (metrics.COST_PER_HOUR, round(run["offer"]["total_per_hour"], 4), {"provider": "memory"}) in seen
@@ -145,10 +145,10 @@ def test_the_timers_report_the_fleet_as_metrics(h: Harness, cloud: Cloud, monkey
     from shared.clock import now
 
     cloud.machines["leak"] = type(next(iter(cloud.machines.values())))(
-        id="leak", tags=RunRef(get_settings().deployment_id, h.org, "r-gone").tags, disk_id="vol-leak",
+        id="leak", tags=RunRef(get_settings().deployment_id, harness.org, "r-gone").tags, disk_id="vol-leak",
         created_at=now())
-    h.clock.advance(get_settings().sweep_grace_s + 1)
-    h.tick("sweeper")
-    h.drain()
+    harness.clock.advance(get_settings().sweep_grace_s + 1)
+    harness.tick("sweeper")
+    harness.drain()
     assert (metrics.SWEEP_FINDINGS, 1, {"kind": "leak"}) in seen and (metrics.SWEEP_FINISHED, 1, {}) in seen
     assert any(name == metrics.POISON_DEPTH and attrs == {"queue": "launch"} for name, _, attrs in seen)

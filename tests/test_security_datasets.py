@@ -50,11 +50,11 @@ def _bucket(url: str) -> dict[str, bytes]:
     return {k: s3.get_object(Bucket="tensorant-data", Key=k)["Body"].read() for k in keys}
 
 
-def _committed(h: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
-    project = h.ok("POST", "/api/projects", json_body={"name": "direct"})["id"]
-    grant = h.ok("POST", f"/api/projects/{project}/datasets/upload-url", token="member")
+def _committed(harness: Harness) -> tuple[dict[str, Any], dict[str, Any]]:
+    project = harness.ok("POST", "/api/projects", json_body={"name": "direct"})["id"]
+    grant = harness.ok("POST", f"/api/projects/{project}/datasets/upload-url", token="member")
     assert requests.put(grant["url"], data=GOOD, timeout=60).status_code == 200
-    rec = h.ok("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])
+    rec = harness.ok("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])
     return grant, rec
 
 
@@ -110,25 +110,25 @@ def test_each_commit_writes_a_key_of_its_own() -> None:
     assert a != b and a.startswith("datasets/p-1/d-1.") and a.endswith(".jsonl")
 
 
-def test_launch_refuses_a_dataset_changed_after_validation(h: Harness, cloud: Cloud, env: dict[str, str]) -> None:
-    pid, dsid = h.project_and_dataset()
-    ok = h.create_run("memory", "mem-a10", project=(pid, dsid))
-    assert h.launch(ok)["state"] == "provisioning"  # the unchanged dataset launches
+def test_launch_refuses_a_dataset_changed_after_validation(harness: Harness, cloud: Cloud, env: dict[str, str]) -> None:
+    pid, dsid = harness.project_and_dataset()
+    ok = harness.create_run("memory", "mem-a10", project=(pid, dsid))
+    assert harness.launch(ok)["state"] == "provisioning"  # the unchanged dataset launches
     assert len(cloud.machines) == 1
 
-    changed = h.create_run("memory", "mem-a10", project=(pid, dsid))
-    rec = get_store().datasets.get(h.org, dsid)
-    path = Path(env["TENSORANT_LOCAL_ROOT"]) / "storage" / h.org / rec.storage_key
+    changed = harness.create_run("memory", "mem-a10", project=(pid, dsid))
+    rec = get_store().datasets.get(harness.org, dsid)
+    path = Path(env["TENSORANT_LOCAL_ROOT"]) / "storage" / harness.org / rec.storage_key
     path.write_bytes(path.read_bytes() + b'{"text": "slipped in after the commit"}\n')
-    run = h.launch(changed)
+    run = harness.launch(changed)
     assert run["state"] == "failed", run
     assert f"dataset version {dsid} changed in storage after it was validated" in run["reason"]
     assert f"validated sha256 {rec.sha256[:12]}" in run["reason"]
     assert len(cloud.machines) == 1  # no machine was made for it
 
     path.unlink()
-    gone = h.create_run("memory", "mem-a10", project=(pid, dsid))
-    run = h.launch(gone)
+    gone = harness.create_run("memory", "mem-a10", project=(pid, dsid))
+    run = harness.launch(gone)
     assert run["state"] == "failed" and f"dataset version {dsid} is missing from storage" in run["reason"], run
     assert len(cloud.machines) == 1
 

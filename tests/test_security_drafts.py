@@ -22,22 +22,22 @@ LOCAL = {"provider": "local", "offer_id": "local-smoke", "base_model": SMOL}
 
 
 @pytest.fixture(autouse=True)
-def local_and_roomy_limits(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def local_and_roomy_limits(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The local provider connected too, and limits no edit here runs into by accident (the operator's
     ceiling raised)."""
     from shared.settings import reset_settings
 
     monkeypatch.setenv("TENSORANT_ORG_RUNS_PER_MINUTE_CEILING", "1000")
     reset_settings()
-    h.save_compute("local", {})
-    h.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1000, "max_price_limit_per_hour": 20,
+    harness.save_compute("local", {})
+    harness.ok("PUT", "/api/org/limits", json_body={"runs_per_minute": 1000, "max_price_limit_per_hour": 20,
                                               "max_runtime_limit_s": 86400})
 
 
-def create(h: Harness, project: tuple[str, str], **fields: Any) -> tuple[int, Any]:
+def create(harness: Harness, project: tuple[str, str], **fields: Any) -> tuple[int, Any]:
     body = {"project_id": project[0], "dataset_version_id": project[1], "provider": "memory", "offer_id": "mem-a10",
             "base_model": "tensorant/tiny-llama", "price_limit_per_hour": 10.0} | fields
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    status, got, _ = harness.call("POST", "/api/runs", token="member", json_body=body)
     return status, got
 
 
@@ -75,48 +75,48 @@ CASES = [
 
 @pytest.mark.parametrize(("valid", "edit", "field"), CASES)
 def test_patch_refuses_what_create_refuses_and_changes_nothing(
-        h: Harness, valid: dict[str, Any], edit: dict[str, Any], field: str) -> None:
-    project = h.project_and_dataset(rows=100)
-    status, body = create(h, project, **(valid | edit))
+        harness: Harness, valid: dict[str, Any], edit: dict[str, Any], field: str) -> None:
+    project = harness.project_and_dataset(rows=100)
+    status, body = create(harness, project, **(valid | edit))
     assert status == 422 and field in fields_of(body), body  # create refuses it
-    status, run = create(h, project, **valid)
+    status, run = create(harness, project, **valid)
     assert status == 201, run
-    before, events = stored(run["id"]), h.get_run(run["id"])["events"]
-    status, body, headers = h.call("PATCH", f"/api/runs/{run['id']}", token="member", json_body=edit)
+    before, events = stored(run["id"]), harness.get_run(run["id"])["events"]
+    status, body, headers = harness.call("PATCH", f"/api/runs/{run['id']}", token="member", json_body=edit)
     assert status == 422 and field in fields_of(body), body
     assert headers["Content-Type"].startswith("application/problem+json")
     assert stored(run["id"]) == before  # a refused edit changes nothing
-    assert h.get_run(run["id"])["events"] == events
+    assert harness.get_run(run["id"])["events"] == events
 
 
-def test_a_dataset_of_another_project_is_refused_by_patch(h: Harness) -> None:
-    project, other = h.project_and_dataset(), h.project_and_dataset()
-    run = create(h, project)[1]
+def test_a_dataset_of_another_project_is_refused_by_patch(harness: Harness) -> None:
+    project, other = harness.project_and_dataset(), harness.project_and_dataset()
+    run = create(harness, project)[1]
     before = stored(run["id"])
-    status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", json_body={"dataset_version_id": other[1]})
+    status, body, _ = harness.call("PATCH", f"/api/runs/{run['id']}", json_body={"dataset_version_id": other[1]})
     assert status == 422 and fields_of(body) == ["dataset_version_id"], body
     assert stored(run["id"]) == before
 
 
-def test_test_models_are_refused_by_patch_off_local(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_test_models_are_refused_by_patch_off_local(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     from shared.settings import reset_settings
 
-    project = h.project_and_dataset()
-    run = create(h, project, **(LOCAL | {"base_model": "tensorant/smoke-tiny"}))[1]
+    project = harness.project_and_dataset()
+    run = create(harness, project, **(LOCAL | {"base_model": "tensorant/smoke-tiny"}))[1]
     monkeypatch.setenv("TENSORANT_ALLOW_TEST_MODELS", "0")
     reset_settings()
     before = stored(run["id"])
-    status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", json_body={"provider": "memory", "offer_id": "mem-a10"})
+    status, body, _ = harness.call("PATCH", f"/api/runs/{run['id']}", json_body={"provider": "memory", "offer_id": "mem-a10"})
     assert status == 422 and fields_of(body) == ["base_model"], body
     assert stored(run["id"]) == before
 
 
-def test_a_kind_switch_resolves_the_training_settings_as_create_would(h: Harness) -> None:
-    project = h.project_and_dataset(rows=100)
-    trial = create(h, project, training={"seed": 7})[1]
+def test_a_kind_switch_resolves_the_training_settings_as_create_would(harness: Harness) -> None:
+    project = harness.project_and_dataset(rows=100)
+    trial = create(harness, project, training={"seed": 7})[1]
     assert (trial["training"]["kind"], trial["training"]["max_steps"], trial["runtime_limit_s"]) == ("trial", 30, 1200)
-    full = h.ok("PATCH", f"/api/runs/{trial['id']}", token="member", json_body={"kind": "full"})
-    as_created = create(h, project, kind="full", training={"seed": 7})[1]
+    full = harness.ok("PATCH", f"/api/runs/{trial['id']}", token="member", json_body={"kind": "full"})
+    as_created = create(harness, project, kind="full", training={"seed": 7})[1]
     assert full["kind"] == "full"
     assert full["training"] == as_created["training"]  # kind full, no trial bounds, the seed kept
     assert (full["training"]["kind"], full["training"]["max_steps"], full["training"]["max_examples"]) == (
@@ -125,59 +125,59 @@ def test_a_kind_switch_resolves_the_training_settings_as_create_would(h: Harness
     assert stored(trial["id"])["training"] == full["training"]  # what the trainer is handed
     assert any("full run: trains on all 100 examples" in e["message"] for e in full["events"])
     # And back: the trial's bounds apply again; a user's own smaller bound is kept.
-    back = h.ok("PATCH", f"/api/runs/{trial['id']}", json_body={"kind": "trial", "training": {"max_steps": 5}})
+    back = harness.ok("PATCH", f"/api/runs/{trial['id']}", json_body={"kind": "trial", "training": {"max_steps": 5}})
     assert (back["training"]["kind"], back["training"]["max_steps"], back["training"]["max_examples"]) == (
         "trial", 5, 64)
     assert back["runtime_limit_s"] == 1200
-    again = h.ok("PATCH", f"/api/runs/{trial['id']}", json_body={"kind": "full"})
+    again = harness.ok("PATCH", f"/api/runs/{trial['id']}", json_body={"kind": "full"})
     assert (again["training"]["max_steps"], again["training"]["seed"]) == (5, 7)  # the user's, not the trial's
 
 
-def test_training_edit_keeps_the_settings_left_out_and_is_fit_checked(h: Harness) -> None:
-    project = h.project_and_dataset()
-    run = create(h, project, base_model=BIG, training={"load_in_4bit": True, "lora_r": 8})[1]
-    got = h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"seed": 3}})
+def test_training_edit_keeps_the_settings_left_out_and_is_fit_checked(harness: Harness) -> None:
+    project = harness.project_and_dataset()
+    run = create(harness, project, base_model=BIG, training={"load_in_4bit": True, "lora_r": 8})[1]
+    got = harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"seed": 3}})
     assert (got["training"]["load_in_4bit"], got["training"]["lora_r"], got["training"]["seed"]) == (True, 8, 3)
-    got = h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"max_steps": 5}})
+    got = harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"max_steps": 5}})
     assert (got["training"]["max_steps"], got["training"]["seed"]) == (5, 3)
-    got = h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"max_steps": None}})
+    got = harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"max_steps": None}})
     assert got["training"]["max_steps"] == 30  # cleared: the trial's bound again
     # A change of the model alone is checked with the training settings as they are.
-    status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"batch_size": 64,
+    status, body, _ = harness.call("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"batch_size": 64,
                                                                                        "max_seq_len": 8192}})
     assert status == 422 and fields_of(body) == ["offer_id"], body
 
 
 def test_an_edit_checked_against_a_draft_changed_meanwhile_is_refused(
-        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two edits at once, each valid alone (a big model in 4-bit; then 4-bit off on the same card):
     the second checked the draft as it was before the first, so it is refused, not saved unchecked."""
     from shared.runs import admission as runs
 
-    project = h.project_and_dataset()
-    run = create(h, project, training={"load_in_4bit": True})[1]
+    project = harness.project_and_dataset()
+    run = create(harness, project, training={"load_in_4bit": True})[1]
     real = runs.admit
 
     def with_a_concurrent_edit(org: str, body: Any, *args: Any, **kwargs: Any) -> Any:
         out = real(org, body, *args, **kwargs)
         monkeypatch.setattr(runs, "admit", real)
-        h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"base_model": BIG})  # fits: still 4-bit
+        harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"base_model": BIG})  # fits: still 4-bit
         return out
 
     monkeypatch.setattr(runs, "admit", with_a_concurrent_edit)
-    status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"load_in_4bit": False}})
+    status, body, _ = harness.call("PATCH", f"/api/runs/{run['id']}", json_body={"training": {"load_in_4bit": False}})
     assert status == 409 and "changed by another request" in body["detail"], body
     got = stored(run["id"])
     assert (got["base_model"], got["training"]["load_in_4bit"]) == (BIG, True)  # never BIG without 4-bit on 24 GB
 
 
-def test_a_draft_saved_before_requests_were_stored_switches_kind_too(h: Harness) -> None:
+def test_a_draft_saved_before_requests_were_stored_switches_kind_too(harness: Harness) -> None:
     """Older drafts have no stored request: it is rebuilt, the trial's defaults and bounds taken out."""
-    project = h.project_and_dataset()
-    run_id = create(h, project, training={"max_steps": 5})[1]["id"]
+    project = harness.project_and_dataset()
+    run_id = create(harness, project, training={"max_steps": 5})[1]["id"]
     store = get_store()
     run, etag = store.runs.get("org-a", run_id)
     store.runs.put(run.model_copy(update={"request": None}), etag)
-    full = h.ok("PATCH", f"/api/runs/{run_id}", json_body={"kind": "full"})
+    full = harness.ok("PATCH", f"/api/runs/{run_id}", json_body={"kind": "full"})
     t = full["training"]
     assert (t["kind"], t["max_steps"], t["max_examples"], full["runtime_limit_s"]) == ("full", 5, None, 3600)

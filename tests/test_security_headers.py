@@ -13,14 +13,14 @@ def _no_store(headers: dict[str, str]) -> None:
     assert lowered.get("x-content-type-options") == "nosniff", headers
 
 
-def test_json_answers_are_not_stored_or_sniffed(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(smoke_adapter_zip())
-    assert h.get_run(run_id)["state"] == "succeeded"
+def test_json_answers_are_not_stored_or_sniffed(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(smoke_adapter_zip())
+    assert harness.get_run(run_id)["state"] == "succeeded"
     for method, path, token in (("GET", "/api/runs", "member"), ("GET", f"/api/runs/{run_id}", "member"),
                                 ("GET", f"/api/runs/{run_id}/adapter", "member"), ("GET", "/api/runs", None),
                                 ("GET", "/api/runs/r-nope", "member")):
-        status, _, headers = h.call(method, path, token=token)
+        status, _, headers = harness.call(method, path, token=token)
         assert status in (200, 401, 404), (path, status)
         _no_store(headers)

@@ -17,8 +17,8 @@ BAD_IDS = ["abc\n", "a#b", "a\\b", "a\x01b", "a\x7fb", "x" * 100_000, "a b", "a\
 
 
 @pytest.mark.parametrize("org", ["", None, [], ["org-a"], 0, "Org/A", "org-a\n"], ids=repr)
-def test_store_has_no_falsy_org_means_all_orgs(h: Harness, org: Any) -> None:
-    h.create_run("memory", "mem-a10")
+def test_store_has_no_falsy_org_means_all_orgs(harness: Harness, org: Any) -> None:
+    harness.create_run("memory", "mem-a10")
     store = get_store()
     for call in (lambda: store.runs.in_org(org), lambda: store.connections.in_org(org),
                  lambda: store.projects.in_org(org)):
@@ -31,15 +31,15 @@ def test_store_has_no_falsy_org_means_all_orgs(h: Harness, org: Any) -> None:
 
 @pytest.mark.parametrize("bad", BAD_IDS, ids=lambda b: repr(b)[:20])
 @pytest.mark.parametrize("path", ["/api/runs/{id}", "/api/runs/{id}/logs", "/api/projects/{id}/datasets"])
-def test_path_ids_that_cannot_be_keys_are_404(h: Harness, bad: str, path: str) -> None:
-    status, body, headers = h.call("GET", path.format(id=bad))
+def test_path_ids_that_cannot_be_keys_are_404(harness: Harness, bad: str, path: str) -> None:
+    status, body, headers = harness.call("GET", path.format(id=bad))
     assert status == 404, body
     assert headers["Content-Type"] == "application/problem+json"
     assert len(body["detail"]) < 200  # the 100k id is not echoed back
 
 
 @pytest.mark.parametrize("bad", ["a/b", "a?b", "..", "a/../b"])
-def test_ids_with_slash_or_query_are_404_at_the_service(h: Harness, bad: str) -> None:
+def test_ids_with_slash_or_query_are_404_at_the_service(harness: Harness, bad: str) -> None:
     # The HTTP route cannot carry these in one segment; the service refuses them all the same.
     from shared.errors import NotFound
 
@@ -49,16 +49,16 @@ def test_ids_with_slash_or_query_are_404_at_the_service(h: Harness, bad: str) ->
 
 @pytest.mark.parametrize("field", ["project_id", "dataset_version_id"])
 @pytest.mark.parametrize("bad", [*BAD_IDS, "a/b", "a?b"], ids=lambda b: repr(b)[:20])
-def test_body_ids_that_cannot_be_keys_are_422(h: Harness, field: str, bad: str) -> None:
-    pid, dsid = h.project_and_dataset()
+def test_body_ids_that_cannot_be_keys_are_422(harness: Harness, field: str, bad: str) -> None:
+    pid, dsid = harness.project_and_dataset()
     body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
             "base_model": "tensorant/smoke-tiny", "price_limit_per_hour": 5, field: bad}
-    status, got, _ = h.call("POST", "/api/runs", token="member", json_body=body)
+    status, got, _ = harness.call("POST", "/api/runs", token="member", json_body=body)
     assert status == 422, got
     assert got["errors"][0]["field"] == field
 
 
-def test_sealed_secret_copied_from_another_org_fails_clearly(h: Harness) -> None:
+def test_sealed_secret_copied_from_another_org_fails_clearly(harness: Harness) -> None:
     other = Harness("org-b")
     other.save_storage({"kind": "local"})
     other.close()
@@ -67,21 +67,21 @@ def test_sealed_secret_copied_from_another_org_fails_clearly(h: Harness) -> None
     theirs, _ = store.connections.get("org-b", "storage") or (None, "")
     assert mine and theirs
     store.connections.put(mine.model_copy(update={"sealed": theirs.sealed}), etag)
-    status, body, headers = h.call("POST", "/api/projects", json_body={"name": "x"})
+    status, body, headers = harness.call("POST", "/api/projects", json_body={"name": "x"})
     assert status == 409, body
     assert "does not open for this organization" in body["detail"]
     assert "save" in body["detail"] and headers["Content-Type"] == "application/problem+json"
 
 
 @pytest.mark.parametrize("depth", [100, 1000, 100_000])
-def test_deeply_nested_json_is_422(h: Harness, depth: int) -> None:
+def test_deeply_nested_json_is_422(harness: Harness, depth: int) -> None:
     for raw in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
-        status, body, headers = h.call("POST", "/api/projects", body=raw.encode())
+        status, body, headers = harness.call("POST", "/api/projects", body=raw.encode())
         assert status == 422, body
         assert headers["Content-Type"] == "application/problem+json"
         assert "nest" in body["detail"]
 
 
-def test_ordinary_nesting_still_parses(h: Harness) -> None:
-    status, body, _ = h.call("POST", "/api/projects", json_body={"name": "ok"})
+def test_ordinary_nesting_still_parses(harness: Harness) -> None:
+    status, body, _ = harness.call("POST", "/api/projects", json_body={"name": "ok"})
     assert status == 201 or status == 200, body

@@ -43,51 +43,51 @@ def forge(secret: str, org: str, run_id: str, iat: int, ttl_s: int = 3600) -> st
                        "jti": base64.urlsafe_b64encode(os.urandom(12)).decode()}, secret, algorithm="HS256")
 
 
-def beat(h: Harness, run_id: str, token: str) -> tuple[int, dict[str, object]]:
-    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/heartbeat", token=token,
+def beat(harness: Harness, run_id: str, token: str) -> tuple[int, dict[str, object]]:
+    status, body, _ = harness.call("POST", f"/api/agent/runs/{run_id}/heartbeat", token=token,
                              json_body={"phase": "training", "progress": 0.5})
     return status, body
 
 
-def test_a_token_forged_with_the_rotated_out_key_is_not_renewed(h: Harness, cloud: Cloud, rotate) -> None:
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def test_a_token_forged_with_the_rotated_out_key_is_not_renewed(harness: Harness, cloud: Cloud, rotate) -> None:
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.3)
-    h.clock.advance(60)
+    harness.clock.advance(60)
     old = rotate(keep_previous=True)
     real = agent.heartbeat("training", 0.4)  # the real agent, first after the rotation: renewed
     assert real["token"], real
-    h.clock.advance(600)
+    harness.clock.advance(600)
     # The attacker holds the rotated-out key (why it was rotated) and forges a fresh token for the run.
-    forged = forge(old, h.org, run_id, int(h.clock.t))
-    status, reply = beat(h, run_id, forged)
+    forged = forge(old, harness.org, run_id, int(harness.clock.t))
+    status, reply = beat(harness, run_id, forged)
     assert status == 200 and "token" not in reply, reply  # accepted while the previous key is, never laundered
     # Once the previous key is removed the forged token is worth nothing, the real agent's renewed one still works.
     rotate(keep_previous=False)
-    assert beat(h, run_id, forged)[0] == 401
-    assert beat(h, run_id, str(real["token"]))[0] == 200
+    assert beat(harness, run_id, forged)[0] == 401
+    assert beat(harness, run_id, str(real["token"]))[0] == 200
 
 
-def test_a_previous_key_token_older_than_its_run_is_not_renewed(h: Harness, cloud: Cloud, rotate) -> None:
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
-    h.clock.advance(3600)
-    h.launch(run_id)
-    h.agent(run_id).heartbeat("training", 0.3)
+def test_a_previous_key_token_older_than_its_run_is_not_renewed(harness: Harness, cloud: Cloud, rotate) -> None:
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    harness.clock.advance(3600)
+    harness.launch(run_id)
+    harness.agent(run_id).heartbeat("training", 0.3)
     old = rotate(keep_previous=True)
-    h.agent(run_id).heartbeat("training", 0.4)  # the new key is seen
+    harness.agent(run_id).heartbeat("training", 0.4)  # the new key is seen
     # Backdated to before the launch: no real token of this run was issued then.
-    backdated = forge(old, h.org, run_id, int(h.clock.t) - 1800)
-    status, reply = beat(h, run_id, backdated)
+    backdated = forge(old, harness.org, run_id, int(harness.clock.t) - 1800)
+    status, reply = beat(harness, run_id, backdated)
     assert status == 200 and "token" not in reply, reply
 
 
-def test_a_renewal_keeps_the_tokens_org_and_run(h: Harness, cloud: Cloud, rotate) -> None:
+def test_a_renewal_keeps_the_tokens_org_and_run(harness: Harness, cloud: Cloud, rotate) -> None:
     import jwt
 
-    run_id = h.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
-    h.launch(run_id)
-    agent = h.agent(run_id)
+    run_id = harness.create_run("memory", "mem-a10", runtime_limit_s=24 * 3600)
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.3)
     rotate(keep_previous=True)
     reply = agent.heartbeat("training", 0.4)  # issued before the rotation: renewed at once
@@ -107,53 +107,53 @@ def forge_user(secret: str, org: str, iat: int, role: str = "owner", ttl_s: int 
                        "aud": USER_AUDIENCE, "iss": _issuer()}, secret, algorithm="HS256")
 
 
-def test_a_user_token_forged_with_the_rotated_out_key_is_refused(h: Harness, cloud: Cloud, rotate) -> None:
-    h.clock.advance(60)
+def test_a_user_token_forged_with_the_rotated_out_key_is_refused(harness: Harness, cloud: Cloud, rotate) -> None:
+    harness.clock.advance(60)
     old = rotate(keep_previous=True)
-    assert h.call("GET", "/api/runs", token="member")[0] == 200  # issued before the rotation: still good
-    h.clock.advance(600)
-    forged = forge_user(old, h.org, int(h.clock.t))
-    status, body, _ = h.call("GET", "/api/runs", token=forged)
+    assert harness.call("GET", "/api/runs", token="member")[0] == 200  # issued before the rotation: still good
+    harness.clock.advance(600)
+    forged = forge_user(old, harness.org, int(harness.clock.t))
+    status, body, _ = harness.call("GET", "/api/runs", token=forged)
     assert status == 401 and "rotated out" in body["detail"], body
     # Another org, owner role: the same.
-    status, _, _ = h.call("GET", "/api/runs", token=forge_user(old, "org-z", int(h.clock.t)))
+    status, _, _ = harness.call("GET", "/api/runs", token=forge_user(old, "org-z", int(harness.clock.t)))
     assert status == 401
-    assert h.call("GET", "/api/runs", token=forge_user(NEW_SECRET, h.org, int(h.clock.t)))[0] == 200
+    assert harness.call("GET", "/api/runs", token=forge_user(NEW_SECRET, harness.org, int(harness.clock.t)))[0] == 200
 
 
-def _exchange(h: Harness, run_id: str, claim: str) -> tuple[int, object]:
-    status, body, _ = h.call("POST", f"/api/agent/runs/{run_id}/bootstrap", token=None, json_body={"claim": claim})
+def _exchange(harness: Harness, run_id: str, claim: str) -> tuple[int, object]:
+    status, body, _ = harness.call("POST", f"/api/agent/runs/{run_id}/bootstrap", token=None, json_body={"claim": claim})
     return status, body
 
 
-def test_a_claim_forged_with_the_rotated_out_key_is_refused(h: Harness, cloud: Cloud, rotate) -> None:
+def test_a_claim_forged_with_the_rotated_out_key_is_refused(harness: Harness, cloud: Cloud, rotate) -> None:
     from shared.providers.bootstrap_env import CLAIM_PREFIX, _claim_mac
 
-    before = h.create_run("memory", "mem-a10")
-    h.launch(before)
-    h.clock.advance(60)
+    before = harness.create_run("memory", "mem-a10")
+    harness.launch(before)
+    harness.clock.advance(60)
     old = rotate(keep_previous=True)
-    h.clock.advance(60)
-    after = h.create_run("memory", "mem-a10")
-    h.launch(after)  # minted on the new key: the new key is seen before this launch
-    assert h.get_run(after)["state"] == "provisioning"
-    forged = f"{CLAIM_PREFIX}.{h.org}.{after}.{_claim_mac(old, h.org, after)}"
-    status, body = _exchange(h, after, forged)
+    harness.clock.advance(60)
+    after = harness.create_run("memory", "mem-a10")
+    harness.launch(after)  # minted on the new key: the new key is seen before this launch
+    assert harness.get_run(after)["state"] == "provisioning"
+    forged = f"{CLAIM_PREFIX}.{harness.org}.{after}.{_claim_mac(old, harness.org, after)}"
+    status, body = _exchange(harness, after, forged)
     assert status == 401 and "rotated out" in json.dumps(body), body
     # A run launched before the rotation: its claim, on the previous key, is still good.
-    assert h.get_run(before)["state"] == "provisioning"
-    status, body = _exchange(h, before, f"{CLAIM_PREFIX}.{h.org}.{before}.{_claim_mac(old, h.org, before)}")
+    assert harness.get_run(before)["state"] == "provisioning"
+    status, body = _exchange(harness, before, f"{CLAIM_PREFIX}.{harness.org}.{before}.{_claim_mac(old, harness.org, before)}")
     assert status == 200, body
 
 
-def test_a_claim_expires_at_the_boot_deadline(h: Harness, cloud: Cloud) -> None:
+def test_a_claim_expires_at_the_boot_deadline(harness: Harness, cloud: Cloud) -> None:
     from shared.providers.bootstrap_env import claim
     from shared.store import get_store
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    record, _ = get_store().runs.get(h.org, run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    record, _ = get_store().runs.get(harness.org, run_id)
     assert record.deadlines.provisioning_by is not None
-    h.clock.t = record.deadlines.provisioning_by.timestamp() + 1  # before the sweep releases it
-    status, body = _exchange(h, run_id, claim(h.org, run_id))
+    harness.clock.t = record.deadlines.provisioning_by.timestamp() + 1  # before the sweep releases it
+    status, body = _exchange(harness, run_id, claim(harness.org, run_id))
     assert status == 401 and "expired" in json.dumps(body), body

@@ -42,13 +42,13 @@ def _token(**over: Any) -> str:
     {"exp": "never", "aud": None, "iss": None}, {"org": "", "aud": None, "iss": None},
     {"org": ["org-a"], "aud": None, "iss": None},
 ], ids=lambda c: repr(c)[:40])
-def test_bad_claims_are_401_never_500(h: Harness, claims: dict[str, Any]) -> None:
-    status, body, headers = h.call("GET", "/api/runs", token=_token(**claims))
+def test_bad_claims_are_401_never_500(harness: Harness, claims: dict[str, Any]) -> None:
+    status, body, headers = harness.call("GET", "/api/runs", token=_token(**claims))
     assert status == 401, body
     assert headers["Content-Type"] == "application/problem+json"
 
 
-def test_user_token_refused_on_agent_api_and_agent_token_on_user_api(h: Harness) -> None:
+def test_user_token_refused_on_agent_api_and_agent_token_on_user_api(harness: Harness) -> None:
     user = mint_user_token("m@a", "org-a", Role.member)
     with pytest.raises(Forbidden):
         verify_agent(f"Bearer {user}", "r-1")

@@ -30,15 +30,15 @@ def test_common_encodings_of_a_registered_secret_are_masked(module: object) -> N
         assert form not in text and "***" in text, (form, text)
 
 
-def test_a_machine_line_cannot_pass_for_the_control_planes(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
+def test_a_machine_line_cannot_pass_for_the_control_planes(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
     forged = ["[tensorant] warning: your token expired, sign in at https://evil.example",
               "  [TensorAnt] warning: same", "\u200b[tensorant] zero-width first",
               "\uff3b\uff54\uff45\uff4e\uff53\uff4f\uff52\uff41\uff4e\uff54\uff3d fullwidth",
               "step 3 loss=0.5"]
-    h.agent(run_id).heartbeat("training", 0.3, logs=forged)
-    lines = h.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
+    harness.agent(run_id).heartbeat("training", 0.3, logs=forged)
+    lines = harness.ok("GET", f"/api/runs/{run_id}/logs")["lines"]
     machine = [line for line in lines if "evil" in line or "same" in line or "zero-width" in line
                or "fullwidth" in line]
     assert len(machine) == 4 and all(line.startswith("[machine] ") for line in machine), lines

@@ -45,8 +45,8 @@ class NoBodyRequest:
         raise MemoryError("the body was read")
 
 
-def _handler(h: Harness, method: str, route: str) -> Any:
-    for m, template, fn in h.routes:
+def _handler(harness: Harness, method: str, route: str) -> Any:
+    for m, template, fn in harness.routes:
         if m == method and template.match(route) is not None:
             return fn
     raise AssertionError(route)
@@ -64,30 +64,30 @@ def test_limits_stay_under_the_functions_host_request_limit() -> None:
 
 
 @pytest.mark.parametrize("route", ["projects/p-000000000000/datasets", "runs/r-000000000000/recover"])
-def test_a_huge_content_length_is_refused_without_reading(h: Harness, route: str) -> None:
-    req = NoBodyRequest(h.member, str(300 * 10**9), {"id": route.split("/")[1]})
+def test_a_huge_content_length_is_refused_without_reading(harness: Harness, route: str) -> None:
+    req = NoBodyRequest(harness.member, str(300 * 10**9), {"id": route.split("/")[1]})
     if route.startswith("runs"):
         req.headers["Content-Type"] = "application/zip"
-    resp = _handler(h, "POST", route)(req)
+    resp = _handler(harness, "POST", route)(req)
     assert resp.status_code == 413, resp.get_body()
     body = _problem(resp)
     assert body["status"] == 413 and "300000000000 bytes, over the 90 MiB" in body["detail"]
     assert not req.read
 
 
-def test_json_bodies_are_capped_before_reading(h: Harness) -> None:
-    req = NoBodyRequest(h.member, str(50 * MiB), {})
+def test_json_bodies_are_capped_before_reading(harness: Harness) -> None:
+    req = NoBodyRequest(harness.member, str(50 * MiB), {})
     req.headers["Content-Type"] = "application/json"
-    resp = _handler(h, "POST", "runs")(req)
+    resp = _handler(harness, "POST", "runs")(req)
     assert resp.status_code == 413 and not req.read
 
 
-def test_an_upload_needs_a_valid_content_length(h: Harness) -> None:
-    missing = NoBodyRequest(h.member, None, {"id": "p-000000000000"})
-    resp = _handler(h, "POST", "projects/p-000000000000/datasets")(missing)
+def test_an_upload_needs_a_valid_content_length(harness: Harness) -> None:
+    missing = NoBodyRequest(harness.member, None, {"id": "p-000000000000"})
+    resp = _handler(harness, "POST", "projects/p-000000000000/datasets")(missing)
     assert resp.status_code == 411 and "Content-Length" in _problem(resp)["detail"] and not missing.read
-    bad = NoBodyRequest(h.member, "12abc", {"id": "p-000000000000"})
-    resp = _handler(h, "POST", "projects/p-000000000000/datasets")(bad)
+    bad = NoBodyRequest(harness.member, "12abc", {"id": "p-000000000000"})
+    resp = _handler(harness, "POST", "projects/p-000000000000/datasets")(bad)
     assert resp.status_code == 400 and not bad.read
 
 
@@ -97,13 +97,13 @@ def _dataset(size: int) -> bytes:
     return line * (size // len(line))
 
 
-def test_a_20_mib_upload_allocates_far_less_than_its_size(h: Harness) -> None:
-    project = h.ok("POST", "/api/projects", json_body={"name": "big"})["id"]
+def test_a_20_mib_upload_allocates_far_less_than_its_size(harness: Harness) -> None:
+    project = harness.ok("POST", "/api/projects", json_body={"name": "big"})["id"]
     data = _dataset(20 * MiB)
     req = func.HttpRequest("POST", f"http://localhost/api/projects/{project}/datasets", body=data,
-                           headers={"Authorization": f"Bearer {h.member}", "Content-Length": str(len(data)),
+                           headers={"Authorization": f"Bearer {harness.member}", "Content-Length": str(len(data)),
                                     "Content-Type": "application/x-ndjson"}, route_params={"id": project})
-    handler = _handler(h, "POST", f"projects/{project}/datasets")
+    handler = _handler(harness, "POST", f"projects/{project}/datasets")
     tracemalloc.start()
     try:
         resp = handler(req)
@@ -118,24 +118,24 @@ def test_a_20_mib_upload_allocates_far_less_than_its_size(h: Harness) -> None:
     assert peak < 0.25 * len(data)  # it was over 2x: a decoded copy plus a list of every line
 
 
-def test_line_errors_keep_their_wording_and_store_nothing(h: Harness, env: dict[str, str]) -> None:
+def test_line_errors_keep_their_wording_and_store_nothing(harness: Harness, env: dict[str, str]) -> None:
     from pathlib import Path
 
-    project = h.ok("POST", "/api/projects", json_body={"name": "bad"})["id"]
+    project = harness.ok("POST", "/api/projects", json_body={"name": "bad"})["id"]
     good = json.dumps({"text": "ok"})
     body = "\n".join([good, "{not json", good, json.dumps({"messages": []})]).encode()
-    status, problem, _ = h.call("POST", f"/api/projects/{project}/datasets", body=body,
+    status, problem, _ = harness.call("POST", f"/api/projects/{project}/datasets", body=body,
                                 content_type="application/x-ndjson")
     assert status == 422
     assert problem["detail"].startswith("2 of 4 lines are not valid examples (each is listed)")
     assert [e["line"] for e in problem["errors"]] == [2, 4]
     assert problem["errors"][0]["message"].startswith("is not valid JSON")  # said once, by its field "line 2"
-    status, problem, _ = h.call("POST", f"/api/projects/{project}/datasets", body=good.encode() + b"\n\xff\xfe",
+    status, problem, _ = harness.call("POST", f"/api/projects/{project}/datasets", body=good.encode() + b"\n\xff\xfe",
                                 content_type="application/x-ndjson")
     assert status == 422 and any("not UTF-8 (byte 15)" in e["message"] for e in problem["errors"]), problem
-    stored = Path(env["TENSORANT_LOCAL_ROOT"]) / "storage" / h.org / "datasets"
+    stored = Path(env["TENSORANT_LOCAL_ROOT"]) / "storage" / harness.org / "datasets"
     assert not [p for p in stored.rglob("*") if p.is_file()]
-    status, problem, _ = h.call("POST", f"/api/projects/{project}/datasets/upload-url")
+    status, problem, _ = harness.call("POST", f"/api/projects/{project}/datasets/upload-url")
     assert status == 409 and "local storage" in problem["detail"]
 
 

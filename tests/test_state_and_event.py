@@ -17,16 +17,16 @@ def _transitions(run: dict[str, Any]) -> list[str]:
     return [e["message"].split(":")[0] for e in run["events"] if e["kind"] == "transition"]
 
 
-def test_a_state_is_never_shown_without_its_transition_event(h: Harness, cloud: Cloud, monkeypatch: Any) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def test_a_state_is_never_shown_without_its_transition_event(harness: Harness, cloud: Cloud, monkeypatch: Any) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.5)
     # Every writer from here on dies between the run's write and its event's (or is read in that gap).
     monkeypatch.setattr(moves, "transition_event", lambda before, run: None)
     agent.train(smoke_adapter_zip())
-    h.drain()
-    run = h.get_run(run_id)
+    harness.drain()
+    run = harness.get_run(run_id)
     assert run["state"] == "succeeded"
     walked = _transitions(run)
     assert walked[-1] == "releasing -> succeeded", walked
@@ -34,14 +34,14 @@ def test_a_state_is_never_shown_without_its_transition_event(h: Harness, cloud: 
     assert last["state"] == "succeeded"
 
 
-def test_the_written_event_replaces_the_derived_one(h: Harness, cloud: Cloud) -> None:
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    agent = h.agent(run_id)
+def test_the_written_event_replaces_the_derived_one(harness: Harness, cloud: Cloud) -> None:
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    agent = harness.agent(run_id)
     agent.heartbeat("training", 0.5)
     agent.train(smoke_adapter_zip())
-    h.drain()
-    run = h.get_run(run_id)
+    harness.drain()
+    run = harness.get_run(run_id)
     walked = _transitions(run)
     assert walked.count("releasing -> succeeded") == 1, walked  # once: the derived one is not added as well
     assert walked.count("queued -> provisioning") == 1, walked

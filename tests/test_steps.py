@@ -84,49 +84,49 @@ def test_every_state_holding_a_machine_has_an_owner() -> None:
 
 
 @pytest.mark.parametrize("step", RUN_STEPS, ids=str)
-def test_a_step_ignores_a_run_in_a_state_it_does_not_serve(h: Harness, cloud: Cloud, step: Step) -> None:
-    run_id = h.create_run("memory", "mem-a10")  # a draft: no step serves it
-    before = h.get_run(run_id)
-    body = base64.b64decode(encode(StepMessage(org=h.org, run_id=run_id)))
-    h.queue_fns[step.value](func.QueueMessage(id="m-1", body=body, pop_receipt="r"))
-    after = h.get_run(run_id)
+def test_a_step_ignores_a_run_in_a_state_it_does_not_serve(harness: Harness, cloud: Cloud, step: Step) -> None:
+    run_id = harness.create_run("memory", "mem-a10")  # a draft: no step serves it
+    before = harness.get_run(run_id)
+    body = base64.b64decode(encode(StepMessage(org=harness.org, run_id=run_id)))
+    harness.queue_fns[step.value](func.QueueMessage(id="m-1", body=body, pop_receipt="r"))
+    after = harness.get_run(run_id)
     assert after["state"] == "draft" and after["updated_at"] == before["updated_at"]
     assert after["events"] == before["events"]
     assert not cloud.calls[2:], cloud.calls  # only the connection check's validate and offers ran
 
 
-def test_launch_claim_is_granted_once_per_settle_period(h: Harness, cloud: Cloud) -> None:
+def test_launch_claim_is_granted_once_per_settle_period(harness: Harness, cloud: Cloud) -> None:
     from shared.models import CloudResource
     from shared.services.steps.launch import launch_settle_s
     from shared.store import get_store
     from shared.store.leases import claim_launch
 
     settle, store = launch_settle_s(), get_store()
-    run_id = h.create_run("memory", "mem-a10")
-    store.runs.mutate(h.org, run_id, lambda r: transition(r, RunState.queued))
-    run, _ = store.runs.mutate(h.org, run_id, lambda r: transition(r, RunState.provisioning))
-    assert claim_launch(h.org, run_id, settle_s=settle) == (run, False)  # just written
-    h.clock.advance(settle + 1)
-    claimed, granted = claim_launch(h.org, run_id, settle_s=settle)
+    run_id = harness.create_run("memory", "mem-a10")
+    store.runs.mutate(harness.org, run_id, lambda r: transition(r, RunState.queued))
+    run, _ = store.runs.mutate(harness.org, run_id, lambda r: transition(r, RunState.provisioning))
+    assert claim_launch(harness.org, run_id, settle_s=settle) == (run, False)  # just written
+    harness.clock.advance(settle + 1)
+    claimed, granted = claim_launch(harness.org, run_id, settle_s=settle)
     assert granted and claimed.updated_at > run.updated_at
-    assert claim_launch(h.org, run_id, settle_s=settle) == (claimed, False)  # claimed just now
-    h.clock.advance(settle + 1)
-    res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=h.org)
-    launched, _ = store.runs.mutate(h.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
-    assert claim_launch(h.org, run_id, settle_s=settle) == (launched, False)  # launched already
+    assert claim_launch(harness.org, run_id, settle_s=settle) == (claimed, False)  # claimed just now
+    harness.clock.advance(settle + 1)
+    res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=harness.org)
+    launched, _ = store.runs.mutate(harness.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
+    assert claim_launch(harness.org, run_id, settle_s=settle) == (launched, False)  # launched already
 
 
-def test_two_deliveries_verifying_at_once_record_the_adapter_once(h: Harness, cloud: Cloud, monkeypatch) -> None:
+def test_two_deliveries_verifying_at_once_record_the_adapter_once(harness: Harness, cloud: Cloud, monkeypatch) -> None:
     """Two deliveries read the run in verifying and both verify; the later one's move finds the run moved
     and records nothing: one 'adapter verified' event, one release message."""
     from shared.services.steps import verify_adapter as step
     from shared.store import get_store
     from tests.harness import trained_adapter_zip
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(trained_adapter_zip())  # the first delivery verified it, and the run ended
-    done, etag = get_store().runs.get(h.org, run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(trained_adapter_zip())  # the first delivery verified it, and the run ended
+    done, etag = get_store().runs.get(harness.org, run_id)
     assert done.state == RunState.succeeded
     # The second delivery read the run before the first one's write: in verifying.
     stale = done.model_copy(update={"state": RunState.verifying})
@@ -136,15 +136,15 @@ def test_two_deliveries_verifying_at_once_record_the_adapter_once(h: Harness, cl
                                                                   lambda self, n: getattr(store, n)})())
     sent: list[object] = []
     monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {"send": lambda self, *a: sent.append(a)})())
-    step.verify_adapter(StepMessage(org=h.org, run_id=run_id))
+    step.verify_adapter(StepMessage(org=harness.org, run_id=run_id))
     monkeypatch.undo()
     verified = [e for e in get_store().events.read(run_id, "audit") if e.message.startswith("adapter verified")]
     assert len(verified) == 1, verified
     assert sent == [], sent  # no second release message
-    assert h.get_run(run_id)["state"] == "succeeded"
+    assert harness.get_run(run_id)["state"] == "succeeded"
 
 
-def test_a_throttled_release_waits_as_long_as_the_cloud_asked(h: Harness, cloud: Cloud, monkeypatch) -> None:
+def test_a_throttled_release_waits_as_long_as_the_cloud_asked(harness: Harness, cloud: Cloud, monkeypatch) -> None:
     """Azure's Compute throttling asks for up to 20 minutes: the release's own backoff (15 s, 30 s, ...) would
     retry early and count against the same limit."""
     from shared.errors import ThrottledError
@@ -152,8 +152,8 @@ def test_a_throttled_release_waits_as_long_as_the_cloud_asked(h: Harness, cloud:
     from shared.store import get_store
     from tests.harness import trained_adapter_zip
 
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
     real = step.compute_for
 
     class Throttled:
@@ -171,13 +171,13 @@ def test_a_throttled_release_waits_as_long_as_the_cloud_asked(h: Harness, cloud:
     queues = step.get_queues()
     monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {
         "send": lambda self, s, m, delay_s=0.0: sent.append(delay_s) if s == Step.release else queues.send(s, m)})())
-    h.agent(run_id).train(trained_adapter_zip())  # verified; its release is throttled
-    run, _ = get_store().runs.get(h.org, run_id)
+    harness.agent(run_id).train(trained_adapter_zip())  # verified; its release is throttled
+    run, _ = get_store().runs.get(harness.org, run_id)
     assert run.state == RunState.releasing and run.release_attempts == 1, run
     assert sent == [1200], sent
 
 
-def test_an_archive_the_verifier_cannot_read_is_refused_not_poison(h: Harness, cloud: Cloud, monkeypatch) -> None:
+def test_an_archive_the_verifier_cannot_read_is_refused_not_poison(harness: Harness, cloud: Cloud, monkeypatch) -> None:
     """An error the verifier did not foresee on an untrusted archive is a refusal: the run is retained with
     why, where the step used to fail until its message was set aside as poison."""
     import adapter_format.verify as verify
@@ -187,9 +187,9 @@ def test_an_archive_the_verifier_cannot_read_is_refused_not_poison(h: Harness, c
         raise NotImplementedError("zip file version 9.6")
 
     monkeypatch.setattr(verify, "verify_adapter", unforeseen)
-    run_id = h.create_run("memory", "mem-a10")
-    h.launch(run_id)
-    h.agent(run_id).train(trained_adapter_zip())
-    run = h.get_run(run_id)
+    run_id = harness.create_run("memory", "mem-a10")
+    harness.launch(run_id)
+    harness.agent(run_id).train(trained_adapter_zip())
+    run = harness.get_run(run_id)
     assert run["state"] == "retained", run
     assert "could not be read by the verifier (NotImplementedError: zip file version 9.6)" in run["reason"], run

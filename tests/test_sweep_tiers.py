@@ -25,54 +25,54 @@ N_OTHERS = 36
 
 
 @pytest.fixture
-def many(h: Harness, cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
+def many(harness: Harness, cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
     """The harness org's memory connection and N_OTHERS copies in other orgs, tiers on at any count."""
     monkeypatch.setattr(sweeper, "TIER_ABOVE", 0)
     store = get_store()
-    conn, _ = store.connections.get(h.org, "compute:memory") or (None, None)
+    conn, _ = store.connections.get(harness.org, "compute:memory") or (None, None)
     assert conn is not None
     for i in range(N_OTHERS):
         store.connections.put(conn.model_copy(update={"org": f"zz-org-{i:02d}"}), None)
     yield sweeper.accounts()
 
 
-def due(h: Harness) -> list[tuple[str, str]]:
+def due(harness: Harness) -> list[tuple[str, str]]:
     return sweeper.due_now(sweeper.accounts())
 
 
-def test_accounts_with_nothing_active_are_swept_hourly_and_evenly(h: Harness, many: list[tuple[str, str]]) -> None:
+def test_accounts_with_nothing_active_are_swept_hourly_and_evenly(harness: Harness, many: list[tuple[str, str]]) -> None:
     seen: Counter[tuple[str, str]] = Counter()
     per_tick = []
     for _ in range(sweeper.COLD_EVERY):
-        got = due(h)
+        got = due(harness)
         per_tick.append(len(got))
         seen.update(got)
-        h.clock.advance(sweeper.INTERVAL_S)
+        harness.clock.advance(sweeper.INTERVAL_S)
     assert set(seen) == set(many) and set(seen.values()) == {1}  # each exactly once an hour
     assert max(per_tick) <= 3 * len(many) / sweeper.COLD_EVERY + 2, per_tick  # a hash's share each tick
-    assert due(h) == [k for k in many if sweeper.slot_of(k) == sweeper.slot_of(due(h)[0])]  # the same slots again
+    assert due(harness) == [k for k in many if sweeper.slot_of(k) == sweeper.slot_of(due(harness)[0])]  # the same slots again
 
 
-def test_an_active_account_is_swept_every_tick_and_for_a_day_after(h: Harness, many: list[tuple[str, str]]) -> None:
-    mine = (h.org, "memory")
-    run_id, agent = training_run(h)
+def test_an_active_account_is_swept_every_tick_and_for_a_day_after(harness: Harness, many: list[tuple[str, str]]) -> None:
+    mine = (harness.org, "memory")
+    run_id, agent = training_run(harness)
     for _ in range(sweeper.COLD_EVERY):
-        assert mine in due(h)  # a watched run in the org
-        h.clock.advance(sweeper.INTERVAL_S)
-    out = sweep_account.sweep_one(h.org, "memory", sweep_id="s1", dry_run=False)
+        assert mine in due(harness)  # a watched run in the org
+        harness.clock.advance(sweeper.INTERVAL_S)
+    out = sweep_account.sweep_one(harness.org, "memory", sweep_id="s1", dry_run=False)
     assert out["active"] is True  # it saw the watched run and the machine: marked
     agent.train(smoke_adapter_zip())
-    assert h.get_run(run_id)["state"] == "succeeded"
+    assert harness.get_run(run_id)["state"] == "succeeded"
     for _ in range(sweeper.COLD_EVERY):
-        assert mine in due(h)  # ended: still every tick (its run ended within the day)
-        h.clock.advance(sweeper.INTERVAL_S)
-    h.clock.advance(sweeper.ACTIVE_FOR_S)
-    quiet = sweep_account.sweep_one(h.org, "memory", sweep_id="s2", dry_run=False)
+        assert mine in due(harness)  # ended: still every tick (its run ended within the day)
+        harness.clock.advance(sweeper.INTERVAL_S)
+    harness.clock.advance(sweeper.ACTIVE_FOR_S)
+    quiet = sweep_account.sweep_one(harness.org, "memory", sweep_id="s2", dry_run=False)
     assert quiet["active"] is False
     ticks = 0
     for _ in range(sweeper.COLD_EVERY):
-        ticks += mine in due(h)
-        h.clock.advance(sweeper.INTERVAL_S)
+        ticks += mine in due(harness)
+        harness.clock.advance(sweeper.INTERVAL_S)
     assert ticks == 1  # a day later: hourly
 
 
@@ -85,7 +85,7 @@ def sent_messages() -> list[dict[str, Any]]:
     return out
 
 
-def test_sends_are_batched_and_each_account_of_a_batch_is_swept(h: Harness, many: list[tuple[str, str]],
+def test_sends_are_batched_and_each_account_of_a_batch_is_swept(harness: Harness, many: list[tuple[str, str]],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sweeper, "TIER_ABOVE", 10_000)  # every account this tick
     assert sweeper.tick()["sent"] == len(many)
@@ -104,7 +104,7 @@ def test_sends_are_batched_and_each_account_of_a_batch_is_swept(h: Harness, many
     sweep_account.sweep_account(msg)  # delivered twice: each account finds its sweep done, nothing acts
 
 
-def test_a_worker_defers_sweeps_past_its_bound(h: Harness, many: list[tuple[str, str]],
+def test_a_worker_defers_sweeps_past_its_bound(harness: Harness, many: list[tuple[str, str]],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[tuple[str, Any, float]] = []
 
@@ -113,7 +113,7 @@ def test_a_worker_defers_sweeps_past_its_bound(h: Harness, many: list[tuple[str,
             sent.append((str(queue), body, delay_s))
 
     monkeypatch.setattr(sweep_account, "get_queues", lambda: Recorder())
-    msg = SweepMessage(org=h.org, provider="memory", sweep="s-busy")
+    msg = SweepMessage(org=harness.org, provider="memory", sweep="s-busy")
     held = [sweep_account._running.acquire(blocking=False) for _ in range(sweep_account.MAX_RUNNING)]
     try:
         assert all(held)
@@ -124,9 +124,9 @@ def test_a_worker_defers_sweeps_past_its_bound(h: Harness, many: list[tuple[str,
     [(queue, body, delay)] = sent
     assert queue == Step.sweep_account.value and body == msg
     assert sweep_account.DEFER_S[0] <= delay <= sweep_account.DEFER_S[1]
-    lease = leases.take(sweep_account.lease_name(h.org, "memory"), 1)
+    lease = leases.take(sweep_account.lease_name(harness.org, "memory"), 1)
     assert lease is not None and "sweep" not in lease.data  # nothing was swept
     leases.end(lease)
     sweep_account.sweep_account(msg)  # with room: swept
-    lease = leases.take(sweep_account.lease_name(h.org, "memory"), 1)
+    lease = leases.take(sweep_account.lease_name(harness.org, "memory"), 1)
     assert lease is not None and lease.data.get("sweep") == "s-busy"

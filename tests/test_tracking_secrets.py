@@ -17,38 +17,38 @@ WANDB_KEY = "a" * 20 + "DoNotLeakWandbKey0123"
 
 
 def test_trackers_are_write_only_owner_only_and_reach_only_the_machine(
-        h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture) -> None:
+        harness: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    status, _, _ = h.call("PUT", "/api/org/secrets/mlflow", token="member", json_body={"tracking_uri": MLFLOW_URI})
+    status, _, _ = harness.call("PUT", "/api/org/secrets/mlflow", token="member", json_body={"tracking_uri": MLFLOW_URI})
     assert status == 403
     for bad, field in (({"tracking_uri": "file:///etc/passwd"}, "tracking_uri"),
                        ({"tracking_uri": MLFLOW_URI, "token": "has space inside"}, "token"),
                        ({"tracking_uri": MLFLOW_URI, "surprise": 1}, "surprise")):
-        status, body, _ = h.call("PUT", "/api/org/secrets/mlflow", json_body=bad)
+        status, body, _ = harness.call("PUT", "/api/org/secrets/mlflow", json_body=bad)
         assert status == 422 and field in json.dumps(body), body
-    status, body, _ = h.call("PUT", "/api/org/secrets/wandb", json_body={"api_key": "short"})
+    status, body, _ = harness.call("PUT", "/api/org/secrets/wandb", json_body={"api_key": "short"})
     assert status == 422 and "api_key" in json.dumps(body)
 
-    saved = h.ok("PUT", "/api/org/secrets/mlflow", json_body={"tracking_uri": MLFLOW_URI, "token": MLFLOW_TOKEN,
+    saved = harness.ok("PUT", "/api/org/secrets/mlflow", json_body={"tracking_uri": MLFLOW_URI, "token": MLFLOW_TOKEN,
                                                                "experiment": "pirates"})
     assert saved["mlflow"] == {"set": True} and saved["wandb"] == {"set": False}
-    shown = h.ok("PUT", "/api/org/secrets/wandb", json_body={"api_key": WANDB_KEY})
+    shown = harness.ok("PUT", "/api/org/secrets/wandb", json_body={"api_key": WANDB_KEY})
     assert shown["wandb"] == {"set": True}
     from shared.store import get_store
 
-    rec = get_store().secrets.get(h.org, "mlflow")
+    rec = get_store().secrets.get(harness.org, "mlflow")
     assert rec is not None and MLFLOW_TOKEN not in rec.model_dump_json() and MLFLOW_URI not in rec.model_dump_json()
 
-    _, run = draft(h)
-    launched = h.launch(run["id"])
+    _, run = draft(harness)
+    launched = harness.launch(run["id"])
     (machine,) = cloud.machines.values()
     assert (machine.env["MLFLOW_TRACKING_URI"], machine.env["MLFLOW_TRACKING_TOKEN"]) == (MLFLOW_URI, MLFLOW_TOKEN)
     assert machine.env["MLFLOW_EXPERIMENT_NAME"] == "pirates" and machine.env["WANDB_API_KEY"] == WANDB_KEY
-    everything = json.dumps([saved, shown, launched, h.get_run(run["id"])]) + caplog.text
+    everything = json.dumps([saved, shown, launched, harness.get_run(run["id"])]) + caplog.text
     assert MLFLOW_TOKEN not in everything and WANDB_KEY not in everything
 
-    assert h.call("DELETE", "/api/org/secrets/mlflow")[0] == 204
-    assert h.ok("GET", "/api/org/secrets")["mlflow"] == {"set": False}
+    assert harness.call("DELETE", "/api/org/secrets/mlflow")[0] == 204
+    assert harness.ok("GET", "/api/org/secrets")["mlflow"] == {"set": False}
 
 
 def test_the_agent_masks_the_trackers_and_hands_them_to_the_trainer(tmp_path: object) -> None:
@@ -68,11 +68,11 @@ def test_the_agent_masks_the_trackers_and_hands_them_to_the_trainer(tmp_path: ob
     assert (env["MLFLOW_TRACKING_TOKEN"], env["WANDB_API_KEY"]) == (MLFLOW_TOKEN, WANDB_KEY)
 
 
-def test_names_are_not_secrets(h: Harness) -> None:
+def test_names_are_not_secrets(harness: Harness) -> None:
     """The experiment and project names are not masked (the default "tensorant" would be, everywhere)."""
     from shared.log import redact_text
 
-    h.ok("PUT", "/api/org/secrets/wandb", json_body={"api_key": WANDB_KEY})
-    h.ok("PUT", "/api/org/secrets/mlflow", json_body={"tracking_uri": MLFLOW_URI, "experiment": "pirates"})
+    harness.ok("PUT", "/api/org/secrets/wandb", json_body={"api_key": WANDB_KEY})
+    harness.ok("PUT", "/api/org/secrets/mlflow", json_body={"tracking_uri": MLFLOW_URI, "experiment": "pirates"})
     assert redact_text("tensorant pirates") == "tensorant pirates"
     assert WANDB_KEY not in redact_text(f"key {WANDB_KEY}")

@@ -21,12 +21,12 @@ BIG = "meta-llama/Llama-3.1-8B-Instruct"
 
 @pytest.fixture
 def cloud() -> Iterator[Cloud]:
-    """`cloud`, and so `h`, serve an H100 too: a model too big for the A10 still fits one offer."""
+    """`cloud`, and so `harness`, serve an H100 too: a model too big for the A10 still fits one offer."""
     yield from serve_memory(Cloud(), TwoOffers)
 
 
-def test_defaults_trial_bounds_and_full_runs(h: Harness) -> None:
-    status, run = draft(h)
+def test_defaults_trial_bounds_and_full_runs(harness: Harness) -> None:
+    status, run = draft(harness)
     assert status == 201, run
     t = run["training"]
     assert (t["lora_r"], t["lora_alpha"], t["target_modules"], t["learning_rate"]) == (16, 32, "attention", 2e-4)
@@ -34,16 +34,16 @@ def test_defaults_trial_bounds_and_full_runs(h: Harness) -> None:
     assert run["runtime_limit_s"] == 20 * 60  # the trial's short default
     assert any("trial run: trains on at most 64 of the dataset's 100 examples" in e["message"] for e in run["events"])
     # A user's smaller bounds win; a larger max_steps is capped for a trial.
-    _, run = draft(h, training={"max_steps": 5, "max_examples": 10})
+    _, run = draft(harness, training={"max_steps": 5, "max_examples": 10})
     assert (run["training"]["max_steps"], run["training"]["max_examples"]) == (5, 10)
-    _, run = draft(h, training={"max_steps": 500})
+    _, run = draft(harness, training={"max_steps": 500})
     assert run["training"]["max_steps"] == 30
-    status, run = draft(h, kind="full", training={"lora_r": 8, "target_modules": "all-linear", "epochs": 2})
+    status, run = draft(harness, kind="full", training={"lora_r": 8, "target_modules": "all-linear", "epochs": 2})
     assert status == 201, run
     t = run["training"]
     assert (t["kind"], t["max_examples"], t["max_steps"], t["lora_r"], t["epochs"]) == ("full", None, None, 8, 2.0)
     assert run["runtime_limit_s"] == 3600
-    assert h.get_run(run["id"])["training"] == t  # stored on the run
+    assert harness.get_run(run["id"])["training"] == t  # stored on the run
 
 
 @pytest.mark.parametrize(("training", "field"), [
@@ -58,14 +58,14 @@ def test_defaults_trial_bounds_and_full_runs(h: Harness) -> None:
     ({"lora_rank": 8}, "training.lora_rank"),
     ({"kind": "full"}, "training.kind"),  # the run is a trial
 ])
-def test_bad_training_field_is_422_naming_it(h: Harness, training: dict[str, Any], field: str) -> None:
-    status, body = draft(h, training=training)
+def test_bad_training_field_is_422_naming_it(harness: Harness, training: dict[str, Any], field: str) -> None:
+    status, body = draft(harness, training=training)
     assert status == 422, body
     assert field in [e["field"] for e in body["errors"]], body
 
 
-def test_base_models_listing(h: Harness) -> None:
-    items = {m["id"]: m for m in h.ok("GET", "/api/base-models", token="member")["items"]}
+def test_base_models_listing(harness: Harness) -> None:
+    items = {m["id"]: m for m in harness.ok("GET", "/api/base-models", token="member")["items"]}
     for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
                  BIG, "mistralai/Mistral-7B-Instruct-v0.3"):
         assert name in items
@@ -76,103 +76,103 @@ def test_base_models_listing(h: Harness) -> None:
     assert big["four_bit"] < big["bf16"] and 16 < big["bf16"] < 80
 
 
-def test_undeclared_model_and_an_offer_too_small_are_refused(h: Harness) -> None:
-    status, body = draft(h, base_model="gpt2")
+def test_undeclared_model_and_an_offer_too_small_are_refused(harness: Harness) -> None:
+    status, body = draft(harness, base_model="gpt2")
     assert status == 422 and body["errors"][0]["field"] == "base_model"
     assert "tensorant/tiny-llama" in body["errors"][0]["message"]  # lists the declared ids
     # (At 4 x 1024 tokens an 8B model fits 24 GB in bf16 since the loss never holds the full logits.)
-    status, body = draft(h, base_model=BIG, training={"max_seq_len": 4096})
+    status, body = draft(harness, base_model=BIG, training={"max_seq_len": 4096})
     assert status == 422, body
     err = body["errors"][0]
     assert err["field"] == "offer_id" and err["eligible_offer_ids"] == ["mem-h100"]
     assert err["memory_needed_gb"] > 24 and "mem-h100" in body["detail"]
     # The same model in 4-bit fits the 24 GB card; a huge batch at a long length fits nothing.
-    assert draft(h, base_model=BIG, training={"max_seq_len": 4096, "load_in_4bit": True})[0] == 201
-    status, body = draft(h, base_model=BIG, offer_id="mem-h100", training={"batch_size": 64, "max_seq_len": 8192})
+    assert draft(harness, base_model=BIG, training={"max_seq_len": 4096, "load_in_4bit": True})[0] == 201
+    status, body = draft(harness, base_model=BIG, offer_id="mem-h100", training={"batch_size": 64, "max_seq_len": 8192})
     assert status == 422 and body["errors"][0]["eligible_offer_ids"] == []
     # The catalog says which offers fit.
-    offers = {o["offer_id"]: o for o in h.ok("GET", "/api/catalog/gpus",
+    offers = {o["offer_id"]: o for o in harness.ok("GET", "/api/catalog/gpus",
                                             params={"provider": "memory", "base_model": BIG})["items"]}
     # The catalog judges the default settings (4 x 1024 tokens): the 8B model fits both cards.
     assert (offers["mem-a10"]["fits"], offers["mem-h100"]["fits"]) == (True, True)
     assert 16 < offers["mem-a10"]["memory_needed_gb"] < 24 < err["memory_needed_gb"]
-    assert "fits" not in h.ok("GET", "/api/catalog/gpus", params={"provider": "memory"})["items"][0]
-    status, body, _ = h.call("GET", "/api/catalog/gpus", params={"provider": "memory", "base_model": "nope"})
+    assert "fits" not in harness.ok("GET", "/api/catalog/gpus", params={"provider": "memory"})["items"][0]
+    status, body, _ = harness.call("GET", "/api/catalog/gpus", params={"provider": "memory", "base_model": "nope"})
     assert status == 422 and body["errors"][0]["field"] == "base_model"
 
 
-def test_local_offers_fit_small_models_only(h: Harness) -> None:
-    h.save_compute("local", {})
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "local", "base_model": BIG})["items"]
+def test_local_offers_fit_small_models_only(harness: Harness) -> None:
+    harness.save_compute("local", {})
+    offers = harness.ok("GET", "/api/catalog/gpus", params={"provider": "local", "base_model": BIG})["items"]
     assert [o["fits"] for o in offers] == [False] and "CPU" in offers[0]["fit_note"]
-    offers = h.ok("GET", "/api/catalog/gpus",
+    offers = harness.ok("GET", "/api/catalog/gpus",
                   params={"provider": "local", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"})["items"]
     assert [o["fits"] for o in offers] == [True]
-    status, body = draft(h, provider="local", offer_id="local-smoke", training={"load_in_4bit": True})
+    status, body = draft(harness, provider="local", offer_id="local-smoke", training={"load_in_4bit": True})
     assert status == 422 and "CUDA" in body["errors"][0]["message"]
 
 
 def test_test_models_only_on_local_unless_the_test_setting_allows_them(
-        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """tensorant/* models have no weights on the hub: a cloud run is refused them (create and a draft's
     edit) with the models to use instead; the local provider builds them and still accepts them."""
     from shared.settings import reset_settings
 
-    allowed_draft = draft(h, base_model="tensorant/smoke-tiny")[1]["id"]  # the conftest's test setting is on
+    allowed_draft = draft(harness, base_model="tensorant/smoke-tiny")[1]["id"]  # the conftest's test setting is on
     monkeypatch.setenv("TENSORANT_ALLOW_TEST_MODELS", "0")
     reset_settings()
-    status, body = draft(h, base_model="tensorant/smoke-tiny")
+    status, body = draft(harness, base_model="tensorant/smoke-tiny")
     assert status == 422, body
     err = body["errors"][0]
     assert err["field"] == "base_model" and "tensorant/smoke-tiny is a test model" in err["message"]
     assert "local provider" in err["message"] and "HuggingFaceTB/SmolLM2-135M-Instruct" in err["message"]
     assert "tensorant/tiny-llama" not in err["message"]  # only real models are suggested
-    assert draft(h, base_model="tensorant/tiny-qwen2")[0] == 422
-    assert draft(h, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")[0] == 201
+    assert draft(harness, base_model="tensorant/tiny-qwen2")[0] == 422
+    assert draft(harness, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")[0] == 201
     # A draft's edit is checked the same way: naming a test model, or moving a test model's draft to a cloud.
-    real = draft(h, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")[1]["id"]
-    status, body, _ = h.call("PATCH", f"/api/runs/{real}", token="member", json_body={"base_model": "tensorant/tiny-llama"})
+    real = draft(harness, base_model="HuggingFaceTB/SmolLM2-135M-Instruct")[1]["id"]
+    status, body, _ = harness.call("PATCH", f"/api/runs/{real}", token="member", json_body={"base_model": "tensorant/tiny-llama"})
     assert status == 422 and body["errors"][0]["field"] == "base_model"
-    status, body, _ = h.call("PATCH", f"/api/runs/{allowed_draft}", token="member", json_body={"offer_id": "mem-h100"})
+    status, body, _ = harness.call("PATCH", f"/api/runs/{allowed_draft}", token="member", json_body={"offer_id": "mem-h100"})
     assert status == 422 and body["errors"][0]["field"] == "base_model"
     # Local builds the test models (random weights): accepted there.
-    h.save_compute("local", {})
-    status, run = draft(h, provider="local", offer_id="local-smoke", base_model="tensorant/smoke-tiny")
+    harness.save_compute("local", {})
+    status, run = draft(harness, provider="local", offer_id="local-smoke", base_model="tensorant/smoke-tiny")
     assert status == 201, run
-    status, body, _ = h.call("PATCH", f"/api/runs/{run['id']}", token="member",
+    status, body, _ = harness.call("PATCH", f"/api/runs/{run['id']}", token="member",
                              json_body={"base_model": "tensorant/tiny-llama"})
     assert status == 200, body
 
 
 def test_test_models_are_not_offered_unless_the_operator_allows_them(
-        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The base-model list (the API's, so the CLI's and the console's) and the lists in errors name the
     test models only under TENSORANT_ALLOW_TEST_MODELS."""
     from shared.settings import reset_settings
 
-    listed = [m["id"] for m in h.ok("GET", "/api/base-models", token="member")["items"]]
+    listed = [m["id"] for m in harness.ok("GET", "/api/base-models", token="member")["items"]]
     assert "tensorant/smoke-tiny" in listed  # the conftest's test setting is on
     monkeypatch.setenv("TENSORANT_ALLOW_TEST_MODELS", "0")
     reset_settings()
-    listed = [m["id"] for m in h.ok("GET", "/api/base-models", token="member")["items"]]
+    listed = [m["id"] for m in harness.ok("GET", "/api/base-models", token="member")["items"]]
     assert listed and not [m for m in listed if m.startswith("tensorant/")]
     assert "HuggingFaceTB/SmolLM2-135M-Instruct" in listed
-    status, body = draft(h, base_model="no/such-model")
+    status, body = draft(harness, base_model="no/such-model")
     assert status == 422 and "HuggingFaceTB/SmolLM2-135M-Instruct" in body["detail"]
     assert "tensorant/" not in body["detail"]
 
 
 def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
-        h: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+        harness: Harness, cloud: Cloud, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)
-    assert h.ok("GET", "/api/org/secrets") == NO_SECRETS
-    status, _, _ = h.call("PUT", "/api/org/secrets/huggingface-token", token="member", json_body={"token": HF_SECRET})
+    assert harness.ok("GET", "/api/org/secrets") == NO_SECRETS
+    status, _, _ = harness.call("PUT", "/api/org/secrets/huggingface-token", token="member", json_body={"token": HF_SECRET})
     assert status == 403
-    status, bad, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf bad\n" + HF_SECRET})
+    status, bad, _ = harness.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": "hf bad\n" + HF_SECRET})
     assert status == 422 and bad["errors"][0]["field"] == "token"
-    saved = h.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": HF_SECRET})
+    saved = harness.ok("PUT", "/api/org/secrets/huggingface-token", json_body={"token": HF_SECRET})
     assert saved == {"huggingface_token": {"set": True}, "mlflow": {"set": False}, "wandb": {"set": False}}
-    shown = h.ok("GET", "/api/org/secrets")
+    shown = harness.ok("GET", "/api/org/secrets")
     assert shown == {"huggingface_token": {"set": True}, "mlflow": {"set": False}, "wandb": {"set": False}}
     from shared.store import get_store
 
@@ -186,8 +186,8 @@ def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
     with pytest.raises(SealedSecretError):
         org_secrets.hf_token("org-b")
 
-    _, run = draft(h)
-    launched = h.launch(run["id"])
+    _, run = draft(harness)
+    launched = harness.launch(run["id"])
     (machine,) = cloud.machines.values()
     assert machine.env["HF_TOKEN"] == HF_SECRET  # handed to the machine, for the trainer
     assert json.loads(machine.env["TENSORANT_TRAINING"]) == run["training"]
@@ -195,39 +195,39 @@ def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
 
     get_logger().info(f"something echoed {HF_SECRET}")
     out = capsys.readouterr()
-    events = h.ok("GET", f"/api/runs/{run['id']}")
+    events = harness.ok("GET", f"/api/runs/{run['id']}")
     everything = json.dumps([saved, shown, bad, run, launched, events]) + caplog.text + out.out + out.err
     assert HF_SECRET not in everything
-    status, _, _ = h.call("DELETE", "/api/org/secrets/huggingface-token")
+    status, _, _ = harness.call("DELETE", "/api/org/secrets/huggingface-token")
     assert status == 204
-    assert h.ok("GET", "/api/org/secrets") == NO_SECRETS
+    assert harness.ok("GET", "/api/org/secrets") == NO_SECRETS
 
 
-def test_adapter_is_409_until_succeeded_then_streamed_with_its_sha(h: Harness) -> None:
-    _, run = draft(h)
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
+def test_adapter_is_409_until_succeeded_then_streamed_with_its_sha(harness: Harness) -> None:
+    _, run = draft(harness)
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
     assert status == 409 and "draft" in body["detail"]
-    h.launch(run["id"])
-    agent = h.agent(run["id"])
+    harness.launch(run["id"])
+    agent = harness.agent(run["id"])
     agent.heartbeat("training", 0.5)
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter")
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter")
     assert status == 409 and "training" in body["detail"]
     data = trained_adapter_zip(base_model="tensorant/tiny-llama")
     agent.train(data)
-    assert h.get_run(run["id"])["state"] == "succeeded"
-    status, got, headers = h.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
+    assert harness.get_run(run["id"])["state"] == "succeeded"
+    status, got, headers = harness.call("GET", f"/api/runs/{run['id']}/adapter", token="member")
     assert status == 200 and got == data
     assert headers["Content-Type"] == "application/zip"
     assert headers["X-Adapter-Sha256"] == hashlib.sha256(data).hexdigest()
     # Bytes changed in storage after verification are never served.
     agent.upload(data + b"tampered")
-    status, body, _ = h.call("GET", f"/api/runs/{run['id']}/adapter")
+    status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter")
     assert status == 409 and "changed since it was verified" in body["detail"]
 
 
-def test_bootstrap_carries_the_resolved_training_json(h: Harness, cloud: Cloud) -> None:
-    _, run = draft(h, training={"lora_r": 4, "seed": 7})
-    h.launch(run["id"])
+def test_bootstrap_carries_the_resolved_training_json(harness: Harness, cloud: Cloud) -> None:
+    _, run = draft(harness, training={"lora_r": 4, "seed": 7})
+    harness.launch(run["id"])
     (machine,) = cloud.machines.values()
     sent = json.loads(machine.env["TENSORANT_TRAINING"])
     assert sent["lora_r"] == 4 and sent["seed"] == 7 and sent["kind"] == "trial" and sent["max_steps"] == 30
@@ -257,26 +257,26 @@ def test_cli_training_flags_and_new_subcommands_parse() -> None:
 
 
 @pytest.mark.parametrize("token", ["00000000", "abcdefgh-ijkl", "hf_short", "hf_" + "a" * 19])
-def test_an_hf_token_must_look_like_one(h: Harness, token: str) -> None:
+def test_an_hf_token_must_look_like_one(harness: Harness, token: str) -> None:
     # A common string saved as a "token" would be masked in every log line and error text from then on.
-    status, body, _ = h.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": token})
+    status, body, _ = harness.call("PUT", "/api/org/secrets/huggingface-token", json_body={"token": token})
     assert status == 422 and body["errors"][0]["field"] == "token", body
 
 
-def test_a_forecast_without_saving_matches_the_create(h: Harness) -> None:
+def test_a_forecast_without_saving_matches_the_create(harness: Harness) -> None:
     """POST /api/runs/forecast: the create's checks and forecast, nothing saved, the rate limit untouched."""
-    pid, dsid = h.project_and_dataset(rows=100)
+    pid, dsid = harness.project_and_dataset(rows=100)
     body = {"project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
             "base_model": "tensorant/tiny-llama", "price_limit_per_hour": 10.0, "kind": "full"}
     for _ in range(12):  # more than the default runs_per_minute: a form asks at every change
-        got = h.ok("POST", "/api/runs/forecast", token="member", json_body=body)
-    assert h.ok("GET", "/api/runs", token="member")["items"] == []
-    run = h.ok("POST", "/api/runs", token="member", json_body=body)
+        got = harness.ok("POST", "/api/runs/forecast", token="member", json_body=body)
+    assert harness.ok("GET", "/api/runs", token="member")["items"] == []
+    run = harness.ok("POST", "/api/runs", token="member", json_body=body)
     assert got["forecast"] == run["forecast"] and got["runtime_limit_s"] == run["runtime_limit_s"]
     assert got["offer"]["offer_id"] == "mem-a10" and got["warnings"] == run["warnings"]
     assert got["max_cost"] == pytest.approx(run["offer"]["total_per_hour"] * run["runtime_limit_s"] / 3600, abs=1e-3)
     # A price limit under the offer's price: the same warning the draft would carry.
-    low = h.ok("POST", "/api/runs/forecast", token="member", json_body={**body, "price_limit_per_hour": 0.01})
+    low = harness.ok("POST", "/api/runs/forecast", token="member", json_body={**body, "price_limit_per_hour": 0.01})
     assert any("above the price limit" in w for w in low["warnings"])
-    status, bad, _ = h.call("POST", "/api/runs/forecast", token="member", json_body={**body, "offer_id": "nope"})
+    status, bad, _ = harness.call("POST", "/api/runs/forecast", token="member", json_body={**body, "offer_id": "nope"})
     assert status in (404, 422) and "offer" in json.dumps(bad)

@@ -18,69 +18,69 @@ from machine.agent.uploads import VALIDATION_FILE
 from tests.harness import ApiError, Harness
 
 
-def _dataset(h: Harness, project_id: str, rows: int) -> str:
+def _dataset(harness: Harness, project_id: str, rows: int) -> str:
     lines = [json.dumps({"prompt": f"p{i}", "completion": f"c{i}"}) for i in range(rows)]
-    ds = h.ok("POST", f"/api/projects/{project_id}/datasets", body="\n".join(lines).encode(),
+    ds = harness.ok("POST", f"/api/projects/{project_id}/datasets", body="\n".join(lines).encode(),
               content_type="application/x-ndjson")
     return str(ds["id"])
 
 
-def _create(h: Harness, project: tuple[str, str], validation: str | None) -> Any:
+def _create(harness: Harness, project: tuple[str, str], validation: str | None) -> Any:
     pid, dsid = project
-    return h.ok("POST", "/api/runs", token="member", json_body={
+    return harness.ok("POST", "/api/runs", token="member", json_body={
         "project_id": pid, "dataset_version_id": dsid, "provider": "memory", "offer_id": "mem-a10",
         "base_model": "tensorant/smoke-tiny", "price_limit_per_hour": 100.0, "runtime_limit_s": 3600,
         **({"validation_dataset_version_id": validation} if validation is not None else {})})
 
 
-def _refused(h: Harness, project: tuple[str, str], validation: str) -> str:
+def _refused(harness: Harness, project: tuple[str, str], validation: str) -> str:
     with pytest.raises(ApiError) as e:
-        _create(h, project, validation)
+        _create(harness, project, validation)
     assert e.value.status == 422, e.value.body
     text = json.dumps(e.value.body)
     assert "validation_dataset_version_id" in text
     return text
 
 
-def test_checked_at_create_like_the_training_set(h: Harness) -> None:
-    project = h.project_and_dataset()
-    other_project = h.project_and_dataset()
-    assert "another project" in _refused(h, project, other_project[1])
-    assert "is the training dataset version" in _refused(h, project, project[1])
-    assert "no dataset version" in _refused(h, project, "ds-nope")
-    assert "validation_dataset_version_id" in _refused(h, project, "../x")
+def test_checked_at_create_like_the_training_set(harness: Harness) -> None:
+    project = harness.project_and_dataset()
+    other_project = harness.project_and_dataset()
+    assert "another project" in _refused(harness, project, other_project[1])
+    assert "is the training dataset version" in _refused(harness, project, project[1])
+    assert "no dataset version" in _refused(harness, project, "ds-nope")
+    assert "validation_dataset_version_id" in _refused(harness, project, "../x")
 
-    valid = _dataset(h, project[0], 5)
-    run = _create(h, project, valid)
+    valid = _dataset(harness, project[0], 5)
+    run = _create(harness, project, valid)
     assert run["validation_dataset_version_id"] == valid
 
     # An edit is checked the same way; "" drops it.
     with pytest.raises(ApiError) as e:
-        h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"validation_dataset_version_id": other_project[1]})
+        harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"validation_dataset_version_id": other_project[1]})
     assert e.value.status == 422 and "another project" in json.dumps(e.value.body)
-    assert h.get_run(run["id"])["validation_dataset_version_id"] == valid  # the refused edit changed nothing
-    edited = h.ok("PATCH", f"/api/runs/{run['id']}", json_body={"validation_dataset_version_id": ""})
+    assert harness.get_run(run["id"])["validation_dataset_version_id"] == valid  # the refused edit changed nothing
+    edited = harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"validation_dataset_version_id": ""})
     assert edited["validation_dataset_version_id"] == ""
 
 
-def test_launch_hands_the_agent_the_validation_set_and_its_sha256(h: Harness) -> None:
+def test_launch_hands_the_agent_the_validation_set_and_its_sha256(harness: Harness) -> None:
     from shared.services.steps.launch import storage_access
     from shared.store import get_store
 
-    project = h.project_and_dataset()
-    valid = _dataset(h, project[0], 4)
-    run_id = _create(h, project, valid)["id"]
+    project = harness.project_and_dataset()
+    valid = _dataset(harness, project[0], 4)
+    run_id = _create(harness, project, valid)["id"]
     store = get_store()
-    run, _ = store.runs.get(h.org, run_id)
-    record = store.datasets.get(h.org, valid)
-    env, _ = storage_access(run, store.datasets.get(h.org, project[1]), 3600)
+    run, _ = store.runs.get(harness.org, run_id)
+    record = store.datasets.get(harness.org, valid)
+    env, _ = storage_access(run, store.datasets.get(harness.org, project[1]), 3600)
     assert env["TENSORANT_EVAL_DATASET_SHA256"] == record.sha256
     assert env.get("TENSORANT_EVAL_DATASET_KEY", record.storage_key) == record.storage_key
     assert "TENSORANT_EVAL_DATASET_KEY" in env or "TENSORANT_EVAL_DATASET_URL" in env
 
-    without = _create(h, project, None)["id"]
-    run, _ = store.runs.get(h.org, without)
-    env, _ = storage_access(run, store.datasets.get(h.org, project[1]), 3600)
+    without = _create(harness, project, None)["id"]
+    run, _ = store.runs.get(harness.org, without)
+    env, _ = storage_access(run, store.datasets.get(harness.org, project[1]), 3600)
     assert not {k for k in env if k.startswith("TENSORANT_EVAL_DATASET")}
 
 

@@ -45,8 +45,8 @@ ZEROS = bytes(8 * 1024 * 1024)
 class SlowReader:
     """`size` bytes: zeros up to `tail`, then `tail`; each read costs its size at BANDWIDTH on the clock."""
 
-    def __init__(self, h: Harness, tail: bytes, size: int, start: int) -> None:
-        self.h, self.tail, self.size, self.at = h, tail, size, start
+    def __init__(self, harness: Harness, tail: bytes, size: int, start: int) -> None:
+        self.h, self.tail, self.size, self.at = harness, tail, size, start
         self.pad = size - len(tail)
 
     def read(self, n: int = -1) -> bytes:
@@ -73,8 +73,8 @@ class SlowReader:
 class SlowStorage:
     """The org's storage, read at BANDWIDTH; `big` maps a key to (tail, declared size)."""
 
-    def __init__(self, inner: Any, h: Harness, big: dict[str, tuple[bytes, int]]) -> None:
-        self.inner, self.h, self.big = inner, h, big
+    def __init__(self, inner: Any, harness: Harness, big: dict[str, tuple[bytes, int]]) -> None:
+        self.inner, self.h, self.big = inner, harness, big
         self.reads: list[tuple[str, int]] = []  # (key, start) of every ranged read
 
     def __getattr__(self, name: str) -> Any:
@@ -114,40 +114,40 @@ def spool_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def slow_storage(h: Harness, monkeypatch: pytest.MonkeyPatch, big: dict[str, tuple[bytes, int]]) -> SlowStorage:
+def slow_storage(harness: Harness, monkeypatch: pytest.MonkeyPatch, big: dict[str, tuple[bytes, int]]) -> SlowStorage:
     from shared.runs.org_backends import storage_for
 
-    slow = SlowStorage(storage_for(h.org), h, big)
+    slow = SlowStorage(storage_for(harness.org), harness, big)
     monkeypatch.setattr(step, "storage_for", lambda org: slow)
     return slow
 
 
-def complete(h: Harness, run_id: str, merged_sha256: str, merged_size: int) -> None:
-    agent = h.agent(run_id)
+def complete(harness: Harness, run_id: str, merged_sha256: str, merged_size: int) -> None:
+    agent = harness.agent(run_id)
     for phase in ("preparing", "training", "exporting"):
         agent.heartbeat(phase, 1.0)
     adapter = trained_adapter_zip(base_model=TINY)
     agent.upload(adapter)
     body = {"status": "ok", "sha256": hashlib.sha256(adapter).hexdigest(), "size": len(adapter),
             "merged_sha256": merged_sha256, "merged_size": merged_size}
-    h.ok("POST", f"/api/agent/runs/{run_id}/complete", token=agent.token, json_body=body)
+    harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=agent.token, json_body=body)
 
 
 def test_a_3_gib_merged_model_at_10_mb_s_is_verified_within_every_bound(
-        h: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
-    _, run = draft(h, training={"merged": True})
+        harness: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
+    _, run = draft(harness, training={"merged": True})
     run_id = run["id"]
-    h.launch(run_id)
+    harness.launch(run_id)
     tail, size = merged_zip(), MAX_MERGED_BYTES
     from shared.runs.org_backends import storage_for
 
-    storage_for(h.org).put(merged_key(run_id), tail)  # what the agent uploaded: the slow storage pads it
-    slow = slow_storage(h, monkeypatch, {merged_key(run_id): (tail, size)})
-    timings = Timings(h)
-    complete(h, run_id, padded_sha256(tail, size), size)
-    h.drain()
-    done = h.ok("GET", f"/api/runs/{run_id}")
-    assert done["state"] == "succeeded", (done["state"], done["reason"], h.step_errors)
+    storage_for(harness.org).put(merged_key(run_id), tail)  # what the agent uploaded: the slow storage pads it
+    slow = slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
+    timings = Timings(harness)
+    complete(harness, run_id, padded_sha256(tail, size), size)
+    harness.drain()
+    done = harness.ok("GET", f"/api/runs/{run_id}")
+    assert done["state"] == "succeeded", (done["state"], done["reason"], harness.step_errors)
     assert (done["merged_size"], done["merged_note"]) == (size, ""), done["merged_note"]
     assert any(e["message"] == "merged model verified" for e in done["events"])
     spent = timings.spent["verify_adapter"]
@@ -164,61 +164,61 @@ def test_a_3_gib_merged_model_at_10_mb_s_is_verified_within_every_bound(
 
 
 def test_a_wrong_sha256_after_a_long_download_is_refused(
-        h: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
+        harness: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
     """The whole download spread over invocations is what is hashed: a digest that does not match what the
     agent reported refuses the merged model (the run still succeeds with its adapter)."""
-    _, run = draft(h, training={"merged": True})
+    _, run = draft(harness, training={"merged": True})
     run_id = run["id"]
-    h.launch(run_id)
+    harness.launch(run_id)
     tail, size = merged_zip(), 400_000_000  # 40 s at 10 MB/s: two invocations
     from shared.runs.org_backends import storage_for
 
-    storage_for(h.org).put(merged_key(run_id), tail)
-    slow_storage(h, monkeypatch, {merged_key(run_id): (tail, size)})
-    timings = Timings(h)
+    storage_for(harness.org).put(merged_key(run_id), tail)
+    slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
+    timings = Timings(harness)
     monkeypatch.setattr(verify_spool, "RESERVE_S", budget.step_budget_s() - 25)  # 25 s of reading per invocation
-    complete(h, run_id, "0" * 64, size)
-    h.drain()
-    done = h.ok("GET", f"/api/runs/{run_id}")
-    assert done["state"] == "succeeded", (done["state"], done["reason"], h.step_errors)
+    complete(harness, run_id, "0" * 64, size)
+    harness.drain()
+    done = harness.ok("GET", f"/api/runs/{run_id}")
+    assert done["state"] == "succeeded", (done["state"], done["reason"], harness.step_errors)
     assert len(timings.spent["verify_adapter"]) >= 2
     assert done["merged_sha256"] == "" and "sha256" in done["merged_note"], done["merged_note"]
 
 
 def test_a_second_delivery_while_a_download_is_under_way_does_not_fork_it(
-        h: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
+        harness: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
     """A message delivered twice: the copy that finds the progress changed since it read it stops, and the
     one chain of messages carries on to a verified run."""
     from shared.models import StepMessage
     from shared.store import get_store
 
-    _, run = draft(h, training={"merged": True})
+    _, run = draft(harness, training={"merged": True})
     run_id = run["id"]
-    h.launch(run_id)
+    harness.launch(run_id)
     tail, size = merged_zip(), 300_000_000
     from shared.runs.org_backends import storage_for
 
-    storage_for(h.org).put(merged_key(run_id), tail)
-    slow_storage(h, monkeypatch, {merged_key(run_id): (tail, size)})
+    storage_for(harness.org).put(merged_key(run_id), tail)
+    slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
     monkeypatch.setattr(verify_spool, "RESERVE_S", budget.step_budget_s() - 10)
-    complete(h, run_id, padded_sha256(tail, size), size)
-    stored, _ = get_store().runs.get(h.org, run_id)
+    complete(harness, run_id, padded_sha256(tail, size), size)
+    stored, _ = get_store().runs.get(harness.org, run_id)
     with budget.within(budget.step_budget_s()):
-        step.verify_adapter(StepMessage(org=h.org, run_id=run_id))  # the completion's message, delivered early
-    first, _ = get_store().runs.get(h.org, run_id)
+        step.verify_adapter(StepMessage(org=harness.org, run_id=run_id))  # the completion's message, delivered early
+    first, _ = get_store().runs.get(harness.org, run_id)
     assert first.verify_progress is not None and 0 < first.verify_progress.offset < size
     # A stale copy that read the run before that progress was recorded is refused by carry_on.
     sent: list[Any] = []
     monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {"send": lambda self, *a, **k: sent.append(a)})())
     step.carry_on(stored, first.verify_progress.model_copy(update={"offset": 1}))
-    assert sent == [] and get_store().runs.get(h.org, run_id)[0].verify_progress == first.verify_progress
+    assert sent == [] and get_store().runs.get(harness.org, run_id)[0].verify_progress == first.verify_progress
     monkeypatch.undo()
     monkeypatch.setattr(verify_spool, "root", lambda: spool_root)
-    slow_storage(h, monkeypatch, {merged_key(run_id): (tail, size)})
-    h.drain()
-    done = h.ok("GET", f"/api/runs/{run_id}")
+    slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
+    harness.drain()
+    done = harness.ok("GET", f"/api/runs/{run_id}")
     assert done["state"] == "succeeded" and done["merged_note"] == "", (done["reason"], done["merged_note"])
-    assert get_store().runs.get(h.org, run_id)[0].verify_progress is None  # cleared with the run's move
+    assert get_store().runs.get(harness.org, run_id)[0].verify_progress is None  # cleared with the run's move
 
 
 def test_a_spool_carries_on_in_a_new_process_and_one_instance_downloads_at_a_time(spool_root: Path) -> None:
@@ -250,7 +250,7 @@ def test_a_spool_carries_on_in_a_new_process_and_one_instance_downloads_at_a_tim
 
 
 def test_a_spool_of_an_earlier_verification_is_never_appended_to(
-        h: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
+        harness: Harness, monkeypatch: pytest.MonkeyPatch, spool_root: Path) -> None:
     """A run given up on while verifying keeps its verify_progress; the next verification (of that stay or of a
     recovery) must not carry on the earlier one's spool, whose bytes may be of another archive."""
     from datetime import timedelta
@@ -258,15 +258,15 @@ def test_a_spool_of_an_earlier_verification_is_never_appended_to(
     from shared.models import VerifyProgress
     from shared.store import get_store
 
-    _, run = draft(h, training={"merged": True})
+    _, run = draft(harness, training={"merged": True})
     run_id = run["id"]
-    h.launch(run_id)
+    harness.launch(run_id)
     tail, size = merged_zip(), 50_000_000
     from shared.runs.org_backends import storage_for
 
-    storage_for(h.org).put(merged_key(run_id), tail)
-    slow_storage(h, monkeypatch, {merged_key(run_id): (tail, size)})
-    complete(h, run_id, padded_sha256(tail, size), size)
+    storage_for(harness.org).put(merged_key(run_id), tail)
+    slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
+    complete(harness, run_id, padded_sha256(tail, size), size)
     stale = spool_root / run_id / "abc123"
     stale.mkdir(parents=True)
     (stale / "merged.part").write_bytes(b"\xff" * 1000)  # another archive's first bytes
@@ -275,7 +275,7 @@ def test_a_spool_of_an_earlier_verification_is_never_appended_to(
         return r.model_copy(update={"verify_progress": VerifyProgress(
             artifact="merged", offset=1000, size=size, token="abc123", since=r.state_changed_at - timedelta(hours=1))})
 
-    get_store().runs.mutate(h.org, run_id, left_over)
-    h.drain()
-    done = h.ok("GET", f"/api/runs/{run_id}")
+    get_store().runs.mutate(harness.org, run_id, left_over)
+    harness.drain()
+    done = harness.ok("GET", f"/api/runs/{run_id}")
     assert done["state"] == "succeeded" and done["merged_note"] == "", (done["reason"], done["merged_note"])

@@ -236,8 +236,8 @@ class Stats:
 
 
 class Chaos:
-    def __init__(self, h: Harness, cloud: ChaosCloud, *, seed: int, runs: int, workers: int = 4) -> None:
-        self.h, self.cloud = h, cloud
+    def __init__(self, harness: Harness, cloud: ChaosCloud, *, seed: int, runs: int, workers: int = 4) -> None:
+        self.h, self.cloud = harness, cloud
         self.schedule = OneHostSchedule(seed, runs)
         self.faults = Faults(self.schedule)
         self.forced: list[tuple[str, str]] = []  # (step, run id) of the coverage runs' crash points
@@ -246,7 +246,7 @@ class Chaos:
         self.stats = Stats()
         self.stats_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=workers)
-        self.principal = Principal("member@a", h.org, Role.member)
+        self.principal = Principal("member@a", harness.org, Role.member)
         self.agents = Agents(cloud, self.principal, random.Random(seed + 2))
         s = get_settings()
         store = CrashingStore(s.storage_connection, s.table_prefix)

@@ -48,14 +48,14 @@ def boot_harness(tmp_path: Path, moto: str) -> BootHarness:
     return h
 
 
-def finish(h: Harness, run_id: str, machine: Machine | None, timeout: float = 120) -> dict[str, Any]:
+def finish(harness: Harness, run_id: str, machine: Machine | None, timeout: float = 120) -> dict[str, Any]:
     """Drive the queues until the run ends; then the machine is powered off (the cloud deleted it)."""
     def ended() -> Any:
-        run = h.get_run(run_id)
+        run = harness.get_run(run_id)
         return run if run["state"] in END else None
 
     try:
-        run: dict[str, Any] = wait_for(ended, f"run {run_id} to end", timeout, machine=machine, between=h.drain)
+        run: dict[str, Any] = wait_for(ended, f"run {run_id} to end", timeout, machine=machine, between=harness.drain)
     finally:
         if machine is not None:
             machine.power_off()

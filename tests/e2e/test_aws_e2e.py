@@ -51,15 +51,15 @@ def _volumes(aws: dict[str, Any], ids: list[str]) -> list[dict[str, Any]]:
     return found
 
 
-def _launch(h: Harness, aws: dict[str, Any]) -> tuple[str, str, list[str]]:
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
+def _launch(harness: Harness, aws: dict[str, Any]) -> tuple[str, str, list[str]]:
+    offers = harness.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
     assert offers and all(o["zone"] == ZONE for o in offers)
     assert not any("T4" in o["gpu"] for o in offers)
     offer = next(o for o in offers if o["machine_type"] == "g6.xlarge")
     assert "NAT" in offer["note"]
-    run_id = h.create_run("aws", offer["offer_id"])
+    run_id = harness.create_run("aws", offer["offer_id"])
     aws["log"].take()
-    run = h.launch(run_id)
+    run = harness.launch(run_id)
     launch_calls = aws["log"].take()
     assert run["state"] == "provisioning", run["reason"]
     # Warm catalog; the preflight's one quota read (issue 37.3); STS once: the account the run records as its scope.
@@ -70,7 +70,7 @@ def _launch(h: Harness, aws: dict[str, Any]) -> tuple[str, str, list[str]]:
     assert volumes
     tags = {t["Key"]: t["Value"] for t in _instance(aws, instance_id)["Tags"]}
     assert tags["tensorant:run"] == run_id and tags["tensorant:deployment"] == "test"
-    assert tags["tensorant:org"] == h.org and tags["tensorant:managed"] == "true"
+    assert tags["tensorant:org"] == harness.org and tags["tensorant:managed"] == "true"
     return run_id, instance_id, volumes
 
 

@@ -39,22 +39,22 @@ def _rid(kind: str, name: str) -> str:
     return f"/subscriptions/{SUB}/resourceGroups/{TRAIN_RG}/providers/{provider}/{name}"
 
 
-def _launch(h: Harness, arm: FakeArm) -> tuple[str, dict[str, str]]:
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+def _launch(harness: Harness, arm: FakeArm) -> tuple[str, dict[str, str]]:
+    offers = harness.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
     sizes = {o["machine_type"] for o in offers}
     assert sizes == {"Standard_NV36ads_A10_v5", "Standard_NC24ads_A100_v4", "Standard_NC40ads_H100_v5"}
     offer = next(o for o in offers if o["machine_type"] == "Standard_NC24ads_A100_v4")
     assert offer["total_per_hour"] == round(3.673 + 19.71 / 730, 4) and "taxes" in offer["note"]
-    run_id = h.create_run("azure", offer["offer_id"])
-    run = h.launch(run_id)
-    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    run_id = harness.create_run("azure", offer["offer_id"])
+    run = harness.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], harness.step_errors)
     ids = {r["kind"]: r["id"] for r in run["resources"]}
     name = f"tensorant-test-{run_id}"
     assert ids == {"vm": _rid("virtualMachines", name), "disk": _rid("disks", f"{name}-osdisk"),
                    "nic": _rid("nic", f"{name}-nic")}
     for rid in ids.values():
         tags = arm.get(rid)["tags"]  # type: ignore[index]
-        assert tags["tensorant:run"] == run_id and tags["tensorant:org"] == h.org
+        assert tags["tensorant:run"] == run_id and tags["tensorant:org"] == harness.org
         assert tags["tensorant:deployment"] == "test" and tags["tensorant:managed"] == "true"
     assert len(arm.of_type("Microsoft.Compute/virtualMachines")) == 1
     return run_id, ids

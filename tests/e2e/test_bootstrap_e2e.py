@@ -34,12 +34,12 @@ pytestmark = pytest.mark.e2e
 
 # ---------------------------------------------------------------- AWS (boot_aws_h: tests/e2e/conftest.py)
 
-def _aws_launch(h: Harness, ec2: Any) -> tuple[str, str, str]:
-    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
+def _aws_launch(harness: Harness, ec2: Any) -> tuple[str, str, str]:
+    offer = next(o for o in harness.ok("GET", "/api/catalog/gpus", params={"provider": "aws"})["items"]
                  if o["machine_type"] == "g6.xlarge")
-    run_id = h.create_run("aws", offer["offer_id"], runtime_limit_s=7200)
-    run = h.launch(run_id)
-    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    run_id = harness.create_run("aws", offer["offer_id"], runtime_limit_s=7200)
+    run = harness.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], harness.step_errors)
     instance = next(r["id"] for r in run["resources"] if r["kind"] == "instance")
     raw = ec2.describe_instance_attribute(InstanceId=instance, Attribute="userData")["UserData"]["Value"]
     return run_id, instance, base64.b64decode(raw).decode()
@@ -140,12 +140,12 @@ def test_a_late_boot_report_does_not_end_a_running_run(boot_aws_h: tuple[BootHar
 
 # ---------------------------------------------------------------- Azure
 
-def _azure_launch(h: Harness, arm: FakeArm) -> tuple[str, str, str]:
-    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
+def _azure_launch(harness: Harness, arm: FakeArm) -> tuple[str, str, str]:
+    offer = next(o for o in harness.ok("GET", "/api/catalog/gpus", params={"provider": "azure"})["items"]
                  if o["machine_type"] == "Standard_NC24ads_A100_v4")
-    run_id = h.create_run("azure", offer["offer_id"], runtime_limit_s=7200)
-    run = h.launch(run_id)
-    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    run_id = harness.create_run("azure", offer["offer_id"], runtime_limit_s=7200)
+    run = harness.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], harness.step_errors)
     vm = next(r["id"] for r in run["resources"] if r["kind"] == "vm")
     return run_id, vm, base64.b64decode(arm.get(vm)["_custom_data"]).decode()  # type: ignore[index]
 
@@ -174,12 +174,12 @@ def test_azure_failed_pull_is_released_with_the_clouds_account(boot_azure_h: Boo
 
 # ---------------------------------------------------------------- RunPod
 
-def _runpod_launch(h: Harness) -> str:
-    offer = next(o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
+def _runpod_launch(harness: Harness) -> str:
+    offer = next(o for o in harness.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
                  if o["machine_type"] == "NVIDIA A40")
-    run_id = h.create_run("runpod", offer["offer_id"], runtime_limit_s=7200, price_limit=10.0)
-    run = h.launch(run_id)
-    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
+    run_id = harness.create_run("runpod", offer["offer_id"], runtime_limit_s=7200, price_limit=10.0)
+    run = harness.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], harness.step_errors)
     return run_id
 
 

@@ -60,13 +60,13 @@ def aws_h(env: dict[str, str], rig: Rig, proxy: RefusingProxy) -> Iterator[Harne
     h.close()
 
 
-def _offers(h: Harness, provider: str) -> dict[str, dict[str, Any]]:
-    return {o["machine_type"]: o for o in h.ok("GET", "/api/catalog/gpus", params={"provider": provider})["items"]}
+def _offers(harness: Harness, provider: str) -> dict[str, dict[str, Any]]:
+    return {o["machine_type"]: o for o in harness.ok("GET", "/api/catalog/gpus", params={"provider": provider})["items"]}
 
 
-def _run(h: Harness, candidates: list[tuple[str, str]], **fields: Any) -> str:
-    pid, dsid = h.project_and_dataset()
-    run = h.ok("POST", "/api/runs", token="member", json_body={
+def _run(harness: Harness, candidates: list[tuple[str, str]], **fields: Any) -> str:
+    pid, dsid = harness.project_and_dataset()
+    run = harness.ok("POST", "/api/runs", token="member", json_body={
         "project_id": pid, "dataset_version_id": dsid, "base_model": "tensorant/smoke-tiny",
         "price_limit_per_hour": 100.0, "runtime_limit_s": 3600,
         "candidates": [{"connection": c, "offer_id": o} for c, o in candidates], **fields})
@@ -74,20 +74,20 @@ def _run(h: Harness, candidates: list[tuple[str, str]], **fields: Any) -> str:
     return str(run["id"])
 
 
-def _trains_to_succeeded(h: Harness, run_id: str) -> dict[str, Any]:
-    run = h.launch(run_id)
-    assert run["state"] == "provisioning", (run["reason"], h.step_errors)
-    h.agent(run_id).train(trained_adapter_zip())
-    run = h.get_run(run_id)
-    assert run["state"] == "succeeded", (run["reason"], run["release_error"], h.step_errors)
+def _trains_to_succeeded(harness: Harness, run_id: str) -> dict[str, Any]:
+    run = harness.launch(run_id)
+    assert run["state"] == "provisioning", (run["reason"], harness.step_errors)
+    harness.agent(run_id).train(trained_adapter_zip())
+    run = harness.get_run(run_id)
+    assert run["state"] == "succeeded", (run["reason"], run["release_error"], harness.step_errors)
     return dict(run)
 
 
-def _sweeper_finds_nothing(h: Harness) -> None:
-    h.clock.advance(3 * 3600)  # past the sweeper's grace
-    started = h.ok("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": True})
-    h.drain()
-    report = h.ok("GET", f"/api/platform/sweeps/{started['sweep_id']}", token="admin")
+def _sweeper_finds_nothing(harness: Harness) -> None:
+    harness.clock.advance(3 * 3600)  # past the sweeper's grace
+    started = harness.ok("POST", "/api/platform/sweep", token="admin", json_body={"dry_run": True})
+    harness.drain()
+    report = harness.ok("GET", f"/api/platform/sweeps/{started['sweep_id']}", token="admin")
     assert report["finished"] and report["accounts"] >= 1, report
     assert [f for f in report["findings"] if f.get("action") != "none"] == [], report
 

@@ -48,8 +48,8 @@ def runpod_h(env: dict[str, str], runpod: FakeRunPod) -> Iterator[Harness]:
     harness.close()
 
 
-def offer_in_volume_datacenter(h: Harness) -> str:
-    offers = h.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
+def offer_in_volume_datacenter(harness: Harness) -> str:
+    offers = harness.ok("GET", "/api/catalog/gpus", params={"provider": "runpod"})["items"]
     assert offers and all(o["region"] == "EU-RO-1" for o in offers)
     assert not any("T4" in o["gpu"] for o in offers)
     return str(next(o for o in offers if o["machine_type"] == "NVIDIA A40")["offer_id"])

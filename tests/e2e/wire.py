@@ -16,7 +16,7 @@ TRAINING = {"lora_r": 8, "lora_alpha": 16, "target_modules": "all-linear", "max_
 def from_user_data(user_data_b64: str, h: Any) -> tuple[str, dict[str, str]]:
     """(image, bootstrap env) from base64 cloud-init user data, as the machine gets them: the user data
     holds the image and a one-time claim (no secret), which the machine exchanges once at the control
-    plane for its environment (here through the harness `h`)."""
+    plane for its environment (here through the harness `harness`)."""
     text = base64.b64decode(user_data_b64).decode()
     assert not re.search(rf"^\s*{bootstrap_env.VAR}=\S{{16,}}$", text, re.M), \
         "the environment (tokens, keys) must not be in the user data"

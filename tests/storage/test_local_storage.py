@@ -15,8 +15,8 @@ from tests.harness import Harness
 
 
 @pytest.mark.parametrize("directory", ["/etc", "/tmp/elsewhere", "../../other-org", "storage/org-b", "."])
-def test_owner_cannot_name_a_host_path(h: Harness, directory: str) -> None:
-    status, body, _ = h.call("PUT", "/api/connections/storage", json_body={"kind": "local", "directory": directory})
+def test_owner_cannot_name_a_host_path(harness: Harness, directory: str) -> None:
+    status, body, _ = harness.call("PUT", "/api/connections/storage", json_body={"kind": "local", "directory": directory})
     assert status == 422, body
     assert "TENSORANT_LOCAL_ROOT" in body["detail"]
     with pytest.raises(ValidationError):
