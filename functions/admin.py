@@ -1,6 +1,6 @@
 """Platform admin API. Served under /api/platform/...: the Functions host reserves every
 route that starts with "admin" (even behind the /api prefix), so /api/admin paths cannot
-be registered on a real host (docs/architecture.md)."""
+be registered on a real host (README.md, "Architecture")."""
 
 import azure.functions as func
 

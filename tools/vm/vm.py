@@ -240,7 +240,7 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
 
 class Vm:
     """One case's machine: a fresh disk from the cached root filesystem with a NoCloud seed holding the
-    user data, booted under QEMU (TCG: KVM does not boot here, docs/architecture.md), its serial
+    user data, booted under QEMU (TCG: KVM does not boot here, docs/machine.md), its serial
     console in `work/console.log`. forwards: guest port on 10.0.2.100 -> host loopback port."""
 
     def __init__(self, rootfs: Path, work: Path, user_data: str, *, forwards: dict[int, int],

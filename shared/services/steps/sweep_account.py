@@ -93,7 +93,7 @@ def lease_name(org: str, connection: str) -> str:
 # min(32, cpu + 4) threads: without this bound the host's 6 queue invocations (batchSize 4 + newBatchThreshold
 # 2) of a slow cloud would hold every thread of a 2-core instance. Each invocation sweeps its batch's accounts
 # BATCH_THREADS at once on threads of its own, so one instance still sweeps MAX_RUNNING x BATCH_THREADS accounts
-# at once (docs/architecture.md, "Sweeping at scale").
+# at once (docs/scale.md, "The sweep's cost model").
 MAX_RUNNING = 2
 BATCH_THREADS = 4
 DEFER_S = (15, 45)  # a deferred message's delay, drawn in this range (deferred ones do not come back together)

@@ -16,7 +16,7 @@ Tiers, so 10,000 accounts fit one instance's interval: an account is swept every
 watched run (the watch index) or its sweep saw a watched run or a listed resource within the last day (the
 active marks, shared/services/steps/sweep_account.mark_active); every other account once an hour, in the tick
 its hash picks (COLD_EVERY ticks apart, so each tick gets an even share of them). Below TIER_ABOVE accounts
-every account is swept every tick. Bounds (docs/architecture.md, "Sweeping at scale"): an active account is
+every account is swept every tick. Bounds (docs/scale.md, "The sweep's cost model"): an active account is
 swept within one interval, any other within COLD_EVERY intervals (an hour) of the last, or one hour more when
 a fan-out was cut short (the rest of its tick's share waits for the same tick of the next hour).
 

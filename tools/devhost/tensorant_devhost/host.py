@@ -9,7 +9,7 @@ Host wires the three trigger kinds together and runs them on background threads:
   missed occurrence run once, past due, after a restart.
 The functions come from the app itself (functions.py); invocation.py calls them, each on the
 worker's one pool under functionTimeout (worker.py). Where the real host differs from a plain
-server, this host does what the real one does (docs/architecture.md, "Running it without a cloud").
+server, this host does what the real one does (docs/devhost.md).
 
 Tests use `pump()` / `drain()` instead of the background pollers for determinism.
 """

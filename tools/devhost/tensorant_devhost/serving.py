@@ -76,7 +76,7 @@ class HttpTriggers(Invoker):
         path = split.path
         if path == "/" and prefix and method in ("GET", "HEAD"):
             # The bare host URL: the console. (A function cannot be routed at "/" under routePrefix "api";
-            # the real host shows its default page there: docs/architecture.md, "The console at /".)
+            # the real host shows its default page there: docs/console.md, "The console at /".)
             return 302, {"Location": f"{prefix}/console", "Cache-Control": "no-store"}, b""
         if prefix and not (path == prefix or path.startswith(prefix + "/")):
             return _problem(404, "Not Found", f"no function serves {path} (routes start with {prefix}/)")
