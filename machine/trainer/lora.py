@@ -62,7 +62,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from machine.trainer import dpo
+from machine.trainer import dpo, tracking
 from machine.trainer.batches import (
     FLEX,
     SEGMENTS,
@@ -81,6 +81,7 @@ from machine.trainer.data import DatasetError, DatasetRows, Encoded, Example, To
 from machine.trainer.encoding import encode_splits, with_inputs
 from machine.trainer.gpu import EXIT_GPU, Neftune, choice_name, gpu_problem, probe_batching
 from machine.trainer.loss import loss_sum
+from machine.trainer.merge import free_memory, merge_into_output
 from machine.trainer.templates import TemplateError
 from machine.trainer.templates import apply as apply_template
 
@@ -821,8 +822,6 @@ def train(env: dict[str, str]) -> int:
     if code == 0 and job.s.merged:
         # The training model and its optimizer state were freed with train_adapter's frame: the merge loads the base
         # model again.
-        from machine.trainer.merge import free_memory, merge_into_output
-
         free_memory(cuda)
         # On the GPU only when the run trained there unquantized: it held at least these weights then.
         merge_into_output(job.source, job.output, job.base_model,
@@ -1079,8 +1078,6 @@ def write_results(run: Run, progress: Progress, manifest: Callable[..., dict[str
 
 def track(env: dict[str, str], job: Job, progress: Progress, eval_after: float | None, seconds: float) -> None:
     """The run reported to the org's MLflow or W&B (machine/trainer/tracking.py)."""
-    from machine.trainer import tracking
-
     tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or job.base_model, params=job.s.as_dict(),
                     losses=progress.losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
                     summary={**progress.preference.get("after", {}),

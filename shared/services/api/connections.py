@@ -25,6 +25,7 @@ from shared.org_storage.registry import (
     storage_config_models,
 )
 from shared.providers import registry
+from shared.providers.registry import providers
 from shared.queues import get_queues
 from shared.runs.org_backends import (
     STORAGE_SLOT,
@@ -199,8 +200,6 @@ def request_check(principal: Principal, name: str) -> ConnectionView:
 def runpod_volumes(principal: Principal) -> dict[str, Any]:
     """The network volumes of the account of the provider that lists them (declared lists_network_volumes:
     RunPod), so an owner can pick one for storage."""
-    from shared.providers.registry import providers
-
     require(principal, Role.owner)
     [info] = [i for i in providers().values() if i.lists_network_volumes]  # the route names the one there is
     provider = compute_for(principal.org, info.name)
