@@ -62,7 +62,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from machine.trainer import dpo, tracking
+from machine.trainer import dpo, merge, tracking
 from machine.trainer.batches import (
     FLEX,
     SEGMENTS,
@@ -81,7 +81,6 @@ from machine.trainer.data import DatasetError, DatasetRows, Encoded, Example, To
 from machine.trainer.encoding import encode_splits, with_inputs
 from machine.trainer.gpu import EXIT_GPU, Neftune, choice_name, gpu_problem, probe_batching
 from machine.trainer.loss import loss_sum
-from machine.trainer.merge import free_memory, merge_into_output
 from machine.trainer.templates import TemplateError
 from machine.trainer.templates import apply as apply_template
 
@@ -822,10 +821,10 @@ def train(env: dict[str, str]) -> int:
     if code == 0 and job.s.merged:
         # The training model and its optimizer state were freed with train_adapter's frame: the merge loads the base
         # model again.
-        free_memory(cuda)
+        merge.free_memory(cuda)
         # On the GPU only when the run trained there unquantized: it held at least these weights then.
-        merge_into_output(job.source, job.output, job.base_model,
-                          device="cuda" if cuda and not job.s.load_in_4bit else "cpu", token=job.token)
+        merge.merge_into_output(job.source, job.output, job.base_model,
+                                device="cuda" if cuda and not job.s.load_in_4bit else "cpu", token=job.token)
     return code
 
 

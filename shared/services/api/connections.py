@@ -25,7 +25,6 @@ from shared.org_storage.registry import (
     storage_config_models,
 )
 from shared.providers import registry
-from shared.providers.registry import providers
 from shared.queues import get_queues
 from shared.runs.org_backends import (
     STORAGE_SLOT,
@@ -201,7 +200,7 @@ def runpod_volumes(principal: Principal) -> dict[str, Any]:
     """The network volumes of the account of the provider that lists them (declared lists_network_volumes:
     RunPod), so an owner can pick one for storage."""
     require(principal, Role.owner)
-    [info] = [i for i in providers().values() if i.lists_network_volumes]  # the route names the one there is
+    [info] = [i for i in registry.providers().values() if i.lists_network_volumes]  # the route names the one there is
     provider = compute_for(principal.org, info.name)
     list_volumes = getattr(provider, "network_volumes", None)
     if list_volumes is None:  # a test override of the provider that lacks the method
