@@ -15,6 +15,7 @@ from typing import Any
 import azure.functions as func
 
 from shared import http
+from shared.openapi import build
 
 ANON = func.AuthLevel.ANONYMOUS
 ASSETS = Path(__file__).parent / "docs_assets"
@@ -76,8 +77,6 @@ def attach(app: func.FunctionApp) -> None:
     @_public
     @http.api(summary="This API's OpenAPI document", response="application/json")
     def openapi(req: func.HttpRequest) -> func.HttpResponse:
-        from shared.openapi import build
-
         return http.respond(lambda: build(app))
 
     @bp.route(route="docs", methods=["GET"], auth_level=ANON)

@@ -3,8 +3,10 @@ message: the step table, shared/steps.py), and its hourly timer."""
 
 import azure.functions as func
 
+from shared.log import log_context
 from shared.services.steps import refresh_catalog as step
 from shared.services.steps.runner import run_step
+from shared.services.timers import refresh_catalogs
 from shared.steps import Step
 
 bp = func.Blueprint()
@@ -18,8 +20,5 @@ def refresh_catalog(msg: func.QueueMessage) -> None:
 # Hourly: prices change rarely; a failed refresh keeps the last good copy.
 @bp.timer_trigger(arg_name="timer", schedule="0 7 * * * *", run_on_startup=False)
 def refresh_catalog_timer(timer: func.TimerRequest) -> None:
-    from shared.log import log_context
-    from shared.services.timers import refresh_catalogs
-
     with log_context(step="refresh_catalog_timer"):
         refresh_catalogs.queue_all_refreshes()

@@ -1,5 +1,8 @@
 import azure.functions as func
 
+from shared.log import log_context
+from shared.services.timers import sweeper as service
+
 bp = func.Blueprint()
 
 
@@ -7,8 +10,5 @@ bp = func.Blueprint()
 # one grace period plus one tick. The tick only sends one sweep-account message per connection.
 @bp.timer_trigger(arg_name="timer", schedule="30 */5 * * * *", run_on_startup=False)
 def sweeper(timer: func.TimerRequest) -> None:
-    from shared.log import log_context
-    from shared.services.timers import sweeper as service
-
     with log_context(step="sweeper"):
         service.tick()

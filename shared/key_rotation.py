@@ -23,6 +23,7 @@ from datetime import datetime
 from shared.clock import now_ts
 from shared.errors import Conflict
 from shared.settings import get_settings
+from shared.store import get_store
 
 _PK = "jwt"
 _seen: dict[tuple[str, str], float] = {}
@@ -37,8 +38,6 @@ def key_id(secret: str) -> str:
 def current_key_since() -> float:
     """Epoch seconds at which the current JWT key was first seen by this deployment (recorded now
     if never): one point read per process and key, one insert the first time."""
-    from shared.store import get_store
-
     store = get_store()
     kid = key_id(get_settings().jwt_secret)
     cache_key = (store.prefix, kid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared.clock import now
 from shared.models import Outcome, RunRecord, RunState
 
 S = RunState
@@ -62,8 +63,6 @@ def transition(
     Entering `releasing` requires an outcome (where the run goes once the cloud confirms
     the release); leaving it goes to exactly that outcome (failed when it has none).
     """
-    from shared.clock import now
-
     if not can_transition(run.state, target):
         raise IllegalTransition(run.state, target)
     if run.state == S.releasing and target != released_state(run):

@@ -30,6 +30,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from shared import metrics
+
 # The secrets to mask (each with its common encodings: shared/log.py _encodings), most recently registered
 # last. Bounded: run tokens, presigned URLs and bootstrap blobs are registered per run (a soak grew by them with
 # every run), and a connection's keys are registered again each time it is unsealed, so the ones in use stay in.
@@ -187,8 +189,6 @@ def get_logger() -> logging.Logger:
 def log_context(*, step: str, run_id: str = "", org: str = "", invocation_id: str = "") -> Iterator[logging.Logger]:
     """Every line inside carries step, run_id, org and the invocation's id; the time spent inside is the
     step's duration metric (every queue step and timer runs in one)."""
-    from shared import metrics
-
     values = {"step": step, "run_id": run_id, "org": org, "invocation_id": invocation_id}
     token = _context.set({**(_context.get() or {}), **{k: v for k, v in values.items() if v}})
     started, outcome = time.perf_counter(), "failed"

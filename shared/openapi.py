@@ -30,7 +30,12 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
+from shared.function_index import functions_of
 from shared.models import CONNECTION_NAME_PATTERN, CONNECTION_PATTERN, Problem
+from shared.org_storage.config import StorageConfig
+from shared.org_storage.registry import storage_config_models
+from shared.providers import registry
+from shared.settings import get_settings
 
 PROBLEM = "application/problem+json"
 REF = "#/components/schemas/{model}"
@@ -206,8 +211,6 @@ KEEP_SECRET_NOTE = ('Secrets (format "password") are write-only: the connection 
 
 
 def _provider_config(doc: _Doc) -> dict[str, Any]:
-    from shared.providers import registry
-
     models = {name: registry.config_model(name) for name in registry.compute_names()}
     examples = {name: {"summary": f"{name} connection", "value": value}
                 for name in models if (value := registry.example(name)) is not None}
@@ -224,10 +227,6 @@ def _storage_config(doc: _Doc) -> dict[str, Any]:
     from typing import Annotated, Union, get_args
 
     from pydantic import Field
-
-    from shared.org_storage.config import StorageConfig
-    from shared.org_storage.registry import storage_config_models
-    from shared.settings import get_settings
 
     # In production without the dev-only kinds (local storage), as the save refuses them there.
     members = storage_config_models(get_settings())
@@ -325,8 +324,6 @@ def _responses(mark: dict[str, Any], errors: list[int], doc: _Doc, problem: dict
 
 
 def _parameters(route: str, op_id: str) -> list[dict[str, Any]]:
-    from shared.providers import registry
-
     def with_providers(name: str, schema: dict[str, Any]) -> dict[str, Any]:
         # A provider, in the path or the query, is one of the registry's: the document follows it.
         if name == "name" and "/named/{name}" in route:  # a named compute connection's name
@@ -340,8 +337,6 @@ def _parameters(route: str, op_id: str) -> list[dict[str, Any]]:
 
 
 def build(app: Any) -> dict[str, Any]:
-    from shared.function_index import functions_of
-
     doc = _Doc()
     problem = doc.ref(Problem)
     paths: dict[str, Any] = {}

@@ -21,7 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.settings import get_settings
 from shared.steps import Step
+from shared.storage_account import service_client
+from shared.storage_transport import storage_client_kwargs
 
 # Every step has its own queue, of the same name.
 Queue = Step
@@ -54,9 +57,6 @@ class Queues:
         clock); on_send hooks are called with the queue name after each send without delay (the
         dev host wakes its idle pollers: the real host polls, locally the wait is avoidable)."""
         from azure.storage.queue import QueueServiceClient
-
-        from shared.storage_account import service_client
-        from shared.storage_transport import storage_client_kwargs
 
         self._service = service_client(QueueServiceClient, "queue", connection_string, **storage_client_kwargs())
         self._clients: dict[str, Any] = {}
@@ -127,8 +127,6 @@ def get_queues() -> Queues:
     global _default
     with _lock:
         if _default is None:
-            from shared.settings import get_settings
-
             _default = Queues(get_settings().storage_connection, delay_scale=_options.delay_scale,
                               on_send=_options.on_send)
         return _default

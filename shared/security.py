@@ -11,6 +11,7 @@ from typing import Any
 
 from shared.clock import now_ts
 from shared.errors import Conflict, Forbidden, Unauthorized
+from shared.key_rotation import current_key_since
 from shared.log import register_secret
 from shared.models import KEY_PATTERN, ORG_PATTERN, Role
 from shared.settings import AGENT_TOKEN_MAX_TTL_S, get_settings
@@ -90,15 +91,12 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
     iat = _check_times(claims, max_ttl_s, allow_expired)
     _claim(claims, "org", ORG_RE)
     _claim(claims, "sub", SUB_RE)
-    if previous_key and typ == "user":
-        from shared.key_rotation import current_key_since
-
-        # The previous key is kept so tokens issued before the rotation keep working; it was rotated out
-        # because it may have leaked, so one issued once the new key was seen was forged with it. (A forger
-        # can backdate iat, but the lifetime bound then ends it user_token_max_ttl after the rotation.)
-        if iat >= current_key_since():
-            raise Unauthorized("the bearer token is signed with a key that was rotated out and was issued after "
-                               "the rotation; mint a new one")
+    # The previous key is kept so tokens issued before the rotation keep working; it was rotated out
+    # because it may have leaked, so one issued once the new key was seen was forged with it. (A forger
+    # can backdate iat, but the lifetime bound then ends it user_token_max_ttl after the rotation.)
+    if previous_key and typ == "user" and iat >= current_key_since():
+        raise Unauthorized("the bearer token is signed with a key that was rotated out and was issued after "
+                           "the rotation; mint a new one")
     claims["_raw"] = token
     claims["_previous_key"] = previous_key
     return claims

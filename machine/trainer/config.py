@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from machine.trainer.templates import PRESETS
+
 
 class SettingsError(ValueError):
     """TENSORANT_TRAINING is malformed; the message names the field and the allowed values."""
@@ -147,8 +149,6 @@ def parse_settings(raw: str | None) -> tuple[TrainerSettings, list[str]]:
 
 
 def _template(value: Any) -> str:
-    from machine.trainer.templates import PRESETS
-
     if not isinstance(value, str) or not value.strip():
         raise SettingsError(f"training.chat_template must be a template name ({', '.join(PRESETS)}) or a Jinja "
                             f"chat template's text, not {value!r}")

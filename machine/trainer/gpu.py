@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from machine.agent.gpu import DRIVER_FILE, EXIT_GPU, driver_version
+from machine.trainer.batches import FLEX, batch_stream, collate, set_attention, trained_tokens
+from machine.trainer.loss import loss_sum
 
 __all__ = ["EXIT_GPU", "Neftune", "choice_name", "gpu_problem", "probe_batching"]
 PROBE_BATCHES = 4  # timed micro-batches per mode, after one untimed (kernels load, the allocator warms)
@@ -82,8 +84,6 @@ class Neftune:
 def choice_name(mode: str, attention: str | None) -> str:
     """A probed choice's name in the probe's figures (the manifest's batching_probe): grouped, packed
     (segment attention, flash attention or as loaded) or packed_flex."""
-    from machine.trainer.batches import FLEX
-
     return f"{mode}_flex" if attention == FLEX else mode
 
 
@@ -99,8 +99,6 @@ def probe_batching(model: Any, examples: Sequence[Any], batch_size: int, seed: i
     changes: gradients are dropped and the RNG (dropout, noise) is put back, so the run is the one it
     would have been. Returns (the choice, {choice_name: real tokens per second})."""
     import torch
-
-    from machine.trainer.batches import FLEX, set_attention
 
     cuda = device.type == "cuda"
     rng = torch.get_rng_state()
@@ -130,9 +128,6 @@ def _rate(model: Any, examples: Sequence[Any], batch_size: int, seed: int, pad_i
           neftune: Neftune | None, mode: str, *, warmup: int) -> float:
     """Real tokens per second of PROBE_BATCHES micro-batches of mode, forward and backward, after warmup."""
     import torch
-
-    from machine.trainer.batches import batch_stream, collate, trained_tokens
-    from machine.trainer.loss import loss_sum
 
     cuda = device.type == "cuda"
     stream = batch_stream(examples, batch_size, seed, grouped=mode == "grouped")

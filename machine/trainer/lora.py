@@ -62,7 +62,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from machine.trainer import dpo
+from machine.trainer import dpo, merge, tracking
 from machine.trainer.batches import (
     FLEX,
     SEGMENTS,
@@ -821,12 +821,10 @@ def train(env: dict[str, str]) -> int:
     if code == 0 and job.s.merged:
         # The training model and its optimizer state were freed with train_adapter's frame: the merge loads the base
         # model again.
-        from machine.trainer.merge import free_memory, merge_into_output
-
-        free_memory(cuda)
+        merge.free_memory(cuda)
         # On the GPU only when the run trained there unquantized: it held at least these weights then.
-        merge_into_output(job.source, job.output, job.base_model,
-                          device="cuda" if cuda and not job.s.load_in_4bit else "cpu", token=job.token)
+        merge.merge_into_output(job.source, job.output, job.base_model,
+                                device="cuda" if cuda and not job.s.load_in_4bit else "cpu", token=job.token)
     return code
 
 
@@ -1079,8 +1077,6 @@ def write_results(run: Run, progress: Progress, manifest: Callable[..., dict[str
 
 def track(env: dict[str, str], job: Job, progress: Progress, eval_after: float | None, seconds: float) -> None:
     """The run reported to the org's MLflow or W&B (machine/trainer/tracking.py)."""
-    from machine.trainer import tracking
-
     tracking.report(env, log, run_name=env.get("TENSORANT_RUN_ID") or job.base_model, params=job.s.as_dict(),
                     losses=progress.losses, evals=[(int(e[0]), float(e[1])) for e in progress.evals],
                     summary={**progress.preference.get("after", {}),

@@ -30,7 +30,12 @@ import shutil
 import sys
 from pathlib import Path
 
+from adapter_format.base_models import get_base_model
+from machine.trainer import gguf_models
+from machine.trainer.gguf_models import LocalModelError
 from machine.trainer.locks import file_lock
+from machine.trainer.lora import quiet_library_warnings, train
+from machine.trainer.random_model import build_random_model
 
 _BUILT = ".tensorant-built"
 
@@ -58,8 +63,6 @@ def _installed(package: str) -> bool:
 
 
 def _random_model(base_model: str, cache: Path) -> Path:
-    from machine.trainer.random_model import build_random_model
-
     target = cache / base_model.replace("/", "--")
     if (target / _BUILT).exists():
         return target
@@ -84,8 +87,6 @@ def hub_cache_has(base_model: str, home: Path | None = None) -> bool:
 def local_source(base_model: str, home: Path | None = None) -> str:
     """How a trainer without hub access gets base_model on this host, in words; "" when it cannot (the
     local provider refuses such a run at create instead of failing it a minute in)."""
-    from machine.trainer import gguf_models
-
     if base_model.startswith("tensorant/"):
         return "random weights built at the declared shapes"
     if base_model in gguf_models.PACKAGES and _installed(gguf_models.PACKAGES[base_model]):
@@ -97,9 +98,6 @@ def local_source(base_model: str, home: Path | None = None) -> str:
 
 def prepare(base_model: str, cache: Path) -> Path | None:
     """A local directory for base_model, or None when the trainer should use the hub."""
-    from adapter_format.base_models import get_base_model
-    from machine.trainer import gguf_models
-
     name = base_model.replace("/", "--")
     if base_model in gguf_models.PACKAGES:
         package = gguf_models.PACKAGES[base_model]
@@ -121,14 +119,11 @@ def main() -> int:
     # Progress bars (conversion, weight loading) are carriage-return noise in a run's log.
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from machine.trainer.lora import quiet_library_warnings
 
     quiet_library_warnings()  # the GGUF conversion's too
     env = dict(os.environ)
     base_model = env.get("TENSORANT_BASE_MODEL", "")
     if base_model and not env.get("TENSORANT_BASE_MODEL_PATH"):
-        from machine.trainer.gguf_models import LocalModelError
-
         try:
             path = prepare(base_model, model_cache(env))
         except LocalModelError as exc:
@@ -136,7 +131,6 @@ def main() -> int:
             return 3
         if path is not None:
             env["TENSORANT_BASE_MODEL_PATH"] = str(path)
-    from machine.trainer.lora import train
 
     return train(env)
 

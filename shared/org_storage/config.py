@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from shared.settings import get_settings
+
 
 class _Config(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -51,11 +53,9 @@ class S3StorageConfig(_Config):
                              "(AWS S3: leave endpoint empty), or keep RunPod network storage")
         if not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$", v):
             raise ValueError("endpoint must be a URL like https://s3.example.com (no path)")
-        if not v.startswith("https://"):
-            from shared.settings import get_settings
-
-            if not get_settings().allow_private_endpoints:  # test-only allowance (moto on loopback http)
-                raise ValueError("endpoint must be an https:// URL")
+        # allow_private_endpoints: a test-only allowance (moto on loopback http)
+        if not v.startswith("https://") and not get_settings().allow_private_endpoints:
+            raise ValueError("endpoint must be an https:// URL")
         return v.rstrip("/")
 
     @field_validator("bucket")

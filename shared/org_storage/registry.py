@@ -12,6 +12,9 @@ from shared.errors import InvalidInput, PermanentError
 from shared.models import ORG_PATTERN
 from shared.org_storage.base import StorageBackend
 from shared.org_storage.config import LocalStorageConfig, RunPodVolumeConfig, S3StorageConfig, StorageConfig
+from shared.org_storage.local import LocalStorage
+from shared.org_storage.runpod_volume import RunPodVolumeStorage
+from shared.org_storage.s3 import S3Storage
 from shared.settings import Settings
 
 STORAGE_ADAPTER: TypeAdapter[StorageConfig] = TypeAdapter(StorageConfig)
@@ -48,18 +51,13 @@ def make_storage(config: BaseModel, settings: Settings, org: str) -> StorageBack
     if isinstance(config, LocalStorageConfig):
         if settings.is_production:  # a row saved before production: never the production host's disk
             raise PermanentError("local storage exists only outside production; save another storage connection")
-        from shared.org_storage.local import LocalStorage
 
         # The org names a directory: no "..", "/" or "\\"; fullmatch, as "$" allows a trailing newline.
         if not re.fullmatch(ORG_PATTERN, org):
             raise ValueError(f"org {org!r:.80} is not a valid organization id")
         return LocalStorage(config, Path(settings.local_root).resolve() / "storage" / org)
     if isinstance(config, S3StorageConfig):
-        from shared.org_storage.s3 import S3Storage
-
         return S3Storage(config)
     if isinstance(config, RunPodVolumeConfig):
-        from shared.org_storage.runpod_volume import RunPodVolumeStorage
-
         return RunPodVolumeStorage(config)
     raise TypeError(f"no storage backend for {type(config).__name__}")

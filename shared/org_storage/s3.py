@@ -25,6 +25,7 @@ from shared.org_storage.endpoint_guard import (
     Resolver,
     system_resolver,
 )
+from shared.settings import get_settings
 
 AGENT_URL_TTL_S = 12 * 3600
 MAX_URL_TTL_S = 7 * 24 * 3600
@@ -60,8 +61,6 @@ class S3Storage:
         self.label = label or "bucket"
         self._client: Any = None
         if allow_private is None:
-            from shared.settings import get_settings
-
             allow_private = get_settings().allow_private_endpoints
         # Every request goes to an address checked to be public, pinned for that connection.
         self._sender = PinnedSender(allow_private=allow_private, resolver=resolver)

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from shared.models import Check, CloudResource, GpuOffer, MachineState
+from shared.providers.console import MAX_CHARS, UNAVAILABLE, bounded
 
 TAG_MANAGED = "tensorant:managed"
 TAG_DEPLOYMENT = "tensorant:deployment"
@@ -163,8 +164,6 @@ def console_of(provider: Any, ref: RunRef, resources: list[CloudResource]) -> st
     failure reads "console output unavailable: <why>". The text is scrubbed of secrets and bounded
     (shared/providers/console.py) here as well as by the provider.
     """
-    from shared.providers.console import MAX_CHARS, UNAVAILABLE, bounded
-
     fn = getattr(provider, "console_output", None)
     if not callable(fn):
         return ""

@@ -26,9 +26,10 @@ from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
+import shared.providers as package
 from shared.errors import InvalidInput, PermanentError
 from shared.providers.base import ComputeProvider
-from shared.settings import Settings
+from shared.settings import Settings, get_settings
 
 ComputeFactory = Callable[[BaseModel, Settings], ComputeProvider]
 # (compute config, the org's storage config or None) -> the config the provider is built from
@@ -149,8 +150,6 @@ def resumes_training(name: str) -> bool:
 @functools.cache
 def providers() -> dict[str, ProviderInfo]:
     """name -> entry, for every package in this folder (each one is a provider)."""
-    import shared.providers as package
-
     found: dict[str, ProviderInfo] = {}
     for module in pkgutil.iter_modules(package.__path__):
         if not module.ispkg:
@@ -205,7 +204,6 @@ def override(name: str, *, factory: ComputeFactory, config_model: type[BaseModel
 def _settings(settings: Settings | None) -> Settings:
     if settings is not None:
         return settings
-    from shared.settings import get_settings
 
     return get_settings()
 

@@ -28,11 +28,15 @@ from typing import Any
 
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict, NotFound
-from shared.lifecycle import ACTIVE, HOLDS_MACHINE, TERMINAL
-from shared.models import RunRecord, RunState
+from shared.lifecycle import ACTIVE, HOLDS_MACHINE, TERMINAL, transition
+from shared.models import RunRecord, RunState, StepMessage
+from shared.queues import get_queues
 from shared.runs.candidates import dearest_price
 from shared.runs.costs import timing
+from shared.runs.moves import move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
+from shared.runs.outbox import send_event
+from shared.steps import Step
 from shared.store import get_store
 from shared.store.leases import ends, left
 from shared.store.slots import LAUNCH_GRACE_S  # one grace for a launch's reservations
@@ -248,8 +252,6 @@ def _crossings(org: str, t: datetime, budget: tuple[str, float, str | None], s: 
 
 def _tell_crossing(org: str, t: datetime, budget: tuple[str, float, str | None], threshold: int, s: OrgSpend) -> None:
     """A new threshold crossing, as the budget.threshold event (its webhooks) and an audit entry."""
-    from shared.runs.outbox import send_event
-
     bkey, usd, project = budget
     billed = s.of(project).billed
     ident = f"msg_budget-{month_of(t)}-{bkey.replace(':', '-')}-{threshold}"[:68]
@@ -296,12 +298,6 @@ def check_thresholds(org: str, t: datetime) -> int:
 
 
 def _retain_active(org: str, projects: list[str | None]) -> None:
-    from shared.lifecycle import transition
-    from shared.models import StepMessage
-    from shared.queues import get_queues
-    from shared.runs.moves import move_stored
-    from shared.steps import Step
-
     whole = None in projects
     for run in get_store().runs.active(org):
         if run.state not in ACTIVE or not (whole or run.project_id in projects):

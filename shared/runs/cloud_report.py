@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from shared.log import redact_text
 from shared.models import RunRecord, RunState
+from shared.providers.base import console_of
+from shared.runs.org_backends import compute_for, ref_of, run_connection
 from shared.runs.resources import merge_resources
 from shared.store import get_store
 
@@ -20,9 +22,6 @@ CLOUD_SAYS = "the cloud says: "
 def cloud_report(run: RunRecord) -> str:
     """What the cloud says of the run's machine (one describe), or why that could not be read.
     Never raises: a cloud outage must not stop a deadline or a release."""
-    from shared.providers.base import console_of
-    from shared.runs.org_backends import compute_for, ref_of, run_connection
-
     try:
         provider = compute_for(run.org, run_connection(run))
         ref, resources = ref_of(run), merge_resources(get_store().ledger.read(run.id), run.resources)

@@ -7,6 +7,7 @@ from typing import Any
 from shared.clock import now
 from shared.models import RunEvent, RunRecord, RunState
 from shared.outside_events import TYPES
+from shared.runs.outbox import notify
 from shared.store import get_store
 
 # Events a caller can make again at will (a machine's boot-failure reports after it had reported, a second
@@ -28,7 +29,6 @@ def event(run: RunRecord, kind: str, message: str, *, source: str = "", **data: 
                        "not recorded")
     get_store().events.add(run.id, RunEvent(at=now(), kind=kind, message=message, state=run.state, data=data))
     if data.get("type") in TYPES:  # an outside event: its webhooks (shared/runs/outbox.py)
-        from shared.runs.outbox import notify
 
         notify(run, str(data["type"]), message)
 

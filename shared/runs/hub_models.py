@@ -33,7 +33,10 @@ from adapter_format.hub_config import (
 )
 from shared.clock import now
 from shared.errors import InvalidInput
+from shared.org_storage.endpoint_guard import EndpointRefused, resolve_checked, split_endpoint, system_resolver
+from shared.settings import get_settings
 from shared.store import get_store
+from shared.webhooks.send import allow_private
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 TIMEOUT_S = 5.0  # one request
@@ -100,9 +103,6 @@ def _pool(url: str, deadline: float) -> Any:
     what is left of the deadline."""
     import urllib3
 
-    from shared.org_storage.endpoint_guard import EndpointRefused, resolve_checked, split_endpoint, system_resolver
-    from shared.webhooks.send import allow_private
-
     private = allow_private()
     try:
         scheme, host, port = split_endpoint(url, allow_private=private)
@@ -145,8 +145,6 @@ def _refusal(model_id: str, revision: str, what: str, exc: HubError) -> InvalidI
 
 
 def _url(model_id: str, revision: str, path: str) -> str:
-    from shared.settings import get_settings
-
     base = get_settings().hf_endpoint.rstrip("/")
     return f"{base}/{model_id}/resolve/{quote(revision, safe='')}/{path}"
 
@@ -155,7 +153,6 @@ def pin(model_id: str, revision: str, token: str, deadline: float) -> str:
     """The commit id of a revision (a commit id as it is)."""
     if COMMIT.fullmatch(revision):
         return revision
-    from shared.settings import get_settings
 
     url = f"{get_settings().hf_endpoint.rstrip('/')}/api/models/{model_id}/revision/{quote(revision, safe='')}"
     try:

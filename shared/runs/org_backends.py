@@ -26,6 +26,7 @@ from shared.runs.candidates import attempt_no, provider_of, run_connection
 from shared.security import unseal
 from shared.settings import Settings, get_settings
 from shared.store import get_store
+from shared.store.installation import installation_id
 
 STORAGE_SLOT = "storage"
 
@@ -125,8 +126,6 @@ def storage_for(org: str) -> StorageBackend:
 def ref_of(run: RunRecord, attempt: int | None = None) -> RunRef:
     """How providers find and mark the run's resources (this deployment, the org, the run, and the launch
     attempt: the current one's unless `attempt` names an earlier one, shared/runs/candidates.py)."""
-    from shared.store.installation import installation_id
-
     n = attempt_no(run) if attempt is None else attempt
     return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id, store=installation_id(),
                   connection=run_connection(run), attempt=n)

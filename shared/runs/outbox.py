@@ -24,6 +24,12 @@ from typing import Any
 from shared.clock import now
 from shared.log import get_logger
 from shared.models import Notice, RunRecord
+from shared.queues import get_queues
+from shared.runs.costs import timing
+from shared.steps import Step
+from shared.store import get_store
+from shared.webhooks import store
+from shared.webhooks.models import DeliveryMessage
 
 # A record holds at most this many undelivered notices (a run changes state a dozen times at most; more
 # means the queue is unreachable for long): the oldest give way.
@@ -45,8 +51,6 @@ def with_notice(run: RunRecord, type_: str, reason: str = "") -> RunRecord:
 def run_body(run: RunRecord, n: Notice) -> str:
     """The JSON body: type, timestamp and the run's ids, state, reason and cost so far; never a secret,
     a URL or a log line."""
-    from shared.runs.costs import timing
-
     try:
         cost = timing(run).cost
     except Exception:  # a record too old to price without its events: the body says so rather than fail
@@ -58,11 +62,6 @@ def run_body(run: RunRecord, n: Notice) -> str:
 
 
 def _queue(org: str, type_: str, webhook_id: str, body: str, subject: str = "") -> int:
-    from shared.queues import get_queues
-    from shared.steps import Step
-    from shared.webhooks import store
-    from shared.webhooks.models import DeliveryMessage
-
     sent = 0
     for ep in store.endpoints(org):
         if ep.enabled and type_ in ep.types:
@@ -77,7 +76,6 @@ def drain(run: RunRecord) -> RunRecord:
     stored after. Never raises: what could not be queued stays for heartbeat-check."""
     if not run.notices:
         return run
-    from shared.store import get_store
 
     try:
         for n in run.notices:
@@ -98,8 +96,6 @@ def drain(run: RunRecord) -> RunRecord:
 def notify(run: RunRecord, type_: str, reason: str) -> None:
     """An event with an outside type (shared.runs.events.event): its notice, unless the write that decided
     it holds one already (with_notice), then the drain."""
-    from shared.store import get_store
-
     if not any(n.type == type_ and n.reason == reason[:2000] for n in run.notices):
         try:
             run, _ = get_store().runs.mutate(run.org, run.id, lambda r: with_notice(r, type_, reason))

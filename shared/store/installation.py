@@ -14,6 +14,7 @@ import secrets
 import threading
 
 from shared.errors import Conflict
+from shared.store import get_store
 
 _ROW = ("~installation", "id")
 _lock = threading.Lock()
@@ -23,8 +24,6 @@ _cached: dict[str, str] = {}
 def installation_id() -> str:
     """Made on first use (an insert: of two processes racing, both read the winner's), then cached
     per store (its table prefix)."""
-    from shared.store import get_store
-
     store = get_store()
     key = f"{id(store)}:{store.prefix}"
     with _lock:

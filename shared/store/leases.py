@@ -51,6 +51,7 @@ class Lease:
 
 
 def _table() -> Any:
+    # lazy: a cycle (the store's slots use this module's deadlines)
     from shared.store import get_store
 
     return get_store().table("leases")
@@ -111,6 +112,7 @@ def claim_launch(org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, 
     show yet, so two attempts closer together could each create one. Other writes (a heartbeat, a note)
     do not extend it. Returns (run as stored now, whether this call claimed it).
     """
+    # lazy: a cycle (the store's slots use this module's deadlines)
     from shared.store import get_store
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -126,6 +128,7 @@ def end_launch_claim(run: RunRecord, *, settle_s: float, lag_s: float) -> bool:
     next claim need not wait out the rest of this invocation's bound, only lag_s from now for what the
     create made to show in listings. Ends only the claim `run` holds (its stamp as claimed), and never later
     than it would have. Returns whether it was written."""
+    # lazy: a cycle (the store's slots use this module's deadlines)
     from shared.store import get_store
 
     stamp = run.launch_claimed_at

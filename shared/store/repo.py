@@ -24,6 +24,9 @@ import os
 from functools import lru_cache
 
 from shared.clock import now_ts
+from shared.settings import get_settings
+from shared.storage_account import service_client
+from shared.storage_transport import storage_client_kwargs
 from shared.store.audit import Audit
 from shared.store.catalogs import Catalogs
 from shared.store.connections import Connections
@@ -48,9 +51,6 @@ TABLES = ("connections", "catalogs", "projects", "datasets", "runs", "events", "
 class Store:
     def __init__(self, connection_string: str, prefix: str) -> None:
         from azure.data.tables import TableServiceClient
-
-        from shared.storage_account import service_client
-        from shared.storage_transport import storage_client_kwargs
 
         self._service = service_client(TableServiceClient, "table", connection_string, **storage_client_kwargs())
         self.prefix = prefix
@@ -87,8 +87,6 @@ _override: Store | None = None
 
 @lru_cache(maxsize=1)  # one client per process, built on first use
 def _default_store() -> Store:
-    from shared.settings import get_settings
-
     s = get_settings()
     return Store(s.storage_connection, s.table_prefix)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from shared.errors import ConcurrencyError, Conflict, NotFound
+from shared.ids import NEWEST_FIRST_FROM
 from shared.lifecycle import TERMINAL, check_write
 from shared.models import RunRecord, RunState
 from shared.store.keys import id_key, org_key
@@ -81,8 +82,6 @@ class Runs:
         the end). Newest-first ids (shared/ids.py) are read first, then the ids from before them
         (in id order). Filters: the state column, and the project column (every run write sets it; a
         run last written before it existed is not found by a project filter)."""
-        from shared.ids import NEWEST_FIRST_FROM
-
         split = f"r-{NEWEST_FIRST_FROM}"
         clauses: list[str] = ["PartitionKey eq @org"]
         params: dict[str, Any] = {"org": org_key(org)}

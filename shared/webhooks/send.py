@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shared.org_storage.endpoint_guard import EndpointRefused, resolve_checked, split_endpoint, system_resolver
+from shared.settings import get_settings
 
 TIMEOUT_S = 10.0
 MAX_RESPONSE_BYTES = 4096
@@ -40,8 +41,6 @@ def signature(secrets: list[str], webhook_id: str, at: datetime, body: str) -> s
 
 
 def allow_private() -> bool:
-    from shared.settings import get_settings
-
     return get_settings().allow_private_endpoints  # test-only (a receiver on loopback http)
 
 

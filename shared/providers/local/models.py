@@ -6,10 +6,10 @@ provider runs the machine (agent and trainer) on the control plane's own host.
 
 from __future__ import annotations
 
+from machine.trainer import gguf_models
+from machine.trainer.run import local_source
+
 
 def source(base_model: str) -> tuple[str, str]:
     """(how the trainer loads base_model here, in words, or ""; the pip package that would make it loadable, or "")."""
-    from machine.trainer import gguf_models
-    from machine.trainer.run import local_source
-
     return local_source(base_model), gguf_models.PACKAGES.get(base_model, "")

@@ -16,6 +16,7 @@ from shared.errors import InvalidInput, NotFound
 from shared.models import Role, RunState, SweepRequest
 from shared.queues import Queue, decode, get_queues
 from shared.security import Principal, require
+from shared.services.timers.sweeper import fan_out, report
 from shared.store import get_store
 
 PEEK_LIMIT = 32  # the queue service's most per peek
@@ -133,16 +134,12 @@ def discard(principal: Principal, queue: str, message_id: str) -> dict[str, Any]
 def sweep(principal: Principal, body: SweepRequest) -> dict[str, Any]:
     """Start a sweep of every compute connection: one sweep-account message each, answered at once
     (a sweep of thousands of accounts outlives any HTTP request); its findings gather under its id."""
-    from shared.services.timers.sweeper import fan_out
-
     require(principal, Role.admin)
     out = fan_out(dry_run=body.dry_run, report=True)
     return {**out, "status_url": f"/api/platform/sweeps/{out['sweep_id']}"}
 
 
 def sweep_report(principal: Principal, sweep_id: str) -> dict[str, Any]:
-    from shared.services.timers.sweeper import report
-
     require(principal, Role.admin)
     if not re.fullmatch(r"s[0-9]{14}-[0-9a-f]{6}", sweep_id or ""):
         raise NotFound(f"sweep {sweep_id!r:.40} not found")

@@ -19,8 +19,9 @@ from shared.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
 from shared.queues import get_queues
 from shared.runs.events import event
+from shared.runs.forecast import apart, minutes
 from shared.runs.moves import decide_stored, move_stored
-from shared.security import ORG_RE, AgentToken, signed_agent_claims, verify_agent
+from shared.security import ORG_RE, AgentToken, mint_agent_token, signed_agent_claims, verify_agent
 from shared.settings import get_settings
 from shared.steps import serving
 from shared.store import get_store
@@ -202,8 +203,6 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
     ttl = get_settings().agent_token_ttl_s
     if run.state in ACTIVE and token is not None and (token.previous_key or token.expires_at - now_ts() < ttl / 2) \
             and renewable(token.issued_at, token.previous_key, run.launched_at):
-        from shared.security import mint_agent_token
-
         # The token's own org and run (verify_agent checked the run is the URL's): never a wider scope.
         reply["token"] = mint_agent_token(token.org, run_id, ttl_s=ttl)
         reply["token_expires_at"] = (t + timedelta(seconds=ttl)).isoformat()
@@ -239,7 +238,6 @@ def pace_warning(run: RunRecord, progress: float, t: datetime) -> str:
     remaining = elapsed * (1 - progress) / done
     if t + timedelta(seconds=remaining) <= limit_at:
         return ""
-    from shared.runs.forecast import apart, minutes
 
     # Said in seconds under a minute ("in 0 min ... ends in 0 min" read as nothing), and to the second
     # when the need and what is left would read alike.

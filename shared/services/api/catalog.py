@@ -73,8 +73,6 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
 def _save_command(provider: str) -> str:
     """The command that saves the connection: no file to name when every field has a default (local),
     else a JSON file of the fields the user writes (no such file exists until they do)."""
-    from shared.providers import registry
-
     required = [n for n, f in registry.config_model(provider_of(provider)).model_fields.items() if f.is_required()]
     if not required:
         return f"`tensorant connections save-compute {provider}`"

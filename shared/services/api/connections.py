@@ -199,10 +199,8 @@ def request_check(principal: Principal, name: str) -> ConnectionView:
 def runpod_volumes(principal: Principal) -> dict[str, Any]:
     """The network volumes of the account of the provider that lists them (declared lists_network_volumes:
     RunPod), so an owner can pick one for storage."""
-    from shared.providers.registry import providers
-
     require(principal, Role.owner)
-    [info] = [i for i in providers().values() if i.lists_network_volumes]  # the route names the one there is
+    [info] = [i for i in registry.providers().values() if i.lists_network_volumes]  # the route names the one there is
     provider = compute_for(principal.org, info.name)
     list_volumes = getattr(provider, "network_volumes", None)
     if list_volumes is None:  # a test override of the provider that lacks the method

@@ -19,6 +19,7 @@ import hmac
 from dataclasses import dataclass
 
 from shared.errors import AppError, InvalidInput
+from shared.settings import get_settings
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -33,8 +34,6 @@ class PageRequest:
 
 
 def _key() -> bytes:
-    from shared.settings import get_settings
-
     return hashlib.sha256(b"tensorant list cursor\0" + get_settings().jwt_secret.encode()).digest()
 
 

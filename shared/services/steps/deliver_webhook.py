@@ -15,7 +15,7 @@ from datetime import timedelta
 from shared.clock import now
 from shared.errors import NotFound
 from shared.log import get_logger, register_secret
-from shared.queues import get_queues
+from shared.queues import encode, get_queues
 from shared.security import unseal
 from shared.steps import Step
 from shared.store import get_store
@@ -79,8 +79,6 @@ def deliver_webhook(msg: DeliveryMessage) -> None:
 
 
 def _encoded(msg: DeliveryMessage) -> str:
-    from shared.queues import encode
-
     return encode(msg)
 
 

@@ -20,6 +20,7 @@ from shared.errors import NotFound
 from shared.log import get_logger, log_context, redact_text
 from shared.models import RunEvent
 from shared.steps import Step
+from shared.store import get_store
 
 
 def run_step(step: Step, body: bytes | str, handler: Callable[[Any], object]) -> None:
@@ -45,8 +46,6 @@ def run_step(step: Step, body: bytes | str, handler: Callable[[Any], object]) ->
 
 
 def _record(run_id: str, message: str) -> None:
-    from shared.store import get_store
-
     try:
         get_store().events.add(run_id, RunEvent(at=now(), kind="step-error", message=message))
     except Exception:

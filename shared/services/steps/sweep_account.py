@@ -52,7 +52,16 @@ from shared.clock import now, now_ts
 from shared.errors import AuthError, ProviderError
 from shared.lifecycle import ACTIVE, TERMINAL
 from shared.log import get_logger, redact_text
-from shared.models import CloudResource, ConnectionRecord, ConnectionStatus, RunRecord, RunState, StepMessage, SweepMessage
+from shared.models import (
+    CloudResource,
+    ConnectionRecord,
+    ConnectionStatus,
+    MachineState,
+    RunRecord,
+    RunState,
+    StepMessage,
+    SweepMessage,
+)
 from shared.providers.base import ComputeProvider, RunRef
 from shared.queues import get_queues
 from shared.runs import candidates
@@ -62,9 +71,11 @@ from shared.runs.org_backends import compute_connection_slot, compute_of, provid
 from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.services.steps.release import release_delay
+from shared.services.timers.sweeper import ACTIVE_PARTITION, record_report
 from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
 from shared.store import get_store, leases
+from shared.store.installation import installation_id
 
 GONE_STATES = frozenset({"terminated", "deleted"})
 
@@ -116,8 +127,6 @@ def sweep_account(msg: SweepMessage) -> None:
 
 
 def _sweep_batch(msg: SweepMessage) -> None:
-    from shared.services.timers.sweeper import record_report
-
     targets = [(msg.org, msg.connection or msg.provider)] + [(t.org, t.connection or t.provider) for t in msg.batch]
 
     def one(target: tuple[str, str]) -> None:
@@ -174,7 +183,6 @@ ACTIVE_MARK_EVERY_S = 3600
 
 def mark_active(org: str, provider: str) -> None:
     # `provider`: the connection's name; a table key may not hold its '/' (spelled '|', as keys.row_key does).
-    from shared.services.timers.sweeper import ACTIVE_PARTITION
 
     get_store().table("sweeps").upsert(ACTIVE_PARTITION, f"{org}~{provider.replace('/', '|')}",
                                        {"org": org, "provider": provider}, at=now_ts())
@@ -263,8 +271,6 @@ def finding_kinds(findings: list[dict[str, Any]]) -> dict[str, int]:
 def _other_store(resources: list[CloudResource]) -> str | None:
     """The installation id of another state store whose resources carry this deployment's marks, or
     None (resources made before the mark existed carry none and count as this store's)."""
-    from shared.store.installation import installation_id
-
     mine = installation_id()
     return next((r.extra["store"] for r in resources if r.extra.get("store") and r.extra["store"] != mine), None)
 
@@ -452,8 +458,6 @@ def _unlisted_past_grace(run: RunRecord, machines: list[CloudResource], t: datet
 def _confirmed_gone(provider: ComputeProvider, org: str, run: RunRecord) -> bool:
     """The cloud, asked about the run, says its machine is gone (an error confirms nothing: the heartbeat
     deadline still covers it)."""
-    from shared.models import MachineState
-
     try:
         ref = RunRef(get_settings().deployment_id, org, run.id, attempt=candidates.attempt_no(run))
         return provider.describe(ref, run.resources).state == MachineState.gone

@@ -18,6 +18,7 @@ from shared.models import (
     GpuOffer,
 )
 from shared.runs.org_backends import STORAGE_SLOT, compute_for, connection_of_slot, storage_for
+from shared.runs.outbox import send_event
 from shared.runs.scope import held_machines_check
 from shared.store import get_store
 
@@ -81,8 +82,6 @@ def _tell_failed(rec: ConnectionRecord, checks: list[Check]) -> None:
     is derived from them, so a re-run of this step after a crash sends it under the same id)."""
     import hashlib
     import re
-
-    from shared.runs.outbox import send_event
 
     failing = sorted(c.name for c in checks if c.status == CheckStatus.fail)
     digest = hashlib.sha256(f"{rec.slot}|{rec.revision}|{','.join(failing)}".encode()).hexdigest()[:16]

@@ -20,9 +20,11 @@ from typing import Any, Literal, NamedTuple, TypeVar
 from shared.log import redact_text
 from shared.models import ForecastCheck, Outcome, RunRecord, RunState, StepMessage, VerifyProgress
 from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
+from shared.providers.registry import smoke_trainer_providers
 from shared.queues import get_queues
 from shared.runs import forecast
 from shared.runs.events import event
+from shared.runs.hub_models import kept
 from shared.runs.moves import move
 from shared.runs.org_backends import storage_for
 from shared.services.steps import verify_spool
@@ -72,6 +74,7 @@ def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | No
     """The run's archives (the adapter; the merged model when one was reported), each whole in a local spool
     or the problem that refuses it; None when the step's budget cut a download: its progress is recorded on
     the run and the step sends itself the next message (verify_spool says where the bytes are kept)."""
+    # lazy: adapter_format.verify loads numpy (about 0.1 s more on every cold start)
     from adapter_format.merged import MAX_MERGED_BYTES
 
     progress = run.verify_progress
@@ -150,9 +153,8 @@ def check_adapter(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]
                   ) -> tuple[list[str], dict[str, object], str, int]:
     """The adapter archive's problems (none when it passes), the verifier's summary, and the digest and size
     of the bytes judged."""
+    # lazy: adapter_format.verify loads numpy (about 0.1 s more on every cold start)
     from adapter_format.verify import verify_adapter as check_archive
-    from shared.providers.registry import smoke_trainer_providers
-    from shared.runs.hub_models import kept
 
     sha256, size = "", 0
     try:
@@ -263,8 +265,8 @@ def success_fields(run: RunRecord, summary: dict[str, object], found: Found) -> 
 def check_merged(run: RunRecord, spooled: verify_spool.Spooled | str | None) -> dict[str, object]:
     """The run fields that record its merged model: kept when the archive the agent reported passes
     adapter_format.merged, cleared with merged_note saying why when it does not or none was reported."""
+    # lazy: adapter_format.verify loads numpy (about 0.1 s more on every cold start)
     from adapter_format.merged import verify_merged
-    from shared.runs.hub_models import kept
 
     if not run.merged_sha256:
         # The trainer's merge or the agent's export failed (each says why in the run's log), or the adapter was

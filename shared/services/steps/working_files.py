@@ -21,15 +21,15 @@ from __future__ import annotations
 from shared.errors import PermanentError, RetryableError
 from shared.models import CloudResource, Outcome, RunRecord
 from shared.org_storage.base import scratch_key
+from shared.providers.registry import info_of
 from shared.runs.events import event
+from shared.runs.org_backends import storage_config, storage_for
 
 REMOVED_AFTER = {Outcome.succeeded, Outcome.cancelled}
 
 
 def on_network_volume(resources: list[CloudResource]) -> bool:
     """Whether the run's pod was launched with the org's network volume (its data directory is there)."""
-    from shared.providers.registry import info_of
-
     def on_storage(provider: str) -> bool:
         info = info_of(provider)
         return info is not None and info.working_files_on_storage
@@ -45,7 +45,6 @@ def remove_after_release(run: RunRecord, resources: list[CloudResource]) -> None
     """
     if run.outcome not in REMOVED_AFTER or not on_network_volume(resources):
         return
-    from shared.runs.org_backends import storage_config, storage_for
 
     folder = scratch_key(run.id) + "/"
     if storage_config(run.org) is None:

@@ -35,6 +35,7 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from shared import metrics
 from shared.clock import now, now_ts
 from shared.errors import NotFound
 from shared.log import get_logger
@@ -217,8 +218,6 @@ def tick() -> dict[str, Any]:
 
 
 def poison_depths() -> None:
-    from shared import metrics
-
     queues = get_queues()
     for step in Step:
         try:

@@ -41,6 +41,7 @@ from shared.services.api import quotas
 from shared.services.api.runs.adapter import MAX_UPLOAD
 from shared.services.api.runs.checkpoints import named, read_checkpoint
 from shared.services.api.runs.view import view
+from shared.services.steps.launch import EXPORT_MARGIN_S
 from shared.settings import get_settings
 from shared.steps import Step, serving
 from shared.store import get_store
@@ -422,8 +423,6 @@ def rearm_backstop(run: RunRecord, for_s: float) -> None:
     """Move the cloud's own stop of a machine started again (Azure's auto-shutdown schedule, the provider's
     optional arm_backstop) to its new hard deadline: `for_s` from now plus the export margin. A provider without
     one (AWS stops itself on a guest poweroff, RunPod's pod stop is the machine's own) needs nothing."""
-    from shared.services.steps.launch import EXPORT_MARGIN_S
-
     arm = getattr(compute_for(run.org, run.provider), "arm_backstop", None)
     if callable(arm):
         event(run, "audit", str(arm(ref_of(run), now() + timedelta(seconds=for_s + EXPORT_MARGIN_S))))
