@@ -92,8 +92,10 @@ run: install
 # much of the suite waits (subprocesses, servers, Azurite); near idle, two subsets took 0.67 and 0.60 of their
 # one-process time with 3 workers, 0.82 and 0.78 with 2 (210/172/140 s and 156/121/94 s).
 TEST_WORKERS ?= 3
+# One torch thread per process: three workers' trainers each spinning a thread per core on 2 cores cost more
+# than they gave (idle machine: 10 min 19 s with torch's default threads, 9 min 43 s with one).
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Every bench in tests/bench started at a tiny size, the minutes-long ones too (tests/test_benches.py).
 test-benches: install
