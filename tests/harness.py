@@ -150,18 +150,25 @@ class Harness:
     def drain(self, max_rounds: int = 200) -> int:
         """Deliver every visible message until all queues are empty; returns deliveries."""
         handled = 0
-        q = get_queues()
         for _ in range(max_rounds):
-            progressed = False
-            for queue in Queue:
-                client = q.client(queue.value)
-                for m in client.receive_messages(messages_per_page=16, visibility_timeout=60):
-                    progressed = True
-                    handled += 1
-                    self._deliver(queue, client, m)
-            if not progressed:
+            delivered = self.deliver_round()
+            if not delivered:
                 return handled
+            handled += delivered
         raise AssertionError("queues did not drain: a step keeps re-sending itself")
+
+    def deliver_round(self, max_messages: int | None = None) -> int:
+        """One round over the queues: each one's visible messages (at most max_messages a queue) delivered;
+        returns how many. Tests whose steps wait by re-sending themselves step the clock between rounds
+        instead of draining (drain would spin)."""
+        handled = 0
+        q = get_queues()
+        for queue in Queue:
+            client = q.client(queue.value)
+            for m in client.receive_messages(messages_per_page=16, max_messages=max_messages, visibility_timeout=60):
+                handled += 1
+                self._deliver(queue, client, m)
+        return handled
 
     def _deliver(self, queue: Queue, client: Any, m: Any) -> None:
         due = self._due.pop(m.content, None)

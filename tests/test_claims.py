@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import pytest
 
 from shared.budget import TIMEOUT_SETTING, invocation_bound_s, step_budget_s
-from shared.queues import Queue, get_queues
 from shared.services.steps.launch import LISTING_LAG_S, launch_settle_s
 from shared.store import leases
 from tests.chaos.provider import ChaosCloud, ChaosCompute
@@ -47,15 +46,6 @@ def test_a_claim_is_held_until_it_ends_and_free_from_then(harness: Harness) -> N
     assert leases.take("claims-test", 30) is not None
 
 
-def _deliver_visible(harness: Harness) -> None:
-    """One round of deliveries (the harness's drain would spin: a waiting launch re-sends itself)."""
-    q = get_queues()
-    for queue in Queue:
-        client = q.client(queue.value)
-        for m in client.receive_messages(messages_per_page=16, max_messages=16, visibility_timeout=60):
-            harness._deliver(queue, client, m)
-
-
 def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(harness: Harness, cloud: ChaosCloud) -> None:
     """The first create waits on the cloud for the whole step budget (80 s), makes the machine and times
     out; the machine is missing from listings for LISTING_LAG_S after that. The retry (30 s later: 110 s
@@ -75,7 +65,7 @@ def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(harnes
     run_id = harness.create_run("memory", "mem-a10")
     harness.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     for _ in range(int(launch_settle_s() // 10) + 3):
-        _deliver_visible(harness)
+        harness.deliver_round(16)
         harness.clock.advance(10)
     run = harness.get_run(run_id)
     assert fired == [run_id]
@@ -108,7 +98,7 @@ def test_a_create_the_cloud_is_still_working_on_asks_again_after_the_listing_lag
     run_id = harness.create_run("memory", "mem-a10")
     harness.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     for _ in range(int(launch_settle_s() // 10) + 3):
-        _deliver_visible(harness)
+        harness.deliver_round(16)
         harness.clock.advance(10)
     run = harness.get_run(run_id)
     assert run["state"] == "provisioning" and run["resources"], run["reason"]

@@ -139,20 +139,11 @@ def test_second_launch_waits_for_the_first_machine_to_be_listed(harness: Harness
     run_id = harness.create_run("memory", "mem-a10")
     harness.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     for _ in range(int(launch_settle_s() // 10) + 2):  # past the claim's settle time
-        _deliver_visible(harness)
+        harness.deliver_round(16)
         harness.clock.advance(10)
     run = harness.get_run(run_id)
     assert run["state"] == "provisioning" and len(run["resources"]) == 2
     assert cloud.created[run_id] == 1 and len(cloud.machines) == 1
-
-
-def _deliver_visible(harness: Harness) -> None:
-    """One round of deliveries (the harness's drain would spin: a waiting launch re-sends itself)."""
-    q = get_queues()
-    for queue in Queue:
-        client = q.client(queue.value)
-        for m in client.receive_messages(messages_per_page=16, max_messages=16, visibility_timeout=60):
-            harness._deliver(queue, client, m)
 
 
 def test_a_pace_that_cannot_finish_in_time_is_said_early_once(harness: Harness, cloud: ChaosCloud) -> None:
