@@ -1,28 +1,7 @@
 // Drives a DPO run in headless Chromium for tests/test_console_dpo_browser.py (same conventions as driver.mjs:
 // labels, buttons, one JSON line out): the run configured and launched in the console, followed to succeeded on
 // its page, its preference chart read back from the SVG, the page audited by axe-core at two widths.
-import { chromium } from "playwright-core";
-import fs from "node:fs";
-import { createRequire } from "node:module";
-import path from "node:path";
-
-const [scenario, raw] = process.argv.slice(2);
-const args = JSON.parse(raw);
-const shots = [];
-const problems = [];
-
-async function shot(page, name) {
-  const file = path.join(args.shots, `${name}.png`);
-  await page.screenshot({ path: file, fullPage: true });
-  shots.push(file);
-}
-
-async function signIn(page) {
-  await page.goto(`${args.url}/api/console`);
-  await page.getByLabel("API token").fill(args.token);
-  await page.keyboard.press("Enter");
-  await page.getByRole("heading", { name: "Connections", level: 1 }).waitFor();
-}
+import { args, audit as auditPage, runScenario, shot, signIn } from "./common.mjs";
 
 // What a chart shows, as the DOM holds it: its name, each polyline's points, its axis and key texts.
 function readChart(id) {
@@ -41,21 +20,7 @@ function readChart(id) {
 }
 
 async function audit(page, name, width, into) {
-  const axeSource = fs.readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
-  const got = await page.evaluate(() => {
-    const view = window.innerWidth;
-    const wide = [...document.querySelectorAll("body *")].filter((el) => el.getBoundingClientRect().right > view + 1
-      && !el.closest(".table-scroll, pre, dialog:not([open])"))
-      .slice(0, 5).map((el) => `${el.tagName.toLowerCase()}${el.id ? `#${el.id}` : ""}.${el.className}`);
-    return { scroll: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth), view, wide };
-  });
-  into.measured.push({ page: name, width, ...got });
-  await shot(page, `dpo-w${width}-${name}`);
-  await page.evaluate(axeSource);
-  const found = await page.evaluate(async () => (await window.axe.run(document, {
-    runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"] },
-  })).violations.map((v) => `${v.id}: ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(", ")}`));
-  for (const v of found) into.violations.push(`${name} at ${width}: ${v}`);
+  await auditPage(page, name, width, `dpo-w${width}-${name}`, into);
 }
 
 async function dpo(page) {
@@ -126,29 +91,4 @@ async function dpo(page) {
   return { runId, method, chart, words, section, probes, ...seen };
 }
 
-const browser = await chromium.launch({ executablePath: args.chromium, args: ["--no-sandbox"] });
-let result;
-let page;
-try {
-  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  // A failed request is named by the response listener (the console's own line does not say which).
-  page.on("console", (m) => {
-    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push(m.text());
-  });
-  page.on("pageerror", (e) => problems.push(String(e)));
-  page.on("response", async (r) => {
-    if (r.status() < 400) return;
-    const body = await r.text().catch(() => "");
-    problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}: ${body.slice(0, 300)}`);
-  });
-  page.setDefaultTimeout(20000);
-  const scenarios = { dpo };
-  const out = await scenarios[scenario](page);
-  result = { ok: true, ...out, shots, problems };
-} catch (err) {
-  if (page) await shot(page, `failed-${scenario}`).catch(() => {});
-  result = { ok: false, error: String(err && err.stack || err), shots, problems };
-} finally {
-  await browser.close();
-}
-console.log(JSON.stringify(result));
+await runScenario({ dpo });

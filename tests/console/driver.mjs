@@ -1,19 +1,7 @@
 // Drives the web console in headless Chromium (playwright-core, the system's /usr/bin/chromium) for
 // tests/test_console_browser.py. Usage: node driver.mjs <scenario> <json args>; prints one JSON line.
 // A scenario acts only through the page, as a user would: labels, buttons, the keyboard.
-import { chromium } from "playwright-core";
-import path from "node:path";
-
-const [scenario, raw] = process.argv.slice(2);
-const args = JSON.parse(raw);
-const shots = [];
-const problems = []; // console errors (a CSP violation is one) and uncaught page errors
-
-async function shot(page, name) {
-  const file = path.join(args.shots, `${name}.png`);
-  await page.screenshot({ path: file, fullPage: true });
-  shots.push(file);
-}
+import { args, audit, runScenario, scenario, shot } from "./common.mjs";
 
 async function signIn(page) {
   await page.goto(`${args.url}/api/console`);
@@ -161,29 +149,13 @@ async function quickstart(page) {
 // Every page at a desktop's and a phone's width: none wider than its viewport, a screenshot of each,
 // and axe-core's audit (WCAG 2 A and AA) of each.
 async function widths(page) {
-  const fs = await import("node:fs");
-  const { createRequire } = await import("node:module");
-  const axeSource = fs.readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
   const pages = [["connections", "Connections"], ["configure", "Configure a run"], ["runs", "Runs"],
     [`runs/${args.run_id}`, `Run ${args.run_id}`], ["usage", "Usage"]];
   const measured = [];
   const violations = [];
   async function measure(name, width) {
     await page.waitForTimeout(300); // late parts of a page (offers, the estimate) are drawn
-    const got = await page.evaluate(() => {
-      const view = window.innerWidth;
-      const wide = [...document.querySelectorAll("body *")].filter((el) => el.getBoundingClientRect().right > view + 1
-        && !el.closest(".table-scroll, pre, dialog:not([open])"))
-        .slice(0, 5).map((el) => `${el.tagName.toLowerCase()}${el.id ? `#${el.id}` : ""}.${el.className}`);
-      return { scroll: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth), view, wide };
-    });
-    measured.push({ page: name, width, ...got });
-    await shot(page, `w${width}-${name.replace(/\W+/g, "-")}`);
-    await page.evaluate(axeSource);
-    const found = await page.evaluate(async () => (await window.axe.run(document, {
-      runOnly: { type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"] },
-    })).violations.map((v) => `${v.id}: ${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join(", ")}`));
-    for (const v of found) violations.push(`${name} at ${width}: ${v}`);
+    await audit(page, name, width, `w${width}-${name.replace(/\W+/g, "-")}`, { measured, violations });
   }
   for (const width of [1280, 390]) {
     await page.setViewportSize({ width, height: 900 });
@@ -265,31 +237,4 @@ function expected(r) {
   return scenario === "retained" && r.request().method() === "POST" && r.url().includes("/recover");
 }
 
-const browser = await chromium.launch({ executablePath: args.chromium, args: ["--no-sandbox"] });
-let result;
-let page;
-try {
-  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  // A failed request's own line is left to the response listener below, which names it (and knows the
-  // refusals a scenario provokes on purpose).
-  page.on("console", (m) => {
-    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push(m.text());
-  });
-  page.on("pageerror", (e) => problems.push(String(e)));
-  // Which request failed (the console's own "Failed to load resource" line does not say).
-  page.on("response", async (r) => {
-    if (r.status() < 400 || expected(r)) return;
-    const body = await r.text().catch(() => "");
-    problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}: ${body.slice(0, 300)}`);
-  });
-  page.setDefaultTimeout(20000);
-  const scenarios = { quickstart, retained, widths, attempts };
-  const out = await scenarios[scenario](page);
-  result = { ok: true, ...out, shots, problems };
-} catch (err) {
-  if (page) await shot(page, `failed-${scenario}`).catch(() => {});
-  result = { ok: false, error: String(err && err.stack || err), shots, problems };
-} finally {
-  await browser.close();
-}
-console.log(JSON.stringify(result));
+await runScenario({ quickstart, retained, widths, attempts }, expected);

@@ -1,25 +1,8 @@
 // Drives the console's Webhooks page and a budget refusal in headless Chromium for
 // tests/test_console_webhooks_browser.py (same conventions as driver.mjs: labels, buttons, one JSON line out).
 import { chromium } from "playwright-core";
-import path from "node:path";
 
-const [scenario, raw] = process.argv.slice(2);
-const args = JSON.parse(raw);
-const shots = [];
-const problems = [];
-
-async function shot(page, name) {
-  const file = path.join(args.shots, `${name}.png`);
-  await page.screenshot({ path: file, fullPage: true });
-  shots.push(file);
-}
-
-async function signIn(page) {
-  await page.goto(`${args.url}/api/console`);
-  await page.getByLabel("API token").fill(args.token);
-  await page.keyboard.press("Enter");
-  await page.getByRole("heading", { name: "Connections", level: 1 }).waitFor();
-}
+import { args, problems, scenario, shot, shots, signIn } from "./common.mjs";
 
 async function webhooks(page) {
   await signIn(page);
