@@ -1,6 +1,7 @@
 import azure.functions as func
 
 from shared import http
+from shared.context import Context
 from shared.models import (
     AgentComplete,
     BootFailure,
@@ -22,9 +23,9 @@ ANON = func.AuthLevel.ANONYMOUS
 def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
 
-    def beat() -> dict[str, object]:
-        token = agent.verify(req.headers.get("Authorization"), run_id)
-        return agent.heartbeat(token.org, run_id, http.parse(req, Heartbeat), token=token)
+    def beat(ctx: Context) -> dict[str, object]:
+        token = agent.verify(ctx, req.headers.get("Authorization"), run_id)
+        return agent.heartbeat(ctx, token.org, run_id, http.parse(req, Heartbeat), token=token)
 
     return http.respond(beat)
 
@@ -34,8 +35,8 @@ def heartbeat(req: func.HttpRequest) -> func.HttpResponse:
           request=AgentComplete)
 def complete(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
-    return http.respond(lambda: agent.complete(
-        agent.verify(req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, AgentComplete)))
+    return http.respond(lambda ctx: agent.complete(
+        ctx, agent.verify(ctx, req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, AgentComplete)))
 
 
 @bp.route(route="agent/runs/{id}/boot-failed", methods=["POST"], auth_level=ANON)
@@ -43,8 +44,8 @@ def complete(req: func.HttpRequest) -> func.HttpResponse:
           "failed before the agent reported): the run is released as failed", request=BootFailure)
 def boot_failed(req: func.HttpRequest) -> func.HttpResponse:
     run_id = req.route_params["id"]
-    return http.respond(lambda: boot.boot_failed(
-        agent.verify(req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, BootFailure)))
+    return http.respond(lambda ctx: boot.boot_failed(
+        ctx, agent.verify(ctx, req.headers.get("Authorization"), run_id).org, run_id, http.parse(req, BootFailure)))
 
 
 @bp.route(route="agent/runs/{id}/bootstrap", methods=["POST"], auth_level=ANON)
@@ -52,7 +53,7 @@ def boot_failed(req: func.HttpRequest) -> func.HttpResponse:
           "token, storage access): accepted once, while the run is provisioning; a second is refused and recorded",
           request=BootstrapClaim, response=BootstrapGrant)
 def bootstrap(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: boot.exchange_claim(req.route_params["id"], http.parse(req, BootstrapClaim)))
+    return http.respond(lambda ctx: boot.exchange_claim(ctx, req.route_params["id"], http.parse(req, BootstrapClaim)))
 
 
 @bp.route(route="agent/runs/{id}/restart", methods=["POST"], auth_level=ANON)
@@ -61,4 +62,4 @@ def bootstrap(req: func.HttpRequest) -> func.HttpResponse:
           "accepted once per start, for a token issued before it; a second is refused and recorded",
           response=RestartGrant)
 def restart(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: boot.exchange_restart(req.headers.get("Authorization"), req.route_params["id"]))
+    return http.respond(lambda ctx: boot.exchange_restart(ctx, req.headers.get("Authorization"), req.route_params["id"]))

@@ -9,4 +9,4 @@ bp = func.Blueprint()
 @bp.route(route="base-models", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
 @http.api(summary="Declared base models: shapes, parameters, GPU memory of a LoRA run (bf16 and 4-bit)")
 def list_base_models(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: (http.principal(req), base_models.list_view())[1])
+    return http.respond(lambda ctx: (http.principal(ctx, req), base_models.list_view(ctx))[1])

@@ -13,26 +13,27 @@ ANON = func.AuthLevel.ANONYMOUS
 @http.api(summary="Save a compute connection (owners); checks run in the background",
           request="provider config", response=ConnectionView, status=202)
 def save_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.save_compute(
-        http.principal(req), req.route_params["provider"], http.json_body(req)), status=202)
+    return http.respond(lambda ctx: connections.save_compute(
+        ctx, http.principal(ctx, req), req.route_params["provider"], http.json_body(req)), status=202)
 
 
 @bp.route(route="connections/compute/{provider}", methods=["GET"], auth_level=ANON)
 @http.api(summary="Show a compute connection (secrets are never returned)", response=ConnectionView)
 def get_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.get_one(http.principal(req), compute_connection_slot(req.route_params["provider"])))
+    return http.respond(lambda ctx: connections.get_one(ctx, http.principal(ctx, req),
+                                                        compute_connection_slot(req.route_params["provider"])))
 
 
 @bp.route(route="connections/compute/{provider}", methods=["DELETE"], auth_level=ANON)
 @http.api(summary="Delete a compute connection (owners; refused while runs hold machines)", status=204)
 def delete_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.delete_compute(http.principal(req), req.route_params["provider"]))
+    return http.respond(lambda ctx: connections.delete_compute(ctx, http.principal(ctx, req), req.route_params["provider"]))
 
 
 @bp.route(route="connections/compute/{provider}/check", methods=["POST"], auth_level=ANON)
 @http.api(summary="Run the connection's checks again", response=ConnectionView, status=202)
 def check_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.request_check(http.principal(req), req.route_params["provider"]),
+    return http.respond(lambda ctx: connections.request_check(ctx, http.principal(ctx, req), req.route_params["provider"]),
                         status=202)
 
 
@@ -47,48 +48,48 @@ def _named(req: func.HttpRequest) -> str:
 @http.api(summary="Save a named compute connection {provider}/{name} (owners); checks run in the background",
           request="provider config", response=ConnectionView, status=202)
 def save_named_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.save_compute(http.principal(req), _named(req), http.json_body(req)),
+    return http.respond(lambda ctx: connections.save_compute(ctx, http.principal(ctx, req), _named(req), http.json_body(req)),
                         status=202)
 
 
 @bp.route(route="connections/compute/{provider}/named/{name}", methods=["GET"], auth_level=ANON)
 @http.api(summary="Show a named compute connection (secrets are never returned)", response=ConnectionView)
 def get_named_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.get_one(http.principal(req), compute_connection_slot(_named(req))))
+    return http.respond(lambda ctx: connections.get_one(ctx, http.principal(ctx, req), compute_connection_slot(_named(req))))
 
 
 @bp.route(route="connections/compute/{provider}/named/{name}", methods=["DELETE"], auth_level=ANON)
 @http.api(summary="Delete a named compute connection (owners; refused while runs hold machines)", status=204)
 def delete_named_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.delete_compute(http.principal(req), _named(req)))
+    return http.respond(lambda ctx: connections.delete_compute(ctx, http.principal(ctx, req), _named(req)))
 
 
 @bp.route(route="connections/compute/{provider}/named/{name}/check", methods=["POST"], auth_level=ANON)
 @http.api(summary="Run a named connection's checks again", response=ConnectionView, status=202)
 def check_named_compute(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.request_check(http.principal(req), _named(req)), status=202)
+    return http.respond(lambda ctx: connections.request_check(ctx, http.principal(ctx, req), _named(req)), status=202)
 
 
 @bp.route(route="connections/storage", methods=["PUT"], auth_level=ANON)
 @http.api(summary="Save the organization's storage connection (owners)", request="storage config",
           response=ConnectionView, status=202)
 def save_storage(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.save_storage(http.principal(req), http.json_body(req)), status=202)
+    return http.respond(lambda ctx: connections.save_storage(ctx, http.principal(ctx, req), http.json_body(req)), status=202)
 
 
 @bp.route(route="connections/storage", methods=["GET"], auth_level=ANON)
 @http.api(summary="Show the storage connection", response=ConnectionView)
 def get_storage(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.get_one(http.principal(req), STORAGE_SLOT))
+    return http.respond(lambda ctx: connections.get_one(ctx, http.principal(ctx, req), STORAGE_SLOT))
 
 
 @bp.route(route="connections", methods=["GET"], auth_level=ANON)
 @http.api(summary="All of the organization's connections")
 def list_connections(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.list_all(http.principal(req)))
+    return http.respond(lambda ctx: connections.list_all(ctx, http.principal(ctx, req)))
 
 
 @bp.route(route="connections/runpod/volumes", methods=["GET"], auth_level=ANON)
 @http.api(summary="The RunPod account's network volumes, to pick one as storage (owners)")
 def runpod_volumes(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: connections.runpod_volumes(http.principal(req)))
+    return http.respond(lambda ctx: connections.runpod_volumes(ctx, http.principal(ctx, req)))

@@ -77,7 +77,7 @@ def attach(app: func.FunctionApp) -> None:
     @_public
     @http.api(summary="This API's OpenAPI document", response="application/json")
     def openapi(req: func.HttpRequest) -> func.HttpResponse:
-        return http.respond(lambda: build(app))
+        return http.respond(lambda ctx: build(app))
 
     @bp.route(route="docs", methods=["GET"], auth_level=ANON)
     @_public

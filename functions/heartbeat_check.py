@@ -1,5 +1,6 @@
 import azure.functions as func
 
+from shared.context import invocation
 from shared.log import get_logger, log_context
 from shared.services.timers import heartbeat_check as service
 
@@ -10,4 +11,4 @@ bp = func.Blueprint()
 @bp.timer_trigger(arg_name="timer", schedule="0 * * * * *", run_on_startup=False)
 def heartbeat_check(timer: func.TimerRequest) -> None:
     with log_context(step="heartbeat_check"):
-        get_logger().info("heartbeat check", extra=service.check_all())
+        get_logger().info("heartbeat check", extra=service.check_all(invocation()))

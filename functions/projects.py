@@ -12,14 +12,14 @@ ANON = func.AuthLevel.ANONYMOUS
 @bp.route(route="projects", methods=["POST"], auth_level=ANON)
 @http.api(summary="Create a project", request=ProjectCreate, response=ProjectRecord, status=201)
 def create_project(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.create_project(http.principal(req), http.parse(req, ProjectCreate)),
+    return http.respond(lambda ctx: projects.create_project(ctx, http.principal(ctx, req), http.parse(req, ProjectCreate)),
                         status=201)
 
 
 @bp.route(route="projects", methods=["GET"], auth_level=ANON)
 @http.api(summary="List projects, a page at a time (limit, cursor=<next>)")
 def list_projects(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.list_projects(http.principal(req), req.params.get("limit"),
+    return http.respond(lambda ctx: projects.list_projects(ctx, http.principal(ctx, req), req.params.get("limit"),
                                                        req.params.get("cursor")))
 
 
@@ -28,8 +28,8 @@ def list_projects(req: func.HttpRequest) -> func.HttpResponse:
           response=DatasetVersionRecord, status=201)
 def upload_dataset(req: func.HttpRequest) -> func.HttpResponse:
     # The principal first: an anonymous caller learns nothing about the limits.
-    return http.respond(lambda: projects.upload_dataset(
-        http.principal(req), req.route_params["id"],
+    return http.respond(lambda ctx: projects.upload_dataset(
+        ctx, http.principal(ctx, req), req.route_params["id"],
         http.upload_body(req, what="the dataset", larger=LARGER)), status=201)
 
 
@@ -39,19 +39,19 @@ LARGER = "upload larger datasets directly to storage: POST /api/projects/{id}/da
 @bp.route(route="projects/{id}/datasets/upload-url", methods=["POST"], auth_level=ANON)
 @http.api(summary="A presigned PUT URL for a dataset too large for the API (S3 / RunPod volume storage)")
 def dataset_upload_url(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.dataset_upload_url(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda ctx: projects.dataset_upload_url(ctx, http.principal(ctx, req), req.route_params["id"]))
 
 
 @bp.route(route="projects/{id}/datasets/commit", methods=["POST"], auth_level=ANON)
 @http.api(summary="Validate a directly uploaded dataset (streamed from storage) and save it as a version",
           request=DatasetCommit, response=DatasetVersionRecord, status=201)
 def commit_dataset(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.commit_dataset(http.principal(req), req.route_params["id"],
+    return http.respond(lambda ctx: projects.commit_dataset(ctx, http.principal(ctx, req), req.route_params["id"],
                                                         http.parse(req, DatasetCommit).model_dump()), status=201)
 
 
 @bp.route(route="projects/{id}/datasets", methods=["GET"], auth_level=ANON)
 @http.api(summary="List a project's dataset versions, a page at a time (limit, cursor=<next>)")
 def list_datasets(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: projects.list_datasets(http.principal(req), req.route_params["id"],
+    return http.respond(lambda ctx: projects.list_datasets(ctx, http.principal(ctx, req), req.route_params["id"],
                                                        req.params.get("limit"), req.params.get("cursor")))

@@ -1,5 +1,6 @@
 import azure.functions as func
 
+from shared.context import invocation
 from shared.log import get_logger, log_context
 from shared.services.timers import prune_history as service
 
@@ -10,4 +11,4 @@ bp = func.Blueprint()
 @bp.timer_trigger(arg_name="timer", schedule="0 23 * * * *", run_on_startup=False)
 def prune_history(timer: func.TimerRequest) -> None:
     with log_context(step="prune_history"):
-        get_logger().info("prune history", extra=service.prune_all())
+        get_logger().info("prune history", extra=service.prune_all(invocation()))

@@ -3,6 +3,7 @@ message: the step table, shared/steps.py), and its hourly timer."""
 
 import azure.functions as func
 
+from shared.context import invocation
 from shared.log import log_context
 from shared.services.steps import refresh_catalog as step
 from shared.services.steps.runner import run_step
@@ -21,4 +22,4 @@ def refresh_catalog(msg: func.QueueMessage) -> None:
 @bp.timer_trigger(arg_name="timer", schedule="0 7 * * * *", run_on_startup=False)
 def refresh_catalog_timer(timer: func.TimerRequest) -> None:
     with log_context(step="refresh_catalog_timer"):
-        refresh_catalogs.queue_all_refreshes()
+        refresh_catalogs.queue_all_refreshes(invocation())

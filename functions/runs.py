@@ -1,6 +1,7 @@
 import azure.functions as func
 
 from shared import http
+from shared.context import Context
 from shared.models import RunCancel, RunCreate, RunEstimate, RunLaunch, RunPatch, RunRecover, RunView
 from shared.services.api.runs import actions, adapter, checkpoints, drafts, logs, view
 
@@ -12,20 +13,20 @@ ANON = func.AuthLevel.ANONYMOUS
 @http.api(summary="Save a run draft with its price estimate (nothing is rented)", request=RunCreate,
           response=RunView, status=201)
 def create_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: drafts.create(http.principal(req), http.parse(req, RunCreate)), status=201)
+    return http.respond(lambda ctx: drafts.create(ctx, http.principal(ctx, req), http.parse(req, RunCreate)), status=201)
 
 
 @bp.route(route="runs/forecast", methods=["POST"], auth_level=ANON)
 @http.api(summary="The price and forecast of a run request, checked as a create but not saved",
           request=RunCreate, response=RunEstimate)
 def forecast_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: drafts.estimate(http.principal(req), http.parse(req, RunCreate)))
+    return http.respond(lambda ctx: drafts.estimate(ctx, http.principal(ctx, req), http.parse(req, RunCreate)))
 
 
 @bp.route(route="runs", methods=["GET"], auth_level=ANON)
 @http.api(summary="List runs, newest first, a page at a time (limit, cursor=<next>; filters state, project)")
 def list_runs(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: view.list_runs(http.principal(req), limit=req.params.get("limit"),
+    return http.respond(lambda ctx: view.list_runs(ctx, http.principal(ctx, req), limit=req.params.get("limit"),
                                                cursor=req.params.get("cursor"), state=req.params.get("state"),
                                                project=req.params.get("project")))
 
@@ -33,19 +34,20 @@ def list_runs(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="runs/{id}", methods=["GET"], auth_level=ANON)
 @http.api(summary="A run: state, phase, progress, estimate, resources, events", response=RunView)
 def get_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: view.get(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda ctx: view.get(ctx, http.principal(ctx, req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}", methods=["PATCH"], auth_level=ANON)
 @http.api(summary="Edit a draft (any field of a create; drafts only)", request=RunPatch, response=RunView)
 def patch_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: drafts.patch(http.principal(req), req.route_params["id"], http.parse(req, RunPatch)))
+    return http.respond(lambda ctx: drafts.patch(ctx, http.principal(ctx, req), req.route_params["id"],
+                                                 http.parse(req, RunPatch)))
 
 
 @bp.route(route="runs/{id}", methods=["DELETE"], auth_level=ANON)
 @http.api(summary="Delete a draft (drafts only; ended runs stay as a record)", status=204)
 def delete_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: drafts.delete(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda ctx: drafts.delete(ctx, http.principal(ctx, req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}/metrics", methods=["GET"], auth_level=ANON)
@@ -54,14 +56,14 @@ def delete_run(req: func.HttpRequest) -> func.HttpResponse:
           "evaluated step (a DPO run's preference accuracy and reward margin); rate-limited per org",
           response=logs.RunMetrics)
 def run_metrics(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: logs.metrics(http.principal(req), req.route_params["id"],
+    return http.respond(lambda ctx: logs.metrics(ctx, http.principal(ctx, req), req.route_params["id"],
                                              after=req.params.get("after")))
 
 
 @bp.route(route="runs/{id}/logs", methods=["GET"], auth_level=ANON)
 @http.api(summary="Training log lines reported by the agent, a page at a time (after=<next cursor>, limit<=5000)")
 def run_logs(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: logs.logs(http.principal(req), req.route_params["id"],
+    return http.respond(lambda ctx: logs.logs(ctx, http.principal(ctx, req), req.route_params["id"],
                                           after=req.params.get("after"), limit=req.params.get("limit")))
 
 
@@ -69,16 +71,16 @@ def run_logs(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="Launch a draft (confirm: true); refused above the price limit", request=RunLaunch,
           response=RunView, status=202)
 def launch_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: actions.launch(http.principal(req), req.route_params["id"], http.parse(req, RunLaunch)),
-                        status=202)
+    return http.respond(lambda ctx: actions.launch(ctx, http.principal(ctx, req), req.route_params["id"],
+                                                   http.parse(req, RunLaunch)), status=202)
 
 
 @bp.route(route="runs/{id}/cancel", methods=["POST"], auth_level=ANON)
 @http.api(summary="Cancel: discard releases the machine and disk; discard false keeps the disk",
           request=RunCancel, response=RunView, status=202)
 def cancel_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: actions.cancel(http.principal(req), req.route_params["id"], http.parse(req, RunCancel)),
-                        status=202)
+    return http.respond(lambda ctx: actions.cancel(ctx, http.principal(ctx, req), req.route_params["id"],
+                                                   http.parse(req, RunCancel)), status=202)
 
 
 @bp.route(route="runs/{id}/recover", methods=["POST"], auth_level=ANON)
@@ -86,8 +88,8 @@ def cancel_run(req: func.HttpRequest) -> func.HttpResponse:
           request=(RunRecover, "application/zip"), response=RunView, status=202)
 def recover_run(req: func.HttpRequest) -> func.HttpResponse:
     is_zip = (req.headers.get("Content-Type") or "").startswith(("application/zip", "application/octet-stream"))
-    return http.respond(lambda: actions.recover(
-        http.principal(req), req.route_params["id"],
+    return http.respond(lambda ctx: actions.recover(
+        ctx, http.principal(ctx, req), req.route_params["id"],
         upload=http.upload_body(req, what="the adapter archive", larger=(
             "put it in storage at runs/<RUN_ID>/adapter.zip and recover with mode verify_saved")) if is_zip else None,
         body=None if is_zip else http.parse(req, RunRecover),
@@ -97,7 +99,7 @@ def recover_run(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="runs/{id}/release", methods=["POST"], auth_level=ANON)
 @http.api(summary="Retry a release that the cloud has not confirmed yet", response=RunView, status=202)
 def release_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: actions.retry_release(http.principal(req), req.route_params["id"]), status=202)
+    return http.respond(lambda ctx: actions.retry_release(ctx, http.principal(ctx, req), req.route_params["id"]), status=202)
 
 
 @bp.route(route="runs/{id}/adapter", methods=["GET"], auth_level=ANON)
@@ -107,10 +109,10 @@ def release_run(req: func.HttpRequest) -> func.HttpResponse:
                   "?checkpoint=<step>: a kept checkpoint's adapter, in any state of the run",
           response="adapter download")
 def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
-    def call() -> object:
+    def call(ctx: Context) -> object:
         step = req.params.get("checkpoint")
-        got = (checkpoints.download(http.principal(req), req.route_params["id"], step) if step is not None
-               else adapter.adapter(http.principal(req), req.route_params["id"], req.params.get("format")))
+        got = (checkpoints.download(ctx, http.principal(ctx, req), req.route_params["id"], step) if step is not None
+               else adapter.adapter(ctx, http.principal(ctx, req), req.route_params["id"], req.params.get("format")))
         if isinstance(got, adapter.AdapterStream):
             return func.HttpResponse(got.data, status_code=200, mimetype="application/zip", headers={
                 **http.NO_STORE, "Content-Type": "application/zip", "X-Adapter-Sha256": got.sha256,
@@ -124,11 +126,11 @@ def run_adapter(req: func.HttpRequest) -> func.HttpResponse:
 @http.api(summary="The run's kept checkpoint adapters (the newest training.keep_checkpoints): step, saved_at, "
                   "train_loss, eval_loss, size, sha256; download one with GET /api/runs/{id}/adapter?checkpoint=<step>")
 def run_checkpoints(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: checkpoints.checkpoints(http.principal(req), req.route_params["id"]))
+    return http.respond(lambda ctx: checkpoints.checkpoints(ctx, http.principal(ctx, req), req.route_params["id"]))
 
 
 @bp.route(route="runs/{id}/stop", methods=["POST"], auth_level=ANON)
 @http.api(summary="Stop a retained run's machine that was started for recovery (its disk is kept)",
           response=RunView, status=202)
 def stop_run(req: func.HttpRequest) -> func.HttpResponse:
-    return http.respond(lambda: actions.stop(http.principal(req), req.route_params["id"]), status=202)
+    return http.respond(lambda ctx: actions.stop(ctx, http.principal(ctx, req), req.route_params["id"]), status=202)

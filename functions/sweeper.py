@@ -1,5 +1,6 @@
 import azure.functions as func
 
+from shared.context import invocation
 from shared.log import log_context
 from shared.services.timers import sweeper as service
 
@@ -11,4 +12,4 @@ bp = func.Blueprint()
 @bp.timer_trigger(arg_name="timer", schedule="30 */5 * * * *", run_on_startup=False)
 def sweeper(timer: func.TimerRequest) -> None:
     with log_context(step="sweeper"):
-        service.tick()
+        service.tick(invocation())

@@ -1,6 +1,7 @@
 """HTTP plumbing shared by the blueprints: auth, body parsing, JSON and problem+json replies.
 
-Handlers stay thin: `respond(lambda: service_call(principal(req), parse(req, Model)))`.
+Handlers stay thin: `respond(lambda ctx: service_call(ctx, principal(ctx, req), parse(req, Model)))`: respond
+builds the invocation context (shared/context.py) and hands it to the one service call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
+from shared.context import Context, invocation
 from shared.errors import (
     AppError,
     ConcurrencyError,
@@ -63,10 +65,10 @@ def request_path(req: Any) -> str:
     return urlsplit("http://host" + (rest if rest.startswith("/") else "/" + rest)).path
 
 
-def principal(req: Any) -> Principal:
+def principal(ctx: Context, req: Any) -> Principal:
     """The caller. A platform admin acts on queues and the sweeper (/api/platform/...), never on an
     organization's data: its token is refused on every other route, whatever org it names."""
-    found = authenticate(req.headers.get("Authorization"))
+    found = authenticate(ctx, req.headers.get("Authorization"))
     if found.role == Role.admin and not request_path(req).startswith(PLATFORM_ROUTES):
         raise Forbidden("a platform admin token acts on queues and the sweeper (/api/platform/...), not on an "
                         "organization's runs, connections, projects or logs; use an owner or member token of that org")
@@ -204,10 +206,10 @@ def _store_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, HttpResponseError) and exc.status_code in (500, 503)
 
 
-def respond(call: Callable[[], Any], status: int = 200) -> Any:
-    """Run one service call; translate errors into problem+json."""
+def respond(call: Callable[[Context], Any], status: int = 200) -> Any:
+    """Run one service call with this request's invocation context; translate errors into problem+json."""
     try:
-        result = call()
+        result = call(invocation())
     except AppError as exc:
         return problem(exc.status, exc.title, redact(exc.detail), redact(exc.errors), getattr(exc, "headers", None))
     except ValidationError as exc:

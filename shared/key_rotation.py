@@ -21,9 +21,8 @@ import threading
 from datetime import datetime
 
 from shared.clock import now_ts
+from shared.context import Context
 from shared.errors import Conflict
-from shared.settings import get_settings
-from shared.store import get_store
 
 _PK = "jwt"
 _seen: dict[tuple[str, str], float] = {}
@@ -35,11 +34,11 @@ def key_id(secret: str) -> str:
     return hashlib.sha256(b"tensorant-jwt-key-id\0" + secret.encode()).hexdigest()[:32]
 
 
-def current_key_since() -> float:
+def current_key_since(ctx: Context) -> float:
     """Epoch seconds at which the current JWT key was first seen by this deployment (recorded now
     if never): one point read per process and key, one insert the first time."""
-    store = get_store()
-    kid = key_id(get_settings().jwt_secret)
+    store = ctx.store
+    kid = key_id(ctx.settings.jwt_secret)
     cache_key = (store.prefix, kid)
     with _lock:
         if cache_key in _seen:
@@ -58,7 +57,7 @@ def current_key_since() -> float:
     return since
 
 
-def renewable(issued_at: float, previous_key: bool, launched_at: datetime | None) -> bool:
+def renewable(ctx: Context, issued_at: float, previous_key: bool, launched_at: datetime | None) -> bool:
     """Whether a verified agent token may be renewed onto the current key. A current-key token always
     may. A previous-key one only if it was issued before the current key was first seen (a token
     issued later was forged with the rotated-out key) and not before its run was launched (a token
@@ -68,4 +67,4 @@ def renewable(issued_at: float, previous_key: bool, launched_at: datetime | None
     if launched_at is None or not math.isfinite(issued_at):
         return False
     # iat is whole seconds (minted as int(now)), so a token minted within the launch's second is allowed.
-    return math.floor(launched_at.timestamp()) <= issued_at < current_key_since()
+    return math.floor(launched_at.timestamp()) <= issued_at < current_key_since(ctx)

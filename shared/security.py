@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.clock import now_ts
+from shared.context import Context
 from shared.errors import Conflict, Forbidden, Unauthorized
 from shared.key_rotation import current_key_since
 from shared.log import register_secret
@@ -75,7 +76,7 @@ def _claim(claims: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
-def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
+def _decode(ctx: Context, header: str | None, audience: str, typ: str, max_ttl_s: int,
             wrong_kind: type[Unauthorized] | type[Forbidden] = Unauthorized, *,
             allow_expired: bool = False) -> dict[str, Any]:
     """Verify signature, audience, issuer and every claim's type and shape; never a 500.
@@ -94,7 +95,7 @@ def _decode(header: str | None, audience: str, typ: str, max_ttl_s: int,
     # The previous key is kept so tokens issued before the rotation keep working; it was rotated out
     # because it may have leaked, so one issued once the new key was seen was forged with it. (A forger
     # can backdate iat, but the lifetime bound then ends it user_token_max_ttl after the rotation.)
-    if previous_key and typ == "user" and iat >= current_key_since():
+    if previous_key and typ == "user" and iat >= current_key_since(ctx):
         raise Unauthorized("the bearer token is signed with a key that was rotated out and was issued after "
                            "the rotation; mint a new one")
     claims["_raw"] = token
@@ -147,8 +148,8 @@ def _check_times(claims: dict[str, Any], max_ttl_s: int, allow_expired: bool) ->
     return iat
 
 
-def authenticate(header: str | None) -> Principal:
-    claims = _decode(header, USER_AUDIENCE, "user", get_settings().user_token_max_ttl)
+def authenticate(ctx: Context, header: str | None) -> Principal:
+    claims = _decode(ctx, header, USER_AUDIENCE, "user", ctx.settings.user_token_max_ttl)
     role = claims.get("role")
     if not isinstance(role, str) or role not in Role.__members__:
         raise Unauthorized("the bearer token lacks a known role")
@@ -163,10 +164,10 @@ class AgentToken:
     issued_at: float = 0.0  # the token's iat (a previous-key token issued after the rotation is not renewed)
 
 
-def verify_agent(header: str | None, run_id: str, *, allow_expired: bool = False) -> AgentToken:
+def verify_agent(ctx: Context, header: str | None, run_id: str, *, allow_expired: bool = False) -> AgentToken:
     """A token minted for exactly this run: its org and expiry (one verification). `allow_expired`: for
     the restart exchange only (shared/services/api/boot.py exchange_restart); nothing else is relaxed."""
-    claims = _decode(header, AGENT_AUDIENCE, "agent", AGENT_TOKEN_MAX_TTL_S, wrong_kind=Forbidden,
+    claims = _decode(ctx, header, AGENT_AUDIENCE, "agent", AGENT_TOKEN_MAX_TTL_S, wrong_kind=Forbidden,
                      allow_expired=allow_expired)
     run = _claim(claims, "run", RUN_RE)
     if run != run_id:

@@ -21,6 +21,7 @@ from tests.azurite import Azurite
 from tests.support.storage import clear_queues, drop_tables
 
 if TYPE_CHECKING:
+    from shared.context import Context
     from tests.e2e.local_host import LocalHost
     from tests.fake_api import FakeApi
     from tests.fakes import Cloud
@@ -107,6 +108,16 @@ def env(azurite: Azurite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     settings.reset_settings()
     reset_store()
     queues.reset_queues()
+
+
+@pytest.fixture
+def ctx(env: dict[str, str]) -> Context:
+    """The test's invocation context (shared/context.py): the settings, store and queues `env` set up, as the
+    edges hand them to a service, a step or a timer that a test calls directly. A test that changes the
+    settings after this fixture ran builds a fresh one with `invocation()`."""
+    from shared.context import invocation
+
+    return invocation()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from typing import Any
 import azure.functions as func
 
 from shared import clock, queues
+from shared.context import Context, invocation
 from shared.models import Role
 from shared.org_storage.base import adapter_key
 from shared.queues import Queue, get_queues
@@ -43,7 +44,7 @@ def lift_quotas(org: str) -> None:
     """Many runs at one (simulated) instant: far above the default org limits."""
     from shared.services.api import quotas
 
-    quotas.set_limits(org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
+    quotas.set_limits(invocation(), org, quotas.OrgLimits(max_active_runs=1000, runs_per_minute=1000))
 
 
 Route = tuple[str, RouteTemplate, Callable[..., Any]]
@@ -103,6 +104,12 @@ class Harness:
         self.admin = mint_user_token("admin@platform", org, Role.admin, ttl_s=90 * 86400)
         self.step_errors: list[str] = []
         self.deliveries = 0
+
+    @property
+    def ctx(self) -> Context:
+        """The invocation context a service, step or timer called directly gets, as the edges build it: read
+        afresh, so it follows settings a test changed after the harness started."""
+        return invocation()
 
     def close(self) -> None:
         clock.set_clock(None)
@@ -297,7 +304,7 @@ class TestAgent:
     def upload(self, data: bytes) -> None:
         from shared.runs.org_backends import storage_for
 
-        storage_for(self.h.org).put(adapter_key(self.run_id), data)
+        storage_for(self.h.ctx, self.h.org).put(adapter_key(self.run_id), data)
 
     def complete_ok(self, data: bytes) -> Any:
         self.upload(data)

@@ -41,7 +41,7 @@ register_secret("hunter2-secret-value")
 local.invocation_id = "inv-direct"
 get_logger().warning("a direct warning with hunter2-secret-value", extra={"provider": "aws"})
 
-def handler(msg):
+def handler(ctx, msg):
     get_logger().info("inside the step")
     raise NotFound("the run is gone")
 

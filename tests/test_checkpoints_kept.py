@@ -83,12 +83,12 @@ def test_the_agent_keeps_nothing_without_slots(tmp_path: Path) -> None:
 def test_local_storage_hands_the_agent_one_key_per_kept_checkpoint(harness: Harness) -> None:
     from shared.runs.org_backends import storage_for
 
-    env, _ = storage_for(harness.org).agent_env("run-x", "datasets/p/d.jsonl", checkpoints=3)
+    env, _ = storage_for(harness.ctx, harness.org).agent_env("run-x", "datasets/p/d.jsonl", checkpoints=3)
     if "TENSORANT_CHECKPOINT_KEYS" in env:
         assert json.loads(env["TENSORANT_CHECKPOINT_KEYS"]) == [checkpoint_key("run-x", i) for i in range(3)]
     else:
         assert len(json.loads(env["TENSORANT_CHECKPOINT_UPLOAD_URLS"])) == 3
-    env, _ = storage_for(harness.org).agent_env("run-x", "datasets/p/d.jsonl")
+    env, _ = storage_for(harness.ctx, harness.org).agent_env("run-x", "datasets/p/d.jsonl")
     assert not {"TENSORANT_CHECKPOINT_KEYS", "TENSORANT_CHECKPOINT_UPLOAD_URLS"} & set(env)
 
 
@@ -105,7 +105,7 @@ def _save(harness: Harness, run_id: str, step: int, slot: int, **losses: float) 
     from shared.runs.org_backends import storage_for
 
     data = checkpoint_zip(step)
-    storage_for(harness.org).put(checkpoint_key(run_id, slot), data)
+    storage_for(harness.ctx, harness.org).put(checkpoint_key(run_id, slot), data)
     return {"step": step, "slot": slot, "saved_at": "2026-12-06T04:00:00Z", "size": len(data),
             "sha256": hashlib.sha256(data).hexdigest(), **losses}
 

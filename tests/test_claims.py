@@ -40,10 +40,10 @@ def test_a_claim_is_held_until_it_ends_and_free_from_then(harness: Harness) -> N
     assert leases.left(until) == 0.5
     harness.clock.advance(0.5)
     assert leases.left(until) == 0  # free at its end, as a lease row is taken again then
-    lease = leases.take("claims-test", 30)
-    assert lease is not None and leases.take("claims-test", 30) is None
+    lease = leases.take(harness.ctx, "claims-test", 30)
+    assert lease is not None and leases.take(harness.ctx, "claims-test", 30) is None
     harness.clock.advance(30)
-    assert leases.take("claims-test", 30) is not None
+    assert leases.take(harness.ctx, "claims-test", 30) is not None
 
 
 def test_a_create_that_waited_the_whole_cloud_budget_is_not_created_twice(harness: Harness, cloud: ChaosCloud) -> None:

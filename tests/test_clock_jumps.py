@@ -67,14 +67,14 @@ def test_a_discard_waits_a_full_warning_interval_on_one_clock(harness: Harness, 
     harness.serve(60)
     assert len(_warnings(harness.get_run(run_id))) == 1
     harness.served(2 * DAY - 300)  # steady on the jumped clock, short of the warning's interval
-    assert heartbeat_check.check_all()["discarded"] == 0
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 0
     harness.clock.advance(-3600)  # a backward step restarts the countdown, silently
     harness.serve(0)
     harness.served(2 * DAY - 300)
-    assert heartbeat_check.check_all()["discarded"] == 0
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 0
     assert len(_warnings(harness.get_run(run_id))) == 1
     harness.served(600)  # now a full interval of one clock since the countdown began
-    assert heartbeat_check.check_all()["discarded"] == 1
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 1
     harness.drain()
     run = harness.get_run(run_id)
     assert run["state"] == "failed" and "warned 2 days before" in run["reason"], run["reason"]
@@ -134,10 +134,10 @@ def test_lowering_the_retention_limit_warns_first_and_lists_the_runs(harness: Ha
         run = harness.get_run(run_id)
         assert run["state"] == "retained" and len(_warnings(run)) == 1, run
     harness.served(12 * 3600 - 300)  # the warning's interval under a 1-day limit is 12 h
-    assert heartbeat_check.check_all()["discarded"] == 0
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 0
     _recovered(harness, runs[0])
     harness.served(600)
-    assert heartbeat_check.check_all()["discarded"] == 1
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 1
     harness.drain()
     assert harness.get_run(runs[1])["state"] == "failed"
     # Sending the answer back as is changes nothing and lists nothing more.

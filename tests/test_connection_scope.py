@@ -44,7 +44,7 @@ def _resave_unguarded(harness: Harness, provider: str, body: dict[str, Any]) -> 
     from shared.runs.org_backends import compute_connection_slot
     from shared.services.api.connections import _save
 
-    _save(Principal(sub="owner@a", org=harness.org, role=Role.owner), compute_connection_slot(provider), provider,
+    _save(harness.ctx, Principal(sub="owner@a", org=harness.org, role=Role.owner), compute_connection_slot(provider), provider,
           registry.config_model(provider).model_validate(body))
     harness.drain()
 

@@ -349,6 +349,7 @@ def test_a_platform_admin_token_is_refused_whatever_the_host_header_says(app_hos
     import azure.functions as func
 
     from shared import http
+    from shared.context import invocation
     from shared.errors import Forbidden
     from shared.models import Role
     from shared.security import mint_user_token
@@ -361,10 +362,10 @@ def test_a_platform_admin_token_is_refused_whatever_the_host_header_says(app_hos
         req = func.HttpRequest("GET", f"http://{hostile}/api/runs", headers={**admin, "Host": hostile}, body=b"")
         assert http.request_path(req) == "/api/runs"
         with pytest.raises(Forbidden):
-            http.principal(req)
+            http.principal(invocation(), req)
     req = func.HttpRequest("GET", "http://localhost:7071/api/platform/queues", headers={**admin, "Host": "localhost:7071"},
                            body=b"")
-    assert http.principal(req).role == Role.admin  # its own routes still work
+    assert http.principal(invocation(), req).role == Role.admin  # its own routes still work
 
 
 # ---------------------------------------------------------------- poison messages

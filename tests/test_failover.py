@@ -6,12 +6,14 @@ between attempts, nothing left for the sweeper. The per-cloud refusals are in te
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from shared.context import Context, invocation
 from shared.errors import AuthError, CapacityError, QuotaError
 from shared.models import GpuOffer
+from shared.queues import Queues
 from tests.fakes import H100, OFFER, Cloud, MemoryCompute, serve_memory
 from tests.harness import Harness, trained_adapter_zip
 
@@ -218,10 +220,10 @@ def test_a_crash_between_two_attempts_leaves_one_machine_at_most(harness: Harnes
         return got
 
     monkeypatch.setattr(get_store().runs, "mutate", mutate_then)
-    send = launch_step.get_queues
+    launch = launch_step.launch
 
-    def queues() -> Any:
-        q = send()
+    def launch_losing_a_send(ctx: Context, msg: Any) -> None:
+        q = ctx.queues
         real = q.send
 
         class Q:
@@ -230,9 +232,13 @@ def test_a_crash_between_two_attempts_leaves_one_machine_at_most(harness: Harnes
                     once("send")  # lost before it was sent: heartbeat-check re-sends it
                 real(step, msg, delay_s=delay_s)
 
-        return Q()
+            def __getattr__(self, name: str) -> Any:
+                return getattr(q, name)
 
-    monkeypatch.setattr(launch_step, "get_queues", queues)
+        # The launch step sends through the queues of the context it is handed: these lose that one send.
+        launch(Context(ctx.settings, ctx.store, cast(Queues, Q())), msg)
+
+    monkeypatch.setattr(launch_step, "launch", launch_losing_a_send)
     harness.ok("POST", f"/api/runs/{run_id}/launch", token="member", json_body={"confirm": True})
     harness.drain()
     harness.serve(900)  # heartbeat-check re-sends a lost launch message
@@ -323,15 +329,16 @@ def test_a_runpod_volume_pins_runpod_candidates_to_its_datacenter(monkeypatch: p
 
     volume = RunPodVolumeConfig(volume_id="vol0abc123", datacenter_id="EU-RO-1", access_key_id="user_x",
                                 secret_access_key=SecretStr("rps_x"))
-    monkeypatch.setattr(admission, "storage_config", lambda org: volume)
+    monkeypatch.setattr(admission, "storage_config", lambda ctx, org: volume)
+    ctx = invocation()
     there = GpuOffer(provider="runpod", offer_id="runpod-secure-eu-ro-1-a40", gpu="A40", gpu_memory_gb=48,
                      machine_type="NVIDIA A40", region="EU-RO-1", compute_per_hour=0.4, disk_per_hour=0.0,
                      total_per_hour=0.4)
     elsewhere = there.model_copy(update={"offer_id": "runpod-secure-us-ks-2-a40", "region": "US-KS-2"})
-    assert admission.unreachable_storage("org-a", there) is None
-    why = admission.unreachable_storage("org-a", elsewhere)
+    assert admission.unreachable_storage(ctx, "org-a", there) is None
+    why = admission.unreachable_storage(ctx, "org-a", elsewhere)
     assert why is not None and "EU-RO-1" in why and "US-KS-2" in why
-    assert admission.unreachable_storage("org-a", OFFER) is None  # another provider reaches it over its S3 API
+    assert admission.unreachable_storage(ctx, "org-a", OFFER) is None  # another provider reaches it over its S3 API
 
 
 def test_a_drafts_candidates_can_be_edited_and_launch_rechecks_every_price(harness: Harness, cloud: Cloud,

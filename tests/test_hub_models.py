@@ -169,8 +169,8 @@ def test_a_private_models_record_is_its_orgs_alone(hub: FakeHub, harness: Any) -
     sha = sha_of("Qwen/Qwen3-0.6B")
     status, body = _create(harness, "Qwen/Qwen3-0.6B", sha)
     assert status == 201, body
-    assert hub_models.kept(harness.org, "Qwen/Qwen3-0.6B", sha) is not None
-    assert hub_models.kept("org-b", "Qwen/Qwen3-0.6B", sha) is None
+    assert hub_models.kept(harness.ctx, harness.org, "Qwen/Qwen3-0.6B", sha) is not None
+    assert hub_models.kept(harness.ctx, "org-b", "Qwen/Qwen3-0.6B", sha) is None
 
 
 def test_the_hub_endpoint_goes_through_the_guard(hub: FakeHub, harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,7 +199,7 @@ def test_machine_gets_the_commit_and_the_verifier_the_derived_shapes(hub: FakeHu
     (machine,) = cloud.machines.values()
     assert machine.env["TENSORANT_BASE_MODEL"] == "Qwen/Qwen3-0.6B"
     assert machine.env["TENSORANT_BASE_MODEL_REVISION"] == sha
-    model = hub_models.kept(harness.org, "Qwen/Qwen3-0.6B", sha)
+    model = hub_models.kept(harness.ctx, harness.org, "Qwen/Qwen3-0.6B", sha)
     assert model is not None
     done = harness.agent(run["id"]).train(build_adapter_zip("Qwen/Qwen3-0.6B", r=2, trainer="lora", model=model))
     assert done is not None
@@ -214,7 +214,7 @@ def test_an_adapter_of_other_shapes_is_refused_against_the_hub_record(hub: FakeH
     status, run = _create(harness, "Qwen/Qwen3-0.6B", "main")
     assert status == 201, run
     harness.launch(run["id"])
-    model = hub_models.kept(harness.org, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
+    model = hub_models.kept(harness.ctx, harness.org, "Qwen/Qwen3-0.6B", sha_of("Qwen/Qwen3-0.6B"))
     assert model is not None
     # Qwen2.5-0.5B's shapes under Qwen3-0.6B's name: the declared table knows neither id with these shapes.
     other = model_from_config("Qwen/Qwen3-0.6B", CONFIGS["Qwen/Qwen2.5-0.5B"])

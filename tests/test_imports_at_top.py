@@ -12,7 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ("shared", "functions", "machine", "adapter_format", "function_app")
 
 _NUMPY = "adapter_format.verify loads numpy (about 0.1 s more on every cold start)"
-_CYCLE = "the store (shared/store/repo.py) holds the slots, which use this module's deadlines: a cycle at import"
 # (file, module) -> why that function-level import is not at the top.
 ALLOWED = {
     ("shared/providers/local/__init__.py", "shared.providers.local.models"):
@@ -22,7 +21,6 @@ ALLOWED = {
     ("shared/services/steps/verify_adapter.py", "adapter_format.merged.MAX_MERGED_BYTES"): _NUMPY,
     ("shared/services/steps/verify_adapter.py", "adapter_format.merged.verify_merged"): _NUMPY,
     ("shared/services/steps/verify_adapter.py", "adapter_format.verify.verify_adapter"): _NUMPY,
-    ("shared/store/leases.py", "shared.store.get_store"): _CYCLE,
 }
 # Every provider package's registration entry (its __init__.py: no SDK import, shared/providers/README.md) builds
 # the provider from its lifecycle module: the providers there are now and any one added later.

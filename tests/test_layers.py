@@ -23,10 +23,21 @@ STEP_READS_API = {("shared/services/steps/launch.py", "shared.services.api.proje
                   ("shared/services/steps/launch.py", "shared.services.api.org_secrets")}
 
 
-def imports(path: Path) -> set[str]:
-    """Every module `path` imports, at the top or inside a function (`from a import b` counts as a.b too)."""
+def _type_only(tree: ast.AST) -> set[ast.AST]:
+    """The import statements under `if TYPE_CHECKING:`: read by the type checker, never run."""
+    return {n for test in ast.walk(tree) if isinstance(test, ast.If) and ast.unparse(test.test) in
+            ("TYPE_CHECKING", "typing.TYPE_CHECKING") for stmt in test.body for n in ast.walk(stmt)}
+
+
+def imports(path: Path, *, run_only: bool = False) -> set[str]:
+    """Every module `path` imports, at the top or inside a function (`from a import b` counts as a.b too);
+    with run_only, not those under `if TYPE_CHECKING:` (they are never run, so they make no import cycle)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = _type_only(tree) if run_only else set()
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -293,12 +304,13 @@ def test_the_functions_app_and_its_handlers_import_no_machine_module() -> None:
 
 
 def _graph() -> dict[str, set[str]]:
-    """The three packages' modules -> the modules of theirs each imports (anywhere in it, lazy imports included)."""
+    """The three packages' modules -> the modules of theirs each imports (anywhere in it, lazy imports included;
+    not those for typing only: a module that shared.context imports, such as the store's, names Context so)."""
     mods: dict[str, Path] = {}
     for p in (path for package in PACKAGES for path in (ROOT / package).rglob("*.py")):
         parts = p.relative_to(ROOT).with_suffix("").parts
         mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    return {m: {x for x in imports(p) if x in mods and x != m} for m, p in mods.items()}
+    return {m: {x for x in imports(p, run_only=True) if x in mods and x != m} for m, p in mods.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -393,3 +405,13 @@ def test_a_run_request_is_admitted_by_one_call() -> None:
     calls = {f.name: sum(1 for n in ast.walk(f) if isinstance(n, ast.Call) and ast.unparse(n.func) == "admission.admit")
              for f in drafts.body if isinstance(f, ast.FunctionDef) and f.name in ("create", "estimate", "patch")}
     assert calls == {"create": 1, "estimate": 1, "patch": 1}
+
+
+def test_an_import_for_typing_only_is_no_edge_of_the_cycle_checks(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\n\nimport shared.clock\n\nif TYPE_CHECKING:\n"
+                     "    from shared.context import Context\n\n\ndef f():\n    from shared.store import get_store\n")
+    assert imports(probe) == {"typing", "typing.TYPE_CHECKING", "shared.clock", "shared.context",
+                              "shared.context.Context", "shared.store", "shared.store.get_store"}
+    assert imports(probe, run_only=True) == {"typing", "typing.TYPE_CHECKING", "shared.clock", "shared.store",
+                                             "shared.store.get_store"}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from shared.context import invocation
 from shared.ids import newest_first_id
 from shared.models import RunRecord, RunState
 from shared.services.api import usage
@@ -143,10 +144,11 @@ def test_runs_list_costs_the_same_requests_for_10_or_300_runs(harness: Harness, 
 
 def compare_paths(run_id: str) -> usage.Timing:
     """The billing figures from the record equal the figures from the events."""
-    run, _ = get_store().runs.get("org-a", run_id)
+    ctx = invocation()
+    run, _ = ctx.store.runs.get("org-a", run_id)
     assert run.billing is not None
-    from_record = usage.timing(run)
-    from_events = usage.timing(run.model_copy(update={"billing": None}))
+    from_record = usage.timing(ctx, run)
+    from_events = usage.timing(ctx, run.model_copy(update={"billing": None}))
     assert from_record == from_events, (from_record, from_events)
     return from_record
 
@@ -244,7 +246,7 @@ def test_a_stored_zero_throughput_is_never_divided_by(harness: Harness, cloud: C
     key = forecast.like_key(run.provider, run.base_model, run.offer.gpu, run.training)
     for rate in (0, 0.0, float("inf"), -1, "3"):
         get_store().throughput.put(harness.org, key, {"run_id": run_id, "tokens_per_s": rate})
-        assert forecast.measured_for(harness.org, run.provider, run.base_model, run.offer.gpu, run.training) is None
+        assert forecast.measured_for(harness.ctx, harness.org, run.provider, run.base_model, run.offer.gpu, run.training) is None
     got = harness.get_run(harness.create_run("memory", "mem-a10", project=project, training={"max_steps": 6}))
     assert "measured by run" not in got["forecast"]["basis"]
 

@@ -75,7 +75,7 @@ def train_merged(harness: Harness, run_id: str, merged: bytes | None) -> TestAge
     agent.upload(adapter)
     body: dict[str, Any] = {"status": "ok", "sha256": hashlib.sha256(adapter).hexdigest(), "size": len(adapter)}
     if merged is not None:
-        storage_for(harness.org).put(merged_key(run_id), merged)
+        storage_for(harness.ctx, harness.org).put(merged_key(run_id), merged)
         body |= {"merged_sha256": hashlib.sha256(merged).hexdigest(), "merged_size": len(merged)}
     harness.ok("POST", f"/api/agent/runs/{run_id}/complete", token=agent.token, json_body=body)
     harness.drain()
@@ -119,7 +119,7 @@ def test_a_verified_merged_model_is_served_and_a_replaced_one_is_not(harness: Ha
     assert status == 422 and body["errors"][0]["field"] == "format"
     from shared.runs.org_backends import storage_for
 
-    storage_for(harness.org).put(merged_key(agent.run_id), merged + b"tampered")
+    storage_for(harness.ctx, harness.org).put(merged_key(agent.run_id), merged + b"tampered")
     status, body, _ = harness.call("GET", f"/api/runs/{run['id']}/adapter", params={"format": "merged"})
     assert status == 409 and "merged model has changed since it was verified" in body["detail"]
 

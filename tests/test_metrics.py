@@ -73,13 +73,13 @@ def test_fleet_gauges_reset_every_state_and_provider_each_export(harness: Any, c
     run_id = harness.create_run("memory", "mem-a10")
     harness.launch(run_id)
     harness.agent(run_id).heartbeat("training", 0.3)
-    heartbeat_check.check_all()
+    heartbeat_check.check_all(harness.ctx)
     assert last[(metrics.RUNS, "training")] == 1
     assert last[(metrics.MACHINES_BILLING, "memory")] == 1 and last[(metrics.COST_PER_HOUR, "memory")] > 0
     harness.agent(run_id).train(smoke_adapter_zip())
     harness.drain()
     assert harness.get_run(run_id)["state"] == "succeeded"
-    heartbeat_check.check_all()
+    heartbeat_check.check_all(harness.ctx)
     assert last[(metrics.RUNS, "training")] == 0
     assert last[(metrics.MACHINES_BILLING, "memory")] == 0 and last[(metrics.COST_PER_HOUR, "memory")] == 0
     # Every watched state and every provider is reported, present or not.

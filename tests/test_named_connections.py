@@ -29,7 +29,7 @@ def _save_named(harness: Harness, path: str = NAMED, body: dict[str, Any] | None
 
 
 def _sweep(harness: Harness, connection: str, sweep_id: str) -> dict[str, Any]:
-    return sweep_account.sweep_one(harness.org, connection, sweep_id=sweep_id, dry_run=False)
+    return sweep_account.sweep_one(harness.ctx, harness.org, connection, sweep_id=sweep_id, dry_run=False)
 
 
 def test_a_named_connection_is_saved_checked_and_priced_beside_the_default(harness: Harness, cloud: Cloud) -> None:
@@ -110,7 +110,8 @@ def test_a_sweep_of_one_connection_never_judges_anothers_machines(harness: Harne
                      disk_id="vol-9001", created_at=now())
     cloud.machines[leak_b.id] = leak_b
     harness.clock.advance(get_settings().sweep_grace_s + 1)
-    assert sorted(a for a in sweeper.accounts() if a[0] == harness.org) == [(harness.org, "memory"), (harness.org, "memory/b")]
+    assert sorted(a for a in sweeper.accounts(harness.ctx) if a[0] == harness.org) == [
+        (harness.org, "memory"), (harness.org, "memory/b")]
     out = _sweep(harness, "memory", "s20260101000000-aaaaaa")
     assert out["findings"] == [] and out["listed"] == 0 and leak_b.state == "running"
     out = _sweep(harness, "memory/b", "s20260101000000-bbbbbb")
@@ -120,9 +121,9 @@ def test_a_sweep_of_one_connection_never_judges_anothers_machines(harness: Harne
     # An admin's sweep fans out one message per connection: each sweeps its own, the leak is released once.
     leak_b.state = "running"
     leak_b.disk_exists = True
-    started = sweeper.fan_out(report=True)
+    started = sweeper.fan_out(harness.ctx, report=True)
     harness.drain()
-    report = sweeper.report(started["sweep_id"])
+    report = sweeper.report(harness.ctx, started["sweep_id"])
     assert report["finished"] and report["accounts"] == started["accounts"] >= 2
     assert [(f["provider"], f["run_id"]) for f in report["findings"] if f["action"] == "release"] == [
         ("memory/b", "r-ghost-b")]

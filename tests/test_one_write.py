@@ -110,7 +110,7 @@ def test_a_retried_move_reports_the_state_it_moved_from_in_the_written_attempt(
     def cancel(r: RunRecord) -> tuple[RunRecord | None, RunState]:
         return transition(r, RunState.retaining, reason="cancelled"), r.state
 
-    run, wrote, was = decide_stored(harness.org, run_id, cancel)
+    run, wrote, was = decide_stored(harness.ctx, harness.org, run_id, cancel)
     assert wrote and run.state == RunState.retaining
     assert was == RunState.preparing  # not the provisioning the lost attempt saw
     assert run.moved_from == RunState.preparing

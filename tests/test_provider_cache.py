@@ -43,9 +43,10 @@ def aws_h(env: dict[str, str], rig: Rig, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 def sweep(org: str) -> dict[str, Any]:
+    from shared.context import invocation
     from shared.services.steps.sweep_account import sweep_one
 
-    return sweep_one(org, "aws", sweep_id=f"s{time.monotonic_ns()}", dry_run=False)
+    return sweep_one(invocation(), org, "aws", sweep_id=f"s{time.monotonic_ns()}", dry_run=False)
 
 
 def test_the_client_is_built_once_for_many_sweeps_and_again_after_a_save(aws_h: tuple[Harness, list[str]],
@@ -59,13 +60,13 @@ def test_the_client_is_built_once_for_many_sweeps_and_again_after_a_save(aws_h: 
         out = sweep(h.org)
         assert "skipped" not in out and out["listed"] == 0, out
     assert made == [], made  # three sweeps (invocations) reuse the check's provider and client
-    first = compute_for(h.org, "aws")
-    assert compute_for(h.org, "aws") is first
+    first = compute_for(h.ctx, h.org, "aws")
+    assert compute_for(h.ctx, h.org, "aws") is first
 
     h.save_compute("aws", rig.body())  # saved again (the same key: a rotation looks the same)
     assert "ec2" in made, made  # the new version's provider has built its own client
     made.clear()
-    assert compute_for(h.org, "aws") is not first
+    assert compute_for(h.ctx, h.org, "aws") is not first
     for _ in range(2):
         sweep(h.org)
     assert made == [], made

@@ -55,9 +55,9 @@ def test_an_ended_runs_events_and_logs_are_pruned_after_the_retention(harness: H
     harness.tick("prune_history")
     assert _sizes(run_id) == before  # within the org's 14 days: kept (and looked at again only at 14 days)
     harness.clock.advance(12 * DAY - 600)
-    assert prune_history.prune_all()["due"] == 0  # not read again before it is due
+    assert prune_history.prune_all(harness.ctx)["due"] == 0  # not read again before it is due
     harness.clock.advance(3600)
-    counts = prune_history.prune_all()
+    counts = prune_history.prune_all(harness.ctx)
     assert counts["pruned"] == 1 and counts["rows_deleted"] > 0, counts
     after = _sizes(run_id)
     assert after["logs"] == 0
@@ -68,7 +68,7 @@ def test_an_ended_runs_events_and_logs_are_pruned_after_the_retention(harness: H
     [note] = [e["message"] for e in run["events"] if e["kind"] == "audit"]
     assert "pruned" in note and "14 days" in note
     assert [e["message"].split(":")[0] for e in run["events"] if e["kind"] == "transition"] == ["releasing -> succeeded"]
-    assert prune_history.prune_all()["due"] == 0  # done once
+    assert prune_history.prune_all(harness.ctx)["due"] == 0  # done once
     with capsys.disabled():
         grew = sum(before[t] for t in HISTORY)
         kept = sum(after[t] for t in HISTORY)
@@ -81,8 +81,8 @@ def test_an_orgs_longer_retention_keeps_the_history_longer(harness: Harness, clo
     run_id = _ended_run(harness)
     before = _sizes(run_id)
     harness.clock.advance(15 * DAY)
-    assert prune_history.prune_all()["later"] == 1
+    assert prune_history.prune_all(harness.ctx)["later"] == 1
     assert _sizes(run_id) == before
     harness.clock.advance(16 * DAY)
-    assert prune_history.prune_all()["pruned"] == 1
+    assert prune_history.prune_all(harness.ctx)["pruned"] == 1
     assert _sizes(run_id)["logs"] == 0

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from shared.context import Context
 from shared.runs import org_limits
 from shared.services.timers import heartbeat_check
 from shared.settings import get_settings
@@ -85,17 +86,17 @@ def test_a_retained_run_is_warned_then_discarded_at_the_retention_limit(harness:
     assert any("kept until" in w and "14 days" in w for w in harness.get_run(run_id)["warnings"])
 
     harness.clock.advance(12 * DAY - 60)
-    assert heartbeat_check.check_all()["retention_warned"] == 0
+    assert heartbeat_check.check_all(harness.ctx)["retention_warned"] == 0
     harness.clock.advance(120)  # past the warning point: 2 days before the limit
-    assert heartbeat_check.check_all()["retention_warned"] == 1
-    assert heartbeat_check.check_all()["retention_warned"] == 0  # once, not every minute
+    assert heartbeat_check.check_all(harness.ctx)["retention_warned"] == 1
+    assert heartbeat_check.check_all(harness.ctx)["retention_warned"] == 0  # once, not every minute
     run = harness.get_run(run_id)
     [warning] = [w for w in _events(run, "warning") if "will be discarded" in w]
     assert "retention limit of 14 days" in warning and "recover it before then" in warning
     assert run["state"] == "retained"
 
     harness.served(2 * DAY)  # served all along: the same clock counted the warning down
-    counts = heartbeat_check.check_all()
+    counts = heartbeat_check.check_all(harness.ctx)
     assert counts["discarded"] == 1, counts
     harness.drain()
     run = harness.get_run(run_id)
@@ -116,16 +117,16 @@ def test_the_retention_limit_is_an_org_setting_read_once_per_tick(harness: Harne
     runs = [_retained(harness) for _ in range(2)]
     reads: list[str] = []
 
-    def counted(org: str) -> org_limits.OrgLimits:
+    def counted(ctx: Context, org: str) -> org_limits.OrgLimits:
         reads.append(org)
-        return org_limits.get_limits(org)
+        return org_limits.get_limits(ctx, org)
 
     monkeypatch.setattr(heartbeat_check, "get_limits", counted)
     harness.clock.advance(DAY + 60)  # a limit under 4 days: warned half-way
-    assert heartbeat_check.check_all()["retention_warned"] == 2
+    assert heartbeat_check.check_all(harness.ctx)["retention_warned"] == 2
     assert reads == [harness.org]  # one read for the org's two retained runs in one tick
     harness.served(DAY)
-    assert heartbeat_check.check_all()["discarded"] == 2
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 2
     harness.drain()
     assert [harness.get_run(r)["state"] for r in runs] == ["failed", "failed"]
 
@@ -135,8 +136,8 @@ def test_a_recovery_started_before_the_limit_is_not_discarded(harness: Harness, 
 
     run_id = _retained(harness)
     harness.clock.advance(13 * DAY)
-    heartbeat_check.check_all()
+    heartbeat_check.check_all(harness.ctx)
     run = harness.recover(run_id, upload=smoke_adapter_zip())
     assert run["state"] == "succeeded" and run["adapter_kind"] == "final", run
     harness.served(2 * DAY)
-    assert heartbeat_check.check_all()["discarded"] == 0
+    assert heartbeat_check.check_all(harness.ctx)["discarded"] == 0

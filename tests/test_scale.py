@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.context import Context
 from shared.models import RunRecord, RunState
 from shared.queues import get_queues
 from shared.services.timers import heartbeat_check, sweeper
@@ -34,9 +35,9 @@ def test_heartbeat_check_reads_the_active_runs_not_the_history(harness: Harness,
     run_id, _ = training_run(harness)
     run, _ = get_store().runs.get(harness.org, run_id)
     finished_copies(run, 40)
-    heartbeat_check.check_all()  # builds the index once (one scan), for records older than it
+    heartbeat_check.check_all(harness.ctx)  # builds the index once (one scan), for records older than it
     calls.take()
-    counts = heartbeat_check.check_all()
+    counts = heartbeat_check.check_all(harness.ctx)
     got = calls.take()
     assert counts["watched"] == 1
     # One point read of the one active run; no query of the runs table at all.
@@ -59,7 +60,7 @@ def test_the_index_is_built_once_for_runs_recorded_before_it(harness: Harness, c
     run_id, _ = training_run(harness)
     store.watch.remove(harness.org, run_id)  # as if written before the index existed
     store.table("watch").delete("~", "built")
-    assert heartbeat_check.check_all()["watched"] == 1
+    assert heartbeat_check.check_all(harness.ctx)["watched"] == 1
     assert (harness.org, run_id) in store.watch.ids(harness.org)
     assert store.runs.build_watch_index() is None  # done: never scans the runs table again
 
@@ -68,10 +69,10 @@ def test_a_stale_index_row_is_pruned_once_its_run_is_quiet(harness: Harness, clo
     store = get_store()
     run_id = harness.create_run("memory", "mem-a10")
     store.watch.add(harness.org, run_id)  # a launch that died between indexing the run and moving it
-    heartbeat_check.check_all()
+    heartbeat_check.check_all(harness.ctx)
     assert (harness.org, run_id) in store.watch.ids(harness.org)  # maybe a write in flight: kept
     harness.clock.advance(heartbeat_check.PRUNE_AFTER_S + 1)
-    assert heartbeat_check.check_all()["pruned"] == 1
+    assert heartbeat_check.check_all(harness.ctx)["pruned"] == 1
     assert (harness.org, run_id) not in store.watch.ids(harness.org)
 
 
@@ -83,7 +84,7 @@ def five_orgs(harness: Harness, cloud: Cloud) -> Iterator[list[tuple[str, str]]]
     assert conn is not None
     for i in range(4):
         store.connections.put(conn.model_copy(update={"org": f"zz-org-{i}"}), None)
-    yield sweeper.accounts()
+    yield sweeper.accounts(harness.ctx)
 
 
 def sent_accounts() -> list[tuple[str, str]]:
@@ -97,20 +98,20 @@ def sent_accounts() -> list[tuple[str, str]]:
     return out
 
 
-def test_the_fan_out_rotates_so_no_account_starves(five_orgs: list[tuple[str, str]],
+def test_the_fan_out_rotates_so_no_account_starves(five_orgs: list[tuple[str, str]], ctx: Context,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(five_orgs) == 5
     monkeypatch.setattr(sweeper, "FANOUT_MAX_SENDS", 2)  # a fan-out cut short, as by its time budget
     seen: list[tuple[str, str]] = []
     for _ in range(3):
-        assert sweeper.tick()["sent"] == 2
+        assert sweeper.tick(ctx)["sent"] == 2
         got = sorted(sent_accounts())  # sent in parallel: in any order within a tick
         assert len(got) == 2
         seen += got
     # Continued where the previous tick stopped, not restarted at the top of the alphabet.
     assert seen == five_orgs[:4] + sorted([five_orgs[4], five_orgs[0]])
     monkeypatch.setattr(sweeper, "FANOUT_MAX_SENDS", 20_000)
-    assert sweeper.tick()["sent"] == 5 and sorted(sent_accounts()) == five_orgs
+    assert sweeper.tick(ctx)["sent"] == 5 and sorted(sent_accounts()) == five_orgs
 
 
 def test_an_admin_sweep_answers_at_once_and_reports_by_id(harness: Harness, five_orgs: list[tuple[str, str]]) -> None:
@@ -136,7 +137,7 @@ def test_the_timers_report_the_fleet_as_metrics(harness: Harness, cloud: Cloud, 
     monkeypatch.setattr(metrics, "gauge", lambda name, value, **a: seen.append((name, value, a)))
     monkeypatch.setattr(metrics, "count", lambda name, amount=1, **a: seen.append((name, amount, a)))
     run_id, _ = training_run(harness)
-    heartbeat_check.check_all()
+    heartbeat_check.check_all(harness.ctx)
     run = harness.get_run(run_id)
     assert (metrics.RUNS, 1, {"state": "training"}) in seen
     assert (metrics.MACHINES_BILLING, 1, {"provider": "memory"}) in seen

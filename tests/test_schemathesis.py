@@ -85,6 +85,7 @@ class Seeded:
 
 def _seed(host: Any, seeded: Seeded) -> None:
     from shared.clock import now
+    from shared.context import invocation
     from shared.models import Outcome, RunState
     from shared.org_storage.base import adapter_key
     from shared.runs.org_backends import storage_for
@@ -110,7 +111,7 @@ def _seed(host: Any, seeded: Seeded) -> None:
     # A succeeded run with its verified adapter in local storage: the adapter route answers application/zip.
     data = build_adapter_zip("tensorant/smoke-tiny")
     run_id = seeded.runs["succeeded"]
-    storage_for(ORG).put(adapter_key(run_id), data)
+    storage_for(invocation(), ORG).put(adapter_key(run_id), data)
     t = now()
     # Written as a record (runs.put): a draft does not become succeeded through the one write's table.
     draft, etag = get_store().runs.get(ORG, run_id)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from shared.context import Context, invocation
 from shared.errors import RetryableError
 from shared.models import CheckStatus, ConnectionMessage, ConnectionRecord, ConnectionStatus
 
@@ -64,12 +65,13 @@ def test_a_check_that_crashes_reports_a_fixed_message(monkeypatch: pytest.Monkey
     class Store:
         connections = Connections()
 
-    def crash(_: ConnectionRecord) -> Any:
+    def crash(ctx: Context, _: ConnectionRecord) -> Any:
         raise OSError(f"Tunnel connection failed: 407 at {PROXY} via {INTERNAL}")
 
-    monkeypatch.setattr(step, "get_store", Store)
     monkeypatch.setattr(step, "_run_checks", crash)
-    step.validate_connection(ConnectionMessage(org="acme", slot="compute:aws"))
+    ctx = invocation()
+    step.validate_connection(Context(ctx.settings, cast(Any, Store()), ctx.queues),
+                             ConnectionMessage(org="acme", slot="compute:aws"))
     [check] = saved[0].checks
     assert check.status == CheckStatus.fail and saved[0].status == ConnectionStatus.failed
     assert not _leaks(check.message) and "OSError" in check.message, check.message

@@ -91,7 +91,7 @@ def test_a_commit_that_loses_the_race_writes_only_its_own_key(s3h: Harness, fres
     stored = get_store().datasets.get(s3h.org, rec["id"]).storage_key
     project = stored.split("/")[1]
     # The loser: its look came before the winner's record, and it reads a different upload.
-    monkeypatch.setattr(projects, "_dataset_exists", lambda org, dataset_id: False)
+    monkeypatch.setattr(projects, "_dataset_exists", lambda ctx, org, dataset_id: False)
     boto3.client("s3", endpoint_url=fresh_s3_url, **ROOT_KEYS).put_object(
         Bucket="tensorant-data", Key=f"org-a/{upload_key(project, rec['id'])}", Body=b'{"text": "other"}\n')
     status, problem, _ = s3h.call("POST", grant["commit"]["path"], token="member", json_body=grant["commit"]["body"])

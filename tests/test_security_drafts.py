@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from shared.context import Context
 from shared.store import get_store
 from tests.harness import Harness
 
@@ -158,8 +159,8 @@ def test_an_edit_checked_against_a_draft_changed_meanwhile_is_refused(
     run = create(harness, project, training={"load_in_4bit": True})[1]
     real = runs.admit
 
-    def with_a_concurrent_edit(org: str, body: Any, *args: Any, **kwargs: Any) -> Any:
-        out = real(org, body, *args, **kwargs)
+    def with_a_concurrent_edit(ctx: Context, org: str, body: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(ctx, org, body, *args, **kwargs)
         monkeypatch.setattr(runs, "admit", real)
         harness.ok("PATCH", f"/api/runs/{run['id']}", json_body={"base_model": BIG})  # fits: still 4-bit
         return out

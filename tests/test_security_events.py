@@ -49,7 +49,7 @@ def test_the_run_view_shows_the_newest_events_with_the_first(harness: Harness, c
     run, _ = get_store().runs.get(harness.org, run_id)
     for i in range(VIEW_EVENTS + 50):  # any flood of events between the launch and the end
         harness.clock.advance(1)
-        event(run, "audit", f"note {i}")
+        event(harness.ctx, run, "audit", f"note {i}")
     harness.clock.advance(1)
     agent.train(smoke_adapter_zip())
     view = harness.ok("GET", f"/api/runs/{run_id}")

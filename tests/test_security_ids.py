@@ -44,7 +44,7 @@ def test_ids_with_slash_or_query_are_404_at_the_service(harness: Harness, bad: s
     from shared.errors import NotFound
 
     with pytest.raises(NotFound):
-        runs_service.get(Principal(sub="o@a", org="org-a", role=Role.owner), bad)
+        runs_service.get(harness.ctx, Principal(sub="o@a", org="org-a", role=Role.owner), bad)
 
 
 @pytest.mark.parametrize("field", ["project_id", "dataset_version_id"])

@@ -92,7 +92,7 @@ def test_local_absent_from_catalog_and_openapi_in_production(harness: Any, monke
     from shared.runs.org_backends import compute_for
 
     with pytest.raises(PermanentError, match="only outside production"):
-        compute_for(harness.org, "local")
+        compute_for(harness.ctx, harness.org, "local")
 
 
 def test_trainer_command_is_not_a_connection_field(harness: Any) -> None:

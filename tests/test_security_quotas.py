@@ -79,7 +79,7 @@ def test_rate_limit_counts_exactly_under_concurrency(harness: Harness) -> None:
 
     def take() -> None:
         try:
-            quotas._take(harness.org, "create", 4)
+            quotas._take(harness.ctx, harness.org, "create", 4)
             results.append("ok")
         except quotas.TooManyRequests:
             results.append("429")
@@ -101,7 +101,7 @@ def test_no_429_below_the_limit_under_contention(harness: Harness) -> None:
     def take() -> None:
         start.wait()
         try:
-            quotas._take(harness.org, "launch", 1000)
+            quotas._take(harness.ctx, harness.org, "launch", 1000)
             results.append("ok")
         except quotas.TooManyRequests as exc:
             results.append(f"429: {exc}")

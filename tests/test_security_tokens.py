@@ -11,6 +11,7 @@ import pytest
 
 from shared import settings as settings_mod
 from shared.clock import now_ts
+from shared.context import invocation
 from shared.errors import Forbidden, Unauthorized
 from shared.models import Role
 from shared.security import authenticate, mint_agent_token, mint_user_token, verify_agent
@@ -51,16 +52,16 @@ def test_bad_claims_are_401_never_500(harness: Harness, claims: dict[str, Any]) 
 def test_user_token_refused_on_agent_api_and_agent_token_on_user_api(harness: Harness) -> None:
     user = mint_user_token("m@a", "org-a", Role.member)
     with pytest.raises(Forbidden):
-        verify_agent(f"Bearer {user}", "r-1")
+        verify_agent(invocation(), f"Bearer {user}", "r-1")
     # Even with typ and run forged to look like an agent token, the audience differs.
     forged = _token(typ="agent", run="r-1", sub="agent:r-1")
     with pytest.raises(Forbidden, match="agent token"):
-        verify_agent(f"Bearer {forged}", "r-1")
+        verify_agent(invocation(), f"Bearer {forged}", "r-1")
     agent = mint_agent_token("org-a", "r-1")
     with pytest.raises(Unauthorized):
-        authenticate(f"Bearer {agent}")
-    assert verify_agent(f"Bearer {agent}", "r-1").org == "org-a"
-    assert authenticate(f"Bearer {user}").org == "org-a"
+        authenticate(invocation(), f"Bearer {agent}")
+    assert verify_agent(invocation(), f"Bearer {agent}", "r-1").org == "org-a"
+    assert authenticate(invocation(), f"Bearer {user}").org == "org-a"
 
 
 def test_token_from_another_deployment_is_refused(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +69,7 @@ def test_token_from_another_deployment_is_refused(env: dict[str, str], monkeypat
     monkeypatch.setenv("TENSORANT_DEPLOYMENT_ID", "other")
     reset_settings()
     with pytest.raises(Unauthorized):
-        authenticate(f"Bearer {token}")
+        authenticate(invocation(), f"Bearer {token}")
 
 
 @pytest.fixture
@@ -87,11 +88,11 @@ def test_production_caps_user_token_lifetime(production: None) -> None:
     iat = int(now_ts())
     long_lived = _token(iat=iat, exp=iat + 10 * 365 * 86400)
     with pytest.raises(Unauthorized, match="lifetime"):
-        authenticate(f"Bearer {long_lived}")
+        authenticate(invocation(), f"Bearer {long_lived}")
     with pytest.raises(ValueError, match="lifetime"):
         mint_user_token("a@b", "org-a", Role.admin, ttl_s=10 * 365 * 86400)
     ok = mint_user_token("a@b", "org-a", Role.owner, ttl_s=3600)
-    assert authenticate(f"Bearer {ok}").role == Role.owner
+    assert authenticate(invocation(), f"Bearer {ok}").role == Role.owner
 
 
 @pytest.mark.parametrize("spelling", ["production", "Production", "PRODUCTION", " production "])

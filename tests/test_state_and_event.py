@@ -23,7 +23,7 @@ def test_a_state_is_never_shown_without_its_transition_event(harness: Harness, c
     agent = harness.agent(run_id)
     agent.heartbeat("training", 0.5)
     # Every writer from here on dies between the run's write and its event's (or is read in that gap).
-    monkeypatch.setattr(moves, "transition_event", lambda before, run: None)
+    monkeypatch.setattr(moves, "transition_event", lambda ctx, before, run: None)
     agent.train(smoke_adapter_zip())
     harness.drain()
     run = harness.get_run(run_id)

@@ -7,14 +7,17 @@ from __future__ import annotations
 import base64
 import importlib
 from pathlib import Path
+from typing import cast
 
 import azure.functions as func
 import pytest
 
+from shared.context import Context
 from shared.lifecycle import HOLDS_MACHINE, PHASE_ORDER, transition
 from shared.models import RunState, StepMessage
-from shared.queues import Queue, encode
+from shared.queues import Queue, Queues, encode
 from shared.steps import TABLE, Resender, Step, resent_by
+from shared.store import Store
 from tests.fakes import Cloud
 from tests.harness import Harness
 from tests.support.steps import RUN_STEPS, snake
@@ -105,18 +108,18 @@ def test_launch_claim_is_granted_once_per_settle_period(harness: Harness, cloud:
     run_id = harness.create_run("memory", "mem-a10")
     store.runs.mutate(harness.org, run_id, lambda r: transition(r, RunState.queued))
     run, _ = store.runs.mutate(harness.org, run_id, lambda r: transition(r, RunState.provisioning))
-    assert claim_launch(harness.org, run_id, settle_s=settle) == (run, False)  # just written
+    assert claim_launch(harness.ctx, harness.org, run_id, settle_s=settle) == (run, False)  # just written
     harness.clock.advance(settle + 1)
-    claimed, granted = claim_launch(harness.org, run_id, settle_s=settle)
+    claimed, granted = claim_launch(harness.ctx, harness.org, run_id, settle_s=settle)
     assert granted and claimed.updated_at > run.updated_at
-    assert claim_launch(harness.org, run_id, settle_s=settle) == (claimed, False)  # claimed just now
+    assert claim_launch(harness.ctx, harness.org, run_id, settle_s=settle) == (claimed, False)  # claimed just now
     harness.clock.advance(settle + 1)
     res = CloudResource(provider="memory", kind="instance", id="i-1", run_id=run_id, org=harness.org)
     launched, _ = store.runs.mutate(harness.org, run_id, lambda r: r.model_copy(update={"resources": [res]}))
-    assert claim_launch(harness.org, run_id, settle_s=settle) == (launched, False)  # launched already
+    assert claim_launch(harness.ctx, harness.org, run_id, settle_s=settle) == (launched, False)  # launched already
 
 
-def test_two_deliveries_verifying_at_once_record_the_adapter_once(harness: Harness, cloud: Cloud, monkeypatch) -> None:
+def test_two_deliveries_verifying_at_once_record_the_adapter_once(harness: Harness, cloud: Cloud) -> None:
     """Two deliveries read the run in verifying and both verify; the later one's move finds the run moved
     and records nothing: one 'adapter verified' event, one release message."""
     from shared.services.steps import verify_adapter as step
@@ -131,13 +134,14 @@ def test_two_deliveries_verifying_at_once_record_the_adapter_once(harness: Harne
     # The second delivery read the run before the first one's write: in verifying.
     stale = done.model_copy(update={"state": RunState.verifying})
     store = get_store()
-    runs = type("Runs", (), {"get": lambda self, org, rid: (stale, etag)})()
-    monkeypatch.setattr(step, "get_store", lambda: type("S", (), {"runs": runs, "__getattr__":
-                                                                  lambda self, n: getattr(store, n)})())
+    # Its reads of the run see it in verifying; every other call reaches the real store.
+    runs = type("Runs", (), {"get": lambda self, org, rid: (stale, etag),
+                             "__getattr__": lambda self, n: getattr(store.runs, n)})()
+    stale_store = type("S", (), {"runs": runs, "__getattr__": lambda self, n: getattr(store, n)})()
     sent: list[object] = []
-    monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {"send": lambda self, *a: sent.append(a)})())
-    step.verify_adapter(StepMessage(org=harness.org, run_id=run_id))
-    monkeypatch.undo()
+    queues = type("Q", (), {"send": lambda self, *a, **kw: sent.append(a)})()
+    step.verify_adapter(Context(harness.ctx.settings, cast(Store, stale_store), cast(Queues, queues)),
+                        StepMessage(org=harness.org, run_id=run_id))
     verified = [e for e in get_store().events.read(run_id, "audit") if e.message.startswith("adapter verified")]
     assert len(verified) == 1, verified
     assert sent == [], sent  # no second release message
@@ -155,6 +159,7 @@ def test_a_throttled_release_waits_as_long_as_the_cloud_asked(harness: Harness, 
     run_id = harness.create_run("memory", "mem-a10")
     harness.launch(run_id)
     real = step.compute_for
+    release = step.release
 
     class Throttled:
         def __init__(self, inner: object) -> None:
@@ -166,11 +171,18 @@ def test_a_throttled_release_waits_as_long_as_the_cloud_asked(harness: Harness, 
         def release(self, *args: object) -> object:
             raise ThrottledError("PutVM3Min: too many requests", code="TooManyRequests", retry_after_s=1200)
 
-    monkeypatch.setattr(step, "compute_for", lambda org, provider: Throttled(real(org, provider)))
+    monkeypatch.setattr(step, "compute_for", lambda ctx, org, provider: Throttled(real(ctx, org, provider)))
     sent: list[float] = []
-    queues = step.get_queues()
-    monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {
-        "send": lambda self, s, m, delay_s=0.0: sent.append(delay_s) if s == Step.release else queues.send(s, m)})())
+
+    def release_sending_aside(ctx: Context, msg: StepMessage) -> None:
+        """The release step, its own release messages kept aside (their delays) and the rest sent."""
+        queues = ctx.queues
+        aside = type("Q", (), {
+            "send": lambda self, s, m, delay_s=0.0: sent.append(delay_s) if s == Step.release else queues.send(s, m),
+            "__getattr__": lambda self, n: getattr(queues, n)})()
+        release(Context(ctx.settings, ctx.store, cast(Queues, aside)), msg)
+
+    monkeypatch.setattr(step, "release", release_sending_aside)
     harness.agent(run_id).train(trained_adapter_zip())  # verified; its release is throttled
     run, _ = get_store().runs.get(harness.org, run_id)
     assert run.state == RunState.releasing and run.release_attempts == 1, run

@@ -209,8 +209,8 @@ def test_two_sweeps_at_once_release_a_leak_once_with_one_audit_entry(harness: Ha
     def run(sweep_id: str) -> None:
         try:
             results.append(sweep_account.sweep_one(
-                harness.org, "memory", sweep_id=sweep_id, dry_run=False,
-                compute=lambda rec: cast(ComputeProvider, Meets(compute_of(rec)))))
+                harness.ctx, harness.org, "memory", sweep_id=sweep_id, dry_run=False,
+                compute=lambda rec: cast(ComputeProvider, Meets(compute_of(harness.ctx, rec)))))
         finally:
             met.abort()
 
@@ -230,7 +230,7 @@ def test_a_dead_sweepers_lease_runs_out_for_its_account_alone(harness: Harness, 
     ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, harness.org, "r-ghost").tags, now())
     harness.clock.advance(grace() + 1)
     # A sweep of this account that died holding its lease (never ended).
-    assert leases.take(sweep_account.lease_name(harness.org, "memory"), sweep_account.LEASE_S)
+    assert leases.take(harness.ctx, sweep_account.lease_name(harness.org, "memory"), sweep_account.LEASE_S)
     out = sweep(harness)
     assert out["skipped"] and not out["findings"] and ghost.state == "running"
     assert [f["action"] for f in sweep(harness, dry_run=True)["findings"]] == ["would release"]  # no lease needed
@@ -254,7 +254,7 @@ def test_an_account_sweep_reads_its_connection_once(harness: Harness, cloud: Cha
         return real_get(org, slot)
 
     monkeypatch.setattr(connections, "get", counted)
-    out = sweep_account.sweep_one(harness.org, "memory", sweep_id="s20260101000000-cccccc", dry_run=False)
+    out = sweep_account.sweep_one(harness.ctx, harness.org, "memory", sweep_id="s20260101000000-cccccc", dry_run=False)
     assert [f["action"] for f in out["findings"]] == ["release"] and ghost.state == "terminated"
     assert reads == [(harness.org, "compute:memory")], reads
 
@@ -262,10 +262,10 @@ def test_an_account_sweep_reads_its_connection_once(harness: Harness, cloud: Cha
 def test_a_second_delivery_of_one_sweep_does_nothing(harness: Harness, cloud: ChaosCloud) -> None:
     ghost = cloud.add_foreign(RunRef(get_settings().deployment_id, harness.org, "r-ghost").tags, now())
     harness.clock.advance(grace() + 1)
-    first = sweep_account.sweep_one(harness.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
+    first = sweep_account.sweep_one(harness.ctx, harness.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
     assert [f["action"] for f in first["findings"]] == ["release"] and ghost.state == "terminated"
     listed = cloud.calls.count("list")
-    again = sweep_account.sweep_one(harness.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
+    again = sweep_account.sweep_one(harness.ctx, harness.org, "memory", sweep_id="s20260101000000-aaaaaa", dry_run=False)
     assert "already" in again["skipped"] and cloud.calls.count("list") == listed  # not even listed again
 
 
@@ -291,14 +291,14 @@ def test_a_long_account_sweep_renews_its_short_lease(harness: Harness, cloud: Ch
 
         def release(self, *args: Any) -> Any:
             harness.clock.advance(40)  # 110 s into the sweep: past a lease of 90 s that was never renewed
-            taken_meanwhile.append(leases.take(name, 60))
+            taken_meanwhile.append(leases.take(harness.ctx, name, 60))
             return self.provider.release(*args)
 
-    out = sweep_account.sweep_one(harness.org, "memory", sweep_id="s20260101000000-bbbbbb", dry_run=False,
-                                  compute=lambda rec: cast(ComputeProvider, Slow(compute_of(rec))))
+    out = sweep_account.sweep_one(harness.ctx, harness.org, "memory", sweep_id="s20260101000000-bbbbbb", dry_run=False,
+                                  compute=lambda rec: cast(ComputeProvider, Slow(compute_of(harness.ctx, rec))))
     assert [f["action"] for f in out["findings"]] == ["release"] and ghost.state == "terminated"
     assert taken_meanwhile == [None]  # renewed before the release: nobody could take it meanwhile
-    assert leases.take(name, 60) is not None  # ended when the sweep was done
+    assert leases.take(harness.ctx, name, 60) is not None  # ended when the sweep was done
 
 
 def test_a_second_control_plane_on_the_same_deployment_id_stops_the_sweep_loudly(harness: Harness,

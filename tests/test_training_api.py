@@ -184,7 +184,7 @@ def test_hf_token_is_write_only_owner_only_and_reaches_only_the_bootstrap(
 
     get_store().secrets.put(rec.model_copy(update={"org": "org-b"}))
     with pytest.raises(SealedSecretError):
-        org_secrets.hf_token("org-b")
+        org_secrets.hf_token(harness.ctx, "org-b")
 
     _, run = draft(harness)
     launched = harness.launch(run["id"])

@@ -73,14 +73,14 @@ def test_launch_hands_the_agent_the_validation_set_and_its_sha256(harness: Harne
     store = get_store()
     run, _ = store.runs.get(harness.org, run_id)
     record = store.datasets.get(harness.org, valid)
-    env, _ = storage_access(run, store.datasets.get(harness.org, project[1]), 3600)
+    env, _ = storage_access(harness.ctx, run, store.datasets.get(harness.org, project[1]), 3600)
     assert env["TENSORANT_EVAL_DATASET_SHA256"] == record.sha256
     assert env.get("TENSORANT_EVAL_DATASET_KEY", record.storage_key) == record.storage_key
     assert "TENSORANT_EVAL_DATASET_KEY" in env or "TENSORANT_EVAL_DATASET_URL" in env
 
     without = _create(harness, project, None)["id"]
     run, _ = store.runs.get(harness.org, without)
-    env, _ = storage_access(run, store.datasets.get(harness.org, project[1]), 3600)
+    env, _ = storage_access(harness.ctx, run, store.datasets.get(harness.org, project[1]), 3600)
     assert not {k for k in env if k.startswith("TENSORANT_EVAL_DATASET")}
 
 

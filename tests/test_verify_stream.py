@@ -16,13 +16,15 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from adapter_format.base_models import MAX_MERGED_BYTES
 from shared import budget
+from shared.context import Context
 from shared.org_storage.base import merged_key
+from shared.queues import Queues
 from shared.services.steps import verify_adapter as step
 from shared.services.steps import verify_spool
 from tests.fakes import Cloud, TwoOffers, draft, serve_memory
@@ -117,8 +119,8 @@ def spool_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 def slow_storage(harness: Harness, monkeypatch: pytest.MonkeyPatch, big: dict[str, tuple[bytes, int]]) -> SlowStorage:
     from shared.runs.org_backends import storage_for
 
-    slow = SlowStorage(storage_for(harness.org), harness, big)
-    monkeypatch.setattr(step, "storage_for", lambda org: slow)
+    slow = SlowStorage(storage_for(harness.ctx, harness.org), harness, big)
+    monkeypatch.setattr(step, "storage_for", lambda ctx, org: slow)
     return slow
 
 
@@ -141,7 +143,7 @@ def test_a_3_gib_merged_model_at_10_mb_s_is_verified_within_every_bound(
     tail, size = merged_zip(), MAX_MERGED_BYTES
     from shared.runs.org_backends import storage_for
 
-    storage_for(harness.org).put(merged_key(run_id), tail)  # what the agent uploaded: the slow storage pads it
+    storage_for(harness.ctx, harness.org).put(merged_key(run_id), tail)  # what the agent uploaded: the slow storage pads it
     slow = slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
     timings = Timings(harness)
     complete(harness, run_id, padded_sha256(tail, size), size)
@@ -173,7 +175,7 @@ def test_a_wrong_sha256_after_a_long_download_is_refused(
     tail, size = merged_zip(), 400_000_000  # 40 s at 10 MB/s: two invocations
     from shared.runs.org_backends import storage_for
 
-    storage_for(harness.org).put(merged_key(run_id), tail)
+    storage_for(harness.ctx, harness.org).put(merged_key(run_id), tail)
     slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
     timings = Timings(harness)
     monkeypatch.setattr(verify_spool, "RESERVE_S", budget.step_budget_s() - 25)  # 25 s of reading per invocation
@@ -198,19 +200,21 @@ def test_a_second_delivery_while_a_download_is_under_way_does_not_fork_it(
     tail, size = merged_zip(), 300_000_000
     from shared.runs.org_backends import storage_for
 
-    storage_for(harness.org).put(merged_key(run_id), tail)
+    storage_for(harness.ctx, harness.org).put(merged_key(run_id), tail)
     slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
     monkeypatch.setattr(verify_spool, "RESERVE_S", budget.step_budget_s() - 10)
     complete(harness, run_id, padded_sha256(tail, size), size)
     stored, _ = get_store().runs.get(harness.org, run_id)
     with budget.within(budget.step_budget_s()):
-        step.verify_adapter(StepMessage(org=harness.org, run_id=run_id))  # the completion's message, delivered early
+        step.verify_adapter(harness.ctx, StepMessage(org=harness.org, run_id=run_id))  # the completion's message, early
     first, _ = get_store().runs.get(harness.org, run_id)
     assert first.verify_progress is not None and 0 < first.verify_progress.offset < size
     # A stale copy that read the run before that progress was recorded is refused by carry_on.
     sent: list[Any] = []
-    monkeypatch.setattr(step, "get_queues", lambda: type("Q", (), {"send": lambda self, *a, **k: sent.append(a)})())
-    step.carry_on(stored, first.verify_progress.model_copy(update={"offset": 1}))
+    queues = type("Q", (), {"send": lambda self, *a, **k: sent.append(a)})()
+    ctx = harness.ctx
+    step.carry_on(Context(ctx.settings, ctx.store, cast(Queues, queues)), stored,
+                  first.verify_progress.model_copy(update={"offset": 1}))
     assert sent == [] and get_store().runs.get(harness.org, run_id)[0].verify_progress == first.verify_progress
     monkeypatch.undo()
     monkeypatch.setattr(verify_spool, "root", lambda: spool_root)
@@ -264,7 +268,7 @@ def test_a_spool_of_an_earlier_verification_is_never_appended_to(
     tail, size = merged_zip(), 50_000_000
     from shared.runs.org_backends import storage_for
 
-    storage_for(harness.org).put(merged_key(run_id), tail)
+    storage_for(harness.ctx, harness.org).put(merged_key(run_id), tail)
     slow_storage(harness, monkeypatch, {merged_key(run_id): (tail, size)})
     complete(harness, run_id, padded_sha256(tail, size), size)
     stale = spool_root / run_id / "abc123"

@@ -222,7 +222,7 @@ def test_a_crash_before_the_send_is_delivered_by_heartbeat_check(env: dict[str, 
 
     add_hook(harness, rx)
     run_id = harness.create_run("memory", "mem-a10")
-    monkeypatch.setattr(moves, "drain", lambda run: run)  # the process dies after the write, before the send
+    monkeypatch.setattr(moves, "drain", lambda ctx, run: run)  # the process dies after the write, before the send
     harness.launch(run_id)
     assert rx.types() == []
     from shared.store import get_store

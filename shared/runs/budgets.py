@@ -27,17 +27,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.clock import now, now_ts
+from shared.context import Context
 from shared.errors import ConcurrencyError, Conflict, NotFound
 from shared.lifecycle import ACTIVE, HOLDS_MACHINE, TERMINAL, transition
 from shared.models import RunRecord, RunState, StepMessage
-from shared.queues import get_queues
 from shared.runs.candidates import dearest_price
 from shared.runs.costs import timing
 from shared.runs.moves import move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.runs.outbox import send_event
 from shared.steps import Step
-from shared.store import get_store
 from shared.store.leases import ends, left
 from shared.store.slots import LAUNCH_GRACE_S  # one grace for a launch's reservations
 from shared.store.tables import MAX_RACE_RETRIES
@@ -60,13 +59,13 @@ def month_of(t: datetime) -> str:
     return month_start(t).strftime("%Y-%m")
 
 
-def billed_in_month(run: RunRecord, t: datetime) -> float:
+def billed_in_month(ctx: Context, run: RunRecord, t: datetime) -> float:
     if run.launched_at is None:
         return 0.0
     start = month_start(t)
     if run.state in TERMINAL and run.state_changed_at < start:
         return 0.0
-    tm = timing(run, at=t)
+    tm = timing(ctx, run, at=t)
     if tm.cost <= 0 or run.launched_at >= start:
         return tm.cost
     began = tm.machine_up_at or run.launched_at
@@ -115,14 +114,14 @@ class OrgSpend:
         return self.org if project is None else self.projects.setdefault(project, Spend())
 
 
-def spend(org: str, t: datetime, limits: OrgLimits, reservations: dict[str, Any] | None = None) -> OrgSpend:
+def spend(ctx: Context, org: str, t: datetime, limits: OrgLimits, reservations: dict[str, Any] | None = None) -> OrgSpend:
     """The org's spend this month, in total and per project; `reservations`: launches under way."""
     out = OrgSpend(month=month_of(t))
-    store = get_store()
+    store = ctx.store
     runs = store.runs.in_org(org)
     active = {r.id for r in runs if r.state in HOLDS_MACHINE}
     for run in runs:
-        billed = billed_in_month(run, t)
+        billed = billed_in_month(ctx, run, t)
         held = max_remaining(run, t, limits) if run.id in active else 0.0
         expected = expected_remaining(run, t) if run.id in active else 0.0
         for s in (out.org, out.of(run.project_id)):
@@ -147,21 +146,21 @@ def _budgets(limits: OrgLimits, project: str) -> list[tuple[str, float, str | No
     return found
 
 
-def reserve(org: str, run: RunRecord, cost: float, limits: OrgLimits) -> bool:
+def reserve(ctx: Context, org: str, run: RunRecord, cost: float, limits: OrgLimits) -> bool:
     """Take `cost` (the launch's maximum) from the run's budgets, or raise 409 naming the budget, the committed
     spend and what is left. Returns whether this call wrote a reservation (False: no budget applies, or the run
     holds one already)."""
     budgets = _budgets(limits, run.project_id)
     if not budgets:
         return False
-    table = get_store().table("quotas")
+    table = ctx.store.table("quotas")
     for attempt in range(MAX_RACE_RETRIES):
         got = table.get(org, RESERVATIONS_KEY)
         held: dict[str, Any] = dict(got[0].get("runs", {})) if got else {}
         if run.id in held:
             return False
         t = now()
-        s = spend(org, t, limits, held)
+        s = spend(ctx, org, t, limits, held)
         for name, usd, project in budgets:
             committed = s.of(project).committed
             if committed + cost > usd + 1e-9:
@@ -185,9 +184,9 @@ def reserve(org: str, run: RunRecord, cost: float, limits: OrgLimits) -> bool:
     raise ConcurrencyError("the organization's launches kept changing; try again")
 
 
-def release(org: str, run_id: str) -> None:
+def release(ctx: Context, org: str, run_id: str) -> None:
     """Free a failed launch's reservation (its run did not launch)."""
-    table = get_store().table("quotas")
+    table = ctx.store.table("quotas")
     for _ in range(MAX_RACE_RETRIES):
         got = table.get(org, RESERVATIONS_KEY)
         held = dict(got[0].get("runs", {})) if got else {}
@@ -205,13 +204,13 @@ def alerts_key(t: datetime) -> str:
     return f"budget-alerts-{month_of(t)}"
 
 
-def view(org: str, t: datetime | None = None) -> dict[str, Any]:
+def view(ctx: Context, org: str, t: datetime | None = None) -> dict[str, Any]:
     """The budgets part of GET /api/usage."""
     t = t or now()
-    limits = get_limits(org)
-    got = get_store().table("quotas").get(org, RESERVATIONS_KEY)
-    s = spend(org, t, limits, dict(got[0].get("runs", {})) if got else {})
-    alerts = get_store().table("quotas").get(org, alerts_key(t))
+    limits = get_limits(ctx, org)
+    got = ctx.store.table("quotas").get(org, RESERVATIONS_KEY)
+    s = spend(ctx, org, t, limits, dict(got[0].get("runs", {})) if got else {})
+    alerts = ctx.store.table("quotas").get(org, alerts_key(t))
     crossed: dict[str, list[int]] = dict(alerts[0].get("crossed", {})) if alerts else {}
 
     def one(name: str, usd: float | None, sp: Spend, key: str) -> dict[str, Any]:
@@ -235,7 +234,7 @@ def _budgets_of(limits: OrgLimits) -> list[tuple[str, float, str | None]]:
     return budgets + [(f"project:{p}", usd, p) for p, usd in sorted(limits.project_budgets_usd.items())]
 
 
-def _crossings(org: str, t: datetime, budget: tuple[str, float, str | None], s: OrgSpend, limits: OrgLimits,
+def _crossings(ctx: Context, org: str, t: datetime, budget: tuple[str, float, str | None], s: OrgSpend, limits: OrgLimits,
                crossed: dict[str, list[int]]) -> tuple[int, bool]:
     """The budget's thresholds its billed spend crosses for the first time this month, each told and added to
     `crossed`: how many, and whether the whole budget is spent."""
@@ -244,43 +243,44 @@ def _crossings(org: str, t: datetime, budget: tuple[str, float, str | None], s: 
     new = 0
     for threshold in sorted(limits.budget_thresholds_pct):
         if pct >= threshold and threshold not in crossed.get(bkey, []):
-            _tell_crossing(org, t, budget, threshold, s)
+            _tell_crossing(ctx, org, t, budget, threshold, s)
             crossed.setdefault(bkey, []).append(threshold)
             new += 1
     return new, pct >= 100
 
 
-def _tell_crossing(org: str, t: datetime, budget: tuple[str, float, str | None], threshold: int, s: OrgSpend) -> None:
+def _tell_crossing(ctx: Context, org: str, t: datetime, budget: tuple[str, float, str | None], threshold: int,
+                   s: OrgSpend) -> None:
     """A new threshold crossing, as the budget.threshold event (its webhooks) and an audit entry."""
     bkey, usd, project = budget
     billed = s.of(project).billed
     ident = f"msg_budget-{month_of(t)}-{bkey.replace(':', '-')}-{threshold}"[:68]
-    send_event(org, "budget.threshold", ident, {
+    send_event(ctx, org, "budget.threshold", ident, {
         "budget": "organization" if project is None else f"project {project}", "project_id": project,
         "month": month_of(t), "threshold_pct": threshold, "budget_usd": usd,
         "billed_usd": round(billed, 4), "committed_usd": round(s.of(project).committed, 4)})
-    get_store().audit.add("budget threshold crossed", org=org, budget=bkey, threshold_pct=threshold,
-                          billed_usd=round(billed, 4), budget_usd=usd)
+    ctx.store.audit.add("budget threshold crossed", org=org, budget=bkey, threshold_pct=threshold,
+                        billed_usd=round(billed, 4), budget_usd=usd)
 
 
-def check_thresholds(org: str, t: datetime) -> int:
+def check_thresholds(ctx: Context, org: str, t: datetime) -> int:
     """heartbeat-check, for an org with active runs: record and tell new threshold crossings (of billed spend);
     at 100 % with stop_at_budget, retain the org's active runs. Returns the crossings found."""
-    limits = get_limits(org)
+    limits = get_limits(ctx, org)
     if limits.monthly_budget_usd is None and not limits.project_budgets_usd:
         return 0
-    table = get_store().table("quotas")
+    table = ctx.store.table("quotas")
     key = alerts_key(t)
     got = table.get(org, key)
     state: dict[str, Any] = dict(got[0]) if got else {"crossed": {}, "checked": 0.0}
     if t.timestamp() - float(state.get("checked", 0.0)) < CHECK_EVERY_S:
         return 0
-    s = spend(org, t, limits)
+    s = spend(ctx, org, t, limits)
     crossed: dict[str, list[int]] = {k: list(v) for k, v in state.get("crossed", {}).items()}
     new = 0
     stop: list[str | None] = []
     for budget in _budgets_of(limits):
-        found, spent = _crossings(org, t, budget, s, limits, crossed)
+        found, spent = _crossings(ctx, org, t, budget, s, limits, crossed)
         new += found
         if spent and limits.stop_at_budget:
             stop.append(budget[2])
@@ -293,13 +293,13 @@ def check_thresholds(org: str, t: datetime) -> int:
     except (ConcurrencyError, Conflict):
         return 0  # another tick recorded it
     if stop:
-        _retain_active(org, stop)
+        _retain_active(ctx, org, stop)
     return new
 
 
-def _retain_active(org: str, projects: list[str | None]) -> None:
+def _retain_active(ctx: Context, org: str, projects: list[str | None]) -> None:
     whole = None in projects
-    for run in get_store().runs.active(org):
+    for run in ctx.store.runs.active(org):
         if run.state not in ACTIVE or not (whole or run.project_id in projects):
             continue
 
@@ -310,8 +310,8 @@ def _retain_active(org: str, projects: list[str | None]) -> None:
                               "machine is stopped and its disk kept; recover the run once the budget allows")
 
         try:
-            _, wrote = move_stored(org, run.id, change)
+            _, wrote = move_stored(ctx, org, run.id, change)
         except NotFound:
             continue
         if wrote:
-            get_queues().send(Step.retain, StepMessage(org=org, run_id=run.id, reason="budget"))
+            ctx.queues.send(Step.retain, StepMessage(org=org, run_id=run.id, reason="budget"))

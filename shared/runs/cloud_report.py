@@ -7,24 +7,24 @@ boot deadline) records it on its first attempt.
 
 from __future__ import annotations
 
+from shared.context import Context
 from shared.log import redact_text
 from shared.models import RunRecord, RunState
 from shared.providers.base import console_of
 from shared.runs.org_backends import compute_for, ref_of, run_connection
 from shared.runs.resources import merge_resources
-from shared.store import get_store
 
 # StepMessage.reason of a release that should first record the cloud's account of the machine.
 BOOT_FAILED = "boot-failed"
 CLOUD_SAYS = "the cloud says: "
 
 
-def cloud_report(run: RunRecord) -> str:
+def cloud_report(ctx: Context, run: RunRecord) -> str:
     """What the cloud says of the run's machine (one describe), or why that could not be read.
     Never raises: a cloud outage must not stop a deadline or a release."""
     try:
-        provider = compute_for(run.org, run_connection(run))
-        ref, resources = ref_of(run), merge_resources(get_store().ledger.read(run.id), run.resources)
+        provider = compute_for(ctx, run.org, run_connection(run))
+        ref, resources = ref_of(ctx, run), merge_resources(ctx.store.ledger.read(run.id), run.resources)
         desc = provider.describe(ref, resources)
     except Exception as exc:
         return f"the cloud's state of the machine could not be read: {redact_text(str(exc))[:300]}"
@@ -34,11 +34,11 @@ def cloud_report(run: RunRecord) -> str:
     return (CLOUD_SAYS + said) if said.strip("; ") else ""
 
 
-def note_cloud_report(run: RunRecord) -> RunRecord:
+def note_cloud_report(ctx: Context, run: RunRecord) -> RunRecord:
     """Before a never-started machine is deleted: the cloud's account, added to the run's reason once."""
     if CLOUD_SAYS in run.reason:
         return run
-    said = cloud_report(run)
+    said = cloud_report(ctx, run)
     if not said:
         return run
 
@@ -47,5 +47,5 @@ def note_cloud_report(run: RunRecord) -> RunRecord:
             return None
         return r.model_copy(update={"reason": f"{r.reason} ({said})"[:6000]})
 
-    new, _ = get_store().runs.mutate(run.org, run.id, change)
+    new, _ = ctx.store.runs.mutate(run.org, run.id, change)
     return new

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shared.clock import now
+from shared.context import Context
 from shared.lifecycle import TERMINAL
 from shared.models import Billing, RunEvent, RunRecord, RunState
-from shared.store import get_store
 
 # Audit lines that change whether a retained machine runs (recovery starts it; stop stops it).
 MACHINE_STARTED = "machine start requested"
@@ -30,9 +30,9 @@ class Timing:
     machine_running: bool  # at the end of the timeline: False once stopped (disk kept) or released
 
 
-def timeline_events(run_id: str) -> list[RunEvent]:
+def timeline_events(ctx: Context, run_id: str) -> list[RunEvent]:
     """The events the timeline needs (transitions and audit lines; never the log lines)."""
-    return get_store().events.read(run_id, kind=("transition", "audit"))
+    return ctx.store.events.read(run_id, kind=("transition", "audit"))
 
 
 def _release_confirmed_at(run: RunRecord, events: list[RunEvent]) -> datetime | None:
@@ -62,14 +62,14 @@ def _starts(e: RunEvent) -> bool:
         e.kind == "transition" and e.state == RunState.training and e.message.startswith("retained -> "))
 
 
-def timing(run: RunRecord, events: list[RunEvent] | None = None, at: datetime | None = None) -> Timing:
+def timing(ctx: Context, run: RunRecord, events: list[RunEvent] | None = None, at: datetime | None = None) -> Timing:
     """The run's time and cost now (`at`): from its record when it keeps its billing (no read), else
     from its transition/audit events (`events`, or read here)."""
     at = at or now()
     ended = run.state in TERMINAL
     if run.billing is not None:
         return _from_billing(run, run.billing, ended, at)
-    events = sorted(events if events is not None else timeline_events(run.id), key=lambda e: e.at)
+    events = sorted(events if events is not None else timeline_events(ctx, run.id), key=lambda e: e.at)
     up = _machine_up_at(run, events)
     released = _release_confirmed_at(run, events)
     end = released or (run.state_changed_at if ended else at)

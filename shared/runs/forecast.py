@@ -87,9 +87,9 @@ from dataclasses import dataclass
 
 from adapter_format.base_models import DeclaredModel
 from shared.clock import now
+from shared.context import Context
 from shared.models import DatasetVersionRecord, Forecast, ForecastCheck, GpuOffer, RunRecord, TrainingSettings
 from shared.providers.registry import declaration
-from shared.store import get_store
 
 TOKENS_SOURCE = "estimated from bytes"
 BYTES_PER_TOKEN = 4
@@ -240,22 +240,23 @@ def usable_rate(tokens_per_s: object) -> bool:
             and math.isfinite(tokens_per_s) and MIN_TOKENS_PER_S <= tokens_per_s <= MAX_TOKENS_PER_S)
 
 
-def record_measured(run: RunRecord) -> bool:
+def record_measured(ctx: Context, run: RunRecord) -> bool:
     """Keep a verified run's measured throughput as the last of its like runs (an upsert: a repeated
     verify writes the same row). Only a check of at least MIN_MEASURED_S with a usable rate."""
     c = run.forecast_check
     if c is None or c.training_s < MIN_MEASURED_S or not usable_rate(c.throughput_tokens_per_s):
         return False
-    get_store().throughput.put(run.org, like_key(run.provider, run.base_model, run.offer.gpu, run.training), {
+    ctx.store.throughput.put(run.org, like_key(run.provider, run.base_model, run.offer.gpu, run.training), {
         "run_id": run.id, "tokens_per_s": c.throughput_tokens_per_s, "training_s": c.training_s,
         "at": now().isoformat(), "provider": run.provider, "base_model": run.base_model, "gpu": run.offer.gpu,
         "precision": run.training.precision})
     return True
 
 
-def measured_for(org: str, provider: str, base_model: str, gpu: str, training: TrainingSettings) -> Measured | None:
+def measured_for(ctx: Context, org: str, provider: str, base_model: str, gpu: str,
+                 training: TrainingSettings) -> Measured | None:
     """The last measured throughput of a like run in the org (one point read of the index), or None."""
-    row = get_store().throughput.get(org, like_key(provider, base_model, gpu, training))
+    row = ctx.store.throughput.get(org, like_key(provider, base_model, gpu, training))
     if row is None or not usable_rate(row.get("tokens_per_s")) or not isinstance(row.get("run_id"), str):
         return None
     return Measured(row["run_id"], float(row["tokens_per_s"]))

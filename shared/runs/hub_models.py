@@ -32,10 +32,9 @@ from adapter_format.hub_config import (
     params_from_index,
 )
 from shared.clock import now
+from shared.context import Context
 from shared.errors import InvalidInput
 from shared.org_storage.endpoint_guard import EndpointRefused, resolve_checked, split_endpoint, system_resolver
-from shared.settings import get_settings
-from shared.store import get_store
 from shared.webhooks.send import allow_private
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -144,17 +143,17 @@ def _refusal(model_id: str, revision: str, what: str, exc: HubError) -> InvalidI
     return InvalidInput.field("base_model", f"cannot read {what} of {model_id} at {revision}: {fix}")
 
 
-def _url(model_id: str, revision: str, path: str) -> str:
-    base = get_settings().hf_endpoint.rstrip("/")
+def _url(ctx: Context, model_id: str, revision: str, path: str) -> str:
+    base = ctx.settings.hf_endpoint.rstrip("/")
     return f"{base}/{model_id}/resolve/{quote(revision, safe='')}/{path}"
 
 
-def pin(model_id: str, revision: str, token: str, deadline: float) -> str:
+def pin(ctx: Context, model_id: str, revision: str, token: str, deadline: float) -> str:
     """The commit id of a revision (a commit id as it is)."""
     if COMMIT.fullmatch(revision):
         return revision
 
-    url = f"{get_settings().hf_endpoint.rstrip('/')}/api/models/{model_id}/revision/{quote(revision, safe='')}"
+    url = f"{ctx.settings.hf_endpoint.rstrip('/')}/api/models/{model_id}/revision/{quote(revision, safe='')}"
     try:
         info = _json(_fetch(url, token, limit=MAX_JSON_BYTES, deadline=deadline), "the hub's model info")
     except HubError as exc:
@@ -168,22 +167,22 @@ def pin(model_id: str, revision: str, token: str, deadline: float) -> str:
     return sha
 
 
-def _params(model_id: str, sha: str, token: str, dtype: str, deadline: float) -> int:
+def _params(ctx: Context, model_id: str, sha: str, token: str, dtype: str, deadline: float) -> int:
     """The checkpoint's own parameter count; 0 when it has neither an index nor a single safetensors file."""
     try:
-        index = _json(_fetch(_url(model_id, sha, "model.safetensors.index.json"), token, limit=MAX_JSON_BYTES,
+        index = _json(_fetch(_url(ctx, model_id, sha, "model.safetensors.index.json"), token, limit=MAX_JSON_BYTES,
                              deadline=deadline), "model.safetensors.index.json")
         return params_from_index(index, dtype)
     except HubError as exc:
         if exc.status != 404:
             raise
     try:
-        head = _fetch(_url(model_id, sha, "model.safetensors"), token, limit=8, deadline=deadline,
+        head = _fetch(_url(ctx, model_id, sha, "model.safetensors"), token, limit=8, deadline=deadline,
                       byte_range="bytes=0-7")
         (size,) = struct.unpack("<Q", head[:8])
         if not 2 <= size <= MAX_HEADER_BYTES:
             return 0
-        header = _fetch(_url(model_id, sha, "model.safetensors"), token, limit=size, deadline=deadline,
+        header = _fetch(_url(ctx, model_id, sha, "model.safetensors"), token, limit=size, deadline=deadline,
                         byte_range=f"bytes=8-{7 + size}")
         return params_from_header(_json(header, "model.safetensors' header"))
     except HubError as exc:
@@ -194,20 +193,20 @@ def _params(model_id: str, sha: str, token: str, dtype: str, deadline: float) ->
     return 0
 
 
-def resolve(org: str, model_id: str, revision: str, token: str) -> tuple[DeclaredModel, str]:
+def resolve(ctx: Context, org: str, model_id: str, revision: str, token: str) -> tuple[DeclaredModel, str]:
     """(the model's shapes, its commit id), read from the hub once per org, id and commit with the org's
     Hugging Face token ("": none); 422 when refused."""
     deadline = time.monotonic() + HUB_READ_S
-    sha = pin(model_id, revision, token, deadline)
-    store = get_store().hub_models
+    sha = pin(ctx, model_id, revision, token, deadline)
+    store = ctx.store.hub_models
     kept = store.get(org, model_id, sha)
     if kept is not None:
         return kept[0], sha
     try:
-        config = _json(_fetch(_url(model_id, sha, "config.json"), token, limit=MAX_JSON_BYTES, deadline=deadline),
+        config = _json(_fetch(_url(ctx, model_id, sha, "config.json"), token, limit=MAX_JSON_BYTES, deadline=deadline),
                        "config.json")
         model_from_config(model_id, config)  # refused before any more reads: an unsupported architecture
-        model = model_from_config(model_id, config, _params(model_id, sha, token, dtype_of(config), deadline))
+        model = model_from_config(model_id, config, _params(ctx, model_id, sha, token, dtype_of(config), deadline))
     except HubError as exc:
         raise _refusal(model_id, sha, "config.json", exc) from exc
     except ConfigRefused as exc:
@@ -217,10 +216,10 @@ def resolve(org: str, model_id: str, revision: str, token: str) -> tuple[Declare
     return model, sha
 
 
-def kept(org: str, model_id: str, revision: str) -> DeclaredModel | None:
+def kept(ctx: Context, org: str, model_id: str, revision: str) -> DeclaredModel | None:
     """The shapes kept at create for a run's base model (None: not a Hub model, or no record)."""
     if not revision:
         return None
-    got = get_store().hub_models.get(org, model_id, revision)
+    got = ctx.store.hub_models.get(org, model_id, revision)
     return got[0] if got else None
 

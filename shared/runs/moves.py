@@ -14,30 +14,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from shared.context import Context
 from shared.lifecycle import transition
 from shared.log import redact_text
 from shared.models import Outcome, RunRecord, RunState, StepMessage
 from shared.outside_events import for_transition
-from shared.queues import get_queues
 from shared.runs import billing
 from shared.runs.events import transition_event
 from shared.runs.outbox import drain, with_notice
 from shared.steps import Step
-from shared.store import get_store
 
 D = TypeVar("D")  # what a change decided, for its caller
 
 
-def move_stored(org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
+def move_stored(ctx: Context, org: str, run_id: str, change: Callable[[RunRecord], RunRecord | None], *,
                 attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool]:
     """decide_stored for a change with nothing to tell its caller. Returns (run as stored now, whether
     this call wrote it)."""
-    run, wrote, _ = decide_stored(org, run_id, lambda r: (change(r), None), attempts=attempts,
+    run, wrote, _ = decide_stored(ctx, org, run_id, lambda r: (change(r), None), attempts=attempts,
                                   from_last_write=from_last_write)
     return run, wrote
 
 
-def decide_stored(org: str, run_id: str, change: Callable[[RunRecord], tuple[RunRecord | None, D]], *,
+def decide_stored(ctx: Context, org: str, run_id: str, change: Callable[[RunRecord], tuple[RunRecord | None, D]], *,
                   attempts: int | None = None, from_last_write: bool = False) -> tuple[RunRecord, bool, D]:
     """store.runs.decide(change), with a transition event when the write changed the run's state.
 
@@ -60,16 +59,16 @@ def decide_stored(org: str, run_id: str, change: Callable[[RunRecord], tuple[Run
     kw: dict[str, Any] = {"from_last_write": from_last_write}
     if attempts is not None:
         kw["attempts"] = attempts
-    new, wrote, (seen, decision) = get_store().runs.decide(org, run_id, watched, **kw)
+    new, wrote, (seen, decision) = ctx.store.runs.decide(org, run_id, watched, **kw)
     if wrote and new.state != seen:
-        transition_event(seen, new)
+        transition_event(ctx, seen, new)
     if wrote and new.notices:
-        new = drain(new)
+        new = drain(ctx, new)
     return new, wrote, decision
 
 
-def move(run: RunRecord, target: RunState, *, expect: set[RunState] | frozenset[RunState], reason: str | None = None,
-         outcome: Outcome | None = None, **updates: object) -> tuple[RunRecord, bool]:
+def move(ctx: Context, run: RunRecord, target: RunState, *, expect: set[RunState] | frozenset[RunState],
+         reason: str | None = None, outcome: Outcome | None = None, **updates: object) -> tuple[RunRecord, bool]:
     """Move the run to `target` only from one of `expect`, writing `updates` with it; returns (run now,
     whether this call moved it)."""
 
@@ -79,11 +78,11 @@ def move(run: RunRecord, target: RunState, *, expect: set[RunState] | frozenset[
         moved = transition(r, target, reason=reason, outcome=outcome)
         return moved.model_copy(update=updates) if updates else moved
 
-    return move_stored(run.org, run.id, change)
+    return move_stored(ctx, run.org, run.id, change)
 
 
-def fail_to_release(run: RunRecord, reason: str) -> None:
+def fail_to_release(ctx: Context, run: RunRecord, reason: str) -> None:
     """Nothing worth keeping: release the run's machine (if any), then end it failed."""
     # Redacted: a provider's error text may echo the request (the bootstrap's token and keys).
-    run, _ = move(run, RunState.releasing, expect={run.state}, reason=redact_text(reason), outcome=Outcome.failed)
-    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
+    run, _ = move(ctx, run, RunState.releasing, expect={run.state}, reason=redact_text(reason), outcome=Outcome.failed)
+    ctx.queues.send(Step.release, StepMessage(org=run.org, run_id=run.id))

@@ -14,6 +14,7 @@ import re
 
 from pydantic import BaseModel
 
+from shared.context import Context
 from shared.errors import Conflict, InvalidInput
 from shared.log import register_secret
 from shared.models import CONNECTION_PATTERN, ConnectionRecord, ConnectionStatus, RunRecord
@@ -24,8 +25,7 @@ from shared.providers.base import ComputeProvider, RunRef
 from shared.runs import provider_cache
 from shared.runs.candidates import attempt_no, provider_of, run_connection
 from shared.security import unseal
-from shared.settings import Settings, get_settings
-from shared.store import get_store
+from shared.settings import Settings
 from shared.store.installation import installation_id
 
 STORAGE_SLOT = "storage"
@@ -66,8 +66,8 @@ def unsealed_config(rec: ConnectionRecord) -> BaseModel:
     return config
 
 
-def storage_config(org: str) -> BaseModel | None:
-    got = get_store().connections.get(org, STORAGE_SLOT)
+def storage_config(ctx: Context, org: str) -> BaseModel | None:
+    got = ctx.store.connections.get(org, STORAGE_SLOT)
     return unsealed_config(got[0]) if got else None
 
 
@@ -77,55 +77,55 @@ def route_of(name: str) -> str:
     return f"connections/compute/{provider}" + (f"/named/{sub}" if sub else "")
 
 
-def compute_for(org: str, name: str, *, require_connected: bool = False) -> ComputeProvider:
+def compute_for(ctx: Context, org: str, name: str, *, require_connected: bool = False) -> ComputeProvider:
     """The provider of the org's compute connection `name` (`aws`, the default; `aws/us-west-2`)."""
-    got = get_store().connections.get(org, compute_connection_slot(name))
+    got = ctx.store.connections.get(org, compute_connection_slot(name))
     if not got:
         raise Conflict(f"no {name} compute connection is saved; an owner saves it under {route_of(name)}")
     rec = got[0]
     if require_connected and rec.status != ConnectionStatus.connected:
         raise Conflict(f"the {name} connection is {rec.status.value}; fix its failed checks first")
-    return compute_of(rec)
+    return compute_of(ctx, rec)
 
 
-def compute_of(rec: ConnectionRecord) -> ComputeProvider:
+def compute_of(ctx: Context, rec: ConnectionRecord) -> ComputeProvider:
     """The compute provider of a saved connection already read (the account sweep reads it once); reused
     while the connection (and, for a provider that reads it, the storage connection) is the same version
     (shared/runs/provider_cache.py), so its SDK clients are built once per process, not per invocation."""
-    settings = get_settings()
+    settings = ctx.settings
     if registry.overridden(rec.provider):
-        return _build(rec, settings)[0]
+        return _build(ctx, rec, settings)[0]
     key = provider_cache.version_of(rec)
     if registry.has_prepare_config(rec.provider):
-        got = get_store().connections.get(rec.org, STORAGE_SLOT)
+        got = ctx.store.connections.get(rec.org, STORAGE_SLOT)
         key += provider_cache.version_of(got[0] if got else None)
-    return provider_cache.get((*key, id(settings)), settings, lambda: _build(rec, settings))
+    return provider_cache.get((*key, id(settings)), settings, lambda: _build(ctx, rec, settings))
 
 
-def _build(rec: ConnectionRecord, settings: Settings) -> tuple[ComputeProvider, list[str]]:
+def _build(ctx: Context, rec: ConnectionRecord, settings: Settings) -> tuple[ComputeProvider, list[str]]:
     opened = unsealed_config(rec)
-    config = with_storage_context(rec.provider, opened, rec.org)
+    config = with_storage_context(ctx, rec.provider, opened, rec.org)
     return registry.make_compute(rec.provider, config, settings), registry.secret_values(opened)
 
 
-def with_storage_context(provider: str, config: BaseModel, org: str) -> BaseModel:
+def with_storage_context(ctx: Context, provider: str, config: BaseModel, org: str) -> BaseModel:
     """The config with what the provider takes from the org's storage connection (its registry
     entry's prepare_config hook: RunPod pins pods to the org's network volume)."""
-    return registry.prepare_config(provider, config, lambda: storage_config(org))
+    return registry.prepare_config(provider, config, lambda: storage_config(ctx, org))
 
 
-def storage_for(org: str) -> StorageBackend:
-    config = storage_config(org)
+def storage_for(ctx: Context, org: str) -> StorageBackend:
+    config = storage_config(ctx, org)
     if config is None:
         raise Conflict("no storage connection is saved; an owner saves one with `tensorant connections "
                        "save-storage --set kind=local` (this host's disk, for development) or `tensorant connections "
                        "save-storage --from-file storage.json` (cloud storage; `--help` has an example)")
-    return make_storage(config, get_settings(), org)
+    return make_storage(config, ctx.settings, org)
 
 
-def ref_of(run: RunRecord, attempt: int | None = None) -> RunRef:
+def ref_of(ctx: Context, run: RunRecord, attempt: int | None = None) -> RunRef:
     """How providers find and mark the run's resources (this deployment, the org, the run, and the launch
     attempt: the current one's unless `attempt` names an earlier one, shared/runs/candidates.py)."""
     n = attempt_no(run) if attempt is None else attempt
-    return RunRef(deployment=get_settings().deployment_id, org=run.org, run_id=run.id, store=installation_id(),
+    return RunRef(deployment=ctx.settings.deployment_id, org=run.org, run_id=run.id, store=installation_id(ctx),
                   connection=run_connection(run), attempt=n)

@@ -11,8 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared.settings import get_settings
-from shared.store import get_store
+from shared.context import Context
 
 LIMITS_KEY = "limits"
 DAY_S = 24 * 3600
@@ -80,28 +79,28 @@ CEILINGS = {
 }
 
 
-def ceiling(field: str) -> float:
-    return float(getattr(get_settings(), CEILINGS[field][0]))
+def ceiling(ctx: Context, field: str) -> float:
+    return float(getattr(ctx.settings, CEILINGS[field][0]))
 
 
-def over_ceilings(values: dict[str, object]) -> list[dict[str, str]]:
+def over_ceilings(ctx: Context, values: dict[str, object]) -> list[dict[str, str]]:
     """The problem+json errors of the values an owner asks for that pass the deployment's ceilings."""
     errors = []
     for field, (_, env) in CEILINGS.items():
         value = values.get(field)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > ceiling(field):
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > ceiling(ctx, field):
             errors.append({"field": field, "message": (
-                f"{value:g} is above this deployment's ceiling of {ceiling(field):g}; ask for at most that (the "
+                f"{value:g} is above this deployment's ceiling of {ceiling(ctx, field):g}; ask for at most that (the "
                 f"operator sets the ceiling with {env})")})
     return errors
 
 
-def capped(limits: OrgLimits) -> OrgLimits:
+def capped(ctx: Context, limits: OrgLimits) -> OrgLimits:
     """The limits in force: each at most its ceiling (a ceiling lowered after an owner set a higher
     value binds at once; so does one below a default)."""
     update = {}
     for field in CEILINGS:
-        top = ceiling(field)
+        top = ceiling(ctx, field)
         if getattr(limits, field) > top:
             update[field] = type(getattr(limits, field))(top)
     return limits.model_copy(update=update) if update else limits
@@ -126,11 +125,11 @@ class LimitsAnswer(OrgLimits):
         "first and discarded no earlier than its discard_at"))
 
 
-def get_limits(org: str) -> OrgLimits:
-    got = get_store().table("quotas").get(org, LIMITS_KEY)
-    return capped(OrgLimits.model_validate(got[0]) if got else OrgLimits())
+def get_limits(ctx: Context, org: str) -> OrgLimits:
+    got = ctx.store.table("quotas").get(org, LIMITS_KEY)
+    return capped(ctx, OrgLimits.model_validate(got[0]) if got else OrgLimits())
 
 
-def set_limits(org: str, limits: OrgLimits) -> OrgLimits:
-    get_store().table("quotas").upsert(org, LIMITS_KEY, limits.model_dump(mode="json"))
+def set_limits(ctx: Context, org: str, limits: OrgLimits) -> OrgLimits:
+    ctx.store.table("quotas").upsert(org, LIMITS_KEY, limits.model_dump(mode="json"))
     return limits

@@ -22,12 +22,11 @@ from datetime import datetime
 from typing import Any
 
 from shared.clock import now
+from shared.context import Context
 from shared.log import get_logger
 from shared.models import Notice, RunRecord
-from shared.queues import get_queues
 from shared.runs.costs import timing
 from shared.steps import Step
-from shared.store import get_store
 from shared.webhooks import store
 from shared.webhooks.models import DeliveryMessage
 
@@ -48,11 +47,11 @@ def with_notice(run: RunRecord, type_: str, reason: str = "") -> RunRecord:
     return run.model_copy(update={"notices": [*run.notices, n][-MAX_NOTICES:]})
 
 
-def run_body(run: RunRecord, n: Notice) -> str:
+def run_body(ctx: Context, run: RunRecord, n: Notice) -> str:
     """The JSON body: type, timestamp and the run's ids, state, reason and cost so far; never a secret,
     a URL or a log line."""
     try:
-        cost = timing(run).cost
+        cost = timing(ctx, run).cost
     except Exception:  # a record too old to price without its events: the body says so rather than fail
         cost = None
     data: dict[str, Any] = {"run_id": run.id, "org": run.org, "project_id": run.project_id, "state": n.state,
@@ -61,17 +60,17 @@ def run_body(run: RunRecord, n: Notice) -> str:
     return json.dumps({"type": n.type, "timestamp": n.at.isoformat(), "data": data}, separators=(",", ":"))
 
 
-def _queue(org: str, type_: str, webhook_id: str, body: str, subject: str = "") -> int:
+def _queue(ctx: Context, org: str, type_: str, webhook_id: str, body: str, subject: str = "") -> int:
     sent = 0
-    for ep in store.endpoints(org):
+    for ep in store.endpoints(ctx, org):
         if ep.enabled and type_ in ep.types:
-            get_queues().send(Step.deliver_webhook, DeliveryMessage(
+            ctx.queues.send(Step.deliver_webhook, DeliveryMessage(
                 org=org, endpoint_id=ep.id, webhook_id=webhook_id, type=type_, body=body, subject=subject))
             sent += 1
     return sent
 
 
-def drain(run: RunRecord) -> RunRecord:
+def drain(ctx: Context, run: RunRecord) -> RunRecord:
     """Queue the deliveries of the run's notices, then remove them from its record; returns the run as
     stored after. Never raises: what could not be queued stays for heartbeat-check."""
     if not run.notices:
@@ -79,49 +78,49 @@ def drain(run: RunRecord) -> RunRecord:
 
     try:
         for n in run.notices:
-            _queue(run.org, n.type, n.id, run_body(run, n), run.id)
+            _queue(ctx, run.org, n.type, n.id, run_body(ctx, run, n), run.id)
         done = {n.id for n in run.notices}
 
         def change(r: RunRecord) -> RunRecord | None:
             keep = [n for n in r.notices if n.id not in done]
             return None if len(keep) == len(r.notices) else r.model_copy(update={"notices": keep})
 
-        return get_store().runs.mutate(run.org, run.id, change)[0]
+        return ctx.store.runs.mutate(run.org, run.id, change)[0]
     except Exception:
         get_logger().exception("webhook notices not queued yet; heartbeat-check queues them",
                                extra={"run_id": run.id})
         return run
 
 
-def notify(run: RunRecord, type_: str, reason: str) -> None:
+def notify(ctx: Context, run: RunRecord, type_: str, reason: str) -> None:
     """An event with an outside type (shared.runs.events.event): its notice, unless the write that decided
     it holds one already (with_notice), then the drain."""
     if not any(n.type == type_ and n.reason == reason[:2000] for n in run.notices):
         try:
-            run, _ = get_store().runs.mutate(run.org, run.id, lambda r: with_notice(r, type_, reason))
+            run, _ = ctx.store.runs.mutate(run.org, run.id, lambda r: with_notice(r, type_, reason))
         except Exception:
             get_logger().exception("webhook notice not recorded", extra={"run_id": run.id})
             return
-    drain(run)
+    drain(ctx, run)
 
 
-def drain_stale(runs: list[RunRecord], t: datetime) -> int:
+def drain_stale(ctx: Context, runs: list[RunRecord], t: datetime) -> int:
     """heartbeat-check: drain the notices a crash left on records (older than STALE_AFTER_S)."""
     n = 0
     for run in runs:
         if run.notices and min((t - x.at).total_seconds() for x in run.notices) >= STALE_AFTER_S:
-            drain(run)
+            drain(ctx, run)
             n += 1
     return n
 
 
-def send_event(org: str, type_: str, webhook_id: str, data: dict[str, Any]) -> int:
+def send_event(ctx: Context, org: str, type_: str, webhook_id: str, data: dict[str, Any]) -> int:
     """An outside event of no run, queued for the org's endpoints now under `webhook_id` (derived by the
     caller from what it tells of). Returns the deliveries queued; never raises."""
     body = json.dumps({"type": type_, "timestamp": now().isoformat(), "data": {"org": org, **data}},
                       separators=(",", ":"))
     try:
-        return _queue(org, type_, webhook_id, body)
+        return _queue(ctx, org, type_, webhook_id, body)
     except Exception:
         get_logger().exception("webhook event not queued", extra={"org": org, "type": type_})
         return 0

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from shared.context import Context
 from shared.models import RunRecord, RunState
 from shared.org_storage.base import ObjectMissing, adapter_key
 from shared.runs.org_backends import storage_for
@@ -43,11 +44,11 @@ def never_trained(run: RunRecord) -> bool:
     return run.state in UNTRAINED and not run.adapter_sha256
 
 
-def checkpoint_saved(run: RunRecord) -> bool:
+def checkpoint_saved(ctx: Context, run: RunRecord) -> bool:
     """Whether an adapter of the run is in storage: the agent uploads each checkpoint's adapter to the run's
     adapter key as it is made, and the final adapter replaces it."""
     try:
-        storage_for(run.org).open_stream(adapter_key(run.id), 1).close()
+        storage_for(ctx, run.org).open_stream(adapter_key(run.id), 1).close()
     except ObjectMissing:
         return False
     except ValueError:  # larger than the one byte asked for: it is there

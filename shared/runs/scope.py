@@ -19,6 +19,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import Conflict, PermanentError, ProviderError
 from shared.log import redact_text
 from shared.models import Check, CheckStatus, ConnectionStatus, MachineState, RunRecord, RunState
@@ -33,14 +34,12 @@ from shared.runs.org_backends import (
     run_connection,
     with_storage_context,
 )
-from shared.settings import get_settings
-from shared.store import get_store
 
 
-def runs_holding_machines(org: str, connection: str) -> list[RunRecord]:
+def runs_holding_machines(ctx: Context, org: str, connection: str) -> list[RunRecord]:
     """The org's runs holding a machine or disk made through the compute connection `connection`."""
     # A queued run has no machine yet (launch writes provisioning before any cloud call).
-    return [r for r in get_store().runs.active(org) if run_connection(r) == connection and r.state != RunState.queued]
+    return [r for r in ctx.store.runs.active(org) if run_connection(r) == connection and r.state != RunState.queued]
 
 
 def scope_text(scope: dict[str, str]) -> str:
@@ -52,8 +51,8 @@ def runs_text(runs: list[RunRecord]) -> str:
     return shown + (f" and {len(runs) - 10} more" if len(runs) > 10 else "")
 
 
-def held_problems(org: str, connection: str, new: ComputeProvider,
-                   held: list[RunRecord]) -> tuple[dict[str, tuple[str, str]], list[RunRecord], list[str]]:
+def held_problems(ctx: Context, org: str, connection: str, new: ComputeProvider,
+                  held: list[RunRecord]) -> tuple[dict[str, tuple[str, str]], list[RunRecord], list[str]]:
     """(scope changes, runs in another scope, runs whose machine the new connection cannot see: why)."""
     new_scope = scope_of(new)  # may raise ProviderError: the caller reports it
     legacy: dict[str, str] | None = None  # runs launched before scopes were recorded: the saved connection's
@@ -65,7 +64,7 @@ def held_problems(org: str, connection: str, new: ComputeProvider,
         if not recorded:
             if legacy is None:
                 try:
-                    legacy = scope_of(compute_for(org, connection))
+                    legacy = scope_of(compute_for(ctx, org, connection))
                 except Exception:  # the old credentials may be the broken ones: compare nothing
                     legacy = {}
             recorded = legacy
@@ -76,7 +75,7 @@ def held_problems(org: str, connection: str, new: ComputeProvider,
             continue
         # Same scope: the new credentials must see the machine (describe is a read).
         try:
-            desc = new.describe(ref_of(run), list(run.resources))
+            desc = new.describe(ref_of(ctx, run), list(run.resources))
         except ProviderError as exc:
             unseen.append(f"{run.id} ({run.state.value}): {redact_text(exc.reason)}")
             continue
@@ -86,15 +85,15 @@ def held_problems(org: str, connection: str, new: ComputeProvider,
     return changes, moved, unseen
 
 
-def guard_held_machines(org: str, connection: str, config: BaseModel) -> None:
+def guard_held_machines(ctx: Context, org: str, connection: str, config: BaseModel) -> None:
     """Refuse (409) a compute connection save that would lose sight of a machine or disk a run holds."""
-    held = runs_holding_machines(org, connection)
+    held = runs_holding_machines(ctx, org, connection)
     if not held:
         return
     provider = provider_of(connection)
     try:
-        new = registry.make_compute(provider, with_storage_context(provider, config, org), get_settings())
-        changes, moved, unseen = held_problems(org, connection, new, held)
+        new = registry.make_compute(provider, with_storage_context(ctx, provider, config, org), ctx.settings)
+        changes, moved, unseen = held_problems(ctx, org, connection, new, held)
     except ProviderError as exc:
         raise Conflict(f"nothing was saved: runs {runs_text(held)} hold {connection} machines or disks, and the "
                        f"new credentials could not be checked against them ({redact_text(exc.reason)}); fix the "
@@ -112,13 +111,13 @@ def guard_held_machines(org: str, connection: str, config: BaseModel) -> None:
                        "(same account and permissions), or release or cancel those runs first")
 
 
-def held_machines_check(org: str, connection: str, provider: ComputeProvider) -> list[Check]:
+def held_machines_check(ctx: Context, org: str, connection: str, provider: ComputeProvider) -> list[Check]:
     """The connection check's part: do these credentials see every machine a run holds?"""
-    held = runs_holding_machines(org, connection)
+    held = runs_holding_machines(ctx, org, connection)
     if not held:
         return []
     try:
-        changes, moved, unseen = held_problems(org, connection, provider, held)
+        changes, moved, unseen = held_problems(ctx, org, connection, provider, held)
     except ProviderError as exc:
         return [Check(name="held machines", status=CheckStatus.fail,
                       message=f"could not check the machines runs {runs_text(held)} hold: {exc.reason}")]
@@ -152,12 +151,12 @@ def refuse_other_scope(run: RunRecord, provider: ComputeProvider) -> None:
             "then retry", code="ScopeChanged")
 
 
-def report_credential_failure(org: str, connection: str, reason: str) -> list[str]:
+def report_credential_failure(ctx: Context, org: str, connection: str, reason: str) -> list[str]:
     """The provider rejected the saved credentials outside a check (a key revoked or expired
     while runs hold machines). Mark the connection failed and warn on every run that holds a
     machine, since cleanup and recovery cannot work until an owner replaces the key.
     Returns the ids of the warned runs."""
-    store = get_store()
+    store = ctx.store
     slot = compute_connection_slot(connection)
     got = store.connections.get(org, slot)
     if got is not None and got[0].status != ConnectionStatus.failed:
@@ -169,7 +168,7 @@ def report_credential_failure(org: str, connection: str, reason: str) -> list[st
     warned = []
     for run in store.runs.active(org):
         if run_connection(run) == connection:
-            event(run, "warning", f"the {connection} credentials no longer work ({reason}): this run's machine and "
+            event(ctx, run, "warning", f"the {connection} credentials no longer work ({reason}): this run's machine and "
                                   "disk cannot be stopped, recovered or deleted until an owner replaces them")
             warned.append(run.id)
     return warned

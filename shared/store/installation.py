@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import secrets
 import threading
+from typing import TYPE_CHECKING
 
 from shared.errors import Conflict
-from shared.store import get_store
+
+# For typing only: shared.context imports the store (a cycle).
+if TYPE_CHECKING:
+    from shared.context import Context
 
 _ROW = ("~installation", "id")
 _lock = threading.Lock()
 _cached: dict[str, str] = {}
 
 
-def installation_id() -> str:
+def installation_id(ctx: Context) -> str:
     """Made on first use (an insert: of two processes racing, both read the winner's), then cached
     per store (its table prefix)."""
-    store = get_store()
+    store = ctx.store
     key = f"{id(store)}:{store.prefix}"
     with _lock:
         if key in _cached:

@@ -21,11 +21,15 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.clock import now, now_ts
 from shared.errors import ConcurrencyError, Conflict
 from shared.models import RunRecord, RunState
+
+# For typing only: shared.context imports the store (a cycle).
+if TYPE_CHECKING:
+    from shared.context import Context
 
 # Table keys may not hold / \ # ?; lease names are built from org ids and provider names.
 _PK = "lease"
@@ -50,16 +54,13 @@ class Lease:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def _table() -> Any:
-    # lazy: a cycle (the store's slots use this module's deadlines)
-    from shared.store import get_store
-
-    return get_store().table("leases")
+def _table(ctx: Context) -> Any:
+    return ctx.store.table("leases")
 
 
-def take(name: str, hold_s: float) -> Lease | None:
+def take(ctx: Context, name: str, hold_s: float) -> Lease | None:
     """Take the lease `name` for hold_s seconds: the lease, or None while someone else holds it."""
-    table = _table()
+    table = _table(ctx)
     got = table.get(_PK, name)
     if got is not None and left(float(got[0].get("until", 0))) > 0:
         return None
@@ -73,25 +74,25 @@ def take(name: str, hold_s: float) -> Lease | None:
     return Lease(name, holder, until, etag, data)
 
 
-def renew(lease: Lease, hold_s: float) -> bool:
+def renew(ctx: Context, lease: Lease, hold_s: float) -> bool:
     """Extend a held lease to hold_s from now (the holder is still working). False when it ran out and
     someone else took it: the holder must stop acting."""
     until = ends(now_ts(), hold_s)
     row = {"holder": lease.holder, "until": until, "data": lease.data}
     try:
-        lease.etag = _table().update(_PK, lease.name, row, lease.etag)
+        lease.etag = _table(ctx).update(_PK, lease.name, row, lease.etag)
     except ConcurrencyError:
         return False
     lease.until = until
     return True
 
 
-def end(lease: Lease, **data: Any) -> bool:
+def end(ctx: Context, lease: Lease, **data: Any) -> bool:
     """End the lease now, keeping `data` (merged) for the next taker. False when it ran out and
     someone else holds it now (theirs to end; this holder's data is dropped)."""
     row = {"holder": "", "until": 0, "data": {**lease.data, **data}}
     try:
-        _table().update(_PK, lease.name, row, lease.etag)
+        _table(ctx).update(_PK, lease.name, row, lease.etag)
     except ConcurrencyError:
         return False
     return True
@@ -103,7 +104,7 @@ def launch_claim_left(run: RunRecord, settle_s: float) -> float:
     return left(ends(run.launch_claimed_at or run.updated_at, settle_s))
 
 
-def claim_launch(org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
+def claim_launch(ctx: Context, org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, bool]:
     """Claim a provisioning run with no recorded resources for one create attempt.
 
     The claim is its own field of the run (launch_claimed_at), written by the run's one write with its
@@ -112,25 +113,19 @@ def claim_launch(org: str, run_id: str, *, settle_s: float) -> tuple[RunRecord, 
     show yet, so two attempts closer together could each create one. Other writes (a heartbeat, a note)
     do not extend it. Returns (run as stored now, whether this call claimed it).
     """
-    # lazy: a cycle (the store's slots use this module's deadlines)
-    from shared.store import get_store
-
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.provisioning or r.resources or launch_claim_left(r, settle_s) > 0:
             return None
         return r.model_copy(update={"launch_claimed_at": now(), "updated_at": now()})
 
-    return get_store().runs.mutate(org, run_id, change)
+    return ctx.store.runs.mutate(org, run_id, change)
 
 
-def end_launch_claim(run: RunRecord, *, settle_s: float, lag_s: float) -> bool:
+def end_launch_claim(ctx: Context, run: RunRecord, *, settle_s: float, lag_s: float) -> bool:
     """The claiming invocation is over and its create was answered (the cloud is still working on it): the
     next claim need not wait out the rest of this invocation's bound, only lag_s from now for what the
     create made to show in listings. Ends only the claim `run` holds (its stamp as claimed), and never later
     than it would have. Returns whether it was written."""
-    # lazy: a cycle (the store's slots use this module's deadlines)
-    from shared.store import get_store
-
     stamp = run.launch_claimed_at
     if stamp is None:
         return False
@@ -141,4 +136,4 @@ def end_launch_claim(run: RunRecord, *, settle_s: float, lag_s: float) -> bool:
             return None
         return r.model_copy(update={"launch_claimed_at": sooner})
 
-    return get_store().runs.mutate(run.org, run.id, change)[1]
+    return ctx.store.runs.mutate(run.org, run.id, change)[1]

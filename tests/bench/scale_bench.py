@@ -151,11 +151,13 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, dict[str, int]]:
 
 def sweep_accounts(cloud: Any) -> dict[str, Any]:
     """Take every sweep-account message and run its step, HOST_CONCURRENCY at a time, as the host does."""
+    from shared.context import invocation
     from shared.models import SweepMessage
     from shared.queues import get_queues
     from shared.services.steps.sweep_account import sweep_account
     from shared.steps import Step
 
+    ctx = invocation()
     client = get_queues().client(Step.sweep_account.value)
     msgs = []
     while True:
@@ -168,7 +170,7 @@ def sweep_accounts(cloud: Any) -> dict[str, Any]:
     def one(m: Any) -> None:
         body = SweepMessage.model_validate(json.loads(base64.b64decode(m.content)))
         started = time.perf_counter()
-        sweep_account(body)
+        sweep_account(ctx, body)
         walls.append(time.perf_counter() - started)
 
     calls_before = len(cloud.calls) if hasattr(cloud, "calls") else 0
@@ -183,6 +185,7 @@ def sweep_accounts(cloud: Any) -> dict[str, Any]:
 
 
 def point(azurite: Any, root: str, orgs: int, runs_per_org: int, active: int) -> dict[str, Any]:
+    from shared.context import invocation
     from shared.services.timers import heartbeat_check, sweeper
     from tests.fakes import Cloud, install_memory_provider, uninstall_memory_provider
 
@@ -193,9 +196,10 @@ def point(azurite: Any, root: str, orgs: int, runs_per_org: int, active: int) ->
         started = time.perf_counter()
         seed(h, orgs, runs_per_org, active)
         seed_s = time.perf_counter() - started
-        heartbeat_check.check_all()  # warm: first tick, clients built
-        hb, hb_s, hb_c = timed(heartbeat_check.check_all)
-        fan, fan_s, fan_c = timed(sweeper.tick)
+        ctx = invocation()
+        heartbeat_check.check_all(ctx)  # warm: first tick, clients built
+        hb, hb_s, hb_c = timed(lambda: heartbeat_check.check_all(ctx))
+        fan, fan_s, fan_c = timed(lambda: sweeper.tick(ctx))
         accounts = sweep_accounts(cloud)
         page, page_s, page_c = timed(lambda: h.ok("GET", "/api/runs", params={"limit": "50"}))
         h.close()

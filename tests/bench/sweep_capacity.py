@@ -135,11 +135,13 @@ def seed_connections(h: Any, orgs: int, active: int) -> list[str]:
 
 def fan_out_cost(sample: int) -> dict[str, Any]:
     """One real fan-out: wall time and accounts sent; extrapolated past `sample` messages."""
+    from shared.context import invocation
     from shared.queues import get_queues
     from shared.services.timers import sweeper
     from shared.steps import Step
 
-    due = len(sweeper.due_now(sweeper.accounts()))
+    ctx = invocation()
+    due = len(sweeper.due_now(ctx, sweeper.accounts(ctx)))
     messages = -(-due // sweeper.SWEEP_BATCH)
     cut = messages > sample
     saved = sweeper.FANOUT_MAX_SENDS
@@ -147,7 +149,7 @@ def fan_out_cost(sample: int) -> dict[str, Any]:
         sweeper.FANOUT_MAX_SENDS = sample * sweeper.SWEEP_BATCH
     try:
         started = time.perf_counter()
-        out = sweeper.fan_out()
+        out = sweeper.fan_out(ctx)
         wall = time.perf_counter() - started
     finally:
         sweeper.FANOUT_MAX_SENDS = saved
@@ -159,14 +161,16 @@ def fan_out_cost(sample: int) -> dict[str, Any]:
 
 def due_per_tick(ticks: int) -> list[int]:
     from shared import clock
+    from shared.context import invocation
     from shared.services.timers import sweeper
 
-    keys = sweeper.accounts()
+    ctx = invocation()
+    keys = sweeper.accounts(ctx)
     start = clock.now_ts()
     out = []
     for i in range(ticks):
         clock.set_clock(FakeClock(start + i * INTERVAL_S))
-        out.append(len(sweeper.due_now(keys)))
+        out.append(len(sweeper.due_now(ctx, keys)))
     clock.set_clock(FakeClock(start))
     return out
 
@@ -174,14 +178,16 @@ def due_per_tick(ticks: int) -> list[int]:
 def sweep_sample(names: list[str], sample: int) -> list[tuple[float, float, float]]:
     """(wall s, cpu s, cloud wait s) of `sample` account sweeps, run one after another (real clock: as the
     host runs them, HOST_CONCURRENCY at once)."""
+    from shared.context import invocation
     from shared.services.steps.sweep_account import sweep_one
 
+    ctx = invocation()
     picked = random.Random(1).sample(names, min(sample, len(names)))
 
     def one(org: str) -> tuple[float, float, float]:
         reset_waited()
         c0, w0 = time.thread_time(), time.perf_counter()
-        sweep_one(org, "memory", sweep_id=f"b{secrets.token_hex(4)}", dry_run=False)
+        sweep_one(ctx, org, "memory", sweep_id=f"b{secrets.token_hex(4)}", dry_run=False)
         wall = time.perf_counter() - w0
         return (wall - waited() if REAL_CLOCK else wall), time.thread_time() - c0, waited()
 
@@ -236,6 +242,7 @@ def aws_cpu(n: int, before: bool) -> dict[str, float]:
     from tempfile import mkdtemp
 
     from shared.clock import now
+    from shared.context import invocation
     from shared.models import ConnectionRecord, ConnectionStatus
     from shared.providers import registry
     from shared.providers.aws.config import AwsConfig
@@ -251,6 +258,7 @@ def aws_cpu(n: int, before: bool) -> dict[str, float]:
         os.environ["AWS_ENDPOINT_URL"] = url
         config = AwsConfig.model_validate(rig.body())
         store = get_store()
+        ctx = invocation()
         orgs = [f"aws-{i:04d}-{secrets.token_hex(2)}" for i in range(n)]
         for org in orgs:
             store.connections.put(ConnectionRecord(
@@ -263,7 +271,7 @@ def aws_cpu(n: int, before: bool) -> dict[str, float]:
         for org in orgs:
             for out in (first, second):
                 c0 = time.thread_time()
-                got = sweep_one(org, "aws", sweep_id=f"a{secrets.token_hex(4)}", dry_run=False)
+                got = sweep_one(ctx, org, "aws", sweep_id=f"a{secrets.token_hex(4)}", dry_run=False)
                 out.append(time.thread_time() - c0)
                 assert "skipped" not in got, got
         os.environ.pop("AWS_ENDPOINT_URL", None)

@@ -40,6 +40,7 @@ from typing import Any
 
 import azure.functions as func
 
+from shared.context import invocation
 from shared.errors import Conflict, NotFound
 from shared.lifecycle import ACTIVE, TERMINAL
 from shared.models import AgentComplete, Heartbeat, Role, RunCancel, RunCreate, RunLaunch, RunRecord, RunState
@@ -183,6 +184,7 @@ class Agents:
         from shared.services.api import agent as agent_api
         from shared.services.api.runs import actions as run_api
 
+        ctx = invocation()  # the store the driver set (its crashing store), or the host process's
         running = self.running()
         for run in runs:
             a = self.by_run.get(run.id)
@@ -194,17 +196,17 @@ class Agents:
                 if a.script == "mute":
                     a.done = True
                 elif a.step == 0:
-                    agent_api.heartbeat(run.org, run.id, Heartbeat(phase="preparing", logs=["pulling image"]))
+                    agent_api.heartbeat(ctx, run.org, run.id, Heartbeat(phase="preparing", logs=["pulling image"]))
                 elif a.step == 1:
-                    agent_api.heartbeat(run.org, run.id, Heartbeat(phase="training", progress=0.5))
+                    agent_api.heartbeat(ctx, run.org, run.id, Heartbeat(phase="training", progress=0.5))
                 elif a.script in ("ok", "bad"):
                     data = self.good if a.script == "ok" else self.bad
-                    storage_for(run.org).put(adapter_key(run.id), data)
-                    agent_api.complete(run.org, run.id, AgentComplete(
+                    storage_for(ctx, run.org).put(adapter_key(run.id), data)
+                    agent_api.complete(ctx, run.org, run.id, AgentComplete(
                         status="ok", sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
                     a.done = True
                 elif a.script == "fail":
-                    agent_api.complete(run.org, run.id, AgentComplete(status="failed", reason="OOM", exit_code=137))
+                    agent_api.complete(ctx, run.org, run.id, AgentComplete(status="failed", reason="OOM", exit_code=137))
                     a.done = True
                 elif a.script == "silent":
                     a.done = True
@@ -215,7 +217,7 @@ class Agents:
                                 m.state, m.disk_exists = "terminated", False
                     a.done = True
                 elif a.script == "cancel":
-                    run_api.cancel(self.principal, run.id, RunCancel(discard=True))
+                    run_api.cancel(ctx, self.principal, run.id, RunCancel(discard=True))
                     a.done = True
                 a.step += 1
             except (Conflict, NotFound):
@@ -264,9 +266,10 @@ class Chaos:
         from shared.services.api.runs import actions, drafts
 
         lift_quotas(self.principal.org)
+        ctx = invocation()
         # Each run crashes once in every step it goes through, at the schedule's point.
         for plan in self.schedule.runs:
-            run_id = drafts.create(self.principal, run_body(project)).id
+            run_id = drafts.create(ctx, self.principal, run_body(project)).id
             for step, point in plan.crash.items():
                 self.faults.plan[(step, run_id)] = point
                 if plan.covers:
@@ -277,7 +280,7 @@ class Chaos:
                 self.faults.stubborn[run_id] = MAX_DEQUEUE + 2
             self.agents.add(run_id, plan.script)
             self.stats.scripts[plan.script] += 1
-            actions.launch(self.principal, run_id, RunLaunch(confirm=True))
+            actions.launch(ctx, self.principal, run_id, RunLaunch(confirm=True))
 
     def forced_left(self) -> list[str]:
         """What the schedule forces that has not happened yet: the coverage runs' crash points,

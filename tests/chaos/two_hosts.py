@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from shared.context import invocation
 from shared.lifecycle import TERMINAL
 from shared.models import Role, RunLaunch, RunRecord, RunState
 from shared.queues import Queue, get_queues
@@ -215,13 +216,14 @@ class TwoHosts:
         from shared.services.api.runs import actions, drafts
 
         lift_quotas(self.org)
+        ctx = invocation()
         for i, script in enumerate(two_host_scripts(self.seed, self.n_runs)):
-            run_id = drafts.create(self.principal, run_body(self.project)).id
+            run_id = drafts.create(ctx, self.principal, run_body(self.project)).id
             self.agents.add(run_id, script)
             self.scripts[script] += 1
             if i < len(TWO_HOST_COVERAGE_SCRIPTS):
                 self.shielded.append(run_id)
-            actions.launch(self.principal, run_id, RunLaunch(confirm=True))
+            actions.launch(ctx, self.principal, run_id, RunLaunch(confirm=True))
         write_atomically(self.workdir / SHIELDED_FILE, json.dumps(self.shielded))
 
     # ------------------------------------------------------------ settle
@@ -235,8 +237,9 @@ class TwoHosts:
     def replay_poison(self) -> None:
         from shared.services.api import admin
 
+        ctx = invocation()
         for q in Queue:
-            self.replayed += len(admin.replay(self.admin, q.value, None)["replayed"])
+            self.replayed += len(admin.replay(ctx, self.admin, q.value, None)["replayed"])
 
     def settle(self, *, step_s: float, quiet_sim_s: float, max_rounds: int) -> int:
         """Rounds until every run rests and no message is left, for quiet_sim_s simulated

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shared.context import invocation
 from shared.models import RunState
 from shared.providers import registry
 from shared.providers.aws.compute import build
@@ -132,10 +133,10 @@ def test_a_sweep_of_one_region_never_touches_the_others_machine(two: Harness, ri
     run, etag = store.runs.get(two.org, run_id)
     store.runs.put(run.model_copy(update={"state": RunState.failed}), etag)  # as written, not through the table
     two.clock.advance(get_settings().sweep_grace_s + 60)
-    east = sweep_account.sweep_one(two.org, "aws", sweep_id="s20260101000000-aaaaaa", dry_run=False)
+    east = sweep_account.sweep_one(invocation(), two.org, "aws", sweep_id="s20260101000000-aaaaaa", dry_run=False)
     assert east["findings"] == [] and east["listed"] == 0
     assert _instances(west["ec2"])[0]["InstanceId"] == instance["InstanceId"]
-    out = sweep_account.sweep_one(two.org, "aws/us-west-2", sweep_id="s20260101000000-bbbbbb", dry_run=False)
+    out = sweep_account.sweep_one(invocation(), two.org, "aws/us-west-2", sweep_id="s20260101000000-bbbbbb", dry_run=False)
     assert [(f["action"], f["run_id"], f["provider"]) for f in out["findings"]] == [
         ("release", run_id, "aws/us-west-2")], out
     assert _instances(west["ec2"]) == []

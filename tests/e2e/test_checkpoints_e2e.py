@@ -57,6 +57,7 @@ def manifest_of_adapter(api: Client, run_id: str) -> dict[str, Any]:
 
 def test_time_limit_mid_training_keeps_a_checkpoint_to_verify_or_resume(api: Client) -> None:
     from shared import clock
+    from shared.context import invocation
     from shared.services.timers.heartbeat_check import check_all
 
     setup = local_training_setup(api, "ckpt", BASE)
@@ -75,7 +76,7 @@ def test_time_limit_mid_training_keeps_a_checkpoint_to_verify_or_resume(api: Cli
 
     # The runtime limit passes (simulated time) at the next heartbeat-check tick: both are retained.
     clock.set_clock(lambda: time.time() + 120)
-    assert check_all()["retained"] == 2
+    assert check_all(invocation())["retained"] == 2
     for run_id in (verified, resumed):
         run = api.wait(f"/api/runs/{run_id}", lambda r: r["state"] in TERMINAL_OR_RETAINED, timeout=60)
         assert run["state"] == "retained" and "runtime limit" in run["reason"], run

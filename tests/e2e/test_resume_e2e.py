@@ -89,10 +89,11 @@ def booted_to_checkpoint(h: BootHarness, run_id: str, user_data: str, root: Path
 
 def stored_manifest(run_id: str) -> dict[str, Any]:
     """The manifest of the run's adapter archive in the org's storage (custom S3 on moto)."""
+    from shared.context import invocation
     from shared.org_storage.base import adapter_key
     from shared.runs.org_backends import storage_for
 
-    with storage_for("org-a").open_stream(adapter_key(run_id), 64 << 20) as stream:
+    with storage_for(invocation(), "org-a").open_stream(adapter_key(run_id), 64 << 20) as stream:
         data = stream.read()
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         manifest: dict[str, Any] = json.loads(z.read("manifest.json"))
@@ -465,6 +466,7 @@ def test_local_resume_after_the_agents_token_expired(api: Any, monkeypatch: pyte
     import time
 
     from shared import clock, settings
+    from shared.context import invocation
     from shared.services.timers.heartbeat_check import check_all
     from tests.e2e.local_host import TERMINAL_OR_RETAINED
     from tests.e2e.test_local_e2e import setup_org
@@ -486,7 +488,7 @@ def test_local_resume_after_the_agents_token_expired(api: Any, monkeypatch: pyte
             time.sleep(0.2)
 
         clock.set_clock(lambda: time.time() + 120)  # the runtime limit passes at the next tick
-        assert check_all()["retained"] == 1
+        assert check_all(invocation())["retained"] == 1
         run = api.wait(f"/api/runs/{run_id}", lambda r: r["state"] in TERMINAL_OR_RETAINED, timeout=60)
         assert run["state"] == "retained", run
         s = get_settings()

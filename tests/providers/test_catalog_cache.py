@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared import clock
+from shared.context import Context
 from shared.errors import RetryableError
 from shared.models import GpuOffer
 from tests.fakes import Cloud, MemoryCompute, serve_memory
@@ -43,7 +44,7 @@ def cloud() -> Iterator[Cloud]:
     yield from serve_memory(_Account(), _PriceOutage)
 
 
-def test_failed_refresh_serves_the_last_good_copy_with_its_time(harness: Harness, cloud: Cloud) -> None:
+def test_failed_refresh_serves_the_last_good_copy_with_its_time(harness: Harness, cloud: Cloud, ctx: Context) -> None:
     from shared.runs.admission import find_offer
     from shared.services.steps import refresh_catalog as catalog
 
@@ -51,18 +52,18 @@ def test_failed_refresh_serves_the_last_good_copy_with_its_time(harness: Harness
     first_at = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
     clock.set_clock(lambda: first_at.timestamp())
     try:
-        good = catalog.refresh(harness.org, "memory")
+        good = catalog.refresh(ctx, harness.org, "memory")
         assert [o.offer_id for o in good.offers] == [OFFER.offer_id] and good.fetched_at == first_at
         assert good.last_error == ""
 
         cloud.prices_down = True
         clock.set_clock(lambda: (first_at + timedelta(hours=1)).timestamp())
-        kept = catalog.refresh(harness.org, "memory")
+        kept = catalog.refresh(ctx, harness.org, "memory")
     finally:
         clock.set_clock(None)
     assert [o.offer_id for o in kept.offers] == [OFFER.offer_id]  # the last good copy
     assert kept.fetched_at == first_at  # with the time it was fetched, not the failed attempt's
     assert "Pricing API" in kept.last_error and kept.last_error_at == first_at + timedelta(hours=1)
-    stored = catalog.get_store().catalogs.get(harness.org, "memory")
+    stored = ctx.store.catalogs.get(harness.org, "memory")
     assert stored is not None and [o.offer_id for o in stored.offers] == [OFFER.offer_id]
-    assert find_offer(harness.org, "memory", OFFER.offer_id).total_per_hour == OFFER.total_per_hour
+    assert find_offer(ctx, harness.org, "memory", OFFER.offer_id).total_per_hour == OFFER.total_per_hour

@@ -13,34 +13,32 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from shared.clock import now, now_ts
+from shared.context import Context
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, Unauthorized
 from shared.key_rotation import current_key_since, renewable
 from shared.lifecycle import ACTIVE, PHASE_ORDER, TERMINAL, transition, walk
 from shared.models import AgentComplete, Heartbeat, Outcome, RunRecord, RunState, StepMessage
-from shared.queues import get_queues
 from shared.runs.events import event
 from shared.runs.forecast import apart, minutes
 from shared.runs.moves import decide_stored, move_stored
 from shared.security import ORG_RE, AgentToken, mint_agent_token, signed_agent_claims, verify_agent
-from shared.settings import get_settings
 from shared.steps import serving
-from shared.store import get_store
 
 # A refused token is noted on the run at most this often: the note is written for a caller whose
 # token did not verify, so it must not become a way to make writes.
 REFUSAL_NOTE_EVERY_S = 300
 
 
-def verify(header: str | None, run_id: str) -> AgentToken:
+def verify(ctx: Context, header: str | None, run_id: str) -> AgentToken:
     """The run's agent token, verified; a refusal is noted on the run the token names (see below)."""
     try:
-        return verify_agent(header, run_id)
+        return verify_agent(ctx, header, run_id)
     except Unauthorized as exc:
-        _note_refused(header, run_id, exc.detail)
+        _note_refused(ctx, header, run_id, exc.detail)
         raise
 
 
-def _note_refused(header: str | None, run_id: str, why: str) -> None:
+def _note_refused(ctx: Context, header: str | None, run_id: str, why: str) -> None:
     """An agent whose calls are refused (an expired token, one signed with the previous key after
     TENSORANT_JWT_SECRET_PREVIOUS was dropped too early) looks like a silent one: note why on its run,
     so the deadline's reason can say it. Only for a token whose signature verifies (anyone can write
@@ -53,7 +51,7 @@ def _note_refused(header: str | None, run_id: str, why: str) -> None:
     if claims.get("run") != run_id or not isinstance(org, str) or not ORG_RE.fullmatch(org):
         return
     try:
-        run, _ = get_store().runs.get(org, run_id)
+        run, _ = ctx.store.runs.get(org, run_id)
     except Exception:  # no such run: nothing to note
         return
     t = now()
@@ -67,7 +65,7 @@ def _note_refused(header: str | None, run_id: str, why: str) -> None:
         return r.model_copy(update={"agent_refused": why[:300], "agent_refused_at": t})
 
     try:
-        get_store().runs.mutate(org, run_id, change)
+        ctx.store.runs.mutate(org, run_id, change)
     except Exception:  # a note, never a reason to answer other than 401
         return
 
@@ -126,7 +124,7 @@ class _Told:
     pace: str = ""
 
 
-def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None = None) -> dict[str, Any]:
+def heartbeat(ctx: Context, org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None = None) -> dict[str, Any]:
     """One ETag-guarded write of the run (after a read only when this process has no current
     copy of it), plus one write per log chunk (and an event only when the state moves or the
     run's log limit is first reached).
@@ -135,7 +133,7 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
     while the run is active and less than half of a token's lifetime is left, or at once when it was
     signed with the previous, rotated-out key, but only if it was issued before the rotation
     (shared/key_rotation.py: a token forged with the rotated-out key must not be laundered)."""
-    store = get_store()
+    store = ctx.store
     t = now()
     lines = [_machine_line(line) for line in hb.logs]
     size = sum(len(line.encode()) for line in lines)
@@ -174,11 +172,11 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
             "phase": hb.phase, "progress": max(hb.progress, r.progress if r.state == target else 0.0),
             "last_heartbeat_at": t, "updated_at": t, "log_lines": r.log_lines + len(keep),
             "deadlines": r.deadlines.model_copy(
-                update={"heartbeat_by": t + timedelta(seconds=get_settings().heartbeat_timeout_s)}),
+                update={"heartbeat_by": t + timedelta(seconds=ctx.settings.heartbeat_timeout_s)}),
         }), told
 
     try:
-        run, wrote, told = decide_stored(org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
+        run, wrote, told = decide_stored(ctx, org, run_id, change, attempts=HEARTBEAT_ATTEMPTS, from_last_write=True)
     except ConcurrencyError as exc:
         # Nothing was written: the agent sends its state again with the next heartbeat.
         raise Conflict("the run changed at the same time as this heartbeat; send it again") from exc
@@ -186,10 +184,10 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
         # Numbered from the run's count at the write that won: concurrent heartbeats never share numbers.
         store.logs.add(run_id, told.start, told.lines)
     if wrote and told.warn:
-        event(run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
+        event(ctx, run, "warning", f"the run reached {MAX_RUN_LOG_LINES} log lines; further lines are dropped "
               "(the full log is uploaded with the adapter)")
     if wrote and told.pace:
-        event(run, "warning", told.pace, type="run.pace_warning")
+        event(ctx, run, "warning", told.pace, type="run.pace_warning")
     if not wrote:
         refuse_ended(run)
     reply: dict[str, Any] = {"state": run.state.value, "stop": run.state not in ACTIVE,
@@ -199,10 +197,10 @@ def heartbeat(org: str, run_id: str, hb: Heartbeat, *, token: AgentToken | None 
     if run.state in ACTIVE:
         # The current key's first sight is recorded by the first heartbeat after a rotation (once per
         # process), so a token forged with the rotated-out key later is not renewed below.
-        current_key_since()
-    ttl = get_settings().agent_token_ttl_s
+        current_key_since(ctx)
+    ttl = ctx.settings.agent_token_ttl_s
     if run.state in ACTIVE and token is not None and (token.previous_key or token.expires_at - now_ts() < ttl / 2) \
-            and renewable(token.issued_at, token.previous_key, run.launched_at):
+            and renewable(ctx, token.issued_at, token.previous_key, run.launched_at):
         # The token's own org and run (verify_agent checked the run is the URL's): never a wider scope.
         reply["token"] = mint_agent_token(token.org, run_id, ttl_s=ttl)
         reply["token_expires_at"] = (t + timedelta(seconds=ttl)).isoformat()
@@ -265,8 +263,8 @@ def _last_lines(body: AgentComplete) -> str:
     return ("; the trainer's last lines:\n" + "\n".join(lines)) if lines else ""
 
 
-def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
-    store = get_store()
+def complete(ctx: Context, org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
+    store = ctx.store
     run, _ = store.runs.get(org, run_id)
     refuse_ended(run)
     before = run.state
@@ -288,7 +286,7 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
         return transition(r, RunState.retaining, reason=_failure_reason(body) + "; the machine is stopped and its "
                           "disk kept so output can be recovered" + _last_lines(body)[:2000])
 
-    run, wrote = move_stored(org, run_id, change)
+    run, wrote = move_stored(ctx, org, run_id, change)
     repeated = run.state in (RunState.verifying, RunState.retaining) or (
         run.state == RunState.releasing and run.outcome == Outcome.failed and body.status == "failed")
     if not wrote and not repeated and before not in ACTIVE:
@@ -300,5 +298,5 @@ def complete(org: str, run_id: str, body: AgentComplete) -> dict[str, Any]:
     # send is re-sent by heartbeat-check (RESEND_AFTER_S).
     step = serving(run.state)
     if step is not None and (wrote or (repeated and run.state != RunState.verifying)):
-        get_queues().send(step, StepMessage(org=org, run_id=run_id))
+        ctx.queues.send(step, StepMessage(org=org, run_id=run_id))
     return {"state": run.state.value}

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.context import Context
 from shared.models import TrainingSettings
 from shared.runs.admission import fits_cpu, loadable, offered, providers_on_cpu
 
 
-def list_view() -> dict[str, Any]:
+def list_view(ctx: Context) -> dict[str, Any]:
     cpu = providers_on_cpu()
     max_b = max((c.max_params for c in cpu.values()), default=0) / 1e9
     items = []
-    for model in offered():
+    for model in offered(ctx):
         d = model.describe()
         bf16, four_bit = d.pop("memory_gb_bf16"), d.pop("memory_gb_4bit")
         items.append({"id": d.pop("name"), **d, "layers": model.num_layers, "hidden": model.hidden_size,

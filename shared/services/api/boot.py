@@ -27,22 +27,20 @@ from typing import Any
 
 from shared import metrics
 from shared.clock import now
+from shared.context import Context
 from shared.errors import Conflict, Unauthorized
 from shared.key_rotation import current_key_since
 from shared.lifecycle import ACTIVE
 from shared.log import redact_text
 from shared.models import BootFailure, BootstrapClaim, Outcome, RunRecord, RunState, StepMessage
 from shared.providers import bootstrap_env, cloudinit
-from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
 from shared.runs.moves import move
 from shared.security import mint_agent_token, verify_agent
 from shared.services.api.agent import refuse_ended
 from shared.services.steps.launch import EXPORT_MARGIN_S, bootstrap_for, storage_access
-from shared.settings import get_settings
 from shared.steps import Step
-from shared.store import get_store
 
 _STAGES = {
     "pull": "the machine could not pull the training image",
@@ -59,27 +57,27 @@ def _reason(body: BootFailure) -> str:
                        f"and its disk are released{tail}")[:4000]
 
 
-def boot_failed(org: str, run_id: str, body: BootFailure) -> dict[str, Any]:
-    run, _ = get_store().runs.get(org, run_id)
+def boot_failed(ctx: Context, org: str, run_id: str, body: BootFailure) -> dict[str, Any]:
+    run, _ = ctx.store.runs.get(org, run_id)
     refuse_ended(run)
     if run.state == RunState.provisioning:
-        run, wrote = move(run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
+        run, wrote = move(ctx, run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
                           reason=_reason(body))
         if wrote:
             metrics.count(metrics.FAILED_STARTS, cause=body.stage, provider=run.provider)
-            get_queues().send(Step.release, StepMessage(org=org, run_id=run_id, reason=BOOT_FAILED))
+            ctx.queues.send(Step.release, StepMessage(org=org, run_id=run_id, reason=BOOT_FAILED))
             return {"state": run.state.value}
     if run.state == RunState.releasing and run.outcome == Outcome.failed and run.reason.startswith(_STAGES[body.stage]):
         # The same report again (the script retries when an answer is lost): the message may have been lost too.
-        get_queues().send(Step.release, StepMessage(org=org, run_id=run_id, reason=BOOT_FAILED))
+        ctx.queues.send(Step.release, StepMessage(org=org, run_id=run_id, reason=BOOT_FAILED))
         return {"state": run.state.value}
-    event(run, "warning", f"the machine reported that {_STAGES[body.stage]} (exit code {body.exit_code}) after the "
+    event(ctx, run, "warning", f"the machine reported that {_STAGES[body.stage]} (exit code {body.exit_code}) after the "
           f"agent had reported; the run is {run.state.value} and goes on by the agent's reports and deadlines",
           source="machine")
     return {"state": run.state.value}
 
 
-def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
+def exchange_claim(ctx: Context, run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     """The machine's environment (the agent's env line: run token, storage access, HF token), once.
 
     Accepted while the run is provisioning and its claim was never exchanged; the write that marks
@@ -92,13 +90,13 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     if found is None:
         raise Unauthorized("the bootstrap claim is not valid for this run")
     org, previous_key = found
-    store = get_store()
+    store = ctx.store
     run, _ = store.runs.get(org, run_id)
     refuse_ended(run)
     t = now()
     # launched_at is kept to the microsecond and the key's first sighting as a float: a launch at the very instant
     # the key was first seen must read as after it (a millisecond's margin), never as before.
-    if previous_key and (run.launched_at is None or run.launched_at.timestamp() + 1e-3 >= current_key_since()):
+    if previous_key and (run.launched_at is None or run.launched_at.timestamp() + 1e-3 >= current_key_since(ctx)):
         # A launch after the rotation signs with the new key: this claim was forged with the rotated-out one.
         raise Unauthorized("the bootstrap claim is signed with a key that was rotated out and its run was launched "
                            "after the rotation")
@@ -109,7 +107,7 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.provisioning or r.bootstrap_claimed_at is not None:
             return None
-        pull_by = t + timedelta(seconds=get_settings().provisioning_timeout_s)
+        pull_by = t + timedelta(seconds=ctx.settings.provisioning_timeout_s)
         deadlines = r.deadlines.model_copy(update={"provisioning_by": max(pull_by, r.deadlines.provisioning_by or t)})
         return r.model_copy(update={"bootstrap_claimed_at": t, "deadlines": deadlines, "updated_at": t})
 
@@ -117,11 +115,11 @@ def exchange_claim(run_id: str, body: BootstrapClaim) -> dict[str, Any]:
     if not wrote:
         why = (f"it was exchanged at {run.bootstrap_claimed_at.isoformat()}" if run.bootstrap_claimed_at
                else f"the run is {run.state.value}")
-        event(run, "warning", f"a second exchange of the machine's bootstrap claim was refused ({why}): the claim is "
+        event(ctx, run, "warning", f"a second exchange of the machine's bootstrap claim was refused ({why}): the claim is "
               "good once; if the machine did not get its environment, the boot deadline releases it", source="machine")
         raise Conflict(f"the bootstrap claim was refused: {why}")
-    env = {"TENSORANT_DATA_DIR": cloudinit.CONTAINER_DATA_DIR, **bootstrap_for(run).env}
-    event(run, "audit", "the machine exchanged its bootstrap claim for its environment")
+    env = {"TENSORANT_DATA_DIR": cloudinit.CONTAINER_DATA_DIR, **bootstrap_for(ctx, run).env}
+    event(ctx, run, "audit", "the machine exchanged its bootstrap claim for its environment")
     return {"bootstrap": bootstrap_env.encode(env), "token": env["TENSORANT_RUN_TOKEN"]}
 
 
@@ -139,7 +137,7 @@ def _restart_open(r: RunRecord, issued_at: float) -> str:
     return ""
 
 
-def exchange_restart(header: str | None, run_id: str) -> dict[str, Any]:
+def exchange_restart(ctx: Context, header: str | None, run_id: str) -> dict[str, Any]:
     """A fresh token (and storage access) for an agent whose retained machine was started again, once per start.
 
     The token sent may have expired; nothing else is relaxed (signature, audience, issuer, org and run are
@@ -151,8 +149,8 @@ def exchange_restart(header: str | None, run_id: str) -> dict[str, Any]:
     the run when it has a start to exchange: a second exchange means an old token was used by someone else
     (or the first answer was lost; then the deadlines retain the run again, and a new resume opens a new
     exchange)."""
-    token = verify_agent(header, run_id, allow_expired=True)
-    store = get_store()
+    token = verify_agent(ctx, header, run_id, allow_expired=True)
+    store = ctx.store
     run, _ = store.runs.get(token.org, run_id)
     refuse_ended(run)
     why = _restart_open(run, token.issued_at)
@@ -166,19 +164,19 @@ def exchange_restart(header: str | None, run_id: str) -> dict[str, Any]:
         why = "" if wrote else (_restart_open(run, token.issued_at) or "the run changed at the same time")
     if why:
         if run.restart_requested_at is not None:
-            event(run, "warning", f"an exchange of an agent token for the restart of the machine was refused "
+            event(ctx, run, "warning", f"an exchange of an agent token for the restart of the machine was refused "
                   f"({why}): each start of a retained machine is exchanged once", source="machine")
         raise Conflict(f"the restart exchange was refused: {why}")
-    ttl = get_settings().agent_token_ttl_s
+    ttl = ctx.settings.agent_token_ttl_s
     fresh = mint_agent_token(token.org, run_id, ttl_s=ttl)
-    event(run, "audit", "the agent of the machine started again exchanged its expired token for a fresh one")
+    event(ctx, run, "audit", "the agent of the machine started again exchanged its expired token for a fresh one")
     return {"token": fresh, "token_expires_at": (t + timedelta(seconds=ttl)).isoformat(),
-            "bootstrap": bootstrap_env.encode(_continue_env(run))}
+            "bootstrap": bootstrap_env.encode(_continue_env(ctx, run))}
 
 
-def _continue_env(run: RunRecord) -> dict[str, str]:
+def _continue_env(ctx: Context, run: RunRecord) -> dict[str, str]:
     """What the agent continues with: storage access valid for the runtime limit and the export from now (what
     it was handed at launch may have expired while the machine was stopped)."""
-    dataset = get_store().datasets.get(run.org, run.dataset_version_id)
-    env, _ = storage_access(run, dataset, run.runtime_limit_s + EXPORT_MARGIN_S)
+    dataset = ctx.store.datasets.get(run.org, run.dataset_version_id)
+    env, _ = storage_access(ctx, run, dataset, run.runtime_limit_s + EXPORT_MARGIN_S)
     return env

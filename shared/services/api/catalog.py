@@ -9,25 +9,23 @@ from __future__ import annotations
 from typing import Any
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import NotFound
 from shared.models import ConnectionMessage, GpuOffer, TrainingSettings
 from shared.providers import registry
-from shared.queues import get_queues
 from shared.runs import admission
 from shared.runs.org_backends import check_connection_name, compute_connection_slot, connection_of_slot, provider_of
 from shared.security import Principal
-from shared.settings import get_settings
 from shared.steps import Step
-from shared.store import get_store
 
 
-def offers_view(principal: Principal, provider: str | None, base_model: str | None = None,
+def offers_view(ctx: Context, principal: Principal, provider: str | None, base_model: str | None = None,
                 connection: str | None = None) -> dict[str, Any]:
     """The cached offers (of one `connection`, of every connection of one `provider`, or of all the
     org's compute connections); each names its connection. With base_model, each offer says whether
     it `fits` a LoRA run of that model at the default training settings, and the `memory_needed_gb`."""
-    model = admission.declared(base_model) if base_model else None
-    store = get_store()
+    model = admission.declared(ctx, base_model) if base_model else None
+    store = ctx.store
     if connection:
         check_connection_name(connection, provider=provider or None)  # 422 naming `connection`
         slots = [compute_connection_slot(connection)]
@@ -49,10 +47,10 @@ def offers_view(principal: Principal, provider: str | None, base_model: str | No
             raise NotFound(f"no {name} compute connection is saved; an owner saves it with "
                            f"{_save_command(name)}, then the catalog fills in")
         rec = store.catalogs.get(principal.org, name)
-        max_age = get_settings().catalog_max_age_s
+        max_age = ctx.settings.catalog_max_age_s
         stale = rec is None or rec.fetched_at is None or (now() - rec.fetched_at).total_seconds() > max_age
         if stale:
-            get_queues().send(Step.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
+            ctx.queues.send(Step.refresh_catalog, ConnectionMessage(org=principal.org, slot=slot))
         if rec:
             items.extend(o.model_copy(update={"connection": name}) for o in rec.offers)  # older rows lack it
         catalogs.append({"provider": provider_of(name), "connection": name, "fetched_at": rec.fetched_at if rec else None,

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, ProviderError, invalid
 from shared.models import ConnectionMessage, ConnectionRecord, ConnectionStatus, ConnectionView, Role
 from shared.org_storage.registry import (
@@ -25,7 +26,6 @@ from shared.org_storage.registry import (
     storage_config_models,
 )
 from shared.providers import registry
-from shared.queues import get_queues
 from shared.runs.org_backends import (
     STORAGE_SLOT,
     check_connection_name,
@@ -39,9 +39,7 @@ from shared.runs.org_backends import (
 from shared.runs.scope import guard_held_machines
 from shared.security import Principal, require, seal
 from shared.services.api import quotas
-from shared.settings import get_settings
 from shared.steps import Step
-from shared.store import get_store
 
 
 def view(rec: ConnectionRecord) -> ConnectionView:
@@ -81,8 +79,8 @@ def _config_warnings(config: BaseModel) -> list[str]:
 SAVE_TRIES = 4
 
 
-def _save(principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
-    store = get_store()
+def _save(ctx: Context, principal: Principal, slot: str, provider: str, config: BaseModel, location: str = "") -> ConnectionView:
+    store = ctx.store
     for attempt in range(SAVE_TRIES):
         got = store.connections.get(principal.org, slot)
         rec = ConnectionRecord(
@@ -98,7 +96,7 @@ def _save(principal: Principal, slot: str, provider: str, config: BaseModel, loc
         except ConcurrencyError:
             if attempt == SAVE_TRIES - 1:
                 raise
-    get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    ctx.queues.send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(rec)
 
 
@@ -112,7 +110,7 @@ def connection_name(provider: str, name: str | None = None) -> str:
     return check_connection_name(f"{provider}/{name}", field="name")
 
 
-def save_compute(principal: Principal, name: str, body: Any) -> ConnectionView:
+def save_compute(ctx: Context, principal: Principal, name: str, body: Any) -> ConnectionView:
     """Save the compute connection `name` (`aws`, the default; `aws/us-west-2`, a named one)."""
     require(principal, Role.owner)
     provider = provider_of(name)
@@ -124,37 +122,37 @@ def save_compute(principal: Principal, name: str, body: Any) -> ConnectionView:
         if retired in body:
             raise InvalidInput.field(retired, advice)
     model = registry.config_model(provider)
-    got = get_store().connections.get(principal.org, compute_connection_slot(name))
+    got = ctx.store.connections.get(principal.org, compute_connection_slot(name))
     existing = unsealed_config(got[0]) if got else None
     try:
         config = model.model_validate(_keep_existing_secrets(body, model, existing))
     except ValidationError as exc:
         raise invalid(exc) from exc
-    guard_held_machines(principal.org, name, config)
-    return _save(principal, compute_connection_slot(name), provider, config)
+    guard_held_machines(ctx, principal.org, name, config)
+    return _save(ctx, principal, compute_connection_slot(name), provider, config)
 
 
-def save_storage(principal: Principal, body: Any) -> ConnectionView:
+def save_storage(ctx: Context, principal: Principal, body: Any) -> ConnectionView:
     require(principal, Role.owner)
     if not isinstance(body, dict) or "kind" not in body:
         raise InvalidInput.field("kind", "say which storage: \"local\", \"s3\" or \"runpod_volume\"")
-    refuse_unavailable_storage(str(body["kind"]), get_settings())  # local storage (this host's disk) is dev-only
-    got = get_store().connections.get(principal.org, STORAGE_SLOT)
+    refuse_unavailable_storage(str(body["kind"]), ctx.settings)  # local storage (this host's disk) is dev-only
+    got = ctx.store.connections.get(principal.org, STORAGE_SLOT)
     existing = unsealed_config(got[0]) if got else None
-    models = {str(m.model_fields["kind"].default): m for m in storage_config_models(get_settings())}
+    models = {str(m.model_fields["kind"].default): m for m in storage_config_models(ctx.settings)}
     try:
         model = models.get(str(body["kind"]))
         config = parse_storage_config(_keep_existing_secrets(body, model, existing) if model else body)
     except ValidationError as exc:
         raise invalid(exc) from exc
-    location = make_storage(config, get_settings(), principal.org).location()
-    if got and got[0].location != location and get_store().projects.in_org(principal.org):
+    location = make_storage(config, ctx.settings, principal.org).location()
+    if got and got[0].location != location and ctx.store.projects.in_org(principal.org):
         raise Conflict(
             f"storage location cannot change once the organization has projects (saved: {_shown(got[0].location)}, "
             f"new: {_shown(location)}); rotating credentials for the same location is allowed; moving existing data "
             "needs a migration"
         )
-    return _save(principal, STORAGE_SLOT, str(body["kind"]), config, location)
+    return _save(ctx, principal, STORAGE_SLOT, str(body["kind"]), config, location)
 
 
 def _shown(location: str) -> str:
@@ -162,46 +160,46 @@ def _shown(location: str) -> str:
     return "the control plane's local storage directory" if location.startswith("file:") else location
 
 
-def get_one(principal: Principal, slot: str) -> ConnectionView:
-    got = get_store().connections.get(principal.org, slot)
+def get_one(ctx: Context, principal: Principal, slot: str) -> ConnectionView:
+    got = ctx.store.connections.get(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")
     return view(got[0])
 
 
-def list_all(principal: Principal) -> dict[str, Any]:
-    return {"items": [view(r) for r in get_store().connections.in_org(principal.org)]}
+def list_all(ctx: Context, principal: Principal) -> dict[str, Any]:
+    return {"items": [view(r) for r in ctx.store.connections.in_org(principal.org)]}
 
 
-def delete_compute(principal: Principal, name: str) -> None:
+def delete_compute(ctx: Context, principal: Principal, name: str) -> None:
     require(principal, Role.owner)
     slot = compute_connection_slot(name)
-    if not get_store().connections.get(principal.org, slot):
+    if not ctx.store.connections.get(principal.org, slot):
         raise NotFound(f"no {slot} connection is saved")
-    holding = [r.id for r in get_store().runs.active(principal.org) if run_connection(r) == name]
+    holding = [r.id for r in ctx.store.runs.active(principal.org) if run_connection(r) == name]
     if holding:
         raise Conflict(f"runs {', '.join(holding[:5])} still hold {name} machines; release or recover them first, "
                        "or the control plane could not clean them up")
-    get_store().connections.delete(principal.org, slot)
+    ctx.store.connections.delete(principal.org, slot)
 
 
-def request_check(principal: Principal, name: str) -> ConnectionView:
+def request_check(ctx: Context, principal: Principal, name: str) -> ConnectionView:
     require(principal, Role.owner)
     slot = compute_connection_slot(name)
-    got = get_store().connections.get(principal.org, slot)
+    got = ctx.store.connections.get(principal.org, slot)
     if not got:
         raise NotFound(f"no {slot} connection is saved")
-    quotas.take(principal, "check")  # each check calls the cloud with the org's credentials
-    get_queues().send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
+    quotas.take(ctx, principal, "check")  # each check calls the cloud with the org's credentials
+    ctx.queues.send(Step.validate_connection, ConnectionMessage(org=principal.org, slot=slot))
     return view(got[0])
 
 
-def runpod_volumes(principal: Principal) -> dict[str, Any]:
+def runpod_volumes(ctx: Context, principal: Principal) -> dict[str, Any]:
     """The network volumes of the account of the provider that lists them (declared lists_network_volumes:
     RunPod), so an owner can pick one for storage."""
     require(principal, Role.owner)
     [info] = [i for i in registry.providers().values() if i.lists_network_volumes]  # the route names the one there is
-    provider = compute_for(principal.org, info.name)
+    provider = compute_for(ctx, principal.org, info.name)
     list_volumes = getattr(provider, "network_volumes", None)
     if list_volumes is None:  # a test override of the provider that lacks the method
         raise NotFound(info.network_volumes_refusal.format(provider=info.name))

@@ -18,8 +18,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from shared.context import Context
 from shared.errors import AppError, InvalidInput
-from shared.settings import get_settings
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -33,13 +33,13 @@ class PageRequest:
     after: str | None  # the RowKey to start at (inclusive), from the cursor
 
 
-def _key() -> bytes:
-    return hashlib.sha256(b"tensorant list cursor\0" + get_settings().jwt_secret.encode()).digest()
+def _key(ctx: Context) -> bytes:
+    return hashlib.sha256(b"tensorant list cursor\0" + ctx.settings.jwt_secret.encode()).digest()
 
 
-def _sign(scope: tuple[str, ...], row_key: str) -> str:
+def _sign(ctx: Context, scope: tuple[str, ...], row_key: str) -> str:
     msg = "\0".join((*scope, row_key)).encode()
-    return base64.urlsafe_b64encode(hmac.new(_key(), msg, hashlib.sha256).digest()[:16]).decode().rstrip("=")
+    return base64.urlsafe_b64encode(hmac.new(_key(ctx), msg, hashlib.sha256).digest()[:16]).decode().rstrip("=")
 
 
 def bad_cursor(why: str) -> AppError:
@@ -47,7 +47,7 @@ def bad_cursor(why: str) -> AppError:
                     errors=[{"field": "cursor", "message": why}])
 
 
-def request(limit: str | None, cursor: str | None, *scope: str) -> PageRequest:
+def request(ctx: Context, limit: str | None, cursor: str | None, *scope: str) -> PageRequest:
     """The page asked for. `scope`: the list's name, the caller's org and its filters, as the cursor was
     signed for them. A bad limit is 422 naming `limit`; a bad cursor is 400 naming `cursor`."""
     if limit is None or limit == "":
@@ -65,15 +65,15 @@ def request(limit: str | None, cursor: str | None, *scope: str) -> PageRequest:
         row_key = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
     except (binascii.Error, ValueError):
         raise bad_cursor("not a cursor this API made") from None
-    if len(sig) != _SIG_CHARS or not hmac.compare_digest(sig, _sign(scope, row_key)):
+    if len(sig) != _SIG_CHARS or not hmac.compare_digest(sig, _sign(ctx, scope, row_key)):
         raise bad_cursor("not a cursor of this list with these filters (changed, another list's, or from "
                          "before a key rotation)")
     return PageRequest(count, row_key)
 
 
-def cursor_for(row_key: str | None, *scope: str) -> str | None:
+def cursor_for(ctx: Context, row_key: str | None, *scope: str) -> str | None:
     """The `next` of a page: None at the end."""
     if row_key is None:
         return None
     body = base64.urlsafe_b64encode(row_key.encode()).decode().rstrip("=")
-    return f"{body}.{_sign(scope, row_key)}"
+    return f"{body}.{_sign(ctx, scope, row_key)}"

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import Conflict, InvalidInput, NotFound, PermanentError
 from shared.ids import new_id
 from shared.limits import MAX_UPLOAD_BYTES
@@ -20,7 +21,6 @@ from shared.org_storage.base import STREAM_CHUNK, ObjectMissing, committed_datas
 from shared.runs.org_backends import storage_for
 from shared.security import Principal, require
 from shared.services.api import paging, quotas
-from shared.store import get_store
 
 # Through the API a dataset is at most MAX_UPLOAD_BYTES (90 MiB, under the Functions
 # host's request limit); a direct upload to storage (upload-url + commit) up to this.
@@ -31,19 +31,19 @@ MAX_REPORTED_LINES = 20
 ROLES = {"system", "user", "assistant", "tool"}
 
 
-def create_project(principal: Principal, body: ProjectCreate) -> ProjectRecord:
+def create_project(ctx: Context, principal: Principal, body: ProjectCreate) -> ProjectRecord:
     require(principal, Role.owner, Role.member)
-    storage_for(principal.org)  # a project needs storage: fail now, not at the first upload
+    storage_for(ctx, principal.org)  # a project needs storage: fail now, not at the first upload
     rec = ProjectRecord(org=principal.org, id=new_id("p"), name=body.name, created_at=now())
-    get_store().projects.create(rec)
+    ctx.store.projects.create(rec)
     return rec
 
 
-def list_projects(principal: Principal, limit: str | None = None, cursor: str | None = None) -> dict[str, Any]:
+def list_projects(ctx: Context, principal: Principal, limit: str | None = None, cursor: str | None = None) -> dict[str, Any]:
     """One page of the org's projects in id order (paging: limit, cursor; `next` null on the last)."""
-    page = paging.request(limit, cursor, "projects", principal.org)
-    found, nxt = get_store().projects.page(principal.org, limit=page.limit, after=page.after)
-    return {"items": found, "next": paging.cursor_for(nxt, "projects", principal.org)}
+    page = paging.request(ctx, limit, cursor, "projects", principal.org)
+    found, nxt = ctx.store.projects.page(principal.org, limit=page.limit, after=page.after)
+    return {"items": found, "next": paging.cursor_for(ctx, nxt, "projects", principal.org)}
 
 
 def line_problem(obj: Any) -> str | None:
@@ -209,9 +209,9 @@ class CheckedJsonl:
         return self.rows
 
 
-def _store_checked(org: str, key: str, source: BinaryIO, max_bytes: int) -> CheckedJsonl:
+def _store_checked(ctx: Context, org: str, key: str, source: BinaryIO, max_bytes: int) -> CheckedJsonl:
     """Stream `source` into storage at `key` while checking it; nothing is kept if it is invalid."""
-    storage = storage_for(org)
+    storage = storage_for(ctx, org)
     checked = CheckedJsonl(source, max_bytes)
     storage.put_stream(key, checked)  # a line error raised while streaming leaves no object
     try:
@@ -222,13 +222,13 @@ def _store_checked(org: str, key: str, source: BinaryIO, max_bytes: int) -> Chec
     return checked
 
 
-def _record(principal: Principal, project_id: str, dataset_id: str, key: str, checked: CheckedJsonl
+def _record(ctx: Context, principal: Principal, project_id: str, dataset_id: str, key: str, checked: CheckedJsonl
             ) -> DatasetVersionRecord:
     rec = DatasetVersionRecord(org=principal.org, project_id=project_id, id=dataset_id, rows=checked.rows,
                                sha256=checked.sha.hexdigest(), size_bytes=checked.size, storage_key=key,
                                created_at=now(), format="pairs" if checked.pairs else "examples")
     try:
-        get_store().datasets.create(rec)  # after the object: a crash leaves an unused object, not a dangling record
+        ctx.store.datasets.create(rec)  # after the object: a crash leaves an unused object, not a dangling record
     except Conflict as exc:
         # Another commit of this dataset won. The store's text names its table: say what happened instead.
         raise _already_committed(dataset_id) from exc
@@ -240,25 +240,25 @@ def _already_committed(dataset_id: str) -> Conflict:
                     "for a new upload URL (a new dataset version)")
 
 
-def upload_dataset(principal: Principal, project_id: str, data: bytes) -> DatasetVersionRecord:
+def upload_dataset(ctx: Context, principal: Principal, project_id: str, data: bytes) -> DatasetVersionRecord:
     """A dataset sent in the request body (the HTTP layer caps it at MAX_UPLOAD_BYTES)."""
     require(principal, Role.owner, Role.member)
-    get_store().projects.get(principal.org, project_id)
-    quotas.take(principal, "upload")  # each streams up to 90 MiB through the checks into storage
+    ctx.store.projects.get(principal.org, project_id)
+    quotas.take(ctx, principal, "upload")  # each streams up to 90 MiB through the checks into storage
     dataset_id = new_id("d")
     key = dataset_key(project_id, dataset_id)
-    checked = _store_checked(principal.org, key, io.BytesIO(data), MAX_DATASET_BYTES)
-    return _record(principal, project_id, dataset_id, key, checked)
+    checked = _store_checked(ctx, principal.org, key, io.BytesIO(data), MAX_DATASET_BYTES)
+    return _record(ctx, principal, project_id, dataset_id, key, checked)
 
 
-def dataset_upload_url(principal: Principal, project_id: str) -> dict[str, Any]:
+def dataset_upload_url(ctx: Context, principal: Principal, project_id: str) -> dict[str, Any]:
     """A presigned PUT URL for a dataset too large for the API (S3 / RunPod volume storage);
     POST .../datasets/commit then validates the object in storage by streaming it."""
     require(principal, Role.owner, Role.member)
-    get_store().projects.get(principal.org, project_id)
-    quotas.take(principal, "upload-url")
+    ctx.store.projects.get(principal.org, project_id)
+    quotas.take(ctx, principal, "upload-url")
     dataset_id = new_id("d")
-    url = storage_for(principal.org).upload_url(upload_key(project_id, dataset_id), DIRECT_UPLOAD_TTL_S)
+    url = storage_for(ctx, principal.org).upload_url(upload_key(project_id, dataset_id), DIRECT_UPLOAD_TTL_S)
     if url is None:
         raise Conflict("this organization's storage takes no direct uploads (local storage); send the dataset "
                        f"in the body of POST /api/projects/{project_id}/datasets (up to "
@@ -268,7 +268,7 @@ def dataset_upload_url(principal: Principal, project_id: str) -> dict[str, Any]:
             "commit": {"path": f"/api/projects/{project_id}/datasets/commit", "body": {"dataset_id": dataset_id}}}
 
 
-def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetVersionRecord:
+def commit_dataset(ctx: Context, principal: Principal, project_id: str, body: Any) -> DatasetVersionRecord:
     """Validate a direct upload by streaming it from its staging key into a key of this commit's own.
 
     A committed dataset never changes: a commit of a dataset that has a record is refused before it
@@ -276,15 +276,15 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
     (committed_dataset_key is new per attempt), so neither a second PUT through the upload URL nor a
     concurrent commit can overwrite or delete the object a record names."""
     require(principal, Role.owner, Role.member)
-    store = get_store()
+    store = ctx.store
     store.projects.get(principal.org, project_id)
-    quotas.take(principal, "upload")  # each streams up to 256 MiB from storage through the checks
+    quotas.take(ctx, principal, "upload")  # each streams up to 256 MiB from storage through the checks
     dataset_id = body.get("dataset_id") if isinstance(body, dict) else None
     if not isinstance(dataset_id, str) or not re.fullmatch(ID_PATTERN, dataset_id):
         raise InvalidInput.field("dataset_id", "send the dataset_id that upload-url returned")
     staged = upload_key(project_id, dataset_id)
-    storage = storage_for(principal.org)
-    if _dataset_exists(principal.org, dataset_id):
+    storage = storage_for(ctx, principal.org)
+    if _dataset_exists(ctx, principal.org, dataset_id):
         # What the URL wrote after the commit is read by nobody: remove it rather than keep it.
         storage.delete(staged)
         raise _already_committed(dataset_id)
@@ -298,12 +298,12 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
     key = committed_dataset_key(project_id, dataset_id, secrets.token_hex(6))
     try:
         with source:
-            checked = _store_checked(principal.org, key, source, MAX_DATASET_BYTES)
+            checked = _store_checked(ctx, principal.org, key, source, MAX_DATASET_BYTES)
     except InvalidInput:
         storage.delete(staged)
         raise
     try:
-        rec = _record(principal, project_id, dataset_id, key, checked)
+        rec = _record(ctx, principal, project_id, dataset_id, key, checked)
     except Conflict:
         # A concurrent commit won: remove this attempt's own copy (no record names it) and the staged
         # object (the dataset is committed, so nothing reads it again).
@@ -314,24 +314,24 @@ def commit_dataset(principal: Principal, project_id: str, body: Any) -> DatasetV
     return rec
 
 
-def _dataset_exists(org: str, dataset_id: str) -> bool:
+def _dataset_exists(ctx: Context, org: str, dataset_id: str) -> bool:
     try:
-        get_store().datasets.get(org, dataset_id)
+        ctx.store.datasets.get(org, dataset_id)
     except NotFound:
         return False
     return True
 
 
-def list_datasets(principal: Principal, project_id: str, limit: str | None = None,
+def list_datasets(ctx: Context, principal: Principal, project_id: str, limit: str | None = None,
                   cursor: str | None = None) -> dict[str, Any]:
     """One page of a project's dataset versions in id order (paging: limit, cursor)."""
-    get_store().projects.get(principal.org, project_id)
-    page = paging.request(limit, cursor, "datasets", principal.org, project_id)
-    found, nxt = get_store().datasets.page(principal.org, project_id, limit=page.limit, after=page.after)
-    return {"items": found, "next": paging.cursor_for(nxt, "datasets", principal.org, project_id)}
+    ctx.store.projects.get(principal.org, project_id)
+    page = paging.request(ctx, limit, cursor, "datasets", principal.org, project_id)
+    found, nxt = ctx.store.datasets.page(principal.org, project_id, limit=page.limit, after=page.after)
+    return {"items": found, "next": paging.cursor_for(ctx, nxt, "datasets", principal.org, project_id)}
 
 
-def check_stored_dataset(org: str, dataset: DatasetVersionRecord) -> None:
+def check_stored_dataset(ctx: Context, org: str, dataset: DatasetVersionRecord) -> None:
     """Before a run gets a dataset: hash the object as stored and compare it with the sha256 recorded
     when it was validated; PermanentError (the launch step ends the run with this reason) if it changed.
 
@@ -347,7 +347,7 @@ def check_stored_dataset(org: str, dataset: DatasetVersionRecord) -> None:
                               "dataset again as a new version and create a run with that version")
 
     try:
-        source = storage_for(org).open_stream(dataset.storage_key, MAX_DATASET_BYTES)
+        source = storage_for(ctx, org).open_stream(dataset.storage_key, MAX_DATASET_BYTES)
     except ObjectMissing as exc:
         raise PermanentError(f"dataset version {dataset.id} is missing from storage; upload the dataset again as a "
                              "new version and create a run with that version") from exc

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shared.clock import now, now_ts
+from shared.context import Context
 from shared.errors import ConcurrencyError, Conflict, InvalidInput, NotFound, TooManyRequests, invalid
 from shared.lifecycle import HOLDS_MACHINE
 from shared.models import Role, RunRecord, RunState
@@ -37,7 +38,6 @@ from shared.runs.org_limits import LimitsAnswer, OrgLimits, get_limits, over_cei
 from shared.runs.org_limits import set_limits as set_limits
 from shared.runs.retention import affected_by
 from shared.security import Principal, require
-from shared.store import get_store
 
 # The limits themselves (OrgLimits, get_limits, set_limits) live in shared/runs/org_limits.py, where
 # heartbeat-check reads the retention limit too.
@@ -47,19 +47,19 @@ WINDOW_S = 60
 EXTRA_RACE_RETRIES = 16
 
 
-def view(principal: Principal) -> OrgLimits:
-    return get_limits(principal.org)
+def view(ctx: Context, principal: Principal) -> OrgLimits:
+    return get_limits(ctx, principal.org)
 
 
-def put(principal: Principal, body: Any) -> LimitsAnswer:
+def put(ctx: Context, principal: Principal, body: Any) -> LimitsAnswer:
     """Save the org's limits. A lowered retention limit discards nothing at once: the answer lists the retained
     runs it brings forward, and heartbeat-check warns each before it discards it (shared/runs/retention.py)."""
     require(principal, Role.owner)
     if not isinstance(body, dict):
         raise InvalidInput.field("body", "send the limits as a JSON object")
-    old = get_limits(principal.org)
+    old = get_limits(ctx, principal.org)
     sent = {k: v for k, v in body.items() if k != "retention_affects"}  # an earlier answer sent back as is
-    errors = over_ceilings(sent)
+    errors = over_ceilings(ctx, sent)
     if errors:
         raise InvalidInput("; ".join(f"{e['field']}: {e['message']}" for e in errors), errors=errors)
     try:
@@ -67,18 +67,18 @@ def put(principal: Principal, body: Any) -> LimitsAnswer:
         limits = OrgLimits.model_validate(old.model_dump() | sent)
     except ValidationError as exc:
         raise invalid(exc) from exc
-    get_store().audit.add("org limits set", org=principal.org, by=principal.sub, **limits.model_dump())
-    set_limits(principal.org, limits)
+    ctx.store.audit.add("org limits set", org=principal.org, by=principal.sub, **limits.model_dump())
+    set_limits(ctx, principal.org, limits)
     affected = []
     if limits.retention_limit_s < old.retention_limit_s:
-        retained = get_store().runs.in_org(principal.org, {RunState.retained})
+        retained = ctx.store.runs.in_org(principal.org, {RunState.retained})
         affected = affected_by(retained, old, limits, now())
     return LimitsAnswer(**limits.model_dump(), retention_affects=affected)
 
 
-def _take(org: str, action: str, per_minute: int) -> None:
+def _take(ctx: Context, org: str, action: str, per_minute: int) -> None:
     """Count one `action` in this minute's window; 429 only when the window is full."""
-    table = get_store().table("quotas")
+    table = ctx.store.table("quotas")
     key = f"rate-{action}"
     for _ in range(per_minute + EXTRA_RACE_RETRIES):
         t = now_ts()
@@ -111,32 +111,32 @@ _WHAT = {"create": "run creates", "launch": "run launches", "release": "release 
 HEAVY_READS_PER_RUN = 6
 
 
-def take(principal: Principal, action: str) -> None:
+def take(ctx: Context, principal: Principal, action: str) -> None:
     """The org's rate limit for one more `action` (a key of _WHAT)."""
-    _take(principal.org, action, get_limits(principal.org).runs_per_minute)
+    _take(ctx, principal.org, action, get_limits(ctx, principal.org).runs_per_minute)
 
 
-def take_read(principal: Principal, action: str) -> None:
+def take_read(ctx: Context, principal: Principal, action: str) -> None:
     """The org's rate limit for one more heavy read `action` (HEAVY_READS_PER_RUN per runs_per_minute)."""
-    _take(principal.org, action, get_limits(principal.org).runs_per_minute * HEAVY_READS_PER_RUN)
+    _take(ctx, principal.org, action, get_limits(ctx, principal.org).runs_per_minute * HEAVY_READS_PER_RUN)
 
 
-def take_create(principal: Principal, limits: OrgLimits) -> None:
+def take_create(ctx: Context, principal: Principal, limits: OrgLimits) -> None:
     """The run rate limit for one more create (admission calls it once the org's limits pass)."""
-    _take(principal.org, "create", limits.runs_per_minute)
+    _take(ctx, principal.org, "create", limits.runs_per_minute)
 
 
-def check_launch(principal: Principal, run: RunRecord) -> OrgLimits:
-    limits = get_limits(principal.org)
+def check_launch(ctx: Context, principal: Principal, run: RunRecord) -> OrgLimits:
+    limits = get_limits(ctx, principal.org)
     check_limits(limits, run.price_limit_per_hour, run.runtime_limit_s)  # limits may have changed since
     return limits
 
 
-def reserve_active(principal: Principal, run: RunRecord, limits: OrgLimits) -> bool:
+def reserve_active(ctx: Context, principal: Principal, run: RunRecord, limits: OrgLimits) -> bool:
     """Take one of the org's max_active_runs slots for this run, or 409. Returns whether this
     call took it (False: the run held one already, from a launch attempt of it under way or
     one that died); a launch that fails after taking its slot frees it (free_unless_launched)."""
-    slot = get_store().slots.reserve(principal.org, run.id, limits.max_active_runs)
+    slot = ctx.store.slots.reserve(principal.org, run.id, limits.max_active_runs)
     if not slot.granted:
         raise Conflict(f"nothing was launched: the organization has {slot.active} launched runs that are not "
                        f"finished (limit {limits.max_active_runs}); wait for one to finish, cancel one, or an "
@@ -144,14 +144,14 @@ def reserve_active(principal: Principal, run: RunRecord, limits: OrgLimits) -> b
     return slot.added
 
 
-def take_launch(principal: Principal, limits: OrgLimits) -> None:
-    _take(principal.org, "launch", limits.runs_per_minute)
+def take_launch(ctx: Context, principal: Principal, limits: OrgLimits) -> None:
+    _take(ctx, principal.org, "launch", limits.runs_per_minute)
 
 
-def free_unless_launched(org: str, run_id: str) -> None:
+def free_unless_launched(ctx: Context, org: str, run_id: str) -> None:
     """After a launch failed: free the run's slot unless the run holds a machine after all (a
     concurrent launch of the same run won, or the write landed before the error)."""
-    store = get_store()
+    store = ctx.store
     try:
         run, _ = store.runs.get(org, run_id)
     except NotFound:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import InvalidInput
 from shared.runs import budgets
 
@@ -26,7 +27,6 @@ from shared.runs.costs import Timing as Timing
 from shared.runs.costs import timeline_events as timeline_events
 from shared.runs.costs import timing
 from shared.security import Principal
-from shared.store import get_store
 
 
 def parse_since(since: str | None) -> datetime:
@@ -45,7 +45,7 @@ def parse_since(since: str | None) -> datetime:
     return parsed
 
 
-def usage(principal: Principal, since: str | None) -> dict[str, Any]:
+def usage(ctx: Context, principal: Principal, since: str | None) -> dict[str, Any]:
     """Runs launched since `since`, their GPU hours and cost, per provider and in total.
 
     A run counts in full (its whole cost so far) when it was launched at or after `since`.
@@ -56,10 +56,10 @@ def usage(principal: Principal, since: str | None) -> dict[str, Any]:
     """
     start = parse_since(since)
     per: dict[str, dict[str, Any]] = {}
-    for run in get_store().runs.in_org(principal.org):
+    for run in ctx.store.runs.in_org(principal.org):
         if run.launched_at is None or run.launched_at < start:
             continue
-        t = timing(run)
+        t = timing(ctx, run)
         row = per.setdefault(run.provider, {"provider": run.provider, "runs": 0, "gpu_hours": 0.0, "cost": 0.0,
                                             "currency": run.offer.currency, "checkpoint_adapters": 0})
         row["runs"] += 1
@@ -77,4 +77,4 @@ def usage(principal: Principal, since: str | None) -> dict[str, Any]:
     # This calendar month's budgets: billed, committed (billed + the most active runs can still cost), left,
     # the month's forecast (billed + the active runs' forecasts) and the thresholds crossed (shared/runs/budgets).
     return {"since": start.isoformat(), "providers": providers, "total": total,
-            "budget": budgets.view(principal.org)}
+            "budget": budgets.view(ctx, principal.org)}

@@ -18,12 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import Conflict, InvalidInput, invalid
 from shared.log import register_secret
 from shared.models import Role
 from shared.org_storage.endpoint_guard import EndpointRefused
 from shared.outside_events import TEST_EVENT
-from shared.queues import get_queues
 from shared.runs.outbox import new_webhook_id
 from shared.security import Principal, require, seal
 from shared.services.steps.deliver_webhook import secret_aad
@@ -76,10 +76,10 @@ def _parse(model: Any, body: Any) -> Any:
         raise invalid(exc) from exc
 
 
-def create(principal: Principal, body: Any) -> WebhookSecret:
+def create(ctx: Context, principal: Principal, body: Any) -> WebhookSecret:
     require(principal, Role.owner)
     req: WebhookCreate = _parse(WebhookCreate, body)
-    if len(store.endpoints(principal.org)) >= MAX_ENDPOINTS:
+    if len(store.endpoints(ctx, principal.org)) >= MAX_ENDPOINTS:
         raise Conflict(f"the organization has {MAX_ENDPOINTS} webhooks, the most it may have; delete one first")
     _checked_url(req.url)
     endpoint_id = "wh-" + pysecrets.token_hex(6)
@@ -87,21 +87,21 @@ def create(principal: Principal, body: Any) -> WebhookSecret:
     ep = EndpointRecord(org=principal.org, id=endpoint_id, url=req.url, types=req.types, enabled=req.enabled,
                         description=req.description, secret=seal({"value": secret}, aad=secret_aad(principal.org, endpoint_id)),
                         created_at=now(), created_by=principal.sub)
-    store.insert(ep)
+    store.insert(ctx, ep)
     return WebhookSecret(**_view(ep).model_dump(), secret=secret)
 
 
-def list_all(principal: Principal) -> dict[str, Any]:
+def list_all(ctx: Context, principal: Principal) -> dict[str, Any]:
     require(principal, Role.owner, Role.member)
-    return {"items": [_view(e) for e in store.endpoints(principal.org)], "limit": MAX_ENDPOINTS}
+    return {"items": [_view(e) for e in store.endpoints(ctx, principal.org)], "limit": MAX_ENDPOINTS}
 
 
-def show(principal: Principal, endpoint_id: str) -> WebhookView:
+def show(ctx: Context, principal: Principal, endpoint_id: str) -> WebhookView:
     require(principal, Role.owner, Role.member)
-    return _view(store.get(principal.org, endpoint_id)[0])
+    return _view(store.get(ctx, principal.org, endpoint_id)[0])
 
 
-def patch(principal: Principal, endpoint_id: str, body: Any) -> WebhookView:
+def patch(ctx: Context, principal: Principal, endpoint_id: str, body: Any) -> WebhookView:
     require(principal, Role.owner)
     req: WebhookPatch = _parse(WebhookPatch, body)
     if req.url is not None:
@@ -114,10 +114,10 @@ def patch(principal: Principal, endpoint_id: str, body: Any) -> WebhookView:
             update |= {"failing_since": None, "disabled_at": None, "disabled_reason": ""}
         return e.model_copy(update=update)
 
-    return _view(store.mutate(principal.org, endpoint_id, change))
+    return _view(store.mutate(ctx, principal.org, endpoint_id, change))
 
 
-def rotate(principal: Principal, endpoint_id: str) -> WebhookSecret:
+def rotate(ctx: Context, principal: Principal, endpoint_id: str) -> WebhookSecret:
     require(principal, Role.owner)
     secret = _new_secret()
     t = now()
@@ -128,30 +128,30 @@ def rotate(principal: Principal, endpoint_id: str) -> WebhookSecret:
         return e.model_copy(update={"secret": sealed, "previous_secret": e.secret, "rotated_at": t,
                                     "previous_until": t + timedelta(seconds=ROTATION_GRACE_S)})
 
-    ep = store.mutate(principal.org, endpoint_id, change)
+    ep = store.mutate(ctx, principal.org, endpoint_id, change)
     return WebhookSecret(**_view(ep).model_dump(), secret=secret)
 
 
-def delete(principal: Principal, endpoint_id: str) -> None:
+def delete(ctx: Context, principal: Principal, endpoint_id: str) -> None:
     require(principal, Role.owner)
-    store.delete(principal.org, endpoint_id)
+    store.delete(ctx, principal.org, endpoint_id)
 
 
-def test(principal: Principal, endpoint_id: str) -> dict[str, Any]:
+def test(ctx: Context, principal: Principal, endpoint_id: str) -> dict[str, Any]:
     """Queue a webhook.test event to this endpoint (whatever types it subscribes to)."""
     require(principal, Role.owner)
-    ep, _ = store.get(principal.org, endpoint_id)
+    ep, _ = store.get(ctx, principal.org, endpoint_id)
     import json
 
     webhook_id = new_webhook_id()
     body = json.dumps({"type": TEST_EVENT, "timestamp": now().isoformat(),
                        "data": {"org": principal.org, "webhook_id": ep.id}}, separators=(",", ":"))
-    get_queues().send(Step.deliver_webhook, DeliveryMessage(org=principal.org, endpoint_id=ep.id,
-                                                            webhook_id=webhook_id, type=TEST_EVENT, body=body))
+    ctx.queues.send(Step.deliver_webhook, DeliveryMessage(org=principal.org, endpoint_id=ep.id,
+                                                          webhook_id=webhook_id, type=TEST_EVENT, body=body))
     return {"queued": True, "webhook_id": webhook_id, "type": TEST_EVENT}
 
 
-def deliveries(principal: Principal, endpoint_id: str) -> dict[str, list[DeliveryAttempt]]:
+def deliveries(ctx: Context, principal: Principal, endpoint_id: str) -> dict[str, list[DeliveryAttempt]]:
     require(principal, Role.owner, Role.member)
-    store.get(principal.org, endpoint_id)  # 404 for another org's or a deleted endpoint
-    return {"items": store.attempts(principal.org, endpoint_id)}
+    store.get(ctx, principal.org, endpoint_id)  # 404 for another org's or a deleted endpoint
+    return {"items": store.attempts(ctx, principal.org, endpoint_id)}

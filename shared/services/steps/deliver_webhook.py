@@ -13,12 +13,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import NotFound
 from shared.log import get_logger, register_secret
-from shared.queues import encode, get_queues
+from shared.queues import encode
 from shared.security import unseal
 from shared.steps import Step
-from shared.store import get_store
 from shared.webhooks import store
 from shared.webhooks.models import DeliveryAttempt, DeliveryMessage, EndpointRecord
 from shared.webhooks.send import post
@@ -42,47 +42,47 @@ def signing_secrets(ep: EndpointRecord) -> list[str]:
     return out
 
 
-def deliver_webhook(msg: DeliveryMessage) -> None:
+def deliver_webhook(ctx: Context, msg: DeliveryMessage) -> None:
     log = get_logger()
     try:
-        ep, _ = store.get(msg.org, msg.endpoint_id)
+        ep, _ = store.get(ctx, msg.org, msg.endpoint_id)
     except NotFound:
         log.info("webhook endpoint deleted; delivery dropped")
         return
 
     def record(outcome: str, code: int | None = None, error: str = "", ms: int = 0) -> None:
-        store.log(msg.org, ep.id, DeliveryAttempt(at=now(), webhook_id=msg.webhook_id, type=msg.type,
-                                                  attempt=msg.attempt + 1, outcome=outcome,  # type: ignore[arg-type]
-                                                  status_code=code, error=error[:300], duration_ms=ms))
+        store.log(ctx, msg.org, ep.id, DeliveryAttempt(at=now(), webhook_id=msg.webhook_id, type=msg.type,
+                                                       attempt=msg.attempt + 1, outcome=outcome,  # type: ignore[arg-type]
+                                                       status_code=code, error=error[:300], duration_ms=ms))
 
-    if store.delivered(msg.org, ep.id, msg.webhook_id):
+    if store.delivered(ctx, msg.org, ep.id, msg.webhook_id):
         return  # a duplicate of a delivered event
     if not ep.enabled:
         record("skipped", error="the endpoint is disabled")
         return
     result = post(ep.url, msg.webhook_id, msg.body, signing_secrets(ep))
     if result.ok:
-        store.mark_delivered(msg.org, ep.id, msg.webhook_id)
+        store.mark_delivered(ctx, msg.org, ep.id, msg.webhook_id)
         record("delivered", result.status_code, ms=result.duration_ms)
         t = now()
-        store.mutate(msg.org, ep.id, lambda e: e.model_copy(update={"failing_since": None, "last_success_at": t}))
+        store.mutate(ctx, msg.org, ep.id, lambda e: e.model_copy(update={"failing_since": None, "last_success_at": t}))
         return
     last = msg.attempt >= len(RETRY_DELAYS_S)
     record("failed" if last else "retrying", result.status_code, result.error, result.duration_ms)
-    _note_failure(ep)
+    _note_failure(ctx, ep)
     if last:
-        get_queues().client(Step.deliver_webhook.poison).send_message(_encoded(msg))
+        ctx.queues.client(Step.deliver_webhook.poison).send_message(_encoded(msg))
         log.warning("webhook delivery failed its last retry; moved to poison", extra={"webhook_id": msg.webhook_id})
         return
-    get_queues().send(Step.deliver_webhook, msg.model_copy(update={"attempt": msg.attempt + 1}),
-                      delay_s=RETRY_DELAYS_S[msg.attempt])
+    ctx.queues.send(Step.deliver_webhook, msg.model_copy(update={"attempt": msg.attempt + 1}),
+                    delay_s=RETRY_DELAYS_S[msg.attempt])
 
 
 def _encoded(msg: DeliveryMessage) -> str:
     return encode(msg)
 
 
-def _note_failure(ep: EndpointRecord) -> None:
+def _note_failure(ctx: Context, ep: EndpointRecord) -> None:
     t = now()
 
     def change(e: EndpointRecord) -> EndpointRecord | None:
@@ -94,6 +94,6 @@ def _note_failure(ep: EndpointRecord) -> None:
                                     f"{since:%Y-%m-%d %H:%M} UTC failed; fix the receiver, then enable it again")})
         return None if e.failing_since else e.model_copy(update={"failing_since": t})
 
-    new = store.mutate(ep.org, ep.id, change)
+    new = store.mutate(ctx, ep.org, ep.id, change)
     if ep.enabled and not new.enabled:
-        get_store().audit.add("webhook disabled", org=ep.org, endpoint=ep.id, reason=new.disabled_reason)
+        ctx.store.audit.add("webhook disabled", org=ep.org, endpoint=ep.id, reason=new.disabled_reason)

@@ -8,20 +8,20 @@ not block launches). Sent when the API finds a catalog stale, and hourly by the 
 from __future__ import annotations
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import ProviderError
 from shared.log import get_logger
 from shared.models import CatalogRecord, ConnectionMessage
 from shared.runs.org_backends import compute_for, connection_of_slot, provider_of
 from shared.services.steps.validate_connection import offers_of
-from shared.store import get_store
 
 
-def refresh(org: str, connection: str) -> CatalogRecord:
+def refresh(ctx: Context, org: str, connection: str) -> CatalogRecord:
     """Refresh the catalog of the compute connection `connection` (`aws`, `aws/us-west-2`)."""
-    store, provider = get_store(), provider_of(connection)
+    store, provider = ctx.store, provider_of(connection)
     previous = store.catalogs.get(org, connection)
     try:
-        offers = offers_of(connection, compute_for(org, connection).offers())
+        offers = offers_of(connection, compute_for(ctx, org, connection).offers())
         rec = CatalogRecord(org=org, provider=provider, connection=connection, offers=offers, fetched_at=now())
     except ProviderError as exc:
         get_logger().warning("catalog refresh failed; serving the last good copy", extra={"connection": connection})
@@ -33,5 +33,5 @@ def refresh(org: str, connection: str) -> CatalogRecord:
     return rec
 
 
-def refresh_catalog(msg: ConnectionMessage) -> None:
-    refresh(msg.org, connection_of_slot(msg.slot))
+def refresh_catalog(ctx: Context, msg: ConnectionMessage) -> None:
+    refresh(ctx, msg.org, connection_of_slot(msg.slot))

@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import ProviderError, RetryableError
 from shared.lifecycle import released_state
 from shared.models import RunRecord, RunState, StepMessage
-from shared.queues import get_queues
 from shared.runs.cloud_report import BOOT_FAILED, note_cloud_report
 from shared.runs.events import event
 from shared.runs.moves import move
@@ -21,44 +21,42 @@ from shared.runs.org_backends import compute_for, ref_of, run_connection
 from shared.runs.resources import merge_resources
 from shared.runs.scope import refuse_other_scope
 from shared.services.steps.working_files import remove_after_release
-from shared.settings import get_settings
 from shared.steps import Step
-from shared.store import get_store
 
 
-def release_delay(attempts: int) -> float:
+def release_delay(ctx: Context, attempts: int) -> float:
     """Capped exponential backoff between release attempts (the sweeper uses it too)."""
-    return float(min(get_settings().release_backoff_max_s, 15 * 2 ** min(attempts, 10)))
+    return float(min(ctx.settings.release_backoff_max_s, 15 * 2 ** min(attempts, 10)))
 
 
-def release(msg: StepMessage) -> None:
-    store = get_store()
+def release(ctx: Context, msg: StepMessage) -> None:
+    store = ctx.store
     run, _ = store.runs.get(msg.org, msg.run_id)
     if run.state not in Step.release.serves:
         return
     if msg.reason == BOOT_FAILED and run.release_attempts == 0:
-        run = note_cloud_report(run)  # before the machine, and what the cloud knows of it, is gone
+        run = note_cloud_report(ctx, run)  # before the machine, and what the cloud knows of it, is gone
     resources = merge_resources(store.ledger.read(run.id), run.resources)
     asked = 0.0
     try:
-        provider = compute_for(run.org, run_connection(run))
+        provider = compute_for(ctx, run.org, run_connection(run))
         refuse_other_scope(run, provider)  # a connection moved to another scope would "release" nothing
-        out = provider.release(ref_of(run), resources)
+        out = provider.release(ref_of(ctx, run), resources)
         detail = out.detail
         if out.done:
-            remove_after_release(run, resources)  # the pod's files on a network volume; nothing writes there now
+            remove_after_release(ctx, run, resources)  # the pod's files on a network volume; nothing writes there now
     except ProviderError as exc:
         out, detail = None, exc.reason
         asked = exc.retry_after_s if isinstance(exc, RetryableError) else 0.0  # a throttled cloud's own wait
     if out is not None and out.done:
         for res in resources:
             store.ledger.record(res.model_copy(update={"state": "deleted"}))
-        move(run, released_state(run), expect=Step.release.serves, release_error="", billing_note="", released_at=now())
+        move(ctx, run, released_state(run), expect=Step.release.serves, release_error="", billing_note="", released_at=now())
         return
     attempts = run.release_attempts + 1
     # Never sooner than a throttled cloud asked (Azure's Compute limits ask up to 20 min): an early retry
     # counts against the same limit and prolongs it.
-    delay = out.retry_after_s if out is not None and attempts < 4 else max(release_delay(attempts), asked)
+    delay = out.retry_after_s if out is not None and attempts < 4 else max(release_delay(ctx, attempts), asked)
 
     def change(r: RunRecord) -> RunRecord | None:
         if r.state != RunState.releasing:
@@ -68,5 +66,5 @@ def release(msg: StepMessage) -> None:
 
     run, wrote = store.runs.mutate(run.org, run.id, change)
     if wrote and out is None:
-        event(run, "warning", f"release attempt {attempts} failed: {detail}; retrying in {int(delay)} s")
-    get_queues().send(Step.release, msg, delay_s=delay)
+        event(ctx, run, "warning", f"release attempt {attempts} failed: {detail}; retrying in {int(delay)} s")
+    ctx.queues.send(Step.release, msg, delay_s=delay)

@@ -49,6 +49,7 @@ from typing import Any
 
 from shared import metrics
 from shared.clock import now, now_ts
+from shared.context import Context
 from shared.errors import AuthError, ProviderError
 from shared.lifecycle import ACTIVE, TERMINAL
 from shared.log import get_logger, redact_text
@@ -63,7 +64,6 @@ from shared.models import (
     SweepMessage,
 )
 from shared.providers.base import ComputeProvider, RunRef
-from shared.queues import get_queues
 from shared.runs import candidates
 from shared.runs.events import event
 from shared.runs.moves import move
@@ -72,9 +72,8 @@ from shared.runs.resources import MACHINE_KINDS
 from shared.runs.scope import refuse_other_scope, report_credential_failure
 from shared.services.steps.release import release_delay
 from shared.services.timers.sweeper import ACTIVE_PARTITION, record_report
-from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
-from shared.store import get_store, leases
+from shared.store import leases
 from shared.store.installation import installation_id
 
 GONE_STATES = frozenset({"terminated", "deleted"})
@@ -111,31 +110,31 @@ DEFER_S = (15, 45)  # a deferred message's delay, drawn in this range (deferred 
 _running = threading.BoundedSemaphore(MAX_RUNNING)
 
 
-def sweep_account(msg: SweepMessage) -> None:
+def sweep_account(ctx: Context, msg: SweepMessage) -> None:
     """The step: sweep the message's accounts (its own and its batch's) once per sweep; the findings are
     audited (and reported for an admin's sweep: shared/services/timers/sweeper.record_report)."""
     if not _running.acquire(blocking=False):
         delay = random.uniform(*DEFER_S)
         get_logger().info("account sweep deferred: this worker runs its most sweeps at once",
                           extra={"org": msg.org, "accounts": 1 + len(msg.batch), "delay_s": round(delay)})
-        get_queues().send(Step.sweep_account, msg, delay_s=delay)
+        ctx.queues.send(Step.sweep_account, msg, delay_s=delay)
         return
     try:
-        _sweep_batch(msg)
+        _sweep_batch(ctx, msg)
     finally:
         _running.release()
 
 
-def _sweep_batch(msg: SweepMessage) -> None:
+def _sweep_batch(ctx: Context, msg: SweepMessage) -> None:
     targets = [(msg.org, msg.connection or msg.provider)] + [(t.org, t.connection or t.provider) for t in msg.batch]
 
     def one(target: tuple[str, str]) -> None:
         org, name = target
-        out = sweep_one(org, name, sweep_id=msg.sweep, dry_run=msg.dry_run)
+        out = sweep_one(ctx, org, name, sweep_id=msg.sweep, dry_run=msg.dry_run)
         if msg.report:
-            record_report(msg.model_copy(update={"org": org, "provider": provider_of(name),
-                                                 "connection": name if name != provider_of(name) else "",
-                                                 "batch": []}), out)
+            record_report(ctx, msg.model_copy(update={"org": org, "provider": provider_of(name),
+                                                      "connection": name if name != provider_of(name) else "",
+                                                      "batch": []}), out)
 
     if len(targets) == 1:
         one(targets[0])
@@ -149,28 +148,30 @@ def _sweep_batch(msg: SweepMessage) -> None:
         f.result()
 
 
-def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
-              compute: ProviderFactory = compute_of) -> dict[str, Any]:
-    """Sweep one account; returns {"findings": [...], stats..., "skipped": why (when it did not)}."""
-    got = get_store().connections.get(org, compute_connection_slot(provider_name))
+def sweep_one(ctx: Context, org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
+              compute: ProviderFactory | None = None) -> dict[str, Any]:
+    """Sweep one account; returns {"findings": [...], stats..., "skipped": why (when it did not)}. `compute`
+    builds the connection's provider (default: compute_of with this ctx)."""
+    build: ProviderFactory = compute or (lambda rec: compute_of(ctx, rec))
+    got = ctx.store.connections.get(org, compute_connection_slot(provider_name))
     if got is None or got[0].status == ConnectionStatus.checking:
         return {"findings": [], "skipped": "the connection is gone or being checked"}
     if dry_run:
-        return _sweep(org, provider_name, lambda: compute(got[0]), dry_run=True)
-    lease = leases.take(lease_name(org, provider_name), LEASE_S)
+        return _sweep(ctx, org, provider_name, lambda: build(got[0]), dry_run=True)
+    lease = leases.take(ctx, lease_name(org, provider_name), LEASE_S)
     if lease is None:
         get_logger().info("account sweep skipped: another sweep holds its lease",
                           extra={"org": org, "provider": provider_name})
         return {"findings": [], "skipped": "another sweep of this account is running; the next tick sweeps"}
     if lease.data.get("sweep") == sweep_id:
-        leases.end(lease)
+        leases.end(ctx, lease)
         return {"findings": [], "skipped": "this sweep has swept this account already (a second delivery)"}
-    out = _sweep(org, provider_name, lambda: compute(got[0]), dry_run=False, lease=lease)
+    out = _sweep(ctx, org, provider_name, lambda: build(got[0]), dry_run=False, lease=lease)
     marked = lease.data.get("active_marked_at")
     if out.get("active") and not (isinstance(marked, (int, float)) and now_ts() - marked < ACTIVE_MARK_EVERY_S):
-        mark_active(org, provider_name)
+        mark_active(ctx, org, provider_name)
         marked = now_ts()
-    leases.end(lease, sweep=sweep_id, swept_at=now_ts(), **({"active_marked_at": marked} if marked else {}))
+    leases.end(ctx, lease, sweep=sweep_id, swept_at=now_ts(), **({"active_marked_at": marked} if marked else {}))
     return out
 
 
@@ -181,11 +182,11 @@ def sweep_one(org: str, provider_name: str, *, sweep_id: str, dry_run: bool,
 ACTIVE_MARK_EVERY_S = 3600
 
 
-def mark_active(org: str, provider: str) -> None:
+def mark_active(ctx: Context, org: str, provider: str) -> None:
     # `provider`: the connection's name; a table key may not hold its '/' (spelled '|', as keys.row_key does).
 
-    get_store().table("sweeps").upsert(ACTIVE_PARTITION, f"{org}~{provider.replace('/', '|')}",
-                                       {"org": org, "provider": provider}, at=now_ts())
+    ctx.store.table("sweeps").upsert(ACTIVE_PARTITION, f"{org}~{provider.replace('/', '|')}",
+                                     {"org": org, "provider": provider}, at=now_ts())
 
 
 class _Budget:
@@ -196,11 +197,11 @@ class _Budget:
         self.lease = lease
         self.left_over = 0
 
-    def allows(self) -> bool:
+    def allows(self, ctx: Context) -> bool:
         if now_ts() >= self.until:
             self.left_over += 1
             return False
-        if self.lease is not None and self.lease.until - now_ts() < LEASE_S / 2 and not leases.renew(self.lease,
+        if self.lease is not None and self.lease.until - now_ts() < LEASE_S / 2 and not leases.renew(ctx, self.lease,
                                                                                                          LEASE_S):
             self.left_over += 1
             self.until = 0  # the lease was lost (it ran out, another sweep took it): act on nothing more
@@ -208,7 +209,7 @@ class _Budget:
         return True
 
 
-def _listing_failed(org: str, name: str, exc: Exception, dry_run: bool) -> dict[str, Any]:
+def _listing_failed(ctx: Context, org: str, name: str, exc: Exception, dry_run: bool) -> dict[str, Any]:
     """The finding of a connection whose provider could not be built or list its resources: an expired
     credential also warns its runs."""
     reason = exc.reason if isinstance(exc, ProviderError) else f"{type(exc).__name__}: {redact_text(str(exc))}"
@@ -217,23 +218,23 @@ def _listing_failed(org: str, name: str, exc: Exception, dry_run: bool) -> dict[
     finding: dict[str, Any] = {"org": org, "provider": name, "action": "none",
                                "reason": f"listing failed, nothing swept on this connection: {reason[:500]}"}
     if isinstance(exc, AuthError) and not dry_run:
-        finding["warned_runs"] = report_credential_failure(org, name, exc.reason)
-    _audit("sweep-list-failed", finding)
+        finding["warned_runs"] = report_credential_failure(ctx, org, name, exc.reason)
+    _audit(ctx, "sweep-list-failed", finding)
     return finding
 
 
-def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_run: bool,
+def _sweep(ctx: Context, org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_run: bool,
            lease: leases.Lease | None = None) -> dict[str, Any]:
-    settings, store = get_settings(), get_store()
+    settings, store = ctx.settings, ctx.store
     stats: dict[str, Any] = {"org": org, "provider": name, "listed": 0, "runs_read": 0}
     try:
         provider = compute()
         resources = _ours(provider.list_managed(), settings.deployment_id, org)
     except Exception as exc:  # one broken account (a secret that no longer opens) never poisons the step
-        return {**stats, "findings": [_listing_failed(org, name, exc, dry_run)]}
-    if (other := _other_store(resources)) is not None:
+        return {**stats, "findings": [_listing_failed(ctx, org, name, exc, dry_run)]}
+    if (other := _other_store(ctx, resources)) is not None:
         stats["listed"] = len(resources)
-        return {**stats, "findings": [_refuse_duplicate(org, name, other, dry_run)]}
+        return {**stats, "findings": [_refuse_duplicate(ctx, org, name, other, dry_run)]}
     # Read after listing the cloud (see the module docstring): the org's watched runs, and the runs
     # the listing names that are not among them (ended runs whose machine is still listed).
     watched = store.runs.get_many(store.watch.ids(org))
@@ -245,10 +246,10 @@ def _sweep(org: str, name: str, compute: Callable[[], ComputeProvider], *, dry_r
     stats["listed"] = len(resources)
     stats["active"] = bool(watched or resources)
     t, budget = now(), _Budget(lease)
-    findings = _leaks(org, name, provider, resources, runs, t, dry_run, budget)
-    findings += _vanished(org, name, provider, resources, runs, t, dry_run, budget)
-    findings += _low_credit(org, name, provider, runs, t, dry_run)
-    findings += _stuck_releases(org, (r for r in runs.values() if run_connection(r) == name), t, dry_run)
+    findings = _leaks(ctx, org, name, provider, resources, runs, t, dry_run, budget)
+    findings += _vanished(ctx, org, name, provider, resources, runs, t, dry_run, budget)
+    findings += _low_credit(ctx, org, name, provider, runs, t, dry_run)
+    findings += _stuck_releases(ctx, org, (r for r in runs.values() if run_connection(r) == name), t, dry_run)
     if budget.left_over:
         stats["left_for_next_tick"] = budget.left_over
     get_logger().info("account swept", extra={"dry_run": dry_run, **stats, "findings": len(findings)})
@@ -268,27 +269,27 @@ def finding_kinds(findings: list[dict[str, Any]]) -> dict[str, int]:
     return dict(out)
 
 
-def _other_store(resources: list[CloudResource]) -> str | None:
+def _other_store(ctx: Context, resources: list[CloudResource]) -> str | None:
     """The installation id of another state store whose resources carry this deployment's marks, or
     None (resources made before the mark existed carry none and count as this store's)."""
-    mine = installation_id()
+    mine = installation_id(ctx)
     return next((r.extra["store"] for r in resources if r.extra.get("store") and r.extra["store"] != mine), None)
 
 
-def _refuse_duplicate(org: str, name: str, other: str, dry_run: bool) -> dict[str, Any]:
+def _refuse_duplicate(ctx: Context, org: str, name: str, other: str, dry_run: bool) -> dict[str, Any]:
     reason = (f"another control plane (state store {other}) uses this deployment id "
-              f"({get_settings().deployment_id}) on this {name} account: nothing is swept here, since each would "
+              f"({ctx.settings.deployment_id}) on this {name} account: nothing is swept here, since each would "
               "take the other's machines for leaks. Give one of the two deployments its own "
               "TENSORANT_DEPLOYMENT_ID (its running runs keep their marks: finish or cancel them first)")
     finding: dict[str, Any] = {"org": org, "provider": name, "action": "none", "reason": reason}
     get_logger().error("sweep refused: a second deployment uses this deployment id", extra=finding)
-    _audit("sweep-dry-run" if dry_run else "sweep-refused-duplicate-deployment", finding)
+    _audit(ctx, "sweep-dry-run" if dry_run else "sweep-refused-duplicate-deployment", finding)
     return finding
 
 
-def _audit(kind: str, finding: dict[str, Any]) -> None:
+def _audit(ctx: Context, kind: str, finding: dict[str, Any]) -> None:
     # The audit record's own "action" is its kind; the finding's action goes in as "decision".
-    get_store().audit.add(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
+    ctx.store.audit.add(kind, **{("decision" if k == "action" else k): v for k, v in finding.items()})
 
 
 def _ours(resources: Iterable[CloudResource], deployment: str, org: str) -> list[CloudResource]:
@@ -310,11 +311,11 @@ def _of_connection(res: CloudResource, connection: str, runs: dict[str, RunRecor
     return connection == provider_of(connection)
 
 
-def _grace() -> timedelta:
-    return timedelta(seconds=get_settings().sweep_grace_s)
+def _grace(ctx: Context) -> timedelta:
+    return timedelta(seconds=ctx.settings.sweep_grace_s)
 
 
-def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
+def _leaks(ctx: Context, org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
            runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
     """Resources past the grace whose run is missing or terminal, or whose launch attempt the run gave up:
     released (a dry run only reports them)."""
@@ -325,10 +326,10 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
         by_run[(res.run_id, res.attempt)].append(res)
     out = []
     for (run_id, attempt), found in sorted(by_run.items()):
-        reason = _leak_reason(runs.get(run_id), run_id, attempt, found, t)
+        reason = _leak_reason(ctx, runs.get(run_id), run_id, attempt, found, t)
         if reason is None:
             continue
-        if not dry_run and not budget.allows():
+        if not dry_run and not budget.allows(ctx):
             continue  # the budget is spent: the next tick finds it again
         finding: dict[str, Any] = {
             "org": org, "provider": provider_name, "run_id": run_id, "reason": reason,
@@ -336,13 +337,13 @@ def _leaks(org: str, provider_name: str, provider: ComputeProvider, resources: l
             "action": "would release" if dry_run else "release",
         }
         if not dry_run:
-            finding |= _release(provider, RunRef(get_settings().deployment_id, org, run_id, attempt=attempt), found)
-        _audit("sweep-dry-run" if dry_run else "sweep-release", finding)
+            finding |= _release(provider, RunRef(ctx.settings.deployment_id, org, run_id, attempt=attempt), found)
+        _audit(ctx, "sweep-dry-run" if dry_run else "sweep-release", finding)
         out.append(finding)
     return out
 
 
-def _leak_reason(run: RunRecord | None, run_id: str, attempt: int, found: list[CloudResource],
+def _leak_reason(ctx: Context, run: RunRecord | None, run_id: str, attempt: int, found: list[CloudResource],
                  t: datetime) -> str | None:
     """Why one launch attempt's resources are a leak; None while they are not one (yet)."""
     if run is None and any(r.org == "" for r in found):
@@ -352,20 +353,20 @@ def _leak_reason(run: RunRecord | None, run_id: str, attempt: int, found: list[C
     gave_up = run is not None and run.state not in TERMINAL and candidates.abandoned(run, attempt)
     if run is not None and run.state not in TERMINAL and not gave_up:
         return None  # a live run owns it; its own steps release or retain it
-    if not _past_grace(run, run_id, found, t, gave_up):
+    if not _past_grace(ctx, run, run_id, found, t, gave_up):
         return None
     if gave_up:
         return f"launch attempt {attempt + 1} of its run was given up (another candidate was tried)"
     return "its run is missing" if run is None else f"its run is {run.state.value} (released)"
 
 
-def _past_grace(run: RunRecord | None, run_id: str, found: list[CloudResource], t: datetime, gave_up: bool) -> bool:
+def _past_grace(ctx: Context, run: RunRecord | None, run_id: str, found: list[CloudResource], t: datetime, gave_up: bool) -> bool:
     """Whether the resources and their run's last change are older than the grace period."""
-    grace = _grace()
+    grace = _grace(ctx)
     if run is None:
         if any(r.created_at is None for r in found):
             # No creation time and no run to date it: count from the first sighting.
-            return _seen_before(run_id, found, t)
+            return _seen_before(ctx, run_id, found, t)
         # Younger: being created right now, or listed late.
         return not any(t - r.created_at < grace for r in found if r.created_at)
     if any(r.created_at and t - r.created_at < grace for r in found):
@@ -382,10 +383,10 @@ def _release(provider: ComputeProvider, ref: RunRef, found: list[CloudResource])
     return {"done": got.done, "detail": got.detail}
 
 
-def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
+def _seen_before(ctx: Context, run_id: str, found: list[CloudResource], t: datetime) -> bool:
     """For resources the cloud gives no creation time (RunPod pods): the first sighting is
     written to the ledger, and the grace period counts from there."""
-    store, grace = get_store(), _grace()
+    store, grace = ctx.store, _grace(ctx)
     ledger = {(r.kind, r.id): r for r in store.ledger.read(run_id)}
     old = True
     for res in found:
@@ -398,7 +399,7 @@ def _seen_before(run_id: str, found: list[CloudResource], t: datetime) -> bool:
     return old
 
 
-def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
+def _vanished(ctx: Context, org: str, provider_name: str, provider: ComputeProvider, resources: list[CloudResource],
               runs: dict[str, RunRecord], t: datetime, dry_run: bool, budget: _Budget) -> list[dict[str, Any]]:
     """A live run whose recorded machine is not in the listing at all may have been deleted
     outside the control plane. A listing can be wrong (a filter, a region), so absence alone
@@ -411,21 +412,21 @@ def _vanished(org: str, provider_name: str, provider: ComputeProvider, resources
         if run_connection(run) != provider_name or run.state not in ACTIVE or run.id in listed_runs:
             continue
         machines = [r for r in run.resources if r.kind in MACHINE_KINDS]
-        if not machines or not _unlisted_past_grace(run, machines, t):
+        if not machines or not _unlisted_past_grace(ctx, run, machines, t):
             continue
         problem = _other_scope(run, provider)
         if problem is not None:
             out.append({"org": org, "provider": provider_name, "run_id": run.id, "action": "none", "reason": problem})
             continue
-        if not budget.allows() or not _confirmed_gone(provider, org, run):
+        if not budget.allows(ctx) or not _confirmed_gone(ctx, provider, org, run):
             continue
         why = "the machine is gone from the cloud (deleted outside the control plane)"
         finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": why,
                    "resources": [f"{r.kind}:{r.id}" for r in machines],
                    "action": "would retain" if dry_run else "retain"}
-        if not _retain_vanished(run, why, dry_run):
+        if not _retain_vanished(ctx, run, why, dry_run):
             continue
-        _audit("sweep-dry-run" if dry_run else "sweep-retain", finding)
+        _audit(ctx, "sweep-dry-run" if dry_run else "sweep-retain", finding)
         out.append(finding)
     return out
 
@@ -447,32 +448,32 @@ def _listed_runs(resources: list[CloudResource], runs: dict[str, RunRecord]) -> 
             if r.run_id not in runs or r.attempt == candidates.attempt_no(runs[r.run_id])}
 
 
-def _unlisted_past_grace(run: RunRecord, machines: list[CloudResource], t: datetime) -> bool:
+def _unlisted_past_grace(ctx: Context, run: RunRecord, machines: list[CloudResource], t: datetime) -> bool:
     """Whether the run and its machines are older than the grace period: a younger machine may be listed late."""
-    grace = _grace()
+    grace = _grace(ctx)
     if t - run.state_changed_at < grace:
         return False
     return not any(r.created_at and t - r.created_at < grace for r in machines)
 
 
-def _confirmed_gone(provider: ComputeProvider, org: str, run: RunRecord) -> bool:
+def _confirmed_gone(ctx: Context, provider: ComputeProvider, org: str, run: RunRecord) -> bool:
     """The cloud, asked about the run, says its machine is gone (an error confirms nothing: the heartbeat
     deadline still covers it)."""
     try:
-        ref = RunRef(get_settings().deployment_id, org, run.id, attempt=candidates.attempt_no(run))
+        ref = RunRef(ctx.settings.deployment_id, org, run.id, attempt=candidates.attempt_no(run))
         return provider.describe(ref, run.resources).state == MachineState.gone
     except ProviderError:
         return False
 
 
-def _retain_vanished(run: RunRecord, why: str, dry_run: bool) -> bool:
+def _retain_vanished(ctx: Context, run: RunRecord, why: str, dry_run: bool) -> bool:
     """The run moved to retaining (the retain step then fails it); False when it had moved on meanwhile. A dry run
     moves nothing."""
     if dry_run:
         return True
-    _, wrote = move(run, RunState.retaining, expect={run.state}, reason=why)
+    _, wrote = move(ctx, run, RunState.retaining, expect={run.state}, reason=why)
     if wrote:
-        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="sweeper"))
+        ctx.queues.send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="sweeper"))
     return wrote
 
 
@@ -480,7 +481,7 @@ def _retain_vanished(run: RunRecord, why: str, dry_run: bool) -> bool:
 CREDIT_WARNING_EVERY_S = 24 * 3600
 
 
-def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: dict[str, RunRecord], t: datetime,
+def _low_credit(ctx: Context, org: str, provider_name: str, provider: ComputeProvider, runs: dict[str, RunRecord], t: datetime,
                 dry_run: bool) -> list[dict[str, Any]]:
     """Prepaid accounts (RunPod) stop and then delete pods when the credit runs out, retained disks
     included: warn on each retained run while the provider says its credit is low (one read per
@@ -489,13 +490,13 @@ def _low_credit(org: str, provider_name: str, provider: ComputeProvider, runs: d
     message = _credit_warning(provider) if retained else ""
     out: list[dict[str, Any]] = []
     for run in retained if message else []:
-        if _warned_recently(run, t):
+        if _warned_recently(ctx, run, t):
             continue
         finding = {"org": org, "provider": provider_name, "run_id": run.id, "reason": message,
                    "action": "would warn" if dry_run else "warn"}
         if not dry_run:
-            event(run, "warning", message + " This run is retained: recover or release it soon.", credit=True)
-        _audit("sweep-dry-run" if dry_run else "sweep-credit-warning", finding)
+            event(ctx, run, "warning", message + " This run is retained: recover or release it soon.", credit=True)
+        _audit(ctx, "sweep-dry-run" if dry_run else "sweep-credit-warning", finding)
         out.append(finding)
     return out
 
@@ -511,15 +512,15 @@ def _credit_warning(provider: ComputeProvider) -> str:
         return ""
 
 
-def _warned_recently(run: RunRecord, t: datetime) -> bool:
+def _warned_recently(ctx: Context, run: RunRecord, t: datetime) -> bool:
     return any(e.data.get("credit") and (t - e.at).total_seconds() < CREDIT_WARNING_EVERY_S
-               for e in get_store().events.read(run.id, kind="warning"))
+               for e in ctx.store.events.read(run.id, kind="warning"))
 
 
-def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
+def _stuck_releases(ctx: Context, org: str, runs: Iterable[RunRecord], t: datetime, dry_run: bool) -> list[dict[str, Any]]:
     """Runs in releasing whose next attempt is due: re-send release, and push release_after
     out by a capped exponential backoff so a release that keeps failing is not hammered."""
-    grace, store = _grace(), get_store()
+    grace, store = _grace(ctx), ctx.store
     out = []
     for run in runs:
         if run.state not in RESENDS:
@@ -529,7 +530,7 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
         if run.release_after is None and t - run.state_changed_at < grace:
             continue  # its first release message is most likely still on its way
         attempts = run.release_attempts + 1
-        delay = release_delay(attempts)
+        delay = release_delay(ctx, attempts)
         error = run.release_error or "the release was not confirmed (its message may have been lost)"
         finding = {"org": org, "provider": run_connection(run), "run_id": run.id, "reason": error,
                    "resources": [f"{r.kind}:{r.id}" for r in run.resources], "attempt": attempts,
@@ -541,8 +542,8 @@ def _stuck_releases(org: str, runs: Iterable[RunRecord], t: datetime, dry_run: b
             if not wrote:
                 continue
             # Written before sent: a crash in between delays the retry by one backoff, never loses it.
-            get_queues().send(RESENDS[run.state], StepMessage(org=org, run_id=run.id, reason="sweeper"))
-        _audit("sweep-dry-run" if dry_run else "sweep-release-retry", finding)
+            ctx.queues.send(RESENDS[run.state], StepMessage(org=org, run_id=run.id, reason="sweeper"))
+        _audit(ctx, "sweep-dry-run" if dry_run else "sweep-release-retry", finding)
         out.append(finding)
     return out
 

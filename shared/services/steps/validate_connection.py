@@ -6,6 +6,7 @@ billable.
 from __future__ import annotations
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import ProviderError
 from shared.log import get_logger
 from shared.models import (
@@ -20,7 +21,6 @@ from shared.models import (
 from shared.runs.org_backends import STORAGE_SLOT, compute_for, connection_of_slot, storage_for
 from shared.runs.outbox import send_event
 from shared.runs.scope import held_machines_check
-from shared.store import get_store
 
 
 def offers_of(connection: str, offers: list[GpuOffer]) -> list[GpuOffer]:
@@ -28,13 +28,13 @@ def offers_of(connection: str, offers: list[GpuOffer]) -> list[GpuOffer]:
     return [o.model_copy(update={"connection": connection}) for o in offers]
 
 
-def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | None]:
+def _run_checks(ctx: Context, rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | None]:
     if rec.slot == STORAGE_SLOT:
-        return storage_for(rec.org).validate(), None
+        return storage_for(ctx, rec.org).validate(), None
     name = connection_of_slot(rec.slot)  # each named connection is checked and priced on its own
-    provider = compute_for(rec.org, name)
+    provider = compute_for(ctx, rec.org, name)
     checks = list(provider.validate())
-    checks.extend(held_machines_check(rec.org, name, provider))
+    checks.extend(held_machines_check(ctx, rec.org, name, provider))
     catalog = None
     if not any(c.status == CheckStatus.fail for c in checks):
         try:
@@ -48,15 +48,15 @@ def _run_checks(rec: ConnectionRecord) -> tuple[list[Check], CatalogRecord | Non
     return checks, catalog
 
 
-def validate_connection(msg: ConnectionMessage) -> None:
+def validate_connection(ctx: Context, msg: ConnectionMessage) -> None:
     org, slot = msg.org, msg.slot
-    store = get_store()
+    store = ctx.store
     got = store.connections.get(org, slot)
     if not got:
         return  # deleted since the message was sent
     rec, _ = got
     try:
-        checks, catalog = _run_checks(rec)
+        checks, catalog = _run_checks(ctx, rec)
     except ProviderError as exc:
         checks, catalog = [Check(name="connection", status=CheckStatus.fail, message=exc.reason)], None
     except Exception as exc:  # a check must report, not crash the step into poison
@@ -74,10 +74,10 @@ def validate_connection(msg: ConnectionMessage) -> None:
     store.connections.put(current[0].model_copy(update={"status": status, "checks": checks, "checked_at": now()}),
                          current[1])
     if status == ConnectionStatus.failed:
-        _tell_failed(rec, checks)
+        _tell_failed(ctx, rec, checks)
 
 
-def _tell_failed(rec: ConnectionRecord, checks: list[Check]) -> None:
+def _tell_failed(ctx: Context, rec: ConnectionRecord, checks: list[Check]) -> None:
     """connection.check_failed to the org's webhooks: once per saved revision and set of failing checks (the id
     is derived from them, so a re-run of this step after a crash sends it under the same id)."""
     import hashlib
@@ -87,4 +87,4 @@ def _tell_failed(rec: ConnectionRecord, checks: list[Check]) -> None:
     digest = hashlib.sha256(f"{rec.slot}|{rec.revision}|{','.join(failing)}".encode()).hexdigest()[:16]
     ident = f"msg_conn-{re.sub(r'[^A-Za-z0-9_-]', '-', rec.slot)[:40]}-{digest}"
     # The checks' names only: their messages may quote the cloud's words, which stay in the connection's view.
-    send_event(rec.org, "connection.check_failed", ident, {"connection": rec.slot, "failed_checks": failing})
+    send_event(ctx, rec.org, "connection.check_failed", ident, {"connection": rec.slot, "failed_checks": failing})

@@ -17,20 +17,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeVar
 
+from shared.context import Context
 from shared.log import redact_text
 from shared.models import ForecastCheck, Outcome, RunRecord, RunState, StepMessage, VerifyProgress
 from shared.org_storage.base import ObjectMissing, adapter_key, merged_key
 from shared.providers.registry import smoke_trainer_providers
-from shared.queues import get_queues
 from shared.runs import forecast
 from shared.runs.events import event
 from shared.runs.hub_models import kept
 from shared.runs.moves import move
 from shared.runs.org_backends import storage_for
 from shared.services.steps import verify_spool
-from shared.settings import get_settings
 from shared.steps import Step
-from shared.store import get_store
 
 Judged = TypeVar("Judged")
 MAX_ADAPTER_BYTES = 1024 * 1024 * 1024
@@ -53,24 +51,24 @@ def unreadable_is_refused(verify: Callable[[], Judged]) -> Judged:
                          f"{redact_text(str(exc))[:200]})") from exc
 
 
-def verify_adapter(msg: StepMessage) -> None:
-    run, _ = get_store().runs.get(msg.org, msg.run_id)
+def verify_adapter(ctx: Context, msg: StepMessage) -> None:
+    run, _ = ctx.store.runs.get(msg.org, msg.run_id)
     if run.state not in Step.verify_adapter.serves:
         return
     with verify_spool.locked(run.id) as held:
         if not held:
             return  # another invocation on this instance is downloading; it sends the next message itself
-        run, _ = get_store().runs.get(msg.org, msg.run_id)  # as it is now that this invocation holds the spools
+        run, _ = ctx.store.runs.get(msg.org, msg.run_id)  # as it is now that this invocation holds the spools
         if run.state not in Step.verify_adapter.serves:
             return
-        fetched = fetch_archives(run)
+        fetched = fetch_archives(ctx, run)
         if fetched is None:
             return  # the download carries on in the next invocation
-        judge(run, fetched)
+        judge(ctx, run, fetched)
     verify_spool.discard(run.id)
 
 
-def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | None:
+def fetch_archives(ctx: Context, run: RunRecord) -> dict[str, verify_spool.Spooled | str] | None:
     """The run's archives (the adapter; the merged model when one was reported), each whole in a local spool
     or the problem that refuses it; None when the step's budget cut a download: its progress is recorded on
     the run and the step sends itself the next message (verify_spool says where the bytes are kept)."""
@@ -86,7 +84,7 @@ def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | No
         ("adapter", adapter_key(run.id), MAX_ADAPTER_BYTES, "the adapter archive")]
     if run.training.merged and run.merged_sha256:
         wanted.append(("merged", merged_key(run.id), MAX_MERGED_BYTES, "the merged model's archive"))
-    storage = storage_for(run.org)
+    storage = storage_for(ctx, run.org)
     fetched: dict[str, verify_spool.Spooled | str] = {}
     for name, key, cap, what in wanted:
         if name == "merged" and isinstance(fetched["adapter"], str):
@@ -100,14 +98,14 @@ def fetch_archives(run: RunRecord) -> dict[str, verify_spool.Spooled | str] | No
             fetched[name] = str(exc)
             continue
         if isinstance(got, verify_spool.Partial):
-            carry_on(run, VerifyProgress(artifact=name, offset=got.offset, size=got.size, host=verify_spool.host(),
-                                         token=token, since=run.state_changed_at))
+            carry_on(ctx, run, VerifyProgress(artifact=name, offset=got.offset, size=got.size, host=verify_spool.host(),
+                                              token=token, since=run.state_changed_at))
             return None
         fetched[name] = got
     return fetched
 
 
-def carry_on(run: RunRecord, progress: VerifyProgress) -> None:
+def carry_on(ctx: Context, run: RunRecord, progress: VerifyProgress) -> None:
     """Record how far the download got, then send the step its next message: recorded first, so a process
     that dies between the two leaves the message it was serving to be delivered again, which carries on from
     the spool. Only a run whose progress is still what this invocation read is written: a second delivery of
@@ -119,37 +117,37 @@ def carry_on(run: RunRecord, progress: VerifyProgress) -> None:
             return None
         return r.model_copy(update={"verify_progress": progress})
 
-    stored, wrote = get_store().runs.mutate(run.org, run.id, change)
+    stored, wrote = ctx.store.runs.mutate(run.org, run.id, change)
     if wrote and (seen is None or seen.artifact != progress.artifact or seen.token != progress.token):
         # Once per archive: the run stays verifying for minutes, and its timeline says why.
         what = "adapter archive" if progress.artifact == "adapter" else "merged model's archive"
-        event(stored, "audit", f"the {what} ({progress.size / 1e9:.2f} GB) is downloaded over several "
+        event(ctx, stored, "audit", f"the {what} ({progress.size / 1e9:.2f} GB) is downloaded over several "
               f"invocations, each within its time bound: {progress.offset / 1e9:.2f} GB so far",
               offset=progress.offset, size=progress.size)
     if wrote:
-        get_queues().send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id,
-                                                           reason="the archive's download carries on"))
+        ctx.queues.send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id,
+                                                         reason="the archive's download carries on"))
 
 
-def judge(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]) -> None:
+def judge(ctx: Context, run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]) -> None:
     """The verification of archives already spooled, and the run's move it decides."""
-    problems, summary, sha256, size = check_adapter(run, fetched)
+    problems, summary, sha256, size = check_adapter(ctx, run, fetched)
     step = summary.get("checkpoint_step") if not problems else None
     planned = summary.get("steps") if not problems else None
     if step is not None and not (run.state == RunState.recovering and run.accept_checkpoint):
-        refuse_checkpoint(run, step, planned, sha256)
+        refuse_checkpoint(ctx, run, step, planned, sha256)
     elif not problems:
-        succeed(run, fetched, summary, Found(step=step, planned=planned, sha256=sha256, size=size))
+        succeed(ctx, run, fetched, summary, Found(step=step, planned=planned, sha256=sha256, size=size))
     else:
         why = "adapter verification failed: " + "; ".join(problems)
         if run.state == RunState.recovering:
-            refuse_recovery(run, why + "; the machine and disk are still retained, so fix the archive and recover "
+            refuse_recovery(ctx, run, why + "; the machine and disk are still retained, so fix the archive and recover "
                             "again, or cancel with discard", sha256)
         else:
-            retain(run, why)
+            retain(ctx, run, why)
 
 
-def check_adapter(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]
+def check_adapter(ctx: Context, run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]
                   ) -> tuple[list[str], dict[str, object], str, int]:
     """The adapter archive's problems (none when it passes), the verifier's summary, and the digest and size
     of the bytes judged."""
@@ -165,8 +163,8 @@ def check_adapter(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str]
         with archive:
             # Tests that play a cloud machine run the smoke trainer (TENSORANT_ALLOW_TEST_MODELS, test-only):
             # its adapter is accepted on any provider (None skips the provider's check).
-            provider = None if get_settings().allow_test_models else run.provider
-            hub_model = kept(run.org, run.base_model, run.base_model_revision)  # a Hub model's shapes, kept at create
+            provider = None if ctx.settings.allow_test_models else run.provider
+            hub_model = kept(ctx, run.org, run.base_model, run.base_model_revision)  # a Hub model's shapes, kept at create
             result = unreadable_is_refused(lambda: check_archive(
                 archive, base_model=run.base_model, expected_sha256=run.adapter_sha256 or None, provider=provider,
                 smoke_allowed_on=tuple(smoke_trainer_providers()), model=hub_model))
@@ -183,7 +181,7 @@ class Found(NamedTuple):
     size: int
 
 
-def refuse_checkpoint(run: RunRecord, step: object, planned: object, sha256: str) -> None:
+def refuse_checkpoint(ctx: Context, run: RunRecord, step: object, planned: object, sha256: str) -> None:
     """The agent uploads each checkpoint's adapter as it is made, so a run stopped before its final adapter
     holds the last one: an incomplete training, not a completed adapter. It ends the run only when the
     owner said so at the recovery (accept_checkpoint); otherwise the run stays retained."""
@@ -198,19 +196,19 @@ def refuse_checkpoint(run: RunRecord, step: object, planned: object, sha256: str
     refusal = (what_happened + "; resume training from it (recover mode resume), or accept it as "
                "the run's adapter (recover again with accept_checkpoint: true)")
     if run.state == RunState.recovering:
-        refuse_recovery(run, refusal + "; the machine and disk are still retained", sha256)
+        refuse_recovery(ctx, run, refusal + "; the machine and disk are still retained", sha256)
     else:
-        retain(run, refusal)
+        retain(ctx, run, refusal)
 
 
-def retain(run: RunRecord, reason: str) -> None:
+def retain(ctx: Context, run: RunRecord, reason: str) -> None:
     """A verifying run whose archive is refused keeps its machine and disk (the retain step)."""
-    run, wrote = move(run, RunState.retaining, expect={RunState.verifying}, reason=reason, verify_progress=None)
+    run, wrote = move(ctx, run, RunState.retaining, expect={RunState.verifying}, reason=reason, verify_progress=None)
     if wrote:
-        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id))
+        ctx.queues.send(Step.retain, StepMessage(org=run.org, run_id=run.id))
 
 
-def succeed(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str], summary: dict[str, object],
+def succeed(ctx: Context, run: RunRecord, fetched: dict[str, verify_spool.Spooled | str], summary: dict[str, object],
             found: Found) -> None:
     """The run succeeds with its adapter (a checkpoint here was accepted by the owner: the run's reason, view
     and events say which step it holds), and its machine is released."""
@@ -219,22 +217,22 @@ def succeed(run: RunRecord, fetched: dict[str, verify_spool.Spooled | str], summ
     checked = recorded.get("forecast_check")
     merged = run.training.merged and found.step is None
     if merged:
-        recorded |= check_merged(run, fetched.get("merged"))
-    run, wrote = move(run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
+        recorded |= check_merged(ctx, run, fetched.get("merged"))
+    run, wrote = move(ctx, run, RunState.releasing, expect={run.state}, reason=what, outcome=Outcome.succeeded,
                       **recorded)
     if not wrote:  # a second delivery verified the same archive at the same time: the first recorded it
         return
-    event(run, "audit", what, sha256=run.adapter_sha256,
+    event(ctx, run, "audit", what, sha256=run.adapter_sha256,
           **({"checkpoint_step": found.step} if found.step is not None else {}))
     if merged:
-        event(run, "audit" if run.merged_sha256 else "warning", run.merged_note or "merged model verified",
+        event(ctx, run, "audit" if run.merged_sha256 else "warning", run.merged_note or "merged model verified",
               sha256=run.merged_sha256)
     if isinstance(checked, ForecastCheck):
-        event(run, "audit", forecast.check_summary(checked), **checked.model_dump())
-        forecast.record_measured(run)  # the like runs' index, for the forecasts of later runs
+        event(ctx, run, "audit", forecast.check_summary(checked), **checked.model_dump())
+        forecast.record_measured(ctx, run)  # the like runs' index, for the forecasts of later runs
     elif run.forecast and found.step is None and (why := forecast.unusable(summary)) is not None:
-        event(run, "warning", f"the trainer's figures were not taken as a measurement: {why}")
-    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id))
+        event(ctx, run, "warning", f"the trainer's figures were not taken as a measurement: {why}")
+    ctx.queues.send(Step.release, StepMessage(org=run.org, run_id=run.id))
 
 
 def success_reason(run: RunRecord, step: object, planned: object) -> str:
@@ -262,7 +260,7 @@ def success_fields(run: RunRecord, summary: dict[str, object], found: Found) -> 
     return recorded
 
 
-def check_merged(run: RunRecord, spooled: verify_spool.Spooled | str | None) -> dict[str, object]:
+def check_merged(ctx: Context, run: RunRecord, spooled: verify_spool.Spooled | str | None) -> dict[str, object]:
     """The run fields that record its merged model: kept when the archive the agent reported passes
     adapter_format.merged, cleared with merged_note saying why when it does not or none was reported."""
     # lazy: adapter_format.verify loads numpy (about 0.1 s more on every cold start)
@@ -276,7 +274,7 @@ def check_merged(run: RunRecord, spooled: verify_spool.Spooled | str | None) -> 
         if not isinstance(spooled, verify_spool.Spooled):
             raise ValueError(spooled or f"no merged archive at {merged_key(run.id)} in storage")
         with verify_spool.open_spooled(spooled) as archive:
-            hub_model = kept(run.org, run.base_model, run.base_model_revision)
+            hub_model = kept(ctx, run.org, run.base_model, run.base_model_revision)
             problems = unreadable_is_refused(lambda: verify_merged(
                 archive, base_model=run.base_model, expected_sha256=run.merged_sha256, model=hub_model)).problems
     except ValueError as exc:
@@ -287,13 +285,13 @@ def check_merged(run: RunRecord, spooled: verify_spool.Spooled | str | None) -> 
     return {"merged_note": ""}
 
 
-def refuse_recovery(run: RunRecord, refusal: str, sha256: str) -> None:
+def refuse_recovery(ctx: Context, run: RunRecord, refusal: str, sha256: str) -> None:
     """Back to retained with why it was retained first and the refusal second (the refusal alone hid
     why the run needed recovering), said as a warning on the timeline with the refused archive's
     digest, which is not recorded as the run's adapter: no adapter of it was accepted."""
     first = run.retained_reason.rstrip(". ")
     reason = f"{first}. Recovery refused: {refusal}" if first else f"recovery refused: {refusal}"
-    moved, did = move(run, RunState.retained, expect={RunState.recovering}, reason=reason,
+    moved, did = move(ctx, run, RunState.retained, expect={RunState.recovering}, reason=reason,
                       adapter_sha256="", adapter_size=0, verify_progress=None)
     if did:
-        event(moved, "warning", f"recovery refused: {refusal}", **({"refused_sha256": sha256} if sha256 else {}))
+        event(ctx, moved, "warning", f"recovery refused: {refusal}", **({"refused_sha256": sha256} if sha256 else {}))

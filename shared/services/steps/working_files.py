@@ -18,6 +18,7 @@ just removes nothing.
 
 from __future__ import annotations
 
+from shared.context import Context
 from shared.errors import PermanentError, RetryableError
 from shared.models import CloudResource, Outcome, RunRecord
 from shared.org_storage.base import scratch_key
@@ -37,7 +38,7 @@ def on_network_volume(resources: list[CloudResource]) -> bool:
     return any(on_storage(r.provider) and r.extra.get("networkVolumeId") for r in resources)
 
 
-def remove_after_release(run: RunRecord, resources: list[CloudResource]) -> None:
+def remove_after_release(ctx: Context, run: RunRecord, resources: list[CloudResource]) -> None:
     """Remove the run's pod working files from the network volume (see the module docstring).
 
     Raises RetryableError when the volume cannot be reached now (the release step tries again); a
@@ -47,19 +48,19 @@ def remove_after_release(run: RunRecord, resources: list[CloudResource]) -> None
         return
 
     folder = scratch_key(run.id) + "/"
-    if storage_config(run.org) is None:
-        event(run, "warning", f"the pod's working files on the network volume ({folder}) were not removed: no "
+    if storage_config(ctx, run.org) is None:
+        event(ctx, run, "warning", f"the pod's working files on the network volume ({folder}) were not removed: no "
                               "storage connection is saved; delete them in RunPod if you no longer need them")
         return
     try:
-        count = storage_for(run.org).delete_prefix(folder)
+        count = storage_for(ctx, run.org).delete_prefix(folder)
     except RetryableError as exc:
         raise RetryableError(f"the pod is gone; removing its working files ({folder}) from the network volume "
                              f"failed: {exc.reason}", code=exc.code) from exc
     except PermanentError as exc:
-        event(run, "warning", f"the pod's working files on the network volume ({folder}) could not be removed: "
+        event(ctx, run, "warning", f"the pod's working files on the network volume ({folder}) could not be removed: "
                               f"{exc.reason}; delete them in RunPod if you no longer need them")
         return
     if count:
-        event(run, "audit", f"removed the pod's working files from the network volume ({folder}: {count} files); "
+        event(ctx, run, "audit", f"removed the pod's working files from the network volume ({folder}: {count} files); "
                             "the verified adapter stays available for download", files=count)

@@ -35,11 +35,11 @@ from datetime import datetime
 
 from shared import metrics
 from shared.clock import now
+from shared.context import Context
 from shared.lifecycle import ACTIVE, transition, walk
 from shared.log import get_logger
 from shared.models import Outcome, RetentionCountdown, RunRecord, RunState, StepMessage
 from shared.providers import registry
-from shared.queues import get_queues
 from shared.runs import budgets
 from shared.runs.cloud_report import BOOT_FAILED
 from shared.runs.events import event
@@ -47,9 +47,7 @@ from shared.runs.moves import move, move_stored
 from shared.runs.org_limits import OrgLimits, get_limits
 from shared.runs.outbox import drain_stale
 from shared.runs.retention import UNTRAINED, RetentionAction, never_trained, retention_action
-from shared.settings import get_settings
 from shared.steps import Resender, Step, resent_by
-from shared.store import get_store
 from shared.store.watch import WATCHED
 
 # A run sitting in one of these states this long with no sign of its step lost its message (a
@@ -83,9 +81,9 @@ LIVENESS = ("~", "liveness")  # a row of the watch table's "~" partition (no org
 OUTAGE_AFTER_S = 180
 
 
-def serving_since(t: datetime) -> datetime:
+def serving_since(ctx: Context, t: datetime) -> datetime:
     """When the control plane's current serving period began (recorded, and continued, by this tick)."""
-    table, ts = get_store().table("watch"), t.timestamp()
+    table, ts = ctx.store.table("watch"), t.timestamp()
     got = table.get(*LIVENESS)
     last = float(got[0].get("last_tick", 0)) if got else 0.0
     since = float(got[0].get("serving_since", ts)) if got else ts
@@ -95,18 +93,18 @@ def serving_since(t: datetime) -> datetime:
     return datetime.fromtimestamp(since, tz=t.tzinfo)
 
 
-def serving_long_enough(t: datetime, since: datetime | None) -> bool:
+def serving_long_enough(ctx: Context, t: datetime, since: datetime | None) -> bool:
     """Whether the control plane has served a full heartbeat interval on this clock (see serving_since)."""
-    return since is None or (t - since).total_seconds() > get_settings().heartbeat_timeout_s
+    return since is None or (t - since).total_seconds() > ctx.settings.heartbeat_timeout_s
 
 
-def missed_deadline(run: RunRecord, t: datetime, since: datetime | None = None) -> str | None:
+def missed_deadline(ctx: Context, run: RunRecord, t: datetime, since: datetime | None = None) -> str | None:
     """Why the run has missed a deadline at `t`, or None. `since`: when the control plane's current
     serving period began; silence and boot deadlines count only after a full heartbeat interval of it
     (the runtime limit is absolute for a run that may hold output, which it retains: what was bought is all
     that is paid)."""
     d = run.deadlines
-    steady = serving_long_enough(t, since)
+    steady = serving_long_enough(ctx, t, since)
     # A run that holds output is only retained (recoverable) at its runtime limit, on any clock; one still
     # provisioning is released and failed, so only on a clock that has been steady a heartbeat interval.
     if d.runtime_by and t > d.runtime_by and (steady or run.state != RunState.provisioning):
@@ -116,23 +114,23 @@ def missed_deadline(run: RunRecord, t: datetime, since: datetime | None = None) 
     if (run.state == RunState.provisioning and d.first_report_by and t > d.first_report_by
             and run.bootstrap_claimed_at is None):
         return ("the machine never reached the control plane by its first-report deadline (minutes after its "
-                "create call: it did not boot, or has no route to TENSORANT_PUBLIC_URL)" + _refused(run))
+                "create call: it did not boot, or has no route to TENSORANT_PUBLIC_URL)" + _refused(ctx, run))
     if run.state == RunState.provisioning and d.provisioning_by and t > d.provisioning_by:
-        return (f"the agent did not report within the boot deadline of {get_settings().provisioning_timeout_s} s "
-                "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)" + _refused(run))
+        return (f"the agent did not report within the boot deadline of {ctx.settings.provisioning_timeout_s} s "
+                "(TENSORANT_PROVISIONING_TIMEOUT_S: machine start and image pull included)" + _refused(ctx, run))
     if run.state in ACTIVE and run.state != RunState.provisioning and d.heartbeat_by and t > d.heartbeat_by:
-        return "the agent's heartbeat went silent" + _refused(run)
+        return "the agent's heartbeat went silent" + _refused(ctx, run)
     return None
 
 
-def _refused(run: RunRecord) -> str:
+def _refused(ctx: Context, run: RunRecord) -> str:
     """Why the agent's calls were refused, with what to check. Only a token whose signature verifies is
     noted (services/api/agent._note_refused), so a rotated-out key never shows here: an expired token does,
     after the agent lost its route for longer than the token's lifetime or was stopped that long."""
     if not run.agent_refused:
         return ""
     hint = (" (the agent could not renew its token in time: it lost its route to TENSORANT_PUBLIC_URL, or its "
-            f"machine was stopped for longer than TENSORANT_AGENT_TOKEN_TTL_S, {get_settings().agent_token_ttl_s} s)"
+            f"machine was stopped for longer than TENSORANT_AGENT_TOKEN_TTL_S, {ctx.settings.agent_token_ttl_s} s)"
             if "expired" in run.agent_refused else "")
     return f"; its calls were refused: {run.agent_refused}{hint}"
 
@@ -142,9 +140,9 @@ def _refused(run: RunRecord) -> str:
 PRUNE_AFTER_S = 900
 
 
-def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
+def watched_runs(ctx: Context, t: datetime) -> tuple[list[RunRecord], int]:
     """The runs of the watch index that are still watched, and how many stale rows were pruned."""
-    store = get_store()
+    store = ctx.store
     store.runs.build_watch_index()  # once per deployment: runs recorded before the index existed
     keys = store.watch.ids()
     found = {(r.org, r.id): r for r in store.runs.get_many(keys)}
@@ -152,7 +150,7 @@ def watched_runs(t: datetime) -> tuple[list[RunRecord], int]:
     for key in keys:
         run = found.get(key)
         if run is not None and run.notices:
-            drain_stale([run], t)  # webhook notices a crash left behind (shared/runs/outbox.py)
+            drain_stale(ctx, [run], t)  # webhook notices a crash left behind (shared/runs/outbox.py)
         if run is not None and (run.state in WATCHED or run.notices):
             continue
         if run is None or (t - max(run.state_changed_at, run.updated_at)).total_seconds() > PRUNE_AFTER_S:
@@ -181,71 +179,71 @@ def fleet_metrics(runs: list[RunRecord]) -> None:
     metrics.gauges(metrics.COST_PER_HOUR, "provider", {p: round(v, 4) for p, v in per_hour.items()}, providers)
 
 
-def check_all() -> dict[str, int]:
+def check_all(ctx: Context) -> dict[str, int]:
     t = now()
     counts = {"watched": 0, "retained": 0, "failed": 0, "resent": 0, "idle_stops_sent": 0, "pruned": 0,
               "retention_warned": 0, "discarded": 0, "verified_at_limit": 0}
     limits: dict[str, OrgLimits] = {}  # read once per org in a tick, only for orgs with a retained run
-    since = serving_since(t)
-    runs, counts["pruned"] = watched_runs(t)
+    since = serving_since(ctx, t)
+    runs, counts["pruned"] = watched_runs(ctx, t)
     counts["watched"] = len(runs)
     fleet_metrics(runs)
     for run in runs:
         if run.state == RunState.retained:
             if run.org not in limits:
-                limits[run.org] = get_limits(run.org)
-            _check_retained(run, limits[run.org], t, since, counts)
+                limits[run.org] = get_limits(ctx, run.org)
+            _check_retained(ctx, run, limits[run.org], t, since, counts)
         else:
-            _check_watched(run, t, since, counts)
+            _check_watched(ctx, run, t, since, counts)
     for org in sorted({r.org for r in runs}):  # budgets: only orgs with active runs can spend more
         try:
-            budgets.check_thresholds(org, t)
+            budgets.check_thresholds(ctx, org, t)
         except Exception:
             get_logger().exception("budget check failed", extra={"org": org})
     return counts
 
 
-def _check_retained(run: RunRecord, limits: OrgLimits, t: datetime, since: datetime,
+def _check_retained(ctx: Context, run: RunRecord, limits: OrgLimits, t: datetime, since: datetime,
                     counts: dict[str, int]) -> None:
     """A retained run: discarded or warned as its retention says, and its machine stopped once idle."""
     action = retention_action(run, limits, t, since)
     if action is not None and action.kind == "discard":
-        counts["discarded"] += _discard(run, action.message)
+        counts["discarded"] += _discard(ctx, run, action.message)
         return
     if action is not None:
-        counts["retention_warned"] += _warn_retention(run, action, t, since)
+        counts["retention_warned"] += _warn_retention(ctx, run, action, t, since)
     started = run.machine_started_at
-    if started is not None and (t - started).total_seconds() > get_settings().recovery_idle_stop_s:
-        get_queues().send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
+    if started is not None and (t - started).total_seconds() > ctx.settings.recovery_idle_stop_s:
+        ctx.queues.send(Step.stop_idle, StepMessage(org=run.org, run_id=run.id, reason="idle"))
         counts["idle_stops_sent"] += 1
 
 
-def _check_watched(run: RunRecord, t: datetime, since: datetime, counts: dict[str, int]) -> None:
+def _check_watched(ctx: Context, run: RunRecord, t: datetime, since: datetime, counts: dict[str, int]) -> None:
     """Any other watched run: a missed deadline, a queued run never launched, a verification that takes too
     long, or a step message that seems lost (re-sent)."""
-    why = missed_deadline(run, t, since) if run.state in ACTIVE else None
+    why = missed_deadline(ctx, run, t, since) if run.state in ACTIVE else None
     if why:
-        _missed(run, why, t, counts)
+        _missed(ctx, run, why, t, counts)
     elif (run.state == RunState.queued and run.deadlines.provisioning_by and t > run.deadlines.provisioning_by
-          and serving_long_enough(t, since)):
-        counts["failed"] += _fail_queued(run)
+          and serving_long_enough(ctx, t, since)):
+        counts["failed"] += _fail_queued(ctx, run)
     elif run.state in VERIFY_GIVE_UP and (t - run.state_changed_at).total_seconds() > VERIFY_LIMIT_S:
-        counts["retained"] += _give_up_verify(run)
+        counts["retained"] += _give_up_verify(ctx, run)
     elif run.state in RESEND and _quiet_for(run, t) > RESEND_AFTER_S:
         if run.state == RunState.provisioning and run.resources:
             return  # launched; waiting for the agent is the deadlines' job
-        counts["resent"] += _resend(run, t)
+        counts["resent"] += _resend(ctx, run, t)
 
 
-def _missed(run: RunRecord, why: str, t: datetime, counts: dict[str, int]) -> None:
+def _missed(ctx: Context, run: RunRecord, why: str, t: datetime, counts: dict[str, int]) -> None:
     """An active run past a deadline: failed before it started, verified when it had trained to the end, else
     retained."""
     if run.state == RunState.provisioning:
-        counts["failed"] += _release_unstarted(run, why)
+        counts["failed"] += _release_unstarted(ctx, run, why)
     elif _trained_to_the_end(run, t):
-        counts["verified_at_limit"] += _verify_finished(run, why)
+        counts["verified_at_limit"] += _verify_finished(ctx, run, why)
     else:
-        counts["retained"] += _retain(run, why)
+        counts["retained"] += _retain(ctx, run, why)
 
 
 def _quiet_for(run: RunRecord, t: datetime) -> float:
@@ -262,7 +260,7 @@ def _trained_to_the_end(run: RunRecord, t: datetime) -> bool:
     return run.state == RunState.training and run.progress >= 1.0 and limit is not None and t > limit
 
 
-def _verify_finished(run: RunRecord, why: str) -> int:
+def _verify_finished(ctx: Context, run: RunRecord, why: str) -> int:
     """Verify the finished training's adapter in storage instead of retaining the run: the heartbeat reply then
     says stop (the final eval and samples are cut), verified it succeeds; a checkpoint or nothing there retains
     it as before (verify_adapter says which)."""
@@ -276,31 +274,31 @@ def _verify_finished(run: RunRecord, why: str) -> int:
         moved = transition(walk(r, RunState.exporting), RunState.verifying, reason=reason)
         return moved.model_copy(update={"finished_at_limit": True})
 
-    moved, wrote = move_stored(run.org, run.id, change)
+    moved, wrote = move_stored(ctx, run.org, run.id, change)
     if not wrote:
         return 0
-    event(moved, "warning", reason)
-    get_queues().send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id))
+    event(ctx, moved, "warning", reason)
+    ctx.queues.send(Step.verify_adapter, StepMessage(org=run.org, run_id=run.id))
     return 1
 
 
-def _retain(run: RunRecord, why: str) -> int:
+def _retain(ctx: Context, run: RunRecord, why: str) -> int:
     if never_trained(run):
         # Nothing was trained, so nothing is on the disk unless a checkpoint reached storage anyway: the
         # retain step asks storage (a cloud call this timer does not wait on) and releases it if not.
-        _, wrote = move(run, RunState.retaining, expect=UNTRAINED, release_if_nothing_saved=True,
+        _, wrote = move(ctx, run, RunState.retaining, expect=UNTRAINED, release_if_nothing_saved=True,
                         reason=why + "; nothing had been trained: the machine is released, not kept, unless a "
                                      "checkpoint of it is in storage")
     else:
-        _, wrote = move(run, RunState.retaining, expect=ACTIVE,
+        _, wrote = move(ctx, run, RunState.retaining, expect=ACTIVE,
                         reason=why + "; the machine is stopped and its disk kept")
     if not wrote:
         return 0
-    get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    ctx.queues.send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
     return 1
 
 
-def _discard(run: RunRecord, why: str) -> int:
+def _discard(ctx: Context, run: RunRecord, why: str) -> int:
     """Past the org's retention limit: released as a discard is (machine and disk), ended failed."""
     since = run.state_changed_at
 
@@ -309,15 +307,15 @@ def _discard(run: RunRecord, why: str) -> int:
             return None  # recovered, resumed or cancelled meanwhile
         return transition(r, RunState.releasing, reason=why, outcome=Outcome.failed)
 
-    new, wrote = move_stored(run.org, run.id, change)
+    new, wrote = move_stored(ctx, run.org, run.id, change)
     if not wrote:
         return 0
     # Written before sent: a crash in between leaves a run in releasing, which the sweeper retries.
-    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retention"))
+    ctx.queues.send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="retention"))
     return 1
 
 
-def _warn_retention(run: RunRecord, action: RetentionAction, t: datetime, period: datetime) -> int:
+def _warn_retention(ctx: Context, run: RunRecord, action: RetentionAction, t: datetime, period: datetime) -> int:
     """The owner's warning, once per stay in retained, and the countdown to the discard on this serving
     period's clock (started again, silently, on a new period). The mark is written first: a crash in between
     loses the event, never repeats it every minute; the run view says the date anyway."""
@@ -332,25 +330,25 @@ def _warn_retention(run: RunRecord, action: RetentionAction, t: datetime, period
             update["retention_warned_at"] = t
         return r.model_copy(update=update)
 
-    new, wrote = get_store().runs.mutate(run.org, run.id, change)
+    new, wrote = ctx.store.runs.mutate(run.org, run.id, change)
     if not wrote or action.kind != "warn":
         return 0
-    event(new, "warning", action.message, type="run.retention_warning")
+    event(ctx, new, "warning", action.message, type="run.retention_warning")
     return 1
 
 
-def _release_unstarted(run: RunRecord, why: str) -> int:
-    _, wrote = move(run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
+def _release_unstarted(ctx: Context, run: RunRecord, why: str) -> int:
+    _, wrote = move(ctx, run, RunState.releasing, expect={RunState.provisioning}, outcome=Outcome.failed,
                     reason=why + "; nothing ran on the machine, so it is released with its disk, not kept")
     if not wrote:
         return 0
     metrics.count(metrics.FAILED_STARTS, cause="no report by the boot deadline", provider=run.provider)
-    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason=BOOT_FAILED))
+    ctx.queues.send(Step.release, StepMessage(org=run.org, run_id=run.id, reason=BOOT_FAILED))
     return 1
 
 
-def _give_up_verify(run: RunRecord) -> int:
-    errors = [e.message for e in get_store().events.read(run.id, kind="step-error")]
+def _give_up_verify(ctx: Context, run: RunRecord) -> int:
+    errors = [e.message for e in ctx.store.events.read(run.id, kind="step-error")]
     why = f"the adapter could not be verified within {VERIFY_LIMIT_S // 60} min"
     why += f" (last error: {errors[-1]})" if errors else ""
     if run.state == RunState.verifying:
@@ -365,25 +363,25 @@ def _give_up_verify(run: RunRecord) -> int:
             return None
         return transition(r, VERIFY_GIVE_UP[r.state], reason=why)
 
-    new, wrote = move_stored(run.org, run.id, change)
+    new, wrote = move_stored(ctx, run.org, run.id, change)
     if not wrote:
         return 0
     if new.state == RunState.retaining:
-        get_queues().send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="verify-timeout"))
+        ctx.queues.send(Step.retain, StepMessage(org=run.org, run_id=run.id, reason="verify-timeout"))
     return 1
 
 
-def _fail_queued(run: RunRecord) -> int:
-    _, wrote = move(run, RunState.releasing, expect={RunState.queued}, outcome=Outcome.failed,
+def _fail_queued(ctx: Context, run: RunRecord) -> int:
+    _, wrote = move(ctx, run, RunState.releasing, expect={RunState.queued}, outcome=Outcome.failed,
                     reason="the launch never started before the provisioning deadline; no machine was created, "
                            "nothing bills")
     if not wrote:
         return 0
-    get_queues().send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
+    ctx.queues.send(Step.release, StepMessage(org=run.org, run_id=run.id, reason="deadline"))
     return 1
 
 
-def _resend(run: RunRecord, t: datetime) -> int:
+def _resend(ctx: Context, run: RunRecord, t: datetime) -> int:
     seen = (run.state_changed_at, run.resent_at, run.launch_claimed_at)
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -391,9 +389,9 @@ def _resend(run: RunRecord, t: datetime) -> int:
             return None  # it moved, was re-sent by another tick, or its step claimed it meanwhile: not lost
         return r.model_copy(update={"resent_at": t, "updated_at": t})
 
-    _, wrote = get_store().runs.mutate(run.org, run.id, change)
+    _, wrote = ctx.store.runs.mutate(run.org, run.id, change)
     if not wrote:
         return 0
     # Written before sent: a crash in between delays the resend by one interval, never loses it.
-    get_queues().send(RESEND[run.state], StepMessage(org=run.org, run_id=run.id, reason="resend"))
+    ctx.queues.send(RESEND[run.state], StepMessage(org=run.org, run_id=run.id, reason="resend"))
     return 1

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from shared.budget import invocation_bound_s
 from shared.clock import now, now_ts
+from shared.context import Context
 from shared.models import RunEvent
 from shared.runs.org_limits import OrgLimits, get_limits
-from shared.store import get_store
 
 PER_TICK = 500
 # What a tick may spend before leaving the rest to the next one (under its invocation bound).
 BUDGET_S = 60.0
 
 
-def prune_all() -> dict[str, int]:
-    store, started = get_store(), now_ts()
+def prune_all(ctx: Context) -> dict[str, int]:
+    store, started = ctx.store, now_ts()
     budget = min(BUDGET_S, invocation_bound_s() / 2)
     counts = {"due": 0, "pruned": 0, "later": 0, "rows_deleted": 0}
     limits: dict[str, OrgLimits] = {}
@@ -34,7 +34,7 @@ def prune_all() -> dict[str, int]:
             break
         counts["due"] += 1
         if row.org not in limits:
-            limits[row.org] = get_limits(row.org)
+            limits[row.org] = get_limits(ctx, row.org)
         due = row.ended_at + limits[row.org].retention_limit_s
         if due > now_ts():
             store.ended.later(row, due)  # the org keeps history longer than the first look

@@ -37,13 +37,13 @@ from typing import Any
 
 from shared import metrics
 from shared.clock import now, now_ts
+from shared.context import Context
 from shared.errors import NotFound
 from shared.log import get_logger
 from shared.models import ConnectionStatus, SweepMessage, SweepTarget
-from shared.queues import get_queues
 from shared.runs.org_backends import connection_of_slot, provider_of
 from shared.steps import Step
-from shared.store import get_store, leases
+from shared.store import leases
 
 # The timer's schedule is every 5 minutes (functions/sweeper.py): messages are spread over most of it.
 INTERVAL_S = 300
@@ -71,11 +71,11 @@ def new_sweep_id() -> str:
     return f"s{now().strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def accounts() -> list[tuple[str, str]]:
+def accounts(ctx: Context) -> list[tuple[str, str]]:
     """(org, connection name) of every compute connection that can be swept, in key order: each named
     connection (`aws/us-west-2`) is an account of its own, swept apart from the default (`aws`)."""
     out = set()
-    for conn in get_store().connections.all_orgs():
+    for conn in ctx.store.connections.all_orgs():
         if conn.slot.startswith("compute:") and conn.status != ConnectionStatus.checking:
             out.add((conn.org, connection_of_slot(conn.slot)))
     return sorted(out)
@@ -90,25 +90,25 @@ def rotated(keys: list[tuple[str, str]], cursor: Any) -> list[tuple[str, str]]:
     return keys[start:] + keys[:start]
 
 
-def fan_out(*, dry_run: bool = False, report: bool = False, sweep_id: str | None = None) -> dict[str, Any]:
+def fan_out(ctx: Context, *, dry_run: bool = False, report: bool = False, sweep_id: str | None = None) -> dict[str, Any]:
     """Send one sweep-account message per compute connection; returns what was sent."""
     sweep_id = sweep_id or new_sweep_id()
-    lease = None if report else leases.take(FANOUT_LEASE, FANOUT_BUDGET_S + 30)
+    lease = None if report else leases.take(ctx, FANOUT_LEASE, FANOUT_BUDGET_S + 30)
     if not report and lease is None:
         get_logger().info("sweep fan-out skipped: another fan-out is sending")
         return {"sweep_id": sweep_id, "accounts": 0, "sent": 0, "skipped": "another fan-out is sending"}
-    keys = accounts()
-    due = keys if report else due_now(keys)
+    keys = accounts(ctx)
+    due = keys if report else due_now(ctx, keys)
     order = due if report else rotated(due, lease.data.get("cursor") if lease else None)
     if report:
-        get_store().table("sweeps").upsert(sweep_id, "~", {"dry_run": dry_run, "accounts": len(order),
+        ctx.store.table("sweeps").upsert(sweep_id, "~", {"dry_run": dry_run, "accounts": len(order),
                                                           "at": now().isoformat()})
-    sent = _send(order, sweep_id, dry_run=dry_run, report=report)
+    sent = _send(ctx, order, sweep_id, dry_run=dry_run, report=report)
     if lease is not None:
         # The cursor: the last account sent. A full fan-out leaves it where it was (next tick starts
         # at the same place: every account once per interval); a cut one, where it stopped.
         cursor = list(order[sent - 1]) if 0 < sent < len(order) else lease.data.get("cursor")
-        leases.end(lease, cursor=cursor, sweep=sweep_id, sent=sent, accounts=len(order), at=now_ts())
+        leases.end(ctx, lease, cursor=cursor, sweep=sweep_id, sent=sent, accounts=len(order), at=now_ts())
     stats = {"sweep_id": sweep_id, "dry_run": dry_run, "accounts": len(order), "sent": sent,
              **({} if report else {"connections": len(keys)})}
     get_logger().info("sweep fanned out", extra=stats)
@@ -125,21 +125,21 @@ def slot_of(key: tuple[str, str]) -> int:
 ACTIVE_PARTITION = "~active"
 
 
-def active_accounts() -> tuple[set[str], set[tuple[str, str]]]:
+def active_accounts(ctx: Context) -> tuple[set[str], set[tuple[str, str]]]:
     """The orgs with a watched run (the watch index: what is active now) and the accounts whose sweep saw
     something within ACTIVE_FOR_S (their marks). Both reads grow with what is active, not with every account."""
-    store = get_store()
+    store = ctx.store
     orgs = {org for org, _ in store.watch.ids()}
     rows = store.table("sweeps").query("PartitionKey eq @p and at gt @t", p=ACTIVE_PARTITION,
                                        t=now_ts() - ACTIVE_FOR_S)
     return orgs, {(str(d["org"]), str(d["provider"])) for d, _ in rows}
 
 
-def due_now(keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def due_now(ctx: Context, keys: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The accounts this tick sweeps (see the module docstring), in key order."""
     if len(keys) <= TIER_ABOVE:
         return keys
-    orgs, marked = active_accounts()
+    orgs, marked = active_accounts(ctx)
     tick = int(now_ts() // INTERVAL_S) % COLD_EVERY
     return [k for k in keys if k[0] in orgs or k in marked or slot_of(k) == tick]
 
@@ -149,14 +149,14 @@ def _named(name: str) -> str:
     return name if name != provider_of(name) else ""
 
 
-def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report: bool) -> int:
+def _send(ctx: Context, order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report: bool) -> int:
     """Send in order, SWEEP_BATCH accounts a message, until the budget is spent; returns how many accounts
     were sent (a prefix of order)."""
     n = len(order)
     batches = [order[i:i + SWEEP_BATCH] for i in range(0, min(n, FANOUT_MAX_SENDS), SWEEP_BATCH)]
     spread = SPREAD_S if n > SPREAD_ABOVE and not report else 0
     until = now_ts() + FANOUT_BUDGET_S
-    queues = get_queues()
+    queues = ctx.queues
 
     def one(i: int) -> int:
         if now_ts() > until:
@@ -184,20 +184,20 @@ def _send(order: list[tuple[str, str]], sweep_id: str, *, dry_run: bool, report:
     return sent
 
 
-def record_report(msg: SweepMessage, out: dict[str, Any]) -> None:
+def record_report(ctx: Context, msg: SweepMessage, out: dict[str, Any]) -> None:
     """Keep one account's findings under its admin sweep's id."""
     findings = out.get("findings", [])
     name = msg.connection or msg.provider
     row = {"org": msg.org, "provider": name, "at": now().isoformat(), "count": len(findings),
            "listed": out.get("listed", 0), "runs_read": out.get("runs_read", 0),
            "findings": findings[:REPORT_FINDINGS], **({"skipped": out["skipped"]} if out.get("skipped") else {})}
-    get_store().table("sweeps").upsert(msg.sweep, f"{msg.org}~{name.replace('/', '|')}",
+    ctx.store.table("sweeps").upsert(msg.sweep, f"{msg.org}~{name.replace('/', '|')}",
                                        json.loads(json.dumps(row, default=str)))
 
 
-def report(sweep_id: str) -> dict[str, Any]:
+def report(ctx: Context, sweep_id: str) -> dict[str, Any]:
     """An admin sweep's progress and findings so far."""
-    rows = list(get_store().table("sweeps").query("PartitionKey eq @s", s=sweep_id))
+    rows = list(ctx.store.table("sweeps").query("PartitionKey eq @s", s=sweep_id))
     head = next((d for d, _ in rows if "accounts" in d and "org" not in d), None)
     if head is None:
         raise NotFound(f"sweep {sweep_id} not found (sweeps started by the timer are audited, not reported)")
@@ -210,15 +210,15 @@ def report(sweep_id: str) -> dict[str, Any]:
             **({"skipped": skipped} if skipped else {})}
 
 
-def tick() -> dict[str, Any]:
+def tick(ctx: Context) -> dict[str, Any]:
     """The timer: the fan-out, and the poison queues' depths for the operators' alert."""
-    out = fan_out()
-    poison_depths()
+    out = fan_out(ctx)
+    poison_depths(ctx)
     return out
 
 
-def poison_depths() -> None:
-    queues = get_queues()
+def poison_depths(ctx: Context) -> None:
+    queues = ctx.queues
     for step in Step:
         try:
             metrics.gauge(metrics.POISON_DEPTH, queues.length(step.poison), queue=step.value)

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.models import CheckpointInfo, Role, RunRecord
 from shared.org_storage.base import ObjectMissing, checkpoint_key
@@ -20,13 +21,12 @@ from shared.runs.events import event
 from shared.runs.org_backends import storage_for
 from shared.security import Principal, require
 from shared.services.api.runs.adapter import ADAPTER_URL_TTL_S, MAX_UPLOAD, AdapterStream
-from shared.store import get_store
 
 
-def checkpoints(principal: Principal, run_id: str) -> dict[str, Any]:
+def checkpoints(ctx: Context, principal: Principal, run_id: str) -> dict[str, Any]:
     """The run's kept checkpoints, oldest step first (the slot is storage's business, not the caller's)."""
     require(principal, Role.owner, Role.member)
-    run, _ = get_store().runs.get(principal.org, run_id)
+    run, _ = ctx.store.runs.get(principal.org, run_id)
     return {"run_id": run.id, "keep_checkpoints": run.training.keep_checkpoints,
             "checkpoints": [c.model_dump(mode="json", exclude={"slot"}) for c in run.checkpoints]}
 
@@ -40,10 +40,10 @@ def named(run: RunRecord, step: int) -> CheckpointInfo:
                    f"GET /api/runs/{run.id}/checkpoints")
 
 
-def read_checkpoint(run: RunRecord, c: CheckpointInfo) -> bytes:
+def read_checkpoint(ctx: Context, run: RunRecord, c: CheckpointInfo) -> bytes:
     """The checkpoint's archive, refused unless it is the one the agent reported for that step."""
     try:
-        data = storage_for(run.org).get(checkpoint_key(run.id, c.slot), MAX_UPLOAD)
+        data = storage_for(ctx, run.org).get(checkpoint_key(run.id, c.slot), MAX_UPLOAD)
     except ObjectMissing as exc:
         raise Conflict(f"checkpoint {c.step}'s adapter is no longer in the organization's storage") from exc
     sha = hashlib.sha256(data).hexdigest()
@@ -53,20 +53,20 @@ def read_checkpoint(run: RunRecord, c: CheckpointInfo) -> bytes:
     return data
 
 
-def download(principal: Principal, run_id: str, step_text: str) -> AdapterStream | dict[str, Any]:
+def download(ctx: Context, principal: Principal, run_id: str, step_text: str) -> AdapterStream | dict[str, Any]:
     """One kept checkpoint's adapter archive, in any state of the run: its bytes (local storage) or a
     short-lived URL with the sha256 the archive must have."""
     require(principal, Role.owner, Role.member)
     if not step_text.isdigit() or len(step_text) > 8 or int(step_text) < 1:
         raise InvalidInput.field("checkpoint", f"is {step_text[:20]!r}; use a step number from "
                                  f"GET /api/runs/{run_id}/checkpoints")
-    run, _ = get_store().runs.get(principal.org, run_id)
+    run, _ = ctx.store.runs.get(principal.org, run_id)
     c = named(run, int(step_text))
-    url = storage_for(run.org).download_url(checkpoint_key(run.id, c.slot), ADAPTER_URL_TTL_S)
+    url = storage_for(ctx, run.org).download_url(checkpoint_key(run.id, c.slot), ADAPTER_URL_TTL_S)
     if url is not None:
-        event(run, "audit", f"checkpoint {c.step} download link issued to {principal.sub} "
+        event(ctx, run, "audit", f"checkpoint {c.step} download link issued to {principal.sub} "
               f"(valid {ADAPTER_URL_TTL_S // 60} min)")
         return {"url": url, "expires_at": now() + timedelta(seconds=ADAPTER_URL_TTL_S), "sha256": c.sha256,
                 "size": c.size, "checkpoint_step": c.step}
-    data = read_checkpoint(run, c)
+    data = read_checkpoint(ctx, run, c)
     return AdapterStream(data=data, sha256=c.sha256, filename=f"{run.id}-checkpoint-{c.step}.zip")

@@ -3,11 +3,13 @@ create, edit and estimate passes the same admission (shared/runs/admission.py), 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
 from shared.clock import now
+from shared.context import Context
 from shared.errors import Conflict, InvalidInput, invalid
 from shared.ids import newest_first_id
 from shared.lifecycle import TERMINAL
@@ -31,7 +33,6 @@ from shared.security import Principal, require
 from shared.services.api import quotas
 from shared.services.api.org_secrets import hf_token
 from shared.services.api.runs.view import view, warnings_of
-from shared.store import get_store
 
 
 def _draft_fields(body: RunCreate, checked: Admitted) -> dict[str, Any]:
@@ -52,67 +53,68 @@ def _draft_fields(body: RunCreate, checked: Admitted) -> dict[str, Any]:
     }
 
 
-def _forecast_events(run: RunRecord, checked: Admitted, source: str = "") -> None:
+def _forecast_events(ctx: Context, run: RunRecord, checked: Admitted, source: str = "") -> None:
     """The forecast in the run's history, and why the runtime limit is not the default when it is not."""
     if run.forecast is not None:
         uncertain = f"; {run.forecast.uncertainty}" if run.forecast.uncertainty else ""
-        event(run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}{uncertain}; "
+        event(ctx, run, "audit", f"forecast: {forecast.summary(run.forecast, run.offer.currency)}{uncertain}; "
               f"{run.forecast.basis}", source=source, **run.forecast.model_dump(exclude={"basis"}))
     if checked.limit_note:
-        event(run, "audit", checked.limit_note, source=source, runtime_limit_s=run.runtime_limit_s)
+        event(ctx, run, "audit", checked.limit_note, source=source, runtime_limit_s=run.runtime_limit_s)
 
 
-def _candidates_event(run: RunRecord, source: str = "") -> None:
+def _candidates_event(ctx: Context, run: RunRecord, source: str = "") -> None:
     if len(run.candidates) > 1:
         dearest = dearest_price(run)
-        event(run, "audit", f"{len(run.candidates)} candidates, tried in order when a cloud has no capacity, quota "
+        event(ctx, run, "audit", f"{len(run.candidates)} candidates, tried in order when a cloud has no capacity, quota "
               "or stock: " + ", ".join(f"{c.connection} {c.offer.offer_id} ({c.offer.gpu}, {c.offer.total_per_hour:g}/h)"
                                        for c in run.candidates)
               + f"; the dearest, {dearest:g}/h, is the price the forecast and the limits use", source=source)
 
 
-def _kind_event(run: RunRecord, dataset: DatasetVersionRecord, source: str = "") -> None:
+def _kind_event(ctx: Context, run: RunRecord, dataset: DatasetVersionRecord, source: str = "") -> None:
     if run.kind == RunKind.trial:
-        event(run, "audit", f"trial run: trains on at most {run.training.max_examples} of the dataset's "
+        event(ctx, run, "audit", f"trial run: trains on at most {run.training.max_examples} of the dataset's "
                             f"{dataset.rows} examples and {run.training.max_steps} steps, runtime limit "
                             f"{run.runtime_limit_s // 60} min; a full run uses the whole dataset",
               source=source, max_examples=run.training.max_examples, max_steps=run.training.max_steps)
     else:
-        event(run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
+        event(ctx, run, "audit", f"full run: trains on all {dataset.rows} examples, runtime limit "
                             f"{run.runtime_limit_s // 60} min", source=source)
 
 
-def create(principal: Principal, body: RunCreate) -> RunView:
+def create(ctx: Context, principal: Principal, body: RunCreate) -> RunView:
     require(principal, Role.owner, Role.member)
-    checked = admission.admit(principal.org, body, hf_token, charge=lambda limits: quotas.take_create(principal, limits))
+    checked = admission.admit(ctx, principal.org, body, partial(hf_token, ctx),
+                              charge=lambda limits: quotas.take_create(ctx, principal, limits))
     t = now()
     run = RunRecord(
         org=principal.org, id=newest_first_id("r"), project_id=body.project_id, created_at=t, updated_at=t,
         state_changed_at=t, created_by=principal.sub, billing=Billing(), **_draft_fields(body, checked),
     )
-    get_store().runs.create(run)
-    event(run, "transition", "draft saved; nothing is rented until launch",
+    ctx.store.runs.create(run)
+    event(ctx, run, "transition", "draft saved; nothing is rented until launch",
           estimate_per_hour=checked.offer.total_per_hour)
-    _candidates_event(run)
-    _kind_event(run, checked.dataset)
-    _forecast_events(run, checked)
-    for warning in warnings_of(run):
-        event(run, "warning", warning)
-    return view(run)
+    _candidates_event(ctx, run)
+    _kind_event(ctx, run, checked.dataset)
+    _forecast_events(ctx, run, checked)
+    for warning in warnings_of(ctx, run):
+        event(ctx, run, "warning", warning)
+    return view(ctx, run)
 
 
-def estimate(principal: Principal, body: RunCreate) -> RunEstimate:
+def estimate(ctx: Context, principal: Principal, body: RunCreate) -> RunEstimate:
     """The draft a create of `body` would save, checked the same way, but not saved and not rate
     limited (a form asks at each change): its offer, runtime limit, forecast and warnings."""
     require(principal, Role.owner, Role.member)
-    checked = admission.admit(principal.org, body, hf_token)  # as at create, without taking from the rate limit
+    checked = admission.admit(ctx, principal.org, body, partial(hf_token, ctx))  # as at create, not rate limited
     t = now()
     run = RunRecord(org=principal.org, id="estimate", project_id=body.project_id, created_at=t, updated_at=t,
                     state_changed_at=t, created_by=principal.sub, billing=Billing(), **_draft_fields(body, checked))
     return RunEstimate(offer=run.offer, price_limit_per_hour=run.price_limit_per_hour,
                        runtime_limit_s=run.runtime_limit_s,
                        max_cost=round(run.offer.total_per_hour * run.runtime_limit_s / 3600, 4),
-                       forecast=checked.forecast, limit_note=checked.limit_note, warnings=warnings_of(run))
+                       forecast=checked.forecast, limit_note=checked.limit_note, warnings=warnings_of(ctx, run))
 
 
 def request_of(run: RunRecord) -> RunCreate:
@@ -135,12 +137,12 @@ def request_of(run: RunRecord) -> RunCreate:
                      validation_dataset_version_id=run.validation_dataset_version_id or None)
 
 
-def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
+def patch(ctx: Context, principal: Principal, run_id: str, body: RunPatch) -> RunView:
     """Edit a draft: the fields given replace the draft's request (training: the settings given),
     and the result is checked whole, exactly as a create of it would be (so an edit cannot skip a check); a refused
     edit changes nothing."""
     require(principal, Role.owner, Role.member)
-    store = get_store()
+    store = ctx.store
     run, _ = store.runs.get(principal.org, run_id)
     if run.state != RunState.draft:
         raise Conflict(f"only a draft can be edited; this run is {run.state.value}")
@@ -162,7 +164,7 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
         edited = RunCreate.model_validate(merged)
     except ValidationError as exc:
         raise invalid(exc, model=RunCreate) from exc
-    checked = admission.admit(principal.org, edited, hf_token)  # as at create, not rate limited
+    checked = admission.admit(ctx, principal.org, edited, partial(hf_token, ctx))  # as at create, not rate limited
     updates = _draft_fields(edited, checked) | {"updated_at": now()}
 
     def change(r: RunRecord) -> RunRecord | None:
@@ -178,20 +180,20 @@ def patch(principal: Principal, run_id: str, body: RunPatch) -> RunView:
     if not wrote:
         raise Conflict(f"only a draft can be edited; this run is {new.state.value} now")
     # Edits are the user's to repeat at will: their events are bounded per run (shared/runs/events.py).
-    event(new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}", source="edit")
+    event(ctx, new, "audit", f"draft edited by {principal.sub}: {', '.join(sorted(fields))}", source="edit")
     if new.kind != run.kind or new.training != run.training or new.runtime_limit_s != run.runtime_limit_s:
-        _kind_event(new, checked.dataset, source="edit")
+        _kind_event(ctx, new, checked.dataset, source="edit")
     if new.forecast != run.forecast or new.runtime_limit_s != run.runtime_limit_s:
-        _forecast_events(new, checked, source="edit")
-    for warning in warnings_of(new):
-        event(new, "warning", warning, source="edit")
-    return view(new)
+        _forecast_events(ctx, new, checked, source="edit")
+    for warning in warnings_of(ctx, new):
+        event(ctx, new, "warning", warning, source="edit")
+    return view(ctx, new)
 
 
-def delete(principal: Principal, run_id: str) -> None:
+def delete(ctx: Context, principal: Principal, run_id: str) -> None:
     """Delete a draft (nothing was rented for it); any other run is kept as a record."""
     require(principal, Role.owner, Role.member)
-    store = get_store()
+    store = ctx.store
     run, etag = store.runs.get(principal.org, run_id)
     if run.state in TERMINAL:
         # "Cancel it instead" sent the owner of a succeeded run to a command that does nothing for it.

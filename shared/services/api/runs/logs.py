@@ -6,11 +6,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from shared.context import Context
 from shared.errors import InvalidInput
 from shared.lifecycle import TERMINAL
 from shared.security import Principal
 from shared.services.api import quotas
-from shared.store import get_store
 
 LOG_PAGE_DEFAULT = 1000
 
@@ -53,12 +53,12 @@ class RunMetrics(BaseModel):
                                           "every line was read")
 
 
-def logs(principal: Principal, run_id: str, after: str | None = None, limit: str | None = None) -> dict[str, Any]:
+def logs(ctx: Context, principal: Principal, run_id: str, after: str | None = None, limit: str | None = None) -> dict[str, Any]:
     """One page of the run's log lines after the cursor (a line number; none = from the start).
 
     `next` is the cursor for the following lines; null once the run is terminal and every
     stored line was returned (while it runs, polling with `next` picks up new lines)."""
-    run, _ = get_store().runs.get(principal.org, run_id)
+    run, _ = ctx.store.runs.get(principal.org, run_id)
     if after is None or after == "":
         start = 0
     elif after.isascii() and after.isdigit() and len(after) <= 10:
@@ -71,7 +71,7 @@ def logs(principal: Principal, run_id: str, after: str | None = None, limit: str
         count = int(limit)
     else:
         raise InvalidInput.field("limit", f"a whole number from 1 to {LOG_PAGE_MAX}")
-    lines, cursor = get_store().logs.read(run.id, start, count)
+    lines, cursor = ctx.store.logs.read(run.id, start, count)
     done = len(lines) < count and run.state in TERMINAL
     return {"lines": lines, "next": None if done else str(cursor), "state": run.state.value}
 
@@ -140,22 +140,22 @@ def _eval_loss(line: str) -> float | None:
     return None
 
 
-def metrics(principal: Principal, run_id: str, after: str | None = None) -> dict[str, Any]:
+def metrics(ctx: Context, principal: Principal, run_id: str, after: str | None = None) -> dict[str, Any]:
     """Per-step loss from the trainer's progress lines in the run's stored logs: of its newest METRIC_LINES
     lines, or of the METRIC_LINES after the line cursor `after` (`next` follows; null at the end of a
     run that ended). Rate-limited per org (quotas.take_read)."""
-    run, _ = get_store().runs.get(principal.org, run_id)
+    run, _ = ctx.store.runs.get(principal.org, run_id)
     if after is None or after == "":
         start = max(0, run.log_lines - METRIC_LINES)
     elif after.isascii() and after.isdigit() and len(after) <= 10:
         start = int(after)
     else:
         raise InvalidInput.field("after", "a cursor from a previous answer's `next`")
-    quotas.take_read(principal, "metrics")
+    quotas.take_read(ctx, principal, "metrics")
     points: dict[int, dict[str, Any]] = {}
     evals: dict[int, dict[str, Any]] = {}  # the eval curve beside the loss (eval_every_steps)
     eval_loss: float | None = None
-    lines, cursor = get_store().logs.read(run_id, start, METRIC_LINES)
+    lines, cursor = ctx.store.logs.read(run_id, start, METRIC_LINES)
     for line in lines:
         point = parse_metric_line(line)
         if point is not None:

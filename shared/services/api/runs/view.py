@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.context import Context
 from shared.errors import InvalidInput
 from shared.lifecycle import ACTIVE, TERMINAL
 from shared.models import CloudResource, RunEvent, RunRecord, RunState, RunView
@@ -16,7 +17,6 @@ from shared.runs.resources import MACHINE_KINDS
 from shared.runs.retention import retention_note
 from shared.security import Principal
 from shared.services.api import paging, usage
-from shared.store import get_store
 
 # A run view reads bounded pages of events (its timeline), never the whole partition: the first half
 # oldest first, and when there are more, the newest half (a succeeded run whose 200 first events were
@@ -51,10 +51,10 @@ def _resource_state(run: RunRecord, t: usage.Timing, res: CloudResource) -> str:
     return (res.state or "running") if machine else "in use"
 
 
-def warnings_of(run: RunRecord, *, retention: bool = False) -> list[str]:
+def warnings_of(ctx: Context, run: RunRecord, *, retention: bool = False) -> list[str]:
     """A draft's limits that will refuse or not cover it; with `retention`, until when a retained run is kept."""
     if run.state == RunState.retained and retention:
-        return [retention_note(run, get_limits(run.org))]
+        return [retention_note(run, get_limits(ctx, run.org))]
     if run.state != RunState.draft:
         return []
     out = []
@@ -68,9 +68,9 @@ def warnings_of(run: RunRecord, *, retention: bool = False) -> list[str]:
     return out
 
 
-def timeline(run_id: str) -> list[RunEvent]:
+def timeline(ctx: Context, run_id: str) -> list[RunEvent]:
     """The first VIEW_EVENTS // 2 events and, when there are more, the newest VIEW_EVENTS // 2, each once."""
-    store, half = get_store(), VIEW_EVENTS // 2
+    store, half = ctx.store, VIEW_EVENTS // 2
     first = store.events.read(run_id, exclude_kind="log", limit=half)
     if len(first) < half:
         return first
@@ -78,12 +78,12 @@ def timeline(run_id: str) -> list[RunEvent]:
     return first + newest
 
 
-def view(run: RunRecord, with_events: bool = True) -> RunView:
-    events = timeline(run.id) if with_events else []
+def view(ctx: Context, run: RunRecord, with_events: bool = True) -> RunView:
+    events = timeline(ctx, run.id) if with_events else []
     pending = pending_transition(run, events) if with_events else None
     if pending is not None:
         events.append(pending)
-    t = usage.timing(run, [] if run.state == RunState.draft else (events if with_events else None))
+    t = usage.timing(ctx, run, [] if run.state == RunState.draft else (events if with_events else None))
     return RunView(
         id=run.id, org=run.org, project_id=run.project_id, kind=run.kind, provider=run.provider, state=run.state,
         outcome=run.outcome, phase=run.phase if run.state in ACTIVE else "", progress=run.progress,
@@ -100,7 +100,7 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
         training=run.training,
         started_at=t.started_at, machine_up_at=t.machine_up_at, released_at=t.released_at, elapsed_s=t.elapsed_s,
         billed_machine_s=t.machine_s, billed_disk_only_s=t.disk_only_s, cost_so_far=t.cost,
-        final_cost=t.final_cost, warnings=warnings_of(run, retention=with_events), forecast=run.forecast,
+        final_cost=t.final_cost, warnings=warnings_of(ctx, run, retention=with_events), forecast=run.forecast,
         forecast_check=run.forecast_check, adapter_kind=run.adapter_kind, checkpoint_step=run.checkpoint_step,
         planned_steps=run.planned_steps, merged_sha256=run.merged_sha256, merged_size=run.merged_size,
         merged_note=run.merged_note, candidates=[view_of(c) for c in candidates_of(run)], attempts=run.attempts,
@@ -108,9 +108,9 @@ def view(run: RunRecord, with_events: bool = True) -> RunView:
     )
 
 
-def get(principal: Principal, run_id: str) -> RunView:
-    run, _ = get_store().runs.get(principal.org, run_id)
-    return view(run)
+def get(ctx: Context, principal: Principal, run_id: str) -> RunView:
+    run, _ = ctx.store.runs.get(principal.org, run_id)
+    return view(ctx, run)
 
 
 def _states(state: str | None) -> frozenset[RunState] | None:
@@ -123,7 +123,7 @@ def _states(state: str | None) -> frozenset[RunState] | None:
                                  + ", ".join(s.value for s in RunState)) from None
 
 
-def list_runs(principal: Principal, *, limit: str | None = None, cursor: str | None = None,
+def list_runs(ctx: Context, principal: Principal, *, limit: str | None = None, cursor: str | None = None,
               state: str | None = None, project: str | None = None) -> dict[str, Any]:
     """One page of the org's runs, newest first (`next`: the cursor of the following page, null on the
     last), filtered by state (comma-separated) and project. One query of the runs table per page (a
@@ -131,8 +131,8 @@ def list_runs(principal: Principal, *, limit: str | None = None, cursor: str | N
     record, so no event is read (only for a record from before that: usage.timing)."""
     states = _states(state)
     filters = (",".join(sorted(s.value for s in states)) if states else "", project or "")
-    page = paging.request(limit, cursor, "runs", principal.org, *filters)
-    runs, nxt = get_store().runs.page(principal.org, limit=page.limit, after=page.after, states=states,
+    page = paging.request(ctx, limit, cursor, "runs", principal.org, *filters)
+    runs, nxt = ctx.store.runs.page(principal.org, limit=page.limit, after=page.after, states=states,
                                            project=project or None)
-    return {"items": [view(r, with_events=False) for r in runs],
-            "next": paging.cursor_for(nxt, "runs", principal.org, *filters)}
+    return {"items": [view(ctx, r, with_events=False) for r in runs],
+            "next": paging.cursor_for(ctx, nxt, "runs", principal.org, *filters)}
