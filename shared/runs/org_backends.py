@@ -25,7 +25,6 @@ from shared.providers.base import ComputeProvider, RunRef
 from shared.runs import provider_cache
 from shared.runs.candidates import attempt_no, provider_of, run_connection
 from shared.security import unseal
-from shared.settings import Settings
 from shared.store.installation import installation_id
 
 STORAGE_SLOT = "storage"
@@ -94,18 +93,18 @@ def compute_of(ctx: Context, rec: ConnectionRecord) -> ComputeProvider:
     (shared/runs/provider_cache.py), so its SDK clients are built once per process, not per invocation."""
     settings = ctx.settings
     if registry.overridden(rec.provider):
-        return _build(ctx, rec, settings)[0]
+        return _build(ctx, rec)[0]
     key = provider_cache.version_of(rec)
     if registry.has_prepare_config(rec.provider):
         got = ctx.store.connections.get(rec.org, STORAGE_SLOT)
         key += provider_cache.version_of(got[0] if got else None)
-    return provider_cache.get((*key, id(settings)), settings, lambda: _build(ctx, rec, settings))
+    return provider_cache.get((*key, id(settings)), settings, lambda: _build(ctx, rec))
 
 
-def _build(ctx: Context, rec: ConnectionRecord, settings: Settings) -> tuple[ComputeProvider, list[str]]:
+def _build(ctx: Context, rec: ConnectionRecord) -> tuple[ComputeProvider, list[str]]:
     opened = unsealed_config(rec)
     config = with_storage_context(ctx, rec.provider, opened, rec.org)
-    return registry.make_compute(rec.provider, config, settings), registry.secret_values(opened)
+    return registry.make_compute(rec.provider, config, ctx.settings), registry.secret_values(opened)
 
 
 def with_storage_context(ctx: Context, provider: str, config: BaseModel, org: str) -> BaseModel:
