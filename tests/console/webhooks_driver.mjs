@@ -1,8 +1,7 @@
 // Drives the console's Webhooks page and a budget refusal in headless Chromium for
-// tests/test_console_webhooks_browser.py (same conventions as driver.mjs: labels, buttons, one JSON line out).
-import { chromium } from "playwright-core";
-
-import { args, problems, scenario, shot, shots, signIn } from "./common.mjs";
+// tests/test_console_webhooks_browser.py (same conventions as driver.mjs: labels, buttons; common.mjs runs the
+// scenario to one JSON line out).
+import { args, runScenario, scenario, shot, signIn } from "./common.mjs";
 
 async function webhooks(page) {
   await signIn(page);
@@ -46,21 +45,9 @@ async function budget(page) {
   return { refusal, usage };
 }
 
-const browser = await chromium.launch({ executablePath: args.chromium, args: ["--no-sandbox"] });
-let result;
-let page;
-try {
-  page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  // A refused launch is a 409 the browser logs as a failed resource: expected here, every other error is not.
-  page.on("console", (m) => { if (m.type() === "error" && !/status of 409/.test(m.text())) problems.push(m.text()); });
-  page.on("pageerror", (e) => problems.push(String(e)));
-  page.setDefaultTimeout(20000);
-  const out = await (scenario === "webhooks" ? webhooks(page) : budget(page));
-  result = { ok: true, ...out, shots, problems };
-} catch (err) {
-  if (page) await shot(page, `failed-${scenario}`).catch(() => {});
-  result = { ok: false, error: String(err && err.stack || err), shots, problems };
-} finally {
-  await browser.close();
+// The budget scenario's launch is refused with a 409 on purpose; every other failed request is a problem.
+function expected(r) {
+  return scenario === "budget" && r.status() === 409 && r.request().method() === "POST" && r.url().endsWith("/launch");
 }
-console.log(JSON.stringify(result));
+
+await runScenario({ webhooks, budget }, expected);
